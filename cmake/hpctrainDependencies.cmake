@@ -1,0 +1,33 @@
+# Finds hpctrain's dependencies; used by the build tree and by the installed package config alike.
+include(CMakeFindDependencyMacro)
+find_dependency(fmt)
+find_dependency(range-v3)
+find_dependency(CLI11)
+find_dependency(nlohmann_json)
+
+if(NOT DEFINED HPCTRAIN_WITH_TORCH OR HPCTRAIN_WITH_TORCH)
+  # LibTorch: from CMAKE_PREFIX_PATH (a libtorch zip, a site install) or else from the python that has
+  # the torch wheel (HPCTRAIN_PYTHON, the venv scripts/setup made, or python3 on PATH).
+  find_package(Torch CONFIG QUIET)
+  if(NOT Torch_FOUND)
+    set(_hpctrain_pythons "${HPCTRAIN_PYTHON}" "$ENV{HPCTRAIN_PYTHON}" "$ENV{HOME}/.cache/hpctrain/venv/bin/python" python3)
+    foreach(_py IN LISTS _hpctrain_pythons)
+      if(_py)
+        execute_process(COMMAND "${_py}" -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
+          OUTPUT_VARIABLE _torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _rc ERROR_QUIET)
+        if(_rc EQUAL 0 AND _torch_prefix)
+          list(APPEND CMAKE_PREFIX_PATH "${_torch_prefix}")
+          break()
+        endif()
+      endif()
+    endforeach()
+    # TorchConfig warns about kineto and CUDA architectures; neither concerns hpctrain.
+    find_dependency(Torch)
+  endif()
+  # The torch wheel ships c10d headers but not the gloo headers ProcessGroupGloo.hpp includes; Debian's
+  # libgloo-dev provides them (see docs/libtorch.md).
+  find_path(HPCTRAIN_GLOO_INCLUDE_DIR gloo/algorithm.h PATHS ${TORCH_INCLUDE_DIRS} /usr/include)
+  if(NOT HPCTRAIN_GLOO_INCLUDE_DIR)
+    message(FATAL_ERROR "hpctrain: gloo headers not found (install libgloo-dev; see docs/libtorch.md)")
+  endif()
+endif()
