@@ -26,6 +26,8 @@ if(NOT DEFINED HPCTRAIN_WITH_TORCH OR HPCTRAIN_WITH_TORCH)
   endif()
   # The torch wheel ships c10d headers but not the gloo headers ProcessGroupGloo.hpp includes; Debian's
   # libgloo-dev provides them (see docs/libtorch.md).
+  # zlib: train/data/idx.hpp reads the gzipped IDX files of the MNIST family.
+  find_dependency(ZLIB)
   find_path(HPCTRAIN_GLOO_INCLUDE_DIR gloo/algorithm.h PATHS ${TORCH_INCLUDE_DIRS} /usr/include)
   if(NOT HPCTRAIN_GLOO_INCLUDE_DIR)
     message(FATAL_ERROR "hpctrain: gloo headers not found (install libgloo-dev; see docs/libtorch.md)")
