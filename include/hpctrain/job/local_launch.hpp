@@ -1,0 +1,249 @@
+#pragma once
+// `./train --local N`: N copies of the binary on this machine with torchrun's rank variables, like
+// `torchrun --standalone --nproc-per-node N`. fork/exec, never a shell. Each child leads its own process
+// group so that a stop reaches whatever it started too; the launcher forwards SIGINT/SIGTERM, and the first
+// rank to fail decides the exit code and stops the others (SIGTERM, then SIGKILL after a grace).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <hpctrain/error.hpp>
+
+extern char** environ;
+
+namespace hpctrain {
+
+/// How launch_local stops ranks.
+struct LocalLaunchOptions {
+  /// Time between SIGTERM (or a forwarded SIGINT) and SIGKILL. Default: 10 s.
+  std::chrono::milliseconds grace{std::chrono::seconds(10)};
+};
+
+namespace detail {
+
+// A port nobody listens on now: bind port 0 and ask the kernel which one it chose. Rank 0 binds it again a
+// moment later (the usual small race torchrun --standalone also accepts).
+inline int free_local_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw RuntimeError("local_launch", fmt::format("socket: {}", std::strerror(errno)));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  const int saved = errno;
+  ::close(fd);
+  if (!ok) throw RuntimeError("local_launch", fmt::format("cannot find a free port: {}", std::strerror(saved)));
+  return ntohs(address.sin_port);
+}
+
+// The parent's environment without the variables we set, plus ours.
+inline std::vector<std::string> rank_environment(int rank, int world_size, int master_port, const std::string& run_dir) {
+  static constexpr const char* ours[] = {"RANK",        "LOCAL_RANK",     "WORLD_SIZE",     "LOCAL_WORLD_SIZE",
+                                         "GROUP_RANK",  "MASTER_ADDR",    "MASTER_PORT",    "HPCTRAIN_LOCAL",
+                                         "HPCTRAIN_RUN_DIR"};
+  std::vector<std::string> env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string_view variable(*entry);
+    const auto name = variable.substr(0, variable.find('='));
+    bool replaced = false;
+    for (const char* own : ours) replaced = replaced || name == own;
+    if (!replaced) env.emplace_back(variable);
+  }
+  env.push_back(fmt::format("RANK={}", rank));
+  env.push_back(fmt::format("LOCAL_RANK={}", rank));
+  env.push_back(fmt::format("WORLD_SIZE={}", world_size));
+  env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", world_size));
+  env.push_back("GROUP_RANK=0");
+  env.push_back("MASTER_ADDR=127.0.0.1");
+  env.push_back(fmt::format("MASTER_PORT={}", master_port));
+  env.push_back("HPCTRAIN_LOCAL=1");
+  env.push_back("HPCTRAIN_RUN_DIR=" + run_dir);
+  return env;
+}
+
+inline std::vector<char*> c_strings(std::vector<std::string>& strings) {
+  std::vector<char*> pointers;
+  for (auto& s : strings) pointers.push_back(s.data());
+  pointers.push_back(nullptr);
+  return pointers;
+}
+
+// Shell convention for a child's status: its exit code, or 128 + the signal that ended it.
+inline int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return exit_failure;
+}
+
+// Blocks SIGCHLD/SIGINT/SIGTERM for the launcher's lifetime (they are taken with sigtimedwait, no handler
+// runs), and restores the caller's mask and any signal it did not consume when done.
+class BlockedSignals {
+ public:
+  BlockedSignals() {
+    sigemptyset(&set_);
+    for (int signal : {SIGCHLD, SIGINT, SIGTERM}) sigaddset(&set_, signal);
+    pthread_sigmask(SIG_BLOCK, &set_, &previous_);
+  }
+  ~BlockedSignals() { pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
+  BlockedSignals(const BlockedSignals&) = delete;
+  BlockedSignals& operator=(const BlockedSignals&) = delete;
+  const sigset_t& set() const { return set_; }
+  const sigset_t& previous() const { return previous_; }
+
+ private:
+  sigset_t set_{}, previous_{};
+};
+
+struct Child {
+  pid_t pid = -1;
+  bool running = false;
+};
+
+}  // namespace detail
+
+/// Runs `binary args...` world_size times with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK=0,
+/// MASTER_ADDR=127.0.0.1, MASTER_PORT=<a free port>, HPCTRAIN_LOCAL=1 and HPCTRAIN_RUN_DIR (kept if set, else
+/// `<cwd>/hpctrain-jobs/local`). Returns 0 when every rank succeeds; else the first failing rank's exit code
+/// (128 + signal when a signal ended it), after stopping the others; 128 + signal when SIGINT/SIGTERM stopped
+/// the launcher. Throws RuntimeError `[hpctrain.runtime.local_launch]` when a rank cannot be started.
+inline int launch_local(int world_size, const std::string& binary, const std::vector<std::string>& args,
+                        const LocalLaunchOptions& options = {}) {
+  if (world_size < 1) throw SpecError("local", std::to_string(world_size), "needs at least 1 rank");
+  const int master_port = detail::free_local_port();
+  std::string run_dir;
+  if (const char* kept = std::getenv("HPCTRAIN_RUN_DIR"); kept != nullptr && *kept != '\0') {
+    run_dir = kept;
+  } else {
+    run_dir = (std::filesystem::current_path() / "hpctrain-jobs" / "local").string();
+  }
+
+  // Everything the children need is built before fork: after fork only async-signal-safe calls are allowed.
+  std::vector<std::string> argv_strings{binary};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv = detail::c_strings(argv_strings);
+  std::vector<std::vector<std::string>> env_strings;
+  std::vector<std::vector<char*>> envs;
+  for (int rank = 0; rank < world_size; ++rank) env_strings.push_back(detail::rank_environment(rank, world_size, master_port, run_dir));
+  for (auto& env : env_strings) envs.push_back(detail::c_strings(env));
+
+  const detail::BlockedSignals blocked;
+  const pid_t launcher = ::getpid();
+  std::vector<detail::Child> children(static_cast<std::size_t>(world_size));
+  std::optional<int> result;            // decided by the first failure or signal
+  std::optional<std::string> start_error;
+  std::optional<std::chrono::steady_clock::time_point> kill_at;
+
+  auto signal_all = [&](int signal) {
+    for (const auto& child : children)
+      if (child.running) ::kill(-child.pid, signal);
+  };
+  auto begin_stop = [&](int signal) {
+    if (kill_at) return;
+    signal_all(signal);
+    kill_at = std::chrono::steady_clock::now() + options.grace;
+  };
+
+  for (int rank = 0; rank < world_size && !start_error; ++rank) {
+    // exec failure is reported through a close-on-exec pipe: EOF means exec succeeded.
+    int report[2];
+    if (::pipe2(report, O_CLOEXEC) != 0) {
+      start_error = fmt::format("pipe: {}", std::strerror(errno));
+      break;
+    }
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      start_error = fmt::format("fork: {}", std::strerror(errno));
+      ::close(report[0]);
+      ::close(report[1]);
+      break;
+    }
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      // Die with the launcher even when it is SIGKILLed (it is then our only link to the terminal's Ctrl-C).
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher) ::_exit(128 + SIGTERM);
+      struct sigaction default_action{};
+      default_action.sa_handler = SIG_DFL;
+      for (int signal : {SIGCHLD, SIGINT, SIGTERM}) ::sigaction(signal, &default_action, nullptr);
+      ::sigprocmask(SIG_SETMASK, &blocked.previous(), nullptr);
+      ::execve(binary.c_str(), argv.data(), envs[static_cast<std::size_t>(rank)].data());
+      const int error = errno;
+      [[maybe_unused]] const auto written = ::write(report[1], &error, sizeof error);
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // also here: whichever of parent and child runs first, the group exists before kill()
+    children[static_cast<std::size_t>(rank)] = {pid, true};
+    ::close(report[1]);
+    int error = 0;
+    ssize_t got;
+    do got = ::read(report[0], &error, sizeof error);
+    while (got < 0 && errno == EINTR);
+    ::close(report[0]);
+    if (got == static_cast<ssize_t>(sizeof error)) {
+      start_error = fmt::format("cannot execute {}: {}", binary, std::strerror(error));
+    }
+  }
+  if (start_error) begin_stop(SIGTERM);
+
+  for (;;) {
+    // Reap whichever ranks ended (only ours: the caller may have other children).
+    for (auto& child : children) {
+      int status = 0;
+      if (!child.running || ::waitpid(child.pid, &status, WNOHANG) != child.pid) continue;
+      child.running = false;
+      const int code = detail::exit_code_of(status);
+      if (code != 0 && !result) {
+        result = code;
+        begin_stop(SIGTERM);
+      }
+    }
+    bool any_running = false;
+    for (const auto& child : children) any_running = any_running || child.running;
+    if (!any_running) break;
+
+    // Wait for the next signal, at most until the grace ends.
+    timespec timeout{1, 0};
+    if (kill_at) {
+      const auto left = std::max(std::chrono::nanoseconds(0), *kill_at - std::chrono::steady_clock::now());
+      timeout.tv_sec = static_cast<std::time_t>(left.count() / 1'000'000'000);
+      timeout.tv_nsec = static_cast<long>(left.count() % 1'000'000'000);
+      if (left.count() == 0) {
+        signal_all(SIGKILL);
+        timeout = {1, 0};
+      }
+    }
+    siginfo_t info{};
+    const int signal = ::sigtimedwait(&blocked.set(), &info, &timeout);
+    if (signal == SIGINT || signal == SIGTERM) {
+      if (!result) result = 128 + signal;
+      if (!kill_at) {
+        begin_stop(signal);  // the ranks see the same signal a terminal's Ctrl-C would have sent them
+      } else {
+        signal_all(SIGKILL);  // a second Ctrl-C: stop waiting
+      }
+    }
+  }
+  if (start_error) throw RuntimeError("local_launch", *start_error);
+  return result.value_or(exit_ok);
+}
+
+}  // namespace hpctrain
