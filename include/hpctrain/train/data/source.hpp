@@ -1,0 +1,111 @@
+#pragma once
+// What the loop needs from a data set: its size and a batch for a list of indices. A `Source` is the
+// description (cheap, copied into the Training); it loads the data only when a worker starts, never on
+// the login node.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace hpctrain::data {
+
+/// A batch: model inputs and targets, first dimension = batch.
+struct Batch {
+  torch::Tensor inputs;
+  torch::Tensor targets;
+};
+
+/// Random access to examples by index; `batch` must be a pure function of the indices (exact resume).
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  /// Number of examples.
+  virtual std::int64_t size() const = 0;
+  /// The examples at `indices`, stacked.
+  virtual Batch batch(const std::vector<std::int64_t>& indices) const = 0;
+};
+
+/// A dataset held in two tensors (first dimension = example).
+struct TensorDataset : Dataset {
+  torch::Tensor inputs;
+  torch::Tensor targets;
+  std::int64_t size() const override { return inputs.size(0); }
+  Batch batch(const std::vector<std::int64_t>& indices) const override {
+    const auto index = torch::tensor(indices, torch::kInt64);
+    return {inputs.index_select(0, index), targets.index_select(0, index)};
+  }
+};
+
+namespace detail {
+/// Any `torch::data` dataset whose `get(i)` returns an Example<Tensor, Tensor>.
+template <class TorchDataset>
+class TorchDatasetAdapter : public Dataset {
+ public:
+  explicit TorchDatasetAdapter(TorchDataset dataset) : dataset_(std::move(dataset)) {}
+  std::int64_t size() const override { return static_cast<std::int64_t>(dataset_.size().value()); }
+  Batch batch(const std::vector<std::int64_t>& indices) const override {
+    std::vector<torch::Tensor> inputs, targets;
+    for (const auto i : indices) {
+      auto example = dataset_.get(static_cast<std::size_t>(i));
+      inputs.push_back(example.data);
+      targets.push_back(example.target);
+    }
+    return {torch::stack(inputs), torch::stack(targets)};
+  }
+
+ private:
+  mutable TorchDataset dataset_;  // torch::data's get() is not const
+};
+}  // namespace detail
+
+/// A lazily loaded dataset: `load()` runs in the worker.
+class Source {
+ public:
+  Source() = default;
+  /// `loader` returns a Dataset (by value or shared_ptr); `description` names it in messages.
+  template <class Loader>
+  Source(Loader loader, std::string description) : description_(std::move(description)) {
+    load_ = [loader = std::move(loader)]() -> std::shared_ptr<const Dataset> {
+      auto loaded = loader();
+      if constexpr (requires { loaded.get(); loaded.use_count(); })
+        return loaded;
+      else
+        return std::make_shared<decltype(loaded)>(std::move(loaded));
+    };
+  }
+  /// Whether a source was given.
+  explicit operator bool() const { return static_cast<bool>(load_); }
+  /// Reads the data (in the worker).
+  std::shared_ptr<const Dataset> load() const { return load_(); }
+  /// What the source is, for messages.
+  const std::string& description() const { return description_; }
+
+ private:
+  std::function<std::shared_ptr<const Dataset>()> load_;
+  std::string description_;
+};
+
+/// Wraps a user's `torch::data` dataset (e.g. `torch::data::datasets::MNIST`); made in the worker by `factory`.
+template <class Factory>
+Source from_torch(Factory factory, std::string description = "torch::data dataset") {
+  return Source([factory] {
+    using TorchDataset = decltype(factory());
+    return std::make_shared<detail::TorchDatasetAdapter<TorchDataset>>(factory());
+  }, std::move(description));
+}
+
+/// Wraps two in-memory tensors (inputs, targets).
+inline Source tensors(torch::Tensor inputs, torch::Tensor targets) {
+  return Source([inputs, targets] {
+    TensorDataset dataset;
+    dataset.inputs = inputs;
+    dataset.targets = targets;
+    return dataset;
+  }, "tensors");
+}
+
+}  // namespace hpctrain::data

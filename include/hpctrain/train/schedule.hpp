@@ -1,0 +1,51 @@
+#pragma once
+// Learning-rate schedules as pure functions of the step: nothing to save in a checkpoint but the step.
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <string>
+
+#include <fmt/format.h>
+
+#include <hpctrain/error.hpp>
+
+namespace hpctrain {
+
+/// A multiplier of the base learning rate as a function of (step, total steps).
+class LrSchedule {
+ public:
+  /// The base learning rate throughout. The default.
+  static LrSchedule constant() { return LrSchedule(); }
+  /// Linear warmup from 0 over `warmup_steps`, then a cosine decay to `final_fraction` of the base rate.
+  static LrSchedule warmup_cosine(std::int64_t warmup_steps, double final_fraction = 0.0) {
+    detail::require(warmup_steps >= 0, "schedule.warmup_steps", warmup_steps, "must not be negative");
+    detail::require(final_fraction >= 0.0 && final_fraction <= 1.0, "schedule.final_fraction", final_fraction, "must be in [0, 1]");
+    LrSchedule schedule;
+    schedule.cosine_ = true;
+    schedule.warmup_steps_ = warmup_steps;
+    schedule.final_fraction_ = final_fraction;
+    return schedule;
+  }
+
+  /// Multiplier for the optimizer step `step` (0-based) of `total_steps`.
+  double factor(std::int64_t step, std::int64_t total_steps) const {
+    if (!cosine_) return 1.0;
+    if (step < warmup_steps_) return static_cast<double>(step + 1) / static_cast<double>(warmup_steps_);
+    const std::int64_t decay_steps = total_steps - warmup_steps_;
+    if (decay_steps <= 0) return 1.0;
+    const double progress = std::min(1.0, static_cast<double>(step - warmup_steps_) / static_cast<double>(decay_steps));
+    return final_fraction_ + (1.0 - final_fraction_) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+  }
+
+  /// "constant" or "warmup_cosine(<warmup>, <final fraction>)".
+  std::string describe() const {
+    return cosine_ ? fmt::format("warmup_cosine({}, {})", warmup_steps_, final_fraction_) : "constant";
+  }
+
+ private:
+  bool cosine_ = false;
+  std::int64_t warmup_steps_ = 0;
+  double final_fraction_ = 0.0;
+};
+
+}  // namespace hpctrain
