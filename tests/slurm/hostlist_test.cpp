@@ -27,6 +27,8 @@ TEST_CASE("A hostlist expands comma lists, ranges, zero padding and several brac
       {"[1-2]", {"1", "2"}},
       {"rack[1-2]-n[01-02]", {"rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"}},
       {"n[1-2][3-4]", {"n13", "n14", "n23", "n24"}},
+      // Three groups in Slurm's order: the last fastest, then the first, the middle slowest.
+      {"m[1-2][3-4][5-6]", {"m135", "m136", "m235", "m236", "m145", "m146", "m245", "m246"}},
       {"gpu-a.ib[7-8],login-1.cluster", {"gpu-a.ib7", "gpu-a.ib8", "login-1.cluster"}},
       {"n[1-2] m,,x ", {"n1", "n2", "m", "x"}},  // Slurm also splits on whitespace and skips empty items
       {"n[1-2].ib", {"n1.ib", "n2.ib"}},          // a suffix after the last bracket: accepted (docs/slurm.md)

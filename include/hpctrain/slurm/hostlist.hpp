@@ -94,8 +94,7 @@ inline std::vector<NumberRange> parse_bracket(std::string_view expression, std::
   }
 }
 
-// Expands one comma-free item such as "rack[1-2]-n[01-02]" (bracket groups form a cartesian product,
-// the leftmost varying slowest, as Slurm does) and appends the hosts.
+// Expands one item such as "rack[1-2]-n[01-02]" (bracket groups form a cartesian product) and appends the hosts.
 inline void expand_item(std::string_view expression, std::size_t item_start, std::string_view item,
                         std::vector<std::string>& hosts) {
   // Split into literal text and bracket groups.
@@ -138,14 +137,23 @@ inline void expand_item(std::string_view expression, std::size_t item_start, std
       }
     members.push_back(std::move(names));
   }
+  // Slurm's order: the last group varies fastest, then the first, the second, ... and the one before the
+  // last slowest (its _push_range_list recurses on the prefix's last bracket). With one or two groups
+  // that is the plain cartesian order.
+  std::vector<std::size_t> fastest_first{members.size() - 1};
+  for (std::size_t g = 0; g + 1 < members.size(); ++g) fastest_first.push_back(g);
   std::vector<std::size_t> index(members.size(), 0);
   for (;;) {
     std::string host = literals[0];
     for (std::size_t g = 0; g < members.size(); ++g) host += members[g][index[g]] + literals[g + 1];
     hosts.push_back(std::move(host));
-    std::size_t g = members.size();
-    while (g > 0 && ++index[g - 1] == members[g - 1].size()) index[--g] = 0;
-    if (g == 0) return;
+    std::size_t carry = 0;
+    for (; carry < fastest_first.size(); ++carry) {
+      const std::size_t g = fastest_first[carry];
+      if (++index[g] < members[g].size()) break;
+      index[g] = 0;
+    }
+    if (carry == fastest_first.size()) return;
   }
 }
 
