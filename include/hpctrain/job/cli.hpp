@@ -1,0 +1,174 @@
+#pragma once
+// The login-node command line of an hpctrain binary (DESIGN.md's contract): --dry-run, --submit,
+// --status, --logs [--follow], --cancel, the job overrides, and the worker marker that the generated
+// script passes. Arguments it does not know are forwarded to the workers (training knobs).
+#include <functional>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <hpctrain/error.hpp>
+#include <hpctrain/job/job.hpp>
+#include <hpctrain/job/render.hpp>
+#include <hpctrain/job/submit.hpp>
+#include <hpctrain/job/units.hpp>
+
+namespace hpctrain {
+
+/// What the login-node command line asked for.
+struct LoginCommand {
+  enum class Mode { none, help, dry_run, submit, status, logs, cancel };
+  Mode mode = Mode::none;
+  bool follow = false;
+  std::optional<int> nodes, tasks_per_node;
+  std::optional<std::string> gpus_per_node, time, partition, account;
+  std::vector<std::string> env;     ///< K=V
+  std::vector<std::string> sbatch;  ///< KEY=VALUE or KEY
+  std::vector<std::string> forwarded;
+  std::string help;
+};
+
+/// The code run under srun, given the arguments after the worker marker; returns the exit code.
+using Worker = std::function<int(const std::vector<std::string>& args)>;
+
+/// Parses argv (without the worker marker). Throws UsageError.
+inline LoginCommand parse_login_command(int argc, char** argv) {
+  LoginCommand command;
+  CLI::App app{"An hpctrain program: it submits itself to Slurm and trains under srun.", argc > 0 ? argv[0] : "train"};
+  app.set_help_flag();  // ours below, so that --help is a mode like the others
+  app.allow_extras();
+  app.footer(
+      "Without a mode the program only prints this text. Other arguments are forwarded to the workers.\n"
+      "Exit codes: 0 success, 2 bad usage or invalid job description, 1 a runtime failure.");
+  bool help = false, dry_run = false, submit = false, status = false, logs = false, cancel = false;
+  app.add_flag("-h,--help", help, "print this help");
+  app.add_flag("--dry-run", dry_run, "print the sbatch script --submit would submit; touch nothing");
+  app.add_flag("--submit", submit, "write the script under hpctrain-jobs/<name>/<id>/ and sbatch it");
+  app.add_flag("--status", status, "state of the last submitted job (squeue, then sacct)");
+  app.add_flag("--logs", logs, "print the last submitted job's log");
+  app.add_flag("--follow", command.follow, "with --logs: keep printing until the job ends");
+  app.add_flag("--cancel", cancel, "scancel the last submitted job");
+  app.add_option("--nodes", command.nodes, "override --nodes");
+  app.add_option("--tasks-per-node", command.tasks_per_node, "override --ntasks-per-node");
+  app.add_option("--gpus-per-node", command.gpus_per_node, "override --gpus-per-node (4 or a100:4)");
+  app.add_option("--time", command.time, "override --time (D-HH:MM:SS, HH:MM:SS, MM, 90min, 2h)");
+  app.add_option("--partition", command.partition, "override --partition");
+  app.add_option("--account", command.account, "override --account");
+  app.add_option("--env", command.env, "export K=V in the job (repeatable)")->allow_extra_args(false);
+  app.add_option("--sbatch", command.sbatch, "any sbatch option as KEY=VALUE or KEY (repeatable)")
+      ->allow_extra_args(false);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(e.what());
+  }
+  command.forwarded = app.remaining();
+  command.help = app.help();
+  const int modes = help + dry_run + submit + status + logs + cancel;
+  if (modes > 1) throw UsageError("choose one of --dry-run, --submit, --status, --logs, --cancel");
+  using Mode = LoginCommand::Mode;
+  command.mode = help ? Mode::help
+                 : dry_run ? Mode::dry_run
+                 : submit  ? Mode::submit
+                 : status  ? Mode::status
+                 : logs    ? Mode::logs
+                 : cancel  ? Mode::cancel
+                           : Mode::none;
+  if (command.follow && command.mode != Mode::logs) throw UsageError("--follow goes with --logs");
+  return command;
+}
+
+/// Applies the command-line overrides to `job` (the setters validate: SpecError names the field).
+inline void apply_overrides(Job& job, const LoginCommand& command) {
+  if (command.nodes) job.nodes(*command.nodes);
+  if (command.tasks_per_node) job.tasks_per_node(*command.tasks_per_node);
+  if (command.gpus_per_node) job.gpus_per_node(std::string_view(*command.gpus_per_node));
+  if (command.time) job.time(parse_slurm_time(*command.time));
+  if (command.partition) job.partition(*command.partition);
+  if (command.account) job.account(*command.account);
+  for (const auto& assignment : command.env) {
+    const auto equals = assignment.find('=');
+    if (equals == std::string::npos) throw UsageError(fmt::format("--env expects K=V, got '{}'", assignment));
+    job.env(assignment.substr(0, equals), assignment.substr(equals + 1));
+  }
+  for (const auto& option : command.sbatch) {
+    const auto equals = option.find('=');
+    job.sbatch_option(option.substr(0, equals), equals == std::string::npos ? "" : option.substr(equals + 1));
+  }
+}
+
+/// Runs one login-node command for `job`; prints to `out`/`err`, returns the exit code.
+inline int run_login_command(Job job, const LoginCommand& command, const RenderContext& context,
+                             std::ostream& out = std::cout, std::ostream& err = std::cerr) {
+  using Mode = LoginCommand::Mode;
+  try {
+    apply_overrides(job, command);
+    switch (command.mode) {
+      case Mode::help:
+        out << command.help;
+        return exit_ok;
+      case Mode::none:
+        err << command.help;
+        return exit_usage;
+      case Mode::dry_run:
+        out << render_sbatch(job, context);
+        return exit_ok;
+      case Mode::submit: {
+        const auto submitted = submit(job, context);
+        out << fmt::format("submitted job {}\n  logs: {}\n  job directory: {}\n", submitted.id, submitted.output_log,
+                           submitted.directory.string());
+        return exit_ok;
+      }
+      case Mode::status: {
+        const auto last = last_submitted(job, context);
+        const auto state = query_state(last.id);
+        if (state.state.empty()) {
+          out << fmt::format("job {}: unknown to squeue, sacct and scontrol (finished long ago, or purged)\n",
+                             last.id);
+          return exit_failure;
+        }
+        out << fmt::format("job {} ({}): {} ({}; from {})\n", last.id, last.name, state.state, state.detail,
+                           state.source);
+        return exit_ok;
+      }
+      case Mode::logs:
+        print_logs(last_submitted(job, context), out, command.follow);
+        return exit_ok;
+      case Mode::cancel: {
+        const auto last = last_submitted(job, context);
+        cancel(last.id);
+        out << fmt::format("cancelled job {}\n", last.id);
+        return exit_ok;
+      }
+    }
+  } catch (const SpecError& e) {
+    err << e.what() << "\n";
+    return exit_usage;
+  } catch (const UsageError& e) {
+    err << e.what() << "\n";
+    return exit_usage;
+  } catch (const std::exception& e) {
+    err << e.what() << "\n";
+    return exit_failure;
+  }
+  return exit_failure;
+}
+
+/// The whole program for a job: worker mode under the marker, else the login-node command line.
+inline int run_job(int argc, char** argv, const Job& job, const Worker& worker) {
+  if (is_worker_invocation(argc, argv)) return worker(std::vector<std::string>(argv + 2, argv + argc));
+  LoginCommand command;
+  try {
+    command = parse_login_command(argc, argv);
+  } catch (const UsageError& e) {
+    std::cerr << e.what() << "\n";
+    return exit_usage;
+  }
+  return run_login_command(job, command, current_render_context(argc, argv, command.forwarded));
+}
+
+}  // namespace hpctrain

@@ -1,0 +1,96 @@
+#pragma once
+// Runs Slurm's commands (sbatch, squeue, sacct, scontrol, scancel) by fork/exec with an argv vector:
+// no shell ever sees a user string, so nothing in a job name or value can be executed.
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <hpctrain/error.hpp>
+
+namespace hpctrain {
+
+/// What a finished command left: its exit code (128 + signal when killed) and its two streams.
+struct ProcessResult {
+  int exit_code = 0;
+  std::string out;
+  std::string err;
+};
+
+namespace detail {
+inline void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+}  // namespace detail
+
+/// Runs `argv` (looked up in PATH) with `extra_env` added to this process's environment, in
+/// `working_directory` when given; collects stdout and stderr. Throws RuntimeError("exec", ...) when the
+/// program cannot be started.
+inline ProcessResult run_process(const std::vector<std::string>& argv,
+                                 const std::vector<std::pair<std::string, std::string>>& extra_env = {},
+                                 const std::string& working_directory = "") {
+  if (argv.empty()) throw RuntimeError("exec", "empty command");
+  int out_pipe[2], err_pipe[2], exec_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0 || ::pipe2(exec_pipe, O_CLOEXEC) != 0)
+    throw RuntimeError("exec", fmt::format("pipe: {}", std::strerror(errno)));
+  // Everything the child needs is built before fork: only async-signal-safe calls follow it.
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw RuntimeError("exec", fmt::format("fork: {}", std::strerror(errno)));
+  if (pid == 0) {
+    ::dup2(out_pipe[1], STDOUT_FILENO);
+    ::dup2(err_pipe[1], STDERR_FILENO);
+    for (const auto& [name, value] : extra_env) ::setenv(name.c_str(), value.c_str(), 1);
+    if (!working_directory.empty() && ::chdir(working_directory.c_str()) != 0) {
+      const int error = errno;
+      [[maybe_unused]] auto n = ::write(exec_pipe[1], &error, sizeof error);
+      ::_exit(127);
+    }
+    ::execvp(args[0], args.data());
+    const int error = errno;
+    [[maybe_unused]] auto n = ::write(exec_pipe[1], &error, sizeof error);
+    ::_exit(127);
+  }
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  ::close(exec_pipe[1]);
+  ProcessResult result;
+  int fds[2] = {out_pipe[0], err_pipe[0]};
+  std::string* sinks[2] = {&result.out, &result.err};
+  while (fds[0] >= 0 || fds[1] >= 0) {
+    pollfd polled[2] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}};
+    if (::poll(polled, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i] < 0 || polled[i].revents == 0) continue;
+      char buffer[4096];
+      const auto n = ::read(fds[i], buffer, sizeof buffer);
+      if (n > 0)
+        sinks[i]->append(buffer, static_cast<std::size_t>(n));
+      else if (n == 0 || errno != EINTR)
+        detail::close_fd(fds[i]);
+    }
+  }
+  int exec_error = 0;
+  const bool exec_failed = ::read(exec_pipe[0], &exec_error, sizeof exec_error) == sizeof exec_error;
+  ::close(exec_pipe[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (exec_failed) throw RuntimeError("exec", fmt::format("cannot run {}: {}", argv[0], std::strerror(exec_error)));
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+}  // namespace hpctrain

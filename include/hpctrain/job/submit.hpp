@@ -1,0 +1,279 @@
+#pragma once
+// Submission and management of a job through Slurm's own commands. A submission is all or nothing:
+// the script is written into a private pending directory, submitted held (`sbatch --hold`), the
+// directory is renamed to the job id, the record written, and only then is the job released. Any
+// failure on the way removes what was written and cancels what was queued.
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>  // the job record (job.json)
+
+#include <hpctrain/error.hpp>
+#include <hpctrain/job/job.hpp>
+#include <hpctrain/job/process.hpp>
+#include <hpctrain/job/render.hpp>
+
+namespace hpctrain {
+
+/// A job this program submitted, as recorded in `hpctrain-jobs/<name>/<id>/job.json`.
+struct SubmittedJob {
+  std::string id;
+  std::string name;
+  std::filesystem::path directory;  ///< holds job.sbatch, job.json and (by default) the logs
+  std::string output_log;           ///< absolute path of the job's stdout
+  std::string error_log;            ///< absolute path of its stderr (same as output_log unless Job::error)
+};
+
+/// A job's state as Slurm tells it.
+struct JobState {
+  std::string id;
+  std::string state;   ///< PENDING, RUNNING, COMPLETED, FAILED, CANCELLED...; empty when nobody knows it
+  std::string source;  ///< squeue, sacct or scontrol
+  std::string detail;  ///< the rest of what that command said (elapsed, limit, nodes, exit code)
+  bool in_queue() const { return source == "squeue"; }
+};
+
+namespace detail {
+inline std::string trim(std::string_view text) {
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string_view::npos) return "";
+  const auto last = text.find_last_not_of(" \t\r\n");
+  return std::string(text.substr(first, last - first + 1));
+}
+
+/// Writes `content` to `path` atomically (a temporary beside it, then rename).
+inline void write_file_atomically(const std::filesystem::path& path, std::string_view content) {
+  const auto temporary = path.string() + ".tmp";
+  {
+    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
+    file.write(content.data(), static_cast<std::streamsize>(content.size()));
+    file.flush();
+    if (!file) throw RuntimeError("io", fmt::format("cannot write {}", temporary));
+  }
+  std::filesystem::rename(temporary, path);
+}
+
+/// Resolves the filename patterns of an --output value that do not depend on the node (%j, %x, %u, %%).
+inline std::string resolve_log_pattern(std::string_view pattern, const std::string& id, const std::string& name,
+                                       const std::string& workdir) {
+  std::string path;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '%' || i + 1 == pattern.size()) {
+      path += pattern[i];
+      continue;
+    }
+    const char key = pattern[++i];
+    if (key == 'j' || key == 'J' || key == 'A') path += id;
+    else if (key == 'x') path += name;
+    else if (key == 'u') path += std::getenv("USER") ? std::getenv("USER") : "";
+    else if (key == '%') path += '%';
+    else { path += '%'; path += key; }
+  }
+  if (!path.starts_with("/")) path = (std::filesystem::path(workdir) / path).string();
+  return path;
+}
+
+/// sbatch's message, verbatim, and what to try where we know the failure.
+inline std::string explain_sbatch_failure(const std::string& stderr_text) {
+  std::string message = trim(stderr_text);
+  const auto has = [&](std::string_view text) { return stderr_text.find(text) != std::string::npos; };
+  if (has("invalid partition") || has("Invalid partition"))
+    message += "\nhint: `sinfo -s` lists the partitions you can submit to.";
+  else if (has("Invalid account") || has("invalid account"))
+    message += "\nhint: `sacctmgr show associations user=$USER format=account,partition` lists your accounts.";
+  else if (has("time limit") || has("Time limit"))
+    message += "\nhint: `sinfo -o '%P %l'` shows each partition's maximum time.";
+  else if (has("node configuration is not available") || has("More processors requested"))
+    message += "\nhint: `sinfo -o '%P %D %c %G %m'` shows each partition's nodes, CPUs, GPUs and memory.";
+  return message;
+}
+
+inline nlohmann::json to_json(const SubmittedJob& job) {
+  return {{"id", job.id}, {"name", job.name}, {"directory", job.directory.string()},
+          {"output_log", job.output_log}, {"error_log", job.error_log}};
+}
+}  // namespace detail
+
+/// Renders `job`, writes it into its job directory and submits it with `sbatch --parsable`.
+/// Throws SpecError (nothing written) or RuntimeError (sbatch's message; nothing left behind).
+inline SubmittedJob submit(const Job& job, const RenderContext& context) {
+  namespace fs = std::filesystem;
+  const std::string script = render_sbatch(job, context);
+  for (const auto& var : job.environment())
+    if (var.kind == EnvKind::secret)
+      detail::require(std::getenv(var.name.c_str()) != nullptr, "env", var.name,
+                      "secret_env needs the variable set in the submitting environment");
+
+  const fs::path root = job_root(job, context);
+  fs::create_directories(root);
+  std::string pending_template = (root / ".pending-XXXXXX").string();
+  if (::mkdtemp(pending_template.data()) == nullptr)
+    throw RuntimeError("io", fmt::format("cannot create a directory under {}", root.string()));
+  const fs::path pending = pending_template;
+  std::optional<std::string> queued_id;
+  fs::path final_directory;
+  try {
+    detail::write_file_atomically(pending / "job.sbatch", script);
+    // Held until its directory carries its id: the default log path is <root>/<id>/.
+    const auto sbatch = run_process({"sbatch", "--parsable", "--hold", (pending / "job.sbatch").string()});
+    if (sbatch.exit_code != 0)
+      throw RuntimeError("sbatch", fmt::format("sbatch refused the job (exit {}):\n{}", sbatch.exit_code,
+                                               detail::explain_sbatch_failure(sbatch.err)));
+    std::string id = detail::trim(sbatch.out);
+    id = id.substr(0, id.find(';'));  // --parsable prints "<id>[;<cluster>]"
+    queued_id = id;
+    final_directory = root / id;
+    fs::rename(pending, final_directory);
+
+    SubmittedJob submitted;
+    submitted.id = id;
+    submitted.name = job.name();
+    submitted.directory = final_directory;
+    const auto workdir = job_workdir(job, context);
+    const std::string output_pattern =
+        job.output() ? *job.output() : (root / "%j" / "slurm-%j.out").string();
+    submitted.output_log = detail::resolve_log_pattern(output_pattern, id, job.name(), workdir);
+    submitted.error_log =
+        job.error() ? detail::resolve_log_pattern(*job.error(), id, job.name(), workdir) : submitted.output_log;
+    auto record = detail::to_json(submitted);
+    record["argv"] = context.argv;
+    record["program"] = context.program;
+    record["submitted_at"] = detail::utc_now();
+    record["hpctrain_version"] = version;
+    detail::write_file_atomically(final_directory / "job.json", record.dump(2) + "\n");
+    detail::write_file_atomically(root / "last", id + "\n");
+
+    const auto release = run_process({"scontrol", "release", id});
+    if (release.exit_code != 0)
+      throw RuntimeError("sbatch", fmt::format("cannot release held job {}: {}", id, detail::trim(release.err)));
+    return submitted;
+  } catch (...) {
+    if (queued_id) run_process({"scancel", *queued_id});
+    std::error_code ignored;
+    fs::remove_all(pending, ignored);
+    if (!final_directory.empty()) {
+      fs::remove_all(final_directory, ignored);
+      // `last` must not point at a job that was taken back.
+      std::ifstream last(root / "last");
+      std::string last_id;
+      if (last >> last_id && queued_id && last_id == *queued_id) fs::remove(root / "last", ignored);
+    }
+    // Directories this submission created stay only if something else lives in them.
+    fs::remove(root, ignored);
+    fs::remove(root.parent_path(), ignored);
+    throw;
+  }
+}
+
+/// The last job this program submitted from this working directory. Throws RuntimeError("no_job").
+inline SubmittedJob last_submitted(const Job& job, const RenderContext& context) {
+  const auto root = job_root(job, context);
+  std::ifstream last(root / "last");
+  std::string id;
+  if (!(last >> id))
+    throw RuntimeError("no_job", fmt::format("no job submitted yet from here ({} has none); use --submit",
+                                             root.string()));
+  std::ifstream file(root / id / "job.json");
+  if (!file) throw RuntimeError("no_job", fmt::format("the record {} is missing", (root / id / "job.json").string()));
+  const auto record = nlohmann::json::parse(file);
+  return {record.at("id").get<std::string>(), record.at("name").get<std::string>(),
+          record.at("directory").get<std::string>(), record.at("output_log").get<std::string>(),
+          record.at("error_log").get<std::string>()};
+}
+
+/// Asks squeue, then sacct (with `-c` where accounting storage is off), then scontrol.
+inline JobState query_state(const std::string& id) {
+  JobState state{id, "", "", ""};
+  const auto queued = run_process({"squeue", "--noheader", "--jobs", id, "--format", "%T|%M|%l|%D|%R"});
+  if (queued.exit_code == 0 && !detail::trim(queued.out).empty()) {
+    const auto line = detail::trim(queued.out);
+    const auto bar = line.find('|');
+    state.state = line.substr(0, bar);
+    std::vector<std::string> fields;
+    std::stringstream rest(line.substr(bar + 1));
+    for (std::string field; std::getline(rest, field, '|');) fields.push_back(field);
+    if (fields.size() == 4)
+      state.detail = fmt::format("elapsed {}, limit {}, {} node(s), {}", fields[0], fields[1], fields[2], fields[3]);
+    state.source = "squeue";
+    return state;
+  }
+  const std::vector<std::string> sacct_args = {"--noheader", "--parsable2", "--allocations", "--jobs", id,
+                                               "--format", "JobID,State,ExitCode,Elapsed"};
+  for (const bool completion_log : {false, true}) {
+    std::vector<std::string> command = {"sacct"};
+    if (completion_log) command.push_back("-c");  // jobcomp/filetxt: clusters without slurmdbd
+    command.insert(command.end(), sacct_args.begin(), sacct_args.end());
+    const auto accounted = run_process(command);
+    if (accounted.exit_code != 0) continue;
+    std::stringstream lines(accounted.out);
+    for (std::string line; std::getline(lines, line);) {
+      std::vector<std::string> fields;
+      std::stringstream parts(line);
+      for (std::string field; std::getline(parts, field, '|');) fields.push_back(field);
+      if (fields.size() >= 4 && fields[0] == id && !fields[1].empty()) {
+        state.state = fields[1].substr(0, fields[1].find(' '));  // "CANCELLED by 0"
+        state.detail = fmt::format("exit code {}, elapsed {}", fields[2], fields[3]);
+        state.source = "sacct";
+        return state;
+      }
+    }
+  }
+  const auto shown = run_process({"scontrol", "--oneliner", "show", "job", id});
+  if (shown.exit_code == 0) {
+    const auto field = [&](std::string_view key) {
+      const auto at = shown.out.find(fmt::format(" {}=", key));
+      if (at == std::string::npos) return std::string();
+      const auto begin = at + key.size() + 2;
+      return shown.out.substr(begin, shown.out.find(' ', begin) - begin);
+    };
+    state.state = field("JobState");
+    state.detail = fmt::format("exit code {}", field("ExitCode"));
+    state.source = "scontrol";
+  }
+  return state;
+}
+
+/// Cancels job `id` (`scancel`). Throws RuntimeError("scancel", ...) with scancel's message.
+inline void cancel(const std::string& id) {
+  const auto result = run_process({"scancel", id});
+  if (result.exit_code != 0)
+    throw RuntimeError("scancel", fmt::format("scancel {} failed: {}", id, detail::trim(result.err)));
+}
+
+/// Writes the job's log to `out`; with `follow`, keeps writing until the job left the queue.
+inline void print_logs(const SubmittedJob& job, std::ostream& out, bool follow) {
+  std::uintmax_t offset = 0;
+  const auto drain = [&] {
+    std::ifstream file(job.output_log, std::ios::binary);
+    if (!file) return;
+    file.seekg(static_cast<std::streamoff>(offset));
+    std::string chunk((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    offset += chunk.size();
+    out << chunk << std::flush;
+  };
+  if (!follow) {
+    if (!std::filesystem::exists(job.output_log))
+      throw RuntimeError("logs", fmt::format("job {} has no log yet at {}", job.id, job.output_log));
+    drain();
+    return;
+  }
+  while (true) {
+    const bool queued = query_state(job.id).in_queue();
+    drain();
+    if (!queued) break;
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  drain();
+}
+
+}  // namespace hpctrain

@@ -1,0 +1,99 @@
+#pragma once
+// Memory sizes and time limits as Slurm reads them: `64_GiB` becomes `--mem=64G`, `2h` becomes
+// `--time=0-02:00:00` (D-HH:MM:SS, the one format every Slurm release accepts without ambiguity).
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include <hpctrain/error.hpp>
+
+namespace hpctrain {
+
+/// An amount of memory, kept in MiB (Slurm's default unit).
+struct Memory {
+  std::uint64_t mebibytes = 0;
+  friend constexpr bool operator==(Memory, Memory) = default;
+};
+
+namespace literals {
+/// `512_MiB`
+constexpr Memory operator""_MiB(unsigned long long n) { return Memory{n}; }
+/// `64_GiB`
+constexpr Memory operator""_GiB(unsigned long long n) { return Memory{n * 1024}; }
+/// `1_TiB`
+constexpr Memory operator""_TiB(unsigned long long n) { return Memory{n * 1024 * 1024}; }
+}  // namespace literals
+
+/// Memory as an sbatch value: the largest unit that divides it exactly (`64G`, `1536M`, `1T`).
+inline std::string to_slurm(Memory memory) {
+  const auto mib = memory.mebibytes;
+  if (mib != 0 && mib % (1024 * 1024) == 0) return fmt::format("{}T", mib / (1024 * 1024));
+  if (mib != 0 && mib % 1024 == 0) return fmt::format("{}G", mib / 1024);
+  return fmt::format("{}M", mib);
+}
+
+/// A time limit in Slurm's `D-HH:MM:SS` form.
+inline std::string format_slurm_time(std::chrono::seconds limit) {
+  const auto total = limit.count();
+  return fmt::format("{}-{:02}:{:02}:{:02}", total / 86400, total / 3600 % 24, total / 60 % 60, total % 60);
+}
+
+namespace detail {
+inline bool parse_unsigned(std::string_view text, long long& out) {
+  if (text.empty() || text.size() > 9) return false;
+  out = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    out = out * 10 + (c - '0');
+  }
+  return true;
+}
+}  // namespace detail
+
+/// Parses a command-line time limit: Slurm's forms (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`,
+/// `D-HH:MM:SS`) or a number with a unit (`90s`, `30min`, `2h`, `1d`). Throws SpecError("time", ...).
+inline std::chrono::seconds parse_slurm_time(std::string_view text) {
+  const auto fail = [&] {
+    return SpecError("time", text, "expected D-HH:MM:SS, HH:MM:SS, MM:SS, MM or a number with s/min/h/d");
+  };
+  long long value = 0;
+  for (auto [suffix, scale] : {std::pair<std::string_view, long long>{"min", 60}, {"s", 1}, {"m", 60}, {"h", 3600},
+                               {"d", 86400}}) {
+    if (text.size() > suffix.size() && text.ends_with(suffix) &&
+        detail::parse_unsigned(text.substr(0, text.size() - suffix.size()), value))
+      return std::chrono::seconds(value * scale);
+  }
+  long long days = 0;
+  std::string_view rest = text;
+  const bool has_days = rest.find('-') != std::string_view::npos;
+  if (has_days) {
+    const auto dash = rest.find('-');
+    if (!detail::parse_unsigned(rest.substr(0, dash), days)) throw fail();
+    rest = rest.substr(dash + 1);
+  }
+  long long parts[3] = {0, 0, 0};
+  int count = 0;
+  while (true) {
+    const auto colon = rest.find(':');
+    if (count == 3 || !detail::parse_unsigned(rest.substr(0, colon), parts[count])) throw fail();
+    ++count;
+    if (colon == std::string_view::npos) break;
+    rest = rest.substr(colon + 1);
+  }
+  long long seconds = 0;
+  if (has_days) {  // D-HH, D-HH:MM, D-HH:MM:SS
+    seconds = days * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2];
+  } else if (count == 1) {  // MM
+    seconds = parts[0] * 60;
+  } else if (count == 2) {  // MM:SS
+    seconds = parts[0] * 60 + parts[1];
+  } else {  // HH:MM:SS
+    seconds = parts[0] * 3600 + parts[1] * 60 + parts[2];
+  }
+  return std::chrono::seconds(seconds);
+}
+
+}  // namespace hpctrain

@@ -1,0 +1,105 @@
+#pragma once
+// Shared by the job tests: a fixed rendering context (goldens must not depend on the machine), files,
+// and the probe program that the Slurm tests submit.
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <hpctrain/job/process.hpp>
+#include <hpctrain/job/render.hpp>
+#include <hpctrain/job/submit.hpp>
+
+namespace job_test {
+
+inline hpctrain::RenderContext fixed_context() {
+  hpctrain::RenderContext context;
+  context.program = "/home/user/project/build/train";
+  context.argv = {"./build/train", "--dry-run"};
+  context.worker_args = {};
+  context.workdir = "/home/user/project";
+  context.generated_at = "2026-01-01T00:00:00Z";
+  context.lookup_env = [](const std::string& name) -> std::optional<std::string> {
+    if (name == "WANDB_PROJECT") return "fashion runs";
+    return std::nullopt;
+  };
+  return context;
+}
+
+inline std::string read_file(const std::filesystem::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  std::stringstream content;
+  content << file.rdbuf();
+  return content.str();
+}
+
+inline void write_file(const std::filesystem::path& path, const std::string& content) {
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  file << content;
+}
+
+inline std::filesystem::path source_dir() {
+  const char* dir = std::getenv("HPCTRAIN_SOURCE_DIR");
+  return dir ? dir : HPCTRAIN_SOURCE_DIR_FALLBACK;
+}
+
+/// A fresh directory for one test under the build tree (both local nodes see this host's file system).
+inline std::filesystem::path scratch_dir(const std::string& name) {
+  const char* build = std::getenv("HPCTRAIN_BUILD_DIR");
+  auto dir = std::filesystem::path(build ? build : "/tmp") / "job-test-scratch" / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+inline std::string probe() { return HPCTRAIN_JOB_PROBE; }
+
+/// Runs the probe in `workdir` with `env` added (PROBE_* configure its job).
+inline hpctrain::ProcessResult run_probe(const std::filesystem::path& workdir, std::vector<std::string> args,
+                                         std::vector<std::pair<std::string, std::string>> env = {}) {
+  args.insert(args.begin(), probe());
+  return hpctrain::run_process(args, env, workdir.string());
+}
+
+/// Waits until the job left the queue and returns its final state (the cluster is shared: be patient).
+inline hpctrain::JobState wait_for_end(const std::string& id, std::chrono::seconds limit = std::chrono::seconds(600)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  auto state = hpctrain::query_state(id);
+  while (state.in_queue() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    state = hpctrain::query_state(id);
+  }
+  return state;
+}
+
+/// Waits until the job runs.
+inline void wait_for_running(const std::string& id, std::chrono::seconds limit = std::chrono::seconds(600)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (hpctrain::query_state(id).state != "RUNNING" && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+}
+
+/// The job id from the probe's "submitted job <id>" line.
+inline std::string submitted_id(const std::string& out) {
+  const std::string prefix = "submitted job ";
+  const auto at = out.find(prefix);
+  if (at == std::string::npos) return "";
+  const auto begin = at + prefix.size();
+  return out.substr(begin, out.find('\n', begin) - begin);
+}
+
+inline std::string hex(std::string_view text) {
+  std::string out;
+  const char* digits = "0123456789abcdef";
+  for (unsigned char c : text) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
+  return out;
+}
+
+}  // namespace job_test

@@ -1,0 +1,62 @@
+// The binary the job tests submit: a Job whose worker reports, per rank, its Slurm identity, whether it
+// runs inside ch-run, and (hex-encoded, so that any byte survives the log) its arguments and the
+// PROBE_* variables and job name it received. The job is configured from PROBE_* variables.
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include <hpctrain/job/cli.hpp>
+
+extern char** environ;
+
+namespace {
+std::string env_or(const char* name, const char* fallback) {
+  const char* value = std::getenv(name);
+  return value ? value : fallback;
+}
+
+std::string hex(std::string_view text) {
+  std::string out;
+  for (unsigned char c : text) out += fmt::format("{:02x}", c);
+  return out;
+}
+
+int report(const std::vector<std::string>& args) {
+  const auto rank = env_or("SLURM_PROCID", "?");
+  std::string lines = fmt::format("probe rank={} ntasks={} node={} nodeid={} localid={} job={} container={}\n", rank,
+                                  env_or("SLURM_NTASKS", "?"), env_or("SLURMD_NODENAME", "?"),
+                                  env_or("SLURM_NODEID", "?"), env_or("SLURM_LOCALID", "?"),
+                                  env_or("SLURM_JOB_ID", "?"), env_or("CH_RUNNING", "no"));
+  for (std::size_t i = 0; i < args.size(); ++i) lines += fmt::format("probe rank={} arg{}={}\n", rank, i, hex(args[i]));
+  for (char** e = environ; *e; ++e) {
+    const std::string entry = *e;
+    const auto equals = entry.find('=');
+    const auto name = entry.substr(0, equals);
+    if (name.starts_with("PROBE_") || name == "SLURM_JOB_NAME")
+      lines += fmt::format("probe rank={} env {}={}\n", rank, name, hex(entry.substr(equals + 1)));
+  }
+  std::cout << lines << std::flush;
+  if (args.size() == 2 && args[0] == "--sleep") std::this_thread::sleep_for(std::chrono::seconds(std::stoi(args[1])));
+  return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace std::chrono_literals;
+  namespace ht = hpctrain;
+  try {
+    auto job = ht::Job(env_or("PROBE_NAME", "probe")).nodes(std::stoi(env_or("PROBE_NODES", "2"))).time(5min);
+    if (std::getenv("PROBE_SECRET") && !std::getenv("PROBE_NO_SECRET")) job.secret_env("PROBE_SECRET");
+    if (const char* image = std::getenv("PROBE_CHARLIECLOUD")) {
+      job.container(ht::Charliecloud(image)).mount("/usr", "/usr");
+    }
+    return ht::run_job(argc, argv, job, report);
+  } catch (const ht::SpecError& e) {
+    std::cerr << e.what() << "\n";
+    return ht::exit_usage;
+  }
+}

@@ -1,0 +1,52 @@
+#include <hpctrain/job/units.hpp>
+
+#include <catch2/catch.hpp>
+
+using namespace hpctrain::literals;
+using namespace std::chrono_literals;
+
+TEST_CASE("Memory is written in the largest unit that divides it", "[units]") {
+  auto [memory, text] = GENERATE(table<hpctrain::Memory, std::string>({
+      {64_GiB, "64G"}, {1536_MiB, "1536M"}, {2_TiB, "2T"}, {1024_GiB, "1T"}, {1_MiB, "1M"}}));
+  CAPTURE(memory.mebibytes);
+  CHECK(hpctrain::to_slurm(memory) == text);
+}
+
+TEST_CASE("Time limits are rendered as D-HH:MM:SS", "[units]") {
+  auto [seconds, text] = GENERATE(table<long long, std::string>({{600, "0-00:10:00"},
+                                                                 {1, "0-00:00:01"},
+                                                                 {2 * 3600, "0-02:00:00"},
+                                                                 {86400 + 3600 + 61, "1-01:01:01"},
+                                                                 {7 * 86400, "7-00:00:00"}}));
+  CAPTURE(seconds);
+  CHECK(hpctrain::format_slurm_time(std::chrono::seconds(seconds)) == text);
+}
+
+TEST_CASE("Command-line time limits accept Slurm's forms and unit suffixes", "[units]") {
+  auto [text, seconds] = GENERATE(table<std::string, long long>({{"10", 600},
+                                                                 {"10:30", 630},
+                                                                 {"01:02:03", 3723},
+                                                                 {"2-00", 2 * 86400},
+                                                                 {"1-02:03", 86400 + 7200 + 180},
+                                                                 {"1-02:03:04", 86400 + 7200 + 184},
+                                                                 {"90s", 90},
+                                                                 {"30min", 1800},
+                                                                 {"5m", 300},
+                                                                 {"2h", 7200},
+                                                                 {"1d", 86400}}));
+  CAPTURE(text);
+  CHECK(hpctrain::parse_slurm_time(text).count() == seconds);
+}
+
+TEST_CASE("A malformed command-line time limit is a spec error naming time", "[units]") {
+  auto text = GENERATE(as<std::string>{}, "", "abc", "1:2:3:4", "-5", "1-", "5x", "h");
+  CAPTURE(text);
+  try {
+    hpctrain::parse_slurm_time(text);
+    FAIL("no error");
+  } catch (const hpctrain::SpecError& e) {
+    CHECK(std::string(e.what()) ==
+          "[hpctrain.spec.time] time = " + text +
+              ": expected D-HH:MM:SS, HH:MM:SS, MM:SS, MM or a number with s/min/h/d");
+  }
+}
