@@ -79,6 +79,7 @@ inline std::string directory_name(std::string_view name) {
     safe += ok ? c : '_';
   }
   if (safe.empty() || safe == "." || safe == "..") safe = "job";
+  if (safe.size() > 64) safe.resize(64);  // a path component is at most 255 bytes; keep it readable
   return safe;
 }
 

@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   namespace ht = hpctrain;
   try {
     auto job = ht::Job(env_or("PROBE_NAME", "probe")).nodes(std::stoi(env_or("PROBE_NODES", "2"))).time(5min);
-    if (std::getenv("PROBE_SECRET") && !std::getenv("PROBE_NO_SECRET")) job.secret_env("PROBE_SECRET");
+    if (std::getenv("PROBE_SECRET")) job.secret_env("PROBE_SECRET");
     if (const char* image = std::getenv("PROBE_CHARLIECLOUD")) {
       job.container(ht::Charliecloud(image)).mount("/usr", "/usr");
     }

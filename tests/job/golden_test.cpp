@@ -1,0 +1,132 @@
+// Renders representative jobs and compares them byte for byte with tests/golden/*.sbatch.
+// After an intended change: HPCTRAIN_UPDATE_GOLDEN=1 build-x/tests/test_job "[golden]", then read the diff.
+#include <cstdlib>
+#include <functional>
+
+#include <hpctrain/job/job.hpp>
+#include <hpctrain/job/process.hpp>
+#include <hpctrain/job/render.hpp>
+
+#include <catch2/catch.hpp>
+
+#include "job_test_support.hpp"
+
+using namespace hpctrain::literals;
+using namespace std::chrono_literals;
+namespace ht = hpctrain;
+
+namespace {
+struct Golden {
+  std::string file;
+  std::function<ht::Job()> job;
+  bool runs_on_local_cluster;  ///< sbatch --test-only must accept it here
+};
+
+std::vector<Golden> goldens() {
+  return {
+      // The multi-node job of common practice: 2 nodes x 8 GPUs, one task per node, 32 CPUs each.
+      {"multinode.sbatch",
+       [] {
+         return ht::Job("multinode")
+             .nodes(2)
+             .tasks_per_node(1)
+             .cpus_per_task(32)
+             .gpus_per_node(8)
+             .time(10min)
+             .account("proj42")
+             .partition("gpu")
+             .output("%j.out")
+             .error("%j.err");
+       },
+       false},
+      {"pyxis.sbatch",
+       [] {
+         return ht::Job("fashion")
+             .nodes(2)
+             .time(30min)
+             .partition("debug")
+             .container(ht::Pyxis("nvcr.io#nvidia/pytorch:24.05-py3").mount_home(false))
+             .mount("/lustre/datasets", "/data", ht::read_only)
+             .env("NCCL_DEBUG", "WARN");
+       },
+       true},
+      {"apptainer.sbatch",
+       [] {
+         return ht::Job("apptainer-run")
+             .nodes(1)
+             .gpus_per_node("a100", 4)
+             .cpus_per_task(8)
+             .memory_per_gpu(32_GiB)
+             .time(2h)
+             .container(ht::Apptainer("/images/pytorch.sif"))
+             .mount("/scratch/me", "/scratch")
+             .mount("/datasets", "/data", ht::read_only)
+             .module("cuda/12.4")
+             .setup("ulimit -n 4096");
+       },
+       false},
+      {"requeue.sbatch",
+       [] {
+         return ht::Job("long-run")
+             .nodes(2)
+             .time(4h)
+             .partition("debug")
+             .memory(2_GiB)
+             .requeue_on_timeout(2min, 5)
+             .mail("me@example.org", {"END", "FAIL"})
+             .pass_env("WANDB_PROJECT")
+             .secret_env("WANDB_API_KEY");
+       },
+       true},
+      {"everything.sbatch",
+       [] {
+         return ht::Job("it's \"all\" $(here) #1")
+             .nodes(2)
+             .time(std::chrono::hours(36) + 5s)
+             .partition("debug")
+             .qos("normal")
+             .constraint("a100&ib")
+             .reservation("maint")
+             .exclusive()
+             .chdir("/home/user/project/runs")
+             .after("41")
+             .after("42", ht::After::any)
+             .env("PROMPT", "it's $HOME `date` ; rm -rf / \n*")
+             .sbatch_option("comment", "tuning run #3")
+             .sbatch_option("hint", "nomultithread")
+             .srun_option("cpu-bind", "cores")
+             .srun_option("overlap")
+             .container(ht::Charliecloud("/images/ubuntu"))
+             .mount("/usr", "/usr");
+       },
+       false},
+  };
+}
+}  // namespace
+
+TEST_CASE("Rendered scripts match the golden files byte for byte", "[golden]") {
+  auto context = job_test::fixed_context();
+  context.worker_args = {"--epochs", "2"};
+  for (const auto& golden : goldens()) {
+    CAPTURE(golden.file);
+    const auto script = ht::render_sbatch(golden.job(), context);
+    const auto path = job_test::source_dir() / "tests" / "golden" / golden.file;
+    if (std::getenv("HPCTRAIN_UPDATE_GOLDEN")) job_test::write_file(path, script);
+    CHECK(script == job_test::read_file(path));
+    // And it is valid bash.
+    const auto check = ht::run_process({"bash", "-n", path.string()});
+    CHECK(check.exit_code == 0);
+  }
+}
+
+TEST_CASE("sbatch --test-only accepts every golden script the local cluster can run", "[golden][slurm]") {
+  for (const auto& golden : goldens()) {
+    if (!golden.runs_on_local_cluster) continue;
+    CAPTURE(golden.file);
+    const auto path = job_test::source_dir() / "tests" / "golden" / golden.file;
+    const auto result = ht::run_process({"sbatch", "--test-only", path.string()});
+    CAPTURE(result.err);
+    CHECK(result.exit_code == 0);
+    CHECK(result.err.find("to start at") != std::string::npos);
+  }
+}

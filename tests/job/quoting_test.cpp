@@ -1,0 +1,101 @@
+// Every user string is shell-quoted: adversarial strings go through render -> bash -> the worker and
+// must arrive byte-identical in its argv and environment, with nothing executed on the way.
+#include <filesystem>
+#include <random>
+
+#include <hpctrain/job/job.hpp>
+#include <hpctrain/job/process.hpp>
+#include <hpctrain/job/render.hpp>
+#include <hpctrain/job/shell.hpp>
+
+#include <catch2/catch.hpp>
+
+#include "job_test_support.hpp"
+
+namespace ht = hpctrain;
+
+namespace {
+/// Strings built from the pieces that break naive quoting; `canary` is a file they try to create.
+std::vector<std::string> adversarial_strings(std::uint32_t seed, int count, const std::string& canary) {
+  const std::vector<std::string> pieces = {
+      "'",  "\"", "$(touch " + canary + ")", "`touch " + canary + "`", ";touch " + canary + ";", "\n", "\r", "\t",
+      " ",  "*",  "?", "[a-z]", "~", "~root", "$HOME", "${PATH}", "$1", "$$", "\\", "\\'", "!", "!!", "#", "&",
+      "|",  ">",  "<", "{a,b}", "%j", "=", "--", "-x", "λ→😀", "\xff\xfe", "x", "é", "$'\\n'", "\"'\"", "''"};
+  std::mt19937 random(seed);
+  std::uniform_int_distribution<std::size_t> pick(0, pieces.size() - 1);
+  std::uniform_int_distribution<int> length(0, 6);
+  std::vector<std::string> strings;
+  for (int i = 0; i < count; ++i) {
+    std::string s;
+    for (int n = length(random); n > 0; --n) s += pieces[pick(random)];
+    strings.push_back(s);
+  }
+  return strings;
+}
+
+/// "probe rank=? <key>=<hex>" lines of the probe's output, keyed.
+std::map<std::string, std::string> reported(const std::string& out) {
+  std::map<std::string, std::string> values;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    const auto space = line.find(' ', std::string("probe rank=").size());
+    if (!line.starts_with("probe rank=") || space == std::string::npos) continue;
+    auto rest = line.substr(space + 1);
+    if (rest.starts_with("env ")) rest = rest.substr(4);
+    const auto equals = rest.rfind('=');
+    values[rest.substr(0, equals)] = rest.substr(equals + 1);
+  }
+  return values;
+}
+}  // namespace
+
+TEST_CASE("shell_quote leaves plain words bare and single-quotes the rest", "[quoting]") {
+  auto [text, quoted] = GENERATE(table<std::string, std::string>({{"abc", "abc"},
+                                                                  {"/a/b-c_d.e:1,2", "/a/b-c_d.e:1,2"},
+                                                                  {"", "''"},
+                                                                  {"a b", "'a b'"},
+                                                                  {"it's", "'it'\\''s'"},
+                                                                  {"$(x)", "'$(x)'"},
+                                                                  {"a#b", "'a#b'"}}));
+  CAPTURE(text);
+  CHECK(ht::shell_quote(text) == quoted);
+}
+
+TEST_CASE("sbatch_quote writes what sbatch's directive parser reads back", "[quoting]") {
+  auto [text, quoted] = GENERATE(table<std::string, std::string>(
+      {{"abc", "abc"}, {"a b", "\"a b\""}, {"a\"b", "\"a\\\"b\""}, {"a\\b", "\"a\\\\b\""}, {"#1", "\"#1\""}}));
+  CAPTURE(text);
+  CHECK(ht::sbatch_quote(text) == quoted);
+}
+
+TEST_CASE("Adversarial strings reach the worker byte-identical through render and bash", "[quoting]") {
+  const auto dir = job_test::scratch_dir("quoting");
+  const auto canary = (dir / "CANARY").string();
+  const auto seed = GENERATE(1u, 2u, 3u, 4u, 5u);
+  CAPTURE(seed);
+  const auto strings = adversarial_strings(seed, 40, canary);
+
+  auto job = ht::Job("quoting");
+  for (std::size_t i = 0; i < strings.size(); ++i) job.env(fmt::format("PROBE_V{}", i), strings[i]);
+  auto context = job_test::fixed_context();
+  context.program = job_test::probe();
+  context.worker_args = strings;
+  context.argv = strings;  // the header comment must survive them too
+  const auto script_path = dir / "job.sbatch";
+  job_test::write_file(script_path, ht::render_sbatch(job, context));
+
+  // The step runs without Slurm here: `srun` drops its own options and runs the command.
+  const auto result = ht::run_process(
+      {"bash", "-c", "srun() { while [[ $1 == --* ]]; do shift; done; \"$@\"; }; source \"$1\"", "bash",
+       script_path.string()});
+  CAPTURE(result.err);
+  REQUIRE(result.exit_code == 0);
+  const auto values = reported(result.out);
+  for (std::size_t i = 0; i < strings.size(); ++i) {
+    CAPTURE(i, strings[i]);
+    CHECK(values.at(fmt::format("arg{}", i)) == job_test::hex(strings[i]));
+    CHECK(values.at(fmt::format("PROBE_V{}", i)) == job_test::hex(strings[i]));
+  }
+  CHECK(values.count(fmt::format("arg{}", strings.size())) == 0);
+  CHECK_FALSE(std::filesystem::exists(canary));
+}

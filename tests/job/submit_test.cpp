@@ -1,0 +1,210 @@
+// The login-node command line against the real local Slurm cluster (nodes n1, n2): the probe program
+// is submitted, followed, shown and cancelled exactly as a user would.
+#include <algorithm>
+#include <filesystem>
+#include <thread>
+
+#include <unistd.h>
+
+#include <hpctrain/job/process.hpp>
+#include <hpctrain/job/render.hpp>
+#include <hpctrain/job/submit.hpp>
+
+#include <catch2/catch.hpp>
+
+#include "job_test_support.hpp"
+
+namespace fs = std::filesystem;
+namespace ht = hpctrain;
+
+namespace {
+bool is_empty_dir(const fs::path& dir) { return fs::is_empty(dir); }
+
+int queued_jobs_named(const std::string& name) {
+  const auto result = ht::run_process({"squeue", "--noheader", "--name", name, "--format", "%i"});
+  return static_cast<int>(std::count(result.out.begin(), result.out.end(), '\n'));
+}
+}  // namespace
+
+TEST_CASE("A dry run prints a valid script with the declared directives and writes nothing", "[cli]") {
+  const auto dir = job_test::scratch_dir("dry-run");
+  const auto result = job_test::run_probe(dir, {"--dry-run", "--nodes", "2", "--time", "15", "--partition", "debug",
+                                                "--account", "proj42", "--sbatch", "comment=hello world",
+                                                "--env", "NCCL_DEBUG=INFO", "--epochs", "3"});
+  REQUIRE(result.exit_code == 0);
+  for (const auto* line : {"#SBATCH --job-name=probe\n", "#SBATCH --nodes=2\n", "#SBATCH --time=0-00:15:00\n",
+                           "#SBATCH --partition=debug\n", "#SBATCH --account=proj42\n",
+                           "#SBATCH --comment=\"hello world\"\n", "export NCCL_DEBUG=INFO\n",
+                           " --hpctrain-worker --epochs 3\n"}) {
+    CAPTURE(line);
+    CHECK(result.out.find(line) != std::string::npos);
+  }
+  job_test::write_file(dir / "printed.sbatch", result.out);
+  CHECK(ht::run_process({"bash", "-n", (dir / "printed.sbatch").string()}).exit_code == 0);
+  fs::remove(dir / "printed.sbatch");
+  CHECK(is_empty_dir(dir));
+}
+
+TEST_CASE("Invalid overrides exit 2, name the field and the value, and write nothing", "[cli]") {
+  const auto dir = job_test::scratch_dir("bad-overrides");
+  auto [args, message] = GENERATE(table<std::vector<std::string>, std::string>({
+      {{"--submit", "--nodes", "0"}, "[hpctrain.spec.nodes] nodes = 0: must be at least 1\n"},
+      {{"--dry-run", "--nodes", "0"}, "[hpctrain.spec.nodes] nodes = 0: must be at least 1\n"},
+      {{"--submit", "--gpus-per-node", "a100"},
+       "[hpctrain.spec.gpus_per_node] gpus_per_node = a100: a GPU type needs a count (a100:4)\n"},
+      {{"--submit", "--partition", ""}, "[hpctrain.spec.partition] partition = \"\": must not be empty\n"},
+      {{"--submit", "--env", "NOEQUALS"}, "[hpctrain.usage] --env expects K=V, got 'NOEQUALS'\n"},
+      {{"--submit", "--dry-run"}, "[hpctrain.usage] choose one of --dry-run, --submit, --status, --logs, --cancel\n"},
+  }));
+  CAPTURE(args);
+  const auto result = job_test::run_probe(dir, args);
+  CHECK(result.exit_code == 2);
+  CHECK(result.err == message);
+  CHECK(result.out.empty());
+  CHECK(is_empty_dir(dir));
+}
+
+TEST_CASE("Without a mode the program explains the modes and starts nothing", "[cli]") {
+  const auto dir = job_test::scratch_dir("no-mode");
+  const auto result = job_test::run_probe(dir, {});
+  CHECK(result.exit_code == 2);
+  CHECK(result.err.find("--submit") != std::string::npos);
+  CHECK(result.err.find("Without a mode the program only prints this text.") != std::string::npos);
+  CHECK(is_empty_dir(dir));
+}
+
+TEST_CASE("An invalid partition shows Slurm's reason, exits 1 and leaves nothing queued or written", "[cli][slurm]") {
+  const auto dir = job_test::scratch_dir("bad-partition");
+  const std::string name = fmt::format("nosuch-partition-{}", ::getpid());
+  const auto result = job_test::run_probe(dir, {"--submit", "--partition", "nosuch"}, {{"PROBE_NAME", name}});
+  CHECK(result.exit_code == 1);
+  CHECK(result.err.starts_with("[hpctrain.runtime.sbatch] sbatch refused the job (exit 1):\n"));
+  CHECK(result.err.find("sbatch: error: invalid partition specified: nosuch") != std::string::npos);
+  CHECK(result.err.find("hint: `sinfo -s` lists the partitions you can submit to.") != std::string::npos);
+  CHECK(queued_jobs_named(name) == 0);
+  CHECK(is_empty_dir(dir));
+}
+
+TEST_CASE("A submitted job runs on both nodes and hostile names, values and arguments arrive unchanged",
+          "[cli][slurm]") {
+  const auto dir = job_test::scratch_dir("submit");
+  const auto canary = (dir / "CANARY").string();
+  const std::string name = "it's \"hostile\" $(touch " + canary + ") `touch " + canary + "`; #λ";
+  const std::string value = "a'b\"c $(touch " + canary + ") `touch " + canary + "` ;&| \n*? λ→😀";
+  const std::string secret = "s3cret 'value' $(touch " + canary + ")";
+  const std::vector<std::string> forwarded = {"--epochs", "two words", "$(touch " + canary + ")", ""};
+  std::vector<std::string> args = {"--submit", "--env", "PROBE_HOSTILE=" + value};
+  args.insert(args.end(), forwarded.begin(), forwarded.end());
+  const auto submitted = job_test::run_probe(dir, args, {{"PROBE_NAME", name}, {"PROBE_SECRET", secret}});
+  CAPTURE(submitted.err);
+  REQUIRE(submitted.exit_code == 0);
+  const auto id = job_test::submitted_id(submitted.out);
+  REQUIRE_FALSE(id.empty());
+
+  // The job directory holds the script, the record and (soon) the log; the secret is in none of them.
+  const auto job_dir = dir / "hpctrain-jobs" / ht::detail::directory_name(name) / id;
+  CHECK(fs::exists(job_dir / "job.sbatch"));
+  CHECK(fs::exists(job_dir / "job.json"));
+  CHECK(job_test::read_file(dir / "hpctrain-jobs" / ht::detail::directory_name(name) / "last") == id + "\n");
+  CHECK(job_test::read_file(job_dir / "job.sbatch").find("s3cret") == std::string::npos);
+  CHECK(job_test::read_file(job_dir / "job.json").find("s3cret") == std::string::npos);
+
+  // --logs --follow returns when the job has left the queue, with everything it printed.
+  const auto followed = job_test::run_probe(dir, {"--logs", "--follow"}, {{"PROBE_NAME", name}});
+  REQUIRE(followed.exit_code == 0);
+  const auto state = job_test::wait_for_end(id);
+  CHECK(state.state == "COMPLETED");
+  const auto log = job_test::read_file(job_dir / fmt::format("slurm-{}.out", id));
+  CHECK(followed.out == log);
+  CHECK(log.find(fmt::format("probe rank=0 ntasks=2 node=n1 nodeid=0 localid=0 job={} container=no", id)) !=
+        std::string::npos);
+  CHECK(log.find(fmt::format("probe rank=1 ntasks=2 node=n2 nodeid=1 localid=0 job={} container=no", id)) !=
+        std::string::npos);
+  for (const auto* rank : {"0", "1"}) {
+    CAPTURE(rank);
+    CHECK(log.find(fmt::format("probe rank={} env PROBE_HOSTILE={}\n", rank, job_test::hex(value))) != std::string::npos);
+    CHECK(log.find(fmt::format("probe rank={} env PROBE_SECRET={}\n", rank, job_test::hex(secret))) != std::string::npos);
+    CHECK(log.find(fmt::format("probe rank={} env SLURM_JOB_NAME={}\n", rank, job_test::hex(name))) != std::string::npos);
+    for (std::size_t i = 0; i < forwarded.size(); ++i)
+      CHECK(log.find(fmt::format("probe rank={} arg{}={}\n", rank, i, job_test::hex(forwarded[i]))) != std::string::npos);
+  }
+  CHECK_FALSE(fs::exists(canary));
+
+  const auto status = job_test::run_probe(dir, {"--status"}, {{"PROBE_NAME", name}});
+  CHECK(status.exit_code == 0);
+  CHECK(status.out.find(fmt::format("job {} ({}): COMPLETED (exit code 0:0", id, name)) != std::string::npos);
+}
+
+TEST_CASE("A secret that is not set where the job is submitted is refused before anything is written", "[cli]") {
+  const auto dir = job_test::scratch_dir("missing-secret");
+  ht::Job job("secret-check");
+  job.secret_env("HPCTRAIN_TEST_UNSET_SECRET");
+  auto context = job_test::fixed_context();
+  context.workdir = dir.string();
+  try {
+    ht::submit(job, context);
+    FAIL("submitted");
+  } catch (const ht::SpecError& e) {
+    CHECK(std::string(e.what()) ==
+          "[hpctrain.spec.env] env = HPCTRAIN_TEST_UNSET_SECRET: secret_env needs the variable set in the "
+          "submitting environment");
+  }
+  CHECK_FALSE(fs::exists(dir / "hpctrain-jobs" / "secret-check"));
+}
+
+TEST_CASE("Status, logs and cancel work on a live job", "[cli][slurm]") {
+  const auto dir = job_test::scratch_dir("live");
+  const std::vector<std::pair<std::string, std::string>> env = {{"PROBE_NAME", "live-job"}};
+  const auto submitted = job_test::run_probe(dir, {"--submit", "--sleep", "300"}, env);
+  REQUIRE(submitted.exit_code == 0);
+  const auto id = job_test::submitted_id(submitted.out);
+  job_test::wait_for_running(id);
+
+  const auto status = job_test::run_probe(dir, {"--status"}, env);
+  CHECK(status.exit_code == 0);
+  CHECK(status.out.starts_with(fmt::format("job {} (live-job): RUNNING (elapsed ", id)));
+  CHECK(status.out.find("from squeue)") != std::string::npos);
+
+  // Both ranks print before they sleep.
+  std::string logs;
+  for (int attempt = 0; attempt < 600 && logs.find("probe rank=1 ntasks") == std::string::npos; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    logs = job_test::run_probe(dir, {"--logs"}, env).out;
+  }
+  CHECK(logs.find("probe rank=0 ntasks=2 node=n1") != std::string::npos);
+  CHECK(logs.find("probe rank=1 ntasks=2 node=n2") != std::string::npos);
+
+  const auto cancelled = job_test::run_probe(dir, {"--cancel"}, env);
+  CHECK(cancelled.exit_code == 0);
+  CHECK(cancelled.out == fmt::format("cancelled job {}\n", id));
+  CHECK(job_test::wait_for_end(id).state == "CANCELLED");
+  const auto after = job_test::run_probe(dir, {"--status"}, env);
+  CHECK(after.out.find(fmt::format("job {} (live-job): CANCELLED", id)) != std::string::npos);
+}
+
+TEST_CASE("Status without a submitted job says so", "[cli]") {
+  const auto dir = job_test::scratch_dir("never-submitted");
+  const auto result = job_test::run_probe(dir, {"--status"});
+  CHECK(result.exit_code == 1);
+  CHECK(result.err == fmt::format("[hpctrain.runtime.no_job] no job submitted yet from here ({} has none); use "
+                                  "--submit\n",
+                                  (dir / "hpctrain-jobs" / "probe").string()));
+}
+
+TEST_CASE("Hostile job names survive sbatch's directive parser", "[quoting][slurm]") {
+  const auto dir = job_test::scratch_dir("names");
+  auto name = GENERATE(as<std::string>{}, "plain", "two words", "it's", "say \"hi\"", "back\\slash", "#hash",
+                       "a # b", "$(date) `id` ;|&", "λ→😀", " lead and trail ", "'\"'\"");
+  CAPTURE(name);
+  auto context = job_test::fixed_context();
+  context.workdir = dir.string();
+  const auto path = dir / "job.sbatch";
+  job_test::write_file(path, ht::render_sbatch(ht::Job(name), context));
+  const auto held = ht::run_process({"sbatch", "--parsable", "--hold", path.string()});
+  REQUIRE(held.exit_code == 0);
+  const auto id = ht::detail::trim(held.out);
+  const auto shown = ht::run_process({"scontrol", "show", "job", id});
+  ht::run_process({"scancel", id});
+  const auto first_line = shown.out.substr(0, shown.out.find('\n'));
+  CHECK(first_line == fmt::format("JobId={} JobName={}", id, name));
+}
