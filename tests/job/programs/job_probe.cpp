@@ -30,7 +30,7 @@ int report(const std::vector<std::string>& args) {
   std::string lines = fmt::format("probe rank={} ntasks={} node={} nodeid={} localid={} job={} container={}\n", rank,
                                   env_or("SLURM_NTASKS", "?"), env_or("SLURMD_NODENAME", "?"),
                                   env_or("SLURM_NODEID", "?"), env_or("SLURM_LOCALID", "?"),
-                                  env_or("SLURM_JOB_ID", "?"), env_or("CH_RUNNING", "no"));
+                                  env_or("SLURM_JOB_ID", "?"), std::getenv("CH_RUNNING") ? "ch-run" : "no");
   for (std::size_t i = 0; i < args.size(); ++i) lines += fmt::format("probe rank={} arg{}={}\n", rank, i, hex(args[i]));
   for (char** e = environ; *e; ++e) {
     const std::string entry = *e;
