@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join for the dimensions in messages
 #include <torch/torch.h>
 #include <zlib.h>  // gzread reads gzipped and plain files alike
 

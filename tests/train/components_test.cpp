@@ -1,0 +1,362 @@
+// Unit tests of the train/ building blocks on real data: IDX reading (Fashion-MNIST), the sampler, token
+// files, prefetch, checkpoints, the TensorBoard writer (read back by TensorBoard itself), schedules and
+// the Training description's validation.
+#include <catch2/catch.hpp>
+
+#include <ftw.h>  // nftw: see scratch()
+#include <unistd.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <zlib.h>
+
+#include <hpctrain/train/checkpoint.hpp>
+#include <hpctrain/train/crc32c.hpp>
+#include <hpctrain/train/data/idx.hpp>
+#include <hpctrain/train/data/prefetch.hpp>
+#include <hpctrain/train/data/sampler.hpp>
+#include <hpctrain/train/data/tokens.hpp>
+#include <hpctrain/train/progress.hpp>
+#include <hpctrain/train/schedule.hpp>
+#include <hpctrain/train/tensorboard.hpp>
+#include <hpctrain/train/training.hpp>
+
+namespace fs = std::filesystem;
+using namespace std::string_literals;
+
+namespace {
+const fs::path fashion = "/usr/share/datasets/fashion-mnist";
+
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }
+
+/// A fresh directory under the build tree, removed first if a previous run left it. (Not
+/// std::filesystem::remove_all: the torch wheel's libtorch.so exports its own copy of it, which crashes.)
+fs::path scratch(const std::string& name) {
+  const char* build = std::getenv("HPCTRAIN_BUILD_DIR");
+  auto dir = fs::path(build ? build : "/tmp") / "train-test-scratch" / name;
+  ::nftw(dir.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  fs::create_directories(dir);
+  return dir;
+}
+
+void write_bytes(const fs::path& path, const std::vector<unsigned char>& bytes) {
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string run_error(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const std::exception& error) {
+    return error.what();
+  }
+  return "no error";
+}
+}  // namespace
+
+TEST_CASE("The Fashion-MNIST test files read as 10,000 images in [0, 1] with 1,000 labels per class", "[idx]") {
+  const auto dataset = hpctrain::data::load_idx(fashion / "t10k-images-idx3-ubyte.gz", fashion / "t10k-labels-idx1-ubyte.gz");
+  CHECK(dataset.inputs.sizes() == torch::IntArrayRef({10000, 1, 28, 28}));
+  CHECK(dataset.targets.sizes() == torch::IntArrayRef({10000}));
+  CHECK(dataset.inputs.min().item<float>() == 0.0f);
+  CHECK(dataset.inputs.max().item<float>() == 1.0f);
+  CHECK(torch::equal(torch::bincount(dataset.targets), torch::full({10}, 1000, torch::kInt64)));
+}
+
+TEST_CASE("A gzipped IDX file and its plain copy read the same", "[idx]") {
+  const auto dir = scratch("idx-plain-gz");
+  const std::vector<unsigned char> bytes{0, 0, 8, 1, 0, 0, 0, 4, 7, 1, 9, 3};
+  write_bytes(dir / "plain", bytes);
+  gzFile gz = gzopen((dir / "packed.gz").c_str(), "wb");
+  gzwrite(gz, bytes.data(), static_cast<unsigned>(bytes.size()));
+  gzclose(gz);
+  const auto plain = hpctrain::data::read_idx(dir / "plain", 1);
+  const auto packed = hpctrain::data::read_idx(dir / "packed.gz", 1);
+  CHECK(torch::equal(plain.values, packed.values));
+  CHECK(torch::equal(plain.values, torch::tensor({7, 1, 9, 3}, torch::kUInt8)));
+}
+
+TEST_CASE("A bad IDX file is rejected with the file's name and what is wrong", "[idx]") {
+  const auto dir = scratch("idx-bad");
+  auto [bytes, rank, reason] = GENERATE(table<std::vector<unsigned char>, int, std::string>({
+      {{1, 0, 8, 3}, 3, "bad magic number 0x01000803 (an IDX file starts with two zero bytes)"},
+      {{0, 0, 0x0D, 1, 0, 0, 0, 1, 0, 0, 0, 0}, 1, "element type 0x0d is not 0x08 (unsigned byte)"},
+      {{0, 0, 8, 1, 0, 0, 0, 5, 1, 2, 3}, 3, "1 dimensions, expected 3"},
+      {{0, 0, 8, 1, 0, 0, 0, 5, 1, 2, 3}, 1, "holds 3 data bytes, but its dimensions 5 need 5"},
+      {{0, 0, 8, 2, 0, 0, 0, 2}, 2, "8 bytes is too short for a 2-dimension header"},
+      {{0, 0}, 1, "2 bytes is too short for an IDX header"},
+  }));
+  CAPTURE(bytes, rank);
+  write_bytes(dir / "bad-idx", bytes);
+  CHECK(run_error([&] { hpctrain::data::read_idx(dir / "bad-idx", rank); }) ==
+        "[hpctrain.runtime.data.idx] " + (dir / "bad-idx").string() + ": " + reason);
+}
+
+TEST_CASE("Images and labels of different counts are rejected naming both files", "[idx]") {
+  const auto dir = scratch("idx-mismatch");
+  write_bytes(dir / "images", {0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 1, 5, 6});
+  write_bytes(dir / "labels", {0, 0, 8, 1, 0, 0, 0, 3, 0, 1, 2});
+  CHECK(run_error([&] { hpctrain::data::load_idx(dir / "images", dir / "labels"); }) ==
+        fmt::format("[hpctrain.runtime.data.idx] {} holds 2 images but {} holds 3 labels", (dir / "images").string(), (dir / "labels").string()));
+}
+
+TEST_CASE("The distributed sampler deals each epoch's permutation to the ranks without overlap", "[sampler]") {
+  auto [size, world] = GENERATE(table<std::int64_t, int>({{100, 1}, {100, 2}, {101, 2}, {1000, 3}, {7, 4}}));
+  CAPTURE(size, world);
+  for (std::int64_t epoch : {0, 1}) {
+    std::set<std::int64_t> seen;
+    for (int rank = 0; rank < world; ++rank) {
+      const hpctrain::data::DistributedSampler sampler(size, world, rank, 42);
+      const auto indices = sampler.indices(epoch);
+      CHECK(static_cast<std::int64_t>(indices.size()) == size / world);
+      CHECK(indices == sampler.indices(epoch));  // a pure function: resuming replays it
+      for (auto i : indices) {
+        CHECK((i >= 0 && i < size));
+        seen.insert(i);
+      }
+    }
+    CHECK(static_cast<std::int64_t>(seen.size()) == size / world * world);
+  }
+  const hpctrain::data::DistributedSampler sampler(size, world, 0, 42);
+  CHECK(sampler.indices(0) != sampler.indices(1));
+}
+
+TEST_CASE("A sampler rank outside the world is a spec error", "[sampler]") {
+  CHECK(run_error([] { hpctrain::data::DistributedSampler(10, 2, 2, 0); }) == "[hpctrain.spec.sampler.rank] sampler.rank = 2: must be in [0, 2)");
+}
+
+TEST_CASE("A token file serves windows with targets shifted by one token", "[tokens]") {
+  const auto dir = scratch("tokens");
+  std::vector<std::uint16_t> tokens(1000);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::uint16_t>(i * 7);
+  std::ofstream(dir / "tokens.bin", std::ios::binary).write(reinterpret_cast<const char*>(tokens.data()), 2000);
+  const auto dataset = hpctrain::data::tokens(dir / "tokens.bin", 10).load();
+  CHECK(dataset->size() == 99);
+  const auto batch = dataset->batch({3, 0});
+  CHECK(torch::equal(batch.inputs[0], torch::arange(30, 40, torch::kInt64) * 7));
+  CHECK(torch::equal(batch.targets[0], torch::arange(31, 41, torch::kInt64) * 7));
+  CHECK(torch::equal(batch.inputs[1], torch::arange(0, 10, torch::kInt64) * 7));
+  write_bytes(dir / "odd.bin", {1, 2, 3});
+  CHECK(run_error([&] { hpctrain::data::tokens(dir / "odd.bin", 4).load(); }) ==
+        fmt::format("[hpctrain.runtime.data.tokens] {}: 3 bytes is not a uint16 token file with at least 5 tokens", (dir / "odd.bin").string()));
+}
+
+TEST_CASE("The prefetcher hands out batches in order and passes on the producer's error", "[prefetch]") {
+  hpctrain::data::Prefetcher prefetcher([](std::int64_t k) {
+    if (k == 5) throw std::runtime_error("batch 5 is broken");
+    return hpctrain::data::Batch{torch::full({1}, k), torch::full({1}, -k)};
+  }, 2, 8);
+  for (std::int64_t k = 2; k < 5; ++k) CHECK(prefetcher.next().inputs.item<std::int64_t>() == k);
+  CHECK(run_error([&] { prefetcher.next(); }) == "batch 5 is broken");
+}
+
+TEST_CASE("The prefetcher refuses to hand out more batches than it was asked for", "[prefetch]") {
+  hpctrain::data::Prefetcher prefetcher([](std::int64_t k) { return hpctrain::data::Batch{torch::full({1}, k), {}}; }, 0, 1);
+  CHECK(prefetcher.next().inputs.item<std::int64_t>() == 0);
+  CHECK(run_error([&] { prefetcher.next(); }) == "Prefetcher::next: every batch was already taken");
+}
+
+TEST_CASE("CRC-32C matches the standard check value", "[checkpoint]") {
+  CHECK(hpctrain::detail::crc32c("123456789"s) == 0xE3069283u);  // RFC 3720 B.4 / the Castagnoli check value
+}
+
+namespace {
+struct Checkpointed {
+  torch::nn::Sequential model{torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3), torch::nn::Linear(3, 2)};
+  torch::optim::Adam optimizer{model->parameters(), torch::optim::AdamOptions(1e-2)};
+  void step() {
+    optimizer.zero_grad();
+    model->forward(torch::randn({8, 4})).pow(2).sum().backward();
+    optimizer.step();
+  }
+};
+bool same_parameters(torch::nn::Module& a, torch::nn::Module& b) {
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  for (const auto& item : pa)
+    if (!torch::equal(item.value(), pb[item.key()])) return false;
+  auto ba = a.named_buffers(), bb = b.named_buffers();
+  for (const auto& item : ba)
+    if (!torch::equal(item.value(), bb[item.key()])) return false;
+  return true;
+}
+}  // namespace
+
+TEST_CASE("A checkpoint restores model, optimizer state and position, and the newest K are kept", "[checkpoint]") {
+  const auto dir = scratch("checkpoint-roundtrip");
+  torch::manual_seed(1);
+  Checkpointed original;
+  const hpctrain::CheckpointStore store(dir, 2);
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    original.step();
+    store.save(*original.model, original.optimizer, {step, step / 2, step % 2, 7});
+  }
+  const auto files = store.list();
+  REQUIRE(files.size() == 2);
+  CHECK(files[0].filename() == "checkpoint-0000000002.hpct");
+  CHECK(files[1].filename() == "checkpoint-0000000003.hpct");
+
+  torch::manual_seed(2);
+  Checkpointed restored;
+  CHECK_FALSE(same_parameters(*original.model, *restored.model));
+  std::vector<std::string> warnings;
+  const auto state = store.load_latest(*restored.model, restored.optimizer, [&](const std::string& w) { warnings.push_back(w); });
+  REQUIRE(state);
+  CHECK(warnings.empty());
+  CHECK((state->step == 3 && state->epoch == 1 && state->batch_in_epoch == 1 && state->seed == 7));
+  CHECK(same_parameters(*original.model, *restored.model));
+  // The same next step from the same optimizer state lands on the same parameters.
+  torch::manual_seed(3);
+  original.step();
+  torch::manual_seed(3);
+  restored.step();
+  CHECK(same_parameters(*original.model, *restored.model));
+}
+
+TEST_CASE("A truncated or corrupt newest checkpoint is skipped with a warning and the previous one is used", "[checkpoint]") {
+  auto [damage, reason] = GENERATE(table<std::string, std::string>({
+      {"truncate", "truncated: payload has 100 of "},
+      {"header", "truncated: 10 bytes, shorter than the 32-byte header"},
+      {"flip", "corrupt: CRC-32C of the payload does not match"},
+  }));
+  CAPTURE(damage);
+  const auto dir = scratch("checkpoint-damaged-" + damage);
+  torch::manual_seed(1);
+  Checkpointed original;
+  const hpctrain::CheckpointStore store(dir, 3);
+  original.step();
+  store.save(*original.model, original.optimizer, {1, 0, 1, 0});
+  std::vector<torch::Tensor> at_step_one;
+  for (const auto& p : original.model->parameters()) at_step_one.push_back(p.detach().clone());
+  original.step();
+  const auto newest = store.save(*original.model, original.optimizer, {2, 0, 2, 0});
+  const auto size = fs::file_size(newest);
+  if (damage == "truncate") fs::resize_file(newest, 32 + 100);
+  if (damage == "header") fs::resize_file(newest, 10);
+  if (damage == "flip") {
+    std::fstream file(newest, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(size - 7));
+    file.put('\x5a');
+  }
+  Checkpointed restored;
+  std::vector<std::string> warnings;
+  const auto state = store.load_latest(*restored.model, restored.optimizer, [&](const std::string& w) { warnings.push_back(w); });
+  REQUIRE(state);
+  CHECK(state->step == 1);
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings[0], Catch::StartsWith("warning: skipping checkpoint: [hpctrain.runtime.checkpoint] " + newest.string() + ": " + reason));
+  const auto parameters = restored.model->parameters();
+  for (std::size_t i = 0; i < parameters.size(); ++i) CHECK(torch::equal(parameters[i], at_step_one[i]));
+}
+
+TEST_CASE("A directory without checkpoints means a fresh start", "[checkpoint]") {
+  Checkpointed fresh;
+  const hpctrain::CheckpointStore store(scratch("checkpoint-none") / "not-created-yet");
+  CHECK_FALSE(store.load_latest(*fresh.model, fresh.optimizer, [](const std::string&) { FAIL("no warning expected"); }));
+}
+
+TEST_CASE("TensorBoard's own reader reads back our event file", "[tensorboard]") {
+  const auto dir = scratch("tensorboard");
+  fs::path file;
+  {
+    hpctrain::TensorBoardWriter writer(dir);
+    file = writer.path();
+    for (int step = 1; step <= 5; ++step) {
+      writer.add_scalar("train/loss", 1.0 / step, step);
+      writer.add_scalar("eval/accuracy", 0.5 + 0.1 * step, step * 10);
+    }
+  }
+  const auto script = dir / "read.py";
+  std::ofstream(script) << R"(import sys
+from tensorboard.backend.event_processing import event_accumulator
+acc = event_accumulator.EventAccumulator(sys.argv[1]); acc.Reload()
+for tag in sorted(acc.Tags()["scalars"]):
+    for e in acc.Scalars(tag): print(f"{tag} {e.step} {e.value:.6f}")
+)";
+  const auto output = dir / "read.txt";
+  const std::string python = std::string(std::getenv("HOME")) + "/.cache/hpctrain/venv/bin/python";
+  const pid_t child = fork();
+  if (child == 0) {
+    std::freopen(output.c_str(), "w", stdout);
+    execl(python.c_str(), python.c_str(), script.c_str(), file.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  std::ifstream in(output);
+  std::string expected;
+  for (int step = 1; step <= 5; ++step) expected += fmt::format("eval/accuracy {} {:.6f}\n", step * 10, static_cast<float>(0.5 + 0.1 * step));
+  for (int step = 1; step <= 5; ++step) expected += fmt::format("train/loss {} {:.6f}\n", step, static_cast<float>(1.0 / step));
+  CHECK(std::string(std::istreambuf_iterator<char>(in), {}) == expected);
+}
+
+TEST_CASE("Warmup then cosine decay reaches the base rate after warmup and the final fraction at the end", "[schedule]") {
+  const auto schedule = hpctrain::LrSchedule::warmup_cosine(10, 0.1);
+  auto [step, factor] = GENERATE(table<std::int64_t, double>({{0, 0.1}, {4, 0.5}, {9, 1.0}, {10, 1.0}, {60, 0.55}, {110, 0.1}, {200, 0.1}}));
+  CAPTURE(step);
+  CHECK(schedule.factor(step, 110) == Approx(factor));
+  CHECK(hpctrain::LrSchedule::constant().factor(step, 110) == 1.0);
+}
+
+TEST_CASE("A schedule with a final fraction above one is a spec error", "[schedule]") {
+  CHECK(run_error([] { hpctrain::LrSchedule::warmup_cosine(5, 1.5); }) ==
+        "[hpctrain.spec.schedule.final_fraction] schedule.final_fraction = 1.5: must be in [0, 1]");
+}
+
+TEST_CASE("A progress line names step, loss, lr, throughput and ETA", "[progress]") {
+  CHECK(hpctrain::format_progress({120, 2000, 1, 0.43125, 1e-3, 1234.4, 192}) ==
+        "step 120/2000 epoch 1 loss 0.4313 lr 1.000e-03 1234 samples/s eta 3m12s");
+}
+
+namespace {
+hpctrain::Training valid_training() {
+  return hpctrain::Training()
+      .model([] { return torch::nn::Linear(4, 2); })
+      .optimizer([](auto parameters) { return torch::optim::SGD(parameters, 0.1); })
+      .train_data(hpctrain::data::tensors(torch::randn({8, 4}), torch::zeros({8}, torch::kInt64)))
+      .batch_size(hpctrain::per_rank(4))
+      .epochs(1);
+}
+}  // namespace
+
+TEST_CASE("An invalid training description names the field and the value", "[training]") {
+  using hpctrain::Training;
+  auto [broken, message] = GENERATE(table<std::function<void(Training&)>, std::string>({
+      {[](Training& t) { t = Training(); }, "[hpctrain.spec.training.model] training.model = none: a model factory is required: .model([] { return Net(); })"},
+      {[](Training& t) { t.batch_size(hpctrain::per_rank(0)); }, "[hpctrain.spec.training.batch_size] training.batch_size = 0: must be positive: .batch_size(hpctrain::per_rank(64))"},
+      {[](Training& t) { t.epochs(-1); }, "[hpctrain.spec.training.epochs] training.epochs = -1: must be positive"},
+      {[](Training& t) { t.max_steps(0); }, "[hpctrain.spec.training.max_steps] training.max_steps = 0: must be positive"},
+      {[](Training& t) { t.lr(-0.5); }, "[hpctrain.spec.training.lr] training.lr = -0.5: must be positive"},
+      {[](Training& t) { t.clip_grad_norm(0); }, "[hpctrain.spec.training.clip_grad_norm] training.clip_grad_norm = 0: must be positive"},
+      {[](Training& t) { t.gradient_accumulation(0); }, "[hpctrain.spec.training.gradient_accumulation] training.gradient_accumulation = 0: must be at least 1"},
+      {[](Training& t) { t.log_every(0); }, "[hpctrain.spec.training.log_every] training.log_every = 0: must be at least 1"},
+      {[](Training& t) { t.batch_size(hpctrain::global(10)).gradient_accumulation(4); },
+       "[hpctrain.spec.training.batch_size] training.batch_size = 10: a global batch must divide by gradient_accumulation (4)"},
+  }));
+  auto training = valid_training();
+  REQUIRE_NOTHROW(training.validate());
+  broken(training);
+  CHECK(run_error([&] { training.validate(); }) == message);
+}
+
+TEST_CASE("A global batch is split across ranks and accumulation steps, and must divide evenly", "[training]") {
+  auto training = valid_training().batch_size(hpctrain::global(256)).gradient_accumulation(2);
+  CHECK(training.micro_batch_per_rank(1) == 128);
+  CHECK(training.micro_batch_per_rank(4) == 32);
+  CHECK(run_error([&] { training.micro_batch_per_rank(3); }) ==
+        "[hpctrain.spec.training.batch_size] training.batch_size = 256: a global batch must divide by world size × gradient_accumulation (6)");
+  CHECK(valid_training().batch_size(hpctrain::per_rank(64)).micro_batch_per_rank(8) == 64);
+}
+
+TEST_CASE("A loss from torch::nn::functional with an options parameter is called with default options", "[training]") {
+  const auto training = valid_training().loss(torch::nn::functional::mse_loss);
+  const auto loss = training.loss_function()(torch::tensor({1.0, 3.0}), torch::tensor({0.0, 0.0}));
+  CHECK(loss.item<double>() == 5.0);
+}
