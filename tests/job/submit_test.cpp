@@ -54,7 +54,7 @@ TEST_CASE("Invalid overrides exit 2, name the field and the value, and write not
        "[hpctrain.spec.gpus_per_node] gpus_per_node = a100: a GPU type needs a count (a100:4)\n"},
       {{"--submit", "--partition", ""}, "[hpctrain.spec.partition] partition = \"\": must not be empty\n"},
       {{"--submit", "--env", "NOEQUALS"}, "[hpctrain.usage] --env expects K=V, got 'NOEQUALS'\n"},
-      {{"--submit", "--dry-run"}, "[hpctrain.usage] choose one of --dry-run, --submit, --status, --logs, --cancel\n"},
+      {{"--submit", "--dry-run"}, "[hpctrain.usage] choose one of --dry-run, --submit, --status, --logs, --cancel, --local\n"},
   }));
   CAPTURE(args);
   const auto result = job_test::run_probe(dir, args);
@@ -207,4 +207,42 @@ TEST_CASE("Hostile job names survive sbatch's directive parser", "[quoting][slur
   ht::run_process({"scancel", id});
   const auto first_line = shown.out.substr(0, shown.out.find('\n'));
   CHECK(first_line == fmt::format("JobId={} JobName={}", id, name));
+}
+
+TEST_CASE("--local N runs N workers on this machine without Slurm", "[cli]") {
+  const auto dir = job_test::scratch_dir("local");
+  const auto result = job_test::run_probe(dir, {"--local", "2", "forwarded arg"});
+  CAPTURE(result.err);
+  CHECK(result.exit_code == 0);
+  for (const auto* rank : {"0", "1"})
+    CHECK(result.out.find(fmt::format("probe rank={} arg0={}\n", rank, job_test::hex("forwarded arg"))) !=
+          std::string::npos);
+}
+
+TEST_CASE("A step that exits with the requeue code gets its job requeued by the script", "[cli][slurm]") {
+  const auto dir = job_test::scratch_dir("requeue");
+  const std::vector<std::pair<std::string, std::string>> env = {{"PROBE_NAME", "requeue"}, {"PROBE_REQUEUE", "1"}};
+  const auto submitted =
+      job_test::run_probe(dir, {"--submit", "--exit-first-run", std::to_string(ht::exit_requeue)}, env);
+  REQUIRE(submitted.exit_code == 0);
+  const auto id = job_test::submitted_id(submitted.out);
+  const auto script = job_test::read_file(dir / "hpctrain-jobs" / "requeue" / id / "job.sbatch");
+  CHECK(script.find("--signal=USR2@60 \\\n") != std::string::npos);
+  CHECK(script.find("#SBATCH --requeue\n#SBATCH --open-mode=append\n") != std::string::npos);
+
+  // Slurm holds a requeued job back (BeginTime, about two minutes here): seeing the script's requeue line
+  // and the job's restart count go to 1 is the whole contract; the second run is the training tests' part.
+  const auto log_path = dir / "hpctrain-jobs" / "requeue" / id / fmt::format("slurm-{}.out", id);
+  const auto expected = fmt::format("hpctrain: job {} checkpointed; requeueing (restart 1 of 2)", id);
+  std::string shown;
+  for (int attempt = 0; attempt < 1200; ++attempt) {
+    shown = ht::run_process({"scontrol", "show", "job", id}).out;
+    if (shown.find("Restarts=1") != std::string::npos &&
+        job_test::read_file(log_path).find(expected) != std::string::npos)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  ht::run_process({"scancel", id});
+  CHECK(job_test::read_file(log_path).find(expected) != std::string::npos);
+  CHECK(shown.find("Restarts=1") != std::string::npos);
 }

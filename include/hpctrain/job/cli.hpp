@@ -1,7 +1,7 @@
 #pragma once
 // The login-node command line of an hpctrain binary (DESIGN.md's contract): --dry-run, --submit,
-// --status, --logs [--follow], --cancel, the job overrides, and the worker marker that the generated
-// script passes. Arguments it does not know are forwarded to the workers (training knobs).
+// --status, --logs [--follow], --cancel, --local N, the job overrides, and the worker marker that the
+// generated script passes. Arguments it does not know are forwarded to the workers (training knobs).
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -13,6 +13,7 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/job.hpp>
+#include <hpctrain/job/local_launch.hpp>
 #include <hpctrain/job/render.hpp>
 #include <hpctrain/job/submit.hpp>
 #include <hpctrain/job/units.hpp>
@@ -21,10 +22,10 @@ namespace hpctrain {
 
 /// What the login-node command line asked for.
 struct LoginCommand {
-  enum class Mode { none, help, dry_run, submit, status, logs, cancel };
+  enum class Mode { none, help, dry_run, submit, status, logs, cancel, local };
   Mode mode = Mode::none;
   bool follow = false;
-  std::optional<int> nodes, tasks_per_node;
+  std::optional<int> nodes, tasks_per_node, local_ranks;
   std::optional<std::string> gpus_per_node, time, partition, account;
   std::vector<std::string> env;     ///< K=V
   std::vector<std::string> sbatch;  ///< KEY=VALUE or KEY
@@ -52,6 +53,7 @@ inline LoginCommand parse_login_command(int argc, char** argv) {
   app.add_flag("--logs", logs, "print the last submitted job's log");
   app.add_flag("--follow", command.follow, "with --logs: keep printing until the job ends");
   app.add_flag("--cancel", cancel, "scancel the last submitted job");
+  app.add_option("--local", command.local_ranks, "run N ranks on this machine, without Slurm (like torchrun --standalone)");
   app.add_option("--nodes", command.nodes, "override --nodes");
   app.add_option("--tasks-per-node", command.tasks_per_node, "override --ntasks-per-node");
   app.add_option("--gpus-per-node", command.gpus_per_node, "override --gpus-per-node (4 or a100:4)");
@@ -68,8 +70,9 @@ inline LoginCommand parse_login_command(int argc, char** argv) {
   }
   command.forwarded = app.remaining();
   command.help = app.help();
-  const int modes = help + dry_run + submit + status + logs + cancel;
-  if (modes > 1) throw UsageError("choose one of --dry-run, --submit, --status, --logs, --cancel");
+  const bool local = command.local_ranks.has_value();
+  const int modes = help + dry_run + submit + status + logs + cancel + local;
+  if (modes > 1) throw UsageError("choose one of --dry-run, --submit, --status, --logs, --cancel, --local");
   using Mode = LoginCommand::Mode;
   command.mode = help ? Mode::help
                  : dry_run ? Mode::dry_run
@@ -77,6 +80,7 @@ inline LoginCommand parse_login_command(int argc, char** argv) {
                  : status  ? Mode::status
                  : logs    ? Mode::logs
                  : cancel  ? Mode::cancel
+                 : local   ? Mode::local
                            : Mode::none;
   if (command.follow && command.mode != Mode::logs) throw UsageError("--follow goes with --logs");
   return command;
@@ -138,6 +142,11 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
       case Mode::logs:
         print_logs(last_submitted(job, context), out, command.follow);
         return exit_ok;
+      case Mode::local: {
+        std::vector<std::string> args = {std::string(worker_flag)};
+        args.insert(args.end(), command.forwarded.begin(), command.forwarded.end());
+        return launch_local(*command.local_ranks, context.program, args);
+      }
       case Mode::cancel: {
         const auto last = last_submitted(job, context);
         cancel(last.id);

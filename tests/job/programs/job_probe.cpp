@@ -26,7 +26,7 @@ std::string hex(std::string_view text) {
 }
 
 int report(const std::vector<std::string>& args) {
-  const auto rank = env_or("SLURM_PROCID", "?");
+  const auto rank = env_or("SLURM_PROCID", env_or("RANK", "?").c_str());  // RANK under --local
   std::string lines = fmt::format("probe rank={} ntasks={} node={} nodeid={} localid={} job={} container={}\n", rank,
                                   env_or("SLURM_NTASKS", "?"), env_or("SLURMD_NODENAME", "?"),
                                   env_or("SLURM_NODEID", "?"), env_or("SLURM_LOCALID", "?"),
@@ -41,6 +41,9 @@ int report(const std::vector<std::string>& args) {
   }
   std::cout << lines << std::flush;
   if (args.size() == 2 && args[0] == "--sleep") std::this_thread::sleep_for(std::chrono::seconds(std::stoi(args[1])));
+  // `--exit-first-run N`: the first run exits with N (the requeue test), later runs succeed.
+  if (args.size() == 2 && args[0] == "--exit-first-run" && env_or("SLURM_RESTART_COUNT", "0") == "0")
+    return std::stoi(args[1]);
   return 0;
 }
 }  // namespace
@@ -51,6 +54,7 @@ int main(int argc, char** argv) {
   try {
     auto job = ht::Job(env_or("PROBE_NAME", "probe")).nodes(std::stoi(env_or("PROBE_NODES", "2"))).time(5min);
     if (std::getenv("PROBE_SECRET")) job.secret_env("PROBE_SECRET");
+    if (std::getenv("PROBE_REQUEUE")) job.requeue_on_timeout(60s, 2);
     if (const char* image = std::getenv("PROBE_CHARLIECLOUD")) {
       job.container(ht::Charliecloud(image)).mount("/usr", "/usr");
     }
