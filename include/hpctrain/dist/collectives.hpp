@@ -1,0 +1,108 @@
+#pragma once
+// Blocking collectives over a ProcessGroup. Each is a no-op (or the identity) at world size 1, so a
+// training loop calls them unconditionally. A failed collective marks the group failed (so its
+// destructor does not wait for peers that may be dead) and throws RuntimeError("collective").
+#include <cstdint>
+#include <map>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <hpctrain/dist/process_group.hpp>
+#include <hpctrain/error.hpp>
+
+namespace hpctrain::dist {
+
+namespace detail {
+
+/// Waits for `work`; a failure (a peer died, the timeout passed) becomes RuntimeError naming this rank.
+inline void wait_for(ProcessGroup& group, const c10::intrusive_ptr<c10d::Work>& work, std::string_view operation) {
+  try {
+    work->wait(group.timeout());
+  } catch (const std::exception& e) {
+    group.mark_failed();
+    throw RuntimeError("collective", fmt::format("rank {} of {}: {} failed: {}", group.rank(), group.world_size(),
+                                                 operation, e.what()));
+  }
+}
+
+/// Starts an operation; a failure to even start it is reported like a failed wait.
+template <class Start>
+c10::intrusive_ptr<c10d::Work> start(ProcessGroup& group, std::string_view operation, Start&& start_operation) {
+  try {
+    return start_operation();
+  } catch (const std::exception& e) {
+    group.mark_failed();
+    throw RuntimeError("collective", fmt::format("rank {} of {}: {} failed: {}", group.rank(), group.world_size(),
+                                                 operation, e.what()));
+  }
+}
+
+/// Broadcasts `tensors` from rank 0 as one flat buffer per dtype: one round trip instead of one per tensor.
+inline void broadcast_from_rank0(ProcessGroup& group, const std::vector<torch::Tensor>& tensors) {
+  std::map<int, std::vector<torch::Tensor>> by_dtype;  // std::map: the same order on every rank
+  for (const auto& tensor : tensors)
+    if (tensor.defined() && tensor.numel() > 0) by_dtype[static_cast<int>(tensor.scalar_type())].push_back(tensor);
+  torch::NoGradGuard no_grad;
+  for (auto& [dtype, group_tensors] : by_dtype) {
+    std::vector<torch::Tensor> flat_views;
+    for (const auto& tensor : group_tensors) flat_views.push_back(tensor.detach().reshape({-1}));
+    std::vector<torch::Tensor> buffer{torch::cat(flat_views).to(group.device())};
+    c10d::BroadcastOptions options;
+    options.rootRank = 0;
+    auto work = start(group, "broadcast", [&] { return group.backend()->broadcast(buffer, options); });
+    wait_for(group, work, "broadcast");
+    std::int64_t offset = 0;
+    for (auto& tensor : group_tensors) {
+      const auto count = tensor.numel();
+      tensor.detach().copy_(buffer[0].narrow(0, offset, count).view(tensor.sizes()));
+      offset += count;
+    }
+  }
+}
+
+}  // namespace detail
+
+/// Copies rank 0's parameters and buffers into every rank's `module` (same architecture on every rank).
+inline void broadcast_module(ProcessGroup& group, torch::nn::Module& module) {
+  if (group.world_size() == 1) return;
+  auto tensors = module.parameters();
+  for (auto& buffer : module.buffers()) tensors.push_back(buffer);
+  detail::broadcast_from_rank0(group, tensors);
+}
+
+/// Sums `tensor` over all ranks, in place; returns it.
+inline torch::Tensor all_reduce_sum(ProcessGroup& group, torch::Tensor tensor) {
+  if (group.world_size() == 1) return tensor;
+  // c10d wants dense contiguous tensors on the backend's device; reduce a copy otherwise.
+  const bool direct = tensor.is_contiguous() && tensor.device() == group.device();
+  std::vector<torch::Tensor> buffer{direct ? tensor : tensor.contiguous().to(group.device())};
+  auto work = detail::start(group, "all_reduce", [&] { return group.backend()->allreduce(buffer); });
+  detail::wait_for(group, work, "all_reduce");
+  if (!direct) tensor.copy_(buffer[0]);
+  return tensor;
+}
+
+/// Sums a number over all ranks (a loss, a sample count).
+inline double all_reduce_sum(ProcessGroup& group, double value) {
+  if (group.world_size() == 1) return value;
+  auto tensor = torch::full({1}, value, torch::TensorOptions().dtype(torch::kFloat64).device(group.device()));
+  return all_reduce_sum(group, tensor).item<double>();
+}
+
+/// True on every rank when `value` is true on at least one (ranks agree to stop, checkpoint, requeue).
+inline bool any_rank(ProcessGroup& group, bool value) {
+  return all_reduce_sum(group, value ? 1.0 : 0.0) > 0.0;
+}
+
+/// Waits until every rank has reached this point.
+inline void barrier(ProcessGroup& group) {
+  if (group.world_size() == 1) return;
+  auto work = detail::start(group, "barrier", [&] { return group.backend()->barrier(); });
+  detail::wait_for(group, work, "barrier");
+}
+
+}  // namespace hpctrain::dist

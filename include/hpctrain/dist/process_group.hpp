@@ -1,0 +1,238 @@
+#pragma once
+// Rendezvous and process groups: what torchrun + `dist.init_process_group` do, in-process.
+// Rank 0 serves a c10d::TCPStore at MASTER_ADDR:MASTER_PORT; every rank connects to it and builds a
+// c10d backend over it: NCCL when CUDA is available (and hpctrain was compiled with USE_C10D_NCCL, see
+// docs/distributed.md), Gloo on CPU otherwise. At world size 1 there is neither store nor backend.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/cuda.h>
+#include <torch/types.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(USE_C10D_NCCL)
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <hpctrain/error.hpp>
+#include <hpctrain/slurm/world.hpp>
+
+namespace hpctrain::dist {
+
+/// Settings of the distributed runtime.
+struct Options {
+  /// How long a rendezvous or one collective may wait for its peers before failing. Default: 5 minutes.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+/// One rank's membership in the job: the TCPStore and the c10d backend (Gloo or NCCL).
+class ProcessGroup {
+ public:
+  /// Rendezvouses with the other ranks of `world` and builds the backend; throws RuntimeError("rendezvous").
+  ProcessGroup(const slurm::World& world, const Options& options);
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+  /// Orderly shutdown: rank 0 keeps the store up until every rank has checked out (skipped after a failure).
+  ~ProcessGroup();
+
+  /// This process's rank in [0, world_size).
+  int rank() const { return rank_; }
+  /// Number of ranks in the job.
+  int world_size() const { return world_size_; }
+  /// Rank on this node; selects the GPU.
+  int local_rank() const { return local_rank_; }
+  /// Where this rank's model and collectives live: cuda:<n> with NCCL, else CPU.
+  torch::Device device() const { return device_; }
+  /// The c10d backend; null when world_size == 1.
+  c10::intrusive_ptr<c10d::Backend> backend() const { return backend_; }
+  /// The rendezvous store; null when world_size == 1.
+  c10::intrusive_ptr<c10d::Store> store() const { return store_; }
+  /// "gloo", "nccl" or "none" (world size 1).
+  std::string backend_name() const { return backend_ ? backend_->getBackendName() : "none"; }
+  /// The timeout every wait of this group honours.
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  /// Records that a collective failed: the peers may be gone, so the destructor must not wait for them.
+  void mark_failed() noexcept { failed_ = true; }
+  /// Whether a collective of this group has failed.
+  bool failed() const noexcept { return failed_; }
+
+ private:
+  int rank_ = 0;
+  int world_size_ = 1;
+  int local_rank_ = 0;
+  torch::Device device_{torch::kCPU};
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  std::atomic<bool> failed_{false};
+};
+
+/// Rendezvouses and returns this rank's process group (world size 1: no store, no backend, no sockets).
+inline std::shared_ptr<ProcessGroup> init_process_group(const slurm::World& world, const Options& options = {}) {
+  return std::make_shared<ProcessGroup>(world, options);
+}
+
+namespace detail {
+
+inline std::string environment_or(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value && *value ? std::string(value) : fallback;
+}
+
+inline std::string this_hostname() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
+  return name;
+}
+
+/// Splits "eth0,eth1" (GLOO_SOCKET_IFNAME's syntax, as torch reads it) into interface names.
+inline std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const auto comma = text.find(',', start);
+    const auto end = comma == std::string::npos ? text.size() : comma;
+    if (end > start) parts.push_back(text.substr(start, end - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return parts;
+}
+
+/// Gloo's transport devices: the interfaces named by GLOO_SOCKET_IFNAME, else the address this node's
+/// hostname resolves to. When every rank is on this node, loopback: nothing leaves the machine then, and
+/// hosts whose name resolves to an unbindable address (common on laptops and in containers) still work.
+inline std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices(const slurm::World& world) {
+  std::vector<std::shared_ptr<::gloo::transport::Device>> devices;
+  const auto interfaces = split_commas(environment_or("GLOO_SOCKET_IFNAME", ""));
+  for (const auto& interface : interfaces) {
+    try {
+      devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(interface));
+    } catch (const std::exception& e) {
+      throw RuntimeError("gloo", fmt::format("rank {}: GLOO_SOCKET_IFNAME names interface '{}' that Gloo cannot use: {}",
+                                             world.rank, interface, e.what()));
+    }
+  }
+  if (!devices.empty()) return devices;
+  const bool single_node = world.local_world_size == world.world_size;
+  const std::string host = single_node ? std::string("127.0.0.1") : this_hostname();
+  try {
+    devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
+  } catch (const std::exception& e) {
+    throw RuntimeError("gloo", fmt::format("rank {}: host '{}' does not resolve to an address Gloo can bind "
+                                           "(set GLOO_SOCKET_IFNAME to the interface to use): {}",
+                                           world.rank, host, e.what()));
+  }
+  return devices;
+}
+
+/// The GPU of this rank: its local rank, or 0 when the task sees a single GPU (CUDA_VISIBLE_DEVICES per task).
+inline int cuda_device_index(const slurm::World& world) {
+  const auto count = static_cast<int>(torch::cuda::device_count());
+  return count == 1 ? 0 : world.local_rank;
+}
+
+inline void check_world(const slurm::World& world) {
+  if (world.world_size < 1 || world.rank < 0 || world.rank >= world.world_size)
+    throw RuntimeError("rendezvous", fmt::format("rank {} is outside world size {}", world.rank, world.world_size));
+  if (world.world_size > 1 && world.master_addr.empty())
+    throw RuntimeError("rendezvous", fmt::format("rank {} of {}: no master address (MASTER_ADDR is empty)",
+                                                 world.rank, world.world_size));
+  if (world.world_size > 1 && (world.master_port < 1 || world.master_port > 65535))
+    throw RuntimeError("rendezvous", fmt::format("rank {} of {}: master port {} is outside 1..65535",
+                                                 world.rank, world.world_size, world.master_port));
+}
+
+inline const std::string& checkout_prefix() {
+  static const std::string prefix = "hpctrain/checked_out/";
+  return prefix;
+}
+
+}  // namespace detail
+
+inline ProcessGroup::ProcessGroup(const slurm::World& world, const Options& options)
+    : rank_(world.rank), world_size_(world.world_size), local_rank_(world.local_rank), timeout_(options.timeout) {
+  detail::check_world(world);
+  const bool use_cuda = torch::cuda::is_available();
+  if (use_cuda) device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(detail::cuda_device_index(world)));
+  if (world_size_ == 1) return;
+
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(world.master_port);
+  store_options.isServer = rank_ == 0;
+  store_options.numWorkers = static_cast<std::size_t>(world_size_);
+  store_options.waitWorkers = true;  // rank 0 returns only once everyone has connected: a rendezvous
+  store_options.timeout = timeout_;
+  try {
+    store_ = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_options);
+  } catch (const std::exception& e) {
+    throw RuntimeError("rendezvous", fmt::format("rank {} of {} could not rendezvous at {}:{} within {} ms: {}", rank_,
+                                                 world_size_, world.master_addr, world.master_port,
+                                                 timeout_.count(), e.what()));
+  }
+  // Backends get their own key space, so that ours (checkout) cannot collide with theirs.
+  auto backend_store = c10::make_intrusive<c10d::PrefixStore>("hpctrain/backend", store_);
+  try {
+#if defined(USE_C10D_NCCL)
+    if (use_cuda) {
+      c10::cuda::set_device(device_.index());
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = timeout_;
+      auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(backend_store, rank_, world_size_, nccl_options);
+      // Bound device + eager connect (as torch.distributed does with device_id=): the communicator is built
+      // now, inside the rendezvous timeout, instead of at the first collective.
+      nccl->setBoundDeviceId(device_);
+      nccl->eagerConnectSingleDevice(device_);
+      backend_ = nccl;
+      return;
+    }
+#endif
+    if (use_cuda) device_ = torch::Device(torch::kCPU);  // no NCCL compiled in: Gloo, on CPU tensors
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout_);
+    gloo_options->devices = detail::gloo_devices(world);
+    backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(backend_store, rank_, world_size_, gloo_options);
+  } catch (const RuntimeError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw RuntimeError("rendezvous", fmt::format("rank {} of {} could not connect its backend through {}:{}: {}", rank_,
+                                                 world_size_, world.master_addr, world.master_port, e.what()));
+  }
+}
+
+inline ProcessGroup::~ProcessGroup() {
+  if (world_size_ == 1) return;
+  // Rank 0 hosts the store: if it left first, a slower rank's last store access would fail. So every rank
+  // checks out and rank 0 waits for all of them. After a failure (or while an exception unwinds) peers
+  // may be dead: waiting would only delay the exit that --kill-on-bad-exit needs.
+  if (!failed_ && std::uncaught_exceptions() == 0 && store_) {
+    try {
+      store_->set(detail::checkout_prefix() + std::to_string(rank_), std::vector<std::uint8_t>{1});
+      if (rank_ == 0) {
+        std::vector<std::string> keys;
+        for (int r = 0; r < world_size_; ++r) keys.push_back(detail::checkout_prefix() + std::to_string(r));
+        store_->wait(keys, timeout_);
+      }
+    } catch (const std::exception&) {
+      // A peer left without checking out; it has failed on its own and reports that itself.
+    }
+  }
+  try {
+    if (backend_) backend_->shutdown();
+  } catch (const std::exception&) {
+  }
+  backend_.reset();
+  store_.reset();
+}
+
+}  // namespace hpctrain::dist

@@ -1,0 +1,204 @@
+// One rank of the multi-process dist tests (tests/dist/multi_process_test.cpp starts two of these with
+// RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set). Each mode checks its property inside the ranks and
+// exits 0 when it holds; what the parent compares across ranks is printed as `key=value` lines.
+//   dist_worker gradients <micro_steps>  gradients after one step equal one process's on the whole batch
+//   dist_worker steps <n>                parameters stay bit-identical across ranks after n steps
+//   dist_worker overlap                  the first bucket's all-reduce starts before backward ends
+//   dist_worker forever                  trains until killed (a peer's death must end it non-zero)
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include <fmt/format.h>
+
+#include <hpctrain/dist/dist.hpp>
+#include <hpctrain/slurm/world.hpp>
+
+namespace dist = hpctrain::dist;
+
+namespace {
+
+constexpr std::int64_t per_rank_batch = 8;
+constexpr std::int64_t features = 16;
+constexpr std::int64_t classes = 4;
+
+/// Several layers, so that small buckets give several all-reduces, plus a BatchNorm buffer to broadcast.
+torch::nn::Sequential make_model(bool batch_norm = true) {
+  torch::nn::Sequential model(torch::nn::Linear(features, 32), torch::nn::ReLU(), torch::nn::Linear(32, 32));
+  if (batch_norm) model->push_back(torch::nn::BatchNorm1d(32));
+  model->push_back(torch::nn::Tanh());
+  model->push_back(torch::nn::Linear(32, 32));
+  model->push_back(torch::nn::ReLU());
+  model->push_back(torch::nn::Linear(32, classes));
+  return model;
+}
+
+/// The global batch of step `step`: the same on every rank; rank r trains on rows [r*b, (r+1)*b).
+std::pair<torch::Tensor, torch::Tensor> global_batch(int world_size, int step) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
+  auto inputs = torch::randn({per_rank_batch * world_size, features}, generator);
+  auto targets = torch::randint(0, classes, {per_rank_batch * world_size}, generator);
+  return {inputs, targets};
+}
+
+dist::GradientSyncOptions small_buckets() {
+  dist::GradientSyncOptions options;
+  options.first_bucket_bytes = 1024;  // about one layer per bucket: several buckets on this small model
+  options.bucket_bytes = 4096;
+  return options;
+}
+
+dist::Options options_from_environment() {
+  dist::Options options;
+  if (const char* timeout = std::getenv("HPCTRAIN_DIST_TIMEOUT_MS")) options.timeout = std::chrono::milliseconds(std::stol(timeout));
+  return options;
+}
+
+std::uint64_t fnv1a(const torch::Tensor& tensor) {
+  auto contiguous = tensor.contiguous();
+  const auto* bytes = static_cast<const unsigned char*>(contiguous.data_ptr());
+  std::uint64_t hash = 1469598103934665603ull;
+  for (std::size_t i = 0; i < contiguous.nbytes(); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+  return hash;
+}
+
+// (a) World-2 gradients (with `micro_steps` accumulation steps per rank) against one process's gradients
+// on the concatenated batch, from the same initial parameters (rank 0's, broadcast).
+int check_gradients(dist::ProcessGroup& group, const std::shared_ptr<dist::ProcessGroup>& shared, int micro_steps) {
+  // No BatchNorm here: its statistics depend on how the batch is split, and the reference sees it whole.
+  torch::manual_seed(11 + group.rank());  // different initialisation per rank: the broadcast must fix it
+  auto model = make_model(false);
+  auto reference = make_model(false);
+  dist::GradientSync sync(shared, *model, small_buckets());  // broadcasts rank 0's parameters
+  {
+    torch::NoGradGuard no_grad;
+    auto from = model->parameters();
+    auto to = reference->parameters();
+    for (std::size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  }
+  const int world = group.world_size();
+  const std::int64_t micro_batch = per_rank_batch / micro_steps;
+  auto [inputs, targets] = global_batch(world, 0);
+  for (int micro = 0; micro < micro_steps; ++micro) {
+    sync.set_sync(micro == micro_steps - 1);
+    const auto rows = group.rank() * per_rank_batch + micro * micro_batch;
+    auto loss = torch::nn::functional::cross_entropy(model->forward(inputs.narrow(0, rows, micro_batch)),
+                                                     targets.narrow(0, rows, micro_batch)) / micro_steps;
+    loss.backward();
+  }
+  sync.finish();
+  torch::nn::functional::cross_entropy(reference->forward(inputs), targets).backward();  // the whole batch at once
+  double worst = 0.0;
+  auto ours = model->named_parameters();
+  auto theirs = reference->parameters();
+  bool ok = true;
+  for (std::size_t i = 0; i < ours.size(); ++i) {
+    const auto& grad = ours[i].value().grad();
+    const auto& expected = theirs[i].grad();
+    const double difference = (grad - expected).abs().max().item<double>();
+    worst = std::max(worst, difference);
+    // float32, summed in another order: relative 1e-5 of the gradient's size plus absolute 1e-6.
+    if (!torch::allclose(grad, expected, 1e-5, 1e-6)) {
+      std::cerr << fmt::format("rank {}: gradient of {} differs by {}\n", group.rank(), ours[i].key(), difference);
+      ok = false;
+    }
+  }
+  std::cout << fmt::format("max_abs_difference={:.3e}\n", worst) << std::flush;
+  return ok ? 0 : 1;
+}
+
+// (b) Many SGD-with-momentum steps on different data per rank; then every rank compares its parameters
+// with rank 0's (broadcast) bit for bit, and prints a hash the parent compares too.
+int check_steps(dist::ProcessGroup& group, const std::shared_ptr<dist::ProcessGroup>& shared, int steps) {
+  torch::manual_seed(7 + group.rank());  // different initialisation per rank: the broadcast must fix it
+  auto model = make_model();
+  dist::GradientSync sync(shared, *model, small_buckets());
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  for (int step = 0; step < steps; ++step) {
+    auto [inputs, targets] = global_batch(group.world_size(), step);
+    const auto rows = group.rank() * per_rank_batch;
+    optimizer.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(model->forward(inputs.narrow(0, rows, per_rank_batch)),
+                                                     targets.narrow(0, rows, per_rank_batch));
+    loss.backward();
+    sync.finish();
+    optimizer.step();
+  }
+  // BatchNorm running statistics are per rank (as in torch DDP without SyncBatchNorm): compare parameters.
+  std::vector<torch::Tensor> flat;
+  for (auto& parameter : model->parameters()) flat.push_back(parameter.detach().reshape({-1}));
+  auto mine = torch::cat(flat);
+  auto rank0 = mine.clone();
+  std::vector<torch::Tensor> buffer{rank0};
+  c10d::BroadcastOptions options;
+  group.backend()->broadcast(buffer, options)->wait();
+  const bool identical = torch::equal(mine, rank0);
+  std::cout << fmt::format("parameter_hash={:016x}\n", fnv1a(mine)) << std::flush;
+  if (!identical) std::cerr << fmt::format("rank {}: parameters differ from rank 0's\n", group.rank());
+  return identical ? 0 : 1;
+}
+
+// (c) A hook on the first layer's output gradient runs when backward has reached the first layer: every
+// later layer is done, the first layer's own weight gradients are not. At that moment the first bucket
+// (the last layer's parameters) must already be on the wire, and the last bucket not yet.
+int check_overlap(const std::shared_ptr<dist::ProcessGroup>& shared) {
+  auto model = make_model();
+  dist::GradientSync sync(shared, *model, small_buckets());
+  auto [inputs, targets] = global_batch(shared->world_size(), 0);
+  auto first_layer_output = model->begin()->forward(inputs.narrow(0, 0, per_rank_batch));
+  std::size_t launched_when_first_layer_reached = 0;
+  first_layer_output.register_hook([&](torch::Tensor grad) {
+    launched_when_first_layer_reached = sync.launched_bucket_count();
+    return grad;
+  });
+  torch::Tensor hidden = first_layer_output;
+  for (auto layer = model->begin() + 1; layer != model->end(); ++layer) hidden = layer->forward(hidden);
+  auto loss = torch::nn::functional::cross_entropy(hidden, targets.narrow(0, 0, per_rank_batch));
+  loss.backward();
+  const auto launched_after_backward = sync.launched_bucket_count();
+  sync.finish();
+  std::cout << fmt::format("buckets={}\nlaunched_at_first_layer={}\nlaunched_after_backward={}\n", sync.bucket_count(),
+                           launched_when_first_layer_reached, launched_after_backward)
+            << std::flush;
+  const bool overlapped = sync.bucket_count() >= 3 && launched_when_first_layer_reached >= 1 &&
+                          launched_when_first_layer_reached < sync.bucket_count() &&
+                          launched_after_backward == sync.bucket_count();
+  return overlapped ? 0 : 1;
+}
+
+int train_forever(dist::ProcessGroup& group, const std::shared_ptr<dist::ProcessGroup>& shared) {
+  auto model = make_model();
+  dist::GradientSync sync(shared, *model, small_buckets());
+  torch::optim::SGD optimizer(model->parameters(), 0.01);
+  for (int step = 0;; ++step) {
+    auto [inputs, targets] = global_batch(group.world_size(), step % 16);
+    optimizer.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(model->forward(inputs.narrow(0, 0, per_rank_batch)),
+                                                     targets.narrow(0, 0, per_rank_batch));
+    loss.backward();
+    sync.finish();
+    optimizer.step();
+    if (step == 3) std::cout << "training\n" << std::flush;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  torch::set_num_threads(1);  // two ranks on two cores
+  const std::string mode = argc > 1 ? argv[1] : "";
+  auto group = dist::init_process_group(hpctrain::slurm::world_from_environment(), options_from_environment());
+  if (mode == "gradients") return check_gradients(*group, group, argc > 2 ? std::stoi(argv[2]) : 1);
+  if (mode == "steps") return check_steps(*group, group, argc > 2 ? std::stoi(argv[2]) : 50);
+  if (mode == "overlap") return check_overlap(group);
+  if (mode == "forever") return train_forever(*group, group);
+  std::cerr << "usage: dist_worker gradients <micro_steps> | steps <n> | overlap | forever\n";
+  return 2;
+} catch (const hpctrain::Error& e) {
+  std::cerr << e.what() << "\n";
+  return hpctrain::exit_failure;
+}
