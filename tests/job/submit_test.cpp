@@ -209,7 +209,7 @@ TEST_CASE("Hostile job names survive sbatch's directive parser", "[quoting][slur
   CHECK(first_line == fmt::format("JobId={} JobName={}", id, name));
 }
 
-TEST_CASE("--local N runs N workers on this machine without Slurm", "[cli]") {
+TEST_CASE("Local mode runs N workers on this machine without Slurm (--local N)", "[cli]") {
   const auto dir = job_test::scratch_dir("local");
   const auto result = job_test::run_probe(dir, {"--local", "2", "forwarded arg"});
   CAPTURE(result.err);
