@@ -266,6 +266,8 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
   }
 
   std::vector<std::string> srun = {"srun --kill-on-bad-exit=1 --unbuffered"};
+  // Slurm 22.05's srun stopped reading SLURM_CPUS_PER_TASK from the allocation: say it again for the step.
+  if (job.cpus_per_task()) srun.push_back(fmt::format("--cpus-per-task={}", *job.cpus_per_task()));
   if (job.requeue()) srun.push_back(fmt::format("--signal=USR2@{}", job.requeue()->grace.count()));
   for (const auto& [key, value] : job.srun_options())
     srun.push_back(shell_quote(value.empty() ? "--" + key : fmt::format("--{}={}", key, value)));

@@ -243,6 +243,15 @@ inline JobState query_state(const std::string& id) {
   return state;
 }
 
+/// Prepares a squashfs for pyxis on the login node: `enroot import -o <output_sqsh> docker://<image>`.
+/// Throws RuntimeError("enroot", ...) with enroot's message when it fails.
+inline void enroot_import(std::string_view image, std::string_view output_sqsh) {
+  const auto result = run_process(enroot_import_command(image, output_sqsh));
+  if (result.exit_code != 0)
+    throw RuntimeError("enroot", fmt::format("enroot import failed (exit {}): {}", result.exit_code,
+                                             detail::trim(result.err)));
+}
+
 /// Cancels job `id` (`scancel`). Throws RuntimeError("scancel", ...) with scancel's message.
 inline void cancel(const std::string& id) {
   const auto result = run_process({"scancel", id});
