@@ -16,11 +16,8 @@
 
 namespace {
 
-std::string print_world_program() {
-  const char* build = std::getenv("HPCTRAIN_BUILD_DIR");
-  REQUIRE(build != nullptr);
-  return std::string(build) + "/tests/integration/print_world";
-}
+// Path of tests/slurm/programs/print_world, from tests/integration/CMakeLists.txt.
+std::string print_world_program() { return HPCTRAIN_PRINT_WORLD; }
 
 std::vector<nlohmann::json> json_lines(const std::string& text) {
   std::vector<nlohmann::json> lines;
