@@ -28,6 +28,7 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/slurm/world.hpp>
 #include <hpctrain/train/checkpoint.hpp>
+#include <hpctrain/train/crc32c.hpp>
 #include <hpctrain/train/data/prefetch.hpp>
 #include <hpctrain/train/data/sampler.hpp>
 #include <hpctrain/train/metrics.hpp>
@@ -72,6 +73,19 @@ inline std::uint64_t step_seed(std::int64_t seed, int rank, std::int64_t step) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return (z ^ (z >> 31)) & 0x7FFFFFFFFFFFFFFFull;
+}
+
+/// CRC-32C over every parameter's and buffer's bytes: equal digests mean bit-identical models
+/// (how the requeue test compares a preempted run with an uninterrupted one).
+inline std::uint32_t parameters_digest(const torch::nn::Module& module) {
+  std::uint32_t crc = 0;
+  auto add = [&](const torch::Tensor& tensor) {
+    const auto bytes = tensor.detach().cpu().contiguous();
+    crc = crc32c(bytes.data_ptr(), static_cast<std::size_t>(bytes.nbytes()), crc);
+  };
+  for (const auto& parameter : module.parameters()) add(parameter);
+  for (const auto& buffer : module.buffers()) add(buffer);
+  return crc;
 }
 
 struct Evaluation {
@@ -124,7 +138,7 @@ inline TrainResult train(const Training& training, const slurm::World& world, co
     const bool lead = group->rank() == 0;
     const auto device = group->device();
     const auto run_dir = detail::resolve_run_dir(training);
-    Progress progress;
+    Progress progress(stdout, !world.under_slurm);
     auto say = [&](const std::string& text) {
       if (lead) progress.line(text);
     };
@@ -255,9 +269,14 @@ inline TrainResult train(const Training& training, const slurm::World& world, co
           interval_steps = 0;
           interval_loss = 0;
         }
-        if (eval_set && training.eval_interval() > 0 && step % training.eval_interval() == 0 && step != total_steps)
+        if (eval_set && training.eval_interval() > 0 && step % training.eval_interval() == 0 && step != total_steps) {
           report_evaluation(*eval_set);
-        if (training.checkpoint_interval() > 0 && step % training.checkpoint_interval() == 0) save_checkpoint();
+          interval_start = clock::now();  // samples/s measures training steps only
+        }
+        if (training.checkpoint_interval() > 0 && step % training.checkpoint_interval() == 0) {
+          save_checkpoint();
+          interval_start = clock::now();
+        }
         // Every rank asks every step, so all of them stop at the same step boundary.
         if (dist::any_rank(*group, preemption_requested())) {
           save_checkpoint();
@@ -270,6 +289,7 @@ inline TrainResult train(const Training& training, const slurm::World& world, co
     }
     save_checkpoint();
     result.steps_completed = step;
+    say(fmt::format("parameters_crc32c={:08x}", detail::parameters_digest(*model.module)));
     if (eval_set) {
       const auto evaluation = report_evaluation(*eval_set);
       result.eval_loss = evaluation.loss;

@@ -37,7 +37,10 @@ inline std::string format_progress(const ProgressReport& r) {
 /// Prints progress lines to `stream` (stdout by default): a redrawn bar on a TTY, plain lines otherwise.
 class Progress {
  public:
-  explicit Progress(std::FILE* stream = stdout) : stream_(stream), tty_(::isatty(::fileno(stream)) == 1) {}
+  /// `allow_bar` false forces plain lines: under srun --unbuffered a task's stdout is a pty although it
+  /// ends up in the job's log file.
+  explicit Progress(std::FILE* stream = stdout, bool allow_bar = true)
+      : stream_(stream), tty_(allow_bar && ::isatty(::fileno(stream)) == 1) {}
 
   /// Reports `report`; on a TTY the line is redrawn in place.
   void report(const ProgressReport& r) {

@@ -25,14 +25,14 @@ struct TrainingKnobs {
 };
 
 /// Parses `--epochs N --max-steps N --batch-size N --lr X` (in either `--flag value` or `--flag=value` form);
-/// throws UsageError on anything else.
+/// throws UsageError on anything else. Ranges are checked by Training::validate, which names the field.
 inline TrainingKnobs parse_training_knobs(const std::vector<std::string>& args) {
   TrainingKnobs knobs;
   CLI::App app("hpctrain worker");
-  app.add_option("--epochs", knobs.epochs)->check(CLI::PositiveNumber);
-  app.add_option("--max-steps", knobs.max_steps)->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", knobs.batch_size)->check(CLI::PositiveNumber);
-  app.add_option("--lr", knobs.lr)->check(CLI::PositiveNumber);
+  app.add_option("--epochs", knobs.epochs);
+  app.add_option("--max-steps", knobs.max_steps);
+  app.add_option("--batch-size", knobs.batch_size);
+  app.add_option("--lr", knobs.lr);
   std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 parses a reversed vector
   try {
     app.parse(reversed);

@@ -1,0 +1,41 @@
+#pragma once
+// Everything hpctrain offers, for a user's train.cpp: the job (job/), the Slurm world (slurm/), the
+// distributed runtime (dist/), the training (train/) and `hpctrain::run`. Pulls in LibTorch; a program
+// that only renders or submits jobs can include the job/ headers alone and stay torch-free.
+#include <hpctrain/error.hpp>
+#include <hpctrain/version.hpp>
+
+#include <hpctrain/job/cli.hpp>
+#include <hpctrain/job/container.hpp>
+#include <hpctrain/job/job.hpp>
+#include <hpctrain/job/local_launch.hpp>
+#include <hpctrain/job/render.hpp>
+#include <hpctrain/job/shell.hpp>
+#include <hpctrain/job/submit.hpp>
+#include <hpctrain/job/units.hpp>
+
+#include <hpctrain/slurm/environment.hpp>
+#include <hpctrain/slurm/hostlist.hpp>
+#include <hpctrain/slurm/world.hpp>
+
+#include <hpctrain/dist/collectives.hpp>
+#include <hpctrain/dist/gradient_sync.hpp>
+#include <hpctrain/dist/process_group.hpp>
+
+#include <hpctrain/train/checkpoint.hpp>
+#include <hpctrain/train/data/idx.hpp>
+#include <hpctrain/train/data/prefetch.hpp>
+#include <hpctrain/train/data/sampler.hpp>
+#include <hpctrain/train/data/source.hpp>
+#include <hpctrain/train/data/tokens.hpp>
+#include <hpctrain/train/loop.hpp>
+#include <hpctrain/train/metrics.hpp>
+#include <hpctrain/train/precision.hpp>
+#include <hpctrain/train/preemption.hpp>
+#include <hpctrain/train/progress.hpp>
+#include <hpctrain/train/schedule.hpp>
+#include <hpctrain/train/tensorboard.hpp>
+#include <hpctrain/train/training.hpp>
+#include <hpctrain/train/worker.hpp>
+
+#include <hpctrain/run.hpp>

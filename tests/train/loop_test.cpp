@@ -1,0 +1,204 @@
+// The training loop at world size 1 on real Fashion-MNIST subsets: exact resume after a preemption,
+// a truncated newest checkpoint skipped with a warning, knobs, bf16 on CPU.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <ftw.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <hpctrain/train/data/idx.hpp>
+#include <hpctrain/train/loop.hpp>
+#include <hpctrain/train/worker.hpp>
+
+namespace fs = std::filesystem;
+
+namespace {
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }
+
+// Not std::filesystem::remove_all: the torch wheel's libtorch.so exports a copy of it that crashes.
+fs::path scratch(const std::string& name) {
+  const char* build = std::getenv("HPCTRAIN_BUILD_DIR");
+  auto dir = fs::path(build ? build : "/tmp") / "train-test-scratch" / name;
+  ::nftw(dir.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  fs::create_directories(dir);
+  return dir;
+}
+
+/// The first `count` examples of a Fashion-MNIST file pair (read once per process).
+hpctrain::data::Source fashion_subset(const std::string& split, std::int64_t count) {
+  static std::map<std::string, hpctrain::data::TensorDataset> cache;
+  if (!cache.count(split)) {
+    const std::string dir = "/usr/share/datasets/fashion-mnist/";
+    cache[split] = hpctrain::data::load_idx(dir + split + "-images-idx3-ubyte.gz", dir + split + "-labels-idx1-ubyte.gz");
+  }
+  const auto& all = cache[split];
+  return hpctrain::data::tensors(all.inputs.narrow(0, 0, count), all.targets.narrow(0, 0, count));
+}
+
+struct SmallNetImpl : torch::nn::Module {
+  torch::nn::Sequential layers{torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 8, 3).padding(1)), torch::nn::BatchNorm2d(8),
+                               torch::nn::ReLU(), torch::nn::MaxPool2d(4), torch::nn::Flatten(), torch::nn::Dropout(0.2),
+                               torch::nn::Linear(8 * 7 * 7, 10)};
+  SmallNetImpl() { register_module("layers", layers); }
+  torch::Tensor forward(torch::Tensor x) { return layers->forward(x); }
+};
+TORCH_MODULE(SmallNet);
+
+/// Dropout, batch norm, AdamW, warmup + cosine, accumulation and clipping: every piece of state resume must restore.
+hpctrain::Training small_training(const fs::path& run_dir) {
+  return hpctrain::Training()
+      .model([] { return SmallNet(); })
+      .optimizer([](auto parameters) { return torch::optim::AdamW(parameters, torch::optim::AdamWOptions(3e-3)); })
+      .train_data(fashion_subset("train", 512))
+      .eval_data(fashion_subset("t10k", 256))
+      .batch_size(hpctrain::per_rank(32))
+      .gradient_accumulation(2)
+      .clip_grad_norm(1.0)
+      .schedule(hpctrain::LrSchedule::warmup_cosine(5, 0.1))
+      .max_steps(24)
+      .log_every(4)
+      .checkpoint_every(5)
+      .keep_checkpoints(2)
+      .threads(1)
+      .seed(3)
+      .metric(hpctrain::metrics::accuracy)
+      .run_dir(run_dir);
+}
+
+/// The newest checkpoint of `run_dir` loaded into a fresh model.
+SmallNet final_model(const fs::path& run_dir) {
+  SmallNet model;
+  torch::optim::AdamW optimizer(model->parameters());
+  const hpctrain::CheckpointStore store(run_dir / "checkpoints");
+  REQUIRE(!store.list().empty());
+  store.load(store.list().back(), *model, optimizer);
+  return model;
+}
+
+/// Runs `action` with stderr going to a string.
+std::string capture_stderr(const std::function<void()>& action, const fs::path& file) {
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ::dup2(fd, 2);
+  ::close(fd);
+  action();
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::ifstream in(file);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+}  // namespace
+
+TEST_CASE("A run preempted at step 11 and resumed ends bit-identical to an uninterrupted run", "[loop]") {
+  const hpctrain::slurm::World world;  // rank 0 of 1
+  const auto straight_dir = scratch("resume-straight");
+  const auto straight = hpctrain::train(small_training(straight_dir), world);
+  CHECK(straight.exit_code == hpctrain::exit_ok);
+  CHECK(straight.steps_completed == 24);
+  CHECK_FALSE(straight.resumed_from);
+
+  const auto stopped_dir = scratch("resume-stopped");
+  auto preempted_training = small_training(stopped_dir).on_step([](std::int64_t step) {
+    if (step == 11) std::raise(SIGUSR2);  // what `scancel --signal=USR2` delivers
+  });
+  const auto first = hpctrain::train(preempted_training, world);
+  CHECK(first.exit_code == hpctrain::exit_requeue);
+  CHECK(first.steps_completed == 11);
+  CHECK(hpctrain::CheckpointStore(stopped_dir / "checkpoints").list().back().filename() == "checkpoint-0000000011.hpct");
+
+  const auto second = hpctrain::train(small_training(stopped_dir), world);
+  CHECK(second.exit_code == hpctrain::exit_ok);
+  CHECK(second.resumed_from == std::optional<std::int64_t>(11));
+  CHECK(second.steps_completed == 24);
+  CHECK(second.eval_loss == straight.eval_loss);
+  CHECK(second.eval_accuracy == straight.eval_accuracy);
+
+  auto a = final_model(straight_dir), b = final_model(stopped_dir);
+  const auto pa = a->named_parameters(), pb = b->named_parameters();
+  for (const auto& item : pa) {
+    CAPTURE(item.key());
+    CHECK(torch::equal(item.value(), pb[item.key()]));
+  }
+  const auto ba = a->named_buffers(), bb = b->named_buffers();
+  for (const auto& item : ba) {
+    CAPTURE(item.key());
+    CHECK(torch::equal(item.value(), bb[item.key()]));
+  }
+  CHECK(hpctrain::detail::parameters_digest(*a) == hpctrain::detail::parameters_digest(*b));
+}
+
+TEST_CASE("A truncated newest checkpoint is skipped with a warning and training resumes from the previous one", "[loop]") {
+  const auto dir = scratch("resume-truncated");
+  const hpctrain::slurm::World world;
+  const auto first = hpctrain::train(small_training(dir).max_steps(10).checkpoint_every(4).keep_checkpoints(3), world);
+  REQUIRE(first.exit_code == hpctrain::exit_ok);
+  const hpctrain::CheckpointStore store(dir / "checkpoints");
+  REQUIRE(store.list().size() == 3);  // steps 4, 8 and the final 10
+  const auto newest = store.list().back();
+  fs::resize_file(newest, fs::file_size(newest) / 2);
+
+  std::optional<hpctrain::TrainResult> second;
+  const auto errors = capture_stderr([&] { second = hpctrain::train(small_training(dir).max_steps(12), world); }, dir / "stderr.txt");
+  CHECK(second->resumed_from == std::optional<std::int64_t>(8));
+  CHECK(second->steps_completed == 12);
+  CHECK_THAT(errors, Catch::Contains("warning: skipping checkpoint: [hpctrain.runtime.checkpoint] " + newest.string() + ": truncated: payload has "));
+}
+
+TEST_CASE("bf16 autocast on CPU trains and evaluates to finite numbers", "[loop]") {
+  const auto result = hpctrain::train(small_training(scratch("bf16")).max_steps(4).precision(hpctrain::bf16), hpctrain::slurm::World{});
+  CHECK(result.exit_code == hpctrain::exit_ok);
+  REQUIRE(result.eval_loss);
+  CHECK(std::isfinite(*result.eval_loss));
+}
+
+TEST_CASE("A batch larger than a rank's share of the data is a spec error naming the batch size", "[loop]") {
+  auto training = small_training(scratch("too-big")).batch_size(hpctrain::per_rank(1024)).gradient_accumulation(1);
+  try {
+    hpctrain::train(training, hpctrain::slurm::World{});
+    FAIL("expected a SpecError");
+  } catch (const hpctrain::SpecError& error) {
+    CHECK(std::string(error.what()) == "[hpctrain.spec.training.batch_size] training.batch_size = 1024: each rank gets only 512 examples per epoch of tensors");
+  }
+}
+
+TEST_CASE("Training knobs forwarded on the command line replace the description's values", "[worker]") {
+  const auto knobs = hpctrain::parse_training_knobs({"--epochs", "3", "--max-steps=40", "--batch-size", "16", "--lr", "0.01"});
+  const auto training = hpctrain::with_knobs(small_training("unused").batch_size(hpctrain::global(64)), knobs);
+  CHECK(training.epoch_count() == std::optional<std::int64_t>(3));
+  CHECK(training.step_limit() == std::optional<std::int64_t>(40));
+  CHECK(training.batch().value == 16);
+  CHECK(training.batch().scope == hpctrain::BatchScope::global);
+  CHECK(training.base_lr() == std::optional<double>(0.01));
+}
+
+TEST_CASE("A negative --lr fails validation naming the field", "[worker]") {
+  const auto training = hpctrain::with_knobs(small_training("unused"), hpctrain::parse_training_knobs({"--lr", "-1"}));
+  try {
+    training.validate();
+    FAIL("expected a SpecError");
+  } catch (const hpctrain::SpecError& error) {
+    CHECK(std::string(error.what()) == "[hpctrain.spec.training.lr] training.lr = -1: must be positive");
+  }
+}
+
+TEST_CASE("An unknown or malformed worker argument is a usage error", "[worker]") {
+  auto [args, message] = GENERATE(table<std::vector<std::string>, std::string>({
+      {{"--epoch", "3"}, "[hpctrain.usage] worker arguments: The following arguments were not expected: 3 --epoch"},
+      {{"--max-steps", "many"}, "[hpctrain.usage] worker arguments: Could not convert: --max-steps = many"},
+  }));
+  CAPTURE(args);
+  try {
+    hpctrain::parse_training_knobs(args);
+    FAIL("expected a UsageError");
+  } catch (const hpctrain::UsageError& error) {
+    CHECK(std::string(error.what()) == message);
+  }
+}
