@@ -196,6 +196,17 @@ TEST_CASE_METHOD(LaunchFixture, "SIGINT or SIGTERM to the launcher stops every r
   CHECK_FALSE(alive(rank_json(1)["pid"].get<int>()));
 }
 
+TEST_CASE_METHOD(LaunchFixture, "A caller that ignores SIGCHLD still gets the ranks' exit codes", "[local_launch]") {
+  struct sigaction ignore{}, previous{};
+  ignore.sa_handler = SIG_IGN;
+  ::sigaction(SIGCHLD, &ignore, &previous);
+  const int code = hpctrain::launch_local(2, print_world_program(), {"--write", dir_.string(), "--fail-rank", "1", "5"});
+  struct sigaction after{};
+  ::sigaction(SIGCHLD, &previous, &after);
+  CHECK(code == 5);
+  CHECK(after.sa_handler == SIG_IGN);  // the caller's disposition is back
+}
+
 TEST_CASE("A program that cannot be executed is an error naming it", "[local_launch]") {
   try {
     hpctrain::launch_local(2, "/nonexistent/train", {"--hpctrain-worker"});

@@ -95,15 +95,22 @@ inline int exit_code_of(int status) {
 }
 
 // Blocks SIGCHLD/SIGINT/SIGTERM for the launcher's lifetime (they are taken with sigtimedwait, no handler
-// runs), and restores the caller's mask and any signal it did not consume when done.
+// runs) and restores the caller's mask when done. SIGCHLD gets its default action meanwhile: a caller that
+// ignores it would have the kernel reap our ranks before waitpid could read their exit codes.
 class BlockedSignals {
  public:
   BlockedSignals() {
+    struct sigaction default_action{};
+    default_action.sa_handler = SIG_DFL;
+    ::sigaction(SIGCHLD, &default_action, &previous_sigchld_);
     sigemptyset(&set_);
     for (int signal : {SIGCHLD, SIGINT, SIGTERM}) sigaddset(&set_, signal);
     pthread_sigmask(SIG_BLOCK, &set_, &previous_);
   }
-  ~BlockedSignals() { pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
+  ~BlockedSignals() {
+    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+    ::sigaction(SIGCHLD, &previous_sigchld_, nullptr);
+  }
   BlockedSignals(const BlockedSignals&) = delete;
   BlockedSignals& operator=(const BlockedSignals&) = delete;
   const sigset_t& set() const { return set_; }
@@ -111,6 +118,7 @@ class BlockedSignals {
 
  private:
   sigset_t set_{}, previous_{};
+  struct sigaction previous_sigchld_{};
 };
 
 struct Child {
