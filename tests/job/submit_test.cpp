@@ -222,13 +222,20 @@ TEST_CASE("Local mode runs N workers on this machine without Slurm (--local N)",
 TEST_CASE("A step that exits with the requeue code gets its job requeued by the script", "[cli][slurm]") {
   const auto dir = job_test::scratch_dir("requeue");
   const std::vector<std::pair<std::string, std::string>> env = {{"PROBE_NAME", "requeue"}, {"PROBE_REQUEUE", "1"}};
-  const auto submitted =
-      job_test::run_probe(dir, {"--submit", "--exit-first-run", std::to_string(ht::exit_requeue)}, env);
+  // Every rank exits with 75; or rank 0 alone does (with the marker) and srun kills the other one (143).
+  auto worker_args = GENERATE(std::vector<std::string>{"--exit-first-run", "75"},
+                              std::vector<std::string>{"--requeue-first-run"});
+  CAPTURE(worker_args);
+  std::vector<std::string> args = {"--submit"};
+  args.insert(args.end(), worker_args.begin(), worker_args.end());
+  const auto submitted = job_test::run_probe(dir, args, env);
   REQUIRE(submitted.exit_code == 0);
   const auto id = job_test::submitted_id(submitted.out);
   const auto script = job_test::read_file(dir / "hpctrain-jobs" / "requeue" / id / "job.sbatch");
   CHECK(script.find("--signal=USR2@60 \\\n") != std::string::npos);
   CHECK(script.find("#SBATCH --requeue\n#SBATCH --open-mode=append\n") != std::string::npos);
+  CHECK(script.find(fmt::format("export HPCTRAIN_REQUEUE_MARKER={}/\"$SLURM_JOB_ID\"/requeue-requested\n",
+                                (dir / "hpctrain-jobs" / "requeue").string())) != std::string::npos);
 
   // Slurm holds a requeued job back (BeginTime, about two minutes here): seeing the script's requeue line
   // and the job's restart count go to 1 is the whole contract; the second run is the training tests' part.
@@ -245,4 +252,5 @@ TEST_CASE("A step that exits with the requeue code gets its job requeued by the 
   ht::run_process({"scancel", id});
   CHECK(job_test::read_file(log_path).find(expected) != std::string::npos);
   CHECK(shown.find("Restarts=1") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir / "hpctrain-jobs" / "requeue" / id / "requeue-requested"));
 }

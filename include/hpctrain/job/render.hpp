@@ -29,6 +29,10 @@ namespace hpctrain {
 /// an explicit marker, never a guess from SLURM_* variables).
 inline constexpr std::string_view worker_flag = "--hpctrain-worker";
 
+/// With requeue_on_timeout, the script exports this variable: a worker that checkpointed for a requeue
+/// creates the file it names (any rank; rank 0 suffices) before it exits with exit_requeue.
+inline constexpr std::string_view requeue_marker_variable = "HPCTRAIN_REQUEUE_MARKER";
+
 /// True when argv carries the worker marker as its first argument.
 inline bool is_worker_invocation(int argc, char** argv) { return argc >= 2 && argv[1] == worker_flag; }
 
@@ -286,9 +290,14 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
   const int max = job.requeue()->max_restarts;
   s += fmt::format(
       "# Workers exit with {code} once they checkpointed after USR2 (requeue_on_timeout); requeue then.\n"
+      "# srun --kill-on-bad-exit reports another code (143) when one rank exits first and the others are\n"
+      "# killed: a rank that checkpointed also creates the marker file, which decides as well.\n"
+      "export HPCTRAIN_REQUEUE_MARKER={root}/\"$SLURM_JOB_ID\"/requeue-requested\n"
+      "rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n"
       "status=0\n"
       "{step} || status=$?\n"
-      "if [ \"$status\" -eq {code} ]; then\n"
+      "if [ \"$status\" -eq {code} ] || [ -e \"$HPCTRAIN_REQUEUE_MARKER\" ]; then\n"
+      "  rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n"
       "  if [ \"${{SLURM_RESTART_COUNT:-0}}\" -lt {max} ]; then\n"
       "    echo \"hpctrain: job $SLURM_JOB_ID checkpointed; requeueing (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of {max})\"\n"
       "    scontrol requeue \"$SLURM_JOB_ID\"\n"
@@ -297,7 +306,8 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
       "  echo \"hpctrain: job $SLURM_JOB_ID checkpointed but was restarted {max} times already; not requeueing\" >&2\n"
       "fi\n"
       "exit \"$status\"\n",
-      fmt::arg("code", exit_requeue), fmt::arg("step", step), fmt::arg("max", max));
+      fmt::arg("code", exit_requeue), fmt::arg("step", step), fmt::arg("max", max),
+      fmt::arg("root", shell_quote(job_root(job, context).string())));
   return s;
 }
 

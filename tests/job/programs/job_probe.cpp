@@ -3,6 +3,7 @@
 // PROBE_* variables and job name it received. The job is configured from PROBE_* variables.
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -41,6 +42,16 @@ int report(const std::vector<std::string>& args) {
   }
   std::cout << lines << std::flush;
   if (args.size() == 2 && args[0] == "--sleep") std::this_thread::sleep_for(std::chrono::seconds(std::stoi(args[1])));
+  // `--requeue-first-run`: on the first run rank 0 creates the requeue marker and exits with 75 while
+  // rank 1 is still busy, so that srun --kill-on-bad-exit kills rank 1 (the requeue test).
+  if (args.size() == 1 && args[0] == "--requeue-first-run" && env_or("SLURM_RESTART_COUNT", "0") == "0") {
+    if (rank != "0") {
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+      return 0;
+    }
+    std::ofstream(env_or("HPCTRAIN_REQUEUE_MARKER", "/nonexistent/marker")) << "requeue\n";
+    return hpctrain::exit_requeue;
+  }
   // `--exit-first-run N`: the first run exits with N (the requeue test), later runs succeed.
   if (args.size() == 2 && args[0] == "--exit-first-run" && env_or("SLURM_RESTART_COUNT", "0") == "0")
     return std::stoi(args[1]);
