@@ -254,3 +254,19 @@ TEST_CASE("A step that exits with the requeue code gets its job requeued by the 
   CHECK(shown.find("Restarts=1") != std::string::npos);
   CHECK_FALSE(fs::exists(dir / "hpctrain-jobs" / "requeue" / id / "requeue-requested"));
 }
+
+TEST_CASE("Status says clearly when neither squeue nor sacct knows the job", "[cli][slurm]") {
+  const auto dir = job_test::scratch_dir("unknown-job");
+  const auto root = dir / "hpctrain-jobs" / "probe";
+  const std::string id = "987654321";  // far beyond what the local cluster has handed out
+  fs::create_directories(root / id);
+  job_test::write_file(root / "last", id + "\n");
+  job_test::write_file(root / id / "job.json",
+                       fmt::format(R"({{"id": "{}", "name": "probe", "directory": "{}", "output_log": "{}",
+                                       "error_log": "{}"}})",
+                                   id, (root / id).string(), (root / id / "out").string(), (root / id / "out").string()));
+  const auto result = job_test::run_probe(dir, {"--status"});
+  CHECK(result.exit_code == 1);
+  CHECK(result.out ==
+        fmt::format("job {}: unknown to squeue, sacct and scontrol (finished long ago, or purged)\n", id));
+}
