@@ -97,12 +97,23 @@ TEST_CASE("The step's node list wins over the job's, which is the fallback", "[s
   CHECK(hpctrain::slurm::read_slurm_environment(lookup_in(variables)).nodes == std::vector<std::string>{"m3", "m4"});
 }
 
+TEST_CASE("The batch script itself is not taken for rank 0 of the job", "[slurm_env]") {
+  // What `sbatch -N2 -n4` gives its batch script on the local cluster: SLURM_PROCID=0 and the job's task count.
+  const Variables batch_script{{"SLURM_JOB_ID", "77"},       {"SLURM_JOB_NODELIST", "n[1-2]"}, {"SLURM_NODELIST", "n[1-2]"},
+                               {"SLURM_LOCALID", "0"},       {"SLURM_NODEID", "0"},            {"SLURM_NTASKS", "4"},
+                               {"SLURM_PROCID", "0"},        {"SLURM_TASKS_PER_NODE", "2(x2)"}};
+  CHECK(message_of([&] { hpctrain::slurm::world_from_environment(lookup_in(batch_script)); }) ==
+        "[hpctrain.runtime.slurm_env] SLURM_PROCID is set but SLURM_STEP_ID is not: this process is a batch script or "
+        "an allocation's shell, not a task of an srun step; start it with srun");
+}
+
 TEST_CASE("Missing SLURM variables are named together in one error", "[slurm_env]") {
   auto variables = third_task_of_three();
-  for (const char* name : {"SLURM_LOCALID", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_JOB_ID"}) variables.erase(name);
+  for (const char* name : {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_JOB_ID"})
+    variables.erase(name);
   CHECK(message_of([&] { hpctrain::slurm::read_slurm_environment(lookup_in(variables)); }) ==
-        "[hpctrain.runtime.slurm_env] missing SLURM_LOCALID, SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST), SLURM_JOB_ID "
-        "(srun sets them for every task of a step)");
+        "[hpctrain.runtime.slurm_env] missing SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST), "
+        "SLURM_JOB_ID (srun sets them for every task of a step)");
 }
 
 TEST_CASE("Contradictory SLURM variables are an error naming both sides", "[slurm_env]") {

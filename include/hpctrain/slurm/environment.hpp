@@ -48,8 +48,8 @@ struct Environment {
   std::vector<int> tasks_per_node;
   /// SLURM_JOB_ID (else SLURM_JOBID).
   std::string job_id;
-  /// SLURM_STEP_ID (else SLURM_STEPID), when set.
-  std::optional<long> step_id;
+  /// SLURM_STEP_ID (else SLURM_STEPID).
+  long step_id = 0;
   /// SLURM_ARRAY_JOB_ID, for array jobs.
   std::optional<std::string> array_job_id;
   /// SLURM_ARRAY_TASK_ID, for array jobs.
@@ -134,6 +134,14 @@ inline Environment read_slurm_environment(const EnvironmentLookup& lookup = proc
   const auto nodelist = first_set(lookup, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"});
   const auto tasks_per_node = first_set(lookup, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"});
   const auto job_id = first_set(lookup, {"SLURM_JOB_ID", "SLURM_JOBID"});
+  const auto step_id = first_set(lookup, {"SLURM_STEP_ID", "SLURM_STEPID"});
+
+  // The batch script has SLURM_PROCID=0 and the job's SLURM_NTASKS too: taken for rank 0 it would wait for
+  // ranks that never come. Only an srun step sets a step id.
+  if (proc_id && !step_id) {
+    throw RuntimeError("slurm_env", "SLURM_PROCID is set but SLURM_STEP_ID is not: this process is a batch script or "
+                                    "an allocation's shell, not a task of an srun step; start it with srun");
+  }
 
   std::vector<std::string> missing;
   if (!proc_id) missing.emplace_back("SLURM_PROCID");
@@ -143,6 +151,7 @@ inline Environment read_slurm_environment(const EnvironmentLookup& lookup = proc
   if (!nodelist) missing.emplace_back("SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST)");
   if (!tasks_per_node) missing.emplace_back("SLURM_STEP_TASKS_PER_NODE (or SLURM_TASKS_PER_NODE)");
   if (!job_id) missing.emplace_back("SLURM_JOB_ID");
+  if (!step_id) missing.emplace_back("SLURM_STEP_ID");
   if (!missing.empty()) {
     throw RuntimeError("slurm_env", fmt::format("missing {} (srun sets them for every task of a step)",
                                                 fmt::join(missing, ", ")));
@@ -161,9 +170,7 @@ inline Environment read_slurm_environment(const EnvironmentLookup& lookup = proc
   }
   env.tasks_per_node = parse_tasks_per_node(tasks_per_node->value, tasks_per_node->name);
   env.job_id = job_id->value;
-  if (const auto step = first_set(lookup, {"SLURM_STEP_ID", "SLURM_STEPID"})) {
-    env.step_id = detail::parse_long(step->name, step->value);
-  }
+  env.step_id = detail::parse_long(step_id->name, step_id->value);
   env.array_job_id = lookup("SLURM_ARRAY_JOB_ID");
   if (const auto task = lookup("SLURM_ARRAY_TASK_ID")) env.array_task_id = detail::parse_long("SLURM_ARRAY_TASK_ID", *task);
   if (const auto restarts = lookup("SLURM_RESTART_COUNT")) {
