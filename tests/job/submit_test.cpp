@@ -92,7 +92,7 @@ TEST_CASE("A submitted job runs on both nodes and hostile names, values and argu
   const std::string name = "it's \"hostile\" $(touch " + canary + ") `touch " + canary + "`; #λ";
   const std::string value = "a'b\"c $(touch " + canary + ") `touch " + canary + "` ;&| \n*? λ→😀";
   const std::string secret = "s3cret 'value' $(touch " + canary + ")";
-  const std::vector<std::string> forwarded = {"--epochs", "two words", "$(touch " + canary + ")", ""};
+  const std::vector<std::string> forwarded = {"--epochs", "two words", "$(touch " + canary + ")", "", "not utf-8 \xff"};
   std::vector<std::string> args = {"--submit", "--env", "PROBE_HOSTILE=" + value};
   args.insert(args.end(), forwarded.begin(), forwarded.end());
   const auto submitted = job_test::run_probe(dir, args, {{"PROBE_NAME", name}, {"PROBE_SECRET", secret}});

@@ -150,7 +150,9 @@ inline SubmittedJob submit(const Job& job, const RenderContext& context) {
     record["program"] = context.program;
     record["submitted_at"] = detail::utc_now();
     record["hpctrain_version"] = version;
-    detail::write_file_atomically(final_directory / "job.json", record.dump(2) + "\n");
+    // argv may hold bytes that are not UTF-8: JSON gets U+FFFD for them instead of an exception.
+    detail::write_file_atomically(final_directory / "job.json",
+                                  record.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     detail::write_file_atomically(root / "last", id + "\n");
 
     const auto release = run_process({"scontrol", "release", id});
