@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -45,10 +44,10 @@ std::string read_file(const fs::path& path) {
   return text.str();
 }
 
-/// tests/integration builds the worker next to the other helper programs.
+/// tests/integration builds the worker; test_dist lives in <build>/tests, the worker in <build>/tests/integration.
+/// Found from our own path: ctest's ENVIRONMENT currently carries only the first of the HPCTRAIN_* variables.
 std::string worker_path() {
-  const char* build = std::getenv("HPCTRAIN_BUILD_DIR");
-  return std::string(build ? build : ".") + "/tests/integration/hpctrain_dist_worker";
+  return (fs::read_symlink("/proc/self/exe").parent_path() / "integration" / "hpctrain_dist_worker").string();
 }
 
 /// The value of `key=value` on a line of `text`, if any.
