@@ -270,3 +270,11 @@ TEST_CASE("Status says clearly when neither squeue nor sacct knows the job", "[c
   CHECK(result.out ==
         fmt::format("job {}: unknown to squeue, sacct and scontrol (finished long ago, or purged)\n", id));
 }
+
+TEST_CASE("A spec error raised while main builds the job exits 2 with its message", "[cli]") {
+  const auto dir = job_test::scratch_dir("spec-error-in-main");
+  const auto result = job_test::run_probe(dir, {"--submit"}, {{"PROBE_NODES", "0"}});
+  CHECK(result.exit_code == 2);
+  CHECK(result.err == "[hpctrain.spec.nodes] nodes = 0: must be at least 1\n");
+  CHECK(is_empty_dir(dir));
+}

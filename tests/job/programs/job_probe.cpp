@@ -62,16 +62,12 @@ int report(const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   using namespace std::chrono_literals;
   namespace ht = hpctrain;
-  try {
-    auto job = ht::Job(env_or("PROBE_NAME", "probe")).nodes(std::stoi(env_or("PROBE_NODES", "2"))).time(5min);
-    if (std::getenv("PROBE_SECRET")) job.secret_env("PROBE_SECRET");
-    if (std::getenv("PROBE_REQUEUE")) job.requeue_on_timeout(60s, 2);
-    if (const char* image = std::getenv("PROBE_CHARLIECLOUD")) {
-      job.container(ht::Charliecloud(image)).mount("/usr", "/usr");
-    }
-    return ht::run_job(argc, argv, job, report);
-  } catch (const ht::SpecError& e) {
-    std::cerr << e.what() << "\n";
-    return ht::exit_usage;
+  // No try/catch: a SpecError escaping main exits 2 with its message (job/spec_error_exit.hpp).
+  auto job = ht::Job(env_or("PROBE_NAME", "probe")).nodes(std::stoi(env_or("PROBE_NODES", "2"))).time(5min);
+  if (std::getenv("PROBE_SECRET")) job.secret_env("PROBE_SECRET");
+  if (std::getenv("PROBE_REQUEUE")) job.requeue_on_timeout(60s, 2);
+  if (const char* image = std::getenv("PROBE_CHARLIECLOUD")) {
+    job.container(ht::Charliecloud(image)).mount("/usr", "/usr");
   }
+  return ht::run_job(argc, argv, job, report);
 }
