@@ -203,6 +203,19 @@ TEST_CASE("The first bucket's all-reduce is launched before backward reaches the
   }
 }
 
+TEST_CASE("Sums, any_rank and barrier agree across ranks, non-contiguous tensors included", "[dist]") {
+  Ranks ranks(2, {"collectives"});
+  require_both_succeed(ranks);
+  for (int rank = 0; rank < 2; ++rank) REQUIRE(value_of(ranks.output(rank), "collectives") == std::string("ok"));
+}
+
+TEST_CASE("A parameter one rank does not use is averaged with zeros and reported on that rank", "[dist][gradient_sync]") {
+  Ranks ranks(2, {"unused"});
+  require_both_succeed(ranks);
+  REQUIRE(value_of(ranks.output(0), "without_gradient") == std::string(""));
+  REQUIRE(value_of(ranks.output(1), "without_gradient") == std::string("extra.weight,extra.bias"));
+}
+
 TEST_CASE("Killing one rank mid-run makes the other exit non-zero within the timeout", "[dist][failure]") {
   const auto killed = GENERATE(0, 1);  // rank 0 also hosts the TCPStore
   const int survivor = 1 - killed;

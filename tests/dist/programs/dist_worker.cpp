@@ -5,6 +5,8 @@
 //   dist_worker steps <n>                parameters stay bit-identical across ranks after n steps
 //   dist_worker overlap                  the first bucket's all-reduce starts before backward ends
 //   dist_worker forever                  trains until killed (a peer's death must end it non-zero)
+//   dist_worker collectives              all_reduce_sum, any_rank, barrier across ranks
+//   dist_worker unused                   a parameter only rank 0 uses: averaged with rank 1's zeros, reported
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -14,6 +16,7 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <hpctrain/dist/dist.hpp>
 #include <hpctrain/slurm/world.hpp>
@@ -170,6 +173,50 @@ int check_overlap(const std::shared_ptr<dist::ProcessGroup>& shared) {
   return overlapped ? 0 : 1;
 }
 
+int check_collectives(dist::ProcessGroup& group) {
+  bool ok = true;
+  auto expect = [&](bool condition, const std::string& what) {
+    if (!condition) std::cerr << fmt::format("rank {}: {}\n", group.rank(), what);
+    ok = ok && condition;
+  };
+  const int world = group.world_size();
+  expect(dist::all_reduce_sum(group, group.rank() + 1.0) == world * (world + 1) / 2.0, "sum of rank + 1");
+  expect(dist::any_rank(group, group.rank() == world - 1), "any_rank true on the last rank only");
+  expect(!dist::any_rank(group, false), "any_rank false everywhere");
+  // A non-contiguous tensor (a transposed view) is reduced through a copy and written back in place.
+  auto matrix = torch::arange(6, torch::kFloat32).view({2, 3}) * (group.rank() + 1);
+  auto transposed = matrix.t();
+  dist::all_reduce_sum(group, transposed);
+  const double factor = world * (world + 1) / 2.0;
+  expect(torch::equal(matrix, torch::arange(6, torch::kFloat32).view({2, 3}) * factor), "transposed view reduced in place");
+  dist::barrier(group);
+  std::cout << fmt::format("collectives={}\n", ok ? "ok" : "wrong") << std::flush;
+  return ok ? 0 : 1;
+}
+
+// Rank 0 uses an extra head, rank 1 does not: rank 1 contributes zeros, both end with half of rank 0's
+// gradient, and rank 1 reports the head's parameters as without gradient.
+struct TwoHeads : torch::nn::Module {
+  TwoHeads() : body(register_module("body", torch::nn::Linear(4, 4))), extra(register_module("extra", torch::nn::Linear(4, 1))) {}
+  torch::nn::Linear body, extra;
+};
+
+int check_unused(dist::ProcessGroup& group, const std::shared_ptr<dist::ProcessGroup>& shared) {
+  auto model = std::make_shared<TwoHeads>();
+  dist::GradientSync sync(shared, *model);
+  auto hidden = model->body->forward(torch::ones({2, 4}));
+  auto loss = group.rank() == 0 ? model->extra->forward(hidden).sum() : hidden.sum();
+  loss.backward();
+  const auto local = group.rank() == 0 ? model->extra->weight.grad().clone() : torch::zeros({1, 4});
+  sync.finish();
+  auto rank0_local = local.clone();
+  dist::all_reduce_sum(group, rank0_local);  // rank 0's local gradient (rank 1 adds zeros)
+  const bool averaged = torch::allclose(model->extra->weight.grad(), rank0_local / 2);
+  const auto missing = sync.parameters_without_gradient();
+  std::cout << fmt::format("without_gradient={}\n", fmt::join(missing, ",")) << std::flush;
+  return averaged ? 0 : 1;
+}
+
 int train_forever(dist::ProcessGroup& group, const std::shared_ptr<dist::ProcessGroup>& shared) {
   auto model = make_model();
   dist::GradientSync sync(shared, *model, small_buckets());
@@ -196,6 +243,8 @@ int main(int argc, char** argv) try {
   if (mode == "steps") return check_steps(*group, group, argc > 2 ? std::stoi(argv[2]) : 50);
   if (mode == "overlap") return check_overlap(group);
   if (mode == "forever") return train_forever(*group, group);
+  if (mode == "collectives") return check_collectives(*group);
+  if (mode == "unused") return check_unused(*group, group);
   std::cerr << "usage: dist_worker gradients <micro_steps> | steps <n> | overlap | forever\n";
   return 2;
 } catch (const hpctrain::Error& e) {
