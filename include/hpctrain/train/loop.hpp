@@ -96,6 +96,9 @@ struct Evaluation {
 
 /// Loss and accuracy over the whole eval set: each rank takes a strided share, sums are all-reduced.
 inline Evaluation evaluate(const Training& training, ModelInstance& model, const data::Dataset& dataset, dist::ProcessGroup& group) {
+  // Buffers such as batch norm's running statistics are updated from each rank's own batches; evaluate
+  // (and checkpoint) with rank 0's everywhere, as PyTorch's DDP does with broadcast_buffers.
+  dist::broadcast_module(group, *model.module);
   model.module->eval();
   torch::NoGradGuard no_grad;
   const auto mine = data::strided_indices(dataset.size(), group.world_size(), group.rank());
@@ -179,6 +182,7 @@ inline TrainResult train(const Training& training, const slurm::World& world, co
     std::int64_t last_checkpoint_step = result.resumed_from.value_or(-1);
     auto save_checkpoint = [&] {
       if (step == last_checkpoint_step) return;
+      dist::broadcast_module(*group, *model.module);  // rank 0's buffers on every rank, as after a resume
       if (lead) checkpoints.save(*model.module, *optimizer, {step, step / steps_per_epoch, step % steps_per_epoch, training.run_seed()});
       dist::barrier(*group);  // no rank moves on (or exits) before the checkpoint is durable
       last_checkpoint_step = step;

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# End to end on the local Slurm cluster: a 2-node Fashion-MNIST job gets USR2 mid-run (as
+# `srun --signal=USR2@grace` delivers it before a time limit), checkpoints, exits 75, is requeued by its
+# batch script, resumes from the checkpoint and completes — with final parameters bit-identical to an
+# uninterrupted 2-rank run.  Usage: requeue_test.sh <fashion_mnist binary>
+set -euo pipefail
+binary="$(realpath "$1")"
+steps=300
+work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/requeue-test.XXXXXX")"
+cd "$work"
+fail() { echo "FAIL: $*" >&2; [ -n "${log:-}" ] && [ -f "$log" ] && tail -n 30 "$log" >&2; exit 1; }
+
+# waits up to $2 seconds for command $1 to succeed
+wait_for() {
+  local deadline=$((SECONDS + $2))
+  until eval "$1"; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 2
+  done
+}
+
+echo "== reference: uninterrupted, 2 local ranks, $steps steps"
+HPCTRAIN_RUN_DIR="$work/reference" "$binary" --local 2 --max-steps "$steps" > reference.log 2>&1 || fail "reference run failed: $(tail -5 reference.log)"
+reference="$(sed -n 's/^parameters_crc32c=//p' reference.log)"
+[ -n "$reference" ] || fail "no parameters_crc32c in the reference run"
+
+echo "== submit"
+out="$("$binary" --submit --max-steps "$steps")"
+echo "$out"
+job="$(sed -n 's/^submitted job \([0-9]*\).*/\1/p' <<<"$out" | head -1)"
+[ -n "$job" ] || fail "no job id"
+trap 'scancel "$job" 2>/dev/null || true' EXIT
+log="$(scontrol show job "$job" | sed -n 's/^ *StdOut=//p')"
+echo "log: $log"
+
+wait_for "grep -q '^step 100/' '$log' 2>/dev/null" 600 || fail "job $job never reached step 100"
+echo "== USR2 to the job's steps (not the batch script, which must survive to requeue)"
+scancel --signal=USR2 "$job"
+wait_for "grep -q '^preempted: checkpointed step' '$log'" 120 || fail "no preemption checkpoint"
+stopped_at="$(sed -n 's/^preempted: checkpointed step \([0-9]*\) .*/\1/p' "$log" | head -1)"
+echo "checkpointed at step $stopped_at"
+
+# Slurm holds a requeued job about two minutes (BeginTime) before it runs again.
+wait_for "scontrol show job $job | grep -q 'JobState=COMPLETED'" 600 || fail "job $job did not complete: $(scontrol show job "$job" | grep -o 'JobState=[A-Z_]*')"
+scontrol show job "$job" | grep -q 'Restarts=1' || fail "job $job was not restarted exactly once"
+grep -q "^resumed from .* at step $stopped_at " "$log" || fail "the requeued run did not resume from step $stopped_at"
+grep -q "^step $steps/$steps " "$log" || fail "the resumed run did not reach step $steps"
+digest="$(sed -n 's/^parameters_crc32c=//p' "$log" | tail -1)"
+[ "$digest" = "$reference" ] || fail "final parameters differ: requeued $digest, uninterrupted $reference"
+grep -q '^test_accuracy=' "$log" || fail "no test_accuracy line"
+echo "PASS: job $job preempted at step $stopped_at, requeued, resumed, completed; parameters_crc32c=$digest as uninterrupted"
+trap - EXIT
