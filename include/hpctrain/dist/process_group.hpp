@@ -3,14 +3,21 @@
 // Rank 0 serves a c10d::TCPStore at MASTER_ADDR:MASTER_PORT; every rank connects to it and builds a
 // c10d backend over it: NCCL when CUDA is available (and hpctrain was compiled with USE_C10D_NCCL, see
 // docs/distributed.md), Gloo on CPU otherwise. At world size 1 there is neither store nor backend.
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -154,6 +161,47 @@ inline void check_world(const slurm::World& world) {
                                                  world.rank, world.world_size, world.master_port));
 }
 
+/// Whether a TCP connection to host:port can be opened within `limit` (connection refused: at once).
+inline bool accepts_connections(const std::string& host, int port, std::chrono::milliseconds limit) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* addresses = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &addresses) != 0) return false;
+  bool connected = false;
+  for (auto* address = addresses; address && !connected; address = address->ai_next) {
+    const int fd = ::socket(address->ai_family, address->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, address->ai_protocol);
+    if (fd < 0) continue;
+    if (::connect(fd, address->ai_addr, address->ai_addrlen) == 0) {
+      connected = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd waiting{fd, POLLOUT, 0};
+      int error = 0;
+      socklen_t length = sizeof error;
+      connected = ::poll(&waiting, 1, static_cast<int>(limit.count())) == 1 &&
+                  ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 && error == 0;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(addresses);
+  return connected;
+}
+
+/// Waits until rank 0's store listens, polling every few milliseconds. c10d's own client retries a refused
+/// connection only after about a second, and ranks usually start before rank 0 listens: this saves that
+/// second (or two) of every launch. Returns false when `timeout` passes first.
+inline bool wait_until_listening(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  using namespace std::chrono;
+  const auto deadline = steady_clock::now() + timeout;
+  auto pause = milliseconds(5);
+  while (true) {
+    const auto left = duration_cast<milliseconds>(deadline - steady_clock::now());
+    if (left <= milliseconds(0)) return false;
+    if (accepts_connections(host, port, std::min(left, milliseconds(1000)))) return true;
+    std::this_thread::sleep_for(std::min(pause, left));
+    pause = std::min(pause * 2, milliseconds(100));
+  }
+}
+
 inline const std::string& checkout_prefix() {
   static const std::string prefix = "hpctrain/checked_out/";
   return prefix;
@@ -174,6 +222,12 @@ inline ProcessGroup::ProcessGroup(const slurm::World& world, const Options& opti
   store_options.numWorkers = static_cast<std::size_t>(world_size_);
   store_options.waitWorkers = true;  // rank 0 returns only once everyone has connected: a rendezvous
   store_options.timeout = timeout_;
+  if (rank_ != 0 && !detail::wait_until_listening(world.master_addr, world.master_port, timeout_)) {
+    throw RuntimeError("rendezvous", fmt::format("rank {} of {} could not rendezvous at {}:{} within {} ms: nothing "
+                                                 "accepted a connection there (is rank 0 running?)",
+                                                 rank_, world_size_, world.master_addr, world.master_port,
+                                                 timeout_.count()));
+  }
   try {
     store_ = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_options);
   } catch (const std::exception& e) {
