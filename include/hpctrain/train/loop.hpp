@@ -8,6 +8,7 @@
 // checkpoint — shuffling (seed, epoch), the learning rate (step), the RNG (re-seeded every step from
 // seed, rank and step), the batch position (step) — so a stopped and resumed run equals an unstopped one.
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -283,6 +284,11 @@ inline TrainResult train(const Training& training, const slurm::World& world, co
         }
         // Every rank asks every step, so all of them stop at the same step boundary.
         if (dist::any_rank(*group, preemption_requested())) {
+          // From here every rank exits 75. srun --kill-on-bad-exit=1 SIGTERMs the others as soon as the first
+          // one has exited, and a rank killed on its way out (rank 0 waits in ~ProcessGroup for the others to
+          // check out) turns the step's status into 143 and the batch script would not requeue. So the rest
+          // of this process's life ignores SIGTERM; SIGKILL after Slurm's KillWait still applies.
+          std::signal(SIGTERM, SIG_IGN);
           save_checkpoint();
           say(fmt::format("preempted: checkpointed step {} of {}, exiting with {} for requeue", step, total_steps, exit_requeue));
           result.exit_code = exit_requeue;
