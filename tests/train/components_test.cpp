@@ -360,3 +360,22 @@ TEST_CASE("A loss from torch::nn::functional with an options parameter is called
   const auto loss = training.loss_function()(torch::tensor({1.0, 3.0}), torch::tensor({0.0, 0.0}));
   CHECK(loss.item<double>() == 5.0);
 }
+
+namespace {
+/// A user's torch::data dataset: example i is (i, i²).
+struct Squares : torch::data::datasets::Dataset<Squares> {
+  torch::data::Example<> get(std::size_t index) override {
+    const auto i = static_cast<double>(index);
+    return {torch::full({1}, i), torch::full({1}, i * i)};
+  }
+  torch::optional<std::size_t> size() const override { return 6; }
+};
+}  // namespace
+
+TEST_CASE("A user's torch::data dataset serves stacked batches through data::from_torch", "[data]") {
+  const auto dataset = hpctrain::data::from_torch([] { return Squares(); }, "squares").load();
+  CHECK(dataset->size() == 6);
+  const auto batch = dataset->batch({5, 2});
+  CHECK(torch::equal(batch.inputs, torch::tensor({{5.0}, {2.0}})));
+  CHECK(torch::equal(batch.targets, torch::tensor({{25.0}, {4.0}})));
+}
