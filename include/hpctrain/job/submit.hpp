@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>  // the job record (job.json)
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/files.hpp>
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/process.hpp>
 #include <hpctrain/job/render.hpp>
@@ -49,18 +50,6 @@ inline std::string trim(std::string_view text) {
   if (first == std::string_view::npos) return "";
   const auto last = text.find_last_not_of(" \t\r\n");
   return std::string(text.substr(first, last - first + 1));
-}
-
-/// Writes `content` to `path` atomically (a temporary beside it, then rename).
-inline void write_file_atomically(const std::filesystem::path& path, std::string_view content) {
-  const auto temporary = path.string() + ".tmp";
-  {
-    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
-    file.write(content.data(), static_cast<std::streamsize>(content.size()));
-    file.flush();
-    if (!file) throw RuntimeError("io", fmt::format("cannot write {}", temporary));
-  }
-  std::filesystem::rename(temporary, path);
 }
 
 /// Resolves the filename patterns of an --output value that do not depend on the node (%j, %x, %u, %%).
@@ -162,9 +151,9 @@ inline SubmittedJob submit(const Job& job, const RenderContext& context) {
   } catch (...) {
     if (queued_id) run_process({"scancel", *queued_id});
     std::error_code ignored;
-    fs::remove_all(pending, ignored);
+    detail::remove_tree(pending);
     if (!final_directory.empty()) {
-      fs::remove_all(final_directory, ignored);
+      detail::remove_tree(final_directory);
       // `last` must not point at a job that was taken back.
       std::ifstream last(root / "last");
       std::string last_id;

@@ -1,0 +1,72 @@
+#pragma once
+// File operations that must never leave half a file behind (job scripts, job records, checkpoints), and a
+// tree removal that is safe in binaries linking LibTorch.
+#include <cstdio>
+#include <filesystem>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
+#include <fcntl.h>   // open/fsync: the data is durable before a rename makes it visible
+#include <ftw.h>     // nftw: see remove_tree
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <hpctrain/error.hpp>
+
+namespace hpctrain::detail {
+
+/// fsyncs a file or (with O_DIRECTORY) a directory; `what` is the RuntimeError id on failure.
+inline void fsync_path(const std::filesystem::path& path, int flags, std::string_view what) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) throw RuntimeError(what, fmt::format("cannot open {} to fsync", path.string()));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw RuntimeError(what, fmt::format("fsync {} failed", path.string()));
+}
+
+/// Writes the concatenation of `parts` to `path` atomically and durably: a temporary beside it, fsync,
+/// rename, fsync of the directory. A crash leaves either the old file or the new one, never a mix;
+/// `what` is the RuntimeError id on failure.
+inline void write_file_atomically(const std::filesystem::path& path, std::initializer_list<std::string_view> parts,
+                                  std::string_view what = "io") {
+  const auto directory = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  const auto temporary = directory / fmt::format(".{}.tmp.{}", path.filename().string(), ::getpid());
+  std::FILE* file = std::fopen(temporary.c_str(), "wb");
+  if (file == nullptr) throw RuntimeError(what, fmt::format("cannot write {}", temporary.string()));
+  bool ok = true;
+  for (const auto part : parts) ok = ok && std::fwrite(part.data(), 1, part.size(), file) == part.size();
+  ok = (std::fflush(file) == 0) && ok && (::fsync(::fileno(file)) == 0);
+  ok = (std::fclose(file) == 0) && ok;
+  if (!ok) {
+    std::remove(temporary.c_str());
+    throw RuntimeError(what, fmt::format("cannot write {}", temporary.string()));
+  }
+  std::error_code error;
+  std::filesystem::rename(temporary, path, error);
+  if (error) {
+    std::remove(temporary.c_str());
+    throw RuntimeError(what, fmt::format("cannot rename {} to {}: {}", temporary.string(), path.string(), error.message()));
+  }
+  fsync_path(directory, O_RDONLY | O_DIRECTORY, what);
+}
+
+/// Writes `content` to `path` atomically and durably (see above).
+inline void write_file_atomically(const std::filesystem::path& path, std::string_view content, std::string_view what = "io") {
+  write_file_atomically(path, {content}, what);
+}
+
+/// Removes a directory tree; missing is fine. Not std::filesystem::remove_all: the torch wheel's libtorch
+/// exports its own copy of it, which crashes (SIGSEGV) when code built by GCC 12 calls it.
+inline void remove_tree(const std::filesystem::path& path) noexcept {
+  ::nftw(
+      path.c_str(),
+      [](const char* entry, const struct stat*, int, struct FTW*) {
+        std::remove(entry);  // best effort: keep going, what cannot be removed stays
+        return 0;
+      },
+      16, FTW_DEPTH | FTW_PHYS);
+}
+
+}  // namespace hpctrain::detail
