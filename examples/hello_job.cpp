@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>  // fmt::join
 
 #include <hpctrain/job/cli.hpp>
+#include <hpctrain/slurm/world.hpp>
 
 int main(int argc, char** argv) {
   using namespace std::chrono_literals;
@@ -25,9 +26,14 @@ int main(int argc, char** argv) {
                        .env("GREETING", "hello");
 
   return ht::run_job(argc, argv, job, [](const std::vector<std::string>& args) {
-    const auto get = [](const char* name) { return std::getenv(name) ? std::getenv(name) : "?"; };
-    std::cout << fmt::format("{} from rank {} of {} on {} (job {}), args: {}\n", get("GREETING"), get("SLURM_PROCID"),
-                             get("SLURM_NTASKS"), get("SLURMD_NODENAME"), get("SLURM_JOB_ID"), fmt::join(args, " "));
+    // The same identity under srun (SLURM_*) and under --local (RANK, WORLD_SIZE, ...).
+    const auto world = ht::slurm::world_from_environment();
+    const char* greeting = std::getenv("GREETING");
+    std::cout << fmt::format("{} from rank {} of {} (local rank {}, node {}) on {}, job {}, master {}:{}, args: {}\n",
+                             greeting ? greeting : "?", world.rank, world.world_size, world.local_rank,
+                             world.node_rank, std::getenv("SLURMD_NODENAME") ? std::getenv("SLURMD_NODENAME") : "local",
+                             world.job_id.empty() ? "-" : world.job_id, world.master_addr, world.master_port,
+                             fmt::join(args, " "));
     return 0;
   });
 }

@@ -269,6 +269,10 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
     }
   }
 
+  // The run's checkpoints, metrics and TensorBoard events live beside its script and log; a requeued run
+  // keeps its job id, so it finds its checkpoints again.
+  s += fmt::format("export HPCTRAIN_RUN_DIR={}/\"$SLURM_JOB_ID\"\n", shell_quote(job_root(job, context).string()));
+
   std::vector<std::string> srun = {"srun --kill-on-bad-exit=1 --unbuffered"};
   // Slurm 22.05's srun stopped reading SLURM_CPUS_PER_TASK from the allocation: say it again for the step.
   if (job.cpus_per_task()) srun.push_back(fmt::format("--cpus-per-task={}", *job.cpus_per_task()));
@@ -292,7 +296,7 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
       "# Workers exit with {code} once they checkpointed after USR2 (requeue_on_timeout); requeue then.\n"
       "# srun --kill-on-bad-exit reports another code (143) when one rank exits first and the others are\n"
       "# killed: a rank that checkpointed also creates the marker file, which decides as well.\n"
-      "export HPCTRAIN_REQUEUE_MARKER={root}/\"$SLURM_JOB_ID\"/requeue-requested\n"
+      "export HPCTRAIN_REQUEUE_MARKER=\"$HPCTRAIN_RUN_DIR/requeue-requested\"\n"
       "rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n"
       "status=0\n"
       "{step} || status=$?\n"
@@ -306,8 +310,7 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
       "  echo \"hpctrain: job $SLURM_JOB_ID checkpointed but was restarted {max} times already; not requeueing\" >&2\n"
       "fi\n"
       "exit \"$status\"\n",
-      fmt::arg("code", exit_requeue), fmt::arg("step", step), fmt::arg("max", max),
-      fmt::arg("root", shell_quote(job_root(job, context).string())));
+      fmt::arg("code", exit_requeue), fmt::arg("step", step), fmt::arg("max", max));
   return s;
 }
 

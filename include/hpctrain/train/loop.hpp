@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <optional>
 #include <string>
@@ -290,6 +291,9 @@ inline TrainResult train(const Training& training, const slurm::World& world, co
           // of this process's life ignores SIGTERM; SIGKILL after Slurm's KillWait still applies.
           std::signal(SIGTERM, SIG_IGN);
           save_checkpoint();
+          // The batch script also requeues when this marker exists, whatever status srun reports.
+          if (const char* marker = std::getenv("HPCTRAIN_REQUEUE_MARKER"); marker != nullptr && world.rank == 0)
+            std::ofstream(marker) << step << "\n";
           say(fmt::format("preempted: checkpointed step {} of {}, exiting with {} for requeue", step, total_steps, exit_requeue));
           result.exit_code = exit_requeue;
           result.steps_completed = step;
