@@ -3,9 +3,9 @@
 // exit 0 when it holds; here we start them, wait, and compare what both printed.
 #include <catch2/catch.hpp>
 
-#include <arpa/inet.h>
+#include <hpctrain/job/local_launch.hpp>  // detail::free_local_port
+
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -24,18 +24,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-
-int free_loopback_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
-  socklen_t length = sizeof address;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
 
 std::string read_file(const fs::path& path) {
   std::ifstream in(path);
@@ -65,7 +53,7 @@ class Ranks {
       : directory_(fs::temp_directory_path() / ("hpctrain-dist-" + std::to_string(::getpid()) + "-" +
                                                 std::to_string(counter()++))) {
     fs::create_directories(directory_);
-    const int port = free_loopback_port();
+    const int port = hpctrain::detail::free_local_port();
     for (int rank = 0; rank < world_size; ++rank) {
       std::vector<std::string> environment{"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world_size),
                                            "LOCAL_RANK=" + std::to_string(rank),

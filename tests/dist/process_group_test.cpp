@@ -2,10 +2,10 @@
 // failures name host, port and rank, and the bucket planner follows DDP's rules.
 #include <catch2/catch.hpp>
 
+#include <hpctrain/job/local_launch.hpp>  // detail::free_local_port
+
 #include <torch/torch.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -27,19 +27,6 @@ hpctrain::slurm::World world_of(int rank, int world_size, int port) {
   world.master_addr = "127.0.0.1";
   world.master_port = port;
   return world;
-}
-
-/// A loopback port nobody listens on (bound, then released).
-int unused_loopback_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
-  socklen_t length = sizeof address;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
 }
 
 }  // namespace
@@ -74,7 +61,7 @@ TEST_CASE("At world size 1 GradientSync leaves gradients exactly as backward com
 }
 
 TEST_CASE("A rank that finds no rendezvous server fails naming host, port and rank", "[dist][rendezvous]") {
-  const int port = unused_loopback_port();
+  const int port = hpctrain::detail::free_local_port();
   dist::Options options;
   options.timeout = std::chrono::milliseconds(1500);
   const std::string expected = "[hpctrain.runtime.rendezvous] rank 1 of 2 could not rendezvous at 127.0.0.1:" +
@@ -86,7 +73,7 @@ TEST_CASE("A rank that finds no rendezvous server fails naming host, port and ra
 }
 
 TEST_CASE("Rank 0 gives up when the other ranks never arrive, naming itself", "[dist][rendezvous]") {
-  const int port = unused_loopback_port();
+  const int port = hpctrain::detail::free_local_port();
   dist::Options options;
   options.timeout = std::chrono::milliseconds(1500);
   const std::string expected = "[hpctrain.runtime.rendezvous] rank 0 of 3 could not rendezvous at 127.0.0.1:" +

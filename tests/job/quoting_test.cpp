@@ -88,7 +88,7 @@ TEST_CASE("Adversarial strings reach the worker byte-identical through render an
   const auto result = ht::run_process(
       {"bash", "-c", "srun() { while [[ $1 == --* ]]; do shift; done; \"$@\"; }; source \"$1\"", "bash",
        script_path.string()},
-      {}, dir.string());  // in the scratch directory: should quoting break, a stray `>` writes there
+      {{"SLURM_JOB_ID", "4242"}}, dir.string());  // in the scratch directory: should quoting break, a stray `>` writes there
   CAPTURE(result.err);
   REQUIRE(result.exit_code == 0);
   const auto values = reported(result.out);

@@ -234,8 +234,9 @@ TEST_CASE("A step that exits with the requeue code gets its job requeued by the 
   const auto script = job_test::read_file(dir / "hpctrain-jobs" / "requeue" / id / "job.sbatch");
   CHECK(script.find("--signal=USR2@60 \\\n") != std::string::npos);
   CHECK(script.find("#SBATCH --requeue\n#SBATCH --open-mode=append\n") != std::string::npos);
-  CHECK(script.find(fmt::format("export HPCTRAIN_REQUEUE_MARKER={}/\"$SLURM_JOB_ID\"/requeue-requested\n",
+  CHECK(script.find(fmt::format("export HPCTRAIN_RUN_DIR={}/\"$SLURM_JOB_ID\"\n",
                                 (dir / "hpctrain-jobs" / "requeue").string())) != std::string::npos);
+  CHECK(script.find("export HPCTRAIN_REQUEUE_MARKER=\"$HPCTRAIN_RUN_DIR/requeue-requested\"\n") != std::string::npos);
 
   // Slurm holds a requeued job back (BeginTime, about two minutes here): seeing the script's requeue line
   // and the job's restart count go to 1 is the whole contract; the second run is the training tests' part.

@@ -3,7 +3,8 @@
 // the Training description's validation.
 #include <catch2/catch.hpp>
 
-#include <ftw.h>  // nftw: see scratch()
+#include <hpctrain/job/files.hpp>  // detail::remove_tree
+
 #include <unistd.h>
 #include <sys/wait.h>
 
@@ -34,14 +35,11 @@ using namespace std::string_literals;
 namespace {
 const fs::path fashion = "/usr/share/datasets/fashion-mnist";
 
-int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }
-
-/// A fresh directory under the build tree, removed first if a previous run left it. (Not
-/// std::filesystem::remove_all: the torch wheel's libtorch.so exports its own copy of it, which crashes.)
+/// A fresh directory under the build tree, removed first if a previous run left it.
 fs::path scratch(const std::string& name) {
   const char* build = std::getenv("HPCTRAIN_BUILD_DIR");
   auto dir = fs::path(build ? build : "/tmp") / "train-test-scratch" / name;
-  ::nftw(dir.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  hpctrain::detail::remove_tree(dir);
   fs::create_directories(dir);
   return dir;
 }

@@ -2,8 +2,9 @@
 // a truncated newest checkpoint skipped with a warning, knobs, bf16 on CPU.
 #include <catch2/catch.hpp>
 
+#include <hpctrain/job/files.hpp>  // detail::remove_tree
+
 #include <fcntl.h>
-#include <ftw.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -19,13 +20,11 @@
 namespace fs = std::filesystem;
 
 namespace {
-int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }
-
-// Not std::filesystem::remove_all: the torch wheel's libtorch.so exports a copy of it that crashes.
+/// A fresh directory under the build tree, removed first if a previous run left it.
 fs::path scratch(const std::string& name) {
   const char* build = std::getenv("HPCTRAIN_BUILD_DIR");
   auto dir = fs::path(build ? build : "/tmp") / "train-test-scratch" / name;
-  ::nftw(dir.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  hpctrain::detail::remove_tree(dir);
   fs::create_directories(dir);
   return dir;
 }

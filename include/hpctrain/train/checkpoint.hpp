@@ -20,13 +20,13 @@
 #include <string>
 #include <vector>
 
-#include <fcntl.h>  // open/fsync: durability before the rename makes the file visible
 #include <unistd.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/files.hpp>  // write_file_atomically
 #include <hpctrain/train/crc32c.hpp>
 
 namespace hpctrain {
@@ -43,14 +43,6 @@ namespace detail {
 inline constexpr char checkpoint_magic[8] = {'H', 'P', 'C', 'T', 'C', 'K', 'P', 'T'};
 inline constexpr std::uint32_t checkpoint_format = 1;
 inline constexpr std::size_t checkpoint_header_size = 32;
-
-inline void fsync_path(const std::filesystem::path& path, int flags) {
-  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) throw RuntimeError("checkpoint", fmt::format("cannot open {} to fsync", path.string()));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw RuntimeError("checkpoint", fmt::format("fsync {} failed", path.string()));
-}
 
 /// Step number of a checkpoint file name, or nullopt if it is not one.
 inline std::optional<std::int64_t> checkpoint_step(const std::filesystem::path& path) {
@@ -119,17 +111,7 @@ class CheckpointStore {
 
     std::filesystem::create_directories(directory_);
     const auto final_path = directory_ / fmt::format("checkpoint-{:010d}.hpct", state.step);
-    const auto temporary = directory_ / fmt::format(".checkpoint-{:010d}.hpct.tmp.{}", state.step, ::getpid());
-    {
-      std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-      out.write(header.data(), static_cast<std::streamsize>(header.size()));
-      out.write(payload.data(), static_cast<std::streamsize>(payload.size()));
-      out.close();
-      if (!out) throw RuntimeError("checkpoint", fmt::format("cannot write {}", temporary.string()));
-    }
-    detail::fsync_path(temporary, O_RDONLY);
-    std::filesystem::rename(temporary, final_path);
-    detail::fsync_path(directory_, O_RDONLY | O_DIRECTORY);  // makes the rename itself durable
+    detail::write_file_atomically(final_path, {header, payload}, "checkpoint");
 
     auto all = list();
     for (std::size_t i = 0; i + static_cast<std::size_t>(keep_) < all.size(); ++i) std::filesystem::remove(all[i]);
