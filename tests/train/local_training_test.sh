@@ -10,6 +10,8 @@ fail() { echo "FAIL: $*" >&2; cat run.log >&2 || true; exit 1; }
 HPCTRAIN_RUN_DIR="$work/run" "$binary" --local 2 --max-steps 40 > run.log 2>&1 || fail "exit status $?"
 grep -q '^hpctrain: 2 rank(s) on cpu (gloo)' run.log || fail "not 2 Gloo ranks"
 grep -q '^step 40/40 ' run.log || fail "no final progress line"
+digest="$(sed -n 's/^parameters_crc32c=//p' run.log)"
+[ "$(grep -c "^rank [01] parameters_crc32c=$digest\$" run.log)" = 2 ] || fail "the two ranks end with different parameters"
 accuracy="$(sed -n 's/^test_accuracy=//p' run.log)"
 awk -v a="$accuracy" 'BEGIN { exit !(a > 0.5 && a <= 1) }' || fail "test_accuracy=$accuracy after 40 steps"
 [ -f run/checkpoints/checkpoint-0000000040.hpct ] || fail "no final checkpoint"

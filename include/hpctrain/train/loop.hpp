@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>  // every rank reports its parameters digest
 #include <limits>
 #include <optional>
 #include <string>
@@ -303,7 +304,10 @@ inline TrainResult train(const Training& training, const slurm::World& world, co
     }
     save_checkpoint();
     result.steps_completed = step;
-    say(fmt::format("parameters_crc32c={:08x}", detail::parameters_digest(*model.module)));
+    const auto digest = detail::parameters_digest(*model.module);
+    // Every rank states its own digest: replicas that drifted apart show here (tests compare them).
+    std::cout << fmt::format("rank {} parameters_crc32c={:08x}\n", world.rank, digest) << std::flush;
+    say(fmt::format("parameters_crc32c={:08x}", digest));
     if (eval_set) {
       const auto evaluation = report_evaluation(*eval_set);
       result.eval_loss = evaluation.loss;
