@@ -3,7 +3,7 @@
 // the Training description's validation.
 #include <catch2/catch.hpp>
 
-#include <hpctrain/job/files.hpp>  // detail::remove_tree
+#include "train_test_support.hpp"
 
 #include <unistd.h>
 #include <sys/wait.h>
@@ -35,15 +35,6 @@ using namespace std::string_literals;
 namespace {
 const fs::path fashion = "/usr/share/datasets/fashion-mnist";
 
-/// A fresh directory under the build tree, removed first if a previous run left it.
-fs::path scratch(const std::string& name) {
-  const char* build = std::getenv("HPCTRAIN_BUILD_DIR");
-  auto dir = fs::path(build ? build : "/tmp") / "train-test-scratch" / name;
-  hpctrain::detail::remove_tree(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
 void write_bytes(const fs::path& path, const std::vector<unsigned char>& bytes) {
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
@@ -68,7 +59,7 @@ TEST_CASE("The Fashion-MNIST test files read as 10,000 images in [0, 1] with 1,0
 }
 
 TEST_CASE("A gzipped IDX file and its plain copy read the same", "[idx]") {
-  const auto dir = scratch("idx-plain-gz");
+  const auto dir = train_test::scratch("idx-plain-gz");
   const std::vector<unsigned char> bytes{0, 0, 8, 1, 0, 0, 0, 4, 7, 1, 9, 3};
   write_bytes(dir / "plain", bytes);
   gzFile gz = gzopen((dir / "packed.gz").c_str(), "wb");
@@ -81,7 +72,7 @@ TEST_CASE("A gzipped IDX file and its plain copy read the same", "[idx]") {
 }
 
 TEST_CASE("A bad IDX file is rejected with the file's name and what is wrong", "[idx]") {
-  const auto dir = scratch("idx-bad");
+  const auto dir = train_test::scratch("idx-bad");
   auto [bytes, rank, reason] = GENERATE(table<std::vector<unsigned char>, int, std::string>({
       {{1, 0, 8, 3}, 3, "bad magic number 0x01000803 (an IDX file starts with two zero bytes)"},
       {{0, 0, 0x0D, 1, 0, 0, 0, 1, 0, 0, 0, 0}, 1, "element type 0x0d is not 0x08 (unsigned byte)"},
@@ -97,7 +88,7 @@ TEST_CASE("A bad IDX file is rejected with the file's name and what is wrong", "
 }
 
 TEST_CASE("Images and labels of different counts are rejected naming both files", "[idx]") {
-  const auto dir = scratch("idx-mismatch");
+  const auto dir = train_test::scratch("idx-mismatch");
   write_bytes(dir / "images", {0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 1, 5, 6});
   write_bytes(dir / "labels", {0, 0, 8, 1, 0, 0, 0, 3, 0, 1, 2});
   CHECK(run_error([&] { hpctrain::data::load_idx(dir / "images", dir / "labels"); }) ==
@@ -130,7 +121,7 @@ TEST_CASE("A sampler rank outside the world is a spec error", "[sampler]") {
 }
 
 TEST_CASE("A token file serves windows with targets shifted by one token", "[tokens]") {
-  const auto dir = scratch("tokens");
+  const auto dir = train_test::scratch("tokens");
   std::vector<std::uint16_t> tokens(1000);
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::uint16_t>(i * 7);
   std::ofstream(dir / "tokens.bin", std::ios::binary).write(reinterpret_cast<const char*>(tokens.data()), 2000);
@@ -186,7 +177,7 @@ bool same_parameters(torch::nn::Module& a, torch::nn::Module& b) {
 }  // namespace
 
 TEST_CASE("A checkpoint restores model, optimizer state and position, and the newest K are kept", "[checkpoint]") {
-  const auto dir = scratch("checkpoint-roundtrip");
+  const auto dir = train_test::scratch("checkpoint-roundtrip");
   torch::manual_seed(1);
   Checkpointed original;
   const hpctrain::CheckpointStore store(dir, 2);
@@ -223,7 +214,7 @@ TEST_CASE("A truncated or corrupt newest checkpoint is skipped with a warning an
       {"flip", "corrupt: CRC-32C of the payload does not match"},
   }));
   CAPTURE(damage);
-  const auto dir = scratch("checkpoint-damaged-" + damage);
+  const auto dir = train_test::scratch("checkpoint-damaged-" + damage);
   torch::manual_seed(1);
   Checkpointed original;
   const hpctrain::CheckpointStore store(dir, 3);
@@ -254,12 +245,12 @@ TEST_CASE("A truncated or corrupt newest checkpoint is skipped with a warning an
 
 TEST_CASE("A directory without checkpoints means a fresh start", "[checkpoint]") {
   Checkpointed fresh;
-  const hpctrain::CheckpointStore store(scratch("checkpoint-none") / "not-created-yet");
+  const hpctrain::CheckpointStore store(train_test::scratch("checkpoint-none") / "not-created-yet");
   CHECK_FALSE(store.load_latest(*fresh.model, fresh.optimizer, [](const std::string&) { FAIL("no warning expected"); }));
 }
 
 TEST_CASE("TensorBoard's own reader reads back our event file", "[tensorboard]") {
-  const auto dir = scratch("tensorboard");
+  const auto dir = train_test::scratch("tensorboard");
   fs::path file;
   {
     hpctrain::TensorBoardWriter writer(dir);

@@ -2,7 +2,7 @@
 // a truncated newest checkpoint skipped with a warning, knobs, bf16 on CPU.
 #include <catch2/catch.hpp>
 
-#include <hpctrain/job/files.hpp>  // detail::remove_tree
+#include "train_test_support.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -20,15 +20,6 @@
 namespace fs = std::filesystem;
 
 namespace {
-/// A fresh directory under the build tree, removed first if a previous run left it.
-fs::path scratch(const std::string& name) {
-  const char* build = std::getenv("HPCTRAIN_BUILD_DIR");
-  auto dir = fs::path(build ? build : "/tmp") / "train-test-scratch" / name;
-  hpctrain::detail::remove_tree(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
 /// The first `count` examples of a Fashion-MNIST file pair (read once per process).
 hpctrain::data::Source fashion_subset(const std::string& split, std::int64_t count) {
   static std::map<std::string, hpctrain::data::TensorDataset> cache;
@@ -98,13 +89,13 @@ std::string capture_stderr(const std::function<void()>& action, const fs::path& 
 
 TEST_CASE("A run preempted at step 11 and resumed ends bit-identical to an uninterrupted run", "[loop]") {
   const hpctrain::slurm::World world;  // rank 0 of 1
-  const auto straight_dir = scratch("resume-straight");
+  const auto straight_dir = train_test::scratch("resume-straight");
   const auto straight = hpctrain::train(small_training(straight_dir), world);
   CHECK(straight.exit_code == hpctrain::exit_ok);
   CHECK(straight.steps_completed == 24);
   CHECK_FALSE(straight.resumed_from);
 
-  const auto stopped_dir = scratch("resume-stopped");
+  const auto stopped_dir = train_test::scratch("resume-stopped");
   auto preempted_training = small_training(stopped_dir).on_step([](std::int64_t step) {
     if (step == 11) std::raise(SIGUSR2);  // what `scancel --signal=USR2` delivers
   });
@@ -135,7 +126,7 @@ TEST_CASE("A run preempted at step 11 and resumed ends bit-identical to an unint
 }
 
 TEST_CASE("A truncated newest checkpoint is skipped with a warning and training resumes from the previous one", "[loop]") {
-  const auto dir = scratch("resume-truncated");
+  const auto dir = train_test::scratch("resume-truncated");
   const hpctrain::slurm::World world;
   const auto first = hpctrain::train(small_training(dir).max_steps(10).checkpoint_every(4).keep_checkpoints(3), world);
   REQUIRE(first.exit_code == hpctrain::exit_ok);
@@ -152,14 +143,14 @@ TEST_CASE("A truncated newest checkpoint is skipped with a warning and training 
 }
 
 TEST_CASE("bf16 autocast on CPU trains and evaluates to finite numbers", "[loop]") {
-  const auto result = hpctrain::train(small_training(scratch("bf16")).max_steps(4).precision(hpctrain::bf16), hpctrain::slurm::World{});
+  const auto result = hpctrain::train(small_training(train_test::scratch("bf16")).max_steps(4).precision(hpctrain::bf16), hpctrain::slurm::World{});
   CHECK(result.exit_code == hpctrain::exit_ok);
   REQUIRE(result.eval_loss);
   CHECK(std::isfinite(*result.eval_loss));
 }
 
 TEST_CASE("A batch larger than a rank's share of the data is a spec error naming the batch size", "[loop]") {
-  auto training = small_training(scratch("too-big")).batch_size(hpctrain::per_rank(1024)).gradient_accumulation(1);
+  auto training = small_training(train_test::scratch("too-big")).batch_size(hpctrain::per_rank(1024)).gradient_accumulation(1);
   try {
     hpctrain::train(training, hpctrain::slurm::World{});
     FAIL("expected a SpecError");
