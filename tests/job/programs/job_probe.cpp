@@ -2,6 +2,7 @@
 // runs inside ch-run, and (hex-encoded, so that any byte survives the log) its arguments and the
 // PROBE_* variables and job name it received. The job is configured from PROBE_* variables.
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -27,6 +28,9 @@ std::string hex(std::string_view text) {
 }
 
 int report(const std::vector<std::string>& args) {
+  // Like hpctrain's workers once the ranks agreed to requeue: every rank will exit 75, so srun's SIGTERM
+  // after the first one exits (--kill-on-bad-exit) must not turn the others' 75 into 143.
+  if (!args.empty() && args[0] == "--exit-first-run") std::signal(SIGTERM, SIG_IGN);
   const auto rank = env_or("SLURM_PROCID", env_or("RANK", "?").c_str());  // RANK under --local
   std::string lines = fmt::format("probe rank={} ntasks={} node={} nodeid={} localid={} job={} container={}\n", rank,
                                   env_or("SLURM_NTASKS", "?"), env_or("SLURMD_NODENAME", "?"),
