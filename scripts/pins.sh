@@ -1,10 +1,17 @@
 # The one place where hpctrain pins its dependencies. Sourced by scripts/setup and scripts/test.
 # torch 2.11.0 matches the PyTorch on the GPU machines we test on; its wheel carries LibTorch for C++.
 HPCTRAIN_TORCH_VERSION=2.11.0
-HPCTRAIN_PIP_PACKAGES="torch==${HPCTRAIN_TORCH_VERSION} numpy tensorboard"
+# Test-only oracles (the product has no Python): transformers/safetensors for logits and generation,
+# tokenizers/tiktoken for token ids, tensorboard to read our event files back.
+HPCTRAIN_PIP_PACKAGES="torch==${HPCTRAIN_TORCH_VERSION} numpy tensorboard transformers==4.57.1 safetensors==0.6.2 tokenizers==0.22.1 tiktoken==0.12.0"
+# GPT-2's BPE ranks (gpt2.tiktoken) come from this sdist, which ships them under whisper/assets/.
+HPCTRAIN_WHISPER_SDIST="openai-whisper==20250625"
 # Debian packages: build, tests, local Slurm cluster, data, container runtime.
 # libgloo-dev: the torch wheel omits the gloo headers that ProcessGroupGloo.hpp includes (docs/libtorch.md).
+# libpcre2-dev: Unicode regex for the tokenizer's pre-split; libsentencepiece-dev: Llama 2 / T5 models;
+# clang + libfuzzer-14-dev: fuzzing and sanitizer builds.
 HPCTRAIN_APT_PACKAGES="cmake g++ ninja-build python3-venv slurm-wlm munge libfmt-dev librange-v3-dev catch2 libcli11-dev
-  nlohmann-json3-dev zlib1g-dev libgloo-dev dataset-fashion-mnist fortunes charliecloud-runtime procps"
+  nlohmann-json3-dev zlib1g-dev libgloo-dev dataset-fashion-mnist fortunes charliecloud-runtime procps
+  libpcre2-dev libsentencepiece-dev clang libfuzzer-14-dev"
 HPCTRAIN_CACHE="${HPCTRAIN_CACHE:-$HOME/.cache/hpctrain}"
 HPCTRAIN_VENV="${HPCTRAIN_VENV:-$HPCTRAIN_CACHE/venv}"

@@ -1,0 +1,108 @@
+#pragma once
+// Seam 2 of the Trainer (docs/seams.md): the data-parallel strategy. It owns everything that differs
+// between replicated and sharded training — making the replicas consistent at start, gradient
+// communication (with `no_sync` for accumulation), global gradient-norm clipping, the optimizer step,
+// and its part of the checkpoint — so the Trainer's step reads the same for all of them:
+//
+//   strategy.zero_grad();
+//   for each micro-batch: strategy.set_sync(last); loss = step_fn(...); (loss / accumulation).backward();
+//   strategy.finish_gradients();
+//   if (clip) strategy.clip_grad_norm(max_norm);
+//   strategy.step();
+//
+// Implementations: `Replicated` (our bucketed DDP, dist/gradient_sync.hpp) and the sharded ones (ZeRO-1/2,
+// fully sharded). Every call is collective: all ranks make it, in the same order.
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+#include <torch/types.h>
+
+#include <hpctrain/dist/process_group.hpp>
+#include <hpctrain/train/precision.hpp>
+
+namespace hpctrain {
+
+/// Parameters by their dotted names (`module.named_parameters()` order): what the optimizer factory gets,
+/// so a recipe can exclude biases and norms from weight decay. A sharded strategy passes its shards under
+/// the names of the parameters they belong to.
+using NamedParameters = std::vector<std::pair<std::string, torch::Tensor>>;
+
+/// Makes the optimizer over the tensors one rank updates.
+using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(const NamedParameters&)>;
+
+/// What a strategy is set up with, once per run, on every rank.
+struct StrategyContext {
+  std::shared_ptr<dist::ProcessGroup> group;  ///< the run's process group
+  std::shared_ptr<torch::nn::Module> model;   ///< the user's module, already on group->device(), built after seeding
+  OptimizerFactory make_optimizer;            ///< the Training's optimizer factory
+  Precision precision = Precision::fp32;      ///< forward precision (bf16: strategies keep fp32 master state)
+};
+
+/// A checkpoint as a strategy reads it back: written by `world_size` ranks with strategy `strategy`.
+struct SavedStrategyState {
+  int world_size = 1;     ///< ranks of the run that wrote it
+  std::string strategy;   ///< name() of the strategy that wrote it
+  /// Rank `r`'s archive (0 <= r < world_size; only rank 0's when the writer did not save per rank).
+  /// Verified (size, CRC) before it is returned; throws RuntimeError("checkpoint") naming the file.
+  std::function<torch::serialize::InputArchive(int rank)> open;
+};
+
+/// The data-parallel strategy seam. All calls are collective and made in the same order on every rank.
+class DataParallelStrategy {
+ public:
+  virtual ~DataParallelStrategy() = default;
+
+  /// Short name, in logs and checkpoint metadata: "replicated", "zero1", "zero2", "zero3".
+  virtual std::string name() const = 0;
+
+  /// Once, before the first step: makes the model equal on every rank (one broadcast from rank 0),
+  /// installs gradient hooks, and builds the optimizer by calling `context.make_optimizer` with the
+  /// tensors this rank updates (named after their parameters).
+  virtual void setup(StrategyContext context) = 0;
+
+  /// The optimizer; the Trainer writes each param group's learning rate here before every step.
+  virtual torch::optim::Optimizer& optimizer() = 0;
+
+  /// Clears gradients before the first micro-batch of a step.
+  virtual void zero_grad() = 0;
+
+  /// Called before each micro-batch's backward: whether its gradients are communicated. The Trainer passes
+  /// false for all but the last micro-batch of an accumulation (`no_sync`).
+  virtual void set_sync(bool sync) = 0;
+
+  /// After the last micro-batch's backward: waits for gradient communication; afterwards each rank's
+  /// gradients (its shard, for sharded strategies) hold the average over all ranks.
+  virtual void finish_gradients() = 0;
+
+  /// Scales the gradients so that their global L2 norm (over every parameter of the whole model, all
+  /// shards) is at most `max_norm`; returns the norm before clipping as a 0-dim fp32 tensor on the device,
+  /// without reading it on the host. Equal to torch::nn::utils::clip_grad_norm_ on the replicated model.
+  virtual torch::Tensor clip_grad_norm(double max_norm) = 0;
+
+  /// The optimizer step on this rank's part, then whatever makes parameters whole again for the next
+  /// forward (all-gather for ZeRO-1/2).
+  virtual void step() = 0;
+
+  /// Whether every rank writes its own checkpoint file (sharded state), or rank 0 alone (replicated).
+  virtual bool saves_per_rank() const = 0;
+
+  /// Writes this rank's model and optimizer state into `archive` (on the ranks that save).
+  virtual void save(torch::serialize::OutputArchive& archive) = 0;
+
+  /// Restores model and optimizer state from a checkpoint. A checkpoint written at another world size
+  /// must be resharded, or refused with a SpecError naming the field; one written by another strategy
+  /// likewise.
+  virtual void load(const SavedStrategyState& saved) = 0;
+
+  /// Makes the user's module hold the full parameters on every rank (for export and evaluation); a
+  /// no-op where they always do (replicated, ZeRO-1/2).
+  virtual void gather_full_model() {}
+};
+
+}  // namespace hpctrain
