@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>  // getpid
+
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
@@ -69,10 +71,12 @@ inline void run(const std::string& command) {
 inline std::filesystem::path fortunes_tokenizer() {
   const auto path = cache_dir() / "fortunes-bpe.json";
   if (!std::filesystem::exists(path)) {
-    std::string command = fmt::format("{} {} train {}.tmp", python(), oracle_script().string(), path.string());
+    // A temporary per process: ctest may run two tests that both want it.
+    const auto temporary = fmt::format("{}.tmp.{}", path.string(), ::getpid());
+    std::string command = fmt::format("{} {} train {}", python(), oracle_script().string(), temporary);
     for (const auto& file : fortune_files()) command += " " + file.string();
     run(command);
-    std::filesystem::rename(path.string() + ".tmp", path);
+    std::filesystem::rename(temporary, path);
   }
   return path;
 }
