@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -85,6 +86,22 @@ inline std::string explain_sbatch_failure(const std::string& stderr_text) {
   else if (has("node configuration is not available") || has("More processors requested"))
     message += "\nhint: `sinfo -o '%P %D %c %G %m'` shows each partition's nodes, CPUs, GPUs and memory.";
   return message;
+}
+
+/// Reads a job record (job.json) back. The file may have been edited or truncated by hand: any defect is a
+/// RuntimeError `[hpctrain.runtime.job_record]` naming the file and the field, never a JSON library exception
+/// (found by tests/fuzz/job_record_fuzz.cpp: nlohmann's parse_error/type_error escaped unnamed).
+inline SubmittedJob parse_job_record(std::string_view text, const std::filesystem::path& path) {
+  const auto record = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (record.is_discarded())
+    throw RuntimeError("job_record", fmt::format("{}: not valid JSON (edited or truncated?)", path.string()));
+  const auto field = [&](const char* key) {
+    const auto found = record.is_object() ? record.find(key) : record.end();
+    if (found == record.end() || !found->is_string())
+      throw RuntimeError("job_record", fmt::format("{}: \"{}\" is missing or not a string", path.string(), key));
+    return found->get<std::string>();
+  };
+  return {field("id"), field("name"), field("directory"), field("output_log"), field("error_log")};
 }
 
 inline nlohmann::json to_json(const SubmittedJob& job) {
@@ -176,10 +193,8 @@ inline SubmittedJob last_submitted(const Job& job, const RenderContext& context)
                                              root.string()));
   std::ifstream file(root / id / "job.json");
   if (!file) throw RuntimeError("no_job", fmt::format("the record {} is missing", (root / id / "job.json").string()));
-  const auto record = nlohmann::json::parse(file);
-  return {record.at("id").get<std::string>(), record.at("name").get<std::string>(),
-          record.at("directory").get<std::string>(), record.at("output_log").get<std::string>(),
-          record.at("error_log").get<std::string>()};
+  const std::string text{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+  return detail::parse_job_record(text, root / id / "job.json");
 }
 
 /// Asks squeue, then sacct (with `-c` where accounting storage is off), then scontrol.
