@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/array.hpp>
 #include <hpctrain/job/container.hpp>
 #include <hpctrain/job/prepare.hpp>
 #include <hpctrain/job/shell.hpp>
@@ -295,6 +296,12 @@ class Job {
     return *this;
   }
 
+  /// `--array=<spec>`: a job array (`0-15`, `1,3,5`, `0-30:10`, `0-15%4`), one task per id; each task gets its
+  /// own log and run directory, and a requeue targets the task only (job/array.hpp).
+  Job& array(std::string_view spec) {
+    array_ = parse_array_spec(spec);
+    return *this;
+  }
   /// A preparation step: `prepare` runs once per job, on one task (`srun -N1 -n1 --exclusive`), before the
   /// training step; a requeued job skips it once it completed; when it throws, the job fails before any
   /// training rank starts (job/prepare.hpp).
@@ -349,6 +356,8 @@ class Job {
   const Container& container() const { return container_; }
   const std::vector<Mount>& mounts() const { return mounts_; }
   bool mount_program() const { return mount_program_; }
+  /// The array spec; empty for a single job.
+  const std::optional<ArraySpec>& array() const { return array_; }
   /// The preparation callable; empty without one.
   const PrepareFunction& preparation() const { return prepare_; }
 
@@ -390,6 +399,7 @@ class Job {
   std::vector<Mount> mounts_;
   bool mount_program_ = true;
   PrepareFunction prepare_;
+  std::optional<ArraySpec> array_;
 };
 
 }  // namespace hpctrain

@@ -51,6 +51,24 @@ int report(const std::vector<std::string>& args) {
     std::getline(prepared, content);
     lines += fmt::format("probe rank={} prepared={}\n", rank, content.empty() ? "<missing>" : content);
   }
+  // In an array task: the task's ids and run directory; `--requeue-task N` makes task N exit with the requeue
+  // code on its first run, `--sleep-task N S` makes task N sleep S seconds.
+  const auto task = env_or("SLURM_ARRAY_TASK_ID", "");
+  if (!task.empty()) {
+    lines += fmt::format("probe rank={} array_job={} array_task={} job={} run_dir={}\n", rank,
+                         env_or("SLURM_ARRAY_JOB_ID", "?"), task, env_or("SLURM_JOB_ID", "?"),
+                         env_or("HPCTRAIN_RUN_DIR", "?"));
+    std::cout << lines << std::flush;
+    for (std::size_t i = 0; i + 1 < args.size(); ++i) {
+      if (args[i] == "--requeue-task" && args[i + 1] == task && env_or("SLURM_RESTART_COUNT", "0") == "0") {
+        std::signal(SIGTERM, SIG_IGN);
+        return hpctrain::exit_requeue;
+      }
+      if (args[i] == "--sleep-task" && args[i + 1] == task && i + 2 < args.size())
+        std::this_thread::sleep_for(std::chrono::seconds(std::stoi(args[i + 2])));
+    }
+    return 0;
+  }
   std::cout << lines << std::flush;
   if (args.size() == 2 && args[0] == "--sleep") std::this_thread::sleep_for(std::chrono::seconds(std::stoi(args[1])));
   // `--requeue-first-run`: on the first run rank 0 creates the requeue marker and exits with 75 while
