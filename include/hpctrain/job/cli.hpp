@@ -14,6 +14,7 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/local_launch.hpp>
+#include <hpctrain/job/prepare.hpp>
 #include <hpctrain/job/render.hpp>
 #include <hpctrain/job/submit.hpp>
 #include <hpctrain/job/units.hpp>
@@ -31,10 +32,27 @@ struct LoginCommand {
   std::vector<std::string> sbatch;  ///< KEY=VALUE or KEY
   std::vector<std::string> forwarded;
   std::string help;
+  // The job layer's second-wave options (add_job_layer_options / apply_job_layer_overrides).
+  std::optional<std::string> gpu_syntax;
 };
 
 /// The code run under srun, given the arguments after the worker marker; returns the exit code.
 using Worker = std::function<int(const std::vector<std::string>& args)>;
+
+/// Options of arrays, sweeps and site settings, kept apart from the parser's structure.
+inline void add_job_layer_options(CLI::App& app, LoginCommand& command) {
+  app.add_option("--gpu-syntax", command.gpu_syntax, "write GPUs as --gpus-per-node or --gres=gpu:N (gpus-per-node|gres)");
+}
+
+/// Applies the options of add_job_layer_options to `job`.
+inline void apply_job_layer_overrides(Job& job, const LoginCommand& command) {
+  if (command.gpu_syntax) job.gpu_syntax(std::string_view(*command.gpu_syntax));
+}
+
+/// Prints the job's warnings (job_warnings) on `err`.
+inline void print_job_warnings(const Job& job, std::ostream& err) {
+  for (const auto& warning : job_warnings(job)) err << "hpctrain: warning: " << warning << "\n";
+}
 
 /// Parses argv (without the worker marker). Throws UsageError.
 inline LoginCommand parse_login_command(int argc, char** argv) {
@@ -64,6 +82,7 @@ inline LoginCommand parse_login_command(int argc, char** argv) {
   app.add_option("--env", command.env, "export K=V in the job (repeatable)")->allow_extra_args(false);
   app.add_option("--sbatch", command.sbatch, "any sbatch option as KEY=VALUE or KEY (repeatable)")
       ->allow_extra_args(false);
+  add_job_layer_options(app, command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -104,6 +123,27 @@ inline void apply_overrides(Job& job, const LoginCommand& command) {
     const auto equals = option.find('=');
     job.sbatch_option(option.substr(0, equals), equals == std::string::npos ? "" : option.substr(equals + 1));
   }
+  apply_job_layer_overrides(job, command);
+}
+
+/// `--local N` with Job::prepare: the preparation runs first, in this process, with the run directory
+/// `hpctrain-jobs/<name>/local` (job id `local`); it is skipped when that directory says it completed.
+inline int prepare_locally(const Job& job, const RenderContext& context, const std::vector<std::string>& args,
+                           std::ostream& err) {
+  if (!job.preparation()) return exit_ok;
+  PrepareContext prepare;
+  prepare.job_id = "local";
+  prepare.run_dir = job_root(job, context) / "local";
+  prepare.output_dir = prepare.run_dir / "prepare";
+  prepare.args = args;
+  const auto done = prepare.run_dir / prepare_done_file;
+  if (std::filesystem::exists(done)) {
+    err << fmt::format("hpctrain: preparation already done ({}); skipping it\n", done.string());
+    return exit_ok;
+  }
+  const int status = run_preparation(job.preparation(), prepare);
+  if (status == exit_ok) detail::write_file_atomically(done, "");
+  return status;
 }
 
 /// Runs one login-node command for `job`; prints to `out`/`err`, returns the exit code.
@@ -120,9 +160,11 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         err << command.help;
         return exit_usage;
       case Mode::dry_run:
+        print_job_warnings(job, err);
         out << render_sbatch(job, context);
         return exit_ok;
       case Mode::submit: {
+        print_job_warnings(job, err);
         const auto submitted = submit(job, context);
         out << fmt::format("submitted job {}\n  logs: {}\n  job directory: {}\n", submitted.id, submitted.output_log,
                            submitted.directory.string());
@@ -144,6 +186,8 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         print_logs(last_submitted(job, context), out, command.follow);
         return exit_ok;
       case Mode::local: {
+        if (const int prepared = prepare_locally(job, context, command.forwarded, err); prepared != exit_ok)
+          return prepared;
         std::vector<std::string> args = {std::string(worker_flag)};
         args.insert(args.end(), command.forwarded.begin(), command.forwarded.end());
         return launch_local(*command.local_ranks, context.program, args);
@@ -171,6 +215,9 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
 /// The whole program for a job: worker mode under the marker, else the login-node command line.
 inline int run_job(int argc, char** argv, const Job& job, const Worker& worker) {
   if (is_worker_invocation(argc, argv)) return worker(std::vector<std::string>(argv + 2, argv + argc));
+  if (is_prepare_invocation(argc, argv))
+    return run_preparation(job.preparation(),
+                           prepare_context_from_environment(std::vector<std::string>(argv + 2, argv + argc)));
   LoginCommand command;
   try {
     command = parse_login_command(argc, argv);

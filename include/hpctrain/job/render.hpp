@@ -19,7 +19,9 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/container.hpp>
 #include <hpctrain/job/job.hpp>
+#include <hpctrain/job/prepare.hpp>
 #include <hpctrain/job/shell.hpp>
+#include <hpctrain/job/site.hpp>
 #include <hpctrain/job/units.hpp>
 #include <hpctrain/version.hpp>
 
@@ -45,6 +47,8 @@ struct RenderContext {
   std::string generated_at;                ///< header timestamp
   /// Looks up the submitting shell's variables (pass_env). Default: std::getenv.
   std::function<std::optional<std::string>(const std::string&)> lookup_env;
+  /// The cluster's defaults (job/site.hpp). Default: none (tests); the process's own in current_render_context.
+  SiteSettings site;
 };
 
 namespace detail {
@@ -109,6 +113,7 @@ inline RenderContext current_render_context(int argc, char** argv, std::vector<s
   context.workdir = std::filesystem::current_path().string();
   context.generated_at = detail::utc_now();
   context.lookup_env = detail::process_env;
+  context.site = load_site_settings(detail::process_env);
   return context;
 }
 
@@ -190,7 +195,73 @@ inline std::vector<std::string> container_words(const Job& job, const RenderCont
   }
   return words;
 }
+
+/// `srun <options> [user srun options] [container] <binary> <marker> <forwarded args>`, one word group per line.
+inline std::string srun_step(const Job& job, const RenderContext& context, std::vector<std::string> srun,
+                             std::string_view marker) {
+  for (const auto& [key, value] : job.srun_options())
+    srun.push_back(shell_quote(value.empty() ? "--" + key : fmt::format("--{}={}", key, value)));
+  std::vector<std::string> container_line;
+  for (const auto& word : container_words(job, context)) container_line.push_back(shell_quote(word));
+  if (!container_line.empty()) srun.push_back(join(container_line, " "));
+  std::string command = shell_quote(context.program) + " " + std::string(marker);
+  for (const auto& a : context.worker_args) command += " " + shell_quote(a);
+  srun.push_back(command);
+  return join(srun, " \\\n  ");
+}
+
+/// The preparation step (Job::prepare): one task on one node, before training, skipped once it completed.
+inline std::string preparation_block(const Job& job, const RenderContext& context) {
+  std::vector<std::string> srun = {"srun --nodes=1 --ntasks=1 --exclusive --kill-on-bad-exit=1 --unbuffered"};
+  if (job.cpus_per_task()) srun.push_back(fmt::format("--cpus-per-task={}", *job.cpus_per_task()));
+  const auto step = srun_step(job, context, std::move(srun), prepare_flag);
+  return fmt::format(
+      "# Preparation (Job::prepare): one task, before any training rank starts; a requeued job skips it once\n"
+      "# it completed.\n"
+      "mkdir -p \"$HPCTRAIN_RUN_DIR\"\n"
+      "if [ -e \"$HPCTRAIN_RUN_DIR/{done}\" ]; then\n"
+      "  echo \"hpctrain: preparation already done ($HPCTRAIN_RUN_DIR/{done}); skipping it\"\n"
+      "else\n"
+      "  prepare_status=0\n"
+      "  {step} || prepare_status=$?\n"
+      "  if [ \"$prepare_status\" -ne 0 ]; then\n"
+      "    echo \"hpctrain: the preparation step failed (exit $prepare_status); no training rank started\" >&2\n"
+      "    exit \"$prepare_status\"\n"
+      "  fi\n"
+      "  touch \"$HPCTRAIN_RUN_DIR/{done}\"\n"
+      "fi\n",
+      fmt::arg("done", prepare_done_file), fmt::arg("step", step));
+}
 }  // namespace detail
+
+/// The GPU syntax of the script: the job's (or `--gpu-syntax`), else the site's, else gpus-per-node.
+inline GpuSyntax effective_gpu_syntax(const Job& job, const RenderContext& context) {
+  if (job.gpu_syntax()) return *job.gpu_syntax();
+  return context.site.gpu_syntax.value_or(GpuSyntax::gpus_per_node);
+}
+
+/// What is valid but likely wrong: printed on stderr by --dry-run/--submit and kept as comments in the script.
+inline std::vector<std::string> job_warnings(const Job& job) {
+  std::vector<std::string> warnings;
+  const auto has_option = [&](std::string_view key) {
+    for (const auto& [k, v] : job.sbatch_options())
+      if (k == key) return true;
+    for (const auto& [k, v] : job.srun_options())
+      if (k == key) return true;
+    return false;
+  };
+  // Lightning #16828: per-task GPU binding gives each rank a CUDA_VISIBLE_DEVICES of its own, so ranks on a
+  // node no longer see each other's GPUs: NCCL loses peer-to-peer (NVLink) between them, and code that picks
+  // cuda:<local rank> finds no such device.
+  for (const auto* key : {"gpus-per-task", "gpu-bind"})
+    if (has_option(key))
+      warnings.push_back(fmt::format(
+          "--{} hides the other GPUs of a node from each rank (CUDA_VISIBLE_DEVICES per task): NCCL cannot use "
+          "peer-to-peer between ranks and cuda:<local rank> does not exist (Lightning #16828); prefer "
+          "gpus_per_node with one task per GPU",
+          key));
+  return warnings;
+}
 
 /// The sbatch script for `job`, byte-for-byte stable for a given context.
 inline std::string render_sbatch(const Job& job, const RenderContext& context) {
@@ -202,16 +273,28 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
   std::vector<std::string> quoted_argv;
   for (const auto& a : context.argv) quoted_argv.push_back(shell_quote(a));
   s += fmt::format("# argv: {}\n", detail::comment_safe(detail::join(quoted_argv, " ")));
+  for (const auto& warning : job_warnings(job)) s += fmt::format("# warning: {}\n", detail::comment_safe(warning));
 
+  // An sbatch_option (`--sbatch KEY=VALUE`) naming a key that has its own directive replaces it in place:
+  // sbatch would silently take the last of two lines.
+  const auto& options = job.sbatch_options();
+  std::vector<bool> option_used(options.size(), false);
   const auto directive = [&](std::string_view key, std::string_view value) {
+    for (std::size_t i = 0; i < options.size(); ++i)
+      if (!option_used[i] && options[i].first == key) {
+        option_used[i] = true;
+        value = options[i].second;
+      }
     s += value.empty() ? fmt::format("#SBATCH --{}\n", key) : fmt::format("#SBATCH --{}={}\n", key, sbatch_quote(value));
   };
   directive("job-name", job.name());
   directive("nodes", std::to_string(job.nodes()));
   directive("ntasks-per-node", std::to_string(job.tasks_per_node()));
-  if (const auto& gpus = job.gpus(); gpus && gpus->count > 0)
-    directive("gpus-per-node", gpus->type.empty() ? std::to_string(gpus->count)
-                                                   : fmt::format("{}:{}", gpus->type, gpus->count));
+  if (const auto& gpus = job.gpus(); gpus && gpus->count > 0) {
+    const auto count = gpus->type.empty() ? std::to_string(gpus->count) : fmt::format("{}:{}", gpus->type, gpus->count);
+    if (effective_gpu_syntax(job, context) == GpuSyntax::gres) directive("gres", "gpu:" + count);
+    else directive("gpus-per-node", count);
+  }
   if (job.cpus_per_task()) directive("cpus-per-task", std::to_string(*job.cpus_per_task()));
   if (job.memory()) directive("mem", to_slurm(*job.memory()));
   if (job.memory_per_gpu()) directive("mem-per-gpu", to_slurm(*job.memory_per_gpu()));
@@ -238,7 +321,8 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
     directive("requeue", "");
     directive("open-mode", "append");  // a requeued run appends to the same log
   }
-  for (const auto& [key, value] : job.sbatch_options()) directive(key, value);
+  for (std::size_t i = 0; i < options.size(); ++i)
+    if (!option_used[i]) directive(options[i].first, options[i].second);
 
   s += "\nset -euo pipefail\n";
   if (!job.modules().empty()) {
@@ -277,15 +361,8 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
   // Slurm 22.05's srun stopped reading SLURM_CPUS_PER_TASK from the allocation: say it again for the step.
   if (job.cpus_per_task()) srun.push_back(fmt::format("--cpus-per-task={}", *job.cpus_per_task()));
   if (job.requeue()) srun.push_back(fmt::format("--signal=USR2@{}", job.requeue()->grace.count()));
-  for (const auto& [key, value] : job.srun_options())
-    srun.push_back(shell_quote(value.empty() ? "--" + key : fmt::format("--{}={}", key, value)));
-  std::vector<std::string> container_line;
-  for (const auto& word : detail::container_words(job, context)) container_line.push_back(shell_quote(word));
-  if (!container_line.empty()) srun.push_back(detail::join(container_line, " "));
-  std::string command = shell_quote(context.program) + " " + std::string(worker_flag);
-  for (const auto& a : context.worker_args) command += " " + shell_quote(a);
-  srun.push_back(command);
-  const auto step = detail::join(srun, " \\\n  ");
+  const auto step = detail::srun_step(job, context, std::move(srun), worker_flag);
+  if (job.preparation()) s += detail::preparation_block(job, context);
 
   if (!job.requeue()) {
     s += step + "\n";

@@ -46,6 +46,13 @@ int report(const std::vector<std::string>& args) {
   }
   if (const char* secret = std::getenv("PROBE_SECRET_NAME"))  // that it arrived, and its length: never the value
     lines += fmt::format("probe rank={} secret {} has {} bytes\n", rank, secret, env_or(secret, "").size());
+  // With PROBE_PREPARE, every rank reports what the preparation step left in the run directory.
+  if (std::getenv("PROBE_PREPARE")) {
+    std::ifstream prepared(env_or("HPCTRAIN_RUN_DIR", "/nonexistent") + "/prepare/data.txt");
+    std::string content;
+    std::getline(prepared, content);
+    lines += fmt::format("probe rank={} prepared={}\n", rank, content.empty() ? "<missing>" : content);
+  }
   std::cout << lines << std::flush;
   if (args.size() == 2 && args[0] == "--sleep") std::this_thread::sleep_for(std::chrono::seconds(std::stoi(args[1])));
   // `--requeue-first-run`: on the first run rank 0 creates the requeue marker and exits with 75 while
@@ -76,6 +83,19 @@ int main(int argc, char** argv) {
   if (std::getenv("PROBE_REQUEUE")) job.requeue_on_timeout(60s, 2);
   if (const char* image = std::getenv("PROBE_CHARLIECLOUD")) {
     job.container(ht::Charliecloud(image)).mount("/usr", "/usr");
+  }
+  // PROBE_PREPARE=ok: the preparation step reports where it ran and leaves a file for the ranks;
+  // PROBE_PREPARE=fail: it throws, which must fail the job before any rank starts.
+  if (const char* mode = std::getenv("PROBE_PREPARE")) {
+    job.prepare([fail = std::string(mode) == "fail"](const ht::PrepareContext& context) {
+      if (fail) throw ht::RuntimeError("probe", "the corpus is missing");
+      std::cout << fmt::format("probe prepare job={} node={} step_tasks={} restart={} args={} run_dir={}\n",
+                               context.job_id, env_or("SLURMD_NODENAME", "?"), env_or("SLURM_STEP_NUM_TASKS", "?"),
+                               context.restart_count, context.args.size(), context.run_dir.string())
+                << std::flush;
+      std::ofstream(context.output_dir / "data.txt") << "job " << context.job_id << " restart "
+                                                     << context.restart_count << "\n";
+    });
   }
   return ht::run_job(argc, argv, job, report);
 }
