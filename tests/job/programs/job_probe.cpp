@@ -44,6 +44,8 @@ int report(const std::vector<std::string>& args) {
     if (name.starts_with("PROBE_") || name == "SLURM_JOB_NAME")
       lines += fmt::format("probe rank={} env {}={}\n", rank, name, hex(entry.substr(equals + 1)));
   }
+  if (const char* secret = std::getenv("PROBE_SECRET_NAME"))  // that it arrived, and its length: never the value
+    lines += fmt::format("probe rank={} secret {} has {} bytes\n", rank, secret, env_or(secret, "").size());
   // With PROBE_PREPARE, every rank reports what the preparation step left in the run directory.
   if (std::getenv("PROBE_PREPARE")) {
     std::ifstream prepared(env_or("HPCTRAIN_RUN_DIR", "/nonexistent") + "/prepare/data.txt");
@@ -94,6 +96,8 @@ int main(int argc, char** argv) {
   // No try/catch: a SpecError escaping main exits 2 with its message (job/spec_error_exit.hpp).
   auto job = ht::Job(env_or("PROBE_NAME", "probe")).nodes(std::stoi(env_or("PROBE_NODES", "2"))).time(5min);
   if (std::getenv("PROBE_SECRET")) job.secret_env("PROBE_SECRET");
+  // A secret the probe does not print (PROBE_* values it does): tests/job/private_files_test.cpp's canary.
+  if (const char* secret = std::getenv("PROBE_SECRET_NAME")) job.secret_env(secret);
   if (std::getenv("PROBE_REQUEUE")) job.requeue_on_timeout(60s, 2);
   if (const char* image = std::getenv("PROBE_CHARLIECLOUD")) {
     job.container(ht::Charliecloud(image)).mount("/usr", "/usr");
