@@ -33,6 +33,7 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/files.hpp>  // write_file_atomically, remove_tree
+#include <hpctrain/train/checkpoint_format.hpp>  // the archive header, checked before LibTorch reads
 #include <hpctrain/train/crc32c.hpp>
 #include <hpctrain/train/strategy.hpp>  // SavedStrategyState
 
@@ -80,10 +81,6 @@ struct CheckpointMeta {
 };
 
 namespace detail {
-inline constexpr char checkpoint_magic[8] = {'H', 'P', 'C', 'T', 'C', 'K', 'P', 'T'};
-inline constexpr std::uint32_t checkpoint_format = 1;
-inline constexpr std::size_t checkpoint_header_size = 32;
-
 inline std::string checkpoint_dir_name(std::int64_t step) { return fmt::format("step-{:010d}", step); }
 inline std::string checkpoint_rank_file(int rank) { return fmt::format("rank-{:05d}.hpct", rank); }
 
@@ -94,13 +91,6 @@ inline std::optional<std::int64_t> checkpoint_step(const std::filesystem::path& 
   const std::string digits = name.substr(5);
   if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return std::nullopt;
   return std::stoll(digits);
-}
-
-template <class T>
-T read_le(const char* p) {
-  T value;
-  std::memcpy(&value, p, sizeof value);
-  return value;
 }
 
 inline std::string read_whole_file(const std::filesystem::path& path) {
@@ -135,19 +125,10 @@ inline torch::serialize::InputArchive unframe_archive(const std::filesystem::pat
   if (bytes.size() != expected.size)
     throw fail(fmt::format("truncated: {} of {} bytes (meta.json)", bytes.size(), expected.size));
   if (crc32c(bytes) != expected.crc) throw fail("corrupt: CRC-32C does not match meta.json");
-  if (bytes.size() < checkpoint_header_size)
-    throw fail(fmt::format("truncated: {} bytes, shorter than the {}-byte header", bytes.size(), checkpoint_header_size));
-  if (std::memcmp(bytes.data(), checkpoint_magic, 8) != 0) throw fail("not an hpctrain checkpoint archive (bad magic)");
-  const auto format = read_le<std::uint32_t>(bytes.data() + 8);
-  if (format != checkpoint_format) throw fail(fmt::format("format version {} is not {}", format, checkpoint_format));
-  const auto crc = read_le<std::uint32_t>(bytes.data() + 12);
-  const auto size = read_le<std::uint64_t>(bytes.data() + 16);
-  if (bytes.size() - checkpoint_header_size != size)
-    throw fail(fmt::format("truncated: payload has {} of {} bytes", bytes.size() - checkpoint_header_size, size));
-  const char* payload = bytes.data() + checkpoint_header_size;
-  if (crc32c(payload, size) != crc) throw fail("corrupt: CRC-32C of the payload does not match");
+  // The header: checkpoint_format.hpp (torch-free, fuzzed by tests/fuzz/checkpoint_header_fuzz.cpp).
+  const std::string_view payload = verify_checkpoint(bytes, path).payload;
   torch::serialize::InputArchive archive;
-  archive.load_from(payload, size);  // deserialises eagerly: `bytes` may go after this
+  archive.load_from(payload.data(), payload.size());  // deserialises eagerly: `bytes` may go after this
   return archive;
 }
 
