@@ -156,6 +156,7 @@ inline std::vector<std::string> exported_names(const Job& job) {
   for (const auto& var : job.environment()) add(var.name);
   add("HPCTRAIN_RUN_DIR");
   if (job.requeue()) add("HPCTRAIN_REQUEUE_MARKER");
+  if (job.requeue() && job.requeue_signal() != "USR2") add("HPCTRAIN_PREEMPT_SIGNAL");
   return names;
 }
 
@@ -356,7 +357,7 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
     directive("dependency", detail::join(parts, ","));
   }
   if (job.array()) directive("array", job.array()->text);
-  if (job.requeue()) {
+  if (job.requeue() || job.max_restarts() > 0) {
     directive("requeue", "");
     directive("open-mode", "append");  // a requeued run appends to the same log
   }
@@ -407,8 +408,10 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
   std::vector<std::string> srun = {"srun --kill-on-bad-exit=1 --unbuffered"};
   // Slurm 22.05's srun stopped reading SLURM_CPUS_PER_TASK from the allocation: say it again for the step.
   if (job.cpus_per_task()) srun.push_back(fmt::format("--cpus-per-task={}", *job.cpus_per_task()));
-  if (job.requeue()) srun.push_back(fmt::format("--signal=USR2@{}", job.requeue()->grace.count()));
+  if (job.requeue()) srun.push_back(fmt::format("--signal={}@{}", job.requeue_signal(), job.requeue()->grace.count()));
   const auto step = detail::srun_step(job, context, std::move(srun), worker_flag);
+  if (job.requeue() && job.requeue_signal() != "USR2")  // workers default to USR2 (train/preemption.hpp)
+    s += fmt::format("export HPCTRAIN_PREEMPT_SIGNAL={}\n", job.requeue_signal());
   if (std::holds_alternative<Apptainer>(job.container())) {
     auto names = detail::exported_names(job);
     std::erase(names, "HPCTRAIN_REQUEUE_MARKER");  // exported with the requeue block below
@@ -416,33 +419,53 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
   }
   if (job.preparation()) s += detail::preparation_block(job, context);
 
-  if (!job.requeue()) {
+  if (!job.requeue() && job.max_restarts() == 0) {
     s += step + "\n";
     return s;
   }
-  const int max = job.requeue()->max_restarts;
-  s += fmt::format(
-      "# Workers exit with {code} once they checkpointed after USR2 (requeue_on_timeout); requeue then.\n"
-      "# srun --kill-on-bad-exit reports another code (143) when one rank exits first and the others are\n"
-      "# killed: a rank that checkpointed also creates the marker file, which decides as well.\n"
-      "export HPCTRAIN_REQUEUE_MARKER=\"$HPCTRAIN_RUN_DIR/requeue-requested\"\n"
-      "{apptainer_marker}"
-      "rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n"
-      "status=0\n"
-      "{step} || status=$?\n"
-      "if [ \"$status\" -eq {code} ] || [ -e \"$HPCTRAIN_REQUEUE_MARKER\" ]; then\n"
-      "  rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n"
-      "  if [ \"${{SLURM_RESTART_COUNT:-0}}\" -lt {max} ]; then\n"
-      "    echo \"hpctrain: job {target} checkpointed; requeueing (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of {max})\"\n"
-      "    scontrol requeue \"{target}\"\n"
-      "    exit 0\n"
-      "  fi\n"
-      "  echo \"hpctrain: job {target} checkpointed but was restarted {max} times already; not requeueing\" >&2\n"
-      "fi\n"
-      "exit \"$status\"\n",
-      fmt::arg("code", exit_requeue), fmt::arg("step", step), fmt::arg("max", max),
-      fmt::arg("target", requeue_target(job)),
-      fmt::arg("apptainer_marker", detail::apptainer_env_lines(job, {"HPCTRAIN_REQUEUE_MARKER"})));
+  if (job.requeue())
+    s += fmt::format(
+        "# Workers exit with {code} once they checkpointed after {signal} (requeue_on_timeout) or SIGTERM\n"
+        "# (preemption); requeue then. srun --kill-on-bad-exit reports another code (143) when one rank exits\n"
+        "# first and the others are killed: a rank that checkpointed also creates the marker file, which decides\n"
+        "# as well.\n"
+        "export HPCTRAIN_REQUEUE_MARKER=\"$HPCTRAIN_RUN_DIR/requeue-requested\"\n"
+        "{apptainer_marker}"
+        "rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n",
+        fmt::arg("code", exit_requeue), fmt::arg("signal", job.requeue_signal()),
+        fmt::arg("apptainer_marker", detail::apptainer_env_lines(job, {"HPCTRAIN_REQUEUE_MARKER"})));
+  s += fmt::format("status=0\n{} || status=$?\n", step);
+  if (job.requeue())
+    s += fmt::format(
+        "if [ \"$status\" -eq {code} ] || [ -e \"$HPCTRAIN_REQUEUE_MARKER\" ]; then\n"
+        "  rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n"
+        "  if [ \"${{SLURM_RESTART_COUNT:-0}}\" -lt {max} ]; then\n"
+        "    echo \"hpctrain: job {target} checkpointed; requeueing (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of {max})\"\n"
+        "    scontrol requeue \"{target}\"\n"
+        "    exit 0\n"
+        "  fi\n"
+        "  echo \"hpctrain: job {target} checkpointed but was restarted {max} times already; not requeueing\" >&2\n"
+        "  exit \"$status\"\n"
+        "fi\n",
+        fmt::arg("code", exit_requeue), fmt::arg("max", job.requeue()->max_restarts),
+        fmt::arg("target", requeue_target(job)));
+  if (job.max_restarts() > 0)
+    s += fmt::format(
+        "# max_restarts: a rank failed (any other non-zero status: an error, a signal, a lost node); requeue the\n"
+        "# job to resume from its last complete checkpoint, at most {max} times (counted in the run directory).\n"
+        "if [ \"$status\" -ne 0 ] && [ \"$status\" -ne {code} ]; then\n"
+        "  failures=$(cat \"$HPCTRAIN_RUN_DIR/failure-restarts\" 2>/dev/null || echo 0)\n"
+        "  if [ \"$failures\" -lt {max} ]; then\n"
+        "    echo $(( failures + 1 )) > \"$HPCTRAIN_RUN_DIR/failure-restarts\"\n"
+        "    echo \"hpctrain: job {target}: the step failed (exit $status); requeueing to resume from the last "
+        "checkpoint (failure restart $(( failures + 1 )) of {max})\"\n"
+        "    scontrol requeue \"{target}\"\n"
+        "    exit 0\n"
+        "  fi\n"
+        "  echo \"hpctrain: job {target}: the step failed (exit $status) after {max} failure restarts; giving up\" >&2\n"
+        "fi\n",
+        fmt::arg("code", exit_requeue), fmt::arg("max", job.max_restarts()), fmt::arg("target", requeue_target(job)));
+  s += "exit \"$status\"\n";
   return s;
 }
 
