@@ -8,9 +8,9 @@
 # Usage: checkpoint_faults_test.sh <fashion_mnist binary>
 set -euo pipefail
 binary="$(realpath "$1")"
+source "$(dirname "$(realpath "$0")")/fault_support.sh"   # before the cd: $0 may be relative
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/checkpoint-faults-test.XXXXXX")"
 cd "$work"
-source "$(dirname "$(realpath "$0")")/fault_support.sh"
 export HPCTRAIN_RUN_DIR="$work/run"
 limit_kib=512   # the example's checkpoint (model + AdamW state) is about 5 MB
 
