@@ -1,7 +1,8 @@
 #pragma once
 // Everything hpctrain offers, for a user's train.cpp: the job (job/), the Slurm world (slurm/), the
-// distributed runtime (dist/), the training (train/) and `hpctrain::run`. Pulls in LibTorch; a program
-// that only renders or submits jobs can include the job/ headers alone and stay torch-free.
+// distributed runtime (dist/), the training (train/), the language models (models/) and `hpctrain::run`.
+// Pulls in LibTorch; a program that only renders or submits jobs can include the job/ headers alone and
+// stay torch-free.
 #include <hpctrain/error.hpp>
 #include <hpctrain/version.hpp>
 
@@ -37,5 +38,7 @@
 #include <hpctrain/train/tensorboard.hpp>
 #include <hpctrain/train/training.hpp>
 #include <hpctrain/train/worker.hpp>
+
+#include <hpctrain/models/models.hpp>
 
 #include <hpctrain/run.hpp>

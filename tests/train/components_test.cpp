@@ -125,15 +125,18 @@ TEST_CASE("A token file serves windows with targets shifted by one token", "[tok
   std::vector<std::uint16_t> tokens(1000);
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::uint16_t>(i * 7);
   std::ofstream(dir / "tokens.bin", std::ios::binary).write(reinterpret_cast<const char*>(tokens.data()), 2000);
-  const auto dataset = hpctrain::data::tokens(dir / "tokens.bin", 10).load();
+  const auto dataset = hpctrain::data::tokens(dir / "tokens.bin", 10, hpctrain::data::TokenFileOptions().raw_uint16()).load();
   CHECK(dataset->size() == 99);
   const auto batch = dataset->batch({3, 0});
   CHECK(torch::equal(batch.inputs[0], torch::arange(30, 40, torch::kInt64) * 7));
   CHECK(torch::equal(batch.targets[0], torch::arange(31, 41, torch::kInt64) * 7));
   CHECK(torch::equal(batch.inputs[1], torch::arange(0, 10, torch::kInt64) * 7));
   write_bytes(dir / "odd.bin", {1, 2, 3});
-  CHECK(run_error([&] { hpctrain::data::tokens(dir / "odd.bin", 4).load(); }) ==
-        fmt::format("[hpctrain.runtime.data.tokens] {}: 3 bytes is not a uint16 token file with at least 5 tokens", (dir / "odd.bin").string()));
+  CHECK(run_error([&] { hpctrain::data::tokens(dir / "odd.bin", 4, hpctrain::data::TokenFileOptions().raw_uint16()).load(); }) ==
+        fmt::format("[hpctrain.runtime.data.tokens] {}: 3 bytes is not a uint16 token file", (dir / "odd.bin").string()));
+  CHECK(run_error([&] { hpctrain::data::tokens(dir / "tokens.bin", 4).load(); }) ==
+        fmt::format("[hpctrain.runtime.data.tokens] {}: no \"HPCTOKEN\" header (not made by prepare_tokens); for a raw "
+                    "nanoGPT uint16 .bin pass TokenFileOptions().raw_uint16()", (dir / "tokens.bin").string()));
 }
 
 TEST_CASE("The prefetcher hands out batches in order and passes on the producer's error", "[prefetch]") {

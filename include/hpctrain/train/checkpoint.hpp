@@ -27,6 +27,7 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/files.hpp>  // write_file_atomically
+#include <hpctrain/train/checkpoint_format.hpp>  // the header, checked before LibTorch reads
 #include <hpctrain/train/crc32c.hpp>
 
 namespace hpctrain {
@@ -40,10 +41,6 @@ struct CheckpointState {
 };
 
 namespace detail {
-inline constexpr char checkpoint_magic[8] = {'H', 'P', 'C', 'T', 'C', 'K', 'P', 'T'};
-inline constexpr std::uint32_t checkpoint_format = 1;
-inline constexpr std::size_t checkpoint_header_size = 32;
-
 /// Step number of a checkpoint file name, or nullopt if it is not one.
 inline std::optional<std::int64_t> checkpoint_step(const std::filesystem::path& path) {
   const std::string name = path.filename().string();
@@ -51,13 +48,6 @@ inline std::optional<std::int64_t> checkpoint_step(const std::filesystem::path& 
   const std::string digits = name.substr(11, 10);
   if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return std::nullopt;
   return std::stoll(digits);
-}
-
-template <class T>
-T read_le(const char* p) {
-  T value;
-  std::memcpy(&value, p, sizeof value);
-  return value;
 }
 }  // namespace detail
 
@@ -124,21 +114,11 @@ class CheckpointStore {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw RuntimeError("checkpoint", fmt::format("{}: cannot open", path.string()));
     const std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    auto fail = [&](const std::string& why) { return RuntimeError("checkpoint", fmt::format("{}: {}", path.string(), why)); };
-    if (bytes.size() < detail::checkpoint_header_size)
-      throw fail(fmt::format("truncated: {} bytes, shorter than the {}-byte header", bytes.size(), detail::checkpoint_header_size));
-    if (std::memcmp(bytes.data(), detail::checkpoint_magic, 8) != 0) throw fail("not an hpctrain checkpoint (bad magic)");
-    const auto format = detail::read_le<std::uint32_t>(bytes.data() + 8);
-    if (format != detail::checkpoint_format) throw fail(fmt::format("format version {} is not {}", format, detail::checkpoint_format));
-    const auto crc = detail::read_le<std::uint32_t>(bytes.data() + 12);
-    const auto size = detail::read_le<std::uint64_t>(bytes.data() + 16);
-    if (bytes.size() - detail::checkpoint_header_size != size)
-      throw fail(fmt::format("truncated: payload has {} of {} bytes", bytes.size() - detail::checkpoint_header_size, size));
-    const char* payload = bytes.data() + detail::checkpoint_header_size;
-    if (detail::crc32c(payload, size) != crc) throw fail("corrupt: CRC-32C of the payload does not match");
+    // checkpoint_format.hpp: torch-free, fuzzed (tests/fuzz/checkpoint_header_fuzz.cpp).
+    const std::string_view payload = detail::verify_checkpoint(bytes, path).payload;
 
     torch::serialize::InputArchive archive, model_archive, optimizer_archive;
-    archive.load_from(payload, size);
+    archive.load_from(payload.data(), payload.size());
     archive.read("model", model_archive);
     archive.read("optimizer", optimizer_archive);
     model.load(model_archive);
