@@ -3,12 +3,14 @@
 // distributed runtime (dist/), the training (train/) and `hpctrain::run`. Pulls in LibTorch; a program
 // that only renders or submits jobs can include the job/ headers alone and stay torch-free.
 #include <hpctrain/error.hpp>
+#include <hpctrain/error_ids.hpp>
+#include <hpctrain/names.hpp>
 #include <hpctrain/version.hpp>
 
 #include <hpctrain/job/cli.hpp>
 #include <hpctrain/job/container.hpp>
 #include <hpctrain/job/job.hpp>
-#include <hpctrain/job/local_launch.hpp>
+#include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/render.hpp>
 #include <hpctrain/job/shell.hpp>
 #include <hpctrain/job/submit.hpp>
@@ -16,6 +18,7 @@
 
 #include <hpctrain/slurm/environment.hpp>
 #include <hpctrain/slurm/hostlist.hpp>
+#include <hpctrain/slurm/local_launch.hpp>
 #include <hpctrain/slurm/world.hpp>
 
 #include <hpctrain/dist/collectives.hpp>
@@ -33,6 +36,7 @@
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/preemption.hpp>
 #include <hpctrain/train/progress.hpp>
+#include <hpctrain/train/run_directory.hpp>
 #include <hpctrain/train/schedule.hpp>
 #include <hpctrain/train/tensorboard.hpp>
 #include <hpctrain/train/training.hpp>

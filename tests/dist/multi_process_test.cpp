@@ -3,7 +3,7 @@
 // exit 0 when it holds; here we start them, wait, and compare what both printed.
 #include <catch2/catch.hpp>
 
-#include <hpctrain/job/local_launch.hpp>  // detail::free_local_port
+#include <hpctrain/slurm/local_launch.hpp>  // detail::free_local_port
 
 #include <fcntl.h>
 #include <signal.h>

@@ -16,7 +16,7 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/container.hpp>
 #include <hpctrain/job/shell.hpp>
-#include <hpctrain/job/spec_error_exit.hpp>  // a SpecError escaping main exits 2
+#include <hpctrain/job/spec_error_exit.hpp>  // install_spec_error_exit(): a SpecError escaping main exits 2
 #include <hpctrain/job/units.hpp>
 
 namespace hpctrain {

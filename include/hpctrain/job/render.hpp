@@ -21,20 +21,10 @@
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/shell.hpp>
 #include <hpctrain/job/units.hpp>
+#include <hpctrain/names.hpp>  // worker_flag, the job-directory layout
 #include <hpctrain/version.hpp>
 
 namespace hpctrain {
-
-/// The first argument that the generated script gives the binary: it enters worker mode (DESIGN.md:
-/// an explicit marker, never a guess from SLURM_* variables).
-inline constexpr std::string_view worker_flag = "--hpctrain-worker";
-
-/// With requeue_on_timeout, the script exports this variable: a worker that checkpointed for a requeue
-/// creates the file it names (any rank; rank 0 suffices) before it exits with exit_requeue.
-inline constexpr std::string_view requeue_marker_variable = "HPCTRAIN_REQUEUE_MARKER";
-
-/// True when argv carries the worker marker as its first argument.
-inline bool is_worker_invocation(int argc, char** argv) { return argc >= 2 && argv[1] == worker_flag; }
 
 /// Everything a rendering needs besides the Job: fixed by tests, taken from the process otherwise.
 struct RenderContext {
@@ -119,7 +109,7 @@ inline std::string job_workdir(const Job& job, const RenderContext& context) {
 
 /// Where the job's records and (by default) logs live: `<workdir>/hpctrain-jobs/<name>`.
 inline std::filesystem::path job_root(const Job& job, const RenderContext& context) {
-  return std::filesystem::path(job_workdir(job, context)) / "hpctrain-jobs" / detail::directory_name(job.name());
+  return std::filesystem::path(job_workdir(job, context)) / layout::jobs_root / detail::directory_name(job.name());
 }
 
 namespace detail {
@@ -271,7 +261,7 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
 
   // The run's checkpoints, metrics and TensorBoard events live beside its script and log; a requeued run
   // keeps its job id, so it finds its checkpoints again.
-  s += fmt::format("export HPCTRAIN_RUN_DIR={}/\"$SLURM_JOB_ID\"\n", shell_quote(job_root(job, context).string()));
+  s += fmt::format("export {}={}/\"$SLURM_JOB_ID\"\n", env::run_dir, shell_quote(job_root(job, context).string()));
 
   std::vector<std::string> srun = {"srun --kill-on-bad-exit=1 --unbuffered"};
   // Slurm 22.05's srun stopped reading SLURM_CPUS_PER_TASK from the allocation: say it again for the step.

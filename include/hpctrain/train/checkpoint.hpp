@@ -66,7 +66,7 @@ class CheckpointStore {
  public:
   /// `directory` is created on the first save; `keep` >= 1.
   explicit CheckpointStore(std::filesystem::path directory, int keep = 3) : directory_(std::move(directory)), keep_(keep) {
-    detail::require(keep >= 1, "keep_checkpoints", keep, "must be at least 1");
+    detail::require(keep >= 1, "training.keep_checkpoints", keep, "must be at least 1");
   }
 
   /// Checkpoint files, oldest first.

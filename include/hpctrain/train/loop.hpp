@@ -38,6 +38,7 @@
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/preemption.hpp>
 #include <hpctrain/train/progress.hpp>
+#include <hpctrain/train/run_directory.hpp>
 #include <hpctrain/train/tensorboard.hpp>
 #include <hpctrain/train/training.hpp>
 
@@ -54,13 +55,6 @@ struct TrainResult {
 };
 
 namespace detail {
-/// Run directory: Training::run_dir, else $HPCTRAIN_RUN_DIR (set by the sbatch script and --local), else ./hpctrain-run.
-inline std::filesystem::path resolve_run_dir(const Training& training) {
-  if (training.run_directory()) return *training.run_directory();
-  if (const char* dir = std::getenv("HPCTRAIN_RUN_DIR"); dir != nullptr && *dir != '\0') return dir;
-  return std::filesystem::current_path() / "hpctrain-run";
-}
-
 /// Intra-op threads: explicit, else the CPUs Slurm gave the task, else the cores shared among local ranks.
 inline int resolve_threads(const Training& training, const slurm::World& world) {
   if (training.thread_count() > 0) return training.thread_count();
@@ -143,7 +137,8 @@ inline TrainResult train(const Training& training, const slurm::World& world, co
   try {
     const bool lead = group->rank() == 0;
     const auto device = group->device();
-    const auto run_dir = detail::resolve_run_dir(training);
+    const auto run = resolve_run_directory(training.run_directory());  // which directory; resume from where
+    const auto run_dir = run.path;
     Progress progress(stdout, !world.under_slurm);
     auto say = [&](const std::string& text) {
       if (lead) progress.line(text);
@@ -175,12 +170,13 @@ inline TrainResult train(const Training& training, const slurm::World& world, co
     result.total_steps = total_steps;
     const CheckpointStore checkpoints(run_dir / "checkpoints", training.checkpoints_kept());
     std::int64_t step = 0;
-    if (auto state = checkpoints.load_latest(*model.module, *optimizer, [&](const std::string& warning) {
+    const CheckpointStore resumable(run.checkpoints_to_resume(), training.checkpoints_kept());
+    if (auto state = resumable.load_latest(*model.module, *optimizer, [&](const std::string& warning) {
           if (lead) fmt::print(stderr, "{}\n", warning);
         })) {
       step = state->step;
       result.resumed_from = step;
-      say(fmt::format("resumed from {} at step {} (epoch {})", checkpoints.directory().string(), step, state->epoch));
+      say(fmt::format("resumed from {} at step {} (epoch {})", resumable.directory().string(), step, state->epoch));
     }
     std::int64_t last_checkpoint_step = result.resumed_from.value_or(-1);
     auto save_checkpoint = [&] {
