@@ -55,8 +55,8 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
   app.set_help_flag();  // ours below, so that --help is a mode like the others
   app.allow_extras();
   app.footer(
-      "Without a mode the program only prints this text. Other arguments are forwarded to the workers; a\n"
-      "training program reads these knobs there: --epochs N, --max-steps N, --batch-size N, --lr X.\n"
+      "Without a mode the program only prints this text. Other arguments are forwarded to the workers (a\n"
+      "training program checks them here first: see its knobs below).\n"
       "Exit codes: 0 success, 2 bad usage or invalid job description, 1 a runtime failure.");
   bool help = false, dry_run = false, submit = false, status = false, logs = false, cancel = false;
   app.add_flag("-h,--help", help, "print this help");
