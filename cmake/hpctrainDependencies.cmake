@@ -3,6 +3,9 @@ include(CMakeFindDependencyMacro)
 find_dependency(fmt)
 find_dependency(CLI11)
 find_dependency(nlohmann_json)
+# PCRE2 (text/: the tokenizers' Unicode split patterns): Debian ships no CMake config, only libpcre2-8.pc.
+find_dependency(PkgConfig)
+pkg_check_modules(HPCTRAIN_PCRE2 REQUIRED IMPORTED_TARGET GLOBAL libpcre2-8)
 
 if(NOT DEFINED HPCTRAIN_WITH_TORCH OR HPCTRAIN_WITH_TORCH)
   # LibTorch: from CMAKE_PREFIX_PATH (a libtorch zip, a site install) or else from the python that has

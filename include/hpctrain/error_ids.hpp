@@ -1,10 +1,12 @@
 #pragma once
 // Every error id hpctrain can raise, as a named constant used at the throw site:
 //   throw RuntimeError(errors::runtime_sbatch, message);   throw SpecError(errors::spec_knob, subject, reason);
-// Adding an id: one line here (in your area's block, sorted), one row in docs/errors.md. A test
-// (tests/job/error_ids_test.cpp) reads this file and docs/errors.md and fails naming every id that is in one
-// but not the other. Spec errors raised through `detail::require(ok, "<field>", ...)` carry
-// `hpctrain.spec.<field>`: those fields are listed here too, so that the docs test sees them.
+// Adding an id: one line here (in your area's block), one row in docs/errors.md. A test
+// (tests/job/error_ids_test.cpp) reads this file, docs/errors.md and the headers, and fails naming every id
+// that is in one but not the other, with the file and line that raises it. Spec errors raised through
+// `detail::require(ok, "<field>", ...)` carry `hpctrain.spec.<field>`: those fields are listed here too. A
+// family of ids made at run time (a config's field names) is documented as a pattern,
+// `hpctrain.spec.gpt2.<field>`, and needs no constant.
 #include <string_view>
 
 namespace hpctrain {
@@ -31,8 +33,14 @@ inline constexpr ErrorId spec_local{"hpctrain.spec.local"};
 inline constexpr ErrorId spec_resume{"hpctrain.spec.resume"};
 
 // --- job description (job/job.hpp, job/container.hpp, job/render.hpp) ---
+inline constexpr ErrorId spec_array{"hpctrain.spec.array"};
+inline constexpr ErrorId spec_gpu_syntax{"hpctrain.spec.gpu_syntax"};
+inline constexpr ErrorId spec_max_restarts{"hpctrain.spec.max_restarts"};
+inline constexpr ErrorId spec_prepare{"hpctrain.spec.prepare"};
+inline constexpr ErrorId spec_requeue_signal{"hpctrain.spec.requeue_signal"};
+inline constexpr ErrorId spec_site{"hpctrain.spec.site"};
 inline constexpr ErrorId spec_account{"hpctrain.spec.account"};
-inline constexpr ErrorId spec_apptainer{"hpctrain.spec.apptainer"};
+inline constexpr ErrorId spec_container_command{"hpctrain.spec.container.command"};
 inline constexpr ErrorId spec_chdir{"hpctrain.spec.chdir"};
 inline constexpr ErrorId spec_constraint{"hpctrain.spec.constraint"};
 inline constexpr ErrorId spec_container_env{"hpctrain.spec.container.env"};
@@ -66,10 +74,11 @@ inline constexpr ErrorId spec_tasks_per_node{"hpctrain.spec.tasks_per_node"};
 inline constexpr ErrorId spec_time{"hpctrain.spec.time"};
 
 // --- job layer at run time (job/submit.hpp, job/process.hpp, job/files.hpp, job/container.hpp) ---
+inline constexpr ErrorId runtime_prepare{"hpctrain.runtime.prepare"};
 inline constexpr ErrorId runtime_enroot{"hpctrain.runtime.enroot"};
 inline constexpr ErrorId runtime_exec{"hpctrain.runtime.exec"};
 inline constexpr ErrorId runtime_io{"hpctrain.runtime.io"};
-inline constexpr ErrorId runtime_json{"hpctrain.runtime.json"};
+inline constexpr ErrorId runtime_job_record{"hpctrain.runtime.job_record"};
 inline constexpr ErrorId runtime_logs{"hpctrain.runtime.logs"};
 inline constexpr ErrorId runtime_no_job{"hpctrain.runtime.no_job"};
 inline constexpr ErrorId runtime_sbatch{"hpctrain.runtime.sbatch"};
@@ -89,6 +98,18 @@ inline constexpr ErrorId runtime_gradient_sync{"hpctrain.runtime.gradient_sync"}
 inline constexpr ErrorId runtime_rendezvous{"hpctrain.runtime.rendezvous"};
 
 // --- training description (train/training.hpp, train/schedule.hpp, train/data/) ---
+inline constexpr ErrorId spec_checkpoint_buffers{"hpctrain.spec.checkpoint.buffers"};
+inline constexpr ErrorId spec_checkpoint_parameters{"hpctrain.spec.checkpoint.parameters"};
+inline constexpr ErrorId spec_checkpoint_strategy{"hpctrain.spec.checkpoint.strategy"};
+inline constexpr ErrorId spec_metrics_top_k_accuracy{"hpctrain.spec.metrics.top_k_accuracy"};
+inline constexpr ErrorId spec_optimizer{"hpctrain.spec.optimizer"};
+inline constexpr ErrorId spec_tokens_token_bytes{"hpctrain.spec.tokens.token_bytes"};
+inline constexpr ErrorId spec_training_eval_step{"hpctrain.spec.training.eval_step"};
+inline constexpr ErrorId spec_training_flops_per_example{"hpctrain.spec.training.flops_per_example"};
+inline constexpr ErrorId spec_training_peak_flops{"hpctrain.spec.training.peak_flops"};
+inline constexpr ErrorId spec_training_preemption_check_every{"hpctrain.spec.training.preemption_check_every"};
+inline constexpr ErrorId spec_training_step{"hpctrain.spec.training.step"};
+inline constexpr ErrorId spec_training_strategy{"hpctrain.spec.training.strategy"};
 inline constexpr ErrorId spec_sampler_rank{"hpctrain.spec.sampler.rank"};
 inline constexpr ErrorId spec_schedule_final_fraction{"hpctrain.spec.schedule.final_fraction"};
 inline constexpr ErrorId spec_schedule_warmup_steps{"hpctrain.spec.schedule.warmup_steps"};
@@ -110,12 +131,32 @@ inline constexpr ErrorId spec_training_threads{"hpctrain.spec.training.threads"}
 inline constexpr ErrorId spec_training_train_data{"hpctrain.spec.training.train_data"};
 
 // --- train layer at run time (train/) ---
+inline constexpr ErrorId runtime_batch_field{"hpctrain.runtime.batch.field"};
 inline constexpr ErrorId runtime_checkpoint{"hpctrain.runtime.checkpoint"};
 inline constexpr ErrorId runtime_data_idx{"hpctrain.runtime.data.idx"};
 inline constexpr ErrorId runtime_data_tokens{"hpctrain.runtime.data.tokens"};
 inline constexpr ErrorId runtime_metrics{"hpctrain.runtime.metrics"};
 inline constexpr ErrorId runtime_run_directory{"hpctrain.runtime.run_directory"};
 inline constexpr ErrorId runtime_tensorboard{"hpctrain.runtime.tensorboard"};
+
+// --- text layer (text/, text/prepare_step.hpp) ---
+inline constexpr ErrorId spec_prepare_chunk_bytes{"hpctrain.spec.prepare.chunk_bytes"};
+inline constexpr ErrorId spec_prepare_inputs{"hpctrain.spec.prepare.inputs"};
+inline constexpr ErrorId spec_prepare_threads{"hpctrain.spec.prepare.threads"};
+inline constexpr ErrorId spec_prepare_tokenizer{"hpctrain.spec.prepare.tokenizer"};
+inline constexpr ErrorId spec_prepare_validation_fraction{"hpctrain.spec.prepare.validation_fraction"};
+inline constexpr ErrorId runtime_text_decode{"hpctrain.runtime.text.decode"};
+inline constexpr ErrorId runtime_text_prepare{"hpctrain.runtime.text.prepare"};
+inline constexpr ErrorId runtime_text_regex{"hpctrain.runtime.text.regex"};
+inline constexpr ErrorId runtime_text_token_file{"hpctrain.runtime.text.token_file"};
+inline constexpr ErrorId runtime_text_tokenizer{"hpctrain.runtime.text.tokenizer"};
+
+// --- models (models/): the config fields are families, `hpctrain.spec.gpt2.<field>`, `hpctrain.spec.llama.<field>`,
+// `hpctrain.spec.generation.<field>`, documented as patterns in docs/errors.md ---
+inline constexpr ErrorId spec_model_type{"hpctrain.spec.model_type"};
+inline constexpr ErrorId runtime_generation{"hpctrain.runtime.generation"};
+inline constexpr ErrorId runtime_model_config{"hpctrain.runtime.model_config"};
+inline constexpr ErrorId runtime_safetensors{"hpctrain.runtime.safetensors"};
 }  // namespace errors
 
 }  // namespace hpctrain

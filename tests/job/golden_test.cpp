@@ -78,6 +78,22 @@ std::vector<Golden> goldens() {
              .secret_env("WANDB_API_KEY");
        },
        true},
+      // GPUs in the gres syntax, a per-task GPU binding (a warning), an --sbatch override of --time that
+      // replaces the directive, and a preparation step before the training step.
+      {"gres-prepare.sbatch",
+       [] {
+         return ht::Job("tokens")
+             .nodes(2)
+             .gpus_per_node("a100", 4)
+             .gpu_syntax(ht::GpuSyntax::gres)
+             .cpus_per_task(8)
+             .time(1h)
+             .partition("gpu")
+             .sbatch_option("time", "00:30:00")
+             .srun_option("gpus-per-task", "1")
+             .prepare([](const ht::PrepareContext&) {});
+       },
+       false},
       {"everything.sbatch",
        [] {
          return ht::Job("it's \"all\" $(here) #1")

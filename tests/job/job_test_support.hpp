@@ -76,6 +76,30 @@ inline hpctrain::JobState wait_for_end(const std::string& id, std::chrono::secon
   return state;
 }
 
+/// The value of `key` in `scontrol show job <id>` (e.g. JobState, Restarts); empty when it is not there.
+inline std::string scontrol_field(const std::string& id, const std::string& key) {
+  const auto shown = hpctrain::run_process({"scontrol", "--oneliner", "show", "job", id}).out;
+  const auto at = shown.find(" " + key + "=");
+  if (at == std::string::npos) return "";
+  const auto begin = at + key.size() + 2;
+  return shown.substr(begin, shown.find_first_of(" \n", begin) - begin);
+}
+
+/// Waits until scontrol reports a final state (a job that is requeued passes through PENDING again, and
+/// squeue may miss it for a moment while it is requeued); returns that state.
+inline std::string wait_for_final_state(const std::string& id, std::chrono::seconds limit = std::chrono::seconds(900)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  std::string state;
+  for (;;) {
+    state = scontrol_field(id, "JobState");
+    if (state == "COMPLETED" || state == "FAILED" || state == "CANCELLED" || state == "TIMEOUT" ||
+        state == "NODE_FAIL" || state == "OUT_OF_MEMORY" || state == "PREEMPTED" || state == "BOOT_FAIL" ||
+        state == "DEADLINE" || std::chrono::steady_clock::now() > deadline)
+      return state;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+}
+
 /// Waits until the job runs.
 inline void wait_for_running(const std::string& id, std::chrono::seconds limit = std::chrono::seconds(600)) {
   const auto deadline = std::chrono::steady_clock::now() + limit;

@@ -17,8 +17,10 @@
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/array_commands.hpp>
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/knobs.hpp>
+#include <hpctrain/job/prepare.hpp>
 #include <hpctrain/slurm/local_launch.hpp>
 #include <hpctrain/job/render.hpp>
 #include <hpctrain/job/submit.hpp>
@@ -41,12 +43,85 @@ struct LoginCommand {
   /// For the workers: the knobs, validated and spelled `--name=value` when a table was given, else as typed.
   std::vector<std::string> forwarded;
   std::string help;
+  // The job layer's second-wave options (add_job_layer_options / apply_job_layer_overrides).
+  std::optional<std::string> gpu_syntax, array;
+  std::optional<int> task;  ///< --task N: one task of an array (--logs, --cancel)
 };
 
 /// The code run under srun, given the arguments after the worker marker; returns the exit code.
 using Worker = std::function<int(const std::vector<std::string>& args)>;
 /// The code run under srun for a program with a knob table: the table holding this run's values.
 using KnobWorker = std::function<int(const Knobs& knobs)>;
+
+/// Options of arrays, sweeps and site settings, kept apart from the parser's structure.
+inline void add_job_layer_options(CLI::App& app, LoginCommand& command) {
+  app.add_option("--gpu-syntax", command.gpu_syntax, "write GPUs as --gpus-per-node or --gres=gpu:N (gpus-per-node|gres)");
+  app.add_option("--array", command.array, "submit a job array: task ids like 0-15, 1,3,5, 0-30:10, 0-15%4");
+  app.add_option("--task", command.task, "with --logs or --cancel of an array: that task only");
+}
+
+/// Applies the options of add_job_layer_options to `job`.
+inline void apply_job_layer_overrides(Job& job, const LoginCommand& command) {
+  if (command.gpu_syntax) job.gpu_syntax(std::string_view(*command.gpu_syntax));
+  if (command.array) job.array(*command.array);
+}
+
+/// An array's task ids must stay below the cluster's MaxArraySize; where scontrol answers, check it.
+inline void check_array_on_cluster(const Job& job) {
+  if (!job.array()) return;
+  const auto config = run_process({"scontrol", "show", "config"});
+  if (config.exit_code != 0) return;  // no cluster here (a dry run on a laptop): Slurm checks at submit
+  const auto at = config.out.find("MaxArraySize");
+  if (at == std::string::npos) return;
+  const auto equals = config.out.find('=', at);
+  int max_size = 0;
+  if (equals != std::string::npos && detail::parse_array_number(detail::trim(config.out.substr(equals + 1, config.out.find('\n', equals) - equals - 1)), max_size))
+    check_array_against_max_size(*job.array(), max_size);
+}
+
+/// --status/--logs/--cancel when the last job is an array (or --task was given); empty: not an array.
+inline std::optional<int> run_array_command(const Job& job, const LoginCommand& command, const RenderContext& context,
+                                            std::ostream& out) {
+  using Mode = LoginCommand::Mode;
+  if (command.mode != Mode::status && command.mode != Mode::logs && command.mode != Mode::cancel) {
+    if (command.task) throw UsageError("--task goes with --logs or --cancel of an array job");
+    return std::nullopt;
+  }
+  const auto last = last_submitted(job, context);
+  const auto record = read_array_record(last);
+  if (!record) {
+    if (command.task) throw UsageError(fmt::format("--task: job {} is not an array job", last.id));
+    return std::nullopt;
+  }
+  if (command.task) require_array_task(*record, *command.task);
+  switch (command.mode) {
+    case Mode::status:
+      out << format_array_status(last, *record, query_array_tasks(last.id, record->spec));
+      return exit_ok;
+    case Mode::logs: {
+      if (!command.task)
+        throw UsageError(fmt::format("job {} is an array ({}): say which task's log, --logs --task N", last.id,
+                                     record->spec.text));
+      auto task_job = last;
+      task_job.id = fmt::format("{}_{}", last.id, *command.task);
+      task_job.output_log = array_task_log(last, *record, *command.task);
+      print_logs(task_job, out, command.follow);
+      return exit_ok;
+    }
+    default: {
+      const auto target = command.task ? fmt::format("{}_{}", last.id, *command.task) : last.id;
+      cancel(target);
+      out << (command.task ? fmt::format("cancelled task {} of array job {}\n", *command.task, last.id)
+                           : fmt::format("cancelled array job {} (every task)\n", last.id));
+      return exit_ok;
+    }
+  }
+}
+
+/// Prints the job's warnings (job_warnings) on `err`.
+inline void print_job_warnings(const Job& job, std::ostream& err) {
+  for (const auto& warning : job_warnings(job)) err << "hpctrain: warning: " << warning << "\n";
+}
 
 namespace detail {
 inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knobs) {
@@ -85,6 +160,7 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
                                    "directory DIR (default: this program's newest run)")
                         ->expected(0, 1)
                         ->type_name("[DIR]");
+  add_job_layer_options(app, command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -187,6 +263,27 @@ inline void apply_overrides(Job& job, const LoginCommand& command) {
     const auto equals = option.find('=');
     job.sbatch_option(option.substr(0, equals), equals == std::string::npos ? "" : option.substr(equals + 1));
   }
+  apply_job_layer_overrides(job, command);
+}
+
+/// `--local N` with Job::prepare: the preparation runs first, in this process, with the run directory
+/// `hpctrain-jobs/<name>/local` (job id `local`); it is skipped when that directory says it completed.
+inline int prepare_locally(const Job& job, const RenderContext& context, const std::vector<std::string>& args,
+                           std::ostream& err) {
+  if (!job.preparation()) return exit_ok;
+  PrepareContext prepare;
+  prepare.job_id = "local";
+  prepare.run_dir = job_root(job, context) / "local";
+  prepare.output_dir = prepare.run_dir / "prepare";
+  prepare.args = args;
+  const auto done = prepare.run_dir / prepare_done_file;
+  if (std::filesystem::exists(done)) {
+    err << fmt::format("hpctrain: preparation already done ({}); skipping it\n", done.string());
+    return exit_ok;
+  }
+  const int status = run_preparation(job.preparation(), prepare);
+  if (status == exit_ok) detail::write_file_atomically(done, "");
+  return status;
 }
 
 /// Runs one login-node command for `job`; prints to `out`/`err`, returns the exit code.
@@ -195,6 +292,7 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
   using Mode = LoginCommand::Mode;
   try {
     apply_overrides(job, command);
+    if (const auto handled = run_array_command(job, command, context, out)) return *handled;
     RenderContext worker_context = context;
     if (command.resume) {
       // The workers get the directory itself: the script or --local then resumes from exactly this run.
@@ -209,9 +307,13 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         err << command.help;
         return exit_usage;
       case Mode::dry_run:
+        check_array_on_cluster(job);
+        print_job_warnings(job, err);
         out << render_sbatch(job, worker_context);
         return exit_ok;
       case Mode::submit: {
+        check_array_on_cluster(job);
+        print_job_warnings(job, err);
         const auto submitted = submit(job, worker_context);
         out << fmt::format("submitted job {}\n  logs: {}\n  job directory: {} (also the run directory: checkpoints, metrics)\n",
                            submitted.id, submitted.output_log, submitted.directory.string());
@@ -233,6 +335,8 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         print_logs(last_submitted(job, context), out, command.follow);
         return exit_ok;
       case Mode::local: {
+        if (const int prepared = prepare_locally(job, context, command.forwarded, err); prepared != exit_ok)
+          return prepared;
         std::vector<std::string> args = {std::string(worker_flag)};
         args.insert(args.end(), worker_context.worker_args.begin(), worker_context.worker_args.end());
         LocalLaunchOptions options;
@@ -271,6 +375,9 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
 /// that are not login options reach `worker` unchecked.
 inline int run_job(int argc, char** argv, const Job& job, const Worker& worker) {
   if (is_worker_invocation(argc, argv)) return worker(std::vector<std::string>(argv + 2, argv + argc));
+  if (is_prepare_invocation(argc, argv))
+    return run_preparation(job.preparation(),
+                           prepare_context_from_environment(std::vector<std::string>(argv + 2, argv + argc)));
   LoginCommand command;
   try {
     command = parse_login_command(argc, argv);
@@ -285,6 +392,9 @@ inline int run_job(int argc, char** argv, const Job& job, const Worker& worker) 
 /// nothing written or queued), `--help` lists the knobs, and `worker` gets the table with this run's values
 /// (the worker's arguments are read with the same table; a bad one exits 2 on every rank).
 inline int run_job(int argc, char** argv, const Job& job, const Knobs& knobs, const KnobWorker& worker) {
+  if (is_prepare_invocation(argc, argv))
+    return run_preparation(job.preparation(),
+                           prepare_context_from_environment(std::vector<std::string>(argv + 2, argv + argc)));
   if (is_worker_invocation(argc, argv)) {
     try {
       std::vector<std::string> args(argv + 2, argv + argc);

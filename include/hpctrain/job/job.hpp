@@ -14,8 +14,11 @@
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/array.hpp>
 #include <hpctrain/job/container.hpp>
+#include <hpctrain/job/prepare.hpp>
 #include <hpctrain/job/shell.hpp>
+#include <hpctrain/job/site.hpp>
 #include <hpctrain/job/spec_error_exit.hpp>  // install_spec_error_exit(): a SpecError escaping main exits 2
 #include <hpctrain/job/units.hpp>
 
@@ -127,6 +130,14 @@ class Job {
                     "a GPU type needs a count (a100:4)");
     return gpus_per_node(std::string(spec.substr(0, colon)), static_cast<int>(count));
   }
+  /// How the GPU request is written: `--gpus-per-node=[type:]N` or `--gres=gpu[:type]:N`.
+  /// Default: the site's (`HPCTRAIN_GPU_SYNTAX`, the site file; job/site.hpp), else gpus-per-node.
+  Job& gpu_syntax(GpuSyntax syntax) {
+    gpu_syntax_ = syntax;
+    return *this;
+  }
+  /// Same, from text: `gpus-per-node` or `gres`.
+  Job& gpu_syntax(std::string_view syntax) { return gpu_syntax(parse_gpu_syntax(syntax)); }
   /// `--cpus-per-task`. Default: Slurm's (1).
   Job& cpus_per_task(int count) {
     detail::require(count >= 1, "cpus_per_task", count, "must be at least 1");
@@ -215,6 +226,25 @@ class Job {
     requeue_ = RequeuePolicy{seconds, max_restarts};
     return *this;
   }
+  /// The signal sent `grace` before the time limit (`srun --signal=<name>@grace`): USR2, USR1, URG, ALRM, HUP,
+  /// INT. Default: USR2 (NCCL may use USR1). Workers also treat SIGTERM, a preempting partition's signal, alike.
+  Job& requeue_signal(std::string name) {
+    if (name.starts_with("SIG")) name.erase(0, 3);
+    static constexpr std::string_view known[] = {"USR2", "USR1", "URG", "ALRM", "HUP", "INT"};
+    bool ok = false;
+    for (auto k : known) ok = ok || name == k;
+    detail::require(ok, "requeue_signal", name, "expected USR2, USR1, URG, ALRM, HUP or INT");
+    requeue_signal_ = std::move(name);
+    return *this;
+  }
+  /// When the step fails (a rank exits non-zero other than exit_requeue, is killed, or loses its node),
+  /// requeue the job to resume from its last complete checkpoint, at most `count` times (like torchrun
+  /// --max-restarts); the log says why. Default: 0 (a failure ends the job).
+  Job& max_restarts(int count) {
+    detail::require(count >= 0 && count <= 100, "max_restarts", count, "must be between 0 and 100");
+    max_restarts_ = count;
+    return *this;
+  }
   /// `export NAME=value` in the script (quoted; the value arrives byte for byte).
   Job& env(std::string name, std::string value) {
     check_env(name, value);
@@ -247,10 +277,16 @@ class Job {
     setup_.push_back(std::move(line));
     return *this;
   }
-  /// Any other sbatch option: `#SBATCH --<key>=<value>`, or `--<key>` when value is empty.
+  /// Any other sbatch option: `#SBATCH --<key>=<value>`, or `--<key>` when value is empty. A key that has its
+  /// own directive (`time`, `partition`, `nodes`...) replaces that directive's value on its line.
   Job& sbatch_option(std::string key, std::string value = "") {
     detail::require(detail::is_option_key(key), "sbatch_option", key, "expected an option name without dashes");
     detail::require(fits_on_one_line(value), "sbatch_option", value, "an #SBATCH value cannot hold a newline");
+    for (auto& [existing, existing_value] : sbatch_options_)
+      if (existing == key) {  // the later value wins, on one line
+        existing_value = std::move(value);
+        return *this;
+      }
     sbatch_options_.emplace_back(std::move(key), std::move(value));
     return *this;
   }
@@ -279,6 +315,21 @@ class Job {
     return *this;
   }
 
+  /// `--array=<spec>`: a job array (`0-15`, `1,3,5`, `0-30:10`, `0-15%4`), one task per id; each task gets its
+  /// own log and run directory, and a requeue targets the task only (job/array.hpp).
+  Job& array(std::string_view spec) {
+    array_ = parse_array_spec(spec);
+    return *this;
+  }
+  /// A preparation step: `prepare` runs once per job, on one task (`srun -N1 -n1 --exclusive`), before the
+  /// training step; a requeued job skips it once it completed; when it throws, the job fails before any
+  /// training rank starts (job/prepare.hpp).
+  Job& prepare(PrepareFunction function) {
+    detail::require(static_cast<bool>(function), "prepare", "<empty function>", "needs a callable");
+    prepare_ = std::move(function);
+    return *this;
+  }
+
   /// Checks what only the whole description can tell; render_sbatch calls it.
   void validate() const {
     if (memory_per_gpu_)
@@ -297,6 +348,8 @@ class Job {
   int tasks_per_node() const { return tasks_per_node_ ? *tasks_per_node_ : (gpus_ && gpus_->count > 0 ? gpus_->count : 1); }
   const std::optional<GpuRequest>& gpus() const { return gpus_; }
   int gpus_per_node_count() const { return gpus_ ? gpus_->count : 0; }
+  /// The syntax the program chose; empty: the site's default.
+  const std::optional<GpuSyntax>& gpu_syntax() const { return gpu_syntax_; }
   const std::optional<int>& cpus_per_task() const { return cpus_per_task_; }
   const std::optional<Memory>& memory() const { return memory_; }
   const std::optional<Memory>& memory_per_gpu() const { return memory_per_gpu_; }
@@ -322,6 +375,12 @@ class Job {
   const Container& container() const { return container_; }
   const std::vector<Mount>& mounts() const { return mounts_; }
   bool mount_program() const { return mount_program_; }
+  const std::string& requeue_signal() const { return requeue_signal_; }
+  int max_restarts() const { return max_restarts_; }
+  /// The array spec; empty for a single job.
+  const std::optional<ArraySpec>& array() const { return array_; }
+  /// The preparation callable; empty without one.
+  const PrepareFunction& preparation() const { return prepare_; }
 
  private:
   Job& set_directive(std::string_view field, std::optional<std::string>& slot, std::string value) {
@@ -343,6 +402,7 @@ class Job {
   int nodes_ = 1;
   std::optional<int> tasks_per_node_;
   std::optional<GpuRequest> gpus_;
+  std::optional<GpuSyntax> gpu_syntax_;
   std::optional<int> cpus_per_task_;
   std::optional<Memory> memory_, memory_per_gpu_;
   std::optional<std::chrono::seconds> time_;
@@ -359,6 +419,10 @@ class Job {
   Container container_ = NoContainer{};
   std::vector<Mount> mounts_;
   bool mount_program_ = true;
+  PrepareFunction prepare_;
+  std::optional<ArraySpec> array_;
+  std::string requeue_signal_ = "USR2";
+  int max_restarts_ = 0;
 };
 
 }  // namespace hpctrain

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -89,6 +90,22 @@ inline std::string explain_sbatch_failure(const std::string& stderr_text) {
   return message;
 }
 
+/// Reads a job record (job.json) back. The file may have been edited or truncated by hand: any defect is a
+/// RuntimeError `[hpctrain.runtime.job_record]` naming the file and the field, never a JSON library exception
+/// (found by tests/fuzz/job_record_fuzz.cpp: nlohmann's parse_error/type_error escaped unnamed).
+inline SubmittedJob parse_job_record(std::string_view text, const std::filesystem::path& path) {
+  const auto record = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (record.is_discarded())
+    throw RuntimeError(errors::runtime_job_record, fmt::format("{}: not valid JSON (edited or truncated?)", path.string()));
+  const auto field = [&](const char* key) {
+    const auto found = record.is_object() ? record.find(key) : record.end();
+    if (found == record.end() || !found->is_string())
+      throw RuntimeError(errors::runtime_job_record, fmt::format("{}: \"{}\" is missing or not a string", path.string(), key));
+    return found->get<std::string>();
+  };
+  return {field("id"), field("name"), field("directory"), field("output_log"), field("error_log")};
+}
+
 inline nlohmann::json to_json(const SubmittedJob& job) {
   return {{"id", job.id}, {"name", job.name}, {"directory", job.directory.string()},
           {"output_log", job.output_log}, {"error_log", job.error_log}};
@@ -138,8 +155,7 @@ inline SubmittedJob submit(const Job& job, const RenderContext& context) {
     submitted.name = job.name();
     submitted.directory = final_directory;
     const auto workdir = job_workdir(job, context);
-    const std::string output_pattern =
-        job.output() ? *job.output() : (root / "%j" / "slurm-%j.out").string();
+    const std::string output_pattern = job.output() ? *job.output() : default_output_pattern(job, context);
     submitted.output_log = detail::resolve_log_pattern(output_pattern, id, job.name(), workdir);
     submitted.error_log =
         job.error() ? detail::resolve_log_pattern(*job.error(), id, job.name(), workdir) : submitted.output_log;
@@ -148,6 +164,10 @@ inline SubmittedJob submit(const Job& job, const RenderContext& context) {
     record["program"] = context.program;
     record["submitted_at"] = detail::utc_now();
     record["hpctrain_version"] = version;
+    if (job.array()) {  // --status/--logs/--cancel of an array read these (job/array_commands.hpp)
+      record["array"] = job.array()->text;
+      record["output_pattern"] = output_pattern;
+    }
     // argv may hold bytes that are not UTF-8: JSON gets U+FFFD for them instead of an exception.
     detail::write_file_atomically(final_directory / layout::job_record,
                                   record.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
@@ -186,14 +206,8 @@ inline SubmittedJob last_submitted(const Job& job, const RenderContext& context)
   const auto path = root / id / layout::job_record;
   std::ifstream file(path);
   if (!file) throw RuntimeError(errors::runtime_no_job, fmt::format("the record {} is missing", path.string()));
-  try {
-    const auto record = nlohmann::json::parse(file);
-    return {record.at("id").get<std::string>(), record.at("name").get<std::string>(),
-            record.at("directory").get<std::string>(), record.at("output_log").get<std::string>(),
-            record.at("error_log").get<std::string>()};
-  } catch (const nlohmann::json::exception& error) {  // a record edited by hand, or cut short
-    throw RuntimeError(errors::runtime_json, fmt::format("the record {} is unreadable: {}", path.string(), error.what()));
-  }
+  const std::string text{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+  return detail::parse_job_record(text, path);
 }
 
 namespace detail {

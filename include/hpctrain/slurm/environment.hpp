@@ -3,6 +3,7 @@
 // injectable so tests feed tables of environments without touching the process's own.
 #include <algorithm>
 #include <charconv>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <initializer_list>
@@ -111,6 +112,11 @@ inline std::vector<int> parse_tasks_per_node(std::string_view text, std::string_
         detail::bad_variable(name, text, fmt::format("malformed item \"{}\" (expected N or N(xM))", item));
       }
       repeat = detail::parse_int(name, item.substr(paren + 2, item.size() - paren - 3), 1);
+    }
+    // A repeat count is a node count: refuse one no cluster has before allocating it (the fuzzer's
+    // `8(x444444444)` asked for 1.7 GB; tests/fuzz/corpus/tasks_per_node/repeat_beyond_any_cluster).
+    if (static_cast<std::uint64_t>(repeat) > max_hosts_per_item - counts.size()) {
+      detail::bad_variable(name, text, fmt::format("more than {} nodes", max_hosts_per_item));
     }
     counts.insert(counts.end(), static_cast<std::size_t>(repeat), tasks);
     i = comma + 1;

@@ -3,6 +3,7 @@
 // one Slurm release's ABI. Tested against `scontrol show hostnames` / `scontrol show hostlist` of the
 // local Slurm (tests/slurm/hostlist_oracle_test.cpp). Grammar and the few deliberate differences from
 // Slurm 22.05 are in docs/slurm.md.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -34,7 +35,7 @@ class HostlistError : public RuntimeError {
 
 /// Slurm refuses ranges of more than this many hosts (its MAX_RANGE); so do we.
 inline constexpr std::uint64_t max_hosts_per_range = 64 * 1024;
-/// Several bracket groups multiply: an item may expand to at most this many hosts (no cluster is bigger).
+/// Several bracket groups multiply: an item, and a whole list, may expand to at most this many hosts (no cluster is bigger).
 inline constexpr std::uint64_t max_hosts_per_item = 1024 * 1024;
 
 namespace detail {
@@ -127,6 +128,11 @@ inline void expand_item(std::string_view expression, std::size_t item_start, std
       throw HostlistError(expression, item_start, fmt::format("expands to more than {} hosts", max_hosts_per_item));
     }
     total *= size;
+  }
+  // The whole list obeys the same bound: many items of 64k hosts each took gigabytes before
+  // (tests/fuzz/corpus/hostlist/items_beyond_any_cluster).
+  if (total > max_hosts_per_item - std::min<std::uint64_t>(hosts.size(), max_hosts_per_item)) {
+    throw HostlistError(expression, item_start, fmt::format("the list expands to more than {} hosts", max_hosts_per_item));
   }
   for (const auto& group : groups) {
     std::vector<std::string> names;

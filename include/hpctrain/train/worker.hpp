@@ -14,8 +14,8 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/slurm/world.hpp>
-#include <hpctrain/train/loop.hpp>
 #include <hpctrain/train/run_directory.hpp>
+#include <hpctrain/train/trainer.hpp>
 #include <hpctrain/train/training.hpp>
 
 namespace hpctrain {
@@ -28,11 +28,11 @@ inline Knobs training_knobs(const Training& training) {
     if (value) table.declare<std::int64_t>(name, *value, help, positive());
     else table.declare_optional<std::int64_t>(name, help, positive());
   };
-  declare_count("epochs", training.epoch_count(), "passes over the training data");
-  declare_count("max_steps", training.step_limit(), "optimizer steps (with epochs: whichever ends first)");
-  declare_count("batch_size", training.batch().value > 0 ? std::optional(training.batch().value) : std::nullopt,
+  declare_count("epochs", training.epochs(), "passes over the training data");
+  declare_count("max_steps", training.max_steps(), "optimizer steps (with epochs: whichever ends first)");
+  declare_count("batch_size", training.batch_size().value > 0 ? std::optional(training.batch_size().value) : std::nullopt,
                 "examples per optimizer step (per rank or global, as the program declares)");
-  if (training.base_lr()) table.declare<double>("lr", *training.base_lr(), "base learning rate", positive());
+  if (training.lr()) table.declare<double>("lr", *training.lr(), "base learning rate", positive());
   else table.declare_optional<double>("lr", "base learning rate (default: the optimizer's)", positive());
   table.extend(training.knobs());
   return table;
@@ -49,7 +49,7 @@ inline Knobs parse_training_knobs(const Training& training, const std::vector<st
 inline Training with_knobs(Training training, const Knobs& knobs) {
   if (auto epochs = knobs.get_if_given<std::int64_t>("epochs")) training.epochs(*epochs);
   if (auto steps = knobs.get_if_given<std::int64_t>("max_steps")) training.max_steps(*steps);
-  if (auto batch = knobs.get_if_given<std::int64_t>("batch_size")) training.batch_size({*batch, training.batch().scope});
+  if (auto batch = knobs.get_if_given<std::int64_t>("batch_size")) training.batch_size({*batch, training.batch_size().scope});
   if (auto lr = knobs.get_if_given<double>("lr")) training.lr(*lr);
   training.knob_values(knobs);
   return training;
@@ -62,7 +62,7 @@ inline int run_worker(const Training& training, const Knobs& knobs) {
     const auto world = slurm::world_from_environment();
     rank = world.rank;
     const auto configured = with_knobs(training, knobs);
-    if (rank == 0) fmt::print("hpctrain: {}\n", resolve_run_directory(configured.run_directory()).describe());
+    if (rank == 0) fmt::print("hpctrain: {}\n", resolve_run_directory(configured.run_dir()).describe());
     std::fflush(stdout);
     return train(configured, world).exit_code;
   } catch (const SpecError& error) {

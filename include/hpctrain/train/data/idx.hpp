@@ -13,6 +13,7 @@
 #include <zlib.h>  // gzread reads gzipped and plain files alike
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/train/data/idx_format.hpp>
 #include <hpctrain/train/data/source.hpp>
 
 namespace hpctrain::data {
@@ -43,29 +44,11 @@ struct IdxArray {
 /// `[hpctrain.runtime.data.idx] <file>: <why>` if the magic number, rank or size is wrong.
 inline IdxArray read_idx(const std::filesystem::path& path, int expected_rank) {
   const std::string bytes = detail::read_possibly_gzipped(path);
-  auto fail = [&](const std::string& why) { return RuntimeError("data.idx", fmt::format("{}: {}", path.string(), why)); };
-  if (bytes.size() < 4) throw fail(fmt::format("{} bytes is too short for an IDX header", bytes.size()));
-  const auto* raw = reinterpret_cast<const unsigned char*>(bytes.data());
-  if (raw[0] != 0 || raw[1] != 0)
-    throw fail(fmt::format("bad magic number 0x{:02x}{:02x}{:02x}{:02x} (an IDX file starts with two zero bytes)",
-                           raw[0], raw[1], raw[2], raw[3]));
-  if (raw[2] != 0x08) throw fail(fmt::format("element type 0x{:02x} is not 0x08 (unsigned byte)", raw[2]));
-  if (raw[3] != expected_rank) throw fail(fmt::format("{} dimensions, expected {}", raw[3], expected_rank));
-  const std::size_t header = 4 + 4 * static_cast<std::size_t>(expected_rank);
-  if (bytes.size() < header) throw fail(fmt::format("{} bytes is too short for a {}-dimension header", bytes.size(), expected_rank));
+  const IdxLayout layout = parse_idx_layout(bytes, expected_rank, path);  // idx_format.hpp: torch-free, fuzzed
   IdxArray array;
-  std::size_t count = 1;
-  for (int d = 0; d < expected_rank; ++d) {
-    const unsigned char* p = raw + 4 + 4 * d;  // dimensions are big-endian uint32
-    const std::uint32_t dim = (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
-    array.dims.push_back(dim);
-    count *= dim;
-  }
-  if (bytes.size() - header != count)
-    throw fail(fmt::format("holds {} data bytes, but its dimensions {} need {}", bytes.size() - header,
-                           fmt::join(array.dims, "x"), count));
+  array.dims = layout.dims;
   array.values = torch::empty(array.dims, torch::kUInt8);
-  std::memcpy(array.values.data_ptr(), raw + header, count);
+  std::memcpy(array.values.data_ptr(), bytes.data() + layout.data_offset, layout.count);
   return array;
 }
 

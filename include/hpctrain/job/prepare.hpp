@@ -1,0 +1,91 @@
+#pragma once
+// A preparation step in the same job (seed 002 runs `srun --exclusive -n 1 preprocess.sh` before
+// training): the program registers a callable with `Job::prepare`; the generated script runs this same
+// binary once, on one task, as its own srun step (`<binary> --hpctrain-prepare <forwarded args>`) before the
+// training step. When the step succeeds the script creates `$HPCTRAIN_RUN_DIR/prepare.done`, so a requeued
+// job (same job id, same run directory) skips it; when it fails, the script exits with its status and no
+// training rank starts.
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <hpctrain/error.hpp>
+
+namespace hpctrain {
+
+/// The first argument the generated script gives the binary for the preparation step.
+inline constexpr std::string_view prepare_flag = "--hpctrain-prepare";
+
+/// The file in the run directory that says the preparation completed (created by the script).
+inline constexpr std::string_view prepare_done_file = "prepare.done";
+
+/// What a preparation callable knows about its job.
+struct PrepareContext {
+  std::string job_id;                    ///< `SLURM_JOB_ID` (`local` under `--local`)
+  std::string task_id;                   ///< `SLURM_ARRAY_TASK_ID`, empty outside an array
+  int restart_count = 0;                 ///< `SLURM_RESTART_COUNT`: > 0 when a requeued job prepares again
+  std::filesystem::path run_dir;         ///< `HPCTRAIN_RUN_DIR`: the run's directory, shared by the workers
+  std::filesystem::path output_dir;      ///< `<run_dir>/prepare`, created before the call: put results here
+  std::vector<std::string> args;         ///< the arguments forwarded to the workers (training knobs)
+};
+
+/// Runs once per job before the training step; throws to fail the job (its message goes to the log).
+using PrepareFunction = std::function<void(const PrepareContext&)>;
+
+/// True when argv carries the preparation marker as its first argument.
+inline bool is_prepare_invocation(int argc, char** argv) { return argc >= 2 && argv[1] == prepare_flag; }
+
+namespace detail {
+inline std::string env_or(const char* name, std::string fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? std::string(value) : fallback;
+}
+}  // namespace detail
+
+/// The context of a preparation step from the environment the script gives it.
+inline PrepareContext prepare_context_from_environment(std::vector<std::string> args) {
+  PrepareContext context;
+  context.job_id = detail::env_or("SLURM_JOB_ID", "local");
+  context.task_id = detail::env_or("SLURM_ARRAY_TASK_ID", "");
+  try {
+    context.restart_count = std::stoi(detail::env_or("SLURM_RESTART_COUNT", "0"));
+  } catch (const std::exception&) {
+    context.restart_count = 0;
+  }
+  const auto run_dir = detail::env_or("HPCTRAIN_RUN_DIR", "");
+  if (run_dir.empty())
+    throw RuntimeError("prepare", "HPCTRAIN_RUN_DIR is not set: the preparation step runs from the generated script");
+  context.run_dir = run_dir;
+  context.output_dir = context.run_dir / "prepare";
+  context.args = std::move(args);
+  return context;
+}
+
+/// Runs `prepare` for this process (the `--hpctrain-prepare` step): creates the output directory, calls it,
+/// and maps failures to exit codes (a SpecError or UsageError: 2, anything else: 1) with the message on stderr.
+inline int run_preparation(const PrepareFunction& prepare, const PrepareContext& context) {
+  try {
+    if (!prepare) throw RuntimeError("prepare", "the script asked for a preparation step but the job registers none");
+    std::filesystem::create_directories(context.output_dir);
+    prepare(context);
+    return exit_ok;
+  } catch (const SpecError& error) {
+    std::fprintf(stderr, "hpctrain: preparation failed: %s\n", error.what());
+    return exit_usage;
+  } catch (const UsageError& error) {
+    std::fprintf(stderr, "hpctrain: preparation failed: %s\n", error.what());
+    return exit_usage;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "hpctrain: preparation failed: %s\n", error.what());
+    return exit_failure;
+  }
+}
+
+}  // namespace hpctrain

@@ -1,0 +1,98 @@
+#pragma once
+// What every language-model family shares: the key/value cache for generation, causal attention through
+// `torch::scaled_dot_product_attention`, and `CausalLM`, the interface generation, export and the
+// fully-sharded strategy use without knowing the family.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include <hpctrain/error.hpp>
+
+namespace hpctrain::models {
+
+/// Keys and values of the tokens already seen, one pair per layer, preallocated to `capacity` positions
+/// (no reallocation while generating). A forward with a cache attends to the cached tokens and appends
+/// its own.
+class KVCache {
+ public:
+  /// Shape per layer: [batch, kv_heads, capacity, head_dim].
+  KVCache(std::int64_t layers, std::int64_t batch, std::int64_t kv_heads, std::int64_t capacity, std::int64_t head_dim,
+          torch::TensorOptions options)
+      : capacity_(capacity) {
+    for (std::int64_t i = 0; i < layers; ++i) {
+      keys_.push_back(torch::zeros({batch, kv_heads, capacity, head_dim}, options));
+      values_.push_back(torch::zeros({batch, kv_heads, capacity, head_dim}, options));
+    }
+  }
+
+  /// Tokens already cached: the position of the next token.
+  std::int64_t length() const { return length_; }
+  std::int64_t capacity() const { return capacity_; }
+  /// Forgets every token (the buffers are kept).
+  void reset() { length_ = 0; }
+
+  /// Stores `keys`/`values` ([batch, kv_heads, T, head_dim]) of `layer` after the cached tokens and returns
+  /// every key and value of the layer so far ([batch, kv_heads, length + T, head_dim]).
+  std::pair<torch::Tensor, torch::Tensor> update(std::size_t layer, const torch::Tensor& keys, const torch::Tensor& values) {
+    const auto t = keys.size(2);
+    keys_.at(layer).narrow(2, length_, t).copy_(keys);
+    values_.at(layer).narrow(2, length_, t).copy_(values);
+    return {keys_[layer].narrow(2, 0, length_ + t), values_[layer].narrow(2, 0, length_ + t)};
+  }
+
+  /// Called by the model once every layer has stored `tokens` new positions.
+  void advance(std::int64_t tokens) { length_ += tokens; }
+
+  /// RuntimeError unless `tokens` more positions fit.
+  void check_room(std::int64_t tokens) const {
+    if (length_ + tokens > capacity_)
+      throw RuntimeError("generation", fmt::format("the KV cache holds {} positions; {} cached + {} new do not fit",
+                                                   capacity_, length_, tokens));
+  }
+
+ private:
+  std::vector<torch::Tensor> keys_, values_;
+  std::int64_t capacity_ = 0;
+  std::int64_t length_ = 0;
+};
+
+/// Causal self-attention of `q` [B, H, T, D] over `k`, `v` [B, KV, past + T, D]. Without cached tokens
+/// this is `is_causal` (the flash / memory-efficient kernels on CUDA). With them, a single new token sees
+/// everything; several new tokens need the causal mask aligned to the bottom right, which is_causal
+/// (aligned top left) does not give. KV < H is grouped-query attention (enable_gqa).
+inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                      std::int64_t past, double dropout) {
+  const bool grouped = k.size(1) != q.size(1);
+  if (past == 0) return torch::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true, std::nullopt, grouped);
+  const auto t = q.size(2);
+  if (t == 1) return torch::scaled_dot_product_attention(q, k, v, {}, dropout, false, std::nullopt, grouped);
+  auto mask = torch::ones({t, past + t}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).tril(past);
+  return torch::scaled_dot_product_attention(q, k, v, mask, dropout, false, std::nullopt, grouped);
+}
+
+/// A decoder-only language model: token ids [B, T] in, logits [B, T, vocab] out.
+class CausalLM : public torch::nn::Module {
+ public:
+  /// Logits for `input_ids` [B, T]; with a cache, the tokens continue the cached ones and are appended.
+  virtual torch::Tensor forward(const torch::Tensor& input_ids, KVCache* cache = nullptr) = 0;
+  /// The transformer blocks in order (e.g. for a fully-sharded strategy that gathers block by block).
+  virtual std::vector<std::shared_ptr<torch::nn::Module>> blocks() = 0;
+  /// An empty cache for `batch` sequences of up to `capacity` positions, on the model's device and dtype.
+  virtual KVCache make_cache(std::int64_t batch, std::int64_t capacity) = 0;
+  /// The longest sequence the model accepts (learned positions), or nullopt (rotary positions).
+  virtual std::optional<std::int64_t> max_positions() const = 0;
+  /// The token that ends generation, from the config.
+  virtual std::optional<std::int64_t> eos_token_id() const = 0;
+  /// Recompute each block in backward instead of keeping its activations (training only).
+  void set_activation_checkpointing(bool on) { activation_checkpointing_ = on; }
+  bool activation_checkpointing() const { return activation_checkpointing_; }
+
+ protected:
+  bool activation_checkpointing_ = false;
+};
+
+}  // namespace hpctrain::models

@@ -1,0 +1,186 @@
+#pragma once
+// The GPT-2 family as a LibTorch module, shaped like nanoGPT's model.py: token + learned position
+// embeddings, n_layer pre-LayerNorm blocks (x + attn(ln_1(x)), then x + mlp(ln_2(x))), a final LayerNorm and
+// a head tied to the token embedding. Module names follow transformers' GPT2LMHeadModel without its
+// `transformer.` prefix, so checkpoint names map one to one (models/hf_checkpoint.hpp).
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include <hpctrain/models/activation_checkpoint.hpp>
+#include <hpctrain/models/causal_lm.hpp>
+#include <hpctrain/models/gpt2_config.hpp>
+
+namespace hpctrain::models {
+
+/// Multi-head causal self-attention: one projection to q, k, v (`c_attn`), one back (`c_proj`).
+class GPT2AttentionImpl : public torch::nn::Module {
+ public:
+  explicit GPT2AttentionImpl(const GPT2Config& config)
+      : n_head_(config.n_head), head_dim_(config.head_dim()), attn_pdrop_(config.attn_pdrop) {
+    c_attn = register_module("c_attn", torch::nn::Linear(config.n_embd, 3 * config.n_embd));
+    c_proj = register_module("c_proj", torch::nn::Linear(config.n_embd, config.n_embd));
+    resid_dropout = register_module("resid_dropout", torch::nn::Dropout(config.resid_pdrop));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x, KVCache* cache, std::size_t layer) {
+    const auto b = x.size(0), t = x.size(1), width = x.size(2);
+    auto qkv = c_attn(x).split(width, /*dim=*/2);
+    auto heads = [&](const torch::Tensor& y) { return y.view({b, t, n_head_, head_dim_}).transpose(1, 2); };
+    auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+    std::int64_t past = 0;
+    if (cache != nullptr) {
+      past = cache->length();
+      std::tie(k, v) = cache->update(layer, k, v);
+    }
+    auto y = causal_attention(q, k, v, past, is_training() ? attn_pdrop_ : 0.0);
+    y = y.transpose(1, 2).contiguous().view({b, t, width});
+    return resid_dropout(c_proj(y));
+  }
+
+  torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  torch::nn::Dropout resid_dropout{nullptr};
+
+ private:
+  std::int64_t n_head_, head_dim_;
+  double attn_pdrop_;
+};
+TORCH_MODULE(GPT2Attention);
+
+/// The MLP: widen (`c_fc`), GELU, narrow (`c_proj`).
+class GPT2MLPImpl : public torch::nn::Module {
+ public:
+  explicit GPT2MLPImpl(const GPT2Config& config) : approximate_(config.gelu_tanh() ? "tanh" : "none") {
+    c_fc = register_module("c_fc", torch::nn::Linear(config.n_embd, config.inner()));
+    c_proj = register_module("c_proj", torch::nn::Linear(config.inner(), config.n_embd));
+    dropout = register_module("dropout", torch::nn::Dropout(config.resid_pdrop));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return dropout(c_proj(torch::gelu(c_fc(x), approximate_))); }
+
+  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+
+ private:
+  std::string approximate_;
+};
+TORCH_MODULE(GPT2MLP);
+
+/// One pre-LayerNorm transformer block.
+class GPT2BlockImpl : public torch::nn::Module {
+ public:
+  GPT2BlockImpl(const GPT2Config& config, std::size_t layer) : layer_(layer) {
+    const auto norm = torch::nn::LayerNormOptions({config.n_embd}).eps(config.layer_norm_epsilon);
+    ln_1 = register_module("ln_1", torch::nn::LayerNorm(norm));
+    attn = register_module("attn", GPT2Attention(config));
+    ln_2 = register_module("ln_2", torch::nn::LayerNorm(norm));
+    mlp = register_module("mlp", GPT2MLP(config));
+  }
+
+  torch::Tensor forward(torch::Tensor x, KVCache* cache = nullptr) {
+    x = x + attn->forward(ln_1(x), cache, layer_);
+    x = x + mlp(ln_2(x));
+    return x;
+  }
+
+  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  GPT2Attention attn{nullptr};
+  GPT2MLP mlp{nullptr};
+
+ private:
+  std::size_t layer_;
+};
+TORCH_MODULE(GPT2Block);
+
+/// GPT-2 with its language-model head: ids [B, T] → logits [B, T, vocab_size].
+class GPT2Impl : public CausalLM {
+ public:
+  explicit GPT2Impl(GPT2Config config) : config_(std::move(config)) {
+    config_.validate();
+    wte = register_module("wte", torch::nn::Embedding(config_.vocab_size, config_.n_embd));
+    wpe = register_module("wpe", torch::nn::Embedding(config_.n_positions, config_.n_embd));
+    drop = register_module("drop", torch::nn::Dropout(config_.embd_pdrop));
+    h = register_module("h", torch::nn::ModuleList());
+    for (std::int64_t i = 0; i < config_.n_layer; ++i) {
+      block_list_.push_back(GPT2Block(config_, static_cast<std::size_t>(i)));
+      h->push_back(block_list_.back());
+    }
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config_.n_embd}).eps(config_.layer_norm_epsilon)));
+    if (!config_.tie_word_embeddings) lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config_.n_embd, config_.vocab_size).bias(false)));
+    initialize_weights();
+  }
+
+  torch::Tensor forward(const torch::Tensor& input_ids, KVCache* cache = nullptr) override {
+    const auto t = input_ids.size(1);
+    const std::int64_t past = cache != nullptr ? cache->length() : 0;
+    TORCH_CHECK(past + t <= config_.n_positions, "[hpctrain.runtime.generation] GPT-2 sees at most n_positions = ",
+                config_.n_positions, " tokens; got ", past + t);
+    if (cache != nullptr) cache->check_room(t);
+    const auto positions = torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device()));
+    auto x = drop(wte(input_ids) + wpe(positions));
+    for (auto& block : block_list_) {
+      if (activation_checkpointing_ && cache == nullptr && is_training() && torch::GradMode::is_enabled()) {
+        x = checkpointed([block](const torch::Tensor& input) mutable { return block->forward(input); }, x);
+      } else {
+        x = block->forward(x, cache);
+      }
+    }
+    if (cache != nullptr) cache->advance(t);
+    x = ln_f(x);
+    return config_.tie_word_embeddings ? torch::nn::functional::linear(x, wte->weight) : lm_head(x);
+  }
+
+  /// GPT-2's initialisation (Radford et al. 2019, as in nanoGPT and transformers): every weight
+  /// N(0, initializer_range), biases 0, LayerNorms 1/0, and the projections back into the residual stream
+  /// (`attn.c_proj`, `mlp.c_proj`) scaled by 1/sqrt(2·n_layer) since each block adds two of them.
+  void initialize_weights() {
+    torch::NoGradGuard no_grad;
+    const double std = config_.initializer_range;
+    const double residual_std = std / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
+    for (auto& module : modules(/*include_self=*/false)) {
+      if (auto* linear = module->as<torch::nn::Linear>()) {
+        linear->weight.normal_(0.0, std);
+        if (linear->bias.defined()) linear->bias.zero_();
+      } else if (auto* embedding = module->as<torch::nn::Embedding>()) {
+        embedding->weight.normal_(0.0, std);
+      } else if (auto* norm = module->as<torch::nn::LayerNorm>()) {
+        norm->weight.fill_(1.0);
+        norm->bias.zero_();
+      }
+    }
+    for (auto& block : block_list_) {
+      block->attn->c_proj->weight.normal_(0.0, residual_std);
+      block->mlp->c_proj->weight.normal_(0.0, residual_std);
+    }
+  }
+
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() override {
+    std::vector<std::shared_ptr<torch::nn::Module>> out;
+    for (auto& block : block_list_) out.push_back(block.ptr());
+    return out;
+  }
+
+  KVCache make_cache(std::int64_t batch, std::int64_t capacity) override {
+    return KVCache(config_.n_layer, batch, config_.n_head, capacity, config_.head_dim(),
+                   torch::TensorOptions().dtype(wte->weight.dtype()).device(wte->weight.device()));
+  }
+  std::optional<std::int64_t> max_positions() const override { return config_.n_positions; }
+  std::optional<std::int64_t> eos_token_id() const override { return config_.eos_token_id; }
+  const GPT2Config& config() const { return config_; }
+
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::Dropout drop{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear lm_head{nullptr};  ///< only when tie_word_embeddings is false
+
+ private:
+  GPT2Config config_;
+  std::vector<GPT2Block> block_list_;
+};
+TORCH_MODULE(GPT2);
+
+}  // namespace hpctrain::models

@@ -1,0 +1,191 @@
+#pragma once
+// Hugging Face checkpoints, both ways: a directory of `config.json` + `model.safetensors` (or shards and
+// `model.safetensors.index.json`) into a GPT2 or Llama module, and a module back into a directory
+// transformers' `from_pretrained` loads. Every tensor of the checkpoint is checked against the config —
+// present, expected, of the right shape and a floating dtype — before any weight is copied.
+//
+// Names: GPT-2 `transformer.h.N.attn.c_attn.weight` ↔ our `h.N.attn.c_attn.weight`, with the weights of
+// GPT-2's Conv1D layers (c_attn, c_proj, c_fc) stored [in, out] and transposed to Linear's [out, in];
+// Llama `model.layers.N.self_attn.q_proj.weight` ↔ our `layers.N.self_attn.q_proj.weight`; `lm_head.weight`
+// on both sides when the head is untied.
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include <hpctrain/job/files.hpp>
+#include <hpctrain/models/gpt2.hpp>
+#include <hpctrain/models/llama.hpp>
+#include <hpctrain/models/safetensors.hpp>
+
+namespace hpctrain::models {
+
+/// How one family names its parameters in a Hugging Face checkpoint.
+struct CheckpointNaming {
+  /// The checkpoint's name of our parameter, and whether the stored tensor is its transpose.
+  std::function<std::pair<std::string, bool>(const std::string& ours)> to_hf;
+  /// Tensors a checkpoint may hold that the module does not need (e.g. GPT-2's causal-mask buffers).
+  std::function<bool(const std::string& hf)> ignorable;
+};
+
+namespace detail {
+
+inline bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+/// GPT-2: `prefix` is "transformer." (transformers) or "" (OpenAI's original files).
+inline CheckpointNaming gpt2_naming(const GPT2Config& config, std::string prefix) {
+  return {[prefix](const std::string& ours) -> std::pair<std::string, bool> {
+            if (ours == "lm_head.weight") return {ours, false};
+            const bool conv1d = ends_with(ours, ".weight") && (ours.find(".c_attn.") != std::string::npos ||
+                                                               ours.find(".c_proj.") != std::string::npos ||
+                                                               ours.find(".c_fc.") != std::string::npos);
+            return {prefix + ours, conv1d};
+          },
+          [tied = config.tie_word_embeddings](const std::string& hf) {
+            return ends_with(hf, ".attn.bias") || ends_with(hf, ".attn.masked_bias") || (tied && hf == "lm_head.weight");
+          }};
+}
+
+inline CheckpointNaming llama_naming(const LlamaConfig& config) {
+  return {[](const std::string& ours) -> std::pair<std::string, bool> {
+            if (ours == "lm_head.weight") return {ours, false};
+            return {"model." + ours, false};
+          },
+          [tied = config.tie_word_embeddings](const std::string& hf) {
+            return ends_with(hf, ".rotary_emb.inv_freq") || (tied && hf == "lm_head.weight");
+          }};
+}
+
+inline std::string shape_text(const std::vector<std::int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+/// The file to name for a tensor the checkpoint lacks: the single file, or the index of the shards.
+inline std::string checkpoint_source(const std::filesystem::path& directory) {
+  const auto single = directory / safetensors::single_file_name;
+  return (std::filesystem::exists(single) ? single : directory / safetensors::index_file_name).string();
+}
+
+}  // namespace detail
+
+/// Copies the weights of `checkpoint` into `module` after checking every tensor (RuntimeError
+/// `hpctrain.runtime.safetensors` naming the file, the tensor and the reason); converts dtypes to the
+/// module's. Nothing is copied when any check fails.
+inline void load_weights(torch::nn::Module& module, const safetensors::Checkpoint& checkpoint,
+                         const CheckpointNaming& naming, const std::filesystem::path& directory) {
+  struct Target {
+    torch::Tensor parameter;
+    std::string hf;
+    bool transposed;
+  };
+  std::vector<Target> targets;
+  std::set<std::string> expected;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    auto [hf, transposed] = naming.to_hf(item.key());
+    targets.push_back({item.value(), hf, transposed});
+    expected.insert(hf);
+  }
+  for (const auto& target : targets) {
+    if (!checkpoint.contains(target.hf))
+      throw safetensors::format_error(detail::checkpoint_source(directory), target.hf, "missing: the config needs it");
+    const auto& info = checkpoint.info(target.hf);
+    auto shape = target.parameter.sizes().vec();
+    if (target.transposed) std::swap(shape[0], shape[1]);
+    const auto& file = checkpoint.file_of(target.hf).path().string();
+    if (info.shape != shape)
+      throw safetensors::format_error(file, target.hf, fmt::format("shape {} but the config needs {}",
+                                                                   detail::shape_text(info.shape), detail::shape_text(shape)));
+    const auto dtype = info.dtype;
+    if (dtype != safetensors::Dtype::F32 && dtype != safetensors::Dtype::F16 && dtype != safetensors::Dtype::BF16 &&
+        dtype != safetensors::Dtype::F64)
+      throw safetensors::format_error(file, target.hf, fmt::format("dtype {} is not a floating type", safetensors::dtype_name(dtype)));
+  }
+  for (const auto& name : checkpoint.names()) {
+    if (!expected.count(name) && !naming.ignorable(name))
+      throw safetensors::format_error(checkpoint.file_of(name).path().string(), name, "unexpected: the config has no such weight");
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& target : targets) {
+    auto tensor = checkpoint.tensor(target.hf, target.parameter.scalar_type());
+    target.parameter.copy_(target.transposed ? tensor.t() : tensor);
+  }
+}
+
+/// Reads `directory/config.json` as a GPT-2 config.
+inline GPT2Config read_gpt2_config(const std::filesystem::path& directory) {
+  return GPT2Config::from_json(detail::read_json_file(directory / "config.json"));
+}
+inline LlamaConfig read_llama_config(const std::filesystem::path& directory) {
+  return LlamaConfig::from_json(detail::read_json_file(directory / "config.json"));
+}
+
+/// A GPT-2 from a Hugging Face directory (weights converted to `dtype`).
+inline GPT2 load_gpt2(const std::filesystem::path& directory, torch::Dtype dtype = torch::kFloat32) {
+  const auto config = read_gpt2_config(directory);
+  const safetensors::Checkpoint checkpoint(directory);
+  GPT2 model(config);
+  model->to(dtype);
+  const bool prefixed = !checkpoint.contains("wte.weight");
+  load_weights(*model, checkpoint, detail::gpt2_naming(config, prefixed ? "transformer." : ""), directory);
+  return model;
+}
+
+/// A Llama from a Hugging Face directory (weights converted to `dtype`).
+inline Llama load_llama(const std::filesystem::path& directory, torch::Dtype dtype = torch::kFloat32) {
+  const auto config = read_llama_config(directory);
+  const safetensors::Checkpoint checkpoint(directory);
+  Llama model(config);
+  model->to(dtype);
+  load_weights(*model, checkpoint, detail::llama_naming(config), directory);
+  return model;
+}
+
+/// The model a Hugging Face directory holds, by its config's `model_type` ("gpt2" or "llama").
+inline std::shared_ptr<CausalLM> load_pretrained(const std::filesystem::path& directory, torch::Dtype dtype = torch::kFloat32) {
+  const auto json = detail::read_json_file(directory / "config.json");
+  const auto type = json.value("model_type", std::string());
+  if (type == "gpt2") return load_gpt2(directory, dtype).ptr();
+  if (type == "llama") return load_llama(directory, dtype).ptr();
+  throw SpecError("model_type", json.contains("model_type") ? json["model_type"].dump() : "(absent)",
+                  fmt::format("{}: hpctrain reads \"gpt2\" and \"llama\"", (directory / "config.json").string()));
+}
+
+namespace detail {
+
+inline void save_directory(torch::nn::Module& module, const nlohmann::ordered_json& config, const CheckpointNaming& naming,
+                           const std::filesystem::path& directory, std::uint64_t max_shard_bytes) {
+  std::filesystem::create_directories(directory);
+  safetensors::NamedTensors tensors;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    auto [hf, transposed] = naming.to_hf(item.key());
+    auto tensor = item.value().detach();
+    tensors.emplace_back(hf, transposed ? tensor.t().contiguous() : tensor);
+  }
+  safetensors::save_checkpoint(directory, tensors, max_shard_bytes);
+  // config.json last: a directory with a config has its weights.
+  hpctrain::detail::write_file_atomically(directory / "config.json", config.dump(2) + "\n", "safetensors");
+}
+
+}  // namespace detail
+
+/// Writes `model` as a Hugging Face directory (config.json + model.safetensors, sharded above
+/// `max_shard_bytes`) that transformers' GPT2LMHeadModel.from_pretrained loads. Every file is atomic.
+inline void save_pretrained(GPT2Impl& model, const std::filesystem::path& directory,
+                            std::uint64_t max_shard_bytes = std::numeric_limits<std::uint64_t>::max()) {
+  detail::save_directory(model, model.config().to_json(), detail::gpt2_naming(model.config(), "transformer."), directory, max_shard_bytes);
+}
+
+/// Writes `model` as a Hugging Face directory that LlamaForCausalLM.from_pretrained loads.
+inline void save_pretrained(LlamaImpl& model, const std::filesystem::path& directory,
+                            std::uint64_t max_shard_bytes = std::numeric_limits<std::uint64_t>::max()) {
+  detail::save_directory(model, model.config().to_json(), detail::llama_naming(model.config()), directory, max_shard_bytes);
+}
+
+}  // namespace hpctrain::models

@@ -1,0 +1,235 @@
+#pragma once
+// The Llama family as a LibTorch module, shaped like torchtitan's llama3 model.py: token embedding,
+// num_hidden_layers blocks (h = x + attention(norm(x)), out = h + mlp(norm(h))) with RMSNorm, rotary
+// positions (rope_theta, optional Llama 3 scaling), grouped-query attention and a SwiGLU MLP, then a final
+// RMSNorm and the head. Rotary embeddings turn the two halves of each head against each other
+// ("rotate_half"), the layout of Hugging Face checkpoints. Module names follow transformers'
+// LlamaForCausalLM without its `model.` prefix (models/hf_checkpoint.hpp maps them).
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include <hpctrain/models/activation_checkpoint.hpp>
+#include <hpctrain/models/causal_lm.hpp>
+#include <hpctrain/models/llama_config.hpp>
+
+namespace hpctrain::models {
+
+/// Root-mean-square normalisation (Zhang & Sennrich 2019), computed in fp32 whatever the input dtype.
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(std::int64_t dim, double eps) : eps_(eps) { weight = register_parameter("weight", torch::ones({dim})); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto y = x.to(torch::kFloat32);
+    y = y * torch::rsqrt(y.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+    return weight * y.to(x.scalar_type());
+  }
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+/// The rotary frequencies θ_i = rope_theta^(-2i/d), rescaled as `rope_scaling` asks (Llama 3.1: long
+/// wavelengths divided by `factor`, short ones kept, a smooth blend between), in fp32.
+inline torch::Tensor rotary_inverse_frequencies(const LlamaConfig& config) {
+  const auto dim = config.head_dimension();
+  auto exponents = torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat32) / static_cast<double>(dim);
+  auto inv_freq = 1.0 / torch::pow(config.rope_theta, exponents);
+  if (!config.rope_scaling) return inv_freq;
+  const auto& s = *config.rope_scaling;
+  if (s.rope_type == "linear") return inv_freq / s.factor;
+  const double old_context = static_cast<double>(s.original_max_position_embeddings);
+  const double low_freq_wavelen = old_context / s.low_freq_factor;
+  const double high_freq_wavelen = old_context / s.high_freq_factor;
+  auto wavelen = 2.0 * M_PI / inv_freq;
+  auto scaled = torch::where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq);
+  auto smooth = (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  auto smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+  auto medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
+  return torch::where(medium, smoothed, scaled);
+}
+
+/// Rotates `x` [B, H, T, D] by the angles whose cos and sin are given ([T, D]).
+inline torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const auto half = x.size(-1) / 2;
+  auto rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+/// Grouped-query attention: num_attention_heads query heads share num_key_value_heads key/value heads.
+class LlamaAttentionImpl : public torch::nn::Module {
+ public:
+  explicit LlamaAttentionImpl(const LlamaConfig& config)
+      : heads_(config.num_attention_heads), kv_heads_(config.kv_heads()), head_dim_(config.head_dimension()),
+        dropout_(config.attention_dropout) {
+    const auto d = config.hidden_size;
+    auto linear = [&](std::int64_t in, std::int64_t out) {
+      return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(config.attention_bias));
+    };
+    q_proj = register_module("q_proj", linear(d, heads_ * head_dim_));
+    k_proj = register_module("k_proj", linear(d, kv_heads_ * head_dim_));
+    v_proj = register_module("v_proj", linear(d, kv_heads_ * head_dim_));
+    o_proj = register_module("o_proj", linear(heads_ * head_dim_, d));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, KVCache* cache,
+                        std::size_t layer) {
+    const auto b = x.size(0), t = x.size(1);
+    auto q = q_proj(x).view({b, t, heads_, head_dim_}).transpose(1, 2);
+    auto k = k_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+    auto v = v_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+    q = apply_rotary(q, cos, sin);
+    k = apply_rotary(k, cos, sin);
+    std::int64_t past = 0;
+    if (cache != nullptr) {
+      past = cache->length();
+      std::tie(k, v) = cache->update(layer, k, v);
+    }
+    auto y = causal_attention(q, k, v, past, is_training() ? dropout_ : 0.0);
+    return o_proj(y.transpose(1, 2).reshape({b, t, heads_ * head_dim_}));
+  }
+
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  std::int64_t heads_, kv_heads_, head_dim_;
+  double dropout_;
+};
+TORCH_MODULE(LlamaAttention);
+
+/// SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x)).
+class LlamaMLPImpl : public torch::nn::Module {
+ public:
+  explicit LlamaMLPImpl(const LlamaConfig& config) {
+    auto linear = [&](std::int64_t in, std::int64_t out) {
+      return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(config.mlp_bias));
+    };
+    gate_proj = register_module("gate_proj", linear(config.hidden_size, config.intermediate_size));
+    up_proj = register_module("up_proj", linear(config.hidden_size, config.intermediate_size));
+    down_proj = register_module("down_proj", linear(config.intermediate_size, config.hidden_size));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return down_proj(torch::silu(gate_proj(x)) * up_proj(x)); }
+
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(LlamaMLP);
+
+/// One pre-norm block.
+class LlamaBlockImpl : public torch::nn::Module {
+ public:
+  LlamaBlockImpl(const LlamaConfig& config, std::size_t layer) : layer_(layer) {
+    input_layernorm = register_module("input_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
+    self_attn = register_module("self_attn", LlamaAttention(config));
+    post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
+    mlp = register_module("mlp", LlamaMLP(config));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, KVCache* cache = nullptr) {
+    auto h = x + self_attn->forward(input_layernorm(x), cos, sin, cache, layer_);
+    return h + mlp(post_attention_layernorm(h));
+  }
+
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  LlamaAttention self_attn{nullptr};
+  LlamaMLP mlp{nullptr};
+
+ private:
+  std::size_t layer_;
+};
+TORCH_MODULE(LlamaBlock);
+
+/// Llama with its language-model head: ids [B, T] → logits [B, T, vocab_size].
+class LlamaImpl : public CausalLM {
+ public:
+  explicit LlamaImpl(LlamaConfig config) : config_(std::move(config)) {
+    config_.validate();
+    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config_.vocab_size, config_.hidden_size));
+    layers = register_module("layers", torch::nn::ModuleList());
+    for (std::int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+      block_list_.push_back(LlamaBlock(config_, static_cast<std::size_t>(i)));
+      layers->push_back(block_list_.back());
+    }
+    norm = register_module("norm", RMSNorm(config_.hidden_size, config_.rms_norm_eps));
+    if (!config_.tie_word_embeddings)
+      lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config_.hidden_size, config_.vocab_size).bias(false)));
+    inv_freq_ = rotary_inverse_frequencies(config_);
+    initialize_weights();
+  }
+
+  torch::Tensor forward(const torch::Tensor& input_ids, KVCache* cache = nullptr) override {
+    const auto t = input_ids.size(1);
+    const std::int64_t past = cache != nullptr ? cache->length() : 0;
+    if (cache != nullptr) cache->check_room(t);
+    auto x = embed_tokens(input_ids);
+    auto [cos, sin] = rotary_angles(past, t, x);
+    for (auto& block : block_list_) {
+      if (activation_checkpointing_ && cache == nullptr && is_training() && torch::GradMode::is_enabled()) {
+        x = checkpointed([block, cos = cos, sin = sin](const torch::Tensor& input) mutable { return block->forward(input, cos, sin); }, x);
+      } else {
+        x = block->forward(x, cos, sin, cache);
+      }
+    }
+    if (cache != nullptr) cache->advance(t);
+    x = norm(x);
+    return config_.tie_word_embeddings ? torch::nn::functional::linear(x, embed_tokens->weight) : lm_head(x);
+  }
+
+  /// transformers' Llama initialisation: every weight N(0, initializer_range), biases 0, norms 1.
+  void initialize_weights() {
+    torch::NoGradGuard no_grad;
+    const double std = config_.initializer_range;
+    for (auto& module : modules(/*include_self=*/false)) {
+      if (auto* linear = module->as<torch::nn::Linear>()) {
+        linear->weight.normal_(0.0, std);
+        if (linear->bias.defined()) linear->bias.zero_();
+      } else if (auto* embedding = module->as<torch::nn::Embedding>()) {
+        embedding->weight.normal_(0.0, std);
+      } else if (auto* rms = module->as<RMSNorm>()) {
+        rms->weight.fill_(1.0);
+      }
+    }
+  }
+
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() override {
+    std::vector<std::shared_ptr<torch::nn::Module>> out;
+    for (auto& block : block_list_) out.push_back(block.ptr());
+    return out;
+  }
+  KVCache make_cache(std::int64_t batch, std::int64_t capacity) override {
+    return KVCache(config_.num_hidden_layers, batch, config_.kv_heads(), capacity, config_.head_dimension(),
+                   torch::TensorOptions().dtype(embed_tokens->weight.dtype()).device(embed_tokens->weight.device()));
+  }
+  std::optional<std::int64_t> max_positions() const override { return std::nullopt; }
+  std::optional<std::int64_t> eos_token_id() const override { return config_.eos_token_id; }
+  const LlamaConfig& config() const { return config_; }
+
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+  torch::nn::Linear lm_head{nullptr};  ///< only when tie_word_embeddings is false
+
+ private:
+  /// cos and sin of the rotary angles of positions [past, past + t) ([t, head_dim], x's dtype). The
+  /// frequencies stay fp32 (a plain member, not a buffer, so that casting the module leaves them alone).
+  std::pair<torch::Tensor, torch::Tensor> rotary_angles(std::int64_t past, std::int64_t t, const torch::Tensor& x) {
+    if (inv_freq_.device() != x.device()) inv_freq_ = inv_freq_.to(x.device());
+    auto positions = torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kFloat32).device(x.device()));
+    auto freqs = torch::outer(positions, inv_freq_);
+    auto angles = torch::cat({freqs, freqs}, -1);
+    return {angles.cos().to(x.scalar_type()), angles.sin().to(x.scalar_type())};
+  }
+
+  LlamaConfig config_;
+  std::vector<LlamaBlock> block_list_;
+  torch::Tensor inv_freq_;
+};
+TORCH_MODULE(Llama);
+
+}  // namespace hpctrain::models

@@ -1,0 +1,13 @@
+#pragma once
+// The language-model layer: GPT-2 and Llama modules, Hugging Face checkpoints both ways, generation.
+// LibTorch only; usable without hpctrain's Trainer (models/ includes nothing from train/).
+#include <hpctrain/models/activation_checkpoint.hpp>
+#include <hpctrain/models/causal_lm.hpp>
+#include <hpctrain/models/generation.hpp>
+#include <hpctrain/models/gpt2.hpp>
+#include <hpctrain/models/gpt2_config.hpp>
+#include <hpctrain/models/hf_checkpoint.hpp>
+#include <hpctrain/models/llama.hpp>
+#include <hpctrain/models/llama_config.hpp>
+#include <hpctrain/models/safetensors.hpp>
+#include <hpctrain/models/safetensors_format.hpp>

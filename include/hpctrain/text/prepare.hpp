@@ -1,0 +1,473 @@
+#pragma once
+// Text files in, token files out: `prepare_tokens` streams the inputs, cuts them into documents, encodes
+// chunks of documents on every core of the task (one Encoder per thread), and writes `train.tokens` and
+// `val.tokens` (text/token_file.hpp) in input order, whatever the thread count. Each document goes to the
+// validation file or the training file by a hash of (seed, its index): a fixed, streaming split that needs
+// no count up front. Documents are followed by the end-of-text token. Outputs are written to temporaries
+// beside them and renamed when complete: a crash leaves the old files or none, never half of one.
+#include <sched.h>   // sched_getaffinity: the CPUs this task may use
+#include <unistd.h>  // getpid, fsync
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <hpctrain/error.hpp>
+#include <hpctrain/job/files.hpp>
+#include <hpctrain/text/token_file.hpp>
+#include <hpctrain/text/tokenizer.hpp>
+
+namespace hpctrain::text {
+
+/// How an input file is cut into documents.
+enum class DocumentFormat {
+  /// fortune(6) files: entries separated by lines holding only `%`.
+  fortunes,
+  /// Paragraphs separated by blank lines.
+  paragraphs,
+  /// Every non-empty line is a document.
+  lines,
+  /// The whole file is one document (read whole: documents are the unit of encoding).
+  file,
+};
+
+/// Options of prepare_tokens (plain data, chained setters).
+struct PrepareOptions {
+  /// Default: DocumentFormat::fortunes.
+  PrepareOptions& documents(DocumentFormat value) { documents_ = value; return *this; }
+  /// Share of documents that go to val.tokens. Default: 0.05.
+  PrepareOptions& validation_fraction(double value) {
+    hpctrain::detail::require(value >= 0.0 && value < 1.0, "prepare.validation_fraction", value, "must be in [0, 1)");
+    validation_fraction_ = value;
+    return *this;
+  }
+  /// Seed of the train/validation split. Default: 1337.
+  PrepareOptions& seed(std::uint64_t value) { seed_ = value; return *this; }
+  /// Encoding threads. Default: 0, every CPU this task may use (sched_getaffinity, so Slurm's binding counts).
+  PrepareOptions& threads(int value) {
+    hpctrain::detail::require(value >= 0, "prepare.threads", value, "must be 0 (all cores of the task) or more");
+    threads_ = value;
+    return *this;
+  }
+  /// The token that ends each document. Default: "" — the first of <|endoftext|>, <|end_of_text|>, </s>, <eos>.
+  PrepareOptions& end_of_text(std::string value) { end_of_text_ = std::move(value); return *this; }
+  /// Bytes of text per unit of work. Default: 4 MiB.
+  PrepareOptions& chunk_bytes(std::size_t value) {
+    hpctrain::detail::require(value > 0, "prepare.chunk_bytes", value, "must be positive");
+    chunk_bytes_ = value;
+    return *this;
+  }
+  /// Store the ids as uint32 even when they fit uint16 (tests of the wide path). Default: false.
+  PrepareOptions& force_uint32(bool value) { force_uint32_ = value; return *this; }
+
+  DocumentFormat documents_ = DocumentFormat::fortunes;
+  double validation_fraction_ = 0.05;
+  std::uint64_t seed_ = 1337;
+  int threads_ = 0;
+  std::string end_of_text_;
+  std::size_t chunk_bytes_ = std::size_t{4} << 20;
+  bool force_uint32_ = false;
+};
+
+/// What prepare_tokens wrote.
+struct PrepareResult {
+  std::filesystem::path train, validation;
+  std::uint64_t train_tokens = 0, validation_tokens = 0;
+  std::uint64_t train_documents = 0, validation_documents = 0;
+  std::uint64_t input_bytes = 0;
+  std::uint32_t token_bytes = 2;
+  int threads = 1;
+  double seconds = 0;
+  /// Input megabytes (10^6 bytes) per second.
+  double megabytes_per_second() const { return seconds > 0 ? input_bytes / 1e6 / seconds : 0; }
+};
+
+namespace detail {
+
+/// The number of CPUs this process may run on (Slurm binds a task to its --cpus-per-task).
+inline int task_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+/// splitmix64: a document's place in the split depends only on (seed, index).
+inline std::uint64_t mix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+inline bool goes_to_validation(std::uint64_t seed, std::uint64_t document, double fraction) {
+  return static_cast<double>(mix64(seed ^ mix64(document)) >> 11) * 0x1.0p-53 < fraction;
+}
+
+/// A unit of work: documents back to back in `text`, `ends[i]` the end of document i.
+struct Chunk {
+  std::uint64_t first_document = 0;
+  std::string text;
+  std::vector<std::size_t> ends;
+};
+/// Its ids, split.
+struct EncodedChunk {
+  std::vector<TokenId> train, validation;
+  std::uint64_t train_documents = 0, validation_documents = 0;
+};
+
+/// Reads input files line by line and hands out chunks of whole documents.
+class DocumentReader {
+ public:
+  DocumentReader(std::span<const std::filesystem::path> inputs, DocumentFormat format, std::size_t chunk_bytes)
+      : inputs_(inputs.begin(), inputs.end()), format_(format), chunk_bytes_(chunk_bytes) {}
+
+  /// The next chunk of whole documents (at least chunk_bytes of text unless the inputs end); false when
+  /// the inputs are exhausted. A document never spans two files.
+  bool next(Chunk& chunk) {
+    chunk.first_document = documents_;
+    chunk.text.clear();
+    chunk.ends.clear();
+    for (;;) {
+      const bool open = chunk.text.size() > open_document_start(chunk);
+      if (!open && chunk.text.size() >= chunk_bytes_) break;
+      if (!stream_.is_open() && !open_next()) break;
+      if (format_ == DocumentFormat::file) {
+        const auto before = chunk.text.size();
+        chunk.text.append(std::istreambuf_iterator<char>(stream_), {});
+        bytes_ += chunk.text.size() - before;
+        end_of_file(chunk);
+        continue;
+      }
+      if (!std::getline(stream_, line_)) {
+        end_of_file(chunk);
+        continue;
+      }
+      bytes_ += line_.size() + (stream_.eof() ? 0 : 1);
+      read_line(chunk);
+    }
+    return !chunk.ends.empty();
+  }
+  std::uint64_t bytes() const { return bytes_; }
+
+ private:
+  std::size_t open_document_start(const Chunk& chunk) const { return chunk.ends.empty() ? 0 : chunk.ends.back(); }
+
+  bool open_next() {
+    if (next_input_ >= inputs_.size()) return false;
+    current_ = inputs_[next_input_++];
+    stream_.clear();
+    stream_.open(current_, std::ios::binary);
+    if (!stream_) throw RuntimeError("text.prepare", fmt::format("{}: cannot open", current_.string()));
+    return true;
+  }
+
+  void end_of_file(Chunk& chunk) {
+    if (stream_.bad()) throw RuntimeError("text.prepare", fmt::format("{}: read error", current_.string()));
+    finish_document(chunk);
+    stream_.close();
+  }
+
+  void read_line(Chunk& chunk) {
+    if (format_ == DocumentFormat::lines) {
+      chunk.text += line_;
+      return finish_document(chunk);
+    }
+    if ((format_ == DocumentFormat::fortunes && line_ == "%") || (format_ == DocumentFormat::paragraphs && line_.empty()))
+      return finish_document(chunk);
+    chunk.text += line_;
+    if (!stream_.eof()) chunk.text += '\n';
+  }
+
+  /// Ends the open document, unless it is empty.
+  void finish_document(Chunk& chunk) {
+    if (chunk.text.size() > open_document_start(chunk)) {
+      chunk.ends.push_back(chunk.text.size());
+      ++documents_;
+    }
+  }
+
+  std::vector<std::filesystem::path> inputs_;
+  DocumentFormat format_;
+  std::size_t chunk_bytes_;
+  std::size_t next_input_ = 0;
+  std::filesystem::path current_;
+  std::ifstream stream_;
+  std::string line_;
+  std::uint64_t documents_ = 0;
+  std::uint64_t bytes_ = 0;
+};
+
+/// One output file being written: a temporary with a placeholder header, renamed when complete.
+class TokenFileWriter {
+ public:
+  TokenFileWriter(std::filesystem::path path, TokenFileHeader header) : path_(std::move(path)), header_(header) {
+    temporary_ = path_.parent_path() / fmt::format(".{}.tmp.{}", path_.filename().string(), ::getpid());
+    file_ = std::fopen(temporary_.c_str(), "wb");
+    if (file_ == nullptr) throw RuntimeError("text.prepare", fmt::format("cannot write {}", temporary_.string()));
+    std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);
+    write_header();
+  }
+  TokenFileWriter(const TokenFileWriter&) = delete;
+  TokenFileWriter& operator=(const TokenFileWriter&) = delete;
+  ~TokenFileWriter() {
+    if (file_ != nullptr) {  // not committed: an error unwound past us
+      std::fclose(file_);
+      std::remove(temporary_.c_str());
+    }
+  }
+
+  void append(std::span<const TokenId> ids) {
+    if (header_.token_bytes == 4) {
+      write(ids.data(), ids.size() * 4);
+    } else {
+      narrow_.assign(ids.begin(), ids.end());
+      write(narrow_.data(), narrow_.size() * 2);
+    }
+    header_.tokens += ids.size();
+  }
+
+  /// Completes the header, makes the data durable, and renames the temporary over the final name.
+  void commit() {
+    bool ok = std::fseek(file_, 0, SEEK_SET) == 0;
+    if (ok) write_header();
+    ok = ok && std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0;
+    ok = (std::fclose(file_) == 0) && ok;
+    file_ = nullptr;
+    std::error_code error;
+    if (ok) std::filesystem::rename(temporary_, path_, error);
+    if (!ok || error) {
+      std::remove(temporary_.c_str());
+      throw RuntimeError("text.prepare", fmt::format("cannot write {}", path_.string()));
+    }
+  }
+  std::uint64_t tokens() const { return header_.tokens; }
+
+ private:
+  void write(const void* data, std::size_t bytes) {
+    if (std::fwrite(data, 1, bytes, file_) != bytes)
+      throw RuntimeError("text.prepare", fmt::format("cannot write {} (disk full?)", temporary_.string()));
+  }
+  void write_header() {
+    const auto bytes = encode_token_file_header(header_);
+    write(bytes.data(), bytes.size());
+  }
+
+  std::filesystem::path path_, temporary_;
+  TokenFileHeader header_;
+  std::FILE* file_ = nullptr;
+  std::vector<std::uint16_t> narrow_;
+};
+
+/// Worker threads that encode chunks, each with its own Encoder; results come back in submission order.
+class ChunkEncoders {
+ public:
+  ChunkEncoders(const Tokenizer& tokenizer, int threads, TokenId end_of_text, const PrepareOptions& options) {
+    for (int t = 0; t < threads; ++t)
+      workers_.emplace_back([this, encoder = tokenizer.encoder(), end_of_text, options]() mutable {
+        work(encoder, end_of_text, options);
+      });
+  }
+  ChunkEncoders(const ChunkEncoders&) = delete;
+  ChunkEncoders& operator=(const ChunkEncoders&) = delete;
+  ~ChunkEncoders() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    for (auto& worker : workers_) worker.join();
+  }
+
+  void submit(Chunk chunk) {
+    std::lock_guard lock(mutex_);
+    queue_.emplace_back(submitted_++, std::move(chunk));
+    changed_.notify_all();
+  }
+  std::size_t in_flight() const { return submitted_ - collected_; }
+
+  /// Waits for the oldest chunk not yet collected; rethrows a worker's error.
+  EncodedChunk collect() {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return error_ || done_.count(collected_) > 0; });
+    if (error_) std::rethrow_exception(error_);
+    auto node = done_.extract(collected_++);
+    return std::move(node.mapped());
+  }
+
+ private:
+  void work(Encoder& encoder, TokenId end_of_text, const PrepareOptions& options) {
+    for (;;) {
+      std::pair<std::size_t, Chunk> job;
+      {
+        std::unique_lock lock(mutex_);
+        changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      EncodedChunk result;
+      try {
+        const Chunk& chunk = job.second;
+        std::size_t begin = 0;
+        for (std::size_t d = 0; d < chunk.ends.size(); ++d) {
+          const std::string_view document(chunk.text.data() + begin, chunk.ends[d] - begin);
+          begin = chunk.ends[d];
+          const bool validation = goes_to_validation(options.seed_, chunk.first_document + d, options.validation_fraction_);
+          auto& out = validation ? result.validation : result.train;
+          encoder.encode_ordinary(document, out);
+          out.push_back(end_of_text);
+          ++(validation ? result.validation_documents : result.train_documents);
+        }
+      } catch (...) {
+        std::lock_guard lock(mutex_);
+        error_ = std::current_exception();
+        changed_.notify_all();
+        return;
+      }
+      std::lock_guard lock(mutex_);
+      done_.emplace(job.first, std::move(result));
+      changed_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::pair<std::size_t, Chunk>> queue_;
+  std::map<std::size_t, EncodedChunk> done_;
+  std::size_t submitted_ = 0, collected_ = 0;
+  bool stopping_ = false;
+  std::exception_ptr error_;
+  std::vector<std::thread> workers_;
+};
+
+/// The id that ends documents: the one named, or the first of the usual names the tokenizer has.
+inline TokenId end_of_text_id(const Tokenizer& tokenizer, const std::string& named) {
+  if (!named.empty()) {
+    if (const auto id = tokenizer.token_id(named)) return *id;
+    throw RuntimeError("text.prepare", fmt::format("{}: has no token {:?} to end documents with", tokenizer.source(), named));
+  }
+  for (const char* candidate : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"})
+    if (const auto id = tokenizer.token_id(candidate)) return *id;
+  throw RuntimeError("text.prepare", fmt::format("{}: has no end-of-text token (none of <|endoftext|>, <|end_of_text|>, "
+                                                 "</s>, <eos>); name one with PrepareOptions::end_of_text",
+                                                 tokenizer.source()));
+}
+
+/// A digest of what the outputs are made from (input names, sizes, times; the options), so a step that
+/// runs again (a requeued job) can tell that the files on disk are already the ones it would write.
+inline std::uint64_t source_digest(std::span<const std::filesystem::path> inputs, const PrepareOptions& options,
+                                   TokenId end_of_text) {
+  Fingerprint digest;
+  for (const auto& input : inputs) {
+    std::error_code error;
+    digest.add(std::filesystem::absolute(input).string());
+    digest.add_u64(std::filesystem::file_size(input, error));
+    digest.add_u64(static_cast<std::uint64_t>(std::filesystem::last_write_time(input, error).time_since_epoch().count()));
+  }
+  digest.add_u64(static_cast<std::uint64_t>(options.documents_));
+  digest.add_u64(static_cast<std::uint64_t>(options.validation_fraction_ * 1e12));
+  digest.add_u64(options.seed_);
+  digest.add_u64(end_of_text);
+  digest.add_u64(options.force_uint32_ ? 1 : 0);
+  return digest.value();
+}
+
+}  // namespace detail
+
+/// Reads the header of a token file on disk (see text/token_file.hpp).
+inline TokenFileHeader read_token_file_header(const std::filesystem::path& file, const TokenFileExpectation& expect = {}) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw RuntimeError("text.token_file", fmt::format("{}: cannot open", file.string()));
+  std::array<char, token_file_header_size> bytes{};
+  in.read(bytes.data(), bytes.size());
+  std::error_code error;
+  const auto size = std::filesystem::file_size(file, error);
+  return parse_token_file_header(std::span<const char>(bytes.data(), static_cast<std::size_t>(in.gcount())), size, file, expect);
+}
+
+/// Tokenizes `inputs` into `<out>/train.tokens` and `<out>/val.tokens` (see the top of this file).
+/// Throws `[hpctrain.runtime.text.prepare]` naming the file that cannot be read or written; on any error
+/// neither output is replaced.
+inline PrepareResult prepare_tokens(std::span<const std::filesystem::path> inputs, const Tokenizer& tokenizer,
+                                    const std::filesystem::path& out, const PrepareOptions& options = {}) {
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& input : inputs)
+    if (!std::filesystem::is_regular_file(input))
+      throw RuntimeError("text.prepare", fmt::format("{}: not a readable file", input.string()));
+  std::error_code error;
+  std::filesystem::create_directories(out, error);
+  if (error) throw RuntimeError("text.prepare", fmt::format("{}: cannot create: {}", out.string(), error.message()));
+
+  const TokenId end_of_text = detail::end_of_text_id(tokenizer, options.end_of_text_);
+  TokenFileHeader header;
+  header.token_bytes = (tokenizer.vocab_size() <= 65536 && !options.force_uint32_) ? 2 : 4;
+  header.vocab_size = tokenizer.vocab_size();
+  header.fingerprint = tokenizer.fingerprint();
+  header.source_digest = detail::source_digest(inputs, options, end_of_text);
+  header.end_of_text = end_of_text;
+
+  PrepareResult result;
+  result.train = out / "train.tokens";
+  result.validation = out / "val.tokens";
+  result.token_bytes = header.token_bytes;
+  result.threads = options.threads_ > 0 ? options.threads_ : detail::task_cpus();
+
+  detail::TokenFileWriter train(result.train, header), validation(result.validation, header);
+  detail::DocumentReader reader(inputs, options.documents_, options.chunk_bytes_);
+  {
+    detail::ChunkEncoders encoders(tokenizer, result.threads, end_of_text, options);
+    auto write = [&](detail::EncodedChunk encoded) {
+      train.append(encoded.train);
+      validation.append(encoded.validation);
+      result.train_documents += encoded.train_documents;
+      result.validation_documents += encoded.validation_documents;
+    };
+    // At most two chunks per thread in memory: the reader waits for the writer, so any corpus size streams.
+    for (detail::Chunk chunk; reader.next(chunk);) {
+      if (encoders.in_flight() >= static_cast<std::size_t>(2 * result.threads)) write(encoders.collect());
+      encoders.submit(std::move(chunk));
+      chunk = {};
+    }
+    while (encoders.in_flight() > 0) write(encoders.collect());
+  }
+  result.train_tokens = train.tokens();
+  result.validation_tokens = validation.tokens();
+  result.input_bytes = reader.bytes();
+  validation.commit();
+  train.commit();
+  hpctrain::detail::fsync_path(out, O_RDONLY | O_DIRECTORY, "text.prepare");
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+/// Whether `<out>/train.tokens` and `val.tokens` exist, are whole, and were made from exactly these inputs
+/// with this tokenizer and these options: then a preparation step that runs again can skip the work.
+inline bool tokens_prepared(std::span<const std::filesystem::path> inputs, const Tokenizer& tokenizer,
+                            const std::filesystem::path& out, const PrepareOptions& options = {}) {
+  try {
+    const auto digest = detail::source_digest(inputs, options, detail::end_of_text_id(tokenizer, options.end_of_text_));
+    for (const char* name : {"train.tokens", "val.tokens"}) {
+      if (!std::filesystem::exists(out / name)) return false;
+      const auto header = read_token_file_header(out / name, {tokenizer.fingerprint(), std::nullopt});
+      if (header.source_digest != digest) return false;
+    }
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+}  // namespace hpctrain::text

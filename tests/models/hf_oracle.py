@@ -1,0 +1,69 @@
+"""The oracle of tests/models: transformers makes, saves and runs small random models.
+
+  hf_oracle.py make FAMILY CONFIG_JSON DIR IDS [--shard BYTES]
+      makes a random FAMILY (gpt2 | llama) model from CONFIG_JSON (transformers' config fields), saves it
+      with save_pretrained into DIR/model (sharded when --shard is given), then runs `expect` on it.
+  hf_oracle.py expect MODEL_DIR IDS OUT_DIR
+      loads MODEL_DIR with from_pretrained and writes OUT_DIR/logits.safetensors (fp32 logits of IDS,
+      [1, T, vocab]) and OUT_DIR/generated.json (the 32 tokens of generate(do_sample=False)).
+
+IDS is a comma-separated list of token ids. Everything runs in fp32 on the CPU.
+"""
+import json
+import os
+import sys
+
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+NEW_TOKENS = 32
+
+
+def make(family, config_json, directory, ids, shard=None):
+    torch.manual_seed(1234)
+    fields = json.loads(config_json)
+    if family == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(**fields))
+    elif family == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**fields))
+    else:
+        raise SystemExit(f"unknown family {family}")
+    # transformers' init (std 0.02) leaves logits near zero, where greedy decoding hangs on near-ties;
+    # larger random weights make every comparison sharper.
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() == 1 and name.endswith("weight"):
+                parameter.copy_(1 + 0.1 * torch.randn_like(parameter))
+            else:
+                parameter.normal_(0.0, 0.1)
+    model_dir = os.path.join(directory, "model")
+    kwargs = {"safe_serialization": True}
+    if shard:
+        kwargs["max_shard_size"] = int(shard)
+    model.save_pretrained(model_dir, **kwargs)
+    expect(model_dir, ids, directory)
+
+
+def expect(model_dir, ids, out_dir):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    model.eval()
+    input_ids = torch.tensor([[int(i) for i in ids.split(",")]], dtype=torch.long)
+    with torch.no_grad():
+        logits = model(input_ids).logits.float().contiguous()
+        generated = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                                   max_new_tokens=NEW_TOKENS, pad_token_id=model.config.eos_token_id)
+    os.makedirs(out_dir, exist_ok=True)
+    save_file({"logits": logits}, os.path.join(out_dir, "logits.safetensors"))
+    with open(os.path.join(out_dir, "generated.json"), "w") as out:
+        json.dump(generated[0, input_ids.shape[1]:].tolist(), out)
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args[:1] == ["make"] and len(args) in (5, 7):
+        make(args[1], args[2], args[3], args[4], args[6] if len(args) == 7 and args[5] == "--shard" else None)
+    elif args[:1] == ["expect"] and len(args) == 4:
+        expect(args[1], args[2], args[3])
+    else:
+        raise SystemExit(__doc__)

@@ -1,0 +1,164 @@
+// GPT-2 and Llama against transformers: a small random model made and saved by transformers loads into
+// our module with equal logits (1e-4, fp32, CPU) and identical greedy generation; the model trained by
+// hpctrain and exported loads back into transformers with equal logits.
+#include <sys/wait.h>  // WEXITSTATUS
+
+#include <catch2/catch.hpp>
+
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <hpctrain/models/models.hpp>
+
+#include "models_test_support.hpp"
+
+namespace ht = hpctrain::models;
+using models_test::run_oracle;
+using models_test::scratch;
+
+namespace {
+
+const std::vector<std::int64_t> prompt{5, 17, 300, 42, 9, 250, 1, 77, 128, 3, 64, 400};
+
+std::string ids_text(const std::vector<std::int64_t>& ids) { return fmt::format("{}", fmt::join(ids, ",")); }
+
+ht::GenerationOptions greedy_32() {
+  ht::GenerationOptions options;
+  options.max_new_tokens = 32;
+  return options;
+}
+
+torch::Tensor prompt_tensor() { return torch::tensor(prompt, torch::kLong).unsqueeze(0); }
+
+/// The largest absolute difference between our logits and the oracle's in `dir`.
+double logit_difference(ht::CausalLM& model, const std::filesystem::path& dir) {
+  torch::NoGradGuard no_grad;
+  model.eval();
+  const auto ours = model.forward(prompt_tensor());
+  const auto theirs = ht::safetensors::File(dir / "logits.safetensors").tensor("logits");
+  REQUIRE(ours.sizes() == theirs.sizes());
+  return (ours - theirs).abs().max().item<double>();
+}
+
+std::vector<std::int64_t> oracle_generation(const std::filesystem::path& dir) {
+  return nlohmann::json::parse(models_test::read_text(dir / "generated.json")).get<std::vector<std::int64_t>>();
+}
+
+/// A few AdamW steps of next-token prediction on random tokens; returns the first and last loss.
+std::pair<double, double> train_briefly(ht::CausalLM& model, std::int64_t vocab) {
+  torch::manual_seed(7);
+  model.train();
+  torch::optim::AdamW optimizer(model.parameters(), torch::optim::AdamWOptions(1e-3));
+  const auto tokens = torch::randint(vocab, {4, 17}, torch::kLong);
+  const auto inputs = tokens.narrow(1, 0, 16), targets = tokens.narrow(1, 1, 16);
+  double first = 0, last = 0;
+  for (int step = 0; step < 8; ++step) {
+    optimizer.zero_grad();
+    auto logits = model.forward(inputs);
+    auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}), targets.reshape({-1}));
+    loss.backward();
+    optimizer.step();
+    (step == 0 ? first : last) = loss.item<double>();
+  }
+  return {first, last};
+}
+
+}  // namespace
+
+TEST_CASE("A GPT-2 made by transformers gives the same logits and greedy tokens here, and its trained export loads back in transformers",
+          "[models][oracle]") {
+  const auto dir = scratch("gpt2-oracle");
+  const std::string config = R"({"vocab_size": 512, "n_positions": 128, "n_embd": 64, "n_layer": 2, "n_head": 4})";
+  run_oracle(fmt::format("make gpt2 '{}' '{}' {}", config, dir.string(), ids_text(prompt)), dir / "make.log");
+
+  auto model = ht::load_gpt2(dir / "model");
+  CHECK(model->config().n_head == 4);
+  CHECK(logit_difference(*model, dir) < 1e-4);
+  CHECK(ht::generate(*model, prompt, greedy_32()) == oracle_generation(dir));
+
+  const auto [first, last] = train_briefly(*model, 512);
+  CHECK(last < first);
+  ht::save_pretrained(*model, dir / "export");
+  run_oracle(fmt::format("expect '{}' {} '{}'", (dir / "export").string(), ids_text(prompt), (dir / "export-oracle").string()),
+             dir / "expect.log");
+  CHECK(logit_difference(*model, dir / "export-oracle") < 1e-4);
+  CHECK(ht::generate(*model, prompt, greedy_32()) == oracle_generation(dir / "export-oracle"));
+}
+
+TEST_CASE("A Llama with grouped-query attention and Llama 3 rope scaling, sharded by transformers, gives the same logits and "
+          "greedy tokens here, and its trained sharded export loads back in transformers",
+          "[models][oracle]") {
+  const auto dir = scratch("llama-oracle");
+  const std::string config = R"({"vocab_size": 512, "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0, "original_max_position_embeddings": 32}, "bos_token_id": 1, "eos_token_id": 2})";
+  run_oracle(fmt::format("make llama '{}' '{}' {} --shard 200000", config, dir.string(), ids_text(prompt)), dir / "make.log");
+  REQUIRE(std::filesystem::exists(dir / "model" / "model.safetensors.index.json"));
+
+  auto model = ht::load_llama(dir / "model");
+  CHECK(model->config().kv_heads() == 2);
+  REQUIRE(model->config().rope_scaling.has_value());
+  CHECK(logit_difference(*model, dir) < 1e-4);
+  CHECK(ht::generate(*model, prompt, greedy_32()) == oracle_generation(dir));
+
+  model->set_activation_checkpointing(true);
+  const auto [first, last] = train_briefly(*model, 512);
+  CHECK(last < first);
+  ht::save_pretrained(*model, dir / "export", /*max_shard_bytes=*/150000);
+  REQUIRE(std::filesystem::exists(dir / "export" / "model.safetensors.index.json"));
+  run_oracle(fmt::format("expect '{}' {} '{}'", (dir / "export").string(), ids_text(prompt), (dir / "export-oracle").string()),
+             dir / "expect.log");
+  CHECK(logit_difference(*model, dir / "export-oracle") < 1e-4);
+  CHECK(ht::generate(*model, prompt, greedy_32()) == oracle_generation(dir / "export-oracle"));
+}
+
+namespace {
+
+/// Runs build/examples/generate with `arguments`; returns its exit code, stdout and stderr in `out`/`err`.
+int run_generate(const std::string& arguments, const std::filesystem::path& dir, std::string& out, std::string& err) {
+  const char* build = std::getenv("HPCTRAIN_BUILD_DIR");
+  REQUIRE(build != nullptr);
+  const auto binary = std::filesystem::path(build) / "examples" / "generate";
+  REQUIRE(std::filesystem::exists(binary));
+  const auto command = fmt::format("'{}' {} > '{}' 2> '{}'", binary.string(), arguments, (dir / "out").string(), (dir / "err").string());
+  const int status = std::system(command.c_str());
+  out = models_test::read_text(dir / "out");
+  err = models_test::read_text(dir / "err");
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+TEST_CASE("build/examples/generate reproduces transformers' greedy ids and refuses a corrupt file naming it and the tensor",
+          "[models][oracle][example]") {
+  const auto dir = scratch("generate-example");
+  // A config the other tests do not use: three layers, two heads, exact GELU, an untied head.
+  const std::string config = R"({"vocab_size": 300, "n_positions": 64, "n_embd": 48, "n_layer": 3, "n_head": 2,
+    "activation_function": "gelu", "tie_word_embeddings": false, "eos_token_id": 7})";
+  const std::vector<std::int64_t> ids{11, 250, 3, 99, 42};
+  run_oracle(fmt::format("make gpt2 '{}' '{}' {}", config, dir.string(), ids_text(ids)), dir / "make.log");
+  const auto expected = oracle_generation(dir);
+
+  std::string out, err;
+  REQUIRE(run_generate(fmt::format("--model '{}' --prompt-ids '11 250 3 99 42' --max-new-tokens 32", (dir / "model").string()), dir, out, err) == 0);
+  INFO(err);
+  CHECK(out == fmt::format("{}\n", fmt::join(expected, " ")));
+
+  // Make the first tensor of the header claim F16: its bytes no longer match its shape.
+  const auto file = dir / "model" / "model.safetensors";
+  auto bytes = models_test::read_text(file);
+  const auto at = bytes.find("{\"dtype\":\"F32\"");
+  REQUIRE(at != std::string::npos);
+  const auto name_end = at - 2, name_begin = bytes.rfind('"', name_end - 1) + 1;
+  const auto tensor = bytes.substr(name_begin, name_end - name_begin);
+  bytes.replace(at + 10, 3, "F16");
+  {
+    std::ofstream rewrite(file, std::ios::binary);
+    rewrite << bytes;
+  }
+  CHECK(run_generate(fmt::format("--model '{}' --prompt-ids 1", (dir / "model").string()), dir, out, err) == 1);
+  CHECK_THAT(err, Catch::StartsWith(fmt::format("[hpctrain.runtime.safetensors] {}: tensor {}: data_offsets", file.string(), tensor)));
+  CHECK(out.empty());
+}
