@@ -2,7 +2,7 @@
 // Starting ranks of a worker program for the multi-process dist tests: each rank a child process with
 // RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set and its stdout/stderr in files of a fresh directory.
 // Shared by multi_process_test.cpp (dist_worker) and zero_test.cpp (zero_worker).
-#include <hpctrain/job/local_launch.hpp>  // detail::free_local_port
+#include <hpctrain/slurm/local_launch.hpp>  // detail::free_local_port
 
 #include <fcntl.h>
 #include <signal.h>

@@ -161,35 +161,40 @@ TEST_CASE("A batch larger than a rank's share of the data is a spec error naming
 }
 
 TEST_CASE("Training knobs forwarded on the command line replace the description's values", "[worker]") {
-  const auto knobs = hpctrain::parse_training_knobs({"--epochs", "3", "--max-steps=40", "--batch-size", "16", "--lr", "0.01"});
-  const auto training = hpctrain::with_knobs(small_training("unused").batch_size(hpctrain::global(64)), knobs);
+  const auto described = small_training("unused").batch_size(hpctrain::global(64));
+  const auto knobs = hpctrain::parse_training_knobs(described, {"--epochs", "3", "--max-steps=40", "--batch-size", "16", "--lr", "0.01"});
+  const auto training = hpctrain::with_knobs(described, knobs);
   CHECK(training.epochs() == std::optional<std::int64_t>(3));
   CHECK(training.max_steps() == std::optional<std::int64_t>(40));
   CHECK(training.batch_size().value == 16);
   CHECK(training.batch_size().scope == hpctrain::BatchScope::global);
   CHECK(training.lr() == std::optional<double>(0.01));
+  CHECK(training.knobs().get<double>("lr") == 0.01);
 }
 
-TEST_CASE("A negative --lr fails validation naming the field", "[worker]") {
-  const auto training = hpctrain::with_knobs(small_training("unused"), hpctrain::parse_training_knobs({"--lr", "-1"}));
-  try {
-    training.validate();
-    FAIL("expected a SpecError");
-  } catch (const hpctrain::SpecError& error) {
-    CHECK(std::string(error.what()) == "[hpctrain.spec.training.lr] training.lr = -1: must be positive");
-  }
+TEST_CASE("A program's own knobs join the built-ins in one table, with their defaults and checks", "[worker]") {
+  const auto described = small_training("unused").knob<std::int64_t>("warmup_steps", 100, "warm-up", hpctrain::non_negative());
+  const auto table = hpctrain::training_knobs(described);
+  CHECK(table.find("epochs") != nullptr);
+  CHECK(table.find("warmup_steps") != nullptr);
+  const auto training = hpctrain::with_knobs(described, table.with_arguments({"--warmup-steps", "7"}));
+  CHECK(training.knobs().get<int>("warmup_steps") == 7);
+  CHECK(hpctrain::training_knobs(training).specs().size() == table.specs().size());  // extending again adds nothing
+  CHECK_THROWS_WITH(hpctrain::training_knobs(small_training("unused").knob<double>("lr", 0.1, "mine")),
+                    "[hpctrain.spec.knob] lr: is declared twice (a built-in knob has this name)");
 }
 
-TEST_CASE("An unknown or malformed worker argument is a usage error", "[worker]") {
+TEST_CASE("An invalid or unknown worker argument names the knob", "[worker]") {
   auto [args, message] = GENERATE(table<std::vector<std::string>, std::string>({
-      {{"--epoch", "3"}, "[hpctrain.usage] worker arguments: The following arguments were not expected: 3 --epoch"},
-      {{"--max-steps", "many"}, "[hpctrain.usage] worker arguments: Could not convert: --max-steps = many"},
+      {{"--lr", "-1"}, "[hpctrain.spec.knob] --lr = -1: must be positive"},
+      {{"--epoch", "3"}, "[hpctrain.usage] unknown option --epoch (did you mean --epochs?); the knobs are: --epochs --max-steps --batch-size --lr"},
+      {{"--max-steps", "many"}, "[hpctrain.spec.knob] --max-steps = many: expected an integer"},
   }));
   CAPTURE(args);
   try {
-    hpctrain::parse_training_knobs(args);
-    FAIL("expected a UsageError");
-  } catch (const hpctrain::UsageError& error) {
+    (void)hpctrain::parse_training_knobs(small_training("unused"), args);
+    FAIL("expected an hpctrain::Error");
+  } catch (const hpctrain::Error& error) {
     CHECK(std::string(error.what()) == message);
   }
 }

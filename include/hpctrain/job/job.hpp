@@ -19,7 +19,7 @@
 #include <hpctrain/job/prepare.hpp>
 #include <hpctrain/job/shell.hpp>
 #include <hpctrain/job/site.hpp>
-#include <hpctrain/job/spec_error_exit.hpp>  // a SpecError escaping main exits 2
+#include <hpctrain/job/spec_error_exit.hpp>  // install_spec_error_exit(): a SpecError escaping main exits 2
 #include <hpctrain/job/units.hpp>
 
 namespace hpctrain {

@@ -24,20 +24,10 @@
 #include <hpctrain/job/shell.hpp>
 #include <hpctrain/job/site.hpp>
 #include <hpctrain/job/units.hpp>
+#include <hpctrain/names.hpp>  // worker_flag, the job-directory layout
 #include <hpctrain/version.hpp>
 
 namespace hpctrain {
-
-/// The first argument that the generated script gives the binary: it enters worker mode (DESIGN.md:
-/// an explicit marker, never a guess from SLURM_* variables).
-inline constexpr std::string_view worker_flag = "--hpctrain-worker";
-
-/// With requeue_on_timeout, the script exports this variable: a worker that checkpointed for a requeue
-/// creates the file it names (any rank; rank 0 suffices) before it exits with exit_requeue.
-inline constexpr std::string_view requeue_marker_variable = "HPCTRAIN_REQUEUE_MARKER";
-
-/// True when argv carries the worker marker as its first argument.
-inline bool is_worker_invocation(int argc, char** argv) { return argc >= 2 && argv[1] == worker_flag; }
 
 /// Everything a rendering needs besides the Job: fixed by tests, taken from the process otherwise.
 struct RenderContext {
@@ -125,7 +115,7 @@ inline std::string job_workdir(const Job& job, const RenderContext& context) {
 
 /// Where the job's records and (by default) logs live: `<workdir>/hpctrain-jobs/<name>`.
 inline std::filesystem::path job_root(const Job& job, const RenderContext& context) {
-  return std::filesystem::path(job_workdir(job, context)) / "hpctrain-jobs" / detail::directory_name(job.name());
+  return std::filesystem::path(job_workdir(job, context)) / layout::jobs_root / detail::directory_name(job.name());
 }
 
 namespace detail {
@@ -398,11 +388,11 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
   if (job.array()) {
     // One run directory per task, inside the array's job directory: `<array id>/<array id>_<task id>`.
     s += "# A job array: every task has its own run directory (and log), and is requeued on its own.\n";
-    s += fmt::format("export HPCTRAIN_RUN_DIR={}/\"$SLURM_ARRAY_JOB_ID/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}\"\n",
+    s += fmt::format("export {}={}/\"$SLURM_ARRAY_JOB_ID/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}\"\n", env::run_dir,
                      shell_quote(job_root(job, context).string()));
     s += "mkdir -p \"$HPCTRAIN_RUN_DIR\"\n";
   } else {
-    s += fmt::format("export HPCTRAIN_RUN_DIR={}/\"$SLURM_JOB_ID\"\n", shell_quote(job_root(job, context).string()));
+    s += fmt::format("export {}={}/\"$SLURM_JOB_ID\"\n", env::run_dir, shell_quote(job_root(job, context).string()));
   }
 
   std::vector<std::string> srun = {"srun --kill-on-bad-exit=1 --unbuffered"};

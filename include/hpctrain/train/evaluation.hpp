@@ -57,7 +57,8 @@ inline Evaluation evaluate(const Training& training, const ModelInstance& model,
   for (std::size_t begin = 0; begin < mine.size(); begin += batch_size) {
     const std::size_t end = std::min(mine.size(), begin + batch_size);
     const auto batch = dataset.batch(std::vector<std::int64_t>(mine.begin() + static_cast<std::ptrdiff_t>(begin), mine.begin() + static_cast<std::ptrdiff_t>(end))).to(device);
-    StepContext context{*model.module, model.forward, device, training.precision(), group.rank(), group.world_size(), step, 0, 1, training.loss()};
+    StepContext context{*model.module, model.forward, device, training.precision(), group.rank(), group.world_size(), step, 0, 1, training.loss(),
+                        training.knobs()};
     EvalOutput out;
     {
       AutocastScope autocast(training.precision(), device);

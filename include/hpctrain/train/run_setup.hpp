@@ -1,8 +1,8 @@
 #pragma once
-// What the Trainer decides before the first step from the description and the environment: the run
-// directory, the intra-op threads, the per-step RNG seed, whether ranks report their parameter digest.
+// What the Trainer decides before the first step from the description and the environment: the intra-op
+// threads, the per-step RNG seed, whether ranks report their parameter digest.
 //
-// The CLI engineer's train/run_directory.hpp replaces resolve_run_dir (a directory per run, --resume).
+// The run directory is train/run_directory.hpp's (a directory per run, --resume).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -14,13 +14,6 @@
 #include <hpctrain/train/training.hpp>
 
 namespace hpctrain::detail {
-
-/// Run directory: Training::run_dir, else $HPCTRAIN_RUN_DIR (set by the sbatch script and --local), else ./hpctrain-run.
-inline std::filesystem::path resolve_run_dir(const Training& training) {
-  if (training.run_dir()) return *training.run_dir();
-  if (const char* dir = std::getenv("HPCTRAIN_RUN_DIR"); dir != nullptr && *dir != '\0') return dir;
-  return std::filesystem::current_path() / "hpctrain-run";
-}
 
 /// Intra-op threads: explicit, else the CPUs Slurm gave the task, else the cores shared among local ranks.
 inline int resolve_threads(const Training& training, const slurm::World& world) {

@@ -11,6 +11,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <hpctrain/job/knobs.hpp>
 #include <hpctrain/train/data/source.hpp>
 #include <hpctrain/train/precision.hpp>
 
@@ -34,7 +35,7 @@ struct StepContext {
   std::int64_t micro_step = 0;    ///< micro-batch within the step, 0 .. accumulation - 1 (0 in evaluation)
   std::int64_t accumulation = 1;  ///< micro-batches per optimizer step
   const LossFunction& loss;       ///< the Training's loss
-  // The CLI engineer adds `const Knobs& knobs` here (the knob values of this run).
+  const Knobs& knobs;             ///< this run's knob values: `ctx.knobs.get<double>("warmup_steps")`
 
   /// The model's forward on `inputs`.
   torch::Tensor forward(const torch::Tensor& inputs) const { return model(inputs); }

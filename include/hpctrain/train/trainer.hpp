@@ -39,6 +39,7 @@
 #include <hpctrain/train/loggers.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/preemption.hpp>
+#include <hpctrain/train/run_directory.hpp>
 #include <hpctrain/train/run_setup.hpp>
 #include <hpctrain/train/step.hpp>
 #include <hpctrain/train/strategy.hpp>
@@ -128,8 +129,10 @@ class Trainer {
 
   /// Rank 0's loggers: progress lines, metrics.jsonl, TensorBoard, then the Training's own.
   void open_loggers() {
-    run_dir_ = detail::resolve_run_dir(training_);
-    store_.emplace(run_dir_ / "checkpoints", training_.keep_checkpoints());
+    const auto run = resolve_run_directory(training_.run_dir());  // which directory; resume from where (--resume)
+    run_dir_ = run.path;
+    store_.emplace(run_dir_ / layout::checkpoints, training_.keep_checkpoints());
+    resume_store_.emplace(run.checkpoints_to_resume(), training_.keep_checkpoints());
     if (!lead()) return;
     loggers_.push_back(std::make_unique<ProgressLogger>(!world_.under_slurm));
     loggers_.push_back(std::make_unique<JsonlLogger>());
@@ -138,7 +141,7 @@ class Trainer {
   }
 
   void resume() {
-    const auto state = detail::resume_latest(*group_, *store_, *strategy_, [&](const std::string& warning) {
+    const auto state = detail::resume_latest(*group_, *resume_store_, *strategy_, [&](const std::string& warning) {
       if (lead()) fmt::print(stderr, "{}\n", warning);
     });
     if (state) {
@@ -152,7 +155,7 @@ class Trainer {
     const RunInfo info{run_dir_, group_->world_size(), device_.str(), total_steps_, steps_per_epoch_, result_.resumed_from};
     for (auto& logger : loggers_) logger->start(info);
     if (result_.resumed_from)
-      say(fmt::format("resumed from {} at step {} (epoch {})", store_->directory().string(), step_, step_ / steps_per_epoch_));
+      say(fmt::format("resumed from {} at step {} (epoch {})", resume_store_->directory().string(), step_, step_ / steps_per_epoch_));
     say(fmt::format("hpctrain: {} rank(s) on {} ({}), {} threads each, {} examples/step/rank, {} steps/epoch, {} steps, {}, {}",
                     group_->world_size(), device_.str(), group_->backend_name(), torch::get_num_threads(),
                     micro_batch_ * training_.gradient_accumulation(), steps_per_epoch_, total_steps_, to_string(training_.precision()),
@@ -191,7 +194,7 @@ class Trainer {
       const auto part = batch.narrow(micro * micro_batch_, micro_batch_).to(device_);
       strategy_->set_sync(micro == accumulation - 1);  // communicate only once per optimizer step
       StepContext context{*model_.module, model_.forward, device_, training_.precision(), group_->rank(), group_->world_size(),
-                          step_, micro, accumulation, training_.loss()};
+                          step_, micro, accumulation, training_.loss(), training_.knobs()};
       torch::Tensor loss;
       {
         AutocastScope autocast(training_.precision(), device_);
@@ -323,7 +326,8 @@ class Trainer {
   std::optional<detail::TrainMeter> meter_;
   torch::Tensor grad_norm_;
   std::filesystem::path run_dir_;
-  std::optional<CheckpointStore> store_;
+  std::optional<CheckpointStore> store_;         ///< where this run saves
+  std::optional<CheckpointStore> resume_store_;  ///< where it resumes from: its own, or --resume's run
   std::vector<std::unique_ptr<Logger>> loggers_;
   TrainResult result_;
 };

@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/knobs.hpp>
 #include <hpctrain/train/data/source.hpp>
 #include <hpctrain/train/loggers.hpp>
 #include <hpctrain/train/metrics.hpp>
@@ -221,6 +222,16 @@ class Training {
   Training& on_step(std::function<void(std::int64_t)> callback) { on_step_ = std::move(callback); return *this; }
   /// Where checkpoints and metrics go (default: $HPCTRAIN_RUN_DIR, else ./hpctrain-run).
   Training& run_dir(std::filesystem::path directory) { run_dir_ = std::move(directory); return *this; }
+  /// Declares a knob of this program: `--warmup-steps N` on the command line, checked at the login node
+  /// before anything is queued, listed by `--help`, read in the worker with `knobs().get<T>(name)`.
+  /// `.knob<std::int64_t>("warmup_steps", 100, "steps of linear warm-up", ht::non_negative())`
+  template <KnobType T>
+  Training& knob(std::string name, T default_value, std::string help, KnobCheck<T> check = {}) {
+    knobs_.declare<T>(std::move(name), std::move(default_value), std::move(help), std::move(check));
+    return *this;
+  }
+  /// This run's knob values (replaced by the worker with what the command line gave).
+  Training& knob_values(Knobs values) { knobs_ = std::move(values); return *this; }
 
   /// Throws SpecError naming the first invalid field.
   void validate() const {
@@ -303,6 +314,8 @@ class Training {
   bool report_digest() const { return report_digest_; }
   int threads() const { return threads_; }
   const std::optional<std::filesystem::path>& run_dir() const { return run_dir_; }
+  /// The program's knobs: declared with `knob`; in the worker, with this run's values (built-ins included).
+  const Knobs& knobs() const { return knobs_; }
   const std::function<void(std::int64_t)>& on_step() const { return on_step_; }
 
   // The readers' names before wave 2, kept for code written against them; to be removed.
@@ -340,6 +353,7 @@ class Training {
   bool report_digest_ = false;
   int threads_ = 0;
   std::optional<std::filesystem::path> run_dir_;
+  Knobs knobs_;
   std::function<void(std::int64_t)> on_step_;
 };
 

@@ -123,6 +123,7 @@ int main(int argc, char** argv) {
   using namespace std::chrono_literals;
   namespace ht = hpctrain;
   // No try/catch: a SpecError escaping main exits 2 with its message (job/spec_error_exit.hpp).
+  ht::install_spec_error_exit();
   auto job = ht::Job(env_or("PROBE_NAME", "probe")).nodes(std::stoi(env_or("PROBE_NODES", "2"))).time(5min);
   if (std::getenv("PROBE_SECRET")) job.secret_env("PROBE_SECRET");
   // A secret the probe does not print (PROBE_* values it does): tests/job/private_files_test.cpp's canary.
@@ -143,6 +144,25 @@ int main(int argc, char** argv) {
                 << std::flush;
       std::ofstream(context.output_dir / "data.txt") << "job " << context.job_id << " restart "
                                                      << context.restart_count << "\n";
+    });
+  }
+  if (std::getenv("PROBE_KNOBS")) {
+    // A program with a knob table, as hpctrain::run makes one for a Training (tests/job/knobs_cli_test.cpp).
+    ht::Knobs knobs;
+    knobs.declare_optional<std::int64_t>("epochs", "passes over the data", ht::positive())
+        .declare<double>("lr", 1e-3, "base learning rate", ht::positive())
+        .declare<std::int64_t>("warmup_steps", 100, "steps of linear warm-up", ht::non_negative())
+        .declare<bool>("compile", false, "a switch");
+    return ht::run_job(argc, argv, job, knobs, [](const ht::Knobs& values) {
+      const auto rank = env_or("SLURM_PROCID", env_or("RANK", "?").c_str());
+      std::string lines;
+      for (const auto& spec : values.specs())
+        if (values.given(spec.name)) lines += fmt::format("probe rank={} knob {} given\n", rank, spec.name);
+      lines += fmt::format("probe rank={} lr={} warmup_steps={} compile={} run_dir={} resume_from={}\n", rank,
+                           values.get<double>("lr"), values.get<int>("warmup_steps"), values.get<bool>("compile"),
+                           env_or("HPCTRAIN_RUN_DIR", "-"), env_or("HPCTRAIN_RESUME_FROM", "-"));
+      std::cout << lines << std::flush;
+      return 0;
     });
   }
   return ht::run_job(argc, argv, job, report);
