@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Fault: SIGKILL one rank of a real 2-node job mid-step. The job must end, non-zero (FAILED), within 30 s
+# of the kill, leave no process of the job on any node, and its last checkpoint must be intact: a run
+# pointed at the job's run directory resumes from it.  Usage: kill_rank_test.sh <fashion_mnist binary>
+set -euo pipefail
+binary="$(realpath "$1")"
+source "$(dirname "$(realpath "$0")")/fault_support.sh"   # before the cd: $0 may be relative
+work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/kill-rank-test.XXXXXX")"
+cd "$work"
+
+out="$("$binary" --submit --max-steps 3000)"
+job="$(sed -n 's/^submitted job \([0-9]*\).*/\1/p' <<<"$out" | head -1)"
+[ -n "$job" ] || fail "no job id: $out"
+trap 'scancel "$job" 2>/dev/null || true' EXIT
+log="$(scontrol show job "$job" | sed -n 's/^ *StdOut=//p')"
+run_dir="$(dirname "$log")"   # HPCTRAIN_RUN_DIR of a submitted job is its job directory
+echo "job $job, log $log"
+
+# The example checkpoints every 250 steps: past step 300 the checkpoint of step 250 exists.
+wait_for "grep -q '^step 300/' '$log' 2>/dev/null" 900 || fail "job $job never reached step 300"
+victim="$(rank_pid "$job" 1 "$binary")" || fail "no process of rank 1 of job $job"
+echo "== SIGKILL rank 1 (pid $victim) at $(grep -o '^step [0-9]*/' "$log" | tail -1)"
+killed_at="$(now)"
+kill -KILL "$victim"
+wait_for "! squeue --noheader --jobs $job 2>/dev/null | grep -q ." 60 || fail "job $job still queued 60 s after the kill"
+ended_at="$(now)"
+seconds="$(elapsed "$killed_at" "$ended_at")"
+state="$(sacct -c --noheader --parsable2 --allocations --jobs "$job" --format State 2>/dev/null | head -1 || true)"
+[ -n "$state" ] || state="$(scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2 || true)"
+echo "job left the queue $seconds s after the kill, state ${state:-unknown}"
+awk -v s="$seconds" 'BEGIN { exit !(s <= 30) }' || fail "job took $seconds s (> 30 s) to end after the kill"
+case "$state" in COMPLETED*) fail "a job with a killed rank ended COMPLETED";; esac
+sleep 1
+left="$(job_pids "$job" | tr '\n' ' ')"
+[ -z "$left" ] || fail "processes of job $job left after it ended: $left ($(ps -o pid,comm -p ${left// /,} | tail -n +2 | tr '\n' ';'))"
+trap - EXIT
+
+echo "== resume from the killed job's run directory"
+last_step="$(grep -o '^step [0-9]*/' "$log" | tail -1 | tr -dc 0-9)"
+HPCTRAIN_RUN_DIR="$run_dir" "$binary" --local 2 --max-steps 260 > resume.log 2>&1 || { log=resume.log; fail "resume failed"; }
+grep -q '^resumed from .* at step 250 ' resume.log || { log=resume.log; fail "did not resume from the checkpoint of step 250"; }
+grep -q '^step 260/260 ' resume.log || { log=resume.log; fail "the resumed run did not reach step 260"; }
+{
+  echo "job=$job"
+  echo "killed_at_step=$last_step"
+  echo "kill_to_job_end_s=$seconds"
+  echo "final_state=${state:-unknown}"
+  echo "processes_left=0"
+  echo "resumed_from_step=250"
+} > "$results/kill_rank.txt"
+echo "PASS: rank 1 killed near step $last_step; job $job ended ${state:-?} ${seconds} s later, nothing left; resumed from step 250"
