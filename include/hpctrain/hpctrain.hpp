@@ -1,7 +1,8 @@
 #pragma once
 // Everything hpctrain offers, for a user's train.cpp: the job (job/), the Slurm world (slurm/), the
-// distributed runtime (dist/), the training (train/) and `hpctrain::run`. Pulls in LibTorch; a program
-// that only renders or submits jobs can include the job/ headers alone and stay torch-free.
+// distributed runtime (dist/), the training (train/), the language models (models/) and `hpctrain::run`.
+// Pulls in LibTorch; a program that only renders or submits jobs can include the job/ headers alone and
+// stay torch-free.
 #include <hpctrain/error.hpp>
 #include <hpctrain/version.hpp>
 
@@ -23,19 +24,31 @@
 #include <hpctrain/dist/process_group.hpp>
 
 #include <hpctrain/train/checkpoint.hpp>
+#include <hpctrain/train/checkpointing.hpp>
 #include <hpctrain/train/data/idx.hpp>
 #include <hpctrain/train/data/prefetch.hpp>
 #include <hpctrain/train/data/sampler.hpp>
 #include <hpctrain/train/data/source.hpp>
 #include <hpctrain/train/data/tokens.hpp>
+#include <hpctrain/train/digest.hpp>
+#include <hpctrain/train/evaluation.hpp>
+#include <hpctrain/train/loggers.hpp>
 #include <hpctrain/train/loop.hpp>
 #include <hpctrain/train/metrics.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/preemption.hpp>
 #include <hpctrain/train/progress.hpp>
+#include <hpctrain/train/replicated.hpp>
+#include <hpctrain/train/run_setup.hpp>
 #include <hpctrain/train/schedule.hpp>
+#include <hpctrain/train/step.hpp>
+#include <hpctrain/train/strategy.hpp>
 #include <hpctrain/train/tensorboard.hpp>
+#include <hpctrain/train/throughput.hpp>
+#include <hpctrain/train/trainer.hpp>
 #include <hpctrain/train/training.hpp>
 #include <hpctrain/train/worker.hpp>
+
+#include <hpctrain/models/models.hpp>
 
 #include <hpctrain/run.hpp>

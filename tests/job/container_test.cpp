@@ -26,6 +26,9 @@ fs::path build_image(const fs::path& root, const std::vector<fs::path>& mount_po
   fs::create_directory_symlink("usr/lib", root / "lib");
   fs::create_directory_symlink("usr/lib64", root / "lib64");
   for (const auto& point : mount_points) fs::create_directories(root / point.relative_path());
+  // The image's own environment (what `ch-run --set-env` would apply) sets a variable the job sets too.
+  fs::create_directories(root / "ch");
+  job_test::write_file(root / "ch" / "environment", "PROBE_ENV_WINS=image\n");
   return root;
 }
 }  // namespace
@@ -46,7 +49,8 @@ TEST_CASE("A Charliecloud job runs the binary inside ch-run under srun on both n
                                  fs::path(job_test::probe()).parent_path().string(), work.string(), image.string())) !=
         std::string::npos);
 
-  const auto submitted = job_test::run_probe(work, {"--submit", "in", "container"}, env);
+  const auto submitted =
+      job_test::run_probe(work, {"--submit", "--env", "PROBE_ENV_WINS=job", "in", "container"}, env);
   CAPTURE(submitted.err);
   REQUIRE(submitted.exit_code == 0);
   const auto id = job_test::submitted_id(submitted.out);
@@ -60,4 +64,7 @@ TEST_CASE("A Charliecloud job runs the binary inside ch-run under srun on both n
   CHECK(log.find(fmt::format("probe rank=1 ntasks=2 node=n2 nodeid=1 localid=0 job={} container=ch-run", id)) !=
         std::string::npos);
   CHECK(log.find(fmt::format("probe rank=1 arg1={}\n", job_test::hex("container"))) != std::string::npos);
+  // The job's variable wins over the image's environment inside the container, on every rank.
+  for (const auto* rank : {"0", "1"})
+    CHECK(log.find(fmt::format("probe rank={} env PROBE_ENV_WINS={}\n", rank, job_test::hex("job"))) != std::string::npos);
 }

@@ -1,6 +1,8 @@
 // GPT-2 and Llama against transformers: a small random model made and saved by transformers loads into
 // our module with equal logits (1e-4, fp32, CPU) and identical greedy generation; the model trained by
 // hpctrain and exported loads back into transformers with equal logits.
+#include <sys/wait.h>  // WEXITSTATUS
+
 #include <catch2/catch.hpp>
 
 #include <fmt/ranges.h>
@@ -110,4 +112,53 @@ TEST_CASE("A Llama with grouped-query attention and Llama 3 rope scaling, sharde
              dir / "expect.log");
   CHECK(logit_difference(*model, dir / "export-oracle") < 1e-4);
   CHECK(ht::generate(*model, prompt, greedy_32()) == oracle_generation(dir / "export-oracle"));
+}
+
+namespace {
+
+/// Runs build/examples/generate with `arguments`; returns its exit code, stdout and stderr in `out`/`err`.
+int run_generate(const std::string& arguments, const std::filesystem::path& dir, std::string& out, std::string& err) {
+  const char* build = std::getenv("HPCTRAIN_BUILD_DIR");
+  REQUIRE(build != nullptr);
+  const auto binary = std::filesystem::path(build) / "examples" / "generate";
+  REQUIRE(std::filesystem::exists(binary));
+  const auto command = fmt::format("'{}' {} > '{}' 2> '{}'", binary.string(), arguments, (dir / "out").string(), (dir / "err").string());
+  const int status = std::system(command.c_str());
+  out = models_test::read_text(dir / "out");
+  err = models_test::read_text(dir / "err");
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+TEST_CASE("build/examples/generate reproduces transformers' greedy ids and refuses a corrupt file naming it and the tensor",
+          "[models][oracle][example]") {
+  const auto dir = scratch("generate-example");
+  // A config the other tests do not use: three layers, two heads, exact GELU, an untied head.
+  const std::string config = R"({"vocab_size": 300, "n_positions": 64, "n_embd": 48, "n_layer": 3, "n_head": 2,
+    "activation_function": "gelu", "tie_word_embeddings": false, "eos_token_id": 7})";
+  const std::vector<std::int64_t> ids{11, 250, 3, 99, 42};
+  run_oracle(fmt::format("make gpt2 '{}' '{}' {}", config, dir.string(), ids_text(ids)), dir / "make.log");
+  const auto expected = oracle_generation(dir);
+
+  std::string out, err;
+  REQUIRE(run_generate(fmt::format("--model '{}' --prompt-ids '11 250 3 99 42' --max-new-tokens 32", (dir / "model").string()), dir, out, err) == 0);
+  INFO(err);
+  CHECK(out == fmt::format("{}\n", fmt::join(expected, " ")));
+
+  // Make the first tensor of the header claim F16: its bytes no longer match its shape.
+  const auto file = dir / "model" / "model.safetensors";
+  auto bytes = models_test::read_text(file);
+  const auto at = bytes.find("{\"dtype\":\"F32\"");
+  REQUIRE(at != std::string::npos);
+  const auto name_end = at - 2, name_begin = bytes.rfind('"', name_end - 1) + 1;
+  const auto tensor = bytes.substr(name_begin, name_end - name_begin);
+  bytes.replace(at + 10, 3, "F16");
+  {
+    std::ofstream rewrite(file, std::ios::binary);
+    rewrite << bytes;
+  }
+  CHECK(run_generate(fmt::format("--model '{}' --prompt-ids 1", (dir / "model").string()), dir, out, err) == 1);
+  CHECK_THAT(err, Catch::StartsWith(fmt::format("[hpctrain.runtime.safetensors] {}: tensor {}: data_offsets", file.string(), tensor)));
+  CHECK(out.empty());
 }

@@ -2,6 +2,8 @@
 """The reference tokenizers for tests/text: Hugging Face `tokenizers` and `tiktoken` (venv, test-time only).
 
   oracle.py train OUT.json FORTUNE_FILE...      train a byte-level BPE on fortunes (vocab 4000) with HF
+  oracle.py train-split OUT.json FORTUNE_FILE... the same shaped like Llama 3's: Split(regex) then
+                                                 ByteLevel(use_regex=False), ignore_merges, two specials
   oracle.py encode KIND TOKENIZER INPUT OUTPUT   KIND: hf | tiktoken | tiktoken-special
       INPUT: one hex-encoded byte string per line; OUTPUT: the ids of each, space-separated, one line each.
 
@@ -40,13 +42,24 @@ def byte_level(raw: bytes) -> str:
     return "".join(table[b] for b in raw)
 
 
-def train(out, files):
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+LLAMA3 = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+
+def train(out, files, split=False):
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, decoders, trainers
+
+    if split:
+        tok = Tokenizer(models.BPE(ignore_merges=True))
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        specials = ["<|begin_of_text|>", "<|end_of_text|>"]
+    else:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        specials = ["<|endoftext|>"]
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=4000, special_tokens=["<|endoftext|>"],
+    trainer = trainers.BpeTrainer(vocab_size=4000, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train(files, trainer)
     tok.save(out)
@@ -89,7 +102,7 @@ def encode(kind, tokenizer, input_path, output_path):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "train":
-        train(sys.argv[2], sys.argv[3:])
+    if sys.argv[1] in ("train", "train-split"):
+        train(sys.argv[2], sys.argv[3:], split=sys.argv[1] == "train-split")
     else:
         encode(*sys.argv[2:6])

@@ -67,19 +67,25 @@ inline void run(const std::string& command) {
   REQUIRE(std::system(command.c_str()) == 0);
 }
 
-/// A byte-level BPE tokenizer.json trained by HF `tokenizers` on fortunes (vocab 4000, `<|endoftext|>` = 0).
-inline std::filesystem::path fortunes_tokenizer() {
-  const auto path = cache_dir() / "fortunes-bpe.json";
+/// A tokenizer.json trained by HF `tokenizers` on fortunes (vocab 4000), made once by oracle.py `command`.
+inline std::filesystem::path trained_tokenizer(const std::string& command_name, const std::string& file_name) {
+  const auto path = cache_dir() / file_name;
   if (!std::filesystem::exists(path)) {
     // A temporary per process: ctest may run two tests that both want it.
     const auto temporary = fmt::format("{}.tmp.{}", path.string(), ::getpid());
-    std::string command = fmt::format("{} {} train {}", python(), oracle_script().string(), temporary);
+    std::string command = fmt::format("{} {} {} {}", python(), oracle_script().string(), command_name, temporary);
     for (const auto& file : fortune_files()) command += " " + file.string();
     run(command);
     std::filesystem::rename(temporary, path);
   }
   return path;
 }
+
+/// GPT-2 shaped: ByteLevel(use_regex=true) pre-tokenizer, `<|endoftext|>` = 0.
+inline std::filesystem::path fortunes_tokenizer() { return trained_tokenizer("train", "fortunes-bpe.json"); }
+
+/// Llama 3 shaped: Split(Llama 3's regex) then ByteLevel(use_regex=false), ignore_merges, two specials.
+inline std::filesystem::path fortunes_split_tokenizer() { return trained_tokenizer("train-split", "fortunes-bpe-split.json"); }
 
 /// GPT-2's ranks (scripts/setup extracts them from the openai-whisper sdist).
 inline std::filesystem::path gpt2_ranks() {
@@ -146,6 +152,7 @@ inline std::vector<std::string> hostile_strings() {
       "   leading",
       "<|endoftext|> between <|endoftext|>",
       "x<|endoftext|>y <|endoftext",
+      "\xFF<|endoftext|>\xFE x\xC3<|endoftext|>",                       // invalid bytes around a special token
       "\xE2\x80\xA8sep\xE2\x80\xA9para",
       "ﬁ ligature ＡＢＣ fullwidth \xF0\x9D\x90\x80 math",
   };

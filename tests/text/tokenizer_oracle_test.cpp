@@ -49,8 +49,16 @@ TEST_CASE("A tokenizer.json trained by HF tokenizers encodes the whole fortunes 
                        "hf-fortunes");
 }
 
-TEST_CASE("A tokenizer.json encodes hostile strings as HF does, in both merge forms", "[oracle][hf]") {
-  const auto file = GENERATE(text_test::fortunes_tokenizer(), string_merges_variant());
+TEST_CASE("A Llama 3 shaped tokenizer.json (Split regex, ignore_merges) encodes the fortunes corpus as HF does",
+          "[oracle][hf]") {
+  const auto file = text_test::fortunes_split_tokenizer();
+  check_against_oracle(hpctrain::text::load_huggingface_tokenizer(file), "hf", file, text_test::fortune_lines(), true,
+                       "hf-split-fortunes");
+}
+
+TEST_CASE("A tokenizer.json encodes hostile strings as HF does, in both merge forms and both pre-tokenizer shapes",
+          "[oracle][hf]") {
+  const auto file = GENERATE(text_test::fortunes_tokenizer(), string_merges_variant(), text_test::fortunes_split_tokenizer());
   CAPTURE(file);
   check_against_oracle(hpctrain::text::load_huggingface_tokenizer(file), "hf", file, text_test::hostile_strings(), true,
                        "hf-hostile");

@@ -8,6 +8,7 @@ binary="$(realpath "$1")"
 steps=300
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/requeue-test.XXXXXX")"
 cd "$work"
+export HPCTRAIN_REPORT_DIGEST=1  # the ranks print their parameter digest (sbatch passes the environment on)
 fail() { echo "FAIL: $*" >&2; [ -n "${log:-}" ] && [ -f "$log" ] && tail -n 30 "$log" >&2; exit 1; }
 
 # waits up to $2 seconds for command $1 to succeed

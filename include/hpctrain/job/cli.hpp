@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/array_commands.hpp>
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/local_launch.hpp>
 #include <hpctrain/job/prepare.hpp>
@@ -33,7 +34,8 @@ struct LoginCommand {
   std::vector<std::string> forwarded;
   std::string help;
   // The job layer's second-wave options (add_job_layer_options / apply_job_layer_overrides).
-  std::optional<std::string> gpu_syntax;
+  std::optional<std::string> gpu_syntax, array;
+  std::optional<int> task;  ///< --task N: one task of an array (--logs, --cancel)
 };
 
 /// The code run under srun, given the arguments after the worker marker; returns the exit code.
@@ -42,11 +44,66 @@ using Worker = std::function<int(const std::vector<std::string>& args)>;
 /// Options of arrays, sweeps and site settings, kept apart from the parser's structure.
 inline void add_job_layer_options(CLI::App& app, LoginCommand& command) {
   app.add_option("--gpu-syntax", command.gpu_syntax, "write GPUs as --gpus-per-node or --gres=gpu:N (gpus-per-node|gres)");
+  app.add_option("--array", command.array, "submit a job array: task ids like 0-15, 1,3,5, 0-30:10, 0-15%4");
+  app.add_option("--task", command.task, "with --logs or --cancel of an array: that task only");
 }
 
 /// Applies the options of add_job_layer_options to `job`.
 inline void apply_job_layer_overrides(Job& job, const LoginCommand& command) {
   if (command.gpu_syntax) job.gpu_syntax(std::string_view(*command.gpu_syntax));
+  if (command.array) job.array(*command.array);
+}
+
+/// An array's task ids must stay below the cluster's MaxArraySize; where scontrol answers, check it.
+inline void check_array_on_cluster(const Job& job) {
+  if (!job.array()) return;
+  const auto config = run_process({"scontrol", "show", "config"});
+  if (config.exit_code != 0) return;  // no cluster here (a dry run on a laptop): Slurm checks at submit
+  const auto at = config.out.find("MaxArraySize");
+  if (at == std::string::npos) return;
+  const auto equals = config.out.find('=', at);
+  int max_size = 0;
+  if (equals != std::string::npos && detail::parse_array_number(detail::trim(config.out.substr(equals + 1, config.out.find('\n', equals) - equals - 1)), max_size))
+    check_array_against_max_size(*job.array(), max_size);
+}
+
+/// --status/--logs/--cancel when the last job is an array (or --task was given); empty: not an array.
+inline std::optional<int> run_array_command(const Job& job, const LoginCommand& command, const RenderContext& context,
+                                            std::ostream& out) {
+  using Mode = LoginCommand::Mode;
+  if (command.mode != Mode::status && command.mode != Mode::logs && command.mode != Mode::cancel) {
+    if (command.task) throw UsageError("--task goes with --logs or --cancel of an array job");
+    return std::nullopt;
+  }
+  const auto last = last_submitted(job, context);
+  const auto record = read_array_record(last);
+  if (!record) {
+    if (command.task) throw UsageError(fmt::format("--task: job {} is not an array job", last.id));
+    return std::nullopt;
+  }
+  if (command.task) require_array_task(*record, *command.task);
+  switch (command.mode) {
+    case Mode::status:
+      out << format_array_status(last, *record, query_array_tasks(last.id, record->spec));
+      return exit_ok;
+    case Mode::logs: {
+      if (!command.task)
+        throw UsageError(fmt::format("job {} is an array ({}): say which task's log, --logs --task N", last.id,
+                                     record->spec.text));
+      auto task_job = last;
+      task_job.id = fmt::format("{}_{}", last.id, *command.task);
+      task_job.output_log = array_task_log(last, *record, *command.task);
+      print_logs(task_job, out, command.follow);
+      return exit_ok;
+    }
+    default: {
+      const auto target = command.task ? fmt::format("{}_{}", last.id, *command.task) : last.id;
+      cancel(target);
+      out << (command.task ? fmt::format("cancelled task {} of array job {}\n", *command.task, last.id)
+                           : fmt::format("cancelled array job {} (every task)\n", last.id));
+      return exit_ok;
+    }
+  }
 }
 
 /// Prints the job's warnings (job_warnings) on `err`.
@@ -152,6 +209,7 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
   using Mode = LoginCommand::Mode;
   try {
     apply_overrides(job, command);
+    if (const auto handled = run_array_command(job, command, context, out)) return *handled;
     switch (command.mode) {
       case Mode::help:
         out << command.help;
@@ -160,10 +218,12 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         err << command.help;
         return exit_usage;
       case Mode::dry_run:
+        check_array_on_cluster(job);
         print_job_warnings(job, err);
         out << render_sbatch(job, context);
         return exit_ok;
       case Mode::submit: {
+        check_array_on_cluster(job);
         print_job_warnings(job, err);
         const auto submitted = submit(job, context);
         out << fmt::format("submitted job {}\n  logs: {}\n  job directory: {}\n", submitted.id, submitted.output_log,

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/array.hpp>
 #include <hpctrain/job/container.hpp>
 #include <hpctrain/job/prepare.hpp>
 #include <hpctrain/job/shell.hpp>
@@ -225,6 +226,25 @@ class Job {
     requeue_ = RequeuePolicy{seconds, max_restarts};
     return *this;
   }
+  /// The signal sent `grace` before the time limit (`srun --signal=<name>@grace`): USR2, USR1, URG, ALRM, HUP,
+  /// INT. Default: USR2 (NCCL may use USR1). Workers also treat SIGTERM, a preempting partition's signal, alike.
+  Job& requeue_signal(std::string name) {
+    if (name.starts_with("SIG")) name.erase(0, 3);
+    static constexpr std::string_view known[] = {"USR2", "USR1", "URG", "ALRM", "HUP", "INT"};
+    bool ok = false;
+    for (auto k : known) ok = ok || name == k;
+    detail::require(ok, "requeue_signal", name, "expected USR2, USR1, URG, ALRM, HUP or INT");
+    requeue_signal_ = std::move(name);
+    return *this;
+  }
+  /// When the step fails (a rank exits non-zero other than exit_requeue, is killed, or loses its node),
+  /// requeue the job to resume from its last complete checkpoint, at most `count` times (like torchrun
+  /// --max-restarts); the log says why. Default: 0 (a failure ends the job).
+  Job& max_restarts(int count) {
+    detail::require(count >= 0 && count <= 100, "max_restarts", count, "must be between 0 and 100");
+    max_restarts_ = count;
+    return *this;
+  }
   /// `export NAME=value` in the script (quoted; the value arrives byte for byte).
   Job& env(std::string name, std::string value) {
     check_env(name, value);
@@ -295,6 +315,12 @@ class Job {
     return *this;
   }
 
+  /// `--array=<spec>`: a job array (`0-15`, `1,3,5`, `0-30:10`, `0-15%4`), one task per id; each task gets its
+  /// own log and run directory, and a requeue targets the task only (job/array.hpp).
+  Job& array(std::string_view spec) {
+    array_ = parse_array_spec(spec);
+    return *this;
+  }
   /// A preparation step: `prepare` runs once per job, on one task (`srun -N1 -n1 --exclusive`), before the
   /// training step; a requeued job skips it once it completed; when it throws, the job fails before any
   /// training rank starts (job/prepare.hpp).
@@ -349,6 +375,10 @@ class Job {
   const Container& container() const { return container_; }
   const std::vector<Mount>& mounts() const { return mounts_; }
   bool mount_program() const { return mount_program_; }
+  const std::string& requeue_signal() const { return requeue_signal_; }
+  int max_restarts() const { return max_restarts_; }
+  /// The array spec; empty for a single job.
+  const std::optional<ArraySpec>& array() const { return array_; }
   /// The preparation callable; empty without one.
   const PrepareFunction& preparation() const { return prepare_; }
 
@@ -390,6 +420,9 @@ class Job {
   std::vector<Mount> mounts_;
   bool mount_program_ = true;
   PrepareFunction prepare_;
+  std::optional<ArraySpec> array_;
+  std::string requeue_signal_ = "USR2";
+  int max_restarts_ = 0;
 };
 
 }  // namespace hpctrain

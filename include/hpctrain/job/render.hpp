@@ -3,6 +3,7 @@
 // setup lines and exports, then one `srun` step that starts this same binary in worker mode, inside
 // the container when there is one. Every user string is quoted for the language of its line (bash, or
 // sbatch's directive parser); only `setup` lines are raw shell, by design.
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -145,6 +146,31 @@ inline std::vector<Mount> container_mounts(const Job& job, const RenderContext& 
   return mounts;
 }
 
+/// The variables the script exports for the workers: the job's own (env, pass_env, secret_env), the run
+/// directory and, with requeue_on_timeout, the requeue marker.
+inline std::vector<std::string> exported_names(const Job& job) {
+  std::vector<std::string> names;
+  const auto add = [&](const std::string& name) {
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  };
+  for (const auto& var : job.environment()) add(var.name);
+  add("HPCTRAIN_RUN_DIR");
+  if (job.requeue()) add("HPCTRAIN_REQUEUE_MARKER");
+  if (job.requeue() && job.requeue_signal() != "USR2") add("HPCTRAIN_PREEMPT_SIGNAL");
+  return names;
+}
+
+/// Apptainer gives the image's %environment precedence over the host's variables, except for those passed
+/// as APPTAINERENV_<NAME> (SINGULARITYENV_ for singularity): re-export each of ours that way.
+inline std::string apptainer_env_lines(const Job& job, const std::vector<std::string>& names) {
+  const auto* apptainer = std::get_if<Apptainer>(&job.container());
+  if (apptainer == nullptr) return "";
+  const std::string prefix = apptainer->command() == "singularity" ? "SINGULARITYENV_" : "APPTAINERENV_";
+  std::string lines;
+  for (const auto& name : names) lines += fmt::format("export {}{}=\"${}\"\n", prefix, name, name);
+  return lines;
+}
+
 inline std::string mount_spec(const Mount& m) {
   return m.read_only ? fmt::format("{}:{}:ro", m.source, m.target) : fmt::format("{}:{}", m.source, m.target);
 }
@@ -162,9 +188,9 @@ inline std::vector<std::string> container_words(const Job& job, const RenderCont
     words.push_back("--container-workdir=" + workdir);
     words.push_back(pyxis->mount_home() ? "--container-mount-home" : "--no-container-mount-home");
     if (pyxis->writable()) words.push_back(*pyxis->writable() ? "--container-writable" : "--container-readonly");
-    // The job's variables win over the image's ENV lines.
-    std::vector<std::string> names;
-    for (const auto& var : job.environment()) names.push_back(var.name);
+    // The variables hpctrain exports win over the image's ENV lines (pyxis#124: without --container-env the
+    // image's value wins; NeMo had NCCL settings silently ignored).
+    const auto names = exported_names(job);
     if (!names.empty()) words.push_back("--container-env=" + join(names, ","));
     if (pyxis->name()) words.push_back("--container-name=" + *pyxis->name());
   } else if (const auto* apptainer = std::get_if<Apptainer>(&job.container())) {
@@ -233,6 +259,19 @@ inline std::string preparation_block(const Job& job, const RenderContext& contex
       fmt::arg("done", prepare_done_file), fmt::arg("step", step));
 }
 }  // namespace detail
+
+/// The default `--output`: `<root>/%j/slurm-%j.out`, for an array `<root>/%A/slurm-%A_%a.out` (the array's
+/// job directory exists before any task starts; Slurm does not create directories for logs).
+inline std::string default_output_pattern(const Job& job, const RenderContext& context) {
+  const auto root = job_root(job, context);
+  return job.array() ? (root / "%A" / "slurm-%A_%a.out").string() : (root / "%j" / "slurm-%j.out").string();
+}
+
+/// What the script requeues: the job, or only this task of an array (`<array id>_<task id>`; requeueing
+/// the array id would requeue every task, Lightning #15022).
+inline std::string requeue_target(const Job& job) {
+  return job.array() ? "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" : "$SLURM_JOB_ID";
+}
 
 /// The GPU syntax of the script: the job's (or `--gpu-syntax`), else the site's, else gpus-per-node.
 inline GpuSyntax effective_gpu_syntax(const Job& job, const RenderContext& context) {
@@ -305,7 +344,7 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
   if (job.constraint()) directive("constraint", *job.constraint());
   if (job.reservation()) directive("reservation", *job.reservation());
   if (job.exclusive()) directive("exclusive", "");
-  directive("output", job.output() ? *job.output() : (job_root(job, context) / "%j" / "slurm-%j.out").string());
+  directive("output", job.output() ? *job.output() : default_output_pattern(job, context));
   if (job.error()) directive("error", *job.error());
   if (job.mail_user()) {
     directive("mail-user", *job.mail_user());
@@ -317,7 +356,8 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
     for (const auto& [type, id] : job.dependencies()) parts.push_back(fmt::format("{}:{}", detail::dependency_keyword(type), id));
     directive("dependency", detail::join(parts, ","));
   }
-  if (job.requeue()) {
+  if (job.array()) directive("array", job.array()->text);
+  if (job.requeue() || job.max_restarts() > 0) {
     directive("requeue", "");
     directive("open-mode", "append");  // a requeued run appends to the same log
   }
@@ -355,39 +395,77 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
 
   // The run's checkpoints, metrics and TensorBoard events live beside its script and log; a requeued run
   // keeps its job id, so it finds its checkpoints again.
-  s += fmt::format("export HPCTRAIN_RUN_DIR={}/\"$SLURM_JOB_ID\"\n", shell_quote(job_root(job, context).string()));
+  if (job.array()) {
+    // One run directory per task, inside the array's job directory: `<array id>/<array id>_<task id>`.
+    s += "# A job array: every task has its own run directory (and log), and is requeued on its own.\n";
+    s += fmt::format("export HPCTRAIN_RUN_DIR={}/\"$SLURM_ARRAY_JOB_ID/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}\"\n",
+                     shell_quote(job_root(job, context).string()));
+    s += "mkdir -p \"$HPCTRAIN_RUN_DIR\"\n";
+  } else {
+    s += fmt::format("export HPCTRAIN_RUN_DIR={}/\"$SLURM_JOB_ID\"\n", shell_quote(job_root(job, context).string()));
+  }
 
   std::vector<std::string> srun = {"srun --kill-on-bad-exit=1 --unbuffered"};
   // Slurm 22.05's srun stopped reading SLURM_CPUS_PER_TASK from the allocation: say it again for the step.
   if (job.cpus_per_task()) srun.push_back(fmt::format("--cpus-per-task={}", *job.cpus_per_task()));
-  if (job.requeue()) srun.push_back(fmt::format("--signal=USR2@{}", job.requeue()->grace.count()));
+  if (job.requeue()) srun.push_back(fmt::format("--signal={}@{}", job.requeue_signal(), job.requeue()->grace.count()));
   const auto step = detail::srun_step(job, context, std::move(srun), worker_flag);
+  if (job.requeue() && job.requeue_signal() != "USR2")  // workers default to USR2 (train/preemption.hpp)
+    s += fmt::format("export HPCTRAIN_PREEMPT_SIGNAL={}\n", job.requeue_signal());
+  if (std::holds_alternative<Apptainer>(job.container())) {
+    auto names = detail::exported_names(job);
+    std::erase(names, "HPCTRAIN_REQUEUE_MARKER");  // exported with the requeue block below
+    s += "# Our variables win over the image's %environment.\n" + detail::apptainer_env_lines(job, names);
+  }
   if (job.preparation()) s += detail::preparation_block(job, context);
 
-  if (!job.requeue()) {
+  if (!job.requeue() && job.max_restarts() == 0) {
     s += step + "\n";
     return s;
   }
-  const int max = job.requeue()->max_restarts;
-  s += fmt::format(
-      "# Workers exit with {code} once they checkpointed after USR2 (requeue_on_timeout); requeue then.\n"
-      "# srun --kill-on-bad-exit reports another code (143) when one rank exits first and the others are\n"
-      "# killed: a rank that checkpointed also creates the marker file, which decides as well.\n"
-      "export HPCTRAIN_REQUEUE_MARKER=\"$HPCTRAIN_RUN_DIR/requeue-requested\"\n"
-      "rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n"
-      "status=0\n"
-      "{step} || status=$?\n"
-      "if [ \"$status\" -eq {code} ] || [ -e \"$HPCTRAIN_REQUEUE_MARKER\" ]; then\n"
-      "  rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n"
-      "  if [ \"${{SLURM_RESTART_COUNT:-0}}\" -lt {max} ]; then\n"
-      "    echo \"hpctrain: job $SLURM_JOB_ID checkpointed; requeueing (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of {max})\"\n"
-      "    scontrol requeue \"$SLURM_JOB_ID\"\n"
-      "    exit 0\n"
-      "  fi\n"
-      "  echo \"hpctrain: job $SLURM_JOB_ID checkpointed but was restarted {max} times already; not requeueing\" >&2\n"
-      "fi\n"
-      "exit \"$status\"\n",
-      fmt::arg("code", exit_requeue), fmt::arg("step", step), fmt::arg("max", max));
+  if (job.requeue())
+    s += fmt::format(
+        "# Workers exit with {code} once they checkpointed after {signal} (requeue_on_timeout) or SIGTERM\n"
+        "# (preemption); requeue then. srun --kill-on-bad-exit reports another code (143) when one rank exits\n"
+        "# first and the others are killed: a rank that checkpointed also creates the marker file, which decides\n"
+        "# as well.\n"
+        "export HPCTRAIN_REQUEUE_MARKER=\"$HPCTRAIN_RUN_DIR/requeue-requested\"\n"
+        "{apptainer_marker}"
+        "rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n",
+        fmt::arg("code", exit_requeue), fmt::arg("signal", job.requeue_signal()),
+        fmt::arg("apptainer_marker", detail::apptainer_env_lines(job, {"HPCTRAIN_REQUEUE_MARKER"})));
+  s += fmt::format("status=0\n{} || status=$?\n", step);
+  if (job.requeue())
+    s += fmt::format(
+        "if [ \"$status\" -eq {code} ] || [ -e \"$HPCTRAIN_REQUEUE_MARKER\" ]; then\n"
+        "  rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n"
+        "  if [ \"${{SLURM_RESTART_COUNT:-0}}\" -lt {max} ]; then\n"
+        "    echo \"hpctrain: job {target} checkpointed; requeueing (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of {max})\"\n"
+        "    scontrol requeue \"{target}\"\n"
+        "    exit 0\n"
+        "  fi\n"
+        "  echo \"hpctrain: job {target} checkpointed but was restarted {max} times already; not requeueing\" >&2\n"
+        "  exit \"$status\"\n"
+        "fi\n",
+        fmt::arg("code", exit_requeue), fmt::arg("max", job.requeue()->max_restarts),
+        fmt::arg("target", requeue_target(job)));
+  if (job.max_restarts() > 0)
+    s += fmt::format(
+        "# max_restarts: a rank failed (any other non-zero status: an error, a signal, a lost node); requeue the\n"
+        "# job to resume from its last complete checkpoint, at most {max} times (counted in the run directory).\n"
+        "if [ \"$status\" -ne 0 ] && [ \"$status\" -ne {code} ]; then\n"
+        "  failures=$(cat \"$HPCTRAIN_RUN_DIR/failure-restarts\" 2>/dev/null || echo 0)\n"
+        "  if [ \"$failures\" -lt {max} ]; then\n"
+        "    echo $(( failures + 1 )) > \"$HPCTRAIN_RUN_DIR/failure-restarts\"\n"
+        "    echo \"hpctrain: job {target}: the step failed (exit $status); requeueing to resume from the last "
+        "checkpoint (failure restart $(( failures + 1 )) of {max})\"\n"
+        "    scontrol requeue \"{target}\"\n"
+        "    exit 0\n"
+        "  fi\n"
+        "  echo \"hpctrain: job {target}: the step failed (exit $status) after {max} failure restarts; giving up\" >&2\n"
+        "fi\n",
+        fmt::arg("code", exit_requeue), fmt::arg("max", job.max_restarts()), fmt::arg("target", requeue_target(job)));
+  s += "exit \"$status\"\n";
   return s;
 }
 

@@ -146,8 +146,7 @@ inline SubmittedJob submit(const Job& job, const RenderContext& context) {
     submitted.name = job.name();
     submitted.directory = final_directory;
     const auto workdir = job_workdir(job, context);
-    const std::string output_pattern =
-        job.output() ? *job.output() : (root / "%j" / "slurm-%j.out").string();
+    const std::string output_pattern = job.output() ? *job.output() : default_output_pattern(job, context);
     submitted.output_log = detail::resolve_log_pattern(output_pattern, id, job.name(), workdir);
     submitted.error_log =
         job.error() ? detail::resolve_log_pattern(*job.error(), id, job.name(), workdir) : submitted.output_log;
@@ -156,6 +155,10 @@ inline SubmittedJob submit(const Job& job, const RenderContext& context) {
     record["program"] = context.program;
     record["submitted_at"] = detail::utc_now();
     record["hpctrain_version"] = version;
+    if (job.array()) {  // --status/--logs/--cancel of an array read these (job/array_commands.hpp)
+      record["array"] = job.array()->text;
+      record["output_pattern"] = output_pattern;
+    }
     // argv may hold bytes that are not UTF-8: JSON gets U+FFFD for them instead of an exception.
     detail::write_file_atomically(final_directory / "job.json",
                                   record.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");

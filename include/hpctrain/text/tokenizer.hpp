@@ -130,15 +130,21 @@ class Encoder {
   void encode(std::string_view text, std::vector<TokenId>& out, bool allow_special = false) {
     auto& matcher = allow_special ? added_all_ : added_non_special_;
     if (!matcher) return encode_ordinary(text, out);
-    std::size_t done = 0;
-    const std::size_t valid = detail::valid_utf8_prefix(text);
-    // Added tokens are searched in the valid prefix only (PCRE2 wants valid UTF-8); the rest is ordinary.
-    std::string_view searchable = text.substr(0, valid);
-    std::size_t begin = 0, end = 0;
-    while (done < searchable.size() && matcher->find(searchable, done, begin, end)) {
-      encode_ordinary(text.substr(done, begin - done), out);
-      out.push_back(id_of_added(text.substr(begin, end - begin)));
-      done = end;
+    // Added tokens are searched run by run of valid UTF-8 (PCRE2 matches valid UTF-8 only).
+    std::size_t done = 0, run_start = 0, begin = 0, end = 0;
+    while (run_start < text.size()) {
+      const std::size_t valid = detail::valid_utf8_prefix(text.substr(run_start));
+      if (valid == 0) {
+        ++run_start;
+        continue;
+      }
+      const std::string_view run = text.substr(run_start, valid);
+      for (std::size_t position = 0; position < run.size() && matcher->find(run, position, begin, end); position = end) {
+        encode_ordinary(text.substr(done, run_start + begin - done), out);
+        out.push_back(id_of_added(run.substr(begin, end - begin)));
+        done = run_start + end;
+      }
+      run_start += valid;
     }
     encode_ordinary(text.substr(done), out);
   }

@@ -13,7 +13,7 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/slurm/world.hpp>
-#include <hpctrain/train/loop.hpp>
+#include <hpctrain/train/trainer.hpp>
 #include <hpctrain/train/training.hpp>
 
 namespace hpctrain {
@@ -46,7 +46,7 @@ inline TrainingKnobs parse_training_knobs(const std::vector<std::string>& args) 
 inline Training with_knobs(Training training, const TrainingKnobs& knobs) {
   if (knobs.epochs) training.epochs(*knobs.epochs);
   if (knobs.max_steps) training.max_steps(*knobs.max_steps);
-  if (knobs.batch_size) training.batch_size({*knobs.batch_size, training.batch().scope});
+  if (knobs.batch_size) training.batch_size({*knobs.batch_size, training.batch_size().scope});
   if (knobs.lr) training.lr(*knobs.lr);
   return training;
 }

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <hpctrain/job/cli.hpp>
+#include <hpctrain/train/preemption.hpp>  // torch-free: the flag the training loop polls
 
 extern char** environ;
 
@@ -53,7 +54,53 @@ int report(const std::vector<std::string>& args) {
     std::getline(prepared, content);
     lines += fmt::format("probe rank={} prepared={}\n", rank, content.empty() ? "<missing>" : content);
   }
+  // In an array task: the task's ids and run directory; `--requeue-task N` makes task N exit with the requeue
+  // code on its first run, `--sleep-task N S` makes task N sleep S seconds.
+  const auto task = env_or("SLURM_ARRAY_TASK_ID", "");
+  if (!task.empty()) {
+    lines += fmt::format("probe rank={} array_job={} array_task={} job={} run_dir={}\n", rank,
+                         env_or("SLURM_ARRAY_JOB_ID", "?"), task, env_or("SLURM_JOB_ID", "?"),
+                         env_or("HPCTRAIN_RUN_DIR", "?"));
+    std::cout << lines << std::flush;
+    for (std::size_t i = 0; i + 1 < args.size(); ++i) {
+      if (args[i] == "--requeue-task" && args[i + 1] == task && env_or("SLURM_RESTART_COUNT", "0") == "0") {
+        std::signal(SIGTERM, SIG_IGN);
+        return hpctrain::exit_requeue;
+      }
+      if (args[i] == "--sleep-task" && args[i + 1] == task && i + 2 < args.size())
+        std::this_thread::sleep_for(std::chrono::seconds(std::stoi(args[i + 2])));
+    }
+    return 0;
+  }
   std::cout << lines << std::flush;
+  const bool first_run = env_or("SLURM_RESTART_COUNT", "0") == "0";
+  // `--kill-rank R`: on the first run rank R dies by SIGKILL (the others wait to be killed by srun);
+  // `--kill-rank-always R`: on every run.
+  if (args.size() == 2 && (args[0] == "--kill-rank" || args[0] == "--kill-rank-always")) {
+    if (first_run || args[0] == "--kill-rank-always") {
+      if (rank == args[1]) std::raise(SIGKILL);
+      std::this_thread::sleep_for(std::chrono::seconds(120));
+    }
+    std::cout << fmt::format("probe rank={} finished restart={}\n", rank, env_or("SLURM_RESTART_COUNT", "0")) << std::flush;
+    return 0;
+  }
+  // `--wait-for-preemption`: hpctrain's preemption handler (requeue signal and SIGTERM); on the first run every
+  // rank waits for it, then behaves like a worker that checkpointed: marker, ignore SIGTERM, exit 75.
+  if (args.size() == 1 && args[0] == "--wait-for-preemption") {
+    if (first_run) {
+      hpctrain::install_preemption_handler();
+      std::cout << fmt::format("probe rank={} waiting for preemption\n", rank) << std::flush;
+      for (int i = 0; i < 3000 && !hpctrain::preemption_requested(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (!hpctrain::preemption_requested()) return 1;
+      std::signal(SIGTERM, SIG_IGN);
+      std::cout << fmt::format("probe rank={} preempted: checkpointing\n", rank) << std::flush;
+      if (rank == "0") std::ofstream(env_or("HPCTRAIN_REQUEUE_MARKER", "/nonexistent/marker")) << "requeue\n";
+      return hpctrain::exit_requeue;
+    }
+    std::cout << fmt::format("probe rank={} resumed restart={}\n", rank, env_or("SLURM_RESTART_COUNT", "0")) << std::flush;
+    return 0;
+  }
   if (args.size() == 2 && args[0] == "--sleep") std::this_thread::sleep_for(std::chrono::seconds(std::stoi(args[1])));
   // `--requeue-first-run`: on the first run rank 0 creates the requeue marker and exits with 75 while
   // rank 1 is still busy, so that srun --kill-on-bad-exit kills rank 1 (the requeue test).
@@ -81,6 +128,7 @@ int main(int argc, char** argv) {
   // A secret the probe does not print (PROBE_* values it does): tests/job/private_files_test.cpp's canary.
   if (const char* secret = std::getenv("PROBE_SECRET_NAME")) job.secret_env(secret);
   if (std::getenv("PROBE_REQUEUE")) job.requeue_on_timeout(60s, 2);
+  if (const char* restarts = std::getenv("PROBE_MAX_RESTARTS")) job.max_restarts(std::stoi(restarts));
   if (const char* image = std::getenv("PROBE_CHARLIECLOUD")) {
     job.container(ht::Charliecloud(image)).mount("/usr", "/usr");
   }
