@@ -16,3 +16,12 @@ TEST_CASE("A tiktoken rank far beyond the file's lines is refused before the voc
                     Contains("[hpctrain.runtime.text.tokenizer]") && Contains(path.string() + ":2") &&
                         Contains("rank 4294967294 leaves more than 2^20 ids unused"));
 }
+
+TEST_CASE("A tokenizer.json with a number beyond a double is an hpctrain error naming the file", "[fuzz_regression]") {
+  // fuzz_tokenizer_json: nlohmann throws out_of_range.406 (not parse_error) for `75e545` while parsing, and it
+  // escaped load_huggingface_tokenizer as a JSON library exception.
+  const auto path = text_test::scratch("fuzz-number-overflow") / "tokenizer.json";
+  text_test::write_file(path, R"({"model": {"type": "BPE", "vocab": {"a": 1e999}}})");
+  CHECK_THROWS_WITH(hpctrain::text::load_huggingface_tokenizer(path),
+                    Contains("[hpctrain.runtime.text.tokenizer]") && Contains(path.string()) && Contains("not valid JSON"));
+}
