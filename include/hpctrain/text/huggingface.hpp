@@ -128,9 +128,15 @@ inline void read_model(const std::filesystem::path& file, const nlohmann::json& 
   const auto& vocab = model_node.value("vocab", nlohmann::json());
   if (!vocab.is_object()) bad_tokenizer(file, "model.vocab", "missing or not an object");
   StringMap<TokenId> id_of_name;
+  // Ids number the tokens from 0: an id far beyond the vocabulary's size is a defect, and resizing to it
+  // would take gigabytes (as fuzz_tiktoken found for ranks). Gaps of up to 2^20 unused ids stay allowed.
+  const std::uint64_t id_limit = vocab.size() + (std::uint64_t{1} << 20);
   for (const auto& [name, id] : vocab.items()) {
     if (!id.is_number_unsigned() || id.get<std::uint64_t>() >= no_token)
       bad_tokenizer(file, fmt::format("model.vocab[{:?}]", name), fmt::format("id {} is not a token id", id.dump()));
+    if (id.get<std::uint64_t>() >= id_limit)
+      bad_tokenizer(file, fmt::format("model.vocab[{:?}]", name),
+                    fmt::format("id {} leaves more than 2^20 ids unused (ids count tokens from 0)", id.dump()));
     const auto token = id.get<TokenId>();
     id_of_name.emplace(name, token);
     if (token >= model.bytes_of.size()) model.bytes_of.resize(token + 1);
@@ -185,6 +191,8 @@ inline void read_added_tokens(const std::filesystem::path& file, const nlohmann:
     for (const char* flag : {"lstrip", "rstrip", "single_word"})
       if (token.value(flag, false))
         bad_tokenizer(file, where, fmt::format("{} = true is not supported for added tokens", flag));
+    if (token["id"].get<std::uint64_t>() >= model.bytes_of.size() + added.size() + (std::uint64_t{1} << 20))
+      bad_tokenizer(file, where, fmt::format("id {} leaves more than 2^20 ids unused (ids count tokens from 0)", token["id"].dump()));
     AddedToken entry{token["content"].get<std::string>(), token["id"].get<TokenId>(), token.value("special", false)};
     if (entry.id >= model.bytes_of.size()) model.bytes_of.resize(entry.id + 1);
     model.bytes_of[entry.id] = entry.content;
