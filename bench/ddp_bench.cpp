@@ -1,5 +1,6 @@
 // hpctrain's side of bench/ddp_vs_torchrun: data-parallel SGD steps of an MLP on synthetic
-// Fashion-MNIST-shaped data (784 -> 1024 -> 1024 -> 10, per-rank batch 64), GradientSync over Gloo.
+// Fashion-MNIST-shaped data (784 -> 1024 -> 1024 -> 10, per-rank batch 64), driven as the Trainer drives
+// it: through the DataParallelStrategy interface of hpctrain::Replicated (GradientSync over Gloo).
 // bench/ddp_peer.py is the same training with torch DDP under torchrun. Rank 0 prints one JSON line.
 //   hpctrain_ddp_bench [--ranks N] [--steps S] [--warmup W]
 // --ranks N > 1 starts N ranks of this binary with hpctrain::launch_local (what `--local N` does).
@@ -16,8 +17,9 @@
 #include <fmt/format.h>
 
 #include <hpctrain/dist/dist.hpp>
-#include <hpctrain/job/local_launch.hpp>
+#include <hpctrain/slurm/local_launch.hpp>
 #include <hpctrain/slurm/world.hpp>
+#include <hpctrain/train/replicated.hpp>
 
 namespace {
 
@@ -58,17 +60,22 @@ int main(int argc, char** argv) try {
   torch::manual_seed(0);
   torch::nn::Sequential model(torch::nn::Linear(784, 1024), torch::nn::ReLU(), torch::nn::Linear(1024, 1024),
                               torch::nn::ReLU(), torch::nn::Linear(1024, 10));
-  hpctrain::dist::GradientSync sync(group, *model);
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  std::unique_ptr<hpctrain::DataParallelStrategy> strategy = std::make_unique<hpctrain::Replicated>();
+  strategy->setup({group, model.ptr(), [](const hpctrain::NamedParameters& named) -> std::unique_ptr<torch::optim::Optimizer> {
+                     std::vector<torch::Tensor> parameters;
+                     for (const auto& [name, tensor] : named) parameters.push_back(tensor);
+                     return std::make_unique<torch::optim::SGD>(parameters, torch::optim::SGDOptions(0.01).momentum(0.9));
+                   }});
   torch::manual_seed(100 + group->rank());
   const auto inputs = torch::randn({64, 784});
   const auto targets = torch::randint(0, 10, {64});
 
   auto step = [&] {
-    optimizer.zero_grad();
+    strategy->zero_grad();
+    strategy->set_sync(true);
     torch::nn::functional::cross_entropy(model->forward(inputs), targets).backward();
-    sync.finish();
-    optimizer.step();
+    strategy->finish_gradients();
+    strategy->step();
   };
   step();
   const double first_step_done = now_since_epoch();

@@ -13,7 +13,7 @@
 #include <torch/torch.h>
 
 #include <hpctrain/dist/dist.hpp>
-#include <hpctrain/job/local_launch.hpp>
+#include <hpctrain/slurm/local_launch.hpp>
 #include <hpctrain/slurm/world.hpp>
 
 namespace {

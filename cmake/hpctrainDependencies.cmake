@@ -1,7 +1,6 @@
 # Finds hpctrain's dependencies; used by the build tree and by the installed package config alike.
 include(CMakeFindDependencyMacro)
 find_dependency(fmt)
-find_dependency(range-v3)
 find_dependency(CLI11)
 find_dependency(nlohmann_json)
 # PCRE2 (text/: the tokenizers' Unicode split patterns): Debian ships no CMake config, only libpcre2-8.pc.

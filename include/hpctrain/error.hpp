@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include <hpctrain/error_ids.hpp>
+
 namespace hpctrain {
 
 /// Exit codes of an hpctrain binary (DESIGN.md's command-line contract).
@@ -25,6 +27,7 @@ class Error : public std::runtime_error {
  public:
   Error(std::string id, const std::string& message)
       : std::runtime_error(fmt::format("[{}] {}", id, message)), id_(std::move(id)) {}
+  Error(ErrorId id, const std::string& message) : Error(std::string(id.str()), message) {}
   const std::string& id() const noexcept { return id_; }
 
  private:
@@ -38,6 +41,9 @@ class SpecError : public Error {
   SpecError(std::string_view field, std::string_view value, std::string_view reason)
       : Error(fmt::format("hpctrain.spec.{}", field), fmt::format("{} = {}: {}", field, value, reason)),
         field_(field) {}
+  /// `[<id>] <subject>: <reason>`, for ids that are not one description field (`hpctrain.spec.knob`).
+  SpecError(ErrorId id, std::string_view subject, std::string_view reason)
+      : Error(id, fmt::format("{}: {}", subject, reason)), field_(id.str().substr(std::string_view("hpctrain.spec.").size())) {}
   const std::string& field() const noexcept { return field_; }
 
  private:
@@ -47,12 +53,15 @@ class SpecError : public Error {
 /// Bad command-line usage (unknown flag, malformed override): exit 2 like a SpecError.
 class UsageError : public Error {
  public:
-  explicit UsageError(const std::string& message) : Error("hpctrain.usage", message) {}
+  explicit UsageError(const std::string& message) : Error(errors::usage, message) {}
 };
 
 /// The world failed: a command, a peer or the file system.
 class RuntimeError : public Error {
  public:
+  /// `[<id>] <message>`: `RuntimeError(errors::runtime_sbatch, "...")`.
+  RuntimeError(ErrorId id, const std::string& message) : Error(id, message) {}
+  /// Old spelling, `RuntimeError("sbatch", ...)`: prefer a named id from error_ids.hpp.
   RuntimeError(std::string_view what, const std::string& message)
       : Error(fmt::format("hpctrain.runtime.{}", what), message) {}
 };
@@ -62,6 +71,11 @@ namespace detail {
 template <class T>
 void require(bool ok, std::string_view field, const T& value, std::string_view reason) {
   if (!ok) throw SpecError(field, fmt::format("{}", value), reason);
+}
+/// The same with a named id: `require(n >= 1, errors::spec_nodes, n, "must be at least 1")`.
+template <class T>
+void require(bool ok, ErrorId id, const T& value, std::string_view reason) {
+  if (!ok) throw SpecError(id.str().substr(std::string_view("hpctrain.spec.").size()), fmt::format("{}", value), reason);
 }
 }  // namespace detail
 

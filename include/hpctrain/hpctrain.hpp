@@ -4,12 +4,14 @@
 // Pulls in LibTorch; a program that only renders or submits jobs can include the job/ headers alone and
 // stay torch-free.
 #include <hpctrain/error.hpp>
+#include <hpctrain/error_ids.hpp>
+#include <hpctrain/names.hpp>
 #include <hpctrain/version.hpp>
 
 #include <hpctrain/job/cli.hpp>
 #include <hpctrain/job/container.hpp>
 #include <hpctrain/job/job.hpp>
-#include <hpctrain/job/local_launch.hpp>
+#include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/render.hpp>
 #include <hpctrain/job/shell.hpp>
 #include <hpctrain/job/submit.hpp>
@@ -17,6 +19,7 @@
 
 #include <hpctrain/slurm/environment.hpp>
 #include <hpctrain/slurm/hostlist.hpp>
+#include <hpctrain/slurm/local_launch.hpp>
 #include <hpctrain/slurm/world.hpp>
 
 #include <hpctrain/dist/collectives.hpp>
@@ -24,18 +27,29 @@
 #include <hpctrain/dist/process_group.hpp>
 
 #include <hpctrain/train/checkpoint.hpp>
+#include <hpctrain/train/checkpointing.hpp>
 #include <hpctrain/train/data/idx.hpp>
 #include <hpctrain/train/data/prefetch.hpp>
 #include <hpctrain/train/data/sampler.hpp>
 #include <hpctrain/train/data/source.hpp>
 #include <hpctrain/train/data/tokens.hpp>
+#include <hpctrain/train/digest.hpp>
+#include <hpctrain/train/evaluation.hpp>
+#include <hpctrain/train/loggers.hpp>
 #include <hpctrain/train/loop.hpp>
 #include <hpctrain/train/metrics.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/preemption.hpp>
 #include <hpctrain/train/progress.hpp>
+#include <hpctrain/train/replicated.hpp>
+#include <hpctrain/train/run_setup.hpp>
+#include <hpctrain/train/run_directory.hpp>
 #include <hpctrain/train/schedule.hpp>
+#include <hpctrain/train/step.hpp>
+#include <hpctrain/train/strategy.hpp>
 #include <hpctrain/train/tensorboard.hpp>
+#include <hpctrain/train/throughput.hpp>
+#include <hpctrain/train/trainer.hpp>
 #include <hpctrain/train/training.hpp>
 #include <hpctrain/train/worker.hpp>
 

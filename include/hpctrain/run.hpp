@@ -1,6 +1,7 @@
 #pragma once
-// The one call a user's main makes: checks the training description, then dispatches on the mode —
-// login-node commands (--dry-run, --submit, --status, ...) through job/, worker mode to the training loop.
+// The one call a user's main makes: checks the training description and its knob table, then dispatches on
+// the mode — login-node commands (--dry-run, --submit, --status, ...) through job/, worker mode to the
+// training loop. The knob table travels from here into the job layer, which never sees a Training.
 #include <iostream>
 #include <string>
 #include <vector>
@@ -8,6 +9,8 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/cli.hpp>
 #include <hpctrain/job/job.hpp>
+#include <hpctrain/job/knobs.hpp>
+#include <hpctrain/job/spec_error_exit.hpp>
 #include <hpctrain/train/training.hpp>
 #include <hpctrain/train/worker.hpp>
 
@@ -15,13 +18,16 @@ namespace hpctrain {
 
 /// Runs the program described by `job` and `training` for this command line; returns the exit code.
 inline int run(int argc, char** argv, const Job& job, const Training& training) {
+  install_spec_error_exit();  // from here on, a SpecError that escapes exits 2 with its message
+  Knobs knobs;
   try {
     training.validate();  // a broken description fails here, before anything is submitted
+    knobs = training_knobs(training);
   } catch (const SpecError& error) {
     std::cerr << error.what() << "\n";
     return exit_usage;
   }
-  return run_job(argc, argv, job, [&training](const std::vector<std::string>& args) { return run_worker(training, args); });
+  return run_job(argc, argv, job, knobs, [&training](const Knobs& values) { return run_worker(training, values); });
 }
 
 }  // namespace hpctrain

@@ -2,7 +2,7 @@
 // failures name host, port and rank, and the bucket planner follows DDP's rules.
 #include <catch2/catch.hpp>
 
-#include <hpctrain/job/local_launch.hpp>  // detail::free_local_port
+#include <hpctrain/slurm/local_launch.hpp>  // detail::free_local_port
 
 #include <torch/torch.h>
 

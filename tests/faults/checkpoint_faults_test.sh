@@ -8,9 +8,9 @@
 # Usage: checkpoint_faults_test.sh <fashion_mnist binary>
 set -euo pipefail
 binary="$(realpath "$1")"
+source "$(dirname "$(realpath "$0")")/fault_support.sh"   # before the cd: $0 may be relative
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/checkpoint-faults-test.XXXXXX")"
 cd "$work"
-source "$(dirname "$(realpath "$0")")/fault_support.sh"
 export HPCTRAIN_RUN_DIR="$work/run"
 limit_kib=512   # the example's checkpoint (model + AdamW state) is about 5 MB
 
@@ -40,7 +40,8 @@ set -e
 [ "$full_exit" -ne 0 ] || fail "the run that could not write its checkpoint exited 0"
 error_line="$(grep -m1 'hpctrain.runtime' full.log || true)"
 [ -n "$error_line" ] || fail "no [hpctrain.runtime.*] error after the failed checkpoint write"
-grep -q "hpctrain.runtime.*$HPCTRAIN_RUN_DIR" full.log || fail "the error does not name the path under $HPCTRAIN_RUN_DIR: $error_line"
+grep -q "hpctrain.runtime.*$HPCTRAIN_RUN_DIR.*: File too large" full.log ||
+  fail "the error does not name the path under $HPCTRAIN_RUN_DIR and the reason (EFBIG): $error_line"
 log=after-full.log
 "$binary" --local 2 --max-steps 30 > after-full.log 2>&1 || fail "the run after the failed write failed"
 grep -q '^resumed from .* at step 30 ' after-full.log || fail "did not resume from an intact checkpoint"

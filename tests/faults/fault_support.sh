@@ -18,7 +18,7 @@ job_pids() {
   local p
   for p in /proc/[0-9]*; do
     [ "${p#/proc/}" = "$$" ] && continue
-    tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qx "SLURM_JOB_ID=$1" && echo "${p#/proc/}"
+    { tr '\0' '\n' < "$p/environ"; } 2>/dev/null | grep -qx "SLURM_JOB_ID=$1" && echo "${p#/proc/}"
   done
   return 0
 }
@@ -27,7 +27,7 @@ rank_pid() {
   local p
   for p in $(job_pids "$1"); do
     [ "$(readlink "/proc/$p/exe" 2>/dev/null)" = "$3" ] || continue
-    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_PROCID=$2" && { echo "$p"; return 0; }
+    { tr '\0' '\n' < "/proc/$p/environ"; } 2>/dev/null | grep -qx "SLURM_PROCID=$2" && { echo "$p"; return 0; }
   done
   return 1
 }

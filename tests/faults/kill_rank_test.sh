@@ -4,9 +4,9 @@
 # pointed at the job's run directory resumes from it.  Usage: kill_rank_test.sh <fashion_mnist binary>
 set -euo pipefail
 binary="$(realpath "$1")"
+source "$(dirname "$(realpath "$0")")/fault_support.sh"   # before the cd: $0 may be relative
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/kill-rank-test.XXXXXX")"
 cd "$work"
-source "$(dirname "$(realpath "$0")")/fault_support.sh"
 
 out="$("$binary" --submit --max-steps 3000)"
 job="$(sed -n 's/^submitted job \([0-9]*\).*/\1/p' <<<"$out" | head -1)"

@@ -7,6 +7,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "test_support.hpp"
+
 namespace {
 
 using Variables = std::map<std::string, std::string>;
@@ -28,14 +30,7 @@ Variables third_task_of_three() {
           {"SLURMD_NODENAME", "n2"}};
 }
 
-std::string message_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const hpctrain::RuntimeError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using hpctrain::test::message_of;
 
 }  // namespace
 

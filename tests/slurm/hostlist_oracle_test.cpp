@@ -9,7 +9,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "run_command.hpp"
+#include "test_support.hpp"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // launch_local (`./train --local N`) with print_world as the rank program: rank variables, first failure
 // wins, SIGTERM then SIGKILL, and SIGINT to the launcher stopping every rank.
-#include <hpctrain/job/local_launch.hpp>
+#include <hpctrain/slurm/local_launch.hpp>
 
 #include <signal.h>
 #include <sys/wait.h>

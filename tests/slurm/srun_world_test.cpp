@@ -12,7 +12,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include "run_command.hpp"
+#include "test_support.hpp"
 
 namespace {
 

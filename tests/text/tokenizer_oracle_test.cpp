@@ -12,7 +12,8 @@ namespace {
 
 /// Compares our ids with the reference's, input by input, and checks the round trip.
 void check_against_oracle(const Tokenizer& tokenizer, const std::string& kind, const std::filesystem::path& file,
-                          const std::vector<std::string>& inputs, bool allow_special, const std::string& scratch_name) {
+                          const std::vector<std::string>& inputs, bool allow_special, const std::string& scratch_name,
+                          bool adds_prefix_space = false) {
   const auto expected = text_test::oracle_ids(kind, file, inputs, text_test::scratch(scratch_name));
   REQUIRE(expected.size() == inputs.size());
   auto encoder = tokenizer.encoder();
@@ -23,9 +24,12 @@ void check_against_oracle(const Tokenizer& tokenizer, const std::string& kind, c
       CAPTURE(i, text_test::hex(inputs[i]).substr(0, 200), expected[i].substr(0, 300));
       CHECK(text_test::joined(ids).substr(0, 300) == expected[i].substr(0, 300));
     }
-    if (encoder.decode(ids) != inputs[i] && ++mismatches <= 5) {
-      CAPTURE(i, text_test::hex(inputs[i]).substr(0, 200));
-      CHECK(text_test::hex(encoder.decode(ids)).substr(0, 200) == text_test::hex(inputs[i]).substr(0, 200));
+    // add_prefix_space puts a space before text that has none (HF's decode keeps it too).
+    const bool prefixed = adds_prefix_space && !inputs[i].empty() && inputs[i][0] != ' ';
+    const auto original = prefixed ? " " + inputs[i] : inputs[i];
+    if (encoder.decode(ids) != original && ++mismatches <= 5) {
+      CAPTURE(i, text_test::hex(original).substr(0, 200));
+      CHECK(text_test::hex(encoder.decode(ids)).substr(0, 200) == text_test::hex(original).substr(0, 200));
     }
   }
   CHECK(mismatches == 0);
@@ -41,7 +45,22 @@ std::filesystem::path string_merges_variant() {
   return path;
 }
 
+/// The same tokenizer.json with ByteLevel(add_prefix_space=true), as RoBERTa-style tokenizers have it.
+std::filesystem::path prefix_space_variant() {
+  const auto path = text_test::cache_dir() / "fortunes-bpe-prefix-space.json";
+  auto root = nlohmann::json::parse(text_test::read_file(text_test::fortunes_tokenizer()));
+  root["pre_tokenizer"]["add_prefix_space"] = true;
+  text_test::write_file(path, root.dump());
+  return path;
+}
+
 }  // namespace
+
+TEST_CASE("A tokenizer.json with add_prefix_space encodes the fortunes corpus as HF does", "[oracle][hf]") {
+  const auto file = prefix_space_variant();
+  check_against_oracle(hpctrain::text::load_huggingface_tokenizer(file), "hf", file, text_test::fortune_lines(), true,
+                       "hf-prefix-space", true);
+}
 
 TEST_CASE("A tokenizer.json trained by HF tokenizers encodes the whole fortunes corpus as HF does", "[oracle][hf]") {
   const auto file = text_test::fortunes_tokenizer();

@@ -1,36 +1,23 @@
-// The training loop at world size 1 on real Fashion-MNIST subsets: exact resume after a preemption,
-// a truncated newest checkpoint skipped with a warning, knobs, bf16 on CPU.
+// The Trainer at world size 1 on real Fashion-MNIST subsets: exact resume after a preemption (at the
+// preemption-check cadence), a truncated newest checkpoint skipped with a warning, knobs, bf16 on CPU.
 #include <catch2/catch.hpp>
 
 #include "train_test_support.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <csignal>
+#include <set>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include <hpctrain/train/data/idx.hpp>
-#include <hpctrain/train/loop.hpp>
+#include <hpctrain/train/trainer.hpp>
 #include <hpctrain/train/worker.hpp>
 
 namespace fs = std::filesystem;
 
 namespace {
-/// The first `count` examples of a Fashion-MNIST file pair (read once per process).
-hpctrain::data::Source fashion_subset(const std::string& split, std::int64_t count) {
-  static std::map<std::string, hpctrain::data::TensorDataset> cache;
-  if (!cache.count(split)) {
-    const std::string dir = "/usr/share/datasets/fashion-mnist/";
-    cache[split] = hpctrain::data::load_idx(dir + split + "-images-idx3-ubyte.gz", dir + split + "-labels-idx1-ubyte.gz");
-  }
-  const auto& all = cache[split];
-  return hpctrain::data::tensors(all.inputs.narrow(0, 0, count), all.targets.narrow(0, 0, count));
-}
-
 struct SmallNetImpl : torch::nn::Module {
   torch::nn::Sequential layers{torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 8, 3).padding(1)), torch::nn::BatchNorm2d(8),
                                torch::nn::ReLU(), torch::nn::MaxPool2d(4), torch::nn::Flatten(), torch::nn::Dropout(0.2),
@@ -39,6 +26,8 @@ struct SmallNetImpl : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x) { return layers->forward(x); }
 };
 TORCH_MODULE(SmallNet);
+
+using train_test::fashion_subset;
 
 /// Dropout, batch norm, AdamW, warmup + cosine, accumulation and clipping: every piece of state resume must restore.
 hpctrain::Training small_training(const fs::path& run_dir) {
@@ -58,36 +47,26 @@ hpctrain::Training small_training(const fs::path& run_dir) {
       .threads(1)
       .seed(3)
       .metric(hpctrain::metrics::accuracy)
+      .report_digest(true)
       .run_dir(run_dir);
 }
 
 /// The newest checkpoint of `run_dir` loaded into a fresh model.
 SmallNet final_model(const fs::path& run_dir) {
   SmallNet model;
-  torch::optim::AdamW optimizer(model->parameters());
   const hpctrain::CheckpointStore store(run_dir / "checkpoints");
-  REQUIRE(!store.list().empty());
-  store.load(store.list().back(), *model, optimizer);
+  const auto saved = store.latest([](const std::string& warning) { FAIL(warning); });
+  REQUIRE(saved);
+  auto archive = saved->strategy_state().open(0);
+  torch::serialize::InputArchive model_archive;
+  archive.read("model", model_archive);
+  model->load(model_archive);
   return model;
-}
-
-/// Runs `action` with stderr going to a string.
-std::string capture_stderr(const std::function<void()>& action, const fs::path& file) {
-  std::fflush(stderr);
-  const int saved = ::dup(2);
-  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  ::dup2(fd, 2);
-  ::close(fd);
-  action();
-  std::fflush(stderr);
-  ::dup2(saved, 2);
-  ::close(saved);
-  std::ifstream in(file);
-  return {std::istreambuf_iterator<char>(in), {}};
 }
 }  // namespace
 
-TEST_CASE("A run preempted at step 11 and resumed ends bit-identical to an uninterrupted run", "[loop]") {
+TEST_CASE("A run signalled at step 11 stops at the next preemption check (step 20), and resumed ends bit-identical to an uninterrupted run", "[loop]") {
+  TRAIN_TEST_REQUIRE_FASHION();
   const hpctrain::slurm::World world;  // rank 0 of 1
   const auto straight_dir = train_test::scratch("resume-straight");
   const auto straight = hpctrain::train(small_training(straight_dir), world);
@@ -99,14 +78,15 @@ TEST_CASE("A run preempted at step 11 and resumed ends bit-identical to an unint
   auto preempted_training = small_training(stopped_dir).on_step([](std::int64_t step) {
     if (step == 11) std::raise(SIGUSR2);  // what `scancel --signal=USR2` delivers
   });
+  REQUIRE(preempted_training.preemption_check_every() == 10);  // the default cadence
   const auto first = hpctrain::train(preempted_training, world);
   CHECK(first.exit_code == hpctrain::exit_requeue);
-  CHECK(first.steps_completed == 11);
-  CHECK(hpctrain::CheckpointStore(stopped_dir / "checkpoints").list().back().filename() == "checkpoint-0000000011.hpct");
+  CHECK(first.steps_completed == 20);
+  CHECK(hpctrain::CheckpointStore(stopped_dir / "checkpoints").list().back().filename() == "step-0000000020");
 
   const auto second = hpctrain::train(small_training(stopped_dir), world);
   CHECK(second.exit_code == hpctrain::exit_ok);
-  CHECK(second.resumed_from == std::optional<std::int64_t>(11));
+  CHECK(second.resumed_from == std::optional<std::int64_t>(20));
   CHECK(second.steps_completed == 24);
   CHECK(second.eval_loss == straight.eval_loss);
   CHECK(second.eval_accuracy == straight.eval_accuracy);
@@ -126,30 +106,51 @@ TEST_CASE("A run preempted at step 11 and resumed ends bit-identical to an unint
 }
 
 TEST_CASE("A truncated newest checkpoint is skipped with a warning and training resumes from the previous one", "[loop]") {
+  TRAIN_TEST_REQUIRE_FASHION();
   const auto dir = train_test::scratch("resume-truncated");
   const hpctrain::slurm::World world;
   const auto first = hpctrain::train(small_training(dir).max_steps(10).checkpoint_every(4).keep_checkpoints(3), world);
   REQUIRE(first.exit_code == hpctrain::exit_ok);
   const hpctrain::CheckpointStore store(dir / "checkpoints");
   REQUIRE(store.list().size() == 3);  // steps 4, 8 and the final 10
-  const auto newest = store.list().back();
+  const auto newest = store.list().back() / "rank-00000.hpct";
   fs::resize_file(newest, fs::file_size(newest) / 2);
 
   std::optional<hpctrain::TrainResult> second;
-  const auto errors = capture_stderr([&] { second = hpctrain::train(small_training(dir).max_steps(12), world); }, dir / "stderr.txt");
+  const auto errors = train_test::capture_stderr([&] { second = hpctrain::train(small_training(dir).max_steps(12), world); }, dir / "stderr.txt");
   CHECK(second->resumed_from == std::optional<std::int64_t>(8));
   CHECK(second->steps_completed == 12);
-  CHECK_THAT(errors, Catch::Contains("warning: skipping checkpoint: [hpctrain.runtime.checkpoint] " + newest.string() + ": truncated: payload has "));
+  CHECK_THAT(errors, Catch::Contains("warning: skipping checkpoint: [hpctrain.runtime.checkpoint] " + newest.string() + ": truncated: "));
 }
 
-TEST_CASE("bf16 autocast on CPU trains and evaluates to finite numbers", "[loop]") {
-  const auto result = hpctrain::train(small_training(train_test::scratch("bf16")).max_steps(4).precision(hpctrain::bf16), hpctrain::slurm::World{});
+TEST_CASE("bf16 autocast on CPU engages inside the step, and trains and evaluates to finite numbers", "[loop]") {
+  TRAIN_TEST_REQUIRE_FASHION();
+  std::set<c10::ScalarType> step_outputs, eval_outputs;
+  auto training = small_training(train_test::scratch("bf16"))
+                      .max_steps(4)
+                      .precision(hpctrain::bf16)
+                      .step([&](hpctrain::StepContext& context, const hpctrain::data::Batch& batch) {
+                        auto output = context.forward(batch.inputs);
+                        step_outputs.insert(output.scalar_type());
+                        return context.loss(output, batch.targets);
+                      })
+                      .eval_step([&](hpctrain::StepContext& context, const hpctrain::data::Batch& batch) {
+                        auto out = hpctrain::default_eval_step(context, batch);
+                        eval_outputs.insert(out.output.scalar_type());
+                        return out;
+                      });
+  const auto result = hpctrain::train(training, hpctrain::slurm::World{});
   CHECK(result.exit_code == hpctrain::exit_ok);
+  CHECK(step_outputs == std::set<c10::ScalarType>{torch::kBFloat16});  // the Linear layer ran in bf16
+  CHECK(eval_outputs == std::set<c10::ScalarType>{torch::kBFloat16});
   REQUIRE(result.eval_loss);
   CHECK(std::isfinite(*result.eval_loss));
+  REQUIRE(result.eval_accuracy);
+  CHECK(*result.eval_accuracy > 0.1);
 }
 
 TEST_CASE("A batch larger than a rank's share of the data is a spec error naming the batch size", "[loop]") {
+  TRAIN_TEST_REQUIRE_FASHION();
   auto training = small_training(train_test::scratch("too-big")).batch_size(hpctrain::per_rank(1024)).gradient_accumulation(1);
   try {
     hpctrain::train(training, hpctrain::slurm::World{});
@@ -160,35 +161,40 @@ TEST_CASE("A batch larger than a rank's share of the data is a spec error naming
 }
 
 TEST_CASE("Training knobs forwarded on the command line replace the description's values", "[worker]") {
-  const auto knobs = hpctrain::parse_training_knobs({"--epochs", "3", "--max-steps=40", "--batch-size", "16", "--lr", "0.01"});
-  const auto training = hpctrain::with_knobs(small_training("unused").batch_size(hpctrain::global(64)), knobs);
-  CHECK(training.epoch_count() == std::optional<std::int64_t>(3));
-  CHECK(training.step_limit() == std::optional<std::int64_t>(40));
-  CHECK(training.batch().value == 16);
-  CHECK(training.batch().scope == hpctrain::BatchScope::global);
-  CHECK(training.base_lr() == std::optional<double>(0.01));
+  const auto described = small_training("unused").batch_size(hpctrain::global(64));
+  const auto knobs = hpctrain::parse_training_knobs(described, {"--epochs", "3", "--max-steps=40", "--batch-size", "16", "--lr", "0.01"});
+  const auto training = hpctrain::with_knobs(described, knobs);
+  CHECK(training.epochs() == std::optional<std::int64_t>(3));
+  CHECK(training.max_steps() == std::optional<std::int64_t>(40));
+  CHECK(training.batch_size().value == 16);
+  CHECK(training.batch_size().scope == hpctrain::BatchScope::global);
+  CHECK(training.lr() == std::optional<double>(0.01));
+  CHECK(training.knobs().get<double>("lr") == 0.01);
 }
 
-TEST_CASE("A negative --lr fails validation naming the field", "[worker]") {
-  const auto training = hpctrain::with_knobs(small_training("unused"), hpctrain::parse_training_knobs({"--lr", "-1"}));
-  try {
-    training.validate();
-    FAIL("expected a SpecError");
-  } catch (const hpctrain::SpecError& error) {
-    CHECK(std::string(error.what()) == "[hpctrain.spec.training.lr] training.lr = -1: must be positive");
-  }
+TEST_CASE("A program's own knobs join the built-ins in one table, with their defaults and checks", "[worker]") {
+  const auto described = small_training("unused").knob<std::int64_t>("warmup_steps", 100, "warm-up", hpctrain::non_negative());
+  const auto table = hpctrain::training_knobs(described);
+  CHECK(table.find("epochs") != nullptr);
+  CHECK(table.find("warmup_steps") != nullptr);
+  const auto training = hpctrain::with_knobs(described, table.with_arguments({"--warmup-steps", "7"}));
+  CHECK(training.knobs().get<int>("warmup_steps") == 7);
+  CHECK(hpctrain::training_knobs(training).specs().size() == table.specs().size());  // extending again adds nothing
+  CHECK_THROWS_WITH(hpctrain::training_knobs(small_training("unused").knob<double>("lr", 0.1, "mine")),
+                    "[hpctrain.spec.knob] lr: is declared twice (a built-in knob has this name)");
 }
 
-TEST_CASE("An unknown or malformed worker argument is a usage error", "[worker]") {
+TEST_CASE("An invalid or unknown worker argument names the knob", "[worker]") {
   auto [args, message] = GENERATE(table<std::vector<std::string>, std::string>({
-      {{"--epoch", "3"}, "[hpctrain.usage] worker arguments: The following arguments were not expected: 3 --epoch"},
-      {{"--max-steps", "many"}, "[hpctrain.usage] worker arguments: Could not convert: --max-steps = many"},
+      {{"--lr", "-1"}, "[hpctrain.spec.knob] --lr = -1: must be positive"},
+      {{"--epoch", "3"}, "[hpctrain.usage] unknown option --epoch (did you mean --epochs?); the knobs are: --epochs --max-steps --batch-size --lr"},
+      {{"--max-steps", "many"}, "[hpctrain.spec.knob] --max-steps = many: expected an integer"},
   }));
   CAPTURE(args);
   try {
-    hpctrain::parse_training_knobs(args);
-    FAIL("expected a UsageError");
-  } catch (const hpctrain::UsageError& error) {
+    (void)hpctrain::parse_training_knobs(small_training("unused"), args);
+    FAIL("expected an hpctrain::Error");
+  } catch (const hpctrain::Error& error) {
     CHECK(std::string(error.what()) == message);
   }
 }

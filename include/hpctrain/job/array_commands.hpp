@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join: only there in the torch wheel's fmt 12
 #include <nlohmann/json.hpp>  // the job record (job.json)
 
 #include <hpctrain/error.hpp>

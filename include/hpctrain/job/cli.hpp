@@ -1,7 +1,12 @@
 #pragma once
 // The login-node command line of an hpctrain binary (DESIGN.md's contract): --dry-run, --submit,
-// --status, --logs [--follow], --cancel, --local N, the job overrides, and the worker marker that the
-// generated script passes. Arguments it does not know are forwarded to the workers (training knobs).
+// --status, --logs [--follow], --cancel, --local N, --resume [DIR], the job overrides, and the worker
+// marker that the generated script passes. With a knob table (job/knobs.hpp) every other argument must be a
+// valid knob — checked here, before anything is written or queued — and is forwarded to the workers;
+// without one (a torch-free program with its own worker protocol) other arguments are forwarded unchecked.
+#include <chrono>
+#include <ctime>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -14,11 +19,13 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/array_commands.hpp>
 #include <hpctrain/job/job.hpp>
-#include <hpctrain/job/local_launch.hpp>
+#include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/prepare.hpp>
+#include <hpctrain/slurm/local_launch.hpp>
 #include <hpctrain/job/render.hpp>
 #include <hpctrain/job/submit.hpp>
 #include <hpctrain/job/units.hpp>
+#include <hpctrain/names.hpp>
 
 namespace hpctrain {
 
@@ -31,6 +38,9 @@ struct LoginCommand {
   std::optional<std::string> gpus_per_node, time, partition, account;
   std::vector<std::string> env;     ///< K=V
   std::vector<std::string> sbatch;  ///< KEY=VALUE or KEY
+  /// `--resume [DIR]`: DIR, or empty for the newest run of this program that has checkpoints.
+  std::optional<std::string> resume;
+  /// For the workers: the knobs, validated and spelled `--name=value` when a table was given, else as typed.
   std::vector<std::string> forwarded;
   std::string help;
   // The job layer's second-wave options (add_job_layer_options / apply_job_layer_overrides).
@@ -40,6 +50,8 @@ struct LoginCommand {
 
 /// The code run under srun, given the arguments after the worker marker; returns the exit code.
 using Worker = std::function<int(const std::vector<std::string>& args)>;
+/// The code run under srun for a program with a knob table: the table holding this run's values.
+using KnobWorker = std::function<int(const Knobs& knobs)>;
 
 /// Options of arrays, sweeps and site settings, kept apart from the parser's structure.
 inline void add_job_layer_options(CLI::App& app, LoginCommand& command) {
@@ -111,15 +123,15 @@ inline void print_job_warnings(const Job& job, std::ostream& err) {
   for (const auto& warning : job_warnings(job)) err << "hpctrain: warning: " << warning << "\n";
 }
 
-/// Parses argv (without the worker marker). Throws UsageError.
-inline LoginCommand parse_login_command(int argc, char** argv) {
+namespace detail {
+inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knobs) {
   LoginCommand command;
   CLI::App app{"An hpctrain program: it submits itself to Slurm and trains under srun.", argc > 0 ? argv[0] : "train"};
   app.set_help_flag();  // ours below, so that --help is a mode like the others
   app.allow_extras();
   app.footer(
-      "Without a mode the program only prints this text. Other arguments are forwarded to the workers; a\n"
-      "training program reads these knobs there: --epochs N, --max-steps N, --batch-size N, --lr X.\n"
+      "Without a mode the program only prints this text. Other arguments are forwarded to the workers (a\n"
+      "training program checks them here first: see its knobs below).\n"
       "Exit codes: 0 success, 2 bad usage or invalid job description, 1 a runtime failure.");
   bool help = false, dry_run = false, submit = false, status = false, logs = false, cancel = false;
   app.add_flag("-h,--help", help, "print this help");
@@ -139,14 +151,29 @@ inline LoginCommand parse_login_command(int argc, char** argv) {
   app.add_option("--env", command.env, "export K=V in the job (repeatable)")->allow_extra_args(false);
   app.add_option("--sbatch", command.sbatch, "any sbatch option as KEY=VALUE or KEY (repeatable)")
       ->allow_extra_args(false);
+  // --- run directories (item 7 of issue 8): only programs with a knob table train, so only they resume.
+  std::vector<std::string> resume;
+  CLI::Option* resume_option = nullptr;
+  if (knobs != nullptr)
+    resume_option = app.add_option("--resume", resume,
+                                   "with --submit, --dry-run or --local: start from the newest checkpoint of run "
+                                   "directory DIR (default: this program's newest run)")
+                        ->expected(0, 1)
+                        ->type_name("[DIR]");
   add_job_layer_options(app, command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     throw UsageError(e.what());
   }
+  if (resume_option != nullptr && resume_option->count() > 0) command.resume = resume.empty() ? "" : resume.front();
   command.forwarded = app.remaining();
   command.help = app.help();
+  if (knobs != nullptr) {
+    // Every knob is checked now, so that a typo or a bad value fails before anything is written or queued.
+    command.forwarded = knobs->with_arguments(command.forwarded).arguments();
+    command.help += "\n" + knobs->help();
+  }
   const bool local = command.local_ranks.has_value();
   const int modes = help + dry_run + submit + status + logs + cancel + local;
   if (modes > 1) throw UsageError("choose one of --dry-run, --submit, --status, --logs, --cancel, --local");
@@ -160,8 +187,64 @@ inline LoginCommand parse_login_command(int argc, char** argv) {
                  : local   ? Mode::local
                            : Mode::none;
   if (command.follow && command.mode != Mode::logs) throw UsageError("--follow goes with --logs");
+  if (command.resume && command.mode != Mode::submit && command.mode != Mode::dry_run && command.mode != Mode::local)
+    throw UsageError("--resume goes with --submit, --dry-run or --local");
   return command;
 }
+}  // namespace detail
+
+/// Parses argv (without the worker marker); arguments it does not know are kept in `forwarded` unchecked.
+/// Throws UsageError.
+inline LoginCommand parse_login_command(int argc, char** argv) { return detail::parse_login_command(argc, argv, nullptr); }
+
+/// Parses argv against `knobs` as well: an unknown argument is a UsageError naming it, an invalid knob value
+/// a SpecError `[hpctrain.spec.knob]` naming the knob, the value and the reason.
+inline LoginCommand parse_login_command(int argc, char** argv, const Knobs& knobs) {
+  return detail::parse_login_command(argc, argv, &knobs);
+}
+
+namespace detail {
+/// The run directory `--resume DIR` names (DIR absolute), or the newest run under `root` with checkpoints.
+/// Throws SpecError `[hpctrain.spec.resume]` when there is none to resume from.
+inline std::filesystem::path resume_directory(const std::string& requested, const std::filesystem::path& root) {
+  namespace fs = std::filesystem;
+  if (!requested.empty()) {
+    const fs::path directory = fs::absolute(requested).lexically_normal();
+    if (!layout::has_checkpoints(directory))
+      throw SpecError(errors::spec_resume, fmt::format("--resume {}", requested),
+                      fmt::format("{} holds no checkpoint to resume from", (directory / layout::checkpoints).string()));
+    return directory;
+  }
+  std::optional<fs::path> newest;
+  fs::file_time_type newest_time{};
+  std::error_code error;
+  for (fs::directory_iterator entry(root, error), end; !error && entry != end; entry.increment(error)) {
+    if (!entry->is_directory(error) || !layout::has_checkpoints(entry->path())) continue;
+    const auto time = fs::last_write_time(entry->path() / layout::checkpoints, error);
+    if (!newest || time > newest_time) newest = entry->path(), newest_time = time;
+  }
+  if (!newest)
+    throw SpecError(errors::spec_resume, "--resume",
+                    fmt::format("no run of this program under {} has checkpoints; name one: --resume DIR", root.string()));
+  return *newest;
+}
+
+/// A new directory `<root>/local-<UTC time>[-<n>]` for one `--local` run (created here, so two runs started
+/// in the same second do not share one).
+inline std::filesystem::path new_local_run_directory(const std::filesystem::path& root) {
+  namespace fs = std::filesystem;
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
+  fs::create_directories(root);
+  for (int attempt = 1;; ++attempt) {
+    const auto name = fmt::format("{}{}{}", layout::local_run_prefix, stamp, attempt == 1 ? "" : fmt::format("-{}", attempt));
+    if (fs::create_directory(root / name)) return root / name;
+  }
+}
+}  // namespace detail
 
 /// Applies the command-line overrides to `job` (the setters validate: SpecError names the field).
 inline void apply_overrides(Job& job, const LoginCommand& command) {
@@ -210,6 +293,12 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
   try {
     apply_overrides(job, command);
     if (const auto handled = run_array_command(job, command, context, out)) return *handled;
+    RenderContext worker_context = context;
+    if (command.resume) {
+      // The workers get the directory itself: the script or --local then resumes from exactly this run.
+      const auto from = detail::resume_directory(*command.resume, job_root(job, context));
+      worker_context.worker_args.insert(worker_context.worker_args.begin(), {"--resume", from.string()});
+    }
     switch (command.mode) {
       case Mode::help:
         out << command.help;
@@ -220,14 +309,14 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
       case Mode::dry_run:
         check_array_on_cluster(job);
         print_job_warnings(job, err);
-        out << render_sbatch(job, context);
+        out << render_sbatch(job, worker_context);
         return exit_ok;
       case Mode::submit: {
         check_array_on_cluster(job);
         print_job_warnings(job, err);
-        const auto submitted = submit(job, context);
-        out << fmt::format("submitted job {}\n  logs: {}\n  job directory: {}\n", submitted.id, submitted.output_log,
-                           submitted.directory.string());
+        const auto submitted = submit(job, worker_context);
+        out << fmt::format("submitted job {}\n  logs: {}\n  job directory: {} (also the run directory: checkpoints, metrics)\n",
+                           submitted.id, submitted.output_log, submitted.directory.string());
         return exit_ok;
       }
       case Mode::status: {
@@ -249,8 +338,18 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         if (const int prepared = prepare_locally(job, context, command.forwarded, err); prepared != exit_ok)
           return prepared;
         std::vector<std::string> args = {std::string(worker_flag)};
-        args.insert(args.end(), command.forwarded.begin(), command.forwarded.end());
-        return launch_local(*command.local_ranks, context.program, args);
+        args.insert(args.end(), worker_context.worker_args.begin(), worker_context.worker_args.end());
+        LocalLaunchOptions options;
+        // Each run its own directory, so a second run trains again instead of finding the first one's
+        // checkpoints; a directory named in HPCTRAIN_RUN_DIR is the user's choice and is kept.
+        if (!hpctrain::getenv(env::run_dir)) {
+          detail::require(*command.local_ranks >= 1, errors::spec_local, *command.local_ranks, "needs at least 1 rank");
+          options.run_directory = detail::new_local_run_directory(job_root(job, context));
+        }
+        out << fmt::format("run directory: {}\n", options.run_directory ? options.run_directory->string()
+                                                                         : *hpctrain::getenv(env::run_dir))
+            << std::flush;
+        return launch_local(*command.local_ranks, context.program, args, options);
       }
       case Mode::cancel: {
         const auto last = last_submitted(job, context);
@@ -272,7 +371,8 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
   return exit_failure;
 }
 
-/// The whole program for a job: worker mode under the marker, else the login-node command line.
+/// The whole program for a job: worker mode under the marker, else the login-node command line. Arguments
+/// that are not login options reach `worker` unchecked.
 inline int run_job(int argc, char** argv, const Job& job, const Worker& worker) {
   if (is_worker_invocation(argc, argv)) return worker(std::vector<std::string>(argv + 2, argv + argc));
   if (is_prepare_invocation(argc, argv))
@@ -281,7 +381,39 @@ inline int run_job(int argc, char** argv, const Job& job, const Worker& worker) 
   LoginCommand command;
   try {
     command = parse_login_command(argc, argv);
-  } catch (const UsageError& e) {
+  } catch (const Error& e) {
+    std::cerr << e.what() << "\n";
+    return exit_usage;
+  }
+  return run_login_command(job, command, current_render_context(argc, argv, command.forwarded));
+}
+
+/// The same for a program with a knob table: the login command refuses an unknown or invalid knob (exit 2,
+/// nothing written or queued), `--help` lists the knobs, and `worker` gets the table with this run's values
+/// (the worker's arguments are read with the same table; a bad one exits 2 on every rank).
+inline int run_job(int argc, char** argv, const Job& job, const Knobs& knobs, const KnobWorker& worker) {
+  if (is_prepare_invocation(argc, argv))
+    return run_preparation(job.preparation(),
+                           prepare_context_from_environment(std::vector<std::string>(argv + 2, argv + argc)));
+  if (is_worker_invocation(argc, argv)) {
+    try {
+      std::vector<std::string> args(argv + 2, argv + argc);
+      // `--resume DIR` (put first by the login command) travels on as HPCTRAIN_RESUME_FROM, which the training
+      // layer reads where it resolves the run directory (train/run_directory.hpp). Still one thread here.
+      if (args.size() >= 2 && args[0] == "--resume") {
+        ::setenv(env::resume_from, args[1].c_str(), 1);
+        args.erase(args.begin(), args.begin() + 2);
+      }
+      return worker(knobs.with_arguments(args));
+    } catch (const Error& e) {
+      std::cerr << e.what() << "\n";
+      return exit_usage;
+    }
+  }
+  LoginCommand command;
+  try {
+    command = parse_login_command(argc, argv, knobs);
+  } catch (const Error& e) {
     std::cerr << e.what() << "\n";
     return exit_usage;
   }

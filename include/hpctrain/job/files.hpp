@@ -1,7 +1,9 @@
 #pragma once
 // File operations that must never leave half a file behind (job scripts, job records, checkpoints), and a
 // tree removal that is safe in binaries linking LibTorch.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <initializer_list>
 #include <string>
@@ -35,13 +37,20 @@ inline void write_file_atomically(const std::filesystem::path& path, std::initia
   const auto temporary = directory / fmt::format(".{}.tmp.{}", path.filename().string(), ::getpid());
   std::FILE* file = std::fopen(temporary.c_str(), "wb");
   if (file == nullptr) throw RuntimeError(what, fmt::format("cannot write {}", temporary.string()));
+  // The first failure's errno goes into the message: a full disk (ENOSPC), a quota (EDQUOT) or a file size
+  // limit (EFBIG) must be told apart from a permission problem (tests/faults/checkpoint_faults_test.sh).
+  int error_number = 0;
+  const auto check = [&](bool step_ok) {
+    if (!step_ok && error_number == 0) error_number = errno != 0 ? errno : EIO;
+    return step_ok;
+  };
   bool ok = true;
-  for (const auto part : parts) ok = ok && std::fwrite(part.data(), 1, part.size(), file) == part.size();
-  ok = (std::fflush(file) == 0) && ok && (::fsync(::fileno(file)) == 0);
-  ok = (std::fclose(file) == 0) && ok;
+  for (const auto part : parts) ok = ok && check(std::fwrite(part.data(), 1, part.size(), file) == part.size());
+  ok = check(std::fflush(file) == 0) && ok && check(::fsync(::fileno(file)) == 0);
+  ok = check(std::fclose(file) == 0) && ok;
   if (!ok) {
     std::remove(temporary.c_str());
-    throw RuntimeError(what, fmt::format("cannot write {}", temporary.string()));
+    throw RuntimeError(what, fmt::format("cannot write {}: {}", temporary.string(), std::strerror(error_number)));
   }
   std::error_code error;
   std::filesystem::rename(temporary, path, error);

@@ -19,7 +19,7 @@
 #include <hpctrain/job/prepare.hpp>
 #include <hpctrain/job/shell.hpp>
 #include <hpctrain/job/site.hpp>
-#include <hpctrain/job/spec_error_exit.hpp>  // a SpecError escaping main exits 2
+#include <hpctrain/job/spec_error_exit.hpp>  // install_spec_error_exit(): a SpecError escaping main exits 2
 #include <hpctrain/job/units.hpp>
 
 namespace hpctrain {
@@ -226,6 +226,25 @@ class Job {
     requeue_ = RequeuePolicy{seconds, max_restarts};
     return *this;
   }
+  /// The signal sent `grace` before the time limit (`srun --signal=<name>@grace`): USR2, USR1, URG, ALRM, HUP,
+  /// INT. Default: USR2 (NCCL may use USR1). Workers also treat SIGTERM, a preempting partition's signal, alike.
+  Job& requeue_signal(std::string name) {
+    if (name.starts_with("SIG")) name.erase(0, 3);
+    static constexpr std::string_view known[] = {"USR2", "USR1", "URG", "ALRM", "HUP", "INT"};
+    bool ok = false;
+    for (auto k : known) ok = ok || name == k;
+    detail::require(ok, "requeue_signal", name, "expected USR2, USR1, URG, ALRM, HUP or INT");
+    requeue_signal_ = std::move(name);
+    return *this;
+  }
+  /// When the step fails (a rank exits non-zero other than exit_requeue, is killed, or loses its node),
+  /// requeue the job to resume from its last complete checkpoint, at most `count` times (like torchrun
+  /// --max-restarts); the log says why. Default: 0 (a failure ends the job).
+  Job& max_restarts(int count) {
+    detail::require(count >= 0 && count <= 100, "max_restarts", count, "must be between 0 and 100");
+    max_restarts_ = count;
+    return *this;
+  }
   /// `export NAME=value` in the script (quoted; the value arrives byte for byte).
   Job& env(std::string name, std::string value) {
     check_env(name, value);
@@ -356,6 +375,8 @@ class Job {
   const Container& container() const { return container_; }
   const std::vector<Mount>& mounts() const { return mounts_; }
   bool mount_program() const { return mount_program_; }
+  const std::string& requeue_signal() const { return requeue_signal_; }
+  int max_restarts() const { return max_restarts_; }
   /// The array spec; empty for a single job.
   const std::optional<ArraySpec>& array() const { return array_; }
   /// The preparation callable; empty without one.
@@ -400,6 +421,8 @@ class Job {
   bool mount_program_ = true;
   PrepareFunction prepare_;
   std::optional<ArraySpec> array_;
+  std::string requeue_signal_ = "USR2";
+  int max_restarts_ = 0;
 };
 
 }  // namespace hpctrain

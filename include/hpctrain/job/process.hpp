@@ -31,21 +31,21 @@ inline void close_fd(int& fd) {
 }  // namespace detail
 
 /// Runs `argv` (looked up in PATH) with `extra_env` added to this process's environment, in
-/// `working_directory` when given; collects stdout and stderr. Throws RuntimeError("exec", ...) when the
+/// `working_directory` when given; collects stdout and stderr. Throws RuntimeError(errors::runtime_exec, ...) when the
 /// program cannot be started.
 inline ProcessResult run_process(const std::vector<std::string>& argv,
                                  const std::vector<std::pair<std::string, std::string>>& extra_env = {},
                                  const std::string& working_directory = "") {
-  if (argv.empty()) throw RuntimeError("exec", "empty command");
+  if (argv.empty()) throw RuntimeError(errors::runtime_exec, "empty command");
   int out_pipe[2], err_pipe[2], exec_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0 || ::pipe2(exec_pipe, O_CLOEXEC) != 0)
-    throw RuntimeError("exec", fmt::format("pipe: {}", std::strerror(errno)));
+    throw RuntimeError(errors::runtime_exec, fmt::format("pipe: {}", std::strerror(errno)));
   // Everything the child needs is built before fork: only async-signal-safe calls follow it.
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   const pid_t pid = ::fork();
-  if (pid < 0) throw RuntimeError("exec", fmt::format("fork: {}", std::strerror(errno)));
+  if (pid < 0) throw RuntimeError(errors::runtime_exec, fmt::format("fork: {}", std::strerror(errno)));
   if (pid == 0) {
     ::dup2(out_pipe[1], STDOUT_FILENO);
     ::dup2(err_pipe[1], STDERR_FILENO);
@@ -88,7 +88,7 @@ inline ProcessResult run_process(const std::vector<std::string>& argv,
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  if (exec_failed) throw RuntimeError("exec", fmt::format("cannot run {}: {}", argv[0], std::strerror(exec_error)));
+  if (exec_failed) throw RuntimeError(errors::runtime_exec, fmt::format("cannot run {}: {}", argv[0], std::strerror(exec_error)));
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
 }

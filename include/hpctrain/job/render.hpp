@@ -24,20 +24,10 @@
 #include <hpctrain/job/shell.hpp>
 #include <hpctrain/job/site.hpp>
 #include <hpctrain/job/units.hpp>
+#include <hpctrain/names.hpp>  // worker_flag, the job-directory layout
 #include <hpctrain/version.hpp>
 
 namespace hpctrain {
-
-/// The first argument that the generated script gives the binary: it enters worker mode (DESIGN.md:
-/// an explicit marker, never a guess from SLURM_* variables).
-inline constexpr std::string_view worker_flag = "--hpctrain-worker";
-
-/// With requeue_on_timeout, the script exports this variable: a worker that checkpointed for a requeue
-/// creates the file it names (any rank; rank 0 suffices) before it exits with exit_requeue.
-inline constexpr std::string_view requeue_marker_variable = "HPCTRAIN_REQUEUE_MARKER";
-
-/// True when argv carries the worker marker as its first argument.
-inline bool is_worker_invocation(int argc, char** argv) { return argc >= 2 && argv[1] == worker_flag; }
 
 /// Everything a rendering needs besides the Job: fixed by tests, taken from the process otherwise.
 struct RenderContext {
@@ -125,7 +115,7 @@ inline std::string job_workdir(const Job& job, const RenderContext& context) {
 
 /// Where the job's records and (by default) logs live: `<workdir>/hpctrain-jobs/<name>`.
 inline std::filesystem::path job_root(const Job& job, const RenderContext& context) {
-  return std::filesystem::path(job_workdir(job, context)) / "hpctrain-jobs" / detail::directory_name(job.name());
+  return std::filesystem::path(job_workdir(job, context)) / layout::jobs_root / detail::directory_name(job.name());
 }
 
 namespace detail {
@@ -156,6 +146,7 @@ inline std::vector<std::string> exported_names(const Job& job) {
   for (const auto& var : job.environment()) add(var.name);
   add("HPCTRAIN_RUN_DIR");
   if (job.requeue()) add("HPCTRAIN_REQUEUE_MARKER");
+  if (job.requeue() && job.requeue_signal() != "USR2") add("HPCTRAIN_PREEMPT_SIGNAL");
   return names;
 }
 
@@ -356,7 +347,7 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
     directive("dependency", detail::join(parts, ","));
   }
   if (job.array()) directive("array", job.array()->text);
-  if (job.requeue()) {
+  if (job.requeue() || job.max_restarts() > 0) {
     directive("requeue", "");
     directive("open-mode", "append");  // a requeued run appends to the same log
   }
@@ -397,18 +388,20 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
   if (job.array()) {
     // One run directory per task, inside the array's job directory: `<array id>/<array id>_<task id>`.
     s += "# A job array: every task has its own run directory (and log), and is requeued on its own.\n";
-    s += fmt::format("export HPCTRAIN_RUN_DIR={}/\"$SLURM_ARRAY_JOB_ID/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}\"\n",
+    s += fmt::format("export {}={}/\"$SLURM_ARRAY_JOB_ID/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}\"\n", env::run_dir,
                      shell_quote(job_root(job, context).string()));
     s += "mkdir -p \"$HPCTRAIN_RUN_DIR\"\n";
   } else {
-    s += fmt::format("export HPCTRAIN_RUN_DIR={}/\"$SLURM_JOB_ID\"\n", shell_quote(job_root(job, context).string()));
+    s += fmt::format("export {}={}/\"$SLURM_JOB_ID\"\n", env::run_dir, shell_quote(job_root(job, context).string()));
   }
 
   std::vector<std::string> srun = {"srun --kill-on-bad-exit=1 --unbuffered"};
   // Slurm 22.05's srun stopped reading SLURM_CPUS_PER_TASK from the allocation: say it again for the step.
   if (job.cpus_per_task()) srun.push_back(fmt::format("--cpus-per-task={}", *job.cpus_per_task()));
-  if (job.requeue()) srun.push_back(fmt::format("--signal=USR2@{}", job.requeue()->grace.count()));
+  if (job.requeue()) srun.push_back(fmt::format("--signal={}@{}", job.requeue_signal(), job.requeue()->grace.count()));
   const auto step = detail::srun_step(job, context, std::move(srun), worker_flag);
+  if (job.requeue() && job.requeue_signal() != "USR2")  // workers default to USR2 (train/preemption.hpp)
+    s += fmt::format("export HPCTRAIN_PREEMPT_SIGNAL={}\n", job.requeue_signal());
   if (std::holds_alternative<Apptainer>(job.container())) {
     auto names = detail::exported_names(job);
     std::erase(names, "HPCTRAIN_REQUEUE_MARKER");  // exported with the requeue block below
@@ -416,33 +409,53 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
   }
   if (job.preparation()) s += detail::preparation_block(job, context);
 
-  if (!job.requeue()) {
+  if (!job.requeue() && job.max_restarts() == 0) {
     s += step + "\n";
     return s;
   }
-  const int max = job.requeue()->max_restarts;
-  s += fmt::format(
-      "# Workers exit with {code} once they checkpointed after USR2 (requeue_on_timeout); requeue then.\n"
-      "# srun --kill-on-bad-exit reports another code (143) when one rank exits first and the others are\n"
-      "# killed: a rank that checkpointed also creates the marker file, which decides as well.\n"
-      "export HPCTRAIN_REQUEUE_MARKER=\"$HPCTRAIN_RUN_DIR/requeue-requested\"\n"
-      "{apptainer_marker}"
-      "rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n"
-      "status=0\n"
-      "{step} || status=$?\n"
-      "if [ \"$status\" -eq {code} ] || [ -e \"$HPCTRAIN_REQUEUE_MARKER\" ]; then\n"
-      "  rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n"
-      "  if [ \"${{SLURM_RESTART_COUNT:-0}}\" -lt {max} ]; then\n"
-      "    echo \"hpctrain: job {target} checkpointed; requeueing (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of {max})\"\n"
-      "    scontrol requeue \"{target}\"\n"
-      "    exit 0\n"
-      "  fi\n"
-      "  echo \"hpctrain: job {target} checkpointed but was restarted {max} times already; not requeueing\" >&2\n"
-      "fi\n"
-      "exit \"$status\"\n",
-      fmt::arg("code", exit_requeue), fmt::arg("step", step), fmt::arg("max", max),
-      fmt::arg("target", requeue_target(job)),
-      fmt::arg("apptainer_marker", detail::apptainer_env_lines(job, {"HPCTRAIN_REQUEUE_MARKER"})));
+  if (job.requeue())
+    s += fmt::format(
+        "# Workers exit with {code} once they checkpointed after {signal} (requeue_on_timeout) or SIGTERM\n"
+        "# (preemption); requeue then. srun --kill-on-bad-exit reports another code (143) when one rank exits\n"
+        "# first and the others are killed: a rank that checkpointed also creates the marker file, which decides\n"
+        "# as well.\n"
+        "export HPCTRAIN_REQUEUE_MARKER=\"$HPCTRAIN_RUN_DIR/requeue-requested\"\n"
+        "{apptainer_marker}"
+        "rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n",
+        fmt::arg("code", exit_requeue), fmt::arg("signal", job.requeue_signal()),
+        fmt::arg("apptainer_marker", detail::apptainer_env_lines(job, {"HPCTRAIN_REQUEUE_MARKER"})));
+  s += fmt::format("status=0\n{} || status=$?\n", step);
+  if (job.requeue())
+    s += fmt::format(
+        "if [ \"$status\" -eq {code} ] || [ -e \"$HPCTRAIN_REQUEUE_MARKER\" ]; then\n"
+        "  rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n"
+        "  if [ \"${{SLURM_RESTART_COUNT:-0}}\" -lt {max} ]; then\n"
+        "    echo \"hpctrain: job {target} checkpointed; requeueing (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of {max})\"\n"
+        "    scontrol requeue \"{target}\"\n"
+        "    exit 0\n"
+        "  fi\n"
+        "  echo \"hpctrain: job {target} checkpointed but was restarted {max} times already; not requeueing\" >&2\n"
+        "  exit \"$status\"\n"
+        "fi\n",
+        fmt::arg("code", exit_requeue), fmt::arg("max", job.requeue()->max_restarts),
+        fmt::arg("target", requeue_target(job)));
+  if (job.max_restarts() > 0)
+    s += fmt::format(
+        "# max_restarts: a rank failed (any other non-zero status: an error, a signal, a lost node); requeue the\n"
+        "# job to resume from its last complete checkpoint, at most {max} times (counted in the run directory).\n"
+        "if [ \"$status\" -ne 0 ] && [ \"$status\" -ne {code} ]; then\n"
+        "  failures=$(cat \"$HPCTRAIN_RUN_DIR/failure-restarts\" 2>/dev/null || echo 0)\n"
+        "  if [ \"$failures\" -lt {max} ]; then\n"
+        "    echo $(( failures + 1 )) > \"$HPCTRAIN_RUN_DIR/failure-restarts\"\n"
+        "    echo \"hpctrain: job {target}: the step failed (exit $status); requeueing to resume from the last "
+        "checkpoint (failure restart $(( failures + 1 )) of {max})\"\n"
+        "    scontrol requeue \"{target}\"\n"
+        "    exit 0\n"
+        "  fi\n"
+        "  echo \"hpctrain: job {target}: the step failed (exit $status) after {max} failure restarts; giving up\" >&2\n"
+        "fi\n",
+        fmt::arg("code", exit_requeue), fmt::arg("max", job.max_restarts()), fmt::arg("target", requeue_target(job)));
+  s += "exit \"$status\"\n";
   return s;
 }
 

@@ -1,18 +1,21 @@
 #pragma once
 // A user's main builds its Job (and Training) before it calls run(): a SpecError thrown by a setter there
-// escapes main. Without this, it would end in std::terminate and abort (exit 134, maybe a core file);
-// the command-line contract says "exit 2 and name the field". Any program that includes the job layer
-// gets a terminate handler that turns an uncaught SpecError or UsageError into its message and exit 2,
-// and leaves every other case to the handler that was there before.
+// escapes main and would end in std::terminate and abort (exit 134, maybe a core file), while the
+// command-line contract says "exit 2 and name the field". `install_spec_error_exit()` installs a terminate
+// handler that turns an uncaught SpecError or UsageError into its message and exit 2, and leaves every
+// other case to the handler that was there before. It is explicit — including a header changes no global
+// state: hpctrain::run calls it, and a main that builds its description first calls it first.
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 
 #include <hpctrain/error.hpp>
 
-namespace hpctrain::detail {
+namespace hpctrain {
 
+namespace detail {
 inline std::terminate_handler previous_terminate_handler = nullptr;
+inline bool spec_error_exit_installed = false;
 
 [[noreturn]] inline void exit_on_uncaught_spec_error() {
   if (const auto current = std::current_exception()) {
@@ -30,11 +33,14 @@ inline std::terminate_handler previous_terminate_handler = nullptr;
   if (previous_terminate_handler != nullptr) previous_terminate_handler();
   std::abort();
 }
+}  // namespace detail
 
-/// Installed once per program, before main, by whichever translation unit initializes it first.
-inline const bool spec_error_exit_installed = [] {
-  previous_terminate_handler = std::set_terminate(exit_on_uncaught_spec_error);
-  return true;
-}();
+/// From now on, a SpecError or UsageError that escapes main prints its message and exits 2. Call it first in
+/// a main that builds its Job before run()/run_job(); calling it again does nothing.
+inline void install_spec_error_exit() {
+  if (detail::spec_error_exit_installed) return;
+  detail::previous_terminate_handler = std::set_terminate(detail::exit_on_uncaught_spec_error);
+  detail::spec_error_exit_installed = true;
+}
 
-}  // namespace hpctrain::detail
+}  // namespace hpctrain

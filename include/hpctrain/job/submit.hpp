@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <nlohmann/json.hpp>  // the job record (job.json)
 
 #include <hpctrain/error.hpp>
@@ -24,6 +25,7 @@
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/process.hpp>
 #include <hpctrain/job/render.hpp>
+#include <hpctrain/names.hpp>
 
 namespace hpctrain {
 
@@ -94,11 +96,11 @@ inline std::string explain_sbatch_failure(const std::string& stderr_text) {
 inline SubmittedJob parse_job_record(std::string_view text, const std::filesystem::path& path) {
   const auto record = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (record.is_discarded())
-    throw RuntimeError("job_record", fmt::format("{}: not valid JSON (edited or truncated?)", path.string()));
+    throw RuntimeError(errors::runtime_job_record, fmt::format("{}: not valid JSON (edited or truncated?)", path.string()));
   const auto field = [&](const char* key) {
     const auto found = record.is_object() ? record.find(key) : record.end();
     if (found == record.end() || !found->is_string())
-      throw RuntimeError("job_record", fmt::format("{}: \"{}\" is missing or not a string", path.string(), key));
+      throw RuntimeError(errors::runtime_job_record, fmt::format("{}: \"{}\" is missing or not a string", path.string(), key));
     return found->get<std::string>();
   };
   return {field("id"), field("name"), field("directory"), field("output_log"), field("error_log")};
@@ -121,25 +123,32 @@ inline SubmittedJob submit(const Job& job, const RenderContext& context) {
                       "secret_env needs the variable set in the submitting environment");
 
   const fs::path root = job_root(job, context);
-  fs::create_directories(root);
+  std::error_code created;
+  fs::create_directories(root, created);
+  if (created)
+    throw RuntimeError(errors::runtime_io, fmt::format("cannot create {}: {}", root.string(), created.message()));
   std::string pending_template = (root / ".pending-XXXXXX").string();
   if (::mkdtemp(pending_template.data()) == nullptr)
-    throw RuntimeError("io", fmt::format("cannot create a directory under {}", root.string()));
+    throw RuntimeError(errors::runtime_io, fmt::format("cannot create a directory under {}", root.string()));
   const fs::path pending = pending_template;
   std::optional<std::string> queued_id;
   fs::path final_directory;
   try {
-    detail::write_file_atomically(pending / "job.sbatch", script);
+    detail::write_file_atomically(pending / layout::job_script, script);
     // Held until its directory carries its id: the default log path is <root>/<id>/.
-    const auto sbatch = run_process({"sbatch", "--parsable", "--hold", (pending / "job.sbatch").string()});
+    const auto sbatch = run_process({"sbatch", "--parsable", "--hold", (pending / layout::job_script).string()});
     if (sbatch.exit_code != 0)
-      throw RuntimeError("sbatch", fmt::format("sbatch refused the job (exit {}):\n{}", sbatch.exit_code,
+      throw RuntimeError(errors::runtime_sbatch, fmt::format("sbatch refused the job (exit {}):\n{}", sbatch.exit_code,
                                                detail::explain_sbatch_failure(sbatch.err)));
     std::string id = detail::trim(sbatch.out);
     id = id.substr(0, id.find(';'));  // --parsable prints "<id>[;<cluster>]"
     queued_id = id;
+    std::error_code renamed;
+    fs::rename(pending, root / id, renamed);
+    if (renamed)
+      throw RuntimeError(errors::runtime_io, fmt::format("cannot rename {} to {}: {}", pending.string(),
+                                                         (root / id).string(), renamed.message()));
     final_directory = root / id;
-    fs::rename(pending, final_directory);
 
     SubmittedJob submitted;
     submitted.id = id;
@@ -160,13 +169,13 @@ inline SubmittedJob submit(const Job& job, const RenderContext& context) {
       record["output_pattern"] = output_pattern;
     }
     // argv may hold bytes that are not UTF-8: JSON gets U+FFFD for them instead of an exception.
-    detail::write_file_atomically(final_directory / "job.json",
+    detail::write_file_atomically(final_directory / layout::job_record,
                                   record.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-    detail::write_file_atomically(root / "last", id + "\n");
+    detail::write_file_atomically(root / layout::last_job_file, id + "\n");
 
     const auto release = run_process({"scontrol", "release", id});
     if (release.exit_code != 0)
-      throw RuntimeError("sbatch", fmt::format("cannot release held job {}: {}", id, detail::trim(release.err)));
+      throw RuntimeError(errors::runtime_sbatch, fmt::format("cannot release held job {}: {}", id, detail::trim(release.err)));
     return submitted;
   } catch (...) {
     if (queued_id) run_process({"scancel", *queued_id});
@@ -175,9 +184,9 @@ inline SubmittedJob submit(const Job& job, const RenderContext& context) {
     if (!final_directory.empty()) {
       detail::remove_tree(final_directory);
       // `last` must not point at a job that was taken back.
-      std::ifstream last(root / "last");
+      std::ifstream last(root / layout::last_job_file);
       std::string last_id;
-      if (last >> last_id && queued_id && last_id == *queued_id) fs::remove(root / "last", ignored);
+      if (last >> last_id && queued_id && last_id == *queued_id) fs::remove(root / layout::last_job_file, ignored);
     }
     // Directories this submission created stay only if something else lives in them.
     fs::remove(root, ignored);
@@ -186,86 +195,127 @@ inline SubmittedJob submit(const Job& job, const RenderContext& context) {
   }
 }
 
-/// The last job this program submitted from this working directory. Throws RuntimeError("no_job").
+/// The last job this program submitted from this working directory. Throws RuntimeError(errors::runtime_no_job).
 inline SubmittedJob last_submitted(const Job& job, const RenderContext& context) {
   const auto root = job_root(job, context);
-  std::ifstream last(root / "last");
+  std::ifstream last(root / layout::last_job_file);
   std::string id;
   if (!(last >> id))
-    throw RuntimeError("no_job", fmt::format("no job submitted yet from here ({} has none); use --submit",
+    throw RuntimeError(errors::runtime_no_job, fmt::format("no job submitted yet from here ({} has none); use --submit",
                                              root.string()));
-  std::ifstream file(root / id / "job.json");
-  if (!file) throw RuntimeError("no_job", fmt::format("the record {} is missing", (root / id / "job.json").string()));
+  const auto path = root / id / layout::job_record;
+  std::ifstream file(path);
+  if (!file) throw RuntimeError(errors::runtime_no_job, fmt::format("the record {} is missing", path.string()));
   const std::string text{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
-  return detail::parse_job_record(text, root / id / "job.json");
+  return detail::parse_job_record(text, path);
 }
 
-/// Asks squeue, then sacct (with `-c` where accounting storage is off), then scontrol.
-inline JobState query_state(const std::string& id) {
-  JobState state{id, "", "", ""};
-  const auto queued = run_process({"squeue", "--noheader", "--jobs", id, "--format", "%T|%M|%l|%D|%R"});
-  if (queued.exit_code == 0 && !detail::trim(queued.out).empty()) {
-    const auto line = detail::trim(queued.out);
-    const auto bar = line.find('|');
-    state.state = line.substr(0, bar);
+namespace detail {
+/// Slurm's answer for a job id it does not know (squeue, scontrol): not a failure of the command.
+inline bool is_unknown_job_answer(const ProcessResult& result) {
+  return result.err.find("Invalid job id specified") != std::string::npos;
+}
+/// `<command>: <its stderr>` (or its exit code when it said nothing), for an error that shows Slurm's own words.
+inline std::string failure_of(std::string_view command, const ProcessResult& result) {
+  const auto said = trim(result.err.empty() ? result.out : result.err);
+  return fmt::format("{} (exit {}): {}", command, result.exit_code, said.empty() ? "no message" : said);
+}
+
+inline std::optional<JobState> state_from_squeue(const std::string& id, const ProcessResult& queued) {
+  if (queued.exit_code != 0 || trim(queued.out).empty()) return std::nullopt;
+  JobState state{id, "", "squeue", ""};
+  const auto line = trim(queued.out);
+  const auto bar = line.find('|');
+  state.state = line.substr(0, bar);
+  std::vector<std::string> fields;
+  std::stringstream rest(line.substr(bar + 1));
+  for (std::string field; std::getline(rest, field, '|');) fields.push_back(field);
+  if (fields.size() == 4)
+    state.detail = fmt::format("elapsed {}, limit {}, {} node(s), {}", fields[0], fields[1], fields[2], fields[3]);
+  return state;
+}
+
+inline std::optional<JobState> state_from_sacct(const std::string& id, const ProcessResult& accounted) {
+  std::stringstream lines(accounted.out);
+  for (std::string line; std::getline(lines, line);) {
     std::vector<std::string> fields;
-    std::stringstream rest(line.substr(bar + 1));
-    for (std::string field; std::getline(rest, field, '|');) fields.push_back(field);
-    if (fields.size() == 4)
-      state.detail = fmt::format("elapsed {}, limit {}, {} node(s), {}", fields[0], fields[1], fields[2], fields[3]);
-    state.source = "squeue";
-    return state;
+    std::stringstream parts(line);
+    for (std::string field; std::getline(parts, field, '|');) fields.push_back(field);
+    if (fields.size() >= 4 && fields[0] == id && !fields[1].empty())
+      return JobState{id, fields[1].substr(0, fields[1].find(' ')),  // "CANCELLED by 0"
+                      "sacct", fmt::format("exit code {}, elapsed {}", fields[2], fields[3])};
   }
+  return std::nullopt;
+}
+
+inline JobState state_from_scontrol(const std::string& id, const ProcessResult& shown) {
+  const auto field = [&](std::string_view key) {
+    const auto at = shown.out.find(fmt::format(" {}=", key));
+    if (at == std::string::npos) return std::string();
+    const auto begin = at + key.size() + 2;
+    return shown.out.substr(begin, shown.out.find(' ', begin) - begin);
+  };
+  return JobState{id, field("JobState"), "scontrol", fmt::format("exit code {}", field("ExitCode"))};
+}
+}  // namespace detail
+
+/// Asks squeue, then sacct (with `-c` where accounting storage is off), then scontrol. A state with an empty
+/// `state` means every command answered and none knows the job. Throws RuntimeError
+/// `[hpctrain.runtime.status]` with the commands' own messages when Slurm could not be asked (no
+/// configuration, controller unreachable): "unknown" would then be a guess.
+inline JobState query_state(const std::string& id) {
+  const auto queued = run_process({"squeue", "--noheader", "--jobs", id, "--format", "%T|%M|%l|%D|%R"});
+  if (auto state = detail::state_from_squeue(id, queued)) return *state;
+  std::vector<std::string> failures;
+  const bool controller_failed = queued.exit_code != 0 && !detail::is_unknown_job_answer(queued);
+  if (controller_failed) failures.push_back(detail::failure_of("squeue", queued));
+
   const std::vector<std::string> sacct_args = {"--noheader", "--parsable2", "--allocations", "--jobs", id,
                                                "--format", "JobID,State,ExitCode,Elapsed"};
+  std::vector<std::string> sacct_failures;
   for (const bool completion_log : {false, true}) {
     std::vector<std::string> command = {"sacct"};
     if (completion_log) command.push_back("-c");  // jobcomp/filetxt: clusters without slurmdbd
     command.insert(command.end(), sacct_args.begin(), sacct_args.end());
     const auto accounted = run_process(command);
-    if (accounted.exit_code != 0) continue;
-    std::stringstream lines(accounted.out);
-    for (std::string line; std::getline(lines, line);) {
-      std::vector<std::string> fields;
-      std::stringstream parts(line);
-      for (std::string field; std::getline(parts, field, '|');) fields.push_back(field);
-      if (fields.size() >= 4 && fields[0] == id && !fields[1].empty()) {
-        state.state = fields[1].substr(0, fields[1].find(' '));  // "CANCELLED by 0"
-        state.detail = fmt::format("exit code {}, elapsed {}", fields[2], fields[3]);
-        state.source = "sacct";
-        return state;
-      }
+    if (accounted.exit_code != 0) {
+      sacct_failures.push_back(detail::failure_of(completion_log ? "sacct -c" : "sacct", accounted));
+      continue;
     }
+    sacct_failures.clear();  // one of the two answered
+    if (auto state = detail::state_from_sacct(id, accounted)) return *state;
+    break;
   }
-  const auto shown = run_process({"scontrol", "--oneliner", "show", "job", id});
-  if (shown.exit_code == 0) {
-    const auto field = [&](std::string_view key) {
-      const auto at = shown.out.find(fmt::format(" {}=", key));
-      if (at == std::string::npos) return std::string();
-      const auto begin = at + key.size() + 2;
-      return shown.out.substr(begin, shown.out.find(' ', begin) - begin);
-    };
-    state.state = field("JobState");
-    state.detail = fmt::format("exit code {}", field("ExitCode"));
-    state.source = "scontrol";
+  failures.insert(failures.end(), sacct_failures.begin(), sacct_failures.end());
+  // scontrol asks the same controller as squeue: when that failed, asking again only waits as long.
+  bool scontrol_failed = false;
+  if (!controller_failed) {
+    const auto shown = run_process({"scontrol", "--oneliner", "show", "job", id});
+    if (shown.exit_code == 0) return detail::state_from_scontrol(id, shown);
+    scontrol_failed = !detail::is_unknown_job_answer(shown);
+    if (scontrol_failed) failures.push_back(detail::failure_of("scontrol", shown));
   }
-  return state;
+  // sacct failing alone is common (no accounting storage) and does not make the answer a guess.
+  if (controller_failed || scontrol_failed)
+    throw RuntimeError(errors::runtime_status,
+                       fmt::format("cannot ask Slurm about job {}:\n  {}", id, fmt::join(failures, "\n  ")));
+  return JobState{id, "", "", ""};
 }
 
 /// Prepares a squashfs for pyxis on the login node: `enroot import -o <output_sqsh> docker://<image>`.
-/// Throws RuntimeError("enroot", ...) with enroot's message when it fails.
+/// Throws RuntimeError(errors::runtime_enroot, ...) with enroot's message when it fails.
 inline void enroot_import(std::string_view image, std::string_view output_sqsh) {
   const auto result = run_process(enroot_import_command(image, output_sqsh));
   if (result.exit_code != 0)
-    throw RuntimeError("enroot", fmt::format("enroot import failed (exit {}): {}", result.exit_code,
+    throw RuntimeError(errors::runtime_enroot, fmt::format("enroot import failed (exit {}): {}", result.exit_code,
                                              detail::trim(result.err)));
 }
 
-/// Cancels job `id` (`scancel`). Throws RuntimeError("scancel", ...) with scancel's message.
+/// Cancels job `id` (`scancel`). Throws RuntimeError(errors::runtime_scancel, ...) with scancel's message.
 inline void cancel(const std::string& id) {
   const auto result = run_process({"scancel", id});
   if (result.exit_code != 0)
-    throw RuntimeError("scancel", fmt::format("scancel {} failed: {}", id, detail::trim(result.err)));
+    throw RuntimeError(errors::runtime_scancel, fmt::format("scancel {} failed: {}", id, detail::trim(result.err)));
 }
 
 /// Writes the job's log to `out`; with `follow`, keeps writing until the job left the queue.
@@ -281,7 +331,7 @@ inline void print_logs(const SubmittedJob& job, std::ostream& out, bool follow) 
   };
   if (!follow) {
     if (!std::filesystem::exists(job.output_log))
-      throw RuntimeError("logs", fmt::format("job {} has no log yet at {}", job.id, job.output_log));
+      throw RuntimeError(errors::runtime_logs, fmt::format("job {} has no log yet at {}", job.id, job.output_log));
     drain();
     return;
   }

@@ -67,7 +67,7 @@ struct Environment {
 namespace detail {
 
 [[noreturn]] inline void bad_variable(std::string_view name, std::string_view value, std::string_view reason) {
-  throw RuntimeError("slurm_env", fmt::format("{} = \"{}\": {}", name, value, reason));
+  throw RuntimeError(errors::runtime_slurm_env, fmt::format("{} = \"{}\": {}", name, value, reason));
 }
 
 inline long parse_long(std::string_view name, std::string_view text, long minimum = 0) {
@@ -145,7 +145,7 @@ inline Environment read_slurm_environment(const EnvironmentLookup& lookup = proc
   // The batch script has SLURM_PROCID=0 and the job's SLURM_NTASKS too: taken for rank 0 it would wait for
   // ranks that never come. Only an srun step sets a step id.
   if (proc_id && !step_id) {
-    throw RuntimeError("slurm_env", "SLURM_PROCID is set but SLURM_STEP_ID is not: this process is a batch script or "
+    throw RuntimeError(errors::runtime_slurm_env, "SLURM_PROCID is set but SLURM_STEP_ID is not: this process is a batch script or "
                                     "an allocation's shell, not a task of an srun step; start it with srun");
   }
 
@@ -159,7 +159,7 @@ inline Environment read_slurm_environment(const EnvironmentLookup& lookup = proc
   if (!job_id) missing.emplace_back("SLURM_JOB_ID");
   if (!step_id) missing.emplace_back("SLURM_STEP_ID");
   if (!missing.empty()) {
-    throw RuntimeError("slurm_env", fmt::format("missing {} (srun sets them for every task of a step)",
+    throw RuntimeError(errors::runtime_slurm_env, fmt::format("missing {} (srun sets them for every task of a step)",
                                                 fmt::join(missing, ", ")));
   }
 
@@ -172,7 +172,7 @@ inline Environment read_slurm_environment(const EnvironmentLookup& lookup = proc
   try {
     env.nodes = expand_hostlist(nodelist->value);
   } catch (const HostlistError& e) {
-    throw RuntimeError("slurm_env", fmt::format("{} is not a hostlist: {}", nodelist->name, e.what()));
+    throw RuntimeError(errors::runtime_slurm_env, fmt::format("{} is not a hostlist: {}", nodelist->name, e.what()));
   }
   env.tasks_per_node = parse_tasks_per_node(tasks_per_node->value, tasks_per_node->name);
   env.job_id = job_id->value;
@@ -184,7 +184,7 @@ inline Environment read_slurm_environment(const EnvironmentLookup& lookup = proc
   }
 
   // Contradictions: each message names both sides.
-  auto contradiction = [](const std::string& message) { throw RuntimeError("slurm_env", message); };
+  auto contradiction = [](const std::string& message) { throw RuntimeError(errors::runtime_slurm_env, message); };
   if (env.proc_id >= env.num_tasks) {
     contradiction(fmt::format("{} = {} is not below {} = {}", proc_id->name, env.proc_id, num_tasks->name, env.num_tasks));
   }

@@ -20,7 +20,7 @@ namespace hpctrain::slurm {
 class HostlistError : public RuntimeError {
  public:
   HostlistError(std::string_view expression, std::size_t position, std::string_view reason)
-      : RuntimeError("hostlist", fmt::format("hostlist \"{}\": {} at position {}", expression, reason, position)),
+      : RuntimeError(errors::runtime_hostlist, fmt::format("hostlist \"{}\": {} at position {}", expression, reason, position)),
         expression_(expression),
         position_(position) {}
   /// The whole expression that failed to parse.

@@ -71,7 +71,7 @@ inline World world_from_torchrun_variables(const EnvironmentLookup& lookup) {
   const auto world_size = lookup("WORLD_SIZE");
   if (!rank || !world_size) {
     std::string missing = !rank && !world_size ? "RANK, WORLD_SIZE" : !rank ? "RANK" : "WORLD_SIZE";
-    throw RuntimeError("slurm_env", fmt::format("missing {} (HPCTRAIN_LOCAL or RANK says the ranks come from "
+    throw RuntimeError(errors::runtime_slurm_env, fmt::format("missing {} (HPCTRAIN_LOCAL or RANK says the ranks come from "
                                                 "torchrun-style variables)", missing));
   }
   World world;
@@ -89,7 +89,7 @@ inline World world_from_torchrun_variables(const EnvironmentLookup& lookup) {
   world.master_port = default_master_port;
   apply_master_overrides(world, lookup);
 
-  auto contradiction = [](const std::string& message) { throw RuntimeError("slurm_env", message); };
+  auto contradiction = [](const std::string& message) { throw RuntimeError(errors::runtime_slurm_env, message); };
   if (world.rank >= world.world_size) {
     contradiction(fmt::format("RANK = {} is not below WORLD_SIZE = {}", world.rank, world.world_size));
   }
@@ -159,7 +159,7 @@ inline std::string resolve_address(const std::string& host) {
       return text;
     }
   }
-  throw RuntimeError("resolve", fmt::format("cannot resolve host \"{}\": {}", host, fallback));
+  throw RuntimeError(errors::runtime_resolve, fmt::format("cannot resolve host \"{}\": {}", host, fallback));
 }
 
 }  // namespace hpctrain::slurm

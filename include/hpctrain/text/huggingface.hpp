@@ -203,6 +203,10 @@ inline Tokenizer load_huggingface_tokenizer(const std::filesystem::path& file) {
     root = nlohmann::json::parse(content);
   } catch (const nlohmann::json::parse_error& error) {
     detail::bad_tokenizer(file, fmt::format("byte {}", error.byte), fmt::format("not valid JSON ({})", error.what()));
+  } catch (const nlohmann::json::exception& error) {
+    // out_of_range.406 while parsing: a number beyond a double (`1e999`); it escaped as a JSON library
+    // exception before (fuzz_tokenizer_json; tests/fuzz/corpus/tokenizer_json/number_overflow).
+    detail::bad_tokenizer(file, "", fmt::format("not valid JSON ({})", error.what()));
   }
   if (!root.is_object()) detail::bad_tokenizer(file, "", "not a tokenizer.json (the top level is not an object)");
   auto model = std::make_shared<detail::BpeModel>();

@@ -2,6 +2,7 @@
 // Loads a tiktoken ranks file: one `base64(token bytes) rank` per line. The file carries neither the split
 // pattern nor the special tokens; tiktoken keeps them in code (tiktoken_ext/openai_public.py), and so do we
 // (text/patterns.hpp, TiktokenOptions::gpt2() and friends).
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
 #include <map>
@@ -77,6 +78,10 @@ inline std::optional<std::string> decode_base64(std::string_view text) {
 /// Reads the ranks into the model's vocabulary; every line is checked before anything is used.
 inline void read_ranks(const std::filesystem::path& file, std::string_view content, BpeModel& model) {
   std::size_t line_number = 0;
+  // Ranks number a file's tokens from 0 (published ranks files are dense): a rank far beyond the file's line
+  // count is a defect, and resizing the vocabulary to it took gigabytes (fuzz_tiktoken: rank 4294967294;
+  // tests/fuzz/corpus/tiktoken/rank_beyond_the_file). Gaps of up to 2^20 unused ids stay allowed.
+  const auto rank_limit = static_cast<std::size_t>(std::count(content.begin(), content.end(), '\n')) + 1 + (std::size_t{1} << 20);
   while (!content.empty()) {
     ++line_number;
     const auto end = content.find('\n');
@@ -98,6 +103,8 @@ inline void read_ranks(const std::filesystem::path& file, std::string_view conte
       bad_ranks(file, line_number, fmt::format("rank {} appears twice", rank));
     if (!model.id_of.emplace(*bytes, rank).second)
       bad_ranks(file, line_number, fmt::format("the token {:?} appears twice", *bytes));
+    if (rank >= rank_limit)
+      bad_ranks(file, line_number, fmt::format("rank {} leaves more than 2^20 ids unused (ranks count tokens from 0)", rank));
     if (rank >= model.bytes_of.size()) model.bytes_of.resize(rank + 1);
     model.bytes_of[rank] = *bytes;
   }

@@ -1,13 +1,16 @@
 #pragma once
-// Checkpoints: model (parameters and buffers), optimizer state, and where the run stands (step, epoch,
-// position in the epoch, seed). The schedule is a pure function of the step and the RNG is re-seeded
-// from (seed, rank, step) every step, so step and seed restore both exactly.
+// Checkpoints (docs/seams.md): one directory per step, `checkpoints/step-<10 digits>/`, holding `meta.json`
+// (where the run stands — step, epoch, position in the epoch, seed — and who wrote it: world size,
+// strategy, the files with their sizes and CRC-32C) and `rank-<5 digits>.hpct` archives: rank 0's alone for
+// a replicated strategy, one per rank for a sharded one. The schedule is a pure function of the step and
+// the RNG is re-seeded from (seed, rank, step) every step, so step and seed restore both exactly.
 //
-// File `checkpoint-<step, 10 digits>.hpct`: a 32-byte header — magic "HPCTCKPT", format version (u32),
-// CRC-32C of the payload (u32), payload size (u64), step (u64), little-endian — then the payload, a
-// LibTorch archive. Written atomically: temporary file, fsync, rename, fsync of the directory; a crash
-// leaves either the old set or the new one. The newest file that passes the size and CRC checks wins;
-// a truncated or corrupt one is skipped with a warning.
+// An archive file: a 32-byte header — magic "HPCTCKPT", format version (u32), CRC-32C of the payload
+// (u32), payload size (u64), step (u64), little-endian — then the payload, a LibTorch archive written by
+// the strategy. Atomic per checkpoint: the ranks write into `step-N.tmp/`, rank 0 writes `meta.json` last
+// and renames the directory; a crash leaves either the old set or the new one. The newest directory whose
+// meta.json parses and whose files pass the size and CRC checks wins; a torn or corrupt one is skipped
+// with a warning, and the previous one is used.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -18,21 +21,25 @@
 #include <iterator>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+#include <torch/serialize/archive.h>
 
 #include <hpctrain/error.hpp>
-#include <hpctrain/job/files.hpp>  // write_file_atomically
-#include <hpctrain/train/checkpoint_format.hpp>  // the header, checked before LibTorch reads
+#include <hpctrain/job/files.hpp>  // write_file_atomically, remove_tree
+#include <hpctrain/train/checkpoint_format.hpp>  // the archive header, checked before LibTorch reads
 #include <hpctrain/train/crc32c.hpp>
+#include <hpctrain/train/strategy.hpp>  // SavedStrategyState
 
 namespace hpctrain {
 
-/// Where a run stands, saved with the model and optimizer.
+/// Where a run stands, saved in meta.json.
 struct CheckpointState {
   std::int64_t step = 0;            ///< optimizer steps completed
   std::int64_t epoch = 0;           ///< epoch of the next step
@@ -40,26 +47,132 @@ struct CheckpointState {
   std::int64_t seed = 0;            ///< the run's seed (RNG streams derive from seed, rank and step)
 };
 
+/// One archive of a checkpoint, as meta.json lists it.
+struct CheckpointFile {
+  std::string name;        ///< "rank-00000.hpct"
+  std::uint64_t size = 0;  ///< bytes of the whole file
+  std::uint32_t crc = 0;   ///< CRC-32C of the whole file
+};
+
+/// meta.json of a checkpoint.
+struct CheckpointMeta {
+  CheckpointState state;
+  int world_size = 1;                 ///< ranks of the run that wrote it
+  std::string strategy;               ///< DataParallelStrategy::name() of the writer
+  std::vector<CheckpointFile> files;  ///< rank 0's only, unless the strategy saves per rank
+
+  nlohmann::json to_json() const {
+    nlohmann::json files_json = nlohmann::json::array();
+    for (const auto& file : files) files_json.push_back({{"name", file.name}, {"size", file.size}, {"crc32c", file.crc}});
+    return {{"format", 1}, {"step", state.step}, {"epoch", state.epoch}, {"batch_in_epoch", state.batch_in_epoch},
+            {"seed", state.seed}, {"world_size", world_size}, {"strategy", strategy}, {"files", files_json}};
+  }
+  /// Throws nlohmann::json::exception on a missing or mistyped field.
+  static CheckpointMeta from_json(const nlohmann::json& j) {
+    CheckpointMeta meta;
+    meta.state = {j.at("step").get<std::int64_t>(), j.at("epoch").get<std::int64_t>(), j.at("batch_in_epoch").get<std::int64_t>(),
+                  j.at("seed").get<std::int64_t>()};
+    meta.world_size = j.at("world_size").get<int>();
+    meta.strategy = j.at("strategy").get<std::string>();
+    for (const auto& file : j.at("files"))
+      meta.files.push_back({file.at("name").get<std::string>(), file.at("size").get<std::uint64_t>(), file.at("crc32c").get<std::uint32_t>()});
+    return meta;
+  }
+};
+
 namespace detail {
-/// Step number of a checkpoint file name, or nullopt if it is not one.
+inline std::string checkpoint_dir_name(std::int64_t step) { return fmt::format("step-{:010d}", step); }
+inline std::string checkpoint_rank_file(int rank) { return fmt::format("rank-{:05d}.hpct", rank); }
+
+/// Step number of a committed checkpoint directory name (`step-<10 digits>`), or nullopt if it is not one.
 inline std::optional<std::int64_t> checkpoint_step(const std::filesystem::path& path) {
   const std::string name = path.filename().string();
-  if (name.size() != 26 || name.rfind("checkpoint-", 0) != 0 || path.extension() != ".hpct") return std::nullopt;
-  const std::string digits = name.substr(11, 10);
+  if (name.size() != 15 || name.rfind("step-", 0) != 0) return std::nullopt;
+  const std::string digits = name.substr(5);
   if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return std::nullopt;
   return std::stoll(digits);
 }
+
+inline std::string read_whole_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw RuntimeError("checkpoint", fmt::format("{}: cannot open", path.string()));
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// The 32-byte header and the archive's bytes.
+inline std::string frame_archive(torch::serialize::OutputArchive& archive, std::int64_t step) {
+  std::string payload;
+  archive.save_to([&](const void* data, std::size_t size) {
+    payload.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  std::string bytes(checkpoint_header_size, '\0');
+  const std::uint32_t crc = crc32c(payload);
+  const std::uint64_t size = payload.size();
+  const auto step_u = static_cast<std::uint64_t>(step);
+  std::memcpy(bytes.data(), checkpoint_magic, 8);
+  std::memcpy(bytes.data() + 8, &checkpoint_format, 4);
+  std::memcpy(bytes.data() + 12, &crc, 4);
+  std::memcpy(bytes.data() + 16, &size, 8);
+  std::memcpy(bytes.data() + 24, &step_u, 8);
+  return bytes + payload;
+}
+
+/// Verifies a framed archive read from `path` against its header and meta.json's entry; returns the archive.
+inline torch::serialize::InputArchive unframe_archive(const std::filesystem::path& path, const std::string& bytes,
+                                                      const CheckpointFile& expected) {
+  auto fail = [&](const std::string& why) { return RuntimeError("checkpoint", fmt::format("{}: {}", path.string(), why)); };
+  if (bytes.size() != expected.size)
+    throw fail(fmt::format("truncated: {} of {} bytes (meta.json)", bytes.size(), expected.size));
+  if (crc32c(bytes) != expected.crc) throw fail("corrupt: CRC-32C does not match meta.json");
+  // The header: checkpoint_format.hpp (torch-free, fuzzed by tests/fuzz/checkpoint_header_fuzz.cpp).
+  const std::string_view payload = verify_checkpoint(bytes, path).payload;
+  torch::serialize::InputArchive archive;
+  archive.load_from(payload.data(), payload.size());  // deserialises eagerly: `bytes` may go after this
+  return archive;
+}
+
+inline void fsync_directory(const std::filesystem::path& directory) {
+  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
 }  // namespace detail
 
-/// The checkpoints of one run: a directory of `checkpoint-<step>.hpct` files, the newest `keep` kept.
+/// A committed checkpoint directory and its meta.json.
+struct SavedCheckpoint {
+  std::filesystem::path directory;
+  CheckpointMeta meta;
+
+  /// What a strategy's `load` reads: `open(r)` verifies rank r's file (size and CRC against meta.json, then
+  /// its own header) and returns its archive; throws RuntimeError("checkpoint") naming the file.
+  SavedStrategyState strategy_state() const {
+    SavedStrategyState saved;
+    saved.world_size = meta.world_size;
+    saved.strategy = meta.strategy;
+    saved.open = [directory = directory, files = meta.files](int rank) {
+      const auto name = detail::checkpoint_rank_file(rank);
+      const auto found = std::find_if(files.begin(), files.end(), [&](const CheckpointFile& f) { return f.name == name; });
+      if (found == files.end())
+        throw RuntimeError("checkpoint", fmt::format("{}: meta.json lists no archive of rank {}", directory.string(), rank));
+      const auto path = directory / name;
+      return detail::unframe_archive(path, detail::read_whole_file(path), *found);
+    };
+    return saved;
+  }
+};
+
+/// The checkpoints of one run: a directory of `step-<N>/` directories, the newest `keep` kept.
 class CheckpointStore {
  public:
   /// `directory` is created on the first save; `keep` >= 1.
   explicit CheckpointStore(std::filesystem::path directory, int keep = 3) : directory_(std::move(directory)), keep_(keep) {
-    detail::require(keep >= 1, "keep_checkpoints", keep, "must be at least 1");
+    detail::require(keep >= 1, "training.keep_checkpoints", keep, "must be at least 1");
   }
 
-  /// Checkpoint files, oldest first.
+  /// Committed checkpoint directories (valid or not), oldest first.
   std::vector<std::filesystem::path> list() const {
     std::vector<std::pair<std::int64_t, std::filesystem::path>> found;
     std::error_code ec;
@@ -71,79 +184,72 @@ class CheckpointStore {
     return paths;
   }
 
-  /// Writes a checkpoint atomically, then deletes all but the newest `keep`; returns its path.
-  std::filesystem::path save(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
-                             const CheckpointState& state) const {
-    torch::serialize::OutputArchive archive, model_archive, optimizer_archive;
-    model.save(model_archive);
-    optimizer.save(optimizer_archive);
-    archive.write("model", model_archive);
-    archive.write("optimizer", optimizer_archive);
-    archive.write("step", c10::IValue(state.step));
-    archive.write("epoch", c10::IValue(state.epoch));
-    archive.write("batch_in_epoch", c10::IValue(state.batch_in_epoch));
-    archive.write("seed", c10::IValue(state.seed));
-    std::string payload;
-    archive.save_to([&](const void* data, std::size_t size) {
-      payload.append(static_cast<const char*>(data), size);
-      return size;
-    });
+  /// Where the ranks write checkpoint `step` before it is committed.
+  std::filesystem::path staging(std::int64_t step) const { return directory_ / (detail::checkpoint_dir_name(step) + ".tmp"); }
 
-    std::string header(detail::checkpoint_header_size, '\0');
-    const std::uint32_t crc = detail::crc32c(payload);
-    const std::uint64_t size = payload.size();
-    const std::uint64_t step = static_cast<std::uint64_t>(state.step);
-    std::memcpy(header.data(), detail::checkpoint_magic, 8);
-    std::memcpy(header.data() + 8, &detail::checkpoint_format, 4);
-    std::memcpy(header.data() + 12, &crc, 4);
-    std::memcpy(header.data() + 16, &size, 8);
-    std::memcpy(header.data() + 24, &step, 8);
+  /// Rank 0, before any rank writes: removes what an interrupted earlier attempt left in the staging directory.
+  void prepare(std::int64_t step) const {
+    detail::remove_tree(staging(step));
+    std::filesystem::create_directories(staging(step));
+  }
 
-    std::filesystem::create_directories(directory_);
-    const auto final_path = directory_ / fmt::format("checkpoint-{:010d}.hpct", state.step);
-    detail::write_file_atomically(final_path, {header, payload}, "checkpoint");
+  /// Writes rank `rank`'s archive of checkpoint `step` into the staging directory; returns its entry for meta.json.
+  CheckpointFile write_rank(std::int64_t step, int rank, torch::serialize::OutputArchive& archive) const {
+    const std::string bytes = detail::frame_archive(archive, step);
+    CheckpointFile file{detail::checkpoint_rank_file(rank), bytes.size(), detail::crc32c(bytes)};
+    std::filesystem::create_directories(staging(step));
+    detail::write_file_atomically(staging(step) / file.name, bytes, "checkpoint");
+    return file;
+  }
 
-    auto all = list();
-    for (std::size_t i = 0; i + static_cast<std::size_t>(keep_) < all.size(); ++i) std::filesystem::remove(all[i]);
+  /// Rank 0, after every rank has written: writes meta.json last, renames the staging directory to
+  /// `step-<N>/` (replacing an invalid one of that step), then keeps only the newest `keep`; returns its path.
+  std::filesystem::path commit(const CheckpointMeta& meta) const {
+    const auto staged = staging(meta.state.step);
+    detail::write_file_atomically(staged / "meta.json", meta.to_json().dump(2) + "\n", "checkpoint");
+    const auto final_path = directory_ / detail::checkpoint_dir_name(meta.state.step);
+    detail::remove_tree(final_path);
+    std::error_code ec;
+    std::filesystem::rename(staged, final_path, ec);
+    if (ec) throw RuntimeError("checkpoint", fmt::format("cannot rename {} to {}: {}", staged.string(), final_path.string(), ec.message()));
+    detail::fsync_directory(directory_);
+    prune();
     return final_path;
   }
 
-  /// Reads and verifies one checkpoint into `model` and `optimizer`; throws RuntimeError("checkpoint") naming
-  /// the file and the defect, before touching either if the file is truncated or corrupt.
-  CheckpointState load(const std::filesystem::path& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer) const {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw RuntimeError("checkpoint", fmt::format("{}: cannot open", path.string()));
-    const std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    // checkpoint_format.hpp: torch-free, fuzzed (tests/fuzz/checkpoint_header_fuzz.cpp).
-    const std::string_view payload = detail::verify_checkpoint(bytes, path).payload;
-
-    torch::serialize::InputArchive archive, model_archive, optimizer_archive;
-    archive.load_from(payload.data(), payload.size());
-    archive.read("model", model_archive);
-    archive.read("optimizer", optimizer_archive);
-    model.load(model_archive);
-    optimizer.load(optimizer_archive);
-    CheckpointState state;
-    auto read_int = [&](const char* key) {
-      c10::IValue value;
-      archive.read(key, value);
-      return value.toInt();
-    };
-    state.step = read_int("step");
-    state.epoch = read_int("epoch");
-    state.batch_in_epoch = read_int("batch_in_epoch");
-    state.seed = read_int("seed");
-    return state;
+  /// Reads and verifies checkpoint `directory`: meta.json and every file it lists (size, CRC-32C).
+  /// Throws RuntimeError("checkpoint") naming the file and the defect.
+  SavedCheckpoint verify(const std::filesystem::path& directory) const {
+    SavedCheckpoint saved = read(directory);
+    for (const auto& file : saved.meta.files) {
+      const auto path = directory / file.name;
+      const auto bytes = detail::read_whole_file(path);
+      if (bytes.size() != file.size)
+        throw RuntimeError("checkpoint", fmt::format("{}: truncated: {} of {} bytes (meta.json)", path.string(), bytes.size(), file.size));
+      if (detail::crc32c(bytes) != file.crc) throw RuntimeError("checkpoint", fmt::format("{}: corrupt: CRC-32C does not match meta.json", path.string()));
+    }
+    return saved;
   }
 
-  /// Loads the newest valid checkpoint; each invalid newer one is skipped with a message to `warn`.
-  /// Returns nullopt when there is none (a fresh run).
-  std::optional<CheckpointState> load_latest(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                                             const std::function<void(const std::string&)>& warn) const {
+  /// Reads checkpoint `directory`'s meta.json only (its files are verified when opened).
+  SavedCheckpoint read(const std::filesystem::path& directory) const {
+    const auto meta_path = directory / "meta.json";
+    std::ifstream in(meta_path);
+    if (!in) throw RuntimeError("checkpoint", fmt::format("{}: missing (the checkpoint was not committed)", meta_path.string()));
+    try {
+      return {directory, CheckpointMeta::from_json(nlohmann::json::parse(in))};
+    } catch (const nlohmann::json::exception& error) {
+      throw RuntimeError("checkpoint", fmt::format("{}: not a valid checkpoint description: {}", meta_path.string(), error.what()));
+    }
+  }
+
+  /// The newest valid checkpoint; each invalid newer one is skipped with a message to `warn`. nullopt when
+  /// there is none (a fresh run).
+  std::optional<SavedCheckpoint> latest(const std::function<void(const std::string&)>& warn) const {
     auto all = list();
     for (auto it = all.rbegin(); it != all.rend(); ++it) {
       try {
-        return load(*it, model, optimizer);
+        return verify(*it);
       } catch (const RuntimeError& error) {
         warn(fmt::format("warning: skipping checkpoint: {}", error.what()));
       }
@@ -155,6 +261,17 @@ class CheckpointStore {
   const std::filesystem::path& directory() const { return directory_; }
 
  private:
+  /// Keeps the newest `keep` committed checkpoints; removes staging directories that interrupted saves left.
+  void prune() const {
+    auto all = list();
+    for (std::size_t i = 0; i + static_cast<std::size_t>(keep_) < all.size(); ++i) detail::remove_tree(all[i]);
+    std::vector<std::filesystem::path> leftovers;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(directory_, ec))
+      if (entry.path().extension() == ".tmp") leftovers.push_back(entry.path());
+    for (const auto& path : leftovers) detail::remove_tree(path);
+  }
+
   std::filesystem::path directory_;
   int keep_;
 };

@@ -42,15 +42,15 @@ class Progress {
   explicit Progress(std::FILE* stream = stdout, bool allow_bar = true)
       : stream_(stream), tty_(allow_bar && ::isatty(::fileno(stream)) == 1) {}
 
-  /// Reports `report`; on a TTY the line is redrawn in place.
-  void report(const ProgressReport& r) {
+  /// Reports `report`, followed by `extra` (further values, " 1234 tokens/s"); on a TTY the line is redrawn in place.
+  void report(const ProgressReport& r, const std::string& extra = {}) {
     if (tty_) {
       constexpr int width = 24;
       const int filled = r.total_steps > 0 ? static_cast<int>(width * r.step / r.total_steps) : 0;
-      fmt::print(stream_, "\r[{:<{}}] {}\x1b[K", std::string(static_cast<std::size_t>(filled), '#'), width, format_progress(r));
+      fmt::print(stream_, "\r[{:<{}}] {}{}\x1b[K", std::string(static_cast<std::size_t>(filled), '#'), width, format_progress(r), extra);
       pending_newline_ = true;
     } else {
-      fmt::print(stream_, "{}\n", format_progress(r));
+      fmt::print(stream_, "{}{}\n", format_progress(r), extra);
     }
     std::fflush(stream_);
   }

@@ -17,10 +17,15 @@
 #include <torch/torch.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/knobs.hpp>
 #include <hpctrain/train/data/source.hpp>
+#include <hpctrain/train/loggers.hpp>
 #include <hpctrain/train/metrics.hpp>
 #include <hpctrain/train/precision.hpp>
+#include <hpctrain/train/replicated.hpp>
 #include <hpctrain/train/schedule.hpp>
+#include <hpctrain/train/step.hpp>
+#include <hpctrain/train/strategy.hpp>
 
 namespace hpctrain {
 
@@ -37,12 +42,15 @@ inline BatchSize per_rank(std::int64_t n) { return {n, BatchScope::per_rank}; }
 /// `n` examples per optimizer step across all ranks (must divide by world size × accumulation steps).
 inline BatchSize global(std::int64_t n) { return {n, BatchScope::global}; }
 
-namespace detail {
-/// A model made in the worker: the module (for parameters, state, train/eval) and its forward.
+/// A model made in the worker: the module (parameters, state, train/eval mode) and its forward.
 struct ModelInstance {
   std::shared_ptr<torch::nn::Module> module;
-  std::function<torch::Tensor(torch::Tensor)> forward;
+  ForwardFunction forward;
 };
+
+namespace detail {
+using ModelInstance = hpctrain::ModelInstance;  // its former place
+using LossFunction = hpctrain::LossFunction;    // its former place
 
 template <class Made>
 ModelInstance make_model_instance(Made made) {
@@ -59,25 +67,52 @@ ModelInstance make_model_instance(Made made) {
   }
 }
 
-using LossFunction = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
-
-/// Wraps a loss: any callable of (output, target), or a torch::nn::functional function whose third
-/// parameter is its options (`torch::nn::functional::cross_entropy`), called with default options.
-template <class Options>
-LossFunction wrap_loss(torch::Tensor (*function)(const torch::Tensor&, const torch::Tensor&, const Options&)) {
-  return [function](const torch::Tensor& output, const torch::Tensor& target) { return function(output, target, Options{}); };
-}
-template <class F>
-  requires std::invocable<F, const torch::Tensor&, const torch::Tensor&>
-LossFunction wrap_loss(F function) {
-  return [function](const torch::Tensor& output, const torch::Tensor& target) -> torch::Tensor { return function(output, target); };
+/// An optimizer returned by value, or already in a unique_ptr.
+template <class Made>
+std::unique_ptr<torch::optim::Optimizer> own_optimizer(Made made) {
+  if constexpr (requires { made.release(); })
+    return std::unique_ptr<torch::optim::Optimizer>(std::move(made));
+  else
+    return std::make_unique<Made>(std::move(made));
 }
 }  // namespace detail
 
-/// Everything about a training except the job it runs in.
+/// Makes the run's data-parallel strategy (in the worker, once per rank).
+using StrategyFactory = std::function<std::unique_ptr<DataParallelStrategy>()>;
+
+/// Splits `parameters` for weight decay as LM recipes do: matrices (2-D and up) decay; biases, norm
+/// weights and other 1-D (or 0-D) tensors do not. Returns {decayed, not decayed}.
+inline std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> split_for_weight_decay(const NamedParameters& parameters) {
+  std::vector<torch::Tensor> decayed, not_decayed;
+  for (const auto& [name, tensor] : parameters) {
+    const bool is_bias = name == "bias" || (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0);
+    (tensor.dim() >= 2 && !is_bias ? decayed : not_decayed).push_back(tensor);
+  }
+  return {std::move(decayed), std::move(not_decayed)};
+}
+
+/// Two parameter groups for an optimizer with options `options`: the decayed ones with `options` as given,
+/// the biases, norms and other 1-D tensors with weight decay 0 (empty groups are left out). Usage:
+///   auto options = torch::optim::AdamWOptions(3e-4).weight_decay(0.1);
+///   return torch::optim::AdamW(hpctrain::weight_decay_groups(parameters, options), options);
+template <class Options>
+std::vector<torch::optim::OptimizerParamGroup> weight_decay_groups(const NamedParameters& parameters, const Options& options) {
+  auto [decayed, not_decayed] = split_for_weight_decay(parameters);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!decayed.empty()) groups.emplace_back(std::move(decayed), std::make_unique<Options>(options));
+  if (!not_decayed.empty()) {
+    auto without = std::make_unique<Options>(options);
+    without->weight_decay(0.0);
+    groups.emplace_back(std::move(not_decayed), std::move(without));
+  }
+  return groups;
+}
+
+/// Everything about a training except the job it runs in. Setters and readers share a name, as in
+/// LibTorch's options: `epochs(6)` sets, `epochs()` reads.
 class Training {
  public:
-  using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+  using OptimizerFactory = hpctrain::OptimizerFactory;
 
   /// A factory returning the model: a module, a TORCH_MODULE holder or a shared_ptr to a module. Called
   /// once per rank after seeding, so every rank starts from the same weights (rank 0's are broadcast too).
@@ -86,14 +121,31 @@ class Training {
     model_ = [factory]() { return detail::make_model_instance(factory()); };
     return *this;
   }
-  /// A factory `(std::vector<torch::Tensor> parameters) -> optimizer` returning any torch::optim optimizer by
-  /// value. Its learning rate is the base the schedule multiplies (unless `lr()` or `--lr` overrides it).
+  /// The optimizer factory, returning any torch::optim optimizer by value (or in a unique_ptr). Either of
+  /// `(std::vector<torch::Tensor> parameters)` — `[](auto parameters) { return torch::optim::AdamW(parameters, ...); }`
+  /// — or of `(const hpctrain::NamedParameters&)`, to build parameter groups by name (weight_decay_groups).
+  /// Its learning rates are the bases the schedule multiplies (unless `lr()` or `--lr` overrides them).
   template <class Factory>
   Training& optimizer(Factory factory) {
-    optimizer_ = [factory](std::vector<torch::Tensor> parameters) -> std::unique_ptr<torch::optim::Optimizer> {
-      auto made = factory(std::move(parameters));
-      return std::make_unique<decltype(made)>(std::move(made));
+    optimizer_ = [factory](const NamedParameters& named) -> std::unique_ptr<torch::optim::Optimizer> {
+      if constexpr (std::is_invocable_v<const Factory&, std::vector<torch::Tensor>>) {
+        std::vector<torch::Tensor> tensors;
+        tensors.reserve(named.size());
+        for (const auto& [name, tensor] : named) tensors.push_back(tensor);
+        return detail::own_optimizer(factory(std::move(tensors)));
+      } else {
+        static_assert(std::is_invocable_v<const Factory&, const NamedParameters&>,
+                      "optimizer(): the factory takes std::vector<torch::Tensor> or const hpctrain::NamedParameters&");
+        return detail::own_optimizer(factory(named));
+      }
     };
+    return *this;
+  }
+  /// The data-parallel strategy: a callable returning a std::unique_ptr to a DataParallelStrategy, made
+  /// on every rank (`hpctrain::replicated`, or a sharded one). Default: Replicated.
+  template <class Factory>
+  Training& strategy(Factory factory) {
+    strategy_ = [factory]() -> std::unique_ptr<DataParallelStrategy> { return factory(); };
     return *this;
   }
   /// The loss `(output, target) -> scalar`. Default: cross entropy.
@@ -102,6 +154,12 @@ class Training {
     loss_ = detail::wrap_loss(function);
     return *this;
   }
+  /// What one micro-step computes: `(StepContext&, const data::Batch&) -> mean loss`. Default: default_step,
+  /// `loss(forward(inputs), targets)`.
+  Training& step(StepFunction function) { step_ = std::move(function); return *this; }
+  /// What one evaluation batch computes: `(StepContext&, const data::Batch&) -> EvalOutput`. Default:
+  /// default_eval_step, the loss weighted by rows, the output for the metrics.
+  Training& eval_step(EvalStepFunction function) { eval_step_ = std::move(function); return *this; }
   /// Training data (required).
   Training& train_data(data::Source source) { train_data_ = std::move(source); return *this; }
   /// Evaluation data; without it there is no evaluation.
@@ -115,11 +173,12 @@ class Training {
   Training& epochs(std::int64_t n) { epochs_ = n; return *this; }
   /// Number of optimizer steps.
   Training& max_steps(std::int64_t n) { max_steps_ = n; return *this; }
-  /// Base learning rate, replacing the optimizer's own. Default: the optimizer's.
+  /// Base learning rate, replacing the optimizer's own (every group's). Default: the optimizer's.
   Training& lr(double rate) { lr_ = rate; return *this; }
   /// Learning-rate schedule. Default: LrSchedule::constant().
   Training& schedule(LrSchedule schedule) { schedule_ = schedule; return *this; }
-  /// Clip the global gradient norm to `max_norm` before each step. Default: no clipping.
+  /// Clip the global gradient norm to `max_norm` before each step (train records then carry grad_norm).
+  /// Default: no clipping.
   Training& clip_grad_norm(double max_norm) { clip_grad_norm_ = max_norm; return *this; }
   /// Micro-batches per optimizer step; gradients are synchronised only on the last. Default: 1.
   Training& gradient_accumulation(std::int64_t micro_steps) { accumulation_ = micro_steps; return *this; }
@@ -129,27 +188,59 @@ class Training {
   Training& seed(std::int64_t seed) { seed_ = seed; return *this; }
   /// Evaluate every `n` steps (0: only at the end). Default: 0.
   Training& eval_every(std::int64_t n) { eval_every_ = n; return *this; }
-  /// Progress line, metrics.jsonl and TensorBoard scalars every `n` steps. Default: 50.
+  /// A train record (progress line, metrics.jsonl, TensorBoard, own loggers) every `n` steps. The running
+  /// loss stays on the device in between. Default: 50.
   Training& log_every(std::int64_t n) { log_every_ = n; return *this; }
   /// Checkpoint every `n` steps (0: only on preemption and at the end). Default: 0.
   Training& checkpoint_every(std::int64_t n) { checkpoint_every_ = n; return *this; }
   /// Checkpoints kept. Default: 3.
   Training& keep_checkpoints(int n) { keep_checkpoints_ = n; return *this; }
-  /// Report `metric` at evaluation besides the loss.
-  Training& metric(metrics::Metric metric) { metrics_.push_back(metric); return *this; }
+  /// Ask the ranks whether a preemption signal arrived every `n` steps (one small all-reduce; all ranks
+  /// stop at the same step). Default: 10.
+  Training& preemption_check_every(std::int64_t n) { preemption_check_every_ = n; return *this; }
+  /// Report `metric` at evaluation besides the loss (metrics::accuracy, metrics::top_k_accuracy(5),
+  /// metrics::perplexity, or your own metrics::Metric).
+  Training& metric(metrics::Metric metric) { metrics_.push_back(std::move(metric)); return *this; }
+  /// Adds a logger: a callable returning a std::unique_ptr to a Logger, made on rank 0 when the run starts
+  /// (besides the progress lines, metrics.jsonl and TensorBoard).
+  template <class Factory>
+  Training& logger(Factory factory) {
+    loggers_.push_back([factory]() -> std::unique_ptr<Logger> { return factory(); });
+    return *this;
+  }
+  /// FLOPs of one training example (forward and backward); with peak_flops, train records carry mfu.
+  Training& flops_per_example(double flops) { flops_per_example_ = flops; return *this; }
+  /// Peak FLOP/s of one rank's device, as you state it (e.g. 989e12 for an H100's dense bf16).
+  Training& peak_flops(double flops) { peak_flops_ = flops; return *this; }
+  /// Every rank prints `rank <r> parameters_crc32c=<digest>` at the end (reads the whole model; tests and
+  /// reproducibility checks). Also on with HPCTRAIN_REPORT_DIGEST=1. Default: off.
+  Training& report_digest(bool on) { report_digest_ = on; return *this; }
   /// Intra-op CPU threads per rank (0: SLURM_CPUS_PER_TASK, else the cores divided among local ranks). Default: 0.
   Training& threads(int n) { threads_ = n; return *this; }
-  /// Called on every rank after each optimizer step with the number of steps completed (custom logging,
-  /// fault injection in tests). Default: none.
+  /// Called on every rank after each optimizer step with the number of steps completed (fault injection in
+  /// tests). Default: none.
   Training& on_step(std::function<void(std::int64_t)> callback) { on_step_ = std::move(callback); return *this; }
   /// Where checkpoints and metrics go (default: $HPCTRAIN_RUN_DIR, else ./hpctrain-run).
   Training& run_dir(std::filesystem::path directory) { run_dir_ = std::move(directory); return *this; }
+  /// Declares a knob of this program: `--warmup-steps N` on the command line, checked at the login node
+  /// before anything is queued, listed by `--help`, read in the worker with `knobs().get<T>(name)`.
+  /// `.knob<std::int64_t>("warmup_steps", 100, "steps of linear warm-up", ht::non_negative())`
+  template <KnobType T>
+  Training& knob(std::string name, T default_value, std::string help, KnobCheck<T> check = {}) {
+    knobs_.declare<T>(std::move(name), std::move(default_value), std::move(help), std::move(check));
+    return *this;
+  }
+  /// This run's knob values (replaced by the worker with what the command line gave).
+  Training& knob_values(Knobs values) { knobs_ = std::move(values); return *this; }
 
   /// Throws SpecError naming the first invalid field.
   void validate() const {
     detail::require(static_cast<bool>(model_), "training.model", "none", "a model factory is required: .model([] { return Net(); })");
     detail::require(static_cast<bool>(optimizer_), "training.optimizer", "none", "an optimizer factory is required");
     detail::require(static_cast<bool>(train_data_), "training.train_data", "none", "training data is required");
+    detail::require(static_cast<bool>(step_), "training.step", "none", "the step function must not be empty");
+    detail::require(static_cast<bool>(eval_step_), "training.eval_step", "none", "the evaluation step function must not be empty");
+    detail::require(static_cast<bool>(strategy_), "training.strategy", "none", "the strategy factory must not be empty");
     detail::require(batch_size_.value > 0, "training.batch_size", batch_size_.value, "must be positive: .batch_size(hpctrain::per_rank(64))");
     detail::require(eval_batch_size_ > 0, "training.eval_batch_size", eval_batch_size_, "must be positive");
     detail::require(epochs_ || max_steps_, "training.epochs", "none", "set epochs, max_steps or both");
@@ -162,6 +253,9 @@ class Training {
     detail::require(log_every_ >= 1, "training.log_every", log_every_, "must be at least 1");
     detail::require(checkpoint_every_ >= 0, "training.checkpoint_every", checkpoint_every_, "must not be negative");
     detail::require(keep_checkpoints_ >= 1, "training.keep_checkpoints", keep_checkpoints_, "must be at least 1");
+    detail::require(preemption_check_every_ >= 1, "training.preemption_check_every", preemption_check_every_, "must be at least 1");
+    if (flops_per_example_) detail::require(*flops_per_example_ > 0, "training.flops_per_example", *flops_per_example_, "must be positive");
+    if (peak_flops_) detail::require(*peak_flops_ > 0, "training.peak_flops", *peak_flops_, "must be positive");
     detail::require(threads_ >= 0, "training.threads", threads_, "must not be negative");
     if (batch_size_.scope == BatchScope::global)
       detail::require(batch_size_.value % accumulation_ == 0, "training.batch_size", batch_size_.value,
@@ -181,35 +275,67 @@ class Training {
     return batch_size_.value / parts;
   }
 
-  // Accessors, read by the loop (and tests).
-  detail::ModelInstance make_model() const { return model_(); }
-  std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::Tensor> parameters) const { return optimizer_(std::move(parameters)); }
-  const detail::LossFunction& loss_function() const { return loss_; }
-  const data::Source& train_source() const { return train_data_; }
-  const data::Source& eval_source() const { return eval_data_; }
-  BatchSize batch() const { return batch_size_; }
-  std::int64_t eval_batch() const { return eval_batch_size_; }
-  std::optional<std::int64_t> epoch_count() const { return epochs_; }
-  std::optional<std::int64_t> step_limit() const { return max_steps_; }
-  std::optional<double> base_lr() const { return lr_; }
-  const LrSchedule& lr_schedule() const { return schedule_; }
-  std::optional<double> max_grad_norm() const { return clip_grad_norm_; }
-  std::int64_t accumulation_steps() const { return accumulation_; }
-  Precision forward_precision() const { return precision_; }
-  std::int64_t run_seed() const { return seed_; }
-  std::int64_t eval_interval() const { return eval_every_; }
-  std::int64_t log_interval() const { return log_every_; }
-  std::int64_t checkpoint_interval() const { return checkpoint_every_; }
-  int checkpoints_kept() const { return keep_checkpoints_; }
-  bool reports(metrics::Metric metric) const { return std::find(metrics_.begin(), metrics_.end(), metric) != metrics_.end(); }
-  int thread_count() const { return threads_; }
-  const std::optional<std::filesystem::path>& run_directory() const { return run_dir_; }
-  const std::function<void(std::int64_t)>& step_callback() const { return on_step_; }
+  // Readers, named as the setters (read by the Trainer, the worker and tests).
+  ModelInstance make_model() const { return model_(); }
+  std::unique_ptr<torch::optim::Optimizer> make_optimizer(const NamedParameters& parameters) const { return optimizer_(parameters); }
+  /// The optimizer over unnamed tensors (named "0", "1", ... for the factory).
+  std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& parameters) const {
+    NamedParameters named;
+    for (std::size_t i = 0; i < parameters.size(); ++i) named.emplace_back(std::to_string(i), parameters[i]);
+    return optimizer_(named);
+  }
+  const OptimizerFactory& optimizer_factory() const { return optimizer_; }
+  std::unique_ptr<DataParallelStrategy> make_strategy() const { return strategy_(); }
+  const LossFunction& loss() const { return loss_; }
+  const StepFunction& step() const { return step_; }
+  const EvalStepFunction& eval_step() const { return eval_step_; }
+  const data::Source& train_data() const { return train_data_; }
+  const data::Source& eval_data() const { return eval_data_; }
+  BatchSize batch_size() const { return batch_size_; }
+  std::int64_t eval_batch_size() const { return eval_batch_size_; }
+  std::optional<std::int64_t> epochs() const { return epochs_; }
+  std::optional<std::int64_t> max_steps() const { return max_steps_; }
+  std::optional<double> lr() const { return lr_; }
+  const LrSchedule& schedule() const { return schedule_; }
+  std::optional<double> clip_grad_norm() const { return clip_grad_norm_; }
+  std::int64_t gradient_accumulation() const { return accumulation_; }
+  Precision precision() const { return precision_; }
+  std::int64_t seed() const { return seed_; }
+  std::int64_t eval_every() const { return eval_every_; }
+  std::int64_t log_every() const { return log_every_; }
+  std::int64_t checkpoint_every() const { return checkpoint_every_; }
+  int keep_checkpoints() const { return keep_checkpoints_; }
+  std::int64_t preemption_check_every() const { return preemption_check_every_; }
+  const std::vector<metrics::Metric>& metrics() const { return metrics_; }
+  bool reports(const metrics::Metric& metric) const { return std::find(metrics_.begin(), metrics_.end(), metric) != metrics_.end(); }
+  const std::vector<LoggerFactory>& loggers() const { return loggers_; }
+  std::optional<double> flops_per_example() const { return flops_per_example_; }
+  std::optional<double> peak_flops() const { return peak_flops_; }
+  bool report_digest() const { return report_digest_; }
+  int threads() const { return threads_; }
+  const std::optional<std::filesystem::path>& run_dir() const { return run_dir_; }
+  /// The program's knobs: declared with `knob`; in the worker, with this run's values (built-ins included).
+  const Knobs& knobs() const { return knobs_; }
+  const std::function<void(std::int64_t)>& on_step() const { return on_step_; }
+
+  // The readers' names before wave 2, kept for code written against them; to be removed.
+  [[deprecated("use batch_size()")]] BatchSize batch() const { return batch_size_; }
+  [[deprecated("use eval_batch_size()")]] std::int64_t eval_batch() const { return eval_batch_size_; }
+  [[deprecated("use epochs()")]] std::optional<std::int64_t> epoch_count() const { return epochs_; }
+  [[deprecated("use max_steps()")]] std::optional<std::int64_t> step_limit() const { return max_steps_; }
+  [[deprecated("use lr()")]] std::optional<double> base_lr() const { return lr_; }
+  [[deprecated("use gradient_accumulation()")]] std::int64_t accumulation_steps() const { return accumulation_; }
+  [[deprecated("use precision()")]] Precision forward_precision() const { return precision_; }
+  [[deprecated("use seed()")]] std::int64_t run_seed() const { return seed_; }
+  [[deprecated("use run_dir()")]] const std::optional<std::filesystem::path>& run_directory() const { return run_dir_; }
 
  private:
-  std::function<detail::ModelInstance()> model_;
+  std::function<ModelInstance()> model_;
   OptimizerFactory optimizer_;
-  detail::LossFunction loss_ = detail::wrap_loss(torch::nn::functional::cross_entropy);
+  StrategyFactory strategy_ = [] { return std::unique_ptr<DataParallelStrategy>(std::make_unique<Replicated>()); };
+  LossFunction loss_ = detail::wrap_loss(torch::nn::functional::cross_entropy);
+  StepFunction step_ = default_step;
+  EvalStepFunction eval_step_ = default_eval_step;
   data::Source train_data_, eval_data_;
   BatchSize batch_size_;
   std::int64_t eval_batch_size_ = 1000;
@@ -219,11 +345,15 @@ class Training {
   std::int64_t accumulation_ = 1;
   Precision precision_ = Precision::fp32;
   std::int64_t seed_ = 0;
-  std::int64_t eval_every_ = 0, log_every_ = 50, checkpoint_every_ = 0;
+  std::int64_t eval_every_ = 0, log_every_ = 50, checkpoint_every_ = 0, preemption_check_every_ = 10;
   int keep_checkpoints_ = 3;
   std::vector<metrics::Metric> metrics_;
+  std::vector<LoggerFactory> loggers_;
+  std::optional<double> flops_per_example_, peak_flops_;
+  bool report_digest_ = false;
   int threads_ = 0;
   std::optional<std::filesystem::path> run_dir_;
+  Knobs knobs_;
   std::function<void(std::int64_t)> on_step_;
 };
 

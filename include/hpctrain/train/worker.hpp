@@ -1,63 +1,70 @@
 #pragma once
-// Worker mode: what one rank runs under srun or `--local N`. Reads the training knobs forwarded from the
-// command line (--epochs, --max-steps, --batch-size, --lr), finds its place in the world from the
-// environment, trains, and maps errors to the exit codes of DESIGN.md.
+// Worker mode: what one rank runs under srun or `--local N`. The knob table of a Training — the built-ins
+// (--epochs, --max-steps, --batch-size, --lr) and the program's own (`Training::knob`) — is the same one the
+// login command checked; the worker reads its forwarded arguments with it, applies them, finds its place in
+// the world from the environment, trains, and maps errors to the exit codes of DESIGN.md.
 #include <cstdio>
 #include <exception>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/knobs.hpp>
 #include <hpctrain/slurm/world.hpp>
-#include <hpctrain/train/loop.hpp>
+#include <hpctrain/train/run_directory.hpp>
+#include <hpctrain/train/trainer.hpp>
 #include <hpctrain/train/training.hpp>
 
 namespace hpctrain {
 
-/// Training knobs given on the command line; each replaces the description's value.
-struct TrainingKnobs {
-  std::optional<std::int64_t> epochs, max_steps, batch_size;
-  std::optional<double> lr;
-};
-
-/// Parses `--epochs N --max-steps N --batch-size N --lr X` (in either `--flag value` or `--flag=value` form);
-/// throws UsageError on anything else. Ranges are checked by Training::validate, which names the field.
-inline TrainingKnobs parse_training_knobs(const std::vector<std::string>& args) {
-  TrainingKnobs knobs;
-  CLI::App app("hpctrain worker");
-  app.add_option("--epochs", knobs.epochs);
-  app.add_option("--max-steps", knobs.max_steps);
-  app.add_option("--batch-size", knobs.batch_size);
-  app.add_option("--lr", knobs.lr);
-  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 parses a reversed vector
-  try {
-    app.parse(reversed);
-  } catch (const CLI::ParseError& error) {
-    throw UsageError(fmt::format("worker arguments: {}", error.what()));
-  }
-  return knobs;
+/// The knob table of `training`: the built-ins, whose defaults are the description's values, then the
+/// program's own knobs. Throws SpecError when a program knob reuses a built-in's name.
+inline Knobs training_knobs(const Training& training) {
+  Knobs table;
+  const auto declare_count = [&](const char* name, std::optional<std::int64_t> value, const char* help) {
+    if (value) table.declare<std::int64_t>(name, *value, help, positive());
+    else table.declare_optional<std::int64_t>(name, help, positive());
+  };
+  declare_count("epochs", training.epochs(), "passes over the training data");
+  declare_count("max_steps", training.max_steps(), "optimizer steps (with epochs: whichever ends first)");
+  declare_count("batch_size", training.batch_size().value > 0 ? std::optional(training.batch_size().value) : std::nullopt,
+                "examples per optimizer step (per rank or global, as the program declares)");
+  if (training.lr()) table.declare<double>("lr", *training.lr(), "base learning rate", positive());
+  else table.declare_optional<double>("lr", "base learning rate (default: the optimizer's)", positive());
+  table.extend(training.knobs());
+  return table;
 }
 
-/// `training` with the knobs applied; a `--batch-size` keeps the declared scope (per rank or global).
-inline Training with_knobs(Training training, const TrainingKnobs& knobs) {
-  if (knobs.epochs) training.epochs(*knobs.epochs);
-  if (knobs.max_steps) training.max_steps(*knobs.max_steps);
-  if (knobs.batch_size) training.batch_size({*knobs.batch_size, training.batch().scope});
-  if (knobs.lr) training.lr(*knobs.lr);
+/// Parses `args` (`--epochs N --max-steps=N ...`) with `training`'s knob table: UsageError for an unknown
+/// argument, SpecError `[hpctrain.spec.knob]` for an invalid value.
+inline Knobs parse_training_knobs(const Training& training, const std::vector<std::string>& args) {
+  return training_knobs(training).with_arguments(args);
+}
+
+/// `training` with the knobs applied: built-ins that were given replace the description's values (a
+/// `--batch-size` keeps the declared scope, per rank or global); all values become `training.knobs()`.
+inline Training with_knobs(Training training, const Knobs& knobs) {
+  if (auto epochs = knobs.get_if_given<std::int64_t>("epochs")) training.epochs(*epochs);
+  if (auto steps = knobs.get_if_given<std::int64_t>("max_steps")) training.max_steps(*steps);
+  if (auto batch = knobs.get_if_given<std::int64_t>("batch_size")) training.batch_size({*batch, training.batch_size().scope});
+  if (auto lr = knobs.get_if_given<double>("lr")) training.lr(*lr);
+  training.knob_values(knobs);
   return training;
 }
 
-/// One rank: applies the forwarded knobs, trains, returns exit_ok, exit_requeue, exit_usage or exit_failure.
-inline int run_worker(const Training& training, const std::vector<std::string>& args) {
+/// One rank: applies the knobs, trains, returns exit_ok, exit_requeue, exit_usage or exit_failure.
+inline int run_worker(const Training& training, const Knobs& knobs) {
   int rank = 0;
   try {
     const auto world = slurm::world_from_environment();
     rank = world.rank;
-    return train(with_knobs(training, parse_training_knobs(args)), world).exit_code;
+    const auto configured = with_knobs(training, knobs);
+    if (rank == 0) fmt::print("hpctrain: {}\n", resolve_run_directory(configured.run_dir()).describe());
+    std::fflush(stdout);
+    return train(configured, world).exit_code;
   } catch (const SpecError& error) {
     fmt::print(stderr, "rank {}: {}\n", rank, error.what());
     return exit_usage;

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <hpctrain/job/cli.hpp>
+#include <hpctrain/train/preemption.hpp>  // torch-free: the flag the training loop polls
 
 extern char** environ;
 
@@ -72,6 +73,34 @@ int report(const std::vector<std::string>& args) {
     return 0;
   }
   std::cout << lines << std::flush;
+  const bool first_run = env_or("SLURM_RESTART_COUNT", "0") == "0";
+  // `--kill-rank R`: on the first run rank R dies by SIGKILL (the others wait to be killed by srun);
+  // `--kill-rank-always R`: on every run.
+  if (args.size() == 2 && (args[0] == "--kill-rank" || args[0] == "--kill-rank-always")) {
+    if (first_run || args[0] == "--kill-rank-always") {
+      if (rank == args[1]) std::raise(SIGKILL);
+      std::this_thread::sleep_for(std::chrono::seconds(120));
+    }
+    std::cout << fmt::format("probe rank={} finished restart={}\n", rank, env_or("SLURM_RESTART_COUNT", "0")) << std::flush;
+    return 0;
+  }
+  // `--wait-for-preemption`: hpctrain's preemption handler (requeue signal and SIGTERM); on the first run every
+  // rank waits for it, then behaves like a worker that checkpointed: marker, ignore SIGTERM, exit 75.
+  if (args.size() == 1 && args[0] == "--wait-for-preemption") {
+    if (first_run) {
+      hpctrain::install_preemption_handler();
+      std::cout << fmt::format("probe rank={} waiting for preemption\n", rank) << std::flush;
+      for (int i = 0; i < 3000 && !hpctrain::preemption_requested(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (!hpctrain::preemption_requested()) return 1;
+      std::signal(SIGTERM, SIG_IGN);
+      std::cout << fmt::format("probe rank={} preempted: checkpointing\n", rank) << std::flush;
+      if (rank == "0") std::ofstream(env_or("HPCTRAIN_REQUEUE_MARKER", "/nonexistent/marker")) << "requeue\n";
+      return hpctrain::exit_requeue;
+    }
+    std::cout << fmt::format("probe rank={} resumed restart={}\n", rank, env_or("SLURM_RESTART_COUNT", "0")) << std::flush;
+    return 0;
+  }
   if (args.size() == 2 && args[0] == "--sleep") std::this_thread::sleep_for(std::chrono::seconds(std::stoi(args[1])));
   // `--requeue-first-run`: on the first run rank 0 creates the requeue marker and exits with 75 while
   // rank 1 is still busy, so that srun --kill-on-bad-exit kills rank 1 (the requeue test).
@@ -94,11 +123,13 @@ int main(int argc, char** argv) {
   using namespace std::chrono_literals;
   namespace ht = hpctrain;
   // No try/catch: a SpecError escaping main exits 2 with its message (job/spec_error_exit.hpp).
+  ht::install_spec_error_exit();
   auto job = ht::Job(env_or("PROBE_NAME", "probe")).nodes(std::stoi(env_or("PROBE_NODES", "2"))).time(5min);
   if (std::getenv("PROBE_SECRET")) job.secret_env("PROBE_SECRET");
   // A secret the probe does not print (PROBE_* values it does): tests/job/private_files_test.cpp's canary.
   if (const char* secret = std::getenv("PROBE_SECRET_NAME")) job.secret_env(secret);
   if (std::getenv("PROBE_REQUEUE")) job.requeue_on_timeout(60s, 2);
+  if (const char* restarts = std::getenv("PROBE_MAX_RESTARTS")) job.max_restarts(std::stoi(restarts));
   if (const char* image = std::getenv("PROBE_CHARLIECLOUD")) {
     job.container(ht::Charliecloud(image)).mount("/usr", "/usr");
   }
@@ -113,6 +144,25 @@ int main(int argc, char** argv) {
                 << std::flush;
       std::ofstream(context.output_dir / "data.txt") << "job " << context.job_id << " restart "
                                                      << context.restart_count << "\n";
+    });
+  }
+  if (std::getenv("PROBE_KNOBS")) {
+    // A program with a knob table, as hpctrain::run makes one for a Training (tests/job/knobs_cli_test.cpp).
+    ht::Knobs knobs;
+    knobs.declare_optional<std::int64_t>("epochs", "passes over the data", ht::positive())
+        .declare<double>("lr", 1e-3, "base learning rate", ht::positive())
+        .declare<std::int64_t>("warmup_steps", 100, "steps of linear warm-up", ht::non_negative())
+        .declare<bool>("compile", false, "a switch");
+    return ht::run_job(argc, argv, job, knobs, [](const ht::Knobs& values) {
+      const auto rank = env_or("SLURM_PROCID", env_or("RANK", "?").c_str());
+      std::string lines;
+      for (const auto& spec : values.specs())
+        if (values.given(spec.name)) lines += fmt::format("probe rank={} knob {} given\n", rank, spec.name);
+      lines += fmt::format("probe rank={} lr={} warmup_steps={} compile={} run_dir={} resume_from={}\n", rank,
+                           values.get<double>("lr"), values.get<int>("warmup_steps"), values.get<bool>("compile"),
+                           env_or("HPCTRAIN_RUN_DIR", "-"), env_or("HPCTRAIN_RESUME_FROM", "-"));
+      std::cout << lines << std::flush;
+      return 0;
     });
   }
   return ht::run_job(argc, argv, job, report);

@@ -4,19 +4,58 @@
 // the login node.
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
 #include <torch/torch.h>
+
+#include <hpctrain/error.hpp>
 
 namespace hpctrain::data {
 
-/// A batch: model inputs and targets, first dimension = batch.
+/// A batch: model inputs and targets, and any named extra tensors ("loss_mask", "attention_mask",
+/// "lengths", ...), first dimension = batch. Datasets that only fill inputs and targets (`return {x, y};`)
+/// leave `fields` empty.
 struct Batch {
   torch::Tensor inputs;
   torch::Tensor targets;
+  /// Named extra tensors, first dimension = batch.
+  std::map<std::string, torch::Tensor, std::less<>> fields;
+
+  Batch() = default;
+  Batch(torch::Tensor inputs_, torch::Tensor targets_, std::map<std::string, torch::Tensor, std::less<>> fields_ = {})
+      : inputs(std::move(inputs_)), targets(std::move(targets_)), fields(std::move(fields_)) {}
+
+  /// The field `name`; throws RuntimeError("batch.field") naming it and the fields present.
+  const torch::Tensor& field(std::string_view name) const {
+    if (const auto found = fields.find(name); found != fields.end()) return found->second;
+    std::string present;
+    for (const auto& [key, value] : fields) present += (present.empty() ? "" : ", ") + key;
+    throw RuntimeError("batch.field", fmt::format("the batch has no field '{}' (fields: {})", name, present.empty() ? "none" : present));
+  }
+  /// Whether the batch carries field `name`.
+  bool has(std::string_view name) const { return fields.find(name) != fields.end(); }
+  /// Number of examples (`inputs.size(0)`).
+  std::int64_t size() const { return inputs.size(0); }
+  /// Examples `[begin, begin + n)` of every tensor, along dimension 0 (views, no copy).
+  Batch narrow(std::int64_t begin, std::int64_t n) const {
+    auto part = [&](const torch::Tensor& t) { return t.defined() ? t.narrow(0, begin, n) : t; };
+    Batch out(part(inputs), part(targets));
+    for (const auto& [key, value] : fields) out.fields.emplace(key, part(value));
+    return out;
+  }
+  /// Every tensor on `device`.
+  Batch to(torch::Device device, bool non_blocking = false) const {
+    auto move = [&](const torch::Tensor& t) { return t.defined() ? t.to(device, non_blocking) : t; };
+    Batch out(move(inputs), move(targets));
+    for (const auto& [key, value] : fields) out.fields.emplace(key, move(value));
+    return out;
+  }
 };
 
 /// Random access to examples by index; `batch` must be a pure function of the indices (exact resume).

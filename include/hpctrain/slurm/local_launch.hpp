@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/names.hpp>
 
 extern char** environ;
 
@@ -34,6 +35,9 @@ namespace hpctrain {
 struct LocalLaunchOptions {
   /// Time between SIGTERM (or a forwarded SIGINT) and SIGKILL. Default: 10 s.
   std::chrono::milliseconds grace{std::chrono::seconds(10)};
+  /// The ranks' HPCTRAIN_RUN_DIR. Default: the launcher's HPCTRAIN_RUN_DIR, else `<cwd>/hpctrain-jobs/local`.
+  /// (The login command gives every `--local` run a new one.)
+  std::optional<std::filesystem::path> run_directory;
 };
 
 namespace detail {
@@ -42,7 +46,7 @@ namespace detail {
 // moment later (the usual small race torchrun --standalone also accepts).
 inline int free_local_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw RuntimeError("local_launch", fmt::format("socket: {}", std::strerror(errno)));
+  if (fd < 0) throw RuntimeError(errors::runtime_local_launch, fmt::format("socket: {}", std::strerror(errno)));
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -51,33 +55,33 @@ inline int free_local_port() {
                   ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
   const int saved = errno;
   ::close(fd);
-  if (!ok) throw RuntimeError("local_launch", fmt::format("cannot find a free port: {}", std::strerror(saved)));
+  if (!ok) throw RuntimeError(errors::runtime_local_launch, fmt::format("cannot find a free port: {}", std::strerror(saved)));
   return ntohs(address.sin_port);
 }
 
 // The parent's environment without the variables we set, plus ours.
 inline std::vector<std::string> rank_environment(int rank, int world_size, int master_port, const std::string& run_dir) {
-  static constexpr const char* ours[] = {"RANK",        "LOCAL_RANK",     "WORLD_SIZE",     "LOCAL_WORLD_SIZE",
-                                         "GROUP_RANK",  "MASTER_ADDR",    "MASTER_PORT",    "HPCTRAIN_LOCAL",
-                                         "HPCTRAIN_RUN_DIR"};
-  std::vector<std::string> env;
+  static constexpr const char* ours[] = {"RANK",       "LOCAL_RANK",  "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                         "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", env::local,
+                                         env::run_dir};
+  std::vector<std::string> variables;
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     const std::string_view variable(*entry);
     const auto name = variable.substr(0, variable.find('='));
     bool replaced = false;
     for (const char* own : ours) replaced = replaced || name == own;
-    if (!replaced) env.emplace_back(variable);
+    if (!replaced) variables.emplace_back(variable);
   }
-  env.push_back(fmt::format("RANK={}", rank));
-  env.push_back(fmt::format("LOCAL_RANK={}", rank));
-  env.push_back(fmt::format("WORLD_SIZE={}", world_size));
-  env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", world_size));
-  env.push_back("GROUP_RANK=0");
-  env.push_back("MASTER_ADDR=127.0.0.1");
-  env.push_back(fmt::format("MASTER_PORT={}", master_port));
-  env.push_back("HPCTRAIN_LOCAL=1");
-  env.push_back("HPCTRAIN_RUN_DIR=" + run_dir);
-  return env;
+  variables.push_back(fmt::format("RANK={}", rank));
+  variables.push_back(fmt::format("LOCAL_RANK={}", rank));
+  variables.push_back(fmt::format("WORLD_SIZE={}", world_size));
+  variables.push_back(fmt::format("LOCAL_WORLD_SIZE={}", world_size));
+  variables.push_back("GROUP_RANK=0");
+  variables.push_back("MASTER_ADDR=127.0.0.1");
+  variables.push_back(fmt::format("MASTER_PORT={}", master_port));
+  variables.push_back(fmt::format("{}=1", env::local));
+  variables.push_back(fmt::format("{}={}", env::run_dir, run_dir));
+  return variables;
 }
 
 inline std::vector<char*> c_strings(std::vector<std::string>& strings) {
@@ -135,14 +139,11 @@ struct Child {
 /// the launcher. Throws RuntimeError `[hpctrain.runtime.local_launch]` when a rank cannot be started.
 inline int launch_local(int world_size, const std::string& binary, const std::vector<std::string>& args,
                         const LocalLaunchOptions& options = {}) {
-  if (world_size < 1) throw SpecError("local", std::to_string(world_size), "needs at least 1 rank");
+  detail::require(world_size >= 1, errors::spec_local, world_size, "needs at least 1 rank");
   const int master_port = detail::free_local_port();
-  std::string run_dir;
-  if (const char* kept = std::getenv("HPCTRAIN_RUN_DIR"); kept != nullptr && *kept != '\0') {
-    run_dir = kept;
-  } else {
-    run_dir = (std::filesystem::current_path() / "hpctrain-jobs" / "local").string();
-  }
+  const std::string run_dir =
+      options.run_directory ? options.run_directory->string()
+                            : hpctrain::getenv(env::run_dir).value_or((std::filesystem::current_path() / layout::jobs_root / "local").string());
 
   // Everything the children need is built before fork: after fork only async-signal-safe calls are allowed.
   std::vector<std::string> argv_strings{binary};
@@ -250,7 +251,7 @@ inline int launch_local(int world_size, const std::string& binary, const std::ve
       }
     }
   }
-  if (start_error) throw RuntimeError("local_launch", *start_error);
+  if (start_error) throw RuntimeError(errors::runtime_local_launch, *start_error);
   return result.value_or(exit_ok);
 }
 

@@ -1,0 +1,67 @@
+#pragma once
+// The names that cross layers: the login side (job/), the launchers (the sbatch script, slurm/'s --local)
+// and the workers (train/) agree on them here, once. Torch-free, standard library only.
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+namespace hpctrain {
+
+/// The first argument that the generated script (and `--local`) gives the binary: it enters worker mode
+/// (DESIGN.md: an explicit marker, never a guess from SLURM_* variables).
+inline constexpr std::string_view worker_flag = "--hpctrain-worker";
+
+/// True when argv carries the worker marker as its first argument.
+inline bool is_worker_invocation(int argc, char** argv) { return argc >= 2 && argv[1] == worker_flag; }
+
+/// Environment variables set by a launcher for the workers.
+namespace env {
+/// The run's directory: checkpoints, metrics.jsonl, TensorBoard events. Set by the script
+/// (`<job directory>`, i.e. `hpctrain-jobs/<name>/$SLURM_JOB_ID`) and by `--local` (a new directory per run).
+inline constexpr const char* run_dir = "HPCTRAIN_RUN_DIR";
+/// With requeue_on_timeout, the script exports this variable: a worker that checkpointed for a requeue
+/// creates the file it names (rank 0 suffices) before it exits with exit_requeue.
+inline constexpr const char* requeue_marker = "HPCTRAIN_REQUEUE_MARKER";
+/// Set (to 1) by `--local`: the ranks come from torchrun's variables, not from Slurm's.
+inline constexpr const char* local = "HPCTRAIN_LOCAL";
+/// A run directory whose newest checkpoint a new run starts from (`--resume DIR`); set by the worker
+/// from its `--resume` argument, read where the run directory is resolved (train/run_directory.hpp).
+inline constexpr const char* resume_from = "HPCTRAIN_RESUME_FROM";
+}  // namespace env
+
+/// The one getenv: the value of `name`, or nothing when it is unset or empty.
+inline std::optional<std::string> getenv(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+/// The layout of what a program keeps under its working directory.
+namespace layout {
+/// `<workdir>/hpctrain-jobs/<job name>/`: one directory per program (job name).
+inline constexpr std::string_view jobs_root = "hpctrain-jobs";
+/// Inside it, `<job id>/` per submitted job (job.sbatch, job.json, the log, and the run's files) and
+/// `local-<UTC time>/` per `--local` run; `last` names the last submitted job.
+inline constexpr std::string_view local_run_prefix = "local-";
+inline constexpr std::string_view last_job_file = "last";
+inline constexpr std::string_view job_script = "job.sbatch";
+inline constexpr std::string_view job_record = "job.json";
+/// Inside a run directory: the checkpoints a run resumes from.
+inline constexpr std::string_view checkpoints = "checkpoints";
+/// The run directory of a worker started without a launcher (no HPCTRAIN_RUN_DIR): `<cwd>/hpctrain-run`.
+inline constexpr std::string_view default_run = "hpctrain-run";
+
+/// True when `run_directory/checkpoints` holds anything: the run can be resumed (the checkpoint format is
+/// the training layer's; a corrupt one is skipped there with a warning).
+inline bool has_checkpoints(const std::filesystem::path& run_directory) {
+  std::error_code error;
+  const auto directory = run_directory / checkpoints;
+  if (!std::filesystem::is_directory(directory, error)) return false;
+  return std::filesystem::directory_iterator(directory, error) != std::filesystem::directory_iterator();
+}
+}  // namespace layout
+
+}  // namespace hpctrain

@@ -1,0 +1,63 @@
+#pragma once
+// Token preparation as the job's preparation step (job/prepare.hpp): `Job::prepare(prepare_tokens_step(...))`
+// runs prepare_tokens once per job, on one task with all of its CPUs, before any training rank starts, and
+// leaves `train.tokens`/`val.tokens` in `$HPCTRAIN_RUN_DIR/prepare/tokens/` for every rank to read. A requeued
+// job skips the step (the script's prepare.done marker); run again by hand, it skips the work when the files
+// are already those it would write (tokens_prepared). A tokenizer or input that cannot be read fails the
+// step, and with it the job, before training.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <hpctrain/error.hpp>
+#include <hpctrain/job/prepare.hpp>
+#include <hpctrain/text/prepare.hpp>
+#include <hpctrain/text/tiktoken.hpp>
+
+namespace hpctrain::text {
+
+/// The directory below `$HPCTRAIN_RUN_DIR/prepare` where prepare_tokens_step writes.
+inline constexpr std::string_view prepared_tokens_subdir = "tokens";
+
+/// A Job::prepare function that tokenizes `inputs` with the tokenizer in `tokenizer_file` (tokenizer.json or
+/// *.tiktoken). Missing files are a SpecError at once (`[hpctrain.spec.prepare.tokenizer]`,
+/// `[hpctrain.spec.prepare.inputs]`): `--submit` refuses the job before anything is queued.
+inline PrepareFunction prepare_tokens_step(std::vector<std::filesystem::path> inputs, std::filesystem::path tokenizer_file,
+                                           PrepareOptions options = {}) {
+  hpctrain::detail::require(std::filesystem::is_regular_file(tokenizer_file), "prepare.tokenizer", tokenizer_file.string(),
+                            "no such file");
+  hpctrain::detail::require(!inputs.empty(), "prepare.inputs", "[]", "needs at least one text file");
+  for (auto& input : inputs) {
+    hpctrain::detail::require(std::filesystem::is_regular_file(input), "prepare.inputs", input.string(), "no such file");
+    input = std::filesystem::absolute(input);
+  }
+  tokenizer_file = std::filesystem::absolute(tokenizer_file);
+  return [inputs = std::move(inputs), tokenizer_file = std::move(tokenizer_file), options](const PrepareContext& context) {
+    const auto tokenizer = load_tokenizer(tokenizer_file);
+    const auto out = context.output_dir / prepared_tokens_subdir;
+    if (tokens_prepared(inputs, tokenizer, out, options)) {
+      std::printf("hpctrain: %s already holds these tokens; not preparing again\n", out.c_str());
+      return;
+    }
+    const auto result = prepare_tokens(inputs, tokenizer, out, options);
+    std::printf("hpctrain: prepared %llu training and %llu validation tokens in %s (%.1f MB/s on %d threads)\n",
+                static_cast<unsigned long long>(result.train_tokens),
+                static_cast<unsigned long long>(result.validation_tokens), out.c_str(), result.megabytes_per_second(),
+                result.threads);
+    std::fflush(stdout);
+  };
+}
+
+/// In a worker of a job whose preparation was prepare_tokens_step: the directory holding train.tokens and
+/// val.tokens (`$HPCTRAIN_RUN_DIR/prepare/tokens`).
+inline std::filesystem::path prepared_tokens_dir() {
+  const char* run_dir = std::getenv("HPCTRAIN_RUN_DIR");
+  if (run_dir == nullptr || *run_dir == '\0')
+    throw RuntimeError("text.prepare", "HPCTRAIN_RUN_DIR is not set: prepared tokens exist only inside a job");
+  return std::filesystem::path(run_dir) / "prepare" / prepared_tokens_subdir;
+}
+
+}  // namespace hpctrain::text

@@ -1,0 +1,105 @@
+#pragma once
+// The replicated data-parallel strategy (DDP): every rank holds the whole model and optimizer state;
+// gradients are averaged by dist::GradientSync (bucketed all-reduce overlapped with backward); rank 0 alone
+// saves a checkpoint archive. The default strategy of a Training.
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+
+#include <hpctrain/dist/gradient_sync.hpp>
+#include <hpctrain/error.hpp>
+#include <hpctrain/train/strategy.hpp>
+
+namespace hpctrain {
+
+namespace detail {
+/// The names and tensors of `module.named_parameters()`, in registration order.
+inline NamedParameters named_parameters_of(const torch::nn::Module& module) {
+  NamedParameters named;
+  for (const auto& item : module.named_parameters()) named.emplace_back(item.key(), item.value());
+  return named;
+}
+
+/// Scales the gradients of `parameters` so that their global L2 norm is at most `max_norm`; returns the
+/// norm before clipping as a 0-dim tensor, without reading it on the host (torch::nn::utils::clip_grad_norm_
+/// computes the same, then calls .item()).
+inline torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (const auto& parameter : parameters)
+    if (parameter.grad().defined()) grads.push_back(parameter.grad());
+  if (grads.empty()) return torch::zeros({}, torch::kFloat32);
+  std::vector<torch::Tensor> norms;
+  norms.reserve(grads.size());
+  for (const auto& grad : grads) norms.push_back(grad.norm(2));
+  auto total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2);
+  const auto coefficient = torch::clamp(max_norm / (total + 1e-6), std::nullopt, 1.0);
+  for (auto& grad : grads) grad.mul_(coefficient);
+  return total;
+}
+}  // namespace detail
+
+/// Replicated data parallelism: whole model and optimizer on every rank, gradients all-reduced.
+class Replicated : public DataParallelStrategy {
+ public:
+  explicit Replicated(dist::GradientSyncOptions options = {}) : options_(options) {}
+
+  std::string name() const override { return "replicated"; }
+
+  /// Broadcasts rank 0's parameters and buffers (once, in GradientSync), installs the gradient hooks and
+  /// makes the optimizer over every parameter.
+  void setup(StrategyContext context) override {
+    model_ = context.model;
+    sync_ = std::make_unique<dist::GradientSync>(context.group, *model_, options_);
+    parameters_ = model_->parameters();
+    optimizer_ = context.make_optimizer(detail::named_parameters_of(*model_));
+  }
+  torch::optim::Optimizer& optimizer() override { return *optimizer_; }
+  void zero_grad() override { optimizer_->zero_grad(); }
+  void set_sync(bool sync) override { sync_->set_sync(sync); }
+  void finish_gradients() override { sync_->finish(); }
+  torch::Tensor clip_grad_norm(double max_norm) override { return detail::clip_grad_norm(parameters_, max_norm); }
+  void step() override { optimizer_->step(); }
+  bool saves_per_rank() const override { return false; }
+
+  /// Archive entries "model" and "optimizer".
+  void save(torch::serialize::OutputArchive& archive) override {
+    torch::serialize::OutputArchive model_archive, optimizer_archive;
+    model_->save(model_archive);
+    optimizer_->save(optimizer_archive);
+    archive.write("model", model_archive);
+    archive.write("optimizer", optimizer_archive);
+  }
+  /// Reads rank 0's archive: a replicated checkpoint loads at any world size.
+  void load(const SavedStrategyState& saved) override {
+    detail::require(saved.strategy == name(), "checkpoint.strategy", saved.strategy,
+                    fmt::format("the checkpoint was written by strategy '{}'; this run uses '{}'", saved.strategy, name()));
+    auto archive = saved.open(0);
+    torch::serialize::InputArchive model_archive, optimizer_archive;
+    archive.read("model", model_archive);
+    archive.read("optimizer", optimizer_archive);
+    model_->load(model_archive);
+    optimizer_->load(optimizer_archive);
+  }
+
+  /// The gradient synchroniser (instrumentation: buckets, launches).
+  const dist::GradientSync& gradient_sync() const { return *sync_; }
+
+ private:
+  dist::GradientSyncOptions options_;
+  std::shared_ptr<torch::nn::Module> model_;
+  std::unique_ptr<dist::GradientSync> sync_;
+  std::vector<torch::Tensor> parameters_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+};
+
+/// A Replicated strategy (for `Training::strategy(hpctrain::replicated)`).
+inline std::unique_ptr<DataParallelStrategy> replicated() { return std::make_unique<Replicated>(); }
+
+}  // namespace hpctrain

@@ -1,0 +1,42 @@
+#pragma once
+// What the Trainer decides before the first step from the description and the environment: the intra-op
+// threads, the per-step RNG seed, whether ranks report their parameter digest.
+//
+// The run directory is train/run_directory.hpp's (a directory per run, --resume).
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <string_view>
+#include <thread>
+
+#include <hpctrain/slurm/world.hpp>
+#include <hpctrain/train/training.hpp>
+
+namespace hpctrain::detail {
+
+/// Intra-op threads: explicit, else the CPUs Slurm gave the task, else the cores shared among local ranks.
+inline int resolve_threads(const Training& training, const slurm::World& world) {
+  if (training.threads() > 0) return training.threads();
+  if (const char* cpus = std::getenv("SLURM_CPUS_PER_TASK"); cpus != nullptr && std::atoi(cpus) > 0) return std::atoi(cpus);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, world.local_world_size));
+}
+
+/// Whether ranks print their parameter digest at the end: Training::report_digest, or HPCTRAIN_REPORT_DIGEST=1
+/// (how tests turn it on for a binary they did not write, also through sbatch, which passes the environment on).
+inline bool digest_requested(const Training& training) {
+  const char* value = std::getenv("HPCTRAIN_REPORT_DIGEST");
+  return training.report_digest() || (value != nullptr && std::string_view(value) == "1");
+}
+
+/// A distinct, reproducible RNG seed per (seed, rank, step) (splitmix64 finaliser).
+inline std::uint64_t step_seed(std::int64_t seed, int rank, std::int64_t step) {
+  std::uint64_t z = static_cast<std::uint64_t>(seed) * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(rank) * 0xBF58476D1CE4E5B9ull +
+                    static_cast<std::uint64_t>(step) * 0x94D049BB133111EBull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return (z ^ (z >> 31)) & 0x7FFFFFFFFFFFFFFFull;
+}
+
+}  // namespace hpctrain::detail

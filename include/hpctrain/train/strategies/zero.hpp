@@ -1,0 +1,301 @@
+#pragma once
+// ZeRO-1 and ZeRO-2 (Rajbhandari et al., 2020) as implementations of the data-parallel strategy seam
+// (train/strategy.hpp). Both keep the full parameters on every rank and shard the optimizer: the trainable
+// parameters are laid out in flat buckets (dist/flat_shards.hpp), each split evenly over the ranks, and each
+// rank's optimizer sees only its shard — one fp32 "master" tensor per parameter piece, named after its
+// parameter. After the optimizer step every bucket is all-gathered in place: the module's parameters are
+// views into the flat buckets, so the gather writes them directly.
+//
+//   ZeRO-1: gradients all-reduced during backward (GradientSync); each rank steps its shard.
+//   ZeRO-2: gradients reduce-scattered during backward (ShardedGradients); each rank keeps only its shard.
+//
+// Collectives per step, in order: [ZeRO-1] one all-reduce per bucket during backward, [ZeRO-2] one
+// reduce-scatter per bucket during backward; then one all-reduce of one number when clipping; then one
+// all-gather per bucket after the optimizer step. Any elementwise optimizer works unchanged on a shard
+// (torch::optim SGD, Adam, AdamW, Adagrad, RMSprop); LBFGS (whole-vector line search) is refused.
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/optim/lbfgs.h>
+#include <torch/types.h>
+
+#include <hpctrain/dist/collectives.hpp>
+#include <hpctrain/dist/flat_shards.hpp>
+#include <hpctrain/dist/gradient_sync.hpp>
+#include <hpctrain/dist/sharded_gradients.hpp>
+#include <hpctrain/dist/shard_collectives.hpp>
+#include <hpctrain/error.hpp>
+#include <hpctrain/train/strategies/zero_checkpoint.hpp>
+#include <hpctrain/train/strategy.hpp>
+
+namespace hpctrain {
+
+/// Which ZeRO stage a ZeroStrategy runs.
+enum class ZeroStage { zero1 = 1, zero2 = 2 };
+/// Optimizer state sharded, gradients all-reduced.
+inline constexpr ZeroStage zero1 = ZeroStage::zero1;
+/// Optimizer state and gradients sharded: gradients reduce-scattered during backward.
+inline constexpr ZeroStage zero2 = ZeroStage::zero2;
+
+/// "zero1" or "zero2": the strategy's name() and what checkpoints record.
+inline std::string to_string(ZeroStage stage) { return stage == ZeroStage::zero1 ? "zero1" : "zero2"; }
+
+/// Options of a ZeroStrategy.
+struct ZeroOptions {
+  explicit ZeroOptions(ZeroStage stage = ZeroStage::zero2) : stage(stage) {}
+  /// The stage. Default: zero2.
+  ZeroStage stage;
+  /// Bucket sizes (as GradientSync's): every bucket is one collective. Default: 25 MiB, first 1 MiB.
+  dist::GradientSyncOptions buckets;
+};
+
+namespace detail {
+
+/// Throws SpecError("optimizer") for optimizers whose update is not elementwise (a shard cannot step alone).
+inline void require_elementwise(const torch::optim::Optimizer& optimizer, ZeroStage stage) {
+  if (dynamic_cast<const torch::optim::LBFGS*>(&optimizer)) {
+    throw SpecError("optimizer", "LBFGS",
+                    fmt::format("{} steps each rank's shard of the parameters on its own, which needs an elementwise "
+                                "optimizer (SGD, Adam, AdamW, Adagrad, RMSprop); LBFGS's line search and history "
+                                "span the whole parameter vector: use it with the replicated strategy",
+                                to_string(stage)));
+  }
+}
+
+/// The floating type optimizer state is kept in: fp32 for reduced-precision parameters, else their own.
+inline torch::ScalarType master_dtype(torch::ScalarType parameter) {
+  return parameter == torch::kBFloat16 || parameter == torch::kHalf ? torch::kFloat32 : parameter;
+}
+
+}  // namespace detail
+
+/// ZeRO-1 / ZeRO-2 data parallelism: optimizer state (and for ZeRO-2 gradients) sharded over the ranks.
+class ZeroStrategy : public DataParallelStrategy {
+ public:
+  explicit ZeroStrategy(ZeroOptions options = ZeroOptions()) : options_(std::move(options)) {}
+
+  std::string name() const override { return to_string(options_.stage); }
+
+  void setup(StrategyContext context) override {
+    group_ = std::move(context.group);
+    model_ = std::move(context.model);
+    collect_trainable_parameters();
+    if (options_.stage == ZeroStage::zero1) {
+      all_reduce_ = std::make_unique<dist::GradientSync>(group_, *model_, options_.buckets);  // broadcasts
+    } else {
+      dist::broadcast_module(*group_, *model_);
+    }
+    build_flat_buckets();
+    build_master_shards();
+    optimizer_ = context.make_optimizer(named_masters());
+    if (!optimizer_) throw SpecError("optimizer", "null", "the optimizer factory returned no optimizer");
+    detail::require_elementwise(*optimizer_, options_.stage);
+    if (options_.stage == ZeroStage::zero2)
+      reduce_scatter_ = std::make_unique<dist::ShardedGradients>(group_, layout_, parameters_, names_);
+  }
+
+  torch::optim::Optimizer& optimizer() override { return *optimizer_; }
+
+  void zero_grad() override {
+    for (auto& parameter : parameters_)
+      if (parameter.grad().defined()) parameter.mutable_grad().reset();
+    for (auto& piece : pieces_)
+      if (piece.master.grad().defined()) piece.master.mutable_grad().reset();
+  }
+
+  void set_sync(bool sync) override {
+    if (all_reduce_) all_reduce_->set_sync(sync);
+    if (reduce_scatter_) reduce_scatter_->set_sync(sync);
+  }
+
+  void finish_gradients() override {
+    torch::NoGradGuard no_grad;
+    if (reduce_scatter_) {
+      reduce_scatter_->finish();
+      for (auto& piece : pieces_) {
+        auto shard = reduce_scatter_->gradient_shard(piece.bucket).narrow(0, piece.place.shard_offset, piece.place.length);
+        set_master_gradient(piece, shard);
+      }
+      return;
+    }
+    all_reduce_->finish();
+    for (auto& piece : pieces_) {
+      const auto& full = parameters_[piece.place.parameter].grad();
+      auto part = full.defined() ? full.reshape({-1}).narrow(0, piece.place.begin, piece.place.length)
+                                 : torch::zeros({piece.place.length}, parameters_[piece.place.parameter].options());
+      set_master_gradient(piece, part);
+    }
+  }
+
+  torch::Tensor clip_grad_norm(double max_norm) override {
+    torch::NoGradGuard no_grad;
+    // Sum of squares in fp64 over this rank's pieces (padding holds no piece), summed over ranks.
+    auto squares = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64).device(group_->device()));
+    for (auto& piece : pieces_) squares += piece.master.grad().pow(2).sum(torch::kFloat64);
+    dist::all_reduce_sum(*group_, squares);
+    auto norm = squares.sqrt().to(torch::kFloat32).reshape({});
+    // As torch::nn::utils::clip_grad_norm_: coefficient max_norm / (norm + 1e-6), at most 1.
+    auto coefficient = torch::clamp(max_norm / (norm + 1e-6), c10::nullopt, 1.0);
+    for (auto& piece : pieces_) piece.master.mutable_grad().mul_(coefficient.to(piece.master.scalar_type()));
+    return norm;
+  }
+
+  void step() override {
+    optimizer_->step();
+    gather_parameters_from_masters();
+  }
+
+  bool saves_per_rank() const override { return true; }
+
+  void save(torch::serialize::OutputArchive& archive) override {
+    detail::save_zero_shard(archive, shard_view());
+  }
+
+  void load(const SavedStrategyState& saved) override {
+    detail::load_zero_shards(saved, shard_view());
+    // Masters from the restored parameters; every rank restored the full parameters from all archives.
+    torch::NoGradGuard no_grad;
+    for (auto& piece : pieces_) piece.master.copy_(parameter_part(piece));
+  }
+
+  // Instrumentation (benchmarks, tests).
+  /// The layout: buckets, shard sizes.
+  const dist::FlatShardLayout& layout() const { return layout_; }
+  /// Bytes of optimizer state this rank holds (every tensor of every piece's state).
+  std::size_t optimizer_state_bytes() const {
+    std::size_t bytes = 0;
+    for (const auto& piece : pieces_) {
+      auto found = optimizer_->state().find(piece.master.unsafeGetTensorImpl());
+      if (found == optimizer_->state().end()) continue;
+      bytes += detail::state_tensor_bytes(*found->second);
+    }
+    return bytes;
+  }
+  /// Bytes of the fp32 master shards this rank holds.
+  std::size_t master_bytes() const {
+    std::size_t bytes = 0;
+    for (const auto& piece : pieces_) bytes += piece.master.nbytes();
+    return bytes;
+  }
+  /// Bytes of gradient this rank keeps between steps: full gradients (ZeRO-1) or its shards (ZeRO-2).
+  std::size_t gradient_bytes() const {
+    std::size_t bytes = 0;
+    if (reduce_scatter_) {
+      for (std::size_t b = 0; b < layout_.buckets().size(); ++b) bytes += reduce_scatter_->gradient_shard(b).nbytes();
+    } else {
+      for (const auto& parameter : parameters_) bytes += parameter.nbytes();
+    }
+    return bytes;
+  }
+
+ private:
+  struct Piece {
+    dist::ShardPiece place;
+    std::size_t bucket = 0;
+    torch::Tensor master;  // what the optimizer steps: this rank's part of the parameter, flat
+  };
+
+  void collect_trainable_parameters() {
+    for (const auto& item : model_->named_parameters()) {
+      if (!item.value().requires_grad()) continue;
+      names_.push_back(item.key());
+      parameters_.push_back(item.value());
+    }
+  }
+
+  /// Moves every parameter into its bucket's flat buffer and makes the parameter a view of it.
+  void build_flat_buckets() {
+    std::vector<dist::detail::ParameterShape> shapes;
+    std::vector<std::int64_t> numels;
+    for (const auto& parameter : parameters_) {
+      shapes.push_back({static_cast<std::size_t>(parameter.numel()) * parameter.element_size(),
+                        static_cast<int>(parameter.scalar_type()), parameter.device().str()});
+      numels.push_back(parameter.numel());
+    }
+    layout_ = dist::FlatShardLayout(shapes, numels, group_->world_size(), options_.buckets);
+    torch::NoGradGuard no_grad;
+    for (const auto& bucket : layout_.buckets()) {
+      const auto& first = parameters_[bucket.parameters.front()];
+      auto flat = torch::zeros({bucket.padded_numel}, first.options().requires_grad(false));
+      for (std::size_t k = 0; k < bucket.parameters.size(); ++k) {
+        auto& parameter = parameters_[bucket.parameters[k]];
+        auto view = flat.narrow(0, bucket.offsets[k], parameter.numel()).view(parameter.sizes());
+        view.copy_(parameter.detach());
+        parameter.set_data(view);
+      }
+      flat_buckets_.push_back(flat);
+    }
+  }
+
+  void build_master_shards() {
+    torch::NoGradGuard no_grad;
+    for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
+      for (const auto& place : layout_.pieces(b, group_->rank())) {
+        Piece piece{place, b, {}};
+        const auto& parameter = parameters_[place.parameter];
+        piece.master = parameter_part(piece).to(detail::master_dtype(parameter.scalar_type())).clone();
+        pieces_.push_back(std::move(piece));
+      }
+    }
+  }
+
+  NamedParameters named_masters() const {
+    NamedParameters named;
+    for (const auto& piece : pieces_) named.emplace_back(names_[piece.place.parameter], piece.master);
+    return named;
+  }
+
+  torch::Tensor parameter_part(const Piece& piece) const {
+    return parameters_[piece.place.parameter].detach().reshape({-1}).narrow(0, piece.place.begin, piece.place.length);
+  }
+
+  static void set_master_gradient(Piece& piece, const torch::Tensor& gradient) {
+    // Same dtype: a view (no copy; clipping scales it in place). Reduced precision: an fp32 copy.
+    piece.master.mutable_grad() =
+        gradient.scalar_type() == piece.master.scalar_type() ? gradient : gradient.to(piece.master.scalar_type());
+  }
+
+  /// Writes each master into this rank's slice of its flat bucket, then all-gathers every bucket in place.
+  void gather_parameters_from_masters() {
+    torch::NoGradGuard no_grad;
+    for (auto& piece : pieces_) {
+      const auto& bucket = layout_.buckets()[piece.bucket];
+      flat_buckets_[piece.bucket]
+          .narrow(0, group_->rank() * bucket.shard_numel + piece.place.shard_offset, piece.place.length)
+          .copy_(piece.master);
+    }
+    std::vector<dist::PendingAllGather> gathers;
+    for (auto& flat : flat_buckets_) gathers.push_back(dist::start_all_gather_in_place(*group_, flat));
+    for (auto& gather : gathers) dist::wait(*group_, gather);
+  }
+
+  detail::ZeroShardView shard_view() {
+    detail::ZeroShardView view{name(), *group_, *model_, names_, parameters_, *optimizer_, {}};
+    for (const auto& piece : pieces_) view.pieces.push_back({piece.place, piece.master});
+    return view;
+  }
+
+  ZeroOptions options_;
+  std::shared_ptr<dist::ProcessGroup> group_;
+  std::shared_ptr<torch::nn::Module> model_;
+  std::vector<std::string> names_;
+  std::vector<torch::Tensor> parameters_;
+  dist::FlatShardLayout layout_;
+  std::vector<torch::Tensor> flat_buckets_;
+  std::vector<Piece> pieces_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<dist::GradientSync> all_reduce_;         // ZeRO-1
+  std::unique_ptr<dist::ShardedGradients> reduce_scatter_;  // ZeRO-2
+};
+
+/// A ZeRO strategy of `stage` (for Training::strategy / .sharding).
+inline std::unique_ptr<DataParallelStrategy> make_zero_strategy(ZeroStage stage, dist::GradientSyncOptions buckets = {}) {
+  ZeroOptions options(stage);
+  options.buckets = buckets;
+  return std::make_unique<ZeroStrategy>(std::move(options));
+}
+
+}  // namespace hpctrain

@@ -1,0 +1,342 @@
+#pragma once
+// The Trainer: what every rank runs. Setup (rendezvous, model, strategy, optimizer, data, loggers, resume),
+// then epochs of steps — gather batches in the background, run the step function per micro-batch under
+// the chosen precision, let the strategy synchronise gradients, clip and step — and at step boundaries
+// log, evaluate, checkpoint and, every few steps, ask the ranks about a preemption signal. Rank 0 alone
+// writes the run's records.
+//
+// Exact resume: everything a step depends on is a function of (seed, rank, step) or saved in the
+// checkpoint — shuffling (seed, epoch), the learning rate (step), the RNG (re-seeded every step from
+// seed, rank and step), the batch position (step) — so a stopped and resumed run equals an unstopped one.
+#include <algorithm>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>  // every rank reports its parameters digest
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <hpctrain/dist/collectives.hpp>
+#include <hpctrain/dist/process_group.hpp>
+#include <hpctrain/error.hpp>
+#include <hpctrain/slurm/world.hpp>
+#include <hpctrain/train/checkpoint.hpp>
+#include <hpctrain/train/checkpointing.hpp>
+#include <hpctrain/train/data/prefetch.hpp>
+#include <hpctrain/train/data/sampler.hpp>
+#include <hpctrain/train/digest.hpp>
+#include <hpctrain/train/evaluation.hpp>
+#include <hpctrain/train/loggers.hpp>
+#include <hpctrain/train/precision.hpp>
+#include <hpctrain/train/preemption.hpp>
+#include <hpctrain/train/run_directory.hpp>
+#include <hpctrain/train/run_setup.hpp>
+#include <hpctrain/train/step.hpp>
+#include <hpctrain/train/strategy.hpp>
+#include <hpctrain/train/throughput.hpp>
+#include <hpctrain/train/training.hpp>
+
+namespace hpctrain {
+
+/// How a call of `train` ended.
+struct TrainResult {
+  int exit_code = exit_ok;                   ///< exit_ok, or exit_requeue after a preemption checkpoint
+  std::int64_t steps_completed = 0;          ///< optimizer steps done in total (including before a resume)
+  std::int64_t total_steps = 0;              ///< steps the run is meant to take
+  std::optional<std::int64_t> resumed_from;  ///< step of the checkpoint this call resumed from
+  std::optional<double> eval_loss;           ///< final evaluation, when there is eval data
+  std::optional<double> eval_accuracy;       ///< final accuracy, when requested
+  std::map<std::string, double> eval_metrics;  ///< every requested metric of the final evaluation
+};
+
+/// One rank's training run. `run()` once.
+class Trainer {
+ public:
+  Trainer(const Training& training, const slurm::World& world, const dist::Options& options = {})
+      : training_(training), world_(world), options_(options) {}
+
+  /// Trains to the end (exit_ok) or to an agreed preemption (exit_requeue, after a checkpoint).
+  TrainResult run() {
+    rendezvous();
+    try {
+      setup();
+      while (step_ < total_steps_)
+        if (!train_epoch()) return preempt();
+      return finish();
+    } catch (...) {
+      group_->mark_failed();  // peers may be gone: the process group must not wait for them on the way out
+      throw;
+    }
+  }
+
+ private:
+  // ---- setup ---------------------------------------------------------------------------------------
+  void rendezvous() {
+    training_.validate();
+    install_preemption_handler();
+    torch::set_num_threads(detail::resolve_threads(training_, world_));
+    group_ = dist::init_process_group(world_, options_);
+    device_ = group_->device();
+  }
+
+  void setup() {
+    build_model_and_strategy();
+    load_data();
+    plan_steps();
+    open_loggers();
+    resume();
+    announce();
+  }
+
+  /// Seeded model on the device; the strategy makes the replicas equal (one broadcast) and the optimizer.
+  void build_model_and_strategy() {
+    torch::manual_seed(static_cast<std::uint64_t>(training_.seed()));
+    model_ = training_.make_model();
+    model_.module->to(device_);
+    strategy_ = training_.make_strategy();
+    strategy_->setup({group_, model_.module, training_.optimizer_factory(), training_.precision()});
+    for (auto& group : strategy_->optimizer().param_groups()) base_lrs_.push_back(training_.lr().value_or(group.options().get_lr()));
+  }
+
+  void load_data() {
+    train_set_ = training_.train_data().load();
+    if (training_.eval_data()) eval_set_ = training_.eval_data().load();
+    micro_batch_ = training_.micro_batch_per_rank(group_->world_size());
+    sampler_.emplace(train_set_->size(), group_->world_size(), group_->rank(), static_cast<std::uint64_t>(training_.seed()));
+  }
+
+  void plan_steps() {
+    const std::int64_t examples_per_step = micro_batch_ * training_.gradient_accumulation();
+    steps_per_epoch_ = sampler_->size_per_rank() / examples_per_step;
+    detail::require(steps_per_epoch_ > 0, "training.batch_size", examples_per_step,
+                    fmt::format("each rank gets only {} examples per epoch of {}", sampler_->size_per_rank(), training_.train_data().description()));
+    total_steps_ = std::numeric_limits<std::int64_t>::max();
+    if (training_.epochs()) total_steps_ = *training_.epochs() * steps_per_epoch_;
+    if (training_.max_steps()) total_steps_ = std::min(total_steps_, *training_.max_steps());
+    result_.total_steps = total_steps_;
+    meter_.emplace(group_->world_size(), examples_per_step, training_.flops_per_example(), training_.peak_flops());
+  }
+
+  /// Rank 0's loggers: progress lines, metrics.jsonl, TensorBoard, then the Training's own.
+  void open_loggers() {
+    const auto run = resolve_run_directory(training_.run_dir());  // which directory; resume from where (--resume)
+    run_dir_ = run.path;
+    store_.emplace(run_dir_ / layout::checkpoints, training_.keep_checkpoints());
+    resume_store_.emplace(run.checkpoints_to_resume(), training_.keep_checkpoints());
+    if (!lead()) return;
+    loggers_.push_back(std::make_unique<ProgressLogger>(!world_.under_slurm));
+    loggers_.push_back(std::make_unique<JsonlLogger>());
+    loggers_.push_back(std::make_unique<TensorBoardLogger>());
+    for (const auto& make : training_.loggers()) loggers_.push_back(make());
+  }
+
+  void resume() {
+    const auto state = detail::resume_latest(*group_, *resume_store_, *strategy_, [&](const std::string& warning) {
+      if (lead()) fmt::print(stderr, "{}\n", warning);
+    });
+    if (state) {
+      step_ = state->step;
+      last_checkpoint_step_ = step_;
+      result_.resumed_from = step_;
+    }
+  }
+
+  void announce() {
+    const RunInfo info{run_dir_, group_->world_size(), device_.str(), total_steps_, steps_per_epoch_, result_.resumed_from};
+    for (auto& logger : loggers_) logger->start(info);
+    if (result_.resumed_from)
+      say(fmt::format("resumed from {} at step {} (epoch {})", resume_store_->directory().string(), step_, step_ / steps_per_epoch_));
+    say(fmt::format("hpctrain: {} rank(s) on {} ({}), {} threads each, {} examples/step/rank, {} steps/epoch, {} steps, {}, {}",
+                    group_->world_size(), device_.str(), group_->backend_name(), torch::get_num_threads(),
+                    micro_batch_ * training_.gradient_accumulation(), steps_per_epoch_, total_steps_, to_string(training_.precision()),
+                    strategy_->name()));
+    meter_->restart_clock();
+    model_.module->train();
+  }
+
+  // ---- the loop ------------------------------------------------------------------------------------
+  /// The rest of the current epoch; false when the ranks agreed to stop for a preemption.
+  bool train_epoch() {
+    const std::int64_t epoch = step_ / steps_per_epoch_;
+    const std::int64_t epoch_end = std::min(total_steps_, (epoch + 1) * steps_per_epoch_);
+    auto indices = std::make_shared<const std::vector<std::int64_t>>(sampler_->indices(epoch));
+    const std::int64_t per_step = micro_batch_ * training_.gradient_accumulation();
+    data::Prefetcher batches([this, indices, per_step](std::int64_t batch_index) {
+      const auto begin = indices->begin() + static_cast<std::ptrdiff_t>(batch_index * per_step);
+      return train_set_->batch(std::vector<std::int64_t>(begin, begin + static_cast<std::ptrdiff_t>(per_step)));
+    }, step_ - epoch * steps_per_epoch_, epoch_end - epoch * steps_per_epoch_);
+    while (step_ < epoch_end) {
+      train_step(batches.next());
+      after_step();
+      if (preemption_agreed()) return false;
+    }
+    return true;
+  }
+
+  /// One optimizer step: the step function per micro-batch, gradients through the strategy, clip, step.
+  void train_step(const data::Batch& batch) {
+    set_learning_rates();
+    torch::manual_seed(detail::step_seed(training_.seed(), group_->rank(), step_));
+    strategy_->zero_grad();
+    const std::int64_t accumulation = training_.gradient_accumulation();
+    torch::Tensor step_loss;
+    for (std::int64_t micro = 0; micro < accumulation; ++micro) {
+      const auto part = batch.narrow(micro * micro_batch_, micro_batch_).to(device_);
+      strategy_->set_sync(micro == accumulation - 1);  // communicate only once per optimizer step
+      StepContext context{*model_.module, model_.forward, device_, training_.precision(), group_->rank(), group_->world_size(),
+                          step_, micro, accumulation, training_.loss(), training_.knobs()};
+      torch::Tensor loss;
+      {
+        AutocastScope autocast(training_.precision(), device_);
+        loss = training_.step()(context, part);
+      }
+      (loss / static_cast<double>(accumulation)).backward();
+      const auto contribution = loss.detach().to(torch::kFloat32) / static_cast<double>(accumulation);
+      step_loss = step_loss.defined() ? step_loss + contribution : contribution;
+    }
+    strategy_->finish_gradients();
+    if (training_.clip_grad_norm()) grad_norm_ = strategy_->clip_grad_norm(*training_.clip_grad_norm());
+    strategy_->step();
+    ++step_;
+    meter_->add_step(step_loss, detail::tokens_in(batch));
+  }
+
+  void set_learning_rates() {
+    const double factor = training_.schedule().factor(step_, total_steps_);
+    auto& groups = strategy_->optimizer().param_groups();
+    for (std::size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(base_lrs_.at(i) * factor);
+  }
+
+  /// At a step boundary: the user's callback, then log, evaluate and checkpoint when due.
+  void after_step() {
+    if (training_.on_step()) training_.on_step()(step_);
+    if (step_ % training_.log_every() == 0 || step_ == total_steps_) log_train();
+    if (eval_set_ && training_.eval_every() > 0 && step_ % training_.eval_every() == 0 && step_ != total_steps_) {
+      evaluate_and_log();
+      meter_->restart_clock();  // samples/s measures training steps only
+    }
+    if (training_.checkpoint_every() > 0 && step_ % training_.checkpoint_every() == 0) {
+      save_checkpoint();
+      meter_->restart_clock();
+    }
+  }
+
+  /// Every preemption_check_every steps the ranks agree whether any got the signal: all stop at the same step.
+  bool preemption_agreed() {
+    if (step_ % training_.preemption_check_every() != 0) return false;
+    return dist::any_rank(*group_, preemption_requested());
+  }
+
+  // ---- phases at step boundaries -------------------------------------------------------------------
+  void log_train() {
+    const double lr = base_lrs_.front() * training_.schedule().factor(step_ - 1, total_steps_);
+    const auto record = meter_->record(*group_, step_, step_ / steps_per_epoch_, lr, grad_norm_);
+    for (auto& logger : loggers_) logger->log(record);
+  }
+
+  Evaluation evaluate_and_log() {
+    sync_buffers();
+    strategy_->gather_full_model();
+    const auto evaluation = detail::evaluate(training_, model_, *eval_set_, *group_, step_);
+    LogRecord record{step_, "eval", {{"loss", evaluation.loss}, {"examples", static_cast<double>(evaluation.examples)}}};
+    for (const auto& metric : evaluation.metrics) record.values.push_back(metric);
+    for (auto& logger : loggers_) logger->log(record);
+    return evaluation;
+  }
+
+  void save_checkpoint() {
+    if (step_ == last_checkpoint_step_) return;
+    sync_buffers();  // rank 0's buffers on every rank, as after a resume
+    detail::save_checkpoint(*group_, *store_, *strategy_, {step_, step_ / steps_per_epoch_, step_ % steps_per_epoch_, training_.seed()});
+    last_checkpoint_step_ = step_;
+  }
+
+  /// Buffers such as batch norm's running statistics are updated from each rank's own batches; evaluate and
+  /// checkpoint with rank 0's everywhere, as PyTorch's DDP does with broadcast_buffers.
+  void sync_buffers() {
+    if (group_->world_size() > 1) dist::detail::broadcast_from_rank0(*group_, model_.module->buffers());
+  }
+
+  TrainResult preempt() {
+    // From here every rank exits 75. srun --kill-on-bad-exit=1 SIGTERMs the others as soon as the first
+    // one has exited, and a rank killed on its way out (rank 0 waits in ~ProcessGroup for the others to
+    // check out) turns the step's status into 143 and the batch script would not requeue. So the rest
+    // of this process's life ignores SIGTERM; SIGKILL after Slurm's KillWait still applies.
+    std::signal(SIGTERM, SIG_IGN);
+    save_checkpoint();
+    // The batch script also requeues when this marker exists, whatever status srun reports.
+    if (const char* marker = std::getenv("HPCTRAIN_REQUEUE_MARKER"); marker != nullptr && world_.rank == 0) std::ofstream(marker) << step_ << "\n";
+    say(fmt::format("preempted: checkpointed step {} of {}, exiting with {} for requeue", step_, total_steps_, exit_requeue));
+    result_.exit_code = exit_requeue;
+    result_.steps_completed = step_;
+    return result_;
+  }
+
+  TrainResult finish() {
+    save_checkpoint();
+    result_.steps_completed = step_;
+    if (detail::digest_requested(training_)) report_digest();
+    if (eval_set_) {
+      const auto evaluation = evaluate_and_log();
+      result_.eval_loss = evaluation.loss;
+      for (const auto& [name, value] : evaluation.metrics) {
+        result_.eval_metrics[name] = value;
+        say(fmt::format("test_{}={:.4f}", name, value));
+      }
+      result_.eval_accuracy = evaluation.metric(metrics::accuracy.name());
+    }
+    for (auto& logger : loggers_) logger->finish();
+    return result_;
+  }
+
+  /// Every rank states its own digest: replicas that drifted apart show here (tests compare them).
+  void report_digest() {
+    strategy_->gather_full_model();
+    const auto digest = detail::parameters_digest(*model_.module);
+    std::cout << fmt::format("rank {} parameters_crc32c={:08x}\n", world_.rank, digest) << std::flush;
+    say(fmt::format("parameters_crc32c={:08x}", digest));
+  }
+
+  bool lead() const { return group_->rank() == 0; }
+  void say(const std::string& text) {
+    for (auto& logger : loggers_) logger->note(text);
+  }
+
+  const Training& training_;
+  slurm::World world_;
+  dist::Options options_;
+  std::shared_ptr<dist::ProcessGroup> group_;
+  torch::Device device_{torch::kCPU};
+  ModelInstance model_;
+  std::unique_ptr<DataParallelStrategy> strategy_;
+  std::vector<double> base_lrs_;
+  std::shared_ptr<const data::Dataset> train_set_, eval_set_;
+  std::optional<data::DistributedSampler> sampler_;
+  std::int64_t micro_batch_ = 0, steps_per_epoch_ = 0, total_steps_ = 0, step_ = 0, last_checkpoint_step_ = -1;
+  std::optional<detail::TrainMeter> meter_;
+  torch::Tensor grad_norm_;
+  std::filesystem::path run_dir_;
+  std::optional<CheckpointStore> store_;         ///< where this run saves
+  std::optional<CheckpointStore> resume_store_;  ///< where it resumes from: its own, or --resume's run
+  std::vector<std::unique_ptr<Logger>> loggers_;
+  TrainResult result_;
+};
+
+/// Trains `training` as rank `world.rank` of `world.world_size`; returns exit_requeue (after a checkpoint) if a
+/// preemption signal arrived, else exit_ok after the last step, a final checkpoint and evaluation. Rank 0
+/// prints `test_<metric>=<value>` last for every requested metric.
+inline TrainResult train(const Training& training, const slurm::World& world, const dist::Options& options = {}) {
+  return Trainer(training, world, options).run();
+}
+
+}  // namespace hpctrain

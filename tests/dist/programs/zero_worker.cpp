@@ -1,0 +1,321 @@
+// One rank of the sharded-strategy tests (tests/dist/zero_test.cpp starts 1–4 of these). It drives a
+// DataParallelStrategy through the seam in the Trainer's documented order (zero_grad; per micro-batch
+// set_sync(last) + forward/backward; finish_gradients; clip_grad_norm; step) and checks its property itself;
+// what the parent compares across runs is printed as `key=value` lines.
+//   zero_worker equivalence <zero1|zero2> <steps> <accumulation> [adamw|sgd]
+//       ZeRO parameters after <steps> AdamW (or SGD) steps (clipping on) equal Replicated's (GradientSync + the
+//       optimizer on the whole model + torch::nn::utils::clip_grad_norm_) within 1e-6 relative
+//   zero_worker train <zero1|zero2> <dir> <save_at|-1> <steps> [resume_from_world resume_step]
+//       trains steps [start, steps) on a fixed global batch per step (24 rows split over the ranks),
+//       prints loss_<step>=<hex float>; saves a sharded checkpoint into <dir> after step <save_at>;
+//       resumes from the checkpoint in <dir> written by <resume_from_world> ranks after <resume_step>
+//   zero_worker lbfgs <zero1|zero2>          a non-elementwise optimizer is refused at setup
+//   zero_worker other-model <zero2> <dir> <world>  resuming a checkpoint of another model is refused
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <string>
+
+#include <fmt/format.h>
+
+#include <hpctrain/dist/dist.hpp>
+#include <hpctrain/job/files.hpp>
+#include <hpctrain/slurm/world.hpp>
+#include <hpctrain/train/crc32c.hpp>
+#include <hpctrain/train/strategies/zero.hpp>
+
+namespace dist = hpctrain::dist;
+namespace fs = std::filesystem;
+using hpctrain::NamedParameters;
+
+namespace {
+
+constexpr std::int64_t global_rows = 24;  // divisible by 1, 2, 3 and 4: every world size sees the same batch
+constexpr std::int64_t features = 16;
+constexpr std::int64_t classes = 5;
+
+/// Odd widths: buckets that do not divide by 2 or 3, so shards are padded and parameters straddle ranks.
+torch::nn::Sequential make_model(std::int64_t hidden = 33) {
+  return torch::nn::Sequential(torch::nn::Linear(features, hidden), torch::nn::Tanh(), torch::nn::Linear(hidden, 17),
+                               torch::nn::ReLU(), torch::nn::Linear(17, classes));
+}
+
+std::pair<torch::Tensor, torch::Tensor> global_batch(int step) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
+  auto inputs = torch::randn({global_rows, features}, generator);
+  auto targets = torch::randint(0, classes, {global_rows}, generator);
+  return {inputs, targets};
+}
+
+/// Small buckets: several buckets (several collectives) on this small model.
+dist::GradientSyncOptions small_buckets() {
+  dist::GradientSyncOptions options;
+  options.first_bucket_bytes = 1024;
+  options.bucket_bytes = 2048;
+  return options;
+}
+
+/// AdamW with the usual recipe: no weight decay on biases (chosen by name, which shards keep).
+std::unique_ptr<torch::optim::Optimizer> make_adamw(const NamedParameters& named) {
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& [name, tensor] : named) (name.find("bias") != std::string::npos ? no_decay : decay).push_back(tensor);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  auto options = [](double weight_decay) {
+    return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(3e-3).weight_decay(weight_decay));
+  };
+  groups.emplace_back(decay, options(0.1));
+  groups.emplace_back(no_decay, options(0.0));
+  return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(3e-3));
+}
+
+hpctrain::ZeroStage stage_of(const std::string& name) {
+  if (name == "zero1") return hpctrain::zero1;
+  if (name == "zero2") return hpctrain::zero2;
+  throw std::invalid_argument("stage must be zero1 or zero2, not " + name);
+}
+
+dist::Options options_from_environment() {
+  dist::Options options;
+  if (const char* timeout = std::getenv("HPCTRAIN_DIST_TIMEOUT_MS")) options.timeout = std::chrono::milliseconds(std::stol(timeout));
+  return options;
+}
+
+/// This rank's rows of micro-batch `micro` of `accumulation`.
+std::pair<torch::Tensor, torch::Tensor> micro_batch(int step, int rank, int world, int micro, int accumulation) {
+  auto [inputs, targets] = global_batch(step);
+  const auto per_rank = global_rows / world;
+  const auto per_micro = per_rank / accumulation;
+  const auto first = rank * per_rank + micro * per_micro;
+  return {inputs.narrow(0, first, per_micro), targets.narrow(0, first, per_micro)};
+}
+
+/// One step through the seam, in the Trainer's order; returns the mean loss of this rank's rows.
+double strategy_step(hpctrain::DataParallelStrategy& strategy, torch::nn::Module& module, torch::nn::Sequential& model,
+                     int step, int rank, int world, int accumulation, double max_norm, double* grad_norm = nullptr) {
+  (void)module;
+  strategy.zero_grad();
+  double loss_sum = 0;
+  for (int micro = 0; micro < accumulation; ++micro) {
+    strategy.set_sync(micro == accumulation - 1);
+    auto [inputs, targets] = micro_batch(step, rank, world, micro, accumulation);
+    auto loss = torch::nn::functional::cross_entropy(model->forward(inputs), targets);
+    (loss / accumulation).backward();
+    loss_sum += loss.item<double>();
+  }
+  strategy.finish_gradients();
+  auto norm = strategy.clip_grad_norm(max_norm);
+  if (grad_norm) *grad_norm = norm.item<double>();
+  strategy.step();
+  return loss_sum / accumulation;
+}
+
+/// SGD with momentum: unlike Adam, not invariant to the scale of the gradients, so it sees any error in clipping.
+std::unique_ptr<torch::optim::Optimizer> make_sgd(const NamedParameters& named) {
+  std::vector<torch::Tensor> tensors;
+  for (const auto& item : named) tensors.push_back(item.second);
+  return std::make_unique<torch::optim::SGD>(tensors, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3));
+}
+
+int check_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage stage, int steps, int accumulation,
+                      const std::string& optimizer_name) {
+  const hpctrain::OptimizerFactory make_optimizer = optimizer_name == "sgd" ? hpctrain::OptimizerFactory(make_sgd)
+                                                                           : hpctrain::OptimizerFactory(make_adamw);
+  const int rank = group->rank(), world = group->world_size();
+  constexpr double max_norm = 0.35;  // about the median gradient norm here: clipping is active on half the steps
+  torch::manual_seed(5 + rank);     // different initialisation per rank: setup's broadcast must fix it
+  auto model = make_model();
+  auto reference = make_model();
+  {
+    torch::NoGradGuard no_grad;
+    auto from = model->parameters();
+    auto to = reference->parameters();
+    for (std::size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  }
+  hpctrain::ZeroStrategy strategy([&] {
+    hpctrain::ZeroOptions options(stage);
+    options.buckets = small_buckets();
+    return options;
+  }());
+  strategy.setup({group, model.ptr(), make_optimizer});
+
+  // Replicated: our DDP + the optimizer over the whole model + LibTorch's clipping.
+  dist::GradientSync sync(group, *reference, small_buckets());
+  NamedParameters named;
+  for (const auto& item : reference->named_parameters()) named.emplace_back(item.key(), item.value());
+  auto optimizer = make_optimizer(named);
+
+  double worst_norm_difference = 0;
+  for (int step = 0; step < steps; ++step) {
+    double norm = 0;
+    strategy_step(strategy, *model, model, step, rank, world, accumulation, max_norm, &norm);
+
+    optimizer->zero_grad();
+    for (int micro = 0; micro < accumulation; ++micro) {
+      sync.set_sync(micro == accumulation - 1);
+      auto [inputs, targets] = micro_batch(step, rank, world, micro, accumulation);
+      (torch::nn::functional::cross_entropy(reference->forward(inputs), targets) / accumulation).backward();
+    }
+    sync.finish();
+    const double reference_norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), max_norm);
+    optimizer->step();
+    worst_norm_difference = std::max(worst_norm_difference, std::abs(norm - reference_norm) / reference_norm);
+  }
+
+  bool ok = worst_norm_difference < 1e-5;
+  double worst = 0;
+  auto ours = model->named_parameters();
+  auto theirs = reference->parameters();
+  for (std::size_t i = 0; i < ours.size(); ++i) {
+    const auto& a = ours[i].value();
+    const auto& b = theirs[i];
+    // Relative to the parameter's magnitude: max |a - b| / max |b|.
+    const double relative = ((a - b).abs().max() / b.abs().max()).item<double>();
+    worst = std::max(worst, relative);
+    if (!(relative <= 1e-6)) {
+      std::cerr << fmt::format("rank {}: {} differs from Replicated by {:.3e} relative\n", rank, ours[i].key(), relative);
+      ok = false;
+    }
+  }
+  // Every rank holds the same full parameters after the all-gather: compare with rank 0 bit for bit.
+  std::vector<torch::Tensor> flat;
+  for (auto& parameter : model->parameters()) flat.push_back(parameter.detach().reshape({-1}));
+  auto mine = torch::cat(flat);
+  auto rank0 = mine.clone();
+  if (world > 1) {
+    std::vector<torch::Tensor> buffer{rank0};
+    group->backend()->broadcast(buffer, c10d::BroadcastOptions{})->wait();
+  }
+  if (!torch::equal(mine, rank0)) {
+    std::cerr << fmt::format("rank {}: parameters differ from rank 0's\n", rank);
+    ok = false;
+  }
+  std::cout << fmt::format("max_relative_difference={:.3e}\nmax_grad_norm_difference={:.3e}\n", worst,
+                           worst_norm_difference)
+            << fmt::format("optimizer_state_bytes={}\nreplicated_optimizer_state_bytes={}\n",
+                           strategy.optimizer_state_bytes(), [&] {
+                             std::size_t bytes = 0;
+                             for (auto& [key, state] : optimizer->state()) bytes += hpctrain::detail::state_tensor_bytes(*state);
+                             return bytes;
+                           }())
+            << std::flush;
+  return ok ? 0 : 1;
+}
+
+// --- checkpoint files as the Trainer lays them out (docs/seams.md): rank-<5 digits>.hpct, a 32-byte header
+// (magic, format, CRC-32C, payload size, step) and the archive; open(r) verifies size and CRC. ---------------
+
+fs::path archive_path(const fs::path& directory, int rank) { return directory / fmt::format("rank-{:05d}.hpct", rank); }
+
+void write_archive(const fs::path& path, torch::serialize::OutputArchive& archive, std::int64_t step) {
+  std::string payload;
+  archive.save_to([&](const void* data, std::size_t size) {
+    payload.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  std::string header(32, '\0');
+  const std::uint32_t crc = hpctrain::detail::crc32c(payload);
+  const std::uint32_t format = 1;
+  const std::uint64_t size = payload.size(), at = static_cast<std::uint64_t>(step);
+  std::memcpy(header.data(), "HPCTCKPT", 8);
+  std::memcpy(header.data() + 8, &format, 4);
+  std::memcpy(header.data() + 12, &crc, 4);
+  std::memcpy(header.data() + 16, &size, 8);
+  std::memcpy(header.data() + 24, &at, 8);
+  hpctrain::detail::write_file_atomically(path, {header, payload}, "checkpoint");
+}
+
+torch::serialize::InputArchive open_archive(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw hpctrain::RuntimeError("checkpoint", fmt::format("{}: cannot open (missing shard)", path.string()));
+  const std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  std::uint64_t size = 0;
+  std::uint32_t crc = 0;
+  if (bytes.size() >= 32) {
+    std::memcpy(&crc, bytes.data() + 12, 4);
+    std::memcpy(&size, bytes.data() + 16, 8);
+  }
+  if (bytes.size() < 32 || bytes.size() - 32 != size)
+    throw hpctrain::RuntimeError("checkpoint", fmt::format("{}: truncated", path.string()));
+  if (hpctrain::detail::crc32c(bytes.data() + 32, size) != crc)
+    throw hpctrain::RuntimeError("checkpoint", fmt::format("{}: corrupt: CRC-32C of the payload does not match", path.string()));
+  torch::serialize::InputArchive archive;
+  archive.load_from(bytes.data() + 32, size);
+  return archive;
+}
+
+hpctrain::SavedStrategyState saved_state(const fs::path& directory, int world, const std::string& strategy) {
+  return {world, strategy, [directory](int rank) { return open_archive(archive_path(directory, rank)); }};
+}
+
+int train(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage stage, const fs::path& directory,
+          int save_at, int steps, int resume_world, int resume_step, std::int64_t hidden = 33) {
+  const int rank = group->rank(), world = group->world_size();
+  torch::manual_seed(resume_world > 0 ? 99 + rank : 5);  // a resumed run starts from other weights: load must fix them
+  auto model = make_model(hidden);
+  hpctrain::ZeroStrategy strategy([&] {
+    hpctrain::ZeroOptions options(stage);
+    options.buckets = small_buckets();
+    return options;
+  }());
+  strategy.setup({group, model.ptr(), make_adamw});
+  int start = 0;
+  if (resume_world > 0) {
+    strategy.load(saved_state(directory, resume_world, hpctrain::to_string(stage)));
+    start = resume_step + 1;
+  }
+  for (int step = start; step < steps; ++step) {
+    const double local = strategy_step(strategy, *model, model, step, rank, world, 2, 0.5);
+    const double loss = dist::all_reduce_sum(*group, local) / world;
+    if (rank == 0) std::cout << fmt::format("loss_{}={:a}\n", step, loss) << std::flush;
+    if (step == save_at) {
+      fs::create_directories(directory);
+      torch::serialize::OutputArchive archive;
+      strategy.save(archive);
+      write_archive(archive_path(directory, rank), archive, step);
+      dist::barrier(*group);
+    }
+  }
+  return 0;
+}
+
+int refuse_lbfgs(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage stage) {
+  auto model = make_model();
+  hpctrain::ZeroStrategy strategy{hpctrain::ZeroOptions(stage)};
+  strategy.setup({group, model.ptr(), [](const NamedParameters& named) -> std::unique_ptr<torch::optim::Optimizer> {
+                    std::vector<torch::Tensor> tensors;
+                    for (const auto& item : named) tensors.push_back(item.second);
+                    return std::make_unique<torch::optim::LBFGS>(tensors);
+                  }});
+  std::cout << "accepted LBFGS\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  torch::set_num_threads(1);  // several ranks on two cores
+  const std::string mode = argc > 1 ? argv[1] : "";
+  auto group = dist::init_process_group(hpctrain::slurm::world_from_environment(), options_from_environment());
+  if (mode == "equivalence" && (argc == 5 || argc == 6))
+    return check_equivalence(group, stage_of(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), argc == 6 ? argv[5] : "adamw");
+  if (mode == "train" && (argc == 6 || argc == 8))
+    return train(group, stage_of(argv[2]), argv[3], std::stoi(argv[4]), std::stoi(argv[5]), argc == 8 ? std::stoi(argv[6]) : 0,
+                 argc == 8 ? std::stoi(argv[7]) : 0);
+  if (mode == "lbfgs" && argc == 3) return refuse_lbfgs(group, stage_of(argv[2]));
+  if (mode == "other-model" && argc == 5)  // a wider hidden layer than the checkpoint's model
+    return train(group, stage_of(argv[2]), argv[3], -1, 12, std::stoi(argv[4]), 5, 34);
+  std::cerr << "usage: zero_worker equivalence <stage> <steps> <accumulation> | train <stage> <dir> <save_at> <steps> "
+               "[<resume_world> <resume_step>] | lbfgs <stage> | other-model <stage> <dir> <world>\n";
+  return 2;
+} catch (const hpctrain::SpecError& e) {
+  std::cerr << e.what() << "\n";
+  return hpctrain::exit_usage;
+} catch (const hpctrain::Error& e) {
+  std::cerr << e.what() << "\n";
+  return hpctrain::exit_failure;
+}

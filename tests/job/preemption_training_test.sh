@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Preemption by a higher-priority partition, end to end with the real Trainer: a 2-node Fashion-MNIST job in
+# partition `preemptable` is preempted mid-run by a job in `urgent` (PreemptType=preempt/partition_prio,
+# scripts/slurm-local). Its ranks get SIGTERM (not our USR2), agree, checkpoint, exit 75; the job is
+# requeued, resumes from the checkpoint and completes with final parameters bit-identical to an
+# uninterrupted 2-rank run.  Usage: preemption_training_test.sh <fashion_mnist binary>
+set -euo pipefail
+binary="$(realpath "$1")"
+steps=300
+if ! scontrol show partition preemptable >/dev/null 2>&1; then
+  echo "SKIP: the local cluster has no partition preemptable (scripts/slurm-local up adds it)"; exit 0
+fi
+work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/preemption-test.XXXXXX")"
+cd "$work"
+export HPCTRAIN_REPORT_DIGEST=1  # the ranks print their parameter digest (sbatch passes the environment on)
+fail() { echo "FAIL: $*" >&2; [ -n "${log:-}" ] && [ -f "$log" ] && tail -n 30 "$log" >&2; exit 1; }
+wait_for() {  # waits up to $2 seconds for command $1 to succeed
+  local deadline=$((SECONDS + $2))
+  until eval "$1"; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 2
+  done
+}
+
+echo "== reference: uninterrupted, 2 local ranks, $steps steps"
+HPCTRAIN_RUN_DIR="$work/reference" "$binary" --local 2 --max-steps "$steps" > reference.log 2>&1 || fail "reference run failed: $(tail -5 reference.log)"
+reference="$(sed -n 's/^parameters_crc32c=//p' reference.log)"
+[ -n "$reference" ] || fail "no parameters_crc32c in the reference run"
+
+echo "== submit to the preemptable partition"
+out="$("$binary" --submit --partition preemptable --max-steps "$steps")"
+job="$(sed -n 's/^submitted job \([0-9]*\).*/\1/p' <<<"$out" | head -1)"
+[ -n "$job" ] || fail "no job id: $out"
+trap 'scancel "$job" ${urgent:-} 2>/dev/null || true' EXIT
+log="$(scontrol show job "$job" | sed -n 's/^ *StdOut=//p')"
+echo "job $job, log $log"
+wait_for "grep -q '^step 100/' '$log' 2>/dev/null" 600 || fail "job $job never reached step 100"
+
+echo "== a job in the urgent partition wants both nodes whole: Slurm preempts ours with SIGTERM"
+urgent="$(sbatch --parsable --partition urgent --nodes 2 --exclusive --job-name urgent --output /dev/null --wrap 'sleep 5')"
+wait_for "grep -q '^preempted: checkpointed step' '$log'" 120 || fail "no preemption checkpoint after SIGTERM"
+stopped_at="$(sed -n 's/^preempted: checkpointed step \([0-9]*\) .*/\1/p' "$log" | head -1)"
+echo "checkpointed at step $stopped_at"
+
+# Slurm holds a requeued job about two minutes (BeginTime) before it runs again.
+wait_for "scontrol show job $job | grep -q 'JobState=COMPLETED'" 600 || fail "job $job did not complete: $(scontrol show job "$job" | grep -o 'JobState=[A-Z_]*')"
+grep -q "^resumed from .* at step $stopped_at " "$log" || fail "the requeued run did not resume from step $stopped_at"
+grep -q "^step $steps/$steps " "$log" || fail "the resumed run did not reach step $steps"
+digest="$(sed -n 's/^parameters_crc32c=//p' "$log" | tail -1)"
+[ "$digest" = "$reference" ] || fail "final parameters differ: preempted $digest, uninterrupted $reference"
+echo "PASS: job $job preempted by job $urgent at step $stopped_at, requeued, resumed, completed; parameters_crc32c=$digest as uninterrupted"
+trap - EXIT
