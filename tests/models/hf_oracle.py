@@ -7,7 +7,10 @@
       loads MODEL_DIR with from_pretrained and writes OUT_DIR/logits.safetensors (fp32 logits of IDS,
       [1, T, vocab]) and OUT_DIR/generated.json (the 32 tokens of generate(do_sample=False)).
 
-IDS is a comma-separated list of token ids. Everything runs in fp32 on the CPU.
+IDS is a comma-separated list of token ids, or `text:PROMPT`: then `make` also trains a byte-level BPE
+with HF `tokenizers` (vocabulary = the model's), saves it as DIR/model/tokenizer.json, encodes PROMPT with
+it, and writes DIR/prompt_ids.json and DIR/generated.txt (the decoded continuation).
+Everything runs in fp32 on the CPU.
 """
 import json
 import os
@@ -42,7 +45,33 @@ def make(family, config_json, directory, ids, shard=None):
     if shard:
         kwargs["max_shard_size"] = int(shard)
     model.save_pretrained(model_dir, **kwargs)
+    tokenizer = None
+    if ids.startswith("text:"):
+        tokenizer = train_tokenizer(model.config.vocab_size, os.path.join(model_dir, "tokenizer.json"))
+        prompt_ids = tokenizer.encode(ids[len("text:"):]).ids
+        with open(os.path.join(directory, "prompt_ids.json"), "w") as out:
+            json.dump(prompt_ids, out)
+        ids = ",".join(str(i) for i in prompt_ids)
     expect(model_dir, ids, directory)
+    if tokenizer is not None:
+        with open(os.path.join(directory, "generated.json")) as generated:
+            text = tokenizer.decode(json.load(generated))
+        with open(os.path.join(directory, "generated.txt"), "w", encoding="utf-8") as out:
+            out.write(text)
+
+
+def train_tokenizer(vocab_size, path):
+    """A byte-level BPE (GPT-2's pre-tokenizer) trained on this file's own text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    with open(__file__, encoding="utf-8") as source:
+        tokenizer.train_from_iterator(source.read().splitlines(), trainer)
+    tokenizer.save(path)
+    return tokenizer
 
 
 def expect(model_dir, ids, out_dir):

@@ -162,3 +162,23 @@ TEST_CASE("build/examples/generate reproduces transformers' greedy ids and refus
   CHECK_THAT(err, Catch::StartsWith(fmt::format("[hpctrain.runtime.safetensors] {}: tensor {}: data_offsets", file.string(), tensor)));
   CHECK(out.empty());
 }
+
+TEST_CASE("build/examples/generate continues a text prompt through the model's tokenizer.json as transformers does",
+          "[models][oracle][example]") {
+  const auto dir = scratch("generate-text");
+  // A Llama without rope scaling, tied head, one kv head; a byte-level BPE trained by HF tokenizers.
+  const std::string config = R"({"vocab_size": 300, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 1, "tie_word_embeddings": true, "rope_theta": 10000.0,
+    "bos_token_id": 0, "eos_token_id": 299})";
+  const std::string text = "The oracle of tests";
+  run_oracle(fmt::format("make llama '{}' '{}' 'text:{}'", config, dir.string(), text), dir / "make.log");
+  const auto expected = oracle_generation(dir);
+
+  std::string out, err;
+  const auto model = (dir / "model").string();
+  REQUIRE(run_generate(fmt::format("--model '{}' --prompt '{}' --ids", model, text), dir, out, err) == 0);
+  INFO(err);
+  CHECK(out == fmt::format("{}\n", fmt::join(expected, " ")));
+  REQUIRE(run_generate(fmt::format("--model '{}' --prompt '{}'", model, text), dir, out, err) == 0);
+  CHECK(out == models_test::read_text(dir / "generated.txt") + "\n");
+}

@@ -118,7 +118,7 @@ inline std::string format_array_status(const SubmittedJob& job, const ArrayRecor
   std::vector<std::string> summary;
   for (const auto& [state, n] : counts) summary.push_back(fmt::format("{} {}", n, state));
   std::string text = fmt::format("array job {} ({}): {} tasks ({}): {}\n", job.id, job.name, tasks.size(),
-                                 record.spec.text, fmt::join(summary, ", "));
+                                 record.spec.text, detail::join(summary, ", "));
   for (const auto& task : tasks) {
     text += fmt::format("  task {}: {}", task.task, task.state);
     if (!task.job_id.empty()) text += fmt::format(" (job {}", task.job_id);
