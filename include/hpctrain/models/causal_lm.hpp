@@ -50,7 +50,7 @@ class KVCache {
   /// RuntimeError unless `tokens` more positions fit.
   void check_room(std::int64_t tokens) const {
     if (length_ + tokens > capacity_)
-      throw RuntimeError("generation", fmt::format("the KV cache holds {} positions; {} cached + {} new do not fit",
+      throw RuntimeError(errors::runtime_generation, fmt::format("the KV cache holds {} positions; {} cached + {} new do not fit",
                                                    capacity_, length_, tokens));
   }
 

@@ -116,8 +116,9 @@ class GPT2Impl : public CausalLM {
   torch::Tensor forward(const torch::Tensor& input_ids, KVCache* cache = nullptr) override {
     const auto t = input_ids.size(1);
     const std::int64_t past = cache != nullptr ? cache->length() : 0;
-    TORCH_CHECK(past + t <= config_.n_positions, "[hpctrain.runtime.generation] GPT-2 sees at most n_positions = ",
-                config_.n_positions, " tokens; got ", past + t);
+    if (past + t > config_.n_positions)
+      throw RuntimeError(errors::runtime_generation,
+                         fmt::format("GPT-2 sees at most n_positions = {} tokens; got {}", config_.n_positions, past + t));
     if (cache != nullptr) cache->check_room(t);
     const auto positions = torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device()));
     auto x = drop(wte(input_ids) + wpe(positions));

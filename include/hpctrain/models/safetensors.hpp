@@ -57,7 +57,7 @@ inline Dtype from_torch(torch::Dtype dtype, std::string_view tensor_name) {
                  Dtype::U64, Dtype::U32, Dtype::U16, Dtype::U8, Dtype::BOOL}) {
     if (to_torch(d) == dtype) return d;
   }
-  throw RuntimeError("safetensors", fmt::format("tensor {}: dtype {} has no safetensors equivalent", tensor_name,
+  throw RuntimeError(errors::runtime_safetensors, fmt::format("tensor {}: dtype {} has no safetensors equivalent", tensor_name,
                                                 c10::toString(dtype)));
 }
 
@@ -68,11 +68,11 @@ class Mapping {
  public:
   explicit Mapping(const std::filesystem::path& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw RuntimeError("safetensors", fmt::format("{}: cannot open: {}", path.string(), std::strerror(errno)));
+    if (fd < 0) throw RuntimeError(errors::runtime_safetensors, fmt::format("{}: cannot open: {}", path.string(), std::strerror(errno)));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
       ::close(fd);
-      throw RuntimeError("safetensors", fmt::format("{}: cannot stat", path.string()));
+      throw RuntimeError(errors::runtime_safetensors, fmt::format("{}: cannot stat", path.string()));
     }
     size_ = static_cast<std::size_t>(st.st_size);
     if (size_ > 0) {
@@ -81,7 +81,7 @@ class Mapping {
       data_ = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
       if (data_ == MAP_FAILED) {
         ::close(fd);
-        throw RuntimeError("safetensors", fmt::format("{}: cannot mmap: {}", path.string(), std::strerror(errno)));
+        throw RuntimeError(errors::runtime_safetensors, fmt::format("{}: cannot mmap: {}", path.string(), std::strerror(errno)));
       }
     }
     ::close(fd);
@@ -105,7 +105,7 @@ inline void write_parts_atomically(const std::filesystem::path& path, const std:
   const auto directory = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   const auto temporary = directory / fmt::format(".{}.tmp.{}", path.filename().string(), ::getpid());
   std::FILE* file = std::fopen(temporary.c_str(), "wb");
-  if (file == nullptr) throw RuntimeError("safetensors", fmt::format("cannot write {}", temporary.string()));
+  if (file == nullptr) throw RuntimeError(errors::runtime_safetensors, fmt::format("cannot write {}", temporary.string()));
   bool ok = true;
   for (const auto part : parts) ok = ok && std::fwrite(part.data(), 1, part.size(), file) == part.size();
   ok = (std::fflush(file) == 0) && ok && (::fsync(::fileno(file)) == 0);
@@ -114,7 +114,7 @@ inline void write_parts_atomically(const std::filesystem::path& path, const std:
   if (ok) std::filesystem::rename(temporary, path, error);
   if (!ok || error) {
     std::remove(temporary.c_str());
-    throw RuntimeError("safetensors", fmt::format("cannot write {}", path.string()));
+    throw RuntimeError(errors::runtime_safetensors, fmt::format("cannot write {}", path.string()));
   }
   hpctrain::detail::fsync_path(directory, O_RDONLY | O_DIRECTORY, "safetensors");
 }
@@ -198,7 +198,7 @@ class Checkpoint {
       return;
     }
     if (!std::filesystem::exists(index))
-      throw RuntimeError("safetensors", fmt::format("{}: neither {} nor {} is there", directory.string(), single_file_name, index_file_name));
+      throw RuntimeError(errors::runtime_safetensors, fmt::format("{}: neither {} nor {} is there", directory.string(), single_file_name, index_file_name));
     open_shards(directory, index);
   }
 
@@ -212,7 +212,7 @@ class Checkpoint {
   /// The file that holds `name` (for error messages).
   const File& file_of(std::string_view name) const {
     const auto it = where_.find(std::string(name));
-    if (it == where_.end()) throw RuntimeError("safetensors", fmt::format("tensor {} is in no file of the checkpoint", name));
+    if (it == where_.end()) throw RuntimeError(errors::runtime_safetensors, fmt::format("tensor {} is in no file of the checkpoint", name));
     return *files_[it->second];
   }
   const TensorInfo& info(std::string_view name) const { return *file_of(name).header().find(name); }

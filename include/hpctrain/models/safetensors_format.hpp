@@ -103,8 +103,8 @@ inline constexpr std::uint64_t max_header_size = 100'000'000;
 
 /// `[hpctrain.runtime.safetensors] <file>: [tensor <name>: ]<reason>`
 inline RuntimeError format_error(std::string_view file, std::string_view tensor, std::string_view reason) {
-  if (tensor.empty()) return RuntimeError("safetensors", fmt::format("{}: {}", file, reason));
-  return RuntimeError("safetensors", fmt::format("{}: tensor {}: {}", file, tensor, reason));
+  if (tensor.empty()) return RuntimeError(errors::runtime_safetensors, fmt::format("{}: {}", file, reason));
+  return RuntimeError(errors::runtime_safetensors, fmt::format("{}: tensor {}: {}", file, tensor, reason));
 }
 
 namespace detail {
