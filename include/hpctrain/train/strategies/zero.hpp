@@ -291,11 +291,16 @@ class ZeroStrategy : public DataParallelStrategy {
   std::unique_ptr<dist::ShardedGradients> reduce_scatter_;  // ZeRO-2
 };
 
-/// A ZeRO strategy of `stage` (for Training::strategy / .sharding).
+/// A ZeRO strategy of `stage`.
 inline std::unique_ptr<DataParallelStrategy> make_zero_strategy(ZeroStage stage, dist::GradientSyncOptions buckets = {}) {
   ZeroOptions options(stage);
   options.buckets = buckets;
   return std::make_unique<ZeroStrategy>(std::move(options));
+}
+
+/// The strategy factory for the Training: `training.strategy(hpctrain::sharded(hpctrain::zero2))`.
+inline auto sharded(ZeroStage stage, dist::GradientSyncOptions buckets = {}) {
+  return [stage, buckets] { return make_zero_strategy(stage, buckets); };
 }
 
 }  // namespace hpctrain

@@ -1,0 +1,162 @@
+// hpctrain's side of bench/zero_vs_torch: memory per rank and steps/s of Replicated (GradientSync + the
+// optimizer on the whole model), ZeRO-1 and ZeRO-2 on a stack of Linear layers with AdamW, Gloo on CPU.
+// bench/zero_peer.py is the same training with torch DDP, ZeroRedundancyOptimizer and FSDP2 under torchrun.
+//   hpctrain_zero_bench --strategy replicated|zero1|zero2 [--ranks N] [--steps S] [--width W] [--layers L]
+// --ranks N > 1 starts N ranks of this binary with hpctrain::launch_local (what `--local N` does). Rank 0
+// prints one JSON line with the largest figure over the ranks:
+//   optimizer_state_bytes   tensors of the optimizer state this rank holds
+//   param_grad_bytes        parameters + gradients (full, or the shard) + fp32 masters held between steps
+//   max_rss_mb              the rank's peak resident set (getrusage), everything included
+#include <sys/resource.h>
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <hpctrain/dist/dist.hpp>
+#include <hpctrain/job/local_launch.hpp>
+#include <hpctrain/slurm/world.hpp>
+#include <hpctrain/train/strategies/zero.hpp>
+
+namespace {
+
+struct Settings {
+  std::string strategy = "zero2";
+  int ranks = 1;
+  int steps = 20;
+  int warmup = 3;
+  int width = 1024;
+  int layers = 8;
+};
+
+Settings parse(int argc, char** argv) {
+  Settings settings;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--strategy") settings.strategy = value;
+    else if (flag == "--ranks") settings.ranks = std::stoi(value);
+    else if (flag == "--steps") settings.steps = std::stoi(value);
+    else if (flag == "--warmup") settings.warmup = std::stoi(value);
+    else if (flag == "--width") settings.width = std::stoi(value);
+    else if (flag == "--layers") settings.layers = std::stoi(value);
+    else throw std::invalid_argument("unknown flag " + flag);
+  }
+  return settings;
+}
+
+torch::nn::Sequential make_model(const Settings& settings) {
+  torch::nn::Sequential model;
+  for (int i = 0; i < settings.layers; ++i) {
+    model->push_back(torch::nn::Linear(settings.width, settings.width));
+    model->push_back(torch::nn::ReLU());
+  }
+  model->push_back(torch::nn::Linear(settings.width, 10));
+  return model;
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_adamw(const hpctrain::NamedParameters& named) {
+  std::vector<torch::Tensor> tensors;
+  for (const auto& item : named) tensors.push_back(item.second);
+  return std::make_unique<torch::optim::AdamW>(tensors, torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
+}
+
+std::size_t state_bytes(const torch::optim::Optimizer& optimizer) {
+  std::size_t bytes = 0;
+  for (const auto& [key, state] : optimizer.state()) bytes += hpctrain::detail::state_tensor_bytes(*state);
+  return bytes;
+}
+
+double max_over_ranks(hpctrain::dist::ProcessGroup& group, double value) {
+  if (group.world_size() == 1) return value;
+  std::vector<torch::Tensor> buffer{torch::full({1}, value, torch::kFloat64)};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::MAX;
+  group.backend()->allreduce(buffer, options)->wait();
+  return buffer[0].item<double>();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const auto settings = parse(argc, argv);
+  if (settings.ranks > 1 && std::getenv("RANK") == nullptr) {
+    std::vector<std::string> forwarded;
+    for (int i = 1; i < argc; ++i) forwarded.push_back(argv[i]);
+    return hpctrain::launch_local(settings.ranks, "/proc/self/exe", forwarded);
+  }
+  torch::set_num_threads(1);  // one core per rank
+  auto group = hpctrain::dist::init_process_group(hpctrain::slurm::world_from_environment());
+  torch::manual_seed(0);
+  auto model = make_model(settings);
+  torch::manual_seed(100 + group->rank());
+  const auto inputs = torch::randn({32, settings.width});
+  const auto targets = torch::randint(0, 10, {32});
+  auto loss = [&] { return torch::nn::functional::cross_entropy(model->forward(inputs), targets); };
+
+  std::function<void()> step;
+  std::function<std::size_t()> optimizer_bytes, param_grad_bytes;
+  std::unique_ptr<hpctrain::dist::GradientSync> sync;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<hpctrain::ZeroStrategy> zero;
+  std::size_t parameter_bytes = 0;
+  for (const auto& parameter : model->parameters()) parameter_bytes += parameter.nbytes();
+  if (settings.strategy == "replicated") {
+    sync = std::make_unique<hpctrain::dist::GradientSync>(group, *model);
+    hpctrain::NamedParameters named;
+    for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
+    optimizer = make_adamw(named);
+    step = [&] {
+      optimizer->zero_grad();
+      loss().backward();
+      sync->finish();
+      optimizer->step();
+    };
+    optimizer_bytes = [&] { return state_bytes(*optimizer); };
+    param_grad_bytes = [&] { return 2 * parameter_bytes; };
+  } else {
+    zero = std::make_unique<hpctrain::ZeroStrategy>(hpctrain::ZeroOptions(
+        settings.strategy == "zero1" ? hpctrain::zero1 : hpctrain::zero2));
+    zero->setup({group, model.ptr(), make_adamw});
+    step = [&] {
+      zero->zero_grad();
+      zero->set_sync(true);
+      loss().backward();
+      zero->finish_gradients();
+      zero->step();
+    };
+    optimizer_bytes = [&] { return zero->optimizer_state_bytes(); };
+    param_grad_bytes = [&] { return parameter_bytes + zero->gradient_bytes() + zero->master_bytes(); };
+  }
+
+  for (int i = 0; i < settings.warmup; ++i) step();
+  hpctrain::dist::barrier(*group);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < settings.steps; ++i) step();
+  hpctrain::dist::barrier(*group);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  const double optimizer_max = max_over_ranks(*group, static_cast<double>(optimizer_bytes()));
+  const double param_grad_max = max_over_ranks(*group, static_cast<double>(param_grad_bytes()));
+  const double rss_max = max_over_ranks(*group, usage.ru_maxrss / 1024.0);
+  if (group->rank() == 0) {
+    std::cout << fmt::format(R"({{"side": "hpctrain", "strategy": "{}", "world": {}, "parameters": {}, )"
+                             R"("optimizer_state_bytes": {:.0f}, "param_grad_bytes": {:.0f}, "max_rss_mb": {:.1f}, )"
+                             R"("steps_per_s": {:.3f}}})",
+                             settings.strategy, group->world_size(), parameter_bytes / 4, optimizer_max,
+                             param_grad_max, rss_max, settings.steps / seconds)
+              << std::endl;
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::cerr << e.what() << "\n";
+  return 1;
+}
