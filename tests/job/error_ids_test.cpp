@@ -65,6 +65,7 @@ std::vector<Use> raised_ids(const std::map<std::string, std::string>& declared) 
   // The first identifier-like literal of a call that takes an id or a field first (reasons hold spaces).
   const std::regex call(R"re(\b(RuntimeError|SpecError|require|require_directive_value|set_directive)\s*\()re");
   // An argument that is a literal (not `x == "gelu_new"`): the id or field.
+  const std::regex first_literal(R"re(^\s*"([a-z_](?:[a-z0-9_.]*[a-z0-9_])?)"\s*,)re");
   const std::regex literal(R"re((?:^|,)\s*"([a-z_](?:[a-z0-9_.]*[a-z0-9_])?)"\s*[,)])re");
   std::vector<Use> uses;
   const auto root = job_test::source_dir() / "include";
@@ -87,7 +88,9 @@ std::vector<Use> raised_ids(const std::map<std::string, std::string>& declared) 
       const auto begin = text.begin() + it->position() + it->length();
       const auto stop = std::find(begin, text.end(), ';');
       std::smatch field;
-      if (!std::regex_search(begin, stop, field, literal)) continue;
+      // An error type's id is its first argument; require()'s field comes after the condition.
+      const bool error_type = (*it)[1] == "RuntimeError" || (*it)[1] == "SpecError";
+      if (!std::regex_search(begin, stop, field, error_type ? first_literal : literal)) continue;
       const bool runtime = (*it)[1] == "RuntimeError";
       const std::string value = field[1];
       uses.push_back({value.starts_with("hpctrain.") ? value : fmt::format("hpctrain.{}.{}", runtime ? "runtime" : "spec", value),
