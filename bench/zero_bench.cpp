@@ -21,7 +21,7 @@
 #include <fmt/format.h>
 
 #include <hpctrain/dist/dist.hpp>
-#include <hpctrain/job/local_launch.hpp>
+#include <hpctrain/slurm/local_launch.hpp>
 #include <hpctrain/slurm/world.hpp>
 #include <hpctrain/train/strategies/zero.hpp>
 
