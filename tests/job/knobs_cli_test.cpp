@@ -68,7 +68,7 @@ TEST_CASE("Valid knobs reach every worker checked and spelled --name=value", "[c
   CHECK(local.out.find("probe rank=1 lr=0.5 warmup_steps=7 compile=false") != std::string::npos);
 }
 
-TEST_CASE("--help lists the knobs from the same table", "[cli][knobs]") {
+TEST_CASE("The --help text lists the knobs from the same table", "[cli][knobs]") {
   const auto result = run_knob_probe(job_test::scratch_dir("knob-help"), {"--help"});
   CHECK(result.exit_code == 0);
   CHECK(result.out.find("Training knobs") != std::string::npos);
@@ -98,7 +98,7 @@ TEST_CASE("Each --local run gets its own run directory, printed, and two runs do
   CHECK(first.out.find(fmt::format("run_dir={} resume_from=-\n", first_dir.string())) != std::string::npos);
 }
 
-TEST_CASE("--resume DIR hands the workers that run directory; --resume alone the newest run with checkpoints",
+TEST_CASE("The option --resume DIR hands the workers that run directory, --resume alone the newest run with checkpoints",
           "[cli][runs]") {
   const auto dir = job_test::scratch_dir("resume");
   const auto root = dir / "hpctrain-jobs" / "knobs";
@@ -137,7 +137,7 @@ TEST_CASE("--resume DIR hands the workers that run directory; --resume alone the
   CHECK(status.err == "[hpctrain.usage] --resume goes with --submit, --dry-run or --local\n");
 }
 
-TEST_CASE("--status shows Slurm's own error and exits 1 when Slurm cannot be asked", "[cli]") {
+TEST_CASE("The --status mode shows Slurm's own error and exits 1 when Slurm cannot be asked", "[cli]") {
   const auto dir = job_test::scratch_dir("status-no-slurm");
   const auto root = dir / "hpctrain-jobs" / "probe";
   const std::string id = "27";

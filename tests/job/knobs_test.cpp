@@ -122,7 +122,7 @@ TEST_CASE("A value set in code is checked like one from the command line, and ge
   CHECK_THROWS_WITH(knobs.get<bool>("lr"), "[hpctrain.spec.knob] --lr = 0.5: is a number; get<true or false> asks for another type");
 }
 
-TEST_CASE("--help lists every knob with its type, default and requirement", "[knobs]") {
+TEST_CASE("Knobs::help lists every knob with its type, default and requirement", "[knobs]") {
   const auto help = knob_table().help();
   CHECK(help.find("  --epochs N                  passes over the data (must be positive)\n") != std::string::npos);
   CHECK(help.find("  --lr X                      base learning rate (default: 0.001; must be positive)\n") !=

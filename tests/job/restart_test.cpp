@@ -30,7 +30,7 @@ TEST_CASE("max_restarts and the requeue signal render as the script's failure br
   CHECK_THROWS_WITH(ht::Job("r").max_restarts(-1), "[hpctrain.spec.max_restarts] max_restarts = -1: must be between 0 and 100");
 }
 
-TEST_CASE("A rank killed by SIGKILL restarts the job with max_restarts; a rank that always dies gives up after n",
+TEST_CASE("A rank killed by SIGKILL restarts the job with max_restarts, a rank that always dies gives up after n",
           "[restart][slurm]") {
   const auto dir = job_test::scratch_dir("restart");
   const auto once = job_test::run_probe(dir, {"--submit", "--kill-rank", "1"},

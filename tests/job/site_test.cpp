@@ -46,7 +46,7 @@ TEST_CASE("The GPU request is written in the chosen syntax", "[site]") {
   CHECK(count(script, "gpu") == 1);  // one GPU directive, no other
 }
 
-TEST_CASE("The site default comes from HPCTRAIN_GPU_SYNTAX, else the site file; the program's choice wins", "[site]") {
+TEST_CASE("The site default comes from HPCTRAIN_GPU_SYNTAX, else the site file, the program's choice wins", "[site]") {
   const auto dir = job_test::scratch_dir("site");
   fs::create_directories(dir / ".config" / "hpctrain");
   job_test::write_file(dir / ".config" / "hpctrain" / "site.conf", "# our cluster\n  gpu_syntax = gres   # old Slurm\n");
@@ -86,7 +86,7 @@ TEST_CASE("A bad GPU syntax names the value and where it came from", "[site]") {
   CHECK(result.out.empty());
 }
 
-TEST_CASE("--gpu-syntax gres renders --gres=gpu:N from the command line", "[site][cli]") {
+TEST_CASE("The option --gpu-syntax gres renders --gres=gpu:N from the command line", "[site][cli]") {
   const auto dir = job_test::scratch_dir("site-cli");
   const auto result = job_test::run_probe(dir, {"--dry-run", "--gpus-per-node", "4", "--gpu-syntax", "gres"});
   CAPTURE(result.err);

@@ -46,7 +46,7 @@ std::size_t count(const std::string& text, const std::string& needle) {
 
 }  // namespace
 
-TEST_CASE("On two nodes the token preparation runs once before the ranks, which read its files; a bad tokenizer "
+TEST_CASE("On two nodes the token preparation runs once before the ranks, which read its files, a bad tokenizer "
           "fails the job before any rank starts",
           "[prepare][slurm]") {
   const auto dir = text_test::scratch("prepare-job");

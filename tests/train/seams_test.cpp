@@ -117,7 +117,7 @@ struct RecordingLogger : hpctrain::Logger {
 };
 }  // namespace
 
-TEST_CASE("A user's step, metric and logger run in the Trainer; clipping and token inputs add grad_norm and tokens/s", "[loop]") {
+TEST_CASE("A user's step, metric and logger run in the Trainer, clipping and token inputs add grad_norm and tokens/s", "[loop]") {
   // A bag-of-tokens classifier on a synthetic task whose class is the first token mod 4: integer token
   // inputs (tokens/s), a step that reads an extra field, a metric of its own, a logger of its own.
   torch::manual_seed(0);

@@ -38,11 +38,10 @@ inline IdxLayout parse_idx_layout(std::string_view bytes, int expected_rank, con
   if (bytes.size() < layout.data_offset)
     throw fail(fmt::format("{} bytes is too short for a {}-dimension header", bytes.size(), expected_rank));
   const std::size_t data_bytes = bytes.size() - layout.data_offset;
-  // The product is checked against the data actually present as it grows: dimensions whose product
-  // overflows 64 bits used to wrap to a small number that matched a short file, and torch::empty then
-  // failed on the real shape (tests/fuzz/corpus/idx/dimensions_overflow).
-  // An empty file's zero dimension hides the rest from the product: they still must form a shape a tensor
-  // can have (numel of the non-zero dimensions below 2^62).
+  // Dimensions whose product overflows 64 bits used to wrap to a small number that matched a short file,
+  // and torch::empty then failed on the real shape (tests/fuzz/corpus/idx/dimensions_overflow). The
+  // non-zero dimensions must form a shape a tensor can have (numel below 2^62), which also keeps the
+  // product exact; an empty file's zero dimension does not exempt the rest.
   bool too_big = false;
   std::uint64_t nonzero = 1;
   layout.count = 1;
@@ -50,7 +49,6 @@ inline IdxLayout parse_idx_layout(std::string_view bytes, int expected_rank, con
     const unsigned char* p = raw + 4 + 4 * d;  // dimensions are big-endian uint32
     const std::uint32_t dim = (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
     layout.dims.push_back(dim);
-    if (dim != 0 && layout.count > data_bytes / dim) too_big = true;
     if (dim != 0 && nonzero > (std::uint64_t{1} << 62) / dim) too_big = true;
     if (dim != 0) nonzero *= dim;
     layout.count *= dim;  // may wrap once too_big: only reported, never used
