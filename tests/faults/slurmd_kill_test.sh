@@ -67,7 +67,8 @@ wait_for "sinfo -h -n $node -o %t | grep -Eq '^(idle|alloc|mix)'" 120 ||
 back_at="$(now)"
 # Slurm holds a requeued batch job for 120 s (its begin time) before it may start again; release it now,
 # as an administrator would, so that the test stays short. What is tested is that it resumes, not when.
-scontrol update jobid="$job" begintime=now 2>/dev/null || true
+wait_for '[ "$(job_state)" = PENDING ]' 120 || fail "the requeued job $job is $(job_state), not PENDING"
+scontrol update jobid="$job" StartTime=now || fail "could not release the requeued job $job"
 wait_for "grep -q '^resumed from .* at step [0-9]* ' '$log' 2>/dev/null" 600 ||
   fail "the requeued job $job did not resume from a checkpoint"
 resumed_at="$(now)"
