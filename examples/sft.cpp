@@ -442,7 +442,7 @@ int main(int argc, char** argv) {
                         return session->model;
                       })
                       .optimizer([](const ht::NamedParameters& parameters) {
-                        const auto options = torch::optim::AdamWOptions(1e-4).betas({0.9, 0.95}).weight_decay(0.01);
+                        const auto options = torch::optim::AdamWOptions(3e-4).betas({0.9, 0.95}).weight_decay(0.01);
                         return torch::optim::AdamW(ht::weight_decay_groups(parameters, options), options);
                       })
                       .train_data(ht::data::Source([session] { session->load(); return PairDataset(session->train); }, "fortune Q/A pairs (train)"))
