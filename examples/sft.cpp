@@ -339,8 +339,8 @@ double response_loss(hm::CausalLM& model, const std::vector<Example>& examples) 
 void copy_tokenizer(const fs::path& file, const fs::path& directory) {
   std::ifstream in(file, std::ios::binary);
   std::ostringstream content;
-  content << in.rdbuf();
-  if (!in.good() && !in.eof()) throw ht::RuntimeError(ht::errors::runtime_io, fmt::format("{}: cannot read", file.string()));
+  if (in.is_open()) content << in.rdbuf();
+  if (!in.is_open() || in.bad()) throw ht::RuntimeError(ht::errors::runtime_io, fmt::format("{}: cannot read", file.string()));
   ht::detail::write_file_atomically(directory / file.filename(), content.str());
 }
 
@@ -424,8 +424,13 @@ int main(int argc, char** argv) {
   session->from = argument(argc, argv, "from").value_or("");
   session->fortunes = argument(argc, argv, "fortunes").value_or("/usr/share/games/fortunes");
   session->export_dir = argument(argc, argv, "export").value_or("");
-  if (const auto length = argument(argc, argv, "max_length")) session->max_length = std::stoll(*length);
-  if (const auto length = argument(argc, argv, "max-length")) session->max_length = std::stoll(*length);
+  for (const char* name : {"max_length", "max-length"})
+    if (const auto length = argument(argc, argv, name)) {
+      try {
+        session->max_length = std::stoll(*length);
+      } catch (const std::exception&) {  // not a number: the knob parser refuses it below, naming the knob
+      }
+    }
 
   auto job = ht::Job("sft")
                  .nodes(2).tasks_per_node(1).cpus_per_task(1)
