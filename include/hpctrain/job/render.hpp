@@ -40,6 +40,9 @@ struct RenderContext {
   std::function<std::optional<std::string>(const std::string&)> lookup_env;
   /// The cluster's defaults (job/site.hpp). Default: none (tests); the process's own in current_render_context.
   SiteSettings site;
+  /// The job's sweep checked against the program's knob table (resolve_sweep); without it a sweep is rendered
+  /// with its values as written (unchecked_sweep).
+  std::optional<ResolvedSweep> sweep;
 };
 
 namespace detail {
@@ -222,8 +225,30 @@ inline std::string srun_step(const Job& job, const RenderContext& context, std::
   if (!container_line.empty()) srun.push_back(join(container_line, " "));
   std::string command = shell_quote(context.program) + " " + std::string(marker);
   for (const auto& a : context.worker_args) command += " " + shell_quote(a);
+  if (job.sweep()) command += " \"${sweep_args[@]}\"";  // this task's combination (sweep_block)
   srun.push_back(command);
   return join(srun, " \\\n  ");
+}
+
+/// A sweep's combinations: task i's knob values as bash words, each quoted (a value never reaches the shell
+/// unquoted); a task id that is no combination (an edited script) fails before any rank starts.
+inline std::string sweep_block(const Job& job, const RenderContext& context) {
+  const auto resolved = context.sweep ? *context.sweep : unchecked_sweep(*job.sweep());
+  std::string block = fmt::format(
+      "# Sweep: {} combinations, one per array task; task i runs with combination i's knob values.\n"
+      "case \"$SLURM_ARRAY_TASK_ID\" in\n",
+      resolved.combinations.size());
+  for (std::size_t i = 0; i < resolved.combinations.size(); ++i) {
+    std::vector<std::string> words;
+    for (const auto& arg : resolved.args[i]) words.push_back(shell_quote(arg));
+    block += fmt::format("  {}) sweep_args=({}) ;;  # {}\n", resolved.combinations[i].task, join(words, " "),
+                         comment_safe(resolved.combinations[i].describe()));
+  }
+  block += fmt::format(
+      "  *) echo \"hpctrain: array task $SLURM_ARRAY_TASK_ID is no combination of this sweep (0-{})\" >&2; exit 2 ;;\n"
+      "esac\n",
+      resolved.combinations.size() - 1);
+  return block;
 }
 
 /// The preparation step (Job::prepare): one task on one node, before training, skipped once it completed.
@@ -391,6 +416,7 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
     s += fmt::format("export {}={}/\"$SLURM_ARRAY_JOB_ID/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}\"\n", env::run_dir,
                      shell_quote(job_root(job, context).string()));
     s += "mkdir -p \"$HPCTRAIN_RUN_DIR\"\n";
+    if (job.sweep()) s += detail::sweep_block(job, context);
   } else {
     s += fmt::format("export {}={}/\"$SLURM_JOB_ID\"\n", env::run_dir, shell_quote(job_root(job, context).string()));
   }
