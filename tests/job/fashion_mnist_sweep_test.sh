@@ -19,7 +19,7 @@ grep -qxF '#SBATCH --array=0-3%2' dry.log || fail "no array directive"
 grep -qxF "#SBATCH --output=$root/%A/slurm-%A_%a.out" dry.log || fail "no per-task log path"
 grep -qF "export HPCTRAIN_RUN_DIR=$root/\"\$SLURM_ARRAY_JOB_ID/\${SLURM_ARRAY_JOB_ID}_\${SLURM_ARRAY_TASK_ID}\"" dry.log ||
   fail "no per-task run directory"
-grep -qF 'scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' dry.log || fail "the requeue does not target the task"
+grep -qF 'hpctrain_requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' dry.log || fail "the requeue does not target the task"
 [ ! -e hpctrain-jobs ] || fail "--dry-run wrote hpctrain-jobs"
 echo "ok: --dry-run --array 0-3%2 shows the directive, per-task logs and run directories, a per-task requeue"
 

@@ -450,6 +450,20 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
         "rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n",
         fmt::arg("code", exit_requeue), fmt::arg("signal", job.requeue_signal()),
         fmt::arg("apptainer_marker", detail::apptainer_env_lines(job, {"HPCTRAIN_REQUEUE_MARKER"})));
+  // One requeue per stop. Slurm requeues a preempted job itself (PreemptMode=REQUEUE) only when it is still
+  // running at the end of GraceTime, and ours are done by then (seen on Slurm 22.05: a job whose step exits
+  // within the grace ends COMPLETED, Restarts=0, unless the script requeues it). Should Slurm (or an admin)
+  // have begun requeueing it anyway, the job is no longer RUNNING: a second `scontrol requeue` would count a
+  // second restart or fail, so the script leaves it to Slurm then.
+  s += "hpctrain_requeue() {\n"
+       "  local state\n"
+       "  state=$(scontrol --oneliner show job \"$1\" 2>/dev/null | sed -n 's/.* JobState=\\([A-Z_]*\\).*/\\1/p' | head -n 1) || state=\"\"\n"
+       "  if [ -n \"$state\" ] && [ \"$state\" != RUNNING ] && [ \"$state\" != SIGNALING ]; then\n"
+       "    echo \"hpctrain: job $1 is $state: Slurm requeues it already; not requeueing it a second time\"\n"
+       "    return 0\n"
+       "  fi\n"
+       "  scontrol requeue \"$1\" || echo \"hpctrain: scontrol requeue $1 failed (exit $?)\" >&2\n"
+       "}\n";
   s += fmt::format("status=0\n{} || status=$?\n", step);
   if (job.requeue())
     s += fmt::format(
@@ -457,7 +471,7 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
         "  rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n"
         "  if [ \"${{SLURM_RESTART_COUNT:-0}}\" -lt {max} ]; then\n"
         "    echo \"hpctrain: job {target} checkpointed; requeueing (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of {max})\"\n"
-        "    scontrol requeue \"{target}\"\n"
+        "    hpctrain_requeue \"{target}\"\n"
         "    exit 0\n"
         "  fi\n"
         "  echo \"hpctrain: job {target} checkpointed but was restarted {max} times already; not requeueing\" >&2\n"
@@ -475,7 +489,7 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
         "    echo $(( failures + 1 )) > \"$HPCTRAIN_RUN_DIR/failure-restarts\"\n"
         "    echo \"hpctrain: job {target}: the step failed (exit $status); requeueing to resume from the last "
         "checkpoint (failure restart $(( failures + 1 )) of {max})\"\n"
-        "    scontrol requeue \"{target}\"\n"
+        "    hpctrain_requeue \"{target}\"\n"
         "    exit 0\n"
         "  fi\n"
         "  echo \"hpctrain: job {target}: the step failed (exit $status) after {max} failure restarts; giving up\" >&2\n"
