@@ -30,6 +30,9 @@ inline constexpr const char* local = "HPCTRAIN_LOCAL";
 /// A run directory whose newest checkpoint a new run starts from (`--resume DIR`); set by the worker
 /// from its `--resume` argument, read where the run directory is resolved (train/run_directory.hpp).
 inline constexpr const char* resume_from = "HPCTRAIN_RESUME_FROM";
+/// Where Job::prepare left its results when that is not `$HPCTRAIN_RUN_DIR/prepare`: set by `--local`, whose
+/// preparation runs once in `hpctrain-jobs/<name>/local` while each run gets its own `local-<time>` directory.
+inline constexpr const char* prepare_dir = "HPCTRAIN_PREPARE_DIR";
 }  // namespace env
 
 /// The one getenv: the value of `name`, or nothing when it is unset or empty.
