@@ -10,6 +10,7 @@ clipping. Two uses:
       rank 0 prints a JSON line with tokens/s of the timed steps.
 """
 import argparse
+import functools
 import json
 import math
 import os
@@ -92,6 +93,7 @@ def read_tokens(path):
     return torch.from_numpy(ids.astype(np.int64))
 
 
+@functools.lru_cache(maxsize=2)
 def epoch_order(size, seed, epoch):
     """hpctrain's DistributedSampler permutation of (seed, epoch): randperm from its own CPU generator."""
     generator = torch.Generator().manual_seed((seed + 0x9E3779B97F4A7C15 * (epoch + 1)) % 2**64)
