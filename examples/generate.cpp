@@ -1,5 +1,5 @@
 // Text generation from a Hugging Face-format directory (config.json + model.safetensors or shards, and
-// tokenizer.json for text), GPT-2 or Llama, on the CPU in fp32:
+// tokenizer.json or one *.tiktoken for text), GPT-2 or Llama, on the CPU in fp32:
 //   ./generate --model DIR --prompt "Once upon a time" [--max-new-tokens 32]            greedy, prints text
 //   ./generate --model DIR --prompt TEXT --temperature 0.8 --top-k 40 --seed 1          sampled
 //   ./generate --model DIR --prompt-ids "464 2068 7586"                                  ids in, ids out
@@ -100,14 +100,24 @@ std::string utf8_lossy(std::string_view bytes) {
   return out;
 }
 
+/// The model directory's tokenizer: tokenizer.json, else its one `*.tiktoken` file (examples/gpt exports GPT-2's
+/// ranks that way); with neither, tokenizer.json, which load_tokenizer then names as missing.
+std::filesystem::path default_tokenizer(const std::filesystem::path& model) {
+  if (std::filesystem::exists(model / "tokenizer.json")) return model / "tokenizer.json";
+  std::vector<std::filesystem::path> ranks;
+  if (std::filesystem::is_directory(model))
+    for (const auto& entry : std::filesystem::directory_iterator(model))
+      if (entry.path().extension() == ".tiktoken") ranks.push_back(entry.path());
+  return ranks.size() == 1 ? ranks.front() : model / "tokenizer.json";
+}
+
 int generate(const Arguments& arguments) {
   std::optional<hpctrain::text::Tokenizer> tokenizer;
   std::vector<std::int64_t> prompt;
   if (!arguments.prompt_ids.empty()) {
     prompt = parse_ids(arguments.prompt_ids);
   } else {
-    const auto file = arguments.tokenizer.empty() ? std::filesystem::path(arguments.model) / "tokenizer.json"
-                                                  : std::filesystem::path(arguments.tokenizer);
+    const auto file = arguments.tokenizer.empty() ? default_tokenizer(arguments.model) : std::filesystem::path(arguments.tokenizer);
     tokenizer = hpctrain::text::load_tokenizer(file);
     for (auto id : tokenizer->encode(arguments.prompt)) prompt.push_back(static_cast<std::int64_t>(id));
     if (prompt.empty()) throw hpctrain::UsageError("--prompt: the text encodes to no tokens");
@@ -137,7 +147,7 @@ int main(int argc, char** argv) {
   auto* prompt = app.add_option("--prompt", arguments.prompt, "prompt text, encoded with the model's tokenizer.json");
   auto* prompt_ids = app.add_option("--prompt-ids", arguments.prompt_ids, "prompt token ids, separated by spaces or commas");
   prompt->excludes(prompt_ids);
-  app.add_option("--tokenizer", arguments.tokenizer, "tokenizer file (default: <model>/tokenizer.json; .tiktoken too)");
+  app.add_option("--tokenizer", arguments.tokenizer, "tokenizer file (default: <model>/tokenizer.json, else the one <model>/*.tiktoken)");
   app.add_flag("--ids", arguments.print_ids, "print the generated ids rather than their text");
   app.add_option("--max-new-tokens", arguments.generation.max_new_tokens, "tokens to generate (default 32)");
   auto* temperature_option = app.add_option("--temperature", temperature, "sample at this temperature (default: greedy)");

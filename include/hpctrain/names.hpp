@@ -36,6 +36,9 @@ inline constexpr const char* rendezvous_timeout = "HPCTRAIN_RENDEZVOUS_TIMEOUT_S
 /// Test hook of the fault-injection tests (tests/faults): rank 0 sleeps this many seconds before the
 /// rendezvous, as a rank 0 slow to start would (a slow node, a slow file system loading the binary).
 inline constexpr const char* test_delay_rank0 = "HPCTRAIN_TEST_DELAY_RANK0_S";
+/// Where Job::prepare left its results when that is not `$HPCTRAIN_RUN_DIR/prepare`: set by `--local`, whose
+/// preparation runs once in `hpctrain-jobs/<name>/local` while each run gets its own `local-<time>` directory.
+inline constexpr const char* prepare_dir = "HPCTRAIN_PREPARE_DIR";
 }  // namespace env
 
 /// The one getenv: the value of `name`, or nothing when it is unset or empty.

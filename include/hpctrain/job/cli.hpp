@@ -374,6 +374,8 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
       case Mode::local: {
         if (const int prepared = prepare_locally(job, context, command.forwarded, err); prepared != exit_ok)
           return prepared;
+        // The ranks run in a new directory of their own: tell them where the preparation left its results.
+        if (job.preparation()) ::setenv(env::prepare_dir, (job_root(job, context) / "local" / "prepare").c_str(), 1);
         std::vector<std::string> args = {std::string(worker_flag)};
         args.insert(args.end(), worker_context.worker_args.begin(), worker_context.worker_args.end());
         LocalLaunchOptions options;

@@ -52,8 +52,11 @@ inline PrepareFunction prepare_tokens_step(std::vector<std::filesystem::path> in
 }
 
 /// In a worker of a job whose preparation was prepare_tokens_step: the directory holding train.tokens and
-/// val.tokens (`$HPCTRAIN_RUN_DIR/prepare/tokens`).
+/// val.tokens (`$HPCTRAIN_RUN_DIR/prepare/tokens`; under `--local`, `$HPCTRAIN_PREPARE_DIR/tokens`, since each
+/// local run has its own run directory while the preparation ran once in `hpctrain-jobs/<name>/local`).
 inline std::filesystem::path prepared_tokens_dir() {
+  if (const char* prepare_dir = std::getenv("HPCTRAIN_PREPARE_DIR"); prepare_dir != nullptr && *prepare_dir != '\0')
+    return std::filesystem::path(prepare_dir) / prepared_tokens_subdir;
   const char* run_dir = std::getenv("HPCTRAIN_RUN_DIR");
   if (run_dir == nullptr || *run_dir == '\0')
     throw RuntimeError("text.prepare", "HPCTRAIN_RUN_DIR is not set: prepared tokens exist only inside a job");
