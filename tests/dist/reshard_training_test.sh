@@ -10,9 +10,12 @@ cd "$work"
 fail() { echo "FAIL: $*" >&2; for f in "$work"/*.log; do echo "== $f" >&2; tail -n 20 "$f" >&2; done; exit 1; }
 
 HPCTRAIN_RUN_DIR="$work/whole" "$binary" --local 4 --max-steps 40 --sharding "$stage" > whole.log 2>&1 || fail "uninterrupted run: exit $?"
-HPCTRAIN_RUN_DIR="$work/first" "$binary" --local 4 --max-steps 20 --sharding "$stage" > first.log 2>&1 || fail "first half: exit $?"
-grep -q "steps, fp32, $stage\$" first.log || fail "the first half did not train with $stage"
-[ -f first/checkpoints/step-0000000020/rank-00003.hpct ] || fail "no per-rank checkpoint of 4 ranks at step 20"
+grep -q "steps, fp32, $stage\$" whole.log || fail "the 4-rank run did not train with $stage"
+# Its checkpoint at step 20 (written by 4 ranks, one archive each), as the only one of a run directory: the
+# 3-rank run resumes from exactly the state the uninterrupted run had at step 20 (same schedule, same data).
+[ -f whole/checkpoints/step-0000000020/rank-00003.hpct ] || fail "no per-rank checkpoint of 4 ranks at step 20"
+mkdir -p first/checkpoints
+cp -r whole/checkpoints/step-0000000020 first/checkpoints/
 HPCTRAIN_RUN_DIR="$work/second" "$binary" --local 3 --max-steps 40 --sharding "$stage" --resume "$work/first" > second.log 2>&1 ||
   fail "second half at 3 ranks: exit $?"
 grep -q "^resumed from $work/first/checkpoints at step 20 " second.log || fail "the 3-rank run did not resume at step 20"

@@ -102,9 +102,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
   }
 
   torch::Tensor clip_grad_norm(double max_norm) override {
-    std::vector<torch::Tensor> masters;
-    for (auto& piece : pieces_) masters.push_back(piece.master);
-    return detail::clip_sharded_grad_norm(*group_, masters, max_norm);
+    return detail::clip_sharded_grad_norm(*group_, detail::masters_of(pieces_), max_norm);
   }
 
   /// The optimizer step on the masters; each master written into its unit's shard. The parameters outside
@@ -150,20 +148,9 @@ class FullyShardedStrategy : public DataParallelStrategy {
   /// Number of units that are blocks (the first buckets of the layout).
   std::size_t block_count() const { return blocks_; }
   /// Bytes of optimizer state this rank holds.
-  std::size_t optimizer_state_bytes() const {
-    std::size_t bytes = 0;
-    for (const auto& piece : pieces_) {
-      auto found = optimizer_->state().find(piece.master.unsafeGetTensorImpl());
-      if (found != optimizer_->state().end()) bytes += detail::state_tensor_bytes(*found->second);
-    }
-    return bytes;
-  }
+  std::size_t optimizer_state_bytes() const { return detail::state_and_master_bytes(*optimizer_, pieces_).first; }
   /// Bytes of the fp32 master shards this rank holds.
-  std::size_t master_bytes() const {
-    std::size_t bytes = 0;
-    for (const auto& piece : pieces_) bytes += piece.master.nbytes();
-    return bytes;
-  }
+  std::size_t master_bytes() const { return detail::state_and_master_bytes(*optimizer_, pieces_).second; }
   /// Bytes of gradient shards kept between steps.
   std::size_t gradient_bytes() const {
     std::size_t bytes = 0;

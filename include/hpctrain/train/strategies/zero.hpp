@@ -28,6 +28,7 @@
 #include <hpctrain/dist/sharded_gradients.hpp>
 #include <hpctrain/dist/shard_collectives.hpp>
 #include <hpctrain/error.hpp>
+#include <hpctrain/train/replicated.hpp>
 #include <hpctrain/train/sharding.hpp>
 #include <hpctrain/train/strategies/zero_checkpoint.hpp>
 #include <hpctrain/train/strategy.hpp>
@@ -59,7 +60,7 @@ inline void require_elementwise(const torch::optim::Optimizer& optimizer, ZeroSt
 /// Scales the gradients of this rank's `masters` (its pieces of the parameters; padding holds none) so that
 /// the global L2 norm over all ranks' pieces is at most `max_norm`: one all-reduce of one fp64 number (the
 /// sum of squares). Returns the norm before clipping, 0-dim fp32, as torch::nn::utils::clip_grad_norm_ on
-/// the replicated model (coefficient max_norm / (norm + 1e-6), at most 1).
+/// the replicated model (the same clip_coefficient as Replicated).
 inline torch::Tensor clip_sharded_grad_norm(dist::ProcessGroup& group, const std::vector<torch::Tensor>& masters, double max_norm) {
   torch::NoGradGuard no_grad;
   auto squares = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64).device(group.device()));
@@ -67,10 +68,30 @@ inline torch::Tensor clip_sharded_grad_norm(dist::ProcessGroup& group, const std
     if (master.grad().defined()) squares += master.grad().pow(2).sum(torch::kFloat64);
   dist::all_reduce_sum(group, squares);
   auto norm = squares.sqrt().to(torch::kFloat32).reshape({});
-  auto coefficient = torch::clamp(max_norm / (norm + 1e-6), c10::nullopt, 1.0);
+  const auto coefficient = clip_coefficient(norm, max_norm);
   for (const auto& master : masters)
     if (master.grad().defined()) master.grad().mul_(coefficient.to(master.scalar_type()));
   return norm;
+}
+
+/// The masters of `pieces` (anything with a `.master` tensor): what the optimizer steps on this rank.
+template <class Pieces>
+std::vector<torch::Tensor> masters_of(const Pieces& pieces) {
+  std::vector<torch::Tensor> masters;
+  for (const auto& piece : pieces) masters.push_back(piece.master);
+  return masters;
+}
+
+/// Bytes of `optimizer`'s state (every tensor) for the masters of `pieces`, and of the masters themselves.
+template <class Pieces>
+std::pair<std::size_t, std::size_t> state_and_master_bytes(const torch::optim::Optimizer& optimizer, const Pieces& pieces) {
+  std::size_t state = 0, masters = 0;
+  for (const auto& piece : pieces) {
+    masters += piece.master.nbytes();
+    const auto found = optimizer.state().find(piece.master.unsafeGetTensorImpl());
+    if (found != optimizer.state().end()) state += state_tensor_bytes(*found->second);
+  }
+  return {state, masters};
 }
 
 /// The floating type optimizer state is kept in: fp32 for reduced-precision parameters, else their own.
@@ -144,9 +165,7 @@ class ZeroStrategy : public DataParallelStrategy {
   }
 
   torch::Tensor clip_grad_norm(double max_norm) override {
-    std::vector<torch::Tensor> masters;
-    for (auto& piece : pieces_) masters.push_back(piece.master);
-    return detail::clip_sharded_grad_norm(*group_, masters, max_norm);
+    return detail::clip_sharded_grad_norm(*group_, detail::masters_of(pieces_), max_norm);
   }
 
   void step() override {
@@ -171,21 +190,9 @@ class ZeroStrategy : public DataParallelStrategy {
   /// The layout: buckets, shard sizes.
   const dist::FlatShardLayout& layout() const { return layout_; }
   /// Bytes of optimizer state this rank holds (every tensor of every piece's state).
-  std::size_t optimizer_state_bytes() const {
-    std::size_t bytes = 0;
-    for (const auto& piece : pieces_) {
-      auto found = optimizer_->state().find(piece.master.unsafeGetTensorImpl());
-      if (found == optimizer_->state().end()) continue;
-      bytes += detail::state_tensor_bytes(*found->second);
-    }
-    return bytes;
-  }
+  std::size_t optimizer_state_bytes() const { return detail::state_and_master_bytes(*optimizer_, pieces_).first; }
   /// Bytes of the fp32 master shards this rank holds.
-  std::size_t master_bytes() const {
-    std::size_t bytes = 0;
-    for (const auto& piece : pieces_) bytes += piece.master.nbytes();
-    return bytes;
-  }
+  std::size_t master_bytes() const { return detail::state_and_master_bytes(*optimizer_, pieces_).second; }
   /// Bytes of gradient this rank keeps between steps: full gradients (ZeRO-1) or its shards (ZeRO-2).
   std::size_t gradient_bytes() const {
     std::size_t bytes = 0;
