@@ -68,7 +68,7 @@ struct StackImpl : torch::nn::Module, hpctrain::ListsBlocks {
   }
   torch::Tensor forward(torch::Tensor x) {
     for (std::size_t i = 0; i < layers.size(); ++i)
-      x = run_block(i, [layer = layers[i]](const torch::Tensor& in) { return torch::relu(layer(in)); }, x);
+      x = run_block(i, [layer = layers[i]](const torch::Tensor& in) mutable { return torch::relu(layer(in)); }, x);
     return head(x);
   }
   std::vector<torch::nn::Linear> layers;
