@@ -137,7 +137,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
   /// for evaluation, the parameters digest and export (e.g. models::save_safetensors of rank 0's module).
   void gather_full_model() override {
     for (std::size_t b = 0; b < blocks_; ++b)
-      if (!units_[b].gathered && !units_[b].gather.pending) start_gather(b);
+      if (!units_[b].flat.defined()) start_gather(b);
     for (std::size_t b = 0; b < blocks_; ++b) finish_gather(b);
     pinned_ = true;
   }
@@ -333,13 +333,13 @@ class FullyShardedStrategy : public DataParallelStrategy {
 
   /// Block b whole in the module: waits for its prefetched gather, or gathers it now.
   void acquire(std::size_t b) {
-    if (!units_[b].gathered && !units_[b].gather.pending) start_gather(b);
+    if (!units_[b].flat.defined()) start_gather(b);  // flat: gathered, or its gather on the way
     finish_gather(b);
   }
 
   /// Starts gathering block b while the current block computes (no-op when it is gathered or on its way).
   void prefetch(std::size_t b) {
-    if (pinned_ || b >= blocks_ || units_[b].gathered || units_[b].gather.pending) return;
+    if (pinned_ || b >= blocks_ || units_[b].flat.defined()) return;
     start_gather(b);
   }
 
@@ -358,7 +358,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
   void release_all_blocks() {
     pinned_ = false;
     for (std::size_t b = 0; b < blocks_; ++b) {
-      if (units_[b].gather.pending) finish_gather(b);
+      if (units_[b].flat.defined()) finish_gather(b);
       release(b);
     }
   }
