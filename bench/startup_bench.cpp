@@ -1,5 +1,6 @@
 // Start-up at scale: N ranks rendezvous, run one all-reduce, and shut down cleanly — nothing else.
 //   hpctrain_startup_bench --local N     launches N ranks on this machine (like torchrun --standalone)
+//   srun hpctrain_startup_bench          one rank per Slurm task (bench/startup --slurm NODESxTASKS)
 // bench/startup runs it beside torchrun + bench/startup_peer.py and prints both. The launcher is given
 // HPCTRAIN_BENCH_LAUNCH_TIME (seconds since the epoch) by bench/startup; each rank measures from it to the
 // end of its first all-reduce, and a second all-reduce takes the slowest rank's figure (what a job waits
@@ -51,6 +52,8 @@ int rank_main() {
 
 int main(int argc, char** argv) {
   if (std::getenv("HPCTRAIN_LOCAL") != nullptr) return rank_main();
+  // Under srun (bench/startup --slurm): every task is a rank; the world comes from SLURM_* variables.
+  if (argc == 1 && std::getenv("SLURM_PROCID") != nullptr) return rank_main();
   if (argc != 3 || std::string(argv[1]) != "--local") {
     std::cerr << "usage: hpctrain_startup_bench --local N\n";
     return 2;

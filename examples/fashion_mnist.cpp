@@ -3,6 +3,8 @@
 //   ./fashion_mnist --submit             2 nodes x 1 CPU task on the cluster; the log ends with test_accuracy=<value>
 //   ./fashion_mnist --local 2            2 ranks on this machine
 //   ./fashion_mnist --local 1 --epochs 1 --lr 1e-3    training knobs override the description
+//   ./fashion_mnist --submit --sweep --max-steps 20   a 4-task array: lr x batch size (see below)
+//   ./fashion_mnist --results            the last job's tasks: knob values, state, final metrics, best first
 #include <hpctrain/hpctrain.hpp>
 
 using namespace std::chrono_literals;
@@ -50,5 +52,10 @@ int main(int argc, char** argv) {
                       .checkpoint_every(250)
                       .metric(ht::metrics::accuracy);
 
-  return ht::run(argc, argv, job, training);
+  // `--sweep`, this example's own flag (read before ht::run, so neither the knob parser nor the workers see it):
+  // one array task per combination of the grid, each with its knob values; `--results` compares them.
+  std::vector<char*> args(argv, argv + argc);
+  if (std::erase_if(args, [](const char* arg) { return std::string_view(arg) == "--sweep"; }) > 0)
+    job.sweep(ht::Sweep().grid("lr", {1e-3, 3e-3}).grid("batch_size", {64, 128}));
+  return ht::run(static_cast<int>(args.size()), args.data(), job, training);
 }

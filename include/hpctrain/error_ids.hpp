@@ -39,6 +39,7 @@ inline constexpr ErrorId spec_max_restarts{"hpctrain.spec.max_restarts"};
 inline constexpr ErrorId spec_prepare{"hpctrain.spec.prepare"};
 inline constexpr ErrorId spec_requeue_signal{"hpctrain.spec.requeue_signal"};
 inline constexpr ErrorId spec_site{"hpctrain.spec.site"};
+inline constexpr ErrorId spec_sweep{"hpctrain.spec.sweep"};
 inline constexpr ErrorId spec_account{"hpctrain.spec.account"};
 inline constexpr ErrorId spec_container_command{"hpctrain.spec.container.command"};
 inline constexpr ErrorId spec_chdir{"hpctrain.spec.chdir"};

@@ -30,6 +30,12 @@ inline constexpr const char* local = "HPCTRAIN_LOCAL";
 /// A run directory whose newest checkpoint a new run starts from (`--resume DIR`); set by the worker
 /// from its `--resume` argument, read where the run directory is resolved (train/run_directory.hpp).
 inline constexpr const char* resume_from = "HPCTRAIN_RESUME_FROM";
+/// Seconds a rendezvous (and any one collective) waits for the other ranks before failing (default 300,
+/// dist::Options). Read by the worker; a site or a test sets it in the submitting shell (sbatch passes it on).
+inline constexpr const char* rendezvous_timeout = "HPCTRAIN_RENDEZVOUS_TIMEOUT_S";
+/// Test hook of the fault-injection tests (tests/faults): rank 0 sleeps this many seconds before the
+/// rendezvous, as a rank 0 slow to start would (a slow node, a slow file system loading the binary).
+inline constexpr const char* test_delay_rank0 = "HPCTRAIN_TEST_DELAY_RANK0_S";
 }  // namespace env
 
 /// The one getenv: the value of `name`, or nothing when it is unset or empty.

@@ -58,8 +58,8 @@ TEST_CASE("An array renders its directive, per-task logs and run directories, an
   CHECK(script.find("export HPCTRAIN_RUN_DIR=/home/user/project/hpctrain-jobs/sweep/\"$SLURM_ARRAY_JOB_ID/"
                     "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\"\nmkdir -p \"$HPCTRAIN_RUN_DIR\"\n") !=
         std::string::npos);
-  CHECK(script.find("scontrol requeue \"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\"\n") != std::string::npos);
-  CHECK(script.find("scontrol requeue \"$SLURM_JOB_ID\"") == std::string::npos);
+  CHECK(script.find("hpctrain_requeue \"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\"\n") != std::string::npos);
+  CHECK(script.find("hpctrain_requeue \"$SLURM_JOB_ID\"") == std::string::npos);
 }
 
 TEST_CASE("The cluster's MaxArraySize bounds the task ids before anything is written", "[array][slurm]") {

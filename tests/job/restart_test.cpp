@@ -62,7 +62,7 @@ TEST_CASE("A rank killed by SIGKILL restarts the job with max_restarts, a rank t
   CHECK(always_log.find(") after 1 failure restarts; giving up\n") != std::string::npos);
 }
 
-TEST_CASE("A job preempted by a higher-priority partition gets SIGTERM, checkpoints, is requeued and completes",
+TEST_CASE("A job preempted by a higher-priority partition gets SIGTERM, checkpoints, is requeued once and completes",
           "[preempt][slurm]") {
   // scripts/slurm-local adds the partitions preemptable and urgent (PreemptType=preempt/partition_prio).
   if (ht::run_process({"scontrol", "show", "partition", "preemptable"}).exit_code != 0) {
@@ -93,4 +93,11 @@ TEST_CASE("A job preempted by a higher-priority partition gets SIGTERM, checkpoi
     CHECK(log.find(fmt::format("probe rank={} resumed restart=", rank)) != std::string::npos);
   }
   CHECK(job_test::wait_for_final_state(ht::detail::trim(urgent.out)) == "COMPLETED");
+  // Requeued once: by the script, within the partition's GraceTime; Slurm's own preemption requeue (PreemptMode=
+  // REQUEUE) finds the job gone and does not add a second restart.
+  CHECK(job_test::scontrol_field(id, "Restarts") == "1");
+  const auto requeued = fmt::format("hpctrain: job {} checkpointed; requeueing (restart 1 of 2)\n", id);
+  CHECK(log.find(requeued) != std::string::npos);
+  CHECK(log.find(requeued, log.find(requeued) + 1) == std::string::npos);
+  CHECK(log.find("checkpointed; requeueing (restart 2 of 2)") == std::string::npos);
 }

@@ -12,6 +12,7 @@ steps=300
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/requeue-test.XXXXXX")"
 cd "$work"
 export HPCTRAIN_REPORT_DIGEST=1  # the ranks print their parameter digest (sbatch passes the environment on)
+source "$(dirname "${BASH_SOURCE[0]}")/../support/slurm_test_support.sh"
 fail() { echo "FAIL: $*" >&2; [ -n "${log:-}" ] && [ -f "$log" ] && tail -n 30 "$log" >&2; exit 1; }
 
 # waits up to $2 seconds for command $1 to succeed
@@ -44,8 +45,8 @@ wait_for "grep -q '^preempted: checkpointed step' '$log'" 120 || fail "no preemp
 stopped_at="$(sed -n 's/^preempted: checkpointed step \([0-9]*\) .*/\1/p' "$log" | head -1)"
 echo "checkpointed at step $stopped_at"
 
-# Slurm holds a requeued job about two minutes (BeginTime) before it runs again.
-wait_for "scontrol show job $job | grep -q 'JobState=COMPLETED'" 600 || fail "job $job did not complete: $(scontrol show job "$job" | grep -o 'JobState=[A-Z_]*')"
+# Slurm holds a requeued job about two minutes (BeginTime) before it runs again: released at once.
+wait_for "release_requeue_hold $job; scontrol show job $job | grep -q 'JobState=COMPLETED'" 600 || fail "job $job did not complete: $(scontrol show job "$job" | grep -o 'JobState=[A-Z_]*')"
 scontrol show job "$job" | grep -q 'Restarts=1' || fail "job $job was not restarted exactly once"
 grep -q "^resumed from .* at step $stopped_at " "$log" || fail "the requeued run did not resume from step $stopped_at"
 grep -q "^step $steps/$steps " "$log" || fail "the resumed run did not reach step $steps"

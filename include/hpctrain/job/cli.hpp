@@ -23,6 +23,7 @@
 #include <hpctrain/job/prepare.hpp>
 #include <hpctrain/slurm/local_launch.hpp>
 #include <hpctrain/job/render.hpp>
+#include <hpctrain/job/results.hpp>
 #include <hpctrain/job/submit.hpp>
 #include <hpctrain/job/units.hpp>
 #include <hpctrain/names.hpp>
@@ -31,7 +32,7 @@ namespace hpctrain {
 
 /// What the login-node command line asked for.
 struct LoginCommand {
-  enum class Mode { none, help, dry_run, submit, status, logs, cancel, local };
+  enum class Mode { none, help, dry_run, submit, status, logs, cancel, local, results };
   Mode mode = Mode::none;
   bool follow = false;
   std::optional<int> nodes, tasks_per_node, local_ranks;
@@ -46,6 +47,8 @@ struct LoginCommand {
   // The job layer's second-wave options (add_job_layer_options / apply_job_layer_overrides).
   std::optional<std::string> gpu_syntax, array;
   std::optional<int> task;  ///< --task N: one task of an array (--logs, --cancel)
+  bool results = false;                ///< --results: the table of the last job's tasks (job/results.hpp)
+  std::optional<std::string> sort_by;  ///< --sort-by METRIC[:max|:min] for --results
 };
 
 /// The code run under srun, given the arguments after the worker marker; returns the exit code.
@@ -58,6 +61,11 @@ inline void add_job_layer_options(CLI::App& app, LoginCommand& command) {
   app.add_option("--gpu-syntax", command.gpu_syntax, "write GPUs as --gpus-per-node or --gres=gpu:N (gpus-per-node|gres)");
   app.add_option("--array", command.array, "submit a job array: task ids like 0-15, 1,3,5, 0-30:10, 0-15%4");
   app.add_option("--task", command.task, "with --logs or --cancel of an array: that task only");
+  app.add_flag("--results", command.results,
+               "one row per task of the last job (array or sweep): knob values, state, final metrics, best first");
+  app.add_option("--sort-by", command.sort_by,
+                 "with --results: the metric to rank by, METRIC[:max|:min] (default: eval_loss; accuracy-like "
+                 "metrics rank higher first)");
 }
 
 /// Applies the options of add_job_layer_options to `job`.
@@ -175,8 +183,8 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
     command.help += "\n" + knobs->help();
   }
   const bool local = command.local_ranks.has_value();
-  const int modes = help + dry_run + submit + status + logs + cancel + local;
-  if (modes > 1) throw UsageError("choose one of --dry-run, --submit, --status, --logs, --cancel, --local");
+  const int modes = help + dry_run + submit + status + logs + cancel + local + command.results;
+  if (modes > 1) throw UsageError("choose one of --dry-run, --submit, --status, --logs, --cancel, --local, --results");
   using Mode = LoginCommand::Mode;
   command.mode = help ? Mode::help
                  : dry_run ? Mode::dry_run
@@ -185,8 +193,10 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
                  : logs    ? Mode::logs
                  : cancel  ? Mode::cancel
                  : local   ? Mode::local
+                 : command.results ? Mode::results
                            : Mode::none;
   if (command.follow && command.mode != Mode::logs) throw UsageError("--follow goes with --logs");
+  if (command.sort_by && command.mode != Mode::results) throw UsageError("--sort-by goes with --results");
   if (command.resume && command.mode != Mode::submit && command.mode != Mode::dry_run && command.mode != Mode::local)
     throw UsageError("--resume goes with --submit, --dry-run or --local");
   return command;
@@ -286,14 +296,41 @@ inline int prepare_locally(const Job& job, const RenderContext& context, const s
   return status;
 }
 
+namespace detail {
+/// The job's sweep checked with the program's knob table, for --dry-run and --submit: every combination, before
+/// anything is written or queued. A knob both swept and given on the command line is ambiguous: refused.
+inline ResolvedSweep checked_sweep(const Job& job, const LoginCommand& command, const Knobs* knobs) {
+  if (command.mode == LoginCommand::Mode::local)
+    throw UsageError("this program sweeps: a sweep runs as a job array, one task per combination; use --submit "
+                     "(or --dry-run to see it)");
+  if (knobs == nullptr)
+    throw SpecError(errors::spec_sweep, "sweep", "needs the program's knob table to check its values "
+                                                 "(hpctrain::run, or run_job(argc, argv, job, knobs, worker))");
+  auto resolved = resolve_sweep(*job.sweep(), *knobs);
+  for (const auto& argument : command.forwarded) {
+    const auto flag = argument.substr(0, argument.find('='));
+    for (const auto& combination : resolved.combinations)
+      for (const auto& [knob, value] : combination.values)
+        if (knobs->find(knob)->flag() == flag)
+        throw UsageError(fmt::format("{} is swept ({}); leave it off the command line or out of the sweep", flag,
+                                     knob));
+  }
+  return resolved;
+}
+}  // namespace detail
+
 /// Runs one login-node command for `job`; prints to `out`/`err`, returns the exit code.
+/// `knobs`: the program's knob table (a sweep is checked with it), or nullptr for a program without one.
 inline int run_login_command(Job job, const LoginCommand& command, const RenderContext& context,
-                             std::ostream& out = std::cout, std::ostream& err = std::cerr) {
+                             std::ostream& out = std::cout, std::ostream& err = std::cerr,
+                             const Knobs* knobs = nullptr) {
   using Mode = LoginCommand::Mode;
   try {
     apply_overrides(job, command);
     if (const auto handled = run_array_command(job, command, context, out)) return *handled;
     RenderContext worker_context = context;
+    if (job.sweep() && (command.mode == Mode::dry_run || command.mode == Mode::submit || command.mode == Mode::local))
+      worker_context.sweep = detail::checked_sweep(job, command, knobs);
     if (command.resume) {
       // The workers get the directory itself: the script or --local then resumes from exactly this run.
       const auto from = detail::resume_directory(*command.resume, job_root(job, context));
@@ -351,6 +388,9 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
             << std::flush;
         return launch_local(*command.local_ranks, context.program, args, options);
       }
+      case Mode::results:
+        out << results_table(last_submitted(job, context), command.sort_by);
+        return exit_ok;
       case Mode::cancel: {
         const auto last = last_submitted(job, context);
         cancel(last.id);
@@ -417,7 +457,8 @@ inline int run_job(int argc, char** argv, const Job& job, const Knobs& knobs, co
     std::cerr << e.what() << "\n";
     return exit_usage;
   }
-  return run_login_command(job, command, current_render_context(argc, argv, command.forwarded));
+  return run_login_command(job, command, current_render_context(argc, argv, command.forwarded), std::cout, std::cerr,
+                           &knobs);
 }
 
 }  // namespace hpctrain

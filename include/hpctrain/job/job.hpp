@@ -15,6 +15,7 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/array.hpp>
+#include <hpctrain/job/sweep.hpp>
 #include <hpctrain/job/container.hpp>
 #include <hpctrain/job/prepare.hpp>
 #include <hpctrain/job/shell.hpp>
@@ -321,6 +322,14 @@ class Job {
     array_ = parse_array_spec(spec);
     return *this;
   }
+  /// A hyper-parameter sweep: one array task per combination (`--array=0-<n-1>[%max_parallel]`, generated); each
+  /// task's workers get that combination's knob values. An explicit `array(...)`/`--array` still applies (a
+  /// throttle, or a subset of the tasks to run again) when its ids are combinations (job/sweep.hpp).
+  Job& sweep(Sweep sweep) {
+    sweep_array_ = sweep.array();
+    sweep_ = std::move(sweep);
+    return *this;
+  }
   /// A preparation step: `prepare` runs once per job, on one task (`srun -N1 -n1 --exclusive`), before the
   /// training step; a requeued job skips it once it completed; when it throws, the job fails before any
   /// training rank starts (job/prepare.hpp).
@@ -340,6 +349,11 @@ class Job {
                       fmt::format("the grace must be shorter than the time limit ({})", format_slurm_time(*time_)));
     detail::require(!(std::holds_alternative<NoContainer>(container_) && !mounts_.empty()), "mount",
                     mounts_.empty() ? "" : mounts_.front().source, "mounts need a container");
+    if (sweep_ && array_)
+      detail::require(array_->max_index() < static_cast<int>(sweep_->size()), errors::spec_sweep,
+                      fmt::format("--array={}", array_->text),
+                      fmt::format("task {} has no combination: the sweep has {} (0-{})", array_->max_index(),
+                                  sweep_->size(), sweep_->size() - 1));
   }
 
   const std::string& name() const { return name_; }
@@ -377,8 +391,10 @@ class Job {
   bool mount_program() const { return mount_program_; }
   const std::string& requeue_signal() const { return requeue_signal_; }
   int max_restarts() const { return max_restarts_; }
-  /// The array spec; empty for a single job.
-  const std::optional<ArraySpec>& array() const { return array_; }
+  /// The array spec: the one set, else the sweep's; empty for a single job.
+  const std::optional<ArraySpec>& array() const { return array_ ? array_ : sweep_array_; }
+  /// The sweep; empty without one.
+  const std::optional<Sweep>& sweep() const { return sweep_; }
   /// The preparation callable; empty without one.
   const PrepareFunction& preparation() const { return prepare_; }
 
@@ -420,7 +436,8 @@ class Job {
   std::vector<Mount> mounts_;
   bool mount_program_ = true;
   PrepareFunction prepare_;
-  std::optional<ArraySpec> array_;
+  std::optional<ArraySpec> array_, sweep_array_;
+  std::optional<Sweep> sweep_;
   std::string requeue_signal_ = "USR2";
   int max_restarts_ = 0;
 };

@@ -40,6 +40,9 @@ struct RenderContext {
   std::function<std::optional<std::string>(const std::string&)> lookup_env;
   /// The cluster's defaults (job/site.hpp). Default: none (tests); the process's own in current_render_context.
   SiteSettings site;
+  /// The job's sweep checked against the program's knob table (resolve_sweep); without it a sweep is rendered
+  /// with its values as written (unchecked_sweep).
+  std::optional<ResolvedSweep> sweep;
 };
 
 namespace detail {
@@ -222,8 +225,30 @@ inline std::string srun_step(const Job& job, const RenderContext& context, std::
   if (!container_line.empty()) srun.push_back(join(container_line, " "));
   std::string command = shell_quote(context.program) + " " + std::string(marker);
   for (const auto& a : context.worker_args) command += " " + shell_quote(a);
+  if (job.sweep()) command += " \"${sweep_args[@]}\"";  // this task's combination (sweep_block)
   srun.push_back(command);
   return join(srun, " \\\n  ");
+}
+
+/// A sweep's combinations: task i's knob values as bash words, each quoted (a value never reaches the shell
+/// unquoted); a task id that is no combination (an edited script) fails before any rank starts.
+inline std::string sweep_block(const Job& job, const RenderContext& context) {
+  const auto resolved = context.sweep ? *context.sweep : unchecked_sweep(*job.sweep());
+  std::string block = fmt::format(
+      "# Sweep: {} combinations, one per array task; task i runs with combination i's knob values.\n"
+      "case \"$SLURM_ARRAY_TASK_ID\" in\n",
+      resolved.combinations.size());
+  for (std::size_t i = 0; i < resolved.combinations.size(); ++i) {
+    std::vector<std::string> words;
+    for (const auto& arg : resolved.args[i]) words.push_back(shell_quote(arg));
+    block += fmt::format("  {}) sweep_args=({}) ;;  # {}\n", resolved.combinations[i].task, join(words, " "),
+                         comment_safe(resolved.combinations[i].describe()));
+  }
+  block += fmt::format(
+      "  *) echo \"hpctrain: array task $SLURM_ARRAY_TASK_ID is no combination of this sweep (0-{})\" >&2; exit 2 ;;\n"
+      "esac\n",
+      resolved.combinations.size() - 1);
+  return block;
 }
 
 /// The preparation step (Job::prepare): one task on one node, before training, skipped once it completed.
@@ -391,6 +416,7 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
     s += fmt::format("export {}={}/\"$SLURM_ARRAY_JOB_ID/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}\"\n", env::run_dir,
                      shell_quote(job_root(job, context).string()));
     s += "mkdir -p \"$HPCTRAIN_RUN_DIR\"\n";
+    if (job.sweep()) s += detail::sweep_block(job, context);
   } else {
     s += fmt::format("export {}={}/\"$SLURM_JOB_ID\"\n", env::run_dir, shell_quote(job_root(job, context).string()));
   }
@@ -424,6 +450,20 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
         "rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n",
         fmt::arg("code", exit_requeue), fmt::arg("signal", job.requeue_signal()),
         fmt::arg("apptainer_marker", detail::apptainer_env_lines(job, {"HPCTRAIN_REQUEUE_MARKER"})));
+  // One requeue per stop. Slurm requeues a preempted job itself (PreemptMode=REQUEUE) only when it is still
+  // running at the end of GraceTime, and ours are done by then (seen on Slurm 22.05: a job whose step exits
+  // within the grace ends COMPLETED, Restarts=0, unless the script requeues it). Should Slurm (or an admin)
+  // have begun requeueing it anyway, the job is no longer RUNNING: a second `scontrol requeue` would count a
+  // second restart or fail, so the script leaves it to Slurm then.
+  s += "hpctrain_requeue() {\n"
+       "  local state\n"
+       "  state=$(scontrol --oneliner show job \"$1\" 2>/dev/null | sed -n 's/.* JobState=\\([A-Z_]*\\).*/\\1/p' | head -n 1) || state=\"\"\n"
+       "  if [ -n \"$state\" ] && [ \"$state\" != RUNNING ] && [ \"$state\" != SIGNALING ]; then\n"
+       "    echo \"hpctrain: job $1 is $state: Slurm requeues it already; not requeueing it a second time\"\n"
+       "    return 0\n"
+       "  fi\n"
+       "  scontrol requeue \"$1\" || echo \"hpctrain: scontrol requeue $1 failed (exit $?)\" >&2\n"
+       "}\n";
   s += fmt::format("status=0\n{} || status=$?\n", step);
   if (job.requeue())
     s += fmt::format(
@@ -431,7 +471,7 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
         "  rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n"
         "  if [ \"${{SLURM_RESTART_COUNT:-0}}\" -lt {max} ]; then\n"
         "    echo \"hpctrain: job {target} checkpointed; requeueing (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of {max})\"\n"
-        "    scontrol requeue \"{target}\"\n"
+        "    hpctrain_requeue \"{target}\"\n"
         "    exit 0\n"
         "  fi\n"
         "  echo \"hpctrain: job {target} checkpointed but was restarted {max} times already; not requeueing\" >&2\n"
@@ -449,7 +489,7 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
         "    echo $(( failures + 1 )) > \"$HPCTRAIN_RUN_DIR/failure-restarts\"\n"
         "    echo \"hpctrain: job {target}: the step failed (exit $status); requeueing to resume from the last "
         "checkpoint (failure restart $(( failures + 1 )) of {max})\"\n"
-        "    scontrol requeue \"{target}\"\n"
+        "    hpctrain_requeue \"{target}\"\n"
         "    exit 0\n"
         "  fi\n"
         "  echo \"hpctrain: job {target}: the step failed (exit $status) after {max} failure restarts; giving up\" >&2\n"

@@ -168,6 +168,15 @@ inline SubmittedJob submit(const Job& job, const RenderContext& context) {
       record["array"] = job.array()->text;
       record["output_pattern"] = output_pattern;
     }
+    if (job.sweep()) {  // --results reads each task's knob values here (job/results.hpp)
+      const auto resolved = context.sweep ? *context.sweep : unchecked_sweep(*job.sweep());
+      auto& combinations = record["sweep"] = nlohmann::json::array();
+      for (const auto& combination : resolved.combinations) {
+        nlohmann::json values = nlohmann::json::array();
+        for (const auto& [knob, value] : combination.values) values.push_back({knob, value});
+        combinations.push_back({{"task", combination.task}, {"configuration", combination.configuration}, {"values", values}});
+      }
+    }
     // argv may hold bytes that are not UTF-8: JSON gets U+FFFD for them instead of an exception.
     detail::write_file_atomically(final_directory / layout::job_record,
                                   record.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");

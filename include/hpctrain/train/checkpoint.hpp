@@ -33,52 +33,11 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/files.hpp>  // write_file_atomically, remove_tree
-#include <hpctrain/train/checkpoint_format.hpp>  // the archive header, checked before LibTorch reads
+#include <hpctrain/train/checkpoint_format.hpp>  // meta.json and the archive header, checked before LibTorch reads
 #include <hpctrain/train/crc32c.hpp>
 #include <hpctrain/train/strategy.hpp>  // SavedStrategyState
 
 namespace hpctrain {
-
-/// Where a run stands, saved in meta.json.
-struct CheckpointState {
-  std::int64_t step = 0;            ///< optimizer steps completed
-  std::int64_t epoch = 0;           ///< epoch of the next step
-  std::int64_t batch_in_epoch = 0;  ///< sampler position: batches of `epoch` already consumed
-  std::int64_t seed = 0;            ///< the run's seed (RNG streams derive from seed, rank and step)
-};
-
-/// One archive of a checkpoint, as meta.json lists it.
-struct CheckpointFile {
-  std::string name;        ///< "rank-00000.hpct"
-  std::uint64_t size = 0;  ///< bytes of the whole file
-  std::uint32_t crc = 0;   ///< CRC-32C of the whole file
-};
-
-/// meta.json of a checkpoint.
-struct CheckpointMeta {
-  CheckpointState state;
-  int world_size = 1;                 ///< ranks of the run that wrote it
-  std::string strategy;               ///< DataParallelStrategy::name() of the writer
-  std::vector<CheckpointFile> files;  ///< rank 0's only, unless the strategy saves per rank
-
-  nlohmann::json to_json() const {
-    nlohmann::json files_json = nlohmann::json::array();
-    for (const auto& file : files) files_json.push_back({{"name", file.name}, {"size", file.size}, {"crc32c", file.crc}});
-    return {{"format", 1}, {"step", state.step}, {"epoch", state.epoch}, {"batch_in_epoch", state.batch_in_epoch},
-            {"seed", state.seed}, {"world_size", world_size}, {"strategy", strategy}, {"files", files_json}};
-  }
-  /// Throws nlohmann::json::exception on a missing or mistyped field.
-  static CheckpointMeta from_json(const nlohmann::json& j) {
-    CheckpointMeta meta;
-    meta.state = {j.at("step").get<std::int64_t>(), j.at("epoch").get<std::int64_t>(), j.at("batch_in_epoch").get<std::int64_t>(),
-                  j.at("seed").get<std::int64_t>()};
-    meta.world_size = j.at("world_size").get<int>();
-    meta.strategy = j.at("strategy").get<std::string>();
-    for (const auto& file : j.at("files"))
-      meta.files.push_back({file.at("name").get<std::string>(), file.at("size").get<std::uint64_t>(), file.at("crc32c").get<std::uint32_t>()});
-    return meta;
-  }
-};
 
 namespace detail {
 inline std::string checkpoint_dir_name(std::int64_t step) { return fmt::format("step-{:010d}", step); }
@@ -234,13 +193,10 @@ class CheckpointStore {
   /// Reads checkpoint `directory`'s meta.json only (its files are verified when opened).
   SavedCheckpoint read(const std::filesystem::path& directory) const {
     const auto meta_path = directory / "meta.json";
-    std::ifstream in(meta_path);
+    std::ifstream in(meta_path, std::ios::binary);
     if (!in) throw RuntimeError("checkpoint", fmt::format("{}: missing (the checkpoint was not committed)", meta_path.string()));
-    try {
-      return {directory, CheckpointMeta::from_json(nlohmann::json::parse(in))};
-    } catch (const nlohmann::json::exception& error) {
-      throw RuntimeError("checkpoint", fmt::format("{}: not a valid checkpoint description: {}", meta_path.string(), error.what()));
-    }
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    return {directory, detail::parse_checkpoint_meta(text, meta_path)};
   }
 
   /// The newest valid checkpoint; each invalid newer one is skipped with a message to `warn`. nullopt when

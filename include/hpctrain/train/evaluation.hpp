@@ -13,6 +13,7 @@
 
 #include <hpctrain/dist/collectives.hpp>
 #include <hpctrain/dist/process_group.hpp>
+#include <hpctrain/train/preemption.hpp>  // note_training_progress
 #include <hpctrain/train/data/sampler.hpp>
 #include <hpctrain/train/data/source.hpp>
 #include <hpctrain/train/metrics.hpp>
@@ -55,6 +56,7 @@ inline Evaluation evaluate(const Training& training, const ModelInstance& model,
   const auto mine = data::strided_indices(dataset.size(), group.world_size(), group.rank());
   const auto batch_size = static_cast<std::size_t>(training.eval_batch_size());
   for (std::size_t begin = 0; begin < mine.size(); begin += batch_size) {
+    note_training_progress();  // a long evaluation after a preemption SIGTERM is progress, not a rank stuck
     const std::size_t end = std::min(mine.size(), begin + batch_size);
     const auto batch = dataset.batch(std::vector<std::int64_t>(mine.begin() + static_cast<std::ptrdiff_t>(begin), mine.begin() + static_cast<std::ptrdiff_t>(end))).to(device);
     StepContext context{*model.module, model.forward, device, training.precision(), group.rank(), group.world_size(), step, 0, 1, training.loss(),

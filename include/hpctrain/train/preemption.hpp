@@ -9,10 +9,22 @@
 // boundary, the ranks agree (any_rank), checkpoint together and exit with exit_requeue. Once they agreed,
 // the loop sets SIGTERM to SIG_IGN (srun --kill-on-bad-exit SIGTERMs the ranks still writing): that
 // replaces this handler and keeps working.
+//
+// SIGTERM also comes from srun tearing a step down after one rank failed (--kill-on-bad-exit), and then the
+// ranks cannot agree: a peer is gone. A collective with a dead peer fails at once on Gloo (the exception ends
+// the rank), but may wait for the process group's timeout (minutes) on NCCL or when a peer hangs. So after a
+// SIGTERM a watchdog thread watches the loop's progress: while steps complete, the ranks are on their way to
+// the agreement (a preemption); when none completes for `termination_stall_timeout` and they have not agreed,
+// the rank is stuck behind a failed peer, and it exits 143 (128 + SIGTERM) with a message saying so.
 #include <atomic>
+#include <chrono>
 #include <csignal>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <string_view>
+#include <thread>
 
 namespace hpctrain {
 
@@ -27,9 +39,67 @@ inline std::atomic<bool>& preemption_flag() {
 }
 inline void on_preemption_signal(int) { preemption_flag().store(true, std::memory_order_relaxed); }
 
+/// What the termination watchdog reads: whether SIGTERM came, whether the ranks agreed since, and the loop's
+/// progress (steps completed).
+struct TerminationWatch {
+  std::atomic<bool> terminated{false};
+  std::atomic<bool> agreed{false};
+  std::atomic<std::int64_t> progress{0};
+  std::atomic<bool> started{false};
+};
+inline TerminationWatch& termination_watch() {
+  static TerminationWatch watch;
+  return watch;
+}
+inline void on_termination_signal(int) {
+  preemption_flag().store(true, std::memory_order_relaxed);
+  termination_watch().terminated.store(true, std::memory_order_relaxed);
+}
+
+/// The stall bound: `HPCTRAIN_TERM_STALL_SECONDS`, else 30 s.
+inline std::chrono::milliseconds termination_stall_timeout() {
+  if (const char* text = std::getenv("HPCTRAIN_TERM_STALL_SECONDS")) {
+    char* end = nullptr;
+    const double seconds = std::strtod(text, &end);
+    if (end != text && *end == '\0' && seconds > 0) return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+  }
+  return std::chrono::seconds(30);
+}
+
+/// The watchdog (one per process, detached): idle until SIGTERM, then exits the process when the loop makes no
+/// progress for the stall timeout and the ranks have not agreed to checkpoint.
+inline void start_termination_watchdog() {
+  auto& watch = termination_watch();
+  if (watch.started.exchange(true)) return;
+  std::thread([&watch] {
+    using clock = std::chrono::steady_clock;
+    while (!watch.terminated.load(std::memory_order_relaxed)) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const auto stall = termination_stall_timeout();
+    auto progress = watch.progress.load();
+    auto since = clock::now();
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (watch.agreed.load()) return;  // a preemption: the checkpoint has the partition's GraceTime
+      if (const auto now_progress = watch.progress.load(); now_progress != progress) {
+        progress = now_progress;
+        since = clock::now();
+      } else if (clock::now() - since >= stall) {
+        const char* rank = std::getenv("SLURM_PROCID") ? std::getenv("SLURM_PROCID") : std::getenv("RANK");
+        std::fprintf(stderr,
+                     "rank %s: SIGTERM, then no step completed for %lld ms and the ranks did not agree to checkpoint: "
+                     "a peer is gone (srun tears the step down after a failed rank); exiting 143 without a "
+                     "checkpoint\n",
+                     rank ? rank : "?", static_cast<long long>(stall.count()));
+        std::fflush(stderr);
+        std::_Exit(128 + SIGTERM);
+      }
+    }
+  }).detach();
+}
+
 inline void set_preemption_handler(int signal_number) {
   struct sigaction action {};
-  action.sa_handler = on_preemption_signal;
+  action.sa_handler = signal_number == SIGTERM ? on_termination_signal : on_preemption_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // collectives and file I/O in flight carry on; the loop polls the flag
   sigaction(signal_number, &action, nullptr);
@@ -65,8 +135,18 @@ inline void install_preemption_handler(int signal_number) {
 /// (preemption by a higher-priority partition), and clears the flag.
 inline void install_preemption_handler() {
   install_preemption_handler(preemption_signal_from_environment());
+  detail::termination_watch().terminated.store(false);
+  detail::termination_watch().agreed.store(false);
   detail::set_preemption_handler(SIGTERM);
+  detail::start_termination_watchdog();
 }
+
+/// The loop completed a step: after a SIGTERM, progress tells a preemption on its way to the agreement from a
+/// rank stuck behind a failed peer (the watchdog above). One relaxed atomic increment.
+inline void note_training_progress() { detail::termination_watch().progress.fetch_add(1, std::memory_order_relaxed); }
+
+/// The ranks agreed to checkpoint for a preemption: the watchdog stands down.
+inline void note_preemption_agreed() { detail::termination_watch().agreed.store(true); }
 
 /// Whether a preemption signal arrived since the handler was installed.
 inline bool preemption_requested() { return detail::preemption_flag().load(std::memory_order_relaxed); }

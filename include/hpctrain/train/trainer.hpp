@@ -178,6 +178,7 @@ class Trainer {
     while (step_ < epoch_end) {
       train_step(batches.next());
       after_step();
+      note_training_progress();
       if (preemption_agreed()) return false;
     }
     return true;
@@ -273,6 +274,7 @@ class Trainer {
     // check out) turns the step's status into 143 and the batch script would not requeue. So the rest
     // of this process's life ignores SIGTERM; SIGKILL after Slurm's KillWait still applies.
     std::signal(SIGTERM, SIG_IGN);
+    note_preemption_agreed();
     save_checkpoint();
     // The batch script also requeues when this marker exists, whatever status srun reports.
     if (const char* marker = std::getenv("HPCTRAIN_REQUEUE_MARKER"); marker != nullptr && world_.rank == 0) std::ofstream(marker) << step_ << "\n";

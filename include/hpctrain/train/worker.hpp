@@ -3,16 +3,23 @@
 // (--epochs, --max-steps, --batch-size, --lr, --sharding) and the program's own (`Training::knob`) — is the same one the
 // login command checked; the worker reads its forwarded arguments with it, applies them, finds its place in
 // the world from the environment, trains, and maps errors to the exit codes of DESIGN.md.
+#include <charconv>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <optional>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/error_ids.hpp>
 #include <hpctrain/job/knobs.hpp>
+#include <hpctrain/names.hpp>
 #include <hpctrain/slurm/world.hpp>
 #include <hpctrain/train/run_directory.hpp>
 #include <hpctrain/train/trainer.hpp>
@@ -66,6 +73,42 @@ inline Training with_knobs(Training training, const Knobs& knobs) {
   return training;
 }
 
+namespace detail {
+/// A whole number of seconds in [0, 86400] from environment variable `name`, or nothing when it is unset;
+/// RuntimeError(rendezvous) naming the variable and its value otherwise.
+inline std::optional<std::int64_t> seconds_from_environment(const char* name) {
+  const auto text = hpctrain::getenv(name);
+  if (!text) return std::nullopt;
+  std::int64_t seconds = -1;
+  const auto [end, error] = std::from_chars(text->data(), text->data() + text->size(), seconds);
+  if (error != std::errc() || end != text->data() + text->size() || seconds < 0 || seconds > 86400)
+    throw RuntimeError(errors::runtime_rendezvous,
+                       fmt::format("{}={:?} is not a whole number of seconds in [0, 86400]", name, *text));
+  return seconds;
+}
+
+/// The distributed runtime's settings: the rendezvous timeout from HPCTRAIN_RENDEZVOUS_TIMEOUT_S if set.
+inline dist::Options dist_options_from_environment() {
+  dist::Options options;
+  if (auto seconds = seconds_from_environment(env::rendezvous_timeout)) {
+    if (*seconds == 0)
+      throw RuntimeError(errors::runtime_rendezvous, fmt::format("{}=0: the timeout must be positive", env::rendezvous_timeout));
+    options.timeout = std::chrono::seconds(*seconds);
+  }
+  return options;
+}
+
+/// The fault tests' hook (HPCTRAIN_TEST_DELAY_RANK0_S): rank 0 starts late, as on a slow node.
+inline void delay_rank0_for_tests(int rank) {
+  if (rank != 0) return;
+  if (auto seconds = seconds_from_environment(env::test_delay_rank0); seconds && *seconds > 0) {
+    fmt::print("hpctrain: {}: rank 0 sleeps {} s before the rendezvous\n", env::test_delay_rank0, *seconds);
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::seconds(*seconds));
+  }
+}
+}  // namespace detail
+
 /// One rank: applies the knobs, trains, returns exit_ok, exit_requeue, exit_usage or exit_failure.
 inline int run_worker(const Training& training, const Knobs& knobs) {
   int rank = 0;
@@ -75,7 +118,9 @@ inline int run_worker(const Training& training, const Knobs& knobs) {
     const auto configured = with_knobs(training, knobs);
     if (rank == 0) fmt::print("hpctrain: {}\n", resolve_run_directory(configured.run_dir()).describe());
     std::fflush(stdout);
-    return train(configured, world).exit_code;
+    const auto options = detail::dist_options_from_environment();
+    detail::delay_rank0_for_tests(rank);
+    return train(configured, world, options).exit_code;
   } catch (const SpecError& error) {
     fmt::print(stderr, "rank {}: {}\n", rank, error.what());
     return exit_usage;

@@ -153,8 +153,26 @@ int main(int argc, char** argv) {
         .declare<double>("lr", 1e-3, "base learning rate", ht::positive())
         .declare<std::int64_t>("warmup_steps", 100, "steps of linear warm-up", ht::non_negative())
         .declare<bool>("compile", false, "a switch");
+    // PROBE_SWEEP=good|bad|undeclared: a sweep over those knobs (tests/job/sweep_test.cpp); each task's rank 0
+    // writes metrics.jsonl records computed from its knob values, so --results has a known best-first order.
+    if (const char* sweep = std::getenv("PROBE_SWEEP")) {
+      const std::string kind = sweep;
+      if (kind == "good") job.sweep(ht::Sweep().grid("lr", {0.002, 0.001}).grid("warmup_steps", {0, 10}));
+      if (kind == "bad") job.sweep(ht::Sweep().grid("lr", {0.001, 0.002, -0.5}).grid("warmup_steps", {0, 10, 20}));
+      if (kind == "undeclared") job.sweep(ht::Sweep().grid("warmup_step", {1, 2}));
+    }
     return ht::run_job(argc, argv, job, knobs, [](const ht::Knobs& values) {
       const auto rank = env_or("SLURM_PROCID", env_or("RANK", "?").c_str());
+      if (std::getenv("PROBE_SWEEP") && rank == "0") {
+        const double lr = values.get<double>("lr");
+        const auto warmup = values.get<std::int64_t>("warmup_steps");
+        const double eval_loss = lr * 1000 + static_cast<double>(warmup) / 100;
+        std::ofstream metrics(env_or("HPCTRAIN_RUN_DIR", ".") + "/metrics.jsonl");
+        metrics << fmt::format("{{\"step\": 5, \"epoch\": 0, \"loss\": {}}}\n", lr * 2000)
+                << fmt::format("{{\"step\": 5, \"eval_loss\": {}, \"eval_accuracy\": {}, \"eval_examples\": 100}}\n",
+                               eval_loss, 1 - eval_loss / 10);
+      }
+      if (const char* seconds = std::getenv("PROBE_SLEEP")) std::this_thread::sleep_for(std::chrono::seconds(std::stoi(seconds)));
       std::string lines;
       for (const auto& spec : values.specs())
         if (values.given(spec.name)) lines += fmt::format("probe rank={} knob {} given\n", rank, spec.name);
