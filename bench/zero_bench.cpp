@@ -1,11 +1,13 @@
 // hpctrain's side of bench/zero_vs_torch: memory per rank and steps/s of Replicated (GradientSync + the
-// optimizer on the whole model), ZeRO-1 and ZeRO-2 on a stack of Linear layers with AdamW, Gloo on CPU.
+// optimizer on the whole model), ZeRO-1, ZeRO-2 and ZeRO-3 on a stack of Linear layers with AdamW, Gloo on
+// CPU. Each Linear + ReLU is a block (hpctrain::ListsBlocks): ZeRO-3's unit; the head is outside the blocks.
 // bench/zero_peer.py is the same training with torch DDP, ZeroRedundancyOptimizer and FSDP2 under torchrun.
-//   hpctrain_zero_bench --strategy replicated|zero1|zero2 [--ranks N] [--steps S] [--width W] [--layers L]
+//   hpctrain_zero_bench --strategy replicated|zero1|zero2|zero3 [--ranks N] [--steps S] [--width W] [--layers L]
 // --ranks N > 1 starts N ranks of this binary with hpctrain::launch_local (what `--local N` does). Rank 0
 // prints one JSON line with the largest figure over the ranks:
 //   optimizer_state_bytes   tensors of the optimizer state this rank holds
 //   param_grad_bytes        parameters + gradients (full, or the shard) + fp32 masters held between steps
+//   peak_param_grad_bytes   the same plus, for ZeRO-3, the most gathered blocks held at once (measured)
 //   max_rss_mb              the rank's peak resident set (getrusage), everything included
 #include <sys/resource.h>
 
@@ -23,7 +25,8 @@
 #include <hpctrain/dist/dist.hpp>
 #include <hpctrain/slurm/local_launch.hpp>
 #include <hpctrain/slurm/world.hpp>
-#include <hpctrain/train/strategies/zero.hpp>
+#include <hpctrain/models/blocks.hpp>
+#include <hpctrain/train/strategies/sharded.hpp>
 
 namespace {
 
@@ -51,15 +54,29 @@ Settings parse(int argc, char** argv) {
   return settings;
 }
 
-torch::nn::Sequential make_model(const Settings& settings) {
-  torch::nn::Sequential model;
-  for (int i = 0; i < settings.layers; ++i) {
-    model->push_back(torch::nn::Linear(settings.width, settings.width));
-    model->push_back(torch::nn::ReLU());
+/// L x (Linear(W, W) + ReLU) blocks, then Linear(W, 10).
+struct StackImpl : torch::nn::Module, hpctrain::ListsBlocks {
+  explicit StackImpl(const Settings& settings) {
+    for (int i = 0; i < settings.layers; ++i)
+      layers.push_back(register_module(std::to_string(i), torch::nn::Linear(settings.width, settings.width)));
+    head = register_module("head", torch::nn::Linear(settings.width, 10));
   }
-  model->push_back(torch::nn::Linear(settings.width, 10));
-  return model;
-}
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() override {
+    std::vector<std::shared_ptr<torch::nn::Module>> out;
+    for (auto& layer : layers) out.push_back(layer.ptr());
+    return out;
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (std::size_t i = 0; i < layers.size(); ++i)
+      x = run_block(i, [layer = layers[i]](const torch::Tensor& in) mutable { return torch::relu(layer(in)); }, x);
+    return head(x);
+  }
+  std::vector<torch::nn::Linear> layers;
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(Stack);
+
+Stack make_model(const Settings& settings) { return Stack(settings); }
 
 std::unique_ptr<torch::optim::Optimizer> make_adamw(const hpctrain::NamedParameters& named) {
   std::vector<torch::Tensor> tensors;
@@ -101,10 +118,10 @@ int main(int argc, char** argv) try {
   auto loss = [&] { return torch::nn::functional::cross_entropy(model->forward(inputs), targets); };
 
   std::function<void()> step;
-  std::function<std::size_t()> optimizer_bytes, param_grad_bytes;
+  std::function<std::size_t()> optimizer_bytes, param_grad_bytes, peak_param_grad_bytes;
   std::unique_ptr<hpctrain::dist::GradientSync> sync;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  std::unique_ptr<hpctrain::ZeroStrategy> zero;
+  std::unique_ptr<hpctrain::DataParallelStrategy> sharded;
   std::size_t parameter_bytes = 0;
   for (const auto& parameter : model->parameters()) parameter_bytes += parameter.nbytes();
   if (settings.strategy == "replicated") {
@@ -121,19 +138,28 @@ int main(int argc, char** argv) try {
     optimizer_bytes = [&] { return state_bytes(*optimizer); };
     param_grad_bytes = [&] { return 2 * parameter_bytes; };
   } else {
-    zero = std::make_unique<hpctrain::ZeroStrategy>(hpctrain::ZeroOptions(
-        settings.strategy == "zero1" ? hpctrain::zero1 : hpctrain::zero2));
-    zero->setup({group, model.ptr(), make_adamw});
+    const auto stage = hpctrain::zero_stage_from_name(settings.strategy);
+    if (!stage || *stage == hpctrain::no_sharding) throw std::invalid_argument("unknown strategy " + settings.strategy);
+    sharded = hpctrain::make_zero_strategy(*stage);
+    sharded->setup({group, model.ptr(), make_adamw});
     step = [&] {
-      zero->zero_grad();
-      zero->set_sync(true);
+      sharded->zero_grad();
+      sharded->set_sync(true);
       loss().backward();
-      zero->finish_gradients();
-      zero->step();
+      sharded->finish_gradients();
+      sharded->step();
     };
-    optimizer_bytes = [&] { return zero->optimizer_state_bytes(); };
-    param_grad_bytes = [&] { return parameter_bytes + zero->gradient_bytes() + zero->master_bytes(); };
+    if (auto* zero = dynamic_cast<hpctrain::ZeroStrategy*>(sharded.get())) {
+      optimizer_bytes = [zero] { return zero->optimizer_state_bytes(); };
+      param_grad_bytes = [zero, parameter_bytes] { return parameter_bytes + zero->gradient_bytes() + zero->master_bytes(); };
+    } else {
+      auto* full = dynamic_cast<hpctrain::FullyShardedStrategy*>(sharded.get());
+      optimizer_bytes = [full] { return full->optimizer_state_bytes(); };
+      param_grad_bytes = [full] { return full->resident_parameter_bytes() + full->gradient_bytes() + full->master_bytes(); };
+      peak_param_grad_bytes = [full, param_grad_bytes] { return param_grad_bytes() + full->peak_gathered_bytes(); };
+    }
   }
+  if (!peak_param_grad_bytes) peak_param_grad_bytes = param_grad_bytes;
 
   for (int i = 0; i < settings.warmup; ++i) step();
   hpctrain::dist::barrier(*group);
@@ -146,13 +172,15 @@ int main(int argc, char** argv) try {
   ::getrusage(RUSAGE_SELF, &usage);
   const double optimizer_max = max_over_ranks(*group, static_cast<double>(optimizer_bytes()));
   const double param_grad_max = max_over_ranks(*group, static_cast<double>(param_grad_bytes()));
+  const double peak_max = max_over_ranks(*group, static_cast<double>(peak_param_grad_bytes()));
   const double rss_max = max_over_ranks(*group, usage.ru_maxrss / 1024.0);
   if (group->rank() == 0) {
     std::cout << fmt::format(R"({{"side": "hpctrain", "strategy": "{}", "world": {}, "parameters": {}, )"
-                             R"("optimizer_state_bytes": {:.0f}, "param_grad_bytes": {:.0f}, "max_rss_mb": {:.1f}, )"
+                             R"("optimizer_state_bytes": {:.0f}, "param_grad_bytes": {:.0f}, "peak_param_grad_bytes": {:.0f}, )"
+                             R"("max_rss_mb": {:.1f}, )"
                              R"("steps_per_s": {:.3f}}})",
                              settings.strategy, group->world_size(), parameter_bytes / 4, optimizer_max,
-                             param_grad_max, rss_max, settings.steps / seconds)
+                             param_grad_max, peak_max, rss_max, settings.steps / seconds)
               << std::endl;
   }
   return 0;

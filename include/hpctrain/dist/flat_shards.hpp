@@ -37,8 +37,13 @@ class FlatShardLayout {
   /// `numels[i]` and `shapes[i]` describe parameter i (registration order); buckets as GradientSync plans them.
   FlatShardLayout(const std::vector<detail::ParameterShape>& shapes, const std::vector<std::int64_t>& numels,
                   int world_size, const GradientSyncOptions& options = {})
+      : FlatShardLayout(numels, world_size, detail::plan_buckets(shapes, options)) {}
+
+  /// Buckets given explicitly: `groups[b]` lists bucket b's parameters (indices into `numels`) in buffer order
+  /// (the fully sharded strategy: one bucket per block).
+  FlatShardLayout(const std::vector<std::int64_t>& numels, int world_size, const std::vector<std::vector<std::size_t>>& groups)
       : world_size_(world_size), numels_(numels) {
-    for (const auto& planned : detail::plan_buckets(shapes, options)) {
+    for (const auto& planned : groups) {
       FlatBucket bucket;
       for (auto parameter : planned) {
         bucket.parameters.push_back(parameter);

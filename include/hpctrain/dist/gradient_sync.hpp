@@ -6,11 +6,13 @@
 // has no AVG) and all-reduced asynchronously while backward goes on. Buckets are launched strictly in
 // bucket order on every rank, so collectives pair up even if autograd completes them in another order.
 // finish() waits for every bucket and writes the averaged gradients back before optimizer.step().
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -69,12 +71,80 @@ inline std::vector<std::vector<std::size_t>> plan_buckets(const std::vector<Para
   return buckets;
 }
 
+/// The launch order of bucketed gradient collectives, shared by GradientSync (all-reduce) and ShardedGradients
+/// (reduce-scatter): counts each parameter's gradient as it arrives (from a post-accumulate-grad hook), marks
+/// a bucket complete when all of its parameters arrived, and launches complete buckets strictly in bucket
+/// order, so that the collectives pair up across ranks whatever order autograd finishes them in. The caller
+/// serialises calls (its mutex); launched() may be read from any thread.
+class BucketLaunchOrder {
+ public:
+  /// `buckets[b]` lists bucket b's parameters (indices below `parameters`).
+  void plan(const std::vector<std::vector<std::size_t>>& buckets, std::size_t parameters) {
+    bucket_of_.assign(parameters, 0);
+    sizes_.clear();
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      sizes_.push_back(buckets[b].size());
+      for (auto parameter : buckets[b]) bucket_of_[parameter] = b;
+    }
+    reset();
+  }
+
+  /// Records parameter `p`'s gradient and calls `launch(b)` for every bucket that may go now. A second
+  /// gradient before reset() is a RuntimeError naming the parameter (`name`) and the call that resets
+  /// (`finish_call`, e.g. "finish()").
+  template <class Launch>
+  void arrive(std::size_t p, const std::string& name, std::string_view finish_call, Launch&& launch) {
+    if (arrived_[p]) {
+      throw RuntimeError("gradient_sync", fmt::format("parameter '{}' received a gradient twice before {}; call it "
+                                                      "after every synchronised backward", name, finish_call));
+    }
+    arrived_[p] = true;
+    const auto b = bucket_of_[p];
+    if (++counts_[b] == sizes_[b]) {
+      complete_[b] = true;
+      launch_in_order(launch);
+    }
+  }
+
+  /// Launches every bucket not launched yet, in order: those whose gradients did not all arrive (unused
+  /// parameters, or no backward at all) still go out, so that every rank launches the same collectives.
+  template <class Launch>
+  void launch_all(Launch&& launch) {
+    std::fill(complete_.begin(), complete_.end(), true);
+    launch_in_order(launch);
+  }
+
+  /// Whether parameter `p`'s gradient arrived since the last reset().
+  bool arrived(std::size_t p) const { return arrived_[p]; }
+  /// Forgets arrivals and launches: the next synchronised backward starts over.
+  void reset() {
+    arrived_.assign(bucket_of_.size(), false);
+    counts_.assign(sizes_.size(), 0);
+    complete_.assign(sizes_.size(), false);
+    next_ = 0;
+  }
+  /// Buckets launched since plan() (instrumentation: shows communication starting during backward).
+  std::size_t launched() const { return launched_; }
+
+ private:
+  template <class Launch>
+  void launch_in_order(Launch& launch) {
+    while (next_ < complete_.size() && complete_[next_]) {
+      launch(next_++);
+      ++launched_;
+    }
+  }
+
+  std::vector<std::size_t> bucket_of_, sizes_, counts_;
+  std::vector<bool> arrived_, complete_;
+  std::size_t next_ = 0;
+  std::atomic<std::size_t> launched_{0};
+};
+
 struct SyncBucket {
   std::vector<std::size_t> parameters;  // indices into SyncState::parameters
   std::vector<std::int64_t> offsets;    // element offset of each parameter in `buffer`
   torch::Tensor buffer;                 // flat gradients, all-reduced in place
-  std::size_t arrived = 0;
-  bool complete = false;
   c10::intrusive_ptr<c10d::Work> work;
 };
 
@@ -83,11 +153,8 @@ struct SyncState {
   std::shared_ptr<ProcessGroup> group;
   std::vector<torch::Tensor> parameters;
   std::vector<std::string> names;
-  std::vector<std::pair<std::size_t, std::size_t>> slot_of;  // parameter -> (bucket, position)
-  std::vector<bool> arrived;
   std::vector<SyncBucket> buckets;
-  std::size_t next_to_launch = 0;
-  std::atomic<std::size_t> launched{0};  // read by instrumentation from other threads
+  BucketLaunchOrder order;
   bool sync = true;
   std::vector<std::string> without_gradient;
   std::mutex mutex;
@@ -108,27 +175,12 @@ struct SyncState {
     bucket.buffer.mul_(1.0 / group->world_size());
     std::vector<torch::Tensor> tensors{bucket.buffer};
     bucket.work = start(*group, "gradient all_reduce", [&] { return group->backend()->allreduce(tensors); });
-    ++launched;
-  }
-
-  void launch_complete_buckets_in_order() {
-    while (next_to_launch < buckets.size() && buckets[next_to_launch].complete) launch(next_to_launch++);
   }
 
   void on_gradient(std::size_t parameter) {
     std::lock_guard lock(mutex);
     if (!sync) return;
-    if (arrived[parameter]) {
-      throw RuntimeError("gradient_sync", fmt::format("parameter '{}' received a gradient twice before finish(); call "
-                                                      "finish() after every synchronised backward",
-                                                      names[parameter]));
-    }
-    arrived[parameter] = true;
-    auto& bucket = buckets[slot_of[parameter].first];
-    if (++bucket.arrived == bucket.parameters.size()) {
-      bucket.complete = true;
-      launch_complete_buckets_in_order();
-    }
+    order.arrive(parameter, names[parameter], "finish()", [this](std::size_t b) { launch(b); });
   }
 };
 
@@ -165,14 +217,12 @@ class GradientSync {
     if (state_->group->world_size() == 1) return;
 
     broadcast_module(*state_->group, module);
-    state_->slot_of.resize(state_->parameters.size());
-    state_->arrived.assign(state_->parameters.size(), false);
+    state_->order.plan(plan_, state_->parameters.size());
     for (std::size_t b = 0; b < plan_.size(); ++b) {
       detail::SyncBucket bucket;
       std::int64_t elements = 0;
       for (std::size_t position = 0; position < plan_[b].size(); ++position) {
         const auto parameter = plan_[b][position];
-        state_->slot_of[parameter] = {b, position};
         bucket.parameters.push_back(parameter);
         bucket.offsets.push_back(elements);
         elements += state_->parameters[parameter].numel();
@@ -212,11 +262,8 @@ class GradientSync {
     if (!state.sync) return;
     state.without_gradient.clear();
     for (std::size_t i = 0; i < state.parameters.size(); ++i)
-      if (!state.arrived[i]) state.without_gradient.push_back(state.names[i]);
-    // Buckets whose gradients did not all arrive (unused parameters, or no backward at all) still go out,
-    // in order, so that every rank launches the same collectives.
-    for (auto& bucket : state.buckets) bucket.complete = true;
-    state.launch_complete_buckets_in_order();
+      if (!state.order.arrived(i)) state.without_gradient.push_back(state.names[i]);
+    state.order.launch_all([&state](std::size_t b) { state.launch(b); });
     torch::NoGradGuard no_grad;
     for (auto& bucket : state.buckets) {
       detail::wait_for(*state.group, bucket.work, "gradient all_reduce");
@@ -230,11 +277,8 @@ class GradientSync {
         }
       }
       bucket.work.reset();
-      bucket.arrived = 0;
-      bucket.complete = false;
     }
-    state.arrived.assign(state.parameters.size(), false);
-    state.next_to_launch = 0;
+    state.order.reset();
   }
 
   /// Parameter names per bucket, in launch order (the plan; also at world size 1).
@@ -249,7 +293,7 @@ class GradientSync {
   /// Number of buckets.
   std::size_t bucket_count() const { return plan_.size(); }
   /// All-reduces launched since construction (instrumentation: shows communication starting during backward).
-  std::size_t launched_bucket_count() const { return state_->launched; }
+  std::size_t launched_bucket_count() const { return state_ && state_->group->world_size() > 1 ? state_->order.launched() : 0; }
   /// Names of the parameters that received no gradient on this rank in the last synchronised step.
   std::vector<std::string> parameters_without_gradient() const { return state_->without_gradient; }
 

@@ -18,6 +18,7 @@
 #include <torch/types.h>
 
 #include <hpctrain/dist/flat_shards.hpp>
+#include <hpctrain/dist/gradient_sync.hpp>
 #include <hpctrain/dist/process_group.hpp>
 #include <hpctrain/dist/shard_collectives.hpp>
 #include <hpctrain/error.hpp>
@@ -26,11 +27,27 @@ namespace hpctrain::dist {
 
 namespace detail {
 
-struct ShardedBucketState {
-  std::size_t arrived = 0;
-  bool complete = false;
-  PendingReduceScatter reduce_scatter;
-};
+}  // namespace detail
+
+/// Copies the gradients of `bucket`'s parameters into a fresh padded flat buffer (pre-scaled by 1/N: Gloo has
+/// no AVG; a parameter without gradient contributes zeros, the peers may have one), releases them (only the
+/// shard survives), and starts reduce-scattering the buffer into `gradient_shard`. Nothing for an empty bucket.
+inline PendingReduceScatter start_bucket_reduce_scatter(ProcessGroup& group, const FlatBucket& bucket,
+                                                        std::vector<torch::Tensor>& parameters, torch::Tensor gradient_shard) {
+  if (bucket.padded_numel == 0) return {};
+  torch::NoGradGuard no_grad;
+  auto input = torch::zeros({bucket.padded_numel}, gradient_shard.options());
+  for (std::size_t k = 0; k < bucket.parameters.size(); ++k) {
+    auto& parameter = parameters[bucket.parameters[k]];
+    if (!parameter.grad().defined()) continue;
+    input.narrow(0, bucket.offsets[k], parameter.grad().numel()).copy_(parameter.grad().reshape({-1}));
+    parameter.mutable_grad().reset();
+  }
+  input.mul_(1.0 / group.world_size());
+  return start_reduce_scatter(group, std::move(input), std::move(gradient_shard));
+}
+
+namespace detail {
 
 /// What the autograd hooks share with ShardedGradients (shared_ptr: hooks may outlive it).
 struct ShardedGradientState {
@@ -38,48 +55,20 @@ struct ShardedGradientState {
   FlatShardLayout layout;
   std::vector<torch::Tensor> parameters;
   std::vector<std::string> names;
-  std::vector<std::pair<std::size_t, std::size_t>> slot_of;  // parameter -> (bucket, position)
-  std::vector<bool> arrived;
-  std::vector<ShardedBucketState> buckets;
-  std::vector<torch::Tensor> gradient_shards;  // per bucket: this rank's averaged gradient shard
-  std::size_t next_to_launch = 0;
-  std::atomic<std::size_t> launched{0};
+  std::vector<PendingReduceScatter> reduce_scatters;  // per bucket
+  std::vector<torch::Tensor> gradient_shards;         // per bucket: this rank's averaged gradient shard
+  BucketLaunchOrder order;                             // GradientSync's: strictly in bucket order
   bool sync = true;
   std::mutex mutex;
 
   void launch(std::size_t index) {
-    const auto& bucket = layout.buckets()[index];
-    torch::NoGradGuard no_grad;
-    auto input = torch::zeros({bucket.padded_numel}, gradient_shards[index].options());
-    for (std::size_t k = 0; k < bucket.parameters.size(); ++k) {
-      auto& parameter = parameters[bucket.parameters[k]];
-      if (!parameter.grad().defined()) continue;  // no gradient here this step: zeros, the peers may have one
-      input.narrow(0, bucket.offsets[k], parameter.numel()).copy_(parameter.grad().reshape({-1}));
-      parameter.mutable_grad().reset();  // the full gradient is not kept: only the shard survives
-    }
-    input.mul_(1.0 / group->world_size());
-    buckets[index].reduce_scatter = start_reduce_scatter(*group, std::move(input), gradient_shards[index]);
-    ++launched;
-  }
-
-  void launch_complete_buckets_in_order() {
-    while (next_to_launch < buckets.size() && buckets[next_to_launch].complete) launch(next_to_launch++);
+    reduce_scatters[index] = start_bucket_reduce_scatter(*group, layout.buckets()[index], parameters, gradient_shards[index]);
   }
 
   void on_gradient(std::size_t parameter) {
     std::lock_guard lock(mutex);
     if (!sync) return;
-    if (arrived[parameter]) {
-      throw RuntimeError("gradient_sync", fmt::format("parameter '{}' received a gradient twice before "
-                                                      "finish_gradients(); call it after every synchronised backward",
-                                                      names[parameter]));
-    }
-    arrived[parameter] = true;
-    auto& bucket = buckets[slot_of[parameter].first];
-    if (++bucket.arrived == layout.buckets()[slot_of[parameter].first].parameters.size()) {
-      bucket.complete = true;
-      launch_complete_buckets_in_order();
-    }
+    order.arrive(parameter, names[parameter], "finish_gradients()", [this](std::size_t b) { launch(b); });
   }
 };
 
@@ -109,15 +98,15 @@ class ShardedGradients {
     state.layout = std::move(layout);
     state.parameters = std::move(parameters);
     state.names = std::move(names);
-    state.slot_of.resize(state.parameters.size());
-    state.arrived.assign(state.parameters.size(), false);
     const auto& buckets = state.layout.buckets();
-    for (std::size_t b = 0; b < buckets.size(); ++b) {
-      for (std::size_t k = 0; k < buckets[b].parameters.size(); ++k) state.slot_of[buckets[b].parameters[k]] = {b, k};
-      const auto& first = state.parameters[buckets[b].parameters.front()];
-      state.gradient_shards.push_back(torch::zeros({buckets[b].shard_numel}, first.options().requires_grad(false)));
-      state.buckets.emplace_back();
+    std::vector<std::vector<std::size_t>> plan;
+    for (const auto& bucket : buckets) {
+      plan.push_back(bucket.parameters);
+      const auto& first = state.parameters[bucket.parameters.front()];
+      state.gradient_shards.push_back(torch::zeros({bucket.shard_numel}, first.options().requires_grad(false)));
     }
+    state.reduce_scatters.resize(buckets.size());
+    state.order.plan(plan, state.parameters.size());
     for (std::size_t i = 0; i < state.parameters.size(); ++i) {
       torch::autograd::impl::set_post_acc_grad_hooks(state.parameters[i],
                                                      std::make_unique<detail::GradientShardArrived>(state_, i));
@@ -141,21 +130,15 @@ class ShardedGradients {
     auto& state = *state_;
     std::lock_guard lock(state.mutex);
     if (!state.sync) return;
-    for (auto& bucket : state.buckets) bucket.complete = true;
-    state.launch_complete_buckets_in_order();
-    for (auto& bucket : state.buckets) {
-      wait(*state.group, bucket.reduce_scatter);
-      bucket.arrived = 0;
-      bucket.complete = false;
-    }
-    state.arrived.assign(state.parameters.size(), false);
-    state.next_to_launch = 0;
+    state.order.launch_all([&state](std::size_t b) { state.launch(b); });
+    for (auto& reduce_scatter : state.reduce_scatters) wait(*state.group, reduce_scatter);
+    state.order.reset();
   }
 
   /// This rank's averaged gradient shard of bucket `b` (valid after finish()).
   const torch::Tensor& gradient_shard(std::size_t b) const { return state_->gradient_shards[b]; }
   /// Reduce-scatters launched since construction (instrumentation: communication during backward).
-  std::size_t launched_bucket_count() const { return state_->launched; }
+  std::size_t launched_bucket_count() const { return state_->order.launched(); }
 
  private:
   std::shared_ptr<detail::ShardedGradientState> state_;

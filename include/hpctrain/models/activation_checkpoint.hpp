@@ -4,7 +4,8 @@
 // again with grad enabled and back-propagates through that copy (the "reentrant" checkpoint of PyTorch).
 // Gradients of the block's parameters accumulate into their .grad as usual. The random state (dropout)
 // and the autocast state of the forward are restored for the recomputation, so it computes the same
-// values.
+// values. Hooks around the forward call and around recomputation + backward let the fully sharded strategy
+// gather a block's parameters just before each and free them after (train/strategies/fully_sharded.hpp).
 #include <functional>
 #include <mutex>
 #include <utility>
@@ -16,17 +17,37 @@ namespace hpctrain::models {
 
 namespace detail {
 
+}  // namespace detail
+
+/// Called around a checkpointed block's two runs; any may be empty.
+struct CheckpointHooks {
+  std::function<void()> before_forward;    ///< before the forward run (no grad)
+  std::function<void()> after_forward;     ///< after it
+  std::function<void()> before_recompute;  ///< in backward, before the block runs again with grad
+  std::function<void()> after_backward;    ///< once the block's gradients (parameters and input) are computed
+};
+
+namespace detail {
+
+inline void call_hook(const std::function<void()>& hook) {
+  if (hook) hook();
+}
+
 /// What the recomputation needs, carried through the autograd context.
 struct Recomputation : torch::CustomClassHolder {
   std::function<torch::Tensor(const torch::Tensor&)> block;
+  CheckpointHooks hooks;
   torch::Tensor rng_state;
   bool autocast_enabled = false;
   at::ScalarType autocast_dtype = at::kFloat;
 };
 
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
+  // `anchor` is a 0-dim tensor that requires grad: the output then requires grad (and backward runs, giving
+  // the block's parameters their gradients) even when `input` does not (raw data into a first block).
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor input,
-                               c10::intrusive_ptr<Recomputation> recomputation) {
+                               c10::intrusive_ptr<Recomputation> recomputation, torch::Tensor anchor) {
+    (void)anchor;
     const auto device_type = input.device().type();
     recomputation->autocast_enabled = at::autocast::is_autocast_enabled(device_type);
     recomputation->autocast_dtype = at::autocast::get_autocast_dtype(device_type);
@@ -38,7 +59,10 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     ctx->save_for_backward({input});
     ctx->saved_data["recomputation"] = c10::IValue::make_capsule(c10::static_intrusive_pointer_cast<torch::CustomClassHolder>(recomputation));
     torch::NoGradGuard no_grad;
-    return recomputation->block(input);
+    call_hook(recomputation->hooks.before_forward);
+    auto output = recomputation->block(input);
+    call_hook(recomputation->hooks.after_forward);
+    return output;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
@@ -60,6 +84,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     at::autocast::set_autocast_enabled(device_type, recomputation->autocast_enabled);
     // Cast weights cached here must not outlive the recomputation (the optimizer changes the weights).
     at::autocast::increment_nesting();
+    call_hook(recomputation->hooks.before_recompute);
     torch::Tensor output;
     {
       torch::AutoGradMode enable(true);
@@ -73,7 +98,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       generator.set_state(current);
     }
     torch::autograd::backward({output}, {grads[0]});
-    return {input.grad(), torch::Tensor()};
+    call_hook(recomputation->hooks.after_backward);
+    return {input.grad(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -81,10 +107,16 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
 /// `block(input)`, keeping only `input` for backward: the block runs again there. The result must depend
 /// on `input` (which must require grad) for the block's parameters to receive gradients.
-inline torch::Tensor checkpointed(std::function<torch::Tensor(const torch::Tensor&)> block, const torch::Tensor& input) {
+/// With `hooks`, each is called at its point (see CheckpointHooks); the block's parameters then receive
+/// gradients even when `input` does not require grad.
+inline torch::Tensor checkpointed(std::function<torch::Tensor(const torch::Tensor&)> block, const torch::Tensor& input,
+                                  CheckpointHooks hooks = {}) {
   auto recomputation = c10::make_intrusive<detail::Recomputation>();
   recomputation->block = std::move(block);
-  return detail::CheckpointFunction::apply(input, recomputation);
+  recomputation->hooks = std::move(hooks);
+  // A fresh leaf per call: autograd then runs backward whenever the block's output is used in a loss.
+  auto anchor = torch::zeros({}, torch::TensorOptions().device(input.device()).requires_grad(torch::GradMode::is_enabled()));
+  return detail::CheckpointFunction::apply(input, recomputation, anchor);
 }
 
 }  // namespace hpctrain::models

@@ -11,6 +11,8 @@
 #include <torch/torch.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/models/activation_checkpoint.hpp>
+#include <hpctrain/models/blocks.hpp>
 
 namespace hpctrain::models {
 
@@ -75,12 +77,12 @@ inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tenso
 }
 
 /// A decoder-only language model: token ids [B, T] in, logits [B, T, vocab] out.
-class CausalLM : public torch::nn::Module {
+class CausalLM : public torch::nn::Module, public ListsBlocks {
  public:
   /// Logits for `input_ids` [B, T]; with a cache, the tokens continue the cached ones and are appended.
   virtual torch::Tensor forward(const torch::Tensor& input_ids, KVCache* cache = nullptr) = 0;
-  /// The transformer blocks in order (e.g. for a fully-sharded strategy that gathers block by block).
-  virtual std::vector<std::shared_ptr<torch::nn::Module>> blocks() = 0;
+  // blocks() (ListsBlocks): the transformer blocks in order; forward runs each through run_block, so the
+  // fully sharded strategy can gather block by block.
   /// An empty cache for `batch` sequences of up to `capacity` positions, on the model's device and dtype.
   virtual KVCache make_cache(std::int64_t batch, std::int64_t capacity) = 0;
   /// The longest sequence the model accepts (learned positions), or nullopt (rotary positions).
@@ -92,6 +94,15 @@ class CausalLM : public torch::nn::Module {
   bool activation_checkpointing() const { return activation_checkpointing_; }
 
  protected:
+  /// Block `index` on `x`: through the block runner when a strategy installed one (the fully sharded one
+  /// recomputes the block in backward itself), else checkpointed when activation checkpointing is on and
+  /// this is a training forward without cache, else directly.
+  torch::Tensor call_block(std::size_t index, const BlockCall& call, const torch::Tensor& x, const KVCache* cache) {
+    if (has_block_runner()) return run_block(index, call, x);
+    if (activation_checkpointing_ && cache == nullptr && is_training() && torch::GradMode::is_enabled()) return checkpointed(call, x);
+    return call(x);
+  }
+
   bool activation_checkpointing_ = false;
 };
 

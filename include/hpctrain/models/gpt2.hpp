@@ -122,12 +122,9 @@ class GPT2Impl : public CausalLM {
     if (cache != nullptr) cache->check_room(t);
     const auto positions = torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device()));
     auto x = drop(wte(input_ids) + wpe(positions));
-    for (auto& block : block_list_) {
-      if (activation_checkpointing_ && cache == nullptr && is_training() && torch::GradMode::is_enabled()) {
-        x = checkpointed([block](const torch::Tensor& input) mutable { return block->forward(input); }, x);
-      } else {
-        x = block->forward(x, cache);
-      }
+    for (std::size_t i = 0; i < block_list_.size(); ++i) {
+      x = call_block(i, [block = block_list_[i], cache](const torch::Tensor& input) mutable { return block->forward(input, cache); },
+                     x, cache);
     }
     if (cache != nullptr) cache->advance(t);
     x = ln_f(x);

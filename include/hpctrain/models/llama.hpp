@@ -169,12 +169,10 @@ class LlamaImpl : public CausalLM {
     if (cache != nullptr) cache->check_room(t);
     auto x = embed_tokens(input_ids);
     auto [cos, sin] = rotary_angles(past, t, x);
-    for (auto& block : block_list_) {
-      if (activation_checkpointing_ && cache == nullptr && is_training() && torch::GradMode::is_enabled()) {
-        x = checkpointed([block, cos = cos, sin = sin](const torch::Tensor& input) mutable { return block->forward(input, cos, sin); }, x);
-      } else {
-        x = block->forward(x, cos, sin, cache);
-      }
+    for (std::size_t i = 0; i < block_list_.size(); ++i) {
+      x = call_block(i, [block = block_list_[i], cos = cos, sin = sin, cache](const torch::Tensor& input) mutable {
+        return block->forward(input, cos, sin, cache);
+      }, x, cache);
     }
     if (cache != nullptr) cache->advance(t);
     x = norm(x);

@@ -26,6 +26,12 @@ inline NamedParameters named_parameters_of(const torch::nn::Module& module) {
   return named;
 }
 
+/// The factor gradient clipping scales by: min(1, max_norm / (norm + 1e-6)), as torch::nn::utils::clip_grad_norm_
+/// (a tensor: no host sync). Shared by Replicated and the sharded strategies (which get `norm` over all shards).
+inline torch::Tensor clip_coefficient(const torch::Tensor& norm, double max_norm) {
+  return torch::clamp(max_norm / (norm + 1e-6), std::nullopt, 1.0);
+}
+
 /// Scales the gradients of `parameters` so that their global L2 norm is at most `max_norm`; returns the
 /// norm before clipping as a 0-dim tensor, without reading it on the host (torch::nn::utils::clip_grad_norm_
 /// computes the same, then calls .item()).
@@ -39,7 +45,7 @@ inline torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& parameters
   norms.reserve(grads.size());
   for (const auto& grad : grads) norms.push_back(grad.norm(2));
   auto total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2);
-  const auto coefficient = torch::clamp(max_norm / (total + 1e-6), std::nullopt, 1.0);
+  const auto coefficient = clip_coefficient(total, max_norm);
   for (auto& grad : grads) grad.mul_(coefficient);
   return total;
 }

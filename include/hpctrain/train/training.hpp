@@ -24,6 +24,8 @@
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/replicated.hpp>
 #include <hpctrain/train/schedule.hpp>
+#include <hpctrain/train/sharding.hpp>
+#include <hpctrain/train/strategies/sharded.hpp>
 #include <hpctrain/train/step.hpp>
 #include <hpctrain/train/strategy.hpp>
 
@@ -146,6 +148,15 @@ class Training {
   template <class Factory>
   Training& strategy(Factory factory) {
     strategy_ = [factory]() -> std::unique_ptr<DataParallelStrategy> { return factory(); };
+    sharding_.reset();
+    return *this;
+  }
+  /// Shortcut for the strategy of a ZeRO stage: `.sharding(hpctrain::zero2)` is
+  /// `.strategy(hpctrain::sharded(hpctrain::zero2))`; `hpctrain::no_sharding` is Replicated. The built-in
+  /// knob `--sharding none|zero1|zero2|zero3` overrides it (docs/distributed.md: when to choose which).
+  Training& sharding(ZeroStage stage) {
+    strategy(sharded(stage));
+    sharding_ = stage;
     return *this;
   }
   /// The loss `(output, target) -> scalar`. Default: cross entropy.
@@ -286,6 +297,8 @@ class Training {
   }
   const OptimizerFactory& optimizer_factory() const { return optimizer_; }
   std::unique_ptr<DataParallelStrategy> make_strategy() const { return strategy_(); }
+  /// The stage chosen with sharding(), or nothing (Replicated by default, or an own strategy()).
+  std::optional<ZeroStage> sharding() const { return sharding_; }
   const LossFunction& loss() const { return loss_; }
   const StepFunction& step() const { return step_; }
   const EvalStepFunction& eval_step() const { return eval_step_; }
@@ -333,6 +346,7 @@ class Training {
   std::function<ModelInstance()> model_;
   OptimizerFactory optimizer_;
   StrategyFactory strategy_ = [] { return std::unique_ptr<DataParallelStrategy>(std::make_unique<Replicated>()); };
+  std::optional<ZeroStage> sharding_;
   LossFunction loss_ = detail::wrap_loss(torch::nn::functional::cross_entropy);
   StepFunction step_ = default_step;
   EvalStepFunction eval_step_ = default_eval_step;

@@ -1,6 +1,6 @@
 #pragma once
 // Worker mode: what one rank runs under srun or `--local N`. The knob table of a Training — the built-ins
-// (--epochs, --max-steps, --batch-size, --lr) and the program's own (`Training::knob`) — is the same one the
+// (--epochs, --max-steps, --batch-size, --lr, --sharding) and the program's own (`Training::knob`) — is the same one the
 // login command checked; the worker reads its forwarded arguments with it, applies them, finds its place in
 // the world from the environment, trains, and maps errors to the exit codes of DESIGN.md.
 #include <charconv>
@@ -41,6 +41,16 @@ inline Knobs training_knobs(const Training& training) {
                 "examples per optimizer step (per rank or global, as the program declares)");
   if (training.lr()) table.declare<double>("lr", *training.lr(), "base learning rate", positive());
   else table.declare_optional<double>("lr", "base learning rate (default: the optimizer's)", positive());
+  const KnobCheck<std::string> stage_name(
+      [](const std::string& name) { return zero_stage_from_name(name).has_value(); },
+      fmt::format("must be one of {}", fmt::join(zero_stage_names, ", ")));
+  if (training.sharding()) {
+    table.declare<std::string>("sharding", to_string(*training.sharding()),
+                               "data-parallel strategy: none (replicated), zero1, zero2 or zero3", stage_name);
+  } else {
+    table.declare_optional<std::string>("sharding", "data-parallel strategy: none (replicated), zero1, zero2 or zero3 "
+                                        "(default: the program's strategy)", stage_name);
+  }
   table.extend(training.knobs());
   return table;
 }
@@ -58,6 +68,7 @@ inline Training with_knobs(Training training, const Knobs& knobs) {
   if (auto steps = knobs.get_if_given<std::int64_t>("max_steps")) training.max_steps(*steps);
   if (auto batch = knobs.get_if_given<std::int64_t>("batch_size")) training.batch_size({*batch, training.batch_size().scope});
   if (auto lr = knobs.get_if_given<double>("lr")) training.lr(*lr);
+  if (auto sharding = knobs.get_if_given<std::string>("sharding")) training.sharding(zero_stage_from_name(*sharding).value());
   training.knob_values(knobs);
   return training;
 }

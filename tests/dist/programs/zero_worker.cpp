@@ -2,10 +2,16 @@
 // DataParallelStrategy through the seam in the Trainer's documented order (zero_grad; per micro-batch
 // set_sync(last) + forward/backward; finish_gradients; clip_grad_norm; step) and checks its property itself;
 // what the parent compares across runs is printed as `key=value` lines.
-//   zero_worker equivalence <zero1|zero2> <steps> <accumulation> [adamw|sgd]
+// The model lists its two hidden layers as blocks (hpctrain::ListsBlocks) so that ZeRO-3 can shard by them; the
+// head is the one unit outside the blocks.
+//   zero_worker equivalence <zero1|zero2|zero3> <steps> <accumulation> [adamw|sgd]
 //       ZeRO parameters after <steps> AdamW (or SGD) steps (clipping on) equal Replicated's (GradientSync + the
 //       optimizer on the whole model + torch::nn::utils::clip_grad_norm_) within 1e-6 relative
-//   zero_worker train <zero1|zero2> <dir> <save_at|-1> <steps> [resume_from_world resume_step]
+//   zero_worker gpt2-equivalence <zero2|zero3> <steps> <accumulation> <export_dir>
+//       the same with a small GPT-2 (tied embeddings, dropout on) and SGD with momentum; then rank 0 exports the gathered model as a
+//       Hugging Face directory into <export_dir>, loads it back and checks it equals its module bit for bit
+//   zero_worker no-blocks                    ZeRO-3 on a module that lists no blocks is refused at setup
+//   zero_worker train <zero1|zero2|zero3> <dir> <save_at|-1> <steps> [resume_from_world resume_step]
 //       trains steps [start, steps) on a fixed global batch per step (24 rows split over the ranks),
 //       prints loss_<step>=<hex float>; saves a sharded checkpoint into <dir> after step <save_at>;
 //       resumes from the checkpoint in <dir> written by <resume_from_world> ranks after <resume_step>
@@ -27,7 +33,9 @@
 #include <hpctrain/job/files.hpp>
 #include <hpctrain/slurm/world.hpp>
 #include <hpctrain/train/crc32c.hpp>
-#include <hpctrain/train/strategies/zero.hpp>
+#include <hpctrain/models/gpt2.hpp>
+#include <hpctrain/models/hf_checkpoint.hpp>
+#include <hpctrain/train/strategies/sharded.hpp>
 
 namespace dist = hpctrain::dist;
 namespace fs = std::filesystem;
@@ -39,11 +47,25 @@ constexpr std::int64_t global_rows = 24;  // divisible by 1, 2, 3 and 4: every w
 constexpr std::int64_t features = 16;
 constexpr std::int64_t classes = 5;
 
-/// Odd widths: buckets that do not divide by 2 or 3, so shards are padded and parameters straddle ranks.
-torch::nn::Sequential make_model(std::int64_t hidden = 33) {
-  return torch::nn::Sequential(torch::nn::Linear(features, hidden), torch::nn::Tanh(), torch::nn::Linear(hidden, 17),
-                               torch::nn::ReLU(), torch::nn::Linear(17, classes));
-}
+/// Odd widths: buckets that do not divide by 2 or 3, so shards are padded and parameters straddle ranks. The
+/// layers are registered as "0", "2", "4", the names torch::nn::Sequential(Linear, Tanh, Linear, ReLU, Linear)
+/// gives them; the two hidden layers are the blocks (the first takes the raw data: no input gradient).
+struct BlockNetImpl : torch::nn::Module, hpctrain::ListsBlocks {
+  explicit BlockNetImpl(std::int64_t hidden)
+      : first(register_module("0", torch::nn::Linear(features, hidden))),
+        second(register_module("2", torch::nn::Linear(hidden, 17))),
+        head(register_module("4", torch::nn::Linear(17, classes))) {}
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() override { return {first.ptr(), second.ptr()}; }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = run_block(0, [this](const torch::Tensor& in) { return torch::tanh(first(in)); }, x);
+    h = run_block(1, [this](const torch::Tensor& in) { return torch::relu(second(in)); }, h);
+    return head(h);
+  }
+  torch::nn::Linear first, second, head;
+};
+TORCH_MODULE(BlockNet);
+
+BlockNet make_model(std::int64_t hidden = 33) { return BlockNet(hidden); }
 
 std::pair<torch::Tensor, torch::Tensor> global_batch(int step) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
@@ -74,9 +96,19 @@ std::unique_ptr<torch::optim::Optimizer> make_adamw(const NamedParameters& named
 }
 
 hpctrain::ZeroStage stage_of(const std::string& name) {
-  if (name == "zero1") return hpctrain::zero1;
-  if (name == "zero2") return hpctrain::zero2;
-  throw std::invalid_argument("stage must be zero1 or zero2, not " + name);
+  const auto stage = hpctrain::zero_stage_from_name(name);
+  if (!stage || *stage == hpctrain::no_sharding) throw std::invalid_argument("stage must be zero1, zero2 or zero3, not " + name);
+  return *stage;
+}
+
+std::unique_ptr<hpctrain::DataParallelStrategy> make_strategy(hpctrain::ZeroStage stage) {
+  return hpctrain::make_zero_strategy(stage, small_buckets());
+}
+
+/// Optimizer-state bytes this rank holds, from either sharded strategy.
+std::size_t optimizer_state_bytes(const hpctrain::DataParallelStrategy& strategy) {
+  if (const auto* zero = dynamic_cast<const hpctrain::ZeroStrategy*>(&strategy)) return zero->optimizer_state_bytes();
+  return dynamic_cast<const hpctrain::FullyShardedStrategy&>(strategy).optimizer_state_bytes();
 }
 
 dist::Options options_from_environment() {
@@ -95,9 +127,8 @@ std::pair<torch::Tensor, torch::Tensor> micro_batch(int step, int rank, int worl
 }
 
 /// One step through the seam, in the Trainer's order; returns the mean loss of this rank's rows.
-double strategy_step(hpctrain::DataParallelStrategy& strategy, torch::nn::Module& module, torch::nn::Sequential& model,
-                     int step, int rank, int world, int accumulation, double max_norm, double* grad_norm = nullptr) {
-  (void)module;
+double strategy_step(hpctrain::DataParallelStrategy& strategy, BlockNet& model, int step, int rank, int world,
+                     int accumulation, double max_norm, double* grad_norm = nullptr) {
   strategy.zero_grad();
   double loss_sum = 0;
   for (int micro = 0; micro < accumulation; ++micro) {
@@ -136,12 +167,8 @@ int check_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain
     auto to = reference->parameters();
     for (std::size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
   }
-  hpctrain::ZeroStrategy strategy([&] {
-    hpctrain::ZeroOptions options(stage);
-    options.buckets = small_buckets();
-    return options;
-  }());
-  strategy.setup({group, model.ptr(), make_optimizer});
+  auto strategy = make_strategy(stage);
+  strategy->setup({group, model.ptr(), make_optimizer});
 
   // Replicated: our DDP + the optimizer over the whole model + LibTorch's clipping.
   dist::GradientSync sync(group, *reference, small_buckets());
@@ -152,7 +179,7 @@ int check_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain
   double worst_norm_difference = 0;
   for (int step = 0; step < steps; ++step) {
     double norm = 0;
-    strategy_step(strategy, *model, model, step, rank, world, accumulation, max_norm, &norm);
+    strategy_step(*strategy, model, step, rank, world, accumulation, max_norm, &norm);
 
     optimizer->zero_grad();
     for (int micro = 0; micro < accumulation; ++micro) {
@@ -167,6 +194,7 @@ int check_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain
   }
 
   bool ok = worst_norm_difference < 1e-5;
+  strategy->gather_full_model();  // ZeRO-3: the blocks whole in the module (a no-op for ZeRO-1/2)
   double worst = 0;
   auto ours = model->named_parameters();
   auto theirs = reference->parameters();
@@ -197,7 +225,7 @@ int check_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain
   std::cout << fmt::format("max_relative_difference={:.3e}\nmax_grad_norm_difference={:.3e}\n", worst,
                            worst_norm_difference)
             << fmt::format("optimizer_state_bytes={}\nreplicated_optimizer_state_bytes={}\n",
-                           strategy.optimizer_state_bytes(), [&] {
+                           optimizer_state_bytes(*strategy), [&] {
                              std::size_t bytes = 0;
                              for (auto& [key, state] : optimizer->state()) bytes += hpctrain::detail::state_tensor_bytes(*state);
                              return bytes;
@@ -252,30 +280,30 @@ hpctrain::SavedStrategyState saved_state(const fs::path& directory, int world, c
   return {world, strategy, [directory](int rank) { return open_archive(archive_path(directory, rank)); }};
 }
 
+/// `saved_strategy`: the name() of the strategy that wrote the checkpoint resumed from (ZeRO-2 and ZeRO-3 read
+/// each other's).
 int train(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage stage, const fs::path& directory,
-          int save_at, int steps, int resume_world, int resume_step, std::int64_t hidden = 33) {
+          int save_at, int steps, int resume_world, int resume_step, std::int64_t hidden = 33,
+          std::string saved_strategy = "") {
+  if (saved_strategy.empty()) saved_strategy = hpctrain::to_string(stage);
   const int rank = group->rank(), world = group->world_size();
   torch::manual_seed(resume_world > 0 ? 99 + rank : 5);  // a resumed run starts from other weights: load must fix them
   auto model = make_model(hidden);
-  hpctrain::ZeroStrategy strategy([&] {
-    hpctrain::ZeroOptions options(stage);
-    options.buckets = small_buckets();
-    return options;
-  }());
-  strategy.setup({group, model.ptr(), make_adamw});
+  auto strategy = make_strategy(stage);
+  strategy->setup({group, model.ptr(), make_adamw});
   int start = 0;
   if (resume_world > 0) {
-    strategy.load(saved_state(directory, resume_world, hpctrain::to_string(stage)));
+    strategy->load(saved_state(directory, resume_world, saved_strategy));
     start = resume_step + 1;
   }
   for (int step = start; step < steps; ++step) {
-    const double local = strategy_step(strategy, *model, model, step, rank, world, 2, 0.5);
+    const double local = strategy_step(*strategy, model, step, rank, world, 2, 0.5);
     const double loss = dist::all_reduce_sum(*group, local) / world;
     if (rank == 0) std::cout << fmt::format("loss_{}={:a}\n", step, loss) << std::flush;
     if (step == save_at) {
       fs::create_directories(directory);
       torch::serialize::OutputArchive archive;
-      strategy.save(archive);
+      strategy->save(archive);
       write_archive(archive_path(directory, rank), archive, step);
       dist::barrier(*group);
     }
@@ -283,10 +311,117 @@ int train(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage 
   return 0;
 }
 
+// --- a small GPT-2 (tied embeddings, dropout on): the blocks of a real model, exported from a sharded run ----
+
+hpctrain::models::GPT2Config tiny_gpt2() {
+  hpctrain::models::GPT2Config config;
+  config.vocab_size = 61;  // odd sizes: padded shards
+  config.n_positions = 16;
+  config.n_embd = 20;
+  config.n_layer = 3;
+  config.n_head = 2;
+  config.bos_token_id = config.eos_token_id = 60;
+  return config;
+}
+
+/// This rank's token rows of micro-batch `micro` (12 global rows of 12 tokens per step).
+torch::Tensor token_batch(int step, int rank, int world, int micro, int accumulation) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(2000 + step);
+  auto tokens = torch::randint(0, 61, {12, 13}, generator);
+  const auto per_micro = 12 / world / accumulation;
+  return tokens.narrow(0, rank * (12 / world) + micro * per_micro, per_micro);
+}
+
+torch::Tensor lm_loss(hpctrain::models::GPT2& model, const torch::Tensor& tokens) {
+  auto logits = model->forward(tokens.narrow(1, 0, 12));
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, 61}), tokens.narrow(1, 1, 12).reshape({-1}));
+}
+
+int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage stage, int steps,
+                           int accumulation, const fs::path& export_dir) {
+  const int rank = group->rank(), world = group->world_size();
+  constexpr double max_norm = 0.5;
+  torch::manual_seed(7);
+  hpctrain::models::GPT2 model(tiny_gpt2()), reference(tiny_gpt2());
+  {
+    torch::NoGradGuard no_grad;
+    auto from = model->parameters();
+    auto to = reference->parameters();
+    for (std::size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  }
+  auto strategy = make_strategy(stage);
+  strategy->setup({group, model.ptr(), make_sgd});
+  dist::GradientSync sync(group, *reference, small_buckets());
+  NamedParameters named;
+  for (const auto& item : reference->named_parameters()) named.emplace_back(item.key(), item.value());
+  auto optimizer = make_sgd(named);
+  double worst_norm_difference = 0;
+  for (int step = 0; step < steps; ++step) {
+    // Same dropout masks on both sides: the same seed before each micro-batch's forward.
+    strategy->zero_grad();
+    for (int micro = 0; micro < accumulation; ++micro) {
+      strategy->set_sync(micro == accumulation - 1);
+      torch::manual_seed(100000 + 1000 * step + 10 * micro + rank);
+      (lm_loss(model, token_batch(step, rank, world, micro, accumulation)) / accumulation).backward();
+    }
+    strategy->finish_gradients();
+    const double norm = strategy->clip_grad_norm(max_norm).item<double>();
+    strategy->step();
+
+    optimizer->zero_grad();
+    for (int micro = 0; micro < accumulation; ++micro) {
+      sync.set_sync(micro == accumulation - 1);
+      torch::manual_seed(100000 + 1000 * step + 10 * micro + rank);
+      (lm_loss(reference, token_batch(step, rank, world, micro, accumulation)) / accumulation).backward();
+    }
+    sync.finish();
+    const double reference_norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), max_norm);
+    optimizer->step();
+    worst_norm_difference = std::max(worst_norm_difference, std::abs(norm - reference_norm) / reference_norm);
+  }
+  bool ok = worst_norm_difference < 1e-5;
+  strategy->gather_full_model();
+  double worst = 0;
+  auto ours = model->named_parameters();
+  auto theirs = reference->parameters();
+  for (std::size_t i = 0; i < ours.size(); ++i) {
+    const double relative = ((ours[i].value() - theirs[i]).abs().max() / theirs[i].abs().max()).item<double>();
+    worst = std::max(worst, relative);
+    if (!(relative <= 1e-6)) {
+      std::cerr << fmt::format("rank {}: {} differs from Replicated by {:.3e} relative\n", rank, ours[i].key(), relative);
+      ok = false;
+    }
+  }
+  if (rank == 0) {  // export the gathered model, load it back: the same tensors
+    hpctrain::models::save_pretrained(*model, export_dir);
+    auto loaded = hpctrain::models::load_gpt2(export_dir);
+    auto exported = loaded->named_parameters();
+    for (const auto& item : model->named_parameters()) {
+      if (!torch::equal(exported[item.key()], item.value())) {
+        std::cerr << fmt::format("exported {} differs from the gathered module's\n", item.key());
+        ok = false;
+      }
+    }
+    std::cout << "exported=" << (export_dir / "model.safetensors").string() << "\n";
+  }
+  std::cout << fmt::format("max_relative_difference={:.3e}\nmax_grad_norm_difference={:.3e}\n", worst, worst_norm_difference)
+            << std::flush;
+  return ok ? 0 : 1;
+}
+
+/// ZeRO-3 on a module that does not list blocks: refused at setup, naming the module.
+int refuse_without_blocks(const std::shared_ptr<dist::ProcessGroup>& group) {
+  auto model = torch::nn::Sequential(torch::nn::Linear(features, 8), torch::nn::Linear(8, classes));
+  auto strategy = hpctrain::make_zero_strategy(hpctrain::zero3);
+  strategy->setup({group, model.ptr(), make_adamw});
+  std::cout << "accepted a model without blocks\n";
+  return 0;
+}
+
 int refuse_lbfgs(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage stage) {
   auto model = make_model();
-  hpctrain::ZeroStrategy strategy{hpctrain::ZeroOptions(stage)};
-  strategy.setup({group, model.ptr(), [](const NamedParameters& named) -> std::unique_ptr<torch::optim::Optimizer> {
+  auto strategy = hpctrain::make_zero_strategy(stage);
+  strategy->setup({group, model.ptr(), [](const NamedParameters& named) -> std::unique_ptr<torch::optim::Optimizer> {
                     std::vector<torch::Tensor> tensors;
                     for (const auto& item : named) tensors.push_back(item.second);
                     return std::make_unique<torch::optim::LBFGS>(tensors);
@@ -303,14 +438,18 @@ int main(int argc, char** argv) try {
   auto group = dist::init_process_group(hpctrain::slurm::world_from_environment(), options_from_environment());
   if (mode == "equivalence" && (argc == 5 || argc == 6))
     return check_equivalence(group, stage_of(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), argc == 6 ? argv[5] : "adamw");
-  if (mode == "train" && (argc == 6 || argc == 8))
-    return train(group, stage_of(argv[2]), argv[3], std::stoi(argv[4]), std::stoi(argv[5]), argc == 8 ? std::stoi(argv[6]) : 0,
-                 argc == 8 ? std::stoi(argv[7]) : 0);
+  if (mode == "train" && (argc == 6 || argc == 8 || argc == 9))
+    return train(group, stage_of(argv[2]), argv[3], std::stoi(argv[4]), std::stoi(argv[5]), argc >= 8 ? std::stoi(argv[6]) : 0,
+                 argc >= 8 ? std::stoi(argv[7]) : 0, 33, argc == 9 ? argv[8] : "");
+  if (mode == "gpt2-equivalence" && argc == 6)
+    return check_gpt2_equivalence(group, stage_of(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), argv[5]);
+  if (mode == "no-blocks" && argc == 2) return refuse_without_blocks(group);
   if (mode == "lbfgs" && argc == 3) return refuse_lbfgs(group, stage_of(argv[2]));
   if (mode == "other-model" && argc == 5)  // a wider hidden layer than the checkpoint's model
     return train(group, stage_of(argv[2]), argv[3], -1, 12, std::stoi(argv[4]), 5, 34);
   std::cerr << "usage: zero_worker equivalence <stage> <steps> <accumulation> | train <stage> <dir> <save_at> <steps> "
-               "[<resume_world> <resume_step>] | lbfgs <stage> | other-model <stage> <dir> <world>\n";
+               "[<resume_world> <resume_step> [<saved_strategy>]] | gpt2-equivalence <stage> <steps> <accumulation> <dir> | "
+               "no-blocks | lbfgs <stage> | other-model <stage> <dir> <world>\n";
   return 2;
 } catch (const hpctrain::SpecError& e) {
   std::cerr << e.what() << "\n";

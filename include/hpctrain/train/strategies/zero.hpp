@@ -28,20 +28,12 @@
 #include <hpctrain/dist/sharded_gradients.hpp>
 #include <hpctrain/dist/shard_collectives.hpp>
 #include <hpctrain/error.hpp>
+#include <hpctrain/train/replicated.hpp>
+#include <hpctrain/train/sharding.hpp>
 #include <hpctrain/train/strategies/zero_checkpoint.hpp>
 #include <hpctrain/train/strategy.hpp>
 
 namespace hpctrain {
-
-/// Which ZeRO stage a ZeroStrategy runs.
-enum class ZeroStage { zero1 = 1, zero2 = 2 };
-/// Optimizer state sharded, gradients all-reduced.
-inline constexpr ZeroStage zero1 = ZeroStage::zero1;
-/// Optimizer state and gradients sharded: gradients reduce-scattered during backward.
-inline constexpr ZeroStage zero2 = ZeroStage::zero2;
-
-/// "zero1" or "zero2": the strategy's name() and what checkpoints record.
-inline std::string to_string(ZeroStage stage) { return stage == ZeroStage::zero1 ? "zero1" : "zero2"; }
 
 /// Options of a ZeroStrategy.
 struct ZeroOptions {
@@ -65,6 +57,43 @@ inline void require_elementwise(const torch::optim::Optimizer& optimizer, ZeroSt
   }
 }
 
+/// Scales the gradients of this rank's `masters` (its pieces of the parameters; padding holds none) so that
+/// the global L2 norm over all ranks' pieces is at most `max_norm`: one all-reduce of one fp64 number (the
+/// sum of squares). Returns the norm before clipping, 0-dim fp32, as torch::nn::utils::clip_grad_norm_ on
+/// the replicated model (the same clip_coefficient as Replicated).
+inline torch::Tensor clip_sharded_grad_norm(dist::ProcessGroup& group, const std::vector<torch::Tensor>& masters, double max_norm) {
+  torch::NoGradGuard no_grad;
+  auto squares = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64).device(group.device()));
+  for (const auto& master : masters)
+    if (master.grad().defined()) squares += master.grad().pow(2).sum(torch::kFloat64);
+  dist::all_reduce_sum(group, squares);
+  auto norm = squares.sqrt().to(torch::kFloat32).reshape({});
+  const auto coefficient = clip_coefficient(norm, max_norm);
+  for (const auto& master : masters)
+    if (master.grad().defined()) master.grad().mul_(coefficient.to(master.scalar_type()));
+  return norm;
+}
+
+/// The masters of `pieces` (anything with a `.master` tensor): what the optimizer steps on this rank.
+template <class Pieces>
+std::vector<torch::Tensor> masters_of(const Pieces& pieces) {
+  std::vector<torch::Tensor> masters;
+  for (const auto& piece : pieces) masters.push_back(piece.master);
+  return masters;
+}
+
+/// Bytes of `optimizer`'s state (every tensor) for the masters of `pieces`, and of the masters themselves.
+template <class Pieces>
+std::pair<std::size_t, std::size_t> state_and_master_bytes(const torch::optim::Optimizer& optimizer, const Pieces& pieces) {
+  std::size_t state = 0, masters = 0;
+  for (const auto& piece : pieces) {
+    masters += piece.master.nbytes();
+    const auto found = optimizer.state().find(piece.master.unsafeGetTensorImpl());
+    if (found != optimizer.state().end()) state += state_tensor_bytes(*found->second);
+  }
+  return {state, masters};
+}
+
 /// The floating type optimizer state is kept in: fp32 for reduced-precision parameters, else their own.
 inline torch::ScalarType master_dtype(torch::ScalarType parameter) {
   return parameter == torch::kBFloat16 || parameter == torch::kHalf ? torch::kFloat32 : parameter;
@@ -75,7 +104,12 @@ inline torch::ScalarType master_dtype(torch::ScalarType parameter) {
 /// ZeRO-1 / ZeRO-2 data parallelism: optimizer state (and for ZeRO-2 gradients) sharded over the ranks.
 class ZeroStrategy : public DataParallelStrategy {
  public:
-  explicit ZeroStrategy(ZeroOptions options = ZeroOptions()) : options_(std::move(options)) {}
+  /// Throws SpecError("sharding") for a stage other than zero1 and zero2 (make_zero_strategy picks the class).
+  explicit ZeroStrategy(ZeroOptions options = ZeroOptions()) : options_(std::move(options)) {
+    if (options_.stage != ZeroStage::zero1 && options_.stage != ZeroStage::zero2)
+      throw SpecError("sharding", to_string(options_.stage),
+                      "ZeroStrategy runs zero1 or zero2; make_zero_strategy(stage) makes the strategy of any stage");
+  }
 
   std::string name() const override { return to_string(options_.stage); }
 
@@ -131,16 +165,7 @@ class ZeroStrategy : public DataParallelStrategy {
   }
 
   torch::Tensor clip_grad_norm(double max_norm) override {
-    torch::NoGradGuard no_grad;
-    // Sum of squares in fp64 over this rank's pieces (padding holds no piece), summed over ranks.
-    auto squares = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64).device(group_->device()));
-    for (auto& piece : pieces_) squares += piece.master.grad().pow(2).sum(torch::kFloat64);
-    dist::all_reduce_sum(*group_, squares);
-    auto norm = squares.sqrt().to(torch::kFloat32).reshape({});
-    // As torch::nn::utils::clip_grad_norm_: coefficient max_norm / (norm + 1e-6), at most 1.
-    auto coefficient = torch::clamp(max_norm / (norm + 1e-6), c10::nullopt, 1.0);
-    for (auto& piece : pieces_) piece.master.mutable_grad().mul_(coefficient.to(piece.master.scalar_type()));
-    return norm;
+    return detail::clip_sharded_grad_norm(*group_, detail::masters_of(pieces_), max_norm);
   }
 
   void step() override {
@@ -165,21 +190,9 @@ class ZeroStrategy : public DataParallelStrategy {
   /// The layout: buckets, shard sizes.
   const dist::FlatShardLayout& layout() const { return layout_; }
   /// Bytes of optimizer state this rank holds (every tensor of every piece's state).
-  std::size_t optimizer_state_bytes() const {
-    std::size_t bytes = 0;
-    for (const auto& piece : pieces_) {
-      auto found = optimizer_->state().find(piece.master.unsafeGetTensorImpl());
-      if (found == optimizer_->state().end()) continue;
-      bytes += detail::state_tensor_bytes(*found->second);
-    }
-    return bytes;
-  }
+  std::size_t optimizer_state_bytes() const { return detail::state_and_master_bytes(*optimizer_, pieces_).first; }
   /// Bytes of the fp32 master shards this rank holds.
-  std::size_t master_bytes() const {
-    std::size_t bytes = 0;
-    for (const auto& piece : pieces_) bytes += piece.master.nbytes();
-    return bytes;
-  }
+  std::size_t master_bytes() const { return detail::state_and_master_bytes(*optimizer_, pieces_).second; }
   /// Bytes of gradient this rank keeps between steps: full gradients (ZeRO-1) or its shards (ZeRO-2).
   std::size_t gradient_bytes() const {
     std::size_t bytes = 0;
@@ -290,17 +303,5 @@ class ZeroStrategy : public DataParallelStrategy {
   std::unique_ptr<dist::GradientSync> all_reduce_;         // ZeRO-1
   std::unique_ptr<dist::ShardedGradients> reduce_scatter_;  // ZeRO-2
 };
-
-/// A ZeRO strategy of `stage`.
-inline std::unique_ptr<DataParallelStrategy> make_zero_strategy(ZeroStage stage, dist::GradientSyncOptions buckets = {}) {
-  ZeroOptions options(stage);
-  options.buckets = buckets;
-  return std::make_unique<ZeroStrategy>(std::move(options));
-}
-
-/// The strategy factory for the Training: `training.strategy(hpctrain::sharded(hpctrain::zero2))`.
-inline auto sharded(ZeroStage stage, dist::GradientSyncOptions buckets = {}) {
-  return [stage, buckets] { return make_zero_strategy(stage, buckets); };
-}
 
 }  // namespace hpctrain

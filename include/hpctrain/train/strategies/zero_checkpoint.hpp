@@ -314,12 +314,12 @@ class ShardReader {
 };
 
 /// Restores the full parameters, the buffers and this rank's optimizer state from a sharded checkpoint
-/// written at any world size by ZeRO-1 or ZeRO-2.
+/// written at any world size by ZeRO-1, ZeRO-2 or ZeRO-3.
 inline void load_zero_shards(const SavedStrategyState& saved, ZeroShardView view) {
-  if (saved.strategy != "zero1" && saved.strategy != "zero2") {
+  if (saved.strategy != "zero1" && saved.strategy != "zero2" && saved.strategy != "zero3") {
     throw SpecError("checkpoint.strategy", saved.strategy,
-                    fmt::format("this run shards with {}, which resumes checkpoints written by zero1 or zero2 (at any "
-                                "world size); resume it with the strategy that wrote it",
+                    fmt::format("this run shards with {}, which resumes checkpoints written by zero1, zero2 or zero3 (at "
+                                "any world size); resume it with the strategy that wrote it",
                                 view.strategy));
   }
   if (saved.world_size < 1 || !saved.open)

@@ -1,0 +1,40 @@
+#pragma once
+// The ZeRO stage a run shards with, by name: what `Training::sharding(hpctrain::zero2)` and the built-in knob
+// `--sharding none|zero1|zero2|zero3` choose between (docs/distributed.md, "Sharded strategies"):
+//
+//   none   Replicated: every rank holds parameters, gradients and optimizer state (our DDP)
+//   zero1  optimizer state sharded, gradients all-reduced
+//   zero2  optimizer state and gradients sharded (reduce-scattered during backward)
+//   zero3  parameters sharded too: each listed block is gathered just before it runs and freed after
+#include <array>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace hpctrain {
+
+/// Which ZeRO stage a run shards with; `none` is DeepSpeed's stage 0, replicated data parallelism.
+enum class ZeroStage { none = 0, zero1 = 1, zero2 = 2, zero3 = 3 };
+/// Replicated: nothing sharded.
+inline constexpr ZeroStage no_sharding = ZeroStage::none;
+/// Optimizer state sharded, gradients all-reduced.
+inline constexpr ZeroStage zero1 = ZeroStage::zero1;
+/// Optimizer state and gradients sharded: gradients reduce-scattered during backward.
+inline constexpr ZeroStage zero2 = ZeroStage::zero2;
+/// Parameters, gradients and optimizer state sharded: blocks gathered one at a time (fully sharded, FSDP-style).
+inline constexpr ZeroStage zero3 = ZeroStage::zero3;
+
+/// The stages' names, in stage order: what `--sharding` accepts.
+inline constexpr std::array<std::string_view, 4> zero_stage_names{"none", "zero1", "zero2", "zero3"};
+
+/// "none", "zero1", "zero2" or "zero3": the knob's spelling (a strategy's name() is "replicated" for none).
+inline std::string to_string(ZeroStage stage) { return std::string(zero_stage_names.at(static_cast<std::size_t>(stage))); }
+
+/// The stage called `name`, or nothing.
+inline std::optional<ZeroStage> zero_stage_from_name(std::string_view name) {
+  for (std::size_t i = 0; i < zero_stage_names.size(); ++i)
+    if (zero_stage_names[i] == name) return static_cast<ZeroStage>(i);
+  return std::nullopt;
+}
+
+}  // namespace hpctrain

@@ -1,0 +1,417 @@
+#pragma once
+// ZeRO-3 / fully sharded parameters (FSDP-style) as an implementation of the data-parallel strategy seam
+// (train/strategy.hpp). The model lists its blocks (hpctrain::ListsBlocks, models/blocks.hpp); each block is a
+// *unit*: one flat bucket of its trainable parameters, padded and split evenly over the ranks, of which a rank
+// keeps only its shard between uses. The parameters outside the blocks (embeddings, final norm, head) are
+// kept whole and handled as ZeRO-2 handles every parameter (sharded gradients and optimizer state, all-gather
+// after the step).
+//
+// LibTorch modules have no forward hooks: the strategy installs a block runner (ListsBlocks::set_block_runner)
+// that runs every block as a checkpointed call (models/activation_checkpoint.hpp) with hooks:
+//
+//   forward      gather the unit (wait for its prefetched all-gather), start the next unit's all-gather
+//                (prefetch), run the block without recording a graph, free the unit (parameters -> empty)
+//   backward     gather the unit again, start the previous unit's all-gather, recompute the block with grad,
+//                back-propagate, reduce-scatter the unit's gradients into its gradient shard (async), free
+//
+// Activations are recomputed per block (FSDP pays the same with reshard_after_forward). On the non-final
+// micro-batches of an accumulation (set_sync(false)) the full gradients accumulate locally, as FSDP's no_sync.
+// Clipping, the optimizer step on fp32 masters and the checkpoint format are ZeRO-2's (zero.hpp,
+// zero_checkpoint.hpp): ZeRO-2 and ZeRO-3 checkpoints reshard into each other, at any world size.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <typeinfo>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/types.h>
+
+#include <hpctrain/dist/collectives.hpp>
+#include <hpctrain/dist/flat_shards.hpp>
+#include <hpctrain/dist/gradient_sync.hpp>
+#include <hpctrain/dist/shard_collectives.hpp>
+#include <hpctrain/dist/sharded_gradients.hpp>
+#include <hpctrain/error.hpp>
+#include <hpctrain/error_ids.hpp>
+#include <hpctrain/models/activation_checkpoint.hpp>
+#include <hpctrain/models/blocks.hpp>
+#include <hpctrain/train/strategies/zero.hpp>
+#include <hpctrain/train/strategies/zero_checkpoint.hpp>
+#include <hpctrain/train/strategy.hpp>
+
+namespace hpctrain {
+
+/// ZeRO-3: parameters, gradients and optimizer state sharded; each listed block gathered only while it runs.
+class FullyShardedStrategy : public DataParallelStrategy {
+ public:
+  /// `buckets`: sizes of the buckets of the parameters outside the blocks (each block is one bucket).
+  explicit FullyShardedStrategy(dist::GradientSyncOptions buckets = {}) : buckets_(buckets) {}
+  FullyShardedStrategy(const FullyShardedStrategy&) = delete;
+  FullyShardedStrategy& operator=(const FullyShardedStrategy&) = delete;
+  ~FullyShardedStrategy() override {
+    if (lists_ != nullptr) lists_->set_block_runner({});
+  }
+
+  std::string name() const override { return "zero3"; }
+
+  void setup(StrategyContext context) override {
+    group_ = std::move(context.group);
+    model_ = std::move(context.model);
+    find_blocks();
+    dist::broadcast_module(*group_, *model_);
+    collect_trainable_parameters();
+    build_layout();
+    build_units();
+    build_master_shards();
+    optimizer_ = context.make_optimizer(named_masters());
+    if (!optimizer_) throw SpecError("optimizer", "null", "the optimizer factory returned no optimizer");
+    detail::require_elementwise(*optimizer_, ZeroStage::zero3);
+    lists_->set_block_runner([this](std::size_t index, const BlockCall& call, const torch::Tensor& input) {
+      return run_block(index, call, input);
+    });
+  }
+
+  torch::optim::Optimizer& optimizer() override { return *optimizer_; }
+
+  void zero_grad() override {
+    release_all_blocks();
+    for (auto& parameter : parameters_)
+      if (parameter.grad().defined()) parameter.mutable_grad().reset();
+    for (auto& piece : pieces_)
+      if (piece.master.grad().defined()) piece.master.mutable_grad().reset();
+  }
+
+  void set_sync(bool sync) override { sync_ = sync; }
+
+  void finish_gradients() override {
+    if (!sync_) return;
+    torch::NoGradGuard no_grad;
+    // Blocks that ran no backward (unused) and the parameters outside the blocks, in bucket order: the same
+    // order on every rank, after the blocks' reduce-scatters launched during backward.
+    for (std::size_t b = 0; b < units_.size(); ++b)
+      if (!units_[b].reduce_scatter.pending()) start_gradient_reduce_scatter(b);
+    for (std::size_t b = 0; b < units_.size(); ++b) dist::wait(*group_, units_[b].reduce_scatter);
+    for (auto& piece : pieces_) {
+      auto shard = units_[piece.bucket].gradient_shard.narrow(0, piece.place.shard_offset, piece.place.length);
+      piece.master.mutable_grad() = shard.scalar_type() == piece.master.scalar_type() ? shard : shard.to(piece.master.scalar_type());
+    }
+  }
+
+  torch::Tensor clip_grad_norm(double max_norm) override {
+    return detail::clip_sharded_grad_norm(*group_, detail::masters_of(pieces_), max_norm);
+  }
+
+  /// The optimizer step on the masters; each master written into its unit's shard. The parameters outside
+  /// the blocks are all-gathered (they stay whole); the blocks stay sharded until their next use.
+  void step() override {
+    release_all_blocks();
+    optimizer_->step();
+    torch::NoGradGuard no_grad;
+    for (auto& piece : pieces_) units_[piece.bucket].shard.narrow(0, piece.place.shard_offset, piece.place.length).copy_(piece.master);
+    std::vector<dist::PendingAllGather> gathers;
+    for (std::size_t b = blocks_; b < units_.size(); ++b) gathers.push_back(dist::start_all_gather_in_place(*group_, units_[b].flat));
+    for (auto& gather : gathers) dist::wait(*group_, gather);
+  }
+
+  bool saves_per_rank() const override { return true; }
+
+  /// ZeRO-2's shard archive; the index records the parameters' full shapes.
+  void save(torch::serialize::OutputArchive& archive) override { detail::save_zero_shard(archive, shard_view(full_shapes_)); }
+
+  /// Gathers the full model, restores it (and this rank's optimizer state) from a zero1/zero2/zero3
+  /// checkpoint of any world size, then takes the shards and masters from it and frees the blocks.
+  void load(const SavedStrategyState& saved) override {
+    gather_full_model();
+    detail::load_zero_shards(saved, shard_view(parameters_));
+    torch::NoGradGuard no_grad;
+    for (std::size_t b = 0; b < units_.size(); ++b) units_[b].shard.copy_(own_slice(b));
+    for (auto& piece : pieces_) piece.master.copy_(units_[piece.bucket].shard.narrow(0, piece.place.shard_offset, piece.place.length));
+    release_all_blocks();
+  }
+
+  /// All-gathers every block into the module and keeps it whole (pinned) until the next zero_grad/step:
+  /// for evaluation, the parameters digest and export (e.g. models::save_safetensors of rank 0's module).
+  void gather_full_model() override {
+    for (std::size_t b = 0; b < blocks_; ++b)
+      if (!units_[b].flat.defined()) start_gather(b);
+    for (std::size_t b = 0; b < blocks_; ++b) finish_gather(b);
+    pinned_ = true;
+  }
+
+  // Instrumentation (benchmarks, tests).
+  /// The layout: one bucket per block, then the buckets of the other parameters.
+  const dist::FlatShardLayout& layout() const { return layout_; }
+  /// Number of units that are blocks (the first buckets of the layout).
+  std::size_t block_count() const { return blocks_; }
+  /// Bytes of optimizer state this rank holds.
+  std::size_t optimizer_state_bytes() const { return detail::state_and_master_bytes(*optimizer_, pieces_).first; }
+  /// Bytes of the fp32 master shards this rank holds.
+  std::size_t master_bytes() const { return detail::state_and_master_bytes(*optimizer_, pieces_).second; }
+  /// Bytes of gradient shards kept between steps.
+  std::size_t gradient_bytes() const {
+    std::size_t bytes = 0;
+    for (const auto& unit : units_) bytes += unit.gradient_shard.nbytes();
+    return bytes;
+  }
+  /// Bytes of parameters this rank holds between steps: its block shards and the whole other parameters.
+  std::size_t resident_parameter_bytes() const {
+    std::size_t bytes = 0;
+    for (std::size_t b = 0; b < units_.size(); ++b) bytes += b < blocks_ ? units_[b].shard.nbytes() : units_[b].flat.nbytes();
+    return bytes;
+  }
+  /// Most bytes of gathered blocks held at once since setup (current + prefetched).
+  std::size_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
+
+ private:
+  struct Piece {
+    dist::ShardPiece place;
+    std::size_t bucket = 0;
+    torch::Tensor master;
+  };
+
+  /// One bucket: a block (b < blocks_) or a group of the other parameters.
+  struct Unit {
+    torch::Tensor shard;           // this rank's shard (for non-block units a view into `flat`)
+    torch::Tensor flat;            // the whole padded bucket: blocks only while gathered; others always
+    torch::Tensor gradient_shard;  // this rank's averaged gradient shard
+    dist::PendingAllGather gather;
+    dist::PendingReduceScatter reduce_scatter;
+    bool gathered = false;
+  };
+
+  void find_blocks() {
+    lists_ = dynamic_cast<ListsBlocks*>(model_.get());
+    if (lists_ != nullptr) block_modules_ = lists_->blocks();
+    if (block_modules_.empty()) {
+      const auto& module = *model_;
+      throw SpecError("sharding", "zero3",
+                      fmt::format("the model ({}) lists no blocks() to shard by: derive it from hpctrain::ListsBlocks, "
+                                  "return its blocks from blocks() and run each through run_block() "
+                                  "(models/blocks.hpp); or use zero2",
+                                  module.name()));
+    }
+  }
+
+  void collect_trainable_parameters() {
+    for (const auto& item : model_->named_parameters()) {
+      if (!item.value().requires_grad()) continue;
+      names_.push_back(item.key());
+      parameters_.push_back(item.value());
+      full_shapes_.push_back(torch::empty(item.value().sizes(), item.value().options().device(torch::kMeta).requires_grad(false)));
+    }
+  }
+
+  /// One bucket per block (its trainable parameters in registration order), then the other parameters
+  /// bucketed as GradientSync buckets them.
+  void build_layout() {
+    std::unordered_map<const void*, std::size_t> index_of;
+    for (std::size_t i = 0; i < parameters_.size(); ++i) index_of[parameters_[i].unsafeGetTensorImpl()] = i;
+    std::vector<int> unit_of(parameters_.size(), -1);
+    std::vector<std::vector<std::size_t>> groups;
+    for (std::size_t b = 0; b < block_modules_.size(); ++b) {
+      std::vector<std::size_t> group;
+      for (const auto& parameter : block_modules_[b]->parameters()) {
+        const auto found = index_of.find(parameter.unsafeGetTensorImpl());
+        if (found == index_of.end()) continue;  // frozen: not sharded, stays whole
+        if (unit_of[found->second] != -1)
+          throw SpecError("sharding", "zero3",
+                          fmt::format("parameter '{}' belongs to block {} and block {}: a parameter can live in one "
+                                      "block only", names_[found->second], unit_of[found->second], b));
+        if (!group.empty() && parameters_[group.front()].scalar_type() != parameter.scalar_type())
+          throw SpecError("sharding", "zero3",
+                          fmt::format("block {} mixes parameter dtypes ('{}' is {}, '{}' {}); a block is one flat bucket",
+                                      b, names_[group.front()], c10::toString(parameters_[group.front()].scalar_type()),
+                                      names_[found->second], c10::toString(parameter.scalar_type())));
+        unit_of[found->second] = static_cast<int>(b);
+        group.push_back(found->second);
+      }
+      std::sort(group.begin(), group.end());
+      groups.push_back(std::move(group));
+    }
+    blocks_ = groups.size();
+    std::vector<std::size_t> others;
+    std::vector<dist::detail::ParameterShape> shapes;
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      if (unit_of[i] != -1) continue;
+      others.push_back(i);
+      shapes.push_back({static_cast<std::size_t>(parameters_[i].numel()) * parameters_[i].element_size(),
+                        static_cast<int>(parameters_[i].scalar_type()), parameters_[i].device().str()});
+    }
+    for (const auto& planned : dist::detail::plan_buckets(shapes, buckets_)) {
+      std::vector<std::size_t> group;
+      for (auto k : planned) group.push_back(others[k]);
+      groups.push_back(std::move(group));
+    }
+    std::vector<std::int64_t> numels;
+    for (const auto& parameter : parameters_) numels.push_back(parameter.numel());
+    layout_ = dist::FlatShardLayout(numels, group_->world_size(), groups);
+  }
+
+  /// Copies every parameter into its unit's flat bucket; keeps this rank's shard; block parameters are
+  /// then freed (empty), the others become views of their (persistent) bucket.
+  void build_units() {
+    torch::NoGradGuard no_grad;
+    units_.resize(layout_.buckets().size());
+    for (std::size_t b = 0; b < units_.size(); ++b) {
+      const auto& bucket = layout_.buckets()[b];
+      auto& unit = units_[b];
+      const auto options = bucket.parameters.empty() ? torch::TensorOptions(torch::kFloat32).device(group_->device())
+                                                     : parameters_[bucket.parameters.front()].options().requires_grad(false);
+      auto flat = torch::zeros({bucket.padded_numel}, options);
+      for (std::size_t k = 0; k < bucket.parameters.size(); ++k) {
+        auto& parameter = parameters_[bucket.parameters[k]];
+        flat.narrow(0, bucket.offsets[k], parameter.numel()).copy_(parameter.detach().reshape({-1}));
+      }
+      unit.gradient_shard = torch::zeros({bucket.shard_numel}, options);
+      if (b < blocks_) {
+        unit.shard = flat.narrow(0, group_->rank() * bucket.shard_numel, bucket.shard_numel).clone();
+        unit.flat = flat;
+        unit.gathered = true;
+        gathered_bytes_ += flat.nbytes();
+        release(b);
+      } else {
+        unit.flat = flat;
+        unit.shard = own_slice(b);
+        point_parameters_at(b);
+      }
+    }
+  }
+
+  void build_master_shards() {
+    torch::NoGradGuard no_grad;
+    for (std::size_t b = 0; b < units_.size(); ++b) {
+      for (const auto& place : layout_.pieces(b, group_->rank())) {
+        Piece piece{place, b, {}};
+        const auto part = units_[b].shard.narrow(0, place.shard_offset, place.length);
+        piece.master = part.to(detail::master_dtype(part.scalar_type())).clone();
+        pieces_.push_back(std::move(piece));
+      }
+    }
+  }
+
+  NamedParameters named_masters() const {
+    NamedParameters named;
+    for (const auto& piece : pieces_) named.emplace_back(names_[piece.place.parameter], piece.master);
+    return named;
+  }
+
+  torch::Tensor own_slice(std::size_t b) const {
+    const auto n = layout_.buckets()[b].shard_numel;
+    return units_[b].flat.narrow(0, group_->rank() * n, n);
+  }
+
+  void point_parameters_at(std::size_t b) {
+    const auto& bucket = layout_.buckets()[b];
+    for (std::size_t k = 0; k < bucket.parameters.size(); ++k) {
+      auto& parameter = parameters_[bucket.parameters[k]];
+      parameter.set_data(units_[b].flat.narrow(0, bucket.offsets[k], layout_.numel(bucket.parameters[k])).view(full_shapes_[bucket.parameters[k]].sizes()));
+    }
+  }
+
+  // ---- gathering blocks ----------------------------------------------------------------------------------
+  void start_gather(std::size_t b) {
+    torch::NoGradGuard no_grad;
+    auto& unit = units_[b];
+    unit.flat = torch::empty({layout_.buckets()[b].padded_numel}, unit.shard.options());
+    own_slice(b).copy_(unit.shard);
+    if (unit.flat.numel() > 0) unit.gather = dist::start_all_gather_in_place(*group_, unit.flat);  // a frozen block: nothing
+    gathered_bytes_ += unit.flat.nbytes();
+    peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
+  }
+
+  void finish_gather(std::size_t b) {
+    auto& unit = units_[b];
+    if (unit.gathered) return;
+    dist::wait(*group_, unit.gather);
+    point_parameters_at(b);
+    unit.gathered = true;
+  }
+
+  /// Block b whole in the module: waits for its prefetched gather, or gathers it now.
+  void acquire(std::size_t b) {
+    if (!units_[b].flat.defined()) start_gather(b);  // flat: gathered, or its gather on the way
+    finish_gather(b);
+  }
+
+  /// Starts gathering block b while the current block computes (no-op when it is gathered or on its way).
+  void prefetch(std::size_t b) {
+    if (pinned_ || b >= blocks_ || units_[b].flat.defined()) return;
+    start_gather(b);
+  }
+
+  /// Frees block b's gathered parameters (they become empty); its shard stays.
+  void release(std::size_t b) {
+    auto& unit = units_[b];
+    if (pinned_ || !unit.gathered) return;
+    const auto& bucket = layout_.buckets()[b];
+    for (auto p : bucket.parameters) parameters_[p].set_data(torch::empty({0}, unit.shard.options()));
+    gathered_bytes_ -= unit.flat.nbytes();
+    unit.flat = torch::Tensor();
+    unit.gathered = false;
+  }
+
+  /// Frees every block (after gather_full_model, or a prefetch nobody used).
+  void release_all_blocks() {
+    pinned_ = false;
+    for (std::size_t b = 0; b < blocks_; ++b) {
+      if (units_[b].flat.defined()) finish_gather(b);
+      release(b);
+    }
+  }
+
+  // ---- the block runner --------------------------------------------------------------------------------
+  torch::Tensor run_block(std::size_t index, const BlockCall& call, const torch::Tensor& input) {
+    if (index >= blocks_)
+      throw RuntimeError(errors::runtime_gradient_sync,
+                         fmt::format("run_block({}) on a model that lists {} blocks", index, blocks_));
+    models::CheckpointHooks hooks;
+    hooks.before_forward = [this, index] {
+      acquire(index);
+      prefetch(index + 1);
+    };
+    hooks.after_forward = [this, index] { release(index); };
+    hooks.before_recompute = [this, index] {
+      acquire(index);
+      if (index > 0) prefetch(index - 1);
+    };
+    hooks.after_backward = [this, index] {
+      if (sync_) start_gradient_reduce_scatter(index);
+      release(index);
+    };
+    return models::checkpointed(call, input, std::move(hooks));
+  }
+
+  /// Starts reduce-scattering unit b's gradients into its gradient shard (they are released).
+  void start_gradient_reduce_scatter(std::size_t b) {
+    units_[b].reduce_scatter = dist::start_bucket_reduce_scatter(*group_, layout_.buckets()[b], parameters_, units_[b].gradient_shard);
+  }
+
+  detail::ZeroShardView shard_view(const std::vector<torch::Tensor>& parameters) {
+    detail::ZeroShardView view{name(), *group_, *model_, names_, parameters, *optimizer_, {}};
+    for (const auto& piece : pieces_) view.pieces.push_back({piece.place, piece.master});
+    return view;
+  }
+
+  dist::GradientSyncOptions buckets_;
+  std::shared_ptr<dist::ProcessGroup> group_;
+  std::shared_ptr<torch::nn::Module> model_;
+  ListsBlocks* lists_ = nullptr;
+  std::vector<std::shared_ptr<torch::nn::Module>> block_modules_;
+  std::vector<std::string> names_;
+  std::vector<torch::Tensor> parameters_;
+  std::vector<torch::Tensor> full_shapes_;  // meta tensors: each parameter's full shape and dtype
+  dist::FlatShardLayout layout_;
+  std::size_t blocks_ = 0;
+  std::vector<Unit> units_;
+  std::vector<Piece> pieces_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  bool sync_ = true;
+  bool pinned_ = false;
+  std::size_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
+};
+
+}  // namespace hpctrain

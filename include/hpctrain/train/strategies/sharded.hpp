@@ -1,0 +1,35 @@
+#pragma once
+// The strategy of a ZeRO stage: Replicated for `none`, ZeroStrategy for zero1/zero2, FullyShardedStrategy for
+// zero3. What `Training::sharding(stage)`, `--sharding NAME` and `training.strategy(hpctrain::sharded(stage))`
+// make on every rank.
+#include <memory>
+
+#include <hpctrain/dist/gradient_sync.hpp>
+#include <hpctrain/train/replicated.hpp>
+#include <hpctrain/train/sharding.hpp>
+#include <hpctrain/train/strategies/fully_sharded.hpp>
+#include <hpctrain/train/strategies/zero.hpp>
+#include <hpctrain/train/strategy.hpp>
+
+namespace hpctrain {
+
+/// The strategy of `stage`, with buckets (one collective each) of `buckets`' sizes.
+inline std::unique_ptr<DataParallelStrategy> make_zero_strategy(ZeroStage stage, dist::GradientSyncOptions buckets = {}) {
+  switch (stage) {
+    case ZeroStage::none: return std::make_unique<Replicated>(buckets);
+    case ZeroStage::zero3: return std::make_unique<FullyShardedStrategy>(buckets);
+    default: {
+      ZeroOptions options(stage);
+      options.buckets = buckets;
+      return std::make_unique<ZeroStrategy>(std::move(options));
+    }
+  }
+}
+
+/// The strategy factory for the Training: `training.strategy(hpctrain::sharded(hpctrain::zero2))`, or the
+/// shortcut `training.sharding(hpctrain::zero2)`.
+inline auto sharded(ZeroStage stage, dist::GradientSyncOptions buckets = {}) {
+  return [stage, buckets] { return make_zero_strategy(stage, buckets); };
+}
+
+}  // namespace hpctrain
