@@ -168,7 +168,7 @@ TEST_CASE("Hostile sweep values reach each task's worker byte-identical and run 
   CHECK_FALSE(fs::exists(canary));
 }
 
-TEST_CASE("--results reads each task's last train loss and last evaluation from metrics.jsonl", "[sweep][results]") {
+TEST_CASE("The results table reads each task's last train loss and last evaluation from metrics.jsonl", "[sweep][results]") {
   const auto dir = job_test::scratch_dir("results-metrics");
   job_test::write_file(dir / "metrics.jsonl",
                        "{\"step\": 10, \"epoch\": 0, \"loss\": 2.5, \"lr\": 0.1}\n"
@@ -184,7 +184,7 @@ TEST_CASE("--results reads each task's last train loss and last evaluation from 
   CHECK(none.empty());
 }
 
-TEST_CASE("--results ranks by the validation loss, or by accuracy higher first, or as --sort-by says", "[sweep][results]") {
+TEST_CASE("The results table ranks by the validation loss, or by accuracy higher first, or as --sort-by says", "[sweep][results]") {
   std::vector<ht::TaskResult> rows(3);
   rows[0] = {0, "", {{"lr", "0.1"}}, "COMPLETED", 20, {{"loss", 0.5}, {"eval_loss", 0.9}, {"eval_accuracy", 0.7}}};
   rows[1] = {1, "", {{"lr", "0.2"}}, "FAILED", 10, {{"loss", 0.7}}};
