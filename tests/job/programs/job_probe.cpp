@@ -4,6 +4,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -26,6 +27,21 @@ std::string hex(std::string_view text) {
   std::string out;
   for (unsigned char c : text) out += fmt::format("{:02x}", c);
   return out;
+}
+
+// Like the ranks' agreement before they exit with the requeue code: every rank marks that it ignores SIGTERM
+// and waits (at most a minute) until all ranks did, so that none exits while another could still die of
+// srun's SIGTERM (a rank started late under load did, and the step reported 143: a CI failure).
+void wait_until_every_rank_ignores_sigterm(const std::string& rank) {
+  const std::filesystem::path dir = env_or("HPCTRAIN_RUN_DIR", ".");
+  const auto tasks = std::stoi(env_or("SLURM_NTASKS", "1"));
+  std::ofstream(dir / ("ignores-sigterm." + rank)) << "1\n";
+  for (int i = 0; i < 600; ++i) {
+    int ready = 0;
+    for (int r = 0; r < tasks; ++r) ready += std::filesystem::exists(dir / ("ignores-sigterm." + std::to_string(r)));
+    if (ready == tasks) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 int report(const std::vector<std::string>& args) {
@@ -113,8 +129,10 @@ int report(const std::vector<std::string>& args) {
     return hpctrain::exit_requeue;
   }
   // `--exit-first-run N`: the first run exits with N (the requeue test), later runs succeed.
-  if (args.size() == 2 && args[0] == "--exit-first-run" && env_or("SLURM_RESTART_COUNT", "0") == "0")
+  if (args.size() == 2 && args[0] == "--exit-first-run" && env_or("SLURM_RESTART_COUNT", "0") == "0") {
+    wait_until_every_rank_ignores_sigterm(rank);
     return std::stoi(args[1]);
+  }
   return 0;
 }
 }  // namespace
