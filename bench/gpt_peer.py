@@ -7,7 +7,9 @@ clipping. Two uses:
       starting from the step-0 weights examples/gpt wrote to DIR (--save-initial), prints a JSON line
       {"losses": [...]} with the mean training loss of each step over the whole global batch.
   torchrun --nproc-per-node 2 gpt_peer.py ddp --tokens FILE [...]   (bench/gpt_vs_torchrun) DDP over Gloo,
-      rank 0 prints a JSON line with tokens/s of the timed steps.
+      rank 0 prints a JSON line with tokens/s of the timed steps. With --init DIR it starts from those weights,
+      with --val FILE it ends with the validation loss over every window of FILE, as hpctrain evaluates
+      (bench/gpt_budget).
 """
 import argparse
 import functools
@@ -187,6 +189,8 @@ def ddp(args):
     tokens = read_tokens(args.tokens)
     torch.manual_seed(args.seed)
     model = GPT(int(read_vocab(args.tokens)), args.seq_len, args.n_embd, args.n_layer, args.n_head)
+    if args.init:
+        model.load_hf(args.init)
     model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = adamw(model.module, args.lr, args.weight_decay)
     per_rank = args.global_batch // world
@@ -208,11 +212,35 @@ def ddp(args):
         optimizer.step()
     dist.barrier()
     seconds = time.perf_counter() - start
+    result = {"side": "torchrun", "world": world, "steps": args.steps,
+              "tokens_per_s": round(args.steps * args.global_batch * args.seq_len / seconds, 1),
+              "last_loss": round(loss.item(), 4)}
+    if args.val:
+        result["val_loss"] = round(validation_loss(model.module, args.val, args.seq_len, autocast, rank, world), 4)
     if rank == 0:
-        print(json.dumps({"side": "torchrun", "world": world, "steps": args.steps,
-                          "tokens_per_s": round(args.steps * args.global_batch * args.seq_len / seconds, 1),
-                          "last_loss": round(loss.item(), 4)}), flush=True)
+        print(json.dumps(result), flush=True)
     dist.destroy_process_group()
+
+
+def validation_loss(model, path, seq_len, autocast, rank, world, batch=16):
+    """hpctrain's evaluation (train/evaluation.hpp): every window of the file, dealt to the ranks strided,
+    in batches of 16, the mean loss per target token over all ranks."""
+    import torch.distributed as dist
+    tokens = read_tokens(path)
+    mine = list(range(rank, (tokens.numel() - 1) // seq_len, world))
+    total = torch.zeros(2, dtype=torch.float64)
+    model.eval()
+    with torch.no_grad():
+        for begin in range(0, len(mine), batch):
+            window = torch.tensor(mine[begin:begin + batch])[:, None] * seq_len + torch.arange(seq_len + 1)
+            chunk = tokens[window]
+            with autocast:
+                logits = model(chunk[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), chunk[:, 1:].reshape(-1))
+            total += torch.tensor([loss.item() * chunk[:, 1:].numel(), chunk[:, 1:].numel()], dtype=torch.float64)
+    model.train()
+    dist.all_reduce(total)
+    return (total[0] / total[1]).item()
 
 
 def main():
@@ -228,6 +256,8 @@ def main():
     par.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     par.add_argument("--threads", type=int, default=1)
     par.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    par.add_argument("--init", help="start from these weights (examples/gpt --save-initial's <run dir>/initial)")
+    par.add_argument("--val", help="end with the validation loss over this token file")
     args = parser.parse_args()
     reference(args) if args.mode == "reference" else ddp(args)
 

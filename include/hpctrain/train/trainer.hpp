@@ -40,6 +40,7 @@
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/preemption.hpp>
 #include <hpctrain/train/run_directory.hpp>
+#include <hpctrain/train/host_memory.hpp>
 #include <hpctrain/train/run_setup.hpp>
 #include <hpctrain/train/step.hpp>
 #include <hpctrain/train/strategy.hpp>
@@ -87,6 +88,7 @@ class Trainer {
     torch::set_num_threads(detail::resolve_threads(training_, world_));
     group_ = dist::init_process_group(world_, options_);
     device_ = group_->device();
+    if (training_.keep_freed_memory() && device_.is_cpu()) detail::keep_freed_host_memory();
   }
 
   void setup() {

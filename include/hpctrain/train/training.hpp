@@ -228,6 +228,11 @@ class Training {
   Training& report_digest(bool on) { report_digest_ = on; return *this; }
   /// Intra-op CPU threads per rank (0: SLURM_CPUS_PER_TASK, else the cores divided among local ranks). Default: 0.
   Training& threads(int n) { threads_ = n; return *this; }
+  /// On a CPU device, keep freed host memory for the next step instead of returning it to the kernel
+  /// (train/host_memory.hpp): every step frees and allocates the same big tensors, and glibc hands each block
+  /// over 32 MB back (munmap), so the next step page-faults it in again, zeroed. A rank's resident memory then
+  /// stays at its peak, as under a caching allocator. Default: on; no effect on GPUs or without glibc.
+  Training& keep_freed_memory(bool on) { keep_freed_memory_ = on; return *this; }
   /// Called on every rank after each optimizer step with the number of steps completed (fault injection in
   /// tests). Default: none.
   Training& on_step(std::function<void(std::int64_t)> callback) { on_step_ = std::move(callback); return *this; }
@@ -326,6 +331,7 @@ class Training {
   std::optional<double> peak_flops() const { return peak_flops_; }
   bool report_digest() const { return report_digest_; }
   int threads() const { return threads_; }
+  bool keep_freed_memory() const { return keep_freed_memory_; }
   const std::optional<std::filesystem::path>& run_dir() const { return run_dir_; }
   /// The program's knobs: declared with `knob`; in the worker, with this run's values (built-ins included).
   const Knobs& knobs() const { return knobs_; }
@@ -366,6 +372,7 @@ class Training {
   std::optional<double> flops_per_example_, peak_flops_;
   bool report_digest_ = false;
   int threads_ = 0;
+  bool keep_freed_memory_ = true;
   std::optional<std::filesystem::path> run_dir_;
   Knobs knobs_;
   std::function<void(std::int64_t)> on_step_;
