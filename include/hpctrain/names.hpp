@@ -55,6 +55,8 @@ inline constexpr std::string_view jobs_root = "hpctrain-jobs";
 /// Inside it, `<job id>/` per submitted job (job.sbatch, job.json, the log, and the run's files) and
 /// `local-<UTC time>/` per `--local` run; `last` names the last submitted job.
 inline constexpr std::string_view local_run_prefix = "local-";
+/// The directory of a run directory where Job::prepare leaves its results (PrepareContext::output_dir).
+inline constexpr std::string_view prepare_output = "prepare";
 inline constexpr std::string_view last_job_file = "last";
 inline constexpr std::string_view job_script = "job.sbatch";
 inline constexpr std::string_view job_record = "job.json";

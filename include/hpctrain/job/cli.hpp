@@ -284,7 +284,7 @@ inline int prepare_locally(const Job& job, const RenderContext& context, const s
   PrepareContext prepare;
   prepare.job_id = "local";
   prepare.run_dir = job_root(job, context) / "local";
-  prepare.output_dir = prepare.run_dir / "prepare";
+  prepare.output_dir = prepare.run_dir / layout::prepare_output;
   prepare.args = args;
   const auto done = prepare.run_dir / prepare_done_file;
   if (std::filesystem::exists(done)) {
@@ -375,7 +375,7 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         if (const int prepared = prepare_locally(job, context, command.forwarded, err); prepared != exit_ok)
           return prepared;
         // The ranks run in a new directory of their own: tell them where the preparation left its results.
-        if (job.preparation()) ::setenv(env::prepare_dir, (job_root(job, context) / "local" / "prepare").c_str(), 1);
+        if (job.preparation()) ::setenv(env::prepare_dir, (job_root(job, context) / "local" / layout::prepare_output).c_str(), 1);
         std::vector<std::string> args = {std::string(worker_flag)};
         args.insert(args.end(), worker_context.worker_args.begin(), worker_context.worker_args.end());
         LocalLaunchOptions options;

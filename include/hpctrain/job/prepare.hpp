@@ -10,6 +10,7 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,6 +18,7 @@
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/names.hpp>
 
 namespace hpctrain {
 
@@ -63,9 +65,18 @@ inline PrepareContext prepare_context_from_environment(std::vector<std::string> 
   if (run_dir.empty())
     throw RuntimeError("prepare", "HPCTRAIN_RUN_DIR is not set: the preparation step runs from the generated script");
   context.run_dir = run_dir;
-  context.output_dir = context.run_dir / "prepare";
+  context.output_dir = context.run_dir / layout::prepare_output;
   context.args = std::move(args);
   return context;
+}
+
+/// In a training rank: where the job's preparation step left its results. `$HPCTRAIN_PREPARE_DIR` where
+/// `--local` set it (the preparation ran once in `hpctrain-jobs/<name>/local`, and each local run has a run
+/// directory of its own), else `$HPCTRAIN_RUN_DIR/prepare`; nothing outside a job.
+inline std::optional<std::filesystem::path> prepared_output_dir() {
+  if (auto dir = getenv(env::prepare_dir)) return std::filesystem::path(*dir);
+  if (auto run_dir = getenv(env::run_dir)) return std::filesystem::path(*run_dir) / layout::prepare_output;
+  return std::nullopt;
 }
 
 /// Runs `prepare` for this process (the `--hpctrain-prepare` step): creates the output directory, calls it,

@@ -55,12 +55,9 @@ inline PrepareFunction prepare_tokens_step(std::vector<std::filesystem::path> in
 /// val.tokens (`$HPCTRAIN_RUN_DIR/prepare/tokens`; under `--local`, `$HPCTRAIN_PREPARE_DIR/tokens`, since each
 /// local run has its own run directory while the preparation ran once in `hpctrain-jobs/<name>/local`).
 inline std::filesystem::path prepared_tokens_dir() {
-  if (const char* prepare_dir = std::getenv("HPCTRAIN_PREPARE_DIR"); prepare_dir != nullptr && *prepare_dir != '\0')
-    return std::filesystem::path(prepare_dir) / prepared_tokens_subdir;
-  const char* run_dir = std::getenv("HPCTRAIN_RUN_DIR");
-  if (run_dir == nullptr || *run_dir == '\0')
-    throw RuntimeError("text.prepare", "HPCTRAIN_RUN_DIR is not set: prepared tokens exist only inside a job");
-  return std::filesystem::path(run_dir) / "prepare" / prepared_tokens_subdir;
+  const auto output = prepared_output_dir();
+  if (!output) throw RuntimeError("text.prepare", "HPCTRAIN_RUN_DIR is not set: prepared tokens exist only inside a job");
+  return *output / prepared_tokens_subdir;
 }
 
 }  // namespace hpctrain::text

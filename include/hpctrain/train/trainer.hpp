@@ -36,11 +36,11 @@
 #include <hpctrain/train/data/sampler.hpp>
 #include <hpctrain/train/digest.hpp>
 #include <hpctrain/train/evaluation.hpp>
+#include <hpctrain/train/host_memory.hpp>
 #include <hpctrain/train/loggers.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/preemption.hpp>
 #include <hpctrain/train/run_directory.hpp>
-#include <hpctrain/train/host_memory.hpp>
 #include <hpctrain/train/run_setup.hpp>
 #include <hpctrain/train/step.hpp>
 #include <hpctrain/train/strategy.hpp>
