@@ -3,7 +3,7 @@
 HPCTRAIN_TORCH_VERSION=2.11.0
 # Test-only oracles (the product has no Python): transformers/safetensors for logits and generation,
 # tokenizers/tiktoken for token ids, tensorboard to read our event files back.
-HPCTRAIN_PIP_PACKAGES="torch==${HPCTRAIN_TORCH_VERSION} numpy tensorboard transformers==4.57.1 safetensors==0.6.2 tokenizers==0.22.1 tiktoken==0.12.0"
+HPCTRAIN_PIP_PACKAGES="torch==${HPCTRAIN_TORCH_VERSION} numpy tensorboard transformers==4.57.1 safetensors==0.6.2 tokenizers==0.22.1 tiktoken==0.12.0 jinja2==3.1.6 peft==0.17.1"
 # GPT-2's BPE ranks (gpt2.tiktoken) come from this sdist, which ships them under whisper/assets/.
 HPCTRAIN_WHISPER_SDIST="openai-whisper==20250625"
 # Debian packages: build, tests, local Slurm cluster, data, container runtime.
