@@ -54,5 +54,6 @@
 #include <hpctrain/train/worker.hpp>
 
 #include <hpctrain/models/models.hpp>
+#include <hpctrain/lm/lm.hpp>
 
 #include <hpctrain/run.hpp>

@@ -27,7 +27,8 @@ inline int run(int argc, char** argv, const Job& job, const Training& training) 
     std::cerr << error.what() << "\n";
     return exit_usage;
   }
-  return run_job(argc, argv, job, knobs, [&training](const Knobs& values) { return run_worker(training, values); });
+  return run_job(argc, argv, job, knobs, [&training](const Knobs& values) { return run_worker(training, values); },
+                 [&training](const Knobs& values) { training.check_at_login(values); });
 }
 
 }  // namespace hpctrain

@@ -433,7 +433,10 @@ inline int run_job(int argc, char** argv, const Job& job, const Worker& worker) 
 /// The same for a program with a knob table: the login command refuses an unknown or invalid knob (exit 2,
 /// nothing written or queued), `--help` lists the knobs, and `worker` gets the table with this run's values
 /// (the worker's arguments are read with the same table; a bad one exits 2 on every rank).
-inline int run_job(int argc, char** argv, const Job& job, const Knobs& knobs, const KnobWorker& worker) {
+/// `login_check`, when given, sees the knob values of a --dry-run, --submit or --local before anything is written
+/// or queued (Training::login_check: a data file visible here is validated); a SpecError from it exits 2.
+inline int run_job(int argc, char** argv, const Job& job, const Knobs& knobs, const KnobWorker& worker,
+                   const std::function<void(const Knobs&)>& login_check = {}) {
   if (is_prepare_invocation(argc, argv))
     return run_preparation(job.preparation(),
                            prepare_context_from_environment(std::vector<std::string>(argv + 2, argv + argc)));
@@ -455,6 +458,9 @@ inline int run_job(int argc, char** argv, const Job& job, const Knobs& knobs, co
   LoginCommand command;
   try {
     command = parse_login_command(argc, argv, knobs);
+    using Mode = LoginCommand::Mode;
+    if (login_check && (command.mode == Mode::dry_run || command.mode == Mode::submit || command.mode == Mode::local))
+      login_check(knobs.with_arguments(command.forwarded));
   } catch (const Error& e) {
     std::cerr << e.what() << "\n";
     return exit_usage;

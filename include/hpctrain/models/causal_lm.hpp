@@ -65,15 +65,35 @@ class KVCache {
 /// Causal self-attention of `q` [B, H, T, D] over `k`, `v` [B, KV, past + T, D]. Without cached tokens
 /// this is `is_causal` (the flash / memory-efficient kernels on CUDA). With them, a single new token sees
 /// everything; several new tokens need the causal mask aligned to the bottom right, which is_causal
-/// (aligned top left) does not give. KV < H is grouped-query attention (enable_gqa).
+/// (aligned top left) does not give. KV < H is grouped-query attention (enable_gqa). A defined `mask`
+/// ([B, 1, T, T] boolean, true = may attend; packed_attention_mask) replaces the causal one (no cache).
 inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                      std::int64_t past, double dropout) {
+                                      std::int64_t past, double dropout, const torch::Tensor& mask = {}) {
   const bool grouped = k.size(1) != q.size(1);
+  if (mask.defined()) return torch::scaled_dot_product_attention(q, k, v, mask, dropout, false, std::nullopt, grouped);
   if (past == 0) return torch::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true, std::nullopt, grouped);
   const auto t = q.size(2);
   if (t == 1) return torch::scaled_dot_product_attention(q, k, v, {}, dropout, false, std::nullopt, grouped);
-  auto mask = torch::ones({t, past + t}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).tril(past);
-  return torch::scaled_dot_product_attention(q, k, v, mask, dropout, false, std::nullopt, grouped);
+  auto causal = torch::ones({t, past + t}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).tril(past);
+  return torch::scaled_dot_product_attention(q, k, v, causal, dropout, false, std::nullopt, grouped);
+}
+
+/// Where each token of a packed row sits: `position_ids` [B, T] (int64, restarting at 0 for every packed
+/// example) and `document_ids` [B, T] (which example a token belongs to; padding has its own id, -1).
+/// Attention stays causal and within one example, so a packed row computes what its examples would alone.
+struct TokenLayout {
+  torch::Tensor position_ids;
+  torch::Tensor document_ids;
+};
+
+/// The block-diagonal causal mask of `document_ids` [B, T]: [B, 1, T, T], true where query i may attend to
+/// key j (j ≤ i and both in the same example). On CPU SDPA takes it as it is; on CUDA a boolean mask rules out
+/// the flash kernel (the memory-efficient one takes it), which a variable-length path would avoid.
+inline torch::Tensor packed_attention_mask(const torch::Tensor& document_ids) {
+  const auto t = document_ids.size(1);
+  const auto same = document_ids.unsqueeze(2) == document_ids.unsqueeze(1);  // [B, T, T]
+  const auto causal = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(document_ids.device())).tril();
+  return same.logical_and(causal).unsqueeze(1);
 }
 
 /// A decoder-only language model: token ids [B, T] in, logits [B, T, vocab] out.
@@ -81,6 +101,8 @@ class CausalLM : public torch::nn::Module, public ListsBlocks {
  public:
   /// Logits for `input_ids` [B, T]; with a cache, the tokens continue the cached ones and are appended.
   virtual torch::Tensor forward(const torch::Tensor& input_ids, KVCache* cache = nullptr) = 0;
+  /// Logits for packed rows: positions from `layout.position_ids`, attention causal within each example.
+  virtual torch::Tensor forward(const torch::Tensor& input_ids, const TokenLayout& layout) = 0;
   // blocks() (ListsBlocks): the transformer blocks in order; forward runs each through run_block, so the
   // fully sharded strategy can gather block by block.
   /// An empty cache for `batch` sequences of up to `capacity` positions, on the model's device and dtype.

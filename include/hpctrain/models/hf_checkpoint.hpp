@@ -188,4 +188,12 @@ inline void save_pretrained(LlamaImpl& model, const std::filesystem::path& direc
   detail::save_directory(model, model.config().to_json(), detail::llama_naming(model.config()), directory, max_shard_bytes);
 }
 
+/// Writes any family this file reads (the one `load_pretrained` returned, say) as a Hugging Face directory.
+inline void save_pretrained(CausalLM& model, const std::filesystem::path& directory,
+                            std::uint64_t max_shard_bytes = std::numeric_limits<std::uint64_t>::max()) {
+  if (auto* gpt2 = dynamic_cast<GPT2Impl*>(&model)) return save_pretrained(*gpt2, directory, max_shard_bytes);
+  if (auto* llama = dynamic_cast<LlamaImpl*>(&model)) return save_pretrained(*llama, directory, max_shard_bytes);
+  throw RuntimeError(errors::runtime_io, fmt::format("{}: no Hugging Face export for this model ({})", directory.string(), model.name()));
+}
+
 }  // namespace hpctrain::models

@@ -80,7 +80,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   }
 
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, KVCache* cache,
-                        std::size_t layer) {
+                        std::size_t layer, const torch::Tensor& mask = {}) {
     const auto b = x.size(0), t = x.size(1);
     auto q = q_proj(x).view({b, t, heads_, head_dim_}).transpose(1, 2);
     auto k = k_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
@@ -92,7 +92,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
       past = cache->length();
       std::tie(k, v) = cache->update(layer, k, v);
     }
-    auto y = causal_attention(q, k, v, past, is_training() ? dropout_ : 0.0);
+    auto y = causal_attention(q, k, v, past, is_training() ? dropout_ : 0.0, mask);
     return o_proj(y.transpose(1, 2).reshape({b, t, heads_ * head_dim_}));
   }
 
@@ -131,8 +131,9 @@ class LlamaBlockImpl : public torch::nn::Module {
     mlp = register_module("mlp", LlamaMLP(config));
   }
 
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, KVCache* cache = nullptr) {
-    auto h = x + self_attn->forward(input_layernorm(x), cos, sin, cache, layer_);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, KVCache* cache = nullptr,
+                        const torch::Tensor& mask = {}) {
+    auto h = x + self_attn->forward(input_layernorm(x), cos, sin, cache, layer_, mask);
     return h + mlp(post_attention_layernorm(h));
   }
 
@@ -167,16 +168,14 @@ class LlamaImpl : public CausalLM {
     const auto t = input_ids.size(1);
     const std::int64_t past = cache != nullptr ? cache->length() : 0;
     if (cache != nullptr) cache->check_room(t);
-    auto x = embed_tokens(input_ids);
-    auto [cos, sin] = rotary_angles(past, t, x);
-    for (std::size_t i = 0; i < block_list_.size(); ++i) {
-      x = call_block(i, [block = block_list_[i], cos = cos, sin = sin, cache](const torch::Tensor& input) mutable {
-        return block->forward(input, cos, sin, cache);
-      }, x, cache);
-    }
+    const auto positions = torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device()));
+    auto logits = run(input_ids, positions, cache, {});
     if (cache != nullptr) cache->advance(t);
-    x = norm(x);
-    return config_.tie_word_embeddings ? torch::nn::functional::linear(x, embed_tokens->weight) : lm_head(x);
+    return logits;
+  }
+
+  torch::Tensor forward(const torch::Tensor& input_ids, const TokenLayout& layout) override {
+    return run(input_ids, layout.position_ids, nullptr, packed_attention_mask(layout.document_ids));
   }
 
   /// transformers' Llama initialisation: every weight N(0, initializer_range), biases 0, norms 1.
@@ -214,13 +213,28 @@ class LlamaImpl : public CausalLM {
   torch::nn::Linear lm_head{nullptr};  ///< only when tie_word_embeddings is false
 
  private:
-  /// cos and sin of the rotary angles of positions [past, past + t) ([t, head_dim], x's dtype). The
-  /// frequencies stay fp32 (a plain member, not a buffer, so that casting the module leaves them alone).
-  std::pair<torch::Tensor, torch::Tensor> rotary_angles(std::int64_t past, std::int64_t t, const torch::Tensor& x) {
+  /// Embeddings, the blocks at `positions` ([T], or [B, T] when packed; with `mask` when packed), the final
+  /// norm and the head.
+  torch::Tensor run(const torch::Tensor& input_ids, const torch::Tensor& positions, KVCache* cache, const torch::Tensor& mask) {
+    auto x = embed_tokens(input_ids);
+    auto [cos, sin] = rotary_angles(positions, x);
+    for (std::size_t i = 0; i < block_list_.size(); ++i) {
+      x = call_block(i, [block = block_list_[i], cos = cos, sin = sin, cache, mask](const torch::Tensor& input) mutable {
+        return block->forward(input, cos, sin, cache, mask);
+      }, x, cache);
+    }
+    x = norm(x);
+    return config_.tie_word_embeddings ? torch::nn::functional::linear(x, embed_tokens->weight) : lm_head(x);
+  }
+
+  /// cos and sin of the rotary angles of `positions`: [T, head_dim] for positions [T], [B, 1, T, head_dim] for
+  /// per-row positions [B, T] (packed rows), in x's dtype. The frequencies stay fp32 (a plain member, not a
+  /// buffer, so that casting the module leaves them alone).
+  std::pair<torch::Tensor, torch::Tensor> rotary_angles(const torch::Tensor& positions, const torch::Tensor& x) {
     if (inv_freq_.device() != x.device()) inv_freq_ = inv_freq_.to(x.device());
-    auto positions = torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kFloat32).device(x.device()));
-    auto freqs = torch::outer(positions, inv_freq_);
+    auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq_;  // [..., T, head_dim / 2]
     auto angles = torch::cat({freqs, freqs}, -1);
+    if (angles.dim() == 3) angles = angles.unsqueeze(1);  // [B, 1, T, D]: broadcast over heads
     return {angles.cos().to(x.scalar_type()), angles.sin().to(x.scalar_type())};
   }
 

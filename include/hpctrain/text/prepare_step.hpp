@@ -7,12 +7,15 @@
 // step, and with it the job, before training.
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/files.hpp>
 #include <hpctrain/job/prepare.hpp>
 #include <hpctrain/text/prepare.hpp>
 #include <hpctrain/text/tiktoken.hpp>
@@ -21,6 +24,16 @@ namespace hpctrain::text {
 
 /// The directory below `$HPCTRAIN_RUN_DIR/prepare` where prepare_tokens_step writes.
 inline constexpr std::string_view prepared_tokens_subdir = "tokens";
+
+/// Copies the tokenizer file next to the tokens it made (atomically), so that the workers know it without being
+/// told: the export at the end ships it with the model, the sample at the end decodes with it.
+inline void keep_tokenizer_beside(const std::filesystem::path& tokenizer_file, const std::filesystem::path& out) {
+  std::ifstream in(tokenizer_file, std::ios::binary);
+  std::ostringstream content;
+  content << in.rdbuf();
+  if (!in.is_open() || in.bad()) throw RuntimeError(errors::runtime_io, fmt::format("{}: cannot read", tokenizer_file.string()));
+  hpctrain::detail::write_file_atomically(out / tokenizer_file.filename(), content.str());
+}
 
 /// A Job::prepare function that tokenizes `inputs` with the tokenizer in `tokenizer_file` (tokenizer.json or
 /// *.tiktoken). Missing files are a SpecError at once (`[hpctrain.spec.prepare.tokenizer]`,
@@ -39,10 +52,12 @@ inline PrepareFunction prepare_tokens_step(std::vector<std::filesystem::path> in
     const auto tokenizer = load_tokenizer(tokenizer_file);
     const auto out = context.output_dir / prepared_tokens_subdir;
     if (tokens_prepared(inputs, tokenizer, out, options)) {
+      keep_tokenizer_beside(tokenizer_file, out);
       std::printf("hpctrain: %s already holds these tokens; not preparing again\n", out.c_str());
       return;
     }
     const auto result = prepare_tokens(inputs, tokenizer, out, options);
+    keep_tokenizer_beside(tokenizer_file, out);
     std::printf("hpctrain: prepared %llu training and %llu validation tokens in %s (%.1f MB/s on %d threads)\n",
                 static_cast<unsigned long long>(result.train_tokens),
                 static_cast<unsigned long long>(result.validation_tokens), out.c_str(), result.megabytes_per_second(),

@@ -1,6 +1,9 @@
 #pragma once
 // Numeric precision of the forward pass. bf16 runs the forward under LibTorch's autocast (CUDA, and the
 // CPU autocast LibTorch provides), with parameters, gradients and optimizer state kept in fp32.
+#include <fstream>
+#include <optional>
+#include <string>
 #include <string_view>
 
 #include <ATen/autocast_mode.h>
@@ -9,14 +12,47 @@
 namespace hpctrain {
 
 /// Forward-pass precision.
-enum class Precision { fp32, bf16 };
+enum class Precision { fp32, bf16, automatic };
 /// Everything in fp32. The default.
 inline constexpr Precision fp32 = Precision::fp32;
 /// bf16 autocast for the forward pass; fp32 master weights.
 inline constexpr Precision bf16 = Precision::bf16;
 
-/// "fp32" or "bf16".
-inline std::string_view to_string(Precision precision) { return precision == Precision::bf16 ? "bf16" : "fp32"; }
+/// bf16 where the hardware computes it natively — a CUDA device, or a CPU with AVX512-BF16 or AMX — else
+/// fp32 (bf16 autocast on a CPU without them is slower than fp32). Resolved in the worker, per rank's device.
+inline constexpr Precision auto_precision = Precision::automatic;
+
+/// "fp32", "bf16" or "auto".
+inline std::string_view to_string(Precision precision) {
+  switch (precision) {
+    case Precision::bf16: return "bf16";
+    case Precision::automatic: return "auto";
+    default: return "fp32";
+  }
+}
+
+/// The precision named `name` ("fp32", "bf16", "auto"), or nothing.
+inline std::optional<Precision> precision_from_name(std::string_view name) {
+  if (name == "fp32") return Precision::fp32;
+  if (name == "bf16") return Precision::bf16;
+  if (name == "auto") return Precision::automatic;
+  return std::nullopt;
+}
+
+/// Whether this CPU runs bf16 matrix products natively (AVX512-BF16 or AMX): there CPU autocast pays off.
+inline bool cpu_has_native_bf16() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line))
+    if (line.rfind("flags", 0) == 0) return line.find(" avx512_bf16") != std::string::npos || line.find(" amx_bf16") != std::string::npos;
+  return false;
+}
+
+/// `precision` with auto_precision resolved for `device`.
+inline Precision resolve_precision(Precision precision, torch::Device device) {
+  if (precision != Precision::automatic) return precision;
+  return device.is_cuda() || (device.is_cpu() && cpu_has_native_bf16()) ? Precision::bf16 : Precision::fp32;
+}
 
 /// Enables autocast on `device` for its lifetime when `precision` is bf16; clears the autocast cache on
 /// exit, every step, since the cached casts of the weights are stale once the optimizer has stepped.

@@ -29,6 +29,7 @@
 #include <hpctrain/dist/collectives.hpp>
 #include <hpctrain/dist/process_group.hpp>
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/prepare.hpp>
 #include <hpctrain/slurm/world.hpp>
 #include <hpctrain/train/checkpoint.hpp>
 #include <hpctrain/train/checkpointing.hpp>
@@ -40,6 +41,7 @@
 #include <hpctrain/train/loggers.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/preemption.hpp>
+#include <hpctrain/train/run_context.hpp>
 #include <hpctrain/train/run_directory.hpp>
 #include <hpctrain/train/run_setup.hpp>
 #include <hpctrain/train/step.hpp>
@@ -48,17 +50,6 @@
 #include <hpctrain/train/training.hpp>
 
 namespace hpctrain {
-
-/// How a call of `train` ended.
-struct TrainResult {
-  int exit_code = exit_ok;                   ///< exit_ok, or exit_requeue after a preemption checkpoint
-  std::int64_t steps_completed = 0;          ///< optimizer steps done in total (including before a resume)
-  std::int64_t total_steps = 0;              ///< steps the run is meant to take
-  std::optional<std::int64_t> resumed_from;  ///< step of the checkpoint this call resumed from
-  std::optional<double> eval_loss;           ///< final evaluation, when there is eval data
-  std::optional<double> eval_accuracy;       ///< final accuracy, when requested
-  std::map<std::string, double> eval_metrics;  ///< every requested metric of the final evaluation
-};
 
 /// One rank's training run. `run()` once.
 class Trainer {
@@ -92,18 +83,34 @@ class Trainer {
   }
 
   void setup() {
+    describe_run();
     build_model_and_strategy();
     load_data();
     plan_steps();
     open_loggers();
     resume();
     announce();
+    if (eval_set_ && training_.evaluate_at_start() && !result_.resumed_from) {
+      result_.eval_loss_at_start = evaluate_and_log().loss;
+      say(fmt::format("eval_loss_at_start={:.8g}", *result_.eval_loss_at_start));
+      model_.module->train();
+      meter_->restart_clock();
+    }
+  }
+
+  /// What the factories and the hooks at the end are told: knobs, place in the world, directories.
+  void describe_run() {
+    const auto run = resolve_run_directory(training_.run_dir());  // which directory; resume from where (--resume)
+    run_dir_ = run.path;
+    resume_from_ = run.checkpoints_to_resume();
+    run_.emplace(RunContext{training_.knobs(), group_->rank(), group_->world_size(), run_dir_, prepared_output_dir(),
+                            training_.pretrained_dir(training_.knobs())});
   }
 
   /// Seeded model on the device; the strategy makes the replicas equal (one broadcast) and the optimizer.
   void build_model_and_strategy() {
     torch::manual_seed(static_cast<std::uint64_t>(training_.seed()));
-    model_ = training_.make_model();
+    model_ = training_.make_model(*run_);
     model_.module->to(device_);
     strategy_ = training_.make_strategy();
     strategy_->setup({group_, model_.module, training_.optimizer_factory(), training_.precision()});
@@ -111,8 +118,10 @@ class Trainer {
   }
 
   void load_data() {
-    train_set_ = training_.train_data().load();
-    if (training_.eval_data()) eval_set_ = training_.eval_data().load();
+    const auto train_source = training_.train_data(*run_);
+    train_description_ = train_source.description();
+    train_set_ = train_source.load();
+    if (training_.has_eval_data()) eval_set_ = training_.eval_data(*run_).load();
     micro_batch_ = training_.micro_batch_per_rank(group_->world_size());
     sampler_.emplace(train_set_->size(), group_->world_size(), group_->rank(), static_cast<std::uint64_t>(training_.seed()));
   }
@@ -121,7 +130,7 @@ class Trainer {
     const std::int64_t examples_per_step = micro_batch_ * training_.gradient_accumulation();
     steps_per_epoch_ = sampler_->size_per_rank() / examples_per_step;
     detail::require(steps_per_epoch_ > 0, "training.batch_size", examples_per_step,
-                    fmt::format("each rank gets only {} examples per epoch of {}", sampler_->size_per_rank(), training_.train_data().description()));
+                    fmt::format("each rank gets only {} examples per epoch of {}", sampler_->size_per_rank(), train_description_));
     total_steps_ = std::numeric_limits<std::int64_t>::max();
     if (training_.epochs()) total_steps_ = *training_.epochs() * steps_per_epoch_;
     if (training_.max_steps()) total_steps_ = std::min(total_steps_, *training_.max_steps());
@@ -131,10 +140,8 @@ class Trainer {
 
   /// Rank 0's loggers: progress lines, metrics.jsonl, TensorBoard, then the Training's own.
   void open_loggers() {
-    const auto run = resolve_run_directory(training_.run_dir());  // which directory; resume from where (--resume)
-    run_dir_ = run.path;
     store_.emplace(run_dir_ / layout::checkpoints, training_.keep_checkpoints());
-    resume_store_.emplace(run.checkpoints_to_resume(), training_.keep_checkpoints());
+    resume_store_.emplace(resume_from_, training_.keep_checkpoints());
     if (!lead()) return;
     loggers_.push_back(std::make_unique<ProgressLogger>(!world_.under_slurm));
     loggers_.push_back(std::make_unique<JsonlLogger>());
@@ -299,8 +306,19 @@ class Trainer {
       }
       result_.eval_accuracy = evaluation.metric(metrics::accuracy.name());
     }
+    run_finish_hooks();
     for (auto& logger : loggers_) logger->finish();
     return result_;
+  }
+
+  /// The Training's hooks at the end (exports, samples), with the whole model: evaluation gathered it already.
+  void run_finish_hooks() {
+    if (training_.finish_hooks().empty()) return;
+    if (!eval_set_) strategy_->gather_full_model();
+    model_.module->eval();
+    const FinishContext context{*model_.module, *run_, result_};
+    for (const auto& hook : training_.finish_hooks()) hook(context);
+    std::fflush(stdout);
   }
 
   /// Every rank states its own digest: replicas that drifted apart show here (tests compare them).
@@ -329,7 +347,9 @@ class Trainer {
   std::int64_t micro_batch_ = 0, steps_per_epoch_ = 0, total_steps_ = 0, step_ = 0, last_checkpoint_step_ = -1;
   std::optional<detail::TrainMeter> meter_;
   torch::Tensor grad_norm_;
-  std::filesystem::path run_dir_;
+  std::filesystem::path run_dir_, resume_from_;
+  std::optional<RunContext> run_;
+  std::string train_description_;
   std::optional<CheckpointStore> store_;         ///< where this run saves
   std::optional<CheckpointStore> resume_store_;  ///< where it resumes from: its own, or --resume's run
   std::vector<std::unique_ptr<Logger>> loggers_;
@@ -340,6 +360,11 @@ class Trainer {
 /// preemption signal arrived, else exit_ok after the last step, a final checkpoint and evaluation. Rank 0
 /// prints `test_<metric>=<value>` last for every requested metric.
 inline TrainResult train(const Training& training, const slurm::World& world, const dist::Options& options = {}) {
+  if (training.precision() == Precision::automatic) {  // resolved for the device this rank will train on
+    Training resolved = training;
+    resolved.precision(resolve_precision(Precision::automatic, torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU)));
+    return Trainer(resolved, world, options).run();
+  }
   return Trainer(training, world, options).run();
 }
 

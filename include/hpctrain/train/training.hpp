@@ -23,6 +23,7 @@
 #include <hpctrain/train/metrics.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/replicated.hpp>
+#include <hpctrain/train/run_context.hpp>
 #include <hpctrain/train/schedule.hpp>
 #include <hpctrain/train/sharding.hpp>
 #include <hpctrain/train/strategies/sharded.hpp>
@@ -67,6 +68,26 @@ ModelInstance make_model_instance(Made made) {
     auto module = std::make_shared<Made>(std::move(made));
     return {module, [module](torch::Tensor x) -> torch::Tensor { return module->forward(std::move(x)); }};
   }
+}
+
+/// Calls a factory of the run in whichever form it takes: `(const RunContext&)`, `(const Knobs&)` or `()`.
+template <class Factory>
+decltype(auto) call_with_run(const Factory& factory, const RunContext& run) {
+  if constexpr (std::is_invocable_v<const Factory&, const RunContext&>) return factory(run);
+  else if constexpr (std::is_invocable_v<const Factory&, const Knobs&>) return factory(run.knobs);
+  else {
+    static_assert(std::is_invocable_v<const Factory&>, "the factory takes (), (const hpctrain::Knobs&) or (const hpctrain::RunContext&)");
+    return factory();
+  }
+}
+
+/// A data factory: a data::Source itself, or a callable returning one (in any of call_with_run's forms).
+template <class Factory>
+std::function<data::Source(const RunContext&)> data_factory(Factory factory) {
+  if constexpr (std::is_convertible_v<Factory, data::Source>)
+    return [source = data::Source(std::move(factory))](const RunContext&) { return source; };
+  else
+    return [factory = std::move(factory)](const RunContext& run) -> data::Source { return call_with_run(factory, run); };
 }
 
 /// An optimizer returned by value, or already in a unique_ptr.
@@ -116,28 +137,44 @@ class Training {
  public:
   using OptimizerFactory = hpctrain::OptimizerFactory;
 
-  /// A factory returning the model: a module, a TORCH_MODULE holder or a shared_ptr to a module. Called
+  /// A factory returning the model: a module, a TORCH_MODULE holder or a shared_ptr to a module. It takes
+  /// nothing, the run's knobs (`const hpctrain::Knobs&`) or the whole `const hpctrain::RunContext&`. Called
   /// once per rank after seeding, so every rank starts from the same weights (rank 0's are broadcast too).
+  /// A factory that knows a directory of pretrained files (`pretrained_directory(knobs)`, as
+  /// lm::from_pretrained does) tells the rest of the run (`RunContext::pretrained_dir`).
   template <class Factory>
   Training& model(Factory factory) {
-    model_ = [factory]() { return detail::make_model_instance(factory()); };
+    model_ = [factory](const RunContext& run) { return detail::make_model_instance(detail::call_with_run(factory, run)); };
+    pretrained_dir_ = nullptr;
+    add_login_check_of(factory, model_check_);
+    if constexpr (requires(const Factory& f, const Knobs& k) { { f.pretrained_directory(k) } -> std::convertible_to<std::filesystem::path>; })
+      pretrained_dir_ = [factory](const Knobs& knobs) { return std::filesystem::path(factory.pretrained_directory(knobs)); };
     return *this;
   }
   /// The optimizer factory, returning any torch::optim optimizer by value (or in a unique_ptr). Either of
   /// `(std::vector<torch::Tensor> parameters)` — `[](auto parameters) { return torch::optim::AdamW(parameters, ...); }`
   /// — or of `(const hpctrain::NamedParameters&)`, to build parameter groups by name (weight_decay_groups).
-  /// Its learning rates are the bases the schedule multiplies (unless `lr()` or `--lr` overrides them).
+  /// Its learning rates are the bases the schedule multiplies (unless `lr()` or `--lr` overrides them). A
+  /// second parameter `const hpctrain::Knobs&` gives it the run's knobs.
   template <class Factory>
   Training& optimizer(Factory factory) {
-    optimizer_ = [factory](const NamedParameters& named) -> std::unique_ptr<torch::optim::Optimizer> {
+    optimizer_ = [factory](const NamedParameters& named, const Knobs& knobs) -> std::unique_ptr<torch::optim::Optimizer> {
+      const auto tensors = [&] {
+        std::vector<torch::Tensor> list;
+        list.reserve(named.size());
+        for (const auto& [name, tensor] : named) list.push_back(tensor);
+        return list;
+      };
       if constexpr (std::is_invocable_v<const Factory&, std::vector<torch::Tensor>>) {
-        std::vector<torch::Tensor> tensors;
-        tensors.reserve(named.size());
-        for (const auto& [name, tensor] : named) tensors.push_back(tensor);
-        return detail::own_optimizer(factory(std::move(tensors)));
+        return detail::own_optimizer(factory(tensors()));
+      } else if constexpr (std::is_invocable_v<const Factory&, std::vector<torch::Tensor>, const Knobs&>) {
+        return detail::own_optimizer(factory(tensors(), knobs));
+      } else if constexpr (std::is_invocable_v<const Factory&, const NamedParameters&, const Knobs&>) {
+        return detail::own_optimizer(factory(named, knobs));
       } else {
         static_assert(std::is_invocable_v<const Factory&, const NamedParameters&>,
-                      "optimizer(): the factory takes std::vector<torch::Tensor> or const hpctrain::NamedParameters&");
+                      "optimizer(): the factory takes std::vector<torch::Tensor> or const hpctrain::NamedParameters&, "
+                      "and optionally const hpctrain::Knobs& after it");
         return detail::own_optimizer(factory(named));
       }
     };
@@ -171,10 +208,22 @@ class Training {
   /// What one evaluation batch computes: `(StepContext&, const data::Batch&) -> EvalOutput`. Default:
   /// default_eval_step, the loss weighted by rows, the output for the metrics.
   Training& eval_step(EvalStepFunction function) { eval_step_ = std::move(function); return *this; }
-  /// Training data (required).
-  Training& train_data(data::Source source) { train_data_ = std::move(source); return *this; }
-  /// Evaluation data; without it there is no evaluation.
-  Training& eval_data(data::Source source) { eval_data_ = std::move(source); return *this; }
+  /// Training data (required): a data::Source, or a factory returning one that takes nothing, the knobs or
+  /// the `const RunContext&` (the prepared files, the pretrained directory). A factory with a
+  /// `check_at_login(const Knobs&)` member is also checked on the login node (lm::sft_jsonl validates its file).
+  template <class Factory>
+  Training& train_data(Factory factory) {
+    add_login_check_of(factory, train_check_);
+    train_data_ = detail::data_factory(std::move(factory));
+    return *this;
+  }
+  /// Evaluation data, in the same forms; without it there is no evaluation.
+  template <class Factory>
+  Training& eval_data(Factory factory) {
+    add_login_check_of(factory, eval_check_);
+    eval_data_ = detail::data_factory(std::move(factory));
+    return *this;
+  }
   /// Batch size per optimizer step, `per_rank(n)` or `global(n)` (required).
   Training& batch_size(BatchSize size) { batch_size_ = size; return *this; }
   /// Batch size for evaluation, per rank. Default: 1000.
@@ -187,7 +236,9 @@ class Training {
   /// Base learning rate, replacing the optimizer's own (every group's). Default: the optimizer's.
   Training& lr(double rate) { lr_ = rate; return *this; }
   /// Learning-rate schedule. Default: LrSchedule::constant().
-  Training& schedule(LrSchedule schedule) { schedule_ = schedule; return *this; }
+  Training& schedule(LrSchedule schedule) { schedule_ = schedule; schedule_from_knobs_ = nullptr; return *this; }
+  /// A schedule made from the run's knobs: `[](const Knobs& k) { return LrSchedule::warmup_cosine(k.get<std::int64_t>("warmup_steps"), 0.1); }`.
+  Training& schedule(std::function<LrSchedule(const Knobs&)> factory) { schedule_from_knobs_ = std::move(factory); return *this; }
   /// Clip the global gradient norm to `max_norm` before each step (train records then carry grad_norm).
   /// Default: no clipping.
   Training& clip_grad_norm(double max_norm) { clip_grad_norm_ = max_norm; return *this; }
@@ -197,6 +248,9 @@ class Training {
   Training& precision(Precision precision) { precision_ = precision; return *this; }
   /// Seed of weights, shuffling and dropout. Default: 0.
   Training& seed(std::int64_t seed) { seed_ = seed; return *this; }
+  /// Also evaluate before the first step of a fresh run (not after a resume): the model as it starts, logged at
+  /// step 0 and kept in TrainResult::eval_loss_at_start (fine-tuning's "loss before"). Default: off.
+  Training& evaluate_at_start(bool on) { evaluate_at_start_ = on; return *this; }
   /// Evaluate every `n` steps (0: only at the end). Default: 0.
   Training& eval_every(std::int64_t n) { eval_every_ = n; return *this; }
   /// A train record (progress line, metrics.jsonl, TensorBoard, own loggers) every `n` steps. The running
@@ -236,6 +290,13 @@ class Training {
   /// Called on every rank after each optimizer step with the number of steps completed (fault injection in
   /// tests). Default: none.
   Training& on_step(std::function<void(std::int64_t)> callback) { on_step_ = std::move(callback); return *this; }
+  /// Adds a hook run at the end of a finished run, after the final evaluation, with the whole model (every
+  /// strategy gathers it first): `lm::hf_export()`, `lm::sample_at_end(...)`, or your own
+  /// `(const hpctrain::FinishContext&)`. Hooks run on every rank, in the order added.
+  Training& at_end(FinishHook hook) { finish_hooks_.push_back(std::move(hook)); return *this; }
+  /// Adds a check that `hpctrain::run` makes on the login node once the knobs are parsed, before anything is
+  /// written or queued: throw SpecError naming the field and the value.
+  Training& login_check(LoginCheck check) { login_checks_.push_back(std::move(check)); return *this; }
   /// Where checkpoints and metrics go (default: $HPCTRAIN_RUN_DIR, else ./hpctrain-run).
   Training& run_dir(std::filesystem::path directory) { run_dir_ = std::move(directory); return *this; }
   /// Declares a knob of this program: `--warmup-steps N` on the command line, checked at the login node
@@ -292,34 +353,52 @@ class Training {
   }
 
   // Readers, named as the setters (read by the Trainer, the worker and tests).
-  ModelInstance make_model() const { return model_(); }
-  std::unique_ptr<torch::optim::Optimizer> make_optimizer(const NamedParameters& parameters) const { return optimizer_(parameters); }
+  /// The model, made for `run`.
+  ModelInstance make_model(const RunContext& run) const { return model_(run); }
+  /// The model, made for rank 0 of 1 with this description's knobs (tests; outside a worker).
+  ModelInstance make_model() const { return model_(RunContext{knobs_}); }
+  /// Where the model factory's pretrained files are for `knobs`, when it says (lm::from_pretrained).
+  std::optional<std::filesystem::path> pretrained_dir(const Knobs& knobs) const {
+    if (!pretrained_dir_) return std::nullopt;
+    return pretrained_dir_(knobs);
+  }
+  std::unique_ptr<torch::optim::Optimizer> make_optimizer(const NamedParameters& parameters) const { return optimizer_(parameters, knobs_); }
   /// The optimizer over unnamed tensors (named "0", "1", ... for the factory).
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& parameters) const {
     NamedParameters named;
     for (std::size_t i = 0; i < parameters.size(); ++i) named.emplace_back(std::to_string(i), parameters[i]);
-    return optimizer_(named);
+    return optimizer_(named, knobs_);
   }
-  const OptimizerFactory& optimizer_factory() const { return optimizer_; }
+  /// The optimizer factory bound to this run's knobs, as the strategies take it.
+  OptimizerFactory optimizer_factory() const {
+    return [factory = optimizer_, knobs = knobs_](const NamedParameters& named) { return factory(named, knobs); };
+  }
   std::unique_ptr<DataParallelStrategy> make_strategy() const { return strategy_(); }
   /// The stage chosen with sharding(), or nothing (Replicated by default, or an own strategy()).
   std::optional<ZeroStage> sharding() const { return sharding_; }
   const LossFunction& loss() const { return loss_; }
   const StepFunction& step() const { return step_; }
   const EvalStepFunction& eval_step() const { return eval_step_; }
-  const data::Source& train_data() const { return train_data_; }
-  const data::Source& eval_data() const { return eval_data_; }
+  /// The training data for `run` (not loaded yet).
+  data::Source train_data(const RunContext& run) const { return train_data_(run); }
+  /// Whether the description has evaluation data.
+  bool has_eval_data() const { return static_cast<bool>(eval_data_); }
+  /// The evaluation data for `run` (not loaded yet); has_eval_data() first.
+  data::Source eval_data(const RunContext& run) const { return eval_data_(run); }
   BatchSize batch_size() const { return batch_size_; }
   std::int64_t eval_batch_size() const { return eval_batch_size_; }
   std::optional<std::int64_t> epochs() const { return epochs_; }
   std::optional<std::int64_t> max_steps() const { return max_steps_; }
   std::optional<double> lr() const { return lr_; }
   const LrSchedule& schedule() const { return schedule_; }
+  /// The schedule's factory when it depends on knobs (with_knobs applies it).
+  const std::function<LrSchedule(const Knobs&)>& schedule_from_knobs() const { return schedule_from_knobs_; }
   std::optional<double> clip_grad_norm() const { return clip_grad_norm_; }
   std::int64_t gradient_accumulation() const { return accumulation_; }
   Precision precision() const { return precision_; }
   std::int64_t seed() const { return seed_; }
   std::int64_t eval_every() const { return eval_every_; }
+  bool evaluate_at_start() const { return evaluate_at_start_; }
   std::int64_t log_every() const { return log_every_; }
   std::int64_t checkpoint_every() const { return checkpoint_every_; }
   int keep_checkpoints() const { return keep_checkpoints_; }
@@ -336,6 +415,14 @@ class Training {
   /// The program's knobs: declared with `knob`; in the worker, with this run's values (built-ins included).
   const Knobs& knobs() const { return knobs_; }
   const std::function<void(std::int64_t)>& on_step() const { return on_step_; }
+  const std::vector<FinishHook>& finish_hooks() const { return finish_hooks_; }
+  /// Runs every login check (those of the model and data factories, then login_check's) with `knobs`.
+  void check_at_login(const Knobs& knobs) const {
+    if (model_check_) model_check_(knobs);
+    if (train_check_) train_check_(knobs);
+    if (eval_check_) eval_check_(knobs);
+    for (const auto& check : login_checks_) check(knobs);
+  }
 
   // The readers' names before wave 2, kept for code written against them; to be removed.
   [[deprecated("use batch_size()")]] BatchSize batch() const { return batch_size_; }
@@ -349,19 +436,31 @@ class Training {
   [[deprecated("use run_dir()")]] const std::optional<std::filesystem::path>& run_directory() const { return run_dir_; }
 
  private:
-  std::function<ModelInstance()> model_;
-  OptimizerFactory optimizer_;
+  template <class Factory>
+  static void add_login_check_of(const Factory& factory, LoginCheck& slot) {
+    slot = nullptr;
+    if constexpr (requires(const Factory& f, const Knobs& k) { f.check_at_login(k); })
+      slot = [factory](const Knobs& knobs) { factory.check_at_login(knobs); };
+  }
+
+  std::function<ModelInstance(const RunContext&)> model_;
+  std::function<std::filesystem::path(const Knobs&)> pretrained_dir_;
+  std::function<std::unique_ptr<torch::optim::Optimizer>(const NamedParameters&, const Knobs&)> optimizer_;
   StrategyFactory strategy_ = [] { return std::unique_ptr<DataParallelStrategy>(std::make_unique<Replicated>()); };
   std::optional<ZeroStage> sharding_;
   LossFunction loss_ = detail::wrap_loss(torch::nn::functional::cross_entropy);
   StepFunction step_ = default_step;
   EvalStepFunction eval_step_ = default_eval_step;
-  data::Source train_data_, eval_data_;
+  std::function<data::Source(const RunContext&)> train_data_, eval_data_;
+  LoginCheck model_check_, train_check_, eval_check_;
+  std::vector<LoginCheck> login_checks_;
+  std::vector<FinishHook> finish_hooks_;
   BatchSize batch_size_;
   std::int64_t eval_batch_size_ = 1000;
   std::optional<std::int64_t> epochs_, max_steps_;
   std::optional<double> lr_, clip_grad_norm_;
   LrSchedule schedule_;
+  std::function<LrSchedule(const Knobs&)> schedule_from_knobs_;
   std::int64_t accumulation_ = 1;
   Precision precision_ = Precision::fp32;
   std::int64_t seed_ = 0;
@@ -371,6 +470,7 @@ class Training {
   std::vector<LoggerFactory> loggers_;
   std::optional<double> flops_per_example_, peak_flops_;
   bool report_digest_ = false;
+  bool evaluate_at_start_ = false;
   int threads_ = 0;
   bool keep_freed_memory_ = true;
   std::optional<std::filesystem::path> run_dir_;

@@ -27,7 +27,8 @@
 
 namespace hpctrain {
 
-/// The knob table of `training`: the built-ins, whose defaults are the description's values, then the
+/// The knob table of `training`: the built-ins (--epochs --max-steps --batch-size --lr --sharding --precision
+/// --log-every --eval-every --checkpoint-every), whose defaults are the description's values, then the
 /// program's own knobs. Throws SpecError when a program knob reuses a built-in's name.
 inline Knobs training_knobs(const Training& training) {
   Knobs table;
@@ -51,6 +52,14 @@ inline Knobs training_knobs(const Training& training) {
     table.declare_optional<std::string>("sharding", "data-parallel strategy: none (replicated), zero1, zero2 or zero3 "
                                         "(default: the program's strategy)", stage_name);
   }
+  table.declare<std::string>("precision", std::string(to_string(training.precision())),
+                             "forward precision: fp32, bf16, or auto (bf16 on a GPU or a CPU with AVX512-BF16/AMX)",
+                             KnobCheck<std::string>([](const std::string& name) { return precision_from_name(name).has_value(); },
+                                                    "must be fp32, bf16 or auto"));
+  table.declare<std::int64_t>("log_every", training.log_every(), "steps between train records (progress lines, metrics.jsonl)", positive());
+  table.declare<std::int64_t>("eval_every", training.eval_every(), "steps between evaluations (0: only at the end)", non_negative());
+  table.declare<std::int64_t>("checkpoint_every", training.checkpoint_every(), "steps between checkpoints (0: only at the end)",
+                              non_negative());
   table.extend(training.knobs());
   return table;
 }
@@ -69,6 +78,11 @@ inline Training with_knobs(Training training, const Knobs& knobs) {
   if (auto batch = knobs.get_if_given<std::int64_t>("batch_size")) training.batch_size({*batch, training.batch_size().scope});
   if (auto lr = knobs.get_if_given<double>("lr")) training.lr(*lr);
   if (auto sharding = knobs.get_if_given<std::string>("sharding")) training.sharding(zero_stage_from_name(*sharding).value());
+  if (auto precision = knobs.get_if_given<std::string>("precision")) training.precision(precision_from_name(*precision).value());
+  if (auto every = knobs.get_if_given<std::int64_t>("log_every")) training.log_every(*every);
+  if (auto every = knobs.get_if_given<std::int64_t>("eval_every")) training.eval_every(*every);
+  if (auto every = knobs.get_if_given<std::int64_t>("checkpoint_every")) training.checkpoint_every(*every);
+  if (training.schedule_from_knobs()) training.schedule(training.schedule_from_knobs()(knobs));
   training.knob_values(knobs);
   return training;
 }

@@ -1,0 +1,59 @@
+#pragma once
+// The causal-LM objective as the Trainer's seams take it: the loss of next-token prediction over the
+// targets that count (Hugging Face's -100 marks the others: padding, prompts, non-assistant turns), in fp32
+// whatever the forward precision; the step, which runs packed rows through the model's packed forward; and an
+// evaluation weighted by counted tokens, so val_loss and perplexity are per token.
+#include <cstdint>
+#include <utility>
+
+#include <torch/torch.h>
+
+#include <hpctrain/models/causal_lm.hpp>
+#include <hpctrain/train/data/source.hpp>
+#include <hpctrain/train/step.hpp>
+
+namespace hpctrain::lm {
+
+/// The target that takes no loss (transformers' and torch.nn.CrossEntropyLoss's default ignore_index).
+inline constexpr std::int64_t ignore_index = -100;
+
+/// {sum of the per-token cross entropy over the counted targets, their count}, in fp32.
+inline std::pair<torch::Tensor, torch::Tensor> token_loss_sum(const torch::Tensor& logits, const torch::Tensor& targets) {
+  const auto flat_targets = targets.reshape({-1});
+  const auto sum = torch::nn::functional::cross_entropy(
+      logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), flat_targets,
+      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum).ignore_index(ignore_index));
+  return {sum, flat_targets.ne(ignore_index).sum().to(torch::kFloat32)};
+}
+
+/// The mean cross entropy per counted target token of `logits` [B, T, V] against `targets` [B, T] (fp32; 0
+/// when no target counts, rather than NaN).
+inline torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  const auto [sum, count] = token_loss_sum(logits, targets);
+  return sum / count.clamp_min(1);
+}
+
+/// The logits of a language-model batch: packed rows (fields "position_ids" and "document_ids") through the
+/// model's packed forward, others through its plain one.
+inline torch::Tensor causal_lm_logits(StepContext& context, const data::Batch& batch) {
+  if (!batch.has("document_ids")) return context.forward(batch.inputs);
+  auto* model = dynamic_cast<models::CausalLM*>(&context.module);
+  TORCH_CHECK(model != nullptr, "a packed batch needs a models::CausalLM (GPT-2, Llama, ...); the model is ", context.module.name());
+  return model->forward(batch.inputs, models::TokenLayout{batch.field("position_ids"), batch.field("document_ids")});
+}
+
+/// The step: the mean loss over the micro-batch's counted targets (each rank its own; the strategy averages
+/// the gradients over ranks, as TRL's per-device mean does).
+inline torch::Tensor causal_lm_step(StepContext& context, const data::Batch& batch) {
+  return causal_lm_loss(causal_lm_logits(context, batch), batch.targets);
+}
+
+/// The evaluation: the batch's mean loss weighted by its counted targets, so the run's val_loss is the mean
+/// over every counted token.
+inline EvalOutput token_eval_step(StepContext& context, const data::Batch& batch) {
+  auto logits = causal_lm_logits(context, batch);
+  const auto [sum, count] = token_loss_sum(logits, batch.targets);
+  return {sum / count.clamp_min(1), std::move(logits), count.to(torch::kFloat64)};
+}
+
+}  // namespace hpctrain::lm

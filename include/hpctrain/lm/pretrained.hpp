@@ -1,0 +1,47 @@
+#pragma once
+// A model that starts from a Hugging Face directory (config.json, model.safetensors or shards, and the
+// tokenizer files): `.model(lm::from_pretrained(dir))`. The Training learns the directory from it
+// (`pretrained_directory`), so the data, the export and the sample find the same tokenizer.
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include <torch/torch.h>
+
+#include <hpctrain/error.hpp>
+#include <hpctrain/job/knobs.hpp>
+#include <hpctrain/lm/setting.hpp>
+#include <hpctrain/models/hf_checkpoint.hpp>
+
+namespace hpctrain::lm {
+
+/// The model factory of `from_pretrained`.
+class Pretrained {
+ public:
+  explicit Pretrained(Setting<std::filesystem::path> directory) : directory_(std::move(directory)) {}
+  /// The weights' dtype once loaded. Default: fp32 (the Trainer's master weights; bf16 runs under autocast).
+  Pretrained& dtype(torch::Dtype dtype) { dtype_ = dtype; return *this; }
+
+  /// Loads the model in the worker.
+  std::shared_ptr<models::CausalLM> operator()(const Knobs& knobs) const { return models::load_pretrained(pretrained_directory(knobs), dtype_); }
+  /// The directory for this run's knobs.
+  std::filesystem::path pretrained_directory(const Knobs& knobs) const { return directory_.get(knobs); }
+  /// On the login node: the directory exists and has a config.json (the weights are read in the worker).
+  void check_at_login(const Knobs& knobs) const {
+    const auto directory = pretrained_directory(knobs);
+    const auto subject = directory_.knob_name() ? "--" + *directory_.knob_name() + " = " + directory.string() : directory.string();
+    if (!std::filesystem::is_directory(directory)) throw SpecError(errors::spec_knob, subject, "no such directory");
+    if (!std::filesystem::is_regular_file(directory / "config.json"))
+      throw SpecError(errors::spec_knob, subject, "has no config.json (not a Hugging Face model directory)");
+  }
+
+ private:
+  Setting<std::filesystem::path> directory_;
+  torch::Dtype dtype_ = torch::kFloat32;
+};
+
+/// The model in Hugging Face directory `directory` (a path, or `lm::knob("from")`).
+inline Pretrained from_pretrained(Setting<std::filesystem::path> directory) { return Pretrained(std::move(directory)); }
+
+}  // namespace hpctrain::lm

@@ -1,0 +1,255 @@
+#pragma once
+// Supervised fine-tuning data from a JSONL file in TRL's three shapes (text/sft_jsonl.hpp): plain text (the
+// loss on every token), prompt/completion (on the completion) and conversational messages rendered with
+// the model's chat template (on the assistant turns). Each rank reads and tokenizes the file when the run
+// starts (SFT files are small next to pretraining corpora); the login node validates it first.
+//
+// A batch holds inputs/targets as the causal-LM convention says (targets shifted, lm::ignore_index where no
+// loss counts). Without packing a batch is its examples right-padded to the longest; with packing the
+// examples were placed into rows of max_length tokens by best-fit-decreasing, and a row carries the fields
+// "position_ids" (restarting at 0 per example) and "document_ids", so attention never crosses examples
+// and a packed row computes exactly what its examples would alone.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <hpctrain/error.hpp>
+#include <hpctrain/lm/at_end.hpp>
+#include <hpctrain/lm/loss.hpp>
+#include <hpctrain/lm/setting.hpp>
+#include <hpctrain/text/chat_template.hpp>
+#include <hpctrain/text/packing.hpp>
+#include <hpctrain/text/pretrained_tokenizer.hpp>
+#include <hpctrain/text/sft_jsonl.hpp>
+#include <hpctrain/train/data/source.hpp>
+#include <hpctrain/train/run_context.hpp>
+
+namespace hpctrain::lm {
+
+/// What happens to an example longer than max_length tokens.
+enum class Overlong {
+  truncate,  ///< keep its first max_length tokens (TRL's default)
+  drop,      ///< leave it out
+};
+
+/// One tokenized example: ids, and per id whether its loss counts (the target role of the id).
+struct TokenizedExample {
+  std::vector<std::int64_t> ids;
+  std::vector<std::uint8_t> trained;
+};
+
+/// Tokenized examples as a dataset: one example per item, or (packed) one row of several examples per item.
+class SftDataset : public data::Dataset {
+ public:
+  SftDataset(std::vector<TokenizedExample> examples, std::vector<std::vector<std::size_t>> rows, std::int64_t pad_id)
+      : examples_(std::move(examples)), rows_(std::move(rows)), pad_id_(pad_id) {}
+  /// Every example alone in its row.
+  static std::shared_ptr<SftDataset> unpacked(std::vector<TokenizedExample> examples, std::int64_t pad_id) {
+    std::vector<std::vector<std::size_t>> rows(examples.size());
+    for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = {i};
+    return std::make_shared<SftDataset>(std::move(examples), std::move(rows), pad_id);
+  }
+  std::int64_t size() const override { return static_cast<std::int64_t>(rows_.size()); }
+  bool packed() const { return std::any_of(rows_.begin(), rows_.end(), [](const auto& row) { return row.size() > 1; }); }
+  const std::vector<std::vector<std::size_t>>& rows() const { return rows_; }
+
+  /// Right-padded to the longest row of the batch; padding takes no loss. Packed datasets add position_ids
+  /// and document_ids (padding: position 0, document -1).
+  data::Batch batch(const std::vector<std::int64_t>& indices) const override {
+    std::int64_t length = 1;
+    for (const auto i : indices) length = std::max(length, row_tokens(rows_[static_cast<std::size_t>(i)]));
+    const auto n = static_cast<std::int64_t>(indices.size());
+    auto inputs = torch::full({n, length}, pad_id_, torch::kInt64);
+    auto targets = torch::full({n, length}, ignore_index, torch::kInt64);
+    auto positions = torch::zeros({n, length}, torch::kInt64);
+    auto documents = torch::full({n, length}, -1, torch::kInt32);
+    auto in = inputs.accessor<std::int64_t, 2>(), out = targets.accessor<std::int64_t, 2>();
+    auto pos = positions.accessor<std::int64_t, 2>();
+    auto doc = documents.accessor<std::int32_t, 2>();
+    for (std::int64_t r = 0; r < n; ++r) {
+      std::int64_t t = 0;
+      std::int32_t document = 0;
+      for (const auto e : rows_[static_cast<std::size_t>(indices[static_cast<std::size_t>(r)])]) {
+        const auto& example = examples_[e];
+        for (std::size_t k = 0; k + 1 < example.ids.size(); ++k, ++t) {  // input k predicts id k + 1
+          in[r][t] = example.ids[k];
+          out[r][t] = example.trained[k + 1] ? example.ids[k + 1] : ignore_index;
+          pos[r][t] = static_cast<std::int64_t>(k);
+          doc[r][t] = document;
+        }
+        ++document;
+      }
+    }
+    if (!packed()) return {inputs, targets};
+    return {inputs, targets, {{"position_ids", positions}, {"document_ids", documents}}};
+  }
+
+ private:
+  std::int64_t row_tokens(const std::vector<std::size_t>& row) const {
+    std::int64_t tokens = 0;
+    for (const auto e : row) tokens += static_cast<std::int64_t>(examples_[e].ids.size()) - 1;
+    return tokens;
+  }
+
+  std::vector<TokenizedExample> examples_;
+  std::vector<std::vector<std::size_t>> rows_;
+  std::int64_t pad_id_;
+};
+
+/// Which examples of the file a source keeps: all, or a deterministic hold-out.
+enum class Split {
+  all,         ///< every example
+  train,       ///< all but every `holdout_every`-th (the ones `validation` keeps)
+  validation,  ///< every `holdout_every`-th example
+};
+
+/// The data factory of `sft_jsonl`: options as chained setters (each a value or `lm::knob(...)`).
+class SftJsonl {
+ public:
+  explicit SftJsonl(Setting<std::filesystem::path> file) : file_(std::move(file)) {}
+  /// Tokens per example (and per packed row). Default: 1024.
+  SftJsonl& max_length(Setting<std::int64_t> tokens) { max_length_ = std::move(tokens); return *this; }
+  /// What to do with longer examples. Default: truncate.
+  SftJsonl& overlong(Overlong what) { overlong_ = what; return *this; }
+  /// Pack examples into rows of max_length tokens (best-fit-decreasing). Default: off.
+  SftJsonl& packing(Setting<bool> on = true) { packing_ = std::move(on); return *this; }
+  /// Keep a deterministic part of the file: Split::train leaves out every `every`-th example, which
+  /// Split::validation keeps. Default: all.
+  SftJsonl& split(Split part, std::int64_t every = 16) { split_ = part; holdout_every_ = every; return *this; }
+  /// The tokenizer directory. Default: the pretrained model's (lm::from_pretrained).
+  SftJsonl& tokenizer(Setting<std::filesystem::path> directory) { tokenizer_ = std::move(directory); return *this; }
+  /// A chat template file to use instead of the tokenizer's own (conversational files only).
+  SftJsonl& chat_template(Setting<std::filesystem::path> file) { chat_template_ = std::move(file); return *this; }
+
+  /// On the login node: the file exists and every line has the file's shape (SpecError naming file and line).
+  void check_at_login(const Knobs& knobs) const {
+    const auto file = file_.get(knobs);
+    if (!std::filesystem::is_regular_file(file))
+      throw SpecError(errors::spec_data_jsonl, file.string(), "no such file");
+    text::validate_sft_jsonl(file);
+  }
+
+  /// In the worker: reads, tokenizes, truncates or drops, and packs; rank 0 says what it kept.
+  data::Source operator()(const RunContext& run) const {
+    auto dataset = load(run);
+    const auto description = fmt::format("{} ({} rows)", file_.get(run.knobs).string(), dataset->size());
+    return data::Source([dataset] { return dataset; }, description);
+  }
+
+ private:
+  std::shared_ptr<SftDataset> load(const RunContext& run) const {
+    const auto file = file_.get(run.knobs);
+    const auto directory = tokenizer_ ? tokenizer_->get(run.knobs) : tokenizer_directory(run).value_or(std::filesystem::path());
+    if (directory.empty())
+      throw SpecError(errors::spec_data_jsonl, file.string(), "needs a tokenizer: lm::from_pretrained(...) or .tokenizer(dir)");
+    const auto tokenizer = text::load_pretrained_tokenizer(directory);
+    const auto renderer = conversation_renderer(tokenizer, run.knobs);
+    const auto max_length = max_length_.get(run.knobs);
+    hpctrain::detail::require(max_length >= 2, "sft.max_length", max_length, "must be at least 2");
+
+    std::vector<TokenizedExample> examples;
+    std::int64_t seen = 0, truncated = 0, dropped = 0, empty = 0;
+    text::SftJsonlReader reader(file);
+    text::SftRecord record;
+    for (std::int64_t index = 0; reader.next(record); ++index) {
+      if (!keeps(index)) continue;
+      ++seen;
+      auto tokenized = text::tokenize_sft(record, tokenizer, renderer ? &*renderer : nullptr);
+      TokenizedExample example;
+      example.ids.assign(tokenized.ids.begin(), tokenized.ids.end());
+      example.trained = std::move(tokenized.trained);
+      if (static_cast<std::int64_t>(example.ids.size()) > max_length) {
+        if (overlong_ == Overlong::drop) {
+          ++dropped;
+          continue;
+        }
+        example.ids.resize(static_cast<std::size_t>(max_length));
+        example.trained.resize(static_cast<std::size_t>(max_length));
+        ++truncated;
+      }
+      // An example whose loss counts nowhere after the first token teaches nothing (its prompt filled the length).
+      if (example.ids.size() < 2 || std::none_of(example.trained.begin() + 1, example.trained.end(), [](auto t) { return t != 0; })) {
+        ++empty;
+        continue;
+      }
+      examples.push_back(std::move(example));
+    }
+    if (examples.empty())
+      throw SpecError(errors::spec_data_jsonl, file.string(), fmt::format("no example left to train on ({} read)", seen));
+    const std::int64_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
+    auto dataset = packing_.get(run.knobs) ? pack(std::move(examples), max_length, pad) : SftDataset::unpacked(std::move(examples), pad);
+    if (run.rank == 0) {
+      fmt::print("hpctrain: {}: {} examples read, {} truncated and {} dropped at {} tokens, {} without a trained token left out; {} rows{}\n",
+                 file.string(), seen, truncated, dropped, max_length, empty, dataset->size(), dataset->packed() ? " (packed)" : "");
+      std::fflush(stdout);
+    }
+    return dataset;
+  }
+
+  bool keeps(std::int64_t index) const {
+    const bool held_out = index % holdout_every_ == holdout_every_ / 2;
+    return split_ == Split::all || (split_ == Split::validation) == held_out;
+  }
+
+  /// The tokenizer's chat template (or the chat_template file), bound to its special tokens.
+  std::optional<text::ConversationRenderer> conversation_renderer(const text::PretrainedTokenizer& tokenizer, const Knobs& knobs) const {
+    std::optional<std::string> source;
+    std::string origin;
+    if (chat_template_) {
+      const auto file = chat_template_->get(knobs);
+      source = detail::read_file(file);
+      origin = file.string();
+    } else if (tokenizer.chat_template_source()) {
+      source = *tokenizer.chat_template_source();
+      origin = "chat_template";
+    }
+    if (!source) return std::nullopt;  // a conversational file then fails in tokenize_sft, naming the line
+    auto parsed = std::make_shared<const text::ChatTemplate>(text::ChatTemplate::parse(*source, origin));
+    text::ChatRenderOptions options;
+    options.bos_token = tokenizer.bos_token();
+    options.eos_token = tokenizer.eos_token();
+    return text::ConversationRenderer([parsed, options](const std::vector<text::ChatMessage>& messages) {
+      return parsed->render_with_assistant_spans(messages, options);
+    });
+  }
+
+  /// Rows of at most `capacity` input tokens, filled best-fit-decreasing.
+  static std::shared_ptr<SftDataset> pack(std::vector<TokenizedExample> examples, std::int64_t capacity, std::int64_t pad) {
+    std::vector<std::size_t> lengths;
+    for (const auto& example : examples) lengths.push_back(example.ids.size() - 1);
+    auto rows = text::pack_best_fit_decreasing(lengths, static_cast<std::size_t>(capacity));
+    return std::make_shared<SftDataset>(std::move(examples), std::move(rows), pad);
+  }
+
+  Setting<std::filesystem::path> file_;
+  Setting<std::int64_t> max_length_ = std::int64_t{1024};
+  Overlong overlong_ = Overlong::truncate;
+  Setting<bool> packing_ = false;
+  Split split_ = Split::all;
+  std::int64_t holdout_every_ = 16;
+  std::optional<Setting<std::filesystem::path>> tokenizer_, chat_template_;
+};
+
+/// SFT examples from the JSONL file `file` (a path, or `lm::knob("data")`).
+inline SftJsonl sft_jsonl(Setting<std::filesystem::path> file) { return SftJsonl(std::move(file)); }
+
+/// At the end, rank 0 prints `response_loss_before=` (Training::evaluate_at_start) and `response_loss_after=`:
+/// the mean loss over the trained (response) tokens of the evaluation data, before and after fine-tuning.
+inline FinishHook report_response_loss() {
+  return [](const FinishContext& at_end) {
+    if (at_end.run.rank != 0) return;
+    if (at_end.result.eval_loss_at_start) fmt::print("response_loss_before={:.8g}\n", *at_end.result.eval_loss_at_start);
+    if (at_end.result.eval_loss) fmt::print("response_loss_after={:.8g}\n", *at_end.result.eval_loss);
+  };
+}
+
+}  // namespace hpctrain::lm
