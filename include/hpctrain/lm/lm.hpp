@@ -6,6 +6,7 @@
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/lm/pretrained.hpp>
 #include <hpctrain/lm/setting.hpp>
+#include <hpctrain/lm/sft_dataset.hpp>
 #include <hpctrain/lm/tokens.hpp>
 #include <hpctrain/train/metrics.hpp>
 #include <hpctrain/train/training.hpp>

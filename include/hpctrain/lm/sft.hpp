@@ -26,6 +26,7 @@
 #include <hpctrain/lm/at_end.hpp>
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/lm/setting.hpp>
+#include <hpctrain/lm/sft_dataset.hpp>
 #include <hpctrain/text/chat_template.hpp>
 #include <hpctrain/text/packing.hpp>
 #include <hpctrain/text/pretrained_tokenizer.hpp>
@@ -39,70 +40,6 @@ namespace hpctrain::lm {
 enum class Overlong {
   truncate,  ///< keep its first max_length tokens (TRL's default)
   drop,      ///< leave it out
-};
-
-/// One tokenized example: ids, and per id whether its loss counts (the target role of the id).
-struct TokenizedExample {
-  std::vector<std::int64_t> ids;
-  std::vector<std::uint8_t> trained;
-};
-
-/// Tokenized examples as a dataset: one example per item, or (packed) one row of several examples per item.
-class SftDataset : public data::Dataset {
- public:
-  SftDataset(std::vector<TokenizedExample> examples, std::vector<std::vector<std::size_t>> rows, std::int64_t pad_id)
-      : examples_(std::move(examples)), rows_(std::move(rows)), pad_id_(pad_id) {}
-  /// Every example alone in its row.
-  static std::shared_ptr<SftDataset> unpacked(std::vector<TokenizedExample> examples, std::int64_t pad_id) {
-    std::vector<std::vector<std::size_t>> rows(examples.size());
-    for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = {i};
-    return std::make_shared<SftDataset>(std::move(examples), std::move(rows), pad_id);
-  }
-  std::int64_t size() const override { return static_cast<std::int64_t>(rows_.size()); }
-  bool packed() const { return std::any_of(rows_.begin(), rows_.end(), [](const auto& row) { return row.size() > 1; }); }
-  const std::vector<std::vector<std::size_t>>& rows() const { return rows_; }
-
-  /// Right-padded to the longest row of the batch; padding takes no loss. Packed datasets add position_ids
-  /// and document_ids (padding: position 0, document -1).
-  data::Batch batch(const std::vector<std::int64_t>& indices) const override {
-    std::int64_t length = 1;
-    for (const auto i : indices) length = std::max(length, row_tokens(rows_[static_cast<std::size_t>(i)]));
-    const auto n = static_cast<std::int64_t>(indices.size());
-    auto inputs = torch::full({n, length}, pad_id_, torch::kInt64);
-    auto targets = torch::full({n, length}, ignore_index, torch::kInt64);
-    auto positions = torch::zeros({n, length}, torch::kInt64);
-    auto documents = torch::full({n, length}, -1, torch::kInt32);
-    auto in = inputs.accessor<std::int64_t, 2>(), out = targets.accessor<std::int64_t, 2>();
-    auto pos = positions.accessor<std::int64_t, 2>();
-    auto doc = documents.accessor<std::int32_t, 2>();
-    for (std::int64_t r = 0; r < n; ++r) {
-      std::int64_t t = 0;
-      std::int32_t document = 0;
-      for (const auto e : rows_[static_cast<std::size_t>(indices[static_cast<std::size_t>(r)])]) {
-        const auto& example = examples_[e];
-        for (std::size_t k = 0; k + 1 < example.ids.size(); ++k, ++t) {  // input k predicts id k + 1
-          in[r][t] = example.ids[k];
-          out[r][t] = example.trained[k + 1] ? example.ids[k + 1] : ignore_index;
-          pos[r][t] = static_cast<std::int64_t>(k);
-          doc[r][t] = document;
-        }
-        ++document;
-      }
-    }
-    if (!packed()) return {inputs, targets};
-    return {inputs, targets, {{"position_ids", positions}, {"document_ids", documents}}};
-  }
-
- private:
-  std::int64_t row_tokens(const std::vector<std::size_t>& row) const {
-    std::int64_t tokens = 0;
-    for (const auto e : row) tokens += static_cast<std::int64_t>(examples_[e].ids.size()) - 1;
-    return tokens;
-  }
-
-  std::vector<TokenizedExample> examples_;
-  std::vector<std::vector<std::size_t>> rows_;
-  std::int64_t pad_id_;
 };
 
 /// Which examples of the file a source keeps: all, or a deterministic hold-out.

@@ -1,0 +1,146 @@
+// The language-model layer (lm/): the loss over counted targets, the SFT dataset's rows, and packing —
+// a packed row must compute what its examples compute alone (loss and gradients, fp32, 1e-5), for GPT-2
+// and for Llama (rotary positions per example, grouped-query attention).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <hpctrain/lm/lm.hpp>
+#include <hpctrain/models/models.hpp>
+
+namespace hm = hpctrain::models;
+namespace lm = hpctrain::lm;
+
+namespace {
+
+hm::GPT2 small_gpt2() {
+  hm::GPT2Config config;
+  config.vocab_size = 97;
+  config.n_layer = 2;
+  config.n_head = 2;
+  config.n_embd = 32;
+  config.n_positions = 64;
+  config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0;
+  return hm::GPT2(config);
+}
+
+hm::Llama small_llama() {
+  hm::LlamaConfig config;
+  config.vocab_size = 97;
+  config.hidden_size = 32;
+  config.intermediate_size = 64;
+  config.num_hidden_layers = 2;
+  config.num_attention_heads = 4;
+  config.num_key_value_heads = 2;
+  return hm::Llama(config);
+}
+
+/// Three examples of different lengths; the first tokens of each are a "prompt" whose loss does not count.
+std::vector<lm::TokenizedExample> three_examples() {
+  std::vector<lm::TokenizedExample> examples;
+  const std::vector<std::size_t> lengths{9, 5, 13};
+  std::int64_t next = 3;
+  for (const auto length : lengths) {
+    lm::TokenizedExample example;
+    for (std::size_t i = 0; i < length; ++i) {
+      example.ids.push_back(next);
+      next = (next * 31 + 7) % 97;
+      example.trained.push_back(i >= 3 ? 1 : 0);
+    }
+    examples.push_back(example);
+  }
+  return examples;
+}
+
+/// {sum of the token losses, gradients of that sum} of `batch` through the lm step's logits.
+std::pair<double, std::vector<torch::Tensor>> loss_and_gradients(hm::CausalLM& model, const hpctrain::data::Batch& batch) {
+  model.zero_grad();
+  torch::Tensor logits;
+  if (batch.has("document_ids"))
+    logits = model.forward(batch.inputs, hm::TokenLayout{batch.field("position_ids"), batch.field("document_ids")});
+  else
+    logits = model.forward(batch.inputs);
+  const auto [sum, count] = lm::token_loss_sum(logits, batch.targets);
+  sum.backward();
+  std::vector<torch::Tensor> gradients;
+  for (const auto& parameter : model.parameters()) gradients.push_back(parameter.grad().clone());
+  return {sum.item<double>(), gradients};
+}
+
+void check_packed_equals_unpacked(hm::CausalLM& model) {
+  const auto examples = three_examples();
+  const auto unpacked = lm::SftDataset::unpacked(examples, /*pad_id=*/0);
+  const lm::SftDataset packed(examples, {{2, 0, 1}}, /*pad_id=*/0);
+  REQUIRE(packed.packed());
+
+  double separate_loss = 0;
+  std::vector<torch::Tensor> separate_gradients;
+  for (std::int64_t i = 0; i < 3; ++i) {
+    const auto [loss, gradients] = loss_and_gradients(model, unpacked->batch({i}));
+    separate_loss += loss;
+    if (separate_gradients.empty()) separate_gradients = gradients;
+    else for (std::size_t p = 0; p < gradients.size(); ++p) separate_gradients[p] += gradients[p];
+  }
+  const auto [packed_loss, packed_gradients] = loss_and_gradients(model, packed.batch({0}));
+  CAPTURE(separate_loss, packed_loss);
+  CHECK(std::abs(packed_loss - separate_loss) <= 1e-5 * std::abs(separate_loss));
+  for (std::size_t p = 0; p < packed_gradients.size(); ++p) {
+    const double scale = separate_gradients[p].abs().max().item<double>() + 1e-12;
+    const double difference = (packed_gradients[p] - separate_gradients[p]).abs().max().item<double>();
+    CAPTURE(p, difference, scale);
+    CHECK(difference <= 1e-5 * std::max(scale, 1.0));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("The causal-LM loss is the mean over the counted targets, in fp32, and 0 when none counts", "[lm]") {
+  torch::manual_seed(0);
+  const auto logits = torch::randn({2, 4, 11}, torch::kBFloat16);
+  auto targets = torch::randint(0, 11, {2, 4}, torch::kInt64);
+  targets[0][1] = lm::ignore_index;
+  targets[1][3] = lm::ignore_index;
+  const auto loss = lm::causal_lm_loss(logits, targets);
+  CHECK(loss.scalar_type() == torch::kFloat32);
+  const auto expected = torch::nn::functional::cross_entropy(
+      logits.reshape({-1, 11}).to(torch::kFloat32), targets.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+  CHECK(loss.item<double>() == Approx(expected.item<double>()).epsilon(1e-6));
+  CHECK(lm::causal_lm_loss(logits, torch::full({2, 4}, lm::ignore_index, torch::kInt64)).item<double>() == 0.0);
+}
+
+TEST_CASE("An SFT row shifts targets, masks untrained ones and padding, and restarts positions per packed example", "[lm]") {
+  std::vector<lm::TokenizedExample> examples{{{10, 11, 12, 13}, {0, 0, 1, 1}}, {{20, 21, 22}, {0, 1, 1}}};
+  const lm::SftDataset packed(examples, {{0, 1}}, /*pad_id=*/5);
+  const auto batch = packed.batch({0});
+  CHECK(batch.inputs.equal(torch::tensor({{10, 11, 12, 20, 21}}, torch::kInt64)));
+  CHECK(batch.targets.equal(torch::tensor({{-100, 12, 13, 21, 22}}, torch::kInt64)));
+  CHECK(batch.field("position_ids").equal(torch::tensor({{0, 1, 2, 0, 1}}, torch::kInt64)));
+  CHECK(batch.field("document_ids").equal(torch::tensor({{0, 0, 0, 1, 1}}, torch::kInt32)));
+
+  const auto unpacked = lm::SftDataset::unpacked(examples, /*pad_id=*/5)->batch({0, 1});
+  CHECK_FALSE(unpacked.has("position_ids"));
+  CHECK(unpacked.inputs.equal(torch::tensor({{10, 11, 12}, {20, 21, 5}}, torch::kInt64)));
+  CHECK(unpacked.targets.equal(torch::tensor({{-100, 12, 13}, {21, 22, -100}}, torch::kInt64)));
+}
+
+TEST_CASE("A packed GPT-2 row gives the loss and gradients of its examples alone (fp32, 1e-5)", "[lm]") {
+  torch::manual_seed(1);
+  auto model = small_gpt2();
+  check_packed_equals_unpacked(*model);
+}
+
+TEST_CASE("A packed Llama row (rotary positions per example, grouped-query attention) gives the loss and gradients of its examples alone", "[lm]") {
+  torch::manual_seed(2);
+  auto model = small_llama();
+  check_packed_equals_unpacked(*model);
+}
+
+TEST_CASE("The packed attention mask is causal and never crosses examples", "[lm]") {
+  const auto mask = hm::packed_attention_mask(torch::tensor({{0, 0, 1, 1, -1}}, torch::kInt32));
+  const auto expected = torch::tensor({{1, 0, 0, 0, 0}, {1, 1, 0, 0, 0}, {0, 0, 1, 0, 0}, {0, 0, 1, 1, 0}, {0, 0, 0, 0, 1}}, torch::kBool);
+  CHECK(mask.sizes() == torch::IntArrayRef({1, 1, 5, 5}));
+  CHECK(mask[0][0].equal(expected));
+}
