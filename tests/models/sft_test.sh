@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# examples/sft end to end, checked by transformers and HF tokenizers (tests/models/sft_oracle.py):
-#  - the start: a small random GPT2LMHeadModel saved by transformers with a byte-level BPE trained on the
-#    fortunes by HF tokenizers (and a Llama config with the same tokenizer, for the BOS rule);
-#  - the data: sft --list-pairs finds the same Q/A pairs as the oracle's own reading; every example's ids are
-#    HF tokenizers' ids of prompt then response (+ EOS; BOS first for Llama); the loss mask is 0 on every
-#    prompt target and 1 on every response target;
-#  - bad --from (missing, without config.json) exits 2 naming the path, with nothing written;
-#  - sft --local 2 trains: the masked response loss on the validation pairs falls, and equals what
-#    transformers computes on the start model and on the exported model (1e-4 relative, fp32);
-#  - the export loads in transformers (the loss above) and build/examples/generate continues a prompt with it.
+# examples/sft end to end, checked by transformers (tests/models/sft_oracle.py):
+#  - the start: a small random Llama (a config no other test uses) saved by transformers, with a byte-level BPE
+#    trained on the fortunes, BOS added by its post-processor and a chat template of its own; the data: a JSONL
+#    file of conversations (system prompts, two turns, quotes, non-ASCII) that no other test reads;
+#  - a JSONL file with line 7 broken: --submit exits 2 naming the file and line 7, nothing written or queued;
+#    a missing --from or --data exits 2 naming the knob;
+#  - sft --local 2 --max-steps 20 lowers the assistant-token loss; response_loss_before equals transformers'
+#    masked loss on the same rendered conversations (apply_chat_template's assistant mask), and
+#    response_loss_after equals it on the export, which transformers loads (1e-4 relative, fp32);
+#  - --packing gives the same loss before training as padding; build/examples/generate continues a prompt.
 # Usage: sft_test.sh <sft binary> <generate binary>
 set -euo pipefail
 sft="$(realpath "$1")"
@@ -22,48 +22,50 @@ fi
 [ -d "$fortunes" ] || { echo "SKIP: no fortunes corpus at $fortunes (Debian package fortunes)"; exit 77; }
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/sft-test.XXXXXX")"
 cd "$work"
-fail() { echo "FAIL: $*" >&2; for f in run.log bad.log; do [ -f "$f" ] && cat "$f" >&2; done; exit 1; }
+fail() { echo "FAIL: $*" >&2; for f in run.log bad.log packed.log; do [ -f "$f" ] && tail -40 "$f" >&2; done; exit 1; }
 oracle() { "$python" "$here/sft_oracle.py" "$@"; }
+value() { sed -n "s/^$1=\([^ ]*\).*/\1/p" "$2" | tail -1; }
+close() { awk -v x="$1" -v y="$2" 'BEGIN { d = x - y; if (d < 0) d = -d; exit !(d <= 1e-4 * (y < 0 ? -y : y)) }'; }
 
 oracle make "$work" "$fortunes" || fail "the oracle could not make the start model"
 
-# The data and the masks, before any training.
-"$sft" --from gpt2 --max-length 128 --list-pairs > gpt2.jsonl 2> list.log || fail "--list-pairs exited $?"
-oracle check-pairs "$fortunes" gpt2.jsonl || fail "the pairs differ from the oracle's reading"
-oracle check-examples gpt2 gpt2.jsonl 128 || fail "GPT-2 examples: ids or masks wrong"
-"$sft" --from llama --max-length 128 --list-pairs > llama.jsonl 2>> list.log || fail "--list-pairs (llama) exited $?"
-oracle check-examples llama llama.jsonl 128 || fail "Llama examples: ids, BOS or masks wrong"
-"$python" -c 'import json, sys; rows = [json.loads(l) for l in open(sys.argv[1])]; sys.exit(0 if all(r["ids"][0] == 1 for r in rows) else 1)' llama.jsonl \
-  || fail "a Llama example does not start with BOS"
-
-# Bad --from: exit 2 before anything is written, naming the path.
-mkdir -p bad/no-config
-for from in bad/missing bad/no-config; do
+# Bad input: exit 2 before anything is written or queued.
+status=0
+(mkdir -p bad && cd bad && "$sft" --from ../llama --data ../broken.jsonl --submit) > bad.log 2>&1 || status=$?
+[ "$status" = 2 ] || fail "a broken line 7: exit status $status, not 2"
+grep -q 'broken.jsonl:7: ' bad.log || fail "the message does not name broken.jsonl line 7"
+[ ! -e bad/hpctrain-jobs ] || fail "a broken line 7: something was written"
+for args in "--data ../conversations.jsonl" "--from ../llama"; do
   status=0
-  (cd bad && HPCTRAIN_RUN_DIR="$work/bad/run" "$sft" --from "../$from" --local 2) > bad.log 2>&1 || status=$?
-  [ "$status" = 2 ] || fail "--from $from: exit status $status, not 2"
-  grep -q "\[hpctrain.spec.knob\] --from = ../$from: " bad.log || fail "--from $from: the message does not name the path"
-  [ ! -e bad/run ] && [ ! -e bad/hpctrain-jobs ] || fail "--from $from: something was written"
+  # shellcheck disable=SC2086  # two words each
+  (cd bad && "$sft" $args --local 2) > bad.log 2>&1 || status=$?
+  [ "$status" = 2 ] || fail "with only $args: exit status $status, not 2"
+  grep -q '\[hpctrain.spec.knob\] --' bad.log || fail "with only $args: the message does not name the missing knob"
+  [ ! -e bad/hpctrain-jobs ] || fail "with only $args: something was written"
 done
-"$sft" --from gpt2 --dry-run > dry-run.sh 2>&1 || fail "--dry-run exited $?"
-grep -q -- '--from=gpt2' dry-run.sh || fail "--dry-run does not forward --from to the workers"
 
-# Train: 2 ranks, 2 epochs.
-HPCTRAIN_RUN_DIR="$work/run" "$sft" --from gpt2 --local 2 --max-length 128 --lr 1e-3 --epochs 2 > run.log 2>&1 || fail "sft exited $?"
+# Train: 2 ranks, 20 steps.
+HPCTRAIN_RUN_DIR="$work/run" "$sft" --from llama --data conversations.jsonl --local 2 --max-steps 20 --lr 1e-3 --max-length 256 \
+  > run.log 2>&1 || fail "sft exited $?"
 grep -q '^hpctrain: 2 rank(s) on cpu (gloo)' run.log || fail "not 2 Gloo ranks"
-before="$(sed -n 's/^response_loss_before=\([^ ]*\).*/\1/p' run.log | tail -1)"
-after="$(sed -n 's/^response_loss_after=\([^ ]*\).*/\1/p' run.log | tail -1)"
+before="$(value response_loss_before run.log)"
+after="$(value response_loss_after run.log)"
 [ -n "$before" ] && [ -n "$after" ] || fail "no response_loss_before/after"
 awk -v b="$before" -v a="$after" 'BEGIN { exit !(a < b - 0.2) }' || fail "the response loss did not fall: $before -> $after"
-[ -f run/export/config.json ] && [ -f run/export/model.safetensors ] && [ -f run/export/tokenizer.json ] || fail "no export in run/export"
-
-# The masking, by the oracle: transformers' masked loss on the same validation pairs.
-close() { awk -v x="$1" -v y="$2" 'BEGIN { d = x - y; if (d < 0) d = -d; exit !(d <= 1e-4 * (y < 0 ? -y : y)) }'; }
-expected_before="$(oracle loss gpt2 gpt2.jsonl 128 2>/dev/null)" || fail "transformers could not compute the start model's loss"
+for f in config.json model.safetensors tokenizer.json tokenizer_config.json chat_template.jinja; do
+  [ -f "run/export/$f" ] || fail "the export has no $f"
+done
+expected_before="$(oracle loss llama conversations.jsonl 256 2>/dev/null)" || fail "transformers could not compute the start model's loss"
 close "$before" "$expected_before" || fail "response_loss_before=$before but transformers says $expected_before"
-expected_after="$(oracle loss run/export gpt2.jsonl 128 2>/dev/null)" || fail "transformers could not load the export"
+expected_after="$(oracle loss run/export conversations.jsonl 256 2>/dev/null)" || fail "transformers could not load the export"
 close "$after" "$expected_after" || fail "response_loss_after=$after but transformers says $expected_after"
 
-# The export generates.
-"$generate" --model run/export --prompt $'Q: What is the difference?\nA:' --max-new-tokens 8 > generated.txt 2>&1 || fail "generate exited $?"
-echo "PASS: response loss $before -> $after (transformers: $expected_before -> $expected_after)"
+# Packing: the same examples in packed rows give the same loss.
+HPCTRAIN_RUN_DIR="$work/packed" "$sft" --from llama --data conversations.jsonl --local 2 --max-steps 1 --max-length 256 --packing \
+  > packed.log 2>&1 || fail "sft --packing exited $?"
+grep -q 'rows (packed)' packed.log || fail "--packing packed no row"
+packed_before="$(value response_loss_before packed.log)"
+close "$packed_before" "$before" || fail "--packing: response_loss_before=$packed_before, padded $before"
+
+"$generate" --model run/export --prompt $'[USER] What is the difference?\n[BOT] ' --max-new-tokens 8 > generated.txt 2>&1 || fail "generate exited $?"
+echo "PASS: response loss $before -> $after (transformers: $expected_before -> $expected_after); packed $packed_before"
