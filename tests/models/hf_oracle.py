@@ -7,6 +7,10 @@
       loads MODEL_DIR with from_pretrained and writes OUT_DIR/logits.safetensors (fp32 logits of IDS,
       [1, T, vocab]) and OUT_DIR/generated.json (the 32 tokens of generate(do_sample=False)).
 
+  hf_oracle.py expect-packed MODEL_DIR IDS POSITIONS DOCUMENTS OUT_DIR
+      OUT_DIR/logits.safetensors of one packed row: IDS with position_ids POSITIONS and a 4-D attention mask
+      that is causal within each DOCUMENTS id (transformers' custom 4-D masks), comma-separated lists each.
+
 IDS is a comma-separated list of token ids, or `text:PROMPT`: then `make` also trains a byte-level BPE
 with HF `tokenizers` (vocabulary = the model's), saves it as DIR/model/tokenizer.json, encodes PROMPT with
 it, and writes DIR/prompt_ids.json and DIR/generated.txt (the decoded continuation).
@@ -88,10 +92,25 @@ def expect(model_dir, ids, out_dir):
         json.dump(generated[0, input_ids.shape[1]:].tolist(), out)
 
 
+def expect_packed(model_dir, ids, positions, documents, out_dir):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    row = lambda text: torch.tensor([[int(i) for i in text.split(",")]], dtype=torch.long)
+    input_ids, position_ids, document_ids = row(ids), row(positions), row(documents)
+    t = input_ids.shape[1]
+    allowed = (document_ids[:, :, None] == document_ids[:, None, :]) & torch.ones(t, t, dtype=torch.bool).tril()
+    mask = torch.zeros(1, 1, t, t).masked_fill(~allowed[:, None], torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        logits = model(input_ids, position_ids=position_ids, attention_mask=mask).logits.float().contiguous()
+    os.makedirs(out_dir, exist_ok=True)
+    save_file({"logits": logits}, os.path.join(out_dir, "logits.safetensors"))
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args[:1] == ["make"] and len(args) in (5, 7):
         make(args[1], args[2], args[3], args[4], args[6] if len(args) == 7 and args[5] == "--shard" else None)
+    elif args[:1] == ["expect-packed"] and len(args) == 6:
+        expect_packed(*args[1:])
     elif args[:1] == ["expect"] and len(args) == 4:
         expect(args[1], args[2], args[3])
     else:

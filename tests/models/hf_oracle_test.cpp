@@ -182,3 +182,32 @@ TEST_CASE("build/examples/generate continues a text prompt through the model's t
   REQUIRE(run_generate(fmt::format("--model '{}' --prompt '{}'", model, text), dir, out, err) == 0);
   CHECK(out == models_test::read_text(dir / "generated.txt") + "\n");
 }
+
+TEST_CASE("A packed row's logits equal transformers' with position_ids and a block-diagonal 4-D mask, for GPT-2 and Llama",
+          "[models][oracle][lm]") {
+  const auto dir = scratch("packed-oracle");
+  // Three examples of 4, 5 and 3 tokens in one row: positions restart, attention stays within each.
+  const std::vector<std::int64_t> positions{0, 1, 2, 3, 0, 1, 2, 3, 4, 0, 1, 2};
+  const std::vector<std::int64_t> documents{0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2};
+  const auto layout = ht::TokenLayout{torch::tensor(positions, torch::kLong).unsqueeze(0),
+                                      torch::tensor(documents, torch::kLong).to(torch::kInt32).unsqueeze(0)};
+  const std::vector<std::pair<std::string, std::string>> families{
+      {"gpt2", R"({"vocab_size": 512, "n_embd": 48, "n_layer": 2, "n_head": 3, "n_positions": 64})"},
+      {"llama", R"({"vocab_size": 512, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 6, "num_key_value_heads": 2, "rope_theta": 30000.0})"}};
+  for (const auto& [family, config] : families) {
+    CAPTURE(family);
+    const auto family_dir = dir / family;
+    std::filesystem::create_directories(family_dir);
+    run_oracle(fmt::format("make {} '{}' '{}' {}", family, config, family_dir.string(), ids_text(prompt)), family_dir / "make.log");
+    run_oracle(fmt::format("expect-packed '{}' {} {} {} '{}'", (family_dir / "model").string(), ids_text(prompt), ids_text(positions),
+                           ids_text(documents), (family_dir / "packed").string()), family_dir / "packed.log");
+    auto model = ht::load_pretrained(family_dir / "model");
+    torch::NoGradGuard no_grad;
+    model->eval();
+    const auto ours = model->forward(prompt_tensor(), layout);
+    const auto theirs = ht::safetensors::File(family_dir / "packed" / "logits.safetensors").tensor("logits");
+    REQUIRE(ours.sizes() == theirs.sizes());
+    CHECK((ours - theirs).abs().max().item<double>() < 1e-4);
+  }
+}
