@@ -33,6 +33,7 @@ inline constexpr ErrorId spec_local{"hpctrain.spec.local"};
 inline constexpr ErrorId spec_resume{"hpctrain.spec.resume"};
 
 // --- job description (job/job.hpp, job/container.hpp, job/render.hpp) ---
+inline constexpr ErrorId spec_allocation{"hpctrain.spec.allocation"};
 inline constexpr ErrorId spec_array{"hpctrain.spec.array"};
 inline constexpr ErrorId spec_gpu_syntax{"hpctrain.spec.gpu_syntax"};
 inline constexpr ErrorId spec_max_restarts{"hpctrain.spec.max_restarts"};
@@ -72,6 +73,7 @@ inline constexpr ErrorId spec_sbatch_option{"hpctrain.spec.sbatch_option"};
 inline constexpr ErrorId spec_setup{"hpctrain.spec.setup"};
 inline constexpr ErrorId spec_srun_option{"hpctrain.spec.srun_option"};
 inline constexpr ErrorId spec_tasks_per_node{"hpctrain.spec.tasks_per_node"};
+inline constexpr ErrorId spec_then{"hpctrain.spec.then"};
 inline constexpr ErrorId spec_time{"hpctrain.spec.time"};
 
 // --- job layer at run time (job/submit.hpp, job/process.hpp, job/files.hpp, job/container.hpp) ---

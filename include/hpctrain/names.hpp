@@ -39,6 +39,8 @@ inline constexpr const char* test_delay_rank0 = "HPCTRAIN_TEST_DELAY_RANK0_S";
 /// Where Job::prepare left its results when that is not `$HPCTRAIN_RUN_DIR/prepare`: set by `--local`, whose
 /// preparation runs once in `hpctrain-jobs/<name>/local` while each run gets its own `local-<time>` directory.
 inline constexpr const char* prepare_dir = "HPCTRAIN_PREPARE_DIR";
+/// The name of the chain stage (Job::then) a job's workers run: set by each stage's script.
+inline constexpr const char* stage = "HPCTRAIN_STAGE";
 }  // namespace env
 
 /// The one getenv: the value of `name`, or nothing when it is unset or empty.

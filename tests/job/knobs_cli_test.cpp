@@ -134,7 +134,7 @@ TEST_CASE("The option --resume DIR hands the workers that run directory, --resum
   CHECK(fs::is_empty(elsewhere));
   const auto status = run_knob_probe(elsewhere, {"--status", "--resume"});
   CHECK(status.exit_code == 2);
-  CHECK(status.err == "[hpctrain.usage] --resume goes with --submit, --dry-run or --local\n");
+  CHECK(status.err == "[hpctrain.usage] --resume goes with --submit, --dry-run, --local or --run\n");
 }
 
 TEST_CASE("The --status mode shows Slurm's own error and exits 1 when Slurm cannot be asked", "[cli]") {

@@ -4,7 +4,10 @@
 // marker that the generated script passes. With a knob table (job/knobs.hpp) every other argument must be a
 // valid knob — checked here, before anything is written or queued — and is forwarded to the workers;
 // without one (a torch-free program with its own worker protocol) other arguments are forwarded unchecked.
+#include <cerrno>
 #include <chrono>
+#include <csignal>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <functional>
@@ -13,11 +16,15 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>  // execl: --run becomes its script
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/allocation.hpp>
 #include <hpctrain/job/array_commands.hpp>
+#include <hpctrain/job/chain.hpp>
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/prepare.hpp>
@@ -32,7 +39,7 @@ namespace hpctrain {
 
 /// What the login-node command line asked for.
 struct LoginCommand {
-  enum class Mode { none, help, dry_run, submit, status, logs, cancel, local, results };
+  enum class Mode { none, help, dry_run, submit, status, logs, cancel, local, results, run };
   Mode mode = Mode::none;
   bool follow = false;
   std::optional<int> nodes, tasks_per_node, local_ranks;
@@ -41,6 +48,8 @@ struct LoginCommand {
   std::vector<std::string> sbatch;  ///< KEY=VALUE or KEY
   /// `--resume [DIR]`: DIR, or empty for the newest run of this program that has checkpoints.
   std::optional<std::string> resume;
+  /// `--after JOB` (repeatable): the submitted job waits until JOB completed successfully (afterok).
+  std::vector<std::string> after;
   /// For the workers: the knobs, validated and spelled `--name=value` when a table was given, else as typed.
   std::vector<std::string> forwarded;
   std::string help;
@@ -141,7 +150,7 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
       "Without a mode the program only prints this text. Other arguments are forwarded to the workers (a\n"
       "training program checks them here first: see its knobs below).\n"
       "Exit codes: 0 success, 2 bad usage or invalid job description, 1 a runtime failure.");
-  bool help = false, dry_run = false, submit = false, status = false, logs = false, cancel = false;
+  bool help = false, dry_run = false, submit = false, status = false, logs = false, cancel = false, run = false;
   app.add_flag("-h,--help", help, "print this help");
   app.add_flag("--dry-run", dry_run, "print the sbatch script --submit would submit; touch nothing");
   app.add_flag("--submit", submit, "write the script under hpctrain-jobs/<name>/<id>/ and sbatch it");
@@ -149,6 +158,13 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
   app.add_flag("--logs", logs, "print the last submitted job's log");
   app.add_flag("--follow", command.follow, "with --logs: keep printing until the job ends");
   app.add_flag("--cancel", cancel, "scancel the last submitted job");
+  app.add_flag("--run", run,
+               "inside an allocation (salloc, an interactive job): run the training on it as the batch script "
+               "would; under your own srun: train as that step's ranks");
+  app.add_option("--after", command.after, "with --submit or --dry-run: start only after job JOB completed "
+                                           "successfully (--dependency=afterok:JOB; repeatable)")
+      ->allow_extra_args(false)
+      ->type_name("JOB");
   app.add_option("--local", command.local_ranks, "run N ranks on this machine, without Slurm (like torchrun --standalone)");
   app.add_option("--nodes", command.nodes, "override --nodes");
   app.add_option("--tasks-per-node", command.tasks_per_node, "override --ntasks-per-node");
@@ -183,8 +199,9 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
     command.help += "\n" + knobs->help();
   }
   const bool local = command.local_ranks.has_value();
-  const int modes = help + dry_run + submit + status + logs + cancel + local + command.results;
-  if (modes > 1) throw UsageError("choose one of --dry-run, --submit, --status, --logs, --cancel, --local, --results");
+  const int modes = help + dry_run + submit + status + logs + cancel + local + command.results + run;
+  if (modes > 1)
+    throw UsageError("choose one of --dry-run, --submit, --status, --logs, --cancel, --local, --run, --results");
   using Mode = LoginCommand::Mode;
   command.mode = help ? Mode::help
                  : dry_run ? Mode::dry_run
@@ -193,12 +210,16 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
                  : logs    ? Mode::logs
                  : cancel  ? Mode::cancel
                  : local   ? Mode::local
+                 : run     ? Mode::run
                  : command.results ? Mode::results
                            : Mode::none;
   if (command.follow && command.mode != Mode::logs) throw UsageError("--follow goes with --logs");
   if (command.sort_by && command.mode != Mode::results) throw UsageError("--sort-by goes with --results");
-  if (command.resume && command.mode != Mode::submit && command.mode != Mode::dry_run && command.mode != Mode::local)
-    throw UsageError("--resume goes with --submit, --dry-run or --local");
+  if (command.resume && command.mode != Mode::submit && command.mode != Mode::dry_run && command.mode != Mode::local &&
+      command.mode != Mode::run)
+    throw UsageError("--resume goes with --submit, --dry-run, --local or --run");
+  if (!command.after.empty() && command.mode != Mode::submit && command.mode != Mode::dry_run)
+    throw UsageError("--after goes with --submit or --dry-run");
   return command;
 }
 }  // namespace detail
@@ -273,6 +294,7 @@ inline void apply_overrides(Job& job, const LoginCommand& command) {
     const auto equals = option.find('=');
     job.sbatch_option(option.substr(0, equals), equals == std::string::npos ? "" : option.substr(equals + 1));
   }
+  for (const auto& id : command.after) job.after(id, After::ok);
   apply_job_layer_overrides(job, command);
 }
 
@@ -319,6 +341,63 @@ inline ResolvedSweep checked_sweep(const Job& job, const LoginCommand& command, 
 }
 }  // namespace detail
 
+namespace detail {
+inline slurm::EnvironmentLookup context_lookup(const RenderContext& context) {
+  if (!context.lookup_env) return slurm::process_environment;
+  return [lookup = context.lookup_env](const std::string& name) -> std::optional<std::string> {
+    auto value = lookup(name);
+    if (value && value->empty()) return std::nullopt;
+    return value;
+  };
+}
+
+/// The run directory of `--run` in allocation `job_id`: `hpctrain-jobs/<name>/<job id>`, as a batch job's, so
+/// that a second `--run` in the same allocation resumes from the first one's checkpoints.
+inline std::filesystem::path allocation_run_directory(const Job& job, const RenderContext& context,
+                                                      const std::string& job_id) {
+  return job_root(job, context) / job_id;
+}
+}  // namespace detail
+
+/// `--run` from an allocation's shell: checks that the allocation holds the job, then replaces this process
+/// with bash running render_allocation_script, so that its output streams here, its exit status is this
+/// command's, and a SIGINT to this process (Ctrl-C) reaches the script's trap. Returns only by throwing:
+/// UsageError outside an allocation, SpecError `[hpctrain.spec.allocation]` for one too small, RuntimeError
+/// when bash cannot be started.
+inline int run_in_allocation(const Job& job, const RenderContext& context, std::ostream& out, std::ostream& err) {
+  const auto lookup = detail::context_lookup(context);
+  const auto place = run_place(lookup);
+  if (place == RunPlace::no_allocation)
+    throw UsageError(fmt::format(
+        "--run trains on the allocation this shell is in, and there is none here (SLURM_JOB_ID is not set).\n"
+        "  Get one, then --run inside it:   {} --time=1:00:00\n"
+        "                                   {} --run\n"
+        "  Or submit a batch job:           {} --submit\n"
+        "  Or run on this machine:          {} --local N",
+        salloc_suggestion(job), context.program, context.program, context.program));
+  if (place == RunPlace::step_task)
+    throw UsageError("--run in a task of an srun step trains as that step's rank: run_job handles it");
+  if (job.array())
+    throw UsageError(fmt::format("--run: this job is an array ({}): its tasks are separate jobs; use --submit",
+                                 job.array()->text));
+  const auto allocation = read_allocation(lookup);
+  check_allocation_fits(job, allocation);
+  const auto script = render_allocation_script(job, context);
+  out << fmt::format("hpctrain: --run on allocation {} ({} node(s)): {} rank(s) on {} node(s); run directory {}\n",
+                     allocation.job_id, allocation.nodes, job.nodes() * job.tasks_per_node(), job.nodes(),
+                     detail::allocation_run_directory(job, context, allocation.job_id).string())
+      << std::flush;
+  err << std::flush;
+  std::cout.flush();
+  std::cerr.flush();
+  // A shell ignores SIGINT for what it starts in the background (`./train --run &` in a script), and bash
+  // cannot trap a signal that was ignored when it started: Ctrl-C (or kill -INT) must reach the script's trap.
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  ::execl("/bin/bash", "bash", "-c", script.c_str(), "hpctrain-run", static_cast<char*>(nullptr));
+  throw RuntimeError(errors::runtime_exec, fmt::format("cannot run /bin/bash for --run: {}", std::strerror(errno)));
+}
+
 /// Runs one login-node command for `job`; prints to `out`/`err`, returns the exit code.
 /// `knobs`: the program's knob table (a sweep is checked with it), or nullptr for a program without one.
 inline int run_login_command(Job job, const LoginCommand& command, const RenderContext& context,
@@ -346,11 +425,20 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
       case Mode::dry_run:
         check_array_on_cluster(job);
         print_job_warnings(job, err);
-        out << render_sbatch(job, worker_context);
+        out << (job.stages().empty() ? render_sbatch(job, worker_context) : render_chain(job, worker_context));
         return exit_ok;
       case Mode::submit: {
         check_array_on_cluster(job);
         print_job_warnings(job, err);
+        if (!job.stages().empty()) {
+          const auto chain = submit_chain(job, worker_context);
+          out << fmt::format("submitted a chain of {} stages, each after the one before completed successfully:\n",
+                             chain.size());
+          for (std::size_t i = 0; i < chain.size(); ++i)
+            out << fmt::format("  stage {} {}: job {}\n    logs: {}\n", i + 1, chain[i].name, chain[i].id,
+                               chain[i].output_log);
+          return exit_ok;
+        }
         const auto submitted = submit(job, worker_context);
         out << fmt::format("submitted job {}\n  logs: {}\n  job directory: {} (also the run directory: checkpoints, metrics)\n",
                            submitted.id, submitted.output_log, submitted.directory.string());
@@ -358,6 +446,12 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
       }
       case Mode::status: {
         const auto last = last_submitted(job, context);
+        if (const auto chain = read_chain(last)) {
+          std::vector<JobState> states;
+          for (const auto& stage : *chain) states.push_back(query_state(stage.id));
+          out << format_chain_status(*chain, states);
+          return exit_ok;
+        }
         const auto state = query_state(last.id);
         if (state.state.empty()) {
           out << fmt::format("job {}: unknown to squeue, sacct and scontrol (finished long ago, or purged)\n",
@@ -390,11 +484,21 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
             << std::flush;
         return launch_local(*command.local_ranks, context.program, args, options);
       }
+      case Mode::run:
+        print_job_warnings(job, err);
+        return run_in_allocation(job, worker_context, out, err);
       case Mode::results:
         out << results_table(last_submitted(job, context), command.sort_by);
         return exit_ok;
       case Mode::cancel: {
         const auto last = last_submitted(job, context);
+        if (const auto chain = read_chain(last)) {
+          for (const auto& stage : *chain) {
+            cancel(stage.id);
+            out << fmt::format("cancelled stage {} (job {})\n", stage.name, stage.id);
+          }
+          return exit_ok;
+        }
         cancel(last.id);
         out << fmt::format("cancelled job {}\n", last.id);
         return exit_ok;
@@ -413,6 +517,23 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
   return exit_failure;
 }
 
+namespace detail {
+/// `srun [options] ./train --run`: this task is a rank of the user's step. It gets the run directory `--run`
+/// from the allocation's shell would give (unless HPCTRAIN_RUN_DIR is set) and `--resume`'s directory; the
+/// preparation step is not run here (rank 0 says so).
+inline void prepare_step_task(const Job& job, const LoginCommand& command, const RenderContext& context) {
+  const auto place_lookup = slurm::process_environment;
+  const auto job_id = place_lookup("SLURM_JOB_ID").value_or(place_lookup("SLURM_JOBID").value_or("0"));
+  if (!hpctrain::getenv(env::run_dir))
+    ::setenv(env::run_dir, allocation_run_directory(job, context, job_id).c_str(), 1);
+  if (command.resume)
+    ::setenv(env::resume_from, resume_directory(*command.resume, job_root(job, context)).c_str(), 1);
+  if (job.preparation() && place_lookup("SLURM_PROCID").value_or("0") == "0")
+    std::cerr << "hpctrain: --run under your own srun: the ranks train now; the preparation step (Job::prepare) "
+                 "runs only from the allocation's shell (`--run` without srun)\n";
+}
+}  // namespace detail
+
 /// The whole program for a job: worker mode under the marker, else the login-node command line. Arguments
 /// that are not login options reach `worker` unchecked.
 inline int run_job(int argc, char** argv, const Job& job, const Worker& worker) {
@@ -423,6 +544,10 @@ inline int run_job(int argc, char** argv, const Job& job, const Worker& worker) 
   LoginCommand command;
   try {
     command = parse_login_command(argc, argv);
+    if (command.mode == LoginCommand::Mode::run && run_place() == RunPlace::step_task) {
+      detail::prepare_step_task(job, command, current_render_context(argc, argv, command.forwarded));
+      return worker(command.forwarded);
+    }
   } catch (const Error& e) {
     std::cerr << e.what() << "\n";
     return exit_usage;
@@ -459,8 +584,13 @@ inline int run_job(int argc, char** argv, const Job& job, const Knobs& knobs, co
   try {
     command = parse_login_command(argc, argv, knobs);
     using Mode = LoginCommand::Mode;
-    if (login_check && (command.mode == Mode::dry_run || command.mode == Mode::submit || command.mode == Mode::local))
+    if (login_check && (command.mode == Mode::dry_run || command.mode == Mode::submit || command.mode == Mode::local ||
+                        command.mode == Mode::run))
       login_check(knobs.with_arguments(command.forwarded));
+    if (command.mode == Mode::run && run_place() == RunPlace::step_task) {
+      detail::prepare_step_task(job, command, current_render_context(argc, argv, command.forwarded));
+      return worker(knobs.with_arguments(command.forwarded));
+    }
   } catch (const Error& e) {
     std::cerr << e.what() << "\n";
     return exit_usage;

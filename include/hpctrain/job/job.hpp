@@ -339,6 +339,21 @@ class Job {
     return *this;
   }
 
+  /// A later stage of this program (SFT after pretraining, evaluation after training): `--submit` submits this
+  /// job and then every stage as a job of its own, with its own resources, each `afterok` the one before, so a
+  /// stage starts only when the previous one completed successfully. The stage's workers find its name in
+  /// HPCTRAIN_STAGE (current_stage(), job/chain.hpp). A stage's own stages are not followed.
+  Job& then(Job stage) {
+    for (const auto& existing : stages_)
+      detail::require(existing.name() != stage.name(), "then", stage.name(),
+                      "every stage of a chain needs a name of its own (its job directory and HPCTRAIN_STAGE)");
+    detail::require(stage.name() != name_, "then", stage.name(),
+                    "every stage of a chain needs a name of its own (its job directory and HPCTRAIN_STAGE)");
+    stage.stages_.clear();
+    stages_.push_back(std::move(stage));
+    return *this;
+  }
+
   /// Checks what only the whole description can tell; render_sbatch calls it.
   void validate() const {
     if (memory_per_gpu_)
@@ -397,6 +412,14 @@ class Job {
   const std::optional<Sweep>& sweep() const { return sweep_; }
   /// The preparation callable; empty without one.
   const PrepareFunction& preparation() const { return prepare_; }
+  /// The later stages (then), in order; empty for a single job.
+  const std::vector<Job>& stages() const { return stages_; }
+  /// This job alone, its stages left out.
+  Job without_stages() const {
+    Job alone = *this;
+    alone.stages_.clear();
+    return alone;
+  }
 
  private:
   Job& set_directive(std::string_view field, std::optional<std::string>& slot, std::string value) {
@@ -440,6 +463,7 @@ class Job {
   std::optional<Sweep> sweep_;
   std::string requeue_signal_ = "USR2";
   int max_restarts_ = 0;
+  std::vector<Job> stages_;  // a vector of the incomplete Job: allowed since C++17
 };
 
 }  // namespace hpctrain

@@ -275,6 +275,81 @@ inline std::string preparation_block(const Job& job, const RenderContext& contex
 }
 }  // namespace detail
 
+namespace detail {
+/// The script from `set -euo pipefail` to the run directory: modules, setup lines, the job's variables.
+/// Shared by the batch script (render_sbatch) and `--run`'s script (render_allocation_script).
+inline std::string script_setup(const Job& job, const RenderContext& context) {
+  std::string s;
+  s += "\nset -euo pipefail\n";
+  if (!job.modules().empty()) {
+    s += "# Module scripts read unset variables.\nset +u\n";
+    for (const auto& m : job.modules()) s += fmt::format("module load {}\n", shell_quote(m));
+    s += "set -u\n";
+  }
+  for (const auto& line : job.setup_lines()) s += line + "\n";
+  bool secret_comment = false;
+  for (const auto& var : job.environment()) {
+    switch (var.kind) {
+      case EnvKind::literal:
+        s += fmt::format("export {}={}\n", var.name, shell_quote(var.value));
+        break;
+      case EnvKind::pass_through: {
+        const auto lookup = context.lookup_env ? context.lookup_env : process_env;
+        const auto value = lookup(var.name);
+        require(value.has_value(), "env", var.name, "is not set in the submitting environment (pass_env)");
+        s += fmt::format("export {}={}  # from the submitting shell\n", var.name, shell_quote(*value));
+        break;
+      }
+      case EnvKind::secret:
+        if (!secret_comment) s += "# Secrets travel in sbatch's environment, never in this file.\n";
+        secret_comment = true;
+        s += fmt::format(": \"${{{0}:?hpctrain: secret {0} did not reach the job; set it where you submit}}\"\n",
+                         var.name);
+        break;
+    }
+  }
+
+  // The run's checkpoints, metrics and TensorBoard events live beside its script and log; a requeued run
+  // keeps its job id, so it finds its checkpoints again.
+  if (job.array()) {
+    // One run directory per task, inside the array's job directory: `<array id>/<array id>_<task id>`.
+    s += "# A job array: every task has its own run directory (and log), and is requeued on its own.\n";
+    s += fmt::format("export {}={}/\"$SLURM_ARRAY_JOB_ID/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}\"\n", env::run_dir,
+                     shell_quote(job_root(job, context).string()));
+    s += "mkdir -p \"$HPCTRAIN_RUN_DIR\"\n";
+    if (job.sweep()) s += sweep_block(job, context);
+  } else {
+    s += fmt::format("export {}={}/\"$SLURM_JOB_ID\"\n", env::run_dir, shell_quote(job_root(job, context).string()));
+  }
+
+  return s;
+}
+
+/// The training step's own srun options (before the job's srun_options and the container words).
+inline std::vector<std::string> training_srun_options(const Job& job) {
+  std::vector<std::string> srun = {"srun --kill-on-bad-exit=1 --unbuffered"};
+  // Slurm 22.05's srun stopped reading SLURM_CPUS_PER_TASK from the allocation: say it again for the step.
+  if (job.cpus_per_task()) srun.push_back(fmt::format("--cpus-per-task={}", *job.cpus_per_task()));
+  if (job.requeue()) srun.push_back(fmt::format("--signal={}@{}", job.requeue_signal(), job.requeue()->grace.count()));
+  return srun;
+}
+
+/// Between the setup and the training step: the preemption signal's name, Apptainer's copies of our
+/// variables, the preparation step.
+inline std::string script_before_step(const Job& job, const RenderContext& context) {
+  std::string s;
+  if (job.requeue() && job.requeue_signal() != "USR2")  // workers default to USR2 (train/preemption.hpp)
+    s += fmt::format("export HPCTRAIN_PREEMPT_SIGNAL={}\n", job.requeue_signal());
+  if (std::holds_alternative<Apptainer>(job.container())) {
+    auto names = exported_names(job);
+    std::erase(names, "HPCTRAIN_REQUEUE_MARKER");  // exported with the requeue block below
+    s += "# Our variables win over the image's %environment.\n" + apptainer_env_lines(job, names);
+  }
+  if (job.preparation()) s += preparation_block(job, context);
+  return s;
+}
+}  // namespace detail
+
 /// The default `--output`: `<root>/%j/slurm-%j.out`, for an array `<root>/%A/slurm-%A_%a.out` (the array's
 /// job directory exists before any task starts; Slurm does not create directories for logs).
 inline std::string default_output_pattern(const Job& job, const RenderContext& context) {
@@ -379,62 +454,9 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
   for (std::size_t i = 0; i < options.size(); ++i)
     if (!option_used[i]) directive(options[i].first, options[i].second);
 
-  s += "\nset -euo pipefail\n";
-  if (!job.modules().empty()) {
-    s += "# Module scripts read unset variables.\nset +u\n";
-    for (const auto& m : job.modules()) s += fmt::format("module load {}\n", shell_quote(m));
-    s += "set -u\n";
-  }
-  for (const auto& line : job.setup_lines()) s += line + "\n";
-  bool secret_comment = false;
-  for (const auto& var : job.environment()) {
-    switch (var.kind) {
-      case EnvKind::literal:
-        s += fmt::format("export {}={}\n", var.name, shell_quote(var.value));
-        break;
-      case EnvKind::pass_through: {
-        const auto lookup = context.lookup_env ? context.lookup_env : detail::process_env;
-        const auto value = lookup(var.name);
-        detail::require(value.has_value(), "env", var.name, "is not set in the submitting environment (pass_env)");
-        s += fmt::format("export {}={}  # from the submitting shell\n", var.name, shell_quote(*value));
-        break;
-      }
-      case EnvKind::secret:
-        if (!secret_comment) s += "# Secrets travel in sbatch's environment, never in this file.\n";
-        secret_comment = true;
-        s += fmt::format(": \"${{{0}:?hpctrain: secret {0} did not reach the job; set it where you submit}}\"\n",
-                         var.name);
-        break;
-    }
-  }
-
-  // The run's checkpoints, metrics and TensorBoard events live beside its script and log; a requeued run
-  // keeps its job id, so it finds its checkpoints again.
-  if (job.array()) {
-    // One run directory per task, inside the array's job directory: `<array id>/<array id>_<task id>`.
-    s += "# A job array: every task has its own run directory (and log), and is requeued on its own.\n";
-    s += fmt::format("export {}={}/\"$SLURM_ARRAY_JOB_ID/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}\"\n", env::run_dir,
-                     shell_quote(job_root(job, context).string()));
-    s += "mkdir -p \"$HPCTRAIN_RUN_DIR\"\n";
-    if (job.sweep()) s += detail::sweep_block(job, context);
-  } else {
-    s += fmt::format("export {}={}/\"$SLURM_JOB_ID\"\n", env::run_dir, shell_quote(job_root(job, context).string()));
-  }
-
-  std::vector<std::string> srun = {"srun --kill-on-bad-exit=1 --unbuffered"};
-  // Slurm 22.05's srun stopped reading SLURM_CPUS_PER_TASK from the allocation: say it again for the step.
-  if (job.cpus_per_task()) srun.push_back(fmt::format("--cpus-per-task={}", *job.cpus_per_task()));
-  if (job.requeue()) srun.push_back(fmt::format("--signal={}@{}", job.requeue_signal(), job.requeue()->grace.count()));
-  const auto step = detail::srun_step(job, context, std::move(srun), worker_flag);
-  if (job.requeue() && job.requeue_signal() != "USR2")  // workers default to USR2 (train/preemption.hpp)
-    s += fmt::format("export HPCTRAIN_PREEMPT_SIGNAL={}\n", job.requeue_signal());
-  if (std::holds_alternative<Apptainer>(job.container())) {
-    auto names = detail::exported_names(job);
-    std::erase(names, "HPCTRAIN_REQUEUE_MARKER");  // exported with the requeue block below
-    s += "# Our variables win over the image's %environment.\n" + detail::apptainer_env_lines(job, names);
-  }
-  if (job.preparation()) s += detail::preparation_block(job, context);
-
+  s += detail::script_setup(job, context);
+  const auto step = detail::srun_step(job, context, detail::training_srun_options(job), worker_flag);
+  s += detail::script_before_step(job, context);
   if (!job.requeue() && job.max_restarts() == 0) {
     s += step + "\n";
     return s;
@@ -496,6 +518,57 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
         "fi\n",
         fmt::arg("code", exit_requeue), fmt::arg("max", job.max_restarts()), fmt::arg("target", requeue_target(job)));
   s += "exit \"$status\"\n";
+  return s;
+}
+
+/// The script `--run` runs with bash inside an allocation (salloc, an interactive job, a batch script of the
+/// user's): what the batch script would do — the job's variables, the preparation step, then one srun step —
+/// without the #SBATCH directives and without requeueing (an allocation is not requeued by its shell). The
+/// step is given the job's geometry explicitly, since the allocation's variables (SLURM_NTASKS...) describe
+/// what the user allocated, not what the job asks for. A SIGINT or SIGTERM to the script reaches the ranks
+/// as the job's preemption signal (USR2 unless requeue_signal says otherwise): they checkpoint together and stop.
+inline std::string render_allocation_script(const Job& job, const RenderContext& context) {
+  job.validate();
+  detail::require(context.program.starts_with("/"), "program", context.program, "must be an absolute path");
+  std::string s = "#!/bin/bash\n";
+  s += fmt::format("# Generated by hpctrain {} at {} for --run inside allocation $SLURM_JOB_ID.\n", version,
+                   context.generated_at);
+  s += detail::script_setup(job, context);
+  auto srun = detail::training_srun_options(job);
+  srun.insert(srun.begin() + 1, {fmt::format("--nodes={}", job.nodes()),
+                                 fmt::format("--ntasks={}", job.nodes() * job.tasks_per_node()),
+                                 fmt::format("--ntasks-per-node={}", job.tasks_per_node())});
+  const auto step = detail::srun_step(job, context, std::move(srun), worker_flag);
+  s += detail::script_before_step(job, context);
+  // In the background so that the trap runs while the step runs (bash defers traps until a foreground
+  // command ends); a background command of a non-interactive shell ignores SIGINT, so a terminal's Ctrl-C
+  // reaches the ranks only as the preemption signal below, once. Not SIGTERM: srun answers SIGTERM by killing
+  // the step (seen on Slurm 22.05: "forcing job termination", the ranks SIGKILLed), while it forwards USR1/USR2
+  // (and the other requeue signals) to every task. An interrupted `wait` leaves the status unread: wait again.
+  s += fmt::format(
+      "hpctrain_signalled=0\n"
+      "hpctrain_interrupted=0\n"
+      "hpctrain_step=\n"
+      "trap 'hpctrain_signalled=1; hpctrain_interrupted=1; echo \"hpctrain: interrupted: the ranks checkpoint and "
+      "stop (SIG${{HPCTRAIN_PREEMPT_SIGNAL:-USR2}} to the step)\" >&2; [ -z \"$hpctrain_step\" ] || "
+      "kill -s \"${{HPCTRAIN_PREEMPT_SIGNAL:-USR2}}\" \"$hpctrain_step\" 2>/dev/null || true' INT TERM\n"
+      "{step} &\n"
+      "hpctrain_step=$!\n"
+      "status=0\n"
+      "wait \"$hpctrain_step\" || status=$?\n"
+      "while [ \"$hpctrain_signalled\" -ne 0 ]; do\n"
+      "  hpctrain_signalled=0\n"
+      "  again=0\n"
+      "  wait \"$hpctrain_step\" || again=$?\n"
+      "  [ \"$again\" -eq 127 ] || status=$again\n"
+      "done\n"
+      "if [ \"$status\" -eq {code} ]; then\n"
+      "  echo \"hpctrain: the ranks checkpointed in $HPCTRAIN_RUN_DIR and stopped; --run again in this allocation "
+      "resumes there (in another allocation: --run --resume $HPCTRAIN_RUN_DIR)\" >&2\n"
+      "fi\n"
+      "if [ \"$hpctrain_interrupted\" -ne 0 ]; then exit 130; fi\n"
+      "exit \"$status\"\n",
+      fmt::arg("step", step), fmt::arg("code", exit_requeue));
   return s;
 }
 

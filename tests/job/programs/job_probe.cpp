@@ -45,6 +45,14 @@ void wait_until_every_rank_ignores_sigterm(const std::string& rank) {
 }
 
 int report(const std::vector<std::string>& args) {
+  // A chain (PROBE_CHAIN=ok|fail): each stage says which it is; with fail the first stage exits 3.
+  if (const char* chain = std::getenv("PROBE_CHAIN")) {
+    const auto stage = env_or("HPCTRAIN_STAGE", "-");
+    std::cout << fmt::format("probe stage={} job={} nodes={}\n", stage, env_or("SLURM_JOB_ID", "?"),
+                             env_or("SLURM_JOB_NUM_NODES", "?"))
+              << std::flush;
+    return std::string(chain) == "fail" && stage == env_or("PROBE_NAME", "probe") ? 3 : 0;
+  }
   // Like hpctrain's workers once the ranks agreed to requeue: every rank will exit 75, so srun's SIGTERM
   // after the first one exits (--kill-on-bad-exit) must not turn the others' 75 into 143.
   if (!args.empty() && args[0] == "--exit-first-run") std::signal(SIGTERM, SIG_IGN);
@@ -147,6 +155,7 @@ int main(int argc, char** argv) {
   // A secret the probe does not print (PROBE_* values it does): tests/job/private_files_test.cpp's canary.
   if (const char* secret = std::getenv("PROBE_SECRET_NAME")) job.secret_env(secret);
   if (std::getenv("PROBE_REQUEUE")) job.requeue_on_timeout(60s, 2);
+  if (std::getenv("PROBE_CHAIN")) job.then(ht::Job(env_or("PROBE_NAME", "probe") + "-second").nodes(1).time(5min));
   if (const char* restarts = std::getenv("PROBE_MAX_RESTARTS")) job.max_restarts(std::stoi(restarts));
   if (const char* image = std::getenv("PROBE_CHARLIECLOUD")) {
     job.container(ht::Charliecloud(image)).mount("/usr", "/usr");
