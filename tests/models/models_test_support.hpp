@@ -37,11 +37,11 @@ inline std::string python() {
   return std::string(home ? home : "") + "/.cache/hpctrain/venv/bin/python";
 }
 
-/// Runs `hf_oracle.py <arguments>` (arguments already shell-quoted); fails the test with its output.
-inline void run_oracle(const std::string& arguments, const std::filesystem::path& log) {
+/// Runs `tests/models/<script> <arguments>` (arguments already shell-quoted); fails the test with its output.
+inline void run_python(const std::string& script_name, const std::string& arguments, const std::filesystem::path& log) {
   const char* source = std::getenv("HPCTRAIN_SOURCE_DIR");
   REQUIRE(source != nullptr);
-  const auto script = std::filesystem::path(source) / "tests/models/hf_oracle.py";
+  const auto script = std::filesystem::path(source) / "tests/models" / script_name;
   INFO("the oracle needs transformers in " << python() << " (scripts/setup makes that venv)");
   REQUIRE(std::filesystem::exists(python()));
   const auto command = fmt::format("'{}' '{}' {} > '{}' 2>&1", python(), script.string(), arguments, log.string());
@@ -49,5 +49,8 @@ inline void run_oracle(const std::string& arguments, const std::filesystem::path
   INFO(command << "\n" << read_text(log));
   REQUIRE(rc == 0);
 }
+
+/// Runs `hf_oracle.py <arguments>`.
+inline void run_oracle(const std::string& arguments, const std::filesystem::path& log) { run_python("hf_oracle.py", arguments, log); }
 
 }  // namespace models_test

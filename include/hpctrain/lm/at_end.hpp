@@ -83,16 +83,29 @@ inline void copy_file_atomically(const std::filesystem::path& from, const std::f
 }  // namespace detail
 
 /// At the end, rank 0 writes the model to `directory` (default: `<run dir>/export`) as a Hugging Face
-/// directory — config.json, model.safetensors — with the run's tokenizer files, and says where.
+/// directory — config.json, model.safetensors — with the run's tokenizer files, and says where. With LoRA it
+/// writes the adapter as PEFT does (adapter_config.json, adapter_model.safetensors; PeftModel.from_pretrained
+/// loads it over the base) and the merged model to `<directory>/merged` (what merge_and_unload gives).
 inline FinishHook hf_export(std::optional<std::filesystem::path> directory = std::nullopt) {
   return [directory](const FinishContext& at_end) {
     if (at_end.run.rank != 0) return;
     const auto out = directory.value_or(at_end.run.run_dir / "export");
-    models::save_pretrained(detail::causal_lm(at_end.module, "hf_export"), out);
-    std::vector<std::string> names{"config.json", "model.safetensors"};
+    auto& model = detail::causal_lm(at_end.module, "hf_export");
+    std::vector<std::string> names;
+    if (at_end.run.lora) {  // the adapter as PEFT writes it, then the merged model as merge_and_unload gives it
+      const auto base = at_end.run.pretrained_dir ? std::filesystem::absolute(*at_end.run.pretrained_dir).string() : std::string();
+      models::save_peft_adapter(model, out, *at_end.run.lora, base, models::hf_names(model), models::stores_transposed_projections(model));
+      models::merge_lora(model);
+      models::save_pretrained(model, out / "merged");
+      names = {"adapter_config.json", "adapter_model.safetensors", "merged/"};
+    } else {
+      models::save_pretrained(model, out);
+      names = {"config.json", "model.safetensors"};
+    }
     if (const auto source = tokenizer_directory(at_end.run))
       for (const auto& file : tokenizer_files_in(*source)) {
         detail::copy_file_atomically(file, out / file.filename());
+        if (at_end.run.lora) detail::copy_file_atomically(file, out / "merged" / file.filename());
         names.push_back(file.filename().string());
       }
     fmt::print("exported the model to {} ({})\n", out.string(), fmt::join(names, ", "));

@@ -8,15 +8,52 @@
 #include <hpctrain/lm/setting.hpp>
 #include <hpctrain/lm/sft_dataset.hpp>
 #include <hpctrain/lm/tokens.hpp>
+#include <hpctrain/models/lora.hpp>
 #include <hpctrain/train/metrics.hpp>
 #include <hpctrain/train/training.hpp>
 
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace hpctrain::lm {
 
+/// The comma-separated names of `--lora-targets` ("q_proj,v_proj", "all-linear").
+inline std::vector<std::string> split_names(const std::string& text) {
+  std::vector<std::string> names;
+  std::string name;
+  for (const char c : text + ",") {
+    if (c != ',') name.push_back(c);
+    else if (!name.empty()) names.push_back(std::exchange(name, {}));
+  }
+  return names;
+}
+
+/// LoRA as the knobs of causal_lm_training ask for it: none when --lora-r is 0.
+inline std::optional<models::LoraConfig> lora_from_knobs(const Knobs& knobs) {
+  models::LoraConfig config;
+  config.r = knobs.get<std::int64_t>("lora_r");
+  if (config.r == 0) return std::nullopt;
+  config.alpha = knobs.get<double>("lora_alpha");
+  config.dropout = knobs.get<double>("lora_dropout");
+  config.targets = split_names(knobs.get<std::string>("lora_targets"));
+  config.use_rslora = knobs.get<bool>("lora_rslora");
+  return config;
+}
+
 /// A Training for a causal language model: next-token loss over the counted targets (fp32), the packed-aware
-/// step, per-token evaluation and perplexity. Add the model, data, optimizer and the rest as usual.
+/// step, per-token evaluation and perplexity, and the LoRA knobs (`--lora-r 16 --lora-alpha 32 --lora-targets
+/// q_proj,v_proj`; r 0, the default, trains every parameter). Add the model, data, optimizer and the rest.
 inline Training causal_lm_training() {
-  return Training().loss(causal_lm_loss).step(causal_lm_step).eval_step(token_eval_step).metric(metrics::perplexity);
+  return Training()
+      .loss(causal_lm_loss).step(causal_lm_step).eval_step(token_eval_step).metric(metrics::perplexity)
+      .knob<std::int64_t>("lora_r", 0, "LoRA rank: train adapters of this rank instead of every parameter (0: off)", non_negative())
+      .knob<double>("lora_alpha", 16.0, "LoRA alpha (the adapters are scaled by alpha / r)", positive())
+      .knob<double>("lora_dropout", 0.0, "dropout on the LoRA adapters' input", between(0.0, 0.99))
+      .knob<std::string>("lora_targets", "q_proj,v_proj", "layers that get adapters, comma-separated (or all-linear)")
+      .knob<bool>("lora_rslora", false, "scale the adapters by alpha / sqrt(r) (rsLoRA)")
+      .lora(lora_from_knobs);
 }
 
 }  // namespace hpctrain::lm

@@ -13,6 +13,7 @@
 
 #include <hpctrain/models/activation_checkpoint.hpp>
 #include <hpctrain/models/causal_lm.hpp>
+#include <hpctrain/models/lora_layer.hpp>
 #include <hpctrain/models/gpt2_config.hpp>
 
 namespace hpctrain::models {
@@ -29,7 +30,7 @@ class GPT2AttentionImpl : public torch::nn::Module {
 
   torch::Tensor forward(const torch::Tensor& x, KVCache* cache, std::size_t layer, const torch::Tensor& mask = {}) {
     const auto b = x.size(0), t = x.size(1), width = x.size(2);
-    auto qkv = c_attn(x).split(width, /*dim=*/2);
+    auto qkv = linear(c_attn, x).split(width, /*dim=*/2);
     auto heads = [&](const torch::Tensor& y) { return y.view({b, t, n_head_, head_dim_}).transpose(1, 2); };
     auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
     std::int64_t past = 0;
@@ -39,7 +40,7 @@ class GPT2AttentionImpl : public torch::nn::Module {
     }
     auto y = causal_attention(q, k, v, past, is_training() ? attn_pdrop_ : 0.0, mask);
     y = y.transpose(1, 2).contiguous().view({b, t, width});
-    return resid_dropout(c_proj(y));
+    return resid_dropout(linear(c_proj, y));
   }
 
   torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
@@ -59,7 +60,7 @@ class GPT2MLPImpl : public torch::nn::Module {
     c_proj = register_module("c_proj", torch::nn::Linear(config.inner(), config.n_embd));
     dropout = register_module("dropout", torch::nn::Dropout(config.resid_pdrop));
   }
-  torch::Tensor forward(const torch::Tensor& x) { return dropout(c_proj(torch::gelu(c_fc(x), approximate_))); }
+  torch::Tensor forward(const torch::Tensor& x) { return dropout(linear(c_proj, torch::gelu(linear(c_fc, x), approximate_))); }
 
   torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};

@@ -88,6 +88,7 @@ inline void load_weights(torch::nn::Module& module, const safetensors::Checkpoin
   std::vector<Target> targets;
   std::set<std::string> expected;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (is_lora_parameter(item.key())) continue;  // adapters go to their own file (save_peft_adapter)
     auto [hf, transposed] = naming.to_hf(item.key());
     targets.push_back({item.value(), hf, transposed});
     expected.insert(hf);
@@ -164,6 +165,7 @@ inline void save_directory(torch::nn::Module& module, const nlohmann::ordered_js
   std::filesystem::create_directories(directory);
   safetensors::NamedTensors tensors;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (is_lora_parameter(item.key())) continue;  // adapters go to their own file (save_peft_adapter)
     auto [hf, transposed] = naming.to_hf(item.key());
     auto tensor = item.value().detach();
     tensors.emplace_back(hf, transposed ? tensor.t().contiguous() : tensor);
@@ -195,5 +197,17 @@ inline void save_pretrained(CausalLM& model, const std::filesystem::path& direct
   if (auto* llama = dynamic_cast<LlamaImpl*>(&model)) return save_pretrained(*llama, directory, max_shard_bytes);
   throw RuntimeError(errors::runtime_io, fmt::format("{}: no Hugging Face export for this model ({})", directory.string(), model.name()));
 }
+
+/// How `model`'s family names a parameter in a Hugging Face checkpoint (our name → theirs).
+inline std::function<std::string(const std::string&)> hf_names(CausalLM& model) {
+  CheckpointNaming naming;
+  if (auto* gpt2 = dynamic_cast<GPT2Impl*>(&model)) naming = detail::gpt2_naming(gpt2->config(), "transformer.");
+  else if (auto* llama = dynamic_cast<LlamaImpl*>(&model)) naming = detail::llama_naming(llama->config());
+  else throw RuntimeError(errors::runtime_io, fmt::format("no Hugging Face naming for this model ({})", model.name()));
+  return [naming](const std::string& ours) { return naming.to_hf(ours).first; };
+}
+
+/// Whether the family stores its projections transposed (GPT-2's Conv1D: PEFT's fan_in_fan_out).
+inline bool stores_transposed_projections(CausalLM& model) { return dynamic_cast<GPT2Impl*>(&model) != nullptr; }
 
 }  // namespace hpctrain::models

@@ -16,6 +16,7 @@
 
 #include <hpctrain/models/activation_checkpoint.hpp>
 #include <hpctrain/models/causal_lm.hpp>
+#include <hpctrain/models/lora_layer.hpp>
 #include <hpctrain/models/llama_config.hpp>
 
 namespace hpctrain::models {
@@ -82,9 +83,9 @@ class LlamaAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, KVCache* cache,
                         std::size_t layer, const torch::Tensor& mask = {}) {
     const auto b = x.size(0), t = x.size(1);
-    auto q = q_proj(x).view({b, t, heads_, head_dim_}).transpose(1, 2);
-    auto k = k_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
-    auto v = v_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+    auto q = linear(q_proj, x).view({b, t, heads_, head_dim_}).transpose(1, 2);
+    auto k = linear(k_proj, x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+    auto v = linear(v_proj, x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
     q = apply_rotary(q, cos, sin);
     k = apply_rotary(k, cos, sin);
     std::int64_t past = 0;
@@ -93,7 +94,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
       std::tie(k, v) = cache->update(layer, k, v);
     }
     auto y = causal_attention(q, k, v, past, is_training() ? dropout_ : 0.0, mask);
-    return o_proj(y.transpose(1, 2).reshape({b, t, heads_ * head_dim_}));
+    return linear(o_proj, y.transpose(1, 2).reshape({b, t, heads_ * head_dim_}));
   }
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
@@ -115,7 +116,7 @@ class LlamaMLPImpl : public torch::nn::Module {
     up_proj = register_module("up_proj", linear(config.hidden_size, config.intermediate_size));
     down_proj = register_module("down_proj", linear(config.intermediate_size, config.hidden_size));
   }
-  torch::Tensor forward(const torch::Tensor& x) { return down_proj(torch::silu(gate_proj(x)) * up_proj(x)); }
+  torch::Tensor forward(const torch::Tensor& x) { return linear(down_proj, torch::silu(linear(gate_proj, x)) * linear(up_proj, x)); }
 
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };

@@ -19,10 +19,12 @@
 namespace hpctrain {
 
 namespace detail {
-/// The names and tensors of `module.named_parameters()`, in registration order.
+/// The names and tensors of `module.named_parameters()` that train (frozen ones, such as the base weights
+/// under LoRA, are left out of the optimizer), in registration order.
 inline NamedParameters named_parameters_of(const torch::nn::Module& module) {
   NamedParameters named;
-  for (const auto& item : module.named_parameters()) named.emplace_back(item.key(), item.value());
+  for (const auto& item : module.named_parameters())
+    if (item.value().requires_grad()) named.emplace_back(item.key(), item.value());
   return named;
 }
 

@@ -12,10 +12,7 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/knobs.hpp>
-
-namespace torch::nn {
-class Module;
-}
+#include <hpctrain/models/lora.hpp>
 
 namespace hpctrain {
 
@@ -27,6 +24,7 @@ struct RunContext {
   std::filesystem::path run_dir;                       ///< checkpoints, metrics, exports go below it
   std::optional<std::filesystem::path> prepared_dir;   ///< Job::prepare's output directory, when the job has one
   std::optional<std::filesystem::path> pretrained_dir; ///< where the model factory's files are (lm::from_pretrained)
+  std::optional<models::LoraConfig> lora;             ///< the adapters the run trains (Training::lora), if any
 
   /// The preparation's output directory; RuntimeError naming `what` needs it when the job has none.
   const std::filesystem::path& require_prepared_dir(std::string_view what) const {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <hpctrain/dist/collectives.hpp>
@@ -104,17 +105,28 @@ class Trainer {
     run_dir_ = run.path;
     resume_from_ = run.checkpoints_to_resume();
     run_.emplace(RunContext{training_.knobs(), group_->rank(), group_->world_size(), run_dir_, prepared_output_dir(),
-                            training_.pretrained_dir(training_.knobs())});
+                            training_.pretrained_dir(training_.knobs()), training_.lora(training_.knobs())});
   }
 
   /// Seeded model on the device; the strategy makes the replicas equal (one broadcast) and the optimizer.
   void build_model_and_strategy() {
     torch::manual_seed(static_cast<std::uint64_t>(training_.seed()));
     model_ = training_.make_model(*run_);
+    if (run_->lora) add_lora_adapters();
     model_.module->to(device_);
     strategy_ = training_.make_strategy();
     strategy_->setup({group_, model_.module, training_.optimizer_factory(), training_.precision()});
     for (auto& group : strategy_->optimizer().param_groups()) base_lrs_.push_back(training_.lr().value_or(group.options().get_lr()));
+  }
+
+  /// LoRA: adapters on the targeted layers, everything else frozen (before the strategy sees the parameters).
+  void add_lora_adapters() {
+    const auto adapters = models::apply_lora(*model_.module, *run_->lora);
+    std::int64_t total = 0;
+    for (const auto& parameter : model_.module->parameters()) total += parameter.numel();
+    if (group_->rank() == 0)
+      fmt::print("hpctrain: LoRA r={} alpha={} on [{}]: {} of {} parameters train ({:.3f}%)\n", run_->lora->r, run_->lora->alpha,
+                 fmt::join(run_->lora->targets, ", "), adapters, total, 100.0 * static_cast<double>(adapters) / static_cast<double>(total));
   }
 
   void load_data() {

@@ -18,6 +18,7 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/knobs.hpp>
+#include <hpctrain/models/lora.hpp>
 #include <hpctrain/train/data/source.hpp>
 #include <hpctrain/train/loggers.hpp>
 #include <hpctrain/train/metrics.hpp>
@@ -178,6 +179,19 @@ class Training {
         return detail::own_optimizer(factory(named));
       }
     };
+    return *this;
+  }
+  /// Train LoRA adapters instead of the whole model (models/lora.hpp): applied to the model right after its
+  /// factory, every other parameter frozen; only the adapters reach the optimizer, the gradients and the
+  /// strategy's buckets and shards. Default: none (every parameter trains).
+  Training& lora(models::LoraConfig config) {
+    config.validate();
+    lora_from_knobs_ = [config](const Knobs&) { return std::optional<models::LoraConfig>(config); };
+    return *this;
+  }
+  /// LoRA when the knobs ask for it (lm::causal_lm_training declares --lora-r and friends): nothing means none.
+  Training& lora(std::function<std::optional<models::LoraConfig>(const Knobs&)> from_knobs) {
+    lora_from_knobs_ = std::move(from_knobs);
     return *this;
   }
   /// The data-parallel strategy: a callable returning a std::unique_ptr to a DataParallelStrategy, made
@@ -416,6 +430,11 @@ class Training {
   const Knobs& knobs() const { return knobs_; }
   const std::function<void(std::int64_t)>& on_step() const { return on_step_; }
   const std::vector<FinishHook>& finish_hooks() const { return finish_hooks_; }
+  /// The LoRA configuration for `knobs`, when the run trains adapters.
+  std::optional<models::LoraConfig> lora(const Knobs& knobs) const {
+    if (!lora_from_knobs_) return std::nullopt;
+    return lora_from_knobs_(knobs);
+  }
   /// Runs every login check (those of the model and data factories, then login_check's) with `knobs`.
   void check_at_login(const Knobs& knobs) const {
     if (model_check_) model_check_(knobs);
@@ -455,6 +474,7 @@ class Training {
   LoginCheck model_check_, train_check_, eval_check_;
   std::vector<LoginCheck> login_checks_;
   std::vector<FinishHook> finish_hooks_;
+  std::function<std::optional<models::LoraConfig>(const Knobs&)> lora_from_knobs_;
   BatchSize batch_size_;
   std::int64_t eval_batch_size_ = 1000;
   std::optional<std::int64_t> epochs_, max_steps_;

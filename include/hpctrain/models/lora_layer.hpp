@@ -1,0 +1,49 @@
+#pragma once
+// A linear layer's LoRA adapter at run time (models/lora.hpp adds, saves, loads and merges them): the
+// families call their projections through `linear(layer, x)`, which adds `s · B(A(dropout(x)))` when the layer
+// carries the children lora_A, lora_B and lora_dropout, and is `layer(x)` otherwise.
+#include <memory>
+#include <string>
+
+#include <torch/torch.h>
+
+namespace hpctrain::models {
+
+/// The adapter's dropout and scale: a child `lora_dropout` of the adapted layer (no parameters).
+class LoraScaleImpl : public torch::nn::Module {
+ public:
+  LoraScaleImpl(double dropout, double scaling) : dropout_(dropout), scaling_(scaling) {}
+  torch::Tensor input(const torch::Tensor& x) { return dropout_ > 0 ? torch::dropout(x, dropout_, is_training()) : x; }
+  double scaling() const { return scaling_; }
+
+ private:
+  double dropout_, scaling_;
+};
+TORCH_MODULE(LoraScale);
+
+namespace detail {
+/// The child `name` of `module`, or nullptr.
+inline std::shared_ptr<torch::nn::Module> child(const torch::nn::Module& module, const std::string& name) {
+  for (const auto& item : module.named_children())
+    if (item.key() == name) return item.value();
+  return nullptr;
+}
+}  // namespace detail
+
+/// `layer(x)`, plus its LoRA adapter's contribution when it has one: how the families call their projections.
+inline torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) {
+  auto y = layer(x);
+  if (layer->named_children().is_empty()) return y;
+  auto a = std::dynamic_pointer_cast<torch::nn::LinearImpl>(detail::child(*layer, "lora_A"));
+  auto b = std::dynamic_pointer_cast<torch::nn::LinearImpl>(detail::child(*layer, "lora_B"));
+  auto scale = std::dynamic_pointer_cast<LoraScaleImpl>(detail::child(*layer, "lora_dropout"));
+  if (!a || !b || !scale) return y;
+  return y + b->forward(a->forward(scale->input(x))) * scale->scaling();
+}
+
+/// Whether a parameter name belongs to an adapter.
+inline bool is_lora_parameter(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
+
+}  // namespace hpctrain::models

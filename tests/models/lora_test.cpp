@@ -1,0 +1,107 @@
+// Issue 18: LoRA adapters in PEFT's format, both ways, against PyPI's peft: our adapter loaded by
+// PeftModel.from_pretrained gives our logits, merge_and_unload equals our merged export, and an adapter PEFT
+// made loads here with its logits. Plus what LoRA freezes and how it starts (B = 0: the base model's output).
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <hpctrain/models/lora.hpp>
+#include <hpctrain/models/models.hpp>
+
+#include "models_test_support.hpp"
+
+namespace hm = hpctrain::models;
+
+namespace {
+const std::vector<std::int64_t> ids{5, 17, 300, 42, 9, 250, 1, 77, 128, 3};
+std::string ids_text() { return fmt::format("{}", fmt::join(ids, ",")); }
+torch::Tensor logits_of(hm::CausalLM& model) {
+  torch::NoGradGuard no_grad;
+  model.eval();
+  return model.forward(torch::tensor(ids, torch::kLong).unsqueeze(0));
+}
+double max_difference(const torch::Tensor& a, const torch::Tensor& b) {
+  REQUIRE(a.sizes() == b.sizes());
+  return (a - b).abs().max().item<double>();
+}
+const char* const llama_config = R"({"vocab_size": 384, "hidden_size": 40, "intermediate_size": 72, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "rope_theta": 40000.0, "tie_word_embeddings": false})";
+}  // namespace
+
+TEST_CASE("LoRA freezes the base, starts from the base model's output, and trains only the adapters", "[models][lora]") {
+  torch::manual_seed(3);
+  hm::LlamaConfig config;
+  config.vocab_size = 64, config.hidden_size = 32, config.intermediate_size = 48, config.num_hidden_layers = 2;
+  config.num_attention_heads = 4;
+  hm::Llama model(config);
+  const auto before = logits_of(*model);
+  hm::LoraConfig lora;
+  lora.r = 4;
+  lora.targets = {"q_proj", "v_proj"};
+  const auto adapters = hm::apply_lora(*model, lora);
+  CHECK(adapters == 2 * 2 * (4 * 32 + 32 * 4));  // 2 layers × (q, v) × (A + B)
+  std::int64_t trainable = 0;
+  for (const auto& item : model->named_parameters()) {
+    CAPTURE(item.key());
+    CHECK(item.value().requires_grad() == hm::is_lora_parameter(item.key()));
+    if (item.value().requires_grad()) trainable += item.value().numel();
+  }
+  CHECK(trainable == adapters);
+  CHECK(max_difference(logits_of(*model), before) == 0.0);  // B = 0
+  hm::LoraConfig nothing;
+  nothing.targets = {"no_such_layer"};
+  hm::Llama other(config);
+  CHECK_THROWS_WITH(hm::apply_lora(*other, nothing), Catch::Contains("[hpctrain.spec.lora.targets]"));
+  hm::LoraConfig bad;
+  bad.r = 0;
+  CHECK_THROWS_WITH(bad.validate(), "[hpctrain.spec.lora.r] lora.r = 0: must be at least 1");
+}
+
+TEST_CASE("Our LoRA adapter loads in PEFT with our logits, and our merged export equals merge_and_unload (Llama)",
+          "[models][lora][oracle]") {
+  const auto dir = models_test::scratch("lora-oracle");
+  models_test::run_oracle(fmt::format("make llama '{}' '{}' {}", llama_config, dir.string(), ids_text()), dir / "make.log");
+  auto model = hm::load_llama(dir / "model");
+  hm::LoraConfig lora;
+  lora.r = 4, lora.alpha = 8, lora.targets = {"q_proj", "v_proj", "down_proj"};
+  hm::apply_lora(*model, lora);
+  {  // B random, so that the adapter changes the logits
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(9);
+    for (auto& item : model->named_parameters())
+      if (item.key().find(".lora_B.") != std::string::npos) item.value().normal_(0, 0.05);
+  }
+  const auto ours = logits_of(*model);
+  hm::save_peft_adapter(*model, dir / "adapter", lora, (dir / "model").string(), hm::hf_names(*model), false);
+  REQUIRE(std::filesystem::exists(dir / "adapter" / "adapter_model.safetensors"));
+  models_test::run_python("lora_oracle.py", fmt::format("expect '{}' '{}' {} '{}'", (dir / "model").string(), (dir / "adapter").string(),
+                                                        ids_text(), (dir / "peft").string()), dir / "expect.log");
+  const auto theirs = hm::safetensors::File(dir / "peft" / "logits.safetensors").tensor("logits");
+  CHECK(max_difference(ours, theirs) < 1e-4);
+
+  hm::merge_lora(*model);
+  CHECK(max_difference(logits_of(*model), ours) < 1e-5);
+  hm::save_pretrained(*model, dir / "merged");
+  const hm::safetensors::File merged(dir / "merged" / "model.safetensors"), peft_merged(dir / "peft" / "merged.safetensors");
+  for (const auto* name : {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.v_proj.weight", "model.layers.1.mlp.down_proj.weight"}) {
+    CAPTURE(name);
+    CHECK(max_difference(merged.tensor(name), peft_merged.tensor(name)) < 1e-6);
+  }
+}
+
+TEST_CASE("An adapter made by PEFT loads here with PEFT's logits", "[models][lora][oracle]") {
+  const auto dir = models_test::scratch("lora-from-peft");
+  models_test::run_oracle(fmt::format("make llama '{}' '{}' {}", llama_config, dir.string(), ids_text()), dir / "make.log");
+  models_test::run_python("lora_oracle.py", fmt::format("make '{}' {} '{}'", (dir / "model").string(), ids_text(), (dir / "peft").string()),
+                          dir / "peft.log");
+  auto model = hm::load_llama(dir / "model");
+  const auto config = hm::load_peft_adapter(*model, dir / "peft" / "adapter", hm::hf_names(*model));
+  CHECK(config.r == 4);
+  CHECK(config.alpha == 12);
+  const auto theirs = hm::safetensors::File(dir / "peft" / "logits.safetensors").tensor("logits");
+  CHECK(max_difference(logits_of(*model), theirs) < 1e-4);
+}
