@@ -3,7 +3,7 @@
 // CUDA_VISIBLE_DEVICES, often a single GPU, renumbered from 0 (submitit #1704, Lightning #16828): a rank
 // must never take its local rank as an index into the node's GPUs. The choice is made among the devices the
 // process sees, so it is right with and without per-task binding. Torch-free: the caller passes the count
-// (torch::cuda::device_count(), which follows CUDA_VISIBLE_DEVICES).
+// (the CUDA runtime's device count, which follows CUDA_VISIBLE_DEVICES).
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
