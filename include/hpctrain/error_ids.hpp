@@ -91,6 +91,7 @@ inline constexpr ErrorId runtime_status{"hpctrain.runtime.status"};
 // --- slurm layer (slurm/) ---
 inline constexpr ErrorId runtime_hostlist{"hpctrain.runtime.hostlist"};
 inline constexpr ErrorId runtime_local_launch{"hpctrain.runtime.local_launch"};
+inline constexpr ErrorId runtime_cuda_device{"hpctrain.runtime.cuda_device"};
 inline constexpr ErrorId runtime_resolve{"hpctrain.runtime.resolve"};
 inline constexpr ErrorId runtime_slurm_env{"hpctrain.runtime.slurm_env"};
 

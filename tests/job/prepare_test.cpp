@@ -29,7 +29,7 @@ TEST_CASE("The preparation step renders as its own one-task srun step before the
   const auto prepare_at = script.find(
       "  srun --nodes=1 --ntasks=1 --exclusive --kill-on-bad-exit=1 --unbuffered \\\n  --cpus-per-task=2 \\\n"
       "  /home/user/project/build/train --hpctrain-prepare --epochs 2 || prepare_status=$?\n");
-  const auto train_at = script.find("/home/user/project/build/train --hpctrain-worker --epochs 2\n");
+  const auto train_at = script.find("/home/user/project/build/train --hpctrain-worker --epochs 2 || status=$?\n");
   REQUIRE(prepare_at != std::string::npos);
   REQUIRE(train_at != std::string::npos);
   CHECK(prepare_at < train_at);

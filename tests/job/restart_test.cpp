@@ -19,7 +19,9 @@ TEST_CASE("max_restarts and the requeue signal render as the script's failure br
   CHECK(script.find("#SBATCH --requeue\n#SBATCH --open-mode=append\n") != std::string::npos);
   CHECK(script.find("if [ \"$status\" -ne 0 ] && [ \"$status\" -ne 75 ]; then\n") != std::string::npos);
   CHECK(script.find("  if [ \"$failures\" -lt 2 ]; then\n") != std::string::npos);
-  CHECK(script.find("HPCTRAIN_REQUEUE_MARKER") == std::string::npos);  // no timeout requeue asked for
+  // No timeout requeue asked for, yet a preempted run comes back: the exit-75 branch, at most 3 times (issue 20).
+  CHECK(script.find("  if [ \"${SLURM_RESTART_COUNT:-0}\" -lt 3 ]; then\n") != std::string::npos);
+  CHECK(script.find("--signal=") == std::string::npos);
   const auto signalled = ht::render_sbatch(ht::Job("r").requeue_on_timeout(90s).requeue_signal("SIGURG"), context);
   CHECK(signalled.find("  --signal=URG@90 \\\n") != std::string::npos);
   CHECK(signalled.find("export HPCTRAIN_PREEMPT_SIGNAL=URG\n") != std::string::npos);
@@ -69,8 +71,14 @@ TEST_CASE("A job preempted by a higher-priority partition gets SIGTERM, checkpoi
     WARN("the local cluster has no preemptable partition (scripts/slurm-local up adds it); skipped");
     return;
   }
-  const auto dir = job_test::scratch_dir("preempt");
-  const std::vector<std::pair<std::string, std::string>> env = {{"PROBE_NAME", "preempted"}, {"PROBE_REQUEUE", "1"}};
+  // With requeue_on_timeout (max 2 restarts), and without (issue 20: a preempted job comes back too, at most
+  // default_preemption_restarts = 3 times).
+  const bool timeout_requeue = GENERATE(true, false);
+  CAPTURE(timeout_requeue);
+  const int max_restarts = timeout_requeue ? 2 : ht::default_preemption_restarts;
+  const auto dir = job_test::scratch_dir(timeout_requeue ? "preempt" : "preempt-without-timeout-requeue");
+  std::vector<std::pair<std::string, std::string>> env = {{"PROBE_NAME", "preempted"}};
+  if (timeout_requeue) env.emplace_back("PROBE_REQUEUE", "1");
   const auto submitted = job_test::run_probe(dir, {"--submit", "--partition", "preemptable", "--wait-for-preemption"}, env);
   CAPTURE(submitted.err);
   REQUIRE(submitted.exit_code == 0);
@@ -96,8 +104,8 @@ TEST_CASE("A job preempted by a higher-priority partition gets SIGTERM, checkpoi
   // Requeued once: by the script, within the partition's GraceTime; Slurm's own preemption requeue (PreemptMode=
   // REQUEUE) finds the job gone and does not add a second restart.
   CHECK(job_test::scontrol_field(id, "Restarts") == "1");
-  const auto requeued = fmt::format("hpctrain: job {} checkpointed; requeueing (restart 1 of 2)\n", id);
+  const auto requeued = fmt::format("hpctrain: job {} checkpointed; requeueing (restart 1 of {})\n", id, max_restarts);
   CHECK(log.find(requeued) != std::string::npos);
   CHECK(log.find(requeued, log.find(requeued) + 1) == std::string::npos);
-  CHECK(log.find("checkpointed; requeueing (restart 2 of 2)") == std::string::npos);
+  CHECK(log.find(fmt::format("checkpointed; requeueing (restart 2 of {})", max_restarts)) == std::string::npos);
 }

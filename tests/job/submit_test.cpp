@@ -35,7 +35,7 @@ TEST_CASE("A dry run prints a valid script with the declared directives and writ
   for (const auto* line : {"#SBATCH --job-name=probe\n", "#SBATCH --nodes=2\n", "#SBATCH --time=0-00:15:00\n",
                            "#SBATCH --partition=debug\n", "#SBATCH --account=proj42\n",
                            "#SBATCH --comment=\"hello world\"\n", "export NCCL_DEBUG=INFO\n",
-                           " --hpctrain-worker --epochs 3\n"}) {
+                           " --hpctrain-worker --epochs 3 || status=$?\n"}) {
     CAPTURE(line);
     CHECK(result.out.find(line) != std::string::npos);
   }

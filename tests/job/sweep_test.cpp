@@ -126,7 +126,7 @@ TEST_CASE("A sweep renders its array and hands each task its values, quoted", "[
                     "  3) sweep_args=(--lr=0.001 --batch-size=128) ;;  # lr=0.001 batch_size=128\n"
                     "  *) echo \"hpctrain: array task $SLURM_ARRAY_TASK_ID is no combination of this sweep (0-3)\" >&2; exit 2 ;;\n"
                     "esac\n") != std::string::npos);
-  CHECK(script.find("/home/user/project/build/train --hpctrain-worker \"${sweep_args[@]}\"\n") != std::string::npos);
+  CHECK(script.find("/home/user/project/build/train --hpctrain-worker \"${sweep_args[@]}\" || status=$?\n") != std::string::npos);
   SECTION("an explicit array may throttle or pick tasks, but only ids that are combinations") {
     CHECK(ht::render_sbatch(ht::Job(job).array("1,3%1"), context).find("#SBATCH --array=1,3%1\n") != std::string::npos);
     CHECK_THROWS_WITH(ht::render_sbatch(ht::Job(job).array("0-4"), context),

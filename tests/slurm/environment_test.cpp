@@ -92,6 +92,24 @@ TEST_CASE("The step's node list wins over the job's, which is the fallback", "[s
   CHECK(hpctrain::slurm::read_slurm_environment(lookup_in(variables)).nodes == std::vector<std::string>{"m3", "m4"});
 }
 
+TEST_CASE("A step smaller than its job has the step's task count, not the job's (Lightning #20391)", "[slurm_env]") {
+  // `sbatch --ntasks=8` then `srun -N2 -n3`: the job's SLURM_NTASKS and SLURM_TASKS_PER_NODE stay in the
+  // environment next to the step's; a world of 8 would wait for 5 ranks that never come.
+  auto variables = third_task_of_three();
+  variables["SLURM_NTASKS"] = "8";
+  variables["SLURM_TASKS_PER_NODE"] = "4(x2)";
+  const auto env = hpctrain::slurm::read_slurm_environment(lookup_in(variables));
+  CHECK(env.num_tasks == 3);
+  CHECK(env.tasks_per_node == std::vector<int>{2, 1});
+  CHECK(env.local_num_tasks() == 1);
+  // Without the step's variables (a launcher that sets only the job's), the job's are the fallback.
+  variables.erase("SLURM_STEP_NUM_TASKS");
+  variables.erase("SLURM_STEP_TASKS_PER_NODE");
+  variables["SLURM_NTASKS"] = "3";
+  variables["SLURM_TASKS_PER_NODE"] = "2,1";
+  CHECK(hpctrain::slurm::read_slurm_environment(lookup_in(variables)).num_tasks == 3);
+}
+
 TEST_CASE("The batch script itself is not taken for rank 0 of the job", "[slurm_env]") {
   // What `sbatch -N2 -n4` gives its batch script on the local cluster: SLURM_PROCID=0 and the job's task count.
   const Variables batch_script{{"SLURM_JOB_ID", "77"},       {"SLURM_JOB_NODELIST", "n[1-2]"}, {"SLURM_NODELIST", "n[1-2]"},
@@ -228,4 +246,27 @@ TEST_CASE("Host names resolve to numeric addresses, unknown ones to an error nam
   CHECK(hpctrain::slurm::resolve_address("localhost") == "127.0.0.1");
   const std::string message = message_of([] { hpctrain::slurm::resolve_address("no-such-host.invalid"); });
   CHECK_THAT(message, Catch::StartsWith("[hpctrain.runtime.resolve] cannot resolve host \"no-such-host.invalid\": "));
+}
+
+#include <hpctrain/slurm/devices.hpp>
+
+TEST_CASE("The CUDA device follows CUDA_VISIBLE_DEVICES, never the node's GPUs by local rank", "[devices]") {
+  // {local rank, devices the process sees, device index}. submitit #1704, Lightning #16828: with --gpus-per-task=1
+  // or --gpu-bind each task sees one GPU, renumbered 0, and cuda:<local rank> does not exist.
+  const auto [local_rank, visible, expected] = GENERATE(table<int, int, int>({
+      {3, 4, 3},  // --gpus-per-node=4, 4 tasks: every rank sees every GPU
+      {0, 4, 0},
+      {3, 1, 0},  // --gpus-per-task=1: one visible GPU each
+      {1, 1, 0},
+      {3, 2, 1},  // --gpus-per-task=2 with 4 tasks: an index among its own two
+      {2, 2, 0},
+  }));
+  CAPTURE(local_rank, visible);
+  CHECK(hpctrain::slurm::cuda_device_for(local_rank, visible) == expected);
+  CHECK(hpctrain::slurm::cuda_device_for(local_rank, visible) < visible);
+}
+
+TEST_CASE("A rank that sees no CUDA device is an error naming it", "[devices]") {
+  CHECK_THROWS_WITH(hpctrain::slurm::cuda_device_for(2, 0),
+                    Catch::StartsWith("[hpctrain.runtime.cuda_device] local rank 2 sees no CUDA device"));
 }

@@ -33,6 +33,7 @@
 #endif
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/slurm/devices.hpp>
 #include <hpctrain/slurm/world.hpp>
 
 namespace hpctrain::dist {
@@ -144,10 +145,9 @@ inline std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices(cons
   return devices;
 }
 
-/// The GPU of this rank: its local rank, or 0 when the task sees a single GPU (CUDA_VISIBLE_DEVICES per task).
+/// The GPU of this rank among those CUDA_VISIBLE_DEVICES leaves it (slurm/devices.hpp).
 inline int cuda_device_index(const slurm::World& world) {
-  const auto count = static_cast<int>(torch::cuda::device_count());
-  return count == 1 ? 0 : world.local_rank;
+  return slurm::cuda_device_for(world.local_rank, static_cast<int>(torch::cuda::device_count()));
 }
 
 inline void check_world(const slurm::World& world) {

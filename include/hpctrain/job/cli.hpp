@@ -423,6 +423,7 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         err << command.help;
         return exit_usage;
       case Mode::dry_run:
+        if (!worker_context.slurm_version) worker_context.slurm_version = cluster_slurm_version();
         check_array_on_cluster(job);
         print_job_warnings(job, err);
         out << (job.stages().empty() ? render_sbatch(job, worker_context) : render_chain(job, worker_context));

@@ -30,12 +30,13 @@ inline void close_fd(int& fd) {
 }
 }  // namespace detail
 
-/// Runs `argv` (looked up in PATH) with `extra_env` added to this process's environment, in
-/// `working_directory` when given; collects stdout and stderr. Throws RuntimeError(errors::runtime_exec, ...) when the
+/// Runs `argv` (looked up in PATH) with `extra_env` added to this process's environment and the variables
+/// named in `removed_env` removed, in `working_directory` when given; collects stdout and stderr. Throws RuntimeError(errors::runtime_exec, ...) when the
 /// program cannot be started.
 inline ProcessResult run_process(const std::vector<std::string>& argv,
                                  const std::vector<std::pair<std::string, std::string>>& extra_env = {},
-                                 const std::string& working_directory = "") {
+                                 const std::string& working_directory = "",
+                                 const std::vector<std::string>& removed_env = {}) {
   if (argv.empty()) throw RuntimeError(errors::runtime_exec, "empty command");
   int out_pipe[2], err_pipe[2], exec_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0 || ::pipe2(exec_pipe, O_CLOEXEC) != 0)
@@ -49,6 +50,7 @@ inline ProcessResult run_process(const std::vector<std::string>& argv,
   if (pid == 0) {
     ::dup2(out_pipe[1], STDOUT_FILENO);
     ::dup2(err_pipe[1], STDERR_FILENO);
+    for (const auto& name : removed_env) ::unsetenv(name.c_str());
     for (const auto& [name, value] : extra_env) ::setenv(name.c_str(), value.c_str(), 1);
     if (!working_directory.empty() && ::chdir(working_directory.c_str()) != 0) {
       const int error = errno;

@@ -23,6 +23,7 @@
 #include <hpctrain/job/prepare.hpp>
 #include <hpctrain/job/shell.hpp>
 #include <hpctrain/job/site.hpp>
+#include <hpctrain/job/slurm_version.hpp>
 #include <hpctrain/job/units.hpp>
 #include <hpctrain/names.hpp>  // worker_flag, the job-directory layout
 #include <hpctrain/version.hpp>
@@ -43,6 +44,9 @@ struct RenderContext {
   /// The job's sweep checked against the program's knob table (resolve_sweep); without it a sweep is rendered
   /// with its values as written (unchecked_sweep).
   std::optional<ResolvedSweep> sweep;
+  /// The cluster's Slurm release (job/slurm_version.hpp): flags that changed between releases follow it.
+  /// Default: none (tests); --dry-run and --submit ask `sbatch --version`.
+  std::optional<SlurmVersion> slurm_version;
 };
 
 namespace detail {
@@ -148,8 +152,8 @@ inline std::vector<std::string> exported_names(const Job& job) {
   };
   for (const auto& var : job.environment()) add(var.name);
   add("HPCTRAIN_RUN_DIR");
-  if (job.requeue()) add("HPCTRAIN_REQUEUE_MARKER");
-  if (job.requeue() && job.requeue_signal() != "USR2") add("HPCTRAIN_PREEMPT_SIGNAL");
+  add("HPCTRAIN_REQUEUE_MARKER");  // every job: a preempted one comes back too (preemption_restarts)
+  if (job.requeue_signal() != "USR2") add("HPCTRAIN_PREEMPT_SIGNAL");
   return names;
 }
 
@@ -251,6 +255,15 @@ inline std::string sweep_block(const Job& job, const RenderContext& context) {
   return block;
 }
 
+/// True when the job's sbatch or srun options name `key`.
+inline bool has_option(const Job& job, std::string_view key) {
+  for (const auto& [k, v] : job.sbatch_options())
+    if (k == key) return true;
+  for (const auto& [k, v] : job.srun_options())
+    if (k == key) return true;
+  return false;
+}
+
 /// The preparation step (Job::prepare): one task on one node, before training, skipped once it completed.
 inline std::string preparation_block(const Job& job, const RenderContext& context) {
   std::vector<std::string> srun = {"srun --nodes=1 --ntasks=1 --exclusive --kill-on-bad-exit=1 --unbuffered"};
@@ -338,7 +351,7 @@ inline std::vector<std::string> training_srun_options(const Job& job) {
 /// variables, the preparation step.
 inline std::string script_before_step(const Job& job, const RenderContext& context) {
   std::string s;
-  if (job.requeue() && job.requeue_signal() != "USR2")  // workers default to USR2 (train/preemption.hpp)
+  if (job.requeue_signal() != "USR2")  // workers default to USR2 (train/preemption.hpp)
     s += fmt::format("export HPCTRAIN_PREEMPT_SIGNAL={}\n", job.requeue_signal());
   if (std::holds_alternative<Apptainer>(job.container())) {
     auto names = exported_names(job);
@@ -361,6 +374,13 @@ inline std::string default_output_pattern(const Job& job, const RenderContext& c
 /// the array id would requeue every task, Lightning #15022).
 inline std::string requeue_target(const Job& job) {
   return job.array() ? "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" : "$SLURM_JOB_ID";
+}
+
+/// How often a job whose workers checkpointed (exit 75) is requeued: requeue_on_timeout's max_restarts, else
+/// default_preemption_restarts.
+inline constexpr int default_preemption_restarts = 3;
+inline int preemption_restarts(const Job& job) {
+  return job.requeue() ? job.requeue()->max_restarts : default_preemption_restarts;
 }
 
 /// The GPU syntax of the script: the job's (or `--gpu-syntax`), else the site's, else gpus-per-node.
@@ -425,6 +445,9 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
     else directive("gpus-per-node", count);
   }
   if (job.cpus_per_task()) directive("cpus-per-task", std::to_string(*job.cpus_per_task()));
+  if (slurm_flags(context.slurm_version).gpus_per_task_needs_ntasks && detail::has_option(job, "gpus-per-task") &&
+      !detail::has_option(job, "ntasks"))
+    directive("ntasks", std::to_string(job.nodes() * job.tasks_per_node()));
   if (job.memory()) directive("mem", to_slurm(*job.memory()));
   if (job.memory_per_gpu()) directive("mem-per-gpu", to_slurm(*job.memory_per_gpu()));
   if (job.time()) directive("time", format_slurm_time(*job.time()));
@@ -447,30 +470,30 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
     directive("dependency", detail::join(parts, ","));
   }
   if (job.array()) directive("array", job.array()->text);
-  if (job.requeue() || job.max_restarts() > 0) {
-    directive("requeue", "");
-    directive("open-mode", "append");  // a requeued run appends to the same log
-  }
+  // Every job may be requeued: after requeue_on_timeout's signal, after a preemption, after a failure.
+  directive("requeue", "");
+  directive("open-mode", "append");  // a requeued run appends to the same log
   for (std::size_t i = 0; i < options.size(); ++i)
     if (!option_used[i]) directive(options[i].first, options[i].second);
 
   s += detail::script_setup(job, context);
   const auto step = detail::srun_step(job, context, detail::training_srun_options(job), worker_flag);
   s += detail::script_before_step(job, context);
-  if (!job.requeue() && job.max_restarts() == 0) {
-    s += step + "\n";
-    return s;
-  }
-  if (job.requeue())
-    s += fmt::format(
-        "# Workers exit with {code} once they checkpointed after {signal} (requeue_on_timeout) or SIGTERM\n"
-        "# (preemption); requeue then. srun --kill-on-bad-exit reports another code (143) when one rank exits\n"
+  // A preempted job comes back whether or not it asked for requeue_on_timeout: its workers handle SIGTERM by
+  // checkpointing either way (train/preemption.hpp), and a user expects the work to resume, not a FAILED job
+  // (noted in issue 20: without requeue_on_timeout the script used to end with 75, and Slurm did not requeue it).
+  const auto why = job.requeue() ? fmt::format("{} (requeue_on_timeout) or SIGTERM\n# (preemption)", job.requeue_signal())
+                                 : fmt::format("SIGTERM (preemption) or {}\n# (the preemption signal)",
+                                               job.requeue_signal());
+  s += fmt::format(
+        "# Workers exit with {code} once they checkpointed after {why}; requeue then. srun --kill-on-bad-exit "
+        "reports another code (143) when one rank exits\n"
         "# first and the others are killed: a rank that checkpointed also creates the marker file, which decides\n"
         "# as well.\n"
         "export HPCTRAIN_REQUEUE_MARKER=\"$HPCTRAIN_RUN_DIR/requeue-requested\"\n"
         "{apptainer_marker}"
         "rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n",
-        fmt::arg("code", exit_requeue), fmt::arg("signal", job.requeue_signal()),
+        fmt::arg("code", exit_requeue), fmt::arg("why", why),
         fmt::arg("apptainer_marker", detail::apptainer_env_lines(job, {"HPCTRAIN_REQUEUE_MARKER"})));
   // One requeue per stop. Slurm requeues a preempted job itself (PreemptMode=REQUEUE) only when it is still
   // running at the end of GraceTime, and ours are done by then (seen on Slurm 22.05: a job whose step exits
@@ -487,8 +510,7 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
        "  scontrol requeue \"$1\" || echo \"hpctrain: scontrol requeue $1 failed (exit $?)\" >&2\n"
        "}\n";
   s += fmt::format("status=0\n{} || status=$?\n", step);
-  if (job.requeue())
-    s += fmt::format(
+  s += fmt::format(
         "if [ \"$status\" -eq {code} ] || [ -e \"$HPCTRAIN_REQUEUE_MARKER\" ]; then\n"
         "  rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n"
         "  if [ \"${{SLURM_RESTART_COUNT:-0}}\" -lt {max} ]; then\n"
@@ -499,7 +521,7 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
         "  echo \"hpctrain: job {target} checkpointed but was restarted {max} times already; not requeueing\" >&2\n"
         "  exit \"$status\"\n"
         "fi\n",
-        fmt::arg("code", exit_requeue), fmt::arg("max", job.requeue()->max_restarts),
+        fmt::arg("code", exit_requeue), fmt::arg("max", preemption_restarts(job)),
         fmt::arg("target", requeue_target(job)));
   if (job.max_restarts() > 0)
     s += fmt::format(
@@ -540,6 +562,9 @@ inline std::string render_allocation_script(const Job& job, const RenderContext&
                                  fmt::format("--ntasks-per-node={}", job.tasks_per_node())});
   const auto step = detail::srun_step(job, context, std::move(srun), worker_flag);
   s += detail::script_before_step(job, context);
+  // The workers' marker, as in the batch script (the container flags name it); nothing requeues on it here.
+  s += "export HPCTRAIN_REQUEUE_MARKER=\"$HPCTRAIN_RUN_DIR/requeue-requested\"\n" +
+       detail::apptainer_env_lines(job, {"HPCTRAIN_REQUEUE_MARKER"}) + "rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n";
   // In the background so that the trap runs while the step runs (bash defers traps until a foreground
   // command ends); a background command of a non-interactive shell ignores SIGINT, so a terminal's Ctrl-C
   // reaches the ranks only as the preemption signal below, once. Not SIGTERM: srun answers SIGTERM by killing

@@ -27,6 +27,8 @@
 #include <hpctrain/job/render.hpp>
 #include <hpctrain/names.hpp>
 
+extern char** environ;  // the SLURM_* variables sbatch must not inherit
+
 namespace hpctrain {
 
 /// A job this program submitted, as recorded in `hpctrain-jobs/<name>/<id>/job.json`.
@@ -112,10 +114,31 @@ inline nlohmann::json to_json(const SubmittedJob& job) {
 }
 }  // namespace detail
 
-/// Renders `job`, writes it into its job directory and submits it with `sbatch --parsable`.
+namespace detail {
+/// The SLURM_* variables of this process that sbatch must not see: submitted from inside a job (a batch
+/// script, an array task, a step), the parent's SLURM_* would travel into the child with sbatch's default
+/// --export=ALL, and the child's srun and hpctrain read some of them as input where the child's own are not
+/// set (SLURM_CPUS_PER_TASK, SLURM_NTASKS, SLURM_STEP_*, SLURM_PTY_PORT...: submitit #1782). Kept:
+/// SLURM_CONF (which cluster), SLURM_CLUSTERS. The job's own variables are in its script.
+inline std::vector<std::string> inherited_slurm_variables(char** environment) {
+  std::vector<std::string> names;
+  for (char** entry = environment; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string_view variable(*entry);
+    const auto name = variable.substr(0, variable.find('='));
+    if (name.starts_with("SLURM_") && name != "SLURM_CONF" && name != "SLURM_CLUSTERS") names.emplace_back(name);
+  }
+  return names;
+}
+}  // namespace detail
+
+/// Renders `job`, writes it into its job directory and submits it with `sbatch --parsable` (without this
+/// process's SLURM_* variables: detail::inherited_slurm_variables). The script follows the cluster's Slurm
+/// release (`sbatch --version`, asked once) unless the context names one.
 /// Throws SpecError (nothing written) or RuntimeError (sbatch's message; nothing left behind).
-inline SubmittedJob submit(const Job& job, const RenderContext& context) {
+inline SubmittedJob submit(const Job& job, const RenderContext& given_context) {
   namespace fs = std::filesystem;
+  RenderContext context = given_context;
+  if (!context.slurm_version) context.slurm_version = cluster_slurm_version();
   const std::string script = render_sbatch(job, context);
   for (const auto& var : job.environment())
     if (var.kind == EnvKind::secret)
@@ -136,7 +159,8 @@ inline SubmittedJob submit(const Job& job, const RenderContext& context) {
   try {
     detail::write_file_atomically(pending / layout::job_script, script);
     // Held until its directory carries its id: the default log path is <root>/<id>/.
-    const auto sbatch = run_process({"sbatch", "--parsable", "--hold", (pending / layout::job_script).string()});
+    const auto sbatch = run_process({"sbatch", "--parsable", "--hold", (pending / layout::job_script).string()}, {},
+                                    "", detail::inherited_slurm_variables(environ));
     if (sbatch.exit_code != 0)
       throw RuntimeError(errors::runtime_sbatch, fmt::format("sbatch refused the job (exit {}):\n{}", sbatch.exit_code,
                                                detail::explain_sbatch_failure(sbatch.err)));

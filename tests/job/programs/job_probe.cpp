@@ -155,6 +155,11 @@ int main(int argc, char** argv) {
   // A secret the probe does not print (PROBE_* values it does): tests/job/private_files_test.cpp's canary.
   if (const char* secret = std::getenv("PROBE_SECRET_NAME")) job.secret_env(secret);
   if (std::getenv("PROBE_REQUEUE")) job.requeue_on_timeout(60s, 2);
+  // PROBE_SHOW_BATCH_ENV: the batch script itself (not a step) says which step variables it sees: none, unless
+  // the submitting process leaked its own (a submission from inside a step, submitit #1782).
+  if (std::getenv("PROBE_SHOW_BATCH_ENV"))
+    job.setup("echo \"probe batch SLURM_STEP_NUM_TASKS=${SLURM_STEP_NUM_TASKS:-unset} SLURM_STEP_ID=${SLURM_STEP_ID:-unset} "
+              "SLURM_PTY_PORT=${SLURM_PTY_PORT:-unset}\"");
   if (std::getenv("PROBE_CHAIN")) job.then(ht::Job(env_or("PROBE_NAME", "probe") + "-second").nodes(1).time(5min));
   if (const char* restarts = std::getenv("PROBE_MAX_RESTARTS")) job.max_restarts(std::stoi(restarts));
   if (const char* image = std::getenv("PROBE_CHARLIECLOUD")) {
