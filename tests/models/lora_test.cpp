@@ -35,7 +35,7 @@ const char* const llama_config = R"({"vocab_size": 384, "hidden_size": 40, "inte
 TEST_CASE("LoRA freezes the base, starts from the base model's output, and trains only the adapters", "[models][lora]") {
   torch::manual_seed(3);
   hm::LlamaConfig config;
-  config.vocab_size = 64, config.hidden_size = 32, config.intermediate_size = 48, config.num_hidden_layers = 2;
+  config.vocab_size = 384, config.hidden_size = 32, config.intermediate_size = 48, config.num_hidden_layers = 2;
   config.num_attention_heads = 4;
   hm::Llama model(config);
   const auto before = logits_of(*model);
