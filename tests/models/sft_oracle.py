@@ -11,6 +11,9 @@
       the mean cross entropy over the assistant tokens of the held-out conversations (every 16th, from the
       9th), fp32: transformers' apply_chat_template (assistant mask from the template), truncated to
       MAX_LENGTH, and transformers' model.
+  sft_oracle.py peft-check BASE_DIR EXPORT_DIR
+      PeftModel.from_pretrained(BASE_DIR, EXPORT_DIR) (our adapter) gives the logits of transformers' model
+      loaded from EXPORT_DIR/merged (our merged export) and of its own merge_and_unload(), within 1e-4.
 """
 import json
 import os
@@ -112,10 +115,31 @@ def loss(model_dir, jsonl, max_length):
     print(f"{total / count:.8g}")
 
 
+def peft_check(base_dir, export_dir):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.tensor([[1, 5, 17, 300, 42, 9, 250, 77, 128, 3]])
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    adapted = PeftModel.from_pretrained(base, export_dir).eval()
+    merged = AutoModelForCausalLM.from_pretrained(os.path.join(export_dir, "merged"), dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs, ours = adapted(ids).logits, merged(ids).logits
+        unloaded = adapted.merge_and_unload()(ids).logits
+        plain = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()(ids).logits
+    print(f"adapter vs merged export {(theirs - ours).abs().max().item():.3g}, merge_and_unload vs merged export "
+          f"{(unloaded - ours).abs().max().item():.3g}, the adapter moved the logits by {(theirs - plain).abs().max().item():.3g}")
+    ok = (theirs - ours).abs().max() < 1e-4 and (unloaded - ours).abs().max() < 1e-4 and (theirs - plain).abs().max() > 1e-3
+    sys.exit(0 if ok else 1)
+
+
 if __name__ == "__main__":
     command = sys.argv[1]
     if command == "make":
         make(sys.argv[2], sys.argv[3])
+    elif command == "peft-check":
+        peft_check(sys.argv[2], sys.argv[3])
     elif command == "loss":
         loss(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:

@@ -22,7 +22,7 @@ fi
 [ -d "$fortunes" ] || { echo "SKIP: no fortunes corpus at $fortunes (Debian package fortunes)"; exit 77; }
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/sft-test.XXXXXX")"
 cd "$work"
-fail() { echo "FAIL: $*" >&2; for f in run.log bad.log packed.log; do [ -f "$f" ] && tail -40 "$f" >&2; done; exit 1; }
+fail() { echo "FAIL: $*" >&2; for f in run.log bad.log packed.log lora.log; do [ -f "$f" ] && tail -40 "$f" >&2; done; exit 1; }
 oracle() { "$python" "$here/sft_oracle.py" "$@"; }
 value() { sed -n "s/^$1=\([^ ]*\).*/\1/p" "$2" | tail -1; }
 close() { awk -v x="$1" -v y="$2" 'BEGIN { d = x - y; if (d < 0) d = -d; exit !(d <= 1e-4 * (y < 0 ? -y : y)) }'; }
@@ -66,6 +66,14 @@ HPCTRAIN_RUN_DIR="$work/packed" "$sft" --from llama --data conversations.jsonl -
 grep -q 'rows (packed)' packed.log || fail "--packing packed no row"
 packed_before="$(value response_loss_before packed.log)"
 close "$packed_before" "$before" || fail "--packing: response_loss_before=$packed_before, padded $before"
+
+# LoRA: only the adapters train; the export is a PEFT adapter (PeftModel loads it) and the merged model.
+HPCTRAIN_RUN_DIR="$work/lora" "$sft" --from llama --data conversations.jsonl --local 2 --max-steps 10 --lr 1e-2 --max-length 256 \
+  --lora-r 8 --lora-alpha 16 --lora-targets q_proj,v_proj,down_proj > lora.log 2>&1 || fail "sft --lora-r 8 exited $?"
+grep -q '^hpctrain: LoRA r=8 alpha=16 on \[q_proj, v_proj, down_proj\]: [0-9]* of [0-9]* parameters train' lora.log || fail "the log does not say what LoRA trains"
+[ -f lora/export/adapter_model.safetensors ] && [ -f lora/export/adapter_config.json ] && [ -f lora/export/merged/config.json ] \
+  || fail "no PEFT adapter and merged model in lora/export"
+oracle peft-check llama lora/export || fail "PEFT's view of our adapter differs from our merged export"
 
 "$generate" --model run/export --prompt $'[USER] What is the difference?\n[BOT] ' --max-new-tokens 8 > generated.txt 2>&1 || fail "generate exited $?"
 echo "PASS: response loss $before -> $after (transformers: $expected_before -> $expected_after); packed $packed_before"
