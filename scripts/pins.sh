@@ -10,7 +10,7 @@ HPCTRAIN_WHISPER_SDIST="openai-whisper==20250625"
 # libgloo-dev: the torch wheel omits the gloo headers that ProcessGroupGloo.hpp includes (docs/libtorch.md).
 # libpcre2-dev: Unicode regex for the tokenizer's pre-split; libsentencepiece-dev: Llama 2 / T5 models;
 # clang + libfuzzer-14-dev: fuzzing and sanitizer builds.
-HPCTRAIN_APT_PACKAGES="cmake g++ ninja-build python3-venv slurm-wlm munge libfmt-dev librange-v3-dev catch2 libcli11-dev
+HPCTRAIN_APT_PACKAGES="cmake g++ ninja-build python3-venv slurm-wlm munge libfmt-dev catch2 libcli11-dev
   nlohmann-json3-dev zlib1g-dev libgloo-dev dataset-fashion-mnist fortunes charliecloud-runtime procps
   libpcre2-dev libsentencepiece-dev clang libfuzzer-14-dev"
 HPCTRAIN_CACHE="${HPCTRAIN_CACHE:-$HOME/.cache/hpctrain}"
