@@ -1,7 +1,7 @@
 """The oracle of tests/models: transformers makes, saves and runs small random models.
 
   hf_oracle.py make FAMILY CONFIG_JSON DIR IDS [--shard BYTES]
-      makes a random FAMILY (gpt2 | llama) model from CONFIG_JSON (transformers' config fields), saves it
+      makes a random FAMILY (gpt2 | llama | qwen2 | mistral) model from CONFIG_JSON (transformers' config fields), saves it
       with save_pretrained into DIR/model (sharded when --shard is given), then runs `expect` on it.
   hf_oracle.py expect MODEL_DIR IDS OUT_DIR
       loads MODEL_DIR with from_pretrained and writes OUT_DIR/logits.safetensors (fp32 logits of IDS,
@@ -34,6 +34,12 @@ def make(family, config_json, directory, ids, shard=None):
         model = GPT2LMHeadModel(GPT2Config(**fields))
     elif family == "llama":
         model = LlamaForCausalLM(LlamaConfig(**fields))
+    elif family == "qwen2":
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+        model = Qwen2ForCausalLM(Qwen2Config(**fields))
+    elif family == "mistral":
+        from transformers import MistralConfig, MistralForCausalLM
+        model = MistralForCausalLM(MistralConfig(**fields))
     else:
         raise SystemExit(f"unknown family {family}")
     # transformers' init (std 0.02) leaves logits near zero, where greedy decoding hangs on near-ties;

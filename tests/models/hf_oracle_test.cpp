@@ -211,3 +211,34 @@ TEST_CASE("A packed row's logits equal transformers' with position_ids and a blo
     CHECK((ours - theirs).abs().max().item<double>() < 1e-4);
   }
 }
+
+TEST_CASE("Qwen2 (q/k/v biases, tied head) and Mistral made by transformers give the same logits and 32 greedy tokens here, "
+          "export back to their own model_type, and a sliding window shorter than the sequence is refused",
+          "[models][oracle][families]") {
+  const auto dir = scratch("families-oracle");
+  const std::vector<std::pair<std::string, std::string>> families{
+      {"qwen2", R"({"vocab_size": 512, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2, "num_attention_heads": 6,
+        "num_key_value_heads": 2, "rope_theta": 1000000.0, "tie_word_embeddings": true, "use_sliding_window": false,
+        "max_position_embeddings": 256, "bos_token_id": 1, "eos_token_id": 2})"},
+      {"mistral", R"({"vocab_size": 512, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2, "num_attention_heads": 6,
+        "num_key_value_heads": 3, "sliding_window": 64, "max_position_embeddings": 256, "bos_token_id": 1, "eos_token_id": 2})"}};
+  for (const auto& [family, config] : families) {
+    CAPTURE(family);
+    const auto family_dir = dir / family;
+    std::filesystem::create_directories(family_dir);
+    run_oracle(fmt::format("make {} '{}' '{}' {}", family, config, family_dir.string(), ids_text(prompt)), family_dir / "make.log");
+    auto model = ht::load_llama(family_dir / "model");
+    CHECK(model->config().model_type == family);
+    CHECK(logit_difference(*model, family_dir) < 1e-4);
+    CHECK(ht::generate(*model, prompt, greedy_32()) == oracle_generation(family_dir));
+    ht::save_pretrained(*model, family_dir / "export");
+    CHECK(ht::read_llama_config(family_dir / "export").model_type == family);
+    run_oracle(fmt::format("expect '{}' {} '{}'", (family_dir / "export").string(), ids_text(prompt), (family_dir / "export-oracle").string()),
+               family_dir / "expect.log");
+    CHECK(logit_difference(*model, family_dir / "export-oracle") < 1e-4);
+  }
+  auto config = ht::read_llama_config(dir / "mistral" / "model");
+  config.sliding_window = 8;
+  ht::Llama windowed(config);
+  CHECK_THROWS_WITH(windowed->forward(prompt_tensor()), Catch::Contains("sliding_window = 8: a sequence of 12 tokens would need the window"));
+}

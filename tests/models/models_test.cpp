@@ -188,7 +188,7 @@ TEST_CASE("An invalid config is refused naming the field", "[models][config]") {
        "[hpctrain.spec.llama.rope_scaling.rope_type] llama.rope_scaling.rope_type = yarn: must be \"llama3\" or \"linear\""},
       {R"({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "low_freq_factor": 4.0, "high_freq_factor": 1.0}})",
        "[hpctrain.spec.llama.rope_scaling.high_freq_factor] llama.rope_scaling.high_freq_factor = 1: must exceed low_freq_factor = 4"},
-      {R"({"model_type": "bert"})", "[hpctrain.spec.llama.model_type] llama.model_type = \"bert\": this is not a llama config"},
+      {R"({"model_type": "bert"})", "[hpctrain.spec.llama.model_type] llama.model_type = \"bert\": this is not a llama, qwen2 or mistral config"},
   }));
   CAPTURE(json);
   const auto parsed = nlohmann::json::parse(json);

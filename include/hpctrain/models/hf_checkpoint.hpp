@@ -153,9 +153,9 @@ inline std::shared_ptr<CausalLM> load_pretrained(const std::filesystem::path& di
   const auto json = detail::read_json_file(directory / "config.json");
   const auto type = json.value("model_type", std::string());
   if (type == "gpt2") return load_gpt2(directory, dtype).ptr();
-  if (type == "llama") return load_llama(directory, dtype).ptr();
+  if (type == "llama" || type == "qwen2" || type == "mistral") return load_llama(directory, dtype).ptr();
   throw SpecError("model_type", json.contains("model_type") ? json["model_type"].dump() : "(absent)",
-                  fmt::format("{}: hpctrain reads \"gpt2\" and \"llama\"", (directory / "config.json").string()));
+                  fmt::format("{}: hpctrain reads \"gpt2\", \"llama\", \"qwen2\" and \"mistral\"", (directory / "config.json").string()));
 }
 
 namespace detail {

@@ -71,13 +71,14 @@ class LlamaAttentionImpl : public torch::nn::Module {
       : heads_(config.num_attention_heads), kv_heads_(config.kv_heads()), head_dim_(config.head_dimension()),
         dropout_(config.attention_dropout) {
     const auto d = config.hidden_size;
-    auto linear = [&](std::int64_t in, std::int64_t out) {
-      return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(config.attention_bias));
+    auto linear = [&](std::int64_t in, std::int64_t out, bool bias) {
+      return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
     };
-    q_proj = register_module("q_proj", linear(d, heads_ * head_dim_));
-    k_proj = register_module("k_proj", linear(d, kv_heads_ * head_dim_));
-    v_proj = register_module("v_proj", linear(d, kv_heads_ * head_dim_));
-    o_proj = register_module("o_proj", linear(heads_ * head_dim_, d));
+    const bool qkv_bias = config.attention_bias || config.qkv_bias;  // Qwen2: q, k, v only
+    q_proj = register_module("q_proj", linear(d, heads_ * head_dim_, qkv_bias));
+    k_proj = register_module("k_proj", linear(d, kv_heads_ * head_dim_, qkv_bias));
+    v_proj = register_module("v_proj", linear(d, kv_heads_ * head_dim_, qkv_bias));
+    o_proj = register_module("o_proj", linear(heads_ * head_dim_, d, config.attention_bias));
   }
 
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, KVCache* cache,
@@ -169,6 +170,7 @@ class LlamaImpl : public CausalLM {
     const auto t = input_ids.size(1);
     const std::int64_t past = cache != nullptr ? cache->length() : 0;
     if (cache != nullptr) cache->check_room(t);
+    check_window(past + t);
     const auto positions = torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device()));
     auto logits = run(input_ids, positions, cache, {});
     if (cache != nullptr) cache->advance(t);
@@ -176,6 +178,7 @@ class LlamaImpl : public CausalLM {
   }
 
   torch::Tensor forward(const torch::Tensor& input_ids, const TokenLayout& layout) override {
+    check_window(input_ids.size(1));
     return run(input_ids, layout.position_ids, nullptr, packed_attention_mask(layout.document_ids));
   }
 
@@ -214,6 +217,16 @@ class LlamaImpl : public CausalLM {
   torch::nn::Linear lm_head{nullptr};  ///< only when tie_word_embeddings is false
 
  private:
+  /// A sliding window (Mistral, Qwen2) is not implemented: a sequence that would need it is refused, never
+  /// computed as if the window were not there.
+  void check_window(std::int64_t length) const {
+    if (config_.sliding_window && length > *config_.sliding_window)
+      throw RuntimeError(errors::runtime_generation,
+                         fmt::format("{} with sliding_window = {}: a sequence of {} tokens would need the window, which hpctrain does "
+                                     "not implement (train or generate at most {} tokens)",
+                                     config_.model_type, *config_.sliding_window, length, *config_.sliding_window));
+  }
+
   /// Embeddings, the blocks at `positions` ([T], or [B, T] when packed; with `mask` when packed), the final
   /// norm and the head.
   torch::Tensor run(const torch::Tensor& input_ids, const torch::Tensor& positions, KVCache* cache, const torch::Tensor& mask) {

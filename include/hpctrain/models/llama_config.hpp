@@ -2,6 +2,7 @@
 // The Llama family's configuration (torch-free): the fields of transformers' LlamaConfig with its
 // defaults, the Llama 3 rope scaling, read from and written to `config.json`, validated, and the training
 // FLOPs per token used for MFU.
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -22,9 +23,15 @@ struct RopeScaling {
   std::int64_t original_max_position_embeddings = 8192;  ///< llama3 only. Default: 8192
 };
 
+/// The `model_type`s this config reads: Llama itself and the families that differ from it in small, checked
+/// ways — Qwen2 (biases on q, k and v but not o; its own rope theta; an optional sliding window) and Mistral
+/// (Llama-shaped, with a sliding window).
+inline constexpr std::string_view llama_family_types[] = {"llama", "qwen2", "mistral"};
+
 /// Llama (Touvron et al. 2023; Llama 3, Dubey et al. 2024): RMSNorm, rotary positions, SwiGLU MLP,
 /// grouped-query attention. Field names and defaults are transformers' LlamaConfig's.
 struct LlamaConfig {
+  std::string model_type = "llama";         ///< llama, qwen2 or mistral. Default: "llama"
   std::int64_t vocab_size = 32000;          ///< Default: 32000
   std::int64_t hidden_size = 4096;          ///< Default: 4096
   std::int64_t intermediate_size = 11008;   ///< SwiGLU width. Default: 11008
@@ -37,6 +44,10 @@ struct LlamaConfig {
   double rope_theta = 10000.0;              ///< Default: 10000 (Llama 3: 500000)
   std::optional<RopeScaling> rope_scaling;  ///< Default: none
   bool attention_bias = false;              ///< biases on q, k, v, o. Default: false
+  bool qkv_bias = false;                    ///< biases on q, k, v only (Qwen2). Default: false
+  /// Attention sees at most this many previous tokens (Mistral; Qwen2 with use_sliding_window). hpctrain does
+  /// not implement the window: a sequence longer than it is refused rather than computed differently.
+  std::optional<std::int64_t> sliding_window;
   bool mlp_bias = false;                    ///< biases on the MLP. Default: false
   double attention_dropout = 0.0;           ///< Default: 0
   double initializer_range = 0.02;          ///< Default: 0.02
@@ -88,8 +99,21 @@ struct LlamaConfig {
   /// Reads a transformers `config.json` object; absent fields keep LlamaConfig's defaults.
   static LlamaConfig from_json(const nlohmann::json& json) {
     constexpr std::string_view family = "llama";
-    detail::check_model_type(json, family, "llama");
     LlamaConfig c;
+    if (const auto type = json.find("model_type"); type != json.end()) {
+      const bool known = type->is_string() && std::find(std::begin(llama_family_types), std::end(llama_family_types),
+                                                        type->get<std::string>()) != std::end(llama_family_types);
+      if (!known) throw SpecError(detail::field_id(family, "model_type"), type->dump(), "this is not a llama, qwen2 or mistral config");
+      c.model_type = type->get<std::string>();
+    }
+    c.qkv_bias = c.model_type == "qwen2";
+    if (c.model_type == "qwen2") {
+      bool use_sliding_window = false;
+      detail::read_field(json, family, "use_sliding_window", use_sliding_window);
+      if (use_sliding_window) detail::read_optional_field(json, family, "sliding_window", c.sliding_window);
+    } else if (c.model_type == "mistral") {
+      detail::read_optional_field(json, family, "sliding_window", c.sliding_window);
+    }
     detail::read_field(json, family, "vocab_size", c.vocab_size);
     detail::read_field(json, family, "hidden_size", c.hidden_size);
     detail::read_field(json, family, "intermediate_size", c.intermediate_size);
@@ -123,8 +147,8 @@ struct LlamaConfig {
   /// The `config.json` transformers reads back as a LlamaForCausalLM.
   nlohmann::ordered_json to_json() const {
     nlohmann::ordered_json j;
-    j["architectures"] = {"LlamaForCausalLM"};
-    j["model_type"] = "llama";
+    j["architectures"] = {model_type == "qwen2" ? "Qwen2ForCausalLM" : model_type == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM"};
+    j["model_type"] = model_type;
     j["vocab_size"] = vocab_size;
     j["hidden_size"] = hidden_size;
     j["intermediate_size"] = intermediate_size;
@@ -149,8 +173,16 @@ struct LlamaConfig {
     } else {
       j["rope_scaling"] = nullptr;
     }
-    j["attention_bias"] = attention_bias;
-    j["mlp_bias"] = mlp_bias;
+    if (model_type == "llama") {
+      j["attention_bias"] = attention_bias;
+      j["mlp_bias"] = mlp_bias;
+    } else if (model_type == "qwen2") {
+      j["use_sliding_window"] = sliding_window.has_value();
+      j["sliding_window"] = sliding_window ? nlohmann::ordered_json(*sliding_window) : nlohmann::ordered_json(nullptr);
+      j["max_window_layers"] = num_hidden_layers;
+    } else {
+      j["sliding_window"] = sliding_window ? nlohmann::ordered_json(*sliding_window) : nlohmann::ordered_json(nullptr);
+    }
     j["attention_dropout"] = attention_dropout;
     j["initializer_range"] = initializer_range;
     j["tie_word_embeddings"] = tie_word_embeddings;
@@ -165,7 +197,7 @@ struct LlamaConfig {
   /// Parameters, counted from the config (equals the module's parameter count).
   std::int64_t parameter_count() const {
     const auto d = hidden_size, hd = head_dimension(), q = num_attention_heads * hd, kv = kv_heads() * hd, f = intermediate_size;
-    const auto attention = d * q + 2 * d * kv + q * d + (attention_bias ? q + 2 * kv + d : 0);
+    const auto attention = d * q + 2 * d * kv + q * d + (attention_bias ? q + 2 * kv + d : qkv_bias ? q + 2 * kv : 0);
     const auto mlp = 3 * d * f + (mlp_bias ? 2 * f + d : 0);
     const auto per_block = attention + mlp + 2 * d;
     return vocab_size * d + num_hidden_layers * per_block + d + (tie_word_embeddings ? 0 : vocab_size * d);

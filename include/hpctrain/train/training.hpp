@@ -370,7 +370,7 @@ class Training {
   /// The model, made for `run`.
   ModelInstance make_model(const RunContext& run) const { return model_(run); }
   /// The model, made for rank 0 of 1 with this description's knobs (tests; outside a worker).
-  ModelInstance make_model() const { return model_(RunContext{knobs_, 0, 1, {}, std::nullopt, std::nullopt}); }
+  ModelInstance make_model() const { return model_(RunContext{knobs_, 0, 1, {}, std::nullopt, std::nullopt, std::nullopt}); }
   /// Where the model factory's pretrained files are for `knobs`, when it says (lm::from_pretrained).
   std::optional<std::filesystem::path> pretrained_dir(const Knobs& knobs) const {
     if (!pretrained_dir_) return std::nullopt;
