@@ -9,5 +9,8 @@
 #include <hpctrain/models/hf_checkpoint.hpp>
 #include <hpctrain/models/llama.hpp>
 #include <hpctrain/models/llama_config.hpp>
+#include <hpctrain/models/lora.hpp>
+#include <hpctrain/models/roberta.hpp>
+#include <hpctrain/models/roberta_config.hpp>
 #include <hpctrain/models/safetensors.hpp>
 #include <hpctrain/models/safetensors_format.hpp>
