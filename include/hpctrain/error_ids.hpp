@@ -29,6 +29,8 @@ namespace errors {
 // --- usage and knobs (job/cli.hpp, job/knobs.hpp) ---
 inline constexpr ErrorId usage{"hpctrain.usage"};
 inline constexpr ErrorId spec_knob{"hpctrain.spec.knob"};
+// --- SFT data (text/sft_jsonl.hpp, lm/sft.hpp) ---
+inline constexpr ErrorId spec_data_jsonl{"hpctrain.spec.data.jsonl"};
 inline constexpr ErrorId spec_local{"hpctrain.spec.local"};
 inline constexpr ErrorId spec_resume{"hpctrain.spec.resume"};
 

@@ -1,0 +1,199 @@
+#pragma once
+// Supervised fine-tuning data as TRL reads it from JSONL, one example a line, in one of three shapes chosen by
+// the keys of the file's first line (every line must have that shape):
+//   {"text": "..."}                                        language modelling: the loss on every token
+//   {"prompt": "...", "completion": "..."}                 the loss on the completion
+//   {"messages": [{"role": "user", "content": "..."}, ...]}  conversational: the loss on the assistant turns
+// Streamed and validated line by line: every error names the file and the line (SpecError
+// `[hpctrain.spec.data.jsonl]`, "FILE:LINE: reason"), so a login node refuses a broken file before anything is
+// queued. `tokenize_sft` turns a record into ids and a per-token "trained" flag by TRL's rules. Torch-free.
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <hpctrain/error.hpp>
+#include <hpctrain/error_ids.hpp>
+#include <hpctrain/text/chat.hpp>
+#include <hpctrain/text/pretrained_tokenizer.hpp>
+
+namespace hpctrain::text {
+
+/// The shape of an SFT file (TRL's dataset types).
+enum class SftShape { text, prompt_completion, conversational };
+
+/// One line of an SFT file.
+struct SftRecord {
+  SftShape shape = SftShape::text;
+  std::string text, prompt, completion;  ///< by shape
+  std::vector<ChatMessage> messages;     ///< conversational
+  std::size_t line = 0;                  ///< 1-based line number in the file
+};
+
+/// Reads an SFT JSONL file one record at a time; blank lines are skipped.
+class SftJsonlReader {
+ public:
+  explicit SftJsonlReader(std::filesystem::path file) : file_(std::move(file)), in_(file_) {
+    if (!in_) throw SpecError(errors::spec_data_jsonl, file_.string(), "cannot open");
+  }
+
+  /// The next record; false at the end. SpecError naming the file and the line for a malformed one.
+  bool next(SftRecord& record) {
+    std::string text;
+    while (std::getline(in_, text)) {
+      ++line_;
+      if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+      record = parse(text);
+      return true;
+    }
+    if (in_.bad()) fail("cannot read further");
+    if (!shape_) throw SpecError(errors::spec_data_jsonl, file_.string(), "holds no example");
+    return false;
+  }
+  const std::filesystem::path& file() const { return file_; }
+
+ private:
+  [[noreturn]] void fail(const std::string& reason) const {
+    throw SpecError(errors::spec_data_jsonl, fmt::format("{}:{}", file_.string(), line_), reason);
+  }
+
+  static const char* name_of(SftShape shape) {
+    switch (shape) {
+      case SftShape::text: return "{\"text\"}";
+      case SftShape::prompt_completion: return "{\"prompt\", \"completion\"}";
+      default: return "{\"messages\"}";
+    }
+  }
+
+  std::string string_field(const nlohmann::json& json, const char* key, bool may_be_empty) const {
+    const auto it = json.find(key);
+    if (it == json.end()) fail(fmt::format("no \"{}\"", key));
+    if (!it->is_string()) fail(fmt::format("\"{}\" is {}, not a string", key, it->type_name()));
+    auto value = it->get<std::string>();
+    if (!may_be_empty && value.empty()) fail(fmt::format("\"{}\" is empty", key));
+    return value;
+  }
+
+  SftRecord parse(const std::string& text) {
+    nlohmann::json json;
+    try {
+      json = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error& error) {
+      fail(fmt::format("not JSON ({})", error.what()));
+    }
+    if (!json.is_object()) fail(fmt::format("a line must be a JSON object, not {}", json.type_name()));
+    SftShape shape;
+    if (json.contains("messages")) shape = SftShape::conversational;
+    else if (json.contains("prompt") || json.contains("completion")) shape = SftShape::prompt_completion;
+    else if (json.contains("text")) shape = SftShape::text;
+    else fail("has none of \"text\", \"prompt\"/\"completion\", \"messages\"");
+    if (!shape_) shape_ = shape;
+    if (shape != *shape_) fail(fmt::format("is {} while the file's first line is {}", name_of(shape), name_of(*shape_)));
+
+    SftRecord record;
+    record.shape = shape;
+    record.line = line_;
+    if (shape == SftShape::text) {
+      record.text = string_field(json, "text", false);
+    } else if (shape == SftShape::prompt_completion) {
+      record.prompt = string_field(json, "prompt", true);
+      record.completion = string_field(json, "completion", false);
+    } else {
+      const auto& messages = json["messages"];
+      if (!messages.is_array() || messages.empty()) fail("\"messages\" must be a non-empty array");
+      bool assistant = false;
+      for (std::size_t i = 0; i < messages.size(); ++i) {
+        const auto& message = messages[i];
+        if (!message.is_object()) fail(fmt::format("messages[{}] is not an object", i));
+        const auto role = message.find("role"), content = message.find("content");
+        if (role == message.end() || !role->is_string()) fail(fmt::format("messages[{}] has no \"role\" string", i));
+        if (content == message.end() || !content->is_string()) fail(fmt::format("messages[{}] has no \"content\" string", i));
+        static const std::set<std::string> roles{"system", "user", "assistant", "tool"};
+        if (!roles.count(role->get<std::string>()))
+          fail(fmt::format("messages[{}]: role \"{}\" is none of system, user, assistant, tool", i, role->get<std::string>()));
+        assistant = assistant || role->get<std::string>() == "assistant";
+        record.messages.push_back({role->get<std::string>(), content->get<std::string>()});
+      }
+      if (!assistant) fail("the conversation has no assistant turn to train on");
+    }
+    return record;
+  }
+
+  std::filesystem::path file_;
+  std::ifstream in_;
+  std::size_t line_ = 0;
+  std::optional<SftShape> shape_;
+};
+
+/// What validate_sft_jsonl found.
+struct SftFileSummary {
+  SftShape shape = SftShape::text;
+  std::size_t examples = 0;
+};
+
+/// Reads the whole of `file` line by line (never all at once), checking every line; SpecError naming the
+/// first bad line.
+inline SftFileSummary validate_sft_jsonl(const std::filesystem::path& file) {
+  SftJsonlReader reader(file);
+  SftRecord record;
+  SftFileSummary summary;
+  while (reader.next(record)) {
+    summary.shape = record.shape;
+    ++summary.examples;
+  }
+  return summary;
+}
+
+/// A tokenized SFT example: ids, and per id whether its loss counts.
+struct SftExample {
+  std::vector<TokenId> ids;
+  std::vector<std::uint8_t> trained;
+};
+
+/// TRL's SFTTrainer rules: text → its tokens with special tokens, then EOS, all trained; prompt/completion →
+/// the prompt's tokens (with special tokens, not trained) then the completion's and EOS (trained) — tokenized
+/// apart, so the boundary is a token boundary (TRL tokenizes prompt + completion whole and masks the prompt's
+/// length: the same ids whenever the prompt's ids are a prefix of the whole's); conversational → the text
+/// `render` gives, tokenized as it is (the template writes its own special tokens; apply_chat_template adds
+/// none), a token trained when its bytes overlap an assistant span. SpecError naming the line for a
+/// conversational record without a renderer (the model has no chat template).
+inline SftExample tokenize_sft(const SftRecord& record, const PretrainedTokenizer& tokenizer, const ConversationRenderer* render) {
+  SftExample example;
+  const auto append = [&](const std::vector<TokenId>& ids, bool trained) {
+    example.ids.insert(example.ids.end(), ids.begin(), ids.end());
+    example.trained.insert(example.trained.end(), ids.size(), trained ? 1 : 0);
+  };
+  const auto eos = tokenizer.eos_id();
+  if (record.shape == SftShape::text) {
+    append(tokenizer.encode(record.text, true), true);
+    if (eos && (example.ids.empty() || example.ids.back() != *eos)) append({*eos}, true);
+  } else if (record.shape == SftShape::prompt_completion) {
+    append(tokenizer.encode(record.prompt, true), false);
+    append(tokenizer.encode(record.completion, false), true);
+    if (eos && example.ids.back() != *eos) append({*eos}, true);
+  } else {
+    if (render == nullptr || !*render)
+      throw SpecError(errors::spec_data_jsonl, fmt::format("line {}", record.line),
+                      "a conversation needs the model's chat template, and its tokenizer has none (chat_template in tokenizer_config.json, "
+                      "or chat_template.jinja)");
+    const auto rendered = (*render)(record.messages);
+    example.ids = tokenizer.encode(rendered.text, false);
+    example.trained.assign(example.ids.size(), 0);
+    std::size_t offset = 0;
+    for (std::size_t i = 0; i < example.ids.size(); ++i) {
+      const std::size_t end = offset + tokenizer.decode(std::span<const TokenId>(&example.ids[i], 1)).size();
+      for (const auto& [begin, stop] : rendered.assistant_spans)
+        if (offset < stop && begin < end) example.trained[i] = 1;
+      offset = end;
+    }
+  }
+  return example;
+}
+
+}  // namespace hpctrain::text

@@ -1,0 +1,169 @@
+// Issue 17, items 3, 5, 6 (torch-free part): tokenizer directories as transformers reads them (post-processors,
+// special tokens) against AutoTokenizer and tokenizers, SFT JSONL in TRL's three shapes with errors naming the
+// file and line, TRL's tokenization rules, and best-fit-decreasing packing.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <hpctrain/text/packing.hpp>
+#include <hpctrain/text/pretrained_tokenizer.hpp>
+#include <hpctrain/text/sft_jsonl.hpp>
+
+#include "text_test_support.hpp"
+
+namespace tx = hpctrain::text;
+
+namespace {
+std::filesystem::path write_file(const std::filesystem::path& path, const std::string& content) {
+  std::ofstream(path) << content;
+  return path;
+}
+/// The four tokenizer directories of pretrained_oracle.py (made once per build tree).
+std::filesystem::path tokenizer_dirs() {
+  const auto dir = text_test::cache_dir() / "pretrained";
+  if (!std::filesystem::exists(dir / "expected.json")) {
+    std::filesystem::create_directories(dir);
+    const auto command = fmt::format("'{}' '{}/tests/text/pretrained_oracle.py' make '{}' > '{}/make.log' 2>&1", text_test::python(),
+                                     text_test::source_dir().string(), dir.string(), dir.string());
+    INFO(command);
+    REQUIRE(std::system(command.c_str()) == 0);
+  }
+  return dir;
+}
+}  // namespace
+
+TEST_CASE("A tokenizer directory encodes as AutoTokenizer does: TemplateProcessing, RobertaProcessing, BertProcessing, none",
+          "[text][pretrained]") {
+  const auto dir = tokenizer_dirs();
+  const auto expected = nlohmann::json::parse(text_test::read_file(dir / "expected.json"));
+  for (const auto& [kind, cases] : expected.items()) {
+    const auto tokenizer = tx::load_pretrained_tokenizer(dir / kind);
+    for (const auto& example : cases) {
+      const auto text = example["text"].get<std::string>();
+      CAPTURE(kind, text);
+      CHECK(tokenizer.encode(text, true) == example["with"].get<std::vector<tx::TokenId>>());
+      CHECK(tokenizer.encode(text, false) == example["without"].get<std::vector<tx::TokenId>>());
+      CHECK(tokenizer.encode(text, true) == example["tokenizers"].get<std::vector<tx::TokenId>>());
+    }
+  }
+  const auto roberta = tx::load_pretrained_tokenizer(dir / "roberta");
+  CHECK(roberta.bos_token() == "<s>");
+  CHECK(roberta.pad_id() == roberta.tokenizer().token_id("<pad>"));
+}
+
+TEST_CASE("An unknown post-processor is refused naming the file and the JSON path", "[text][pretrained]") {
+  const auto dir = text_test::scratch("bad-post-processor");
+  const auto file = dir / "tokenizer.json";
+  CHECK_THROWS_WITH(tx::PostProcessor::from_json(nlohmann::json::parse(R"({"type": "Mystery"})"), file),
+                    Catch::Contains(file.string()) && Catch::Contains("post_processor.type") && Catch::Contains("Mystery"));
+  CHECK_THROWS_WITH(tx::PostProcessor::from_json(nlohmann::json::parse(R"({"type": "RobertaProcessing", "cls": ["<s>", 0], "sep": ["</s>"]})"), file),
+                    Catch::Contains("post_processor.sep"));
+}
+
+TEST_CASE("SFT JSONL: a bad line is an error naming the file and the line", "[text][sft]") {
+  const auto dir = text_test::scratch("sft-jsonl");
+  using Row = std::tuple<std::string, std::string>;
+  auto [content, message] = GENERATE(table<std::string, std::string>({
+      Row{"{\"text\": \"a\"}\n{\"text\": \"b\"\n", ":2: not JSON"},
+      Row{"{\"text\": \"a\"}\n\n{\"prompt\": \"p\", \"completion\": \"c\"}\n", ":3: is {\"prompt\", \"completion\"} while the file's first line is {\"text\"}"},
+      Row{"{\"prompt\": \"p\", \"completion\": \"\"}\n", ":1: \"completion\" is empty"},
+      Row{"{\"prompt\": \"p\"}\n", ":1: no \"completion\""},
+      Row{"{\"text\": 3}\n", ":1: \"text\" is number, not a string"},
+      Row{"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n", ":1: the conversation has no assistant turn"},
+      Row{"{\"messages\": [{\"role\": \"wizard\", \"content\": \"hi\"}]}\n", ":1: messages[0]: role \"wizard\" is none of"},
+      Row{"{\"messages\": [{\"role\": \"user\"}]}\n", ":1: messages[0] has no \"content\" string"},
+      Row{"[1, 2]\n", ":1: a line must be a JSON object, not array"},
+      Row{"{\"other\": 1}\n", ":1: has none of"},
+  }));
+  CAPTURE(content);
+  const auto file = write_file(dir / "data.jsonl", content);
+  CHECK_THROWS_WITH(tx::validate_sft_jsonl(file), Catch::StartsWith("[hpctrain.spec.data.jsonl] " + file.string() + message));
+}
+
+TEST_CASE("SFT JSONL: the three shapes, streamed", "[text][sft]") {
+  const auto dir = text_test::scratch("sft-shapes");
+  const auto file = write_file(dir / "chat.jsonl", "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"u\"}, "
+                                                   "{\"role\": \"assistant\", \"content\": \"a\"}]}\n\n{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\"}]}\n");
+  const auto summary = tx::validate_sft_jsonl(file);
+  CHECK(summary.examples == 2);
+  CHECK(summary.shape == tx::SftShape::conversational);
+  tx::SftJsonlReader reader(file);
+  tx::SftRecord record;
+  REQUIRE(reader.next(record));
+  CHECK(record.messages.size() == 3);
+  REQUIRE(reader.next(record));
+  CHECK(record.line == 3);
+  CHECK_FALSE(reader.next(record));
+}
+
+TEST_CASE("TRL's rules: text trains every token and EOS; prompt/completion the completion and EOS; a conversation its assistant bytes",
+          "[text][sft]") {
+  const auto tokenizer = tx::load_pretrained_tokenizer(tokenizer_dirs() / "llama3");
+  const auto bos = *tokenizer.tokenizer().token_id("<|begin|>"), eos = *tokenizer.eos_id();
+  tx::SftRecord text{tx::SftShape::text, "Hello there", {}, {}, {}, 1};
+  const auto a = tx::tokenize_sft(text, tokenizer, nullptr);
+  CHECK(a.ids.front() == bos);
+  CHECK(a.ids.back() == eos);
+  CHECK(std::all_of(a.trained.begin(), a.trained.end(), [](auto t) { return t == 1; }));
+
+  tx::SftRecord pair{tx::SftShape::prompt_completion, {}, "Q: Why?\nA:", " Because.", {}, 2};
+  const auto b = tx::tokenize_sft(pair, tokenizer, nullptr);
+  const auto prompt = tokenizer.encode("Q: Why?\nA:", true), completion = tokenizer.encode(" Because.", false);
+  REQUIRE(b.ids.size() == prompt.size() + completion.size() + 1);
+  CHECK(std::vector<tx::TokenId>(b.ids.begin(), b.ids.begin() + static_cast<long>(prompt.size())) == prompt);
+  CHECK(std::count(b.trained.begin(), b.trained.end(), 1) == static_cast<long>(completion.size() + 1));
+  CHECK(b.trained[prompt.size() - 1] == 0);
+  CHECK(b.trained[prompt.size()] == 1);
+
+  // A fake renderer: "<|begin|>U: hi\nA: " + reply + "<|end|>", the reply and EOS the assistant's.
+  const tx::ConversationRenderer render = [](const std::vector<tx::ChatMessage>& messages) {
+    tx::RenderedChat out;
+    out.text = "<|begin|>U: " + messages[0].content + "\nA: ";
+    const auto begin = out.text.size();
+    out.text += messages[1].content + "<|end|>";
+    out.assistant_spans.push_back({begin, out.text.size()});
+    return out;
+  };
+  tx::SftRecord chat{tx::SftShape::conversational, {}, {}, {}, {{"user", "hi"}, {"assistant", "fine thanks"}}, 3};
+  const auto c = tx::tokenize_sft(chat, tokenizer, &render);
+  CHECK(c.ids == tokenizer.encode("<|begin|>U: hi\nA: fine thanks<|end|>", false));
+  std::string trained_text;
+  for (std::size_t i = 0; i < c.ids.size(); ++i)
+    if (c.trained[i]) trained_text += tokenizer.decode(std::span<const tx::TokenId>(&c.ids[i], 1));
+  CHECK(trained_text == " fine thanks<|end|>");  // the token holding the span's first byte counts, as transformers marks it
+  CHECK_THROWS_WITH(tx::tokenize_sft(chat, tokenizer, nullptr), Catch::Contains("[hpctrain.spec.data.jsonl] line 3: a conversation needs"));
+}
+
+TEST_CASE("Best-fit-decreasing packing places every example once, within capacity, in no more rows than first-fit", "[text][packing]") {
+  using Row = std::tuple<std::vector<std::size_t>, std::size_t, std::size_t>;
+  auto [lengths, capacity, rows_expected] = GENERATE(table<std::vector<std::size_t>, std::size_t, std::size_t>({
+      Row{{5, 5, 5, 5}, 10, 2},
+      Row{{7, 3, 6, 4, 2, 8}, 10, 3},
+      Row{{1}, 1, 1},
+      Row{{9, 9, 9}, 10, 3},
+      Row{{4, 4, 4, 4, 4, 4, 2, 2, 2}, 12, 3},
+  }));
+  CAPTURE(lengths, capacity);
+  const auto rows = tx::pack_best_fit_decreasing(lengths, capacity);
+  CHECK(rows.size() == rows_expected);
+  std::multiset<std::size_t> seen;
+  for (const auto& row : rows) {
+    std::size_t used = 0;
+    for (const auto e : row) {
+      seen.insert(e);
+      used += lengths[e];
+    }
+    CHECK(used <= capacity);
+  }
+  std::vector<std::size_t> all(lengths.size());
+  std::iota(all.begin(), all.end(), std::size_t{0});
+  CHECK(seen == std::multiset<std::size_t>(all.begin(), all.end()));
+  CHECK_THROWS_WITH(tx::pack_best_fit_decreasing({3, 11}, 10), "[hpctrain.spec.packing.length] packing.length = 11 (example 1): exceeds the row capacity 10");
+  CHECK(tx::padding_fraction({{0, 1}}, {4, 4}, 10) == Approx(0.2));
+}
