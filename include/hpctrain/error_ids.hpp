@@ -31,6 +31,9 @@ inline constexpr ErrorId usage{"hpctrain.usage"};
 inline constexpr ErrorId spec_knob{"hpctrain.spec.knob"};
 // --- SFT data (text/sft_jsonl.hpp, lm/sft.hpp) ---
 inline constexpr ErrorId spec_data_jsonl{"hpctrain.spec.data.jsonl"};
+// --- chat templates (text/chat_template.hpp, text/jinja/) ---
+inline constexpr ErrorId spec_chat_template{"hpctrain.spec.chat_template"};
+inline constexpr ErrorId runtime_chat_template{"hpctrain.runtime.chat_template"};
 inline constexpr ErrorId spec_local{"hpctrain.spec.local"};
 inline constexpr ErrorId spec_resume{"hpctrain.spec.resume"};
 

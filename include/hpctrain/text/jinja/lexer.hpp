@@ -1,0 +1,200 @@
+#pragma once
+// The lexer of the Jinja subset Hugging Face chat templates use (text/chat_template.hpp): the template is
+// split into text, `{{ expression }}`, `{% statement %}` and `{# comment #}`, with jinja2's whitespace control
+// as transformers configures it (trim_blocks: the first newline after a block or comment tag goes;
+// lstrip_blocks: spaces and tabs before a block tag on its line go; `{%-`, `-%}`, `{{-`, `-}}` strip all
+// whitespace on that side). Inside tags, tokens carry their line and column for error messages. Torch-free.
+#include <cctype>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <hpctrain/error.hpp>
+#include <hpctrain/error_ids.hpp>
+
+namespace hpctrain::text::jinja {
+
+/// Where something is in the template source (1-based).
+struct Position {
+  std::size_t line = 1, column = 1;
+};
+
+/// A token of an expression or statement.
+struct Token {
+  enum class Kind { name, string, integer, number, op, end };
+  Kind kind = Kind::end;
+  std::string text;
+  Position at;
+};
+
+/// One piece of the template: literal text, or the tokens of an output tag or a statement tag.
+struct Piece {
+  enum class Kind { text, output, statement };
+  Kind kind = Kind::text;
+  std::string text;           ///< text pieces
+  std::vector<Token> tokens;  ///< output and statement pieces (ending with Kind::end)
+  Position at;
+};
+
+/// SpecError `[hpctrain.spec.chat_template]` naming `origin:line:column`.
+[[noreturn]] inline void syntax_error(const std::string& origin, Position at, const std::string& reason) {
+  throw SpecError(errors::spec_chat_template, fmt::format("{}:{}:{}", origin, at.line, at.column), reason);
+}
+
+namespace detail {
+inline Position position_of(std::string_view source, std::size_t offset) {
+  Position at;
+  for (std::size_t i = 0; i < offset && i < source.size(); ++i) {
+    if (source[i] == '\n') {
+      ++at.line;
+      at.column = 1;
+    } else {
+      ++at.column;
+    }
+  }
+  return at;
+}
+
+/// The tokens of a tag's inside, source[begin, end).
+inline std::vector<Token> tokenize(std::string_view source, std::size_t begin, std::size_t end, const std::string& origin) {
+  std::vector<Token> tokens;
+  std::size_t i = begin;
+  while (i < end) {
+    const char c = source[i];
+    if (std::isspace(static_cast<unsigned char>(c))) {
+      ++i;
+      continue;
+    }
+    Token token;
+    token.at = position_of(source, i);
+    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+      std::size_t j = i;
+      while (j < end && (std::isalnum(static_cast<unsigned char>(source[j])) || source[j] == '_')) ++j;
+      token.kind = Token::Kind::name;
+      token.text = std::string(source.substr(i, j - i));
+      i = j;
+    } else if (std::isdigit(static_cast<unsigned char>(c))) {
+      std::size_t j = i;
+      while (j < end && (std::isdigit(static_cast<unsigned char>(source[j])) || source[j] == '_')) ++j;
+      token.kind = Token::Kind::integer;
+      if (j + 1 < end && source[j] == '.' && std::isdigit(static_cast<unsigned char>(source[j + 1]))) {
+        ++j;
+        while (j < end && std::isdigit(static_cast<unsigned char>(source[j]))) ++j;
+        token.kind = Token::Kind::number;
+      }
+      for (std::size_t k = i; k < j; ++k)
+        if (source[k] != '_') token.text.push_back(source[k]);
+      i = j;
+    } else if (c == '\'' || c == '"') {
+      std::size_t j = i + 1;
+      token.kind = Token::Kind::string;
+      while (j < end && source[j] != c) {
+        if (source[j] == '\\' && j + 1 < end) {
+          const char e = source[++j];
+          switch (e) {
+            case 'n': token.text.push_back('\n'); break;
+            case 't': token.text.push_back('\t'); break;
+            case 'r': token.text.push_back('\r'); break;
+            case '\\': token.text.push_back('\\'); break;
+            case '\'': token.text.push_back('\''); break;
+            case '"': token.text.push_back('"'); break;
+            default: token.text.push_back('\\'); token.text.push_back(e);
+          }
+          ++j;
+        } else {
+          token.text.push_back(source[j++]);
+        }
+      }
+      if (j >= end) syntax_error(origin, token.at, "an unterminated string");
+      i = j + 1;
+    } else {
+      static constexpr std::string_view two[] = {"==", "!=", "<=", ">=", "//", "**"};
+      token.kind = Token::Kind::op;
+      token.text = std::string(1, c);
+      for (const auto op : two)
+        if (source.substr(i, 2) == op) token.text = std::string(op);
+      if (std::string_view("()[]{}.,:|~+-*/%<>=!").find(c) == std::string_view::npos)
+        syntax_error(origin, token.at, fmt::format("unexpected character '{}'", c));
+      i += token.text.size();
+    }
+    tokens.push_back(std::move(token));
+  }
+  Token last;
+  last.at = position_of(source, end);
+  tokens.push_back(last);
+  return tokens;
+}
+}  // namespace detail
+
+namespace detail {
+/// Where the tag opened at `open` closes (the offset of its closing delimiter); a "}}" inside a string literal
+/// of an output tag does not close it.
+inline std::size_t tag_close(std::string_view source, std::size_t from, char kind) {
+  const std::string_view close = kind == '{' ? "}}" : kind == '%' ? "%}" : "#}";
+  if (kind == '#') return source.find(close, from);
+  char quote = 0;
+  for (std::size_t j = from; j + 1 < source.size(); ++j) {
+    if (quote) {
+      if (source[j] == '\\') ++j;
+      else if (source[j] == quote) quote = 0;
+    } else if (source[j] == '\'' || source[j] == '"') {
+      quote = source[j];
+    } else if (source.substr(j, 2) == close) {
+      return j;
+    }
+  }
+  return std::string_view::npos;
+}
+}  // namespace detail
+
+/// Splits `source` into pieces, applying whitespace control as jinja2's lexer does.
+inline std::vector<Piece> lex(std::string_view source, const std::string& origin) {
+  std::vector<Piece> pieces;
+  bool line_starting = true;  // jinja2: the previous tag's match ended with a newline (or this is the start)
+  std::size_t i = 0;
+  while (i <= source.size()) {
+    std::size_t open = i;
+    while ((open = source.find('{', open)) != std::string_view::npos &&
+           !(open + 1 < source.size() && (source[open + 1] == '{' || source[open + 1] == '%' || source[open + 1] == '#')))
+      ++open;
+    std::string text(source.substr(i, (open == std::string_view::npos ? source.size() : open) - i));
+    if (open == std::string_view::npos) {
+      if (!text.empty()) pieces.push_back({Piece::Kind::text, std::move(text), {}, {}});
+      break;
+    }
+    const char kind = source[open + 1];
+    const char sign = open + 2 < source.size() ? source[open + 2] : 0;
+    if (sign == '-') {
+      const auto last = text.find_last_not_of(" \t\r\n\f\v");
+      text.erase(last == std::string::npos ? 0 : last + 1);
+    } else if (sign != '+' && kind != '{') {  // lstrip_blocks
+      const auto l_pos = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+      if ((l_pos > 0 || line_starting) && text.find_first_not_of(" \t", l_pos) == std::string::npos) text.erase(l_pos);
+    }
+    if (!text.empty()) pieces.push_back({Piece::Kind::text, std::move(text), {}, {}});
+    const std::size_t inner_begin = open + 2 + (sign == '-' || sign == '+' ? 1 : 0);
+    const auto close_at = detail::tag_close(source, inner_begin, kind);
+    if (close_at == std::string_view::npos)
+      syntax_error(origin, detail::position_of(source, open), fmt::format("this tag is never closed with '{}'", kind == '{' ? "}}" : kind == '%' ? "%}" : "#}"));
+    const bool strip_after = close_at > inner_begin && source[close_at - 1] == '-';
+    if (kind != '#')
+      pieces.push_back({kind == '{' ? Piece::Kind::output : Piece::Kind::statement, {},
+                        detail::tokenize(source, inner_begin, strip_after ? close_at - 1 : close_at, origin), detail::position_of(source, open)});
+    i = close_at + 2;
+    std::size_t consumed = 0;  // what the tag's end takes of the text after it
+    if (strip_after) {
+      while (i + consumed < source.size() && std::string_view(" \t\r\n\f\v").find(source[i + consumed]) != std::string_view::npos) ++consumed;
+    } else if (kind != '{') {  // trim_blocks
+      if (source.substr(i, 1) == "\n") consumed = 1;
+      else if (source.substr(i, 2) == "\r\n") consumed = 2;
+    }
+    line_starting = consumed > 0 && source[i + consumed - 1] == '\n';
+    i += consumed;
+  }
+  return pieces;
+}
+
+}  // namespace hpctrain::text::jinja
