@@ -4,7 +4,8 @@
 //   ./generate --model DIR --prompt TEXT --temperature 0.8 --top-k 40 --seed 1          sampled
 //   ./generate --model DIR --prompt-ids "464 2068 7586"                                  ids in, ids out
 //   ./generate --model DIR --prompt TEXT --ids                                           text in, ids out
-// The prompt is encoded as the tokenizer's encode() does, without a BOS token (give --prompt-ids for one).
+// The prompt is encoded as transformers' tokenizer encodes it (AutoTokenizer(dir)(text): the model directory's
+// post-processor and tokenizer_config.json add Llama 3's BOS, RoBERTa's <s>, ...); with --tokenizer FILE, plainly.
 // Greedy decoding equals transformers' generate(do_sample=False) token for token (tests/models).
 // A config or checkpoint that does not fit (corrupt safetensors, a missing tensor) exits 1 with the file,
 // the tensor and the reason before any weight is used; bad usage exits 2.
@@ -23,7 +24,7 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/models/models.hpp>
-#include <hpctrain/text/tiktoken.hpp>  // text::load_tokenizer (tokenizer.json or .tiktoken)
+#include <hpctrain/text/pretrained_tokenizer.hpp>  // text::load_pretrained_tokenizer, text::load_tokenizer
 
 namespace {
 
@@ -117,9 +118,17 @@ int generate(const Arguments& arguments) {
   if (!arguments.prompt_ids.empty()) {
     prompt = parse_ids(arguments.prompt_ids);
   } else {
-    const auto file = arguments.tokenizer.empty() ? default_tokenizer(arguments.model) : std::filesystem::path(arguments.tokenizer);
-    tokenizer = hpctrain::text::load_tokenizer(file);
-    for (auto id : tokenizer->encode(arguments.prompt)) prompt.push_back(static_cast<std::int64_t>(id));
+    std::vector<hpctrain::text::TokenId> ids;
+    if (arguments.tokenizer.empty() && std::filesystem::exists(default_tokenizer(arguments.model))) {
+      const auto pretrained = hpctrain::text::load_pretrained_tokenizer(arguments.model);
+      ids = pretrained.encode(arguments.prompt, /*add_special_tokens=*/true);
+      tokenizer = pretrained.tokenizer();
+    } else {
+      const auto file = arguments.tokenizer.empty() ? default_tokenizer(arguments.model) : std::filesystem::path(arguments.tokenizer);
+      tokenizer = hpctrain::text::load_tokenizer(file);
+      ids = tokenizer->encode(arguments.prompt);
+    }
+    for (auto id : ids) prompt.push_back(static_cast<std::int64_t>(id));
     if (prompt.empty()) throw hpctrain::UsageError("--prompt: the text encodes to no tokens");
   }
   auto model = hm::load_pretrained(arguments.model);
