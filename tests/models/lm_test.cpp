@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <hpctrain/lm/lm.hpp>
+#include <hpctrain/lm/masked_lm.hpp>
 #include <hpctrain/models/models.hpp>
 
 namespace hm = hpctrain::models;
@@ -143,4 +144,36 @@ TEST_CASE("The packed attention mask is causal and never crosses examples", "[lm
   const auto expected = torch::tensor({{1, 0, 0, 0, 0}, {1, 1, 0, 0, 0}, {0, 0, 1, 0, 0}, {0, 0, 1, 1, 0}, {0, 0, 0, 0, 1}}, torch::kBool);
   CHECK(mask.sizes() == torch::IntArrayRef({1, 1, 5, 5}));
   CHECK(mask[0][0].equal(expected));
+}
+
+TEST_CASE("Masked-LM masking chooses 15% of the non-special tokens, 80/10/10, never a special one, the same for the same (seed, epoch, example)",
+          "[lm][masked_lm]") {
+  lm::MaskingOptions options;
+  options.mask_id = 4;
+  options.vocab_size = 1000;
+  options.special_ids = {0, 1, 2, 3, 4};
+  options.seed = 17;
+  options.validate();
+  torch::manual_seed(5);
+  auto ids = torch::randint(0, 1000, {200000}, torch::kInt64);
+  ids.index_put_({torch::arange(0, 200000, 10)}, 2);  // every 10th token special
+  const auto [inputs, labels] = lm::mask_tokens(ids, options, /*epoch=*/0, /*example=*/7);
+  const auto special = ids.le(4);
+  const auto chosen = labels.ne(lm::ignore_index);
+  CHECK(chosen.logical_and(special).sum().item<std::int64_t>() == 0);
+  CHECK(labels.masked_select(chosen).equal(ids.masked_select(chosen)));
+  const double candidates = static_cast<double>(special.logical_not().sum().item<std::int64_t>());
+  const double n = static_cast<double>(chosen.sum().item<std::int64_t>());
+  CHECK(n / candidates == Approx(0.15).margin(0.005));
+  const double masked = static_cast<double>(inputs.masked_select(chosen).eq(4).sum().item<std::int64_t>());
+  const double kept = static_cast<double>(inputs.masked_select(chosen).eq(ids.masked_select(chosen)).sum().item<std::int64_t>());
+  CHECK(masked / n == Approx(0.8).margin(0.01));
+  CHECK(kept / n == Approx(0.1).margin(0.01));  // (a random draw equal to the original counts here too: 0.1% of them)
+  CHECK(inputs.masked_select(chosen.logical_not()).equal(ids.masked_select(chosen.logical_not())));
+  CHECK(inputs.masked_select(chosen).gt(4).logical_or(inputs.masked_select(chosen).eq(4)).all().item<bool>());
+  const auto again = lm::mask_tokens(ids, options, 0, 7);
+  CHECK(again.first.equal(inputs));
+  CHECK(again.second.equal(labels));
+  CHECK_FALSE(lm::mask_tokens(ids, options, /*epoch=*/1, 7).second.equal(labels));  // dynamic: another epoch, other masks
+  CHECK_FALSE(lm::mask_tokens(ids, options, 0, /*example=*/8).second.equal(labels));
 }

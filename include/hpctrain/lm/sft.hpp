@@ -123,10 +123,19 @@ class SftJsonl {
     if (examples.empty())
       throw SpecError(errors::spec_data_jsonl, file.string(), fmt::format("no example left to train on ({} read)", seen));
     const std::int64_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
+    std::vector<std::size_t> lengths;
+    for (const auto& example : examples) lengths.push_back(example.ids.size() - 1);
     auto dataset = packing_.get(run.knobs) ? pack(std::move(examples), max_length, pad) : SftDataset::unpacked(std::move(examples), pad);
     if (run.rank == 0) {
-      fmt::print("hpctrain: {}: {} examples read, {} truncated and {} dropped at {} tokens, {} without a trained token left out; {} rows{}\n",
-                 file.string(), seen, truncated, dropped, max_length, empty, dataset->size(), dataset->packed() ? " (packed)" : "");
+      // Padding if every row were filled to max_length: one example per row, and as packed.
+      std::vector<std::vector<std::size_t>> alone(lengths.size());
+      for (std::size_t i = 0; i < alone.size(); ++i) alone[i] = {i};
+      const auto capacity = static_cast<std::size_t>(max_length);
+      fmt::print("hpctrain: {}: {} examples read, {} truncated and {} dropped at {} tokens, {} without a trained token left out; {} rows{} "
+                 "(padding at {} tokens a row: {:.1f}% one example a row, {:.1f}% packed)\n",
+                 file.string(), seen, truncated, dropped, max_length, empty, dataset->size(), dataset->packed() ? " (packed)" : "", max_length,
+                 100.0 * text::padding_fraction(alone, lengths, capacity),
+                 100.0 * text::padding_fraction(text::pack_best_fit_decreasing(lengths, capacity), lengths, capacity));
       std::fflush(stdout);
     }
     return dataset;
