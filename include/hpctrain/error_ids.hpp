@@ -162,7 +162,7 @@ inline constexpr ErrorId runtime_text_token_file{"hpctrain.runtime.text.token_fi
 inline constexpr ErrorId runtime_text_tokenizer{"hpctrain.runtime.text.tokenizer"};
 
 // --- models (models/): the config fields are families, `hpctrain.spec.gpt2.<field>`, `hpctrain.spec.llama.<field>`,
-// `hpctrain.spec.generation.<field>`, `hpctrain.spec.lora.<field>`, documented as patterns in docs/errors.md ---
+// `hpctrain.spec.generation.<field>`, `hpctrain.spec.lora.<field>`, `hpctrain.spec.roberta.<field>`, documented as patterns in docs/errors.md ---
 inline constexpr ErrorId spec_model_type{"hpctrain.spec.model_type"};
 inline constexpr ErrorId runtime_generation{"hpctrain.runtime.generation"};
 inline constexpr ErrorId runtime_model_config{"hpctrain.runtime.model_config"};
