@@ -13,6 +13,7 @@
 
 #include <hpctrain/models/activation_checkpoint.hpp>
 #include <hpctrain/models/causal_lm.hpp>
+#include <hpctrain/models/initialization.hpp>
 #include <hpctrain/models/lora_layer.hpp>
 #include <hpctrain/models/gpt2_config.hpp>
 
@@ -137,20 +138,10 @@ class GPT2Impl : public CausalLM {
   /// N(0, initializer_range), biases 0, LayerNorms 1/0, and the projections back into the residual stream
   /// (`attn.c_proj`, `mlp.c_proj`) scaled by 1/sqrt(2·n_layer) since each block adds two of them.
   void initialize_weights() {
-    torch::NoGradGuard no_grad;
     const double std = config_.initializer_range;
     const double residual_std = std / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
-    for (auto& module : modules(/*include_self=*/false)) {
-      if (auto* linear = module->as<torch::nn::Linear>()) {
-        linear->weight.normal_(0.0, std);
-        if (linear->bias.defined()) linear->bias.zero_();
-      } else if (auto* embedding = module->as<torch::nn::Embedding>()) {
-        embedding->weight.normal_(0.0, std);
-      } else if (auto* norm = module->as<torch::nn::LayerNorm>()) {
-        norm->weight.fill_(1.0);
-        norm->bias.zero_();
-      }
-    }
+    initialize_normal(*this, std);
+    torch::NoGradGuard no_grad;
     for (auto& block : block_list_) {
       block->attn->c_proj->weight.normal_(0.0, residual_std);
       block->mlp->c_proj->weight.normal_(0.0, residual_std);

@@ -16,6 +16,7 @@
 
 #include <hpctrain/models/activation_checkpoint.hpp>
 #include <hpctrain/models/causal_lm.hpp>
+#include <hpctrain/models/initialization.hpp>
 #include <hpctrain/models/lora_layer.hpp>
 #include <hpctrain/models/llama_config.hpp>
 
@@ -184,18 +185,10 @@ class LlamaImpl : public CausalLM {
 
   /// transformers' Llama initialisation: every weight N(0, initializer_range), biases 0, norms 1.
   void initialize_weights() {
+    initialize_normal(*this, config_.initializer_range);
     torch::NoGradGuard no_grad;
-    const double std = config_.initializer_range;
-    for (auto& module : modules(/*include_self=*/false)) {
-      if (auto* linear = module->as<torch::nn::Linear>()) {
-        linear->weight.normal_(0.0, std);
-        if (linear->bias.defined()) linear->bias.zero_();
-      } else if (auto* embedding = module->as<torch::nn::Embedding>()) {
-        embedding->weight.normal_(0.0, std);
-      } else if (auto* rms = module->as<RMSNorm>()) {
-        rms->weight.fill_(1.0);
-      }
-    }
+    for (auto& module : modules(/*include_self=*/false))
+      if (auto* rms = module->as<RMSNorm>()) rms->weight.fill_(1.0);
   }
 
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() override {

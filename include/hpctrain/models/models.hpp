@@ -7,6 +7,7 @@
 #include <hpctrain/models/gpt2.hpp>
 #include <hpctrain/models/gpt2_config.hpp>
 #include <hpctrain/models/hf_checkpoint.hpp>
+#include <hpctrain/models/initialization.hpp>
 #include <hpctrain/models/llama.hpp>
 #include <hpctrain/models/llama_config.hpp>
 #include <hpctrain/models/lora.hpp>

@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <hpctrain/models/hf_checkpoint.hpp>
+#include <hpctrain/models/initialization.hpp>
 #include <hpctrain/models/roberta_config.hpp>
 
 namespace hpctrain::models {
@@ -180,19 +181,8 @@ class RobertaForMaskedLMImpl : public torch::nn::Module {
   /// transformers' `_init_weights`: linear and embedding weights N(0, initializer_range), biases 0, the
   /// padding rows of the embeddings 0, LayerNorms 1 and 0.
   void initialize_weights() {
+    initialize_normal(*this, config_.initializer_range);
     torch::NoGradGuard no_grad;
-    const double std = config_.initializer_range;
-    for (auto& module : modules(/*include_self=*/false)) {
-      if (auto* linear = module->as<torch::nn::Linear>()) {
-        linear->weight.normal_(0.0, std);
-        if (linear->bias.defined()) linear->bias.zero_();
-      } else if (auto* embedding = module->as<torch::nn::Embedding>()) {
-        embedding->weight.normal_(0.0, std);
-      } else if (auto* norm = module->as<torch::nn::LayerNorm>()) {
-        norm->weight.fill_(1.0);
-        norm->bias.zero_();
-      }
-    }
     roberta->embeddings->word_embeddings->weight[config_.pad_token_id].zero_();
     if (config_.model_type == "roberta") roberta->embeddings->position_embeddings->weight[config_.pad_token_id].zero_();
     head_bias.zero_();
