@@ -29,7 +29,7 @@ ht::slurm::EnvironmentLookup lookup_of(std::map<std::string, std::string> variab
 ht::Job two_nodes() { return ht::Job("fashion").nodes(2).tasks_per_node(2).cpus_per_task(1).partition("debug"); }
 }  // namespace
 
-TEST_CASE("--run tells an allocation's shell from a task of the user's own step and from no allocation", "[allocation]") {
+TEST_CASE("The --run mode tells an allocation's shell from a task of the user's own step and from no allocation", "[allocation]") {
   using Place = ht::RunPlace;
   // What salloc -N 2 sets in its shell on Slurm 22.05 (seen on the local cluster), what srun adds for its
   // tasks, and what `srun --pty bash` adds for its interactive shell.
@@ -71,7 +71,7 @@ TEST_CASE("An allocation smaller than the job is refused naming both", "[allocat
   }
 }
 
-TEST_CASE("--run's script runs the batch script's step with the job's geometry and forwards an interrupt", "[allocation]") {
+TEST_CASE("The --run mode's script runs the batch script's step with the job's geometry and forwards an interrupt", "[allocation]") {
   auto job = two_nodes().env("NCCL_DEBUG", "WARN").requeue_on_timeout(1min).time(30min);
   auto context = job_test::fixed_context();
   context.worker_args = {"--max-steps=5"};
@@ -97,7 +97,7 @@ TEST_CASE("--run's script runs the batch script's step with the job's geometry a
   }
 }
 
-TEST_CASE("--run parses as a mode of its own and --after goes with --submit", "[allocation][cli]") {
+TEST_CASE("The --run mode parses as a mode of its own and --after goes with --submit", "[allocation][cli]") {
   const auto parse = [](std::vector<std::string> words) {
     words.insert(words.begin(), "train");
     std::vector<char*> argv;
@@ -110,7 +110,7 @@ TEST_CASE("--run parses as a mode of its own and --after goes with --submit", "[
   CHECK_THROWS_WITH(parse({"--status", "--after", "41"}), Catch::Contains("--after goes with --submit or --dry-run"));
 }
 
-TEST_CASE("--run outside an allocation exits 2 and says how to get one", "[allocation][cli]") {
+TEST_CASE("The --run mode outside an allocation exits 2 and says how to get one", "[allocation][cli]") {
   auto context = job_test::fixed_context();
   context.lookup_env = [](const std::string&) -> std::optional<std::string> { return std::nullopt; };
   ht::LoginCommand command;
@@ -121,7 +121,7 @@ TEST_CASE("--run outside an allocation exits 2 and says how to get one", "[alloc
                             Catch::Contains("salloc --nodes=2 --ntasks-per-node=2"));
 }
 
-TEST_CASE("--submit --after JOB renders --dependency=afterok:JOB", "[allocation][cli]") {
+TEST_CASE("A --submit with --after JOB renders --dependency=afterok:JOB", "[allocation][cli]") {
   ht::LoginCommand command;
   command.mode = ht::LoginCommand::Mode::dry_run;
   command.after = {"41"};
@@ -154,7 +154,7 @@ TEST_CASE("A chain's dry run shows every stage with its own resources and its HP
   CHECK(text.find("export HPCTRAIN_STAGE=sft\n", second) != std::string::npos);
 }
 
-TEST_CASE("--status of a chain says why a stage never starts", "[chain]") {
+TEST_CASE("A --status of a chain says why a stage never starts", "[chain]") {
   const std::vector<ht::ChainStage> stages = {{"41", "pretrain"}, {"42", "sft"}, {"43", "eval"}};
   const std::vector<ht::JobState> states = {
       {"41", "FAILED", "scontrol", "exit code 3:0"},

@@ -35,7 +35,7 @@ TEST_CASE("The real cluster's sbatch reports a release hpctrain parses", "[slurm
   CHECK(*version >= ht::SlurmVersion{22, 5, 0});
 }
 
-TEST_CASE("--gpus-per-task gets a task count from 23.11 on, and not on 22.05", "[slurm_version]") {
+TEST_CASE("The --gpus-per-task option gets a task count from 23.11 on, and not on 22.05", "[slurm_version]") {
   const auto job = ht::Job("gpt").nodes(2).tasks_per_node(4).gpus_per_node(4).sbatch_option("gpus-per-task", "1");
   auto context = job_test::fixed_context();
   const auto [major, minor, with_ntasks] = GENERATE(table<int, int, bool>({{22, 5, false}, {23, 11, true}, {24, 11, true}}));
