@@ -3,11 +3,11 @@
 # its ZeRO checkpoint, and its loss curve continues the uninterrupted 4-rank run's within fp32 tolerance.
 # Usage: reshard_training_test.sh <reshard_training binary> <sharding stage>
 set -euo pipefail
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
 binary="$(realpath "$1")"
 stage="$2"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/reshard-training-test.XXXXXX")"
 cd "$work"
-fail() { echo "FAIL: $*" >&2; for f in "$work"/*.log; do echo "== $f" >&2; tail -n 20 "$f" >&2; done; exit 1; }
 
 HPCTRAIN_RUN_DIR="$work/whole" "$binary" --local 4 --max-steps 40 --sharding "$stage" > whole.log 2>&1 || fail "uninterrupted run: exit $?"
 grep -q "steps, fp32, $stage\$" whole.log || fail "the 4-rank run did not train with $stage"

@@ -5,13 +5,14 @@
 # naming the model.
 # Usage: sharding_knob_test.sh <fashion_mnist binary> [steps]
 set -euo pipefail
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
+fail_tail=20
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
   { echo "SKIP: Fashion-MNIST is not installed at /usr/share/datasets/fashion-mnist (apt install dataset-fashion-mnist)"; exit 77; }
 binary="$(realpath "$1")"
 steps="${2:-30}"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/sharding-knob-test.XXXXXX")"
 cd "$work"
-fail() { echo "FAIL: $*" >&2; for f in "$work"/*.log; do echo "== $f" >&2; tail -n 20 "$f" >&2; done; exit 1; }
 
 # A bad value: exit 2, the knob and the value named, nothing written.
 mkdir refused

@@ -1,16 +1,9 @@
-# Sourced by the fault-injection tests: failure reporting, waiting, and where figures go.
+# Sourced by the fault-injection tests: where figures go, and the helpers they share.
 # Each test appends `key=value` lines to $results/<test>.txt; scripts/reliability-report reads them.
 results="${HPCTRAIN_FAULT_RESULTS:-${HPCTRAIN_BUILD_DIR:-/tmp}/fault-results}"
 mkdir -p "$results"
-fail() { echo "FAIL: $*" >&2; [ -n "${log:-}" ] && [ -f "$log" ] && tail -n 30 "$log" >&2; exit 1; }
-# wait_for <command> <seconds>: polls every 0.5 s until the command succeeds
-wait_for() {
-  local deadline=$((SECONDS + $2))
-  until eval "$1"; do
-    [ "$SECONDS" -lt "$deadline" ] || return 1
-    sleep 0.5
-  done
-}
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/slurm_test_support.sh"  # fail, wait_for
+wait_interval=0.5  # the fault figures are timings: poll finely
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 # pids of processes whose environment has SLURM_JOB_ID=<job> (both local nodes run on this host)

@@ -6,25 +6,13 @@
 #   --submit --after JOB waits for JOB (afterok).
 # Usage: chain_test.sh <hpctrain_job_probe binary>
 set -euo pipefail
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/slurm_test_support.sh"
 probe="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/chain-test.XXXXXX")"
 cd "$work"
 unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
-fail() { echo "FAIL: $*" >&2; for f in "$work"/*.log; do echo "== $f" >&2; tail -n 30 "$f" >&2; done; exit 1; }
 export PROBE_NODES=2
 
-# The state of job $1 once it left the queue (scontrol: the local cluster keeps no accounting), waiting at
-# most 3 minutes.
-final_state() {
-  for _ in $(seq 180); do
-    if [ -z "$(squeue --noheader --jobs "$1" 2>/dev/null)" ]; then
-      scontrol --oneliner show job "$1" 2>/dev/null | sed -n 's/.* JobState=\([A-Z_]*\).*/\1/p'
-      return 0
-    fi
-    sleep 1
-  done
-  echo TIMEOUT
-}
 # squeue's reason for job $1, waiting (at most a minute) until it is $2.
 wait_reason() {
   for _ in $(seq 60); do

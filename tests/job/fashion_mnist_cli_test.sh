@@ -5,11 +5,12 @@
 #   --local 2 --resume continues the newest run from its checkpoint, in a directory of its own.
 # Usage: fashion_mnist_cli_test.sh <fashion_mnist binary>
 set -euo pipefail
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
+fail_tail=20
 binary="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/fashion-mnist-cli-test.XXXXXX")"
 cd "$work"
 unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
-fail() { echo "FAIL: $*" >&2; for f in "$work"/*.log; do echo "== $f" >&2; tail -n 20 "$f" >&2; done; exit 1; }
 
 # Jobs (any user's) whose working directory is $1: squeue's %Z.
 jobs_in() { squeue --noheader --format '%i %Z' | awk -v dir="$1" '$2 == dir { print $1 }'; }

@@ -4,11 +4,11 @@
 # every rank with a checkpoint, and the next --run in the same allocation resumes from it.
 # Usage: fashion_mnist_run_test.sh <fashion_mnist binary>
 set -euo pipefail
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
 binary="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/fashion-mnist-run-test.XXXXXX")"
 cd "$work"
 unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
-fail() { echo "FAIL: $*" >&2; for f in "$work"/*.log; do echo "== $f" >&2; tail -n 30 "$f" >&2; done; exit 1; }
 
 status=0
 salloc --quiet --nodes=2 --partition=debug --time=10 bash -c "\"$binary\" --run --max-steps 5" > five.log 2>&1 ||

@@ -6,11 +6,11 @@
 #   their final metrics, best first, equal to what each task's metrics.jsonl says (read here with Python).
 # Usage: fashion_mnist_sweep_test.sh <fashion_mnist binary>
 set -euo pipefail
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
 binary="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/fashion-mnist-sweep-test.XXXXXX")"
 cd "$work"
 unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
-fail() { echo "FAIL: $*" >&2; for f in "$work"/*.log; do echo "== $f" >&2; tail -n 30 "$f" >&2; done; exit 1; }
 root="$work/hpctrain-jobs/fashion_mnist"
 
 # --- the array directive and per-task paths -----------------------------------------------------------

@@ -5,6 +5,7 @@
 # requeued, resumes from the checkpoint and completes with final parameters bit-identical to an
 # uninterrupted 2-rank run.  Usage: preemption_training_test.sh <fashion_mnist binary>
 set -euo pipefail
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/slurm_test_support.sh"
 binary="$(realpath "$1")"
 steps=300
 if ! scontrol show partition preemptable >/dev/null 2>&1; then
@@ -13,15 +14,6 @@ fi
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/preemption-test.XXXXXX")"
 cd "$work"
 export HPCTRAIN_REPORT_DIGEST=1  # the ranks print their parameter digest (sbatch passes the environment on)
-source "$(dirname "${BASH_SOURCE[0]}")/../support/slurm_test_support.sh"
-fail() { echo "FAIL: $*" >&2; [ -n "${log:-}" ] && [ -f "$log" ] && tail -n 30 "$log" >&2; exit 1; }
-wait_for() {  # waits up to $2 seconds for command $1 to succeed
-  local deadline=$((SECONDS + $2))
-  until eval "$1"; do
-    [ "$SECONDS" -lt "$deadline" ] || return 1
-    sleep 2
-  done
-}
 
 echo "== reference: uninterrupted, 2 local ranks, $steps steps"
 HPCTRAIN_RUN_DIR="$work/reference" "$binary" --local 2 --max-steps "$steps" > reference.log 2>&1 || fail "reference run failed: $(tail -5 reference.log)"

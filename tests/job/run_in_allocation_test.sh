@@ -7,11 +7,11 @@
 #   SIGINT to the --run process reaches the ranks as the preemption signal: they checkpoint, stop, exit 130.
 # Usage: run_in_allocation_test.sh <hpctrain_job_probe binary>
 set -euo pipefail
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
 probe="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/run-in-allocation-test.XXXXXX")"
 cd "$work"
 unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
-fail() { echo "FAIL: $*" >&2; for f in "$work"/*.log; do echo "== $f" >&2; tail -n 30 "$f" >&2; done; exit 1; }
 export PROBE_NODES=2 PROBE_NAME=alloc-probe
 salloc_here() { salloc --quiet --partition=debug --time=5 "$@"; }
 

@@ -5,21 +5,12 @@
 # --submit from the same place leaves them out, and its 2-node child runs 2 ranks on n1 and n2.
 # Usage: submit_from_job_test.sh <hpctrain_job_probe binary>
 set -euo pipefail
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/slurm_test_support.sh"
+fail_logs='*.log hpctrain-jobs/*/*/*.out'
 probe="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/submit-from-job-test.XXXXXX")"
 cd "$work"
 unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
-fail() { echo "FAIL: $*" >&2; for f in "$work"/*.log "$work"/hpctrain-jobs/*/*/*.out; do [ -e "$f" ] || continue; echo "== $f" >&2; tail -n 30 "$f" >&2; done; exit 1; }
-final_state() {
-  for _ in $(seq 180); do
-    if [ -z "$(squeue --noheader --jobs "$1" 2>/dev/null)" ]; then
-      scontrol --oneliner show job "$1" 2>/dev/null | sed -n 's/.* JobState=\([A-Z_]*\).*/\1/p'
-      return 0
-    fi
-    sleep 1
-  done
-  echo TIMEOUT
-}
 
 # The control: what a submission that passes its environment on leaks.
 salloc --quiet --nodes=1 --partition=debug --time=5 srun --ntasks=1 \

@@ -7,12 +7,13 @@
 # gradient all-reduce for the process group's 5-minute timeout.
 # Usage: termination_watchdog_test.sh <fashion_mnist binary>
 set -euo pipefail
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
+on_fail='[ -z "${rank1:-}" ] || kill -KILL "$rank1" 2>/dev/null'
 binary="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/termination-watchdog-test.XXXXXX")"
 cd "$work"
 unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
 export HPCTRAIN_TERM_STALL_SECONDS=3
-fail() { echo "FAIL: $*" >&2; tail -n 30 run.log >&2; [ -n "${rank1:-}" ] && kill -KILL "$rank1" 2>/dev/null; exit 1; }
 
 "$binary" --local 2 --max-steps 100000 > run.log 2>&1 &
 launcher=$!

@@ -11,6 +11,8 @@
 #  - --packing gives the same loss before training as padding; build/examples/generate continues a prompt.
 # Usage: sft_test.sh <sft binary> <generate binary>
 set -euo pipefail
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
+fail_tail=40
 sft="$(realpath "$1")"
 generate="$(realpath "$2")"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -22,7 +24,6 @@ fi
 [ -d "$fortunes" ] || { echo "SKIP: no fortunes corpus at $fortunes (Debian package fortunes)"; exit 77; }
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/sft-test.XXXXXX")"
 cd "$work"
-fail() { echo "FAIL: $*" >&2; for f in run.log bad.log packed.log lora.log; do [ -f "$f" ] && tail -40 "$f" >&2; done; exit 1; }
 oracle() { "$python" "$here/sft_oracle.py" "$@"; }
 value() { sed -n "s/^$1=\([^ ]*\).*/\1/p" "$2" | tail -1; }
 close() { awk -v x="$1" -v y="$2" 'BEGIN { d = x - y; if (d < 0) d = -d; exit !(d <= 1e-4 * (y < 0 ? -y : y)) }'; }

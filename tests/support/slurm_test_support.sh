@@ -1,5 +1,6 @@
-# Sourced by the shell tests that run jobs on the local cluster.
-#
+# Sourced by the shell tests that run jobs on the local cluster; brings shell_test_support.sh along.
+source "$(dirname "${BASH_SOURCE[0]}")/shell_test_support.sh"
+
 # release_requeue_hold <job id>: Slurm holds a requeued job for about two minutes (Reason=BeginTime) before
 # it may start again; the tests release it at once, as an operator may with `scontrol update StartTime=now`.
 # What they check is hpctrain's checkpoint, requeue and resume, not Slurm's back-off. Always succeeds.
@@ -10,4 +11,18 @@ release_requeue_hold() {
     *" JobState=PENDING "*" Reason=BeginTime "*) scontrol update "JobId=$1" StartTime=now >/dev/null 2>&1 || true ;;
   esac
   return 0
+}
+
+# final_state <job id>: the state of a job once it left the queue (scontrol: the local cluster keeps no
+# accounting), waiting at most 3 minutes; TIMEOUT if it is still queued then.
+final_state() {
+  local _
+  for _ in $(seq 180); do
+    if [ -z "$(squeue --noheader --jobs "$1" 2>/dev/null)" ]; then
+      scontrol --oneliner show job "$1" 2>/dev/null | sed -n 's/.* JobState=\([A-Z_]*\).*/\1/p'
+      return 0
+    fi
+    sleep 1
+  done
+  echo TIMEOUT
 }

@@ -5,11 +5,11 @@
 # same text as in the example that was compiled.
 # Usage: custom_training_test.sh <custom_training binary> <source dir>
 set -euo pipefail
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
 binary="$(realpath "$1")"
 source_dir="$(realpath "$2")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/custom-training-test.XXXXXX")"
 cd "$work"
-fail() { echo "FAIL: $*" >&2; cat run.log >&2 || true; exit 1; }
 
 # The docs' snippets are the example's marked regions, verbatim.
 for name in custom_step custom_metric custom_logger; do

@@ -3,13 +3,13 @@
 # the run directory: checkpoints, metrics.jsonl and a TensorBoard event file, and a test_accuracy line.
 # Usage: local_training_test.sh <fashion_mnist binary>
 set -euo pipefail
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
 # Without the dataset this is a skip with its reason (ctest: SKIP_RETURN_CODE 77), not a failure.
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
   { echo "SKIP: Fashion-MNIST is not installed at /usr/share/datasets/fashion-mnist (apt install dataset-fashion-mnist)"; exit 77; }
 binary="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/local-training-test.XXXXXX")"
 cd "$work"
-fail() { echo "FAIL: $*" >&2; cat run.log >&2 || true; exit 1; }
 HPCTRAIN_REPORT_DIGEST=1 HPCTRAIN_RUN_DIR="$work/run" "$binary" --local 2 --max-steps 40 > run.log 2>&1 || fail "exit status $?"
 grep -q '^hpctrain: 2 rank(s) on cpu (gloo)' run.log || fail "not 2 Gloo ranks"
 grep -q '^step 40/40 ' run.log || fail "no final progress line"

@@ -4,6 +4,7 @@
 # batch script, resumes from the checkpoint and completes — with final parameters bit-identical to an
 # uninterrupted 2-rank run.  Usage: requeue_test.sh <fashion_mnist binary>
 set -euo pipefail
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/slurm_test_support.sh"
 # Without the dataset this is a skip with its reason (ctest: SKIP_RETURN_CODE 77), not a failure.
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
   { echo "SKIP: Fashion-MNIST is not installed at /usr/share/datasets/fashion-mnist (apt install dataset-fashion-mnist)"; exit 77; }
@@ -12,17 +13,6 @@ steps=300
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/requeue-test.XXXXXX")"
 cd "$work"
 export HPCTRAIN_REPORT_DIGEST=1  # the ranks print their parameter digest (sbatch passes the environment on)
-source "$(dirname "${BASH_SOURCE[0]}")/../support/slurm_test_support.sh"
-fail() { echo "FAIL: $*" >&2; [ -n "${log:-}" ] && [ -f "$log" ] && tail -n 30 "$log" >&2; exit 1; }
-
-# waits up to $2 seconds for command $1 to succeed
-wait_for() {
-  local deadline=$((SECONDS + $2))
-  until eval "$1"; do
-    [ "$SECONDS" -lt "$deadline" ] || return 1
-    sleep 2
-  done
-}
 
 echo "== reference: uninterrupted, 2 local ranks, $steps steps"
 HPCTRAIN_RUN_DIR="$work/reference" "$binary" --local 2 --max-steps "$steps" > reference.log 2>&1 || fail "reference run failed: $(tail -5 reference.log)"

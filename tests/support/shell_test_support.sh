@@ -1,0 +1,35 @@
+# Sourced by every shell test: one copy of the helpers they all need.
+#
+# fail MESSAGE...: prints "FAIL: MESSAGE" and the last $fail_tail (default 30) lines of what is worth reading,
+# then exits 1: the file named by $log when a test follows one log (a job's output), else every file matching
+# the patterns in $fail_logs (default: *.log, relative to the test's own work directory, where tests cd).
+# $on_fail, when set, is run first (e.g. to kill a process the test started).
+fail() {
+  echo "FAIL: $*" >&2
+  if [ -n "${on_fail:-}" ]; then eval "$on_fail" || true; fi
+  local pattern file
+  if [ -n "${log:-}" ]; then
+    set -- "$log"
+  else
+    set --
+    for pattern in ${fail_logs:-*.log}; do
+      for file in $pattern; do set -- "$@" "$file"; done
+    done
+  fi
+  for file in "$@"; do
+    [ -f "$file" ] || continue
+    echo "== $file" >&2
+    tail -n "${fail_tail:-30}" "$file" >&2
+  done
+  exit 1
+}
+
+# wait_for COMMAND SECONDS [INTERVAL]: evaluates COMMAND every INTERVAL seconds (default $wait_interval, else 1)
+# until it succeeds; returns 1 when SECONDS have passed without success.
+wait_for() {
+  local deadline=$((SECONDS + $2))
+  until eval "$1"; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep "${3:-${wait_interval:-1}}"
+  done
+}
