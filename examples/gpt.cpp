@@ -6,14 +6,6 @@ using namespace std::chrono_literals;
 namespace ht = hpctrain;
 namespace fs = std::filesystem;
 
-std::vector<fs::path> fortune_files() {  // Debian's `fortunes`, without the .dat indexes and .u8 links
-  std::vector<fs::path> files;
-  for (const auto& entry : fs::directory_iterator("/usr/share/games/fortunes"))
-    if (entry.is_regular_file() && !entry.is_symlink() && entry.path().extension() != ".dat") files.push_back(entry.path());
-  std::sort(files.begin(), files.end());
-  return files;
-}
-
 hpctrain::models::GPT2 gpt(const ht::RunContext& run) {  // the model the knobs ask for, at the prepared vocabulary
   hpctrain::models::GPT2Config config;
   config.vocab_size = ht::lm::prepared_vocab_size(run);
@@ -26,9 +18,10 @@ hpctrain::models::GPT2 gpt(const ht::RunContext& run) {  // the model the knobs 
 }
 
 int main(int argc, char** argv) {
+  const auto corpus = ht::text::corpus_files("/usr/share/games/fortunes", {".dat"});  // Debian's fortunes, no indexes
   const char* tokenizer = std::getenv("HPCTRAIN_GPT_TOKENIZER");  // default: GPT-2's ranks from scripts/setup
   auto job = ht::Job("gpt").nodes(2).tasks_per_node(1).cpus_per_task(1).time(30min).partition("debug").requeue_on_timeout(1min)
-                 .prepare(ht::text::prepare_tokens_step(fortune_files(), tokenizer ? fs::path(tokenizer) : fs::path(std::getenv("HOME")) / ".cache/hpctrain/gpt2.tiktoken",
+                 .prepare(ht::text::prepare_tokens_step(corpus, tokenizer ? fs::path(tokenizer) : fs::path(std::getenv("HOME")) / ".cache/hpctrain/gpt2.tiktoken",
                                                         ht::text::PrepareOptions().validation_fraction(0.05)));
   auto training = ht::lm::causal_lm_training()
       .model(gpt)

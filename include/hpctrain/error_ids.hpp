@@ -167,6 +167,8 @@ inline constexpr ErrorId spec_model_type{"hpctrain.spec.model_type"};
 inline constexpr ErrorId runtime_generation{"hpctrain.runtime.generation"};
 inline constexpr ErrorId runtime_model_config{"hpctrain.runtime.model_config"};
 inline constexpr ErrorId runtime_safetensors{"hpctrain.runtime.safetensors"};
+// --- masked-LM data (lm/masked_lm_data.hpp; its options are the family `hpctrain.spec.masking.<field>`) ---
+inline constexpr ErrorId runtime_masked_lm{"hpctrain.runtime.masked_lm"};
 }  // namespace errors
 
 }  // namespace hpctrain

@@ -1,15 +1,21 @@
 // The language-model layer (lm/): the loss over counted targets, the SFT dataset's rows, and packing —
 // a packed row must compute what its examples compute alone (loss and gradients, fp32, 1e-5), for GPT-2
-// and for Llama (rotary positions per example, grouped-query attention).
+// and for Llama (rotary positions per example, grouped-query attention); masked-LM masking and its blocks.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
 #include <vector>
+
+#include <unistd.h>
 
 #include <hpctrain/lm/lm.hpp>
 #include <hpctrain/lm/masked_lm.hpp>
 #include <hpctrain/models/models.hpp>
+#include <hpctrain/text/prepare.hpp>
 
 namespace hm = hpctrain::models;
 namespace lm = hpctrain::lm;
@@ -176,4 +182,40 @@ TEST_CASE("Masked-LM masking chooses 15% of the non-special tokens, 80/10/10, ne
   CHECK(again.second.equal(labels));
   CHECK_FALSE(lm::mask_tokens(ids, options, /*epoch=*/1, 7).second.equal(labels));  // dynamic: another epoch, other masks
   CHECK_FALSE(lm::mask_tokens(ids, options, 0, /*example=*/8).second.equal(labels));
+}
+
+TEST_CASE("Masked-LM blocks are <s>, the prepared stream, </s>; masked anew each epoch, the same on every call",
+          "[lm][masked_lm]") {
+  const auto tokenizer_file = std::filesystem::path(std::getenv("HOME")) / ".cache/hpctrain/roberta-fortunes/tokenizer.json";
+  if (!std::filesystem::exists(tokenizer_file)) SKIP("no RoBERTa tokenizer at " << tokenizer_file.string() << " (scripts/setup makes it)");
+  const auto tokenizer = hpctrain::text::load_tokenizer(tokenizer_file);
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("hpctrain-masked-blocks-{}", ::getpid());
+  const std::vector<std::filesystem::path> inputs{"/usr/share/games/fortunes/computers"};
+  const auto prepared = hpctrain::text::prepare_tokens(inputs, tokenizer, dir, hpctrain::text::PrepareOptions().threads(1));
+  const auto tokens = lm::MaskedLmTokens::of(tokenizer);
+  CHECK(std::vector<std::int64_t>{tokens.bos, tokens.pad, tokens.eos, tokens.mask} == std::vector<std::int64_t>{0, 1, 2, 4});
+  CHECK(tokens.special == std::set<std::int64_t>{0, 1, 2, 3, 4});
+  lm::MaskingOptions masking;
+  masking.mask_id = tokens.mask, masking.vocab_size = tokens.vocab_size, masking.special_ids = tokens.special, masking.seed = 3;
+  const std::int64_t length = 64;
+  auto windows = std::make_shared<hpctrain::data::TokenDataset>(prepared.train, length - 2);
+  const lm::MaskedBlocks blocks(windows, tokens.bos, tokens.eos, masking);
+  REQUIRE(blocks.size() == windows->size());
+  const std::vector<std::int64_t> indices{0, 5, 17};
+  const auto epoch0 = blocks.batch_in_epoch(indices, 0);
+  REQUIRE(epoch0.inputs.sizes() == torch::IntArrayRef({3, length}));
+  const auto stream = windows->batch(indices).inputs;  // the original tokens between <s> and </s>
+  const auto original = torch::cat({torch::full({3, 1}, tokens.bos, torch::kInt64), stream, torch::full({3, 1}, tokens.eos, torch::kInt64)}, 1);
+  const auto chosen = epoch0.targets.ne(lm::ignore_index);
+  CHECK(epoch0.targets.masked_select(chosen).equal(original.masked_select(chosen)));
+  CHECK(epoch0.inputs.masked_select(chosen.logical_not()).equal(original.masked_select(chosen.logical_not())));
+  CHECK(chosen.select(1, 0).any().item<bool>() == false);           // <s> never chosen
+  CHECK(chosen.select(1, length - 1).any().item<bool>() == false);  // nor </s>
+  const double share = chosen.sum().item<double>() / static_cast<double>(chosen.numel());
+  CHECK(share > 0.05);
+  CHECK(share < 0.30);
+  CHECK(blocks.batch(indices).targets.equal(epoch0.targets));  // evaluation: epoch 0's masks
+  CHECK(blocks.batch_in_epoch(indices, 0).inputs.equal(epoch0.inputs));
+  CHECK_FALSE(blocks.batch_in_epoch(indices, 1).targets.equal(epoch0.targets));
+  std::filesystem::remove_all(dir);
 }

@@ -359,6 +359,14 @@ TEST_CASE("Warmup then cosine decay reaches the base rate after warmup and the f
   CHECK(hpctrain::LrSchedule::constant().factor(step, 110) == 1.0);
 }
 
+TEST_CASE("Warmup then linear decay falls in a straight line from the base rate to the final fraction", "[schedule]") {
+  const auto schedule = hpctrain::LrSchedule::warmup_linear(10, 0.1);
+  auto [step, factor] = GENERATE(table<std::int64_t, double>({{0, 0.1}, {4, 0.5}, {9, 1.0}, {10, 1.0}, {35, 0.775}, {60, 0.55}, {110, 0.1}, {200, 0.1}}));
+  CAPTURE(step);
+  CHECK(schedule.factor(step, 110) == Approx(factor));
+  CHECK(schedule.describe() == "warmup_linear(10, 0.1)");
+}
+
 TEST_CASE("A schedule with a final fraction above one is a spec error", "[schedule]") {
   CHECK(run_error([] { hpctrain::LrSchedule::warmup_cosine(5, 1.5); }) ==
         "[hpctrain.spec.schedule.final_fraction] schedule.final_fraction = 1.5: must be in [0, 1]");

@@ -20,6 +20,7 @@
 #include <hpctrain/lm/setting.hpp>
 #include <hpctrain/models/generation.hpp>
 #include <hpctrain/models/hf_checkpoint.hpp>
+#include <hpctrain/models/roberta.hpp>
 #include <hpctrain/text/prepare_step.hpp>
 #include <hpctrain/text/tiktoken.hpp>
 #include <hpctrain/train/run_context.hpp>
@@ -82,26 +83,35 @@ inline void copy_file_atomically(const std::filesystem::path& from, const std::f
 }
 }  // namespace detail
 
-/// At the end, rank 0 writes the model to `directory` (default: `<run dir>/export`) as a Hugging Face
-/// directory — config.json, model.safetensors — with the run's tokenizer files, and says where. With LoRA it
-/// writes the adapter as PEFT does (adapter_config.json, adapter_model.safetensors; PeftModel.from_pretrained
-/// loads it over the base) and the merged model to `<directory>/merged` (what merge_and_unload gives).
+namespace detail {
+/// A causal LM as hf_export writes it; the files written. With LoRA: the adapter as PEFT writes it
+/// (adapter_config.json, adapter_model.safetensors; PeftModel.from_pretrained loads it over the base), then the
+/// merged model in `merged/` (what merge_and_unload gives).
+inline std::vector<std::string> export_causal_lm(models::CausalLM& model, const FinishContext& at_end, const std::filesystem::path& out) {
+  if (!at_end.run.lora) {
+    models::save_pretrained(model, out);
+    return {"config.json", "model.safetensors"};
+  }
+  const auto base = at_end.run.pretrained_dir ? std::filesystem::absolute(*at_end.run.pretrained_dir).string() : std::string();
+  models::save_peft_adapter(model, out, *at_end.run.lora, base, models::hf_names(model), models::stores_transposed_projections(model));
+  models::merge_lora(model);
+  models::save_pretrained(model, out / "merged");
+  return {"adapter_config.json", "adapter_model.safetensors", "merged/"};
+}
+}  // namespace detail
+
+/// At the end, rank 0 writes the model — a causal LM (GPT-2, Llama, ...; with LoRA its PEFT adapter and the
+/// merged model) or a masked LM (RoBERTa, BERT) — to `directory` (default: `<run dir>/export`) as a Hugging
+/// Face directory with the run's tokenizer files, and says where.
 inline FinishHook hf_export(std::optional<std::filesystem::path> directory = std::nullopt) {
   return [directory](const FinishContext& at_end) {
     if (at_end.run.rank != 0) return;
     const auto out = directory.value_or(at_end.run.run_dir / "export");
-    auto& model = detail::causal_lm(at_end.module, "hf_export");
-    std::vector<std::string> names;
-    if (at_end.run.lora) {  // the adapter as PEFT writes it, then the merged model as merge_and_unload gives it
-      const auto base = at_end.run.pretrained_dir ? std::filesystem::absolute(*at_end.run.pretrained_dir).string() : std::string();
-      models::save_peft_adapter(model, out, *at_end.run.lora, base, models::hf_names(model), models::stores_transposed_projections(model));
-      models::merge_lora(model);
-      models::save_pretrained(model, out / "merged");
-      names = {"adapter_config.json", "adapter_model.safetensors", "merged/"};
-    } else {
-      models::save_pretrained(model, out);
-      names = {"config.json", "model.safetensors"};
-    }
+    std::vector<std::string> names{"config.json", "model.safetensors"};
+    if (auto* encoder = dynamic_cast<models::RobertaForMaskedLMImpl*>(&at_end.module))
+      models::save_pretrained(*encoder, out);
+    else
+      names = detail::export_causal_lm(detail::causal_lm(at_end.module, "hf_export"), at_end, out);
     if (const auto source = tokenizer_directory(at_end.run))
       for (const auto& file : tokenizer_files_in(*source)) {
         detail::copy_file_atomically(file, out / file.filename());

@@ -1,9 +1,10 @@
 #pragma once
 // The language-model layer (docs/lm.md): above models/ and train/, the pieces every LM program needs —
 // the per-token loss and evaluation, a model from a Hugging Face directory, data from the job's preparation
-// or from JSONL, and what happens at the end (export, sample, val_loss).
+// (token windows, masked blocks) or from JSONL, and what happens at the end (export, sample, val_loss).
 #include <hpctrain/lm/at_end.hpp>
 #include <hpctrain/lm/loss.hpp>
+#include <hpctrain/lm/masked_lm_data.hpp>
 #include <hpctrain/lm/pretrained.hpp>
 #include <hpctrain/lm/setting.hpp>
 #include <hpctrain/lm/sft_dataset.hpp>
@@ -54,6 +55,13 @@ inline Training causal_lm_training() {
       .knob<std::string>("lora_targets", "q_proj,v_proj", "layers that get adapters, comma-separated (or all-linear)")
       .knob<bool>("lora_rslora", false, "scale the adapters by alpha / sqrt(r) (rsLoRA)")
       .lora(lora_from_knobs);
+}
+
+/// A Training for a masked language model (RoBERTa, BERT): the same per-token cross entropy, whose counted
+/// targets are the masked positions (fp32), evaluation per masked token, and the accuracy on them. Add the
+/// model, the data (prepared_masked_blocks) and the rest.
+inline Training masked_lm_training() {
+  return Training().loss(causal_lm_loss).step(causal_lm_step).eval_step(token_eval_step).metric(masked_accuracy);
 }
 
 }  // namespace hpctrain::lm

@@ -5,10 +5,12 @@
 // GELU) whose attention is bidirectional with a key padding mask, and the masked-LM head (dense → GELU →
 // LayerNorm → the word embedding, tied, plus its own bias). Module names are transformers' own, so a
 // checkpoint maps one to one (`roberta.encoder.layer.0.attention.self.query.weight`, `lm_head.dense.weight`).
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,7 +62,10 @@ class RobertaSelfAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep) {
     const auto b = x.size(0), t = x.size(1);
     auto heads = [&](const torch::Tensor& y) { return y.view({b, t, heads_, head_dim_}).transpose(1, 2); };
-    auto y = torch::scaled_dot_product_attention(heads(linear(query, x)), heads(linear(key, x)), heads(linear(value, x)), keep,
+    // An undefined mask must reach SDPA as no mask (nullopt), not as an undefined tensor: under bf16 autocast
+    // SDPA checks the mask's dtype and refuses an undefined one.
+    const auto mask = keep.defined() ? std::optional<torch::Tensor>(keep) : std::nullopt;
+    auto y = torch::scaled_dot_product_attention(heads(linear(query, x)), heads(linear(key, x)), heads(linear(value, x)), mask,
                                                  is_training() ? dropout_ : 0.0, /*is_causal=*/false);
     return y.transpose(1, 2).reshape({b, t, heads_ * head_dim_});
   }
@@ -245,6 +250,31 @@ inline RobertaForMaskedLM load_roberta(const std::filesystem::path& directory, t
 inline void save_pretrained(RobertaForMaskedLMImpl& model, const std::filesystem::path& directory,
                             std::uint64_t max_shard_bytes = std::numeric_limits<std::uint64_t>::max()) {
   detail::save_directory(model, model.config().to_json(), detail::roberta_naming(model.config()), directory, max_shard_bytes);
+}
+
+/// One candidate for a masked position: the token and its probability.
+struct MaskCandidate {
+  std::int64_t id = 0;
+  double probability = 0;
+};
+
+/// What transformers' `pipeline("fill-mask")` computes: for each position of `ids` ([T], one sequence, special
+/// tokens included) that holds `mask_id`, in order, the `top_k` likeliest tokens with their softmax
+/// probabilities (fp32, eval mode, no gradient).
+inline std::vector<std::vector<MaskCandidate>> fill_mask(RobertaForMaskedLMImpl& model, const std::vector<std::int64_t>& ids,
+                                                        std::int64_t mask_id, std::int64_t top_k = 5) {
+  torch::NoGradGuard no_grad;
+  model.eval();
+  const auto logits = model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0)).squeeze(0).to(torch::kFloat32);
+  std::vector<std::vector<MaskCandidate>> filled;
+  for (std::size_t position = 0; position < ids.size(); ++position) {
+    if (ids[position] != mask_id) continue;
+    const auto [probabilities, tokens] = logits[static_cast<std::int64_t>(position)].softmax(-1).topk(std::min(top_k, logits.size(-1)));
+    auto& candidates = filled.emplace_back();
+    for (std::int64_t k = 0; k < tokens.size(0); ++k)
+      candidates.push_back({tokens[k].item<std::int64_t>(), probabilities[k].item<double>()});
+  }
+  return filled;
 }
 
 }  // namespace hpctrain::models

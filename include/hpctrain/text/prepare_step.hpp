@@ -5,6 +5,7 @@
 // job skips the step (the script's prepare.done marker); run again by hand, it skips the work when the files
 // are already those it would write (tokens_prepared). A tokenizer or input that cannot be read fails the
 // step, and with it the job, before training.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -25,14 +26,38 @@ namespace hpctrain::text {
 /// The directory below `$HPCTRAIN_RUN_DIR/prepare` where prepare_tokens_step writes.
 inline constexpr std::string_view prepared_tokens_subdir = "tokens";
 
-/// Copies the tokenizer file next to the tokens it made (atomically), so that the workers know it without being
-/// told: the export at the end ships it with the model, the sample at the end decodes with it.
+/// Copies the tokenizer file next to the tokens it made (atomically), with the configuration files transformers
+/// saves beside a tokenizer.json (tokenizer_config.json, special_tokens_map.json: which token is <mask>, <pad>),
+/// so that the workers know it without being told: the export at the end ships it with the model, the sample
+/// at the end decodes with it.
 inline void keep_tokenizer_beside(const std::filesystem::path& tokenizer_file, const std::filesystem::path& out) {
-  std::ifstream in(tokenizer_file, std::ios::binary);
-  std::ostringstream content;
-  content << in.rdbuf();
-  if (!in.is_open() || in.bad()) throw RuntimeError(errors::runtime_io, fmt::format("{}: cannot read", tokenizer_file.string()));
-  hpctrain::detail::write_file_atomically(out / tokenizer_file.filename(), content.str());
+  auto copy = [&out](const std::filesystem::path& file) {
+    std::ifstream in(file, std::ios::binary);
+    std::ostringstream content;
+    content << in.rdbuf();
+    if (!in.is_open() || in.bad()) throw RuntimeError(errors::runtime_io, fmt::format("{}: cannot read", file.string()));
+    hpctrain::detail::write_file_atomically(out / file.filename(), content.str());
+  };
+  copy(tokenizer_file);
+  if (tokenizer_file.filename() != "tokenizer.json") return;
+  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"})
+    if (std::filesystem::is_regular_file(tokenizer_file.parent_path() / name)) copy(tokenizer_file.parent_path() / name);
+}
+
+/// The regular files of `directory` in name order — symbolic links and files with an extension in
+/// `skip_extensions` left out (fortune's ".dat" indexes and ".u8" links, say): a corpus directory as
+/// prepare_tokens_step takes it. SpecError `[hpctrain.spec.prepare.inputs]` when it is no directory.
+inline std::vector<std::filesystem::path> corpus_files(const std::filesystem::path& directory, const std::vector<std::string>& skip_extensions = {}) {
+  hpctrain::detail::require(std::filesystem::is_directory(directory), "prepare.inputs", directory.string(), "no such directory");
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(directory)) {
+    const auto extension = entry.path().extension().string();
+    if (entry.is_regular_file() && !entry.is_symlink() &&
+        std::find(skip_extensions.begin(), skip_extensions.end(), extension) == skip_extensions.end())
+      files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
 }
 
 /// A Job::prepare function that tokenizes `inputs` with the tokenizer in `tokenizer_file` (tokenizer.json or

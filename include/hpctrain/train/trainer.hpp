@@ -192,9 +192,9 @@ class Trainer {
     const std::int64_t epoch_end = std::min(total_steps_, (epoch + 1) * steps_per_epoch_);
     auto indices = std::make_shared<const std::vector<std::int64_t>>(sampler_->indices(epoch));
     const std::int64_t per_step = micro_batch_ * training_.gradient_accumulation();
-    data::Prefetcher batches([this, indices, per_step](std::int64_t batch_index) {
+    data::Prefetcher batches([this, indices, per_step, epoch](std::int64_t batch_index) {
       const auto begin = indices->begin() + static_cast<std::ptrdiff_t>(batch_index * per_step);
-      return train_set_->batch(std::vector<std::int64_t>(begin, begin + static_cast<std::ptrdiff_t>(per_step)));
+      return train_set_->batch_in_epoch(std::vector<std::int64_t>(begin, begin + static_cast<std::ptrdiff_t>(per_step)), epoch);
     }, step_ - epoch * steps_per_epoch_, epoch_end - epoch * steps_per_epoch_);
     while (step_ < epoch_end) {
       train_step(batches.next());

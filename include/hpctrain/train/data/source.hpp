@@ -66,6 +66,10 @@ class Dataset {
   virtual std::int64_t size() const = 0;
   /// The examples at `indices`, stacked.
   virtual Batch batch(const std::vector<std::int64_t>& indices) const = 0;
+  /// The examples at `indices` as training epoch `epoch` sees them: the Trainer asks this way, so a dataset
+  /// whose examples change per epoch (masked-LM masking) draws from (epoch, index) and resumes exactly.
+  /// Default: the same examples every epoch.
+  virtual Batch batch_in_epoch(const std::vector<std::int64_t>& indices, std::int64_t /*epoch*/) const { return batch(indices); }
 };
 
 /// A dataset held in two tensors (first dimension = example).

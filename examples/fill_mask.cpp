@@ -1,0 +1,65 @@
+// Fills the masks of a text with a RoBERTa (or BERT) model saved in Hugging Face format, as transformers'
+// pipeline("fill-mask") does, on the CPU in fp32:
+//   ./fill_mask --model DIR --text "The capital of France is <mask>." [--top-k 5]
+// The text is encoded as AutoTokenizer(DIR) encodes it (RoBERTa's <s> ... </s>); for each <mask> (or [MASK]), in
+// order, one line per candidate: `<mask> N: PROBABILITY "TOKEN" (id ID)`, the likeliest first. The ids and
+// probabilities equal the pipeline's (tests/models). Bad usage, or a text without a mask, exits 2; a directory
+// that holds no such model exits 1 naming the file and the reason.
+#include <cstdint>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <hpctrain/error.hpp>
+#include <hpctrain/models/roberta.hpp>
+#include <hpctrain/text/pretrained_tokenizer.hpp>
+#include <hpctrain/text/utf8.hpp>
+
+namespace {
+
+int fill(const std::string& model_dir, const std::string& text, std::int64_t top_k) {
+  const auto tokenizer = hpctrain::text::load_pretrained_tokenizer(model_dir);
+  auto mask = tokenizer.tokenizer().token_id("<mask>");
+  if (!mask) mask = tokenizer.tokenizer().token_id("[MASK]");
+  if (!mask) throw hpctrain::RuntimeError(hpctrain::errors::runtime_masked_lm, fmt::format("{}: the tokenizer has no <mask> or [MASK] token", model_dir));
+  std::vector<std::int64_t> ids;
+  for (const auto id : tokenizer.encode(text, /*add_special_tokens=*/true)) ids.push_back(static_cast<std::int64_t>(id));
+  auto model = hpctrain::models::load_roberta(model_dir);
+  const auto filled = hpctrain::models::fill_mask(*model, ids, static_cast<std::int64_t>(*mask), top_k);
+  if (filled.empty()) throw hpctrain::UsageError(fmt::format("--text: \"{}\" holds no <mask> to fill", text));
+  for (std::size_t m = 0; m < filled.size(); ++m)
+    for (const auto& candidate : filled[m]) {
+      const std::vector<hpctrain::text::TokenId> token{static_cast<hpctrain::text::TokenId>(candidate.id)};
+      std::cout << fmt::format("<mask> {}: {:.6f} {:?} (id {})\n", m + 1, candidate.probability,
+                               hpctrain::text::utf8_lossy(tokenizer.decode(token)), candidate.id);
+    }
+  return hpctrain::exit_ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Fills the <mask> tokens of a text with a RoBERTa or BERT model saved in Hugging Face format."};
+  std::string model_dir, text;
+  std::int64_t top_k = 5;
+  app.add_option("--model", model_dir, "directory with config.json, model.safetensors and tokenizer.json")->required();
+  app.add_option("--text", text, "text with one or more <mask> tokens")->required();
+  app.add_option("--top-k", top_k, "candidates per mask (default 5)")->check(CLI::PositiveNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? hpctrain::exit_ok : hpctrain::exit_usage;
+  }
+  try {
+    return fill(model_dir, text, top_k);
+  } catch (const hpctrain::UsageError& e) {
+    std::cerr << e.what() << std::endl;
+    return hpctrain::exit_usage;
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << std::endl;
+    return hpctrain::exit_failure;
+  }
+}
