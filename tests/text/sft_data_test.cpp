@@ -102,7 +102,7 @@ TEST_CASE("SFT JSONL: the three shapes, streamed", "[text][sft]") {
   CHECK_FALSE(reader.next(record));
 }
 
-TEST_CASE("TRL's rules: text trains every token and EOS; prompt/completion the completion and EOS; a conversation its assistant bytes",
+TEST_CASE("TRL's rules: text trains every token and EOS, prompt/completion the completion and EOS, a conversation its assistant bytes",
           "[text][sft]") {
   const auto tokenizer = tx::load_pretrained_tokenizer(tokenizer_dirs() / "llama3");
   const auto bos = *tokenizer.tokenizer().token_id("<|begin|>"), eos = *tokenizer.eos_id();
