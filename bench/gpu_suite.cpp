@@ -4,6 +4,7 @@
 //   hpctrain_gpu_suite dist|llama|packed [--device cuda|cpu]
 // Exit status: 0 when every row passed, 1 when one failed or a check threw, 2 for bad usage. --device cpu
 // hides the GPUs (CUDA_VISIBLE_DEVICES=""), so that the process group picks Gloo as it does on a CPU node.
+#include <algorithm>
 #include <cstdlib>
 #include <exception>
 #include <iostream>

@@ -14,6 +14,7 @@
 //
 // The strategy rows run at world 2 when two devices are there (two GPUs; on the CPU always, over Gloo), as
 // ranks of this binary started by hpctrain::launch_local; rank 0 computes the reference and prints the rows.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>

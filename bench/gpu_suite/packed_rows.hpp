@@ -5,6 +5,7 @@
 // Both see the same tokens and count the same targets, so the summed loss and its gradients must agree.
 // On CUDA the two paths take different SDPA kernels (a boolean mask rules out flash attention; padded rows
 // at bf16 use it), which is what this row checks beyond tests/models/lm_test.cpp's CPU comparison.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
