@@ -32,6 +32,9 @@ inline bool reads_cuda_allocator(const torch::Device& device) {
 inline void reset_peak_memory(const torch::Device& device) {
 #if defined(HPCTRAIN_GPU_SUITE_CUDA_MEMORY)
   if (device.is_cuda()) {
+    // The allocator's per-device state is created by CUDA's lazy initialisation; before the process's first
+    // allocation on the device resetPeakStats throws "Invalid device argument". One small tensor creates it.
+    (void)torch::empty({1}, torch::TensorOptions().device(device));
     c10::cuda::CUDACachingAllocator::emptyCache();
     c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
   }
