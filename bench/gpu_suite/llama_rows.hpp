@@ -1,0 +1,198 @@
+#pragma once
+// Rows "llama.*": fine-tuning a Llama-shaped model of about 1.1B parameters (TinyLlama's shape: 22 layers,
+// width 2048, SwiGLU 5632, 32 heads over 4 key-value heads, vocabulary 32000) on one device, two ways:
+//
+//   llama.full    every parameter trains: ZeRO-3 at world 1 (fp32 master weights, AdamW state on the shard,
+//                 each block gathered while it runs and recomputed in backward, which is activation
+//                 checkpointing) under bf16 autocast
+//   llama.lora    LoRA r=16, alpha 32 on q_proj and v_proj, the base frozen (fp32), Replicated at world 1,
+//                 activation checkpointing on: the same activations as the full row, so the difference is
+//                 the optimizer state and gradients
+//
+// Each row: tokens/s over the timed steps, peak memory (the CUDA allocator's peak allocated bytes, as
+// torch.cuda.max_memory_allocated; on the CPU the process's peak resident set), trainable parameters, and for
+// the full row MFU (6N + attention, models/llama_config.hpp; recomputation not counted, as usual). On the CPU
+// the model is a tiny one of the same shape family: the row checks that the code runs, not its speed.
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <hpctrain/dist/dist.hpp>
+#include <hpctrain/lm/loss.hpp>
+#include <hpctrain/models/llama.hpp>
+#include <hpctrain/models/lora.hpp>
+#include <hpctrain/train/precision.hpp>
+#include <hpctrain/train/strategies/sharded.hpp>
+
+#include "device_memory.hpp"
+#include "report.hpp"
+
+namespace hpctrain_gpu_suite {
+
+namespace llama_rows {
+
+/// TinyLlama-1.1B's shape on CUDA; a tiny model of the same family on the CPU.
+inline hpctrain::models::LlamaConfig model_config(bool cuda) {
+  hpctrain::models::LlamaConfig config;
+  config.vocab_size = cuda ? 32000 : 256;
+  config.hidden_size = cuda ? 2048 : 64;
+  config.intermediate_size = cuda ? 5632 : 128;
+  config.num_hidden_layers = cuda ? 22 : 2;
+  config.num_attention_heads = cuda ? 32 : 4;
+  config.num_key_value_heads = cuda ? 4 : 2;
+  config.max_position_embeddings = 2048;
+  return config;
+}
+
+struct Sizes {
+  std::int64_t batch, sequence, warmup, steps;
+};
+inline Sizes sizes(bool cuda) { return cuda ? Sizes{8, 1024, 2, 5} : Sizes{2, 32, 1, 2}; }
+
+/// H100 SXM and H200, dense bf16 (the same peak bench/model_mfu uses).
+inline constexpr double peak_tflops = 989.0;
+
+struct Measurement {
+  double tokens_per_s = 0;
+  std::int64_t peak_bytes = 0;
+  double loss = 0;
+  std::int64_t trainable = 0;
+};
+
+inline std::unique_ptr<torch::optim::Optimizer> adamw(const hpctrain::NamedParameters& named) {
+  std::vector<torch::Tensor> tensors;
+  for (const auto& item : named) tensors.push_back(item.second);
+  return std::make_unique<torch::optim::AdamW>(tensors, torch::optim::AdamWOptions(1e-5).weight_decay(0.0));
+}
+
+/// Trains `model` with `strategy` on random tokens: warmup steps, then timed steps. The peak memory counts
+/// from the model's move to the device: weights, gradients, optimizer state and activations.
+inline Measurement train(const std::shared_ptr<hpctrain::dist::ProcessGroup>& group, hpctrain::models::Llama model,
+                         std::unique_ptr<hpctrain::DataParallelStrategy> strategy, bool cuda) {
+  const auto device = group->device();
+  const auto size = sizes(cuda);
+  const auto precision = hpctrain::resolve_precision(hpctrain::auto_precision, device);
+  Measurement measurement;
+  for (const auto& parameter : model->parameters())
+    if (parameter.requires_grad()) measurement.trainable += parameter.numel();
+  reset_peak_memory(device);
+  model->to(device);
+  model->train();
+  strategy->setup({group, model.ptr(), adamw, precision});
+  torch::manual_seed(2);
+  const auto tokens = torch::randint(model->config().vocab_size, {size.batch, size.sequence + 1},
+                                     torch::TensorOptions().dtype(torch::kLong).device(device));
+  const auto inputs = tokens.narrow(1, 0, size.sequence), targets = tokens.narrow(1, 1, size.sequence);
+  torch::Tensor loss;
+  auto step = [&] {
+    strategy->zero_grad();
+    strategy->set_sync(true);
+    {
+      hpctrain::AutocastScope autocast(precision, device);
+      loss = hpctrain::lm::causal_lm_loss(model->forward(inputs), targets);
+    }
+    loss.backward();
+    strategy->finish_gradients();
+    strategy->clip_grad_norm(1.0);
+    strategy->step();
+  };
+  auto synchronize = [&] {
+    if (device.is_cuda()) torch::cuda::synchronize();
+  };
+  for (std::int64_t i = 0; i < size.warmup; ++i) step();
+  synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  for (std::int64_t i = 0; i < size.steps; ++i) step();
+  synchronize();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  measurement.tokens_per_s = static_cast<double>(size.batch * size.sequence * size.steps) / seconds;
+  measurement.peak_bytes = peak_memory_bytes(device);
+  measurement.loss = loss.item<double>();
+  return measurement;
+}
+
+/// "1.10B", "12.6M", "7.2K": a parameter count for a table cell.
+inline std::string count_label(std::int64_t count) {
+  const double n = static_cast<double>(count);
+  if (n >= 1e9) return fmt::format("{:.2f}B", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.1f}M", n / 1e6);
+  if (n >= 1e3) return fmt::format("{:.1f}K", n / 1e3);
+  return std::to_string(count);
+}
+
+inline std::string memory_label(const torch::Device& device) {
+  return reads_cuda_allocator(device) ? "peak allocated" : "peak RSS";
+}
+
+inline Row row_of(const std::string& id, const std::string& label, const Measurement& m, const torch::Device& device,
+                  const hpctrain::models::LlamaConfig& config, bool with_mfu) {
+  Row row{id, label, Status::pass, "", nlohmann::json::object()};
+  const double gib = static_cast<double>(m.peak_bytes) / double(1 << 30);
+  row.result = fmt::format("{:.0f} tokens/s, {} {:.2f} GiB, {} trainable", m.tokens_per_s, memory_label(device), gib,
+                           count_label(m.trainable));
+  row.figures["tokens_per_s"] = m.tokens_per_s;
+  row.figures["peak_bytes"] = m.peak_bytes;
+  row.figures["peak_memory_kind"] = memory_label(device);
+  row.figures["trainable_parameters"] = m.trainable;
+  row.figures["parameters"] = config.parameter_count();
+  row.figures["loss"] = m.loss;
+  if (with_mfu) {
+    const double mfu = m.tokens_per_s * hpctrain::models::flops_per_token(config, sizes(device.is_cuda()).sequence) / (peak_tflops * 1e12);
+    row.figures["mfu"] = mfu;
+    if (device.is_cuda()) row.result += fmt::format(", MFU {:.1f}%", 100 * mfu);
+  }
+  if (!std::isfinite(m.loss)) {
+    row.status = Status::fail;
+    row.result += fmt::format(", loss {}", m.loss);
+  }
+  return row;
+}
+
+}  // namespace llama_rows
+
+/// The two fine-tuning rows, one after the other in this process (world 1).
+inline int run_llama_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& group, bool cuda) {
+  namespace hm = hpctrain::models;
+  const auto config = llama_rows::model_config(cuda);
+  const auto size = llama_rows::sizes(cuda);
+  const auto shape = fmt::format("{}, batch {} x {}", llama_rows::count_label(config.parameter_count()), size.batch, size.sequence);
+  int failures = 0;
+  auto report = [&](const Row& row) {
+    print(row);
+    failures += row.status == Status::fail;
+  };
+  try {
+    torch::manual_seed(0);
+    hm::Llama model(config);
+    model->set_activation_checkpointing(true);
+    const auto measured = llama_rows::train(group, model, hpctrain::make_zero_strategy(hpctrain::ZeroStage::zero3), cuda);
+    report(llama_rows::row_of("llama.full", fmt::format("Llama {}: full fine-tuning, ZeRO-3 + checkpointing", shape), measured,
+                              group->device(), config, true));
+  } catch (const std::exception& e) {
+    report(failed_row("llama.full", "Llama: full fine-tuning, ZeRO-3 + checkpointing", e.what()));
+  }
+  try {
+    torch::manual_seed(0);
+    hm::Llama model(config);
+    hm::LoraConfig lora;
+    lora.r = 16;
+    lora.alpha = 32;
+    lora.targets = {"q_proj", "v_proj"};
+    hm::apply_lora(*model, lora);
+    model->set_activation_checkpointing(true);
+    const auto measured = llama_rows::train(group, model, hpctrain::make_zero_strategy(hpctrain::ZeroStage::none), cuda);
+    report(llama_rows::row_of("llama.lora", fmt::format("Llama {}: LoRA r=16 q_proj,v_proj + checkpointing", shape), measured,
+                              group->device(), config, false));
+  } catch (const std::exception& e) {
+    report(failed_row("llama.lora", "Llama: LoRA r=16 q_proj,v_proj + checkpointing", e.what()));
+  }
+  return failures;
+}
+
+}  // namespace hpctrain_gpu_suite
