@@ -53,13 +53,5 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? hpctrain::exit_ok : hpctrain::exit_usage;
   }
-  try {
-    return fill(model_dir, text, top_k);
-  } catch (const hpctrain::UsageError& e) {
-    std::cerr << e.what() << std::endl;
-    return hpctrain::exit_usage;
-  } catch (const std::exception& e) {
-    std::cerr << e.what() << std::endl;
-    return hpctrain::exit_failure;
-  }
+  return hpctrain::with_exit_codes([&] { return fill(model_dir, text, top_k); });
 }

@@ -131,16 +131,5 @@ int main(int argc, char** argv) {
   }
   if (temperature_option->count() > 0) arguments.generation.temperature = temperature;
   if (top_k_option->count() > 0) arguments.generation.top_k = top_k;
-  try {
-    return generate(arguments);
-  } catch (const hpctrain::SpecError& e) {
-    std::cerr << e.what() << std::endl;
-    return hpctrain::exit_usage;
-  } catch (const hpctrain::UsageError& e) {
-    std::cerr << e.what() << std::endl;
-    return hpctrain::exit_usage;
-  } catch (const std::exception& e) {
-    std::cerr << e.what() << std::endl;
-    return hpctrain::exit_failure;
-  }
+  return hpctrain::with_exit_codes([&] { return generate(arguments); });
 }

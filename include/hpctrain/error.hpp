@@ -3,6 +3,8 @@
 // (SpecError, exit 2, raised while the description is built, before anything is written), or the world
 // failed (RuntimeError: sbatch refused, a rendezvous timed out, a rank died). Every message starts with a
 // stable id, `[hpctrain.spec.<field>]` or `[hpctrain.runtime.<what>]`, listed in docs/errors.md.
+#include <cstdio>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -78,5 +80,24 @@ void require(bool ok, ErrorId id, const T& value, std::string_view reason) {
   if (!ok) throw SpecError(id.str().substr(std::string_view("hpctrain.spec.").size()), fmt::format("{}", value), reason);
 }
 }  // namespace detail
+
+/// Runs `body` — a tool's work once its command line is parsed (examples/generate.cpp, fill_mask.cpp) — and keeps
+/// the command-line contract for what it throws: the message on stderr, then exit 2 for a SpecError or
+/// UsageError and 1 for any other error. Programs built on hpctrain::run get this from run().
+template <class Body>
+int with_exit_codes(Body&& body) {
+  try {
+    return body();
+  } catch (const SpecError& error) {
+    std::fprintf(stderr, "%s\n", error.what());
+    return exit_usage;
+  } catch (const UsageError& error) {
+    std::fprintf(stderr, "%s\n", error.what());
+    return exit_usage;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "%s\n", error.what());
+    return exit_failure;
+  }
+}
 
 }  // namespace hpctrain

@@ -10,14 +10,14 @@ Python, not read from hpctrain; the block order is the DistributedSampler's (ben
 
   roberta_loss_curve_test.py BUILD/examples/roberta   (python: the venv's, with torch and transformers)
 Exit 0 when every loss agrees, 1 otherwise (with the table), 77 (skip) when the corpus or the tokenizer is absent."""
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
+sys.path.insert(0, HERE)
+from loss_curve import compare, run_example, training_losses  # noqa: E402
 STEPS, WORLD, TOLERANCE = 20, 2, 1e-4
 SEED, GLOBAL_BATCH, LR, WEIGHT_DECAY, WARMUP, LENGTH = 1, 16, 2e-3, 0.01, 5, 64
 TOKENIZER = os.path.expanduser("~/.cache/hpctrain/roberta-fortunes/tokenizer.json")
@@ -121,32 +121,13 @@ def main():
     command = [binary, "--local", str(WORLD), "--max-steps", str(STEPS), "--lr", str(LR), "--precision", "fp32", "--log-every", "1",
                "--eval-every", "0", "--checkpoint-every", "0", "--save-initial", "--dropout", "0",
                "--layers", "2", "--hidden", "64", "--heads", "2", "--max-length", str(LENGTH), "--warmup-steps", str(WARMUP)]
-    done = subprocess.run(command, cwd=work, env=dict(os.environ, HPCTRAIN_RUN_DIR=run_dir),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    print(done.stdout[-3000:])
-    if done.returncode != 0:
-        print(f"FAIL: {' '.join(command)} exited {done.returncode}")
+    if not run_example(command, work, run_dir):
         return 1
-    records = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
-    ours = {r["step"]: r["loss"] for r in records if "loss" in r and "eval_loss" not in r}
-    ours = [ours[s] for s in range(1, STEPS + 1)]
+    ours = training_losses(run_dir, STEPS)
     tokens = os.path.join(work, "hpctrain-jobs", "roberta", "local", "prepare", "tokens", "train.tokens")
     theirs = reference(os.path.join(run_dir, "initial"), tokens)
 
-    worst = 0.0
-    print(f"{'step':>4} {'hpctrain':>12} {'pytorch':>12} {'rel. diff':>10}")
-    for step, (a, b) in enumerate(zip(ours, theirs), start=1):
-        rel = abs(a - b) / abs(b)
-        worst = max(worst, rel)
-        print(f"{step:>4} {a:>12.6f} {b:>12.6f} {rel:>10.2e}")
-    if not ours[-1] < ours[0] - 0.5:
-        print(f"FAIL: the loss did not fall ({ours[0]:.4f} -> {ours[-1]:.4f}): the comparison would prove little")
-        return 1
-    if worst > TOLERANCE:
-        print(f"FAIL: largest relative difference {worst:.2e} > {TOLERANCE:.0e}")
-        return 1
-    print(f"OK: {STEPS} losses agree, largest relative difference {worst:.2e} (tolerance {TOLERANCE:.0e})")
-    return 0
+    return compare(ours, theirs, TOLERANCE)
 
 
 if __name__ == "__main__":
