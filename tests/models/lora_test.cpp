@@ -65,27 +65,32 @@ TEST_CASE("Our LoRA adapter loads in PEFT with our logits, and our merged export
           "[models][lora][oracle]") {
   const auto dir = models_test::scratch("lora-oracle");
   models_test::run_oracle(fmt::format("make llama '{}' '{}' {}", llama_config, dir.string(), ids_text()), dir / "make.log");
-  auto model = hm::load_llama(dir / "model");
+  // [snippet peft_round_trip]
+  auto model = hm::load_llama(dir / "model");  // a Hugging Face directory (config.json, model.safetensors)
   hm::LoraConfig lora;
   lora.r = 4, lora.alpha = 8, lora.targets = {"q_proj", "v_proj", "down_proj"};
-  hm::apply_lora(*model, lora);
-  {  // B random, so that the adapter changes the logits
+  hm::apply_lora(*model, lora);  // the base frozen; A Kaiming-uniform, B zero, as PEFT initialises them
+  {  // stands in for training here: B random, so that the adapter changes the logits
     torch::NoGradGuard no_grad;
     torch::manual_seed(9);
     for (auto& item : model->named_parameters())
       if (item.key().find(".lora_B.") != std::string::npos) item.value().normal_(0, 0.05);
   }
-  const auto ours = logits_of(*model);
   hm::save_peft_adapter(*model, dir / "adapter", lora, (dir / "model").string(), hm::hf_names(*model), false);
+
+  auto reloaded = hm::load_llama(dir / "model");  // later, elsewhere: the base again, the adapter over it
+  hm::load_peft_adapter(*reloaded, dir / "adapter", hm::hf_names(*reloaded));
+  hm::merge_lora(*reloaded);  // folded into the weights: a plain model, as merge_and_unload() gives
+  hm::save_pretrained(*reloaded, dir / "merged");
+  // [end snippet]
+  const auto ours = logits_of(*model);
   REQUIRE(std::filesystem::exists(dir / "adapter" / "adapter_model.safetensors"));
+  CHECK(max_difference(logits_of(*reloaded), ours) < 1e-5);  // the adapter read back and merged computes the same
   models_test::run_python("lora_oracle.py", fmt::format("expect '{}' '{}' {} '{}'", (dir / "model").string(), (dir / "adapter").string(),
                                                         ids_text(), (dir / "peft").string()), dir / "expect.log");
   const auto theirs = hm::safetensors::File(dir / "peft" / "logits.safetensors").tensor("logits");
   CHECK(max_difference(ours, theirs) < 1e-4);
 
-  hm::merge_lora(*model);
-  CHECK(max_difference(logits_of(*model), ours) < 1e-5);
-  hm::save_pretrained(*model, dir / "merged");
   const hm::safetensors::File merged(dir / "merged" / "model.safetensors"), peft_merged(dir / "peft" / "merged.safetensors");
   for (const auto* name : {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.v_proj.weight", "model.layers.1.mlp.down_proj.weight"}) {
     CAPTURE(name);
