@@ -9,16 +9,12 @@
 #include <catch2/catch.hpp>
 
 #include "job_test_support.hpp"
+#include "test_support.hpp"
 
 namespace fs = std::filesystem;
 namespace ht = hpctrain;
 
 namespace {
-std::size_t count(const std::string& text, const std::string& needle) {
-  std::size_t n = 0;
-  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + needle.size())) ++n;
-  return n;
-}
 }  // namespace
 
 TEST_CASE("The preparation step renders as its own one-task srun step before the training step", "[prepare]") {
@@ -49,13 +45,13 @@ TEST_CASE("Local mode runs the preparation once before the ranks", "[prepare]") 
   const auto first = job_test::run_probe(dir, {"--local", "2"}, env);
   CAPTURE(first.err);
   REQUIRE(first.exit_code == 0);
-  CHECK(count(first.out, "probe prepare job=local") == 1);
+  CHECK(ht::test::count_occurrences(first.out, "probe prepare job=local") == 1);
   CHECK(first.out.find("probe prepare") < first.out.find("probe rank="));
   // Under --local the preparation's run directory is hpctrain-jobs/<name>/local.
   CHECK(job_test::read_file(dir / "hpctrain-jobs" / "probe" / "local" / "prepare" / "data.txt") == "job local restart 0\n");
   const auto second = job_test::run_probe(dir, {"--local", "2"}, env);
   CHECK(second.exit_code == 0);
-  CHECK(count(second.out, "probe prepare") == 0);
+  CHECK(ht::test::count_occurrences(second.out, "probe prepare") == 0);
   CHECK(second.err.find("hpctrain: preparation already done") != std::string::npos);
 
   const auto failing = job_test::run_probe(job_test::scratch_dir("prepare-local-fail"), {"--local", "2"},
@@ -98,14 +94,14 @@ TEST_CASE("On two nodes the preparation runs once before the ranks, is skipped a
   CAPTURE(ok_log);
   CHECK(ok_state == "COMPLETED");
   CHECK(job_test::scontrol_field(ok_id, "Restarts") == "1");
-  CHECK(count(ok_log, "probe prepare ") == 1);
+  CHECK(ht::test::count_occurrences(ok_log, "probe prepare ") == 1);
   CHECK(ok_log.find(fmt::format("probe prepare job={} node=n1 step_tasks=1 restart=0 args=2 run_dir={}\n", ok_id,
                                 ok_dir.string())) != std::string::npos);
   CHECK(ok_log.find("probe prepare ") < ok_log.find("probe rank=0"));
-  CHECK(count(ok_log, fmt::format("hpctrain: preparation already done ({}/prepare.done); skipping it\n",
+  CHECK(ht::test::count_occurrences(ok_log, fmt::format("hpctrain: preparation already done ({}/prepare.done); skipping it\n",
                                   ok_dir.string())) == 1);
   // Both ranks of both runs read what the preparation left.
   for (const auto* rank : {"0", "1"})
-    CHECK(count(ok_log, fmt::format("probe rank={} prepared=job {} restart 0\n", rank, ok_id)) == 2);
+    CHECK(ht::test::count_occurrences(ok_log, fmt::format("probe rank={} prepared=job {} restart 0\n", rank, ok_id)) == 2);
   CHECK(fs::exists(ok_dir / "prepare.done"));
 }

@@ -10,17 +10,13 @@
 #include <catch2/catch.hpp>
 
 #include "job_test_support.hpp"
+#include "test_support.hpp"
 
 namespace fs = std::filesystem;
 namespace ht = hpctrain;
 using namespace std::chrono_literals;
 
 namespace {
-std::size_t count(const std::string& text, const std::string& needle) {
-  std::size_t n = 0;
-  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + needle.size())) ++n;
-  return n;
-}
 
 using Env = std::map<std::string, std::string>;
 std::function<std::optional<std::string>(const std::string&)> lookup(Env env) {
@@ -43,7 +39,7 @@ TEST_CASE("The GPU request is written in the chosen syntax", "[site]") {
   const auto script =
       ht::render_sbatch(ht::Job("g").gpus_per_node(type, count_).gpu_syntax(syntax), job_test::fixed_context());
   CHECK(script.find(expected) != std::string::npos);
-  CHECK(count(script, "gpu") == 1);  // one GPU directive, no other
+  CHECK(ht::test::count_occurrences(script, "gpu") == 1);  // one GPU directive, no other
 }
 
 TEST_CASE("The site default comes from HPCTRAIN_GPU_SYNTAX, else the site file, the program's choice wins", "[site]") {
@@ -119,13 +115,13 @@ TEST_CASE("An --sbatch override of a key with its own directive replaces that di
   CAPTURE(result.err);
   REQUIRE(result.exit_code == 0);
   const auto& script = result.out;
-  CHECK(count(script, "#SBATCH --time=") == 1);
+  CHECK(ht::test::count_occurrences(script, "#SBATCH --time=") == 1);
   CHECK(script.find("#SBATCH --time=00:07:00\n") != std::string::npos);
-  CHECK(count(script, "#SBATCH --nodes=") == 1);
+  CHECK(ht::test::count_occurrences(script, "#SBATCH --nodes=") == 1);
   CHECK(script.find("#SBATCH --nodes=1\n") != std::string::npos);
-  CHECK(count(script, "#SBATCH --job-name=") == 1);
+  CHECK(ht::test::count_occurrences(script, "#SBATCH --job-name=") == 1);
   CHECK(script.find("#SBATCH --job-name=renamed\n") != std::string::npos);
-  CHECK(count(script, "#SBATCH --comment=") == 1);
+  CHECK(ht::test::count_occurrences(script, "#SBATCH --comment=") == 1);
   CHECK(script.find("#SBATCH --comment=two\n") != std::string::npos);
   CHECK(script.find("#SBATCH --exclusive\n") != std::string::npos);
   // In place: the overridden time stays where --time goes, before the partition and output lines.

@@ -18,12 +18,11 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "test_support.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
-
-// Path of tests/slurm/programs/print_world, from tests/integration/CMakeLists.txt.
-std::string print_world_program() { return HPCTRAIN_PRINT_WORLD; }
 
 // A fresh directory for the ranks' files; removed afterwards.
 class LaunchFixture {
@@ -94,7 +93,7 @@ TEST_CASE_METHOD(LaunchFixture, "Every local rank gets torchrun's variables, one
   CAPTURE(world_size);
   fs::remove_all(dir_);
   fs::create_directories(dir_);
-  REQUIRE(hpctrain::launch_local(world_size, print_world_program(),
+  REQUIRE(hpctrain::launch_local(world_size, hpctrain::test::print_world_program(),
                                  {"--write", dir_.string(), "--epochs", "3", "a b;$(x)"}) == 0);
   const auto first = rank_json(0);
   for (int rank = 0; rank < world_size; ++rank) {
@@ -117,7 +116,7 @@ TEST_CASE_METHOD(LaunchFixture, "Every local rank gets torchrun's variables, one
 
 TEST_CASE_METHOD(LaunchFixture, "A run directory set by the caller is kept", "[local_launch]") {
   const ScopedVariable run_dir("HPCTRAIN_RUN_DIR", "/somewhere/runs/7");
-  REQUIRE(hpctrain::launch_local(2, print_world_program(), {"--write", dir_.string()}) == 0);
+  REQUIRE(hpctrain::launch_local(2, hpctrain::test::print_world_program(), {"--write", dir_.string()}) == 0);
   CHECK(rank_json(0)["run_dir"] == "/somewhere/runs/7");
   CHECK(rank_json(1)["run_dir"] == "/somewhere/runs/7");
 }
@@ -129,7 +128,7 @@ TEST_CASE_METHOD(LaunchFixture, "The first failing rank's exit code wins and sto
   fs::create_directories(dir_);
   // The failing rank exits 7 once all three ranks are up; the others would hang forever.
   const int code = hpctrain::launch_local(
-      3, print_world_program(), {"--write", dir_.string(), "--fail-rank", std::to_string(failing_rank), "7", "--hang"});
+      3, hpctrain::test::print_world_program(), {"--write", dir_.string(), "--fail-rank", std::to_string(failing_rank), "7", "--hang"});
   CHECK(code == 7);
   for (int rank = 0; rank < 3; ++rank) {
     CAPTURE(rank);
@@ -141,7 +140,7 @@ TEST_CASE_METHOD(LaunchFixture, "A rank that ignores SIGTERM is killed when the 
   hpctrain::LocalLaunchOptions options;
   options.grace = std::chrono::milliseconds(200);
   const int code = hpctrain::launch_local(
-      2, print_world_program(), {"--write", dir_.string(), "--fail-rank", "1", "3", "--hang", "--ignore-sigterm"},
+      2, hpctrain::test::print_world_program(), {"--write", dir_.string(), "--fail-rank", "1", "3", "--hang", "--ignore-sigterm"},
       options);
   CHECK(code == 3);
   CHECK_FALSE(alive(rank_json(0)["pid"].get<int>()));
@@ -155,7 +154,7 @@ TEST_CASE_METHOD(LaunchFixture, "A rank ended by a signal reports 128 plus the s
   });
   int code = -1;
   try {
-    code = hpctrain::launch_local(2, print_world_program(), {"--write", dir_.string(), "--hang"});
+    code = hpctrain::launch_local(2, hpctrain::test::print_world_program(), {"--write", dir_.string(), "--hang"});
   } catch (...) {
     launch_over = true;
     killer.join();
@@ -173,7 +172,7 @@ TEST_CASE_METHOD(LaunchFixture, "SIGINT or SIGTERM to the launcher stops every r
   fs::remove_all(dir_);
   fs::create_directories(dir_);
   // The launcher runs in a child process, as `./train --local 2` would, so the signal is the process's own.
-  const std::string program = print_world_program();
+  const std::string program = hpctrain::test::print_world_program();
   const std::vector<std::string> args{"--write", dir_.string(), "--hang"};
   const pid_t launcher = ::fork();
   REQUIRE(launcher >= 0);
@@ -200,7 +199,7 @@ TEST_CASE_METHOD(LaunchFixture, "A caller that ignores SIGCHLD still gets the ra
   struct sigaction ignore{}, previous{};
   ignore.sa_handler = SIG_IGN;
   ::sigaction(SIGCHLD, &ignore, &previous);
-  const int code = hpctrain::launch_local(2, print_world_program(), {"--write", dir_.string(), "--fail-rank", "1", "5"});
+  const int code = hpctrain::launch_local(2, hpctrain::test::print_world_program(), {"--write", dir_.string(), "--fail-rank", "1", "5"});
   struct sigaction after{};
   ::sigaction(SIGCHLD, &previous, &after);
   CHECK(code == 5);

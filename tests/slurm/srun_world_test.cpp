@@ -16,9 +16,6 @@
 
 namespace {
 
-// Path of tests/slurm/programs/print_world, from tests/integration/CMakeLists.txt.
-std::string print_world_program() { return HPCTRAIN_PRINT_WORLD; }
-
 std::vector<nlohmann::json> json_lines(const std::string& text) {
   std::vector<nlohmann::json> lines;
   std::istringstream in(text);
@@ -49,7 +46,7 @@ TEST_CASE("Every task of an srun step sees its own rank, its node's local ranks 
   }));
   CAPTURE(launcher);
   auto command = words(launcher);
-  command.push_back(print_world_program());
+  command.push_back(hpctrain::test::print_world_program());
   const auto result = hpctrain::test::run_command(command);
   CAPTURE(result.err);
   REQUIRE(result.exit_code == 0);
@@ -88,7 +85,7 @@ TEST_CASE("Every task of an srun step sees its own rank, its node's local ranks 
 
 TEST_CASE("MASTER_PORT exported to an srun step overrides the derived port", "[slurm][world]") {
   const auto result = hpctrain::test::run_command(
-      {"srun", "-N2", "-n2", "--export=ALL,MASTER_PORT=23456", print_world_program()});
+      {"srun", "-N2", "-n2", "--export=ALL,MASTER_PORT=23456", hpctrain::test::print_world_program()});
   CAPTURE(result.err);
   REQUIRE(result.exit_code == 0);
   const auto tasks = json_lines(result.out);

@@ -42,14 +42,6 @@ void write_bytes(const fs::path& path, const std::vector<unsigned char>& bytes) 
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
 
-std::string run_error(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const std::exception& error) {
-    return error.what();
-  }
-  return "no error";
-}
 }  // namespace
 
 TEST_CASE("The Fashion-MNIST test files read as 10,000 images in [0, 1] with 1,000 labels per class", "[idx]") {
@@ -86,7 +78,7 @@ TEST_CASE("A bad IDX file is rejected with the file's name and what is wrong", "
   }));
   CAPTURE(bytes, rank);
   write_bytes(dir / "bad-idx", bytes);
-  CHECK(run_error([&] { hpctrain::data::read_idx(dir / "bad-idx", rank); }) ==
+  CHECK(train_test::run_error([&] { hpctrain::data::read_idx(dir / "bad-idx", rank); }) ==
         "[hpctrain.runtime.data.idx] " + (dir / "bad-idx").string() + ": " + reason);
 }
 
@@ -94,7 +86,7 @@ TEST_CASE("Images and labels of different counts are rejected naming both files"
   const auto dir = train_test::scratch("idx-mismatch");
   write_bytes(dir / "images", {0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 1, 5, 6});
   write_bytes(dir / "labels", {0, 0, 8, 1, 0, 0, 0, 3, 0, 1, 2});
-  CHECK(run_error([&] { hpctrain::data::load_idx(dir / "images", dir / "labels"); }) ==
+  CHECK(train_test::run_error([&] { hpctrain::data::load_idx(dir / "images", dir / "labels"); }) ==
         fmt::format("[hpctrain.runtime.data.idx] {} holds 2 images but {} holds 3 labels", (dir / "images").string(), (dir / "labels").string()));
 }
 
@@ -120,7 +112,7 @@ TEST_CASE("The distributed sampler deals each epoch's permutation to the ranks w
 }
 
 TEST_CASE("A sampler rank outside the world is a spec error", "[sampler]") {
-  CHECK(run_error([] { hpctrain::data::DistributedSampler(10, 2, 2, 0); }) == "[hpctrain.spec.sampler.rank] sampler.rank = 2: must be in [0, 2)");
+  CHECK(train_test::run_error([] { hpctrain::data::DistributedSampler(10, 2, 2, 0); }) == "[hpctrain.spec.sampler.rank] sampler.rank = 2: must be in [0, 2)");
 }
 
 TEST_CASE("A token file serves windows with targets shifted by one token", "[tokens]") {
@@ -135,9 +127,9 @@ TEST_CASE("A token file serves windows with targets shifted by one token", "[tok
   CHECK(torch::equal(batch.targets[0], torch::arange(31, 41, torch::kInt64) * 7));
   CHECK(torch::equal(batch.inputs[1], torch::arange(0, 10, torch::kInt64) * 7));
   write_bytes(dir / "odd.bin", {1, 2, 3});
-  CHECK(run_error([&] { hpctrain::data::tokens(dir / "odd.bin", 4, hpctrain::data::TokenFileOptions().raw_uint16()).load(); }) ==
+  CHECK(train_test::run_error([&] { hpctrain::data::tokens(dir / "odd.bin", 4, hpctrain::data::TokenFileOptions().raw_uint16()).load(); }) ==
         fmt::format("[hpctrain.runtime.data.tokens] {}: 3 bytes is not a uint16 token file", (dir / "odd.bin").string()));
-  CHECK(run_error([&] { hpctrain::data::tokens(dir / "tokens.bin", 4).load(); }) ==
+  CHECK(train_test::run_error([&] { hpctrain::data::tokens(dir / "tokens.bin", 4).load(); }) ==
         fmt::format("[hpctrain.runtime.data.tokens] {}: no \"HPCTOKEN\" header (not made by prepare_tokens); for a raw "
                     "nanoGPT uint16 .bin pass TokenFileOptions().raw_uint16()", (dir / "tokens.bin").string()));
 }
@@ -148,13 +140,13 @@ TEST_CASE("The prefetcher hands out batches in order and passes on the producer'
     return hpctrain::data::Batch{torch::full({1}, k), torch::full({1}, -k)};
   }, 2, 8);
   for (std::int64_t k = 2; k < 5; ++k) CHECK(prefetcher.next().inputs.item<std::int64_t>() == k);
-  CHECK(run_error([&] { prefetcher.next(); }) == "batch 5 is broken");
+  CHECK(train_test::run_error([&] { prefetcher.next(); }) == "batch 5 is broken");
 }
 
 TEST_CASE("The prefetcher refuses to hand out more batches than it was asked for", "[prefetch]") {
   hpctrain::data::Prefetcher prefetcher([](std::int64_t k) { return hpctrain::data::Batch{torch::full({1}, k), {}}; }, 0, 1);
   CHECK(prefetcher.next().inputs.item<std::int64_t>() == 0);
-  CHECK(run_error([&] { prefetcher.next(); }) == "Prefetcher::next: every batch was already taken");
+  CHECK(train_test::run_error([&] { prefetcher.next(); }) == "Prefetcher::next: every batch was already taken");
 }
 
 TEST_CASE("CRC-32C matches the standard check value", "[checkpoint]") {
@@ -305,7 +297,7 @@ TEST_CASE("A staging directory left by an interrupted save is not a checkpoint a
 TEST_CASE("Replicated refuses a checkpoint written by another strategy, naming the field", "[checkpoint]") {
   hpctrain::Replicated replicated;
   hpctrain::SavedStrategyState saved{2, "zero2", [](int) -> torch::serialize::InputArchive { FAIL("must not open"); return {}; }};
-  CHECK(run_error([&] { replicated.load(saved); }) ==
+  CHECK(train_test::run_error([&] { replicated.load(saved); }) ==
         "[hpctrain.spec.checkpoint.strategy] checkpoint.strategy = zero2: the checkpoint was written by strategy 'zero2'; this run uses 'replicated'");
 }
 
@@ -368,7 +360,7 @@ TEST_CASE("Warmup then linear decay falls in a straight line from the base rate 
 }
 
 TEST_CASE("A schedule with a final fraction above one is a spec error", "[schedule]") {
-  CHECK(run_error([] { hpctrain::LrSchedule::warmup_cosine(5, 1.5); }) ==
+  CHECK(train_test::run_error([] { hpctrain::LrSchedule::warmup_cosine(5, 1.5); }) ==
         "[hpctrain.spec.schedule.final_fraction] schedule.final_fraction = 1.5: must be in [0, 1]");
 }
 
@@ -405,14 +397,14 @@ TEST_CASE("An invalid training description names the field and the value", "[tra
   auto training = valid_training();
   REQUIRE_NOTHROW(training.validate());
   broken(training);
-  CHECK(run_error([&] { training.validate(); }) == message);
+  CHECK(train_test::run_error([&] { training.validate(); }) == message);
 }
 
 TEST_CASE("A global batch is split across ranks and accumulation steps, and must divide evenly", "[training]") {
   auto training = valid_training().batch_size(hpctrain::global(256)).gradient_accumulation(2);
   CHECK(training.micro_batch_per_rank(1) == 128);
   CHECK(training.micro_batch_per_rank(4) == 32);
-  CHECK(run_error([&] { training.micro_batch_per_rank(3); }) ==
+  CHECK(train_test::run_error([&] { training.micro_batch_per_rank(3); }) ==
         "[hpctrain.spec.training.batch_size] training.batch_size = 256: a global batch must divide by world size × gradient_accumulation (6)");
   CHECK(valid_training().batch_size(hpctrain::per_rank(64)).micro_batch_per_rank(8) == 64);
 }

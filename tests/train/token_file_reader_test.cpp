@@ -15,14 +15,6 @@
 #include <hpctrain/train/data/tokens.hpp>
 
 namespace {
-std::string run_error(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const std::exception& error) {
-    return error.what();
-  }
-  return "no error";
-}
 std::string read_text(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream content;
@@ -58,12 +50,12 @@ TEST_CASE("Tokens prepared with a vocabulary over 65,536 ids are read back as ui
   const auto text = tokenizer.decode(first);
   CHECK(text.substr(0, 20) == read_text("/usr/share/games/fortunes/computers").substr(0, 20));
 
-  CHECK(run_error([&] {
+  CHECK(train_test::run_error([&] {
           hpctrain::data::tokens(result.train, context, hpctrain::data::TokenFileOptions().fingerprint(42)).load();
         }) == fmt::format("[hpctrain.runtime.text.token_file] {}: made by the tokenizer with fingerprint {:016x}, expected "
                           "000000000000002a (another tokenizer)",
                           result.train.string(), tokenizer.fingerprint()));
-  CHECK(run_error([&] {
+  CHECK(train_test::run_error([&] {
           hpctrain::data::tokens(result.train, context, hpctrain::data::TokenFileOptions().token_bytes(2)).load();
         }) == fmt::format("[hpctrain.runtime.text.token_file] {}: 4 bytes per token, expected 2", result.train.string()));
 }

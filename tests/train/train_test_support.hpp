@@ -71,6 +71,16 @@ inline hpctrain::data::Source fashion_subset(const std::string& split, std::int6
   return hpctrain::data::tensors(all.inputs.narrow(0, 0, count), all.targets.narrow(0, 0, count));
 }
 
+/// The message of whatever `action` throws (any std::exception), or "no error".
+inline std::string run_error(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const std::exception& error) {
+    return error.what();
+  }
+  return "no error";
+}
+
 }  // namespace train_test
 
 /// Skips the rest of a test case, saying why, when Fashion-MNIST is missing (Catch2 v2 has no SKIP: the
