@@ -10,7 +10,9 @@
 //                 the optimizer state and gradients
 //
 // Each row: tokens/s over the timed steps, peak memory (the CUDA allocator's peak allocated bytes, as
-// torch.cuda.max_memory_allocated; on the CPU the process's peak resident set), trainable parameters, and for
+// torch.cuda.max_memory_allocated; on the CPU the process's peak resident set), trainable parameters, the
+// optimizer state and gradients this rank holds between steps (bytes of tensors, counted, not measured: what
+// LoRA saves against full fine-tuning, at any size and on any device; ZeRO-3's fp32 masters not included), and for
 // the full row MFU (6N + attention, models/llama_config.hpp; recomputation not counted, as usual). On the CPU
 // the model is a tiny one of the same shape family: the row checks that the code runs, not its speed.
 #include <chrono>
@@ -18,6 +20,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 #include <torch/cuda.h>
@@ -63,7 +67,22 @@ struct Measurement {
   std::int64_t peak_bytes = 0;
   double loss = 0;
   std::int64_t trainable = 0;
+  std::int64_t optimizer_state_bytes = 0;  // AdamW's moments on this rank
+  std::int64_t gradient_bytes = 0;         // gradients (ZeRO-3: the gradient shards) kept between steps
 };
+
+/// The optimizer state and gradient bytes `strategy` holds on this rank after a step.
+inline std::pair<std::int64_t, std::int64_t> state_and_gradient_bytes(hpctrain::DataParallelStrategy& strategy,
+                                                                      hpctrain::models::Llama& model) {
+  if (const auto* full = dynamic_cast<const hpctrain::FullyShardedStrategy*>(&strategy))
+    return {static_cast<std::int64_t>(full->optimizer_state_bytes()), static_cast<std::int64_t>(full->gradient_bytes())};
+  std::int64_t state = 0, gradients = 0;
+  for (const auto& [key, parameter_state] : strategy.optimizer().state())
+    state += static_cast<std::int64_t>(hpctrain::detail::state_tensor_bytes(*parameter_state));
+  for (const auto& parameter : model->parameters())
+    if (parameter.grad().defined()) gradients += static_cast<std::int64_t>(parameter.grad().nbytes());
+  return {state, gradients};
+}
 
 inline std::unique_ptr<torch::optim::Optimizer> adamw(const hpctrain::NamedParameters& named) {
   std::vector<torch::Tensor> tensors;
@@ -114,6 +133,7 @@ inline Measurement train(const std::shared_ptr<hpctrain::dist::ProcessGroup>& gr
   measurement.tokens_per_s = static_cast<double>(size.batch * size.sequence * size.steps) / seconds;
   measurement.peak_bytes = peak_memory_bytes(device);
   measurement.loss = loss.item<double>();
+  std::tie(measurement.optimizer_state_bytes, measurement.gradient_bytes) = state_and_gradient_bytes(*strategy, model);
   return measurement;
 }
 
@@ -134,12 +154,16 @@ inline Row row_of(const std::string& id, const std::string& label, const Measure
                   const hpctrain::models::LlamaConfig& config, bool with_mfu) {
   Row row{id, label, Status::pass, "", nlohmann::json::object()};
   const double gib = static_cast<double>(m.peak_bytes) / double(1 << 30);
-  row.result = fmt::format("{:.0f} tokens/s, {} {:.2f} GiB, {} trainable", m.tokens_per_s, memory_label(device), gib,
-                           count_label(m.trainable));
+  const auto mib = [](std::int64_t bytes) { return static_cast<double>(bytes) / double(1 << 20); };
+  row.result = fmt::format("{:.0f} tokens/s, {} {:.2f} GiB, {} trainable, optimizer state {:.2f} MiB, gradients {:.2f} MiB",
+                           m.tokens_per_s, memory_label(device), gib, count_label(m.trainable), mib(m.optimizer_state_bytes),
+                           mib(m.gradient_bytes));
   row.figures["tokens_per_s"] = m.tokens_per_s;
   row.figures["peak_bytes"] = m.peak_bytes;
   row.figures["peak_memory_kind"] = memory_label(device);
   row.figures["trainable_parameters"] = m.trainable;
+  row.figures["optimizer_state_bytes"] = m.optimizer_state_bytes;
+  row.figures["gradient_bytes"] = m.gradient_bytes;
   row.figures["parameters"] = config.parameter_count();
   row.figures["loss"] = m.loss;
   if (with_mfu) {
