@@ -1,7 +1,7 @@
 // The C++ half of scripts/gpu-check (docs/gpu.md): the checks that only hpctrain's own code can make, one group
 // per run, each row a JSON line on stdout (gpu_suite/report.hpp). gpu-check runs the groups, adds the GPT-2
 // throughput rows (bench/model_bench.cpp, bench/model_peer.py) and prints the table.
-//   hpctrain_gpu_suite dist|llama|packed [--device cuda|cpu]
+//   hpctrain_gpu_suite dist|llama|packed|switches [--device cuda|cpu]
 // Exit status: 0 when every row passed, 1 when one failed or a check threw, 2 for bad usage. --device cpu
 // hides the GPUs (CUDA_VISIBLE_DEVICES=""), so that the process group picks Gloo as it does on a CPU node.
 #include <algorithm>
@@ -22,6 +22,7 @@
 #include "gpu_suite/dist_rows.hpp"
 #include "gpu_suite/llama_rows.hpp"
 #include "gpu_suite/packed_rows.hpp"
+#include "gpu_suite/switch_rows.hpp"
 
 namespace suite = hpctrain_gpu_suite;
 
@@ -59,7 +60,7 @@ int run_dist_rank(bool cuda) {
 int main(int argc, char** argv) try {
   CLI::App app{"hpctrain's GPU suite: one group of rows per run, JSON lines on stdout (scripts/gpu-check runs it)"};
   std::string group, device_name = "cuda";
-  app.add_option("group", group, "dist, llama or packed")->required()->check(CLI::IsMember({"dist", "llama", "packed"}));
+  app.add_option("group", group, "dist, llama, packed or switches")->required()->check(CLI::IsMember({"dist", "llama", "packed", "switches"}));
   app.add_option("--device", device_name, "cuda (default) or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
   CLI11_PARSE(app, argc, argv);
 
@@ -75,8 +76,10 @@ int main(int argc, char** argv) try {
     failures = std::getenv("RANK") != nullptr ? run_dist_rank(device.is_cuda()) : run_dist(device, device_name);
   } else if (group == "llama") {
     failures = suite::run_llama_rows(hpctrain::dist::init_process_group(hpctrain::slurm::World{}), device.is_cuda());
-  } else {
+  } else if (group == "packed") {
     failures = suite::run_packed_rows(device);
+  } else {
+    failures = suite::run_switch_rows(device);
   }
   return failures == 0 ? 0 : 1;
 } catch (const std::exception& e) {

@@ -194,7 +194,8 @@ class Trainer {
     const std::int64_t per_step = micro_batch_ * training_.gradient_accumulation();
     data::Prefetcher batches([this, indices, per_step, epoch](std::int64_t batch_index) {
       const auto begin = indices->begin() + static_cast<std::ptrdiff_t>(batch_index * per_step);
-      return train_set_->batch_in_epoch(std::vector<std::int64_t>(begin, begin + static_cast<std::ptrdiff_t>(per_step)), epoch);
+      auto batch = train_set_->batch_in_epoch(std::vector<std::int64_t>(begin, begin + static_cast<std::ptrdiff_t>(per_step)), epoch);
+      return pinned_batches() ? batch.pinned() : batch;  // pinned on this thread, off the step's path
     }, step_ - epoch * steps_per_epoch_, epoch_end - epoch * steps_per_epoch_);
     while (step_ < epoch_end) {
       train_step(batches.next());
@@ -205,6 +206,9 @@ class Trainer {
     return true;
   }
 
+  /// Training::pin_memory on a CUDA device: batches come pinned from the prefetcher and move without a wait.
+  bool pinned_batches() const { return training_.pin_memory() && device_.is_cuda(); }
+
   /// One optimizer step: the step function per micro-batch, gradients through the strategy, clip, step.
   void train_step(const data::Batch& batch) {
     set_learning_rates();
@@ -213,7 +217,7 @@ class Trainer {
     const std::int64_t accumulation = training_.gradient_accumulation();
     torch::Tensor step_loss;
     for (std::int64_t micro = 0; micro < accumulation; ++micro) {
-      const auto part = batch.narrow(micro * micro_batch_, micro_batch_).to(device_);
+      const auto part = batch.narrow(micro * micro_batch_, micro_batch_).to(device_, /*non_blocking=*/pinned_batches());
       strategy_->set_sync(micro == accumulation - 1);  // communicate only once per optimizer step
       StepContext context{*model_.module, model_.forward, device_, training_.precision(), group_->rank(), group_->world_size(),
                           step_, micro, accumulation, training_.loss(), training_.knobs()};

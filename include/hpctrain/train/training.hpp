@@ -301,6 +301,11 @@ class Training {
   /// over 32 MB back (munmap), so the next step page-faults it in again, zeroed. A rank's resident memory then
   /// stays at its peak, as under a caching allocator. Default: on; no effect on GPUs or without glibc.
   Training& keep_freed_memory(bool on) { keep_freed_memory_ = on; return *this; }
+  /// On a CUDA device, the prefetch thread copies each batch into page-locked (pinned) host memory, and the step
+  /// copies it to the GPU without waiting (non_blocking): the copy overlaps the previous step's kernels instead of
+  /// stalling the stream, as PyTorch's DataLoader(pin_memory=True) does. Default: off until the GPU suite's
+  /// switches.pinned_batches row has measured it (docs/gpu.md); no effect on a CPU device.
+  Training& pin_memory(bool on) { pin_memory_ = on; return *this; }
   /// Called on every rank after each optimizer step with the number of steps completed (fault injection in
   /// tests). Default: none.
   Training& on_step(std::function<void(std::int64_t)> callback) { on_step_ = std::move(callback); return *this; }
@@ -425,6 +430,7 @@ class Training {
   bool report_digest() const { return report_digest_; }
   int threads() const { return threads_; }
   bool keep_freed_memory() const { return keep_freed_memory_; }
+  bool pin_memory() const { return pin_memory_; }
   const std::optional<std::filesystem::path>& run_dir() const { return run_dir_; }
   /// The program's knobs: declared with `knob`; in the worker, with this run's values (built-ins included).
   const Knobs& knobs() const { return knobs_; }
@@ -493,6 +499,7 @@ class Training {
   bool evaluate_at_start_ = false;
   int threads_ = 0;
   bool keep_freed_memory_ = true;
+  bool pin_memory_ = false;
   std::optional<std::filesystem::path> run_dir_;
   Knobs knobs_;
   std::function<void(std::int64_t)> on_step_;

@@ -49,6 +49,14 @@ struct Batch {
     for (const auto& [key, value] : fields) out.fields.emplace(key, part(value));
     return out;
   }
+  /// Every tensor copied into page-locked host memory (needs a CUDA device): a later `to(cuda, true)` from it
+  /// does not wait for the copy.
+  Batch pinned() const {
+    auto pin = [](const torch::Tensor& t) { return t.defined() ? t.pin_memory() : t; };
+    Batch out(pin(inputs), pin(targets));
+    for (const auto& [key, value] : fields) out.fields.emplace(key, pin(value));
+    return out;
+  }
   /// Every tensor on `device`.
   Batch to(torch::Device device, bool non_blocking = false) const {
     auto move = [&](const torch::Tensor& t) { return t.defined() ? t.to(device, non_blocking) : t; };

@@ -1,0 +1,152 @@
+#pragma once
+// Rows "switches.*": the GPU performance switches of issue 21, each timed off and on in the same run.
+//   switches.fused_adamw     torch::optim::AdamW against hpctrain::FusedAdamW (ATen's fused kernel) on GPT-2
+//                            124M's parameter shapes (tiny on the CPU): ms per optimizer step, and the parameters
+//                            after the timed steps agree.
+//   switches.pinned_batches  Training::pin_memory's path: a GPT-2 sized token batch copied to the device from
+//                            pageable memory (blocking) against pinned memory (non_blocking) in front of a step's
+//                            worth of matmuls: ms per iteration. Needs CUDA (pinned memory is CUDA's); skipped on
+//                            the CPU, saying so.
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <hpctrain/train/fused_adamw.hpp>
+
+#include "compare.hpp"
+#include "report.hpp"
+
+namespace hpctrain_gpu_suite {
+
+namespace switch_rows {
+
+/// Waits for the device's queued work, so that a wall-clock interval covers it.
+inline void synchronize(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+/// GPT-2 124M's parameter shapes (148 tensors), or a tiny stand-in of the same structure on the CPU.
+inline std::vector<std::vector<std::int64_t>> gpt2_shapes(bool cuda) {
+  const std::int64_t d = cuda ? 768 : 32, vocab = cuda ? 50257 : 97, positions = cuda ? 1024 : 64, layers = cuda ? 12 : 2;
+  std::vector<std::vector<std::int64_t>> shapes{{vocab, d}, {positions, d}};
+  for (std::int64_t l = 0; l < layers; ++l) {
+    for (const auto& shape : std::vector<std::vector<std::int64_t>>{
+             {d}, {d}, {d, 3 * d}, {3 * d}, {d, d}, {d}, {d}, {d}, {d, 4 * d}, {4 * d}, {4 * d, d}, {d}})
+      shapes.push_back(shape);
+  }
+  shapes.push_back({d});
+  shapes.push_back({d});
+  return shapes;
+}
+
+inline std::vector<torch::Tensor> parameters(const std::vector<std::vector<std::int64_t>>& shapes, const torch::Device& device) {
+  torch::manual_seed(11);
+  std::vector<torch::Tensor> out;
+  for (const auto& shape : shapes) {
+    out.push_back(torch::randn(shape, torch::TensorOptions().device(device)).requires_grad_());
+    out.back().mutable_grad() = torch::randn(shape, torch::TensorOptions().device(device)) * 1e-2;
+  }
+  return out;
+}
+
+/// Milliseconds per optimizer step of `Optimizer` over `params`, after warmup steps.
+template <class Optimizer>
+double ms_per_step(const std::vector<torch::Tensor>& params, const torch::Device& device, int warmup, int steps) {
+  Optimizer optimizer(params, torch::optim::AdamWOptions(1e-3).weight_decay(0.1));
+  for (int i = 0; i < warmup; ++i) optimizer.step();
+  synchronize(device);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) optimizer.step();
+  synchronize(device);
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / steps;
+}
+
+inline Row fused_adamw_row(const torch::Device& device) {
+  const bool cuda = device.is_cuda();
+  const auto shapes = gpt2_shapes(cuda);
+  const int warmup = 3, steps = cuda ? 20 : 5;
+  const auto plain_params = parameters(shapes, device);
+  const auto fused_params = parameters(shapes, device);
+  const double plain_ms = ms_per_step<torch::optim::AdamW>(plain_params, device, warmup, steps);
+  const double fused_ms = ms_per_step<hpctrain::FusedAdamW>(fused_params, device, warmup, steps);
+  std::int64_t numel = 0;
+  for (const auto& p : plain_params) numel += p.numel();
+  // Same gradients every step on both sides: the parameters must still agree (fp32; kernels reassociate).
+  const double error = relative_error(fused_params, plain_params);
+  Row row{"switches.fused_adamw", "AdamW step: torch::optim::AdamW vs hpctrain::FusedAdamW", Status::pass, "", nlohmann::json::object()};
+  row.status = error <= 1e-5 ? Status::pass : Status::fail;
+  row.result = fmt::format("{:.2f} ms -> {:.2f} ms per step ({:.2f}x) over {} tensors, {:.1f}M parameters; parameters {}",
+                           plain_ms, fused_ms, plain_ms / fused_ms, shapes.size(), static_cast<double>(numel) / 1e6,
+                           within(error, 1e-5));
+  row.figures = {{"plain_ms", plain_ms}, {"fused_ms", fused_ms}, {"speedup", plain_ms / fused_ms},
+                 {"tensors", shapes.size()}, {"parameters", numel}, {"relative_error", error}};
+  return row;
+}
+
+/// Milliseconds per iteration of: batch to the device, then a step's worth of matmuls that read it.
+inline double ms_per_iteration(const torch::Tensor& host_batch, bool non_blocking, const torch::Device& device, int iterations) {
+  const auto weight = torch::randn({4096, 4096}, torch::TensorOptions().device(device).dtype(torch::kBFloat16));
+  auto work = torch::randn({8192, 4096}, torch::TensorOptions().device(device).dtype(torch::kBFloat16));
+  auto run = [&] {
+    const auto batch = host_batch.to(device, non_blocking);
+    auto x = work;
+    for (int layer = 0; layer < 4; ++layer) x = torch::matmul(x, weight);
+    return batch.sum() + x.sum();
+  };
+  (void)run();
+  synchronize(device);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iterations; ++i) (void)run();
+  synchronize(device);
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / iterations;
+}
+
+inline Row pinned_batches_row(const torch::Device& device) {
+  Row row{"switches.pinned_batches", "batch to GPU: pageable + blocking vs pinned + non_blocking (Training::pin_memory)",
+          Status::skip, "", nlohmann::json::object()};
+  if (!device.is_cuda()) {
+    row.result = "skipped: pinned host memory needs a CUDA device (Training::pin_memory has no effect on the CPU)";
+    return row;
+  }
+  // GPT-2's batch as the Trainer moves it: 16 x 1024 token ids and targets (int64), here as one tensor of both.
+  const auto pageable = torch::randint(50257, {2, 16, 1024}, torch::kLong);
+  const auto pinned = pageable.pin_memory();
+  const int iterations = 50;
+  const double pageable_ms = ms_per_iteration(pageable, false, device, iterations);
+  const double pinned_ms = ms_per_iteration(pinned, true, device, iterations);
+  row.status = Status::pass;
+  row.result = fmt::format("{:.3f} ms -> {:.3f} ms per iteration ({:.2f}x), {} KiB per batch", pageable_ms, pinned_ms,
+                           pageable_ms / pinned_ms, pageable.nbytes() / 1024);
+  row.figures = {{"pageable_ms", pageable_ms}, {"pinned_ms", pinned_ms}, {"speedup", pageable_ms / pinned_ms},
+                 {"batch_bytes", pageable.nbytes()}};
+  return row;
+}
+
+}  // namespace switch_rows
+
+/// Group "switches": every row, each in its own try so that one failure keeps the others.
+inline int run_switch_rows(const torch::Device& device) {
+  int failures = 0;
+  const auto guarded = [&](const char* id, const char* label, auto make) {
+    try {
+      const auto row = make();
+      print(row);
+      failures += row.status == Status::fail;
+    } catch (const std::exception& e) {
+      print(failed_row(id, label, e.what()));
+      ++failures;
+    }
+  };
+  guarded("switches.fused_adamw", "AdamW step: torch::optim::AdamW vs hpctrain::FusedAdamW",
+          [&] { return switch_rows::fused_adamw_row(device); });
+  guarded("switches.pinned_batches", "batch to GPU: pageable + blocking vs pinned + non_blocking (Training::pin_memory)",
+          [&] { return switch_rows::pinned_batches_row(device); });
+  return failures;
+}
+
+}  // namespace hpctrain_gpu_suite

@@ -1,0 +1,108 @@
+// hpctrain::FusedAdamW (ATen's fused AdamW kernel, which has a CPU implementation too) against LibTorch's own
+// torch::optim::AdamW: the same parameters after the same steps, and the same state, so checkpoints and ZeRO's
+// sharded state carry over between the two.
+#include <catch2/catch.hpp>
+
+#include <sstream>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include <hpctrain/train/fused_adamw.hpp>
+
+namespace {
+
+/// Two groups (different lr and weight decay) of fp32 and fp64 tensors; the third parameter has no gradient
+/// on every third step, so its step count falls behind the others'.
+struct Setup {
+  std::vector<torch::Tensor> first, second;
+
+  static Setup make() {
+    torch::manual_seed(7);
+    Setup s;
+    s.first = {torch::randn({5, 3}).requires_grad_(), torch::randn({7}, torch::kFloat64).requires_grad_()};
+    s.second = {torch::randn({4, 4}).requires_grad_(), torch::randn({2, 3, 2}).requires_grad_()};
+    return s;
+  }
+  std::vector<torch::optim::OptimizerParamGroup> groups(bool amsgrad) const {
+    auto decayed = std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(2e-2).weight_decay(0.1).amsgrad(amsgrad));
+    auto plain = std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(5e-3).betas({0.8, 0.95}).eps(1e-6).weight_decay(0.0).amsgrad(amsgrad));
+    return {torch::optim::OptimizerParamGroup(first, std::move(decayed)),
+            torch::optim::OptimizerParamGroup(second, std::move(plain))};
+  }
+  std::vector<torch::Tensor> all() const {
+    auto list = first;
+    list.insert(list.end(), second.begin(), second.end());
+    return list;
+  }
+};
+
+/// Gradients as a loss would leave them: seeded per step, the same for both optimizers.
+void set_gradients(const std::vector<torch::Tensor>& params, int step) {
+  torch::manual_seed(100 + step);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    auto grad = torch::randn(params[i].sizes(), params[i].options().requires_grad(false));
+    params[i].mutable_grad() = (i == 2 && step % 3 == 0) ? torch::Tensor() : grad;
+  }
+}
+
+template <class Optimizer>
+void run_steps(Optimizer& optimizer, const std::vector<torch::Tensor>& params, int first, int last) {
+  for (int step = first; step < last; ++step) {
+    set_gradients(params, step);
+    optimizer.step();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("FusedAdamW's parameters and state equal torch::optim::AdamW's after 20 steps, with and without AMSGrad", "[optimizer]") {
+  for (const bool amsgrad : {false, true}) {
+    CAPTURE(amsgrad);
+    auto reference = Setup::make();
+    auto fused = Setup::make();
+    torch::optim::AdamW reference_optimizer(reference.groups(amsgrad));
+    hpctrain::FusedAdamW fused_optimizer(fused.groups(amsgrad));
+    run_steps(reference_optimizer, reference.all(), 0, 20);
+    run_steps(fused_optimizer, fused.all(), 0, 20);
+    const auto expected = reference.all();
+    const auto got = fused.all();
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      CAPTURE(i);
+      REQUIRE(torch::allclose(got[i], expected[i], 1e-6, 1e-7));
+      const auto& want = static_cast<const torch::optim::AdamWParamState&>(*reference_optimizer.state().at(expected[i].unsafeGetTensorImpl()));
+      const auto& have = static_cast<const torch::optim::AdamWParamState&>(*fused_optimizer.state().at(got[i].unsafeGetTensorImpl()));
+      REQUIRE(have.step() == want.step());
+      REQUIRE(have.step() == (i == 2 ? 13 : 20));  // the third parameter had no gradient on 7 of the 20 steps
+      REQUIRE(torch::allclose(have.exp_avg(), want.exp_avg(), 1e-6, 1e-8));
+      REQUIRE(torch::allclose(have.exp_avg_sq(), want.exp_avg_sq(), 1e-6, 1e-10));
+      REQUIRE(have.max_exp_avg_sq().defined() == amsgrad);
+      if (amsgrad) REQUIRE(torch::allclose(have.max_exp_avg_sq(), want.max_exp_avg_sq(), 1e-6, 1e-10));
+    }
+  }
+}
+
+TEST_CASE("A FusedAdamW state saved after 10 steps resumes in torch::optim::AdamW on the same parameters as 20 fused steps", "[optimizer]") {
+  auto fused = Setup::make();
+  hpctrain::FusedAdamW fused_optimizer(fused.groups(false));
+  run_steps(fused_optimizer, fused.all(), 0, 10);
+
+  // The resumed run: the parameters and optimizer state of step 10, through torch::save's archive.
+  auto resumed = Setup::make();
+  for (std::size_t i = 0; i < resumed.all().size(); ++i) {
+    torch::NoGradGuard no_grad;
+    resumed.all()[i].copy_(fused.all()[i]);
+  }
+  std::stringstream archive;
+  torch::save(fused_optimizer, archive);
+  torch::optim::AdamW plain_optimizer(resumed.groups(false));
+  torch::load(plain_optimizer, archive);
+
+  run_steps(fused_optimizer, fused.all(), 10, 20);
+  run_steps(plain_optimizer, resumed.all(), 10, 20);
+  for (std::size_t i = 0; i < fused.all().size(); ++i) {
+    CAPTURE(i);
+    REQUIRE(torch::allclose(resumed.all()[i], fused.all()[i], 1e-6, 1e-7));
+  }
+}
