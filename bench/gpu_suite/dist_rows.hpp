@@ -11,6 +11,11 @@
 //                      rank its slice of the global batch, precision p: averaged gradients and the SGD update
 //                      against the reference's.
 //   dist.zero3.<p>     the same with ZeRO-3 (FullyShardedStrategy): the update, after gather_full_model().
+//   dist.ddp.overlap   the switch GradientSyncOptions::overlap_with_backward: fp32 steps with every all-reduce
+//                      after backward against launched during it, ms per step; the updates must be equal.
+//   dist.zero3.prefetch  the switch FullyShardedStrategy::prefetch_next_block: each block gathered when reached
+//                      against the next one gathered while the current one runs, ms per step and the most
+//                      bytes gathered at once; the updates must be equal. Both skip at world 1 (no collectives).
 //
 // The strategy rows run at world 2 when two devices are there (two GPUs; on the CPU always, over Gloo), as
 // ranks of this binary started by hpctrain::launch_local; rank 0 computes the reference and prints the rows.
@@ -19,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -33,6 +39,8 @@
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/models/gpt2.hpp>
 #include <hpctrain/train/precision.hpp>
+#include <hpctrain/train/replicated.hpp>
+#include <hpctrain/train/strategies/fully_sharded.hpp>
 #include <hpctrain/train/strategies/sharded.hpp>
 
 #include "compare.hpp"
@@ -145,6 +153,61 @@ inline StepResult strategy_step(const std::shared_ptr<hpctrain::dist::ProcessGro
   return result;
 }
 
+/// `steps` fp32 SGD steps of `strategy` on this rank's slice after one warmup step: the update of every
+/// parameter over all of them and the milliseconds per step (the strategy's collectives waited for).
+struct TimedSteps {
+  std::vector<torch::Tensor> updates;
+  double ms_per_step = 0;
+  std::size_t peak_gathered_bytes = 0;  // ZeRO-3: the most block bytes gathered at once during the steps
+};
+
+inline TimedSteps timed_steps(const std::shared_ptr<hpctrain::dist::ProcessGroup>& group,
+                              hpctrain::DataParallelStrategy& strategy, bool cuda, const torch::Tensor& tokens, int steps) {
+  torch::manual_seed(0);
+  hpctrain::models::GPT2 model(model_config(cuda));
+  const auto before = cpu_copies(model->parameters());
+  model->to(group->device());
+  model->train();
+  strategy.setup({group, model.ptr(),
+                  [](const hpctrain::NamedParameters& named) {
+                    std::vector<torch::Tensor> tensors;
+                    for (const auto& item : named) tensors.push_back(item.second);
+                    return std::make_unique<torch::optim::SGD>(tensors, torch::optim::SGDOptions(learning_rate / 10));
+                  },
+                  hpctrain::Precision::fp32});
+  const auto rows = rows_per_rank(cuda);
+  const auto slice = tokens.narrow(0, group->rank() * rows, rows).to(group->device());
+  auto step = [&] {
+    strategy.zero_grad();
+    strategy.set_sync(true);
+    mean_loss(model, slice).backward();
+    strategy.finish_gradients();
+    strategy.step();
+  };
+  step();
+  if (cuda) torch::cuda::synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) step();
+  if (cuda) torch::cuda::synchronize();
+  TimedSteps out;
+  out.ms_per_step = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / steps;
+  if (const auto* full = dynamic_cast<const hpctrain::FullyShardedStrategy*>(&strategy)) out.peak_gathered_bytes = full->peak_gathered_bytes();
+  strategy.gather_full_model();  // gathers every block: read the peak before
+  out.updates = differences(cpu_copies(model->parameters()), before);
+  return out;
+}
+
+/// A switch's row: the same steps with it off and on; equal updates pass.
+inline Row switch_row(std::string id, std::string label, const TimedSteps& off, const TimedSteps& on) {
+  const double error = relative_error(on.updates, off.updates);
+  Row row{std::move(id), std::move(label), error <= 1e-6 ? Status::pass : Status::fail, "", nlohmann::json::object()};
+  row.result = fmt::format("{:.1f} ms -> {:.1f} ms per step ({:.2f}x); updates {}", off.ms_per_step, on.ms_per_step,
+                           off.ms_per_step / on.ms_per_step, within(error, 1e-6));
+  row.figures = {{"off_ms", off.ms_per_step}, {"on_ms", on.ms_per_step}, {"speedup", off.ms_per_step / on.ms_per_step},
+                 {"update_relative_error", error}};
+  return row;
+}
+
 /// The row of a step's `result` against the `reference` (on rank 0).
 inline Row strategy_row(const hpctrain::dist::ProcessGroup& group, const std::string& strategy_name,
                         hpctrain::Precision precision, const StepResult& result, const StepResult& reference) {
@@ -215,6 +278,47 @@ inline Row collectives_row(const torch::Device& device) {
 
 }  // namespace dist_rows
 
+/// dist.ddp.overlap and dist.zero3.prefetch on this rank (rank 0 prints them); skipped at world 1.
+inline int run_switch_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& group, bool cuda, const torch::Tensor& tokens) {
+  const std::string ddp_label = "DDP all-reduce: after backward vs overlapped with it (GradientSyncOptions::overlap_with_backward)";
+  const std::string zero3_label = "ZeRO-3 gathers: when reached vs next block prefetched (FullyShardedStrategy::prefetch_next_block)";
+  if (group->world_size() == 1) {
+    if (group->rank() == 0) {
+      for (const auto& [id, label] : {std::pair{"dist.ddp.overlap", ddp_label}, std::pair{"dist.zero3.prefetch", zero3_label}})
+        print(Row{id, label, Status::skip, "skipped: at world 1 the strategies issue no collective to overlap", nlohmann::json::object()});
+    }
+    return 0;
+  }
+  const int steps = cuda ? 10 : 2;
+  hpctrain::dist::GradientSyncOptions deferred;
+  deferred.overlap_with_backward = false;
+  hpctrain::Replicated ddp_off(deferred), ddp_on;
+  const auto ddp_off_steps = dist_rows::timed_steps(group, ddp_off, cuda, tokens, steps);
+  const auto ddp_on_steps = dist_rows::timed_steps(group, ddp_on, cuda, tokens, steps);
+  hpctrain::FullyShardedStrategy zero3_off, zero3_on;
+  zero3_off.prefetch_next_block(false);
+  const auto zero3_off_steps = dist_rows::timed_steps(group, zero3_off, cuda, tokens, steps);
+  const auto zero3_on_steps = dist_rows::timed_steps(group, zero3_on, cuda, tokens, steps);
+  if (group->rank() != 0) return 0;
+  int failures = 0;
+  const auto ddp_row = dist_rows::switch_row("dist.ddp.overlap", ddp_label, ddp_off_steps, ddp_on_steps);
+  print(ddp_row);
+  failures += ddp_row.status == Status::fail;
+  auto zero3_row = dist_rows::switch_row("dist.zero3.prefetch", zero3_label, zero3_off_steps, zero3_on_steps);
+  // Prefetching holds the next block's gather beside the current one: the memory it costs.
+  const auto off_bytes = zero3_off_steps.peak_gathered_bytes, on_bytes = zero3_on_steps.peak_gathered_bytes;
+  zero3_row.figures["off_peak_gathered_bytes"] = off_bytes;
+  zero3_row.figures["on_peak_gathered_bytes"] = on_bytes;
+  zero3_row.result += fmt::format("; most gathered at once {:.2f} -> {:.2f} MiB", off_bytes / 1048576.0, on_bytes / 1048576.0);
+  if (on_bytes <= off_bytes) {
+    zero3_row.status = Status::fail;
+    zero3_row.result += " (prefetching should hold two blocks at once)";
+  }
+  print(zero3_row);
+  failures += zero3_row.status == Status::fail;
+  return failures;
+}
+
 /// The strategy rows on this rank (rank 0 prints them). Every rank runs every step: they are collective.
 inline int run_strategy_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& group, bool cuda) {
   const auto tokens = dist_rows::global_tokens(cuda, group->world_size());
@@ -233,7 +337,7 @@ inline int run_strategy_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>
       }
     }
   }
-  return failures;
+  return failures + run_switch_rows(group, cuda, tokens);
 }
 
 }  // namespace hpctrain_gpu_suite

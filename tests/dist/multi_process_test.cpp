@@ -57,6 +57,18 @@ TEST_CASE("The first bucket's all-reduce is launched before backward reaches the
   }
 }
 
+TEST_CASE("Without overlap every bucket is launched in finish(), and the averaged gradients are the overlapped ones bit for bit",
+          "[dist][gradient_sync]") {
+  Ranks ranks(2, {"no-overlap"});
+  require_both_succeed(ranks);
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank, ranks.output(rank));
+    REQUIRE(value_of(ranks.output(rank), "launched_after_backward") == "0");
+    REQUIRE(value_of(ranks.output(rank), "launched_after_finish") == value_of(ranks.output(rank), "buckets"));
+    REQUIRE(value_of(ranks.output(rank), "gradients_equal") == "yes");
+  }
+}
+
 TEST_CASE("Sums, any_rank and barrier agree across ranks, non-contiguous tensors included", "[dist]") {
   Ranks ranks(2, {"collectives"});
   require_both_succeed(ranks);

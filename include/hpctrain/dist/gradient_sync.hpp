@@ -34,6 +34,11 @@ struct GradientSyncOptions {
   std::size_t bucket_bytes = 25u << 20;
   /// Capacity of the first bucket: small, so the first all-reduce starts early in backward. Default: 1 MiB.
   std::size_t first_bucket_bytes = 1u << 20;
+  /// Launch each bucket's all-reduce as soon as its gradients are in, while backward goes on (on NCCL the
+  /// collectives run on the process group's own stream, beside the compute stream). false launches every
+  /// bucket in finish(), after backward: the same collectives and results, no overlap; the GPU suite's
+  /// dist.ddp.overlap row times both. Default: true.
+  bool overlap_with_backward = true;
 };
 
 namespace detail {
@@ -92,8 +97,9 @@ class BucketLaunchOrder {
   /// Records parameter `p`'s gradient and calls `launch(b)` for every bucket that may go now. A second
   /// gradient before reset() is a RuntimeError naming the parameter (`name`) and the call that resets
   /// (`finish_call`, e.g. "finish()").
+  /// Records parameter p's gradient; launches the buckets it completes (in order) when `launch_complete`.
   template <class Launch>
-  void arrive(std::size_t p, const std::string& name, std::string_view finish_call, Launch&& launch) {
+  void arrive(std::size_t p, const std::string& name, std::string_view finish_call, Launch&& launch, bool launch_complete = true) {
     if (arrived_[p]) {
       throw RuntimeError("gradient_sync", fmt::format("parameter '{}' received a gradient twice before {}; call it "
                                                       "after every synchronised backward", name, finish_call));
@@ -102,7 +108,7 @@ class BucketLaunchOrder {
     const auto b = bucket_of_[p];
     if (++counts_[b] == sizes_[b]) {
       complete_[b] = true;
-      launch_in_order(launch);
+      if (launch_complete) launch_in_order(launch);
     }
   }
 
@@ -156,6 +162,7 @@ struct SyncState {
   std::vector<SyncBucket> buckets;
   BucketLaunchOrder order;
   bool sync = true;
+  bool overlap = true;  // GradientSyncOptions::overlap_with_backward
   std::vector<std::string> without_gradient;
   std::mutex mutex;
 
@@ -180,7 +187,7 @@ struct SyncState {
   void on_gradient(std::size_t parameter) {
     std::lock_guard lock(mutex);
     if (!sync) return;
-    order.arrive(parameter, names[parameter], "finish()", [this](std::size_t b) { launch(b); });
+    order.arrive(parameter, names[parameter], "finish()", [this](std::size_t b) { launch(b); }, overlap);
   }
 };
 
@@ -205,6 +212,7 @@ class GradientSync {
   GradientSync(std::shared_ptr<ProcessGroup> group, torch::nn::Module& module, GradientSyncOptions options = {})
       : state_(std::make_shared<detail::SyncState>()) {
     state_->group = std::move(group);
+    state_->overlap = options.overlap_with_backward;
     std::vector<detail::ParameterShape> shapes;
     for (const auto& item : module.named_parameters()) {
       if (!item.value().requires_grad()) continue;

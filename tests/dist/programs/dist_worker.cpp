@@ -173,6 +173,48 @@ int check_overlap(const std::shared_ptr<dist::ProcessGroup>& shared) {
   return overlapped ? 0 : 1;
 }
 
+// (c') GradientSyncOptions::overlap_with_backward = false: nothing is launched during backward, every bucket in
+// finish(), and the averaged gradients equal those of the overlapped sync on an identical model, bit for bit
+// (the same buckets reduced in the same order; only the launch time differs).
+int check_no_overlap(const std::shared_ptr<dist::ProcessGroup>& shared) {
+  const auto batch = global_batch(shared->world_size(), 0);
+  const auto& inputs = batch.first;
+  const auto& targets = batch.second;
+  const auto mine = [&](const torch::Tensor& t) { return t.narrow(0, shared->rank() * per_rank_batch, per_rank_batch); };
+  auto gradients_of = [&](torch::nn::Sequential& model, dist::GradientSync& sync, std::size_t& launched_after_backward) {
+    torch::nn::functional::cross_entropy(model->forward(mine(inputs)), mine(targets)).backward();
+    launched_after_backward = sync.launched_bucket_count();
+    sync.finish();
+    std::vector<torch::Tensor> grads;
+    for (auto& parameter : model->parameters()) grads.push_back(parameter.grad().clone());
+    return grads;
+  };
+  auto overlapped_model = make_model();
+  auto deferred_model = make_model();
+  {
+    torch::NoGradGuard no_grad;  // the same weights (each sync then broadcasts rank 0's to the other rank)
+    const auto from = overlapped_model->parameters();
+    const auto to = deferred_model->parameters();
+    for (std::size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  }
+  auto options = small_buckets();
+  dist::GradientSync overlapped(shared, *overlapped_model, options);
+  options.overlap_with_backward = false;
+  dist::GradientSync deferred(shared, *deferred_model, options);
+  std::size_t overlapped_launches = 0, deferred_launches = 0;
+  const auto expected = gradients_of(overlapped_model, overlapped, overlapped_launches);
+  const auto got = gradients_of(deferred_model, deferred, deferred_launches);
+  bool equal = expected.size() == got.size();
+  for (std::size_t i = 0; equal && i < got.size(); ++i) equal = torch::equal(got[i], expected[i]);
+  std::cout << fmt::format("buckets={}\nlaunched_after_backward={}\nlaunched_after_finish={}\ngradients_equal={}\n",
+                           deferred.bucket_count(), deferred_launches, deferred.launched_bucket_count(), equal ? "yes" : "no")
+            << std::flush;
+  return deferred.bucket_count() >= 3 && deferred_launches == 0 && deferred.launched_bucket_count() == deferred.bucket_count() &&
+                 overlapped_launches == overlapped.bucket_count() && equal
+             ? 0
+             : 1;
+}
+
 int check_collectives(dist::ProcessGroup& group) {
   bool ok = true;
   auto expect = [&](bool condition, const std::string& what) {
@@ -242,6 +284,7 @@ int main(int argc, char** argv) try {
   if (mode == "gradients") return check_gradients(*group, group, argc > 2 ? std::stoi(argv[2]) : 1);
   if (mode == "steps") return check_steps(*group, group, argc > 2 ? std::stoi(argv[2]) : 50);
   if (mode == "overlap") return check_overlap(group);
+  if (mode == "no-overlap") return check_no_overlap(group);
   if (mode == "forever") return train_forever(*group, group);
   if (mode == "collectives") return check_collectives(*group);
   if (mode == "unused") return check_unused(*group, group);
