@@ -7,6 +7,10 @@
 //                            pageable memory (blocking) against pinned memory (non_blocking) in front of a step's
 //                            worth of matmuls: ms per iteration. Needs CUDA (pinned memory is CUDA's); skipped on
 //                            the CPU, saying so.
+//   switches.no_host_sync    the rule "no host synchronisation in the step" checked: warmed-up bf16 steps of
+//                            Replicated and of ZeRO-3 (forward, backward, finish_gradients, clip_grad_norm,
+//                            FusedAdamW) under CUDA's sync debug mode "error" (torch.cuda.set_sync_debug_mode),
+//                            which throws at any synchronising CUDA call. Needs CUDA; skipped on the CPU.
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -18,8 +22,19 @@
 
 #include <hpctrain/train/fused_adamw.hpp>
 
+#include <hpctrain/dist/dist.hpp>
+#include <hpctrain/slurm/world.hpp>
+#include <hpctrain/train/replicated.hpp>
+#include <hpctrain/train/strategies/fully_sharded.hpp>
+
 #include "compare.hpp"
+#include "device_memory.hpp"
+#include "dist_rows.hpp"
 #include "report.hpp"
+
+#if defined(HPCTRAIN_GPU_SUITE_CUDA_MEMORY)  // c10/cuda's headers are there (device_memory.hpp)
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 namespace hpctrain_gpu_suite {
 
@@ -127,6 +142,77 @@ inline Row pinned_batches_row(const torch::Device& device) {
   return row;
 }
 
+/// Runs `steps` of `strategy` on a small GPT-2 in bf16 with CUDA's sync debug mode at "error" after one warmup
+/// step; an empty string when none synchronised, else what CUDA's check said.
+inline std::string synchronising_call(hpctrain::DataParallelStrategy& strategy, const torch::Device& device, int steps) {
+#if defined(HPCTRAIN_GPU_SUITE_CUDA_MEMORY)
+  const auto group = hpctrain::dist::init_process_group(hpctrain::slurm::World{});
+  torch::manual_seed(0);
+  hpctrain::models::GPT2 model(dist_rows::model_config(true));
+  model->to(device);
+  model->train();
+  strategy.setup({group, model.ptr(),
+                  [](const hpctrain::NamedParameters& named) {
+                    std::vector<torch::Tensor> tensors;
+                    for (const auto& item : named) tensors.push_back(item.second);
+                    return std::make_unique<hpctrain::FusedAdamW>(tensors, torch::optim::AdamWOptions(1e-4));
+                  },
+                  hpctrain::Precision::bf16});
+  const auto tokens = dist_rows::global_tokens(true, 1).to(device);
+  torch::Tensor running_loss;
+  auto step = [&] {
+    strategy.zero_grad();
+    strategy.set_sync(true);
+    torch::Tensor loss;
+    {
+      hpctrain::AutocastScope autocast(hpctrain::Precision::bf16, device);
+      loss = dist_rows::mean_loss(model, tokens);
+    }
+    loss.backward();
+    const auto contribution = loss.detach().to(torch::kFloat32);  // kept on the device, as the Trainer keeps it
+    running_loss = running_loss.defined() ? running_loss + contribution : contribution;
+    strategy.finish_gradients();
+    (void)strategy.clip_grad_norm(1.0);
+    strategy.step();
+  };
+  step();  // first use: lazy initialisation (state, workspaces) may synchronise once
+  torch::cuda::synchronize(device.index());
+  auto& state = c10::cuda::warning_state();
+  state.set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  std::string caught;
+  try {
+    for (int i = 0; i < steps; ++i) step();
+  } catch (const std::exception& e) {
+    caught = e.what();
+    caught = caught.substr(0, caught.find('\n'));
+  }
+  state.set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  torch::cuda::synchronize(device.index());
+  return caught;
+#else
+  (void)strategy, (void)device, (void)steps;
+  return "this build has no c10/cuda headers";
+#endif
+}
+
+inline Row no_host_sync_row(const torch::Device& device) {
+  Row row{"switches.no_host_sync", "no host synchronisation in a step: DDP and ZeRO-3, bf16, under CUDA's sync debug mode",
+          Status::skip, "", nlohmann::json::object()};
+  if (!device.is_cuda() || !reads_cuda_allocator(device)) {
+    row.result = "skipped: CUDA's sync debug mode needs a CUDA device";
+    return row;
+  }
+  hpctrain::Replicated ddp;
+  hpctrain::FullyShardedStrategy zero3;
+  const auto ddp_sync = synchronising_call(ddp, device, 3);
+  const auto zero3_sync = synchronising_call(zero3, device, 3);
+  row.status = ddp_sync.empty() && zero3_sync.empty() ? Status::pass : Status::fail;
+  row.result = row.status == Status::pass ? "3 steps each, no synchronising CUDA call"
+                                          : fmt::format("DDP: {}; ZeRO-3: {}", ddp_sync.empty() ? "none" : ddp_sync,
+                                                        zero3_sync.empty() ? "none" : zero3_sync);
+  return row;
+}
+
 }  // namespace switch_rows
 
 /// Group "switches": every row, each in its own try so that one failure keeps the others.
@@ -146,6 +232,8 @@ inline int run_switch_rows(const torch::Device& device) {
           [&] { return switch_rows::fused_adamw_row(device); });
   guarded("switches.pinned_batches", "batch to GPU: pageable + blocking vs pinned + non_blocking (Training::pin_memory)",
           [&] { return switch_rows::pinned_batches_row(device); });
+  guarded("switches.no_host_sync", "no host synchronisation in a step: DDP and ZeRO-3, bf16, under CUDA's sync debug mode",
+          [&] { return switch_rows::no_host_sync_row(device); });
   return failures;
 }
 
