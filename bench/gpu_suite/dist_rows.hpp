@@ -97,6 +97,15 @@ inline std::vector<torch::Tensor> differences(const std::vector<torch::Tensor>& 
   return out;
 }
 
+/// The strategies' optimizer factory: plain SGD at `lr` over the tensors it is given.
+inline auto sgd(double lr) {
+  return [lr](const hpctrain::NamedParameters& named) {
+    std::vector<torch::Tensor> tensors;
+    for (const auto& item : named) tensors.push_back(item.second);
+    return std::make_unique<torch::optim::SGD>(tensors, torch::optim::SGDOptions(lr));
+  };
+}
+
 /// The reference: one CPU process, fp32, the whole global batch, plain SGD.
 inline StepResult reference_step(bool cuda, const torch::Tensor& tokens) {
   torch::manual_seed(0);
@@ -124,11 +133,7 @@ inline StepResult strategy_step(const std::shared_ptr<hpctrain::dist::ProcessGro
   model->train();
   auto strategy = hpctrain::make_zero_strategy(strategy_name == "zero3" ? hpctrain::ZeroStage::zero3 : hpctrain::ZeroStage::none);
   strategy->setup({group, model.ptr(),
-                   [](const hpctrain::NamedParameters& named) {
-                     std::vector<torch::Tensor> tensors;
-                     for (const auto& item : named) tensors.push_back(item.second);
-                     return std::make_unique<torch::optim::SGD>(tensors, torch::optim::SGDOptions(learning_rate));
-                   },
+                   sgd(learning_rate),
                    precision});
   const auto rows = rows_per_rank(cuda);
   const auto slice = tokens.narrow(0, group->rank() * rows, rows).to(group->device());
@@ -169,11 +174,7 @@ inline TimedSteps timed_steps(const std::shared_ptr<hpctrain::dist::ProcessGroup
   model->to(group->device());
   model->train();
   strategy.setup({group, model.ptr(),
-                  [](const hpctrain::NamedParameters& named) {
-                    std::vector<torch::Tensor> tensors;
-                    for (const auto& item : named) tensors.push_back(item.second);
-                    return std::make_unique<torch::optim::SGD>(tensors, torch::optim::SGDOptions(learning_rate / 10));
-                  },
+                  sgd(learning_rate / 10),
                   hpctrain::Precision::fp32});
   const auto rows = rows_per_rank(cuda);
   const auto slice = tokens.narrow(0, group->rank() * rows, rows).to(group->device());

@@ -96,8 +96,7 @@ class BucketLaunchOrder {
 
   /// Records parameter `p`'s gradient and calls `launch(b)` for every bucket that may go now. A second
   /// gradient before reset() is a RuntimeError naming the parameter (`name`) and the call that resets
-  /// (`finish_call`, e.g. "finish()").
-  /// Records parameter p's gradient; launches the buckets it completes (in order) when `launch_complete`.
+  /// (`finish_call`, e.g. "finish()"). With `launch_complete` false nothing is launched here: launch_all() does.
   template <class Launch>
   void arrive(std::size_t p, const std::string& name, std::string_view finish_call, Launch&& launch, bool launch_complete = true) {
     if (arrived_[p]) {

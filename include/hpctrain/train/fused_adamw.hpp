@@ -35,8 +35,9 @@ class FusedAdamW : public torch::optim::AdamW {
   }
 
  private:
-  /// The lists the kernel takes for one (device, dtype, step): it wants one device and dtype per call, and a
-  /// step per parameter, which parameters that had no gradient on some step do not share.
+  /// The lists the kernel takes for one (device, dtype, step): it wants one device and dtype per call. Grouping
+  /// by step too (parameters that had no gradient on some step fall behind) lets one torch::full on the device
+  /// fill every step of a launch, with no host-to-device copy.
   struct Launch {
     std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs;
   };
