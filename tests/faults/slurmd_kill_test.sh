@@ -68,6 +68,13 @@ back_at="$(now)"
 # Slurm holds a requeued batch job for 120 s (its begin time) before it may start again; release it now,
 # as an administrator would, so that the test stays short. What is tested is that it resumes, not when.
 wait_for '[ "$(job_state)" = PENDING ]' 120 || fail "the requeued job $job is $(job_state), not PENDING"
+# That hold also lets the first run's processes end: the rank on n2 exits after rank 0, and n2's slurmstepd of
+# step $job.0 only then. The requeued run reuses the job and step ids: started before they are gone, its own
+# step $job.0 on n2 meets the old one's leftovers and is killed or never created (seen in CI: srun retried
+# "Requested nodes are busy" for 10 minutes). So the early release waits for them first.
+first_run_gone() { [ -z "$(job_pids "$job")" ] && ! pgrep -f "^slurmstepd: \[$job\." >/dev/null; }
+wait_for first_run_gone 120 ||
+  fail "processes of job $job's first run still alive 120 s after its requeue: $(job_pids "$job" | tr '\n' ' ')"
 scontrol update jobid="$job" StartTime=now || fail "could not release the requeued job $job"
 wait_for "grep -q '^resumed from .* at step [0-9]* ' '$log' 2>/dev/null" 600 ||
   fail "the requeued job $job did not resume from a checkpoint"
