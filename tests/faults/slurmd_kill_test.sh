@@ -50,7 +50,9 @@ killed_at="$(now)"
 killed=1
 kill -KILL "$(cat "$pid_file")"
 job_state() { scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
-wait_for "sinfo -h -n $node -o %t | grep -q '^down'" $((timeout_s * 3)) ||
+# scontrol, not sinfo: sinfo's short state of a DOWN node whose job is still completing is "comp".
+node_down() { scontrol show node "$node" | grep -Eq 'State=DOWN'; }
+wait_for node_down $((timeout_s * 3)) ||
   fail "$node not marked down $((timeout_s * 3)) s after its slurmd was killed"
 down_at="$(now)"
 # Slurm requeues the job (NODE_FAIL -> PENDING, Restarts=1) or, were it not requeueable, ends it.
@@ -68,13 +70,17 @@ back_at="$(now)"
 # Slurm holds a requeued batch job for 120 s (its begin time) before it may start again; release it now,
 # as an administrator would, so that the test stays short. What is tested is that it resumes, not when.
 wait_for '[ "$(job_state)" = PENDING ]' 120 || fail "the requeued job $job is $(job_state), not PENDING"
-# That hold also lets the first run's processes end: the rank on n2 exits after rank 0, and n2's slurmstepd of
-# step $job.0 only then. The requeued run reuses the job and step ids: started before they are gone, its own
-# step $job.0 on n2 meets the old one's leftovers and is killed or never created (seen in CI: srun retried
-# "Requested nodes are busy" for 10 minutes). So the early release waits for them first.
+# That hold also lets the first run drain: its rank on n2 and n2's slurmstepd of step $job.0 exit, and the
+# REQUEST_TERMINATE_JOB slurmctld sent to the dead slurmd, kept in its agent's retry queue, reaches the new
+# one. The requeued run reuses the job and step ids: started before that kill arrives, its own step $job.0
+# is the one killed (seen in CI and here: srun "Requested nodes are busy" for 10 minutes, or exit 137). So
+# the early release waits until nothing of the first run is left and slurmctld has no message in flight, and
+# then 5 s more for the kill's epilog, which slurmd runs after it answered.
 first_run_gone() { [ -z "$(job_pids "$job")" ] && ! pgrep -f "^slurmstepd: \[$job\." >/dev/null; }
-wait_for first_run_gone 120 ||
-  fail "processes of job $job's first run still alive 120 s after its requeue: $(job_pids "$job" | tr '\n' ' ')"
+slurmctld_idle() { sdiag | awk '/^Agent (queue size|count):/ { n += $NF } END { exit n != 0 }'; }
+drained() { first_run_gone && slurmctld_idle; }
+{ wait_for drained 180 && sleep 5 && wait_for drained 60; } ||
+  fail "job $job's first run did not drain 180 s after its requeue: pids $(job_pids "$job" | tr '\n' ' '), $(sdiag | grep '^Agent' | tr '\n' ' ')"
 scontrol update jobid="$job" StartTime=now || fail "could not release the requeued job $job"
 wait_for "grep -q '^resumed from .* at step [0-9]* ' '$log' 2>/dev/null" 600 ||
   fail "the requeued job $job did not resume from a checkpoint"
