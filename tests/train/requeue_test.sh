@@ -2,22 +2,22 @@
 # End to end on the local Slurm cluster: a 2-node Fashion-MNIST job gets USR2 mid-run (as
 # `srun --signal=USR2@grace` delivers it before a time limit), checkpoints, exits 75, is requeued by its
 # batch script, resumes from the checkpoint and completes — with final parameters bit-identical to an
-# uninterrupted 2-rank run.  Usage: requeue_test.sh <fashion_mnist binary>
+# uninterrupted 2-rank run.  Usage: requeue_test.sh <fashion_mnist binary> <reference file>
 set -euo pipefail
 source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/slurm_test_support.sh"
 # Without the dataset this is a skip with its reason (ctest: SKIP_RETURN_CODE 77), not a failure.
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
   { echo "SKIP: Fashion-MNIST is not installed at /usr/share/datasets/fashion-mnist (apt install dataset-fashion-mnist)"; exit 77; }
 binary="$(realpath "$1")"
+reference_file="$2"  # from the fixture tests/train/fashion_mnist_reference.sh
 steps=300
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/requeue-test.XXXXXX")"
 cd "$work"
 export HPCTRAIN_REPORT_DIGEST=1  # the ranks print their parameter digest (sbatch passes the environment on)
 
-echo "== reference: uninterrupted, 2 local ranks, $steps steps"
-HPCTRAIN_RUN_DIR="$work/reference" "$binary" --local 2 --max-steps "$steps" > reference.log 2>&1 || fail "reference run failed: $(tail -5 reference.log)"
-reference="$(sed -n 's/^parameters_crc32c=//p' reference.log)"
-[ -n "$reference" ] || fail "no parameters_crc32c in the reference run"
+# The uninterrupted run's digest: the fixture tests/train/fashion_mnist_reference.sh wrote "<steps> <digest>".
+read -r reference_steps reference < "$reference_file" || fail "no reference in $reference_file"
+[ "$reference_steps" = "$steps" ] || fail "the reference ran $reference_steps steps, this test $steps"
 
 echo "== submit"
 out="$("$binary" --submit --max-steps "$steps")"
