@@ -1,0 +1,18 @@
+# Each test's COST from tests/test_costs.txt ("<seconds> <name>": the long tests of a full run on the 2-core
+# machine), for the tests of the including directory. ctest starts the costliest tests first when it knows their
+# cost; it learns costs from its Testing/Temporary/CTestCostData.txt only for names without spaces (it splits
+# that file's lines on spaces), and ours are sentences. Without them a fresh build runs the tests in the order
+# they were declared, which leaves the long Slurm tests, which take turns, for the end.
+# Included at the end of each CMakeLists.txt that adds tests: set_tests_properties reaches only its own
+# directory's tests (before CMake 3.28). A name holding ';' cannot be listed (a CMake list separator).
+file(STRINGS ${PROJECT_SOURCE_DIR}/tests/test_costs.txt _hpctrain_cost_lines)
+get_property(_hpctrain_directory_tests DIRECTORY PROPERTY TESTS)
+foreach(_line IN LISTS _hpctrain_cost_lines)
+  if(_line MATCHES "^([0-9.]+) (.+)$")  # (CMAKE_MATCH_n is read after the match, not in the same if)
+    set(_cost ${CMAKE_MATCH_1})
+    set(_test "${CMAKE_MATCH_2}")
+    if(_test IN_LIST _hpctrain_directory_tests)
+      set_tests_properties("${_test}" PROPERTIES COST ${_cost})
+    endif()
+  endif()
+endforeach()
