@@ -13,6 +13,16 @@ release_requeue_hold() {
   return 0
 }
 
+# reference_digest <file> <steps>: the parameters_crc32c of the uninterrupted run the preemption tests compare
+# with, from the "<steps> <digest>" line the fixture tests/train/fashion_mnist_reference.sh wrote; fails when it
+# is missing or ran another number of steps.
+reference_digest() {
+  local steps digest
+  read -r steps digest < "$1" || fail "no reference in $1"
+  [ "$steps" = "$2" ] || fail "the reference ran $steps steps, this test $2"
+  echo "$digest"
+}
+
 # final_state <job id>: the state of a job once it left the queue (scontrol: the local cluster keeps no
 # accounting), waiting at most 3 minutes; TIMEOUT if it is still queued then.
 final_state() {

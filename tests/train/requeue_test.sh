@@ -15,9 +15,7 @@ work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/requeue-test.XXXXXX")"
 cd "$work"
 export HPCTRAIN_REPORT_DIGEST=1  # the ranks print their parameter digest (sbatch passes the environment on)
 
-# The uninterrupted run's digest: the fixture tests/train/fashion_mnist_reference.sh wrote "<steps> <digest>".
-read -r reference_steps reference < "$reference_file" || fail "no reference in $reference_file"
-[ "$reference_steps" = "$steps" ] || fail "the reference ran $reference_steps steps, this test $steps"
+reference="$(reference_digest "$reference_file" "$steps")"
 
 echo "== submit"
 out="$("$binary" --submit --max-steps "$steps")"
