@@ -16,12 +16,3 @@ foreach(_line IN LISTS _hpctrain_cost_lines)
     endif()
   endif()
 endforeach()
-
-# Label slurm_cluster: the tests that take turns on the local cluster (RESOURCE_LOCK slurm). scripts/test runs
-# them beside the rest of the build, which they leave most of the CPU to while they wait on Slurm.
-foreach(_test IN LISTS _hpctrain_directory_tests)
-  get_test_property("${_test}" RESOURCE_LOCK _locks)
-  if(_locks AND "slurm" IN_LIST _locks)
-    set_property(TEST "${_test}" APPEND PROPERTY LABELS slurm_cluster)
-  endif()
-endforeach()
