@@ -84,7 +84,7 @@ class SftJsonlReader {
     nlohmann::json json;
     try {
       json = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& error) {
+    } catch (const nlohmann::json::exception& error) {  // parse_error, or out_of_range for a number too large
       fail(fmt::format("not JSON ({})", error.what()));
     }
     if (!json.is_object()) fail(fmt::format("a line must be a JSON object, not {}", json.type_name()));
