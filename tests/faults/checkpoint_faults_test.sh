@@ -15,26 +15,26 @@ export HPCTRAIN_RUN_DIR="$work/run"
 limit_kib=512   # the example's checkpoint (model + AdamW state) is about 5 MB
 
 log=first.log
-"$binary" --local 2 --max-steps 20 > first.log 2>&1 || fail "the first run failed"
+"$binary" --local 2 --max-steps 20 --max-eval-examples 1000 > first.log 2>&1 || fail "the first run failed"
 grep -q '^step 20/20 ' first.log || fail "the first run did not reach step 20"
 
 echo "== 1. rank 0 killed by SIGXFSZ while it writes the checkpoint of step 40"
 log=torn.log
 set +e
-( ulimit -f "$limit_kib"; exec "$binary" --local 2 --max-steps 40 ) > torn.log 2>&1
+( ulimit -f "$limit_kib"; exec "$binary" --local 2 --max-steps 40 --max-eval-examples 1000 ) > torn.log 2>&1
 torn_exit=$?
 set -e
 [ "$torn_exit" -ne 0 ] || fail "the run whose checkpoint was torn exited 0"
 grep -q '^resumed from .* at step 20 ' torn.log || fail "the torn run did not start from step 20"
 log=after-torn.log
-"$binary" --local 2 --max-steps 30 > after-torn.log 2>&1 || fail "the run after the torn checkpoint failed"
+"$binary" --local 2 --max-steps 30 --max-eval-examples 1000 > after-torn.log 2>&1 || fail "the run after the torn checkpoint failed"
 grep -q '^resumed from .* at step 20 ' after-torn.log || fail "did not resume from the intact checkpoint of step 20"
 torn_warning="$(grep -c 'warning: skipping checkpoint' after-torn.log || true)"
 
 echo "== 2. disk full (EFBIG) while rank 0 writes the checkpoint of step 40"
 log=full.log
 set +e
-( ulimit -f "$limit_kib"; trap '' XFSZ; exec "$binary" --local 2 --max-steps 40 ) > full.log 2>&1
+( ulimit -f "$limit_kib"; trap '' XFSZ; exec "$binary" --local 2 --max-steps 40 --max-eval-examples 1000 ) > full.log 2>&1
 full_exit=$?
 set -e
 [ "$full_exit" -ne 0 ] || fail "the run that could not write its checkpoint exited 0"
@@ -43,7 +43,7 @@ error_line="$(grep -m1 'hpctrain.runtime' full.log || true)"
 grep -q "hpctrain.runtime.*$HPCTRAIN_RUN_DIR.*: File too large" full.log ||
   fail "the error does not name the path under $HPCTRAIN_RUN_DIR and the reason (EFBIG): $error_line"
 log=after-full.log
-"$binary" --local 2 --max-steps 30 > after-full.log 2>&1 || fail "the run after the failed write failed"
+"$binary" --local 2 --max-steps 30 --max-eval-examples 1000 > after-full.log 2>&1 || fail "the run after the failed write failed"
 grep -q '^resumed from .* at step 30 ' after-full.log || fail "did not resume from an intact checkpoint"
 {
   echo "torn_exit=$torn_exit"

@@ -8,7 +8,7 @@ source "$(dirname "$(realpath "$0")")/fault_support.sh"   # before the cd: $0 ma
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/kill-rank-test.XXXXXX")"
 cd "$work"
 
-out="$("$binary" --submit --max-steps 3000)"
+out="$("$binary" --submit --max-steps 3000 --max-eval-examples 1000)"
 job="$(sed -n 's/^submitted job \([0-9]*\).*/\1/p' <<<"$out" | head -1)"
 [ -n "$job" ] || fail "no job id: $out"
 trap 'scancel "$job" 2>/dev/null || true' EXIT
@@ -37,7 +37,7 @@ trap - EXIT
 
 echo "== resume from the killed job's run directory"
 last_step="$(grep -o '^step [0-9]*/' "$log" | tail -1 | tr -dc 0-9)"
-HPCTRAIN_RUN_DIR="$run_dir" "$binary" --local 2 --max-steps 260 > resume.log 2>&1 || { log=resume.log; fail "resume failed"; }
+HPCTRAIN_RUN_DIR="$run_dir" "$binary" --local 2 --max-steps 260 --max-eval-examples 1000 > resume.log 2>&1 || { log=resume.log; fail "resume failed"; }
 grep -q '^resumed from .* at step 250 ' resume.log || { log=resume.log; fail "did not resume from the checkpoint of step 250"; }
 grep -q '^step 260/260 ' resume.log || { log=resume.log; fail "the resumed run did not reach step 260"; }
 {

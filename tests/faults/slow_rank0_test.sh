@@ -16,7 +16,7 @@ job_state() { scontrol show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | 
 # (started_at: rank 0 announced its delay, i.e. both ranks are up).
 run_job() {
   local out
-  out="$(HPCTRAIN_TEST_DELAY_RANK0_S="$1" HPCTRAIN_RENDEZVOUS_TIMEOUT_S="$2" "$binary" --submit --max-steps 5)"
+  out="$(HPCTRAIN_TEST_DELAY_RANK0_S="$1" HPCTRAIN_RENDEZVOUS_TIMEOUT_S="$2" "$binary" --submit --max-steps 5 --max-eval-examples 1000)"
   job="$(sed -n 's/^submitted job \([0-9]*\).*/\1/p' <<<"$out" | head -1)"
   [ -n "$job" ] || fail "no job id: $out"
   log="$(scontrol show job "$job" | sed -n 's/^ *StdOut=//p')"

@@ -36,7 +36,7 @@ trap restore EXIT
 wait_for "! squeue --noheader --states=RUNNING,COMPLETING 2>/dev/null | grep -q ." 600 ||
   fail "the cluster stayed busy for 10 minutes; not killing a slurmd under someone else's job"
 
-out="$("$binary" --submit --max-steps 100000)"
+out="$("$binary" --submit --max-steps 100000 --max-eval-examples 1000)"
 job="$(sed -n 's/^submitted job \([0-9]*\).*/\1/p' <<<"$out" | head -1)"
 [ -n "$job" ] || fail "no job id: $out"
 log="$(scontrol show job "$job" | sed -n 's/^ *StdOut=//p')"

@@ -31,8 +31,8 @@ for case in "--lr -1|[hpctrain.spec.knob] --lr = -1: must be positive" \
 done
 echo "ok: --submit --lr -1 and --submit --epoch 3 exit 2 naming the knob; nothing written or queued"
 
-"$binary" --local 2 --max-steps 20 > first.log 2>&1 || fail "first --local run failed"
-"$binary" --local 2 --max-steps 20 > second.log 2>&1 || fail "second --local run failed"
+"$binary" --local 2 --max-steps 20 --max-eval-examples 1000 > first.log 2>&1 || fail "first --local run failed"
+"$binary" --local 2 --max-steps 20 --max-eval-examples 1000 > second.log 2>&1 || fail "second --local run failed"
 for log in first.log second.log; do
   grep -q '^step 20/20 ' "$log" || fail "$log: did not train to step 20"
   if grep -q '^resumed from' "$log"; then fail "$log: resumed instead of training"; fi
@@ -44,7 +44,7 @@ second_dir="$(sed -n 's/^run directory: //p' second.log)"
 [ -n "$(ls -A "$second_dir/checkpoints")" ] || fail "no checkpoint in $second_dir"
 echo "ok: two --local runs in one directory trained twice, into $first_dir and $second_dir"
 
-"$binary" --local 2 --max-steps 30 --resume > resumed.log 2>&1 || fail "--resume run failed"
+"$binary" --local 2 --max-steps 30 --max-eval-examples 1000 --resume > resumed.log 2>&1 || fail "--resume run failed"
 grep -q "^resumed from $second_dir/checkpoints at step 20 " resumed.log || fail "--resume did not continue the newest run at step 20"
 grep -q '^step 30/30 ' resumed.log || fail "--resume did not train on to step 30"
 resumed_dir="$(sed -n 's/^run directory: //p' resumed.log)"

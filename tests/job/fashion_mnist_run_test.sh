@@ -11,7 +11,7 @@ cd "$work"
 unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
 
 status=0
-salloc --quiet --nodes=2 --partition=debug --time=10 bash -c "\"$binary\" --run --max-steps 5" > five.log 2>&1 ||
+salloc --quiet --nodes=2 --partition=debug --time=10 bash -c "\"$binary\" --run --max-steps 5 --max-eval-examples 1000" > five.log 2>&1 ||
   status=$?
 [ "$status" = 0 ] || fail "--run --max-steps 5 inside salloc -N 2 exited $status"
 grep -q '^hpctrain: --run on allocation [0-9]* (2 node(s)): 2 rank(s) on 2 node(s);' five.log || fail "not 2 ranks on 2 nodes"
@@ -23,14 +23,14 @@ echo "ok: fashion_mnist --run --max-steps 5 inside salloc -N 2 trained 2 ranks o
 # (exit 130); the second --run resumes from that checkpoint and finishes.
 status=0
 salloc --quiet --nodes=2 --partition=debug --time=10 bash -c "
-  \"$binary\" --run --max-steps 300 > '$work/interrupted.log' 2>&1 &
+  \"$binary\" --run --max-steps 300 --max-eval-examples 1000 > '$work/interrupted.log' 2>&1 &
   run=\$!
   for i in \$(seq 1200); do grep -q '^step 50/300 ' '$work/interrupted.log' && break; sleep 0.1; done
   kill -INT \"\$run\"
   status=0
   wait \"\$run\" || status=\$?
   echo \"run exited \$status\" >> '$work/interrupted.log'
-  \"$binary\" --run --max-steps 300 > '$work/resumed.log' 2>&1 || echo \"resumed run exited \$?\" >> '$work/resumed.log'
+  \"$binary\" --run --max-steps 300 --max-eval-examples 1000 > '$work/resumed.log' 2>&1 || echo \"resumed run exited \$?\" >> '$work/resumed.log'
 " > salloc.log 2>&1 || status=$?
 [ "$status" = 0 ] || fail "salloc around the interrupted run exited $status"
 grep -q '^run exited 130$' interrupted.log || fail "the interrupted --run did not exit 130"

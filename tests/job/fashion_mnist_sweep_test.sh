@@ -29,7 +29,7 @@ grep -qxF '#SBATCH --array=0-3' sweep-dry.log || fail "the sweep's array directi
 grep -qxF '  3) sweep_args=(--lr=0.003 --batch-size=128) ;;  # lr=0.003 batch_size=128' sweep-dry.log ||
   fail "task 3 does not get lr=0.003 batch_size=128"
 
-"$binary" --submit --sweep --max-steps 20 > submit.log 2>&1 || fail "--submit --sweep failed"
+"$binary" --submit --sweep --max-steps 20 --max-eval-examples 1000 > submit.log 2>&1 || fail "--submit --sweep failed"
 id="$(sed -n 's/^submitted job \([0-9]*\)$/\1/p' submit.log)"
 [ -n "$id" ] || fail "no job id in submit.log"
 echo "submitted sweep $id"

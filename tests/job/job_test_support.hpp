@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -86,12 +87,20 @@ inline std::string scontrol_field(const std::string& id, const std::string& key)
 }
 
 /// Slurm holds a requeued job for about two minutes (Reason=BeginTime) before it may start again. The
-/// tests release it at once (as an operator may with `scontrol update StartTime=now`): what they check is
+/// tests release it early (as an operator may with `scontrol update StartTime=now`): what they check is
 /// hpctrain's checkpoint, requeue and resume, not Slurm's back-off, and the suite would otherwise spend most
-/// of its time waiting. Returns whether the job was held.
+/// of its time waiting. Not within the seconds after the requeue, though: slurmd refuses a launch credential
+/// issued in the second it revoked the job's last one ("Killing non-startable batch JobId=...: Job credential
+/// revoked") and the job ends FAILED; so a hold is released once it has been seen for 3 s. Returns whether the
+/// job was held.
 inline bool release_requeue_hold(const std::string& id) {
+  static std::map<std::string, std::chrono::steady_clock::time_point> first_seen;
   if (scontrol_field(id, "JobState") != "PENDING" || scontrol_field(id, "Reason") != "BeginTime") return false;
+  const auto now = std::chrono::steady_clock::now();
+  const auto seen = first_seen.try_emplace(id, now).first;
+  if (now - seen->second < std::chrono::seconds(3)) return true;
   hpctrain::run_process({"scontrol", "update", "JobId=" + id, "StartTime=now"});
+  first_seen.erase(seen);
   return true;
 }
 

@@ -19,7 +19,7 @@ export HPCTRAIN_REPORT_DIGEST=1  # the ranks print their parameter digest (sbatc
 reference="$(reference_digest "$reference_file" "$steps")"
 
 echo "== submit to the preemptable partition"
-out="$("$binary" --submit --partition preemptable --max-steps "$steps")"
+out="$("$binary" --submit --partition preemptable --max-steps "$steps" --max-eval-examples 1000)"
 job="$(sed -n 's/^submitted job \([0-9]*\).*/\1/p' <<<"$out" | head -1)"
 [ -n "$job" ] || fail "no job id: $out"
 trap 'scancel "$job" ${urgent:-} 2>/dev/null || true' EXIT

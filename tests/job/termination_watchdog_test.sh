@@ -15,7 +15,7 @@ cd "$work"
 unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
 export HPCTRAIN_TERM_STALL_SECONDS=3
 
-"$binary" --local 2 --max-steps 100000 > run.log 2>&1 &
+"$binary" --local 2 --max-steps 100000 --max-eval-examples 1000 > run.log 2>&1 &
 launcher=$!
 for _ in $(seq 1 300); do grep -q '^step 50/' run.log && break; sleep 1; done
 grep -q '^step 50/' run.log || fail "the run never reached step 50"

@@ -2,13 +2,22 @@
 source "$(dirname "${BASH_SOURCE[0]}")/shell_test_support.sh"
 
 # release_requeue_hold <job id>: Slurm holds a requeued job for about two minutes (Reason=BeginTime) before
-# it may start again; the tests release it at once, as an operator may with `scontrol update StartTime=now`.
-# What they check is hpctrain's checkpoint, requeue and resume, not Slurm's back-off. Always succeeds.
+# it may start again; the tests release it early, as an operator may with `scontrol update StartTime=now`.
+# What they check is hpctrain's checkpoint, requeue and resume, not Slurm's back-off. Not within the seconds
+# after the requeue, though: slurmd refuses a launch credential issued in the second it revoked the job's last
+# one ("Killing non-startable batch JobId=...: Job credential revoked") and the job ends FAILED, so a hold is
+# released once this shell has seen it for 3 s (requeue_hold_seen: job id -> $SECONDS). Always succeeds.
+declare -A requeue_hold_seen=()
 release_requeue_hold() {
   local shown
   shown="$(scontrol --oneliner show job "$1" 2>/dev/null)" || return 0
   case "$shown" in
-    *" JobState=PENDING "*" Reason=BeginTime "*) scontrol update "JobId=$1" StartTime=now >/dev/null 2>&1 || true ;;
+    *" JobState=PENDING "*" Reason=BeginTime "*)
+      [ -n "${requeue_hold_seen[$1]:-}" ] || requeue_hold_seen[$1]=$SECONDS
+      if [ $((SECONDS - requeue_hold_seen[$1])) -ge 3 ]; then
+        scontrol update "JobId=$1" StartTime=now >/dev/null 2>&1 || true
+        unset "requeue_hold_seen[$1]"
+      fi ;;
   esac
   return 0
 }

@@ -118,7 +118,7 @@ TEST_CASE("Login checks of the data factories and of login_check see the parsed 
                     "[hpctrain.spec.knob] --file = missing.jsonl: no such file");
 }
 
-TEST_CASE("The built-in knobs --precision --log-every --eval-every --checkpoint-every replace the description's values", "[worker]") {
+TEST_CASE("The built-in knobs --precision --log-every --eval-every --max-eval-examples --checkpoint-every replace the description's values", "[worker]") {
   auto training = hpctrain::Training()
       .model([] { return torch::nn::Linear(1, 1); })
       .optimizer([](std::vector<torch::Tensor> parameters) { return torch::optim::SGD(parameters, torch::optim::SGDOptions(0.1)); })
@@ -127,11 +127,15 @@ TEST_CASE("The built-in knobs --precision --log-every --eval-every --checkpoint-
   CHECK(defaults.precision() == hpctrain::auto_precision);
   CHECK(defaults.log_every() == 50);
   const auto given = hpctrain::with_knobs(
-      training, hpctrain::parse_training_knobs(training, {"--precision=bf16", "--log-every=3", "--eval-every=7", "--checkpoint-every=11"}));
+      training, hpctrain::parse_training_knobs(training, {"--precision=bf16", "--log-every=3", "--eval-every=7", "--max-eval-examples=500", "--checkpoint-every=11"}));
   CHECK(given.precision() == hpctrain::bf16);
   CHECK(given.log_every() == 3);
   CHECK(given.eval_every() == 7);
+  CHECK(given.max_eval_examples() == 500);
+  CHECK(defaults.max_eval_examples() == 0);
   CHECK(given.checkpoint_every() == 11);
+  CHECK_THROWS_WITH(hpctrain::parse_training_knobs(training, {"--max-eval-examples=-1"}),
+                    Catch::Contains("--max-eval-examples") && Catch::Contains("must not be negative"));
   CHECK_THROWS_WITH(hpctrain::parse_training_knobs(training, {"--precision=fp16"}),
                     Catch::Contains("--precision") && Catch::Contains("must be fp32, bf16 or auto"));
   CHECK(hpctrain::resolve_precision(hpctrain::auto_precision, torch::Device(torch::kCUDA)) == hpctrain::bf16);

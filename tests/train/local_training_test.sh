@@ -10,7 +10,7 @@ source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_suppo
 binary="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/local-training-test.XXXXXX")"
 cd "$work"
-HPCTRAIN_REPORT_DIGEST=1 HPCTRAIN_RUN_DIR="$work/run" "$binary" --local 2 --max-steps 40 > run.log 2>&1 || fail "exit status $?"
+HPCTRAIN_REPORT_DIGEST=1 HPCTRAIN_RUN_DIR="$work/run" "$binary" --local 2 --max-steps 40 --max-eval-examples 1000 > run.log 2>&1 || fail "exit status $?"
 grep -q '^hpctrain: 2 rank(s) on cpu (gloo)' run.log || fail "not 2 Gloo ranks"
 grep -q '^step 40/40 ' run.log || fail "no final progress line"
 digest="$(sed -n 's/^parameters_crc32c=//p' run.log)"
@@ -21,7 +21,7 @@ awk -v a="$accuracy" 'BEGIN { exit !(a > 0.5 && a <= 1) }' || fail "test_accurac
 grep -q '"step":40' run/metrics.jsonl || fail "metrics.jsonl lacks step 40"
 ls run/tensorboard/events.out.tfevents.* > /dev/null || fail "no TensorBoard event file"
 # A second run in the same directory resumes from the final checkpoint and only evaluates.
-HPCTRAIN_RUN_DIR="$work/run" "$binary" --local 2 --max-steps 40 > rerun.log 2>&1 || fail "rerun failed"
+HPCTRAIN_RUN_DIR="$work/run" "$binary" --local 2 --max-steps 40 --max-eval-examples 1000 > rerun.log 2>&1 || fail "rerun failed"
 grep -q '^resumed from .* at step 40 ' rerun.log || fail "rerun did not resume at step 40"
 grep -q "^test_accuracy=$accuracy\$" rerun.log || fail "rerun evaluated differently"
 echo "PASS: test_accuracy=$accuracy"

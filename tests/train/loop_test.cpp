@@ -151,6 +151,31 @@ TEST_CASE("bf16 autocast on CPU engages inside the step, and trains and evaluate
   CHECK(*result.eval_accuracy > 0.1);
 }
 
+TEST_CASE("max_eval_examples evaluates the first N examples: the loss of a 100-example eval set, from 256", "[loop]") {
+  TRAIN_TEST_REQUIRE_FASHION();
+  std::int64_t evaluated = 0;
+  auto counting = [&](hpctrain::StepContext& context, const hpctrain::data::Batch& batch) {
+    evaluated += batch.size();
+    return hpctrain::default_eval_step(context, batch);
+  };
+  auto limited = small_training(train_test::scratch("eval-limited")).max_steps(4).max_eval_examples(100).eval_step(counting);
+  const auto first = hpctrain::train(limited, hpctrain::slurm::World{});
+  CHECK(evaluated == 100);
+  // The same run whose eval set is those 100 examples: the same loss, bit for bit.
+  auto subset = small_training(train_test::scratch("eval-subset")).max_steps(4).eval_data(fashion_subset("t10k", 100));
+  const auto second = hpctrain::train(subset, hpctrain::slurm::World{});
+  REQUIRE(first.eval_loss);
+  REQUIRE(second.eval_loss);
+  CHECK(*first.eval_loss == *second.eval_loss);
+  // A limit above the set's size evaluates all of it; a negative one is a spec error naming the field.
+  evaluated = 0;
+  hpctrain::train(small_training(train_test::scratch("eval-over")).max_steps(1).max_eval_examples(5000).eval_step(counting),
+                  hpctrain::slurm::World{});
+  CHECK(evaluated == 256);
+  CHECK_THROWS_WITH(hpctrain::train(small_training(train_test::scratch("eval-negative")).max_eval_examples(-1), hpctrain::slurm::World{}),
+                    Catch::Contains("[hpctrain.spec.training.max_eval_examples]") && Catch::Contains("must not be negative"));
+}
+
 TEST_CASE("A batch larger than a rank's share of the data is a spec error naming the batch size", "[loop]") {
   TRAIN_TEST_REQUIRE_FASHION();
   auto training = small_training(train_test::scratch("too-big")).batch_size(hpctrain::per_rank(1024)).gradient_accumulation(1);

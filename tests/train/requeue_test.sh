@@ -18,7 +18,7 @@ export HPCTRAIN_REPORT_DIGEST=1  # the ranks print their parameter digest (sbatc
 reference="$(reference_digest "$reference_file" "$steps")"
 
 echo "== submit"
-out="$("$binary" --submit --max-steps "$steps")"
+out="$("$binary" --submit --max-steps "$steps" --max-eval-examples 1000)"
 echo "$out"
 job="$(sed -n 's/^submitted job \([0-9]*\).*/\1/p' <<<"$out" | head -1)"
 [ -n "$job" ] || fail "no job id"

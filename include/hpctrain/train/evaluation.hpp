@@ -1,7 +1,8 @@
 #pragma once
-// Evaluation: every rank runs the evaluation step on a strided share of the eval set, in eval mode, under
-// NoGradGuard and the precision scope; the loss (weighted by EvalOutput::weight) and each metric's
-// (sum, count) accumulate on the device and are all-reduced once, as one tensor, at the end.
+// Evaluation: every rank runs the evaluation step on a strided share of the eval set (or of its first
+// Training::max_eval_examples), in eval mode, under NoGradGuard and the precision scope; the loss (weighted by
+// EvalOutput::weight) and each metric's (sum, count) accumulate on the device and are all-reduced once, as one
+// tensor, at the end.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -53,7 +54,8 @@ inline Evaluation evaluate(const Training& training, const ModelInstance& model,
     sums.push_back(torch::zeros({}, f64));
     counts.push_back(torch::zeros({}, f64));
   }
-  const auto mine = data::strided_indices(dataset.size(), group.world_size(), group.rank());
+  const auto examples = training.max_eval_examples() > 0 ? std::min(dataset.size(), training.max_eval_examples()) : dataset.size();
+  const auto mine = data::strided_indices(examples, group.world_size(), group.rank());
   const auto batch_size = static_cast<std::size_t>(training.eval_batch_size());
   for (std::size_t begin = 0; begin < mine.size(); begin += batch_size) {
     note_training_progress();  // a long evaluation after a preemption SIGTERM is progress, not a rank stuck

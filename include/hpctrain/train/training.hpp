@@ -267,6 +267,9 @@ class Training {
   Training& evaluate_at_start(bool on) { evaluate_at_start_ = on; return *this; }
   /// Evaluate every `n` steps (0: only at the end). Default: 0.
   Training& eval_every(std::int64_t n) { eval_every_ = n; return *this; }
+  /// Evaluate on the first `n` examples of the evaluation data only (0: all of them), like Lightning's
+  /// limit_val_batches or transformers' max_eval_samples: a quick look at a long eval set. Default: 0.
+  Training& max_eval_examples(std::int64_t n) { max_eval_examples_ = n; return *this; }
   /// A train record (progress line, metrics.jsonl, TensorBoard, own loggers) every `n` steps. The running
   /// loss stays on the device in between. Default: 50.
   Training& log_every(std::int64_t n) { log_every_ = n; return *this; }
@@ -346,6 +349,7 @@ class Training {
     if (clip_grad_norm_) detail::require(*clip_grad_norm_ > 0, "training.clip_grad_norm", *clip_grad_norm_, "must be positive");
     detail::require(accumulation_ >= 1, "training.gradient_accumulation", accumulation_, "must be at least 1");
     detail::require(eval_every_ >= 0, "training.eval_every", eval_every_, "must not be negative");
+    detail::require(max_eval_examples_ >= 0, "training.max_eval_examples", max_eval_examples_, "must not be negative");
     detail::require(log_every_ >= 1, "training.log_every", log_every_, "must be at least 1");
     detail::require(checkpoint_every_ >= 0, "training.checkpoint_every", checkpoint_every_, "must not be negative");
     detail::require(keep_checkpoints_ >= 1, "training.keep_checkpoints", keep_checkpoints_, "must be at least 1");
@@ -417,6 +421,7 @@ class Training {
   Precision precision() const { return precision_; }
   std::int64_t seed() const { return seed_; }
   std::int64_t eval_every() const { return eval_every_; }
+  std::int64_t max_eval_examples() const { return max_eval_examples_; }
   bool evaluate_at_start() const { return evaluate_at_start_; }
   std::int64_t log_every() const { return log_every_; }
   std::int64_t checkpoint_every() const { return checkpoint_every_; }
@@ -491,6 +496,7 @@ class Training {
   Precision precision_ = Precision::fp32;
   std::int64_t seed_ = 0;
   std::int64_t eval_every_ = 0, log_every_ = 50, checkpoint_every_ = 0, preemption_check_every_ = 10;
+  std::int64_t max_eval_examples_ = 0;
   int keep_checkpoints_ = 3;
   std::vector<metrics::Metric> metrics_;
   std::vector<LoggerFactory> loggers_;

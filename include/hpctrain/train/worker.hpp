@@ -58,6 +58,8 @@ inline Knobs training_knobs(const Training& training) {
                                                     "must be fp32, bf16 or auto"));
   table.declare<std::int64_t>("log_every", training.log_every(), "steps between train records (progress lines, metrics.jsonl)", positive());
   table.declare<std::int64_t>("eval_every", training.eval_every(), "steps between evaluations (0: only at the end)", non_negative());
+  table.declare<std::int64_t>("max_eval_examples", training.max_eval_examples(),
+                              "evaluate on the first N examples of the evaluation data (0: all)", non_negative());
   table.declare<std::int64_t>("checkpoint_every", training.checkpoint_every(), "steps between checkpoints (0: only at the end)",
                               non_negative());
   table.extend(training.knobs());
@@ -81,6 +83,7 @@ inline Training with_knobs(Training training, const Knobs& knobs) {
   if (auto precision = knobs.get_if_given<std::string>("precision")) training.precision(precision_from_name(*precision).value());
   if (auto every = knobs.get_if_given<std::int64_t>("log_every")) training.log_every(*every);
   if (auto every = knobs.get_if_given<std::int64_t>("eval_every")) training.eval_every(*every);
+  if (auto examples = knobs.get_if_given<std::int64_t>("max_eval_examples")) training.max_eval_examples(*examples);
   if (auto every = knobs.get_if_given<std::int64_t>("checkpoint_every")) training.checkpoint_every(*every);
   if (training.schedule_from_knobs()) training.schedule(training.schedule_from_knobs()(knobs));
   training.knob_values(knobs);
