@@ -134,6 +134,7 @@ inline constexpr ErrorId spec_training_gradient_accumulation{"hpctrain.spec.trai
 inline constexpr ErrorId spec_training_keep_checkpoints{"hpctrain.spec.training.keep_checkpoints"};
 inline constexpr ErrorId spec_training_log_every{"hpctrain.spec.training.log_every"};
 inline constexpr ErrorId spec_training_lr{"hpctrain.spec.training.lr"};
+inline constexpr ErrorId spec_training_max_eval_examples{"hpctrain.spec.training.max_eval_examples"};
 inline constexpr ErrorId spec_training_max_steps{"hpctrain.spec.training.max_steps"};
 inline constexpr ErrorId spec_training_model{"hpctrain.spec.training.model"};
 inline constexpr ErrorId spec_training_optimizer{"hpctrain.spec.training.optimizer"};
