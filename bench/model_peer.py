@@ -3,6 +3,7 @@ tied head, SDPA causal attention), the same random tokens, AdamW, bf16 autocast,
 eager mode or under torch.compile. Prints one JSON line like the C++ bench.
 
   model_peer.py --mode eager|compile --device cuda --preset gpt2 --batch 16 --seq 1024 --steps 30 --warmup 10
+  ... --profile trace.json   (then 3 more steps under torch.profiler, as a Chrome trace)
 """
 import argparse
 import json
@@ -12,6 +13,8 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import gpt2_flops
 
 PRESETS = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50304),
@@ -56,13 +59,6 @@ class GPT(nn.Module):
         return F.linear(self.ln_f(x), self.wte.weight)
 
 
-def flops_per_token(c, seq):
-    d, f, v, layers = c["n_embd"], 4 * c["n_embd"], c["vocab_size"], c["n_layer"]
-    per_block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (d * f + f) + (f * d + d)
-    n = v * d + layers * per_block + 2 * d
-    return 6 * n + 12 * layers * d * seq
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=["eager", "compile"], default="eager")
@@ -74,8 +70,10 @@ def main():
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--vocab", type=int, help="vocabulary size instead of the preset's (GPT-2's BPE: 50257, unpadded)")
+    parser.add_argument("--profile", help="after the timed steps, profile 3 more and save a Chrome trace here")
     a = parser.parse_args()
-    c = PRESETS[a.preset]
+    c = dict(PRESETS[a.preset], **({"vocab_size": a.vocab} if a.vocab else {}))
     seq = min(a.seq, c["n_positions"])
     torch.manual_seed(0)
     device = torch.device(a.device)
@@ -106,11 +104,19 @@ def main():
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     tokens_per_s = a.batch * seq * a.steps / seconds
-    flops = flops_per_token(c, seq)
-    print(json.dumps({"impl": f"pytorch-{a.mode}", "device": a.device, "preset": a.preset, "batch": a.batch, "seq": seq,
+    flops = gpt2_flops.flops_per_token(c["vocab_size"], c["n_layer"], c["n_embd"], seq)
+    print(json.dumps({"impl": f"pytorch-{a.mode}", "device": a.device, "preset": a.preset, "vocab": c["vocab_size"], "batch": a.batch, "seq": seq,
                       "steps": a.steps, "precision": a.precision, "tokens_per_s": round(tokens_per_s, 1),
                       "ms_per_step": round(1e3 * seconds / a.steps, 2), "flops_per_token": flops,
                       "mfu": round(tokens_per_s * flops / (a.peak_tflops * 1e12), 4), "loss": round(loss.item(), 4)}))
+    if a.profile:
+        activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with torch.profiler.profile(activities=activities) as profiler:
+            for _ in range(3):
+                step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        profiler.export_chrome_trace(a.profile)
 
 
 if __name__ == "__main__":

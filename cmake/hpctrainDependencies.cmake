@@ -4,17 +4,19 @@ find_dependency(fmt)
 find_dependency(CLI11)
 find_dependency(nlohmann_json)
 # PCRE2 (text/: the tokenizers' Unicode split patterns): Debian ships no CMake config, only libpcre2-8.pc.
-# A machine without pkg-config (the bare GPU image of docs/gpu.md, which gets pcre2.h and the library from
-# scripts/gpu-pack) is served by find_path/find_library under CMAKE_PREFIX_PATH, into a target of the same name.
+# Where pkg-config is missing or does not know libpcre2-8 (the GPU image of docs/gpu.md has pkg-config but no
+# -dev packages; scripts/gpu-pack carries pcre2.h and the library), find_path/find_library under
+# CMAKE_PREFIX_PATH make a target of the same name.
 find_package(PkgConfig QUIET)
-if(PKG_CONFIG_FOUND)
-  pkg_check_modules(HPCTRAIN_PCRE2 REQUIRED IMPORTED_TARGET GLOBAL libpcre2-8)
-elseif(NOT TARGET PkgConfig::HPCTRAIN_PCRE2)
+if(PKG_CONFIG_FOUND AND NOT TARGET PkgConfig::HPCTRAIN_PCRE2)
+  pkg_check_modules(HPCTRAIN_PCRE2 QUIET IMPORTED_TARGET GLOBAL libpcre2-8)
+endif()
+if(NOT TARGET PkgConfig::HPCTRAIN_PCRE2)
   find_path(HPCTRAIN_PCRE2_INCLUDE_DIR pcre2.h)
   find_library(HPCTRAIN_PCRE2_LIBRARY NAMES pcre2-8)
   if(NOT HPCTRAIN_PCRE2_INCLUDE_DIR OR NOT HPCTRAIN_PCRE2_LIBRARY)
-    message(FATAL_ERROR "hpctrain: PCRE2 not found (no pkg-config, and no pcre2.h / libpcre2-8 under CMAKE_PREFIX_PATH): "
-                        "install libpcre2-dev")
+    message(FATAL_ERROR "hpctrain: PCRE2 not found (neither pkg-config's libpcre2-8 nor pcre2.h / libpcre2-8 under "
+                        "CMAKE_PREFIX_PATH): install libpcre2-dev")
   endif()
   add_library(PkgConfig::HPCTRAIN_PCRE2 INTERFACE IMPORTED GLOBAL)
   set_target_properties(PkgConfig::HPCTRAIN_PCRE2 PROPERTIES

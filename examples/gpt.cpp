@@ -18,7 +18,8 @@ hpctrain::models::GPT2 gpt(const ht::RunContext& run) {  // the model the knobs 
 }
 
 int main(int argc, char** argv) {
-  const auto corpus = ht::text::corpus_files("/usr/share/games/fortunes", {".dat"});  // Debian's fortunes, no indexes
+  const char* corpus_dir = std::getenv("HPCTRAIN_GPT_CORPUS");  // default: Debian's fortunes (no .dat indexes)
+  const auto corpus = ht::text::corpus_files(corpus_dir ? corpus_dir : "/usr/share/games/fortunes", {".dat"});
   const char* tokenizer = std::getenv("HPCTRAIN_GPT_TOKENIZER");  // default: GPT-2's ranks from scripts/setup
   auto job = ht::Job("gpt").nodes(2).tasks_per_node(1).cpus_per_task(1).time(30min).partition("debug").requeue_on_timeout(1min)
                  .prepare(ht::text::prepare_tokens_step(corpus, tokenizer ? fs::path(tokenizer) : fs::path(std::getenv("HOME")) / ".cache/hpctrain/gpt2.tiktoken",
@@ -27,7 +28,7 @@ int main(int argc, char** argv) {
       .model(gpt)
       .optimizer([](const ht::NamedParameters& parameters, const ht::Knobs& knobs) {
         auto options = torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(knobs.get<double>("weight_decay"));
-        return torch::optim::AdamW(ht::weight_decay_groups(parameters, options), options);
+        return ht::FusedAdamW(ht::weight_decay_groups(parameters, options), options);  // AdamW in one kernel
       })
       .train_data(ht::lm::prepared_tokens("train", ht::lm::knob("seq_len")))
       .eval_data(ht::lm::prepared_tokens("val", ht::lm::knob("seq_len")))

@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
       .model(roberta)
       .optimizer([](const ht::NamedParameters& parameters, const ht::Knobs& knobs) {
         auto options = torch::optim::AdamWOptions(5e-4).betas({0.9, 0.98}).eps(1e-6).weight_decay(knobs.get<double>("weight_decay"));
-        return torch::optim::AdamW(ht::weight_decay_groups(parameters, options), options);
+        return ht::FusedAdamW(ht::weight_decay_groups(parameters, options), options);  // AdamW in one kernel
       })
       .train_data(ht::lm::prepared_masked_blocks("train", ht::lm::knob("max_length")))
       .eval_data(ht::lm::prepared_masked_blocks("val", ht::lm::knob("max_length")))

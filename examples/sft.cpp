@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
       .model(ht::lm::from_pretrained(ht::lm::knob("from")))
       .optimizer([](const ht::NamedParameters& parameters) {
         const auto options = torch::optim::AdamWOptions(3e-4).betas({0.9, 0.95}).weight_decay(0.01);
-        return torch::optim::AdamW(ht::weight_decay_groups(parameters, options), options);
+        return ht::FusedAdamW(ht::weight_decay_groups(parameters, options), options);  // AdamW in one kernel
       })
       .train_data(examples(ht::lm::Split::train))
       .eval_data(examples(ht::lm::Split::validation))

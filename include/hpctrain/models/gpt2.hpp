@@ -177,7 +177,7 @@ class GPT2Impl : public CausalLM {
                      x, cache);
     }
     x = ln_f(x);
-    return config_.tie_word_embeddings ? torch::nn::functional::linear(x, wte->weight) : lm_head(x);
+    return config_.tie_word_embeddings ? torch::linear(x, wte->weight) : lm_head(x);
   }
 
   GPT2Config config_;

@@ -231,7 +231,7 @@ class LlamaImpl : public CausalLM {
       }, x, cache);
     }
     x = norm(x);
-    return config_.tie_word_embeddings ? torch::nn::functional::linear(x, embed_tokens->weight) : lm_head(x);
+    return config_.tie_word_embeddings ? torch::linear(x, embed_tokens->weight) : lm_head(x);
   }
 
   /// cos and sin of the rotary angles of `positions`: [T, head_dim] for positions [T], [B, 1, T, head_dim] for

@@ -31,8 +31,12 @@ inline std::shared_ptr<torch::nn::Module> child(const torch::nn::Module& module,
 }  // namespace detail
 
 /// `layer(x)`, plus its LoRA adapter's contribution when it has one: how the families call their projections.
+/// Through at::linear (what Python's F.linear is), not torch::nn::Linear's forward: LibTorch's C++ F::linear
+/// computes matmul, then `+= bias`, which autocast leaves in fp32, so a bf16 output plus an fp32 bias went
+/// through ATen's mixed-dtype elementwise kernel (6 ms of a 60 ms GPT-2 124M step on an H100, docs/gpu.md);
+/// at::linear adds the bias in the matrix product's epilogue.
 inline torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) {
-  auto y = layer(x);
+  auto y = torch::linear(x, layer->weight, layer->bias);
   if (layer->named_children().is_empty()) return y;
   auto a = std::dynamic_pointer_cast<torch::nn::LinearImpl>(detail::child(*layer, "lora_A"));
   auto b = std::dynamic_pointer_cast<torch::nn::LinearImpl>(detail::child(*layer, "lora_B"));

@@ -179,8 +179,8 @@ class RobertaForMaskedLMImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {}, const torch::Tensor& token_type_ids = {}) {
     check_length(input_ids.size(1));
     const auto h = roberta(input_ids, attention_mask, token_type_ids);
-    const auto transformed = head_norm(torch::gelu(head_dense(h)));
-    return torch::nn::functional::linear(transformed, roberta->embeddings->word_embeddings->weight, head_bias);
+    const auto transformed = head_norm(torch::gelu(linear(head_dense, h)));
+    return torch::linear(transformed, roberta->embeddings->word_embeddings->weight, head_bias);
   }
 
   /// transformers' `_init_weights`: linear and embedding weights N(0, initializer_range), biases 0, the

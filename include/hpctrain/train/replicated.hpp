@@ -36,19 +36,17 @@ inline torch::Tensor clip_coefficient(const torch::Tensor& norm, double max_norm
 
 /// Scales the gradients of `parameters` so that their global L2 norm is at most `max_norm`; returns the
 /// norm before clipping as a 0-dim tensor, without reading it on the host (torch::nn::utils::clip_grad_norm_
-/// computes the same, then calls .item()).
+/// computes the same, then calls .item()). Through the foreach kernels, as PyTorch's clip_grad_norm_ on CUDA:
+/// a few launches instead of two per tensor (296 for GPT-2 124M).
 inline torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
   for (const auto& parameter : parameters)
     if (parameter.grad().defined()) grads.push_back(parameter.grad());
   if (grads.empty()) return torch::zeros({}, torch::kFloat32);
-  std::vector<torch::Tensor> norms;
-  norms.reserve(grads.size());
-  for (const auto& grad : grads) norms.push_back(grad.norm(2));
+  const auto norms = torch::_foreach_norm(grads, 2);
   auto total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2);
-  const auto coefficient = clip_coefficient(total, max_norm);
-  for (auto& grad : grads) grad.mul_(coefficient);
+  torch::_foreach_mul_(grads, clip_coefficient(total, max_norm));
   return total;
 }
 }  // namespace detail
