@@ -4,12 +4,10 @@
 # scope before any program, and the program's own #include of it, inside its namespace, finds its include guard.
 # Then each program inside namespace hpctrain_program_<target>. It runs when a program's source changed, which
 # recompiles the unit anyway.
-include(${LISTING})  # HPCTRAIN_PROGRAM_ENTRIES: <target>=<source>;...
+include(${LISTING})  # HPCTRAIN_PROGRAM_TARGETS and HPCTRAIN_PROGRAM_SOURCES, in the same order
 set(includes "")
 set(programs "")
-foreach(entry IN LISTS HPCTRAIN_PROGRAM_ENTRIES)
-  string(REGEX MATCH "^[^=]*" target "${entry}")
-  string(REGEX REPLACE "^[^=]*=" "" source "${entry}")
+foreach(target source IN ZIP_LISTS HPCTRAIN_PROGRAM_TARGETS HPCTRAIN_PROGRAM_SOURCES)
   get_filename_component(folder "${source}" DIRECTORY)
   file(STRINGS "${source}" lines REGEX "^[ \t]*#[ \t]*include")
   foreach(line IN LISTS lines)

@@ -10,14 +10,18 @@
 option(HPCTRAIN_PROGRAMS_IN_ONE_TU "Compile the torch programs (examples, test workers) in one translation unit"
        ${HPCTRAIN_TESTS})
 
-# hpctrain_torch_program(<target> <source>): an executable linking hpctrain::hpctrain, built from <source>,
-# whose `int main(int argc, char** argv)` it runs.
+# hpctrain_torch_program(<target> <source> [DEFINITIONS <name>...]): an executable linking hpctrain::hpctrain,
+# built from <source>, whose `int main(int argc, char** argv)` it runs. DEFINITIONS are compile definitions of
+# the program; in the shared unit they apply to the whole unit (its headers come first, before any program),
+# so they name what only that program reads.
 function(hpctrain_torch_program target source)
+  cmake_parse_arguments(PARSE_ARGV 2 ARG "" "" "DEFINITIONS")
   get_filename_component(source "${source}" ABSOLUTE)
   if(NOT HPCTRAIN_PROGRAMS_IN_ONE_TU)
     add_executable(${target} ${source})
     target_link_libraries(${target} PRIVATE hpctrain::hpctrain)
     target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Werror=return-type)
+    target_compile_definitions(${target} PRIVATE ${ARG_DEFINITIONS})
     if(HPCTRAIN_TORCH_PCH_OWNER)  # tests built too: their precompiled <torch/torch.h> spares ~15 s
       target_precompile_headers(${target} REUSE_FROM ${HPCTRAIN_TORCH_PCH_OWNER})
     endif()
@@ -31,7 +35,9 @@ int main(int argc, char** argv) { return hpctrain_program_${target}::main(argc, 
 ")
   add_executable(${target} ${main})
   target_link_libraries(${target} PRIVATE hpctrain_torch_programs)
-  set_property(GLOBAL APPEND PROPERTY HPCTRAIN_PROGRAM_ENTRIES "${target}=${source}")
+  set_property(GLOBAL APPEND PROPERTY HPCTRAIN_PROGRAM_TARGETS ${target})
+  set_property(GLOBAL APPEND PROPERTY HPCTRAIN_PROGRAM_SOURCES ${source})
+  set_property(GLOBAL APPEND PROPERTY HPCTRAIN_PROGRAM_DEFINITIONS ${ARG_DEFINITIONS})
 endfunction()
 
 # After every hpctrain_torch_program (the end of the top-level CMakeLists.txt): the shared unit, regenerated at
@@ -39,18 +45,15 @@ endfunction()
 # precompiled <torch/torch.h> when there is one. It is defined last, but the executables name it first: target
 # names resolve at generate time.
 function(hpctrain_add_program_unit)
-  get_property(entries GLOBAL PROPERTY HPCTRAIN_PROGRAM_ENTRIES)
-  if(NOT entries)
+  get_property(targets GLOBAL PROPERTY HPCTRAIN_PROGRAM_TARGETS)
+  get_property(sources GLOBAL PROPERTY HPCTRAIN_PROGRAM_SOURCES)
+  get_property(definitions GLOBAL PROPERTY HPCTRAIN_PROGRAM_DEFINITIONS)
+  if(NOT targets)
     return()
   endif()
   set(unit ${PROJECT_BINARY_DIR}/programs/torch_programs.cpp)
   set(listing ${PROJECT_BINARY_DIR}/programs/torch_programs.cmake)
-  set(sources "")
-  foreach(entry IN LISTS entries)
-    string(REGEX REPLACE "^[^=]*=" "" source "${entry}")
-    list(APPEND sources ${source})
-  endforeach()
-  file(CONFIGURE OUTPUT ${listing} CONTENT "set(HPCTRAIN_PROGRAM_ENTRIES \"${entries}\")\n")
+  file(CONFIGURE OUTPUT ${listing} CONTENT "set(HPCTRAIN_PROGRAM_TARGETS \"${targets}\")\nset(HPCTRAIN_PROGRAM_SOURCES \"${sources}\")\n")
   add_custom_command(OUTPUT ${unit}
     COMMAND ${CMAKE_COMMAND} -D LISTING=${listing} -D OUTPUT=${unit} -P ${PROJECT_SOURCE_DIR}/cmake/hpctrainProgramUnit.cmake
     DEPENDS ${sources} ${listing} ${PROJECT_SOURCE_DIR}/cmake/hpctrainProgramUnit.cmake
@@ -58,9 +61,7 @@ function(hpctrain_add_program_unit)
   add_library(hpctrain_torch_programs STATIC ${unit})
   target_link_libraries(hpctrain_torch_programs PUBLIC hpctrain::hpctrain)
   target_compile_options(hpctrain_torch_programs PRIVATE -Wall -Wextra -Wpedantic -Werror=return-type)
-  if(C10_CUDA_LIBRARY)  # the GPU suite reads the CUDA allocator's peak memory (bench/gpu_suite/device_memory.hpp)
-    target_compile_definitions(hpctrain_torch_programs PRIVATE HPCTRAIN_GPU_SUITE_C10_CUDA)
-  endif()
+  target_compile_definitions(hpctrain_torch_programs PRIVATE ${definitions})
   if(HPCTRAIN_TORCH_PCH_OWNER)
     target_precompile_headers(hpctrain_torch_programs REUSE_FROM ${HPCTRAIN_TORCH_PCH_OWNER})
   endif()
