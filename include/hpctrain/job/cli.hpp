@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>  // setenv: --local exports the job's environment
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -262,6 +263,14 @@ inline std::filesystem::path resume_directory(const std::string& requested, cons
 
 /// A new directory `<root>/local-<UTC time>[-<n>]` for one `--local` run (created here, so two runs started
 /// in the same second do not share one).
+/// The job's literal environment (Job::env, --env), exported in this process for what --local starts, as the
+/// sbatch script exports it (render.hpp): the job's values win over this shell's. pass_env and secret_env
+/// names are this shell's own already.
+inline void export_job_environment(const Job& job) {
+  for (const auto& var : job.environment())
+    if (var.kind == EnvKind::literal) ::setenv(var.name.c_str(), var.value.c_str(), 1);
+}
+
 inline std::filesystem::path new_local_run_directory(const std::filesystem::path& root) {
   namespace fs = std::filesystem;
   const std::time_t now = std::time(nullptr);
@@ -467,6 +476,7 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         print_logs(last_submitted(job, context), out, command.follow);
         return exit_ok;
       case Mode::local: {
+        detail::export_job_environment(job);  // the preparation and the ranks see the job's environment
         if (const int prepared = prepare_locally(job, context, command.forwarded, err); prepared != exit_ok)
           return prepared;
         // The ranks run in a new directory of their own: tell them where the preparation left its results.
