@@ -25,6 +25,28 @@ def run(command, cwd, env_extra=None):
     return done.stdout, time.perf_counter() - start
 
 
+def logged_throughput(metrics_path, after_step, tokens_per_step):
+    """tokens/s of the train records of a run's metrics.jsonl logged after `after_step`, each interval weighed
+    by its steps (the intervals are equal but the last may be shorter), and the last such record; None when
+    there is none (or no file)."""
+    import json
+    try:
+        with open(metrics_path) as f:
+            records = [json.loads(line) for line in f]
+    except OSError:
+        return None
+    timed = [r for r in records if "tokens_per_s" in r and r["step"] > after_step]
+    if not timed:
+        return None
+    steps, seconds, previous = 0, 0.0, after_step
+    for r in timed:
+        n = r["step"] - previous
+        previous = r["step"]
+        steps += n
+        seconds += n * tokens_per_step / r["tokens_per_s"]
+    return steps * tokens_per_step / seconds, timed[-1]
+
+
 def json_line(out, what):
     """The JSON result line a side printed."""
     import json
