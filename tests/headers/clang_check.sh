@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Compiler launcher for the torch headers' self-containment checks, run with clang (tests/headers/CMakeLists.txt
+# Compiler launcher for the headers' self-containment checks, run with clang (tests/headers/CMakeLists.txt
 # says why): the build hands it gcc's command line, and it runs clang++ with the same arguments instead.
-#   clang_check.sh pch    <clang++> <pch file> <gcc> <arguments...>   precompile the source (<torch/torch.h>) for clang
+#   clang_check.sh pch    <clang++> <pch file> <gcc> <arguments...>   precompile the source (the outside headers) for clang
 #   clang_check.sh syntax <clang++> <pch file> <gcc> <arguments...>   parse and type-check one header's TU against it
 # Either way an empty object file is left where the build expects one (nothing links them).
 set -euo pipefail

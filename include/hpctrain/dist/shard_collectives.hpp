@@ -7,6 +7,7 @@
 // communicates: the reduce-scatter is a copy, the all-gather is the identity.
 #include <cstdint>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <torch/types.h>

@@ -3,6 +3,7 @@
 // keys and values. Greedy (argmax, as transformers' `generate(do_sample=False)`) unless a temperature is
 // given; then top-k sampling from a generator seeded for reproducibility.
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <vector>
 

@@ -4,10 +4,12 @@
 // Parts hold token ids and pairs are looked up by id, which serves both references: Hugging Face ranks a
 // merge by its (left, right) pair, tiktoken by the merged bytes (the same thing, since every part is a token).
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace hpctrain::text {

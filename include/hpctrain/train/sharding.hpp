@@ -7,6 +7,7 @@
 //   zero2  optimizer state and gradients sharded (reduce-scattered during backward)
 //   zero3  parameters sharded too: each listed block is gathered just before it runs and freed after
 #include <array>
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
