@@ -22,9 +22,6 @@ function(hpctrain_torch_program target source)
     target_link_libraries(${target} PRIVATE hpctrain::hpctrain)
     target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Werror=return-type)
     target_compile_definitions(${target} PRIVATE ${ARG_DEFINITIONS})
-    if(HPCTRAIN_TORCH_PCH_OWNER)  # tests built too: their precompiled <torch/torch.h> spares ~15 s
-      target_precompile_headers(${target} REUSE_FROM ${HPCTRAIN_TORCH_PCH_OWNER})
-    endif()
     return()
   endif()
   set(main ${PROJECT_BINARY_DIR}/programs/${target}_main.cpp)
@@ -41,9 +38,8 @@ int main(int argc, char** argv) { return hpctrain_program_${target}::main(argc, 
 endfunction()
 
 # After every hpctrain_torch_program (the end of the top-level CMakeLists.txt): the shared unit, regenerated at
-# build time when a program's source changes (its #include lines may have), and compiled with the tests'
-# precompiled <torch/torch.h> when there is one. It is defined last, but the executables name it first: target
-# names resolve at generate time.
+# build time when a program's source changes (its #include lines may have). It is defined last, but the
+# executables name it first: target names resolve at generate time.
 function(hpctrain_add_program_unit)
   get_property(targets GLOBAL PROPERTY HPCTRAIN_PROGRAM_TARGETS)
   get_property(sources GLOBAL PROPERTY HPCTRAIN_PROGRAM_SOURCES)
@@ -62,7 +58,4 @@ function(hpctrain_add_program_unit)
   target_link_libraries(hpctrain_torch_programs PUBLIC hpctrain::hpctrain)
   target_compile_options(hpctrain_torch_programs PRIVATE -Wall -Wextra -Wpedantic -Werror=return-type)
   target_compile_definitions(hpctrain_torch_programs PRIVATE ${definitions})
-  if(HPCTRAIN_TORCH_PCH_OWNER)
-    target_precompile_headers(hpctrain_torch_programs REUSE_FROM ${HPCTRAIN_TORCH_PCH_OWNER})
-  endif()
 endfunction()

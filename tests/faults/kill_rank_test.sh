@@ -8,7 +8,9 @@ source "$(dirname "$(realpath "$0")")/fault_support.sh"   # before the cd: $0 ma
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/kill-rank-test.XXXXXX")"
 cd "$work"
 
-out="$("$binary" --submit --max-steps 3000 --max-eval-examples 1000)"
+# A checkpoint every 50 steps and a progress line every 10: the kill comes soon after the first checkpoint
+# (the example's own 250 steps cost 2 ranks 50 s of CPU more to reach).
+out="$("$binary" --submit --max-steps 3000 --max-eval-examples 1000 --checkpoint-every 50 --log-every 10)"
 job="$(sed -n 's/^submitted job \([0-9]*\).*/\1/p' <<<"$out" | head -1)"
 [ -n "$job" ] || fail "no job id: $out"
 trap 'scancel "$job" 2>/dev/null || true' EXIT
@@ -16,8 +18,8 @@ log="$(scontrol show job "$job" | sed -n 's/^ *StdOut=//p')"
 run_dir="$(dirname "$log")"   # HPCTRAIN_RUN_DIR of a submitted job is its job directory
 echo "job $job, log $log"
 
-# The example checkpoints every 250 steps: past step 300 the checkpoint of step 250 exists.
-wait_for "grep -q '^step 300/' '$log' 2>/dev/null" 900 || fail "job $job never reached step 300"
+# Past step 60 the checkpoint of step 50 exists; the kill lands within a second (about 10 steps), before step 100.
+wait_for "grep -q '^step 60/' '$log' 2>/dev/null" 900 || fail "job $job never reached step 60"
 victim="$(rank_pid "$job" 1 "$binary")" || fail "no process of rank 1 of job $job"
 echo "== SIGKILL rank 1 (pid $victim) at $(grep -o '^step [0-9]*/' "$log" | tail -1)"
 killed_at="$(now)"
@@ -37,15 +39,16 @@ trap - EXIT
 
 echo "== resume from the killed job's run directory"
 last_step="$(grep -o '^step [0-9]*/' "$log" | tail -1 | tr -dc 0-9)"
-HPCTRAIN_RUN_DIR="$run_dir" "$binary" --local 2 --max-steps 260 --max-eval-examples 1000 > resume.log 2>&1 || { log=resume.log; fail "resume failed"; }
-grep -q '^resumed from .* at step 250 ' resume.log || { log=resume.log; fail "did not resume from the checkpoint of step 250"; }
-grep -q '^step 260/260 ' resume.log || { log=resume.log; fail "the resumed run did not reach step 260"; }
+[ "$last_step" -lt 100 ] || fail "rank 1 was killed at step $last_step, past the checkpoint of step 100: the resume below expects 50"
+HPCTRAIN_RUN_DIR="$run_dir" "$binary" --local 2 --max-steps 60 --max-eval-examples 1000 > resume.log 2>&1 || { log=resume.log; fail "resume failed"; }
+grep -q '^resumed from .* at step 50 ' resume.log || { log=resume.log; fail "did not resume from the checkpoint of step 50"; }
+grep -q '^step 60/60 ' resume.log || { log=resume.log; fail "the resumed run did not reach step 60"; }
 {
   echo "job=$job"
   echo "killed_at_step=$last_step"
   echo "kill_to_job_end_s=$seconds"
   echo "final_state=${state:-unknown}"
   echo "processes_left=0"
-  echo "resumed_from_step=250"
+  echo "resumed_from_step=50"
 } > "$results/kill_rank.txt"
-echo "PASS: rank 1 killed near step $last_step; job $job ended ${state:-?} ${seconds} s later, nothing left; resumed from step 250"
+echo "PASS: rank 1 killed near step $last_step; job $job ended ${state:-?} ${seconds} s later, nothing left; resumed from step 50"

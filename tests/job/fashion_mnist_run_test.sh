@@ -23,21 +23,21 @@ echo "ok: fashion_mnist --run --max-steps 5 inside salloc -N 2 trained 2 ranks o
 # (exit 130); the second --run resumes from that checkpoint and finishes.
 status=0
 salloc --quiet --nodes=2 --partition=debug --time=10 bash -c "
-  \"$binary\" --run --max-steps 300 --max-eval-examples 1000 > '$work/interrupted.log' 2>&1 &
+  \"$binary\" --run --max-steps 150 --max-eval-examples 1000 > '$work/interrupted.log' 2>&1 &
   run=\$!
-  for i in \$(seq 1200); do grep -q '^step 50/300 ' '$work/interrupted.log' && break; sleep 0.1; done
+  for i in \$(seq 1200); do grep -q '^step 50/150 ' '$work/interrupted.log' && break; sleep 0.1; done
   kill -INT \"\$run\"
   status=0
   wait \"\$run\" || status=\$?
   echo \"run exited \$status\" >> '$work/interrupted.log'
-  \"$binary\" --run --max-steps 300 --max-eval-examples 1000 > '$work/resumed.log' 2>&1 || echo \"resumed run exited \$?\" >> '$work/resumed.log'
+  \"$binary\" --run --max-steps 150 --max-eval-examples 1000 > '$work/resumed.log' 2>&1 || echo \"resumed run exited \$?\" >> '$work/resumed.log'
 " > salloc.log 2>&1 || status=$?
 [ "$status" = 0 ] || fail "salloc around the interrupted run exited $status"
 grep -q '^run exited 130$' interrupted.log || fail "the interrupted --run did not exit 130"
-grep -q 'preempted: checkpointed step [0-9]* of 300' interrupted.log || fail "no checkpoint after SIGINT"
-step="$(sed -n 's/.*preempted: checkpointed step \([0-9]*\) of 300.*/\1/p' interrupted.log | head -n 1)"
+grep -q 'preempted: checkpointed step [0-9]* of 150' interrupted.log || fail "no checkpoint after SIGINT"
+step="$(sed -n 's/.*preempted: checkpointed step \([0-9]*\) of 150.*/\1/p' interrupted.log | head -n 1)"
 grep -q "resumed from .* at step $step " resumed.log || fail "the second --run did not resume from step $step"
-grep -q '^step 300/300 ' resumed.log || fail "the resumed run did not finish"
+grep -q '^step 150/150 ' resumed.log || fail "the resumed run did not finish"
 if grep -q '^resumed run exited' resumed.log; then fail "the resumed run failed"; fi
 echo "ok: SIGINT to --run the ranks checkpointed step $step together (exit 130); --run again resumed there and finished"
 rm -rf "$work"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The uninterrupted run both preemption tests compare with (tests/train/requeue_test.sh and
-# tests/job/preemption_training_test.sh): Fashion-MNIST, 2 local ranks, 300 steps. A ctest fixture, so that it
+# tests/job/preemption_training_test.sh): Fashion-MNIST, 2 local ranks, 150 steps. A ctest fixture, so that it
 # trains once, beside other tests, instead of twice inside the Slurm lock. Writes "<steps> <parameters_crc32c>"
 # to <dir>/reference (atomically: a reader never sees half a line).
 #   Usage: fashion_mnist_reference.sh <fashion_mnist binary> <dir>
@@ -11,7 +11,7 @@ source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_suppo
   { echo "SKIP: Fashion-MNIST is not installed at /usr/share/datasets/fashion-mnist (apt install dataset-fashion-mnist)"; exit 77; }
 binary="$(realpath "$1")"
 dir="$2"
-steps=300
+steps=150  # the tests preempt their run near step 60
 rm -rf "$dir"
 mkdir -p "$dir"
 cd "$dir"
