@@ -4,6 +4,10 @@ HPCTRAIN_TORCH_VERSION=2.11.0
 # Test-only oracles (the product has no Python): transformers/safetensors for logits and generation,
 # tokenizers/tiktoken for token ids, tensorboard to read our event files back.
 HPCTRAIN_PIP_PACKAGES="torch==${HPCTRAIN_TORCH_VERSION} numpy tensorboard transformers==4.57.1 safetensors==0.6.2 tokenizers==0.22.1 tiktoken==0.12.0 jinja2==3.1.6 peft==0.17.1"
+# The second oracle leg: transformers 5 writes config.json in another layout (rope_parameters, dtype), so the model,
+# PEFT and tokenizer oracles run again under it. Its venv sees the first one's packages (torch, numpy, ...) through a
+# .pth file and holds only what differs; huggingface_hub and tokenizers are the versions transformers 5.24 requires.
+HPCTRAIN_PIP_PACKAGES_TRANSFORMERS5="transformers==5.24.0 peft==0.21.2 huggingface_hub==2.4.0 tokenizers==0.23.3 safetensors==0.8.0"
 # GPT-2's BPE ranks (gpt2.tiktoken) come from this sdist, which ships them under whisper/assets/.
 HPCTRAIN_WHISPER_SDIST="openai-whisper==20250625"
 # Debian packages: build, tests, local Slurm cluster, data, container runtime.
@@ -15,3 +19,4 @@ HPCTRAIN_APT_PACKAGES="cmake g++ ninja-build python3-venv slurm-wlm munge libfmt
   libpcre2-dev libsentencepiece-dev clang libfuzzer-14-dev"
 HPCTRAIN_CACHE="${HPCTRAIN_CACHE:-$HOME/.cache/hpctrain}"
 HPCTRAIN_VENV="${HPCTRAIN_VENV:-$HPCTRAIN_CACHE/venv}"
+HPCTRAIN_VENV_TRANSFORMERS5="${HPCTRAIN_VENV_TRANSFORMERS5:-$HPCTRAIN_CACHE/venv-transformers5}"

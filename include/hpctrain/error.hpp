@@ -47,6 +47,10 @@ class SpecError : public Error {
   /// `[<id>] <subject>: <reason>`, for ids that are not one description field (`hpctrain.spec.knob`).
   SpecError(ErrorId id, std::string_view subject, std::string_view reason)
       : Error(id, fmt::format("{}: {}", subject, reason)), field_(id.str().substr(std::string_view("hpctrain.spec.").size())) {}
+  /// The same error with `where` (a file) before its message: `[<id>] <where>: <message>`.
+  SpecError(const SpecError& error, std::string_view where)
+      : Error(error.id(), fmt::format("{}: {}", where, std::string_view(error.what()).substr(error.id().size() + 3))),
+        field_(error.field()) {}
   const std::string& field() const noexcept { return field_; }
 
  private:

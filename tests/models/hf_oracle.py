@@ -1,11 +1,13 @@
 """The oracle of tests/models: transformers makes, saves and runs small random models.
 
-  hf_oracle.py make FAMILY CONFIG_JSON DIR IDS [--shard BYTES]
+  hf_oracle.py make FAMILY CONFIG_JSON DIR IDS [--shard BYTES] [--long LONG_IDS]
       makes a random FAMILY (gpt2 | llama | qwen2 | mistral) model from CONFIG_JSON (transformers' config fields), saves it
       with save_pretrained into DIR/model (sharded when --shard is given), then runs `expect` on it.
-  hf_oracle.py expect MODEL_DIR IDS OUT_DIR
+  hf_oracle.py expect MODEL_DIR IDS OUT_DIR [--long LONG_IDS]
       loads MODEL_DIR with from_pretrained and writes OUT_DIR/logits.safetensors (fp32 logits of IDS,
-      [1, T, vocab]) and OUT_DIR/generated.json (the 32 tokens of generate(do_sample=False)).
+      [1, T, vocab]) and OUT_DIR/generated.json (the 32 tokens of generate(do_sample=False)); with --long, also
+      OUT_DIR/long_logits.safetensors, the logits of LONG_IDS: a rotary base or scaling read wrongly shows at
+      long positions (the lowest frequencies barely turn within a short prompt).
 
   hf_oracle.py expect-packed MODEL_DIR IDS POSITIONS DOCUMENTS OUT_DIR
       OUT_DIR/logits.safetensors of one packed row: IDS with position_ids POSITIONS and a 4-D attention mask
@@ -14,7 +16,7 @@
 IDS is a comma-separated list of token ids, or `text:PROMPT`: then `make` also trains a byte-level BPE
 with HF `tokenizers` (vocabulary = the model's), saves it as DIR/model/tokenizer.json, encodes PROMPT with
 it, and writes DIR/prompt_ids.json and DIR/generated.txt (the decoded continuation).
-Everything runs in fp32 on the CPU.
+Everything runs in fp32 on the CPU. The same script runs under transformers 4.57 and 5.x (the second oracle leg).
 """
 import json
 import os
@@ -27,7 +29,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Llam
 NEW_TOKENS = 32
 
 
-def make(family, config_json, directory, ids, shard=None):
+def make(family, config_json, directory, ids, shard=None, long_ids=None):
     torch.manual_seed(1234)
     fields = json.loads(config_json)
     if family == "gpt2":
@@ -51,7 +53,7 @@ def make(family, config_json, directory, ids, shard=None):
             else:
                 parameter.normal_(0.0, 0.1)
     model_dir = os.path.join(directory, "model")
-    kwargs = {"safe_serialization": True}
+    kwargs = {}  # safetensors is the default of both releases (5.x dropped safe_serialization)
     if shard:
         kwargs["max_shard_size"] = int(shard)
     model.save_pretrained(model_dir, **kwargs)
@@ -62,7 +64,7 @@ def make(family, config_json, directory, ids, shard=None):
         with open(os.path.join(directory, "prompt_ids.json"), "w") as out:
             json.dump(prompt_ids, out)
         ids = ",".join(str(i) for i in prompt_ids)
-    expect(model_dir, ids, directory)
+    expect(model_dir, ids, directory, long_ids)
     if tokenizer is not None:
         with open(os.path.join(directory, "generated.json")) as generated:
             text = tokenizer.decode(json.load(generated))
@@ -84,16 +86,20 @@ def train_tokenizer(vocab_size, path):
     return tokenizer
 
 
-def expect(model_dir, ids, out_dir):
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+def expect(model_dir, ids, out_dir, long_ids=None):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
-    input_ids = torch.tensor([[int(i) for i in ids.split(",")]], dtype=torch.long)
+    row = lambda text: torch.tensor([[int(i) for i in text.split(",")]], dtype=torch.long)
+    input_ids = row(ids)
     with torch.no_grad():
         logits = model(input_ids).logits.float().contiguous()
         generated = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
                                    max_new_tokens=NEW_TOKENS, pad_token_id=model.config.eos_token_id)
+        long_logits = model(row(long_ids)).logits.float().contiguous() if long_ids else None
     os.makedirs(out_dir, exist_ok=True)
     save_file({"logits": logits}, os.path.join(out_dir, "logits.safetensors"))
+    if long_logits is not None:
+        save_file({"logits": long_logits}, os.path.join(out_dir, "long_logits.safetensors"))
     with open(os.path.join(out_dir, "generated.json"), "w") as out:
         json.dump(generated[0, input_ids.shape[1]:].tolist(), out)
 
@@ -111,13 +117,26 @@ def expect_packed(model_dir, ids, positions, documents, out_dir):
     save_file({"logits": logits}, os.path.join(out_dir, "logits.safetensors"))
 
 
+def split_options(args, names):
+    """The positional arguments, and the values of the `--name VALUE` options among `names`."""
+    positional, options = [], {}
+    while args:
+        if args[0] in names and len(args) >= 2:
+            options[args[0][2:]] = args[1]
+            args = args[2:]
+        else:
+            positional.append(args[0])
+            args = args[1:]
+    return positional, options
+
+
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    if args[:1] == ["make"] and len(args) in (5, 7):
-        make(args[1], args[2], args[3], args[4], args[6] if len(args) == 7 and args[5] == "--shard" else None)
+    args, options = split_options(sys.argv[1:], ("--shard", "--long"))
+    if args[:1] == ["make"] and len(args) == 5:
+        make(*args[1:], shard=options.get("shard"), long_ids=options.get("long"))
     elif args[:1] == ["expect-packed"] and len(args) == 6:
         expect_packed(*args[1:])
     elif args[:1] == ["expect"] and len(args) == 4:
-        expect(args[1], args[2], args[3])
+        expect(*args[1:], long_ids=options.get("long"))
     else:
         raise SystemExit(__doc__)

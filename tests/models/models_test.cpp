@@ -185,7 +185,8 @@ TEST_CASE("An invalid config is refused naming the field", "[models][config]") {
       {R"({"model_type": "llama", "hidden_size": 100, "num_attention_heads": 8})",
        "[hpctrain.spec.llama.num_attention_heads] llama.num_attention_heads = 8: must divide hidden_size = 100 (or give head_dim)"},
       {R"({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})",
-       "[hpctrain.spec.llama.rope_scaling.rope_type] llama.rope_scaling.rope_type = yarn: must be \"llama3\" or \"linear\""},
+       "[hpctrain.spec.llama.rope_scaling.rope_type] llama.rope_scaling.rope_type = yarn: is not implemented by hpctrain (it implements "
+       "default, linear and llama3)"},
       {R"({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "low_freq_factor": 4.0, "high_freq_factor": 1.0}})",
        "[hpctrain.spec.llama.rope_scaling.high_freq_factor] llama.rope_scaling.high_freq_factor = 1: must exceed low_freq_factor = 4"},
       {R"({"model_type": "bert"})", "[hpctrain.spec.llama.model_type] llama.model_type = \"bert\": this is not a llama, qwen2 or mistral config"},

@@ -45,10 +45,28 @@ for args in "--data ../conversations.jsonl" "--from ../llama"; do
   [ ! -e bad/hpctrain-jobs ] || fail "with only $args: something was written"
 done
 
+# A rotary setting hpctrain does not implement (transformers 5's layout): exit 2 at --dry-run, naming the file and
+# the field, before anything is written.
+mkdir -p yarn && cp llama/* yarn/
+"$python" - yarn/config.json <<'PY' || fail "could not write the yarn config"
+import json, sys
+config = json.load(open(sys.argv[1]))
+config.pop("rope_theta", None), config.pop("rope_scaling", None)
+config["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": 128}
+json.dump(config, open(sys.argv[1], "w"))
+PY
+status=0
+(cd bad && "$sft" --from ../yarn --data ../conversations.jsonl --dry-run) > bad.log 2>&1 || status=$?
+[ "$status" = 2 ] || fail "rope_type yarn: --dry-run exit status $status, not 2"
+grep -q '\[hpctrain.spec.llama.rope_parameters.rope_type\] .*yarn/config.json: llama.rope_parameters.rope_type = yarn' bad.log ||
+  fail "rope_type yarn: the message does not name the file and the field"
+[ ! -e bad/hpctrain-jobs ] || fail "rope_type yarn: something was written"
+
 # Train: 2 ranks, 20 steps.
 HPCTRAIN_RUN_DIR="$work/run" "$sft" --from llama --data conversations.jsonl --local 2 --max-steps 20 --lr 1e-3 --max-length 256 \
   > run.log 2>&1 || fail "sft exited $?"
 grep -q '^hpctrain: 2 rank(s) on cpu (gloo)' run.log || fail "not 2 Gloo ranks"
+grep -q "^hpctrain: llama: llama: [0-9]* layers, .*rope theta" run.log || fail "no line saying what the config was understood as"
 before="$(value response_loss_before run.log)"
 after="$(value response_loss_after run.log)"
 [ -n "$before" ] && [ -n "$after" ] || fail "no response_loss_before/after"

@@ -7,12 +7,16 @@
 #include <string>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include <torch/torch.h>
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/lm/setting.hpp>
 #include <hpctrain/models/hf_checkpoint.hpp>
+#include <hpctrain/models/pretrained_config.hpp>
+#include <hpctrain/train/run_context.hpp>
 
 namespace hpctrain::lm {
 
@@ -23,8 +27,17 @@ class Pretrained {
   /// The weights' dtype once loaded. Default: fp32 (the Trainer's master weights; bf16 runs under autocast).
   Pretrained& dtype(torch::Dtype dtype) { dtype_ = dtype; return *this; }
 
-  /// Loads the model in the worker.
-  std::shared_ptr<models::CausalLM> operator()(const Knobs& knobs) const { return models::load_pretrained(pretrained_directory(knobs), dtype_); }
+  /// Loads the model in the worker; rank 0 prints what the config says (and any keys it did not read), so a
+  /// user can compare it with the model card.
+  std::shared_ptr<models::CausalLM> operator()(const RunContext& run) const {
+    const auto directory = pretrained_directory(run.knobs);
+    if (run.rank == 0) {
+      const auto reading = models::read_config_reading(directory);
+      fmt::print("hpctrain: {}: {}\n", directory.string(), reading.summary);
+      if (const auto warning = reading.warning(directory / "config.json"); !warning.empty()) fmt::print(stderr, "{}\n", warning);
+    }
+    return models::load_pretrained(directory, dtype_);
+  }
   /// The directory for this run's knobs.
   std::filesystem::path pretrained_directory(const Knobs& knobs) const { return directory_.get(knobs); }
   /// On the login node: the directory exists and has a config.json (the weights are read in the worker).
@@ -34,6 +47,7 @@ class Pretrained {
     if (!std::filesystem::is_directory(directory)) throw SpecError(errors::spec_knob, subject, "no such directory");
     if (!std::filesystem::is_regular_file(directory / "config.json"))
       throw SpecError(errors::spec_knob, subject, "has no config.json (not a Hugging Face model directory)");
+    models::read_config_reading(directory);  // a setting hpctrain does not implement fails here, before the queue
   }
 
  private:

@@ -6,7 +6,9 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <hpctrain/error.hpp>
@@ -32,6 +34,10 @@ struct GPT2Config {
   bool tie_word_embeddings = true;    ///< the head reuses the token embedding. Default: true
   std::optional<std::int64_t> bos_token_id = 50256;  ///< Default: 50256
   std::optional<std::int64_t> eos_token_id = 50256;  ///< Default: 50256
+  /// The weights' dtype the config.json stated (`dtype` or `torch_dtype`). Default: "" (not stated)
+  std::string stated_dtype;
+  /// Keys of the config.json this was read from that hpctrain does not know (reported in one warning line).
+  std::vector<std::string> unread_keys;
 
   /// The MLP's hidden width.
   std::int64_t inner() const { return n_inner.value_or(4 * n_embd); }
@@ -87,6 +93,13 @@ struct GPT2Config {
     bool scale = true;
     detail::read_field(json, family, "scale_attn_weights", scale);
     if (!scale) throw SpecError("gpt2.scale_attn_weights", "false", "is not supported by hpctrain's GPT-2");
+    detail::refuse_unless_off(json, family, "quantization_config", "loading quantized weights");
+    c.stated_dtype = detail::read_dtype(json, family);
+    // n_ctx: 4.x wrote it beside n_positions (5.x no longer does); summary_*: the sequence-classification head's.
+    c.unread_keys = detail::unread_keys(json, {"vocab_size", "n_positions", "n_ctx", "n_embd", "n_layer", "n_head", "n_inner",
+        "activation_function", "resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon", "tie_word_embeddings",
+        "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "scale_attn_weights", "quantization_config",
+        "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout"});
     c.validate();
     return c;
   }
@@ -113,8 +126,17 @@ struct GPT2Config {
     j["tie_word_embeddings"] = tie_word_embeddings;
     detail::set_optional(j, "bos_token_id", bos_token_id);
     detail::set_optional(j, "eos_token_id", eos_token_id);
-    j["torch_dtype"] = "float32";
+    j["dtype"] = "float32";        // transformers 5's spelling
+    j["torch_dtype"] = "float32";  // 4.x's
     return j;
+  }
+
+  /// What was understood, in one line: the values that shape the math, to compare with the model card.
+  std::string summary() const {
+    return fmt::format("gpt2: {} layers, width {}, MLP {}, {} heads of dim {}, {} positions, {}, layer_norm_epsilon {:g}, "
+                       "{} head, vocabulary {}, dtype {}",
+                       n_layer, n_embd, inner(), n_head, head_dim(), n_positions, activation_function, layer_norm_epsilon,
+                       tie_word_embeddings ? "tied" : "untied", vocab_size, stated_dtype.empty() ? "not stated" : stated_dtype);
   }
 
   /// Parameters, counted from the config (equals the module's parameter count).

@@ -121,10 +121,10 @@ inline void load_weights(torch::nn::Module& module, const safetensors::Checkpoin
 
 /// Reads `directory/config.json` as a GPT-2 config.
 inline GPT2Config read_gpt2_config(const std::filesystem::path& directory) {
-  return GPT2Config::from_json(detail::read_json_file(directory / "config.json"));
+  return detail::read_config_file<GPT2Config>(directory / "config.json");
 }
 inline LlamaConfig read_llama_config(const std::filesystem::path& directory) {
-  return LlamaConfig::from_json(detail::read_json_file(directory / "config.json"));
+  return detail::read_config_file<LlamaConfig>(directory / "config.json");
 }
 
 /// A GPT-2 from a Hugging Face directory (weights converted to `dtype`).

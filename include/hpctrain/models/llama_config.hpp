@@ -1,12 +1,16 @@
 #pragma once
 // The Llama family's configuration (torch-free): the fields of transformers' LlamaConfig with its
-// defaults, the Llama 3 rope scaling, read from and written to `config.json`, validated, and the training
-// FLOPs per token used for MFU.
+// defaults, the Llama 3 rope scaling, read from and written to `config.json` in transformers 4's layout
+// (top-level `rope_theta`, `rope_scaling`) and 5's (`rope_parameters`), validated, and the training FLOPs per
+// token used for MFU. A field that changes the math and is not implemented here is refused, never defaulted.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <hpctrain/error.hpp>
@@ -55,6 +59,11 @@ struct LlamaConfig {
   std::string hidden_act = "silu";          ///< only "silu". Default: "silu"
   std::optional<std::int64_t> bos_token_id = 1;  ///< Default: 1
   std::optional<std::int64_t> eos_token_id = 2;  ///< Default: 2
+  /// The weights' dtype the config.json stated (`dtype` or `torch_dtype`); informative, the safetensors' own
+  /// dtypes are what is read. Default: "" (not stated)
+  std::string stated_dtype;
+  /// Keys of the config.json this was read from that hpctrain does not know (reported in one warning line).
+  std::vector<std::string> unread_keys;
 
   std::int64_t kv_heads() const { return num_key_value_heads.value_or(num_attention_heads); }
   std::int64_t head_dimension() const { return head_dim.value_or(hidden_size / num_attention_heads); }
@@ -96,7 +105,9 @@ struct LlamaConfig {
     }
   }
 
-  /// Reads a transformers `config.json` object; absent fields keep LlamaConfig's defaults.
+  /// Reads a transformers `config.json` object, in transformers 4's layout or 5's; absent fields keep
+  /// LlamaConfig's defaults (transformers' own). Throws SpecError naming the field for a wrong value, for
+  /// two layouts that disagree, and for a setting that changes the math that hpctrain does not implement.
   static LlamaConfig from_json(const nlohmann::json& json) {
     constexpr std::string_view family = "llama";
     LlamaConfig c;
@@ -123,7 +134,6 @@ struct LlamaConfig {
     detail::read_optional_field(json, family, "head_dim", c.head_dim);
     detail::read_field(json, family, "max_position_embeddings", c.max_position_embeddings);
     detail::read_field(json, family, "rms_norm_eps", c.rms_norm_eps);
-    detail::read_field(json, family, "rope_theta", c.rope_theta);
     detail::read_field(json, family, "attention_bias", c.attention_bias);
     detail::read_field(json, family, "mlp_bias", c.mlp_bias);
     detail::read_field(json, family, "attention_dropout", c.attention_dropout);
@@ -132,14 +142,18 @@ struct LlamaConfig {
     detail::read_field(json, family, "hidden_act", c.hidden_act);
     detail::read_token_id(json, family, "bos_token_id", c.bos_token_id);
     detail::read_token_id(json, family, "eos_token_id", c.eos_token_id);
+    c.stated_dtype = detail::read_dtype(json, family);
     std::int64_t pretraining_tp = 1;
     detail::read_field(json, family, "pretraining_tp", pretraining_tp);
     if (pretraining_tp != 1) throw SpecError("llama.pretraining_tp", std::to_string(pretraining_tp), "only 1 is supported");
-    const auto scaling = json.find("rope_scaling");
-    if (scaling != json.end() && !scaling->is_null()) {
-      auto read = read_rope_scaling(*scaling);
-      if (read.rope_type != "default") c.rope_scaling = read;  // "default" is transformers' "no scaling"
-    }
+    read_rope(json, c);
+    refuse_unimplemented(json, c);
+    c.unread_keys = detail::unread_keys(json, {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "rope_theta",
+        "rope_scaling", "rope_parameters", "partial_rotary_factor", "attention_bias", "mlp_bias", "attention_dropout",
+        "tie_word_embeddings", "hidden_act", "pretraining_tp", "use_sliding_window", "sliding_window", "max_window_layers",
+        "layer_types", "attn_logit_softcapping", "final_logit_softcapping", "quantization_config", "use_qk_norm",
+        "attention_chunk_size"});
     c.validate();
     return c;
   }
@@ -158,21 +172,13 @@ struct LlamaConfig {
     j["head_dim"] = head_dimension();
     j["max_position_embeddings"] = max_position_embeddings;
     j["rms_norm_eps"] = rms_norm_eps;
+    // Both layouts, as transformers keeps old checkpoints readable: 4.x reads `rope_theta` and `rope_scaling`
+    // (and ignores `rope_parameters`), 5.x reads `rope_parameters` (`rope_scaling`, when not null, first).
     j["rope_theta"] = rope_theta;
-    if (rope_scaling) {
-      const auto& s = *rope_scaling;
-      nlohmann::ordered_json r;
-      r["rope_type"] = s.rope_type;
-      r["factor"] = s.factor;
-      if (s.rope_type == "llama3") {
-        r["low_freq_factor"] = s.low_freq_factor;
-        r["high_freq_factor"] = s.high_freq_factor;
-        r["original_max_position_embeddings"] = s.original_max_position_embeddings;
-      }
-      j["rope_scaling"] = r;
-    } else {
-      j["rope_scaling"] = nullptr;
-    }
+    j["rope_scaling"] = rope_scaling ? scaling_json(*rope_scaling) : nlohmann::ordered_json(nullptr);
+    auto parameters = rope_scaling ? scaling_json(*rope_scaling) : nlohmann::ordered_json({{"rope_type", "default"}});
+    parameters["rope_theta"] = rope_theta;
+    j["rope_parameters"] = parameters;
     if (model_type == "llama") {
       j["attention_bias"] = attention_bias;
       j["mlp_bias"] = mlp_bias;
@@ -190,8 +196,27 @@ struct LlamaConfig {
     j["pretraining_tp"] = 1;
     detail::set_optional(j, "bos_token_id", bos_token_id);
     detail::set_optional(j, "eos_token_id", eos_token_id);
-    j["torch_dtype"] = "float32";
+    j["dtype"] = "float32";        // transformers 5's spelling
+    j["torch_dtype"] = "float32";  // 4.x's
     return j;
+  }
+
+  /// What was understood, in one line: the values that shape the math, to compare with the model card.
+  std::string summary() const {
+    std::string rope = fmt::format("rope theta {}", rope_theta);
+    if (rope_scaling) {
+      const auto& r = *rope_scaling;
+      rope += r.rope_type == "llama3"
+                  ? fmt::format(" with llama3 scaling (factor {:g}, low/high freq {:g}/{:g}, original length {})", r.factor,
+                                r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings)
+                  : fmt::format(" with linear scaling (factor {:g})", r.factor);
+    }
+    return fmt::format("{}: {} layers, hidden {}, MLP {}, {} heads / {} KV heads of dim {}, {}, rms_norm_eps {:g}, {} head, "
+                       "vocabulary {}, {} positions{}{}, dtype {}",
+                       model_type, num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, kv_heads(),
+                       head_dimension(), rope, rms_norm_eps, tie_word_embeddings ? "tied" : "untied", vocab_size,
+                       max_position_embeddings, sliding_window ? fmt::format(", sliding window {}", *sliding_window) : "",
+                       qkv_bias || attention_bias ? ", attention biases" : "", stated_dtype.empty() ? "not stated" : stated_dtype);
   }
 
   /// Parameters, counted from the config (equals the module's parameter count).
@@ -204,21 +229,112 @@ struct LlamaConfig {
   }
 
  private:
-  static RopeScaling read_rope_scaling(const nlohmann::json& json) {
-    constexpr std::string_view family = "llama.rope_scaling";
-    if (!json.is_object()) throw SpecError("llama.rope_scaling", json.dump(), "must be an object or null");
-    RopeScaling s;
-    // transformers accepts the older key "type" for "rope_type".
-    if (json.contains("type") && !json.contains("rope_type")) {
-      detail::read_field(json, family, "type", s.rope_type);
-    } else {
-      detail::read_field(json, family, "rope_type", s.rope_type);
+  static nlohmann::ordered_json scaling_json(const RopeScaling& s) {
+    nlohmann::ordered_json r;
+    r["rope_type"] = s.rope_type;
+    r["factor"] = s.factor;
+    if (s.rope_type == "llama3") {
+      r["low_freq_factor"] = s.low_freq_factor;
+      r["high_freq_factor"] = s.high_freq_factor;
+      r["original_max_position_embeddings"] = s.original_max_position_embeddings;
     }
-    detail::read_field(json, family, "factor", s.factor);
-    detail::read_field(json, family, "low_freq_factor", s.low_freq_factor);
-    detail::read_field(json, family, "high_freq_factor", s.high_freq_factor);
-    detail::read_field(json, family, "original_max_position_embeddings", s.original_max_position_embeddings);
-    return s;
+    return r;
+  }
+
+  /// One layout's rotary settings: its theta when it states one, its scaling (none for "default").
+  struct Rotary {
+    std::optional<double> theta;
+    std::optional<RopeScaling> scaling;
+  };
+
+  /// A `rope_scaling` (4.x) or `rope_parameters` (5.x) object; `field` names it in errors.
+  static Rotary read_rotary_object(const nlohmann::json& json, const std::string& field, std::int64_t max_positions) {
+    if (!json.is_object()) throw SpecError(field, json.dump(), "must be an object or null");
+    for (const auto& item : json.items())
+      if (item.value().is_object())  // {"full_attention": {...}, "sliding_attention": {...}} (Gemma 3, ...)
+        throw SpecError(field, json.dump(), "rotary parameters per layer type are not implemented by hpctrain");
+    Rotary rotary;
+    RopeScaling s;
+    s.original_max_position_embeddings = max_positions;  // transformers 5's default where llama3 omits it
+    // transformers accepts the older key "type" for "rope_type"; "default" when neither is given.
+    std::string type = "default";
+    detail::read_field(json, field, json.contains("rope_type") || !json.contains("type") ? "rope_type" : "type", type);
+    if (type != "default" && type != "linear" && type != "llama3")
+      throw SpecError(field + ".rope_type", type, "is not implemented by hpctrain (it implements default, linear and llama3)");
+    s.rope_type = type;
+    detail::read_optional_field(json, field, "rope_theta", rotary.theta);
+    double partial = 1.0;
+    detail::read_field(json, field, "partial_rotary_factor", partial);
+    if (partial != 1.0)
+      throw SpecError(field + ".partial_rotary_factor", fmt::format("{:g}", partial), "partial rotary embeddings are not implemented by hpctrain");
+    detail::read_field(json, field, "factor", s.factor);
+    detail::read_field(json, field, "low_freq_factor", s.low_freq_factor);
+    detail::read_field(json, field, "high_freq_factor", s.high_freq_factor);
+    detail::read_field(json, field, "original_max_position_embeddings", s.original_max_position_embeddings);
+    if (type != "default") rotary.scaling = s;
+    return rotary;
+  }
+
+  static bool same_scaling(const std::optional<RopeScaling>& a, const std::optional<RopeScaling>& b) {
+    if (!a || !b) return !a && !b;
+    return a->rope_type == b->rope_type && a->factor == b->factor &&
+           (a->rope_type != "llama3" || (a->low_freq_factor == b->low_freq_factor && a->high_freq_factor == b->high_freq_factor &&
+                                         a->original_max_position_embeddings == b->original_max_position_embeddings));
+  }
+
+  /// The rotary settings in either layout: transformers 4's top-level `rope_theta` and `rope_scaling`, 5's
+  /// `rope_parameters` (theta and type inside). Where both are present they must agree.
+  static void read_rope(const nlohmann::json& json, LlamaConfig& c) {
+    Rotary legacy;
+    detail::read_optional_field(json, "llama", "rope_theta", legacy.theta);
+    if (const auto it = json.find("rope_scaling"); it != json.end() && !it->is_null())
+      legacy.scaling = read_rotary_object(*it, "llama.rope_scaling", c.max_position_embeddings).scaling;
+    double partial = 1.0;
+    detail::read_field(json, "llama", "partial_rotary_factor", partial);
+    if (partial != 1.0)
+      throw SpecError("llama.partial_rotary_factor", fmt::format("{:g}", partial), "partial rotary embeddings are not implemented by hpctrain");
+    const auto it = json.find("rope_parameters");
+    if (it == json.end() || it->is_null()) {
+      c.rope_theta = legacy.theta.value_or(c.rope_theta);
+      c.rope_scaling = legacy.scaling;
+      return;
+    }
+    const auto current = read_rotary_object(*it, "llama.rope_parameters", c.max_position_embeddings);
+    if (current.theta && legacy.theta && *current.theta != *legacy.theta)
+      throw SpecError("llama.rope_parameters.rope_theta", fmt::format("{:g} but rope_theta = {:g}", *current.theta, *legacy.theta),
+                      "the transformers 5 and 4 layouts of the config disagree");
+    if (json.contains("rope_scaling") && !json["rope_scaling"].is_null() && !same_scaling(current.scaling, legacy.scaling))
+      throw SpecError("llama.rope_parameters", fmt::format("{} but rope_scaling = {}", it->dump(), json["rope_scaling"].dump()),
+                      "the transformers 5 and 4 layouts of the config disagree");
+    c.rope_theta = current.theta.value_or(legacy.theta.value_or(c.rope_theta));
+    c.rope_scaling = current.scaling;
+  }
+
+  /// Settings other families of transformers' Llama lineage carry that change the math and that hpctrain does
+  /// not implement: refused by name rather than read as the plain model.
+  static void refuse_unimplemented(const nlohmann::json& json, const LlamaConfig& c) {
+    constexpr std::string_view family = "llama";
+    detail::refuse_unless_off(json, family, "attn_logit_softcapping", "attention logit soft-capping");
+    detail::refuse_unless_off(json, family, "final_logit_softcapping", "final logit soft-capping");
+    detail::refuse_unless_off(json, family, "quantization_config", "loading quantized weights");
+    detail::refuse_unless_off(json, family, "use_qk_norm", "normalising queries and keys");
+    detail::refuse_unless_off(json, family, "attention_chunk_size", "chunked attention");
+    // transformers 5 lists each layer's attention (Qwen2 writes it always). hpctrain computes full attention and
+    // refuses sequences longer than a sliding window (LlamaConfig::sliding_window), which equals sliding
+    // attention on every sequence it accepts.
+    const auto types = json.find("layer_types");
+    if (types == json.end() || types->is_null()) return;
+    if (!types->is_array()) throw SpecError("llama.layer_types", types->dump(), "must be a list");
+    for (const auto& type : *types) {
+      const bool full = type == "full_attention", sliding = type == "sliding_attention";
+      if (!full && !(sliding && c.sliding_window))
+        throw SpecError("llama.layer_types", type.dump(),
+                        sliding ? "sliding attention without a sliding_window is not implemented by hpctrain"
+                                : "is not implemented by hpctrain (it implements full_attention and sliding_attention)");
+    }
+    if (static_cast<std::int64_t>(types->size()) != c.num_hidden_layers)
+      throw SpecError("llama.layer_types", fmt::format("{} entries", types->size()),
+                      fmt::format("must list num_hidden_layers = {} layers", c.num_hidden_layers));
   }
 };
 

@@ -11,6 +11,7 @@
 #include <hpctrain/models/llama.hpp>
 #include <hpctrain/models/llama_config.hpp>
 #include <hpctrain/models/lora.hpp>
+#include <hpctrain/models/pretrained_config.hpp>
 #include <hpctrain/models/roberta.hpp>
 #include <hpctrain/models/roberta_config.hpp>
 #include <hpctrain/models/safetensors.hpp>

@@ -231,7 +231,7 @@ inline CheckpointNaming roberta_naming(const RobertaConfig& config) {
 
 /// Reads `directory/config.json` as a RoBERTa (or BERT) config.
 inline RobertaConfig read_roberta_config(const std::filesystem::path& directory) {
-  return RobertaConfig::from_json(detail::read_json_file(directory / "config.json"));
+  return detail::read_config_file<RobertaConfig>(directory / "config.json");
 }
 
 /// A RobertaForMaskedLM (or BertForMaskedLM) from a Hugging Face directory; RuntimeError naming the file and

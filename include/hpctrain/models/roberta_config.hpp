@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <hpctrain/error.hpp>
@@ -31,6 +33,10 @@ struct RobertaConfig {
   std::int64_t pad_token_id = 1;            ///< Default: 1 (BERT: 0)
   std::optional<std::int64_t> bos_token_id = 0;  ///< Default: 0
   std::optional<std::int64_t> eos_token_id = 2;  ///< Default: 2
+  /// The weights' dtype the config.json stated (`dtype` or `torch_dtype`). Default: "" (not stated)
+  std::string stated_dtype;
+  /// Keys of the config.json this was read from that hpctrain does not know (reported in one warning line).
+  std::vector<std::string> unread_keys;
 
   /// RoBERTa counts positions from padding_idx + 1 (fairseq's convention); BERT from 0.
   std::int64_t position_offset() const { return model_type == "roberta" ? pad_token_id + 1 : 0; }
@@ -55,13 +61,16 @@ struct RobertaConfig {
             fmt::format("must exceed the position offset {}", position_offset()));
   }
 
-  /// Reads a transformers `config.json` object (model_type roberta or bert); absent fields keep the defaults.
+  /// Reads a transformers `config.json` object (model_type roberta or bert); an absent field takes the default
+  /// of transformers' config class, which is BERT's for both (512 positions, 2 token types, eps 1e-12), not
+  /// roberta-base's published values (this struct's defaults).
   static RobertaConfig from_json(const nlohmann::json& json) {
     constexpr std::string_view family = "roberta";
     RobertaConfig c;
     detail::read_field(json, family, "model_type", c.model_type);
-    if (c.model_type == "bert") {  // BertConfig's own defaults where they differ
-      c.vocab_size = 30522, c.max_position_embeddings = 512, c.type_vocab_size = 2, c.layer_norm_eps = 1e-12, c.pad_token_id = 0;
+    c.max_position_embeddings = 512, c.type_vocab_size = 2, c.layer_norm_eps = 1e-12;
+    if (c.model_type == "bert") {  // BertConfig's own defaults where they differ from RobertaConfig's
+      c.vocab_size = 30522, c.pad_token_id = 0;
       c.bos_token_id.reset(), c.eos_token_id.reset();
     }
     detail::read_field(json, family, "vocab_size", c.vocab_size);
@@ -82,6 +91,12 @@ struct RobertaConfig {
     std::string positions = "absolute";
     detail::read_field(json, family, "position_embedding_type", positions);
     if (positions != "absolute") throw SpecError("roberta.position_embedding_type", positions, "only \"absolute\" is supported");
+    detail::refuse_unless_off(json, family, "quantization_config", "loading quantized weights");
+    c.stated_dtype = detail::read_dtype(json, family);
+    c.unread_keys = detail::unread_keys(json, {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+        "intermediate_size", "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
+        "type_vocab_size", "layer_norm_eps", "position_embedding_type", "tie_word_embeddings", "quantization_config",
+        "gradient_checkpointing"});
     c.validate();
     return c;
   }
@@ -108,8 +123,18 @@ struct RobertaConfig {
     detail::set_optional(j, "eos_token_id", eos_token_id);
     j["position_embedding_type"] = "absolute";
     j["tie_word_embeddings"] = true;
-    j["torch_dtype"] = "float32";
+    j["dtype"] = "float32";        // transformers 5's spelling
+    j["torch_dtype"] = "float32";  // 4.x's
     return j;
+  }
+
+  /// What was understood, in one line: the values that shape the math, to compare with the model card.
+  std::string summary() const {
+    return fmt::format("{}: {} layers, hidden {}, MLP {}, {} heads of dim {}, {} positions (offset {}), {} token types, "
+                       "layer_norm_eps {:g}, vocabulary {}, dtype {}",
+                       model_type, num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, head_dim(),
+                       max_position_embeddings, position_offset(), type_vocab_size, layer_norm_eps, vocab_size,
+                       stated_dtype.empty() ? "not stated" : stated_dtype);
   }
 
   /// Parameters, counted from the config (the tied decoder counts once, as the word embedding).
