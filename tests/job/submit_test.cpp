@@ -280,3 +280,37 @@ TEST_CASE("A spec error raised while main builds the job exits 2 with its messag
   CHECK(result.err == "[hpctrain.spec.nodes] nodes = 0: must be at least 1\n");
   CHECK(is_empty_dir(dir));
 }
+
+TEST_CASE("Status reads the newest accounting row of a requeued job and counts its restarts", "[cli]") {
+  // sacct -c after one requeue: the first run's row, then the second's (seen on the local Slurm 22.05).
+  const ht::ProcessResult accounted{0, "41|REQUEUED|0:0|00:00:07\n41|COMPLETED|0:0|00:00:31\n", ""};
+  const auto state = ht::detail::state_from_sacct("41", accounted);
+  REQUIRE(state.has_value());
+  CHECK(state->state == "COMPLETED");
+  CHECK(state->detail == "exit code 0:0, elapsed 00:00:31, 1 restart(s)");
+  const ht::ProcessResult once{0, "42|CANCELLED by 0|0:15|00:01:02\n42.batch|CANCELLED|0:15|00:01:02\n", ""};
+  CHECK(ht::detail::state_from_sacct("42", once)->detail == "exit code 0:15, elapsed 00:01:02");
+  CHECK(ht::detail::state_from_sacct("42", once)->state == "CANCELLED");
+
+  const ht::ProcessResult shown{0, "JobId=43 JobName=x JobState=PENDING Reason=BeginTime Dependency=(null) Restarts=1 ExitCode=0:0 Nodes=1\n", ""};
+  const auto pending = ht::detail::state_from_scontrol("43", shown);
+  CHECK(pending.detail == "exit code 0:0, 1 restart(s)");
+  CHECK(pending.hint == "it waits for its begin time (a requeued job waits about two minutes)");
+}
+
+TEST_CASE("A pending job's reason comes with what it means and what to try", "[cli]") {
+  auto [reason, hint] = GENERATE(table<std::string, std::string>({
+      {"(BadConstraints)", "no node can ever satisfy the request"},
+      {"BadConstraints", "no node can ever satisfy the request"},
+      {"(Resources)", "the nodes it needs are busy"},
+      {"(Priority)", "jobs of higher priority are ahead of it"},
+      {"(QOSMaxGRESPerUser)", "your QOS caps the GPUs you may hold at once"},
+      {"(ReqNodeNotAvail, UnavailableNodes:n[1-2])", "a node it needs is down, drained or reserved"},
+      {"(None)", ""},
+      {"n1", ""},
+  }));
+  CAPTURE(reason);
+  CHECK(ht::detail::pending_reason_hint(reason).substr(0, hint.size()) == hint);
+  const ht::ProcessResult queued{0, fmt::format("PENDING|0:00|10:00|2|{}\n", reason), ""};
+  CHECK(ht::detail::state_from_squeue("44", queued)->hint == ht::detail::pending_reason_hint(reason));
+}

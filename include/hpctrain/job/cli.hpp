@@ -470,6 +470,7 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         }
         out << fmt::format("job {} ({}): {} ({}; from {})\n", last.id, last.name, state.state, state.detail,
                            state.source);
+        if (!state.hint.empty()) out << fmt::format("hint: {}\n", state.hint);
         return exit_ok;
       }
       case Mode::logs:

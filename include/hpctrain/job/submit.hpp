@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -46,6 +47,7 @@ struct JobState {
   std::string state;   ///< PENDING, RUNNING, COMPLETED, FAILED, CANCELLED...; empty when nobody knows it
   std::string source;  ///< squeue, sacct or scontrol
   std::string detail;  ///< the rest of what that command said (elapsed, limit, nodes, exit code)
+  std::string hint;    ///< for a pending job, what its reason means and what to try; else empty
   bool in_queue() const { return source == "squeue"; }
 };
 
@@ -254,6 +256,35 @@ inline std::string failure_of(std::string_view command, const ProcessResult& res
   return fmt::format("{} (exit {}): {}", command, result.exit_code, said.empty() ? "no message" : said);
 }
 
+/// What a pending job's reason (squeue's %R, scontrol's Reason) means and what to try; "" for other reasons.
+/// The reasons are Slurm's (squeue(1), "JOB REASON CODES").
+inline std::string pending_reason_hint(std::string_view reason) {
+  reason = reason.substr(0, reason.find(','));  // "(Resources)" or "(ReqNodeNotAvail, UnavailableNodes:n1)"
+  if (reason.size() >= 2 && reason.front() == '(') reason = reason.substr(1, reason.find(')') - 1);
+  static constexpr std::pair<std::string_view, std::string_view> hints[] = {
+      {"BadConstraints", "no node can ever satisfy the request (GPUs, memory, CPUs or --constraint): compare the job's "
+                         "resources with `sinfo -o '%P %D %c %m %G %f'`, and cancel it"},
+      {"Resources", "the nodes it needs are busy; it starts when they free up"},
+      {"Priority", "jobs of higher priority are ahead of it (`sprio -j <id>` shows why)"},
+      {"PartitionTimeLimit", "--time exceeds the partition's limit (`sinfo -o '%P %l'`): it will never start"},
+      {"PartitionNodeLimit", "more nodes than the partition allows per job (`scontrol show partition`)"},
+      {"QOSMaxGRESPerUser", "your QOS caps the GPUs you may hold at once: it starts when your other jobs end "
+                            "(`sacctmgr show qos format=name,maxtresperuser`)"},
+      {"QOSMaxJobsPerUserLimit", "your QOS caps how many jobs you may run at once"},
+      {"AssocGrpGRES", "your account's GPU limit is reached (`sacctmgr show assoc user=$USER`)"},
+      {"AssocMaxJobsLimit", "your account's limit on running jobs is reached"},
+      {"ReqNodeNotAvail", "a node it needs is down, drained or reserved (`sinfo -R`)"},
+      {"Dependency", "it waits for the jobs it depends on"},
+      {"DependencyNeverSatisfied", "a job it depends on failed: it will never start (cancel it)"},
+      {"BeginTime", "it waits for its begin time (a requeued job waits about two minutes)"},
+      {"JobHeldUser", "held by you: `scontrol release <id>`"},
+      {"JobHeldAdmin", "held by an administrator"},
+  };
+  for (const auto& [code, hint] : hints)
+    if (reason == code) return std::string(hint);
+  return {};
+}
+
 inline std::optional<JobState> state_from_squeue(const std::string& id, const ProcessResult& queued) {
   if (queued.exit_code != 0 || trim(queued.out).empty()) return std::nullopt;
   JobState state{id, "", "squeue", ""};
@@ -263,22 +294,32 @@ inline std::optional<JobState> state_from_squeue(const std::string& id, const Pr
   std::vector<std::string> fields;
   std::stringstream rest(line.substr(bar + 1));
   for (std::string field; std::getline(rest, field, '|');) fields.push_back(field);
-  if (fields.size() == 4)
+  if (fields.size() == 4) {
     state.detail = fmt::format("elapsed {}, limit {}, {} node(s), {}", fields[0], fields[1], fields[2], fields[3]);
+    if (state.state == "PENDING") state.hint = pending_reason_hint(fields[3]);
+  }
   return state;
 }
 
+/// The job's newest row: a requeued job has one row per run in the completion log (`sacct -c`) and, with
+/// accounting storage, may list older runs too; they come oldest first. The count of rows beyond the first is
+/// the restarts.
 inline std::optional<JobState> state_from_sacct(const std::string& id, const ProcessResult& accounted) {
+  std::optional<JobState> newest;
+  int rows = 0;
   std::stringstream lines(accounted.out);
   for (std::string line; std::getline(lines, line);) {
     std::vector<std::string> fields;
     std::stringstream parts(line);
     for (std::string field; std::getline(parts, field, '|');) fields.push_back(field);
-    if (fields.size() >= 4 && fields[0] == id && !fields[1].empty())
-      return JobState{id, fields[1].substr(0, fields[1].find(' ')),  // "CANCELLED by 0"
-                      "sacct", fmt::format("exit code {}, elapsed {}", fields[2], fields[3])};
+    if (fields.size() >= 4 && fields[0] == id && !fields[1].empty()) {
+      ++rows;
+      newest = JobState{id, fields[1].substr(0, fields[1].find(' ')),  // "CANCELLED by 0"
+                        "sacct", fmt::format("exit code {}, elapsed {}", fields[2], fields[3])};
+    }
   }
-  return std::nullopt;
+  if (newest && rows > 1) newest->detail += fmt::format(", {} restart(s)", rows - 1);
+  return newest;
 }
 
 inline JobState state_from_scontrol(const std::string& id, const ProcessResult& shown) {
@@ -288,7 +329,10 @@ inline JobState state_from_scontrol(const std::string& id, const ProcessResult& 
     const auto begin = at + key.size() + 2;
     return shown.out.substr(begin, shown.out.find(' ', begin) - begin);
   };
-  return JobState{id, field("JobState"), "scontrol", fmt::format("exit code {}", field("ExitCode"))};
+  JobState state{id, field("JobState"), "scontrol", fmt::format("exit code {}", field("ExitCode"))};
+  if (const auto restarts = field("Restarts"); !restarts.empty() && restarts != "0") state.detail += fmt::format(", {} restart(s)", restarts);
+  if (state.state == "PENDING") state.hint = pending_reason_hint(field("Reason"));
+  return state;
 }
 }  // namespace detail
 

@@ -6,7 +6,7 @@
 // head is the one unit outside the blocks.
 //   zero_worker equivalence <zero1|zero2|zero3> <steps> <accumulation> [adamw|sgd]
 //       ZeRO parameters after <steps> AdamW (or SGD) steps (clipping on) equal Replicated's (GradientSync + the
-//       optimizer on the whole model + torch::nn::utils::clip_grad_norm_) within 1e-6 relative
+//       optimizer on the whole model + torch::nn::utils::clip_grad_norm_) within equivalence_bound relative
 //   zero_worker gpt2-equivalence <zero2|zero3> <steps> <accumulation> <export_dir>
 //       the same with a small GPT-2 (tied embeddings, dropout on) and SGD with momentum; then rank 0 exports the gathered model as a
 //       Hugging Face directory into <export_dir>, loads it back and checks it equals its module bit for bit
@@ -145,6 +145,18 @@ double strategy_step(hpctrain::DataParallelStrategy& strategy, BlockNet& model, 
   return loss_sum / accumulation;
 }
 
+/// How far a sharded strategy's parameters may drift from Replicated's after the equivalence runs, relative to
+/// the parameter's largest magnitude. Both sides compute the same sums in another order (the gradients over
+/// the ranks, the clipping norm over the shards), and LibTorch picks kernels by the CPU's vector width, so the
+/// order differs between machines as well. In the GPT-2 run one gradient element sums B = 144 token terms
+/// (12 rows x 12 tokens; the MLP run's sums are shorter); in fp32 (eps = 6e-8) its rounding is
+/// ~sqrt(B) * eps = 7e-7 of the sum of |terms| (Higham's probabilistic bound; the worst case B * eps = 9e-6).
+/// Summed over 50 steps with momentum, relative to a parameter that training moved from zero (the LayerNorm
+/// biases), that gives the 1e-6 level seen: up to 1.11e-6 on an Intel Xeon with AVX-512 (h.1.ln_2.bias), under
+/// 1e-6 on AMD EPYC without it. 1e-5 leaves ~10x for cancellation within the sums and other CPUs; a wrong
+/// shard, reduction or step is off by 1e-2 or more.
+constexpr double equivalence_bound = 1e-5;
+
 /// SGD with momentum: unlike Adam, not invariant to the scale of the gradients, so it sees any error in clipping.
 std::unique_ptr<torch::optim::Optimizer> make_sgd(const NamedParameters& named) {
   std::vector<torch::Tensor> tensors;
@@ -204,7 +216,7 @@ int check_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain
     // Relative to the parameter's magnitude: max |a - b| / max |b|.
     const double relative = ((a - b).abs().max() / b.abs().max()).item<double>();
     worst = std::max(worst, relative);
-    if (!(relative <= 1e-6)) {
+    if (!(relative <= equivalence_bound)) {
       std::cerr << fmt::format("rank {}: {} differs from Replicated by {:.3e} relative\n", rank, ours[i].key(), relative);
       ok = false;
     }
@@ -222,7 +234,8 @@ int check_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain
     std::cerr << fmt::format("rank {}: parameters differ from rank 0's\n", rank);
     ok = false;
   }
-  std::cout << fmt::format("max_relative_difference={:.3e}\nmax_grad_norm_difference={:.3e}\n", worst,
+  std::cout << fmt::format("max_relative_difference={:.3e}\nrelative_difference_bound={:.0e}\nmax_grad_norm_difference={:.3e}\n", worst,
+                           equivalence_bound,
                            worst_norm_difference)
             << fmt::format("optimizer_state_bytes={}\nreplicated_optimizer_state_bytes={}\n",
                            optimizer_state_bytes(*strategy), [&] {
@@ -387,7 +400,7 @@ int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpc
   for (std::size_t i = 0; i < ours.size(); ++i) {
     const double relative = ((ours[i].value() - theirs[i]).abs().max() / theirs[i].abs().max()).item<double>();
     worst = std::max(worst, relative);
-    if (!(relative <= 1e-6)) {
+    if (!(relative <= equivalence_bound)) {
       std::cerr << fmt::format("rank {}: {} differs from Replicated by {:.3e} relative\n", rank, ours[i].key(), relative);
       ok = false;
     }
@@ -404,7 +417,8 @@ int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpc
     }
     std::cout << "exported=" << (export_dir / "model.safetensors").string() << "\n";
   }
-  std::cout << fmt::format("max_relative_difference={:.3e}\nmax_grad_norm_difference={:.3e}\n", worst, worst_norm_difference)
+  std::cout << fmt::format("max_relative_difference={:.3e}\nrelative_difference_bound={:.0e}\nmax_grad_norm_difference={:.3e}\n", worst,
+                           equivalence_bound, worst_norm_difference)
             << std::flush;
   return ok ? 0 : 1;
 }
