@@ -157,9 +157,9 @@ TEST_CASE("A chain's dry run shows every stage with its own resources and its HP
 TEST_CASE("A --status of a chain says why a stage never starts", "[chain]") {
   const std::vector<ht::ChainStage> stages = {{"41", "pretrain"}, {"42", "sft"}, {"43", "eval"}};
   const std::vector<ht::JobState> states = {
-      {"41", "FAILED", "scontrol", "exit code 3:0"},
-      {"42", "PENDING", "squeue", "elapsed 0:00, limit 30:00, 1 node(s), (DependencyNeverSatisfied)"},
-      {"43", "PENDING", "squeue", "elapsed 0:00, limit 30:00, 1 node(s), (Dependency)"}};
+      {"41", "FAILED", "scontrol", "exit code 3:0", ""},
+      {"42", "PENDING", "squeue", "elapsed 0:00, limit 30:00, 1 node(s), (DependencyNeverSatisfied)", ""},
+      {"43", "PENDING", "squeue", "elapsed 0:00, limit 30:00, 1 node(s), (Dependency)", ""}};
   CHECK(ht::format_chain_status(stages, states) ==
         "chain of 3 stages (each starts when the one before completed successfully):\n"
         "  stage 1 pretrain (job 41): FAILED (exit code 3:0; from scontrol)\n"
@@ -170,7 +170,7 @@ TEST_CASE("A --status of a chain says why a stage never starts", "[chain]") {
         "    never starts: stage 1 (pretrain, job 41) did not complete successfully; `--cancel` removes the chain's "
         "jobs\n");
   const std::vector<ht::JobState> waiting = {
-      {"41", "RUNNING", "squeue", ""}, {"42", "PENDING", "squeue", "(Dependency)"}, {"43", "PENDING", "squeue", "(Dependency)"}};
+      {"41", "RUNNING", "squeue", "", ""}, {"42", "PENDING", "squeue", "(Dependency)", ""}, {"43", "PENDING", "squeue", "(Dependency)", ""}};
   CHECK_THAT(ht::format_chain_status(stages, waiting),
              Catch::Contains("  stage 2 sft (job 42): PENDING ((Dependency); from squeue)\n"
                              "    waits for stage 1 (pretrain, job 41) to complete\n") &&

@@ -314,3 +314,18 @@ TEST_CASE("A pending job's reason comes with what it means and what to try", "[c
   const ht::ProcessResult queued{0, fmt::format("PENDING|0:00|10:00|2|{}\n", reason), ""};
   CHECK(ht::detail::state_from_squeue("44", queued)->hint == ht::detail::pending_reason_hint(reason));
 }
+
+TEST_CASE("sbatch without a configuration source gets a hint about SLURM_CONF", "[cli]") {
+  const std::string said = "sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
+                           "sbatch: error: fetch_config: DNS SRV lookup failed\n"
+                           "sbatch: error: _establish_config_source: failed to fetch config\n"
+                           "sbatch: fatal: Could not establish a configuration source";
+  const char* saved = std::getenv("SLURM_CONF");
+  const std::string kept = saved ? saved : "";
+  ::unsetenv("SLURM_CONF");
+  CHECK_THAT(ht::detail::explain_sbatch_failure(said), Catch::EndsWith("(the local test cluster: `eval \"$(scripts/slurm-local env)\"`)."));
+  ::setenv("SLURM_CONF", "/nowhere/slurm.conf", 1);
+  CHECK_THAT(ht::detail::explain_sbatch_failure(said), Catch::EndsWith("hint: SLURM_CONF = /nowhere/slurm.conf: is that your cluster's slurm.conf?"));
+  if (saved) ::setenv("SLURM_CONF", kept.c_str(), 1);
+  else ::unsetenv("SLURM_CONF");
+}

@@ -91,6 +91,11 @@ inline std::string explain_sbatch_failure(const std::string& stderr_text) {
     message += "\nhint: `sinfo -o '%P %l'` shows each partition's maximum time.";
   else if (has("node configuration is not available") || has("More processors requested"))
     message += "\nhint: `sinfo -o '%P %D %c %G %m'` shows each partition's nodes, CPUs, GPUs and memory.";
+  else if (has("SRV") || has("Could not establish a configuration source"))  // no slurm.conf found at all
+    message += std::getenv("SLURM_CONF") == nullptr
+                   ? "\nhint: SLURM_CONF is not set and this host has no /etc/slurm/slurm.conf: set it to your cluster's "
+                     "slurm.conf (the local test cluster: `eval \"$(scripts/slurm-local env)\"`)."
+                   : fmt::format("\nhint: SLURM_CONF = {}: is that your cluster's slurm.conf?", std::getenv("SLURM_CONF"));
   return message;
 }
 
@@ -287,7 +292,7 @@ inline std::string pending_reason_hint(std::string_view reason) {
 
 inline std::optional<JobState> state_from_squeue(const std::string& id, const ProcessResult& queued) {
   if (queued.exit_code != 0 || trim(queued.out).empty()) return std::nullopt;
-  JobState state{id, "", "squeue", ""};
+  JobState state{id, "", "squeue", "", ""};
   const auto line = trim(queued.out);
   const auto bar = line.find('|');
   state.state = line.substr(0, bar);
@@ -315,7 +320,7 @@ inline std::optional<JobState> state_from_sacct(const std::string& id, const Pro
     if (fields.size() >= 4 && fields[0] == id && !fields[1].empty()) {
       ++rows;
       newest = JobState{id, fields[1].substr(0, fields[1].find(' ')),  // "CANCELLED by 0"
-                        "sacct", fmt::format("exit code {}, elapsed {}", fields[2], fields[3])};
+                        "sacct", fmt::format("exit code {}, elapsed {}", fields[2], fields[3]), ""};
     }
   }
   if (newest && rows > 1) newest->detail += fmt::format(", {} restart(s)", rows - 1);
@@ -329,7 +334,7 @@ inline JobState state_from_scontrol(const std::string& id, const ProcessResult& 
     const auto begin = at + key.size() + 2;
     return shown.out.substr(begin, shown.out.find(' ', begin) - begin);
   };
-  JobState state{id, field("JobState"), "scontrol", fmt::format("exit code {}", field("ExitCode"))};
+  JobState state{id, field("JobState"), "scontrol", fmt::format("exit code {}", field("ExitCode")), ""};
   if (const auto restarts = field("Restarts"); !restarts.empty() && restarts != "0") state.detail += fmt::format(", {} restart(s)", restarts);
   if (state.state == "PENDING") state.hint = pending_reason_hint(field("Reason"));
   return state;
@@ -376,7 +381,7 @@ inline JobState query_state(const std::string& id) {
   if (controller_failed || scontrol_failed)
     throw RuntimeError(errors::runtime_status,
                        fmt::format("cannot ask Slurm about job {}:\n  {}", id, fmt::join(failures, "\n  ")));
-  return JobState{id, "", "", ""};
+  return JobState{id, "", "", "", ""};
 }
 
 /// Prepares a squashfs for pyxis on the login node: `enroot import -o <output_sqsh> docker://<image>`.
