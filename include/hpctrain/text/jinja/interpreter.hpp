@@ -58,6 +58,20 @@ inline std::string python_repr_string(const std::string& s) {
   return out + quote;
 }
 
+/// Python's type name of a value (`type(x).__name__`), as its TypeErrors say it.
+inline std::string python_type_name(const Json& json) {
+  switch (json.type()) {
+    case Json::value_t::null: return "NoneType";
+    case Json::value_t::boolean: return "bool";
+    case Json::value_t::number_integer: case Json::value_t::number_unsigned: return "int";
+    case Json::value_t::number_float: return "float";
+    case Json::value_t::string: return "str";
+    case Json::value_t::array: return "list";
+    case Json::value_t::object: return "dict";
+    default: return json.type_name();
+  }
+}
+
 inline std::string python_repr(const Json& json);
 /// Python's str().
 inline std::string python_str(const Json& json) {
@@ -269,7 +283,7 @@ class Interpreter {
     const auto iterable = eval(*node.exprs[0]);
     std::vector<Json> items;
     const auto& j = iterable.json;
-    if (iterable.undefined || j.is_null()) {
+    if (iterable.undefined) {  // jinja2's Undefined iterates as empty
     } else if (j.is_array()) {
       items.assign(j.begin(), j.end());
     } else if (j.is_object()) {
@@ -278,7 +292,7 @@ class Interpreter {
     } else if (j.is_string()) {
       for (const char c : j.get<std::string>()) items.emplace_back(std::string(1, c));
     } else {
-      fail(node.at, fmt::format("{} is not iterable", detail::python_repr(j)));
+      fail(node.at, fmt::format("'{}' object is not iterable", detail::python_type_name(j)));  // None too, as in jinja2
     }
     if (node.exprs.size() > 1) {  // `for x in xs if condition`: filter first, so loop.* counts the kept ones
       std::vector<Json> kept;
@@ -447,7 +461,7 @@ class Interpreter {
       if (b.is_string() && a.is_string()) found = b.get<std::string>().find(a.get<std::string>()) != std::string::npos;
       else if (b.is_array()) found = std::any_of(b.begin(), b.end(), [&](const Json& x) { return equal(x, a); });
       else if (b.is_object() && a.is_string()) found = b.contains(a.get<std::string>());
-      else if (!right.undefined) fail(e.at, fmt::format("'in' needs a string, list or mapping on its right, not {}", detail::python_repr(b)));
+      else if (!right.undefined) fail(e.at, fmt::format("argument of type '{}' is not iterable", detail::python_type_name(b)));
       return {Json(op == "in" ? found : !found), false};
     }
     if (op == "<" || op == "<=" || op == ">" || op == ">=") {

@@ -6,6 +6,7 @@
 // whitespace on that side). Inside tags, tokens carry their line and column for error messages. Torch-free.
 #include <cctype>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -59,6 +60,90 @@ inline Position position_of(std::string_view source, std::size_t offset) {
   return at;
 }
 
+/// `code_point` as UTF-8.
+inline void append_utf8(std::string& out, std::uint32_t code_point) {
+  if (code_point < 0x80) {
+    out.push_back(static_cast<char>(code_point));
+  } else if (code_point < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | (code_point >> 6)));
+    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
+  } else if (code_point < 0x10000) {
+    out.push_back(static_cast<char>(0xE0 | (code_point >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((code_point >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xF0 | (code_point >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((code_point >> 12) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | ((code_point >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
+  }
+}
+
+/// The value of a string literal's inside, as jinja2's lexer makes it: `\r\n` and `\r` become `\n`, then Python's
+/// `unicode_escape` decoding — `\` followed by a newline is dropped (a literal continued over lines), `\n \t
+/// \r \a \b \f \v \0`-`\777` (octal, up to three digits), `\xhh`, `\uhhhh`, `\Uhhhhhhhh` give their
+/// characters, `\\ \' \"` the character itself, and any other backslash stays with its character (`\d`).
+/// `\N{NAME}` (Unicode names) is refused: hpctrain carries no name table. A truncated escape is a syntax
+/// error, as in jinja2.
+inline std::string string_literal(std::string_view raw, Position at, const std::string& origin) {
+  std::string out;
+  const auto hex = [&](std::size_t from, std::size_t digits) {
+    std::uint32_t value = 0;
+    for (std::size_t k = from; k < from + digits; ++k) {
+      const char h = k < raw.size() ? raw[k] : '\0';
+      if (!std::isxdigit(static_cast<unsigned char>(h)))
+        syntax_error(origin, at, fmt::format("a truncated \\{}{} escape in a string", raw[from - 1], std::string(digits, 'X')));
+      value = value * 16 + static_cast<std::uint32_t>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : std::tolower(h) - 'a' + 10);
+    }
+    return value;
+  };
+  for (std::size_t i = 0; i < raw.size(); ++i) {
+    if (raw[i] == '\r') {  // jinja2 normalises newlines first: \r\n and \r become \n
+      if (i + 1 < raw.size() && raw[i + 1] == '\n') ++i;
+      out.push_back('\n');
+      continue;
+    }
+    if (raw[i] != '\\' || i + 1 >= raw.size()) {
+      out.push_back(raw[i]);
+      continue;
+    }
+    const char e = raw[++i];
+    switch (e) {
+      case '\n': break;  // backslash-newline: the literal goes on
+      case '\r': if (i + 1 < raw.size() && raw[i + 1] == '\n') ++i; break;
+      case 'n': out.push_back('\n'); break;
+      case 't': out.push_back('\t'); break;
+      case 'r': out.push_back('\r'); break;
+      case 'a': out.push_back('\a'); break;
+      case 'b': out.push_back('\b'); break;
+      case 'f': out.push_back('\f'); break;
+      case 'v': out.push_back('\v'); break;
+      case '\\': case '\'': case '"': out.push_back(e); break;
+      case 'x': append_utf8(out, hex(i + 1, 2)); i += 2; break;
+      case 'u': append_utf8(out, hex(i + 1, 4)); i += 4; break;
+      case 'U': {
+        const auto code_point = hex(i + 1, 8);
+        if (code_point > 0x10FFFF) syntax_error(origin, at, "a \\U escape beyond U+10FFFF in a string");
+        append_utf8(out, code_point);
+        i += 8;
+        break;
+      }
+      case 'N': syntax_error(origin, at, "a \\N{...} escape (a Unicode character name) in a string is not supported by hpctrain's chat templates");
+      default:
+        if (e >= '0' && e <= '7') {
+          std::uint32_t value = static_cast<std::uint32_t>(e - '0');
+          for (int digits = 1; digits < 3 && i + 1 < raw.size() && raw[i + 1] >= '0' && raw[i + 1] <= '7'; ++digits)
+            value = value * 8 + static_cast<std::uint32_t>(raw[++i] - '0');
+          append_utf8(out, value);
+        } else {
+          out.push_back('\\');
+          out.push_back(e);
+        }
+    }
+  }
+  return out;
+}
+
 /// The tokens of a tag's inside, source[begin, end).
 inline std::vector<Token> tokenize(std::string_view source, std::size_t begin, std::size_t end, const std::string& origin) {
   std::vector<Token> tokens;
@@ -92,24 +177,9 @@ inline std::vector<Token> tokenize(std::string_view source, std::size_t begin, s
     } else if (c == '\'' || c == '"') {
       std::size_t j = i + 1;
       token.kind = Token::Kind::string;
-      while (j < end && source[j] != c) {
-        if (source[j] == '\\' && j + 1 < end) {
-          const char e = source[++j];
-          switch (e) {
-            case 'n': token.text.push_back('\n'); break;
-            case 't': token.text.push_back('\t'); break;
-            case 'r': token.text.push_back('\r'); break;
-            case '\\': token.text.push_back('\\'); break;
-            case '\'': token.text.push_back('\''); break;
-            case '"': token.text.push_back('"'); break;
-            default: token.text.push_back('\\'); token.text.push_back(e);
-          }
-          ++j;
-        } else {
-          token.text.push_back(source[j++]);
-        }
-      }
+      while (j < end && source[j] != c) j += source[j] == '\\' && j + 1 < end ? 2 : 1;  // an escaped quote goes on
       if (j >= end) syntax_error(origin, token.at, "an unterminated string");
+      token.text = string_literal(source.substr(i + 1, j - i - 1), token.at, origin);
       i = j + 1;
     } else {
       static constexpr std::string_view two[] = {"==", "!=", "<=", ">=", "//", "**"};
