@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/cli.hpp>
 #include <hpctrain/job/job.hpp>
@@ -17,7 +18,10 @@
 namespace hpctrain {
 
 /// Runs the program described by `job` and `training` for this command line; returns the exit code.
-inline int run(int argc, char** argv, const Job& job, const Training& training) {
+HPCTRAIN_RUNTIME_INLINE int run(int argc, char** argv, const Job& job, const Training& training);
+
+#if HPCTRAIN_RUNTIME_DEFINITIONS
+HPCTRAIN_RUNTIME_INLINE int run(int argc, char** argv, const Job& job, const Training& training) {
   install_spec_error_exit();  // from here on, a SpecError that escapes exits 2 with its message
   Knobs knobs;
   try {
@@ -30,5 +34,6 @@ inline int run(int argc, char** argv, const Job& job, const Training& training) 
   return run_job(argc, argv, job, knobs, [&training](const Knobs& values) { return run_worker(training, values); },
                  [&training](const Knobs& values) { training.check_at_login(values); });
 }
+#endif
 
 }  // namespace hpctrain

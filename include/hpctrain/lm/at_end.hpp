@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/files.hpp>
 #include <hpctrain/lm/setting.hpp>
@@ -103,7 +104,17 @@ inline std::vector<std::string> export_causal_lm(models::CausalLM& model, const 
 /// At the end, rank 0 writes the model — a causal LM (GPT-2, Llama, ...; with LoRA its PEFT adapter and the
 /// merged model) or a masked LM (RoBERTa, BERT) — to `directory` (default: `<run dir>/export`) as a Hugging
 /// Face directory with the run's tokenizer files, and says where.
-inline FinishHook hf_export(std::optional<std::filesystem::path> directory = std::nullopt) {
+HPCTRAIN_RUNTIME_INLINE FinishHook hf_export(std::optional<std::filesystem::path> directory = std::nullopt);
+
+/// At the end, rank 0 prints `sample (greedy): <prompt><continuation>` — `tokens` new tokens (or fewer when
+/// the model's positions run out) decoded with the run's tokenizer.
+HPCTRAIN_RUNTIME_INLINE FinishHook sample_at_end(Setting<std::string> prompt, Setting<std::int64_t> tokens = std::int64_t{40});
+
+/// At the end, rank 0 prints `<name>=<final evaluation loss>` (four decimals), the line scripts look for.
+HPCTRAIN_RUNTIME_INLINE FinishHook print_eval_loss(std::string name = "val_loss");
+
+#if HPCTRAIN_RUNTIME_DEFINITIONS
+HPCTRAIN_RUNTIME_INLINE FinishHook hf_export(std::optional<std::filesystem::path> directory) {
   return [directory](const FinishContext& at_end) {
     if (at_end.run.rank != 0) return;
     const auto out = directory.value_or(at_end.run.run_dir / "export");
@@ -122,9 +133,7 @@ inline FinishHook hf_export(std::optional<std::filesystem::path> directory = std
   };
 }
 
-/// At the end, rank 0 prints `sample (greedy): <prompt><continuation>` — `tokens` new tokens (or fewer when
-/// the model's positions run out) decoded with the run's tokenizer.
-inline FinishHook sample_at_end(Setting<std::string> prompt, Setting<std::int64_t> tokens = std::int64_t{40}) {
+HPCTRAIN_RUNTIME_INLINE FinishHook sample_at_end(Setting<std::string> prompt, Setting<std::int64_t> tokens) {
   return [prompt, tokens](const FinishContext& at_end) {
     if (at_end.run.rank != 0) return;
     const auto directory = tokenizer_directory(at_end.run);
@@ -144,11 +153,11 @@ inline FinishHook sample_at_end(Setting<std::string> prompt, Setting<std::int64_
   };
 }
 
-/// At the end, rank 0 prints `<name>=<final evaluation loss>` (four decimals), the line scripts look for.
-inline FinishHook print_eval_loss(std::string name = "val_loss") {
+HPCTRAIN_RUNTIME_INLINE FinishHook print_eval_loss(std::string name) {
   return [name](const FinishContext& at_end) {
     if (at_end.run.rank == 0 && at_end.result.eval_loss) fmt::print("{}={:.4f}\n", name, *at_end.result.eval_loss);
   };
 }
+#endif  // HPCTRAIN_RUNTIME_DEFINITIONS
 
 }  // namespace hpctrain::lm

@@ -2,6 +2,7 @@
 // The language-model layer (docs/lm.md): above models/ and train/, the pieces every LM program needs —
 // the per-token loss and evaluation, a model from a Hugging Face directory, data from the job's preparation
 // (token windows, masked blocks) or from JSONL, and what happens at the end (export, sample, val_loss).
+#include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/lm/at_end.hpp>
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/lm/masked_lm_data.hpp>
@@ -46,7 +47,15 @@ inline std::optional<models::LoraConfig> lora_from_knobs(const Knobs& knobs) {
 /// A Training for a causal language model: next-token loss over the counted targets (fp32), the packed-aware
 /// step, per-token evaluation and perplexity, and the LoRA knobs (`--lora-r 16 --lora-alpha 32 --lora-targets
 /// q_proj,v_proj`; r 0, the default, trains every parameter). Add the model, data, optimizer and the rest.
-inline Training causal_lm_training() {
+HPCTRAIN_RUNTIME_INLINE Training causal_lm_training();
+
+/// A Training for a masked language model (RoBERTa, BERT): the same per-token cross entropy, whose counted
+/// targets are the masked positions (fp32), evaluation per masked token, and the accuracy on them. Add the
+/// model, the data (prepared_masked_blocks) and the rest.
+HPCTRAIN_RUNTIME_INLINE Training masked_lm_training();
+
+#if HPCTRAIN_RUNTIME_DEFINITIONS
+HPCTRAIN_RUNTIME_INLINE Training causal_lm_training() {
   return Training()
       .loss(causal_lm_loss).step(causal_lm_step).eval_step(token_eval_step).metric(metrics::perplexity)
       .knob<std::int64_t>("lora_r", 0, "LoRA rank: train adapters of this rank instead of every parameter (0: off)", non_negative())
@@ -57,11 +66,9 @@ inline Training causal_lm_training() {
       .lora(lora_from_knobs);
 }
 
-/// A Training for a masked language model (RoBERTa, BERT): the same per-token cross entropy, whose counted
-/// targets are the masked positions (fp32), evaluation per masked token, and the accuracy on them. Add the
-/// model, the data (prepared_masked_blocks) and the rest.
-inline Training masked_lm_training() {
+HPCTRAIN_RUNTIME_INLINE Training masked_lm_training() {
   return Training().loss(causal_lm_loss).step(causal_lm_step).eval_step(token_eval_step).metric(masked_accuracy);
 }
+#endif  // HPCTRAIN_RUNTIME_DEFINITIONS
 
 }  // namespace hpctrain::lm

@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/lm/setting.hpp>
@@ -29,26 +30,11 @@ class Pretrained {
 
   /// Loads the model in the worker; rank 0 prints what the config says (and any keys it did not read), so a
   /// user can compare it with the model card.
-  std::shared_ptr<models::CausalLM> operator()(const RunContext& run) const {
-    const auto directory = pretrained_directory(run.knobs);
-    if (run.rank == 0) {
-      const auto reading = models::read_config_reading(directory);
-      fmt::print("hpctrain: {}: {}\n", directory.string(), reading.summary);
-      if (const auto warning = reading.warning(directory / "config.json"); !warning.empty()) fmt::print(stderr, "{}\n", warning);
-    }
-    return models::load_pretrained(directory, dtype_);
-  }
+  HPCTRAIN_RUNTIME_INLINE std::shared_ptr<models::CausalLM> operator()(const RunContext& run) const;
   /// The directory for this run's knobs.
   std::filesystem::path pretrained_directory(const Knobs& knobs) const { return directory_.get(knobs); }
   /// On the login node: the directory exists and has a config.json (the weights are read in the worker).
-  void check_at_login(const Knobs& knobs) const {
-    const auto directory = pretrained_directory(knobs);
-    const auto subject = directory_.knob_name() ? "--" + *directory_.knob_name() + " = " + directory.string() : directory.string();
-    if (!std::filesystem::is_directory(directory)) throw SpecError(errors::spec_knob, subject, "no such directory");
-    if (!std::filesystem::is_regular_file(directory / "config.json"))
-      throw SpecError(errors::spec_knob, subject, "has no config.json (not a Hugging Face model directory)");
-    models::read_config_reading(directory);  // a setting hpctrain does not implement fails here, before the queue
-  }
+  HPCTRAIN_RUNTIME_INLINE void check_at_login(const Knobs& knobs) const;
 
  private:
   Setting<std::filesystem::path> directory_;
@@ -57,5 +43,26 @@ class Pretrained {
 
 /// The model in Hugging Face directory `directory` (a path, or `lm::knob("from")`).
 inline Pretrained from_pretrained(Setting<std::filesystem::path> directory) { return Pretrained(std::move(directory)); }
+
+#if HPCTRAIN_RUNTIME_DEFINITIONS
+HPCTRAIN_RUNTIME_INLINE std::shared_ptr<models::CausalLM> Pretrained::operator()(const RunContext& run) const {
+  const auto directory = pretrained_directory(run.knobs);
+  if (run.rank == 0) {
+    const auto reading = models::read_config_reading(directory);
+    fmt::print("hpctrain: {}: {}\n", directory.string(), reading.summary);
+    if (const auto warning = reading.warning(directory / "config.json"); !warning.empty()) fmt::print(stderr, "{}\n", warning);
+  }
+  return models::load_pretrained(directory, dtype_);
+}
+
+HPCTRAIN_RUNTIME_INLINE void Pretrained::check_at_login(const Knobs& knobs) const {
+  const auto directory = pretrained_directory(knobs);
+  const auto subject = directory_.knob_name() ? "--" + *directory_.knob_name() + " = " + directory.string() : directory.string();
+  if (!std::filesystem::is_directory(directory)) throw SpecError(errors::spec_knob, subject, "no such directory");
+  if (!std::filesystem::is_regular_file(directory / "config.json"))
+    throw SpecError(errors::spec_knob, subject, "has no config.json (not a Hugging Face model directory)");
+  models::read_config_reading(directory);  // a setting hpctrain does not implement fails here, before the queue
+}
+#endif  // HPCTRAIN_RUNTIME_DEFINITIONS
 
 }  // namespace hpctrain::lm

@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/error.hpp>
 #include <hpctrain/lm/at_end.hpp>
 #include <hpctrain/lm/loss.hpp>
@@ -68,78 +69,13 @@ class SftJsonl {
   SftJsonl& chat_template(Setting<std::filesystem::path> file) { chat_template_ = std::move(file); return *this; }
 
   /// On the login node: the file exists and every line has the file's shape (SpecError naming file and line).
-  void check_at_login(const Knobs& knobs) const {
-    const auto file = file_.get(knobs);
-    if (!std::filesystem::is_regular_file(file))
-      throw SpecError(errors::spec_data_jsonl, file.string(), "no such file");
-    text::validate_sft_jsonl(file);
-  }
+  HPCTRAIN_RUNTIME_INLINE void check_at_login(const Knobs& knobs) const;
 
   /// In the worker: reads, tokenizes, truncates or drops, and packs; rank 0 says what it kept.
-  data::Source operator()(const RunContext& run) const {
-    auto dataset = load(run);
-    const auto description = fmt::format("{} ({} rows)", file_.get(run.knobs).string(), dataset->size());
-    return data::Source([dataset] { return dataset; }, description);
-  }
+  HPCTRAIN_RUNTIME_INLINE data::Source operator()(const RunContext& run) const;
 
  private:
-  std::shared_ptr<SftDataset> load(const RunContext& run) const {
-    const auto file = file_.get(run.knobs);
-    const auto directory = tokenizer_ ? tokenizer_->get(run.knobs) : tokenizer_directory(run).value_or(std::filesystem::path());
-    if (directory.empty())
-      throw SpecError(errors::spec_data_jsonl, file.string(), "needs a tokenizer: lm::from_pretrained(...) or .tokenizer(dir)");
-    const auto tokenizer = text::load_pretrained_tokenizer(directory);
-    const auto renderer = conversation_renderer(tokenizer, run.knobs);
-    const auto max_length = max_length_.get(run.knobs);
-    hpctrain::detail::require(max_length >= 2, "sft.max_length", max_length, "must be at least 2");
-
-    std::vector<TokenizedExample> examples;
-    std::int64_t seen = 0, truncated = 0, dropped = 0, empty = 0;
-    text::SftJsonlReader reader(file);
-    text::SftRecord record;
-    for (std::int64_t index = 0; reader.next(record); ++index) {
-      if (!keeps(index)) continue;
-      ++seen;
-      auto tokenized = text::tokenize_sft(record, tokenizer, renderer ? &*renderer : nullptr);
-      TokenizedExample example;
-      example.ids.assign(tokenized.ids.begin(), tokenized.ids.end());
-      example.trained = std::move(tokenized.trained);
-      if (static_cast<std::int64_t>(example.ids.size()) > max_length) {
-        if (overlong_ == Overlong::drop) {
-          ++dropped;
-          continue;
-        }
-        example.ids.resize(static_cast<std::size_t>(max_length));
-        example.trained.resize(static_cast<std::size_t>(max_length));
-        ++truncated;
-      }
-      // An example whose loss counts nowhere after the first token teaches nothing (its prompt filled the length).
-      if (example.ids.size() < 2 || std::none_of(example.trained.begin() + 1, example.trained.end(), [](auto t) { return t != 0; })) {
-        ++empty;
-        continue;
-      }
-      examples.push_back(std::move(example));
-    }
-    if (examples.empty())
-      throw SpecError(errors::spec_data_jsonl, file.string(), fmt::format("no example left to train on ({} read)", seen));
-    const std::int64_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
-    std::vector<std::size_t> lengths;
-    for (const auto& example : examples) lengths.push_back(example.ids.size() - 1);
-    auto dataset = packing_.get(run.knobs) ? pack(std::move(examples), max_length, pad) : SftDataset::unpacked(std::move(examples), pad);
-    if (run.rank == 0) {
-      // Padding if every row were filled to max_length: one example per row, and as packed.
-      std::vector<std::vector<std::size_t>> alone(lengths.size());
-      for (std::size_t i = 0; i < alone.size(); ++i) alone[i] = {i};
-      const auto capacity = static_cast<std::size_t>(max_length);
-      fmt::print("hpctrain: {}: {} examples read, {} truncated and {} dropped at {} tokens, {} without a trained token left out; {} rows{} "
-                 "(padding at {} tokens a row: {:.1f}% one example a row, {:.1f}% packed)\n",
-                 file.string(), seen, truncated, dropped, max_length, empty, dataset->size(), dataset->packed() ? " (packed)" : "", max_length,
-                 100.0 * text::padding_fraction(alone, lengths, capacity),
-                 100.0 * text::padding_fraction(text::pack_best_fit_decreasing(lengths, capacity), lengths, capacity));
-      std::fflush(stdout);
-    }
-    return dataset;
-  }
+  HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> load(const RunContext& run) const;
 
   bool keeps(std::int64_t index) const {
     const bool held_out = index % holdout_every_ == holdout_every_ / 2;
@@ -147,26 +83,7 @@ class SftJsonl {
   }
 
   /// The tokenizer's chat template (or the chat_template file), bound to its special tokens.
-  std::optional<text::ConversationRenderer> conversation_renderer(const text::PretrainedTokenizer& tokenizer, const Knobs& knobs) const {
-    std::optional<std::string> source;
-    std::string origin;
-    if (chat_template_) {
-      const auto file = chat_template_->get(knobs);
-      source = detail::read_file(file);
-      origin = file.string();
-    } else if (tokenizer.chat_template_source()) {
-      source = *tokenizer.chat_template_source();
-      origin = "chat_template";
-    }
-    if (!source) return std::nullopt;  // a conversational file then fails in tokenize_sft, naming the line
-    auto parsed = std::make_shared<const text::ChatTemplate>(text::ChatTemplate::parse(*source, origin));
-    text::ChatRenderOptions options;
-    options.bos_token = tokenizer.bos_token();
-    options.eos_token = tokenizer.eos_token();
-    return text::ConversationRenderer([parsed, options](const std::vector<text::ChatMessage>& messages) {
-      return parsed->render_with_assistant_spans(messages, options);
-    });
-  }
+  HPCTRAIN_RUNTIME_INLINE std::optional<text::ConversationRenderer> conversation_renderer(const text::PretrainedTokenizer& tokenizer, const Knobs& knobs) const;
 
   /// Rows of at most `capacity` input tokens, filled best-fit-decreasing.
   static std::shared_ptr<SftDataset> pack(std::vector<TokenizedExample> examples, std::int64_t capacity, std::int64_t pad) {
@@ -188,14 +105,110 @@ class SftJsonl {
 /// SFT examples from the JSONL file `file` (a path, or `lm::knob("data")`).
 inline SftJsonl sft_jsonl(Setting<std::filesystem::path> file) { return SftJsonl(std::move(file)); }
 
-/// At the end, rank 0 prints `response_loss_before=` (Training::evaluate_at_start) and `response_loss_after=`:
-/// the mean loss over the trained (response) tokens of the evaluation data, before and after fine-tuning.
-inline FinishHook report_response_loss() {
+#if HPCTRAIN_RUNTIME_DEFINITIONS
+HPCTRAIN_RUNTIME_INLINE void SftJsonl::check_at_login(const Knobs& knobs) const {
+  const auto file = file_.get(knobs);
+  if (!std::filesystem::is_regular_file(file))
+    throw SpecError(errors::spec_data_jsonl, file.string(), "no such file");
+  text::validate_sft_jsonl(file);
+}
+
+HPCTRAIN_RUNTIME_INLINE data::Source SftJsonl::operator()(const RunContext& run) const {
+  auto dataset = load(run);
+  const auto description = fmt::format("{} ({} rows)", file_.get(run.knobs).string(), dataset->size());
+  return data::Source([dataset] { return dataset; }, description);
+}
+
+HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> SftJsonl::load(const RunContext& run) const {
+  const auto file = file_.get(run.knobs);
+  const auto directory = tokenizer_ ? tokenizer_->get(run.knobs) : tokenizer_directory(run).value_or(std::filesystem::path());
+  if (directory.empty())
+    throw SpecError(errors::spec_data_jsonl, file.string(), "needs a tokenizer: lm::from_pretrained(...) or .tokenizer(dir)");
+  const auto tokenizer = text::load_pretrained_tokenizer(directory);
+  const auto renderer = conversation_renderer(tokenizer, run.knobs);
+  const auto max_length = max_length_.get(run.knobs);
+  hpctrain::detail::require(max_length >= 2, "sft.max_length", max_length, "must be at least 2");
+
+  std::vector<TokenizedExample> examples;
+  std::int64_t seen = 0, truncated = 0, dropped = 0, empty = 0;
+  text::SftJsonlReader reader(file);
+  text::SftRecord record;
+  for (std::int64_t index = 0; reader.next(record); ++index) {
+    if (!keeps(index)) continue;
+    ++seen;
+    auto tokenized = text::tokenize_sft(record, tokenizer, renderer ? &*renderer : nullptr);
+    TokenizedExample example;
+    example.ids.assign(tokenized.ids.begin(), tokenized.ids.end());
+    example.trained = std::move(tokenized.trained);
+    if (static_cast<std::int64_t>(example.ids.size()) > max_length) {
+      if (overlong_ == Overlong::drop) {
+        ++dropped;
+        continue;
+      }
+      example.ids.resize(static_cast<std::size_t>(max_length));
+      example.trained.resize(static_cast<std::size_t>(max_length));
+      ++truncated;
+    }
+    // An example whose loss counts nowhere after the first token teaches nothing (its prompt filled the length).
+    if (example.ids.size() < 2 || std::none_of(example.trained.begin() + 1, example.trained.end(), [](auto t) { return t != 0; })) {
+      ++empty;
+      continue;
+    }
+    examples.push_back(std::move(example));
+  }
+  if (examples.empty())
+    throw SpecError(errors::spec_data_jsonl, file.string(), fmt::format("no example left to train on ({} read)", seen));
+  const std::int64_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
+  std::vector<std::size_t> lengths;
+  for (const auto& example : examples) lengths.push_back(example.ids.size() - 1);
+  auto dataset = packing_.get(run.knobs) ? pack(std::move(examples), max_length, pad) : SftDataset::unpacked(std::move(examples), pad);
+  if (run.rank == 0) {
+    // Padding if every row were filled to max_length: one example per row, and as packed.
+    std::vector<std::vector<std::size_t>> alone(lengths.size());
+    for (std::size_t i = 0; i < alone.size(); ++i) alone[i] = {i};
+    const auto capacity = static_cast<std::size_t>(max_length);
+    fmt::print("hpctrain: {}: {} examples read, {} truncated and {} dropped at {} tokens, {} without a trained token left out; {} rows{} "
+               "(padding at {} tokens a row: {:.1f}% one example a row, {:.1f}% packed)\n",
+               file.string(), seen, truncated, dropped, max_length, empty, dataset->size(), dataset->packed() ? " (packed)" : "", max_length,
+               100.0 * text::padding_fraction(alone, lengths, capacity),
+               100.0 * text::padding_fraction(text::pack_best_fit_decreasing(lengths, capacity), lengths, capacity));
+    std::fflush(stdout);
+  }
+  return dataset;
+}
+
+HPCTRAIN_RUNTIME_INLINE std::optional<text::ConversationRenderer> SftJsonl::conversation_renderer(const text::PretrainedTokenizer& tokenizer, const Knobs& knobs) const {
+  std::optional<std::string> source;
+  std::string origin;
+  if (chat_template_) {
+    const auto file = chat_template_->get(knobs);
+    source = detail::read_file(file);
+    origin = file.string();
+  } else if (tokenizer.chat_template_source()) {
+    source = *tokenizer.chat_template_source();
+    origin = "chat_template";
+  }
+  if (!source) return std::nullopt;  // a conversational file then fails in tokenize_sft, naming the line
+  auto parsed = std::make_shared<const text::ChatTemplate>(text::ChatTemplate::parse(*source, origin));
+  text::ChatRenderOptions options;
+  options.bos_token = tokenizer.bos_token();
+  options.eos_token = tokenizer.eos_token();
+  return text::ConversationRenderer([parsed, options](const std::vector<text::ChatMessage>& messages) {
+    return parsed->render_with_assistant_spans(messages, options);
+  });
+}
+
+HPCTRAIN_RUNTIME_INLINE FinishHook report_response_loss() {
   return [](const FinishContext& at_end) {
     if (at_end.run.rank != 0) return;
     if (at_end.result.eval_loss_at_start) fmt::print("response_loss_before={:.8g}\n", *at_end.result.eval_loss_at_start);
     if (at_end.result.eval_loss) fmt::print("response_loss_after={:.8g}\n", *at_end.result.eval_loss);
   };
 }
+#endif  // HPCTRAIN_RUNTIME_DEFINITIONS
+
+/// At the end, rank 0 prints `response_loss_before=` (Training::evaluate_at_start) and `response_loss_after=`:
+/// the mean loss over the trained (response) tokens of the evaluation data, before and after fine-tuning.
+HPCTRAIN_RUNTIME_INLINE FinishHook report_response_loss();
 
 }  // namespace hpctrain::lm

@@ -16,6 +16,7 @@
 
 #include <torch/torch.h>
 
+#include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/models/lora.hpp>
@@ -137,6 +138,10 @@ std::vector<torch::optim::OptimizerParamGroup> weight_decay_groups(const NamedPa
 class Training {
  public:
   using OptimizerFactory = hpctrain::OptimizerFactory;
+
+  /// The defaults: Replicated, cross entropy, the plain step. Out of line where the runtime is compiled apart
+  /// (compiled_runtime.hpp): the defaults reach the whole data-parallel machinery.
+  HPCTRAIN_RUNTIME_INLINE Training();
 
   /// A factory returning the model: a module, a TORCH_MODULE holder or a shared_ptr to a module. It takes
   /// nothing, the run's knobs (`const hpctrain::Knobs&`) or the whole `const hpctrain::RunContext&`. Called
@@ -510,5 +515,9 @@ class Training {
   Knobs knobs_;
   std::function<void(std::int64_t)> on_step_;
 };
+
+#if HPCTRAIN_RUNTIME_DEFINITIONS
+HPCTRAIN_RUNTIME_INLINE Training::Training() = default;
+#endif
 
 }  // namespace hpctrain

@@ -1,0 +1,29 @@
+# The runtime compiled once per build tree (include/hpctrain/compiled_runtime.hpp). Included by the top-level
+# CMakeLists.txt and by the installed package's hpctrainConfig.cmake, so a user's build tree compiles the
+# runtime's implementation unit once, for all its programs, with its own compiler flags.
+#
+#   hpctrain::runtime                      a static library of that unit; linking it defines
+#                                          HPCTRAIN_SEPARATE_RUNTIME for the program (hpctrain::hpctrain with it)
+#   hpctrain_add_program(<target> <source>...)
+#                                          an executable of the sources linking hpctrain::runtime: its files
+#                                          compile their own code, not the Trainer's (docs/libtorch.md: figures)
+
+# hpctrain_add_runtime_library(<implementation unit>): the hpctrain::runtime target, once per build tree.
+function(hpctrain_add_runtime_library source)
+  if(TARGET hpctrain_runtime)
+    return()
+  endif()
+  add_library(hpctrain_runtime STATIC ${source})
+  # Built when a program links it, not by `all` (a project that never calls hpctrain_add_program pays nothing).
+  set_target_properties(hpctrain_runtime PROPERTIES EXCLUDE_FROM_ALL ON)
+  target_link_libraries(hpctrain_runtime PUBLIC hpctrain::hpctrain)
+  target_compile_definitions(hpctrain_runtime PUBLIC HPCTRAIN_SEPARATE_RUNTIME)
+  add_library(hpctrain::runtime ALIAS hpctrain_runtime)
+endfunction()
+
+# hpctrain_add_program(<target> <source>...): an executable whose sources see the runtime's entry points
+# declared only, linked with hpctrain::runtime where they are compiled.
+function(hpctrain_add_program target)
+  add_executable(${target} ${ARGN})
+  target_link_libraries(${target} PRIVATE hpctrain::runtime)
+endfunction()

@@ -1,0 +1,23 @@
+// The hpctrain_add_program consumer: a whole train.cpp, whose runtime (ht::run, the Training's defaults, the
+// language-model factories and hooks) comes from hpctrain::runtime, compiled once in this build tree. Run
+// with --dry-run: the login path through the library's ht::run.
+#include <hpctrain/hpctrain.hpp>
+
+#include <iostream>
+
+#ifndef HPCTRAIN_SEPARATE_RUNTIME
+#error "hpctrain_add_program did not link hpctrain::runtime"
+#endif
+
+namespace ht = hpctrain;
+
+int main(int argc, char** argv) {
+  std::cout << "hpctrain " << ht::version << " (runtime compiled apart)\n" << std::flush;
+  auto job = ht::Job("consumer").nodes(1).partition("debug");
+  auto training = ht::lm::causal_lm_training()
+                      .model([] { return torch::nn::Linear(4, 4); })
+                      .train_data(ht::data::idx("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz",
+                                                "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"))
+                      .at_end(ht::lm::hf_export());
+  return ht::run(argc, argv, job, training);
+}
