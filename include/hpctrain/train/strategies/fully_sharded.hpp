@@ -18,6 +18,16 @@
 // micro-batches of an accumulation (set_sync(false)) the full gradients accumulate locally, as FSDP's no_sync.
 // Clipping, the optimizer step on fp32 masters and the checkpoint format are ZeRO-2's (zero.hpp,
 // zero_checkpoint.hpp): ZeRO-2 and ZeRO-3 checkpoints reshard into each other, at any world size.
+//
+// Memory per rank, in bytes per trainable parameter of the blocks, over N ranks, fp32 parameters and Adam:
+//   4/N  the parameter shard, which is itself the optimizer's parameter (FSDP2's sharded parameter: no copy)
+//   4/N  the gradient shard, kept between steps
+//   8/N  Adam's two moments
+// plus, while blocks run, 4 bytes per parameter of the block computing and of the one prefetched (their
+// gathered flat buckets), and under accumulation the full gradients of the blocks between micro-batches.
+// Parameters outside the blocks (embeddings, final norm, head) stay whole on every rank (4, and their whole
+// gradient while backward runs), their gradient and optimizer state sharded as ZeRO-2 keeps them (4/N + 8/N).
+// bf16 or fp16 parameters keep an fp32 master (4/N) beside their 2/N shard.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -120,7 +130,9 @@ class FullyShardedStrategy : public DataParallelStrategy {
     release_all_blocks();
     optimizer_->step();
     torch::NoGradGuard no_grad;
-    for (auto& piece : pieces_) units_[piece.bucket].shard.narrow(0, piece.place.shard_offset, piece.place.length).copy_(piece.master);
+    for (auto& piece : pieces_)  // reduced-precision shards take their master's new values; an fp32 shard is its master
+      if (!piece.master.is_alias_of(units_[piece.bucket].shard))
+        units_[piece.bucket].shard.narrow(0, piece.place.shard_offset, piece.place.length).copy_(piece.master);
     std::vector<dist::PendingAllGather> gathers;
     for (std::size_t b = blocks_; b < units_.size(); ++b) gathers.push_back(dist::start_all_gather_in_place(*group_, units_[b].flat));
     for (auto& gather : gathers) dist::wait(*group_, gather);
@@ -138,7 +150,9 @@ class FullyShardedStrategy : public DataParallelStrategy {
     detail::load_zero_shards(saved, shard_view(parameters_));
     torch::NoGradGuard no_grad;
     for (std::size_t b = 0; b < units_.size(); ++b) units_[b].shard.copy_(own_slice(b));
-    for (auto& piece : pieces_) piece.master.copy_(units_[piece.bucket].shard.narrow(0, piece.place.shard_offset, piece.place.length));
+    for (auto& piece : pieces_)
+      if (!piece.master.is_alias_of(units_[piece.bucket].shard))
+        piece.master.copy_(units_[piece.bucket].shard.narrow(0, piece.place.shard_offset, piece.place.length));
     release_all_blocks();
   }
 
@@ -158,8 +172,13 @@ class FullyShardedStrategy : public DataParallelStrategy {
   std::size_t block_count() const { return blocks_; }
   /// Bytes of optimizer state this rank holds.
   std::size_t optimizer_state_bytes() const { return detail::state_and_master_bytes(*optimizer_, pieces_).first; }
-  /// Bytes of the fp32 master shards this rank holds.
-  std::size_t master_bytes() const { return detail::state_and_master_bytes(*optimizer_, pieces_).second; }
+  /// Bytes of fp32 masters this rank holds beside its shards (none for fp32 parameters: the shard is the master).
+  std::size_t master_bytes() const {
+    std::size_t bytes = 0;
+    for (const auto& piece : pieces_)
+      if (!piece.master.is_alias_of(units_[piece.bucket].shard)) bytes += piece.master.nbytes();
+    return bytes;
+  }
   /// Bytes of gradient shards kept between steps.
   std::size_t gradient_bytes() const {
     std::size_t bytes = 0;
@@ -296,7 +315,9 @@ class FullyShardedStrategy : public DataParallelStrategy {
       for (const auto& place : layout_.pieces(b, group_->rank())) {
         Piece piece{place, b, {}};
         const auto part = units_[b].shard.narrow(0, place.shard_offset, place.length);
-        piece.master = part.to(detail::master_dtype(part.scalar_type())).clone();
+        // fp32: the shard's piece itself is what the optimizer steps (no second copy); bf16/fp16: an fp32 master.
+        const auto master = detail::master_dtype(part.scalar_type());
+        piece.master = master == part.scalar_type() ? part : part.to(master).clone();
         pieces_.push_back(std::move(piece));
       }
     }
