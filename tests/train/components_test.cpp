@@ -151,6 +151,28 @@ TEST_CASE("The prefetcher refuses to hand out more batches than it was asked for
 
 TEST_CASE("CRC-32C matches the standard check value", "[checkpoint]") {
   CHECK(hpctrain::detail::crc32c("123456789"s) == 0xE3069283u);  // RFC 3720 B.4 / the Castagnoli check value
+  // RFC 3720 B.4's other vectors: 32 bytes of zeros, of ones, ascending.
+  std::string zeros(32, '\0'), ones(32, '\xFF'), ascending(32, '\0');
+  for (int i = 0; i < 32; ++i) ascending[static_cast<std::size_t>(i)] = static_cast<char>(i);
+  CHECK(hpctrain::detail::crc32c(zeros) == 0x8A9136AAu);
+  CHECK(hpctrain::detail::crc32c(ones) == 0x62A8AB43u);
+  CHECK(hpctrain::detail::crc32c(ascending) == 0x46DD794Eu);
+}
+
+TEST_CASE("CRC-32C by the CPU's instruction equals the byte table at every length, offset and continuation", "[checkpoint]") {
+  CAPTURE(hpctrain::detail::crc32c_instruction_available());
+  std::string bytes(4099, '\0');
+  std::uint32_t state = 12345;
+  for (auto& c : bytes) c = static_cast<char>((state = state * 1103515245u + 12345u) >> 16);
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
+  for (std::size_t offset : {0u, 1u, 3u, 7u})
+    for (std::size_t size : {0u, 1u, 7u, 8u, 9u, 63u, 64u, 65u, 1000u, 4091u}) {
+      CAPTURE(offset, size);
+      CHECK(hpctrain::detail::crc32c_by_instruction(data + offset, size, 0xFFFFFFFFu) ==
+            hpctrain::detail::crc32c_by_table(data + offset, size, 0xFFFFFFFFu));
+    }
+  // Continuing from a CRC equals the CRC of the whole.
+  CHECK(hpctrain::detail::crc32c(data + 1000, 3099, hpctrain::detail::crc32c(data, 1000)) == hpctrain::detail::crc32c(data, 4099));
 }
 
 namespace {
