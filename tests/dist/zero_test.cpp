@@ -229,6 +229,28 @@ TEST_CASE("ZeRO-3 trains a GPT-2 like Replicated and exports the gathered model 
   REQUIRE(fs::file_size(directory.string() + "/model.safetensors") > 0);
 }
 
+TEST_CASE("ZeRO-3 under bf16 gathers and computes its blocks in bf16, reduce-scatters fp32 gradients every micro-batch, "
+          "and trains a GPT-2 like Replicated under autocast within bf16's bounds",
+          "[dist][zero][zero3][bf16]") {
+  const auto world = GENERATE(2, 3);
+  CAPTURE(world);
+  Ranks ranks(world, {"gpt2-bf16", "10", "2"}, 240s, zero_worker);
+  require_all_succeed(ranks, world);
+  for (int rank = 0; rank < world; ++rank) {
+    const auto& output = ranks.output(rank);
+    CAPTURE(rank, output);
+    const double difference = std::stod(value_of(output, "max_relative_difference").value());
+    const double norm_difference = std::stod(value_of(output, "max_grad_norm_difference").value());
+    WARN(fmt::format("bf16 ZeRO-3 against Replicated: parameters {:.3e} (bound {}), gradient norms {:.3e} (bound {})", difference,
+                     value_of(output, "relative_difference_bound").value(), norm_difference,
+                     value_of(output, "grad_norm_difference_bound").value()));
+    REQUIRE(difference <= std::stod(value_of(output, "relative_difference_bound").value()));
+    REQUIRE(norm_difference <= std::stod(value_of(output, "grad_norm_difference_bound").value()));
+    CHECK(value_of(output, "peak_gathered_bytes") == value_of(output, "bf16_peak_gathered_bytes"));  // half of fp32's
+    CHECK(value_of(output, "master_bytes") == "0");
+  }
+}
+
 TEST_CASE("ZeRO-3 refuses a model that lists no blocks, naming it", "[dist][zero][zero3][errors]") {
   Ranks ranks(1, {"no-blocks"}, 60s, zero_worker);
   REQUIRE(run_ranks(ranks, 1) == std::vector<int>{2});

@@ -19,12 +19,21 @@
 // Clipping, the optimizer step on fp32 masters and the checkpoint format are ZeRO-2's (zero.hpp,
 // zero_checkpoint.hpp): ZeRO-2 and ZeRO-3 checkpoints reshard into each other, at any world size.
 //
+// Mixed precision as FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) does it: under
+// Precision::bf16 a block's fp32 shard is cast to bf16 once per step, the blocks are all-gathered and computed in
+// bf16 (half the bytes gathered and held; autocast keeps no cast copy of them) on bf16 inputs (the block's
+// output goes back to its input's dtype), their bf16 gradients are
+// reduce-scattered in fp32 into the fp32 gradient shard, once per micro-batch (summed there: gradients never
+// accumulate in bf16), and the fp32 shard stays what the optimizer steps. The evaluation's and the export's
+// gathers (gather_full_model) stay fp32. Parameters outside the blocks run under autocast as before.
+//
 // Memory per rank, in bytes per trainable parameter of the blocks, over N ranks, fp32 parameters and Adam:
 //   4/N  the parameter shard, which is itself the optimizer's parameter (FSDP2's sharded parameter: no copy)
 //   4/N  the gradient shard, kept between steps
 //   8/N  Adam's two moments
-// plus, while blocks run, 4 bytes per parameter of the block computing and of the one prefetched (their
-// gathered flat buckets), and under accumulation the full gradients of the blocks between micro-batches.
+// plus, while blocks run, 4 bytes (bf16: 2, and its 2/N cast shard) per parameter of the block computing and
+// of the one prefetched (their gathered flat buckets), and in fp32 under accumulation the full gradients of
+// the blocks between micro-batches.
 // Parameters outside the blocks (embeddings, final norm, head) stay whole on every rank (4, and their whole
 // gradient while backward runs), their gradient and optimizer state sharded as ZeRO-2 keeps them (4/N + 8/N).
 // bf16 or fp16 parameters keep an fp32 master (4/N) beside their 2/N shard.
@@ -51,6 +60,7 @@
 #include <hpctrain/models/blocks.hpp>
 #include <hpctrain/train/strategies/zero.hpp>
 #include <hpctrain/train/strategies/zero_checkpoint.hpp>
+#include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/strategy.hpp>
 
 namespace hpctrain {
@@ -80,6 +90,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
   void setup(StrategyContext context) override {
     group_ = std::move(context.group);
     model_ = std::move(context.model);
+    bf16_blocks_ = context.precision == Precision::bf16;
     find_blocks();
     dist::broadcast_module(*group_, *model_);
     collect_trainable_parameters();
@@ -98,6 +109,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
 
   void zero_grad() override {
     release_all_blocks();
+    for (auto& unit : units_) unit.gradient_accumulated = false;
     for (auto& parameter : parameters_)
       if (parameter.grad().defined()) parameter.mutable_grad().reset();
     for (auto& piece : pieces_)
@@ -112,8 +124,9 @@ class FullyShardedStrategy : public DataParallelStrategy {
     // Blocks that ran no backward (unused) and the parameters outside the blocks, in bucket order: the same
     // order on every rank, after the blocks' reduce-scatters launched during backward.
     for (std::size_t b = 0; b < units_.size(); ++b)
-      if (!units_[b].reduce_scatter.pending()) start_gradient_reduce_scatter(b);
-    for (std::size_t b = 0; b < units_.size(); ++b) dist::wait(*group_, units_[b].reduce_scatter);
+      if (!units_[b].reduce_scatter.pending() && !(reduces_every_micro_batch(b) && units_[b].gradient_accumulated))
+        start_gradient_reduce_scatter(b);
+    for (std::size_t b = 0; b < units_.size(); ++b) finish_gradient_reduce_scatter(b);
     for (auto& piece : pieces_) {
       auto shard = units_[piece.bucket].gradient_shard.narrow(0, piece.place.shard_offset, piece.place.length);
       piece.master.mutable_grad() = shard.scalar_type() == piece.master.scalar_type() ? shard : shard.to(piece.master.scalar_type());
@@ -133,6 +146,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     for (auto& piece : pieces_)  // reduced-precision shards take their master's new values; an fp32 shard is its master
       if (!piece.master.is_alias_of(units_[piece.bucket].shard))
         units_[piece.bucket].shard.narrow(0, piece.place.shard_offset, piece.place.length).copy_(piece.master);
+    for (auto& unit : units_) unit.compute_shard = torch::Tensor();  // the shards changed: cast again when gathered
     std::vector<dist::PendingAllGather> gathers;
     for (std::size_t b = blocks_; b < units_.size(); ++b) gathers.push_back(dist::start_all_gather_in_place(*group_, units_[b].flat));
     for (auto& gather : gathers) dist::wait(*group_, gather);
@@ -153,14 +167,21 @@ class FullyShardedStrategy : public DataParallelStrategy {
     for (auto& piece : pieces_)
       if (!piece.master.is_alias_of(units_[piece.bucket].shard))
         piece.master.copy_(units_[piece.bucket].shard.narrow(0, piece.place.shard_offset, piece.place.length));
+    for (auto& unit : units_) unit.compute_shard = torch::Tensor();
     release_all_blocks();
   }
 
   /// All-gathers every block into the module and keeps it whole (pinned) until the next zero_grad/step:
   /// for evaluation, the parameters digest and export (e.g. models::save_safetensors of rank 0's module).
   void gather_full_model() override {
-    for (std::size_t b = 0; b < blocks_; ++b)
-      if (!units_[b].flat.defined()) start_gather(b);
+    for (std::size_t b = 0; b < blocks_; ++b) {
+      // A block gathered (or on its way) in bf16 for compute is gathered again in its shard's precision.
+      if (units_[b].flat.defined() && units_[b].flat.scalar_type() != units_[b].shard.scalar_type()) {
+        finish_gather(b);
+        release(b);
+      }
+      if (!units_[b].flat.defined()) start_gather(b, /*for_compute=*/false);
+    }
     for (std::size_t b = 0; b < blocks_; ++b) finish_gather(b);
     pinned_ = true;
   }
@@ -206,9 +227,11 @@ class FullyShardedStrategy : public DataParallelStrategy {
     torch::Tensor shard;           // this rank's shard (for non-block units a view into `flat`)
     torch::Tensor flat;            // the whole padded bucket: blocks only while gathered; others always
     torch::Tensor gradient_shard;  // this rank's averaged gradient shard
+    torch::Tensor compute_shard;   // bf16 blocks: the shard cast to bf16, once per step (undefined until needed)
     dist::PendingAllGather gather;
     dist::PendingReduceScatter reduce_scatter;
     bool gathered = false;
+    bool gradient_accumulated = false;  // gradient_shard holds this step's sum so far (reduce-scatters per micro-batch)
   };
 
   void find_blocks() {
@@ -343,11 +366,19 @@ class FullyShardedStrategy : public DataParallelStrategy {
   }
 
   // ---- gathering blocks ----------------------------------------------------------------------------------
-  void start_gather(std::size_t b) {
+  /// Whether block b computes in bf16 (Precision::bf16 over fp32 parameters): gathered in bf16, its gradients
+  /// reduce-scattered every micro-batch.
+  bool computes_in_bf16(std::size_t b) const { return bf16_blocks_ && b < blocks_ && units_[b].shard.scalar_type() == torch::kFloat32; }
+  bool reduces_every_micro_batch(std::size_t b) const { return computes_in_bf16(b); }
+
+  void start_gather(std::size_t b, bool for_compute = true) {
     torch::NoGradGuard no_grad;
     auto& unit = units_[b];
-    unit.flat = torch::empty({layout_.buckets()[b].padded_numel}, unit.shard.options());
-    own_slice(b).copy_(unit.shard);
+    const bool bf16 = for_compute && computes_in_bf16(b);
+    if (bf16 && !unit.compute_shard.defined()) unit.compute_shard = unit.shard.to(torch::kBFloat16);
+    const auto& source = bf16 ? unit.compute_shard : unit.shard;
+    unit.flat = torch::empty({layout_.buckets()[b].padded_numel}, source.options());
+    own_slice(b).copy_(source);
     if (unit.flat.numel() > 0) unit.gather = dist::start_all_gather_in_place(*group_, unit.flat);  // a frozen block: nothing
     gathered_bytes_ += unit.flat.nbytes();
     peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
@@ -409,15 +440,35 @@ class FullyShardedStrategy : public DataParallelStrategy {
       if (index > 0) prefetch(index - 1);
     };
     hooks.after_backward = [this, index] {
-      if (sync_) start_gradient_reduce_scatter(index);
+      if (sync_ || reduces_every_micro_batch(index)) start_gradient_reduce_scatter(index);
       release(index);
     };
-    return models::checkpointed(call, input, std::move(hooks));
+    if (!computes_in_bf16(index)) return models::checkpointed(call, input, std::move(hooks));
+    // bf16 parameters take bf16 inputs (FSDP2's cast_forward_inputs: the CPU's layer_norm refuses an fp32 input
+    // with bf16 weights); the output goes back to the input's dtype, so the stream between blocks keeps it.
+    const BlockCall in_bf16 = [call](const torch::Tensor& x) { return call(x.to(torch::kBFloat16)).to(x.scalar_type()); };
+    return models::checkpointed(in_bf16, input, std::move(hooks));
   }
 
-  /// Starts reduce-scattering unit b's gradients into its gradient shard (they are released).
+  /// Starts reduce-scattering unit b's gradients (in the gradient shard's fp32; the parameters' gradients are
+  /// released): into its gradient shard, or, once that holds an earlier micro-batch's sum, into a buffer added
+  /// to it when finished.
   void start_gradient_reduce_scatter(std::size_t b) {
-    units_[b].reduce_scatter = dist::start_bucket_reduce_scatter(*group_, layout_.buckets()[b], parameters_, units_[b].gradient_shard);
+    auto& unit = units_[b];
+    finish_gradient_reduce_scatter(b);  // the previous micro-batch's, when still in flight
+    auto output = unit.gradient_accumulated ? torch::empty_like(unit.gradient_shard) : unit.gradient_shard;
+    unit.reduce_scatter = dist::start_bucket_reduce_scatter(*group_, layout_.buckets()[b], parameters_, output);
+  }
+
+  /// Waits for unit b's reduce-scatter, if one is in flight, and sums it into the gradient shard.
+  void finish_gradient_reduce_scatter(std::size_t b) {
+    auto& unit = units_[b];
+    if (!unit.reduce_scatter.pending()) return;
+    dist::wait(*group_, unit.reduce_scatter);
+    torch::NoGradGuard no_grad;
+    if (!unit.reduce_scatter.output.is_same(unit.gradient_shard)) unit.gradient_shard.add_(unit.reduce_scatter.output);
+    unit.reduce_scatter.output = torch::Tensor();
+    unit.gradient_accumulated = true;
   }
 
   detail::ZeroShardView shard_view(const std::vector<torch::Tensor>& parameters) {
@@ -442,6 +493,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   bool sync_ = true;
   bool pinned_ = false;
+  bool bf16_blocks_ = false;  // Precision::bf16: blocks gathered and computed in bf16 (computes_in_bf16)
   std::size_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
 };
 
