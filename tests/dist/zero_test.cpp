@@ -225,6 +225,10 @@ TEST_CASE("ZeRO-3 trains a GPT-2 like Replicated and exports the gathered model 
     WARN(fmt::format("parameters differ from Replicated by {:.3e} relative (bound {:.0e})", difference, bound));
     REQUIRE(difference <= bound);
   }
+  // fp32 blocks, counted at the collectives per block element and micro-batch: 4 + 4 bytes gathered (forward,
+  // recomputation) and 4 reduce-scattered once per step of 2 micro-batches.
+  CHECK(value_of(ranks.output(0), "gathered_bytes_per_block_element") == "8");
+  CHECK(value_of(ranks.output(0), "reduce_scattered_bytes_per_block_element") == "2");
   REQUIRE(value_of(ranks.output(0), "exported").has_value());
   REQUIRE(fs::file_size(directory.string() + "/model.safetensors") > 0);
 }
@@ -248,6 +252,10 @@ TEST_CASE("ZeRO-3 under bf16 gathers and computes its blocks in bf16, reduce-sca
     REQUIRE(norm_difference <= std::stod(value_of(output, "grad_norm_difference_bound").value()));
     CHECK(value_of(output, "peak_gathered_bytes") == value_of(output, "bf16_peak_gathered_bytes"));  // half of fp32's
     CHECK(value_of(output, "master_bytes") == "0");
+    // Counted at the collectives, per block element and micro-batch: 2 + 2 bytes gathered (forward, recomputation),
+    // 4 reduce-scattered (fp32), against fp32's 4 + 4 and 4.
+    CHECK(value_of(output, "gathered_bytes_per_block_element") == "4");
+    CHECK(value_of(output, "reduce_scattered_bytes_per_block_element") == "4");
   }
 }
 

@@ -411,6 +411,15 @@ int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpc
       ok = false;
     }
   }
+  if (const auto* full = dynamic_cast<const hpctrain::FullyShardedStrategy*>(strategy.get())) {
+    // fp32 blocks, counted at the collectives per block element and micro-batch (compare gpt2-bf16's 2 + 2 and 4).
+    double block_elements = 0;
+    for (std::size_t b = 0; b < full->block_count(); ++b) block_elements += static_cast<double>(full->layout().buckets()[b].padded_numel);
+    const double micro_batches = static_cast<double>(steps * accumulation);
+    std::cout << fmt::format("gathered_bytes_per_block_element={:g}\nreduce_scattered_bytes_per_block_element={:g}\n",
+                             static_cast<double>(full->block_traffic().gathered) / block_elements / micro_batches,
+                             static_cast<double>(full->block_traffic().reduce_scattered) / block_elements / micro_batches);
+  }
   if (rank == 0) {  // export the gathered model, load it back: the same tensors
     hpctrain::models::save_pretrained(*model, export_dir);
     auto loaded = hpctrain::models::load_gpt2(export_dir);
@@ -490,6 +499,11 @@ int check_gpt2_bf16(const std::shared_ptr<dist::ProcessGroup>& group, int steps,
   for (std::size_t b = 0; b + 1 < strategy.block_count(); ++b)
     expected_peak = std::max(expected_peak, 2 * static_cast<std::size_t>(buckets[b].padded_numel + buckets[b + 1].padded_numel));
   const auto peak_in_training = strategy.peak_gathered_bytes();  // before the export's fp32 gather of every block
+  // The blocks' collectives, counted where they are issued, per block element and micro-batch.
+  double block_elements = 0;
+  for (std::size_t b = 0; b < strategy.block_count(); ++b) block_elements += static_cast<double>(buckets[b].padded_numel);
+  const double micro_batches = static_cast<double>(steps * accumulation);
+  const auto traffic = strategy.block_traffic();
   strategy.gather_full_model();
   double worst = 0;
   auto ours = model->named_parameters();
@@ -507,9 +521,11 @@ int check_gpt2_bf16(const std::shared_ptr<dist::ProcessGroup>& group, int steps,
     }
   }
   std::cout << fmt::format("max_relative_difference={:.3e}\nrelative_difference_bound={:.0e}\nmax_grad_norm_difference={:.3e}\n"
-                           "grad_norm_difference_bound={:.0e}\npeak_gathered_bytes={}\nbf16_peak_gathered_bytes={}\nmaster_bytes={}\n",
+                           "grad_norm_difference_bound={:.0e}\npeak_gathered_bytes={}\nbf16_peak_gathered_bytes={}\nmaster_bytes={}\n"
+                           "gathered_bytes_per_block_element={:g}\nreduce_scattered_bytes_per_block_element={:g}\n",
                            worst, bf16_parameter_bound, worst_norm_difference, bf16_norm_bound, peak_in_training,
-                           expected_peak, strategy.master_bytes())
+                           expected_peak, strategy.master_bytes(), static_cast<double>(traffic.gathered) / block_elements / micro_batches,
+                           static_cast<double>(traffic.reduce_scattered) / block_elements / micro_batches)
             << std::flush;
   return ok ? 0 : 1;
 }

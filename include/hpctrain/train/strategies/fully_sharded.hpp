@@ -214,6 +214,14 @@ class FullyShardedStrategy : public DataParallelStrategy {
   }
   /// Most bytes of gathered blocks held at once since setup (current + prefetched).
   std::size_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
+  /// Bytes the blocks' collectives carried since setup, counted at the collectives: the all-gathers' flat
+  /// outputs (each rank receives all but its own slice) and the reduce-scatters' flat inputs (each rank sends
+  /// all but the slice it keeps). Per block element and micro-batch: fp32 4 + 4 gathered (forward and the
+  /// recomputation in backward) and 4 reduce-scattered; bf16 2 + 2 and 4.
+  struct BlockTraffic {
+    std::size_t gathered = 0, reduce_scattered = 0;
+  };
+  BlockTraffic block_traffic() const { return block_traffic_; }
 
  private:
   struct Piece {
@@ -380,6 +388,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     unit.flat = torch::empty({layout_.buckets()[b].padded_numel}, source.options());
     own_slice(b).copy_(source);
     if (unit.flat.numel() > 0) unit.gather = dist::start_all_gather_in_place(*group_, unit.flat);  // a frozen block: nothing
+    if (for_compute) block_traffic_.gathered += unit.flat.nbytes();
     gathered_bytes_ += unit.flat.nbytes();
     peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
   }
@@ -458,6 +467,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     finish_gradient_reduce_scatter(b);  // the previous micro-batch's, when still in flight
     auto output = unit.gradient_accumulated ? torch::empty_like(unit.gradient_shard) : unit.gradient_shard;
     unit.reduce_scatter = dist::start_bucket_reduce_scatter(*group_, layout_.buckets()[b], parameters_, output);
+    if (b < blocks_ && unit.reduce_scatter.pending()) block_traffic_.reduce_scattered += unit.reduce_scatter.input.nbytes();
   }
 
   /// Waits for unit b's reduce-scatter, if one is in flight, and sums it into the gradient shard.
@@ -495,6 +505,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
   bool pinned_ = false;
   bool bf16_blocks_ = false;  // Precision::bf16: blocks gathered and computed in bf16 (computes_in_bf16)
   std::size_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
+  BlockTraffic block_traffic_;
 };
 
 }  // namespace hpctrain
