@@ -198,6 +198,21 @@ class Knobs {
     values_[spec.name] = std::move(stored);
     return *this;
   }
+  /// Makes `value` knob `name`'s default (checked as a given value is): a description that sets in code what a
+  /// knob also sets shows it as the knob's default (`--help`), and the command line still overrides it.
+  template <KnobType T>
+  Knobs& set_default(std::string_view name, T value) {
+    const KnobSpec& spec = require_known(name);
+    KnobValue stored = detail::stored_knob_t<T>(std::move(value));
+    if (stored.index() != spec.default_value.index())
+      throw knob_error(spec, detail::format_knob_value(stored), fmt::format("expected {}", detail::knob_type_name(spec.default_value)));
+    if (auto failure = spec.check ? spec.check(stored) : std::nullopt)
+      throw knob_error(spec, detail::format_knob_value(stored), "its default " + *failure);
+    auto& row = *std::find_if(specs_.begin(), specs_.end(), [&](const KnobSpec& r) { return r.name == spec.name; });
+    row.default_value = std::move(stored);
+    row.has_default = true;
+    return *this;
+  }
   /// Whether `name` was given (on the command line or through `set`).
   bool given(std::string_view name) const { return values_.count(canonical(name)) != 0; }
 

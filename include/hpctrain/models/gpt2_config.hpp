@@ -131,6 +131,13 @@ struct GPT2Config {
     return j;
   }
 
+  /// The Linear layers of the module by name (what LoRA targets name); lm_head only when untied.
+  std::vector<std::string> linear_layers() const {
+    std::vector<std::string> names{"c_attn", "c_proj", "c_fc"};
+    if (!tie_word_embeddings) names.emplace_back("lm_head");
+    return names;
+  }
+
   /// What was understood, in one line: the values that shape the math, to compare with the model card.
   std::string summary() const {
     return fmt::format("gpt2: {} layers, width {}, MLP {}, {} heads of dim {}, {} positions, {}, layer_norm_epsilon {:g}, "

@@ -201,6 +201,13 @@ struct LlamaConfig {
     return j;
   }
 
+  /// The Linear layers of the module by name (what LoRA targets name); lm_head only when untied.
+  std::vector<std::string> linear_layers() const {
+    std::vector<std::string> names{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    if (!tie_word_embeddings) names.emplace_back("lm_head");
+    return names;
+  }
+
   /// What was understood, in one line: the values that shape the math, to compare with the model card.
   std::string summary() const {
     std::string rope = fmt::format("rope theta {}", rope_theta);

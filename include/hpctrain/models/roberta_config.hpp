@@ -128,6 +128,9 @@ struct RobertaConfig {
     return j;
   }
 
+  /// The Linear layers by name for LoRA's login check: none listed (the worker checks the module's).
+  std::vector<std::string> linear_layers() const { return {}; }
+
   /// What was understood, in one line: the values that shape the math, to compare with the model card.
   std::string summary() const {
     return fmt::format("{}: {} layers, hidden {}, MLP {}, {} heads of dim {}, {} positions (offset {}), {} token types, "

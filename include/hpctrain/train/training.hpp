@@ -20,6 +20,7 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/models/lora.hpp>
+#include <hpctrain/models/pretrained_config.hpp>
 #include <hpctrain/train/data/source.hpp>
 #include <hpctrain/train/loggers.hpp>
 #include <hpctrain/train/metrics.hpp>
@@ -188,9 +189,19 @@ class Training {
   }
   /// Train LoRA adapters instead of the whole model (models/lora.hpp): applied to the model right after its
   /// factory, every other parameter frozen; only the adapters reach the optimizer, the gradients and the
-  /// strategy's buckets and shards. Default: none (every parameter trains).
+  /// strategy's buckets and shards. Default: none (every parameter trains). Where the description declares the
+  /// LoRA knobs (lm::causal_lm_training: --lora-r and friends), `config` becomes their defaults instead: `--help`
+  /// shows it, and the command line overrides it (`--lora-r 0` trains every parameter).
   Training& lora(models::LoraConfig config) {
     config.validate();
+    if (knobs_.find("lora_r") != nullptr) {
+      knobs_.set_default<std::int64_t>("lora_r", config.r);
+      knobs_.set_default<double>("lora_alpha", config.alpha);
+      knobs_.set_default<double>("lora_dropout", config.dropout);
+      knobs_.set_default<std::string>("lora_targets", fmt::format("{}", fmt::join(config.targets, ",")));
+      knobs_.set_default<bool>("lora_rslora", config.use_rslora);
+      return *this;
+    }
     lora_from_knobs_ = [config](const Knobs&) { return std::optional<models::LoraConfig>(config); };
     return *this;
   }
@@ -454,6 +465,7 @@ class Training {
   /// Runs every login check (those of the model and data factories, then login_check's) with `knobs`.
   void check_at_login(const Knobs& knobs) const {
     if (model_check_) model_check_(knobs);
+    check_lora_targets_at_login(knobs);
     if (train_check_) train_check_(knobs);
     if (eval_check_) eval_check_(knobs);
     for (const auto& check : login_checks_) check(knobs);
@@ -471,6 +483,26 @@ class Training {
   [[deprecated("use run_dir()")]] const std::optional<std::filesystem::path>& run_directory() const { return run_dir_; }
 
  private:
+  /// LoRA targets against the layers of the pretrained model's family (from its config.json, no weights): a
+  /// name that matches no layer would fail every rank after the queue.
+  void check_lora_targets_at_login(const Knobs& knobs) const {
+    const auto config = lora(knobs);
+    const auto directory = pretrained_dir(knobs);
+    if (!config || !directory) return;
+    const auto layers = models::read_config_reading(*directory).linear_layers;
+    if (layers.empty()) return;  // a family without a list: the worker checks
+    for (const auto& target : config->targets) {
+      // a dotted name is one layer's path (layers.0.self_attn.q_proj): the worker checks it on the module
+      if (target == "all-linear" || target.find('.') != std::string::npos || std::find(layers.begin(), layers.end(), target) != layers.end())
+        continue;
+      const auto targets = fmt::format("{}", fmt::join(config->targets, ","));
+      const auto reason = fmt::format("'{}' names no layer of {}: its layers are {}, or all-linear", target, directory->string(),
+                                      fmt::join(layers, ", "));
+      if (knobs.find("lora_targets") != nullptr) throw SpecError(errors::spec_knob, "--lora-targets = " + targets, reason);
+      throw SpecError("lora.targets", targets, reason);
+    }
+  }
+
   template <class Factory>
   static void add_login_check_of(const Factory& factory, LoginCheck& slot) {
     slot = nullptr;
