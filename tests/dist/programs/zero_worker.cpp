@@ -356,41 +356,49 @@ torch::Tensor lm_loss(hpctrain::models::GPT2& model, const torch::Tensor& tokens
   return torch::nn::functional::cross_entropy(logits.reshape({-1, 61}), tokens.narrow(1, 1, 12).reshape({-1}));
 }
 
-int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage stage, int steps,
-                           int accumulation, const fs::path& export_dir) {
-  const int rank = group->rank(), world = group->world_size();
-  constexpr double max_norm = 0.5;
+/// Two tiny GPT-2s with equal weights: the one a strategy trains, and Replicated's reference.
+std::pair<hpctrain::models::GPT2, hpctrain::models::GPT2> equal_gpt2s() {
   torch::manual_seed(7);
   hpctrain::models::GPT2 model(tiny_gpt2()), reference(tiny_gpt2());
-  {
-    torch::NoGradGuard no_grad;
-    auto from = model->parameters();
-    auto to = reference->parameters();
-    for (std::size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
-  }
-  auto strategy = make_strategy(stage);
-  strategy->setup({group, model.ptr(), make_sgd});
+  torch::NoGradGuard no_grad;
+  auto from = model->parameters();
+  auto to = reference->parameters();
+  for (std::size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  return {model, reference};
+}
+
+/// Trains `model` through `strategy` (set up) and `reference` through Replicated (GradientSync + the same SGD),
+/// `steps` steps of `accumulation` micro-batches with clipping, both forwards under `precision`; returns the worst
+/// relative difference of the two gradient norms.
+double train_gpt2_beside_replicated(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::DataParallelStrategy& strategy,
+                                    hpctrain::models::GPT2& model, hpctrain::models::GPT2& reference, int steps, int accumulation,
+                                    hpctrain::Precision precision) {
+  const int rank = group->rank(), world = group->world_size();
+  constexpr double max_norm = 0.5;
   dist::GradientSync sync(group, *reference, small_buckets());
   NamedParameters named;
   for (const auto& item : reference->named_parameters()) named.emplace_back(item.key(), item.value());
   auto optimizer = make_sgd(named);
+  const torch::Device cpu(torch::kCPU);
   double worst_norm_difference = 0;
   for (int step = 0; step < steps; ++step) {
     // Same dropout masks on both sides: the same seed before each micro-batch's forward.
-    strategy->zero_grad();
+    strategy.zero_grad();
     for (int micro = 0; micro < accumulation; ++micro) {
-      strategy->set_sync(micro == accumulation - 1);
+      strategy.set_sync(micro == accumulation - 1);
       torch::manual_seed(100000 + 1000 * step + 10 * micro + rank);
+      hpctrain::AutocastScope autocast(precision, cpu);
       (lm_loss(model, token_batch(step, rank, world, micro, accumulation)) / accumulation).backward();
     }
-    strategy->finish_gradients();
-    const double norm = strategy->clip_grad_norm(max_norm).item<double>();
-    strategy->step();
+    strategy.finish_gradients();
+    const double norm = strategy.clip_grad_norm(max_norm).item<double>();
+    strategy.step();
 
     optimizer->zero_grad();
     for (int micro = 0; micro < accumulation; ++micro) {
       sync.set_sync(micro == accumulation - 1);
       torch::manual_seed(100000 + 1000 * step + 10 * micro + rank);
+      hpctrain::AutocastScope autocast(precision, cpu);
       (lm_loss(reference, token_batch(step, rank, world, micro, accumulation)) / accumulation).backward();
     }
     sync.finish();
@@ -398,28 +406,49 @@ int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpc
     optimizer->step();
     worst_norm_difference = std::max(worst_norm_difference, std::abs(norm - reference_norm) / reference_norm);
   }
-  bool ok = worst_norm_difference < 1e-5;
-  strategy->gather_full_model();
+  return worst_norm_difference;
+}
+
+/// The worst max |ours - theirs| / max |theirs| over the parameters; names each beyond `bound` on stderr.
+double worst_relative_difference(hpctrain::models::GPT2& model, hpctrain::models::GPT2& reference, double bound, int rank, bool& ok) {
   double worst = 0;
   auto ours = model->named_parameters();
   auto theirs = reference->parameters();
   for (std::size_t i = 0; i < ours.size(); ++i) {
     const double relative = ((ours[i].value() - theirs[i]).abs().max() / theirs[i].abs().max()).item<double>();
     worst = std::max(worst, relative);
-    if (!(relative <= equivalence_bound)) {
+    if (!(relative <= bound)) {
       std::cerr << fmt::format("rank {}: {} differs from Replicated by {:.3e} relative\n", rank, ours[i].key(), relative);
       ok = false;
     }
   }
-  if (const auto* full = dynamic_cast<const hpctrain::FullyShardedStrategy*>(strategy.get())) {
-    // fp32 blocks, counted at the collectives per block element and micro-batch (compare gpt2-bf16's 2 + 2 and 4).
-    double block_elements = 0;
-    for (std::size_t b = 0; b < full->block_count(); ++b) block_elements += static_cast<double>(full->layout().buckets()[b].padded_numel);
-    const double micro_batches = static_cast<double>(steps * accumulation);
-    std::cout << fmt::format("gathered_bytes_per_block_element={:g}\nreduce_scattered_bytes_per_block_element={:g}\n",
-                             static_cast<double>(full->block_traffic().gathered) / block_elements / micro_batches,
-                             static_cast<double>(full->block_traffic().reduce_scattered) / block_elements / micro_batches);
-  }
+  return worst;
+}
+
+/// The blocks' collective bytes, counted where they are issued, per block element and micro-batch, as
+/// `gathered_bytes_per_block_element=` and `reduce_scattered_bytes_per_block_element=` lines.
+std::string block_traffic_lines(const hpctrain::FullyShardedStrategy& strategy, int steps, int accumulation) {
+  double block_elements = 0;
+  for (std::size_t b = 0; b < strategy.block_count(); ++b) block_elements += static_cast<double>(strategy.layout().buckets()[b].padded_numel);
+  const double per = block_elements * steps * accumulation;
+  return fmt::format("gathered_bytes_per_block_element={:g}\nreduce_scattered_bytes_per_block_element={:g}\n",
+                     static_cast<double>(strategy.block_traffic().gathered) / per,
+                     static_cast<double>(strategy.block_traffic().reduce_scattered) / per);
+}
+
+int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage stage, int steps,
+                           int accumulation, const fs::path& export_dir) {
+  const int rank = group->rank();
+  auto [model, reference] = equal_gpt2s();
+  auto strategy = make_strategy(stage);
+  strategy->setup({group, model.ptr(), make_sgd});
+  const double worst_norm_difference =
+      train_gpt2_beside_replicated(group, *strategy, model, reference, steps, accumulation, hpctrain::Precision::fp32);
+  bool ok = worst_norm_difference < 1e-5;
+  strategy->gather_full_model();
+  const double worst = worst_relative_difference(model, reference, equivalence_bound, rank, ok);
+  if (const auto* full = dynamic_cast<const hpctrain::FullyShardedStrategy*>(strategy.get()))
+    std::cout << block_traffic_lines(*full, steps, accumulation);  // fp32 blocks (compare gpt2-bf16's)
   if (rank == 0) {  // export the gathered model, load it back: the same tensors
     hpctrain::models::save_pretrained(*model, export_dir);
     auto loaded = hpctrain::models::load_gpt2(export_dir);
@@ -449,48 +478,12 @@ int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpc
 constexpr double bf16_norm_bound = 1e-2, bf16_parameter_bound = 1e-1;
 
 int check_gpt2_bf16(const std::shared_ptr<dist::ProcessGroup>& group, int steps, int accumulation) {
-  const int rank = group->rank(), world = group->world_size();
-  constexpr double max_norm = 0.5;
-  torch::manual_seed(7);
-  hpctrain::models::GPT2 model(tiny_gpt2()), reference(tiny_gpt2());
-  {
-    torch::NoGradGuard no_grad;
-    auto from = model->parameters();
-    auto to = reference->parameters();
-    for (std::size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
-  }
+  const int rank = group->rank();
+  auto [model, reference] = equal_gpt2s();
   hpctrain::FullyShardedStrategy strategy(small_buckets());
   strategy.setup({group, model.ptr(), make_sgd, hpctrain::Precision::bf16});
-  dist::GradientSync sync(group, *reference, small_buckets());
-  NamedParameters named;
-  for (const auto& item : reference->named_parameters()) named.emplace_back(item.key(), item.value());
-  auto optimizer = make_sgd(named);
-  const torch::Device cpu(torch::kCPU);
-  double worst_norm_difference = 0;
-  for (int step = 0; step < steps; ++step) {
-    strategy.zero_grad();
-    for (int micro = 0; micro < accumulation; ++micro) {
-      strategy.set_sync(micro == accumulation - 1);
-      torch::manual_seed(100000 + 1000 * step + 10 * micro + rank);
-      hpctrain::AutocastScope autocast(hpctrain::Precision::bf16, cpu);
-      (lm_loss(model, token_batch(step, rank, world, micro, accumulation)) / accumulation).backward();
-    }
-    strategy.finish_gradients();
-    const double norm = strategy.clip_grad_norm(max_norm).item<double>();
-    strategy.step();
-
-    optimizer->zero_grad();
-    for (int micro = 0; micro < accumulation; ++micro) {
-      sync.set_sync(micro == accumulation - 1);
-      torch::manual_seed(100000 + 1000 * step + 10 * micro + rank);
-      hpctrain::AutocastScope autocast(hpctrain::Precision::bf16, cpu);
-      (lm_loss(reference, token_batch(step, rank, world, micro, accumulation)) / accumulation).backward();
-    }
-    sync.finish();
-    const double reference_norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), max_norm);
-    optimizer->step();
-    worst_norm_difference = std::max(worst_norm_difference, std::abs(norm - reference_norm) / reference_norm);
-  }
+  const double worst_norm_difference =
+      train_gpt2_beside_replicated(group, strategy, model, reference, steps, accumulation, hpctrain::Precision::bf16);
   bool ok = worst_norm_difference <= bf16_norm_bound;
   // The blocks were gathered in bf16: the two buckets held at once (one computing, one prefetched) took 2 bytes
   // an element.
@@ -499,33 +492,18 @@ int check_gpt2_bf16(const std::shared_ptr<dist::ProcessGroup>& group, int steps,
   for (std::size_t b = 0; b + 1 < strategy.block_count(); ++b)
     expected_peak = std::max(expected_peak, 2 * static_cast<std::size_t>(buckets[b].padded_numel + buckets[b + 1].padded_numel));
   const auto peak_in_training = strategy.peak_gathered_bytes();  // before the export's fp32 gather of every block
-  // The blocks' collectives, counted where they are issued, per block element and micro-batch.
-  double block_elements = 0;
-  for (std::size_t b = 0; b < strategy.block_count(); ++b) block_elements += static_cast<double>(buckets[b].padded_numel);
-  const double micro_batches = static_cast<double>(steps * accumulation);
-  const auto traffic = strategy.block_traffic();
+  const auto traffic = block_traffic_lines(strategy, steps, accumulation);
   strategy.gather_full_model();
-  double worst = 0;
-  auto ours = model->named_parameters();
-  auto theirs = reference->parameters();
-  for (std::size_t i = 0; i < ours.size(); ++i) {
-    if (ours[i].value().scalar_type() != torch::kFloat32) {
-      std::cerr << fmt::format("rank {}: {} is gathered as {}, not fp32\n", rank, ours[i].key(), c10::toString(ours[i].value().scalar_type()));
+  for (const auto& item : model->named_parameters())
+    if (item.value().scalar_type() != torch::kFloat32) {
+      std::cerr << fmt::format("rank {}: {} is gathered as {}, not fp32\n", rank, item.key(), c10::toString(item.value().scalar_type()));
       ok = false;
     }
-    const double relative = ((ours[i].value() - theirs[i]).abs().max() / theirs[i].abs().max()).item<double>();
-    worst = std::max(worst, relative);
-    if (!(relative <= bf16_parameter_bound)) {
-      std::cerr << fmt::format("rank {}: {} differs from Replicated by {:.3e} relative\n", rank, ours[i].key(), relative);
-      ok = false;
-    }
-  }
+  const double worst = worst_relative_difference(model, reference, bf16_parameter_bound, rank, ok);
   std::cout << fmt::format("max_relative_difference={:.3e}\nrelative_difference_bound={:.0e}\nmax_grad_norm_difference={:.3e}\n"
-                           "grad_norm_difference_bound={:.0e}\npeak_gathered_bytes={}\nbf16_peak_gathered_bytes={}\nmaster_bytes={}\n"
-                           "gathered_bytes_per_block_element={:g}\nreduce_scattered_bytes_per_block_element={:g}\n",
+                           "grad_norm_difference_bound={:.0e}\npeak_gathered_bytes={}\nbf16_peak_gathered_bytes={}\nmaster_bytes={}\n{}",
                            worst, bf16_parameter_bound, worst_norm_difference, bf16_norm_bound, peak_in_training,
-                           expected_peak, strategy.master_bytes(), static_cast<double>(traffic.gathered) / block_elements / micro_batches,
-                           static_cast<double>(traffic.reduce_scattered) / block_elements / micro_batches)
+                           expected_peak, strategy.master_bytes(), traffic)
             << std::flush;
   return ok ? 0 : 1;
 }
