@@ -69,7 +69,7 @@ TEST_CASE("Without overlap every bucket is launched in finish(), and the average
   }
 }
 
-TEST_CASE("Sums, any_rank and barrier agree across ranks, non-contiguous tensors included", "[dist]") {
+TEST_CASE("Sums, any_rank, barrier and bucketed broadcasts agree across ranks, non-contiguous tensors included", "[dist]") {
   Ranks ranks(2, {"collectives"});
   require_both_succeed(ranks);
   for (int rank = 0; rank < 2; ++rank) REQUIRE(value_of(ranks.output(rank), "collectives") == std::string("ok"));

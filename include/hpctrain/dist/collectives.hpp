@@ -2,6 +2,7 @@
 // Blocking collectives over a ProcessGroup. Each is a no-op (or the identity) at world size 1, so a
 // training loop calls them unconditionally. A failed collective marks the group failed (so its
 // destructor does not wait for peers that may be dead) and throws RuntimeError("collective").
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string_view>
@@ -41,26 +42,56 @@ c10::intrusive_ptr<c10d::Work> start(ProcessGroup& group, std::string_view opera
   }
 }
 
-/// Broadcasts `tensors` from rank 0 as one flat buffer per dtype: one round trip instead of one per tensor.
-inline void broadcast_from_rank0(ProcessGroup& group, const std::vector<torch::Tensor>& tensors) {
+/// Rank 0's values of `tensors` (one dtype) broadcast through one flat buffer, copied back into each.
+inline void broadcast_bucket(ProcessGroup& group, const std::vector<torch::Tensor>& tensors) {
+  c10d::BroadcastOptions options;
+  options.rootRank = 0;
+  const auto& first = tensors.front();
+  // A single contiguous tensor on the backend's device is broadcast in place: no copy at all.
+  const bool in_place = tensors.size() == 1 && first.is_contiguous() && first.device() == group.device();
+  std::vector<torch::Tensor> buffer;
+  if (in_place) {
+    buffer.push_back(first.detach());
+  } else {
+    std::vector<torch::Tensor> flat_views;
+    for (const auto& tensor : tensors) flat_views.push_back(tensor.detach().reshape({-1}));
+    buffer.push_back(torch::cat(flat_views).to(group.device()));
+  }
+  auto work = start(group, "broadcast", [&] { return group.backend()->broadcast(buffer, options); });
+  wait_for(group, work, "broadcast");
+  if (in_place) return;
+  std::int64_t offset = 0;
+  for (const auto& tensor : tensors) {
+    const auto count = tensor.numel();
+    tensor.detach().copy_(buffer[0].narrow(0, offset, count).view(tensor.sizes()));
+    offset += count;
+  }
+}
+
+/// Broadcasts `tensors` from rank 0 in flat buffers of at most `bucket_bytes` per dtype (DDP's
+/// _sync_module_states buckets the same way, 250 MB): a few round trips instead of one per tensor, and never a
+/// second copy of the whole model at setup (an 8B model's would be 32 GB in fp32). A tensor larger than a
+/// bucket goes alone, in place when it can.
+inline void broadcast_from_rank0(ProcessGroup& group, const std::vector<torch::Tensor>& tensors,
+                                 std::size_t bucket_bytes = std::size_t{64} << 20) {
   std::map<int, std::vector<torch::Tensor>> by_dtype;  // std::map: the same order on every rank
   for (const auto& tensor : tensors)
     if (tensor.defined() && tensor.numel() > 0) by_dtype[static_cast<int>(tensor.scalar_type())].push_back(tensor);
   torch::NoGradGuard no_grad;
   for (auto& [dtype, group_tensors] : by_dtype) {
-    std::vector<torch::Tensor> flat_views;
-    for (const auto& tensor : group_tensors) flat_views.push_back(tensor.detach().reshape({-1}));
-    std::vector<torch::Tensor> buffer{torch::cat(flat_views).to(group.device())};
-    c10d::BroadcastOptions options;
-    options.rootRank = 0;
-    auto work = start(group, "broadcast", [&] { return group.backend()->broadcast(buffer, options); });
-    wait_for(group, work, "broadcast");
-    std::int64_t offset = 0;
-    for (auto& tensor : group_tensors) {
-      const auto count = tensor.numel();
-      tensor.detach().copy_(buffer[0].narrow(0, offset, count).view(tensor.sizes()));
-      offset += count;
+    std::vector<torch::Tensor> bucket;
+    std::size_t bytes = 0;
+    for (const auto& tensor : group_tensors) {
+      const auto size = static_cast<std::size_t>(tensor.nbytes());
+      if (!bucket.empty() && bytes + size > bucket_bytes) {
+        broadcast_bucket(group, bucket);
+        bucket.clear();
+        bytes = 0;
+      }
+      bucket.push_back(tensor);
+      bytes += size;
     }
+    if (!bucket.empty()) broadcast_bucket(group, bucket);
   }
 }
 

@@ -231,6 +231,17 @@ int check_collectives(dist::ProcessGroup& group) {
   dist::all_reduce_sum(group, transposed);
   const double factor = world * (world + 1) / 2.0;
   expect(torch::equal(matrix, torch::arange(6, torch::kFloat32).view({2, 3}) * factor), "transposed view reduced in place");
+  // Broadcasts in buckets of at most 64 bytes: several buckets, a tensor larger than one alone (in place), two
+  // dtypes, a non-contiguous view; every rank ends with rank 0's values.
+  auto small = torch::full({3}, static_cast<float>(group.rank()));           // 12 bytes
+  auto large = torch::full({40}, static_cast<float>(group.rank()));          // 160 bytes: alone, in place
+  auto base = torch::full({4, 4}, static_cast<double>(group.rank()));
+  auto view = base.t();                                                      // 128 bytes, not contiguous
+  auto counts = torch::full({5}, static_cast<std::int64_t>(group.rank()));   // another dtype
+  dist::detail::broadcast_from_rank0(group, {small, large, view, counts, small.clone()}, 64);
+  expect(small.eq(0).all().item<bool>() && large.eq(0).all().item<bool>() && base.eq(0).all().item<bool>() &&
+             counts.eq(0).all().item<bool>(),
+         "bucketed broadcast from rank 0");
   dist::barrier(group);
   std::cout << fmt::format("collectives={}\n", ok ? "ok" : "wrong") << std::flush;
   return ok ? 0 : 1;
