@@ -58,14 +58,15 @@ inline std::string read_whole_file(const std::filesystem::path& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-/// The 32-byte header and the archive's bytes.
+/// The 32-byte header and the archive's bytes, in one buffer: the archive is serialised behind room for the
+/// header, which is filled once its size and CRC are known (no second copy of the archive).
 inline std::string frame_archive(torch::serialize::OutputArchive& archive, std::int64_t step) {
-  std::string payload;
+  std::string bytes(checkpoint_header_size, '\0');
   archive.save_to([&](const void* data, std::size_t size) {
-    payload.append(static_cast<const char*>(data), size);
+    bytes.append(static_cast<const char*>(data), size);
     return size;
   });
-  std::string bytes(checkpoint_header_size, '\0');
+  const std::string_view payload(bytes.data() + checkpoint_header_size, bytes.size() - checkpoint_header_size);
   const std::uint32_t crc = crc32c(payload);
   const std::uint64_t size = payload.size();
   const auto step_u = static_cast<std::uint64_t>(step);
@@ -74,7 +75,7 @@ inline std::string frame_archive(torch::serialize::OutputArchive& archive, std::
   std::memcpy(bytes.data() + 12, &crc, 4);
   std::memcpy(bytes.data() + 16, &size, 8);
   std::memcpy(bytes.data() + 24, &step_u, 8);
-  return bytes + payload;
+  return bytes;
 }
 
 /// Verifies a framed archive read from `path` against its header and meta.json's entry; returns the archive.
