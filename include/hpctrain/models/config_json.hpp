@@ -131,11 +131,10 @@ inline std::vector<std::string> unread_keys(const nlohmann::json& json, std::ini
 }
 
 /// A field that changes the model's math and that hpctrain does not implement: a SpecError when present with
-/// a value other than the one that means "off" (`null`, `false`, or `neutral`).
-inline void refuse_unless_off(const nlohmann::json& json, std::string_view family, const char* key, std::string_view what,
-                              const nlohmann::json& neutral = nullptr) {
+/// a value other than one that means "off" (`null` or `false`).
+inline void refuse_unless_off(const nlohmann::json& json, std::string_view family, const char* key, std::string_view what) {
   const auto it = json.find(key);
-  if (it == json.end() || it->is_null() || (it->is_boolean() && !it->get<bool>()) || *it == neutral) return;
+  if (it == json.end() || it->is_null() || (it->is_boolean() && !it->get<bool>())) return;
   throw SpecError(field_id(family, key), it->dump(), fmt::format("{} is not implemented by hpctrain", what));
 }
 

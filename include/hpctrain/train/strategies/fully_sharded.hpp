@@ -124,7 +124,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     // Blocks that ran no backward (unused) and the parameters outside the blocks, in bucket order: the same
     // order on every rank, after the blocks' reduce-scatters launched during backward.
     for (std::size_t b = 0; b < units_.size(); ++b)
-      if (!units_[b].reduce_scatter.pending() && !(reduces_every_micro_batch(b) && units_[b].gradient_accumulated))
+      if (!units_[b].reduce_scatter.pending() && !(computes_in_bf16(b) && units_[b].gradient_accumulated))
         start_gradient_reduce_scatter(b);
     for (std::size_t b = 0; b < units_.size(); ++b) finish_gradient_reduce_scatter(b);
     for (auto& piece : pieces_) {
@@ -375,9 +375,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
 
   // ---- gathering blocks ----------------------------------------------------------------------------------
   /// Whether block b computes in bf16 (Precision::bf16 over fp32 parameters): gathered in bf16, its gradients
-  /// reduce-scattered every micro-batch.
+  /// reduce-scattered every micro-batch (their bf16 sums must not accumulate in the parameters' .grad).
   bool computes_in_bf16(std::size_t b) const { return bf16_blocks_ && b < blocks_ && units_[b].shard.scalar_type() == torch::kFloat32; }
-  bool reduces_every_micro_batch(std::size_t b) const { return computes_in_bf16(b); }
 
   void start_gather(std::size_t b, bool for_compute = true) {
     torch::NoGradGuard no_grad;
@@ -449,7 +448,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
       if (index > 0) prefetch(index - 1);
     };
     hooks.after_backward = [this, index] {
-      if (sync_ || reduces_every_micro_batch(index)) start_gradient_reduce_scatter(index);
+      if (sync_ || computes_in_bf16(index)) start_gradient_reduce_scatter(index);
       release(index);
     };
     if (!computes_in_bf16(index)) return models::checkpointed(call, input, std::move(hooks));
