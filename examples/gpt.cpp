@@ -8,7 +8,7 @@ namespace fs = std::filesystem;
 
 hpctrain::models::GPT2 gpt(const ht::RunContext& run) {  // the model the knobs ask for, at the prepared vocabulary
   hpctrain::models::GPT2Config config;
-  config.vocab_size = ht::lm::prepared_vocab_size(run);
+  config.vocab_size = ht::lm::padded_vocab_size(ht::lm::prepared_vocab_size(run), run.knobs.get<std::int64_t>("pad_vocab_to"));
   config.n_layer = run.knobs.get<std::int64_t>("n_layer"), config.n_head = run.knobs.get<std::int64_t>("n_head");
   config.n_embd = run.knobs.get<std::int64_t>("n_embd"), config.n_positions = run.knobs.get<std::int64_t>("seq_len");
   config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = run.knobs.get<double>("dropout");
@@ -41,6 +41,8 @@ int main(int argc, char** argv) {
       .knob<std::int64_t>("n_head", 4, "attention heads (must divide --n-embd)", ht::positive())
       .knob<std::int64_t>("n_embd", 128, "model width", ht::positive())
       .knob<std::int64_t>("seq_len", 128, "tokens per training window (and the model's n_positions)", ht::positive())
+      .knob<std::int64_t>("pad_vocab_to", 64, "round the vocabulary up to a multiple of this (GPT-2's 50257 -> 50304; 1: as the tokenizer has it)",
+                          ht::positive())
       .knob<double>("dropout", 0.0, "dropout of embeddings, attention and residuals", ht::between(0.0, 0.99))
       .knob<double>("weight_decay", 0.1, "AdamW weight decay of the matrices (biases, norms: none)", ht::non_negative())
       .knob<std::int64_t>("warmup_steps", 30, "linear warmup steps before the cosine decay", ht::non_negative())

@@ -1,13 +1,17 @@
 #pragma once
 // Peak memory of a measured phase: on CUDA, the caching allocator's peak of allocated bytes (what
-// torch.cuda.max_memory_allocated() reads); on the CPU, the process's peak resident set, which only grows
-// (getrusage), so CPU figures are an upper bound that includes earlier phases.
+// torch.cuda.max_memory_allocated() reads); on the CPU, the process's peak resident set (VmHWM), which
+// reset_peak_memory starts again from the current resident set (Linux's /proc/self/clear_refs, "5"), so a
+// CPU figure holds what the phase allocated plus what the process held when it began (and memory the C
+// allocator kept from earlier phases).
 //
 // c10/cuda needs the CUDA runtime headers: a CPU-only LibTorch (or a machine without the CUDA toolkit)
 // compiles the CPU half alone. CMake defines HPCTRAIN_GPU_SUITE_C10_CUDA when TorchConfig found c10_cuda.
 #include <sys/resource.h>
 
 #include <cstdint>
+#include <fstream>
+#include <string>
 
 #include <torch/types.h>
 
@@ -28,8 +32,9 @@ inline bool reads_cuda_allocator(const torch::Device& device) {
 #endif
 }
 
-/// Frees cached blocks and starts a new peak (CUDA); nothing to do on the CPU.
+/// Frees cached blocks and starts a new peak (CUDA); starts the CPU's peak resident set again.
 inline void reset_peak_memory(const torch::Device& device) {
+  if (!device.is_cuda()) std::ofstream("/proc/self/clear_refs") << "5";
 #if defined(HPCTRAIN_GPU_SUITE_CUDA_MEMORY)
   if (device.is_cuda()) {
     // The allocator's per-device state is created by CUDA's lazy initialisation; before the process's first
@@ -52,7 +57,10 @@ inline std::int64_t peak_memory_bytes(const torch::Device& device) {
   }
 #endif
   (void)device;
-  rusage usage{};
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // "VmHWM:   123456 kB"
+  rusage usage{};  // no /proc: the process's peak, never reset
   ::getrusage(RUSAGE_SELF, &usage);
   return static_cast<std::int64_t>(usage.ru_maxrss) * 1024;  // kilobytes on Linux
 }

@@ -1,19 +1,21 @@
 #pragma once
 // Rows "llama.*": fine-tuning a Llama-shaped model of about 1.1B parameters (TinyLlama's shape: 22 layers,
-// width 2048, SwiGLU 5632, 32 heads over 4 key-value heads, vocabulary 32000) on one device, two ways:
+// width 2048, SwiGLU 5632, 32 heads over 4 key-value heads, vocabulary 32000) on one device, three ways:
 //
-//   llama.full    every parameter trains: ZeRO-3 at world 1 (fp32 master weights, AdamW state on the shard,
-//                 each block gathered while it runs and recomputed in backward, which is activation
-//                 checkpointing) under bf16 autocast
-//   llama.lora    LoRA r=16, alpha 32 on q_proj and v_proj, the base frozen (fp32), Replicated at world 1,
-//                 activation checkpointing on: the same activations as the full row, so the difference is
-//                 the optimizer state and gradients
+//   llama.full        every parameter trains: Replicated at world 1 (no sharding: at one rank ZeRO only adds
+//                     work), no recomputation, bf16 autocast, hpctrain::FusedAdamW: what the Trainer runs at
+//                     world 1, and what transformers' row (scripts/gpu-check: llama.eager, llama.compile) runs
+//   llama.full.zero3  the same under ZeRO-3 (fp32 shards, each block gathered while it runs and recomputed in
+//                     backward, which is activation checkpointing): what a model that does not fit pays
+//   llama.lora        LoRA r=16, alpha 32 on q_proj and v_proj, the base frozen (fp32), Replicated, no
+//                     recomputation: the same activations as llama.full, so the difference is the optimizer
+//                     state, the gradients and the weight-gradient products LoRA skips
 //
 // Each row: tokens/s over the timed steps, peak memory (the CUDA allocator's peak allocated bytes, as
 // torch.cuda.max_memory_allocated; on the CPU the process's peak resident set), trainable parameters, the
 // optimizer state and gradients this rank holds between steps (bytes of tensors, counted, not measured: what
-// LoRA saves against full fine-tuning, at any size and on any device; ZeRO-3's fp32 masters not included), and for
-// the full row MFU (6N + attention, models/llama_config.hpp; recomputation not counted, as usual). On the CPU
+// LoRA saves against full fine-tuning, at any size and on any device; ZeRO-3's fp32 shards are the parameters), and for
+// the full rows MFU (6N + attention, models/llama_config.hpp; recomputation not counted, as usual). On the CPU
 // the model is a tiny one of the same shape family: the row checks that the code runs, not its speed.
 #include <chrono>
 #include <cmath>
@@ -31,6 +33,7 @@
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/models/llama.hpp>
 #include <hpctrain/models/lora.hpp>
+#include <hpctrain/train/fused_adamw.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/strategies/sharded.hpp>
 
@@ -84,10 +87,11 @@ inline std::pair<std::int64_t, std::int64_t> state_and_gradient_bytes(hpctrain::
   return {state, gradients};
 }
 
+/// The Trainer's optimizer (examples return it; PyTorch's AdamW takes its foreach or fused path on CUDA).
 inline std::unique_ptr<torch::optim::Optimizer> adamw(const hpctrain::NamedParameters& named) {
   std::vector<torch::Tensor> tensors;
   for (const auto& item : named) tensors.push_back(item.second);
-  return std::make_unique<torch::optim::AdamW>(tensors, torch::optim::AdamWOptions(1e-5).weight_decay(0.0));
+  return std::make_unique<hpctrain::FusedAdamW>(tensors, torch::optim::AdamWOptions(1e-5).weight_decay(0.0));
 }
 
 /// Trains `model` with `strategy` on random tokens: warmup steps, then timed steps. The peak memory counts
@@ -180,42 +184,39 @@ inline Row row_of(const std::string& id, const std::string& label, const Measure
 
 }  // namespace llama_rows
 
-/// The two fine-tuning rows, one after the other in this process (world 1).
+/// The fine-tuning rows, one after the other in this process (world 1).
 inline int run_llama_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& group, bool cuda) {
   namespace hm = hpctrain::models;
   const auto config = llama_rows::model_config(cuda);
   const auto size = llama_rows::sizes(cuda);
   const auto shape = fmt::format("{}, batch {} x {}", llama_rows::count_label(config.parameter_count()), size.batch, size.sequence);
   int failures = 0;
-  auto report = [&](const Row& row) {
-    print(row);
-    failures += row.status == Status::fail;
+  // One row: a fresh model (seed 0), `prepare`d (LoRA, checkpointing), trained with `stage`.
+  const auto row = [&](const char* id, const std::string& what, hpctrain::ZeroStage stage, bool with_mfu, auto prepare) {
+    const auto label = fmt::format("Llama {}: {}", shape, what);
+    Row result;
+    try {
+      torch::manual_seed(0);
+      hm::Llama model(config);
+      prepare(model);
+      const auto measured = llama_rows::train(group, model, hpctrain::make_zero_strategy(stage), cuda);
+      result = llama_rows::row_of(id, label, measured, group->device(), config, with_mfu);
+    } catch (const std::exception& e) {
+      result = failed_row(id, label, e.what());
+    }
+    print(result);
+    failures += result.status == Status::fail;
   };
-  try {
-    torch::manual_seed(0);
-    hm::Llama model(config);
-    model->set_activation_checkpointing(true);
-    const auto measured = llama_rows::train(group, model, hpctrain::make_zero_strategy(hpctrain::ZeroStage::zero3), cuda);
-    report(llama_rows::row_of("llama.full", fmt::format("Llama {}: full fine-tuning, ZeRO-3 + checkpointing", shape), measured,
-                              group->device(), config, true));
-  } catch (const std::exception& e) {
-    report(failed_row("llama.full", "Llama: full fine-tuning, ZeRO-3 + checkpointing", e.what()));
-  }
-  try {
-    torch::manual_seed(0);
-    hm::Llama model(config);
+  row("llama.full", "full fine-tuning, Replicated, no recomputation", hpctrain::ZeroStage::none, true, [](hm::Llama&) {});
+  row("llama.full.zero3", "full fine-tuning, ZeRO-3 + checkpointing", hpctrain::ZeroStage::zero3, true,
+      [](hm::Llama& model) { model->set_activation_checkpointing(true); });
+  row("llama.lora", "LoRA r=16 q_proj,v_proj, no recomputation", hpctrain::ZeroStage::none, false, [](hm::Llama& model) {
     hm::LoraConfig lora;
     lora.r = 16;
     lora.alpha = 32;
     lora.targets = {"q_proj", "v_proj"};
     hm::apply_lora(*model, lora);
-    model->set_activation_checkpointing(true);
-    const auto measured = llama_rows::train(group, model, hpctrain::make_zero_strategy(hpctrain::ZeroStage::none), cuda);
-    report(llama_rows::row_of("llama.lora", fmt::format("Llama {}: LoRA r=16 q_proj,v_proj + checkpointing", shape), measured,
-                              group->device(), config, false));
-  } catch (const std::exception& e) {
-    report(failed_row("llama.lora", "Llama: LoRA r=16 q_proj,v_proj + checkpointing", e.what()));
-  }
+  });
   return failures;
 }
 

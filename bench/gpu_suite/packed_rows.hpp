@@ -3,15 +3,20 @@
 // models::TokenLayout's position_ids restarting per example and document_ids keeping attention inside each)
 // against the padded one (one example per row, padding at the end, plain causal attention), on the device.
 // Both see the same tokens and count the same targets, so the summed loss and its gradients must agree.
-// On CUDA the two paths take different SDPA kernels (a boolean mask rules out flash attention; padded rows
-// at bf16 use it), which is what this row checks beyond tests/models/lm_test.cpp's CPU comparison.
+// On CUDA the paths take different kernels: padded rows SDPA's flash (causal, no mask), packed rows in bf16
+// the variable-length flash kernel (cu_seqlens, models::packed_attention) and, with it switched off, SDPA with
+// the boolean mask (which rules flash out): what this row checks beyond tests/models/lm_test.cpp's CPU
+// comparison. Each path's backend and its time are in the row.
 #include <algorithm>
+#include <chrono>
+#include <optional>
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <hpctrain/lm/loss.hpp>
@@ -124,25 +129,76 @@ inline LossAndGradients packed(hpctrain::models::CausalLM& model, const std::vec
   return backward_of(model, logits, row(targets));
 }
 
-inline Row compare(const std::string& family, hpctrain::models::CausalLM& model, std::int64_t vocab, const torch::Device& device,
-                   hpctrain::Precision precision) {
+/// The SDPA backend ATen picks (at::_fused_sdp_choice) for `heads` heads of dim `head_dim` over `tokens` tokens
+/// in the forward's dtype: causal without a mask (the padded path) or with a boolean mask (the masked packed path).
+inline std::string sdpa_backend(std::int64_t heads, std::int64_t head_dim, std::int64_t tokens, bool with_mask,
+                                const torch::Device& device, hpctrain::Precision precision) {
+  const auto dtype = precision == hpctrain::Precision::bf16 ? torch::kBFloat16 : torch::kFloat32;
+  const auto q = torch::zeros({1, heads, tokens, head_dim}, torch::TensorOptions().dtype(dtype).device(device));
+  std::optional<torch::Tensor> mask;
+  if (with_mask) mask = torch::ones({1, 1, tokens, tokens}, torch::TensorOptions().dtype(torch::kBool).device(device)).tril();
+  const auto choice = at::_fused_sdp_choice(q, q, q, mask, 0.0, /*is_causal=*/!with_mask);
+  switch (choice) {
+    case 0: return "math";
+    case 1: return "flash";
+    case 2: return "memory-efficient";
+    case 3: return "cuDNN";
+    default: return fmt::format("backend {}", choice);
+  }
+}
+
+/// `run()`'s result and its milliseconds (the device's queue waited for).
+template <class Run>
+std::pair<LossAndGradients, double> timed(const torch::Device& device, Run run) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  const auto start = std::chrono::steady_clock::now();
+  auto result = run();
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  return {std::move(result), std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()};
+}
+
+/// Packed against padded; on CUDA in bf16 both packed paths (variable-length flash, then the mask), each
+/// compared with the padded one, with the SDPA backends and the times of a forward + backward (after one
+/// warmup call of each).
+inline Row compare(const std::string& family, hpctrain::models::CausalLM& model, std::int64_t vocab, std::int64_t heads,
+                   std::int64_t head_dim, const torch::Device& device, hpctrain::Precision precision) {
   const bool cuda = device.is_cuda();
   const std::string precision_name(hpctrain::to_string(precision));
   const auto docs = examples(cuda, vocab);
+  std::int64_t tokens = 0;
+  for (const auto& doc : docs) tokens += doc.size(0);
   Row row{fmt::format("packed.{}.{}", family, precision_name),
           fmt::format("packed vs padded attention, {} ({} examples, {})", family, docs.size(), precision_name), Status::pass, "",
           nlohmann::json::object()};
-  const auto a = padded(model, docs, device, precision);
-  const auto b = packed(model, docs, device, precision);
+  const bool varlen = cuda && precision == hpctrain::Precision::bf16;  // where packed_attention takes cu_seqlens
   const double tolerance = tolerance_for(precision);
-  const double loss_error = relative_error(b.loss_sum, a.loss_sum);
-  const double gradient_error = relative_error(b.gradients, a.gradients);
-  row.status = loss_error <= tolerance && gradient_error <= tolerance ? Status::pass : Status::fail;
-  row.result = fmt::format("loss {}, gradients {}", within(loss_error, tolerance), within(gradient_error, tolerance));
+  (void)padded(model, docs, device, precision);  // warmup: kernels chosen, the allocator's blocks made
+  const auto [a, padded_ms] = timed(device, [&] { return padded(model, docs, device, precision); });
+  std::vector<std::string> parts;
+  bool pass = true;
+  const auto check = [&](const char* path, bool varlen_on) {
+    hpctrain::models::set_varlen_attention(varlen_on);
+    (void)packed(model, docs, device, precision);
+    const auto [b, ms] = timed(device, [&] { return packed(model, docs, device, precision); });
+    hpctrain::models::set_varlen_attention(true);
+    const double loss_error = relative_error(b.loss_sum, a.loss_sum);
+    const double gradient_error = relative_error(b.gradients, a.gradients);
+    pass = pass && loss_error <= tolerance && gradient_error <= tolerance;
+    const auto backend = varlen_on ? std::string("flash varlen") : sdpa_backend(heads, head_dim, tokens, true, device, precision);
+    parts.push_back(fmt::format("{} ({}, {:.1f} ms): loss {}, gradients {}", path, backend, ms, within(loss_error, tolerance),
+                                within(gradient_error, tolerance)));
+    row.figures[fmt::format("{}_loss_relative_error", path)] = loss_error;
+    row.figures[fmt::format("{}_gradient_relative_error", path)] = gradient_error;
+    row.figures[fmt::format("{}_ms", path)] = ms;
+    row.figures[fmt::format("{}_backend", path)] = backend;
+  };
+  if (varlen) check("varlen", true);
+  check("masked", false);
+  row.status = pass ? Status::pass : Status::fail;
+  row.result = fmt::format("padded ({}, {:.1f} ms); {}", sdpa_backend(heads, head_dim, tokens, false, device, precision), padded_ms,
+                           fmt::join(parts, "; "));
+  row.figures["padded_ms"] = padded_ms;
   row.figures["padded_loss_sum"] = a.loss_sum;
-  row.figures["packed_loss_sum"] = b.loss_sum;
-  row.figures["loss_relative_error"] = loss_error;
-  row.figures["gradient_relative_error"] = gradient_error;
   row.figures["tolerance"] = tolerance;
   return row;
 }
@@ -161,11 +217,13 @@ inline int run_packed_rows(const torch::Device& device) {
         if (family == "llama") {
           auto model = packed_rows::llama(cuda);
           model->to(device);
-          row = packed_rows::compare(family, *model, model->config().vocab_size, device, precision);
+          const auto& config = model->config();
+          row = packed_rows::compare(family, *model, config.vocab_size, config.num_attention_heads, config.head_dimension(), device, precision);
         } else {
           auto model = packed_rows::gpt2(cuda);
           model->to(device);
-          row = packed_rows::compare(family, *model, model->config().vocab_size, device, precision);
+          const auto& config = model->config();
+          row = packed_rows::compare(family, *model, config.vocab_size, config.n_head, config.head_dim(), device, precision);
         }
       } catch (const std::exception& e) {
         row = failed_row(id, fmt::format("packed vs padded attention, {}", family), e.what());

@@ -20,7 +20,10 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <hpctrain/lm/chunked_loss.hpp>
+#include <hpctrain/lm/loss.hpp>
 #include <hpctrain/train/fused_adamw.hpp>
+#include <hpctrain/train/precision.hpp>
 
 #include <hpctrain/dist/dist.hpp>
 #include <hpctrain/slurm/world.hpp>
@@ -195,6 +198,80 @@ inline std::string synchronising_call(hpctrain::DataParallelStrategy& strategy, 
 #endif
 }
 
+/// One forward and backward of the head and the loss, whole logits (chunk 0) or chunked: time, the memory it
+/// added at its peak, the loss and the gradients.
+struct HeadLossRun {
+  double ms = 0;
+  std::int64_t peak_added = 0;
+  double loss = 0;
+  std::vector<torch::Tensor> gradients;
+};
+
+inline HeadLossRun head_loss_run(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets,
+                                 std::int64_t chunk, hpctrain::Precision precision, int repeats) {
+  const auto device = hidden.device();
+  HeadLossRun run;
+  auto once = [&] {
+    hidden.mutable_grad() = torch::Tensor();
+    weight.mutable_grad() = torch::Tensor();
+    torch::Tensor sum;
+    {
+      hpctrain::AutocastScope autocast(precision, device);
+      sum = chunk == 0 ? hpctrain::lm::token_loss_sum(torch::linear(hidden, weight), targets).first
+                       : hpctrain::lm::chunked_token_loss_sum(hidden, weight, targets, chunk).first;
+    }
+    (sum / static_cast<double>(targets.numel())).backward();
+    return sum;
+  };
+  if (device.is_cuda()) (void)once();  // warmup: kernels chosen, the allocator's blocks made
+  synchronize(device);
+  reset_peak_memory(device);
+  const auto before = peak_memory_bytes(device);
+  const auto start = std::chrono::steady_clock::now();
+  torch::Tensor sum;
+  for (int i = 0; i < repeats; ++i) sum = once();
+  synchronize(device);
+  run.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / repeats;
+  run.peak_added = peak_memory_bytes(device) - before;
+  run.loss = sum.item<double>();
+  run.gradients = {hidden.grad().clone(), weight.grad().clone()};
+  return run;
+}
+
+/// switches.chunked_loss: the head and the loss at Llama 3's vocabulary (128,256), the whole logits against
+/// chunks (lm::chunked_token_loss_sum, `--loss-chunk-tokens`): equal loss and gradients, the time and the
+/// memory each adds at its peak. CUDA: 8 x 1024 tokens of width 4096 (Llama 3 8B's head), bf16 autocast,
+/// chunks of 2048; CPU: 1024 tokens of width 64 at the CPU's precision, chunks of 128.
+inline Row chunked_loss_row(const torch::Device& device) {
+  const bool cuda = device.is_cuda();
+  const std::int64_t tokens = cuda ? 8192 : 1024, width = cuda ? 4096 : 64, vocabulary = 128256, chunk = cuda ? 2048 : 128;
+  const auto precision = hpctrain::resolve_precision(hpctrain::auto_precision, device);
+  torch::manual_seed(5);
+  const auto options = torch::TensorOptions().device(device);
+  const auto weight = (torch::randn({vocabulary, width}, options) * 0.02).requires_grad_();
+  const auto hidden = torch::randn({tokens, width}, options).requires_grad_();
+  const auto targets = torch::randint(vocabulary, {tokens}, options.dtype(torch::kInt64));
+  const int repeats = cuda ? 3 : 1;
+  const auto whole = head_loss_run(hidden, weight, targets, 0, precision, repeats);
+  const auto chunked = head_loss_run(hidden, weight, targets, chunk, precision, repeats);
+  const double tolerance = tolerance_for(precision);
+  const double loss_error = relative_error(chunked.loss, whole.loss);
+  const double gradient_error = relative_error(chunked.gradients, whole.gradients);
+  const auto gib = [](std::int64_t bytes) { return static_cast<double>(bytes) / double(1 << 30); };
+  Row row{"switches.chunked_loss", "", Status::pass, "", nlohmann::json::object()};
+  row.label = fmt::format("head + loss, {} tokens x vocabulary {} (width {}, {}): whole logits vs chunks of {} (--loss-chunk-tokens)",
+                          tokens, vocabulary, width, hpctrain::to_string(precision), chunk);
+  row.status = loss_error <= tolerance && gradient_error <= tolerance ? Status::pass : Status::fail;
+  row.result = fmt::format("{:.1f} ms, {} +{:.2f} GiB -> {:.1f} ms, +{:.2f} GiB ({:.1f}x less); loss {}, gradients {}", whole.ms,
+                           cuda ? "peak allocated" : "peak RSS", gib(whole.peak_added), chunked.ms, gib(chunked.peak_added),
+                           static_cast<double>(whole.peak_added) / static_cast<double>(std::max<std::int64_t>(chunked.peak_added, 1)),
+                           within(loss_error, tolerance), within(gradient_error, tolerance));
+  row.figures = {{"whole_ms", whole.ms}, {"chunked_ms", chunked.ms}, {"whole_peak_added_bytes", whole.peak_added},
+                 {"chunked_peak_added_bytes", chunked.peak_added}, {"loss_error", loss_error}, {"gradient_error", gradient_error},
+                 {"tokens", tokens}, {"vocabulary", vocabulary}, {"width", width}, {"chunk", chunk}};
+  return row;
+}
+
 inline Row no_host_sync_row(const torch::Device& device) {
   Row row{"switches.no_host_sync", "no host synchronisation in a step: DDP and ZeRO-3, bf16, under CUDA's sync debug mode",
           Status::skip, "", nlohmann::json::object()};
@@ -232,6 +309,8 @@ inline int run_switch_rows(const torch::Device& device) {
           [&] { return switch_rows::fused_adamw_row(device); });
   guarded("switches.pinned_batches", "batch to GPU: pageable + blocking vs pinned + non_blocking (Training::pin_memory)",
           [&] { return switch_rows::pinned_batches_row(device); });
+  guarded("switches.chunked_loss", "head + loss: whole logits vs chunks (--loss-chunk-tokens)",
+          [&] { return switch_rows::chunked_loss_row(device); });
   guarded("switches.no_host_sync", "no host synchronisation in a step: DDP and ZeRO-3, bf16, under CUDA's sync debug mode",
           [&] { return switch_rows::no_host_sync_row(device); });
   return failures;

@@ -3,6 +3,7 @@
 // and for Llama (rotary positions per example, grouped-query attention); masked-LM masking and its blocks.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -150,6 +151,36 @@ TEST_CASE("The packed attention mask is causal and never crosses examples", "[lm
   const auto expected = torch::tensor({{1, 0, 0, 0, 0}, {1, 1, 0, 0, 0}, {0, 0, 1, 0, 0}, {0, 0, 1, 1, 0}, {0, 0, 0, 0, 1}}, torch::kBool);
   CHECK(mask.sizes() == torch::IntArrayRef({1, 1, 5, 5}));
   CHECK(mask[0][0].equal(expected));
+}
+
+TEST_CASE("Packed rows as variable-length sequences: one per example and per row's padding, never across rows", "[lm]") {
+  // Two rows: examples 0 (2 tokens) and 1 (2) then padding; example 2 (3) then example 3 (2).
+  const auto packed = hm::varlen_sequences(torch::tensor({{0, 0, 1, 1, -1}, {2, 2, 2, 3, 3}}, torch::kInt64));
+  CHECK(packed.cu_seqlens.equal(torch::tensor({0, 2, 4, 5, 8, 10}, torch::kInt32)));
+  CHECK(packed.max_length == 3);
+  CHECK_FALSE(packed.mask.defined());
+  // The same id at the end of one row and the start of the next is two sequences (rows never attend across).
+  CHECK(hm::varlen_sequences(torch::tensor({{0, 1, 1}, {1, 1, 2}}, torch::kInt64)).cu_seqlens.equal(torch::tensor({0, 1, 3, 5, 6}, torch::kInt32)));
+  // On the CPU (and in fp32 anywhere) packed rows take the mask: flash has neither.
+  const auto on_cpu = hm::packed_attention(torch::tensor({{0, 0, 1}}, torch::kInt64), torch::zeros({1, 3, 4}));
+  CHECK(on_cpu.mask.defined());
+  CHECK_FALSE(on_cpu.cu_seqlens.defined());
+}
+
+TEST_CASE("A padded vocabulary rounds up to the multiple and generation stays inside the tokenizer's ids", "[lm]") {
+  CHECK(lm::padded_vocab_size(50257, 64) == 50304);
+  CHECK(lm::padded_vocab_size(50304, 64) == 50304);
+  CHECK(lm::padded_vocab_size(50257, 1) == 50257);
+  CHECK(lm::padded_vocab_size(32000, 128) == 32000);
+  // Logits whose padded ids (90..96) are the likeliest: the next token is never one of them, greedy or sampled.
+  const auto logits = torch::arange(97).to(torch::kFloat32);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(0);
+  hm::GenerationOptions options;
+  CHECK(hm::detail::next_token(logits, options, generator) == 96);  // the test can fail
+  options.vocabulary = 90;
+  CHECK(hm::detail::next_token(logits, options, generator) == 89);
+  options.temperature = 0.5;
+  for (int i = 0; i < 20; ++i) CHECK(hm::detail::next_token(logits, options, generator) < 90);
 }
 
 TEST_CASE("Masked-LM masking chooses 15% of the non-special tokens, 80/10/10, never a special one, the same for the same (seed, epoch, example)",

@@ -146,6 +146,7 @@ HPCTRAIN_RUNTIME_INLINE FinishHook sample_at_end(Setting<std::string> prompt, Se
     for (auto id : tokenizer.encode(text)) ids.push_back(static_cast<std::int64_t>(id));
     models::GenerationOptions options;
     options.max_new_tokens = tokens.get(at_end.run.knobs);
+    options.vocabulary = static_cast<std::int64_t>(tokenizer.vocab_size());  // a padded vocabulary's extra ids are no token
     if (const auto limit = model.max_positions()) options.max_new_tokens = std::min(options.max_new_tokens, *limit - static_cast<std::int64_t>(ids.size()));
     if (ids.empty() || options.max_new_tokens <= 0) return;
     const auto generated = models::generate(model, ids, options);

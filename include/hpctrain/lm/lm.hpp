@@ -44,8 +44,19 @@ inline std::optional<models::LoraConfig> lora_from_knobs(const Knobs& knobs) {
   return config;
 }
 
+/// lm::causal_lm_training's --activation-checkpointing on the made model: every transformer block recomputed
+/// in backward instead of keeping its activations (a third more compute for the blocks' activations' memory;
+/// ZeRO-3 recomputes whatever this says). SpecError when it is on and the model is not a models::CausalLM.
+inline void activation_checkpointing_from_knobs(torch::nn::Module& module, const Knobs& knobs) {
+  const bool on = knobs.get<bool>("activation_checkpointing");
+  auto* model = dynamic_cast<models::CausalLM*>(&module);
+  if (model != nullptr) model->set_activation_checkpointing(on);
+  else if (on) throw SpecError("knob.activation_checkpointing", "true", fmt::format("needs a models::CausalLM (GPT-2, Llama, ...); the model is {}", module.name()));
+}
+
 /// A Training for a causal language model: next-token loss over the counted targets (fp32), the packed-aware
-/// step, per-token evaluation and perplexity, and the LoRA knobs (`--lora-r 16 --lora-alpha 32 --lora-targets
+/// step (`--loss-chunk-tokens N`: the head and the loss N tokens at a time; `--activation-checkpointing`),
+/// per-token evaluation and perplexity, and the LoRA knobs (`--lora-r 16 --lora-alpha 32 --lora-targets
 /// q_proj,v_proj`; r 0, the default, trains every parameter). Add the model, data, optimizer and the rest.
 HPCTRAIN_RUNTIME_INLINE Training causal_lm_training();
 
@@ -57,7 +68,13 @@ HPCTRAIN_RUNTIME_INLINE Training masked_lm_training();
 #if HPCTRAIN_RUNTIME_DEFINITIONS
 HPCTRAIN_RUNTIME_INLINE Training causal_lm_training() {
   return Training()
-      .loss(causal_lm_loss).step(causal_lm_step).eval_step(token_eval_step).metric(metrics::perplexity)
+      .loss(causal_lm_loss).step(chunked_causal_lm_step).eval_step(token_eval_step).metric(metrics::perplexity)
+      .knob<bool>("activation_checkpointing", false,
+                  "recompute each transformer block in backward instead of keeping its activations (less memory, more compute)")
+      .on_model(activation_checkpointing_from_knobs)
+      .knob<std::int64_t>(loss_chunk_knob, 0,
+                          "apply the head and the loss this many tokens at a time: the tokens x vocabulary logits are never whole "
+                          "(0: whole logits)", non_negative())
       .knob<std::int64_t>("lora_r", 0, "LoRA rank: train adapters of this rank instead of every parameter (0: off)", non_negative())
       .knob<double>("lora_alpha", 16.0, "LoRA alpha (the adapters are scaled by alpha / r)", positive())
       .knob<double>("lora_dropout", 0.0, "dropout on the LoRA adapters' input", between(0.0, 0.99))

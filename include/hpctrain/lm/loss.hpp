@@ -4,10 +4,12 @@
 // whatever the forward precision; the step, which runs packed rows through the model's packed forward; and an
 // evaluation weighted by counted tokens, so val_loss and perplexity are per token.
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 #include <torch/torch.h>
 
+#include <hpctrain/lm/chunked_loss.hpp>
 #include <hpctrain/models/causal_lm.hpp>
 #include <hpctrain/train/data/source.hpp>
 #include <hpctrain/train/step.hpp>
@@ -46,6 +48,24 @@ inline torch::Tensor causal_lm_logits(StepContext& context, const data::Batch& b
 /// the gradients over ranks, as TRL's per-device mean does).
 inline torch::Tensor causal_lm_step(StepContext& context, const data::Batch& batch) {
   return causal_lm_loss(causal_lm_logits(context, batch), batch.targets);
+}
+
+/// The knob of causal_lm_training that applies the head and the loss a chunk of tokens at a time.
+inline constexpr const char* loss_chunk_knob = "loss_chunk_tokens";
+
+/// The step of causal_lm_training: causal_lm_step, or with `--loss-chunk-tokens N` (N > 0) the model's hidden
+/// states through the head and the loss N tokens at a time (lm/chunked_loss.hpp): the same loss and gradients
+/// without the whole tokens × vocabulary logits in memory.
+inline torch::Tensor chunked_causal_lm_step(StepContext& context, const data::Batch& batch) {
+  const auto chunk = context.knobs.get<std::int64_t>(loss_chunk_knob);
+  if (chunk == 0) return causal_lm_step(context, batch);
+  auto* model = dynamic_cast<models::CausalLM*>(&context.module);
+  TORCH_CHECK(model != nullptr, "--loss-chunk-tokens needs a models::CausalLM (GPT-2, Llama, ...); the model is ", context.module.name());
+  std::optional<models::TokenLayout> layout;
+  if (batch.has("document_ids")) layout = models::TokenLayout{batch.field("position_ids"), batch.field("document_ids")};
+  const auto hidden = model->hidden_states(batch.inputs, layout ? &*layout : nullptr);
+  const auto [sum, count] = chunked_token_loss_sum(hidden, model->head_weight(), batch.targets, chunk, ignore_index);
+  return sum / count.clamp_min(1);
 }
 
 /// The evaluation: the batch's mean loss weighted by its counted targets, so the run's val_loss is the mean

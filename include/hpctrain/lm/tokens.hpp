@@ -30,6 +30,16 @@ inline text::TokenFileHeader prepared_tokens_header(const RunContext& run) {
 /// The vocabulary size of the prepared tokens: what the model's embedding must hold.
 inline std::int64_t prepared_vocab_size(const RunContext& run) { return static_cast<std::int64_t>(prepared_tokens_header(run).vocab_size); }
 
+/// `vocabulary` rounded up to a multiple of `multiple`, for a model trained from scratch (Megatron's
+/// make_vocab_size_divisible_by, nanoGPT's 50304 for GPT-2's 50257): the head's rows and the logits' row
+/// length then align to what the matrix kernels want (on an H100 the unpadded 50257 cost a third of GPT-2
+/// 124M's speed, docs/gpu.md). The extra ids are never targets, so training pushes their logits down;
+/// generation leaves them out (GenerationOptions::vocabulary), and the export is a model of the padded size,
+/// which transformers loads as it is.
+inline std::int64_t padded_vocab_size(std::int64_t vocabulary, std::int64_t multiple) {
+  return multiple <= 1 ? vocabulary : (vocabulary + multiple - 1) / multiple * multiple;
+}
+
 /// The data factory of `prepared_tokens`.
 class PreparedTokens {
  public:

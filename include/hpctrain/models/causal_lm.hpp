@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <hpctrain/error.hpp>
@@ -62,15 +63,50 @@ class KVCache {
   std::int64_t length_ = 0;
 };
 
+/// How packed rows attend (several examples in one row, each attending only within itself): a boolean mask
+/// ([B, 1, T, T], true = may attend; SDPA's masked kernels), or, on CUDA in bf16/fp16, the examples as
+/// variable-length sequences over the flattened [B·T] tokens (`cu_seqlens`, int32 [n + 1], as flash-attention's
+/// varlen interface and transformers' packed path take them) for ATen's flash kernel, which a mask rules out.
+struct PackedAttention {
+  torch::Tensor mask;
+  torch::Tensor cu_seqlens;
+  std::int64_t max_length = 0;
+  bool packed() const { return mask.defined() || cu_seqlens.defined(); }
+};
+
+namespace detail {
+/// Whether packed rows on CUDA take the variable-length flash kernel (on by default; the switch is the
+/// suite's and the tests', to run the masked path beside it).
+inline bool& varlen_attention_switch() {
+  static bool on = true;
+  return on;
+}
+}  // namespace detail
+
+/// Turns the variable-length path for packed rows on CUDA on or off (process-wide; default on).
+inline void set_varlen_attention(bool on) { detail::varlen_attention_switch() = on; }
+inline bool varlen_attention() { return detail::varlen_attention_switch(); }
+
 /// Causal self-attention of `q` [B, H, T, D] over `k`, `v` [B, KV, past + T, D]. Without cached tokens
 /// this is `is_causal` (the flash / memory-efficient kernels on CUDA). With them, a single new token sees
 /// everything; several new tokens need the causal mask aligned to the bottom right, which is_causal
-/// (aligned top left) does not give. KV < H is grouped-query attention (enable_gqa). A defined `mask`
-/// ([B, 1, T, T] boolean, true = may attend; packed_attention_mask) replaces the causal one (no cache).
+/// (aligned top left) does not give. KV < H is grouped-query attention (enable_gqa). Packed rows (no cache)
+/// attend within each example: through the variable-length flash kernel when `packed` holds cu_seqlens,
+/// else through its mask.
 inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                      std::int64_t past, double dropout, const torch::Tensor& mask = {}) {
+                                      std::int64_t past, double dropout, const PackedAttention& packed = {}) {
   const bool grouped = k.size(1) != q.size(1);
-  if (mask.defined()) return torch::scaled_dot_product_attention(q, k, v, mask, dropout, false, std::nullopt, grouped);
+  if (packed.cu_seqlens.defined()) {
+    // [B, H, T, D] -> [B·T, H, D] in the kernel's dtype (autocast's: this ATen op is not on its lists).
+    const auto dtype = at::autocast::is_autocast_enabled(q.device().type()) ? at::autocast::get_autocast_dtype(q.device().type())
+                                                                            : q.scalar_type();
+    const auto flat = [&](const torch::Tensor& x) { return x.transpose(1, 2).reshape({-1, x.size(1), x.size(3)}).to(dtype); };
+    const auto out = std::get<0>(at::_flash_attention_forward(flat(q), flat(k), flat(v), packed.cu_seqlens, packed.cu_seqlens,
+                                                              packed.max_length, packed.max_length, dropout, /*is_causal=*/true,
+                                                              /*return_debug_mask=*/false));
+    return out.view({q.size(0), q.size(2), q.size(1), q.size(3)}).transpose(1, 2);
+  }
+  if (packed.mask.defined()) return torch::scaled_dot_product_attention(q, k, v, packed.mask, dropout, false, std::nullopt, grouped);
   if (past == 0) return torch::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true, std::nullopt, grouped);
   const auto t = q.size(2);
   if (t == 1) return torch::scaled_dot_product_attention(q, k, v, {}, dropout, false, std::nullopt, grouped);
@@ -88,12 +124,41 @@ struct TokenLayout {
 
 /// The block-diagonal causal mask of `document_ids` [B, T]: [B, 1, T, T], true where query i may attend to
 /// key j (j ≤ i and both in the same example). On CPU SDPA takes it as it is; on CUDA a boolean mask rules out
-/// the flash kernel (the memory-efficient one takes it), which a variable-length path would avoid.
+/// the flash kernel (the memory-efficient one takes it), which the variable-length path avoids.
 inline torch::Tensor packed_attention_mask(const torch::Tensor& document_ids) {
   const auto t = document_ids.size(1);
   const auto same = document_ids.unsqueeze(2) == document_ids.unsqueeze(1);  // [B, T, T]
   const auto causal = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(document_ids.device())).tril();
   return same.logical_and(causal).unsqueeze(1);
+}
+
+/// The examples of packed rows as variable-length sequences over the flattened [B·T] tokens: a sequence
+/// starts at every row's start and wherever the document id changes (padding, id -1, is one more sequence:
+/// it attends only to itself, as under the mask). cu_seqlens int32 [n + 1] and the longest length. Reads
+/// two numbers back to the host (the sequence count and the longest), once per forward.
+inline PackedAttention varlen_sequences(const torch::Tensor& document_ids) {
+  const auto rows = document_ids.size(0), t = document_ids.size(1);
+  auto starts = torch::ones_like(document_ids, torch::kBool);
+  if (t > 1) starts.narrow(1, 1, t - 1).copy_(document_ids.narrow(1, 1, t - 1) != document_ids.narrow(1, 0, t - 1));
+  const auto begins = starts.reshape({-1}).nonzero().squeeze(1);
+  const auto cu = torch::cat({begins, torch::full({1}, rows * t, begins.options())}).to(torch::kInt32);
+  const auto n = cu.size(0) - 1;
+  PackedAttention packed;
+  packed.max_length = (cu.narrow(0, 1, n) - cu.narrow(0, 0, n)).max().item<std::int64_t>();
+  packed.cu_seqlens = cu;
+  return packed;
+}
+
+/// How packed rows of `document_ids` attend in a forward whose activations are `activations`: the
+/// variable-length flash kernel on CUDA in bf16/fp16 (autocast's or the model's dtype; flash has no fp32),
+/// else the mask.
+inline PackedAttention packed_attention(const torch::Tensor& document_ids, const torch::Tensor& activations) {
+  const bool half = at::autocast::is_autocast_enabled(torch::kCUDA) || activations.scalar_type() == torch::kBFloat16 ||
+                    activations.scalar_type() == torch::kFloat16;
+  if (document_ids.is_cuda() && varlen_attention() && half) return varlen_sequences(document_ids);
+  PackedAttention packed;
+  packed.mask = packed_attention_mask(document_ids);
+  return packed;
 }
 
 /// A decoder-only language model: token ids [B, T] in, logits [B, T, vocab] out.
@@ -103,6 +168,12 @@ class CausalLM : public torch::nn::Module, public ListsBlocks {
   virtual torch::Tensor forward(const torch::Tensor& input_ids, KVCache* cache = nullptr) = 0;
   /// Logits for packed rows: positions from `layout.position_ids`, attention causal within each example.
   virtual torch::Tensor forward(const torch::Tensor& input_ids, const TokenLayout& layout) = 0;
+  /// The hidden states the head reads ([B, T, hidden], after the final norm) of a training forward without
+  /// cache, packed when `layout` is given: what a loss takes that applies the head a chunk of tokens at a time,
+  /// so that the tokens × vocabulary logits are never whole (lm::chunked_token_loss_sum).
+  virtual torch::Tensor hidden_states(const torch::Tensor& input_ids, const TokenLayout* layout = nullptr) = 0;
+  /// The head's weight [vocabulary, hidden] (the token embedding's when tied): logits = hidden · weightᵀ.
+  virtual torch::Tensor head_weight() = 0;
   // blocks() (ListsBlocks): the transformer blocks in order; forward runs each through run_block, so the
   // fully sharded strategy can gather block by block.
   /// An empty cache for `batch` sequences of up to `capacity` positions, on the model's device and dtype.

@@ -22,6 +22,9 @@ struct GenerationOptions {
   std::optional<std::int64_t> top_k;       ///< sample among the k likeliest tokens. Default: none (all)
   std::uint64_t seed = 0;                  ///< seed of the sampling generator. Default: 0
   bool stop_at_eos = true;                 ///< stop after the config's eos token. Default: true
+  /// generate only ids below this: the tokenizer's vocabulary when the model's is padded (`--pad-vocab-to`:
+  /// its extra rows are no token). Default: none (every id of the model)
+  std::optional<std::int64_t> vocabulary;
 
   /// SpecError `[hpctrain.spec.generation.<field>]` for an invalid value.
   void validate() const {
@@ -30,6 +33,7 @@ struct GenerationOptions {
     if (temperature) require(*temperature > 0.0, "generation.temperature", *temperature, "must be positive");
     if (top_k) require(*top_k >= 1, "generation.top_k", *top_k, "must be at least 1");
     require(!top_k || temperature, "generation.top_k", top_k.value_or(0), "needs a temperature (sampling)");
+    if (vocabulary) require(*vocabulary >= 1, "generation.vocabulary", *vocabulary, "must be at least 1");
   }
 };
 
@@ -38,6 +42,7 @@ namespace detail {
 /// The next token from the last position's logits [vocab].
 inline std::int64_t next_token(torch::Tensor logits, const GenerationOptions& options, at::Generator& generator) {
   logits = logits.to(torch::kFloat32);
+  if (options.vocabulary && *options.vocabulary < logits.size(0)) logits = logits.narrow(0, 0, *options.vocabulary);
   if (!options.temperature) return logits.argmax().item<std::int64_t>();
   logits = (logits / *options.temperature).to(torch::kCPU);
   if (options.top_k && *options.top_k < logits.size(0)) {

@@ -30,7 +30,7 @@ class GPT2AttentionImpl : public torch::nn::Module {
     resid_dropout = register_module("resid_dropout", torch::nn::Dropout(config.resid_pdrop));
   }
 
-  torch::Tensor forward(const torch::Tensor& x, KVCache* cache, std::size_t layer, const torch::Tensor& mask = {}) {
+  torch::Tensor forward(const torch::Tensor& x, KVCache* cache, std::size_t layer, const PackedAttention& packed = {}) {
     const auto b = x.size(0), t = x.size(1), width = x.size(2);
     auto qkv = linear(c_attn, x).split(width, /*dim=*/2);
     auto heads = [&](const torch::Tensor& y) { return y.view({b, t, n_head_, head_dim_}).transpose(1, 2); };
@@ -40,7 +40,7 @@ class GPT2AttentionImpl : public torch::nn::Module {
       past = cache->length();
       std::tie(k, v) = cache->update(layer, k, v);
     }
-    auto y = causal_attention(q, k, v, past, is_training() ? attn_pdrop_ : 0.0, mask);
+    auto y = causal_attention(q, k, v, past, is_training() ? attn_pdrop_ : 0.0, packed);
     y = y.transpose(1, 2).contiguous().view({b, t, width});
     return resid_dropout(linear(c_proj, y));
   }
@@ -83,8 +83,8 @@ class GPT2BlockImpl : public torch::nn::Module {
     mlp = register_module("mlp", GPT2MLP(config));
   }
 
-  torch::Tensor forward(torch::Tensor x, KVCache* cache = nullptr, const torch::Tensor& mask = {}) {
-    x = x + attn->forward(ln_1(x), cache, layer_, mask);
+  torch::Tensor forward(torch::Tensor x, KVCache* cache = nullptr, const PackedAttention& packed = {}) {
+    x = x + attn->forward(ln_1(x), cache, layer_, packed);
     x = x + mlp(ln_2(x));
     return x;
   }
@@ -119,22 +119,27 @@ class GPT2Impl : public CausalLM {
   torch::Tensor forward(const torch::Tensor& input_ids, KVCache* cache = nullptr) override {
     const auto t = input_ids.size(1);
     const std::int64_t past = cache != nullptr ? cache->length() : 0;
-    if (past + t > config_.n_positions)
-      throw RuntimeError(errors::runtime_generation,
-                         fmt::format("GPT-2 sees at most n_positions = {} tokens; got {}", config_.n_positions, past + t));
+    check_length(past + t);
     if (cache != nullptr) cache->check_room(t);
     const auto positions = torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device()));
-    auto logits = run(input_ids, positions, cache, {});
+    auto logits = torch::linear(run(input_ids, positions, cache, {}), head_weight());
     if (cache != nullptr) cache->advance(t);
     return logits;
   }
 
   torch::Tensor forward(const torch::Tensor& input_ids, const TokenLayout& layout) override {
-    if (input_ids.size(1) > config_.n_positions)
-      throw RuntimeError(errors::runtime_generation,
-                         fmt::format("GPT-2 sees at most n_positions = {} tokens; got {}", config_.n_positions, input_ids.size(1)));
-    return run(input_ids, layout.position_ids, nullptr, packed_attention_mask(layout.document_ids));
+    return torch::linear(hidden_states(input_ids, &layout), head_weight());
   }
+
+  torch::Tensor hidden_states(const torch::Tensor& input_ids, const TokenLayout* layout = nullptr) override {
+    const auto t = input_ids.size(1);
+    check_length(t);
+    if (layout != nullptr) return run(input_ids, layout->position_ids, nullptr, layout->document_ids);
+    return run(input_ids, torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device())), nullptr, {});
+  }
+
+  torch::Tensor head_weight() override { return config_.tie_word_embeddings ? wte->weight : lm_head->weight; }
+
   /// GPT-2's initialisation (Radford et al. 2019, as in nanoGPT and transformers): every weight
   /// N(0, initializer_range), biases 0, LayerNorms 1/0, and the projections back into the residual stream
   /// (`attn.c_proj`, `mlp.c_proj`) scaled by 1/sqrt(2·n_layer) since each block adds two of them.
@@ -170,15 +175,21 @@ class GPT2Impl : public CausalLM {
   torch::nn::Linear lm_head{nullptr};  ///< only when tie_word_embeddings is false
 
  private:
-  /// Embeddings at `positions`, the blocks (with `mask` when packed), the final norm and the head.
-  torch::Tensor run(const torch::Tensor& input_ids, const torch::Tensor& positions, KVCache* cache, const torch::Tensor& mask) {
+  void check_length(std::int64_t length) const {
+    if (length > config_.n_positions)
+      throw RuntimeError(errors::runtime_generation,
+                         fmt::format("GPT-2 sees at most n_positions = {} tokens; got {}", config_.n_positions, length));
+  }
+
+  /// Embeddings at `positions`, the blocks (attending within each example of `document_ids` when packed) and the final norm: what the head reads.
+  torch::Tensor run(const torch::Tensor& input_ids, const torch::Tensor& positions, KVCache* cache, const torch::Tensor& document_ids) {
     auto x = drop(wte(input_ids) + wpe(positions));
+    const auto packed = document_ids.defined() ? packed_attention(document_ids, x) : PackedAttention{};
     for (std::size_t i = 0; i < block_list_.size(); ++i) {
-      x = call_block(i, [block = block_list_[i], cache, mask](const torch::Tensor& input) mutable { return block->forward(input, cache, mask); },
+      x = call_block(i, [block = block_list_[i], cache, packed](const torch::Tensor& input) mutable { return block->forward(input, cache, packed); },
                      x, cache);
     }
-    x = ln_f(x);
-    return config_.tie_word_embeddings ? torch::linear(x, wte->weight) : lm_head(x);
+    return ln_f(x);
   }
 
   GPT2Config config_;

@@ -24,10 +24,21 @@
 namespace hpctrain::models {
 
 /// Root-mean-square normalisation (Zhang & Sennrich 2019), computed in fp32 whatever the input dtype.
+/// An fp32 input with fp32 weights, what training under autocast gives (the residual stream stays fp32:
+/// embedding plus bf16 projections promotes), goes through at::rms_norm, which on CUDA is one fused kernel
+/// each way (`_fused_rms_norm`) instead of six elementwise and reduction kernels; on the CPU it computes the
+/// same in fp32 (equal within reassociation, tests/models/lm_test.cpp). Other dtypes keep transformers'
+/// order (normalise in fp32, cast to the input's dtype, then scale), which the fused kernel does not.
 class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(std::int64_t dim, double eps) : eps_(eps) { weight = register_parameter("weight", torch::ones({dim})); }
   torch::Tensor forward(const torch::Tensor& x) {
+    if (x.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32)
+      return at::rms_norm(x, {weight.size(0)}, weight, eps_);
+    return unfused(x);
+  }
+  /// transformers' LlamaRMSNorm step by step (the reference the fused path is checked against).
+  torch::Tensor unfused(const torch::Tensor& x) {
     auto y = x.to(torch::kFloat32);
     y = y * torch::rsqrt(y.pow(2).mean(-1, /*keepdim=*/true) + eps_);
     return weight * y.to(x.scalar_type());
@@ -84,7 +95,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   }
 
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, KVCache* cache,
-                        std::size_t layer, const torch::Tensor& mask = {}) {
+                        std::size_t layer, const PackedAttention& packed = {}) {
     const auto b = x.size(0), t = x.size(1);
     auto q = linear(q_proj, x).view({b, t, heads_, head_dim_}).transpose(1, 2);
     auto k = linear(k_proj, x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
@@ -96,7 +107,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
       past = cache->length();
       std::tie(k, v) = cache->update(layer, k, v);
     }
-    auto y = causal_attention(q, k, v, past, is_training() ? dropout_ : 0.0, mask);
+    auto y = causal_attention(q, k, v, past, is_training() ? dropout_ : 0.0, packed);
     return linear(o_proj, y.transpose(1, 2).reshape({b, t, heads_ * head_dim_}));
   }
 
@@ -136,8 +147,8 @@ class LlamaBlockImpl : public torch::nn::Module {
   }
 
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, KVCache* cache = nullptr,
-                        const torch::Tensor& mask = {}) {
-    auto h = x + self_attn->forward(input_layernorm(x), cos, sin, cache, layer_, mask);
+                        const PackedAttention& packed = {}) {
+    auto h = x + self_attn->forward(input_layernorm(x), cos, sin, cache, layer_, packed);
     return h + mlp(post_attention_layernorm(h));
   }
 
@@ -174,15 +185,23 @@ class LlamaImpl : public CausalLM {
     if (cache != nullptr) cache->check_room(t);
     check_window(past + t);
     const auto positions = torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device()));
-    auto logits = run(input_ids, positions, cache, {});
+    auto logits = torch::linear(run(input_ids, positions, cache, {}), head_weight());
     if (cache != nullptr) cache->advance(t);
     return logits;
   }
 
   torch::Tensor forward(const torch::Tensor& input_ids, const TokenLayout& layout) override {
-    check_window(input_ids.size(1));
-    return run(input_ids, layout.position_ids, nullptr, packed_attention_mask(layout.document_ids));
+    return torch::linear(hidden_states(input_ids, &layout), head_weight());
   }
+
+  torch::Tensor hidden_states(const torch::Tensor& input_ids, const TokenLayout* layout = nullptr) override {
+    const auto t = input_ids.size(1);
+    check_window(t);
+    if (layout != nullptr) return run(input_ids, layout->position_ids, nullptr, layout->document_ids);
+    return run(input_ids, torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device())), nullptr, {});
+  }
+
+  torch::Tensor head_weight() override { return config_.tie_word_embeddings ? embed_tokens->weight : lm_head->weight; }
 
   /// transformers' Llama initialisation: every weight N(0, initializer_range), biases 0, norms 1.
   void initialize_weights() {
@@ -221,18 +240,18 @@ class LlamaImpl : public CausalLM {
                                      config_.model_type, *config_.sliding_window, length, *config_.sliding_window));
   }
 
-  /// Embeddings, the blocks at `positions` ([T], or [B, T] when packed; with `mask` when packed), the final
-  /// norm and the head.
-  torch::Tensor run(const torch::Tensor& input_ids, const torch::Tensor& positions, KVCache* cache, const torch::Tensor& mask) {
+  /// Embeddings, the blocks at `positions` ([T], or [B, T] when packed: attending within each example of `document_ids`) and the final
+  /// norm: what the head reads.
+  torch::Tensor run(const torch::Tensor& input_ids, const torch::Tensor& positions, KVCache* cache, const torch::Tensor& document_ids) {
     auto x = embed_tokens(input_ids);
+    const auto packed = document_ids.defined() ? packed_attention(document_ids, x) : PackedAttention{};
     auto [cos, sin] = rotary_angles(positions, x);
     for (std::size_t i = 0; i < block_list_.size(); ++i) {
-      x = call_block(i, [block = block_list_[i], cos = cos, sin = sin, cache, mask](const torch::Tensor& input) mutable {
-        return block->forward(input, cos, sin, cache, mask);
+      x = call_block(i, [block = block_list_[i], cos = cos, sin = sin, cache, packed](const torch::Tensor& input) mutable {
+        return block->forward(input, cos, sin, cache, packed);
       }, x, cache);
     }
-    x = norm(x);
-    return config_.tie_word_embeddings ? torch::linear(x, embed_tokens->weight) : lm_head(x);
+    return norm(x);
   }
 
   /// cos and sin of the rotary angles of `positions`: [T, head_dim] for positions [T], [B, 1, T, head_dim] for

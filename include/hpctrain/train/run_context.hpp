@@ -61,5 +61,8 @@ using FinishHook = std::function<void(const FinishContext&)>;
 /// A check on the login node once the knobs are parsed, before anything is written or queued (a data file
 /// that is visible there is validated); throws SpecError naming the field and the value.
 using LoginCheck = std::function<void(const Knobs&)>;
+/// Called on every rank with the model its factory made and the run's knobs, before LoRA, the move to the
+/// device and the strategy (lm::causal_lm_training's --activation-checkpointing is one).
+using ModelHook = std::function<void(torch::nn::Module&, const Knobs&)>;
 
 }  // namespace hpctrain

@@ -112,6 +112,7 @@ class Trainer {
   void build_model_and_strategy() {
     torch::manual_seed(static_cast<std::uint64_t>(training_.seed()));
     model_ = training_.make_model(*run_);
+    for (const auto& hook : training_.model_hooks()) hook(*model_.module, run_->knobs);
     if (run_->lora) add_lora_adapters();
     model_.module->to(device_);
     strategy_ = training_.make_strategy();

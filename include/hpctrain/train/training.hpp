@@ -332,6 +332,9 @@ class Training {
   /// strategy gathers it first): `lm::hf_export()`, `lm::sample_at_end(...)`, or your own
   /// `(const hpctrain::FinishContext&)`. Hooks run on every rank, in the order added.
   Training& at_end(FinishHook hook) { finish_hooks_.push_back(std::move(hook)); return *this; }
+  /// Adds a hook called on every rank with the made model and the run's knobs, before LoRA, the move to the
+  /// device and the strategy: a switch of the model that a knob sets. Hooks run in the order added.
+  Training& on_model(ModelHook hook) { model_hooks_.push_back(std::move(hook)); return *this; }
   /// Adds a check that `hpctrain::run` makes on the login node once the knobs are parsed, before anything is
   /// written or queued: throw SpecError naming the field and the value.
   Training& login_check(LoginCheck check) { login_checks_.push_back(std::move(check)); return *this; }
@@ -457,6 +460,7 @@ class Training {
   const Knobs& knobs() const { return knobs_; }
   const std::function<void(std::int64_t)>& on_step() const { return on_step_; }
   const std::vector<FinishHook>& finish_hooks() const { return finish_hooks_; }
+  const std::vector<ModelHook>& model_hooks() const { return model_hooks_; }
   /// The LoRA configuration for `knobs`, when the run trains adapters.
   std::optional<models::LoraConfig> lora(const Knobs& knobs) const {
     if (!lora_from_knobs_) return std::nullopt;
@@ -522,6 +526,7 @@ class Training {
   LoginCheck model_check_, train_check_, eval_check_;
   std::vector<LoginCheck> login_checks_;
   std::vector<FinishHook> finish_hooks_;
+  std::vector<ModelHook> model_hooks_;
   std::function<std::optional<models::LoraConfig>(const Knobs&)> lora_from_knobs_;
   BatchSize batch_size_;
   std::int64_t eval_batch_size_ = 1000;

@@ -1,0 +1,90 @@
+#pragma once
+// The head and the cross entropy a chunk of tokens at a time, as Liger's fused linear cross-entropy and
+// torchtitan's chunked loss do: the logits of `chunk` tokens exist at once, never the whole tokens ×
+// vocabulary (Llama 3's vocabulary of 128,256 words: 4 GiB of fp32 logits for 8 × 1024 tokens, and as much
+// again for their gradient). The forward computes each chunk's loss and, when gradients are wanted, its
+// gradients with respect to the hidden states and the head's weight right away (the gradient of the logits
+// is softmax − one-hot, which needs nothing else), so backward only scales them: no logits are kept or
+// recomputed. The numbers are today's whole-logits path's (lm/loss.hpp): the head's product in autocast's
+// dtype (else the weight's), rounded there, the softmax and the loss in fp32, the gradients' products in the
+// same dtype as autograd's would be; equal in fp32 within reassociation (tests/models/chunked_loss_test.cpp).
+#include <cstdint>
+#include <utility>
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+namespace hpctrain::lm {
+
+namespace detail {
+
+struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossEntropy> {
+  /// hidden [N, H], weight [V, H], targets [N] (`ignore` where no loss counts): the summed loss (fp32, 0-dim).
+  /// `hidden_gradient`, `weight_gradient`: whether autograd will want each (decided before the call: inside,
+  /// grad mode is off); a frozen head (LoRA) costs no product for its gradient.
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor hidden, torch::Tensor weight,
+                               torch::Tensor targets, std::int64_t chunk, std::int64_t ignore, bool hidden_gradient,
+                               bool weight_gradient) {
+    const auto device_type = hidden.device().type();
+    const auto compute = at::autocast::is_autocast_enabled(device_type) ? at::autocast::get_autocast_dtype(device_type)
+                                                                         : weight.scalar_type();
+    // The casts below are the ones autocast would make; it must not make them again.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto w = weight.to(compute);  // once for every chunk
+    const auto n = hidden.size(0);
+    auto loss = torch::zeros({}, hidden.options().dtype(torch::kFloat32));
+    const bool with_gradients = hidden_gradient || weight_gradient;
+    torch::Tensor grad_hidden, grad_weight;
+    if (hidden_gradient) grad_hidden = torch::empty_like(hidden);
+    if (weight_gradient) grad_weight = torch::zeros_like(weight, weight.options().dtype(torch::kFloat32));
+    for (std::int64_t start = 0; start < n; start += chunk) {
+      const auto rows = std::min(chunk, n - start);
+      const auto h = hidden.narrow(0, start, rows).to(compute);
+      const auto t = targets.narrow(0, start, rows);
+      const auto counted = t.ne(ignore);
+      const auto safe = t.masked_fill(counted.logical_not(), 0).unsqueeze(1);
+      auto z = torch::mm(h, w.t()).to(torch::kFloat32);  // [rows, V]: rounded in `compute`, as the whole path's
+      const auto lse = torch::logsumexp(z, 1, /*keepdim=*/true);
+      const auto weights = counted.to(torch::kFloat32).unsqueeze(1);
+      loss.add_(((lse - z.gather(1, safe)) * weights).sum());
+      if (!with_gradients) continue;
+      // dloss/dz = softmax(z) - onehot(target), on counted rows only; z's memory becomes the gradient.
+      z.sub_(lse).exp_().scatter_add_(1, safe, -weights).mul_(weights);
+      const auto g = z.to(compute);
+      if (hidden_gradient) grad_hidden.narrow(0, start, rows).copy_(torch::mm(g, w));
+      if (weight_gradient) grad_weight.add_(torch::mm(g.t(), h));
+    }
+    if (hidden_gradient) ctx->saved_data["grad_hidden"] = grad_hidden;
+    if (weight_gradient) ctx->saved_data["grad_weight"] = grad_weight.to(weight.scalar_type());
+    return loss;
+  }
+
+  /// The gradients computed in forward, scaled by the loss's own (1 / count for a mean, 1 / accumulation).
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    const auto scaled = [&](const char* name) {
+      return ctx->saved_data.count(name) != 0 ? ctx->saved_data[name].toTensor() * grads[0] : torch::Tensor();
+    };
+    return {scaled("grad_hidden"), scaled("grad_weight"), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+}  // namespace detail
+
+/// {the summed cross entropy of logits = hidden · weightᵀ against `targets`, the number of counted targets},
+/// in fp32, computed `chunk` tokens at a time (hidden [..., H], weight [V, H], targets [...]; `ignore` marks
+/// targets without loss). What lm::token_loss_sum(linear(hidden, weight), targets) gives, without the whole
+/// logits in memory: the most at once is one chunk's [chunk, V] in fp32.
+inline std::pair<torch::Tensor, torch::Tensor> chunked_token_loss_sum(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                                                      const torch::Tensor& targets, std::int64_t chunk,
+                                                                      std::int64_t ignore = -100) {
+  TORCH_CHECK(chunk > 0, "chunked_token_loss_sum: the chunk must hold at least one token; got ", chunk);
+  const auto flat_hidden = hidden.reshape({-1, hidden.size(-1)});
+  const auto flat_targets = targets.reshape({-1});
+  const bool grad_mode = torch::GradMode::is_enabled();
+  auto sum = detail::ChunkedLinearCrossEntropy::apply(flat_hidden, weight, flat_targets, chunk, ignore,
+                                                      grad_mode && hidden.requires_grad(), grad_mode && weight.requires_grad());
+  return {sum, flat_targets.ne(ignore).sum().to(torch::kFloat32)};
+}
+
+}  // namespace hpctrain::lm

@@ -1,0 +1,260 @@
+// The pieces of the language-model step that the GPU rows measure (docs/gpu.md), checked on the CPU against
+// today's paths. The head and the loss a chunk of tokens at a time (lm/chunked_loss.hpp) against the whole-logits path
+// (lm/loss.hpp): the same summed loss and the same gradients of the hidden states and of the head's weight —
+// in fp32 within 1e-6 (only the order of the sums differs), under bf16 autocast within the rounding of one
+// bf16 product; through GPT-2 and Llama (tied and untied heads, packed rows) down to every parameter's
+// gradient; and the step of causal_lm_training with --loss-chunk-tokens. The fused RMSNorm (models/llama.hpp)
+// against transformers' step-by-step one. --activation-checkpointing through causal_lm_training's model hook.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <hpctrain/lm/lm.hpp>
+#include <hpctrain/models/models.hpp>
+#include <hpctrain/train/worker.hpp>
+
+namespace hm = hpctrain::models;
+namespace lm = hpctrain::lm;
+
+namespace {
+
+/// ‖a − b‖ / ‖b‖ over the flattened tensors, in fp64.
+double relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
+  const auto x = a.to(torch::kFloat64), y = b.to(torch::kFloat64);
+  return (x - y).norm().item<double>() / std::max(y.norm().item<double>(), 1e-30);
+}
+
+struct LossAndGradients {
+  double loss;
+  torch::Tensor hidden_grad, weight_grad;
+};
+
+/// The summed loss of hidden · weightᵀ against `targets` and its gradients: whole logits (chunk 0) or chunked.
+LossAndGradients head_loss(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets, std::int64_t chunk,
+                           bool bf16 = false) {
+  auto h = hidden.detach().clone().requires_grad_(true);
+  auto w = weight.detach().clone().requires_grad_(true);
+  torch::Tensor sum;
+  {
+    hpctrain::AutocastScope autocast(bf16 ? hpctrain::Precision::bf16 : hpctrain::Precision::fp32, torch::kCPU);
+    sum = chunk == 0 ? lm::token_loss_sum(torch::linear(h, w), targets).first : lm::chunked_token_loss_sum(h, w, targets, chunk).first;
+  }
+  (sum * 0.5).backward();  // a scale on the way back, as the mean and the accumulation give
+  return {sum.item<double>(), h.grad(), w.grad()};
+}
+
+/// Targets over `vocabulary` with every third ignored (prompts, padding).
+torch::Tensor some_ignored(torch::Tensor targets) { return targets.index_put_({torch::arange(0, targets.size(0), 3)}, lm::ignore_index); }
+
+}  // namespace
+
+TEST_CASE("chunked linear + cross-entropy equals the whole logits' loss and gradients in fp32", "[models][chunked_loss]") {
+  torch::manual_seed(0);
+  const std::int64_t tokens = 37, hidden_size = 24, vocabulary = 501;
+  const auto hidden = torch::randn({tokens, hidden_size});
+  const auto weight = torch::randn({vocabulary, hidden_size}) * 0.2;
+  const auto targets = some_ignored(torch::randint(vocabulary, {tokens}, torch::kInt64));
+  const auto whole = head_loss(hidden, weight, targets, 0);
+  for (const std::int64_t chunk : {1, 8, 36, 37, 64}) {  // one token; a chunk that does not divide; one; bigger than all
+    INFO("chunk " << chunk);
+    const auto chunked = head_loss(hidden, weight, targets, chunk);
+    CHECK(std::abs(chunked.loss - whole.loss) <= 1e-6 * std::abs(whole.loss));
+    CHECK(relative_difference(chunked.hidden_grad, whole.hidden_grad) <= 1e-6);
+    CHECK(relative_difference(chunked.weight_grad, whole.weight_grad) <= 1e-6);
+  }
+  // Ignored targets take no loss and give no gradient.
+  const auto ignored = head_loss(hidden, weight, torch::full({tokens}, lm::ignore_index, torch::kInt64), 8);
+  CHECK(ignored.loss == 0.0);
+  CHECK(ignored.hidden_grad.abs().max().item<double>() == 0.0);
+  CHECK(ignored.weight_grad.abs().max().item<double>() == 0.0);
+}
+
+TEST_CASE("chunked linear + cross-entropy under bf16 autocast rounds as the whole logits do", "[models][chunked_loss]") {
+  torch::manual_seed(1);
+  const std::int64_t tokens = 64, hidden_size = 32, vocabulary = 300;
+  const auto hidden = torch::randn({tokens, hidden_size});
+  const auto weight = torch::randn({vocabulary, hidden_size}) * 0.2;
+  const auto targets = some_ignored(torch::randint(vocabulary, {tokens}, torch::kInt64));
+  const auto whole = head_loss(hidden, weight, targets, 0, true);
+  const auto chunked = head_loss(hidden, weight, targets, 16, true);
+  const auto fp32 = head_loss(hidden, weight, targets, 0, false);
+  // Both round the head's product to bf16 (8 bits of mantissa: 2^-9 relative per element) and take the
+  // gradients' products in bf16; the whole path rounds the weight's gradient once, the chunked one per chunk.
+  // So each stays within a few bf16 roundings of fp32, and of each other: 2e-2 is ~10 roundings.
+  const double bound = 2e-2;
+  const double loss = std::abs(chunked.loss - whole.loss) / std::abs(whole.loss);
+  const double hidden_grad = relative_difference(chunked.hidden_grad, whole.hidden_grad);
+  const double weight_grad = relative_difference(chunked.weight_grad, whole.weight_grad);
+  WARN("bf16 chunked vs whole: loss " << loss << ", hidden gradient " << hidden_grad << ", weight gradient " << weight_grad
+                                      << " (bound " << bound << "); whole bf16 vs fp32 weight gradient "
+                                      << relative_difference(whole.weight_grad, fp32.weight_grad));
+  CHECK(loss <= bound);
+  CHECK(hidden_grad <= bound);
+  CHECK(weight_grad <= bound);
+  // Rounding happened: the bf16 path is not the fp32 one (the test would pass vacuously if autocast were off).
+  CHECK(relative_difference(whole.weight_grad, fp32.weight_grad) > 1e-6);
+  CHECK(relative_difference(chunked.weight_grad, fp32.weight_grad) > 1e-6);
+}
+
+namespace {
+
+hm::LlamaConfig tiny_llama_config(bool tied) {
+  hm::LlamaConfig config;
+  config.vocab_size = 211;
+  config.hidden_size = 32;
+  config.intermediate_size = 64;
+  config.num_hidden_layers = 2;
+  config.num_attention_heads = 4;
+  config.num_key_value_heads = 2;
+  config.tie_word_embeddings = tied;
+  return config;
+}
+
+/// The mean loss of `batch` through the whole logits (chunk 0) or chunked, and every parameter's gradient.
+std::pair<double, std::vector<torch::Tensor>> model_loss(hm::CausalLM& model, const torch::Tensor& inputs, const torch::Tensor& targets,
+                                                         const hm::TokenLayout* layout, std::int64_t chunk) {
+  model.zero_grad();
+  torch::Tensor loss;
+  if (chunk == 0) {
+    loss = lm::causal_lm_loss(layout ? model.forward(inputs, *layout) : model.forward(inputs), targets);
+  } else {
+    const auto [sum, count] = lm::chunked_token_loss_sum(model.hidden_states(inputs, layout), model.head_weight(), targets, chunk);
+    loss = sum / count.clamp_min(1);
+  }
+  loss.backward();
+  std::vector<torch::Tensor> gradients;
+  for (const auto& parameter : model.parameters()) gradients.push_back(parameter.grad().clone());
+  return {loss.item<double>(), gradients};
+}
+
+void check_model(hm::CausalLM& model, std::int64_t vocabulary) {
+  torch::manual_seed(3);
+  const auto tokens = torch::randint(vocabulary, {2, 17}, torch::kInt64);
+  const auto inputs = tokens.narrow(1, 0, 16);
+  auto targets = tokens.narrow(1, 1, 16).clone();
+  targets.index_put_({0, torch::indexing::Slice(0, 5)}, lm::ignore_index);
+  // A packed row of two examples (9 + 7 tokens) in the second case.
+  const auto positions = torch::cat({torch::arange(9), torch::arange(7)}).to(torch::kInt64).expand({2, 16}).contiguous();
+  const auto documents = torch::cat({torch::zeros({9}), torch::ones({7})}).to(torch::kInt64).expand({2, 16}).contiguous();
+  const hm::TokenLayout packed{positions, documents};
+  for (const hm::TokenLayout* layout : {static_cast<const hm::TokenLayout*>(nullptr), &packed}) {
+    INFO((layout ? "packed" : "plain"));
+    const auto [whole_loss, whole] = model_loss(model, inputs, targets, layout, 0);
+    const auto [chunked_loss, chunked] = model_loss(model, inputs, targets, layout, 5);
+    CHECK(std::abs(chunked_loss - whole_loss) <= 1e-6 * whole_loss);
+    double worst = 0;
+    for (std::size_t i = 0; i < whole.size(); ++i) worst = std::max(worst, relative_difference(chunked[i], whole[i]));
+    CHECK(worst <= 1e-6);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("chunked loss through GPT-2 and Llama gives every parameter the whole logits' gradient", "[models][chunked_loss]") {
+  SECTION("GPT-2, tied head") {
+    hm::GPT2Config config;
+    config.vocab_size = 211;
+    config.n_layer = 2;
+    config.n_head = 2;
+    config.n_embd = 32;
+    config.n_positions = 32;
+    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0;
+    torch::manual_seed(0);
+    hm::GPT2 model(config);
+    CHECK(model->head_weight().is_same(model->wte->weight));
+    check_model(*model, config.vocab_size);
+  }
+  SECTION("Llama, untied head") {
+    torch::manual_seed(0);
+    hm::Llama model(tiny_llama_config(false));
+    CHECK(model->head_weight().is_same(model->lm_head->weight));
+    check_model(*model, 211);
+  }
+  SECTION("Llama, tied head") {
+    torch::manual_seed(0);
+    hm::Llama model(tiny_llama_config(true));
+    CHECK(model->head_weight().is_same(model->embed_tokens->weight));
+    check_model(*model, 211);
+  }
+}
+
+TEST_CASE("causal_lm_training's step with --loss-chunk-tokens gives the whole logits' loss", "[models][chunked_loss]") {
+  torch::manual_seed(0);
+  hm::Llama model(tiny_llama_config(false));
+  const auto training = lm::causal_lm_training();
+  const auto defaults = hpctrain::training_knobs(training);
+  CHECK(defaults.get<std::int64_t>("loss_chunk_tokens") == 0);
+  const auto tokens = torch::randint(211, {2, 13}, torch::kInt64);
+  hpctrain::data::Batch batch;
+  batch.inputs = tokens.narrow(1, 0, 12);
+  batch.targets = tokens.narrow(1, 1, 12);
+  hpctrain::ForwardFunction forward = [&](torch::Tensor x) { return model->forward(x); };
+  const hpctrain::LossFunction loss = lm::causal_lm_loss;
+  auto step_loss = [&](const std::vector<std::string>& args) {
+    const auto knobs = defaults.with_arguments(args);
+    hpctrain::StepContext context{*model, forward, torch::kCPU, hpctrain::Precision::fp32, 0, 1, 0, 0, 1, loss, knobs};
+    model->zero_grad();
+    auto value = training.step()(context, batch);
+    value.backward();
+    return std::make_pair(value.item<double>(), model->lm_head->weight.grad().clone());
+  };
+  const auto [whole, whole_grad] = step_loss({});
+  const auto [chunked, chunked_grad] = step_loss({"--loss-chunk-tokens", "7"});
+  CHECK(std::abs(chunked - whole) <= 1e-6 * whole);
+  CHECK(relative_difference(chunked_grad, whole_grad) <= 1e-6);
+  CHECK_THROWS(defaults.with_arguments({"--loss-chunk-tokens", "-1"}));
+}
+
+TEST_CASE("RMSNorm on fp32 takes at::rms_norm and equals transformers' step-by-step norm", "[models][chunked_loss]") {
+  torch::manual_seed(0);
+  hm::RMSNorm norm(48, 1e-6);
+  {
+    torch::NoGradGuard no_grad;
+    norm->weight.uniform_(0.5, 1.5);
+  }
+  const auto x = (torch::randn({3, 5, 48}) * 3).requires_grad_(true);
+  const auto fused = norm(x);
+  const auto gradient = torch::randn_like(fused);
+  const auto [fused_input_grad, fused_weight_grad] = [&] {
+    auto grads = torch::autograd::grad({fused}, {x, norm->weight}, {gradient});
+    return std::make_pair(grads[0], grads[1]);
+  }();
+  const auto reference = norm->unfused(x);
+  auto grads = torch::autograd::grad({reference}, {x, norm->weight}, {gradient});
+  CHECK(relative_difference(fused, reference) <= 1e-6);
+  CHECK(relative_difference(fused_input_grad, grads[0]) <= 1e-6);
+  CHECK(relative_difference(fused_weight_grad, grads[1]) <= 1e-6);
+  // bf16 input keeps transformers' order (cast, then scale by the fp32 weight: an fp32 result).
+  CHECK(norm(x.detach().to(torch::kBFloat16)).scalar_type() == torch::kFloat32);
+}
+
+TEST_CASE("--activation-checkpointing turns on the model's recomputation through causal_lm_training's hook", "[models][chunked_loss]") {
+  const auto training = lm::causal_lm_training();
+  const auto defaults = hpctrain::training_knobs(training);
+  REQUIRE(training.model_hooks().size() == 1);
+  torch::manual_seed(0);
+  hm::Llama model(tiny_llama_config(false));
+  const auto tokens = torch::randint(211, {2, 9}, torch::kInt64);
+  auto loss_and_gradient = [&](const std::vector<std::string>& args) {
+    for (const auto& hook : training.model_hooks()) hook(*model, defaults.with_arguments(args));
+    model->zero_grad();
+    auto loss = lm::causal_lm_loss(model->forward(tokens.narrow(1, 0, 8)), tokens.narrow(1, 1, 8));
+    loss.backward();
+    return std::make_pair(loss.item<double>(), model->layers->ptr(0)->named_parameters()["mlp.up_proj.weight"].grad().clone());
+  };
+  const auto [plain, plain_grad] = loss_and_gradient({});
+  CHECK_FALSE(model->activation_checkpointing());
+  const auto [recomputed, recomputed_grad] = loss_and_gradient({"--activation-checkpointing"});
+  CHECK(model->activation_checkpointing());
+  CHECK(recomputed == plain);
+  CHECK(relative_difference(recomputed_grad, plain_grad) <= 1e-6);
+  // A model that is no CausalLM: the switch names itself.
+  torch::nn::Linear linear(2, 2);
+  CHECK_THROWS_WITH(training.model_hooks()[0](*linear, defaults.with_arguments({"--activation-checkpointing"})),
+                    Catch::Contains("activation_checkpointing") && Catch::Contains("CausalLM"));
+  CHECK_NOTHROW(training.model_hooks()[0](*linear, defaults));
+}
