@@ -83,7 +83,7 @@ inline LossAndGradients backward_of(hpctrain::models::CausalLM& model, const tor
   const auto [sum, count] = hpctrain::lm::token_loss_sum(logits, targets);
   sum.backward();
   LossAndGradients out{sum.item<double>(), {}};
-  for (const auto& parameter : model.parameters()) out.gradients.push_back(parameter.grad().detach().to(torch::kCPU).clone());
+  for (const auto& parameter : model.parameters()) out.gradients.push_back(parameter.grad().detach().clone());  // on the device: timed
   model.zero_grad();
   return out;
 }

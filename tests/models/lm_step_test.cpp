@@ -66,6 +66,13 @@ TEST_CASE("chunked linear + cross-entropy equals the whole logits' loss and grad
     CHECK(relative_difference(chunked.hidden_grad, whole.hidden_grad) <= 1e-6);
     CHECK(relative_difference(chunked.weight_grad, whole.weight_grad) <= 1e-6);
   }
+  // The gradients are handed over in backward: a second backward through the same loss fails, never doubles them.
+  {
+    auto h = hidden.clone().requires_grad_(true);
+    auto sum = lm::chunked_token_loss_sum(h, weight, targets, 8).first;
+    sum.backward({}, /*retain_graph=*/true);
+    CHECK_THROWS_WITH(sum.backward(), Catch::Contains("backward ran twice"));
+  }
   // Ignored targets take no loss and give no gradient.
   const auto ignored = head_loss(hidden, weight, torch::full({tokens}, lm::ignore_index, torch::kInt64), 8);
   CHECK(ignored.loss == 0.0);

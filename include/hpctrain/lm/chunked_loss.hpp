@@ -43,14 +43,15 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
       const auto t = targets.narrow(0, start, rows);
       const auto counted = t.ne(ignore);
       const auto safe = t.masked_fill(counted.logical_not(), 0).unsqueeze(1);
-      auto z = torch::mm(h, w.t()).to(torch::kFloat32);  // [rows, V]: rounded in `compute`, as the whole path's
-      const auto lse = torch::logsumexp(z, 1, /*keepdim=*/true);
+      // [rows, V]: the logits rounded in `compute`, as the whole path's; their log-softmax in fp32 (one kernel
+      // reads them in `compute` and writes fp32).
+      auto log_p = torch::log_softmax(torch::mm(h, w.t()), 1, torch::kFloat32);
       const auto weights = counted.to(torch::kFloat32).unsqueeze(1);
-      loss.add_(((lse - z.gather(1, safe)) * weights).sum());
+      loss.sub_((log_p.gather(1, safe) * weights).sum());
       if (!with_gradients) continue;
-      // dloss/dz = softmax(z) - onehot(target), on counted rows only; z's memory becomes the gradient.
-      z.sub_(lse).exp_().scatter_add_(1, safe, -weights).mul_(weights);
-      const auto g = z.to(compute);
+      // dloss/dz = softmax(z) - onehot(target), on counted rows only; log_p's memory becomes the gradient.
+      log_p.exp_().scatter_add_(1, safe, -weights).mul_(weights);
+      const auto g = log_p.to(compute);
       if (hidden_gradient) grad_hidden.narrow(0, start, rows).copy_(torch::mm(g, w));
       if (weight_gradient) grad_weight.add_(torch::mm(g.t(), h));
     }
@@ -59,10 +60,16 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
     return loss;
   }
 
-  /// The gradients computed in forward, scaled by the loss's own (1 / count for a mean, 1 / accumulation).
+  /// The gradients computed in forward, scaled in place by the loss's own (1 / count for a mean, 1 /
+  /// accumulation) and handed over: no second weight-sized tensor at the backward's peak. A second backward
+  /// through the same loss (retain_graph) finds them gone and fails rather than scaling twice.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
     const auto scaled = [&](const char* name) {
-      return ctx->saved_data.count(name) != 0 ? ctx->saved_data[name].toTensor() * grads[0] : torch::Tensor();
+      if (ctx->saved_data.count(name) == 0) return torch::Tensor();
+      auto gradient = ctx->saved_data[name].toTensor();
+      TORCH_CHECK(gradient.defined(), "chunked_token_loss_sum: backward ran twice through the same loss");
+      ctx->saved_data[name] = torch::Tensor();
+      return gradient.mul_(grads[0]);
     };
     return {scaled("grad_hidden"), scaled("grad_weight"), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
             torch::Tensor()};
