@@ -147,6 +147,8 @@ def add_common(parser):
     parser.add_argument("--clip", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--pad-vocab-to", type=int, default=64,
+                        help="round the vocabulary up to a multiple of this, as examples/gpt's knob (default 64)")
 
 
 def reference(args):
@@ -154,8 +156,7 @@ def reference(args):
     are this batch's (equal per-rank batches)."""
     torch.set_num_threads(1)
     tokens = read_tokens(args.tokens)
-    vocab = int(read_vocab(args.tokens))
-    model = GPT(vocab, args.seq_len, args.n_embd, args.n_layer, args.n_head)
+    model = GPT(model_vocab(args), args.seq_len, args.n_embd, args.n_layer, args.n_head)
     model.load_hf(args.init)
     optimizer = adamw(model, args.lr, args.weight_decay)
     per_rank = args.global_batch // args.world
@@ -180,6 +181,16 @@ def read_vocab(path):
         return struct.unpack_from("<Q", f.read(64), 24)[0]
 
 
+def model_vocab(args):
+    """The model's vocabulary: the saved model's (its config.json) when starting from one, else the token
+    file's rounded up as examples/gpt's --pad-vocab-to does."""
+    if getattr(args, "init", None):
+        with open(os.path.join(args.init, "config.json")) as f:
+            return int(json.load(f)["vocab_size"])
+    multiple = max(args.pad_vocab_to, 1)
+    return (int(read_vocab(args.tokens)) + multiple - 1) // multiple * multiple
+
+
 def ddp(args):
     """torchrun + DDP over Gloo: the example's training step (bf16 autocast when asked), timed."""
     import torch.distributed as dist
@@ -188,7 +199,7 @@ def ddp(args):
     rank, world = dist.get_rank(), dist.get_world_size()
     tokens = read_tokens(args.tokens)
     torch.manual_seed(args.seed)
-    model = GPT(int(read_vocab(args.tokens)), args.seq_len, args.n_embd, args.n_layer, args.n_head)
+    model = GPT(model_vocab(args), args.seq_len, args.n_embd, args.n_layer, args.n_head)
     if args.init:
         model.load_hf(args.init)
     model = torch.nn.parallel.DistributedDataParallel(model)

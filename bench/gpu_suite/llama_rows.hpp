@@ -31,6 +31,7 @@
 
 #include <hpctrain/dist/dist.hpp>
 #include <hpctrain/lm/loss.hpp>
+#include <hpctrain/lm/memory_plan.hpp>
 #include <hpctrain/models/llama.hpp>
 #include <hpctrain/models/lora.hpp>
 #include <hpctrain/train/fused_adamw.hpp>
@@ -141,15 +142,6 @@ inline Measurement train(const std::shared_ptr<hpctrain::dist::ProcessGroup>& gr
   return measurement;
 }
 
-/// "1.10B", "12.6M", "7.2K": a parameter count for a table cell.
-inline std::string count_label(std::int64_t count) {
-  const double n = static_cast<double>(count);
-  if (n >= 1e9) return fmt::format("{:.2f}B", n / 1e9);
-  if (n >= 1e6) return fmt::format("{:.1f}M", n / 1e6);
-  if (n >= 1e3) return fmt::format("{:.1f}K", n / 1e3);
-  return std::to_string(count);
-}
-
 inline std::string memory_label(const torch::Device& device) {
   return reads_cuda_allocator(device) ? "peak allocated" : "peak RSS";
 }
@@ -160,7 +152,7 @@ inline Row row_of(const std::string& id, const std::string& label, const Measure
   const double gib = static_cast<double>(m.peak_bytes) / double(1 << 30);
   const auto mib = [](std::int64_t bytes) { return static_cast<double>(bytes) / double(1 << 20); };
   row.result = fmt::format("{:.0f} tokens/s, {} {:.2f} GiB, {} trainable, optimizer state {:.2f} MiB, gradients {:.2f} MiB",
-                           m.tokens_per_s, memory_label(device), gib, count_label(m.trainable), mib(m.optimizer_state_bytes),
+                           m.tokens_per_s, memory_label(device), gib, hpctrain::lm::parameter_count_label(m.trainable), mib(m.optimizer_state_bytes),
                            mib(m.gradient_bytes));
   row.figures["tokens_per_s"] = m.tokens_per_s;
   row.figures["peak_bytes"] = m.peak_bytes;
@@ -189,7 +181,7 @@ inline int run_llama_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& g
   namespace hm = hpctrain::models;
   const auto config = llama_rows::model_config(cuda);
   const auto size = llama_rows::sizes(cuda);
-  const auto shape = fmt::format("{}, batch {} x {}", llama_rows::count_label(config.parameter_count()), size.batch, size.sequence);
+  const auto shape = fmt::format("{}, batch {} x {}", hpctrain::lm::parameter_count_label(config.parameter_count()), size.batch, size.sequence);
   int failures = 0;
   // One row: a fresh model (seed 0), `prepare`d (LoRA, checkpointing), trained with `stage`.
   const auto row = [&](const char* id, const std::string& what, hpctrain::ZeroStage stage, bool with_mfu, auto prepare) {

@@ -31,8 +31,13 @@ HPCTRAIN_RUNTIME_INLINE int run(int argc, char** argv, const Job& job, const Tra
     std::cerr << error.what() << "\n";
     return exit_usage;
   }
+  Planner planner;
+  if (training.memory_planner())
+    planner = [&training](const Knobs& values, const PlanRequest& request, std::ostream& out) {
+      return training.memory_planner()(training, values, request, out);
+    };
   return run_job(argc, argv, job, knobs, [&training](const Knobs& values) { return run_worker(training, values); },
-                 [&training](const Knobs& values) { training.check_at_login(values); });
+                 [&training](const Knobs& values) { training.check_at_login(values); }, planner);
 }
 #endif
 

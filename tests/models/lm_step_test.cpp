@@ -262,6 +262,6 @@ TEST_CASE("--activation-checkpointing turns on the model's recomputation through
   // A model that is no CausalLM: the switch names itself.
   torch::nn::Linear linear(2, 2);
   CHECK_THROWS_WITH(training.model_hooks()[0](*linear, defaults.with_arguments({"--activation-checkpointing"})),
-                    Catch::Contains("activation_checkpointing") && Catch::Contains("CausalLM"));
+                    Catch::Contains("--activation-checkpointing") && Catch::Contains("CausalLM"));
   CHECK_NOTHROW(training.model_hooks()[0](*linear, defaults));
 }

@@ -62,6 +62,19 @@ grep -q '\[hpctrain.spec.llama.rope_parameters.rope_type\] .*yarn/config.json: l
   fail "rope_type yarn: the message does not name the file and the field"
 [ ! -e bad/hpctrain-jobs ] || fail "rope_type yarn: something was written"
 
+# --plan: the memory each rank will hold, from config.json alone, nothing written; a GPU too small for it exits 2
+# naming the figure; a model built in code has no config to read.
+(cd bad && "$sft" --from ../llama --data ../conversations.jsonl --plan --gpus-per-node 1) > plan.log 2>&1 ||
+  fail "--plan: exit status $?"
+grep -q "^memory plan: llama" plan.log && grep -q "^  peak " plan.log && grep -q "^per node at load" plan.log ||
+  fail "--plan printed no plan"
+status=0
+(cd bad && "$sft" --from ../llama --data ../conversations.jsonl --plan --gpus-per-node 1 --gpu-memory 0.001) > plan-small.log 2>&1 ||
+  status=$?
+[ "$status" = 2 ] || fail "--plan on a GPU of 1 MiB: exit status $status, not 2"
+grep -q "the plan does not fit: .* per GPU against 1.0 MiB" plan-small.log || fail "--plan: the refusal does not name the figures"
+[ ! -e bad/hpctrain-jobs ] || fail "--plan wrote something"
+
 # Train: 2 ranks, 20 steps.
 HPCTRAIN_RUN_DIR="$work/run" "$sft" --from llama --data conversations.jsonl --local 2 --max-steps 20 --lr 1e-3 --max-length 256 \
   > run.log 2>&1 || fail "sft exited $?"

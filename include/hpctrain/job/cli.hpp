@@ -27,6 +27,7 @@
 #include <hpctrain/job/array_commands.hpp>
 #include <hpctrain/job/chain.hpp>
 #include <hpctrain/job/job.hpp>
+#include <hpctrain/job/plan_request.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/prepare.hpp>
 #include <hpctrain/slurm/local_launch.hpp>
@@ -40,7 +41,7 @@ namespace hpctrain {
 
 /// What the login-node command line asked for.
 struct LoginCommand {
-  enum class Mode { none, help, dry_run, submit, status, logs, cancel, local, results, run };
+  enum class Mode { none, help, dry_run, submit, status, logs, cancel, local, results, run, plan };
   Mode mode = Mode::none;
   bool follow = false;
   std::optional<int> nodes, tasks_per_node, local_ranks;
@@ -59,7 +60,20 @@ struct LoginCommand {
   std::optional<int> task;  ///< --task N: one task of an array (--logs, --cancel)
   bool results = false;                ///< --results: the table of the last job's tasks (job/results.hpp)
   std::optional<std::string> sort_by;  ///< --sort-by METRIC[:max|:min] for --results
+  std::optional<double> gpu_memory_gib;  ///< --gpu-memory GIB for --plan: one GPU's memory (else the GPU type's)
 };
+
+/// The geometry `job` asks for, with `command`'s overrides applied, and one GPU's memory: --gpu-memory, else
+/// the GPU type's.
+inline PlanRequest plan_request(const Job& job, const LoginCommand& command) {
+  PlanRequest request;
+  request.ranks_per_node = job.tasks_per_node();
+  request.world = job.nodes() * request.ranks_per_node;
+  request.gpus_per_node = job.gpus_per_node_count();
+  if (command.gpu_memory_gib) request.gpu_bytes = *command.gpu_memory_gib * 1024.0 * 1024.0 * 1024.0;
+  else if (job.gpus() && !job.gpus()->type.empty()) request.gpu_bytes = gpu_memory_of_type(job.gpus()->type);
+  return request;
+}
 
 /// The code run under srun, given the arguments after the worker marker; returns the exit code.
 using Worker = std::function<int(const std::vector<std::string>& args)>;
@@ -159,6 +173,11 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
   app.add_flag("--logs", logs, "print the last submitted job's log");
   app.add_flag("--follow", command.follow, "with --logs: keep printing until the job ends");
   app.add_flag("--cancel", cancel, "scancel the last submitted job");
+  bool plan = false;
+  app.add_flag("--plan", plan, "print what each GPU and node will hold (parameters, gradients, optimizer state, activations) "
+                               "and whether it fits; exit 2 if it does not; touch nothing");
+  app.add_option("--gpu-memory", command.gpu_memory_gib, "with --plan: one GPU's memory in GiB (default: what the GPU type says)")
+      ->type_name("GIB");
   app.add_flag("--run", run,
                "inside an allocation (salloc, an interactive job): run the training on it as the batch script "
                "would; under your own srun: train as that step's ranks");
@@ -200,9 +219,9 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
     command.help += "\n" + knobs->help();
   }
   const bool local = command.local_ranks.has_value();
-  const int modes = help + dry_run + submit + status + logs + cancel + local + command.results + run;
+  const int modes = help + dry_run + submit + status + logs + cancel + local + command.results + run + plan;
   if (modes > 1)
-    throw UsageError("choose one of --dry-run, --submit, --status, --logs, --cancel, --local, --run, --results");
+    throw UsageError("choose one of --dry-run, --submit, --status, --logs, --cancel, --local, --run, --results, --plan");
   using Mode = LoginCommand::Mode;
   command.mode = help ? Mode::help
                  : dry_run ? Mode::dry_run
@@ -213,8 +232,12 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
                  : local   ? Mode::local
                  : run     ? Mode::run
                  : command.results ? Mode::results
+                 : plan    ? Mode::plan
                            : Mode::none;
   if (command.follow && command.mode != Mode::logs) throw UsageError("--follow goes with --logs");
+  if (command.gpu_memory_gib && command.mode != Mode::plan) throw UsageError("--gpu-memory goes with --plan");
+  if (command.gpu_memory_gib && !(*command.gpu_memory_gib > 0))
+    throw UsageError(fmt::format("--gpu-memory {}: must be a positive number of GiB", *command.gpu_memory_gib));
   if (command.sort_by && command.mode != Mode::results) throw UsageError("--sort-by goes with --results");
   if (command.resume && command.mode != Mode::submit && command.mode != Mode::dry_run && command.mode != Mode::local &&
       command.mode != Mode::run)
@@ -411,7 +434,7 @@ inline int run_in_allocation(const Job& job, const RenderContext& context, std::
 /// `knobs`: the program's knob table (a sweep is checked with it), or nullptr for a program without one.
 inline int run_login_command(Job job, const LoginCommand& command, const RenderContext& context,
                              std::ostream& out = std::cout, std::ostream& err = std::cerr,
-                             const Knobs* knobs = nullptr) {
+                             const Knobs* knobs = nullptr, const Planner& planner = {}) {
   using Mode = LoginCommand::Mode;
   try {
     apply_overrides(job, command);
@@ -496,6 +519,12 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
             << std::flush;
         return launch_local(*command.local_ranks, context.program, args, options);
       }
+      case Mode::plan:
+        if (!planner || knobs == nullptr) {
+          err << "hpctrain: --plan: this program declares no memory plan (a Training from lm::causal_lm_training has one)\n";
+          return exit_usage;
+        }
+        return planner(knobs->with_arguments(command.forwarded), plan_request(job, command), out);
       case Mode::run:
         print_job_warnings(job, err);
         return run_in_allocation(job, worker_context, out, err);
@@ -573,7 +602,7 @@ inline int run_job(int argc, char** argv, const Job& job, const Worker& worker) 
 /// `login_check`, when given, sees the knob values of a --dry-run, --submit or --local before anything is written
 /// or queued (Training::login_check: a data file visible here is validated); a SpecError from it exits 2.
 inline int run_job(int argc, char** argv, const Job& job, const Knobs& knobs, const KnobWorker& worker,
-                   const std::function<void(const Knobs&)>& login_check = {}) {
+                   const std::function<void(const Knobs&)>& login_check = {}, const Planner& planner = {}) {
   if (is_prepare_invocation(argc, argv))
     return run_preparation(job.preparation(),
                            prepare_context_from_environment(std::vector<std::string>(argv + 2, argv + argc)));
@@ -608,7 +637,7 @@ inline int run_job(int argc, char** argv, const Job& job, const Knobs& knobs, co
     return exit_usage;
   }
   return run_login_command(job, command, current_render_context(argc, argv, command.forwarded), std::cout, std::cerr,
-                           &knobs);
+                           &knobs, planner);
 }
 
 }  // namespace hpctrain

@@ -6,6 +6,7 @@
 #include <hpctrain/lm/at_end.hpp>
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/lm/masked_lm_data.hpp>
+#include <hpctrain/lm/plan.hpp>
 #include <hpctrain/lm/pretrained.hpp>
 #include <hpctrain/lm/setting.hpp>
 #include <hpctrain/lm/sft_dataset.hpp>
@@ -51,7 +52,9 @@ inline void activation_checkpointing_from_knobs(torch::nn::Module& module, const
   const bool on = knobs.get<bool>("activation_checkpointing");
   auto* model = dynamic_cast<models::CausalLM*>(&module);
   if (model != nullptr) model->set_activation_checkpointing(on);
-  else if (on) throw SpecError("knob.activation_checkpointing", "true", fmt::format("needs a models::CausalLM (GPT-2, Llama, ...); the model is {}", module.name()));
+  else if (on)
+    throw SpecError(errors::spec_knob, "--activation-checkpointing",
+                    fmt::format("needs a models::CausalLM (GPT-2, Llama, ...); the model is {}", module.name()));
 }
 
 /// A Training for a causal language model: next-token loss over the counted targets (fp32), the packed-aware
@@ -69,6 +72,7 @@ HPCTRAIN_RUNTIME_INLINE Training masked_lm_training();
 HPCTRAIN_RUNTIME_INLINE Training causal_lm_training() {
   return Training()
       .loss(causal_lm_loss).step(chunked_causal_lm_step).eval_step(token_eval_step).metric(metrics::perplexity)
+      .memory_plan(plan_memory_of_run)
       .knob<bool>("activation_checkpointing", false,
                   "recompute each transformer block in backward instead of keeping its activations (less memory, more compute)")
       .on_model(activation_checkpointing_from_knobs)

@@ -19,6 +19,7 @@
 #include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/knobs.hpp>
+#include <hpctrain/job/plan_request.hpp>
 #include <hpctrain/models/lora.hpp>
 #include <hpctrain/models/pretrained_config.hpp>
 #include <hpctrain/train/data/source.hpp>
@@ -136,6 +137,11 @@ std::vector<torch::optim::OptimizerParamGroup> weight_decay_groups(const NamedPa
 
 /// Everything about a training except the job it runs in. Setters and readers share a name, as in
 /// LibTorch's options: `epochs(6)` sets, `epochs()` reads.
+class Training;
+/// `--plan` for a Training: prints what each rank will hold for `knobs` at the request's geometry, returns the
+/// exit code (lm::plan_memory_of_run, which lm::causal_lm_training installs).
+using TrainingPlanner = std::function<int(const Training&, const Knobs&, const PlanRequest&, std::ostream&)>;
+
 class Training {
  public:
   using OptimizerFactory = hpctrain::OptimizerFactory;
@@ -332,6 +338,9 @@ class Training {
   /// strategy gathers it first): `lm::hf_export()`, `lm::sample_at_end(...)`, or your own
   /// `(const hpctrain::FinishContext&)`. Hooks run on every rank, in the order added.
   Training& at_end(FinishHook hook) { finish_hooks_.push_back(std::move(hook)); return *this; }
+  /// What `--plan` prints: the memory each rank will hold and whether it fits (lm::causal_lm_training installs
+  /// lm::plan_memory_of_run). Default: none (`--plan` says the program has no plan).
+  Training& memory_plan(TrainingPlanner planner) { planner_ = std::move(planner); return *this; }
   /// Adds a hook called on every rank with the made model and the run's knobs, before LoRA, the move to the
   /// device and the strategy: a switch of the model that a knob sets. Hooks run in the order added.
   Training& on_model(ModelHook hook) { model_hooks_.push_back(std::move(hook)); return *this; }
@@ -461,6 +470,7 @@ class Training {
   const std::function<void(std::int64_t)>& on_step() const { return on_step_; }
   const std::vector<FinishHook>& finish_hooks() const { return finish_hooks_; }
   const std::vector<ModelHook>& model_hooks() const { return model_hooks_; }
+  const TrainingPlanner& memory_planner() const { return planner_; }
   /// The LoRA configuration for `knobs`, when the run trains adapters.
   std::optional<models::LoraConfig> lora(const Knobs& knobs) const {
     if (!lora_from_knobs_) return std::nullopt;
@@ -527,6 +537,7 @@ class Training {
   std::vector<LoginCheck> login_checks_;
   std::vector<FinishHook> finish_hooks_;
   std::vector<ModelHook> model_hooks_;
+  TrainingPlanner planner_;
   std::function<std::optional<models::LoraConfig>(const Knobs&)> lora_from_knobs_;
   BatchSize batch_size_;
   std::int64_t eval_batch_size_ = 1000;

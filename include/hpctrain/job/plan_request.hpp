@@ -1,0 +1,38 @@
+#pragma once
+// What `--plan` asks a program (job/cli.hpp): the job's geometry and one GPU's memory; the program's answer
+// is a Planner (Training::memory_plan, lm::causal_lm_training's). Torch-free.
+#include <cctype>
+#include <functional>
+#include <optional>
+#include <ostream>
+#include <string>
+
+#include <hpctrain/job/knobs.hpp>
+
+namespace hpctrain {
+
+/// What `--plan` is asked about: the job's geometry and one GPU's memory, when known.
+struct PlanRequest {
+  int world = 1;                    ///< ranks: nodes × tasks per node
+  int ranks_per_node = 1;
+  int gpus_per_node = 0;            ///< 0: a CPU job
+  std::optional<double> gpu_bytes;  ///< --gpu-memory, else what the GPU type's name says
+};
+/// A program's memory plan (Training::memory_plan): prints it to the stream and returns the exit code (2
+/// when the plan does not fit, or the program cannot plan).
+using Planner = std::function<int(const Knobs& knobs, const PlanRequest& request, std::ostream& out)>;
+
+/// The memory of one GPU of a Slurm GPU type, in bytes, when its name says it (GB as sold): h200 141, h100 80
+/// (94 for an NVL name with "94"), a100 80 (40 when the name says "40"), l40 48, a10 24. nullopt otherwise.
+inline std::optional<double> gpu_memory_of_type(std::string type) {
+  for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const auto has = [&](const char* part) { return type.find(part) != std::string::npos; };
+  if (has("h200")) return 141e9;
+  if (has("h100")) return has("94") ? 94e9 : 80e9;
+  if (has("a100")) return has("40") ? 40e9 : 80e9;
+  if (has("l40")) return 48e9;
+  if (has("a10")) return 24e9;
+  return std::nullopt;
+}
+
+}  // namespace hpctrain

@@ -1,0 +1,231 @@
+#pragma once
+// `--plan`: what one rank of a language-model run will hold, from the model's config.json alone (no weights
+// read, no LibTorch), for the strategy, precision, LoRA, batch and sequence the run declares at the job's
+// geometry — before anything is queued. It counts what hpctrain holds today, not what an ideal sharder would:
+//
+//   parameters      fp32. Replicated, ZeRO-1 and ZeRO-2 hold the whole model; ZeRO-3 a 1/world shard of the
+//                   blocks and the embedding, final norm and head whole (train/strategies/fully_sharded.hpp)
+//   gradients       fp32, of what trains (LoRA: the adapters). Whole for Replicated and ZeRO-1, a shard for
+//                   ZeRO-2, ZeRO-3's blocks a shard and the rest whole
+//   optimizer state AdamW's two fp32 moments of what trains: whole for Replicated, a shard for ZeRO-1/2/3
+//   bf16 weights    autocast's bf16 copy of every Linear weight, cached for the forward (Replicated, ZeRO-1/2);
+//                   ZeRO-3's bf16 copy of its shard, from which it gathers a block at a time
+//   activations     what autograd keeps for backward, counted tensor by tensor from the families' code (per
+//                   token and layer, full fine-tuning: Llama 24·h + 4·kv + 8·i bytes under bf16 autocast,
+//                   28·h + 8·kv + 16·i in fp32; GPT-2 38·h and 68·h; a frozen Linear keeps no input), or with
+//                   recomputation (--activation-checkpointing, and ZeRO-3 always) each block's input plus one
+//                   block's worth
+//   logits          the head's output, its fp32 copy and its gradient (10 bytes per token and vocabulary entry
+//                   in bf16, 12 in fp32), or one chunk's (--loss-chunk-tokens)
+//
+// The peak is the weights, the optimizer state and the bf16 copies, plus the larger of the forward's end
+// (activations and logits) and the backward's end (gradients and one block's activations), plus the runtime's
+// own (the CUDA context and LibTorch's kernels: stated, not measured here). Host memory at load is what each
+// rank builds before the strategy takes over: the whole model in fp32 (lm::from_pretrained reads every
+// shard on every rank), times the ranks of a node.
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <hpctrain/models/gpt2_config.hpp>
+#include <hpctrain/models/llama_config.hpp>
+
+namespace hpctrain::lm {
+
+/// What the plan reads of a model's config.
+struct ModelShape {
+  std::string family;                  ///< "llama" or "gpt2"
+  std::int64_t parameters = 0;         ///< every parameter
+  std::int64_t layers = 0, hidden = 0, intermediate = 0, kv_width = 0, vocab = 0;
+  std::int64_t block_parameters = 0;   ///< one transformer block's
+  std::int64_t linear_weights = 0;     ///< every Linear weight (what autocast casts), the head included
+  /// A Linear of a block: its name (LoRA's targets), its widths, and the group of Linears that read the same
+  /// input (in fp32 they save one tensor between them; under autocast each saves its own bf16 cast).
+  struct Linear {
+    std::string name;
+    std::int64_t in = 0, out = 0;
+    int group = 0;
+  };
+  std::vector<Linear> block_linears;
+  /// Bytes per token and layer that autograd keeps besides the Linears' inputs (norm inputs, attention's
+  /// q, k, v and output, the MLP's activation), under bf16 autocast and in fp32.
+  std::int64_t other_saved_bf16 = 0, other_saved_fp32 = 0;
+};
+
+inline ModelShape model_shape(const models::LlamaConfig& c) {
+  const auto h = c.hidden_size, q = c.num_attention_heads * c.head_dimension(), kv = c.kv_heads() * c.head_dimension();
+  const auto i = c.intermediate_size;
+  ModelShape shape{"llama", c.parameter_count(), c.num_hidden_layers, h, i, kv, c.vocab_size, 0, 0, {}, 0, 0};
+  shape.block_linears = {{"q_proj", h, q, 0}, {"k_proj", h, kv, 0}, {"v_proj", h, kv, 0}, {"o_proj", q, h, 1},
+                         {"gate_proj", h, i, 2}, {"up_proj", h, i, 2}, {"down_proj", i, h, 3}};
+  // The input of each RMSNorm (fp32: the residual stream), SDPA's q, k, v and output, SiLU's input and output
+  // and up_proj's output (the product's operands).
+  shape.other_saved_bf16 = 4 * h + 2 * q + 4 * kv + 2 * q + 4 * h + 6 * i;
+  shape.other_saved_fp32 = 4 * h + 4 * q + 8 * kv + 4 * q + 4 * h + 12 * i;
+  const auto outside = c.vocab_size * h * (c.tie_word_embeddings ? 1 : 2) + h;
+  shape.block_parameters = (shape.parameters - outside) / c.num_hidden_layers;
+  for (const auto& linear : shape.block_linears) shape.linear_weights += linear.in * linear.out;
+  shape.linear_weights = shape.linear_weights * c.num_hidden_layers + c.vocab_size * h;
+  return shape;
+}
+
+inline ModelShape model_shape(const models::GPT2Config& c) {
+  const auto h = c.n_embd, f = c.inner();
+  ModelShape shape{"gpt2", c.parameter_count(), c.n_layer, h, f, h, c.vocab_size, 0, 0, {}, 0, 0};
+  shape.block_linears = {{"c_attn", h, 3 * h, 0}, {"attn.c_proj", h, h, 1}, {"c_fc", h, f, 2}, {"mlp.c_proj", f, h, 3}};
+  // Each LayerNorm's input, SDPA's q, k, v and output, GELU's input.
+  shape.other_saved_bf16 = 4 * h + 6 * h + 2 * h + 4 * h + 2 * f;
+  shape.other_saved_fp32 = 4 * h + 12 * h + 4 * h + 4 * h + 4 * f;
+  const auto outside = c.vocab_size * h * (c.tie_word_embeddings ? 1 : 2) + c.n_positions * h + 2 * h;
+  shape.block_parameters = (shape.parameters - outside) / c.n_layer;
+  for (const auto& linear : shape.block_linears) shape.linear_weights += linear.in * linear.out;
+  shape.linear_weights = shape.linear_weights * c.n_layer + c.vocab_size * h;
+  return shape;
+}
+
+/// What the run declares.
+struct PlanInput {
+  ModelShape model;
+  std::string strategy = "none";       ///< none (Replicated), zero1, zero2, zero3
+  bool bf16 = false;                   ///< autocast in bf16
+  bool activation_checkpointing = false;
+  std::int64_t lora_rank = 0;          ///< 0: every parameter trains
+  std::vector<std::string> lora_targets;
+  std::int64_t micro_batch = 1, sequence = 1;
+  std::int64_t loss_chunk_tokens = 0;  ///< 0: whole logits
+  int world = 1, ranks_per_node = 1;
+  std::int64_t runtime_bytes = std::int64_t{1} << 30;  ///< the CUDA context and LibTorch's kernels (stated)
+  std::optional<double> gpu_bytes;     ///< the memory of one GPU, when known
+};
+
+/// One rank's figures, in bytes.
+struct MemoryPlan {
+  std::int64_t trainable = 0;
+  double parameters = 0, gradients = 0, optimizer_state = 0, bf16_weights = 0, gathered_blocks = 0, activations = 0,
+         activations_recomputed = 0, logits = 0, runtime = 0;
+  double peak = 0;            ///< per GPU
+  double host_at_load = 0;    ///< per node
+  std::optional<double> gpu;  ///< the GPU's memory, when known
+
+  bool fits() const { return !gpu || peak <= *gpu; }
+};
+
+/// Whether LoRA puts an adapter on `linear` (a target names it, or its last part, or "all-linear").
+inline bool lora_targets(const PlanInput& in, const ModelShape::Linear& linear) {
+  return std::any_of(in.lora_targets.begin(), in.lora_targets.end(), [&](const std::string& target) {
+    return target == "all-linear" || linear.name == target || linear.name.ends_with("." + target);
+  });
+}
+
+/// The trainable parameters: every one, or LoRA's adapters ((in + out) · r per targeted Linear and layer).
+inline std::int64_t trainable_parameters(const PlanInput& in) {
+  if (in.lora_rank == 0) return in.model.parameters;
+  std::int64_t per_layer = 0;
+  for (const auto& linear : in.model.block_linears)
+    if (lora_targets(in, linear)) per_layer += (linear.in + linear.out) * in.lora_rank;
+  return per_layer * in.model.layers;
+}
+
+/// Bytes autograd keeps per token and layer: the family's other saved tensors, plus the input of every Linear
+/// whose weight trains or that carries an adapter (a frozen Linear needs only its weight for backward).
+inline std::int64_t activation_bytes_per_token(const PlanInput& in) {
+  const auto& m = in.model;
+  std::int64_t bytes = in.bf16 ? m.other_saved_bf16 : m.other_saved_fp32;
+  std::vector<int> groups_saved;
+  for (const auto& linear : m.block_linears) {
+    if (in.lora_rank > 0 && !lora_targets(in, linear)) continue;
+    if (in.bf16) bytes += 2 * linear.in;  // its own bf16 cast
+    else if (std::find(groups_saved.begin(), groups_saved.end(), linear.group) == groups_saved.end()) {
+      groups_saved.push_back(linear.group);
+      bytes += 4 * linear.in;
+    }
+  }
+  return bytes;
+}
+
+inline MemoryPlan plan_memory(const PlanInput& in) {
+  const auto& m = in.model;
+  const double world = in.world;
+  const double blocks = static_cast<double>(m.layers * m.block_parameters);
+  const double outside = static_cast<double>(m.parameters) - blocks;
+  const bool zero3 = in.strategy == "zero3";
+  MemoryPlan plan;
+  plan.trainable = trainable_parameters(in);
+  const double trainable = static_cast<double>(plan.trainable);
+  const bool lora = in.lora_rank > 0;
+  // What trains of the blocks and of the rest (LoRA's adapters are all in the blocks).
+  const double trainable_blocks = lora ? trainable : blocks, trainable_outside = lora ? 0.0 : outside;
+  plan.parameters = 4.0 * (zero3 ? blocks / world + outside : static_cast<double>(m.parameters)) + (lora ? 4.0 * trainable : 0.0);
+  if (in.strategy == "none" || in.strategy == "zero1") plan.gradients = 4.0 * trainable;
+  else if (in.strategy == "zero2") plan.gradients = 4.0 * trainable / world;
+  else plan.gradients = 4.0 * (trainable_blocks / world + trainable_outside);
+  plan.optimizer_state = 8.0 * (in.strategy == "none" ? trainable : trainable / world);
+  // ZeRO-3 in bf16 keeps a bf16 copy of its shard (cast once per step) and gathers blocks from it.
+  if (zero3) plan.gathered_blocks = (in.bf16 ? 2.0 : 4.0) * static_cast<double>(m.block_parameters);
+  if (zero3 && in.bf16) plan.bf16_weights = 2.0 * blocks / world;
+  else if (in.bf16) plan.bf16_weights = 2.0 * static_cast<double>(m.linear_weights);
+  const double tokens = static_cast<double>(in.micro_batch * in.sequence);
+  const double per_layer = tokens * static_cast<double>(activation_bytes_per_token(in));
+  plan.activations = per_layer * static_cast<double>(m.layers);
+  plan.activations_recomputed = tokens * 4.0 * static_cast<double>(m.hidden * m.layers) + per_layer;
+  const bool recompute = in.activation_checkpointing || zero3;
+  const double kept = recompute ? plan.activations_recomputed : plan.activations;
+  const double logit_tokens = in.loss_chunk_tokens > 0 ? std::min<double>(tokens, static_cast<double>(in.loss_chunk_tokens)) : tokens;
+  plan.logits = logit_tokens * static_cast<double>(m.vocab) * (in.bf16 ? 10.0 : 12.0);
+  plan.runtime = static_cast<double>(in.runtime_bytes);
+  const double resident = plan.parameters + plan.optimizer_state + plan.bf16_weights + plan.gathered_blocks + plan.runtime;
+  plan.peak = resident + std::max(kept + plan.logits, plan.gradients + per_layer);
+  plan.host_at_load = 4.0 * static_cast<double>(m.parameters) * in.ranks_per_node;
+  plan.gpu = in.gpu_bytes;
+  return plan;
+}
+
+/// A number of bytes for the plan's table: "14.96 GiB", "512.0 MiB".
+inline std::string plan_bytes(double bytes) {
+  constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+  if (bytes >= gib) return fmt::format("{:.2f} GiB", bytes / gib);
+  return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024.0));
+}
+
+/// "8.03B", "6.8M", "7.2K": a parameter count.
+inline std::string parameter_count_label(std::int64_t count) {
+  const double n = static_cast<double>(count);
+  if (n >= 1e9) return fmt::format("{:.2f}B", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.1f}M", n / 1e6);
+  if (n >= 1e3) return fmt::format("{:.1f}K", n / 1e3);
+  return std::to_string(count);
+}
+
+/// The plan as `--plan` prints it.
+inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
+  const bool recompute = in.activation_checkpointing || in.strategy == "zero3";
+  std::string out = fmt::format(
+      "memory plan: {} ({} parameters, {} trainable{}), {}, {}, {} rank(s) ({} per node), micro-batch {} x {} tokens{}\n",
+      in.model.family, parameter_count_label(in.model.parameters), parameter_count_label(plan.trainable),
+      in.lora_rank > 0 ? fmt::format(", LoRA r={}", in.lora_rank) : "", in.strategy == "none" ? "replicated" : in.strategy,
+      in.bf16 ? "bf16" : "fp32", in.world, in.ranks_per_node, in.micro_batch, in.sequence,
+      in.loss_chunk_tokens > 0 ? fmt::format(", loss in chunks of {}", in.loss_chunk_tokens) : "");
+  const auto row = [&](const char* name, double bytes, const std::string& note = {}) {
+    out += fmt::format("  {:<28} {:>12}{}\n", name, plan_bytes(bytes), note.empty() ? "" : "  " + note);
+  };
+  out += "per GPU:\n";
+  row("parameters (fp32)", plan.parameters);
+  row("gradients (fp32)", plan.gradients);
+  row("optimizer state (AdamW)", plan.optimizer_state);
+  if (plan.bf16_weights > 0) row(in.strategy == "zero3" ? "bf16 copy of the shard" : "bf16 weights (autocast)", plan.bf16_weights);
+  if (plan.gathered_blocks > 0) row("gathered block", plan.gathered_blocks);
+  row("activations", recompute ? plan.activations_recomputed : plan.activations,
+      recompute ? fmt::format("recomputed; {} kept", plan_bytes(plan.activations))
+                : fmt::format("kept; {} with --activation-checkpointing", plan_bytes(plan.activations_recomputed)));
+  row("logits", plan.logits);
+  row("runtime (stated)", plan.runtime, "CUDA context and kernels");
+  row("peak", plan.peak, plan.gpu ? fmt::format("of {} per GPU: {}", plan_bytes(*plan.gpu), plan.fits() ? "fits" : "DOES NOT FIT") : "");
+  out += fmt::format("per node at load: {} of host memory (each rank reads the whole model in fp32)\n", plan_bytes(plan.host_at_load));
+  return out;
+}
+
+}  // namespace hpctrain::lm

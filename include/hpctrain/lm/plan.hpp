@@ -1,0 +1,86 @@
+#pragma once
+// `--plan` for a language-model Training (lm::causal_lm_training installs it): the model's shape from the
+// config.json of its `from_pretrained` directory (no weights read), the strategy, precision, LoRA, batch and
+// sequence the run declares with this command line's knobs, at the job's geometry; the accounting is
+// lm/memory_plan.hpp's. Exit 2 when the peak does not fit one GPU's memory (--gpu-memory, or the GPU type's).
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include <fmt/format.h>
+
+#include <hpctrain/error.hpp>
+#include <hpctrain/job/plan_request.hpp>
+#include <hpctrain/lm/loss.hpp>
+#include <hpctrain/lm/memory_plan.hpp>
+#include <hpctrain/models/config_json.hpp>
+#include <hpctrain/train/sharding.hpp>
+#include <hpctrain/train/training.hpp>
+#include <hpctrain/train/worker.hpp>
+
+namespace hpctrain::lm {
+
+namespace detail {
+/// The tokens per example the run declares: the knob --max-length (SFT) or --seq-len (pretraining) when the
+/// program has one, else the model's positions.
+inline std::pair<std::int64_t, std::string> planned_sequence(const Knobs& knobs, std::int64_t positions) {
+  for (const char* name : {"max_length", "seq_len"})
+    if (knobs.find(name) != nullptr) return {knobs.get<std::int64_t>(name), fmt::format("--{}", name == std::string("max_length") ? "max-length" : "seq-len")};
+  return {positions, "the model's positions"};
+}
+}  // namespace detail
+
+/// Prints the memory plan of `described` with `knobs` for `request` to `out`; 0 when it fits (or no GPU
+/// memory is known), 2 when it does not or the model's size cannot be read before it is built.
+inline int plan_memory_of_run(const Training& described, const Knobs& knobs, const PlanRequest& request, std::ostream& out) {
+  const auto training = with_knobs(described, knobs);
+  const auto directory = training.pretrained_dir(knobs);
+  if (!directory) {
+    out << "hpctrain: --plan reads the model's size from its config.json: this program builds its model in code, not with "
+           "lm::from_pretrained, so there is nothing to read before it is built\n";
+    return exit_usage;
+  }
+  const auto file = *directory / "config.json";
+  const auto type = models::detail::read_json_file(file).value("model_type", std::string());
+  PlanInput in;
+  std::int64_t positions = 0;
+  if (type == "gpt2") {
+    const auto config = models::detail::read_config_file<models::GPT2Config>(file);
+    in.model = model_shape(config);
+    positions = config.n_positions;
+  } else if (type == "llama" || type == "qwen2" || type == "mistral") {
+    const auto config = models::detail::read_config_file<models::LlamaConfig>(file);
+    in.model = model_shape(config);
+    positions = config.max_position_embeddings;
+  } else {
+    out << fmt::format("hpctrain: --plan knows causal language models (gpt2, llama, qwen2, mistral); {} is {:?}\n", file.string(), type);
+    return exit_usage;
+  }
+  in.strategy = training.sharding() ? to_string(*training.sharding()) : "none";
+  in.bf16 = training.precision() == Precision::bf16 || (training.precision() == Precision::automatic && request.gpus_per_node > 0);
+  if (const auto lora = training.lora(knobs)) {
+    in.lora_rank = lora->r;
+    in.lora_targets = lora->targets;
+  }
+  if (knobs.find("activation_checkpointing") != nullptr) in.activation_checkpointing = knobs.get<bool>("activation_checkpointing");
+  if (knobs.find(loss_chunk_knob) != nullptr) in.loss_chunk_tokens = knobs.get<std::int64_t>(loss_chunk_knob);
+  const auto [sequence, from] = detail::planned_sequence(knobs, positions);
+  in.sequence = sequence;
+  in.micro_batch = training.micro_batch_per_rank(request.world);
+  in.world = request.world;
+  in.ranks_per_node = request.ranks_per_node;
+  // The CUDA context and LibTorch's kernels on a GPU; LibTorch's libraries in a CPU process (measured: 0.36 GB).
+  in.runtime_bytes = request.gpus_per_node > 0 ? std::int64_t{1} << 30 : std::int64_t{360} << 20;
+  in.gpu_bytes = request.gpus_per_node > 0 ? request.gpu_bytes : std::nullopt;
+  const auto plan = plan_memory(in);
+  out << format_plan(in, plan) << fmt::format("(sequence: {} from {})\n", sequence, from);
+  if (!in.gpu_bytes && request.gpus_per_node > 0)
+    out << "the GPU's memory is unknown (its type names none hpctrain knows): --gpu-memory GIB says it\n";
+  if (plan.fits()) return exit_ok;
+  out << fmt::format("hpctrain: the plan does not fit: {} per GPU against {}; more ranks (ZeRO-3 shards by the world), "
+                     "--activation-checkpointing, --loss-chunk-tokens, a smaller batch or LoRA would lower it\n",
+                     plan_bytes(plan.peak), plan_bytes(*plan.gpu));
+  return exit_usage;
+}
+
+}  // namespace hpctrain::lm
