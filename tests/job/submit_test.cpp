@@ -54,7 +54,7 @@ TEST_CASE("Invalid overrides exit 2, name the field and the value, and write not
        "[hpctrain.spec.gpus_per_node] gpus_per_node = a100: a GPU type needs a count (a100:4)\n"},
       {{"--submit", "--partition", ""}, "[hpctrain.spec.partition] partition = \"\": must not be empty\n"},
       {{"--submit", "--env", "NOEQUALS"}, "[hpctrain.usage] --env expects K=V, got 'NOEQUALS'\n"},
-      {{"--submit", "--dry-run"}, "[hpctrain.usage] choose one of --dry-run, --submit, --status, --logs, --cancel, --local, --run, --results\n"},
+      {{"--submit", "--dry-run"}, "[hpctrain.usage] choose one of --dry-run, --submit, --status, --logs, --cancel, --local, --run, --results, --plan\n"},
   }));
   CAPTURE(args);
   const auto result = job_test::run_probe(dir, args);

@@ -47,17 +47,23 @@ LossAndGradients head_loss(const torch::Tensor& hidden, const torch::Tensor& wei
   return {sum.item<double>(), h.grad(), w.grad()};
 }
 
-/// Targets over `vocabulary` with every third ignored (prompts, padding).
-torch::Tensor some_ignored(torch::Tensor targets) { return targets.index_put_({torch::arange(0, targets.size(0), 3)}, lm::ignore_index); }
+/// A head's input: hidden states [tokens, width], a weight [vocabulary, width], targets with every third
+/// ignored (prompts, padding).
+struct HeadInput {
+  torch::Tensor hidden, weight, targets;
+};
+HeadInput head_input(std::uint64_t seed, std::int64_t tokens, std::int64_t width, std::int64_t vocabulary) {
+  torch::manual_seed(seed);
+  HeadInput in{torch::randn({tokens, width}), torch::randn({vocabulary, width}) * 0.2, torch::randint(vocabulary, {tokens}, torch::kInt64)};
+  in.targets.index_put_({torch::arange(0, tokens, 3)}, lm::ignore_index);
+  return in;
+}
 
 }  // namespace
 
 TEST_CASE("chunked linear + cross-entropy equals the whole logits' loss and gradients in fp32", "[models][chunked_loss]") {
-  torch::manual_seed(0);
-  const std::int64_t tokens = 37, hidden_size = 24, vocabulary = 501;
-  const auto hidden = torch::randn({tokens, hidden_size});
-  const auto weight = torch::randn({vocabulary, hidden_size}) * 0.2;
-  const auto targets = some_ignored(torch::randint(vocabulary, {tokens}, torch::kInt64));
+  const std::int64_t tokens = 37;
+  const auto [hidden, weight, targets] = head_input(0, tokens, 24, 501);
   const auto whole = head_loss(hidden, weight, targets, 0);
   for (const std::int64_t chunk : {1, 8, 36, 37, 64}) {  // one token; a chunk that does not divide; one; bigger than all
     INFO("chunk " << chunk);
@@ -81,11 +87,7 @@ TEST_CASE("chunked linear + cross-entropy equals the whole logits' loss and grad
 }
 
 TEST_CASE("chunked linear + cross-entropy under bf16 autocast rounds as the whole logits do", "[models][chunked_loss]") {
-  torch::manual_seed(1);
-  const std::int64_t tokens = 64, hidden_size = 32, vocabulary = 300;
-  const auto hidden = torch::randn({tokens, hidden_size});
-  const auto weight = torch::randn({vocabulary, hidden_size}) * 0.2;
-  const auto targets = some_ignored(torch::randint(vocabulary, {tokens}, torch::kInt64));
+  const auto [hidden, weight, targets] = head_input(1, 64, 32, 300);
   const auto whole = head_loss(hidden, weight, targets, 0, true);
   const auto chunked = head_loss(hidden, weight, targets, 16, true);
   const auto fp32 = head_loss(hidden, weight, targets, 0, false);
@@ -239,7 +241,7 @@ TEST_CASE("RMSNorm on fp32 takes at::rms_norm and equals transformers' step-by-s
   CHECK(norm(x.detach().to(torch::kBFloat16)).scalar_type() == torch::kFloat32);
 }
 
-TEST_CASE("--activation-checkpointing turns on the model's recomputation through causal_lm_training's hook", "[models][chunked_loss]") {
+TEST_CASE("The --activation-checkpointing knob turns on the model's recomputation through causal_lm_training's hook", "[models][chunked_loss]") {
   const auto training = lm::causal_lm_training();
   const auto defaults = hpctrain::training_knobs(training);
   REQUIRE(training.model_hooks().size() == 1);

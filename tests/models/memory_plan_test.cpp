@@ -43,7 +43,7 @@ constexpr double gib = 1024.0 * 1024.0 * 1024.0;
 
 }  // namespace
 
-TEST_CASE("--plan's peak is within 10% of the H200's measured peaks of the suite's Llama rows", "[models][plan]") {
+TEST_CASE("The memory plan (--plan) peaks within 10% of the H200's measured peaks of the suite's Llama rows", "[models][plan]") {
   const auto full = lm::plan_memory(suite_row("none"));
   const double measured_full = 32.63 * gib;  // llama.full: Replicated, no recomputation
   WARN("llama.full: planned " << full.peak / gib << " GiB, measured 32.63 GiB");
@@ -66,7 +66,7 @@ TEST_CASE("--plan's peak is within 10% of the H200's measured peaks of the suite
   CHECK(zero3.peak < 23.11 * gib);
 }
 
-TEST_CASE("--plan counts parameters as the models do and shards what each strategy shards", "[models][plan]") {
+TEST_CASE("The memory plan counts parameters as the models do and shards what each strategy shards", "[models][plan]") {
   const auto config = tinyllama();
   const auto shape = lm::model_shape(config);
   CHECK(shape.parameters == config.parameter_count());

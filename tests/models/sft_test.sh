@@ -73,6 +73,16 @@ status=0
   status=$?
 [ "$status" = 2 ] || fail "--plan on a GPU of 1 MiB: exit status $status, not 2"
 grep -q "the plan does not fit: .* per GPU against 1.0 MiB" plan-small.log || fail "--plan: the refusal does not name the figures"
+# The same plan refuses a --submit (nothing written or queued) and is a section of --dry-run.
+status=0
+(cd bad && "$sft" --from ../llama --data ../conversations.jsonl --submit --gpus-per-node 1 --gpu-memory 0.001) > plan-submit.log 2>&1 ||
+  status=$?
+[ "$status" = 2 ] || fail "--submit on a GPU of 1 MiB: exit status $status, not 2"
+grep -q "not submitted: the memory plan does not fit" plan-submit.log || fail "--submit: the refusal does not say why"
+(cd bad && "$sft" --from ../llama --data ../conversations.jsonl --dry-run --gpus-per-node 1 --gpu-memory 80) > plan-dry.log 2>&1 ||
+  fail "--dry-run with a plan: exit status $?"
+grep -q "^memory plan: llama" plan-dry.log && grep -q "per GPU: fits" plan-dry.log && grep -q "^#SBATCH" plan-dry.log ||
+  fail "--dry-run: no plan section beside the script"
 [ ! -e bad/hpctrain-jobs ] || fail "--plan wrote something"
 
 # Train: 2 ranks, 20 steps.

@@ -14,6 +14,7 @@
 #include <functional>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -60,7 +61,7 @@ struct LoginCommand {
   std::optional<int> task;  ///< --task N: one task of an array (--logs, --cancel)
   bool results = false;                ///< --results: the table of the last job's tasks (job/results.hpp)
   std::optional<std::string> sort_by;  ///< --sort-by METRIC[:max|:min] for --results
-  std::optional<double> gpu_memory_gib;  ///< --gpu-memory GIB for --plan: one GPU's memory (else the GPU type's)
+  std::optional<double> gpu_memory_gib;  ///< --gpu-memory GIB: one GPU's memory for the plan (else the GPU type's)
 };
 
 /// The geometry `job` asks for, with `command`'s overrides applied, and one GPU's memory: --gpu-memory, else
@@ -176,7 +177,8 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
   bool plan = false;
   app.add_flag("--plan", plan, "print what each GPU and node will hold (parameters, gradients, optimizer state, activations) "
                                "and whether it fits; exit 2 if it does not; touch nothing");
-  app.add_option("--gpu-memory", command.gpu_memory_gib, "with --plan: one GPU's memory in GiB (default: what the GPU type says)")
+  app.add_option("--gpu-memory", command.gpu_memory_gib,
+                 "with --plan, --dry-run or --submit: one GPU's memory in GiB (default: what the GPU type says)")
       ->type_name("GIB");
   app.add_flag("--run", run,
                "inside an allocation (salloc, an interactive job): run the training on it as the batch script "
@@ -235,7 +237,8 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
                  : plan    ? Mode::plan
                            : Mode::none;
   if (command.follow && command.mode != Mode::logs) throw UsageError("--follow goes with --logs");
-  if (command.gpu_memory_gib && command.mode != Mode::plan) throw UsageError("--gpu-memory goes with --plan");
+  if (command.gpu_memory_gib && command.mode != Mode::plan && command.mode != Mode::dry_run && command.mode != Mode::submit)
+    throw UsageError("--gpu-memory goes with --plan, --dry-run or --submit");
   if (command.gpu_memory_gib && !(*command.gpu_memory_gib > 0))
     throw UsageError(fmt::format("--gpu-memory {}: must be a positive number of GiB", *command.gpu_memory_gib));
   if (command.sort_by && command.mode != Mode::results) throw UsageError("--sort-by goes with --results");
@@ -430,6 +433,22 @@ inline int run_in_allocation(const Job& job, const RenderContext& context, std::
   throw RuntimeError(errors::runtime_exec, fmt::format("cannot run /bin/bash for --run: {}", std::strerror(errno)));
 }
 
+namespace detail {
+/// The memory plan of a --dry-run (printed to `err` as a section, when the program can plan) or a --submit
+/// (printed only when it does not fit, which refuses the submission: nothing written or queued).
+inline PlanVerdict plan_before_queueing(const Job& job, const LoginCommand& command, const Knobs* knobs, const Planner& planner,
+                                       std::ostream& err, bool print) {
+  if (!planner || knobs == nullptr) return PlanVerdict::cannot_plan;
+  std::ostringstream text;
+  const auto verdict = planner(knobs->with_arguments(command.forwarded), plan_request(job, command), text);
+  if (verdict == PlanVerdict::cannot_plan) return verdict;
+  if (print || verdict == PlanVerdict::does_not_fit) err << text.str();
+  if (verdict == PlanVerdict::does_not_fit && !print)
+    err << "hpctrain: not submitted: the memory plan does not fit (--plan shows it; --gpu-memory GIB states one GPU's memory)\n";
+  return verdict;
+}
+}  // namespace detail
+
 /// Runs one login-node command for `job`; prints to `out`/`err`, returns the exit code.
 /// `knobs`: the program's knob table (a sweep is checked with it), or nullptr for a program without one.
 inline int run_login_command(Job job, const LoginCommand& command, const RenderContext& context,
@@ -458,11 +477,14 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         if (!worker_context.slurm_version) worker_context.slurm_version = cluster_slurm_version();
         check_array_on_cluster(job);
         print_job_warnings(job, err);
+        detail::plan_before_queueing(job, command, knobs, planner, err, /*print=*/true);
         out << (job.stages().empty() ? render_sbatch(job, worker_context) : render_chain(job, worker_context));
         return exit_ok;
       case Mode::submit: {
         check_array_on_cluster(job);
         print_job_warnings(job, err);
+        if (detail::plan_before_queueing(job, command, knobs, planner, err, /*print=*/false) == PlanVerdict::does_not_fit)
+          return exit_usage;
         if (!job.stages().empty()) {
           const auto chain = submit_chain(job, worker_context);
           out << fmt::format("submitted a chain of {} stages, each after the one before completed successfully:\n",
@@ -519,12 +541,14 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
             << std::flush;
         return launch_local(*command.local_ranks, context.program, args, options);
       }
-      case Mode::plan:
+      case Mode::plan: {
         if (!planner || knobs == nullptr) {
           err << "hpctrain: --plan: this program declares no memory plan (a Training from lm::causal_lm_training has one)\n";
           return exit_usage;
         }
-        return planner(knobs->with_arguments(command.forwarded), plan_request(job, command), out);
+        const auto verdict = planner(knobs->with_arguments(command.forwarded), plan_request(job, command), out);
+        return verdict == PlanVerdict::fits || verdict == PlanVerdict::unknown ? exit_ok : exit_usage;
+      }
       case Mode::run:
         print_job_warnings(job, err);
         return run_in_allocation(job, worker_context, out, err);

@@ -18,9 +18,15 @@ struct PlanRequest {
   int gpus_per_node = 0;            ///< 0: a CPU job
   std::optional<double> gpu_bytes;  ///< --gpu-memory, else what the GPU type's name says
 };
-/// A program's memory plan (Training::memory_plan): prints it to the stream and returns the exit code (2
-/// when the plan does not fit, or the program cannot plan).
-using Planner = std::function<int(const Knobs& knobs, const PlanRequest& request, std::ostream& out)>;
+/// What a plan concluded.
+enum class PlanVerdict {
+  fits,          ///< the peak fits one GPU's memory
+  unknown,       ///< planned, but one GPU's memory is not known (a CPU job, a GPU type hpctrain does not know)
+  does_not_fit,  ///< the peak exceeds one GPU's memory: --plan exits 2, --submit refuses
+  cannot_plan,   ///< the program's model cannot be sized before it is built (the stream says why)
+};
+/// A program's memory plan (Training::memory_plan): prints it to the stream and says what it concluded.
+using Planner = std::function<PlanVerdict(const Knobs& knobs, const PlanRequest& request, std::ostream& out)>;
 
 /// The memory of one GPU of a Slurm GPU type, in bytes, when its name says it (GB as sold): h200 141, h100 80
 /// (94 for an NVL name with "94"), a100 80 (40 when the name says "40"), l40 48, a10 24. nullopt otherwise.

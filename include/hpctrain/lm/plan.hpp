@@ -2,7 +2,7 @@
 // `--plan` for a language-model Training (lm::causal_lm_training installs it): the model's shape from the
 // config.json of its `from_pretrained` directory (no weights read), the strategy, precision, LoRA, batch and
 // sequence the run declares with this command line's knobs, at the job's geometry; the accounting is
-// lm/memory_plan.hpp's. Exit 2 when the peak does not fit one GPU's memory (--gpu-memory, or the GPU type's).
+// lm/memory_plan.hpp's. The verdict says whether the peak fits one GPU's memory (--gpu-memory, or the GPU type's).
 #include <cstdint>
 #include <ostream>
 #include <string>
@@ -30,15 +30,14 @@ inline std::pair<std::int64_t, std::string> planned_sequence(const Knobs& knobs,
 }
 }  // namespace detail
 
-/// Prints the memory plan of `described` with `knobs` for `request` to `out`; 0 when it fits (or no GPU
-/// memory is known), 2 when it does not or the model's size cannot be read before it is built.
-inline int plan_memory_of_run(const Training& described, const Knobs& knobs, const PlanRequest& request, std::ostream& out) {
+/// Prints the memory plan of `described` with `knobs` for `request` to `out` and says whether it fits.
+inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& knobs, const PlanRequest& request, std::ostream& out) {
   const auto training = with_knobs(described, knobs);
   const auto directory = training.pretrained_dir(knobs);
   if (!directory) {
     out << "hpctrain: --plan reads the model's size from its config.json: this program builds its model in code, not with "
            "lm::from_pretrained, so there is nothing to read before it is built\n";
-    return exit_usage;
+    return PlanVerdict::cannot_plan;
   }
   const auto file = *directory / "config.json";
   const auto type = models::detail::read_json_file(file).value("model_type", std::string());
@@ -54,7 +53,7 @@ inline int plan_memory_of_run(const Training& described, const Knobs& knobs, con
     positions = config.max_position_embeddings;
   } else {
     out << fmt::format("hpctrain: --plan knows causal language models (gpt2, llama, qwen2, mistral); {} is {:?}\n", file.string(), type);
-    return exit_usage;
+    return PlanVerdict::cannot_plan;
   }
   in.strategy = training.sharding() ? to_string(*training.sharding()) : "none";
   in.bf16 = training.precision() == Precision::bf16 || (training.precision() == Precision::automatic && request.gpus_per_node > 0);
@@ -74,13 +73,15 @@ inline int plan_memory_of_run(const Training& described, const Knobs& knobs, con
   in.gpu_bytes = request.gpus_per_node > 0 ? request.gpu_bytes : std::nullopt;
   const auto plan = plan_memory(in);
   out << format_plan(in, plan) << fmt::format("(sequence: {} from {})\n", sequence, from);
-  if (!in.gpu_bytes && request.gpus_per_node > 0)
-    out << "the GPU's memory is unknown (its type names none hpctrain knows): --gpu-memory GIB says it\n";
-  if (plan.fits()) return exit_ok;
+  if (!in.gpu_bytes) {
+    if (request.gpus_per_node > 0) out << "the GPU's memory is unknown (its type names none hpctrain knows): --gpu-memory GIB says it\n";
+    return PlanVerdict::unknown;
+  }
+  if (plan.fits()) return PlanVerdict::fits;
   out << fmt::format("hpctrain: the plan does not fit: {} per GPU against {}; more ranks (ZeRO-3 shards by the world), "
                      "--activation-checkpointing, --loss-chunk-tokens, a smaller batch or LoRA would lower it\n",
                      plan_bytes(plan.peak), plan_bytes(*plan.gpu));
-  return exit_usage;
+  return PlanVerdict::does_not_fit;
 }
 
 }  // namespace hpctrain::lm

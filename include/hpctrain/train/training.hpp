@@ -138,9 +138,9 @@ std::vector<torch::optim::OptimizerParamGroup> weight_decay_groups(const NamedPa
 /// Everything about a training except the job it runs in. Setters and readers share a name, as in
 /// LibTorch's options: `epochs(6)` sets, `epochs()` reads.
 class Training;
-/// `--plan` for a Training: prints what each rank will hold for `knobs` at the request's geometry, returns the
-/// exit code (lm::plan_memory_of_run, which lm::causal_lm_training installs).
-using TrainingPlanner = std::function<int(const Training&, const Knobs&, const PlanRequest&, std::ostream&)>;
+/// `--plan` for a Training: prints what each rank will hold for `knobs` at the request's geometry and says
+/// whether it fits (lm::plan_memory_of_run, which lm::causal_lm_training installs).
+using TrainingPlanner = std::function<PlanVerdict(const Training&, const Knobs&, const PlanRequest&, std::ostream&)>;
 
 class Training {
  public:
