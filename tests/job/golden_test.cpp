@@ -24,7 +24,8 @@ struct Golden {
 
 std::vector<Golden> goldens() {
   return {
-      // The multi-node job of common practice: 2 nodes x 8 GPUs, one task per node, 32 CPUs each.
+      // The multi-node job of torchrun practice: 2 nodes x 8 GPUs, one task per node, 32 CPUs each (hpctrain, one
+      // rank per task, warns in the script that 7 GPUs per node would stay idle).
       {"multinode.sbatch",
        [] {
          return ht::Job("multinode")

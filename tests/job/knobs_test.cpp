@@ -93,6 +93,24 @@ TEST_CASE("An unknown or incomplete argument is a usage error naming it and the 
   }
 }
 
+TEST_CASE("transformers' and TRL's spellings of a knob name the knob that means the same", "[knobs]") {
+  auto knobs = knob_table();
+  knobs.declare<std::int64_t>("batch_size", 8, "examples per step");
+  auto [arg, hint] = GENERATE(table<std::string, std::string>({
+      {"--learning-rate", "(transformers' and TRL's name; here it is --lr)"},
+      {"--num_train_epochs", "(transformers' and TRL's name; here it is --epochs)"},
+      {"--per-device-train-batch-size", "(transformers' and TRL's name; here it is --batch-size, whose scope, per rank or global, "
+                                        "the program declares)"},
+      {"--gradient-accumulation-steps", "(transformers' and TRL's name; here the program sets it: Training::gradient_accumulation(n))"},
+      {"--resume-from-checkpoint", "(transformers' name; here it is --resume [DIR], given with --submit or --local)"},
+  }));
+  CAPTURE(arg);
+  CHECK_THROWS_WITH(knobs.with_arguments({arg, "1"}), Catch::StartsWith("[hpctrain.usage] unknown option " + arg + " " + hint));
+  // A spelling whose knob this program does not have gets no hint.
+  CHECK_THROWS_WITH(knob_table().with_arguments({"--per-device-train-batch-size", "1"}),
+                    Catch::StartsWith("[hpctrain.usage] unknown option --per-device-train-batch-size; the knobs are"));
+}
+
 TEST_CASE("A sweep validates values by knob name with the same table", "[knobs]") {
   const auto knobs = knob_table();
   CHECK(std::get<double>(knobs.validate("lr", "3e-4")) == 3e-4);

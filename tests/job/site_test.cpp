@@ -104,6 +104,11 @@ TEST_CASE("Per-task GPU binding is warned about, not refused", "[site]") {
   const auto script = ht::render_sbatch(job, job_test::fixed_context());
   CHECK(script.find("# warning: --" + key + " hides") != std::string::npos);
   CHECK(ht::job_warnings(ht::Job("w").gpus_per_node(4)).empty());
+  // Fewer tasks than GPUs on a node: the rest would stay idle (one rank per task, one GPU per rank).
+  const auto idle = ht::job_warnings(ht::Job("w").tasks_per_node(1).gpus_per_node(8));
+  REQUIRE(idle.size() == 1);
+  CHECK(idle[0].starts_with("8 GPUs per node but 1 task(s) per node: hpctrain trains one rank per task on one GPU each, so 7 GPU(s)"));
+  CHECK(ht::job_warnings(ht::Job("w").tasks_per_node(8).gpus_per_node(8)).empty());
   CHECK(ht::job_warnings(ht::Job("w").srun_option("gpu-bind", "closest")).size() == 1);
 }
 

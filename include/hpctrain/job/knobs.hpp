@@ -364,8 +364,34 @@ class Knobs {
     }
   }
 
-  // The knob closest to `name` by edit distance, when it is close enough to be a typo.
+  // The knob closest to `name` by edit distance, when it is close enough to be a typo; or, for a name of
+  // transformers' TrainingArguments / TRL (what a user coming from `srun torchrun train.py` types), the knob
+  // that means the same here.
   std::string closest_hint(std::string_view name) const {
+    static const std::pair<std::string_view, std::string_view> other_spellings[] = {
+        {"learning_rate", "lr"},
+        {"num_train_epochs", "epochs"},
+        {"per_device_train_batch_size", "batch_size"},
+        {"train_batch_size", "batch_size"},
+        {"logging_steps", "log_every"},
+        {"eval_steps", "eval_every"},
+        {"save_steps", "checkpoint_every"},
+        {"max_seq_length", "max_length"},
+        {"gradient_checkpointing", "activation_checkpointing"},
+        {"bf16", "precision"},
+        {"resume_from_checkpoint", "resume"},
+    };
+    for (const auto& [theirs, ours] : other_spellings) {
+      if (canonical(name) != theirs) continue;
+      if (ours == "resume") return " (transformers' name; here it is --resume [DIR], given with --submit or --local)";
+      if (const KnobSpec* spec = find(ours)) {
+        const bool per_rank_note = theirs == "per_device_train_batch_size" || theirs == "train_batch_size";
+        return fmt::format(" (transformers' and TRL's name; here it is {}{}{})", spec->flag(), ours == "precision" ? " bf16" : "",
+                           per_rank_note ? ", whose scope, per rank or global, the program declares" : "");
+      }
+    }
+    if (canonical(name) == "gradient_accumulation_steps")
+      return " (transformers' and TRL's name; here the program sets it: Training::gradient_accumulation(n))";
     const auto distance = [](std::string_view a, std::string_view b) {
       std::vector<std::size_t> row(b.size() + 1);
       for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;

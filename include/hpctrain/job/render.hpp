@@ -409,6 +409,13 @@ inline std::vector<std::string> job_warnings(const Job& job) {
           "peer-to-peer between ranks and cuda:<local rank> does not exist (Lightning #16828); prefer "
           "gpus_per_node with one task per GPU",
           key));
+  // One rank per task, one GPU per rank: fewer tasks than GPUs on a node leaves the rest idle (an example's
+  // tasks_per_node(1) copied beside gpus_per_node(8)).
+  if (job.gpus_per_node_count() > job.tasks_per_node())
+    warnings.push_back(fmt::format(
+        "{} GPUs per node but {} task(s) per node: hpctrain trains one rank per task on one GPU each, so {} GPU(s) per node "
+        "would stay idle; leave tasks_per_node unset (one task per GPU) or give --tasks-per-node {}",
+        job.gpus_per_node_count(), job.tasks_per_node(), job.gpus_per_node_count() - job.tasks_per_node(), job.gpus_per_node_count()));
   return warnings;
 }
 
