@@ -62,6 +62,27 @@ grep -q '\[hpctrain.spec.llama.rope_parameters.rope_type\] .*yarn/config.json: l
   fail "rope_type yarn: the message does not name the file and the field"
 [ ! -e bad/hpctrain-jobs ] || fail "rope_type yarn: something was written"
 
+# A chat template hpctrain cannot render: exit 2 at --dry-run naming the template error and the record, nothing written.
+mkdir -p badtemplate && cp llama/* badtemplate/
+"$python" - badtemplate <<'PY' || fail "could not write the bad template"
+import json, os, sys
+directory = sys.argv[1]
+template = "{{ messages | no_such_filter }}"
+if os.path.exists(os.path.join(directory, "chat_template.jinja")):
+    open(os.path.join(directory, "chat_template.jinja"), "w").write(template)
+config_path = os.path.join(directory, "tokenizer_config.json")
+config = json.load(open(config_path))
+if "chat_template" in config or not os.path.exists(os.path.join(directory, "chat_template.jinja")):
+    config["chat_template"] = template
+json.dump(config, open(config_path, "w"))
+PY
+status=0
+(cd bad && "$sft" --from ../badtemplate --data ../conversations.jsonl --dry-run) > badtemplate.log 2>&1 || status=$?
+[ "$status" = 2 ] || fail "an unrenderable chat template: --dry-run exit status $status, not 2"
+grep -q '\[hpctrain.spec.chat_template\] .*conversations.jsonl:1: the first record does not render: .*no_such_filter' badtemplate.log ||
+  fail "an unrenderable chat template: the message does not name the file, the line and the template's error"
+[ ! -e bad/hpctrain-jobs ] || fail "an unrenderable chat template: something was written"
+
 # --plan: the memory each rank will hold, from config.json alone, nothing written; a GPU too small for it exits 2
 # naming the figure; a model built in code has no config to read.
 (cd bad && "$sft" --from ../llama --data ../conversations.jsonl --plan --gpus-per-node 1) > plan.log 2>&1 ||

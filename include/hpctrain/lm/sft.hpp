@@ -68,8 +68,11 @@ class SftJsonl {
   /// A chat template file to use instead of the tokenizer's own (conversational files only).
   SftJsonl& chat_template(Setting<std::filesystem::path> file) { chat_template_ = std::move(file); return *this; }
 
-  /// On the login node: the file exists and every line has the file's shape (SpecError naming file and line).
-  HPCTRAIN_RUNTIME_INLINE void check_at_login(const Knobs& knobs) const;
+  /// On the login node: the file exists and every line has the file's shape (SpecError naming file and line);
+  /// with the tokenizer's directory (this Training's pretrained model's, or .tokenizer), its chat template parses
+  /// and renders the first record, which tokenizes as the worker will (SpecError naming the template, the file
+  /// and the line): a template hpctrain cannot render fails here, not on every rank after the queue.
+  HPCTRAIN_RUNTIME_INLINE void check_at_login(const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained = {}) const;
 
   /// In the worker: reads, tokenizes, truncates or drops, and packs; rank 0 says what it kept.
   HPCTRAIN_RUNTIME_INLINE data::Source operator()(const RunContext& run) const;
@@ -106,11 +109,24 @@ class SftJsonl {
 inline SftJsonl sft_jsonl(Setting<std::filesystem::path> file) { return SftJsonl(std::move(file)); }
 
 #if HPCTRAIN_RUNTIME_DEFINITIONS
-HPCTRAIN_RUNTIME_INLINE void SftJsonl::check_at_login(const Knobs& knobs) const {
+HPCTRAIN_RUNTIME_INLINE void SftJsonl::check_at_login(const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained) const {
   const auto file = file_.get(knobs);
   if (!std::filesystem::is_regular_file(file))
     throw SpecError(errors::spec_data_jsonl, file.string(), "no such file");
   text::validate_sft_jsonl(file);
+  const auto directory = tokenizer_ ? std::optional(tokenizer_->get(knobs)) : pretrained;
+  if (!directory) return;  // the worker says that a tokenizer is needed
+  const auto tokenizer = text::load_pretrained_tokenizer(*directory);
+  text::SftJsonlReader reader(file);
+  text::SftRecord record;
+  if (!reader.next(record)) return;
+  try {
+    const auto renderer = conversation_renderer(tokenizer, knobs);
+    (void)text::tokenize_sft(record, tokenizer, renderer ? &*renderer : nullptr);
+  } catch (const Error& error) {
+    throw SpecError(errors::spec_chat_template, fmt::format("{}:{}", file.string(), reader.line()),
+                    fmt::format("the first record does not render: {}", error.what()));
+  }
 }
 
 HPCTRAIN_RUNTIME_INLINE data::Source SftJsonl::operator()(const RunContext& run) const {

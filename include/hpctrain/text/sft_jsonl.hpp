@@ -57,6 +57,8 @@ class SftJsonlReader {
     return false;
   }
   const std::filesystem::path& file() const { return file_; }
+  /// The line of the record next() returned last (1-based).
+  std::int64_t line() const { return line_; }
 
  private:
   [[noreturn]] void fail(const std::string& reason) const {

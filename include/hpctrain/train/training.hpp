@@ -480,8 +480,8 @@ class Training {
   void check_at_login(const Knobs& knobs) const {
     if (model_check_) model_check_(knobs);
     check_lora_targets_at_login(knobs);
-    if (train_check_) train_check_(knobs);
-    if (eval_check_) eval_check_(knobs);
+    if (train_check_) train_check_(knobs, pretrained_dir(knobs));
+    if (eval_check_) eval_check_(knobs, pretrained_dir(knobs));
     for (const auto& check : login_checks_) check(knobs);
   }
 
@@ -523,6 +523,16 @@ class Training {
     if constexpr (requires(const Factory& f, const Knobs& k) { f.check_at_login(k); })
       slot = [factory](const Knobs& knobs) { factory.check_at_login(knobs); };
   }
+  /// A data factory's login check, told the pretrained model's directory when it takes one (the tokenizer's).
+  using DataLoginCheck = std::function<void(const Knobs&, const std::optional<std::filesystem::path>&)>;
+  template <class Factory>
+  static void add_login_check_of(const Factory& factory, DataLoginCheck& slot) {
+    slot = nullptr;
+    if constexpr (requires(const Factory& f, const Knobs& k, const std::optional<std::filesystem::path>& d) { f.check_at_login(k, d); })
+      slot = [factory](const Knobs& knobs, const std::optional<std::filesystem::path>& directory) { factory.check_at_login(knobs, directory); };
+    else if constexpr (requires(const Factory& f, const Knobs& k) { f.check_at_login(k); })
+      slot = [factory](const Knobs& knobs, const std::optional<std::filesystem::path>&) { factory.check_at_login(knobs); };
+  }
 
   std::function<ModelInstance(const RunContext&)> model_;
   std::function<std::filesystem::path(const Knobs&)> pretrained_dir_;
@@ -533,7 +543,8 @@ class Training {
   StepFunction step_ = default_step;
   EvalStepFunction eval_step_ = default_eval_step;
   std::function<data::Source(const RunContext&)> train_data_, eval_data_;
-  LoginCheck model_check_, train_check_, eval_check_;
+  LoginCheck model_check_;
+  DataLoginCheck train_check_, eval_check_;
   std::vector<LoginCheck> login_checks_;
   std::vector<FinishHook> finish_hooks_;
   std::vector<ModelHook> model_hooks_;
