@@ -183,8 +183,14 @@ TEST_CASE("A batch larger than a rank's share of the data is a spec error naming
     hpctrain::train(training, hpctrain::slurm::World{});
     FAIL("expected a SpecError");
   } catch (const hpctrain::SpecError& error) {
-    CHECK(std::string(error.what()) == "[hpctrain.spec.training.batch_size] training.batch_size = 1024: each rank gets only 512 examples per epoch of tensors");
+    CHECK(std::string(error.what()) == "[hpctrain.spec.training.batch_size] training.batch_size = 1024 (per rank): 1024 examples per rank "
+                                       "per step, but each rank gets only 512 examples per epoch of tensors (1 ranks); at most 512 here");
   }
+  // A global batch is named as such, in the units the user typed.
+  CHECK_THROWS_WITH(hpctrain::train(small_training(train_test::scratch("too-big-global")).batch_size(hpctrain::global(2048)).gradient_accumulation(1),
+                                    hpctrain::slurm::World{}),
+                    Catch::StartsWith("[hpctrain.spec.training.batch_size] training.batch_size = 2048 (global): 2048 examples per rank per "
+                                      "step (1 ranks share it), but each rank gets only 512"));
 }
 
 TEST_CASE("Training knobs forwarded on the command line replace the description's values", "[worker]") {
