@@ -29,13 +29,19 @@ value() { sed -n "s/^$1=\([^ ]*\).*/\1/p" "$2" | tail -1; }
 close() { awk -v x="$1" -v y="$2" 'BEGIN { d = x - y; if (d < 0) d = -d; exit !(d <= 1e-4 * (y < 0 ? -y : y)) }'; }
 
 oracle make "$work" "$fortunes" || fail "the oracle could not make the start model"
+# refused NAME PATTERN ARGS...: sft ARGS, run in bad/, exits 2 with PATTERN in its output, and writes nothing.
+refused() {
+  local name="$1" pattern="$2" status=0
+  shift 2
+  (cd bad && "$sft" "$@") > "$name.log" 2>&1 || status=$?
+  [ "$status" = 2 ] || fail "$name: exit status $status, not 2"
+  grep -q -- "$pattern" "$name.log" || fail "$name: the message does not match: $pattern"
+  [ ! -e bad/hpctrain-jobs ] || fail "$name: something was written"
+}
 
 # Bad input: exit 2 before anything is written or queued.
-status=0
-(mkdir -p bad && cd bad && "$sft" --from ../llama --data ../broken.jsonl --submit) > bad.log 2>&1 || status=$?
-[ "$status" = 2 ] || fail "a broken line 7: exit status $status, not 2"
-grep -q 'broken.jsonl:7: ' bad.log || fail "the message does not name broken.jsonl line 7"
-[ ! -e bad/hpctrain-jobs ] || fail "a broken line 7: something was written"
+mkdir -p bad
+refused "a broken line 7" 'broken.jsonl:7: ' --from ../llama --data ../broken.jsonl --submit
 for args in "--data ../conversations.jsonl" "--from ../llama"; do
   status=0
   # shellcheck disable=SC2086  # two words each
@@ -55,12 +61,8 @@ config.pop("rope_theta", None), config.pop("rope_scaling", None)
 config["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": 128}
 json.dump(config, open(sys.argv[1], "w"))
 PY
-status=0
-(cd bad && "$sft" --from ../yarn --data ../conversations.jsonl --dry-run) > bad.log 2>&1 || status=$?
-[ "$status" = 2 ] || fail "rope_type yarn: --dry-run exit status $status, not 2"
-grep -q '\[hpctrain.spec.llama.rope_parameters.rope_type\] .*yarn/config.json: llama.rope_parameters.rope_type = yarn' bad.log ||
-  fail "rope_type yarn: the message does not name the file and the field"
-[ ! -e bad/hpctrain-jobs ] || fail "rope_type yarn: something was written"
+refused "rope_type yarn" '\[hpctrain.spec.llama.rope_parameters.rope_type\] .*yarn/config.json: llama.rope_parameters.rope_type = yarn' \
+  --from ../yarn --data ../conversations.jsonl --dry-run
 
 # A chat template hpctrain cannot render: exit 2 at --dry-run naming the template error and the record, nothing written.
 mkdir -p badtemplate && cp llama/* badtemplate/
@@ -76,30 +78,20 @@ if "chat_template" in config or not os.path.exists(os.path.join(directory, "chat
     config["chat_template"] = template
 json.dump(config, open(config_path, "w"))
 PY
-status=0
-(cd bad && "$sft" --from ../badtemplate --data ../conversations.jsonl --dry-run) > badtemplate.log 2>&1 || status=$?
-[ "$status" = 2 ] || fail "an unrenderable chat template: --dry-run exit status $status, not 2"
-grep -q '\[hpctrain.spec.chat_template\] .*conversations.jsonl:1: the first record does not render: .*no_such_filter' badtemplate.log ||
-  fail "an unrenderable chat template: the message does not name the file, the line and the template's error"
-[ ! -e bad/hpctrain-jobs ] || fail "an unrenderable chat template: something was written"
+refused "an unrenderable chat template" '\[hpctrain.spec.chat_template\] .*conversations.jsonl:1: the first record does not render: .*no_such_filter' \
+  --from ../badtemplate --data ../conversations.jsonl --dry-run
 
 # --plan: the memory each rank will hold, from config.json alone, nothing written; a GPU too small for it exits 2
-# naming the figure; a model built in code has no config to read.
+# naming the figure.
 (cd bad && "$sft" --from ../llama --data ../conversations.jsonl --plan --gpus-per-node 1) > plan.log 2>&1 ||
   fail "--plan: exit status $?"
 grep -q "^memory plan: llama" plan.log && grep -q "^  peak " plan.log && grep -q "^per node at load" plan.log ||
   fail "--plan printed no plan"
-status=0
-(cd bad && "$sft" --from ../llama --data ../conversations.jsonl --plan --gpus-per-node 1 --gpu-memory 0.001) > plan-small.log 2>&1 ||
-  status=$?
-[ "$status" = 2 ] || fail "--plan on a GPU of 1 MiB: exit status $status, not 2"
-grep -q "the plan does not fit: .* per GPU against 1.0 MiB" plan-small.log || fail "--plan: the refusal does not name the figures"
+refused "plan on a GPU of 1 MiB" "the plan does not fit: .* per GPU against 1.0 MiB" \
+  --from ../llama --data ../conversations.jsonl --plan --gpus-per-node 1 --gpu-memory 0.001
 # The same plan refuses a --submit (nothing written or queued) and is a section of --dry-run.
-status=0
-(cd bad && "$sft" --from ../llama --data ../conversations.jsonl --submit --gpus-per-node 1 --gpu-memory 0.001) > plan-submit.log 2>&1 ||
-  status=$?
-[ "$status" = 2 ] || fail "--submit on a GPU of 1 MiB: exit status $status, not 2"
-grep -q "not submitted: the memory plan does not fit" plan-submit.log || fail "--submit: the refusal does not say why"
+refused "submit on a GPU of 1 MiB" "not submitted: the memory plan does not fit" \
+  --from ../llama --data ../conversations.jsonl --submit --gpus-per-node 1 --gpu-memory 0.001
 (cd bad && "$sft" --from ../llama --data ../conversations.jsonl --dry-run --gpus-per-node 1 --gpu-memory 80) > plan-dry.log 2>&1 ||
   fail "--dry-run with a plan: exit status $?"
 grep -q "^memory plan: llama" plan-dry.log && grep -q "per GPU: fits" plan-dry.log && grep -q "^#SBATCH" plan-dry.log ||
