@@ -7,7 +7,7 @@
 // is softmax − one-hot, which needs nothing else), so backward only scales them: no logits are kept or
 // recomputed. The numbers are today's whole-logits path's (lm/loss.hpp): the head's product in autocast's
 // dtype (else the weight's), rounded there, the softmax and the loss in fp32, the gradients' products in the
-// same dtype as autograd's would be; equal in fp32 within reassociation (tests/models/chunked_loss_test.cpp).
+// same dtype as autograd's would be; equal in fp32 within reassociation (tests/models/lm_step_test.cpp).
 #include <cstdint>
 #include <utility>
 

@@ -224,7 +224,8 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
   row("logits", plan.logits);
   row("runtime (stated)", plan.runtime, "CUDA context and kernels");
   row("peak", plan.peak, plan.gpu ? fmt::format("of {} per GPU: {}", plan_bytes(*plan.gpu), plan.fits() ? "fits" : "DOES NOT FIT") : "");
-  out += fmt::format("per node at load: {} of host memory (each rank reads the whole model in fp32)\n", plan_bytes(plan.host_at_load));
+  out += fmt::format("per node at load: at least {} of host memory (each rank builds the whole model in fp32, and reads the "
+                     "checkpoint beside it)\n", plan_bytes(plan.host_at_load));
   return out;
 }
 

@@ -25,7 +25,7 @@ namespace detail {
 /// program has one, else the model's positions.
 inline std::pair<std::int64_t, std::string> planned_sequence(const Knobs& knobs, std::int64_t positions) {
   for (const char* name : {"max_length", "seq_len"})
-    if (knobs.find(name) != nullptr) return {knobs.get<std::int64_t>(name), fmt::format("--{}", name == std::string("max_length") ? "max-length" : "seq-len")};
+    if (const auto* spec = knobs.find(name)) return {knobs.get<std::int64_t>(name), spec->flag()};
   return {positions, "the model's positions"};
 }
 }  // namespace detail

@@ -71,7 +71,6 @@ struct PackedAttention {
   torch::Tensor mask;
   torch::Tensor cu_seqlens;
   std::int64_t max_length = 0;
-  bool packed() const { return mask.defined() || cu_seqlens.defined(); }
 };
 
 namespace detail {
