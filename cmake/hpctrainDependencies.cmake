@@ -40,7 +40,16 @@ if(NOT DEFINED HPCTRAIN_WITH_TORCH OR HPCTRAIN_WITH_TORCH)
       endif()
     endforeach()
     # TorchConfig warns about kineto and CUDA architectures; neither concerns hpctrain.
-    find_dependency(Torch)
+    # A project's own set(CMAKE_CXX_STANDARD 20) reaches the CUDA probe TorchConfig compiles (Caffe2's
+    # select_compute_arch try_run), for which CMake knows no "CUDA20" dialect of nvcc and stops: the probe
+    # gets C++17 (the project's own targets keep their standard).
+    if(DEFINED CMAKE_CXX_STANDARD AND NOT DEFINED CMAKE_CUDA_STANDARD)
+      set(CMAKE_CUDA_STANDARD 17)
+      find_dependency(Torch)
+      unset(CMAKE_CUDA_STANDARD)
+    else()
+      find_dependency(Torch)
+    endif()
   endif()
   # The torch wheel ships c10d headers but not the gloo headers ProcessGroupGloo.hpp includes; Debian's
   # libgloo-dev provides them (see docs/libtorch.md).
