@@ -22,6 +22,12 @@ namespace lm = hpctrain::lm;
 
 namespace {
 
+/// The fp32 bound: the chunked and whole paths compute the same sums in other orders (the head's dot products
+/// over the width, through matrix kernels chosen by the row count; the weight's gradient over the tokens, chunk
+/// by chunk). A reordered sum of n fp32 terms moves by about √n·2^-24 relative (n ≤ 64 here: ~5e-7 at the
+/// extreme, ~1e-7 typically, on any CPU's kernels), so 1e-6, the issue's figure, leaves room of 2–10x.
+constexpr double fp32_reorder_bound = 1e-6;
+
 /// ‖a − b‖ / ‖b‖ over the flattened tensors, in fp64.
 double relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
   const auto x = a.to(torch::kFloat64), y = b.to(torch::kFloat64);
@@ -68,9 +74,14 @@ TEST_CASE("chunked linear + cross-entropy equals the whole logits' loss and grad
   for (const std::int64_t chunk : {1, 8, 36, 37, 64}) {  // one token; a chunk that does not divide; one; bigger than all
     INFO("chunk " << chunk);
     const auto chunked = head_loss(hidden, weight, targets, chunk);
-    CHECK(std::abs(chunked.loss - whole.loss) <= 1e-6 * std::abs(whole.loss));
-    CHECK(relative_difference(chunked.hidden_grad, whole.hidden_grad) <= 1e-6);
-    CHECK(relative_difference(chunked.weight_grad, whole.weight_grad) <= 1e-6);
+    const double loss = std::abs(chunked.loss - whole.loss) / std::abs(whole.loss);
+    const double hidden_grad = relative_difference(chunked.hidden_grad, whole.hidden_grad);
+    const double weight_grad = relative_difference(chunked.weight_grad, whole.weight_grad);
+    WARN("fp32, chunk " << chunk << ": loss " << loss << ", hidden gradient " << hidden_grad << ", weight gradient " << weight_grad
+                        << " (bound " << fp32_reorder_bound << ")");
+    CHECK(loss <= fp32_reorder_bound);
+    CHECK(hidden_grad <= fp32_reorder_bound);
+    CHECK(weight_grad <= fp32_reorder_bound);
   }
   // The gradients are handed over in backward: a second backward through the same loss fails, never doubles them.
   {
@@ -154,10 +165,18 @@ void check_model(hm::CausalLM& model, std::int64_t vocabulary) {
     INFO((layout ? "packed" : "plain"));
     const auto [whole_loss, whole] = model_loss(model, inputs, targets, layout, 0);
     const auto [chunked_loss, chunked] = model_loss(model, inputs, targets, layout, 5);
-    CHECK(std::abs(chunked_loss - whole_loss) <= 1e-6 * whole_loss);
-    double worst = 0;
-    for (std::size_t i = 0; i < whole.size(); ++i) worst = std::max(worst, relative_difference(chunked[i], whole[i]));
-    CHECK(worst <= 1e-6);
+    // The whole model's gradient as one vector (every tensor flattened, as the GPU suite compares): a tensor
+    // whose gradient nearly cancels (a bias) has a large relative error of no consequence.
+    const double loss = std::abs(chunked_loss - whole_loss) / whole_loss;
+    const auto flat = [](const std::vector<torch::Tensor>& tensors) {
+      std::vector<torch::Tensor> parts;
+      for (const auto& tensor : tensors) parts.push_back(tensor.reshape({-1}));
+      return torch::cat(parts);
+    };
+    const double gradients = relative_difference(flat(chunked), flat(whole));
+    WARN((layout ? "packed" : "plain") << ": loss " << loss << ", gradients " << gradients << " (bound " << fp32_reorder_bound << ")");
+    CHECK(loss <= fp32_reorder_bound);
+    CHECK(gradients <= fp32_reorder_bound);
   }
 }
 
@@ -213,8 +232,8 @@ TEST_CASE("causal_lm_training's step with --loss-chunk-tokens gives the whole lo
   };
   const auto [whole, whole_grad] = step_loss({});
   const auto [chunked, chunked_grad] = step_loss({"--loss-chunk-tokens", "7"});
-  CHECK(std::abs(chunked - whole) <= 1e-6 * whole);
-  CHECK(relative_difference(chunked_grad, whole_grad) <= 1e-6);
+  CHECK(std::abs(chunked - whole) <= fp32_reorder_bound * whole);
+  CHECK(relative_difference(chunked_grad, whole_grad) <= fp32_reorder_bound);
   CHECK_THROWS(defaults.with_arguments({"--loss-chunk-tokens", "-1"}));
 }
 
@@ -234,9 +253,13 @@ TEST_CASE("RMSNorm on fp32 takes at::rms_norm and equals transformers' step-by-s
   }();
   const auto reference = norm->unfused(x);
   auto grads = torch::autograd::grad({reference}, {x, norm->weight}, {gradient});
-  CHECK(relative_difference(fused, reference) <= 1e-6);
-  CHECK(relative_difference(fused_input_grad, grads[0]) <= 1e-6);
-  CHECK(relative_difference(fused_weight_grad, grads[1]) <= 1e-6);
+  // The same fp32 sums (over the 48 features; the weight's gradient over 15 rows) in other orders.
+  WARN("RMSNorm fused vs step by step: output " << relative_difference(fused, reference) << ", input gradient "
+                                                << relative_difference(fused_input_grad, grads[0]) << ", weight gradient "
+                                                << relative_difference(fused_weight_grad, grads[1]) << " (bound " << fp32_reorder_bound << ")");
+  CHECK(relative_difference(fused, reference) <= fp32_reorder_bound);
+  CHECK(relative_difference(fused_input_grad, grads[0]) <= fp32_reorder_bound);
+  CHECK(relative_difference(fused_weight_grad, grads[1]) <= fp32_reorder_bound);
   // bf16 input keeps transformers' order (cast, then scale by the fp32 weight: an fp32 result).
   CHECK(norm(x.detach().to(torch::kBFloat16)).scalar_type() == torch::kFloat32);
 }
@@ -260,7 +283,7 @@ TEST_CASE("The --activation-checkpointing knob turns on the model's recomputatio
   const auto [recomputed, recomputed_grad] = loss_and_gradient({"--activation-checkpointing"});
   CHECK(model->activation_checkpointing());
   CHECK(recomputed == plain);
-  CHECK(relative_difference(recomputed_grad, plain_grad) <= 1e-6);
+  CHECK(relative_difference(recomputed_grad, plain_grad) <= fp32_reorder_bound);
   // A model that is no CausalLM: the switch names itself.
   torch::nn::Linear linear(2, 2);
   CHECK_THROWS_WITH(training.model_hooks()[0](*linear, defaults.with_arguments({"--activation-checkpointing"})),

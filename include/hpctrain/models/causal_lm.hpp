@@ -164,13 +164,29 @@ inline PackedAttention packed_attention(const torch::Tensor& document_ids, const
 class CausalLM : public torch::nn::Module, public ListsBlocks {
  public:
   /// Logits for `input_ids` [B, T]; with a cache, the tokens continue the cached ones and are appended.
-  virtual torch::Tensor forward(const torch::Tensor& input_ids, KVCache* cache = nullptr) = 0;
+  torch::Tensor forward(const torch::Tensor& input_ids, KVCache* cache = nullptr) {
+    const auto t = input_ids.size(1);
+    const std::int64_t past = cache != nullptr ? cache->length() : 0;
+    if (cache != nullptr) cache->check_room(t);
+    check_sequence(past + t);
+    const auto positions = torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device()));
+    auto logits = torch::linear(body(input_ids, positions, cache, {}), head_weight());
+    if (cache != nullptr) cache->advance(t);
+    return logits;
+  }
   /// Logits for packed rows: positions from `layout.position_ids`, attention causal within each example.
-  virtual torch::Tensor forward(const torch::Tensor& input_ids, const TokenLayout& layout) = 0;
+  torch::Tensor forward(const torch::Tensor& input_ids, const TokenLayout& layout) {
+    return torch::linear(hidden_states(input_ids, &layout), head_weight());
+  }
   /// The hidden states the head reads ([B, T, hidden], after the final norm) of a training forward without
   /// cache, packed when `layout` is given: what a loss takes that applies the head a chunk of tokens at a time,
   /// so that the tokens × vocabulary logits are never whole (lm::chunked_token_loss_sum).
-  virtual torch::Tensor hidden_states(const torch::Tensor& input_ids, const TokenLayout* layout = nullptr) = 0;
+  torch::Tensor hidden_states(const torch::Tensor& input_ids, const TokenLayout* layout = nullptr) {
+    const auto t = input_ids.size(1);
+    check_sequence(t);
+    if (layout != nullptr) return body(input_ids, layout->position_ids, nullptr, layout->document_ids);
+    return body(input_ids, torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device())), nullptr, {});
+  }
   /// The head's weight [vocabulary, hidden] (the token embedding's when tied): logits = hidden · weightᵀ.
   virtual torch::Tensor head_weight() = 0;
   // blocks() (ListsBlocks): the transformer blocks in order; forward runs each through run_block, so the
@@ -194,6 +210,14 @@ class CausalLM : public torch::nn::Module, public ListsBlocks {
     if (activation_checkpointing_ && cache == nullptr && is_training() && torch::GradMode::is_enabled()) return checkpointed(call, x);
     return call(x);
   }
+
+  /// Refuses a sequence of `length` positions the family cannot compute (GPT-2's learned positions, a sliding
+  /// window hpctrain does not implement): RuntimeError.
+  virtual void check_sequence(std::int64_t length) const = 0;
+  /// The embeddings at `positions` ([T], or [B, T] for packed rows), the blocks (attending within each example
+  /// of `document_ids` when defined; through `cache` when given) and the final norm: what the head reads.
+  virtual torch::Tensor body(const torch::Tensor& input_ids, const torch::Tensor& positions, KVCache* cache,
+                             const torch::Tensor& document_ids) = 0;
 
   bool activation_checkpointing_ = false;
 };

@@ -116,28 +116,6 @@ class GPT2Impl : public CausalLM {
     initialize_weights();
   }
 
-  torch::Tensor forward(const torch::Tensor& input_ids, KVCache* cache = nullptr) override {
-    const auto t = input_ids.size(1);
-    const std::int64_t past = cache != nullptr ? cache->length() : 0;
-    check_length(past + t);
-    if (cache != nullptr) cache->check_room(t);
-    const auto positions = torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device()));
-    auto logits = torch::linear(run(input_ids, positions, cache, {}), head_weight());
-    if (cache != nullptr) cache->advance(t);
-    return logits;
-  }
-
-  torch::Tensor forward(const torch::Tensor& input_ids, const TokenLayout& layout) override {
-    return torch::linear(hidden_states(input_ids, &layout), head_weight());
-  }
-
-  torch::Tensor hidden_states(const torch::Tensor& input_ids, const TokenLayout* layout = nullptr) override {
-    const auto t = input_ids.size(1);
-    check_length(t);
-    if (layout != nullptr) return run(input_ids, layout->position_ids, nullptr, layout->document_ids);
-    return run(input_ids, torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device())), nullptr, {});
-  }
-
   torch::Tensor head_weight() override { return config_.tie_word_embeddings ? wte->weight : lm_head->weight; }
 
   /// GPT-2's initialisation (Radford et al. 2019, as in nanoGPT and transformers): every weight
@@ -175,14 +153,14 @@ class GPT2Impl : public CausalLM {
   torch::nn::Linear lm_head{nullptr};  ///< only when tie_word_embeddings is false
 
  private:
-  void check_length(std::int64_t length) const {
+  void check_sequence(std::int64_t length) const override {
     if (length > config_.n_positions)
       throw RuntimeError(errors::runtime_generation,
                          fmt::format("GPT-2 sees at most n_positions = {} tokens; got {}", config_.n_positions, length));
   }
 
-  /// Embeddings at `positions`, the blocks (attending within each example of `document_ids` when packed) and the final norm: what the head reads.
-  torch::Tensor run(const torch::Tensor& input_ids, const torch::Tensor& positions, KVCache* cache, const torch::Tensor& document_ids) {
+  torch::Tensor body(const torch::Tensor& input_ids, const torch::Tensor& positions, KVCache* cache,
+                     const torch::Tensor& document_ids) override {
     auto x = drop(wte(input_ids) + wpe(positions));
     const auto packed = document_ids.defined() ? packed_attention(document_ids, x) : PackedAttention{};
     for (std::size_t i = 0; i < block_list_.size(); ++i) {

@@ -179,28 +179,6 @@ class LlamaImpl : public CausalLM {
     initialize_weights();
   }
 
-  torch::Tensor forward(const torch::Tensor& input_ids, KVCache* cache = nullptr) override {
-    const auto t = input_ids.size(1);
-    const std::int64_t past = cache != nullptr ? cache->length() : 0;
-    if (cache != nullptr) cache->check_room(t);
-    check_window(past + t);
-    const auto positions = torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device()));
-    auto logits = torch::linear(run(input_ids, positions, cache, {}), head_weight());
-    if (cache != nullptr) cache->advance(t);
-    return logits;
-  }
-
-  torch::Tensor forward(const torch::Tensor& input_ids, const TokenLayout& layout) override {
-    return torch::linear(hidden_states(input_ids, &layout), head_weight());
-  }
-
-  torch::Tensor hidden_states(const torch::Tensor& input_ids, const TokenLayout* layout = nullptr) override {
-    const auto t = input_ids.size(1);
-    check_window(t);
-    if (layout != nullptr) return run(input_ids, layout->position_ids, nullptr, layout->document_ids);
-    return run(input_ids, torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device())), nullptr, {});
-  }
-
   torch::Tensor head_weight() override { return config_.tie_word_embeddings ? embed_tokens->weight : lm_head->weight; }
 
   /// transformers' Llama initialisation: every weight N(0, initializer_range), biases 0, norms 1.
@@ -232,7 +210,7 @@ class LlamaImpl : public CausalLM {
  private:
   /// A sliding window (Mistral, Qwen2) is not implemented: a sequence that would need it is refused, never
   /// computed as if the window were not there.
-  void check_window(std::int64_t length) const {
+  void check_sequence(std::int64_t length) const override {
     if (config_.sliding_window && length > *config_.sliding_window)
       throw RuntimeError(errors::runtime_generation,
                          fmt::format("{} with sliding_window = {}: a sequence of {} tokens would need the window, which hpctrain does "
@@ -240,9 +218,8 @@ class LlamaImpl : public CausalLM {
                                      config_.model_type, *config_.sliding_window, length, *config_.sliding_window));
   }
 
-  /// Embeddings, the blocks at `positions` ([T], or [B, T] when packed: attending within each example of `document_ids`) and the final
-  /// norm: what the head reads.
-  torch::Tensor run(const torch::Tensor& input_ids, const torch::Tensor& positions, KVCache* cache, const torch::Tensor& document_ids) {
+  torch::Tensor body(const torch::Tensor& input_ids, const torch::Tensor& positions, KVCache* cache,
+                     const torch::Tensor& document_ids) override {
     auto x = embed_tokens(input_ids);
     const auto packed = document_ids.defined() ? packed_attention(document_ids, x) : PackedAttention{};
     auto [cos, sin] = rotary_angles(positions, x);
