@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <ctime>
 #include <map>
 #include <optional>
@@ -74,6 +75,16 @@ inline std::string python_type_name(const Json& json) {
 
 inline std::string python_repr(const Json& json);
 /// Python's str().
+/// Python's float(str) for the int and float filters: the whole string (spaces around allowed) or the filter's
+/// default 0; beyond a double is inf, as in Python.
+inline double python_float(const std::string& text) {
+  const char* begin = text.c_str();
+  char* end = nullptr;
+  const double x = std::strtod(begin, &end);
+  while (*end == ' ' || *end == '\t' || *end == '\n') ++end;
+  return end == begin || *end != '\0' ? 0.0 : x;
+}
+
 inline std::string python_str(const Json& json) {
   if (json.is_string()) return json.get<std::string>();
   return python_repr(json);
@@ -646,8 +657,10 @@ class Interpreter {
     if (name == "int" || name == "float") {
       double x = 0;
       if (j.is_number()) x = j.get<double>();
-      else if (j.is_string()) try { x = std::stod(j.get<std::string>()); } catch (const std::exception&) { x = 0; }
-      return name == "int" ? Value{Json(static_cast<std::int64_t>(x)), false} : Value{Json(x), false};
+      else if (j.is_string()) x = detail::python_float(j.get<std::string>());
+      // Outside 64 bits (or not a number) int gives its default, 0: the cast would be undefined.
+      const bool fits = std::isfinite(x) && std::abs(x) < 9.2e18;
+      return name == "int" ? Value{Json(fits ? static_cast<std::int64_t>(x) : std::int64_t{0}), false} : Value{Json(x), false};
     }
     if (name == "indent") {
       const auto width = arg(e, 1, "width").value_or(Json(4));

@@ -5,7 +5,11 @@
 // variable, unpacking, `if` filter, else, break/continue), if/elif/else, set (a name, `ns.attribute`, or a
 // block), and TRL's / transformers' `{% generation %}`. Anything else — macro, call, include, extends, raw,
 // filter blocks — is refused naming the line and column, never skipped. Torch-free.
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <system_error>
 #include <string>
 #include <utility>
 #include <vector>
@@ -339,12 +343,16 @@ class Parser {
       }
       case Token::Kind::integer: {
         auto node = make(Expr::Kind::literal, token.at);
-        node->value = std::stoll(token.text);
+        std::int64_t value = 0;
+        const auto [end, failure] = std::from_chars(token.text.data(), token.text.data() + token.text.size(), value);
+        if (failure != std::errc{} || end != token.text.data() + token.text.size())
+          error(token.at, "the integer " + token.text.substr(0, 40) + (token.text.size() > 40 ? "..." : "") + " does not fit 64 bits");
+        node->value = value;
         return node;
       }
       case Token::Kind::number: {
         auto node = make(Expr::Kind::literal, token.at);
-        node->value = std::stod(token.text);
+        node->value = std::strtod(token.text.c_str(), nullptr);  // beyond a double is inf, as Python's float()
         return node;
       }
       case Token::Kind::name: {
