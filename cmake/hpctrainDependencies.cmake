@@ -26,6 +26,15 @@ endif()
 if(NOT DEFINED HPCTRAIN_WITH_TORCH OR HPCTRAIN_WITH_TORCH)
   # LibTorch: from CMAKE_PREFIX_PATH (a libtorch zip, a site install) or else from the python that has
   # the torch wheel (HPCTRAIN_PYTHON, the venv scripts/setup made, or python3 on PATH).
+  # A project's own set(CMAKE_CXX_STANDARD 20) reaches the CUDA probe TorchConfig compiles (Caffe2's
+  # select_compute_arch try_run), for which CMake knows no "CUDA20" dialect of nvcc and stops: the probe
+  # gets C++17 (the project's own targets keep their standard). Both finds need it: on a reconfigure the
+  # first one finds Torch through the cached Torch_DIR.
+  set(_hpctrain_cuda_standard_set OFF)
+  if(DEFINED CMAKE_CXX_STANDARD AND NOT DEFINED CMAKE_CUDA_STANDARD)
+    set(CMAKE_CUDA_STANDARD 17)
+    set(_hpctrain_cuda_standard_set ON)
+  endif()
   find_package(Torch CONFIG QUIET)
   if(NOT Torch_FOUND)
     set(_hpctrain_pythons "${HPCTRAIN_PYTHON}" "$ENV{HPCTRAIN_PYTHON}" "$ENV{HOME}/.cache/hpctrain/venv/bin/python" python3)
@@ -40,16 +49,10 @@ if(NOT DEFINED HPCTRAIN_WITH_TORCH OR HPCTRAIN_WITH_TORCH)
       endif()
     endforeach()
     # TorchConfig warns about kineto and CUDA architectures; neither concerns hpctrain.
-    # A project's own set(CMAKE_CXX_STANDARD 20) reaches the CUDA probe TorchConfig compiles (Caffe2's
-    # select_compute_arch try_run), for which CMake knows no "CUDA20" dialect of nvcc and stops: the probe
-    # gets C++17 (the project's own targets keep their standard).
-    if(DEFINED CMAKE_CXX_STANDARD AND NOT DEFINED CMAKE_CUDA_STANDARD)
-      set(CMAKE_CUDA_STANDARD 17)
-      find_dependency(Torch)
-      unset(CMAKE_CUDA_STANDARD)
-    else()
-      find_dependency(Torch)
-    endif()
+    find_dependency(Torch)
+  endif()
+  if(_hpctrain_cuda_standard_set)
+    unset(CMAKE_CUDA_STANDARD)
   endif()
   # The torch wheel ships c10d headers but not the gloo headers ProcessGroupGloo.hpp includes; Debian's
   # libgloo-dev provides them (see docs/libtorch.md).
