@@ -202,6 +202,7 @@ inline int run_llama_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& g
   row("llama.full", "full fine-tuning, Replicated, no recomputation", hpctrain::ZeroStage::none, true, [](hm::Llama&) {});
   row("llama.full.zero3", "full fine-tuning, ZeRO-3 + checkpointing", hpctrain::ZeroStage::zero3, true,
       [](hm::Llama& model) { model->set_activation_checkpointing(true); });
+  row("llama.full.zero3.keep", "full fine-tuning, ZeRO-3 keeping activations", hpctrain::ZeroStage::zero3, true, [](hm::Llama&) {});
   row("llama.lora", "LoRA r=16 q_proj,v_proj, no recomputation", hpctrain::ZeroStage::none, false, [](hm::Llama& model) {
     hm::LoraConfig lora;
     lora.r = 16;

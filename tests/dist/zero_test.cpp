@@ -208,15 +208,16 @@ TEST_CASE("Resuming a sharded checkpoint of another model is refused, naming the
   }
 }
 
-TEST_CASE("ZeRO-3 trains a GPT-2 like Replicated and exports the gathered model as one safetensors file",
+TEST_CASE("ZeRO-3 trains a GPT-2 like Replicated, exports the gathered model as one safetensors file, and every rank reads its own slices of it back",
           "[dist][zero][zero3]") {
   // Tied embeddings (the unit outside the blocks), dropout replayed in the recomputation, accumulation, clipping.
   // SGD with momentum: the attention's key bias has an exactly zero gradient in theory, and Adam turns the
   // rounding noise there (another summation order over the ranks) into full-size steps; SGD does not.
-  const auto world = GENERATE(2, 3);
-  CAPTURE(world);
+  // Activations kept (the default, as FSDP) at world 2 and 3; recomputed in backward (activation checkpointing).
+  const auto [world, activations] = GENERATE(table<int, std::string>({{2, "keep"}, {3, "keep"}, {2, "recompute"}}));
+  CAPTURE(world, activations);
   ShardDirectory directory;
-  Ranks ranks(world, {"gpt2-equivalence", "zero3", "50", "2", directory.string()}, 240s, zero_worker);
+  Ranks ranks(world, {"gpt2-equivalence", "zero3", "50", "2", directory.string(), activations}, 240s, zero_worker);
   require_all_succeed(ranks, world);
   for (int rank = 0; rank < world; ++rank) {
     CAPTURE(rank, ranks.output(rank));
@@ -231,14 +232,16 @@ TEST_CASE("ZeRO-3 trains a GPT-2 like Replicated and exports the gathered model 
   CHECK(value_of(ranks.output(0), "reduce_scattered_bytes_per_block_element") == "2");
   REQUIRE(value_of(ranks.output(0), "exported").has_value());
   REQUIRE(fs::file_size(directory.string() + "/model.safetensors") > 0);
+  // The export loaded with empty blocks, each rank reading only its slices, gathers to the same model.
+  for (int rank = 0; rank < world; ++rank) CHECK(value_of(ranks.output(rank), "deferred_load_equal") == "1");
 }
 
 TEST_CASE("ZeRO-3 under bf16 gathers and computes its blocks in bf16, reduce-scatters fp32 gradients every micro-batch, "
           "and trains a GPT-2 like Replicated under autocast within bf16's bounds",
           "[dist][zero][zero3][bf16]") {
-  const auto world = GENERATE(2, 3);
-  CAPTURE(world);
-  Ranks ranks(world, {"gpt2-bf16", "10", "2"}, 240s, zero_worker);
+  const auto [world, activations] = GENERATE(table<int, std::string>({{2, "keep"}, {3, "keep"}, {2, "recompute"}}));
+  CAPTURE(world, activations);
+  Ranks ranks(world, {"gpt2-bf16", "10", "2", activations}, 240s, zero_worker);
   require_all_succeed(ranks, world);
   for (int rank = 0; rank < world; ++rank) {
     const auto& output = ranks.output(rank);
@@ -252,10 +255,14 @@ TEST_CASE("ZeRO-3 under bf16 gathers and computes its blocks in bf16, reduce-sca
     REQUIRE(norm_difference <= std::stod(value_of(output, "grad_norm_difference_bound").value()));
     CHECK(value_of(output, "peak_gathered_bytes") == value_of(output, "bf16_peak_gathered_bytes"));  // half of fp32's
     CHECK(value_of(output, "master_bytes") == "0");
-    // Counted at the collectives, per block element and micro-batch: 2 + 2 bytes gathered (forward, recomputation),
+    // Counted at the collectives, per block element and micro-batch: 2 + 2 bytes gathered (forward, backward),
     // 4 reduce-scattered (fp32), against fp32's 4 + 4 and 4.
     CHECK(value_of(output, "gathered_bytes_per_block_element") == "4");
     CHECK(value_of(output, "reduce_scattered_bytes_per_block_element") == "4");
+    // After a forward, the kept activations refer to every block's gathered buffer, which holds no memory until
+    // the block's backward; recomputation keeps no buffer.
+    CHECK(value_of(output, "held_buffers") == (activations == "keep" ? std::string("3") : std::string("0")));  // its 3 blocks
+    CHECK(value_of(output, "held_bytes") == "0");
   }
 }
 

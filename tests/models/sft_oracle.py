@@ -7,6 +7,9 @@
       assistant_only_loss wants; DIR/conversations.jsonl: conversations made from the fortunes (system prompts,
       several turns, quotes and non-ASCII text) that no other test reads; DIR/broken.jsonl: the same with
       line 7 broken.
+  sft_oracle.py make-sharded DIR LAYERS HIDDEN INTERMEDIATE
+      DIR/sharded: a larger random Llama (after `make`, with DIR/llama's tokenizer and chat template) saved by
+      transformers in bf16 as several safetensors shards with an index (model.safetensors.index.json).
   sft_oracle.py loss MODEL_DIR JSONL MAX_LENGTH
       the mean cross entropy over the assistant tokens of the held-out conversations (every 16th, from the
       9th), fp32: transformers' apply_chat_template (assistant mask from the template), truncated to
@@ -134,10 +137,35 @@ def peft_check(base_dir, export_dir):
     sys.exit(0 if ok else 1)
 
 
+def make_sharded(work, layers, hidden, intermediate):
+    import shutil
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    source, out = os.path.join(work, "llama"), os.path.join(work, "sharded")
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(source):
+        if name.startswith("tokenizer") or name in ("special_tokens_map.json", "chat_template.jinja"):
+            shutil.copy(os.path.join(source, name), out)
+    small = json.load(open(os.path.join(source, "config.json")))
+    torch.manual_seed(11)
+    config = LlamaConfig(vocab_size=small["vocab_size"], hidden_size=hidden, intermediate_size=intermediate,
+                         num_hidden_layers=layers, num_attention_heads=hidden // 64, num_key_value_heads=hidden // 256,
+                         max_position_embeddings=512, rope_theta=500000.0, bos_token_id=1, eos_token_id=0, pad_token_id=2,
+                         tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    total = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(out, safe_serialization=True, max_shard_size=f"{max(1, total * 2 // 4 // 1000000)}MB")
+    shards = [n for n in os.listdir(out) if n.endswith(".safetensors")]
+    print(f"{total} parameters in bf16, {len(shards)} shards")
+
+
 if __name__ == "__main__":
     command = sys.argv[1]
     if command == "make":
         make(sys.argv[2], sys.argv[3])
+    elif command == "make-sharded":
+        make_sharded(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     elif command == "peft-check":
         peft_check(sys.argv[2], sys.argv[3])
     elif command == "loss":

@@ -16,14 +16,7 @@ fail_tail=40
 sft="$(realpath "$1")"
 generate="$(realpath "$2")"
 here="$(cd "$(dirname "$0")" && pwd)"
-python="${HPCTRAIN_PYTHON:-$HOME/.cache/hpctrain/venv/bin/python}"
-fortunes=/usr/share/games/fortunes
-if [ ! -x "$python" ] || ! "$python" -c 'import transformers, tokenizers' 2>/dev/null; then
-  echo "SKIP: no Python with transformers and tokenizers at $python (scripts/setup makes it)"; exit 77
-fi
-[ -d "$fortunes" ] || { echo "SKIP: no fortunes corpus at $fortunes (Debian package fortunes)"; exit 77; }
-work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/sft-test.XXXXXX")"
-cd "$work"
+transformers_test_setup sft-test
 oracle() { "$python" "$here/sft_oracle.py" "$@"; }
 value() { sed -n "s/^$1=\([^ ]*\).*/\1/p" "$2" | tail -1; }
 close() { awk -v x="$1" -v y="$2" 'BEGIN { d = x - y; if (d < 0) d = -d; exit !(d <= 1e-4 * (y < 0 ? -y : y)) }'; }

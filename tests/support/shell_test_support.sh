@@ -33,3 +33,17 @@ wait_for() {
     sleep "${3:-${wait_interval:-1}}"
   done
 }
+
+# transformers_test_setup NAME: the oracle Python ($python: HPCTRAIN_PYTHON, else the venv scripts/setup makes) with
+# transformers and tokenizers, and the fortunes corpus ($fortunes), or exit 77 (skipped); then a fresh work
+# directory ($work, NAME.XXXXXX under the build tree) to cd into.
+transformers_test_setup() {
+  python="${HPCTRAIN_PYTHON:-$HOME/.cache/hpctrain/venv/bin/python}"
+  fortunes=/usr/share/games/fortunes
+  if [ ! -x "$python" ] || ! "$python" -c 'import transformers, tokenizers' 2>/dev/null; then
+    echo "SKIP: no Python with transformers and tokenizers at $python (scripts/setup makes it)"; exit 77
+  fi
+  [ -d "$fortunes" ] || { echo "SKIP: no fortunes corpus at $fortunes (Debian package fortunes)"; exit 77; }
+  work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/$1.XXXXXX")"
+  cd "$work"
+}

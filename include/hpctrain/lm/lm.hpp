@@ -47,7 +47,7 @@ inline std::optional<models::LoraConfig> lora_from_knobs(const Knobs& knobs) {
 
 /// lm::causal_lm_training's --activation-checkpointing on the made model: every transformer block recomputed
 /// in backward instead of keeping its activations (a third more compute for the blocks' activations' memory;
-/// ZeRO-3 recomputes whatever this says). SpecError when it is on and the model is not a models::CausalLM.
+/// under ZeRO-3 too, which otherwise keeps them as FSDP does). SpecError when it is on and the model is not a models::CausalLM.
 inline void activation_checkpointing_from_knobs(torch::nn::Module& module, const Knobs& knobs) {
   const bool on = knobs.get<bool>("activation_checkpointing");
   auto* model = dynamic_cast<models::CausalLM*>(&module);

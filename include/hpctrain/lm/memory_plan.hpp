@@ -13,7 +13,7 @@
 //   activations     what autograd keeps for backward, counted tensor by tensor from the families' code (per
 //                   token and layer, full fine-tuning: Llama 24·h + 4·kv + 8·i bytes under bf16 autocast,
 //                   28·h + 8·kv + 16·i in fp32; GPT-2 38·h and 68·h; a frozen Linear keeps no input), or with
-//                   recomputation (--activation-checkpointing, and ZeRO-3 always) each block's input plus one
+//                   recomputation (--activation-checkpointing, under ZeRO-3 too) each block's input plus one
 //                   block's worth
 //   logits          the head's output, its fp32 copy and its gradient (10 bytes per token and vocabulary entry
 //                   in bf16, 12 in fp32), or one chunk's (--loss-chunk-tokens)
@@ -21,8 +21,9 @@
 // The peak is the weights, the optimizer state and the bf16 copies, plus the larger of the forward's end
 // (activations and logits) and the backward's end (gradients and one block's activations), plus the runtime's
 // own (the CUDA context and LibTorch's kernels: stated, not measured here). Host memory at load is what each
-// rank builds before the strategy takes over: the whole model in fp32 (lm::from_pretrained reads every
-// shard on every rank), times the ranks of a node.
+// rank builds on the host before the strategy takes over, times the ranks of a node: under ZeRO-3 without LoRA
+// the parameters outside the blocks and one block at a time (lm::from_pretrained leaves the blocks empty and
+// each rank reads only its slices of them, models/blocks.hpp); otherwise the whole model in fp32.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -147,6 +148,9 @@ inline std::int64_t activation_bytes_per_token(const PlanInput& in) {
   return bytes;
 }
 
+/// Whether each rank reads only its slices of the blocks at load (ZeRO-3 without LoRA: the Trainer's defer_blocks).
+inline bool reads_slices(const PlanInput& in) { return in.strategy == "zero3" && in.lora_rank == 0; }
+
 inline MemoryPlan plan_memory(const PlanInput& in) {
   const auto& m = in.model;
   const double world = in.world;
@@ -172,14 +176,15 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   const double per_layer = tokens * static_cast<double>(activation_bytes_per_token(in));
   plan.activations = per_layer * static_cast<double>(m.layers);
   plan.activations_recomputed = tokens * 4.0 * static_cast<double>(m.hidden * m.layers) + per_layer;
-  const bool recompute = in.activation_checkpointing || zero3;
+  const bool recompute = in.activation_checkpointing;
   const double kept = recompute ? plan.activations_recomputed : plan.activations;
   const double logit_tokens = in.loss_chunk_tokens > 0 ? std::min<double>(tokens, static_cast<double>(in.loss_chunk_tokens)) : tokens;
   plan.logits = logit_tokens * static_cast<double>(m.vocab) * (in.bf16 ? 10.0 : 12.0);
   plan.runtime = static_cast<double>(in.runtime_bytes);
   const double resident = plan.parameters + plan.optimizer_state + plan.bf16_weights + plan.gathered_blocks + plan.runtime;
   plan.peak = resident + std::max(kept + plan.logits, plan.gradients + per_layer);
-  plan.host_at_load = 4.0 * static_cast<double>(m.parameters) * in.ranks_per_node;
+  plan.host_at_load = 4.0 * (reads_slices(in) ? outside + static_cast<double>(m.block_parameters) : static_cast<double>(m.parameters)) *
+                      in.ranks_per_node;
   plan.gpu = in.gpu_bytes;
   return plan;
 }
@@ -202,7 +207,7 @@ inline std::string parameter_count_label(std::int64_t count) {
 
 /// The plan as `--plan` prints it.
 inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
-  const bool recompute = in.activation_checkpointing || in.strategy == "zero3";
+  const bool recompute = in.activation_checkpointing;
   std::string out = fmt::format(
       "memory plan: {} ({} parameters, {} trainable{}), {}, {}, {} rank(s) ({} per node), micro-batch {} x {} tokens{}\n",
       in.model.family, parameter_count_label(in.model.parameters), parameter_count_label(plan.trainable),
@@ -224,8 +229,10 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
   row("logits", plan.logits);
   row("runtime (stated)", plan.runtime, "CUDA context and kernels");
   row("peak", plan.peak, plan.gpu ? fmt::format("of {} per GPU: {}", plan_bytes(*plan.gpu), plan.fits() ? "fits" : "DOES NOT FIT") : "");
-  out += fmt::format("per node at load: at least {} of host memory (each rank builds the whole model in fp32, and reads the "
-                     "checkpoint beside it)\n", plan_bytes(plan.host_at_load));
+  out += fmt::format("per node at load: at least {} of host memory ({})\n", plan_bytes(plan.host_at_load),
+                     reads_slices(in) ? "each rank builds the parameters outside the blocks and one block at a time, and reads only its "
+                                        "slices of the rest"
+                                      : "each rank builds the whole model in fp32");
   return out;
 }
 

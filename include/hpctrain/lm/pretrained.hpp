@@ -52,7 +52,8 @@ HPCTRAIN_RUNTIME_INLINE std::shared_ptr<models::CausalLM> Pretrained::operator()
     fmt::print("hpctrain: {}: {}\n", directory.string(), reading.summary);
     if (const auto warning = reading.warning(directory / "config.json"); !warning.empty()) fmt::print(stderr, "{}\n", warning);
   }
-  return models::load_pretrained(directory, dtype_);
+  // Under ZeRO-3 the blocks stay empty until each rank reads its own slices of them (models/blocks.hpp).
+  return run.defer_blocks ? models::load_pretrained_deferred(directory, dtype_) : models::load_pretrained(directory, dtype_);
 }
 
 HPCTRAIN_RUNTIME_INLINE void Pretrained::check_at_login(const Knobs& knobs) const {

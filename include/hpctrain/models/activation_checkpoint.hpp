@@ -105,6 +105,38 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
 }  // namespace detail
 
+namespace detail {
+
+struct BackwardHook : torch::CustomClassHolder {
+  std::function<void()> hook;
+};
+
+/// The identity, whose backward calls a hook when the gradient of its output arrives.
+struct OnBackwardFunction : torch::autograd::Function<OnBackwardFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, c10::intrusive_ptr<BackwardHook> hook,
+                               torch::Tensor anchor) {
+    (void)anchor;
+    ctx->saved_data["hook"] = c10::IValue::make_capsule(c10::static_intrusive_pointer_cast<torch::CustomClassHolder>(hook));
+    return x;  // returned as a view of itself, with this node as its grad_fn
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    c10::static_intrusive_pointer_cast<BackwardHook>(ctx->saved_data["hook"].toCapsule())->hook();
+    return {grads[0], torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace detail
+
+/// `x` unchanged, with `hook` called in backward once the gradient of the result has been computed: on a block's
+/// output, before the block's own backward; on its input, after it (autograd runs the parameters' gradient
+/// accumulation first, as soon as each is ready). The hook runs even when `x` needs no gradient.
+inline torch::Tensor on_backward(const torch::Tensor& x, std::function<void()> hook) {
+  auto holder = c10::make_intrusive<detail::BackwardHook>();
+  holder->hook = std::move(hook);
+  auto anchor = torch::zeros({}, torch::TensorOptions().device(x.device()).requires_grad(true));
+  return detail::OnBackwardFunction::apply(x, holder, anchor);
+}
+
 /// `block(input)`, keeping only `input` for backward: the block runs again there. The result must depend
 /// on `input` (which must require grad) for the block's parameters to receive gradients.
 /// With `hooks`, each is called at its point (see CheckpointHooks); the block's parameters then receive

@@ -14,7 +14,14 @@
 //   };
 //
 // Parameters outside the blocks (embeddings, final norm, head) form one more unit, kept whole (as ZeRO-2).
+//
+// Deferred blocks: a model can be built with its blocks' parameters left empty (DeepSpeed's zero.Init, FSDP's
+// meta-device model). A loader builds each block under a BlockConstruction scope, which empties it as soon as
+// it is built, so that the whole model never exists at once, and attaches DeferredBlocks: the full shapes and
+// where the values come from. The fully sharded strategy then reads only its own slices of each block;
+// anything else calls materialize_blocks first.
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <utility>
@@ -22,6 +29,7 @@
 
 #include <torch/nn/module.h>
 #include <torch/types.h>
+#include <torch/utils.h>
 
 namespace hpctrain {
 
@@ -29,6 +37,40 @@ namespace hpctrain {
 using BlockCall = std::function<torch::Tensor(const torch::Tensor&)>;
 /// Runs block `index` of a module on `input` (a strategy's wrapper around the call).
 using BlockRunner = std::function<torch::Tensor(std::size_t index, const BlockCall& call, const torch::Tensor& input)>;
+
+/// The blocks of a model whose parameters are still empty, and where their values come from.
+struct DeferredBlocks {
+  /// For each block, in blocks() order: its parameters in registration order (parameters()), each as a meta
+  /// tensor with the full shape and dtype.
+  std::vector<std::vector<torch::Tensor>> shapes;
+  /// Writes elements [offset, offset + out.numel()) of block `block`'s parameter `parameter`, flattened in
+  /// row-major order, into `out` (converted to out's dtype and device).
+  std::function<void(std::size_t block, std::size_t parameter, std::int64_t offset, torch::Tensor out)> read;
+};
+
+/// While alive on this thread, every block a family of models/ builds is handed to `on_block` as soon as it is
+/// built, before the next one is (the families call BlockConstruction::built). Scopes do not nest.
+class BlockConstruction {
+ public:
+  explicit BlockConstruction(std::function<void(torch::nn::Module&)> on_block) : previous_(current()) {
+    current() = std::move(on_block);
+  }
+  ~BlockConstruction() { current() = std::move(previous_); }
+  BlockConstruction(const BlockConstruction&) = delete;
+  BlockConstruction& operator=(const BlockConstruction&) = delete;
+
+  /// Called by a model's constructor right after it builds each block.
+  static void built(torch::nn::Module& block) {
+    if (current()) current()(block);
+  }
+
+ private:
+  static std::function<void(torch::nn::Module&)>& current() {
+    thread_local std::function<void(torch::nn::Module&)> on_block;
+    return on_block;
+  }
+  std::function<void(torch::nn::Module&)> previous_;
+};
 
 /// Mixin for a torch::nn::Module whose forward runs a list of blocks, each through run_block().
 class ListsBlocks {
@@ -40,6 +82,13 @@ class ListsBlocks {
   void set_block_runner(BlockRunner runner) { block_runner_ = std::move(runner); }
   /// Whether a runner is installed.
   bool has_block_runner() const { return static_cast<bool>(block_runner_); }
+  /// Recompute each block in backward instead of keeping its activations (training only): the model's own
+  /// forward checkpoints its blocks, and the fully sharded strategy gathers a block again for its recomputation.
+  void set_activation_checkpointing(bool on) { activation_checkpointing_ = on; }
+  bool activation_checkpointing() const { return activation_checkpointing_; }
+  /// The blocks' deferred values, when the blocks were built empty (null once they are materialized or sharded).
+  const std::shared_ptr<DeferredBlocks>& deferred_blocks() const { return deferred_blocks_; }
+  void set_deferred_blocks(std::shared_ptr<DeferredBlocks> deferred) { deferred_blocks_ = std::move(deferred); }
 
  protected:
   /// `call(input)`, through the installed runner if any. `index` is the block's place in blocks().
@@ -49,6 +98,25 @@ class ListsBlocks {
 
  private:
   BlockRunner block_runner_;
+  bool activation_checkpointing_ = false;
+  std::shared_ptr<DeferredBlocks> deferred_blocks_;
 };
+
+/// Gives every deferred block its whole values (each parameter read in full, in its own dtype and device).
+inline void materialize_blocks(ListsBlocks& lists) {
+  const auto deferred = lists.deferred_blocks();
+  if (!deferred) return;
+  const auto blocks = lists.blocks();
+  torch::NoGradGuard no_grad;
+  for (std::size_t b = 0; b < blocks.size(); ++b) {
+    auto parameters = blocks[b]->parameters();
+    for (std::size_t k = 0; k < parameters.size(); ++k) {
+      auto full = torch::empty(deferred->shapes[b][k].sizes(), parameters[k].options().requires_grad(false));
+      deferred->read(b, k, 0, full.view({-1}));
+      parameters[k].set_data(full);
+    }
+  }
+  lists.set_deferred_blocks(nullptr);
+}
 
 }  // namespace hpctrain

@@ -197,17 +197,14 @@ class CausalLM : public torch::nn::Module, public ListsBlocks {
   virtual std::optional<std::int64_t> max_positions() const = 0;
   /// The token that ends generation, from the config.
   virtual std::optional<std::int64_t> eos_token_id() const = 0;
-  /// Recompute each block in backward instead of keeping its activations (training only).
-  void set_activation_checkpointing(bool on) { activation_checkpointing_ = on; }
-  bool activation_checkpointing() const { return activation_checkpointing_; }
 
  protected:
   /// Block `index` on `x`: through the block runner when a strategy installed one (the fully sharded one
-  /// recomputes the block in backward itself), else checkpointed when activation checkpointing is on and
-  /// this is a training forward without cache, else directly.
+  /// recomputes the block in backward itself when activation checkpointing is on), else checkpointed when
+  /// activation checkpointing is on and this is a training forward without cache, else directly.
   torch::Tensor call_block(std::size_t index, const BlockCall& call, const torch::Tensor& x, const KVCache* cache) {
     if (has_block_runner()) return run_block(index, call, x);
-    if (activation_checkpointing_ && cache == nullptr && is_training() && torch::GradMode::is_enabled()) return checkpointed(call, x);
+    if (activation_checkpointing() && cache == nullptr && is_training() && torch::GradMode::is_enabled()) return checkpointed(call, x);
     return call(x);
   }
 
@@ -218,8 +215,6 @@ class CausalLM : public torch::nn::Module, public ListsBlocks {
   /// of `document_ids` when defined; through `cache` when given) and the final norm: what the head reads.
   virtual torch::Tensor body(const torch::Tensor& input_ids, const torch::Tensor& positions, KVCache* cache,
                              const torch::Tensor& document_ids) = 0;
-
-  bool activation_checkpointing_ = false;
 };
 
 }  // namespace hpctrain::models

@@ -109,6 +109,7 @@ class GPT2Impl : public CausalLM {
     h = register_module("h", torch::nn::ModuleList());
     for (std::int64_t i = 0; i < config_.n_layer; ++i) {
       block_list_.push_back(GPT2Block(config_, static_cast<std::size_t>(i)));
+      BlockConstruction::built(*block_list_.back());  // a loader may empty it before the next is built
       h->push_back(block_list_.back());
     }
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config_.n_embd}).eps(config_.layer_norm_epsilon)));

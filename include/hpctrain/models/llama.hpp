@@ -170,6 +170,7 @@ class LlamaImpl : public CausalLM {
     layers = register_module("layers", torch::nn::ModuleList());
     for (std::int64_t i = 0; i < config_.num_hidden_layers; ++i) {
       block_list_.push_back(LlamaBlock(config_, static_cast<std::size_t>(i)));
+      BlockConstruction::built(*block_list_.back());  // a loader may empty it before the next is built
       layers->push_back(block_list_.back());
     }
     norm = register_module("norm", RMSNorm(config_.hidden_size, config_.rms_norm_eps));

@@ -12,6 +12,9 @@
 #include <malloc.h>
 #endif
 #include <climits>
+#include <cstdint>
+#include <fstream>
+#include <string>
 
 namespace hpctrain::detail {
 
@@ -22,6 +25,14 @@ inline bool keep_freed_host_memory() {
 #else
   return false;
 #endif
+}
+
+/// The process's peak resident memory so far in bytes (Linux's VmHWM), or 0 where /proc does not say.
+inline std::int64_t peak_resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // "VmHWM:   123456 kB"
+  return 0;
 }
 
 }  // namespace hpctrain::detail

@@ -25,6 +25,9 @@ struct RunContext {
   std::optional<std::filesystem::path> prepared_dir;   ///< Job::prepare's output directory, when the job has one
   std::optional<std::filesystem::path> pretrained_dir; ///< where the model factory's files are (lm::from_pretrained)
   std::optional<models::LoraConfig> lora;             ///< the adapters the run trains (Training::lora), if any
+  /// The strategy reads its own slices of each block (ZeRO-3 without LoRA): a model factory may return blocks
+  /// built empty, with ListsBlocks::deferred_blocks (lm::from_pretrained does); the model hooks then see them empty.
+  bool defer_blocks = false;
 
   /// The preparation's output directory; RuntimeError naming `what` needs it when the job has none.
   const std::filesystem::path& require_prepared_dir(std::string_view what) const {

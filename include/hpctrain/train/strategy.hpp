@@ -103,6 +103,10 @@ class DataParallelStrategy {
   /// Makes the user's module hold the full parameters on every rank (for export and evaluation); a
   /// no-op where they always do (replicated, ZeRO-1/2).
   virtual void gather_full_model() {}
+
+  /// Whether setup takes a model whose blocks are still empty (ListsBlocks::deferred_blocks, models/blocks.hpp)
+  /// and reads its own slices of them (ZeRO-3); the Trainer materializes them for any other strategy.
+  virtual bool reads_deferred_blocks() const { return false; }
 };
 
 }  // namespace hpctrain

@@ -31,6 +31,7 @@
 #include <hpctrain/dist/process_group.hpp>
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/prepare.hpp>
+#include <hpctrain/models/blocks.hpp>
 #include <hpctrain/slurm/world.hpp>
 #include <hpctrain/train/checkpoint.hpp>
 #include <hpctrain/train/checkpointing.hpp>
@@ -108,16 +109,33 @@ class Trainer {
                             training_.pretrained_dir(training_.knobs()), training_.lora(training_.knobs())});
   }
 
-  /// Seeded model on the device; the strategy makes the replicas equal (one broadcast) and the optimizer.
+  /// Seeded model on the device; the strategy makes the replicas equal (one broadcast) and the optimizer. A
+  /// model built with empty blocks (lm::from_pretrained under ZeRO-3) is never whole on a rank: the strategy
+  /// reads each rank's slices; any other strategy gets it materialized.
   void build_model_and_strategy() {
     torch::manual_seed(static_cast<std::uint64_t>(training_.seed()));
+    strategy_ = training_.make_strategy();
+    run_->defer_blocks = strategy_->reads_deferred_blocks() && !run_->lora;
     model_ = training_.make_model(*run_);
+    if (auto* lists = dynamic_cast<ListsBlocks*>(model_.module.get()); lists != nullptr && !run_->defer_blocks) materialize_blocks(*lists);
     for (const auto& hook : training_.model_hooks()) hook(*model_.module, run_->knobs);
     if (run_->lora) add_lora_adapters();
     model_.module->to(device_);
-    strategy_ = training_.make_strategy();
     strategy_->setup({group_, model_.module, training_.optimizer_factory(), training_.precision()});
+    report_setup_memory();
     for (auto& group : strategy_->optimizer().param_groups()) base_lrs_.push_back(training_.lr().value_or(group.options().get_lr()));
+  }
+
+  /// Rank 0 prints the highest peak resident host memory of any rank once the model is ready: what loading
+  /// took, the figure that decides whether a node's ranks fit its memory.
+  void report_setup_memory() {
+    auto peaks = torch::zeros({group_->world_size()}, torch::TensorOptions(torch::kFloat64).device(device_));
+    peaks[group_->rank()] = static_cast<double>(detail::peak_resident_bytes());
+    const auto host = dist::all_reduce_sum(*group_, peaks).cpu();
+    const auto most = host.argmax().item<std::int64_t>();
+    if (lead() && host[most].item<double>() > 0)
+      fmt::print("hpctrain: model ready: peak host memory {:.3f} GiB per rank at most (rank {})\n",
+                 host[most].item<double>() / (1 << 30), most);
   }
 
   /// LoRA: adapters on the targeted layers, everything else frozen (before the strategy sees the parameters).

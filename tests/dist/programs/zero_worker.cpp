@@ -7,13 +7,14 @@
 //   zero_worker equivalence <zero1|zero2|zero3> <steps> <accumulation> [adamw|sgd]
 //       ZeRO parameters after <steps> AdamW (or SGD) steps (clipping on) equal Replicated's (GradientSync + the
 //       optimizer on the whole model + torch::nn::utils::clip_grad_norm_) within equivalence_bound relative
-//   zero_worker gpt2-bf16 <steps> <accumulation>
+//   zero_worker gpt2-bf16 <steps> <accumulation> [recompute]
 //       ZeRO-3 under bf16 (bf16 gathers, fp32 reduce-scatters every micro-batch) against Replicated under bf16
 //       autocast, from the same GPT-2 and data: gradient norms and parameters within bf16's bounds, the gathered
 //       blocks held in 2 bytes an element, no master copy
-//   zero_worker gpt2-equivalence <zero2|zero3> <steps> <accumulation> <export_dir>
+//   zero_worker gpt2-equivalence <zero2|zero3> <steps> <accumulation> <export_dir> [recompute]
 //       the same with a small GPT-2 (tied embeddings, dropout on) and SGD with momentum; then rank 0 exports the gathered model as a
-//       Hugging Face directory into <export_dir>, loads it back and checks it equals its module bit for bit
+//       Hugging Face directory into <export_dir>, loads it back and checks it equals its module bit for bit; under
+//       zero3 every rank then loads the export with empty blocks and a fresh ZeRO-3 reads its own slices of them
 //   zero_worker no-blocks                    ZeRO-3 on a module that lists no blocks is refused at setup
 //   zero_worker train <zero1|zero2|zero3> <dir> <save_at|-1> <steps> [resume_from_world resume_step]
 //       trains steps [start, steps) on a fixed global batch per step (24 rows split over the ranks),
@@ -436,10 +437,47 @@ std::string block_traffic_lines(const hpctrain::FullyShardedStrategy& strategy, 
                      static_cast<double>(strategy.block_traffic().reduce_scattered) / per);
 }
 
+/// One more forward with grad: with activations kept, every block's gathered buffer is freed after the forward
+/// though autograd still refers to it (no memory held, `held_buffers=` blocks); with recomputation none is held.
+/// Then its backward, and the step's release.
+std::string held_after_forward(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::FullyShardedStrategy& strategy,
+                               hpctrain::models::GPT2& model, hpctrain::Precision precision) {
+  strategy.zero_grad();
+  hpctrain::AutocastScope autocast(precision, torch::Device(torch::kCPU));
+  auto loss = lm_loss(model, token_batch(0, group->rank(), group->world_size(), 0, 1));
+  const auto held = strategy.held_buffers();
+  const auto bytes = strategy.held_bytes();
+  loss.backward();
+  strategy.zero_grad();
+  return fmt::format("held_buffers={}\nheld_bytes={}\n", held, bytes);
+}
+
+/// Every rank loads rank 0's export with its blocks left empty and a fresh ZeRO-3 reads its own slices of them
+/// (GPT-2's transposed projections, shards padded and straddling parameters at world 3): gathered, the model
+/// equals the one exported, bit for bit.
+bool check_deferred_load(const std::shared_ptr<dist::ProcessGroup>& group, const fs::path& export_dir, hpctrain::models::GPT2& exported) {
+  dist::all_reduce_sum(*group, 1.0);  // rank 0 has written the export
+  auto deferred = hpctrain::models::load_gpt2_deferred(export_dir);
+  bool ok = deferred->deferred_blocks() != nullptr && deferred->blocks().front()->parameters().front().numel() == 0;
+  hpctrain::FullyShardedStrategy strategy(small_buckets());
+  strategy.setup({group, deferred.ptr(), make_sgd});
+  ok = ok && deferred->deferred_blocks() == nullptr;  // taken by the strategy, the checkpoint's mapping with it
+  strategy.gather_full_model();
+  auto expected = exported->named_parameters();
+  for (const auto& item : deferred->named_parameters())
+    if (!torch::equal(expected[item.key()], item.value())) {
+      std::cerr << fmt::format("rank {}: {} read in slices differs from the exported model's\n", group->rank(), item.key());
+      ok = false;
+    }
+  std::cout << fmt::format("deferred_load_equal={}\n", ok ? 1 : 0);
+  return ok;
+}
+
 int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage stage, int steps,
-                           int accumulation, const fs::path& export_dir) {
+                           int accumulation, const fs::path& export_dir, bool recompute) {
   const int rank = group->rank();
   auto [model, reference] = equal_gpt2s();
+  model->set_activation_checkpointing(recompute);
   auto strategy = make_strategy(stage);
   strategy->setup({group, model.ptr(), make_sgd});
   const double worst_norm_difference =
@@ -461,6 +499,7 @@ int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpc
     }
     std::cout << "exported=" << (export_dir / "model.safetensors").string() << "\n";
   }
+  if (stage == hpctrain::zero3) ok = check_deferred_load(group, export_dir, model) && ok;
   std::cout << fmt::format("max_relative_difference={:.3e}\nrelative_difference_bound={:.0e}\nmax_grad_norm_difference={:.3e}\n", worst,
                            equivalence_bound, worst_norm_difference)
             << std::flush;
@@ -477,9 +516,10 @@ int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpc
 /// feeds every block stale weights.
 constexpr double bf16_norm_bound = 1e-2, bf16_parameter_bound = 1e-1;
 
-int check_gpt2_bf16(const std::shared_ptr<dist::ProcessGroup>& group, int steps, int accumulation) {
+int check_gpt2_bf16(const std::shared_ptr<dist::ProcessGroup>& group, int steps, int accumulation, bool recompute) {
   const int rank = group->rank();
   auto [model, reference] = equal_gpt2s();
+  model->set_activation_checkpointing(recompute);
   hpctrain::FullyShardedStrategy strategy(small_buckets());
   strategy.setup({group, model.ptr(), make_sgd, hpctrain::Precision::bf16});
   const double worst_norm_difference =
@@ -493,6 +533,7 @@ int check_gpt2_bf16(const std::shared_ptr<dist::ProcessGroup>& group, int steps,
     expected_peak = std::max(expected_peak, 2 * static_cast<std::size_t>(buckets[b].padded_numel + buckets[b + 1].padded_numel));
   const auto peak_in_training = strategy.peak_gathered_bytes();  // before the export's fp32 gather of every block
   const auto traffic = block_traffic_lines(strategy, steps, accumulation);
+  const auto held = held_after_forward(group, strategy, model, hpctrain::Precision::bf16);
   strategy.gather_full_model();
   for (const auto& item : model->named_parameters())
     if (item.value().scalar_type() != torch::kFloat32) {
@@ -503,7 +544,7 @@ int check_gpt2_bf16(const std::shared_ptr<dist::ProcessGroup>& group, int steps,
   std::cout << fmt::format("max_relative_difference={:.3e}\nrelative_difference_bound={:.0e}\nmax_grad_norm_difference={:.3e}\n"
                            "grad_norm_difference_bound={:.0e}\npeak_gathered_bytes={}\nbf16_peak_gathered_bytes={}\nmaster_bytes={}\n{}",
                            worst, bf16_parameter_bound, worst_norm_difference, bf16_norm_bound, peak_in_training,
-                           expected_peak, strategy.master_bytes(), traffic)
+                           expected_peak, strategy.master_bytes(), traffic + held)
             << std::flush;
   return ok ? 0 : 1;
 }
@@ -540,15 +581,16 @@ int main(int argc, char** argv) try {
   if (mode == "train" && (argc == 6 || argc == 8 || argc == 9))
     return train(group, stage_of(argv[2]), argv[3], std::stoi(argv[4]), std::stoi(argv[5]), argc >= 8 ? std::stoi(argv[6]) : 0,
                  argc >= 8 ? std::stoi(argv[7]) : 0, 33, argc == 9 ? argv[8] : "");
-  if (mode == "gpt2-equivalence" && argc == 6)
-    return check_gpt2_equivalence(group, stage_of(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), argv[5]);
-  if (mode == "gpt2-bf16" && argc == 4) return check_gpt2_bf16(group, std::stoi(argv[2]), std::stoi(argv[3]));
+  const auto recompute = [&](int at) { return argc > at && std::string(argv[at]) == "recompute"; };
+  if (mode == "gpt2-equivalence" && (argc == 6 || argc == 7))
+    return check_gpt2_equivalence(group, stage_of(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), argv[5], recompute(6));
+  if (mode == "gpt2-bf16" && (argc == 4 || argc == 5)) return check_gpt2_bf16(group, std::stoi(argv[2]), std::stoi(argv[3]), recompute(4));
   if (mode == "no-blocks" && argc == 2) return refuse_without_blocks(group);
   if (mode == "lbfgs" && argc == 3) return refuse_lbfgs(group, stage_of(argv[2]));
   if (mode == "other-model" && argc == 5)  // a wider hidden layer than the checkpoint's model
     return train(group, stage_of(argv[2]), argv[3], -1, 12, std::stoi(argv[4]), 5, 34);
   std::cerr << "usage: zero_worker equivalence <stage> <steps> <accumulation> | train <stage> <dir> <save_at> <steps> "
-               "[<resume_world> <resume_step> [<saved_strategy>]] | gpt2-equivalence <stage> <steps> <accumulation> <dir> | "
+               "[<resume_world> <resume_step> [<saved_strategy>]] | gpt2-equivalence <stage> <steps> <accumulation> <dir> [recompute] | "
                "gpt2-bf16 <steps> <accumulation> | "
                "no-blocks | lbfgs <stage> | other-model <stage> <dir> <world>\n";
   return 2;

@@ -7,17 +7,28 @@
 // after the step).
 //
 // LibTorch modules have no forward hooks: the strategy installs a block runner (ListsBlocks::set_block_runner)
-// that runs every block as a checkpointed call (models/activation_checkpoint.hpp) with hooks:
+// that wraps every block call. By default activations are kept, as FSDP2 keeps them:
 //
 //   forward      gather the unit (wait for its prefetched all-gather), start the next unit's all-gather
-//                (prefetch), run the block without recording a graph, free the unit (parameters -> empty)
-//   backward     gather the unit again, start the previous unit's all-gather, recompute the block with grad,
-//                back-propagate, reduce-scatter the unit's gradients into its gradient shard (async), free
+//                (prefetch), run the block recording its graph, free the gathered buffer's memory (its storage
+//                shrinks to 0 bytes; the views autograd saved keep referring to it, as FSDP2's storage resize)
+//   backward     a hook on the block output's gradient gathers the unit again into that same storage and
+//                starts the previous unit's all-gather; the block's own backward runs on its saved tensors;
+//                a hook on its input's gradient (after the parameters' gradients) reduce-scatters the unit's
+//                gradients into its gradient shard (async) and frees the buffer
 //
-// Activations are recomputed per block (FSDP pays the same with reshard_after_forward). On the non-final
-// micro-batches of an accumulation (set_sync(false)) the full gradients accumulate locally, as FSDP's no_sync.
+// With activation checkpointing (ListsBlocks::set_activation_checkpointing, --activation-checkpointing) each
+// block is instead a checkpointed call (models/activation_checkpoint.hpp): run without a graph and freed in
+// forward, gathered again and recomputed with grad in backward (a third more compute for the activations'
+// memory). On the non-final micro-batches of an accumulation (set_sync(false)) the full gradients accumulate
+// locally, as FSDP's no_sync.
 // Clipping, the optimizer step on fp32 masters and the checkpoint format are ZeRO-2's (zero.hpp,
 // zero_checkpoint.hpp): ZeRO-2 and ZeRO-3 checkpoints reshard into each other, at any world size.
+//
+// Loading: a model whose blocks were built empty (models/blocks.hpp's DeferredBlocks: lm::from_pretrained under
+// ZeRO-3, DeepSpeed's zero.Init and FSDP's meta-device model do the same) is never whole on any rank: setup
+// reads each block's shard slice by slice from its source (each rank only its own part of the checkpoint), and
+// broadcasts nothing of the blocks, since every rank reads the same bytes.
 //
 // Mixed precision as FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) does it: under
 // Precision::bf16 a block's fp32 shard is cast to bf16 once per step, the blocks are all-gathered and computed in
@@ -86,17 +97,21 @@ class FullyShardedStrategy : public DataParallelStrategy {
   }
 
   std::string name() const override { return "zero3"; }
+  bool reads_deferred_blocks() const override { return true; }
 
   void setup(StrategyContext context) override {
     group_ = std::move(context.group);
     model_ = std::move(context.model);
     bf16_blocks_ = context.precision == Precision::bf16;
     find_blocks();
-    dist::broadcast_module(*group_, *model_);
+    take_deferred_blocks();
+    dist::broadcast_module(*group_, *model_);  // deferred blocks are empty here: every rank reads the same bytes
     collect_trainable_parameters();
     build_layout();
     build_units();
     build_master_shards();
+    deferred_.reset();  // the checkpoint's mapping goes with it
+    deferred_places_.clear();
     optimizer_ = context.make_optimizer(named_masters());
     if (!optimizer_) throw SpecError("optimizer", "null", "the optimizer factory returned no optimizer");
     detail::require_elementwise(*optimizer_, ZeroStage::zero3);
@@ -222,6 +237,17 @@ class FullyShardedStrategy : public DataParallelStrategy {
     std::size_t gathered = 0, reduce_scattered = 0;
   };
   BlockTraffic block_traffic() const { return block_traffic_; }
+  /// Blocks whose gathered buffer autograd still refers to for a backward to come (activations kept), and the
+  /// bytes those buffers hold meanwhile (none: freed until the block's backward gathers it again).
+  std::size_t held_buffers() const {
+    return static_cast<std::size_t>(std::count_if(units_.begin(), units_.end(), [](const Unit& unit) { return static_cast<bool>(unit.held); }));
+  }
+  std::size_t held_bytes() const {
+    std::size_t bytes = 0;
+    for (const auto& unit : units_)
+      if (unit.held) bytes += unit.held.nbytes();
+    return bytes;
+  }
 
  private:
   struct Piece {
@@ -236,6 +262,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     torch::Tensor flat;            // the whole padded bucket: blocks only while gathered; others always
     torch::Tensor gradient_shard;  // this rank's averaged gradient shard
     torch::Tensor compute_shard;   // bf16 blocks: the shard cast to bf16, once per step (undefined until needed)
+    c10::Storage held;             // kept activations: the freed gathered buffer autograd still refers to (empty)
     dist::PendingAllGather gather;
     dist::PendingReduceScatter reduce_scatter;
     bool gathered = false;
@@ -255,12 +282,36 @@ class FullyShardedStrategy : public DataParallelStrategy {
     }
   }
 
+  /// A model built with empty blocks (models/blocks.hpp's DeferredBlocks) has each rank read its own slices
+  /// (build_units). A frozen parameter in a deferred block stays whole, so such a model is materialized first.
+  void take_deferred_blocks() {
+    if (!lists_->deferred_blocks()) return;
+    for (const auto& block : block_modules_)
+      for (const auto& parameter : block->parameters())
+        if (!parameter.requires_grad()) {
+          materialize_blocks(*lists_);
+          return;
+        }
+    deferred_ = lists_->deferred_blocks();
+    lists_->set_deferred_blocks(nullptr);
+    for (std::size_t b = 0; b < block_modules_.size(); ++b) {
+      const auto parameters = block_modules_[b]->parameters();
+      for (std::size_t k = 0; k < parameters.size(); ++k) deferred_places_[parameters[k].unsafeGetTensorImpl()] = {b, k};
+    }
+  }
+
+  /// The full shape of a parameter: its own, or its deferred block's record of it.
+  c10::IntArrayRef full_shape(const torch::Tensor& parameter) const {
+    const auto found = deferred_places_.find(parameter.unsafeGetTensorImpl());
+    return found == deferred_places_.end() ? parameter.sizes() : deferred_->shapes[found->second.first][found->second.second].sizes();
+  }
+
   void collect_trainable_parameters() {
     for (const auto& item : model_->named_parameters()) {
       if (!item.value().requires_grad()) continue;
       names_.push_back(item.key());
       parameters_.push_back(item.value());
-      full_shapes_.push_back(torch::empty(item.value().sizes(), item.value().options().device(torch::kMeta).requires_grad(false)));
+      full_shapes_.push_back(torch::empty(full_shape(item.value()), item.value().options().device(torch::kMeta).requires_grad(false)));
     }
   }
 
@@ -306,12 +357,13 @@ class FullyShardedStrategy : public DataParallelStrategy {
       groups.push_back(std::move(group));
     }
     std::vector<std::int64_t> numels;
-    for (const auto& parameter : parameters_) numels.push_back(parameter.numel());
+    for (const auto& shape : full_shapes_) numels.push_back(shape.numel());
     layout_ = dist::FlatShardLayout(numels, group_->world_size(), groups);
   }
 
   /// Copies every parameter into its unit's flat bucket; keeps this rank's shard; block parameters are
-  /// then freed (empty), the others become views of their (persistent) bucket.
+  /// then freed (empty), the others become views of their (persistent) bucket. A deferred block is never
+  /// whole: its shard is read slice by slice (read_own_slices).
   void build_units() {
     torch::NoGradGuard no_grad;
     units_.resize(layout_.buckets().size());
@@ -320,6 +372,12 @@ class FullyShardedStrategy : public DataParallelStrategy {
       auto& unit = units_[b];
       const auto options = bucket.parameters.empty() ? torch::TensorOptions(torch::kFloat32).device(group_->device())
                                                      : parameters_[bucket.parameters.front()].options().requires_grad(false);
+      if (b < blocks_ && deferred_) {
+        unit.gradient_shard = torch::zeros({bucket.shard_numel}, options);
+        unit.shard = torch::zeros({bucket.shard_numel}, options);
+        read_own_slices(b, unit.shard);
+        continue;
+      }
       auto flat = torch::zeros({bucket.padded_numel}, options);
       for (std::size_t k = 0; k < bucket.parameters.size(); ++k) {
         auto& parameter = parameters_[bucket.parameters[k]];
@@ -337,6 +395,18 @@ class FullyShardedStrategy : public DataParallelStrategy {
         unit.shard = own_slice(b);
         point_parameters_at(b);
       }
+    }
+  }
+
+  /// This rank's elements of deferred block b, each parameter's overlap with the shard read from its source.
+  void read_own_slices(std::size_t b, torch::Tensor& shard) {
+    const auto& bucket = layout_.buckets()[b];
+    const auto begin = static_cast<std::int64_t>(group_->rank()) * bucket.shard_numel, end = begin + bucket.shard_numel;
+    for (std::size_t k = 0; k < bucket.parameters.size(); ++k) {
+      const auto& place = deferred_places_.at(parameters_[bucket.parameters[k]].unsafeGetTensorImpl());
+      const auto first = bucket.offsets[k], last = first + layout_.numel(bucket.parameters[k]);
+      const auto lo = std::max(first, begin), hi = std::min(last, end);
+      if (lo < hi) deferred_->read(place.first, place.second, lo - first, shard.narrow(0, lo - begin, hi - lo));
     }
   }
 
@@ -384,7 +454,11 @@ class FullyShardedStrategy : public DataParallelStrategy {
     const bool bf16 = for_compute && computes_in_bf16(b);
     if (bf16 && !unit.compute_shard.defined()) unit.compute_shard = unit.shard.to(torch::kBFloat16);
     const auto& source = bf16 ? unit.compute_shard : unit.shard;
-    unit.flat = torch::empty({layout_.buckets()[b].padded_numel}, source.options());
+    const auto numel = layout_.buckets()[b].padded_numel;
+    // Gathered again for backward, a block whose activations were kept refills the buffer they refer to.
+    const bool refill = for_compute && unit.held && unit.held.unsafeGetStorageImpl()->nbytes() == 0 &&
+                        torch::elementSize(source.scalar_type()) * numel > 0;
+    unit.flat = refill ? refill_storage(unit.held, numel, source.options()) : torch::empty({numel}, source.options());
     own_slice(b).copy_(source);
     if (unit.flat.numel() > 0) unit.gather = dist::start_all_gather_in_place(*group_, unit.flat);  // a frozen block: nothing
     if (for_compute) block_traffic_.gathered += unit.flat.nbytes();
@@ -429,14 +503,42 @@ class FullyShardedStrategy : public DataParallelStrategy {
     for (std::size_t b = 0; b < blocks_; ++b) {
       if (units_[b].flat.defined()) finish_gather(b);
       release(b);
+      forget_held(b);
     }
   }
+
+  /// Frees the memory of block b's gathered buffer while autograd's saved tensors (views of it, kept for the
+  /// block's backward) still refer to it: FSDP2's storage resize to 0. Gathered again, the same storage is
+  /// refilled (refill_storage), so those saved views see the parameters again.
+  void release_keeping_storage(std::size_t b) {
+    auto& unit = units_[b];
+    if (pinned_ || !unit.gathered) return;
+    auto storage = unit.flat.storage();
+    release(b);
+    auto* impl = storage.unsafeGetStorageImpl();
+    impl->set_data_ptr_noswap(impl->allocator()->allocate(0));
+    impl->set_nbytes(0);
+    unit.held = std::move(storage);
+  }
+
+  /// A flat buffer of `numel` elements over `storage`, its memory allocated again.
+  static torch::Tensor refill_storage(const c10::Storage& storage, std::int64_t numel, const torch::TensorOptions& options) {
+    auto* impl = storage.unsafeGetStorageImpl();
+    const auto bytes = static_cast<std::size_t>(numel) * torch::elementSize(torch::typeMetaToScalarType(options.dtype()));
+    impl->set_data_ptr_noswap(impl->allocator()->allocate(bytes));
+    impl->set_nbytes(bytes);
+    return torch::empty({0}, options).set_(storage, 0, {numel}, {1});
+  }
+
+  /// After block b's backward (or at the step): nothing refers to its held buffer any more.
+  void forget_held(std::size_t b) { units_[b].held = c10::Storage(); }
 
   // ---- the block runner --------------------------------------------------------------------------------
   torch::Tensor run_block(std::size_t index, const BlockCall& call, const torch::Tensor& input) {
     if (index >= blocks_)
       throw RuntimeError(errors::runtime_gradient_sync,
                          fmt::format("run_block({}) on a model that lists {} blocks", index, blocks_));
+    if (!lists_->activation_checkpointing() || !torch::GradMode::is_enabled()) return run_block_keeping_activations(index, call, input);
     models::CheckpointHooks hooks;
     hooks.before_forward = [this, index] {
       acquire(index);
@@ -456,6 +558,34 @@ class FullyShardedStrategy : public DataParallelStrategy {
     // with bf16 weights); the output goes back to the input's dtype, so the stream between blocks keeps it.
     const BlockCall in_bf16 = [call](const torch::Tensor& x) { return call(x.to(torch::kBFloat16)).to(x.scalar_type()); };
     return models::checkpointed(in_bf16, input, std::move(hooks));
+  }
+
+  /// Block `index` run once, its activations kept for backward (FSDP's default): gathered for the forward and
+  /// freed after it (the saved views keep the buffer's storage, not its memory), gathered again into the same
+  /// storage just before its backward (a hook on its output's gradient, which also prefetches the previous
+  /// block), its gradients reduce-scattered just after (a hook on its input's gradient, which autograd
+  /// computes after the parameters' ones). Without grad (evaluation) it is gathered, run and freed.
+  torch::Tensor run_block_keeping_activations(std::size_t index, const BlockCall& call, const torch::Tensor& input) {
+    acquire(index);
+    prefetch(index + 1);
+    const bool bf16 = computes_in_bf16(index);
+    if (!torch::GradMode::is_enabled()) {
+      auto output = bf16 ? call(input.to(torch::kBFloat16)).to(input.scalar_type()) : call(input);
+      release(index);
+      return output;
+    }
+    auto x = models::on_backward(input, [this, index] {
+      if (sync_ || computes_in_bf16(index)) start_gradient_reduce_scatter(index);
+      release(index);
+      forget_held(index);
+    });
+    auto output = bf16 ? call(x.to(torch::kBFloat16)).to(input.scalar_type()) : call(x);
+    output = models::on_backward(output, [this, index] {
+      acquire(index);
+      if (index > 0) prefetch(index - 1);
+    });
+    release_keeping_storage(index);
+    return output;
   }
 
   /// Starts reduce-scattering unit b's gradients (in the gradient shard's fp32; the parameters' gradients are
@@ -495,6 +625,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
   std::vector<std::string> names_;
   std::vector<torch::Tensor> parameters_;
   std::vector<torch::Tensor> full_shapes_;  // meta tensors: each parameter's full shape and dtype
+  std::shared_ptr<DeferredBlocks> deferred_;  // during setup, when the model's blocks were built empty
+  std::unordered_map<const void*, std::pair<std::size_t, std::size_t>> deferred_places_;  // parameter -> (block, index)
   dist::FlatShardLayout layout_;
   std::size_t blocks_ = 0;
   std::vector<Unit> units_;

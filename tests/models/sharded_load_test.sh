@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# sft --from a bf16 Llama checkpoint in five safetensors shards with an index, made by transformers (a config no
+# other test uses: 8 layers of width 1024, 92M parameters), under --sharding zero3: every rank builds the model a
+# block at a time, keeps none of the blocks, and reads only its own slices of each from the checkpoint.
+#  - the start model's held-out loss (eval_loss_at_start) at --local 1, 2 and 4 equals transformers' on the same
+#    checkpoint in fp32, within 1e-6 relative (the held-out examples are summed in another order per world size);
+#  - the first step's loss at --local 4 equals zero2's at --local 4, which loads the whole model on every rank as
+#    before (the same batches on each rank, so the same sums): within 1e-6 relative;
+#  - memory: each rank's peak resident memory once the model is ready ("model ready: peak host memory") is at most
+#    the same run's on the tiny model of `make` (LibTorch, Gloo, the data: the baseline) plus what a rank must hold
+#    of the weights, with a quarter for room: the fp32 shard and its gradient shard (4 + 4 bytes a parameter)
+#    and the bf16 file pages it reads (2), all over W ranks, plus the one block built whole at a time (4 bytes a
+#    parameter of a block). Before sharded loading every rank built the whole model and cut its shard from it:
+#    1.70, 1.26 and 1.11 GiB at --local 1, 2 and 4 against the bounds 1.47, 0.93 and 0.67.
+# Usage: sharded_load_test.sh <sft binary>
+set -euo pipefail
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
+fail_tail=40
+sft="$(realpath "$1")"
+here="$(cd "$(dirname "$0")" && pwd)"
+transformers_test_setup sharded-load-test
+oracle() { "$python" "$here/sft_oracle.py" "$@"; }
+value() { sed -n "s/^$1=\([^ ]*\).*/\1/p" "$2" | tail -1; }
+close() { awk -v x="$1" -v y="$2" 'BEGIN { d = x - y; if (d < 0) d = -d; exit !(d <= 1e-6 * (y < 0 ? -y : y)) }'; }
+peak() { sed -n 's/^hpctrain: model ready: peak host memory \([0-9.]*\) GiB per rank.*/\1/p' "$1"; }
+first_loss() { sed -n '/"step":1,/s/.*"loss":\([^,]*\).*/\1/p' "$1/metrics.jsonl"; }
+
+oracle make "$work" "$fortunes" > make.log 2>&1 || fail "the oracle could not make the tokenizer and data"
+oracle make-sharded "$work" 8 1024 2816 > make-sharded.log 2>&1 || fail "the oracle could not make the sharded model"
+parameters="$(sed -n 's/^\([0-9]*\) parameters in bf16, \([0-9]*\) shards$/\1/p' make-sharded.log)"
+[ -f sharded/model.safetensors.index.json ] && [ -n "$parameters" ] || fail "no sharded checkpoint with an index"
+expected="$(oracle loss sharded conversations.jsonl 64 2>/dev/null)" || fail "transformers could not compute the start model's loss"
+
+run() {  # run NAME WORLD SHARDING [--from DIR]: one step; the start model's held-out loss checked against transformers'
+  local name="$1" world="$2" sharding="$3" from=sharded
+  [ "${4:-}" = --from ] && from="$5"
+  HPCTRAIN_RUN_DIR="$work/$name" "$sft" --from "$from" --data conversations.jsonl --local "$world" --sharding "$sharding" \
+    --max-steps 1 --max-length 64 > "$name.log" 2>&1 || fail "$name: sft exited $?"
+  [ -n "$(peak "$name.log")" ] || fail "$name: no 'model ready: peak host memory' line"
+  [ "$from" = sharded ] || return 0
+  local start
+  start="$(value eval_loss_at_start "$name.log")"
+  close "$start" "$expected" || fail "$name: the start model's held-out loss is $start, transformers says $expected"
+}
+for world in 1 2 4; do run "zero3-$world" "$world" zero3; done
+run zero2-4 4 zero2
+close "$(first_loss zero3-4)" "$(first_loss zero2-4)" ||
+  fail "the first step's loss at --local 4 is $(first_loss zero3-4) under zero3 and $(first_loss zero2-4) under zero2"
+
+run baseline-4 4 zero3 --from llama
+block=$(( parameters / 8 ))  # 8 blocks, and the embedding and head are 1.7% of the model
+report="peak host memory per rank, GiB (baseline $(peak baseline-4.log)):"
+for world in 1 2 4; do
+  awk -v peak="$(peak "zero3-$world.log")" -v base="$(peak baseline-4.log)" -v n="$parameters" -v b="$block" -v w="$world" \
+    'BEGIN { exit !(peak <= base + 1.25 * (10 * n / w + 4 * b) / 2^30) }' ||
+    fail "--local $world peaks at $(peak "zero3-$world.log") GiB a rank (baseline $(peak baseline-4.log)): more than its 1/$world of the weights"
+  report="$report --local $world $(peak "zero3-$world.log")"
+done
+echo "PASS: held-out loss $expected as transformers'; $report; zero2 --local 4 $(peak zero2-4.log)"
