@@ -148,4 +148,9 @@ TEST_CASE("Knobs::help lists every knob with its type, default and requirement",
   CHECK(help.find("  --compile [true|false]      a switch (default: false)\n") != std::string::npos);
   CHECK(help.find("  --optimizer TEXT            adamw or sgd (default: adamw; must be adamw or sgd)\n") !=
         std::string::npos);
+  // A flag wider than the column: its text on the next line, in the column.
+  ht::Knobs wide;
+  wide.declare<bool>("activation_checkpointing", false, "recompute each block");
+  CHECK(wide.help().find("  --activation-checkpointing [true|false]\n" + std::string(30, ' ') + "recompute each block (default: false)\n") !=
+        std::string::npos);
 }

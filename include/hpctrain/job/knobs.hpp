@@ -285,7 +285,8 @@ class Knobs {
       if (spec.has_default) notes.push_back("default: " + detail::format_knob_value(spec.default_value));
       if (!spec.requirement.empty()) notes.push_back(spec.requirement);
       if (!notes.empty()) right += fmt::format(" ({})", fmt::join(notes, "; "));
-      text += fmt::format("{:<30}{}\n", left, right);
+      // A flag wider than the column gets its own line, its text below it in the column.
+      text += left.size() < 30 ? fmt::format("{:<30}{}\n", left, right) : fmt::format("{}\n{:<30}{}\n", left, "", right);
     }
     return text;
   }

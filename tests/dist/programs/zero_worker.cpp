@@ -19,7 +19,7 @@
 //   zero_worker train <zero1|zero2|zero3> <dir> <save_at|-1> <steps> [resume_from_world resume_step]
 //       trains steps [start, steps) on a fixed global batch per step (24 rows split over the ranks),
 //       prints loss_<step>=<hex float>; saves a sharded checkpoint into <dir> after step <save_at>;
-//       resumes from the checkpoint in <dir> written by <resume_from_world> ranks after <resume_step>
+//       resumes from the checkpoint in <dir> written by <resume_from_world> ranks after <resume_step> (ZeRO-3: gathering no block)
 //   zero_worker lbfgs <zero1|zero2>          a non-elementwise optimizer is refused at setup
 //   zero_worker other-model <zero2> <dir> <world>  resuming a checkpoint of another model is refused
 #include <torch/torch.h>
@@ -315,6 +315,12 @@ int train(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage 
   if (resume_world > 0) {
     strategy->load(saved_state(directory, resume_world, saved_strategy));
     start = resume_step + 1;
+    // ZeRO-3 keeps only what falls in its shards: loading gathers no block.
+    const auto* full = dynamic_cast<const hpctrain::FullyShardedStrategy*>(strategy.get());
+    if (full != nullptr && full->peak_gathered_bytes() > 0) {
+      std::cerr << fmt::format("rank {}: loading gathered {} bytes of blocks\n", rank, full->peak_gathered_bytes());
+      return 1;
+    }
   }
   for (int step = start; step < steps; ++step) {
     const double local = strategy_step(*strategy, model, step, rank, world, 2, 0.5);

@@ -172,18 +172,21 @@ class FullyShardedStrategy : public DataParallelStrategy {
   /// ZeRO-2's shard archive; the index records the parameters' full shapes.
   void save(torch::serialize::OutputArchive& archive) override { detail::save_zero_shard(archive, shard_view(full_shapes_)); }
 
-  /// Gathers the full model, restores it (and this rank's optimizer state) from a zero1/zero2/zero3
-  /// checkpoint of any world size, then takes the shards and masters from it and frees the blocks.
+  /// Restores this rank's shards (and optimizer state) from a zero1/zero2/zero3 checkpoint of any world size,
+  /// reading each saved piece's overlap with them: the blocks are never gathered whole; the parameters outside
+  /// the blocks, whole on every rank, take every piece.
   void load(const SavedStrategyState& saved) override {
-    gather_full_model();
-    detail::load_zero_shards(saved, shard_view(parameters_));
+    release_all_blocks();
+    auto view = shard_view(full_shapes_);
+    view.write_values = [this](std::size_t parameter, std::int64_t begin, const torch::Tensor& values) {
+      write_saved_values(parameter, begin, values);
+    };
+    detail::load_zero_shards(saved, view);
     torch::NoGradGuard no_grad;
-    for (std::size_t b = 0; b < units_.size(); ++b) units_[b].shard.copy_(own_slice(b));
     for (auto& piece : pieces_)
       if (!piece.master.is_alias_of(units_[piece.bucket].shard))
         piece.master.copy_(units_[piece.bucket].shard.narrow(0, piece.place.shard_offset, piece.place.length));
     for (auto& unit : units_) unit.compute_shard = torch::Tensor();
-    release_all_blocks();
   }
 
   /// All-gathers every block into the module and keeps it whole (pinned) until the next zero_grad/step:
@@ -359,6 +362,9 @@ class FullyShardedStrategy : public DataParallelStrategy {
     std::vector<std::int64_t> numels;
     for (const auto& shape : full_shapes_) numels.push_back(shape.numel());
     layout_ = dist::FlatShardLayout(numels, group_->world_size(), groups);
+    bucket_of_.assign(parameters_.size(), {0, 0});
+    for (std::size_t b = 0; b < layout_.buckets().size(); ++b)
+      for (std::size_t k = 0; k < layout_.buckets()[b].parameters.size(); ++k) bucket_of_[layout_.buckets()[b].parameters[k]] = {b, k};
   }
 
   /// Copies every parameter into its unit's flat bucket; keeps this rank's shard; block parameters are
@@ -396,6 +402,22 @@ class FullyShardedStrategy : public DataParallelStrategy {
         point_parameters_at(b);
       }
     }
+  }
+
+  /// Elements [begin, begin + values.numel()) of parameter p from a checkpoint: into this rank's shard of a
+  /// block (the part that falls there), or into the whole bucket of a parameter outside the blocks.
+  void write_saved_values(std::size_t parameter, std::int64_t begin, const torch::Tensor& values) {
+    torch::NoGradGuard no_grad;
+    const auto [b, k] = bucket_of_[parameter];
+    const auto& bucket = layout_.buckets()[b];
+    const auto first = bucket.offsets[k] + begin, last = first + values.numel();
+    if (b >= blocks_) {
+      units_[b].flat.narrow(0, first, values.numel()).copy_(values);
+      return;
+    }
+    const auto shard_begin = static_cast<std::int64_t>(group_->rank()) * bucket.shard_numel;
+    const auto lo = std::max(first, shard_begin), hi = std::min(last, shard_begin + bucket.shard_numel);
+    if (lo < hi) units_[b].shard.narrow(0, lo - shard_begin, hi - lo).copy_(values.narrow(0, lo - first, hi - lo));
   }
 
   /// This rank's elements of deferred block b, each parameter's overlap with the shard read from its source.
@@ -611,7 +633,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
   }
 
   detail::ZeroShardView shard_view(const std::vector<torch::Tensor>& parameters) {
-    detail::ZeroShardView view{name(), *group_, *model_, names_, parameters, *optimizer_, {}};
+    detail::ZeroShardView view{name(), *group_, *model_, names_, parameters, *optimizer_, {}, {}};
     for (const auto& piece : pieces_) view.pieces.push_back({piece.place, piece.master});
     return view;
   }
@@ -628,6 +650,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
   std::shared_ptr<DeferredBlocks> deferred_;  // during setup, when the model's blocks were built empty
   std::unordered_map<const void*, std::pair<std::size_t, std::size_t>> deferred_places_;  // parameter -> (block, index)
   dist::FlatShardLayout layout_;
+  std::vector<std::pair<std::size_t, std::size_t>> bucket_of_;  // parameter -> (bucket, place in the bucket)
   std::size_t blocks_ = 0;
   std::vector<Unit> units_;
   std::vector<Piece> pieces_;

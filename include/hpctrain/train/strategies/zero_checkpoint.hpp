@@ -12,11 +12,12 @@
 //   zero_buffer_<k>  rank 0 only: the module's k-th buffer (BatchNorm statistics; rank 0's, as Replicated)
 //
 // Load reads every saved rank's archive, one at a time: the full parameters (every rank holds them in
-// ZeRO-1/2) are reassembled from all pieces, and the optimizer state of each piece this rank owns *now* is
+// ZeRO-1/2; ZeRO-3 keeps only what falls in its shards, never the whole model) are reassembled from all pieces, and the optimizer state of each piece this rank owns *now* is
 // cut from the saved pieces that overlap it. Nothing in that depends on the saved world size: a checkpoint
 // written at 4 ranks resumes at 2 or 3. At the same world size the pieces coincide and every value is
 // copied bit for bit.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -57,6 +58,9 @@ struct ZeroShardView {
   const std::vector<torch::Tensor>& parameters;
   torch::optim::Optimizer& optimizer;
   std::vector<ZeroPieceRef> pieces;
+  /// On load, where a saved piece's values go: elements [begin, begin + values.numel()) of parameter p. Unset:
+  /// into `parameters[p]`, whole on every rank (ZeRO-1/2); ZeRO-3 keeps only what falls in its own shards.
+  std::function<void(std::size_t parameter, std::int64_t begin, const torch::Tensor& values)> write_values;
 };
 
 inline std::string archive_name(int rank) { return fmt::format("rank-{:05d}", rank); }
@@ -238,7 +242,8 @@ class ShardReader {
     torch::Tensor values;
     if (!archive.try_read(fmt::format("zero_piece_{}", j), values) || values.numel() != length)
       throw RuntimeError("checkpoint", fmt::format("{}: zero_piece_{} is missing or not {} elements", where, j, length));
-    view_.parameters[p].detach().reshape({-1}).narrow(0, begin, length).copy_(values.reshape({-1}));
+    if (view_.write_values) view_.write_values(p, begin, values.reshape({-1}));
+    else view_.parameters[p].detach().reshape({-1}).narrow(0, begin, length).copy_(values.reshape({-1}));
     covered_[p] += length;
 
     torch::serialize::InputArchive state;
