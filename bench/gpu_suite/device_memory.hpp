@@ -15,6 +15,8 @@
 
 #include <torch/types.h>
 
+#include <hpctrain/train/host_memory.hpp>
+
 #if defined(HPCTRAIN_GPU_SUITE_C10_CUDA) && __has_include(<c10/cuda/CUDACachingAllocator.h>) && __has_include(<cuda_runtime_api.h>)
 #define HPCTRAIN_GPU_SUITE_CUDA_MEMORY 1
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -57,9 +59,7 @@ inline std::int64_t peak_memory_bytes(const torch::Device& device) {
   }
 #endif
   (void)device;
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // "VmHWM:   123456 kB"
+  if (const auto peak = hpctrain::detail::peak_resident_bytes(); peak > 0) return peak;
   rusage usage{};  // no /proc: the process's peak, never reset
   ::getrusage(RUSAGE_SELF, &usage);
   return static_cast<std::int64_t>(usage.ru_maxrss) * 1024;  // kilobytes on Linux

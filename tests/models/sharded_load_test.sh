@@ -3,9 +3,12 @@
 # other test uses: 8 layers of width 1024, 92M parameters), under --sharding zero3: every rank builds the model a
 # block at a time, keeps none of the blocks, and reads only its own slices of each from the checkpoint.
 #  - the start model's held-out loss (eval_loss_at_start) at --local 1, 2 and 4 equals transformers' on the same
-#    checkpoint in fp32, within 1e-6 relative (the held-out examples are summed in another order per world size);
+#    checkpoint in fp32 within 1e-5 relative: two implementations of the same fp32 forward, whose dot products
+#    of up to 2816 terms round differently (~sqrt(2816) x 6e-8 = 3e-6 of a logit at worst), averaged over the
+#    held-out tokens and summed in another order per world size; measured 1.5e-8 to 4.4e-8 here, and a wrong
+#    slice moves it by far more than 1e-3;
 #  - the first step's loss at --local 4 equals zero2's at --local 4, which loads the whole model on every rank as
-#    before (the same batches on each rank, so the same sums): within 1e-6 relative;
+#    before: the same weights and batches on each rank, so the same sums (measured equal); within 1e-6 relative;
 #  - memory: each rank's peak resident memory once the model is ready ("model ready: peak host memory") is at most
 #    the same run's on the tiny model of `make` (LibTorch, Gloo, the data: the baseline) plus what a rank must hold
 #    of the weights, with a quarter for room: the fp32 shard and its gradient shard (4 + 4 bytes a parameter)
@@ -21,7 +24,10 @@ here="$(cd "$(dirname "$0")" && pwd)"
 transformers_test_setup sharded-load-test
 oracle() { "$python" "$here/sft_oracle.py" "$@"; }
 value() { sed -n "s/^$1=\([^ ]*\).*/\1/p" "$2" | tail -1; }
-close() { awk -v x="$1" -v y="$2" 'BEGIN { d = x - y; if (d < 0) d = -d; exit !(d <= 1e-6 * (y < 0 ? -y : y)) }'; }
+# close X Y BOUND: |X - Y| <= BOUND |Y|. difference X Y: |X - Y| / |Y|, for the report.
+close() { awk -v x="$1" -v y="$2" -v b="$3" 'BEGIN { d = x - y; if (d < 0) d = -d; exit !(d <= b * (y < 0 ? -y : y)) }'; }
+difference() { awk -v x="$1" -v y="$2" 'BEGIN { d = x - y; if (d < 0) d = -d; printf "%.1e", d / (y < 0 ? -y : y) }'; }
+start_differences=""
 peak() { sed -n 's/^hpctrain: model ready: peak host memory \([0-9.]*\) GiB per rank.*/\1/p' "$1"; }
 first_loss() { sed -n '/"step":1,/s/.*"loss":\([^,]*\).*/\1/p' "$1/metrics.jsonl"; }
 
@@ -41,11 +47,12 @@ run() {  # run NAME WORLD SHARDING [--from DIR]: one step; the start model's hel
   [ "$from" = sharded ] || return 0
   local start
   start="$(value eval_loss_at_start "$name.log")"
-  close "$start" "$expected" || fail "$name: the start model's held-out loss is $start, transformers says $expected"
+  close "$start" "$expected" 1e-5 || fail "$name: the start model's held-out loss is $start, transformers says $expected"
+  start_differences="$start_differences $(difference "$start" "$expected")"
 }
 for world in 1 2 4; do run "zero3-$world" "$world" zero3; done
 run zero2-4 4 zero2
-close "$(first_loss zero3-4)" "$(first_loss zero2-4)" ||
+close "$(first_loss zero3-4)" "$(first_loss zero2-4)" 1e-6 ||
   fail "the first step's loss at --local 4 is $(first_loss zero3-4) under zero3 and $(first_loss zero2-4) under zero2"
 
 run baseline-4 4 zero3 --from llama
@@ -57,6 +64,7 @@ for world in 1 2 4; do
     fail "--local $world peaks at $(peak "zero3-$world.log") GiB a rank (baseline $(peak baseline-4.log)): more than its 1/$world of the weights"
   report="$report --local $world $(peak "zero3-$world.log")"
 done
-report="$report; zero2 --local 4 $(peak zero2-4.log)"
+report="$report; zero2 --local 4 $(peak zero2-4.log); start loss against transformers:$start_differences (bound 1e-5)"
+report="$report; first loss against zero2's: $(difference "$(first_loss zero3-4)" "$(first_loss zero2-4)") (bound 1e-6)"
 cd / && rm -rf "${work:?}"
 echo "PASS: held-out loss $expected as transformers'; $report"

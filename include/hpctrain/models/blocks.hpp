@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -101,6 +102,22 @@ class ListsBlocks {
   bool activation_checkpointing_ = false;
   std::shared_ptr<DeferredBlocks> deferred_blocks_;
 };
+
+/// Where each parameter of the deferred blocks sits, by its TensorImpl: its block and its place in the block's
+/// parameters() (the indices of DeferredBlocks::shapes and ::read). Empty when the blocks are not deferred.
+struct DeferredPlace {
+  std::size_t block = 0, parameter = 0;
+};
+inline std::unordered_map<const void*, DeferredPlace> deferred_places(ListsBlocks& lists) {
+  std::unordered_map<const void*, DeferredPlace> places;
+  if (!lists.deferred_blocks()) return places;
+  const auto blocks = lists.blocks();
+  for (std::size_t b = 0; b < blocks.size(); ++b) {
+    const auto parameters = blocks[b]->parameters();
+    for (std::size_t k = 0; k < parameters.size(); ++k) places[parameters[k].unsafeGetTensorImpl()] = {b, k};
+  }
+  return places;
+}
 
 /// Gives every deferred block its whole values (each parameter read in full, in its own dtype and device).
 inline void materialize_blocks(ListsBlocks& lists) {

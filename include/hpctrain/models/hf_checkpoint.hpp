@@ -18,7 +18,6 @@
 #include <set>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include <fmt/ranges.h>
@@ -89,23 +88,6 @@ struct WeightTarget {
   std::string hf;
   bool transposed = false;
 };
-
-/// Where each parameter of deferred blocks sits: block and place in the block's parameters().
-struct DeferredPlace {
-  std::size_t block = 0, parameter = 0;
-};
-using DeferredPlaces = std::unordered_map<const void*, DeferredPlace>;
-
-inline DeferredPlaces deferred_places(ListsBlocks& lists) {
-  DeferredPlaces places;
-  if (!lists.deferred_blocks()) return places;
-  const auto blocks = lists.blocks();
-  for (std::size_t b = 0; b < blocks.size(); ++b) {
-    const auto parameters = blocks[b]->parameters();
-    for (std::size_t k = 0; k < parameters.size(); ++k) places[parameters[k].unsafeGetTensorImpl()] = {b, k};
-  }
-  return places;
-}
 
 /// Every weight `module` needs, each checked against `checkpoint` (present, of the config's shape, a floating
 /// dtype) and every tensor of the checkpoint expected or ignorable: RuntimeError `hpctrain.runtime.safetensors`
@@ -204,7 +186,7 @@ template <class Model>
 void load_weights_deferred(Model& model, std::shared_ptr<const safetensors::Checkpoint> checkpoint, const CheckpointNaming& naming,
                            const std::filesystem::path& directory) {
   const auto deferred = model.deferred_blocks();
-  const auto places = detail::deferred_places(model);
+  const auto places = deferred_places(model);
   const auto full_shape = [&](const torch::Tensor& parameter) {
     const auto found = places.find(parameter.unsafeGetTensorImpl());
     return found == places.end() ? parameter.sizes().vec() : deferred->shapes[found->second.block][found->second.parameter].sizes().vec();

@@ -295,18 +295,15 @@ class FullyShardedStrategy : public DataParallelStrategy {
           materialize_blocks(*lists_);
           return;
         }
+    deferred_places_ = deferred_places(*lists_);
     deferred_ = lists_->deferred_blocks();
     lists_->set_deferred_blocks(nullptr);
-    for (std::size_t b = 0; b < block_modules_.size(); ++b) {
-      const auto parameters = block_modules_[b]->parameters();
-      for (std::size_t k = 0; k < parameters.size(); ++k) deferred_places_[parameters[k].unsafeGetTensorImpl()] = {b, k};
-    }
   }
 
   /// The full shape of a parameter: its own, or its deferred block's record of it.
   c10::IntArrayRef full_shape(const torch::Tensor& parameter) const {
     const auto found = deferred_places_.find(parameter.unsafeGetTensorImpl());
-    return found == deferred_places_.end() ? parameter.sizes() : deferred_->shapes[found->second.first][found->second.second].sizes();
+    return found == deferred_places_.end() ? parameter.sizes() : deferred_->shapes[found->second.block][found->second.parameter].sizes();
   }
 
   void collect_trainable_parameters() {
@@ -428,7 +425,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
       const auto& place = deferred_places_.at(parameters_[bucket.parameters[k]].unsafeGetTensorImpl());
       const auto first = bucket.offsets[k], last = first + layout_.numel(bucket.parameters[k]);
       const auto lo = std::max(first, begin), hi = std::min(last, end);
-      if (lo < hi) deferred_->read(place.first, place.second, lo - first, shard.narrow(0, lo - begin, hi - lo));
+      if (lo < hi) deferred_->read(place.block, place.parameter, lo - first, shard.narrow(0, lo - begin, hi - lo));
     }
   }
 
@@ -648,7 +645,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
   std::vector<torch::Tensor> parameters_;
   std::vector<torch::Tensor> full_shapes_;  // meta tensors: each parameter's full shape and dtype
   std::shared_ptr<DeferredBlocks> deferred_;  // during setup, when the model's blocks were built empty
-  std::unordered_map<const void*, std::pair<std::size_t, std::size_t>> deferred_places_;  // parameter -> (block, index)
+  std::unordered_map<const void*, DeferredPlace> deferred_places_;  // during setup: where each deferred parameter sits
   dist::FlatShardLayout layout_;
   std::vector<std::pair<std::size_t, std::size_t>> bucket_of_;  // parameter -> (bucket, place in the bucket)
   std::size_t blocks_ = 0;
