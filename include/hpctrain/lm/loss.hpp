@@ -64,7 +64,12 @@ inline torch::Tensor chunked_causal_lm_step(StepContext& context, const data::Ba
   std::optional<models::TokenLayout> layout;
   if (batch.has("document_ids")) layout = models::TokenLayout{batch.field("position_ids"), batch.field("document_ids")};
   const auto hidden = model->hidden_states(batch.inputs, layout ? &*layout : nullptr);
-  const auto [sum, count] = chunked_token_loss_sum(hidden, model->head_weight(), batch.targets, chunk, ignore_index);
+  torch::Tensor count;
+  const auto sum = model->with_head(hidden, [&](const torch::Tensor& h) {
+    auto [chunk_sum, chunk_count] = chunked_token_loss_sum(h, model->head_weight(), batch.targets, chunk, ignore_index);
+    count = chunk_count;
+    return chunk_sum;
+  });
   return sum / count.clamp_min(1);
 }
 

@@ -4,12 +4,15 @@
 // geometry — before anything is queued. It counts what hpctrain holds today, not what an ideal sharder would:
 //
 //   parameters      fp32. Replicated, ZeRO-1 and ZeRO-2 hold the whole model; ZeRO-3 a 1/world shard of the
-//                   blocks and the embedding, final norm and head whole (train/strategies/fully_sharded.hpp)
+//                   blocks and of the edges (an untied embedding and head that train), the rest whole (final
+//                   norm, a tied head, GPT-2's positions; train/strategies/fully_sharded.hpp)
 //   gradients       fp32, of what trains (LoRA: the adapters). Whole for Replicated and ZeRO-1, a shard for
-//                   ZeRO-2, ZeRO-3's blocks a shard and the rest whole
+//                   ZeRO-2, ZeRO-3's blocks and edges a shard and the rest whole
 //   optimizer state AdamW's two fp32 moments of what trains: whole for Replicated, a shard for ZeRO-1/2/3
 //   bf16 weights    autocast's bf16 copy of every Linear weight, cached for the forward (Replicated, ZeRO-1/2);
-//                   ZeRO-3's bf16 copy of its shard, from which it gathers a block at a time
+//                   ZeRO-3's bf16 copy of its shard of the blocks and the head, from which it gathers one unit at
+//                   a time (the embedding gathers in fp32), and autocast's copy of a tied head
+//   gathered unit   ZeRO-3: the largest unit gathered for compute, a block or the untied head
 //   activations     what autograd keeps for backward, counted tensor by tensor from the families' code (per
 //                   token and layer, full fine-tuning: Llama 24·h + 4·kv + 8·i bytes under bf16 autocast,
 //                   28·h + 8·kv + 16·i in fp32; GPT-2 38·h and 68·h; a frozen Linear keeps no input), or with
@@ -44,6 +47,8 @@ struct ModelShape {
   std::int64_t layers = 0, hidden = 0, intermediate = 0, kv_width = 0, vocab = 0;
   std::int64_t block_parameters = 0;   ///< one transformer block's
   std::int64_t linear_weights = 0;     ///< every Linear weight (what autocast casts), the head included
+  std::int64_t head_parameters = 0;    ///< the head's weight (vocab · hidden), tied or not
+  bool tied = true;                    ///< the head is the token embedding (then neither is a ZeRO-3 edge)
   /// A Linear of a block: its name (LoRA's targets), its widths, and the group of Linears that read the same
   /// input (in fp32 they save one tensor between them; under autocast each saves its own bf16 cast).
   struct Linear {
@@ -60,7 +65,7 @@ struct ModelShape {
 inline ModelShape model_shape(const models::LlamaConfig& c) {
   const auto h = c.hidden_size, q = c.num_attention_heads * c.head_dimension(), kv = c.kv_heads() * c.head_dimension();
   const auto i = c.intermediate_size;
-  ModelShape shape{"llama", c.parameter_count(), c.num_hidden_layers, h, i, kv, c.vocab_size, 0, 0, {}, 0, 0};
+  ModelShape shape{"llama", c.parameter_count(), c.num_hidden_layers, h, i, kv, c.vocab_size, 0, 0, c.vocab_size * h, c.tie_word_embeddings, {}, 0, 0};
   shape.block_linears = {{"q_proj", h, q, 0}, {"k_proj", h, kv, 0}, {"v_proj", h, kv, 0}, {"o_proj", q, h, 1},
                          {"gate_proj", h, i, 2}, {"up_proj", h, i, 2}, {"down_proj", i, h, 3}};
   // The input of each RMSNorm (fp32: the residual stream), SDPA's q, k, v and output, SiLU's input and output
@@ -76,7 +81,7 @@ inline ModelShape model_shape(const models::LlamaConfig& c) {
 
 inline ModelShape model_shape(const models::GPT2Config& c) {
   const auto h = c.n_embd, f = c.inner();
-  ModelShape shape{"gpt2", c.parameter_count(), c.n_layer, h, f, h, c.vocab_size, 0, 0, {}, 0, 0};
+  ModelShape shape{"gpt2", c.parameter_count(), c.n_layer, h, f, h, c.vocab_size, 0, 0, c.vocab_size * h, c.tie_word_embeddings, {}, 0, 0};
   shape.block_linears = {{"c_attn", h, 3 * h, 0}, {"attn.c_proj", h, h, 1}, {"c_fc", h, f, 2}, {"mlp.c_proj", f, h, 3}};
   // Each LayerNorm's input, SDPA's q, k, v and output, GELU's input.
   shape.other_saved_bf16 = 4 * h + 6 * h + 2 * h + 4 * h + 2 * f;
@@ -106,7 +111,7 @@ struct PlanInput {
 /// One rank's figures, in bytes.
 struct MemoryPlan {
   std::int64_t trainable = 0;
-  double parameters = 0, gradients = 0, optimizer_state = 0, bf16_weights = 0, gathered_blocks = 0, activations = 0,
+  double parameters = 0, gradients = 0, optimizer_state = 0, bf16_weights = 0, gathered_unit = 0, activations = 0,
          activations_recomputed = 0, logits = 0, runtime = 0;
   double peak = 0;            ///< per GPU
   double host_at_load = 0;    ///< per node
@@ -161,16 +166,19 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   plan.trainable = trainable_parameters(in);
   const double trainable = static_cast<double>(plan.trainable);
   const bool lora = in.lora_rank > 0;
+  // ZeRO-3's edges: an untied embedding and head that train (LoRA freezes them: they stay whole).
+  const double head = static_cast<double>(m.head_parameters), edge_head = !m.tied && !lora ? head : 0.0, edges = 2.0 * edge_head;
   // What trains of the blocks and of the rest (LoRA's adapters are all in the blocks).
   const double trainable_blocks = lora ? trainable : blocks, trainable_outside = lora ? 0.0 : outside;
-  plan.parameters = 4.0 * (zero3 ? blocks / world + outside : static_cast<double>(m.parameters)) + (lora ? 4.0 * trainable : 0.0);
+  plan.parameters = 4.0 * (zero3 ? (blocks + edges) / world + outside - edges : static_cast<double>(m.parameters)) + (lora ? 4.0 * trainable : 0.0);
   if (in.strategy == "none" || in.strategy == "zero1") plan.gradients = 4.0 * trainable;
   else if (in.strategy == "zero2") plan.gradients = 4.0 * trainable / world;
-  else plan.gradients = 4.0 * (trainable_blocks / world + trainable_outside);
+  else plan.gradients = 4.0 * ((trainable_blocks + edges) / world + trainable_outside - edges);
   plan.optimizer_state = 8.0 * (in.strategy == "none" ? trainable : trainable / world);
-  // ZeRO-3 in bf16 keeps a bf16 copy of its shard (cast once per step) and gathers blocks from it.
-  if (zero3) plan.gathered_blocks = (in.bf16 ? 2.0 : 4.0) * static_cast<double>(m.block_parameters);
-  if (zero3 && in.bf16) plan.bf16_weights = 2.0 * blocks / world;
+  // ZeRO-3 in bf16 keeps a bf16 copy of its shard of the blocks and the head (cast once per step) and gathers
+  // one unit at a time from it; autocast casts a tied head (outside the units) for each forward.
+  if (zero3) plan.gathered_unit = (in.bf16 ? 2.0 : 4.0) * std::max(static_cast<double>(m.block_parameters), edge_head);
+  if (zero3 && in.bf16) plan.bf16_weights = 2.0 * (blocks + edge_head) / world + (m.tied ? 2.0 * head : 0.0);
   else if (in.bf16) plan.bf16_weights = 2.0 * static_cast<double>(m.linear_weights);
   const double tokens = static_cast<double>(in.micro_batch * in.sequence);
   const double per_layer = tokens * static_cast<double>(activation_bytes_per_token(in));
@@ -181,7 +189,7 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   const double logit_tokens = in.loss_chunk_tokens > 0 ? std::min<double>(tokens, static_cast<double>(in.loss_chunk_tokens)) : tokens;
   plan.logits = logit_tokens * static_cast<double>(m.vocab) * (in.bf16 ? 10.0 : 12.0);
   plan.runtime = static_cast<double>(in.runtime_bytes);
-  const double resident = plan.parameters + plan.optimizer_state + plan.bf16_weights + plan.gathered_blocks + plan.runtime;
+  const double resident = plan.parameters + plan.optimizer_state + plan.bf16_weights + plan.gathered_unit + plan.runtime;
   plan.peak = resident + std::max(kept + plan.logits, plan.gradients + per_layer);
   plan.host_at_load = 4.0 * (reads_slices(in) ? outside + static_cast<double>(m.block_parameters) : static_cast<double>(m.parameters)) *
                       in.ranks_per_node;
@@ -222,7 +230,7 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
   row("gradients (fp32)", plan.gradients);
   row("optimizer state (AdamW)", plan.optimizer_state);
   if (plan.bf16_weights > 0) row(in.strategy == "zero3" ? "bf16 copy of the shard" : "bf16 weights (autocast)", plan.bf16_weights);
-  if (plan.gathered_blocks > 0) row("gathered block", plan.gathered_blocks);
+  if (plan.gathered_unit > 0) row("gathered unit", plan.gathered_unit, plan.gathered_unit > (in.bf16 ? 2.0 : 4.0) * static_cast<double>(in.model.block_parameters) ? "the head" : "a block");
   row("activations", recompute ? plan.activations_recomputed : plan.activations,
       recompute ? fmt::format("recomputed; {} kept", plan_bytes(plan.activations))
                 : fmt::format("kept; {} with --activation-checkpointing", plan_bytes(plan.activations_recomputed)));

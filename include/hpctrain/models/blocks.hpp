@@ -13,7 +13,11 @@
 //     }
 //   };
 //
-// Parameters outside the blocks (embeddings, final norm, head) form one more unit, kept whole (as ZeRO-2).
+// Parameters outside the blocks (embeddings, final norm, head) are kept whole (as ZeRO-2), except the two
+// "edges" a model may name: its token embedding and its head, when they share no weight (untied). A model runs
+// each through `run_edge(edge, call, input)`, and the fully sharded strategy shards them like blocks, gathering
+// each only around its call (FSDP2 and torchtitan wrap `tok_embeddings` and `output` the same way): at Llama 3's
+// vocabulary they are an eighth of an 8B model.
 //
 // Deferred blocks: a model can be built with its blocks' parameters left empty (DeepSpeed's zero.Init, FSDP's
 // meta-device model). A loader builds each block under a BlockConstruction scope, which empties it as soon as
@@ -38,6 +42,12 @@ namespace hpctrain {
 using BlockCall = std::function<torch::Tensor(const torch::Tensor&)>;
 /// Runs block `index` of a module on `input` (a strategy's wrapper around the call).
 using BlockRunner = std::function<torch::Tensor(std::size_t index, const BlockCall& call, const torch::Tensor& input)>;
+
+/// The two modules outside the blocks a model may run through ListsBlocks::run_edge: the token embedding (run
+/// first, on the ids) and the head (run last, on the final hidden states).
+enum class Edge { embedding, head };
+/// Runs `edge` of a module on `input` (a strategy's wrapper around the call).
+using EdgeRunner = std::function<torch::Tensor(Edge edge, const BlockCall& call, const torch::Tensor& input)>;
 
 /// The blocks of a model whose parameters are still empty, and where their values come from.
 struct DeferredBlocks {
@@ -83,6 +93,12 @@ class ListsBlocks {
   void set_block_runner(BlockRunner runner) { block_runner_ = std::move(runner); }
   /// Whether a runner is installed.
   bool has_block_runner() const { return static_cast<bool>(block_runner_); }
+  /// The module of `edge` when forward runs it, once, through run_edge and it shares no parameter with the rest
+  /// of the model (a head tied to the embedding is used at both ends: neither is an edge then). The fully
+  /// sharded strategy shards it like a block. Default: none (the parameters outside the blocks stay whole).
+  virtual std::shared_ptr<torch::nn::Module> edge(Edge) { return nullptr; }
+  /// Installs (or, with an empty runner, removes) the wrapper every edge call goes through.
+  void set_edge_runner(EdgeRunner runner) { edge_runner_ = std::move(runner); }
   /// Recompute each block in backward instead of keeping its activations (training only): the model's own
   /// forward checkpoints its blocks, and the fully sharded strategy gathers a block again for its recomputation.
   void set_activation_checkpointing(bool on) { activation_checkpointing_ = on; }
@@ -96,9 +112,14 @@ class ListsBlocks {
   torch::Tensor run_block(std::size_t index, const BlockCall& call, const torch::Tensor& input) {
     return block_runner_ ? block_runner_(index, call, input) : call(input);
   }
+  /// `call(input)` for the module edge(edge) names, through the installed runner if any.
+  torch::Tensor run_edge(Edge edge, const BlockCall& call, const torch::Tensor& input) {
+    return edge_runner_ ? edge_runner_(edge, call, input) : call(input);
+  }
 
  private:
   BlockRunner block_runner_;
+  EdgeRunner edge_runner_;
   bool activation_checkpointing_ = false;
   std::shared_ptr<DeferredBlocks> deferred_blocks_;
 };

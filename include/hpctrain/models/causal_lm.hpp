@@ -170,14 +170,21 @@ class CausalLM : public torch::nn::Module, public ListsBlocks {
     if (cache != nullptr) cache->check_room(t);
     check_sequence(past + t);
     const auto positions = torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device()));
-    auto logits = torch::linear(body(input_ids, positions, cache, {}), head_weight());
+    auto logits = head(body(input_ids, positions, cache, {}));
     if (cache != nullptr) cache->advance(t);
     return logits;
   }
   /// Logits for packed rows: positions from `layout.position_ids`, attention causal within each example.
   torch::Tensor forward(const torch::Tensor& input_ids, const TokenLayout& layout) {
-    return torch::linear(hidden_states(input_ids, &layout), head_weight());
+    return head(hidden_states(input_ids, &layout));
   }
+  /// The logits of `hidden` [..., hidden]: hidden · head_weight()ᵀ, run as the head (ListsBlocks::run_edge).
+  torch::Tensor head(const torch::Tensor& hidden) {
+    return run_edge(Edge::head, [this](const torch::Tensor& h) { return torch::linear(h, head_weight()); }, hidden);
+  }
+  /// `call(hidden)` run as the head: for a loss that applies head_weight() itself (in chunks), so that under the
+  /// fully sharded strategy the head's weight is whole during the call and its gradient is reduced after it.
+  torch::Tensor with_head(const torch::Tensor& hidden, const BlockCall& call) { return run_edge(Edge::head, call, hidden); }
   /// The hidden states the head reads ([B, T, hidden], after the final norm) of a training forward without
   /// cache, packed when `layout` is given: what a loss takes that applies the head a chunk of tokens at a time,
   /// so that the tokens × vocabulary logits are never whole (lm::chunked_token_loss_sum).

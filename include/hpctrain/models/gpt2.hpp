@@ -118,6 +118,12 @@ class GPT2Impl : public CausalLM {
   }
 
   torch::Tensor head_weight() override { return config_.tie_word_embeddings ? wte->weight : lm_head->weight; }
+  /// The token embedding and the head, when untied (ListsBlocks::edge); the position embedding stays whole.
+  std::shared_ptr<torch::nn::Module> edge(Edge edge) override {
+    if (config_.tie_word_embeddings) return nullptr;
+    if (edge == Edge::embedding) return wte.ptr();
+    return lm_head.ptr();
+  }
 
   /// GPT-2's initialisation (Radford et al. 2019, as in nanoGPT and transformers): every weight
   /// N(0, initializer_range), biases 0, LayerNorms 1/0, and the projections back into the residual stream
@@ -162,7 +168,7 @@ class GPT2Impl : public CausalLM {
 
   torch::Tensor body(const torch::Tensor& input_ids, const torch::Tensor& positions, KVCache* cache,
                      const torch::Tensor& document_ids) override {
-    auto x = drop(wte(input_ids) + wpe(positions));
+    auto x = drop(run_edge(Edge::embedding, [this](const torch::Tensor& ids) { return wte(ids); }, input_ids) + wpe(positions));
     const auto packed = document_ids.defined() ? packed_attention(document_ids, x) : PackedAttention{};
     for (std::size_t i = 0; i < block_list_.size(); ++i) {
       x = call_block(i, [block = block_list_[i], cache, packed](const torch::Tensor& input) mutable { return block->forward(input, cache, packed); },

@@ -181,6 +181,12 @@ class LlamaImpl : public CausalLM {
   }
 
   torch::Tensor head_weight() override { return config_.tie_word_embeddings ? embed_tokens->weight : lm_head->weight; }
+  /// The embedding and the head, when untied (ListsBlocks::edge).
+  std::shared_ptr<torch::nn::Module> edge(Edge edge) override {
+    if (config_.tie_word_embeddings) return nullptr;
+    if (edge == Edge::embedding) return embed_tokens.ptr();
+    return lm_head.ptr();
+  }
 
   /// transformers' Llama initialisation: every weight N(0, initializer_range), biases 0, norms 1.
   void initialize_weights() {
@@ -221,7 +227,7 @@ class LlamaImpl : public CausalLM {
 
   torch::Tensor body(const torch::Tensor& input_ids, const torch::Tensor& positions, KVCache* cache,
                      const torch::Tensor& document_ids) override {
-    auto x = embed_tokens(input_ids);
+    auto x = run_edge(Edge::embedding, [this](const torch::Tensor& ids) { return embed_tokens(ids); }, input_ids);
     const auto packed = document_ids.defined() ? packed_attention(document_ids, x) : PackedAttention{};
     auto [cos, sin] = rotary_angles(positions, x);
     for (std::size_t i = 0; i < block_list_.size(); ++i) {

@@ -7,11 +7,11 @@
 //   zero_worker equivalence <zero1|zero2|zero3> <steps> <accumulation> [adamw|sgd]
 //       ZeRO parameters after <steps> AdamW (or SGD) steps (clipping on) equal Replicated's (GradientSync + the
 //       optimizer on the whole model + torch::nn::utils::clip_grad_norm_) within equivalence_bound relative
-//   zero_worker gpt2-bf16 <steps> <accumulation> [recompute]
+//   zero_worker gpt2-bf16 <steps> <accumulation> [recompute] [untied]
 //       ZeRO-3 under bf16 (bf16 gathers, fp32 reduce-scatters every micro-batch) against Replicated under bf16
 //       autocast, from the same GPT-2 and data: gradient norms and parameters within bf16's bounds, the gathered
 //       blocks held in 2 bytes an element, no master copy
-//   zero_worker gpt2-equivalence <zero2|zero3> <steps> <accumulation> <export_dir> [recompute]
+//   zero_worker gpt2-equivalence <zero2|zero3> <steps> <accumulation> <export_dir> [recompute] [untied]
 //       the same with a small GPT-2 (tied embeddings, dropout on) and SGD with momentum; then rank 0 exports the gathered model as a
 //       Hugging Face directory into <export_dir>, loads it back and checks it equals its module bit for bit; under
 //       zero3 every rank then loads the export with empty blocks and a fresh ZeRO-3 reads its own slices of them
@@ -339,8 +339,11 @@ int train(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage 
 
 // --- a small GPT-2 (tied embeddings, dropout on): the blocks of a real model, exported from a sharded run ----
 
-hpctrain::models::GPT2Config tiny_gpt2() {
+/// Tied (GPT-2's own: the one weight outside the blocks) or not (the token embedding and the head are then the
+/// model's edges, which ZeRO-3 shards like blocks).
+hpctrain::models::GPT2Config tiny_gpt2(bool tied) {
   hpctrain::models::GPT2Config config;
+  config.tie_word_embeddings = tied;
   config.vocab_size = 61;  // odd sizes: padded shards
   config.n_positions = 16;
   config.n_embd = 20;
@@ -364,9 +367,9 @@ torch::Tensor lm_loss(hpctrain::models::GPT2& model, const torch::Tensor& tokens
 }
 
 /// Two tiny GPT-2s with equal weights: the one a strategy trains, and Replicated's reference.
-std::pair<hpctrain::models::GPT2, hpctrain::models::GPT2> equal_gpt2s() {
+std::pair<hpctrain::models::GPT2, hpctrain::models::GPT2> equal_gpt2s(bool tied) {
   torch::manual_seed(7);
-  hpctrain::models::GPT2 model(tiny_gpt2()), reference(tiny_gpt2());
+  hpctrain::models::GPT2 model(tiny_gpt2(tied)), reference(tiny_gpt2(tied));
   torch::NoGradGuard no_grad;
   auto from = model->parameters();
   auto to = reference->parameters();
@@ -432,11 +435,11 @@ double worst_relative_difference(hpctrain::models::GPT2& model, hpctrain::models
   return worst;
 }
 
-/// The blocks' collective bytes, counted where they are issued, per block element and micro-batch, as
+/// The blocks' (and edges') collective bytes, counted where they are issued, per element and micro-batch, as
 /// `gathered_bytes_per_block_element=` and `reduce_scattered_bytes_per_block_element=` lines.
 std::string block_traffic_lines(const hpctrain::FullyShardedStrategy& strategy, int steps, int accumulation) {
   double block_elements = 0;
-  for (std::size_t b = 0; b < strategy.block_count(); ++b) block_elements += static_cast<double>(strategy.layout().buckets()[b].padded_numel);
+  for (std::size_t b = 0; b < strategy.sharded_unit_count(); ++b) block_elements += static_cast<double>(strategy.layout().buckets()[b].padded_numel);
   const double per = block_elements * steps * accumulation;
   return fmt::format("gathered_bytes_per_block_element={:g}\nreduce_scattered_bytes_per_block_element={:g}\n",
                      static_cast<double>(strategy.block_traffic().gathered) / per,
@@ -480,9 +483,9 @@ bool check_deferred_load(const std::shared_ptr<dist::ProcessGroup>& group, const
 }
 
 int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage stage, int steps,
-                           int accumulation, const fs::path& export_dir, bool recompute) {
+                           int accumulation, const fs::path& export_dir, bool recompute, bool tied) {
   const int rank = group->rank();
-  auto [model, reference] = equal_gpt2s();
+  auto [model, reference] = equal_gpt2s(tied);
   model->set_activation_checkpointing(recompute);
   auto strategy = make_strategy(stage);
   strategy->setup({group, model.ptr(), make_sgd});
@@ -492,7 +495,7 @@ int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpc
   strategy->gather_full_model();
   const double worst = worst_relative_difference(model, reference, equivalence_bound, rank, ok);
   if (const auto* full = dynamic_cast<const hpctrain::FullyShardedStrategy*>(strategy.get()))
-    std::cout << block_traffic_lines(*full, steps, accumulation);  // fp32 blocks (compare gpt2-bf16's)
+    std::cout << block_traffic_lines(*full, steps, accumulation) << fmt::format("sharded_units={}\n", full->sharded_unit_count());
   if (rank == 0) {  // export the gathered model, load it back: the same tensors
     hpctrain::models::save_pretrained(*model, export_dir);
     auto loaded = hpctrain::models::load_gpt2(export_dir);
@@ -522,9 +525,9 @@ int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpc
 /// feeds every block stale weights.
 constexpr double bf16_norm_bound = 1e-2, bf16_parameter_bound = 1e-1;
 
-int check_gpt2_bf16(const std::shared_ptr<dist::ProcessGroup>& group, int steps, int accumulation, bool recompute) {
+int check_gpt2_bf16(const std::shared_ptr<dist::ProcessGroup>& group, int steps, int accumulation, bool recompute, bool tied) {
   const int rank = group->rank();
-  auto [model, reference] = equal_gpt2s();
+  auto [model, reference] = equal_gpt2s(tied);
   model->set_activation_checkpointing(recompute);
   hpctrain::FullyShardedStrategy strategy(small_buckets());
   strategy.setup({group, model.ptr(), make_sgd, hpctrain::Precision::bf16});
@@ -587,10 +590,16 @@ int main(int argc, char** argv) try {
   if (mode == "train" && (argc == 6 || argc == 8 || argc == 9))
     return train(group, stage_of(argv[2]), argv[3], std::stoi(argv[4]), std::stoi(argv[5]), argc >= 8 ? std::stoi(argv[6]) : 0,
                  argc >= 8 ? std::stoi(argv[7]) : 0, 33, argc == 9 ? argv[8] : "");
-  const auto recompute = [&](int at) { return argc > at && std::string(argv[at]) == "recompute"; };
-  if (mode == "gpt2-equivalence" && (argc == 6 || argc == 7))
-    return check_gpt2_equivalence(group, stage_of(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), argv[5], recompute(6));
-  if (mode == "gpt2-bf16" && (argc == 4 || argc == 5)) return check_gpt2_bf16(group, std::stoi(argv[2]), std::stoi(argv[3]), recompute(4));
+  const auto flag = [&](int from, const char* name) {
+    for (int k = from; k < argc; ++k)
+      if (std::string(argv[k]) == name) return true;
+    return false;
+  };
+  if (mode == "gpt2-equivalence" && argc >= 6 && argc <= 8)
+    return check_gpt2_equivalence(group, stage_of(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), argv[5], flag(6, "recompute"),
+                                  !flag(6, "untied"));
+  if (mode == "gpt2-bf16" && argc >= 4 && argc <= 6)
+    return check_gpt2_bf16(group, std::stoi(argv[2]), std::stoi(argv[3]), flag(4, "recompute"), !flag(4, "untied"));
   if (mode == "no-blocks" && argc == 2) return refuse_without_blocks(group);
   if (mode == "lbfgs" && argc == 3) return refuse_lbfgs(group, stage_of(argv[2]));
   if (mode == "other-model" && argc == 5)  // a wider hidden layer than the checkpoint's model

@@ -2,9 +2,10 @@
 // ZeRO-3 / fully sharded parameters (FSDP-style) as an implementation of the data-parallel strategy seam
 // (train/strategy.hpp). The model lists its blocks (hpctrain::ListsBlocks, models/blocks.hpp); each block is a
 // *unit*: one flat bucket of its trainable parameters, padded and split evenly over the ranks, of which a rank
-// keeps only its shard between uses. The parameters outside the blocks (embeddings, final norm, head) are
-// kept whole and handled as ZeRO-2 handles every parameter (sharded gradients and optimizer state, all-gather
-// after the step).
+// keeps only its shard between uses. A model's edges (its untied token embedding and head, ListsBlocks::edge)
+// are units too, gathered around their calls like blocks (as torchtitan wraps `tok_embeddings` and `output`).
+// The other parameters (position embeddings, final norm, a tied head) are kept whole and handled as ZeRO-2
+// handles every parameter (sharded gradients and optimizer state, all-gather after the step).
 //
 // LibTorch modules have no forward hooks: the strategy installs a block runner (ListsBlocks::set_block_runner)
 // that wraps every block call. By default activations are kept, as FSDP2 keeps them:
@@ -45,10 +46,13 @@
 // plus, while blocks run, 4 bytes (bf16: 2, and its 2/N cast shard) per parameter of the block computing and
 // of the one prefetched (their gathered flat buckets), and in fp32 under accumulation the full gradients of
 // the blocks between micro-batches.
-// Parameters outside the blocks (embeddings, final norm, head) stay whole on every rank (4, and their whole
-// gradient while backward runs), their gradient and optimizer state sharded as ZeRO-2 keeps them (4/N + 8/N).
+// The edges count as blocks (the head gathered in bf16 under Precision::bf16; the embedding in fp32, its lookup
+// exact: it is gathered only at the step's two ends, where few activations are held). The other parameters
+// outside the blocks stay whole on every rank (4, and their whole gradient while backward runs), their
+// gradient and optimizer state sharded as ZeRO-2 keeps them (4/N + 8/N).
 // bf16 or fp16 parameters keep an fp32 master (4/N) beside their 2/N shard.
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -93,7 +97,9 @@ class FullyShardedStrategy : public DataParallelStrategy {
   FullyShardedStrategy(const FullyShardedStrategy&) = delete;
   FullyShardedStrategy& operator=(const FullyShardedStrategy&) = delete;
   ~FullyShardedStrategy() override {
-    if (lists_ != nullptr) lists_->set_block_runner({});
+    if (lists_ == nullptr) return;
+    lists_->set_block_runner({});
+    lists_->set_edge_runner({});
   }
 
   std::string name() const override { return "zero3"; }
@@ -118,6 +124,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     lists_->set_block_runner([this](std::size_t index, const BlockCall& call, const torch::Tensor& input) {
       return run_block(index, call, input);
     });
+    lists_->set_edge_runner([this](Edge edge, const BlockCall& call, const torch::Tensor& input) { return run_edge(edge, call, input); });
   }
 
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
@@ -163,7 +170,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
         units_[piece.bucket].shard.narrow(0, piece.place.shard_offset, piece.place.length).copy_(piece.master);
     for (auto& unit : units_) unit.compute_shard = torch::Tensor();  // the shards changed: cast again when gathered
     std::vector<dist::PendingAllGather> gathers;
-    for (std::size_t b = blocks_; b < units_.size(); ++b) gathers.push_back(dist::start_all_gather_in_place(*group_, units_[b].flat));
+    for (std::size_t b = sharded_units_; b < units_.size(); ++b) gathers.push_back(dist::start_all_gather_in_place(*group_, units_[b].flat));
     for (auto& gather : gathers) dist::wait(*group_, gather);
   }
 
@@ -173,8 +180,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
   void save(torch::serialize::OutputArchive& archive) override { detail::save_zero_shard(archive, shard_view(full_shapes_)); }
 
   /// Restores this rank's shards (and optimizer state) from a zero1/zero2/zero3 checkpoint of any world size,
-  /// reading each saved piece's overlap with them: the blocks are never gathered whole; the parameters outside
-  /// the blocks, whole on every rank, take every piece.
+  /// reading each saved piece's overlap with them: the blocks and edges are never gathered whole; the other
+  /// parameters, whole on every rank, take every piece.
   void load(const SavedStrategyState& saved) override {
     release_all_blocks();
     auto view = shard_view(full_shapes_);
@@ -192,7 +199,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
   /// All-gathers every block into the module and keeps it whole (pinned) until the next zero_grad/step:
   /// for evaluation, the parameters digest and export (e.g. models::save_safetensors of rank 0's module).
   void gather_full_model() override {
-    for (std::size_t b = 0; b < blocks_; ++b) {
+    for (std::size_t b = 0; b < sharded_units_; ++b) {
       // A block gathered (or on its way) in bf16 for compute is gathered again in its shard's precision.
       if (units_[b].flat.defined() && units_[b].flat.scalar_type() != units_[b].shard.scalar_type()) {
         finish_gather(b);
@@ -200,15 +207,17 @@ class FullyShardedStrategy : public DataParallelStrategy {
       }
       if (!units_[b].flat.defined()) start_gather(b, /*for_compute=*/false);
     }
-    for (std::size_t b = 0; b < blocks_; ++b) finish_gather(b);
+    for (std::size_t b = 0; b < sharded_units_; ++b) finish_gather(b);
     pinned_ = true;
   }
 
   // Instrumentation (benchmarks, tests).
-  /// The layout: one bucket per block, then the buckets of the other parameters.
+  /// The layout: one bucket per block, one per edge, then the buckets of the other parameters.
   const dist::FlatShardLayout& layout() const { return layout_; }
   /// Number of units that are blocks (the first buckets of the layout).
-  std::size_t block_count() const { return blocks_; }
+  std::size_t block_count() const { return model_blocks_; }
+  /// Number of units gathered around their use: the blocks, then the edges (the next buckets of the layout).
+  std::size_t sharded_unit_count() const { return sharded_units_; }
   /// Bytes of optimizer state this rank holds.
   std::size_t optimizer_state_bytes() const { return detail::state_and_master_bytes(*optimizer_, pieces_).first; }
   /// Bytes of fp32 masters this rank holds beside its shards (none for fp32 parameters: the shard is the master).
@@ -227,12 +236,12 @@ class FullyShardedStrategy : public DataParallelStrategy {
   /// Bytes of parameters this rank holds between steps: its block shards and the whole other parameters.
   std::size_t resident_parameter_bytes() const {
     std::size_t bytes = 0;
-    for (std::size_t b = 0; b < units_.size(); ++b) bytes += b < blocks_ ? units_[b].shard.nbytes() : units_[b].flat.nbytes();
+    for (std::size_t b = 0; b < units_.size(); ++b) bytes += b < sharded_units_ ? units_[b].shard.nbytes() : units_[b].flat.nbytes();
     return bytes;
   }
-  /// Most bytes of gathered blocks held at once since setup (current + prefetched).
+  /// Most bytes of gathered blocks (and edges) held at once since setup (current + prefetched).
   std::size_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
-  /// Bytes the blocks' collectives carried since setup, counted at the collectives: the all-gathers' flat
+  /// Bytes the blocks' (and edges') collectives carried since setup, counted at the collectives: the all-gathers' flat
   /// outputs (each rank receives all but its own slice) and the reduce-scatters' flat inputs (each rank sends
   /// all but the slice it keeps). Per block element and micro-batch: fp32 4 + 4 gathered (forward and the
   /// recomputation in backward) and 4 reduce-scattered; bf16 2 + 2 and 4.
@@ -259,7 +268,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     torch::Tensor master;
   };
 
-  /// One bucket: a block (b < blocks_) or a group of the other parameters.
+  /// One bucket: a block (b < model_blocks_), an edge (b < sharded_units_) or a group of the other parameters.
   struct Unit {
     torch::Tensor shard;           // this rank's shard (for non-block units a view into `flat`)
     torch::Tensor flat;            // the whole padded bucket: blocks only while gathered; others always
@@ -274,7 +283,10 @@ class FullyShardedStrategy : public DataParallelStrategy {
 
   void find_blocks() {
     lists_ = dynamic_cast<ListsBlocks*>(model_.get());
-    if (lists_ != nullptr) block_modules_ = lists_->blocks();
+    if (lists_ != nullptr) {
+      block_modules_ = lists_->blocks();
+      for (const auto edge : {Edge::embedding, Edge::head}) edge_modules_.push_back(lists_->edge(edge));
+    }
     if (block_modules_.empty()) {
       const auto& module = *model_;
       throw SpecError("sharding", "zero3",
@@ -315,22 +327,25 @@ class FullyShardedStrategy : public DataParallelStrategy {
     }
   }
 
-  /// One bucket per block (its trainable parameters in registration order), then the other parameters
-  /// bucketed as GradientSync buckets them.
+  /// One bucket per block (its trainable parameters in registration order), one per edge that trains, then the
+  /// other parameters bucketed as GradientSync buckets them.
   void build_layout() {
     std::unordered_map<const void*, std::size_t> index_of;
     for (std::size_t i = 0; i < parameters_.size(); ++i) index_of[parameters_[i].unsafeGetTensorImpl()] = i;
     std::vector<int> unit_of(parameters_.size(), -1);
     std::vector<std::vector<std::size_t>> groups;
-    for (std::size_t b = 0; b < block_modules_.size(); ++b) {
+    auto modules = block_modules_;
+    for (const auto& edge : edge_modules_)
+      if (edge) modules.push_back(edge);
+    for (std::size_t b = 0; b < modules.size(); ++b) {
       std::vector<std::size_t> group;
-      for (const auto& parameter : block_modules_[b]->parameters()) {
+      for (const auto& parameter : modules[b]->parameters()) {
         const auto found = index_of.find(parameter.unsafeGetTensorImpl());
         if (found == index_of.end()) continue;  // frozen: not sharded, stays whole
         if (unit_of[found->second] != -1)
           throw SpecError("sharding", "zero3",
-                          fmt::format("parameter '{}' belongs to block {} and block {}: a parameter can live in one "
-                                      "block only", names_[found->second], unit_of[found->second], b));
+                          fmt::format("parameter '{}' belongs to unit {} and unit {} (the blocks, then the edges): a "
+                                      "parameter can live in one unit only", names_[found->second], unit_of[found->second], b));
         if (!group.empty() && parameters_[group.front()].scalar_type() != parameter.scalar_type())
           throw SpecError("sharding", "zero3",
                           fmt::format("block {} mixes parameter dtypes ('{}' is {}, '{}' {}); a block is one flat bucket",
@@ -340,9 +355,12 @@ class FullyShardedStrategy : public DataParallelStrategy {
         group.push_back(found->second);
       }
       std::sort(group.begin(), group.end());
+      if (b >= block_modules_.size() && group.empty()) continue;  // a frozen edge (LoRA) stays whole
       groups.push_back(std::move(group));
     }
-    blocks_ = groups.size();
+    model_blocks_ = block_modules_.size();
+    sharded_units_ = groups.size();
+    order_units(groups);
     std::vector<std::size_t> others;
     std::vector<dist::detail::ParameterShape> shapes;
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
@@ -375,7 +393,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
       auto& unit = units_[b];
       const auto options = bucket.parameters.empty() ? torch::TensorOptions(torch::kFloat32).device(group_->device())
                                                      : parameters_[bucket.parameters.front()].options().requires_grad(false);
-      if (b < blocks_ && deferred_) {
+      if (b < model_blocks_ && deferred_) {
         unit.gradient_shard = torch::zeros({bucket.shard_numel}, options);
         unit.shard = torch::zeros({bucket.shard_numel}, options);
         read_own_slices(b, unit.shard);
@@ -387,7 +405,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
         flat.narrow(0, bucket.offsets[k], parameter.numel()).copy_(parameter.detach().reshape({-1}));
       }
       unit.gradient_shard = torch::zeros({bucket.shard_numel}, options);
-      if (b < blocks_) {
+      if (b < sharded_units_) {
         unit.shard = flat.narrow(0, group_->rank() * bucket.shard_numel, bucket.shard_numel).clone();
         unit.flat = flat;
         unit.gathered = true;
@@ -408,7 +426,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     const auto [b, k] = bucket_of_[parameter];
     const auto& bucket = layout_.buckets()[b];
     const auto first = bucket.offsets[k] + begin, last = first + values.numel();
-    if (b >= blocks_) {
+    if (b >= sharded_units_) {
       units_[b].flat.narrow(0, first, values.numel()).copy_(values);
       return;
     }
@@ -465,7 +483,11 @@ class FullyShardedStrategy : public DataParallelStrategy {
   // ---- gathering blocks ----------------------------------------------------------------------------------
   /// Whether block b computes in bf16 (Precision::bf16 over fp32 parameters): gathered in bf16, its gradients
   /// reduce-scattered every micro-batch (their bf16 sums must not accumulate in the parameters' .grad).
-  bool computes_in_bf16(std::size_t b) const { return bf16_blocks_ && b < blocks_ && units_[b].shard.scalar_type() == torch::kFloat32; }
+  /// The embedding edge stays fp32: its lookup copies rows, exact in fp32, and it is gathered only at the step's
+  /// two ends, where few activations are held.
+  bool computes_in_bf16(std::size_t b) const {
+    return bf16_blocks_ && b < sharded_units_ && b != edge_unit(Edge::embedding) && units_[b].shard.scalar_type() == torch::kFloat32;
+  }
 
   void start_gather(std::size_t b, bool for_compute = true) {
     torch::NoGradGuard no_grad;
@@ -501,7 +523,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
 
   /// Starts gathering block b while the current block computes (no-op when it is gathered or on its way).
   void prefetch(std::size_t b) {
-    if (!prefetch_next_block_ || pinned_ || b >= blocks_ || units_[b].flat.defined()) return;
+    if (!prefetch_next_block_ || pinned_ || b >= sharded_units_ || units_[b].flat.defined()) return;
     start_gather(b);
   }
 
@@ -519,7 +541,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
   /// Frees every block (after gather_full_model, or a prefetch nobody used).
   void release_all_blocks() {
     pinned_ = false;
-    for (std::size_t b = 0; b < blocks_; ++b) {
+    for (std::size_t b = 0; b < sharded_units_; ++b) {
       if (units_[b].flat.defined()) finish_gather(b);
       release(b);
       forget_held(b);
@@ -552,59 +574,109 @@ class FullyShardedStrategy : public DataParallelStrategy {
   /// After block b's backward (or at the step): nothing refers to its held buffer any more.
   void forget_held(std::size_t b) { units_[b].held = c10::Storage(); }
 
-  // ---- the block runner --------------------------------------------------------------------------------
+  // ---- the block and edge runners ----------------------------------------------------------------------
   torch::Tensor run_block(std::size_t index, const BlockCall& call, const torch::Tensor& input) {
-    if (index >= blocks_)
+    if (index >= model_blocks_)
       throw RuntimeError(errors::runtime_gradient_sync,
-                         fmt::format("run_block({}) on a model that lists {} blocks", index, blocks_));
-    if (!lists_->activation_checkpointing() || !torch::GradMode::is_enabled()) return run_block_keeping_activations(index, call, input);
+                         fmt::format("run_block({}) on a model that lists {} blocks", index, model_blocks_));
+    if (!lists_->activation_checkpointing() || !torch::GradMode::is_enabled()) return run_keeping_activations(index, call, input);
     models::CheckpointHooks hooks;
     hooks.before_forward = [this, index] {
       acquire(index);
-      prefetch(index + 1);
+      prefetch(next_unit(index));
     };
     hooks.after_forward = [this, index] { release(index); };
     hooks.before_recompute = [this, index] {
       acquire(index);
-      if (index > 0) prefetch(index - 1);
+      prefetch(previous_unit(index));
     };
     hooks.after_backward = [this, index] {
       if (sync_ || computes_in_bf16(index)) start_gradient_reduce_scatter(index);
       release(index);
     };
-    if (!computes_in_bf16(index)) return models::checkpointed(call, input, std::move(hooks));
-    // bf16 parameters take bf16 inputs (FSDP2's cast_forward_inputs: the CPU's layer_norm refuses an fp32 input
-    // with bf16 weights); the output goes back to the input's dtype, so the stream between blocks keeps it.
-    const BlockCall in_bf16 = [call](const torch::Tensor& x) { return call(x.to(torch::kBFloat16)).to(x.scalar_type()); };
-    return models::checkpointed(in_bf16, input, std::move(hooks));
+    return models::checkpointed(computing(index, call), input, std::move(hooks));
   }
 
-  /// Block `index` run once, its activations kept for backward (FSDP's default): gathered for the forward and
+  /// An edge that is a unit runs as a block keeping its activations (never recomputed: the head's backward needs
+  /// its weight and the logits' gradient at once anyway); an edge that is none (tied, frozen) runs as it is.
+  torch::Tensor run_edge(Edge edge, const BlockCall& call, const torch::Tensor& input) {
+    const auto unit = edge_unit(edge);
+    return unit == no_unit ? call(input) : run_keeping_activations(unit, call, input);
+  }
+
+  /// A block computing in bf16 takes a bf16 input (FSDP2's cast_forward_inputs: the CPU's layer_norm refuses an
+  /// fp32 input with bf16 weights) and gives back the input's dtype, so the stream between blocks keeps it. An
+  /// edge's call is left to autocast: the head's logits stay in the dtype it computes them in.
+  BlockCall computing(std::size_t unit, const BlockCall& call) const {
+    if (unit >= model_blocks_ || !computes_in_bf16(unit)) return call;
+    return [call](const torch::Tensor& x) { return call(x.to(torch::kBFloat16)).to(x.scalar_type()); };
+  }
+
+  /// Unit `unit` run once, its activations kept for backward (FSDP's default): gathered for the forward and
   /// freed after it (the saved views keep the buffer's storage, not its memory), gathered again into the same
   /// storage just before its backward (a hook on its output's gradient, which also prefetches the previous
-  /// block), its gradients reduce-scattered just after (a hook on its input's gradient, which autograd
-  /// computes after the parameters' ones). Without grad (evaluation) it is gathered, run and freed.
-  torch::Tensor run_block_keeping_activations(std::size_t index, const BlockCall& call, const torch::Tensor& input) {
-    acquire(index);
-    prefetch(index + 1);
-    const bool bf16 = computes_in_bf16(index);
+  /// unit), its gradients reduce-scattered just after (a hook on its input's gradient, which autograd computes
+  /// after the parameters' ones). An input that carries no gradient (the embedding's ids) gets no hook: that
+  /// unit's gradients are reduce-scattered by finish_gradients, at the end of backward anyway. Without grad
+  /// (evaluation) the unit is gathered, run and freed.
+  torch::Tensor run_keeping_activations(std::size_t unit, const BlockCall& block_call, const torch::Tensor& input) {
+    acquire(unit);
+    prefetch(next_unit(unit));
+    const auto call = computing(unit, block_call);
     if (!torch::GradMode::is_enabled()) {
-      auto output = bf16 ? call(input.to(torch::kBFloat16)).to(input.scalar_type()) : call(input);
-      release(index);
+      auto output = call(input);
+      release(unit);
       return output;
     }
-    auto x = models::on_backward(input, [this, index] {
-      if (sync_ || computes_in_bf16(index)) start_gradient_reduce_scatter(index);
-      release(index);
-      forget_held(index);
+    auto x = !input.is_floating_point() ? input : models::on_backward(input, [this, unit] {
+      if (sync_ || computes_in_bf16(unit)) start_gradient_reduce_scatter(unit);
+      release(unit);
+      forget_held(unit);
     });
-    auto output = bf16 ? call(x.to(torch::kBFloat16)).to(input.scalar_type()) : call(x);
-    output = models::on_backward(output, [this, index] {
-      acquire(index);
-      if (index > 0) prefetch(index - 1);
+    auto output = models::on_backward(call(x), [this, unit] {
+      acquire(unit);
+      prefetch(previous_unit(unit));
     });
-    release_keeping_storage(index);
+    release_keeping_storage(unit);
     return output;
+  }
+
+  // ---- the order units run in ----------------------------------------------------------------------------
+  static constexpr std::size_t no_unit = static_cast<std::size_t>(-1);
+
+  /// The unit of `edge`, or no_unit.
+  std::size_t edge_unit(Edge edge) const { return edge_units_[static_cast<std::size_t>(edge)]; }
+
+  /// The sharded units in the order forward runs them (the embedding, the blocks, the head), from the layout's
+  /// groups: the blocks first, then each edge that trains.
+  void order_units(const std::vector<std::vector<std::size_t>>& groups) {
+    std::size_t next = model_blocks_;
+    for (std::size_t e = 0; e < edge_modules_.size(); ++e)
+      if (edge_modules_[e] && next < groups.size() && next < sharded_units_ && !groups[next].empty() &&
+          is_in_module(groups[next].front(), *edge_modules_[e]))
+        edge_units_[e] = next++;
+    forward_order_.clear();
+    if (edge_unit(Edge::embedding) != no_unit) forward_order_.push_back(edge_unit(Edge::embedding));
+    for (std::size_t b = 0; b < model_blocks_; ++b) forward_order_.push_back(b);
+    if (edge_unit(Edge::head) != no_unit) forward_order_.push_back(edge_unit(Edge::head));
+    place_in_order_.assign(sharded_units_, 0);
+    for (std::size_t k = 0; k < forward_order_.size(); ++k) place_in_order_[forward_order_[k]] = k;
+  }
+
+  bool is_in_module(std::size_t parameter, torch::nn::Module& module) const {
+    for (const auto& candidate : module.parameters())
+      if (candidate.unsafeGetTensorImpl() == parameters_[parameter].unsafeGetTensorImpl()) return true;
+    return false;
+  }
+
+  /// The unit forward runs after (before) `unit`, or no_unit.
+  std::size_t next_unit(std::size_t unit) const {
+    const auto k = place_in_order_[unit] + 1;
+    return k < forward_order_.size() ? forward_order_[k] : no_unit;
+  }
+  std::size_t previous_unit(std::size_t unit) const {
+    const auto k = place_in_order_[unit];
+    return k > 0 ? forward_order_[k - 1] : no_unit;
   }
 
   /// Starts reduce-scattering unit b's gradients (in the gradient shard's fp32; the parameters' gradients are
@@ -615,7 +687,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     finish_gradient_reduce_scatter(b);  // the previous micro-batch's, when still in flight
     auto output = unit.gradient_accumulated ? torch::empty_like(unit.gradient_shard) : unit.gradient_shard;
     unit.reduce_scatter = dist::start_bucket_reduce_scatter(*group_, layout_.buckets()[b], parameters_, output);
-    if (b < blocks_ && unit.reduce_scatter.pending()) block_traffic_.reduce_scattered += unit.reduce_scatter.input.nbytes();
+    if (b < sharded_units_ && unit.reduce_scatter.pending()) block_traffic_.reduce_scattered += unit.reduce_scatter.input.nbytes();
   }
 
   /// Waits for unit b's reduce-scatter, if one is in flight, and sums it into the gradient shard.
@@ -641,6 +713,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
   std::shared_ptr<torch::nn::Module> model_;
   ListsBlocks* lists_ = nullptr;
   std::vector<std::shared_ptr<torch::nn::Module>> block_modules_;
+  std::vector<std::shared_ptr<torch::nn::Module>> edge_modules_;  // by Edge: the model's edges (null: none)
   std::vector<std::string> names_;
   std::vector<torch::Tensor> parameters_;
   std::vector<torch::Tensor> full_shapes_;  // meta tensors: each parameter's full shape and dtype
@@ -648,7 +721,11 @@ class FullyShardedStrategy : public DataParallelStrategy {
   std::unordered_map<const void*, DeferredPlace> deferred_places_;  // during setup: where each deferred parameter sits
   dist::FlatShardLayout layout_;
   std::vector<std::pair<std::size_t, std::size_t>> bucket_of_;  // parameter -> (bucket, place in the bucket)
-  std::size_t blocks_ = 0;
+  std::size_t model_blocks_ = 0;   // units 0 .. model_blocks_ - 1: the model's blocks
+  std::size_t sharded_units_ = 0;  // then its edges that train, up to sharded_units_: gathered around their use
+  std::array<std::size_t, 2> edge_units_{no_unit, no_unit};  // by Edge
+  std::vector<std::size_t> forward_order_;  // the sharded units in the order forward runs them
+  std::vector<std::size_t> place_in_order_;  // each sharded unit's place in forward_order_
   std::vector<Unit> units_;
   std::vector<Piece> pieces_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
