@@ -9,6 +9,8 @@
 #    slice moves it by far more than 1e-3;
 #  - the first step's loss at --local 4 equals zero2's at --local 4, which loads the whole model on every rank as
 #    before: the same weights and batches on each rank, so the same sums (measured equal); within 1e-6 relative;
+#    so does the held-out loss after that step, which zero3 evaluates on the sharded model (2 examples a forward:
+#    the ranks run 2, 2, 2 and 1 forwards, and the last repeats one so that every gather has all four ranks);
 #  - memory: each rank's peak resident memory once the model is ready ("model ready: peak host memory") is at most
 #    the same run's on the tiny model of `make` (LibTorch, Gloo, the data: the baseline) plus what a rank must hold
 #    of the weights, with a quarter for room: the fp32 shard and its gradient shard (4 + 4 bytes a parameter)
@@ -30,6 +32,7 @@ difference() { awk -v x="$1" -v y="$2" 'BEGIN { d = x - y; if (d < 0) d = -d; pr
 start_differences=""
 peak() { sed -n 's/^hpctrain: model ready: peak host memory \([0-9.]*\) GiB per rank.*/\1/p' "$1"; }
 first_loss() { sed -n '/"step":1,/s/.*"loss":\([^,]*\).*/\1/p' "$1/metrics.jsonl"; }
+last_eval_loss() { sed -n 's/.*"eval_loss":\([^,}]*\).*/\1/p' "$1/metrics.jsonl" | tail -1; }
 
 oracle make "$work" "$fortunes" > make.log 2>&1 || fail "the oracle could not make the tokenizer and data"
 oracle make-sharded "$work" 8 1024 2816 > make-sharded.log 2>&1 || fail "the oracle could not make the sharded model"
@@ -37,11 +40,12 @@ parameters="$(sed -n 's/^\([0-9]*\) parameters in bf16, \([0-9]*\) shards$/\1/p'
 [ -f sharded/model.safetensors.index.json ] && [ -n "$parameters" ] || fail "no sharded checkpoint with an index"
 expected="$(oracle loss sharded conversations.jsonl 64 2>/dev/null)" || fail "transformers could not compute the start model's loss"
 
-run() {  # run NAME WORLD SHARDING [--from DIR]: one step; the start model's held-out loss checked against transformers'
+run() {  # run NAME WORLD SHARDING [--from DIR] [ARG...]: one step; the start model's held-out loss checked against transformers'
   local name="$1" world="$2" sharding="$3" from=sharded
-  [ "${4:-}" = --from ] && from="$5"
+  shift 3
+  [ "${1:-}" = --from ] && { from="$2"; shift 2; }
   HPCTRAIN_RUN_DIR="$work/$name" "$sft" --from "$from" --data conversations.jsonl --local "$world" --sharding "$sharding" \
-    --max-steps 1 --max-length 64 > "$name.log" 2>&1 || fail "$name: sft exited $?"
+    --max-steps 1 --max-length 64 "$@" > "$name.log" 2>&1 || fail "$name: sft exited $?"
   [ -n "$(peak "$name.log")" ] || fail "$name: no 'model ready: peak host memory' line"
   rm -rf "${work:?}/$name/checkpoints" "${work:?}/$name/export"  # 1.5 GB a run, and nothing here reads them
   [ "$from" = sharded ] || return 0
@@ -50,10 +54,16 @@ run() {  # run NAME WORLD SHARDING [--from DIR]: one step; the start model's hel
   close "$start" "$expected" 1e-5 || fail "$name: the start model's held-out loss is $start, transformers says $expected"
   start_differences="$start_differences $(difference "$start" "$expected")"
 }
-for world in 1 2 4; do run "zero3-$world" "$world" zero3; done
+# zero3 evaluates on the sharded model, every unit gathered as in training: at --local 4 with 2 examples a forward
+# the 11 held-out conversations make 2, 2, 2 and 1 forwards, so the last rank runs one more, discarded (without
+# it the ranks' gathers would wait for each other forever).
+for world in 1 2; do run "zero3-$world" "$world" zero3; done
+run zero3-4 4 zero3 --eval-batch-size 2
 run zero2-4 4 zero2
 close "$(first_loss zero3-4)" "$(first_loss zero2-4)" 1e-6 ||
   fail "the first step's loss at --local 4 is $(first_loss zero3-4) under zero3 and $(first_loss zero2-4) under zero2"
+close "$(last_eval_loss zero3-4)" "$(last_eval_loss zero2-4)" 1e-6 ||
+  fail "the held-out loss after the step at --local 4 is $(last_eval_loss zero3-4) under zero3 (sharded), $(last_eval_loss zero2-4) under zero2"
 
 run baseline-4 4 zero3 --from llama
 block=$(( parameters / 8 ))  # 8 blocks, and the embedding and head are 1.7% of the model
@@ -65,6 +75,7 @@ for world in 1 2 4; do
   report="$report --local $world $(peak "zero3-$world.log")"
 done
 report="$report; zero2 --local 4 $(peak zero2-4.log); start loss against transformers:$start_differences (bound 1e-5)"
+report="$report; held-out loss after the step, sharded against zero2's: $(difference "$(last_eval_loss zero3-4)" "$(last_eval_loss zero2-4)") (bound 1e-6)"
 report="$report; first loss against zero2's: $(difference "$(first_loss zero3-4)" "$(first_loss zero2-4)") (bound 1e-6)"
 cd / && rm -rf "${work:?}"
 echo "PASS: held-out loss $expected as transformers'; $report"

@@ -374,6 +374,7 @@ class Knobs {
         {"num_train_epochs", "epochs"},
         {"per_device_train_batch_size", "batch_size"},
         {"train_batch_size", "batch_size"},
+        {"per_device_eval_batch_size", "eval_batch_size"},
         {"logging_steps", "log_every"},
         {"eval_steps", "eval_every"},
         {"save_steps", "checkpoint_every"},

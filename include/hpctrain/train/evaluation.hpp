@@ -42,7 +42,7 @@ namespace detail {
 
 /// Runs `training`'s eval step over `dataset` on every rank; all ranks call it together.
 inline Evaluation evaluate(const Training& training, const ModelInstance& model, const data::Dataset& dataset, dist::ProcessGroup& group,
-                           std::int64_t step) {
+                           std::int64_t step, bool forward_is_collective = false) {
   const auto device = group.device();
   const auto f64 = torch::TensorOptions(torch::kFloat64).device(device);
   const auto& metrics = training.metrics();
@@ -57,17 +57,17 @@ inline Evaluation evaluate(const Training& training, const ModelInstance& model,
   const auto examples = training.max_eval_examples() > 0 ? std::min(dataset.size(), training.max_eval_examples()) : dataset.size();
   const auto mine = data::strided_indices(examples, group.world_size(), group.rank());
   const auto batch_size = static_cast<std::size_t>(training.eval_batch_size());
+  const auto run = [&](const data::Batch& batch) {
+    StepContext context{*model.module, model.forward, device, training.precision(), group.rank(), group.world_size(), step, 0, 1, training.loss(),
+                        training.knobs()};
+    AutocastScope autocast(training.precision(), device);
+    return training.eval_step()(context, batch);
+  };
   for (std::size_t begin = 0; begin < mine.size(); begin += batch_size) {
     note_training_progress();  // a long evaluation after a preemption SIGTERM is progress, not a rank stuck
     const std::size_t end = std::min(mine.size(), begin + batch_size);
     const auto batch = dataset.batch(std::vector<std::int64_t>(mine.begin() + static_cast<std::ptrdiff_t>(begin), mine.begin() + static_cast<std::ptrdiff_t>(end))).to(device);
-    StepContext context{*model.module, model.forward, device, training.precision(), group.rank(), group.world_size(), step, 0, 1, training.loss(),
-                        training.knobs()};
-    EvalOutput out;
-    {
-      AutocastScope autocast(training.precision(), device);
-      out = training.eval_step()(context, batch);
-    }
+    const EvalOutput out = run(batch);
     const auto weight = out.weight.defined() ? out.weight.to(f64) : torch::scalar_tensor(static_cast<double>(end - begin), f64);
     loss_sum += out.loss.detach().to(f64) * weight;
     weight_sum += weight;
@@ -77,6 +77,12 @@ inline Evaluation evaluate(const Training& training, const ModelInstance& model,
       counts[m] += part.count.to(f64);
     }
   }
+  // A forward that gathers from every rank needs every rank: one with fewer batches (rank 0 has the most) runs
+  // one example again for each batch it lacks, its output discarded.
+  const auto batches = [&](std::size_t indices) { return (indices + batch_size - 1) / batch_size; };
+  const auto most = static_cast<std::size_t>((examples + group.world_size() - 1) / group.world_size());
+  if (forward_is_collective && examples > 0)
+    for (auto k = batches(mine.size()); k < batches(most); ++k) run(dataset.batch(std::vector<std::int64_t>{0}).to(device));
   std::vector<torch::Tensor> all{loss_sum, weight_sum, torch::scalar_tensor(static_cast<double>(mine.size()), f64)};
   all.insert(all.end(), sums.begin(), sums.end());
   all.insert(all.end(), counts.begin(), counts.end());

@@ -100,9 +100,14 @@ class DataParallelStrategy {
   /// likewise.
   virtual void load(const SavedStrategyState& saved) = 0;
 
-  /// Makes the user's module hold the full parameters on every rank (for export and evaluation); a
-  /// no-op where they always do (replicated, ZeRO-1/2).
+  /// Makes the user's module hold the full parameters on every rank (for the export and the finish hooks);
+  /// a no-op where they always do (replicated, ZeRO-1/2).
   virtual void gather_full_model() {}
+
+  /// Whether the model's forward issues collectives (ZeRO-3 gathers each unit as it runs): the evaluation then
+  /// runs on the sharded model as training does, the same number of forwards on every rank, rather than on a
+  /// model gathered whole on every rank (at 70B, 280 GB of fp32 per GPU).
+  virtual bool forward_is_collective() const { return false; }
 
   /// Whether setup takes a model whose blocks are still empty (ListsBlocks::deferred_blocks, models/blocks.hpp)
   /// and reads its own slices of them (ZeRO-3); the Trainer materializes them for any other strategy.

@@ -300,8 +300,7 @@ class Trainer {
 
   Evaluation evaluate_and_log() {
     sync_buffers();
-    strategy_->gather_full_model();
-    const auto evaluation = detail::evaluate(training_, model_, *eval_set_, *group_, step_);
+    const auto evaluation = detail::evaluate(training_, model_, *eval_set_, *group_, step_, strategy_->forward_is_collective());
     LogRecord record{step_, "eval", {{"loss", evaluation.loss}, {"examples", static_cast<double>(evaluation.examples)}}};
     for (const auto& metric : evaluation.metrics) record.values.push_back(metric);
     for (auto& logger : loggers_) logger->log(record);
@@ -355,10 +354,10 @@ class Trainer {
     return result_;
   }
 
-  /// The Training's hooks at the end (exports, samples), with the whole model: evaluation gathered it already.
+  /// The Training's hooks at the end (exports, samples), with the whole model.
   void run_finish_hooks() {
     if (training_.finish_hooks().empty()) return;
-    if (!eval_set_) strategy_->gather_full_model();
+    strategy_->gather_full_model();
     model_.module->eval();
     const FinishContext context{*model_.module, *run_, result_};
     for (const auto& hook : training_.finish_hooks()) hook(context);

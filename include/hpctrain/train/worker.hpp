@@ -60,6 +60,7 @@ inline Knobs training_knobs(const Training& training) {
   table.declare<std::int64_t>("eval_every", training.eval_every(), "steps between evaluations (0: only at the end)", non_negative());
   table.declare<std::int64_t>("max_eval_examples", training.max_eval_examples(),
                               "evaluate on the first N examples of the evaluation data (0: all)", non_negative());
+  table.declare<std::int64_t>("eval_batch_size", training.eval_batch_size(), "examples per evaluation forward on each rank", positive());
   table.declare<std::int64_t>("checkpoint_every", training.checkpoint_every(), "steps between checkpoints (0: only at the end)",
                               non_negative());
   table.extend(training.knobs());
@@ -84,6 +85,7 @@ inline Training with_knobs(Training training, const Knobs& knobs) {
   if (auto every = knobs.get_if_given<std::int64_t>("log_every")) training.log_every(*every);
   if (auto every = knobs.get_if_given<std::int64_t>("eval_every")) training.eval_every(*every);
   if (auto examples = knobs.get_if_given<std::int64_t>("max_eval_examples")) training.max_eval_examples(*examples);
+  if (auto examples = knobs.get_if_given<std::int64_t>("eval_batch_size")) training.eval_batch_size(*examples);
   if (auto every = knobs.get_if_given<std::int64_t>("checkpoint_every")) training.checkpoint_every(*every);
   if (training.schedule_from_knobs()) training.schedule(training.schedule_from_knobs()(knobs));
   training.knob_values(knobs);

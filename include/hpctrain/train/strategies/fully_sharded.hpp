@@ -104,6 +104,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
 
   std::string name() const override { return "zero3"; }
   bool reads_deferred_blocks() const override { return true; }
+  bool forward_is_collective() const override { return true; }
 
   void setup(StrategyContext context) override {
     group_ = std::move(context.group);
