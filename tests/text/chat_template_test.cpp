@@ -99,8 +99,13 @@ TEST_CASE("Without generation markers the assistant spans come from rendering pr
 TEST_CASE("A syntax error or an unsupported construct names the template's line and column", "[text][chat_template]") {
   using Row = std::tuple<std::string, std::string>;
   auto [source, message] = GENERATE(table<std::string, std::string>({
-      Row{"{% macro f() %}x{% endmacro %}", "t:1:4: '{% macro %}' is not supported"},
-      Row{"line one\n{{ messages | frobnicate }}", "t:2:1"},
+      Row{"{% call f() %}x{% endcall %}", "t:1:4: '{% call %}' is not supported"},
+      Row{"line one\n{{ messages | frobnicate }}", "t:2:15: no filter named 'frobnicate' (jinja2 refuses it too)"},
+      Row{"{% if false %}{{ x | wordwrap(3) }}{% endif %}", "t:1:22: the filter 'wordwrap' is not supported"},
+      Row{"{% if false %}{{ '{}'.format(1) }}{% endif %}", "t:1:23: the method 'format' is not supported"},
+      Row{"{{ x is frobnicated }}", "t:1:9: no test named 'frobnicated'"},
+      Row{"{{ xs | map('wordwrap') }}", "t:1:13: map() with the filter 'wordwrap' is not supported"},
+      Row{"{% macro f() %}{% generation %}x{% endgeneration %}{% endmacro %}", "t:1:19: '{% generation %}' inside a macro"},
       Row{"{% for m in messages %}", "the template ends before '{% endfor %}'"},
       Row{"{{ 'unterminated }}", "t:1:"},
       Row{"ok\n  {{ a +* b }}", "t:2:"},

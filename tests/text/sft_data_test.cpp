@@ -76,8 +76,8 @@ TEST_CASE("SFT JSONL: a bad line is an error naming the file and the line", "[te
       Row{"{\"prompt\": \"p\"}\n", ":1: no \"completion\""},
       Row{"{\"text\": 3}\n", ":1: \"text\" is number, not a string"},
       Row{"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n", ":1: the conversation has no assistant turn"},
-      Row{"{\"messages\": [{\"role\": \"wizard\", \"content\": \"hi\"}]}\n", ":1: messages[0]: role \"wizard\" is none of"},
-      Row{"{\"messages\": [{\"role\": \"user\"}]}\n", ":1: messages[0] has no \"content\" string"},
+      Row{"{\"messages\": [{\"role\": \"wizard\", \"content\": \"hi\"}]}\n", ":1: messages[0].role: \"wizard\" is none of"},
+      Row{"{\"messages\": [{\"role\": \"user\"}]}\n", ":1: messages[0].content: missing"},
       Row{"[1, 2]\n", ":1: a line must be a JSON object, not array"},
       Row{"{\"other\": 1}\n", ":1: has none of"},
   }));
@@ -106,13 +106,13 @@ TEST_CASE("TRL's rules: text trains every token and EOS, prompt/completion the c
           "[text][sft]") {
   const auto tokenizer = tx::load_pretrained_tokenizer(tokenizer_dirs() / "llama3");
   const auto bos = *tokenizer.tokenizer().token_id("<|begin|>"), eos = *tokenizer.eos_id();
-  tx::SftRecord text{tx::SftShape::text, "Hello there", {}, {}, {}, 1};
+  tx::SftRecord text{tx::SftShape::text, "Hello there", {}, {}, {}, 1, {}};
   const auto a = tx::tokenize_sft(text, tokenizer, nullptr);
   CHECK(a.ids.front() == bos);
   CHECK(a.ids.back() == eos);
   CHECK(std::all_of(a.trained.begin(), a.trained.end(), [](auto t) { return t == 1; }));
 
-  tx::SftRecord pair{tx::SftShape::prompt_completion, {}, "Q: Why?\nA:", " Because.", {}, 2};
+  tx::SftRecord pair{tx::SftShape::prompt_completion, {}, "Q: Why?\nA:", " Because.", {}, 2, {}};
   const auto b = tx::tokenize_sft(pair, tokenizer, nullptr);
   const auto prompt = tokenizer.encode("Q: Why?\nA:", true), completion = tokenizer.encode(" Because.", false);
   REQUIRE(b.ids.size() == prompt.size() + completion.size() + 1);
@@ -122,7 +122,7 @@ TEST_CASE("TRL's rules: text trains every token and EOS, prompt/completion the c
   CHECK(b.trained[prompt.size()] == 1);
 
   // A fake renderer: "<|begin|>U: hi\nA: " + reply + "<|end|>", the reply and EOS the assistant's.
-  const tx::ConversationRenderer render = [](const std::vector<tx::ChatMessage>& messages) {
+  const tx::ConversationRenderer render = [](const std::vector<tx::ChatMessage>& messages, const nlohmann::ordered_json&) {
     tx::RenderedChat out;
     out.text = "<|begin|>U: " + messages[0].content + "\nA: ";
     const auto begin = out.text.size();
@@ -130,7 +130,7 @@ TEST_CASE("TRL's rules: text trains every token and EOS, prompt/completion the c
     out.assistant_spans.push_back({begin, out.text.size()});
     return out;
   };
-  tx::SftRecord chat{tx::SftShape::conversational, {}, {}, {}, {{"user", "hi"}, {"assistant", "fine thanks"}}, 3};
+  tx::SftRecord chat{tx::SftShape::conversational, {}, {}, {}, {{"user", "hi"}, {"assistant", "fine thanks"}}, 3, {}};
   const auto c = tx::tokenize_sft(chat, tokenizer, &render);
   CHECK(c.ids == tokenizer.encode("<|begin|>U: hi\nA: fine thanks<|end|>", false));
   std::string trained_text;
