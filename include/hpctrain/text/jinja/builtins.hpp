@@ -215,9 +215,11 @@ inline Value apply_filter(const std::string& name, const Value& subject, const A
   const auto& j = subject.json;
   if (name == "trim") {
     const auto* chars = args.get(0, "chars");
-    return Value::of(Json(strip_chars(soft_str(subject), chars && chars->json.is_string() ? chars->json.get<std::string>() : " \t\n\r\f\v", true, true)));
+    auto text = strip_chars(soft_str(subject), chars && chars->json.is_string() ? chars->json.get<std::string>() : " \t\n\r\f\v", true, true);
+    return subject.markup ? Value::safe(std::move(text)) : Value::of(Json(std::move(text)));
   }
-  if (name == "upper" || name == "lower" || name == "capitalize") return Value::of(Json(change_case(soft_str(subject), name)));
+  const auto keeping_markup = [&](std::string text) { return subject.markup ? Value::safe(std::move(text)) : Value::of(Json(std::move(text))); };
+  if (name == "upper" || name == "lower" || name == "capitalize") return keeping_markup(change_case(soft_str(subject), name));
   if (name == "title") {  // jinja2's own rule: a word starts after whitespace, '-', '(', '{', '[' or '<'
     const auto s = soft_str(subject);
     if (!is_ascii(s)) throw Unsupported{"title of text with non-ASCII characters"};
@@ -237,9 +239,10 @@ inline Value apply_filter(const std::string& name, const Value& subject, const A
     const auto new_text = soft_str(args.get(1, "new") ? *args.get(1, "new") : Value::missing(""));
     return Value::of(Json(replace_all(text, old_text, new_text, count && count->json.is_number_integer() ? count->json.get<std::int64_t>() : -1)));
   }
-  if (name == "string") return Value::of(Json(soft_str(subject)));
-  if (name == "safe") return subject;  // no autoescaping in chat templates: a Markup prints as its text
-  if (name == "e" || name == "escape" || name == "forceescape") return Value::of(Json(html_escape(soft_str(subject))));
+  if (name == "string") return keeping_markup(soft_str(subject));
+  if (name == "safe") return Value::safe(soft_str(subject));
+  if (name == "e" || name == "escape" || name == "forceescape")
+    return subject.markup && name != "forceescape" ? subject : Value::safe(html_escape(soft_str(subject)));
   if (name == "length" || name == "count") return Value::of(Json(length_of(subject)));
   if (name == "tojson") {
     JsonDumpOptions options;
@@ -369,6 +372,9 @@ inline Value apply_filter(const std::string& name, const Value& subject, const A
     return Value::of(Json(first ? pad + out : out));
   }
   if (name == "attr") return member(subject, Json(string_argument(args, 0, "name")));
+  // jinja2's map, select, reject, selectattr and rejectattr start with `if value:`: None gives nothing.
+  if ((name == "map" || name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr") && !truthy(subject))
+    return Value::of(Json::array());
   if (name == "map") {
     Json out = Json::array();
     const auto items = iterate(subject);
@@ -526,6 +532,17 @@ inline Value call_method(const Value& subject, const std::string& name, const Ar
   using namespace detail;
   const auto& j = subject.json;
   require_defined(subject);
+  if (subject.markup) {  // Markup's methods return Markup, and some escape their arguments
+    static const std::set<std::string, std::less<>> keep{"strip", "lstrip", "rstrip", "upper", "lower", "title", "capitalize"};
+    static const std::set<std::string, std::less<>> plain{"startswith", "endswith", "find", "rfind", "count", "index", "isalnum", "isalpha",
+                                                          "isdigit", "islower", "isspace", "isupper"};
+    if (keep.count(name)) {
+      auto unmarked = subject;
+      unmarked.markup = false;
+      return Value::safe(call_method(unmarked, name, args).json.get<std::string>());
+    }
+    if (!plain.count(name)) throw Unsupported{fmt::format("the method '{}' of a Markup string (from |safe or |escape)", name)};
+  }
   if (!names::python_has_method(j, name))
     throw PythonError{fmt::format("'{}' has no attribute '{}'", j.is_null() ? "None" : jinja_object_name(j), name)};
   if (j.is_string()) {

@@ -131,6 +131,7 @@ class Interpreter {
 
   void assign(const Node& node, const Value& value) {
     if (value.bound_method) unsupported(node.at, "assigning a method");
+    if (value.markup) unsupported(node.at, "keeping a Markup string (from |safe or |escape) in a variable");
     if (node.targets.size() == 1) {
       scopes_.back()[node.targets[0]] = value.undefined ? undefined_marker() : value.json;
       return;
@@ -289,10 +290,12 @@ class Interpreter {
     fail(e.at, "unknown expression");
   }
 
-  /// A value that must be defined to be kept (in a list or dict literal): jinja2 keeps Undefined there, hpctrain cannot.
+  /// A value that must be defined and plain to be kept (in a list or dict literal, a macro's argument): jinja2
+  /// keeps Undefined and Markup there, hpctrain cannot.
   Value defined(Value value, Position at) {
     if (value.undefined) unsupported(at, "an undefined value inside a list or dict literal");
     if (value.bound_method) unsupported(at, "a method inside a list or dict literal");
+    if (value.markup) unsupported(at, "a Markup string (from |safe or |escape) kept in a list, a dict or a macro's argument");
     return value;
   }
 
@@ -384,7 +387,12 @@ class Interpreter {
         return PythonError{fmt::format("can only concatenate {} (not \"{}\") to {}", python_type_name(a), python_type_name(b), python_type_name(a))};
       return PythonError{fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, python_type_name(a), python_type_name(b))};
     };
-    if (op == "+" && a.is_string() && b.is_string()) return Value::of(Json(a.get<std::string>() + b.get<std::string>()));
+    if (op == "+" && a.is_string() && b.is_string()) {
+      if (!left.markup && !right.markup) return Value::of(Json(a.get<std::string>() + b.get<std::string>()));
+      // Markup + str (or str + Markup, through Markup.__radd__) escapes the plain side
+      const auto side = [](const Value& v) { return v.markup ? v.json.get<std::string>() : detail::html_escape(v.json.get<std::string>()); };
+      return Value::safe(side(left) + side(right));
+    }
     if (op == "+" && a.is_array() && b.is_array()) {
       Json out = a;
       for (const auto& x : b) out.push_back(x);
@@ -418,7 +426,7 @@ class Interpreter {
           out += a.get_ref<const std::string&>();
           if (out.size() > max_output) throw PythonError{"the rendering exceeds 64 MiB"};
         }
-        return Value::of(Json(out));
+        return left.markup ? Value::safe(std::move(out)) : Value::of(Json(out));
       }
       Json out = Json::array();
       for (std::int64_t i = 0; i < times; ++i) {

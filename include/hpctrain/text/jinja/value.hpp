@@ -28,15 +28,19 @@ using Json = nlohmann::ordered_json;
 /// holds the key `name` (jinja2 looks attributes up before items: a JSON schema's `param.items` is dict.items):
 /// `bound_method` is set, `json` is the subject and `why` the method's name. It is true and defined; hpctrain
 /// cannot print it (Python prints its address).
+/// `markup`: a string that is markupsafe's Markup (from |safe or |escape): adding a plain string to it escapes
+/// that string's HTML characters, even without autoescaping (`"'"|safe + x | tojson` writes &#34; for quotes).
 struct Value {
   Json json;
   bool undefined = false;
   std::string why;
   bool bound_method = false;
-  static Value of(Json json) { return {std::move(json), false, {}, false}; }
-  static Value none() { return {Json(nullptr), false, {}, false}; }
-  static Value missing(std::string why) { return {Json(nullptr), true, std::move(why), false}; }
-  static Value method(Json subject, std::string name) { return {std::move(subject), false, std::move(name), true}; }
+  bool markup = false;
+  static Value of(Json json) { return {std::move(json), false, {}, false, false}; }
+  static Value none() { return {Json(nullptr), false, {}, false, false}; }
+  static Value missing(std::string why) { return {Json(nullptr), true, std::move(why), false, false}; }
+  static Value method(Json subject, std::string name) { return {std::move(subject), false, std::move(name), true, false}; }
+  static Value safe(std::string text) { return {Json(std::move(text)), false, {}, false, true}; }
 };
 
 /// What Python or jinja2 raises (a TypeError, an UndefinedError, ...): a conversation the template rejects.
