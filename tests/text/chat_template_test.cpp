@@ -25,14 +25,31 @@ namespace tx = hpctrain::text;
 namespace {
 std::filesystem::path templates_dir() { return text_test::source_dir() / "tests/data/chat_templates"; }
 
-/// The oracle's renderings, made by one Python process for all of them (jinja2 + transformers: a few seconds).
+/// Whether `out` was made after `script` and every fixture changed.
+bool up_to_date(const std::filesystem::path& out, const std::filesystem::path& script) {
+  if (!std::filesystem::exists(out)) return false;
+  const auto made = std::filesystem::last_write_time(out);
+  if (std::filesystem::last_write_time(script) > made || std::filesystem::last_write_time(templates_dir()) > made) return false;
+  for (const auto& entry : std::filesystem::directory_iterator(templates_dir()))
+    if (entry.last_write_time() > made) return false;
+  return true;
+}
+
+/// The oracle's renderings, made by one Python process for all of them (jinja2 + transformers: a few seconds),
+/// again only when a fixture or the oracle changed.
 const nlohmann::ordered_json& oracle() {
   static const nlohmann::ordered_json renderings = [] {
     const auto out = text_test::cache_dir() / "chat_templates.json";
-    const auto command = fmt::format("'{}' '{}/tests/text/chat_template_oracle.py' render '{}' '{}' > '{}.log' 2>&1", text_test::python(),
-                                     text_test::source_dir().string(), templates_dir().string(), out.string(), out.string());
+    const auto script = text_test::source_dir() / "tests/text/chat_template_oracle.py";
+    if (up_to_date(out, script)) return nlohmann::ordered_json::parse(text_test::read_file(out));
+    // A temporary per process (ctest may run two cases that both want it), kept only when the oracle succeeds.
+    const auto made = fmt::format("{}.tmp.{}", out.string(), ::getpid());
+    const auto command = fmt::format("'{}' '{}' render '{}' '{}' > '{}.log' 2>&1", text_test::python(), script.string(),
+                                     templates_dir().string(), made, out.string());
+    const int status = std::system(command.c_str());
     INFO(command << "\n" << text_test::read_file(out.string() + ".log"));
-    REQUIRE(std::system(command.c_str()) == 0);
+    REQUIRE(status == 0);
+    std::filesystem::rename(made, out);
     return nlohmann::ordered_json::parse(text_test::read_file(out));
   }();
   return renderings;
