@@ -9,6 +9,8 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <string_view>
@@ -221,13 +223,11 @@ inline Value apply_filter(const std::string& name, const Value& subject, const A
   const auto keeping_markup = [&](std::string text) { return subject.markup ? Value::safe(std::move(text)) : Value::of(Json(std::move(text))); };
   if (name == "upper" || name == "lower" || name == "capitalize") return keeping_markup(change_case(soft_str(subject), name));
   if (name == "title") {  // jinja2's own rule: a word starts after whitespace, '-', '(', '{', '[' or '<'
-    const auto s = soft_str(subject);
-    if (!is_ascii(s)) throw Unsupported{"title of text with non-ASCII characters"};
     std::string out;
     bool start = true;
-    for (const char c : s) {
-      const bool separator = std::isspace(static_cast<unsigned char>(c)) || std::string_view("-({[<").find(c) != std::string_view::npos;
-      out.push_back(static_cast<char>(separator ? c : start ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c))));
+    for (const auto& point : code_points(soft_str(subject))) {
+      const bool separator = point.size() == 1 && (std::isspace(static_cast<unsigned char>(point[0])) || std::string_view("-({[<").find(point[0]) != std::string_view::npos);
+      out += separator ? point : change_case(point, start ? "upper" : "lower");
       start = separator;
     }
     return Value::of(Json(out));
@@ -348,14 +348,19 @@ inline Value apply_filter(const std::string& name, const Value& subject, const A
     const auto* precision = args.get(0, "precision");
     const auto method = string_argument(args, 1, "method", "common");
     if (!is_python_number(j)) throw PythonError{fmt::format("type {} doesn't define __round__ method", python_type_name(j))};
-    const double scale = std::pow(10.0, precision && precision->json.is_number_integer() ? precision->json.get<double>() : 0.0);
-    const double x = as_double(j) * scale;
-    double r;
-    if (method == "common") r = std::round(x);
-    else if (method == "ceil") r = std::ceil(x);
-    else if (method == "floor") r = std::floor(x);
-    else throw PythonError{"method must be common, ceil or floor"};
-    return Value::of(Json(r / scale));
+    const std::int64_t digits = precision && precision->json.is_number_integer() ? precision->json.get<std::int64_t>() : 0;
+    if (digits < 0 || digits > 15) throw Unsupported{"round() to a precision outside 0 to 15 digits"};
+    if (method == "common") {
+      if (!j.is_number_float()) return Value::of(j.is_boolean() ? Json(j.get<bool>() ? 1 : 0) : j);  // round(int) is the int
+      // Python's round(): the exact binary value rounded to the nearest decimal, ties to even (printf does the same)
+      char buffer[400];
+      std::snprintf(buffer, sizeof buffer, "%.*f", static_cast<int>(digits), j.get<double>());
+      return Value::of(Json(std::strtod(buffer, nullptr)));
+    }
+    const double scale = std::pow(10.0, static_cast<double>(digits));
+    if (method == "ceil") return Value::of(Json(std::ceil(as_double(j) * scale) / scale));
+    if (method == "floor") return Value::of(Json(std::floor(as_double(j) * scale) / scale));
+    throw PythonError{"method must be common, ceil or floor"};
   }
   if (name == "indent") {
     const auto* width = args.get(0, "width");

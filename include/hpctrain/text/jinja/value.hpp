@@ -351,21 +351,96 @@ inline std::string replace_all(std::string s, const std::string& from, const std
   return s;
 }
 
-/// Python's upper(), lower(), title() (str's: a cased letter after an uncased character starts a word) and
-/// capitalize() for ASCII text. Non-ASCII letters have case too in Python: hpctrain carries no Unicode case
-/// table, so such text is refused rather than changed differently.
+/// A code point's case in Python: its upper and lower forms, and whether it is cased (Lu, Ll, Lt). hpctrain
+/// carries Python's mapping for ASCII, Latin-1, Latin Extended-A, basic Greek and Cyrillic, and knows the blocks
+/// that have no case (punctuation, symbols, CJK, Hangul, emoji); any other code point is Unsupported rather than
+/// changed differently from Python.
+struct CodePointCase {
+  std::uint32_t upper, lower;
+  bool cased;
+};
+inline std::optional<CodePointCase> code_point_case(std::uint32_t c) {
+  const auto caseless = [&] { return CodePointCase{c, c, false}; };
+  if (c < 0x80) {
+    if (c >= 'A' && c <= 'Z') return CodePointCase{c, c + 32, true};
+    if (c >= 'a' && c <= 'z') return CodePointCase{c - 32, c, true};
+    return caseless();
+  }
+  if (c == 0xB5) return CodePointCase{0x39C, c, true};                              // micro sign: upper is Greek Mu
+  if (c == 0xDF || c == 0x130 || c == 0x131 || c == 0x149 || c == 0x17F || c == 0x3A3 || c == 0x3C2) return std::nullopt;  // ß→SS, İ, ı, ŉ, ſ, final sigma
+  if (c >= 0xA0 && c <= 0xBF) return caseless();
+  if (c == 0xD7 || c == 0xF7) return caseless();
+  if (c >= 0xC0 && c <= 0xDE) return CodePointCase{c, c + 32, true};
+  if (c >= 0xE0 && c <= 0xFE) return CodePointCase{c - 32, c, true};
+  if (c == 0xFF) return CodePointCase{0x178, c, true};
+  if (c == 0x178) return CodePointCase{c, 0xFF, true};
+  if (c == 0x138) return CodePointCase{c, c, true};                                 // kra: lower case, no upper form
+  const auto pair = [&](bool upper_is_even) {
+    const bool upper = (c % 2 == 0) == upper_is_even;
+    return upper ? CodePointCase{c, c + 1, true} : CodePointCase{c - 1, c, true};
+  };
+  if (c >= 0x100 && c <= 0x137) return pair(true);
+  if (c >= 0x139 && c <= 0x148) return pair(false);
+  if (c >= 0x14A && c <= 0x177) return pair(true);
+  if (c >= 0x179 && c <= 0x17E) return pair(false);
+  if ((c >= 0x391 && c <= 0x3A9) || (c >= 0x410 && c <= 0x42F)) return CodePointCase{c, c + 32, true};
+  if ((c >= 0x3B1 && c <= 0x3C9) || (c >= 0x430 && c <= 0x44F)) return CodePointCase{c - 32, c, true};
+  if (c >= 0x400 && c <= 0x40F) return CodePointCase{c, c + 80, true};
+  if (c >= 0x450 && c <= 0x45F) return CodePointCase{c - 80, c, true};
+  const std::pair<std::uint32_t, std::uint32_t> blocks[] = {
+      {0x2000, 0x20FF}, {0x2190, 0x245F}, {0x2500, 0x2BFF}, {0x2E80, 0xA4CF}, {0xAC00, 0xD7FF}, {0xF900, 0xFAFF},
+      {0xFE30, 0xFE4F}, {0xFF01, 0xFF20}, {0x1F000, 0x1FAFF}, {0x20000, 0x3FFFF}};
+  for (const auto& [first, last] : blocks)
+    if (c >= first && c <= last) return caseless();
+  return std::nullopt;
+}
+
+inline std::uint32_t decode_utf8(std::string_view bytes) {
+  const auto b = [&](std::size_t i) { return static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[i])); };
+  switch (bytes.size()) {
+    case 1: return b(0);
+    case 2: return ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
+    case 3: return ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
+    default: return ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
+  }
+}
+inline std::string encode_utf8(std::uint32_t c) {
+  std::string out;
+  if (c < 0x80) {
+    out.push_back(static_cast<char>(c));
+  } else if (c < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | (c >> 6)));
+    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else if (c < 0x10000) {
+    out.push_back(static_cast<char>(0xE0 | (c >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xF0 | (c >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  }
+  return out;
+}
+
+/// Python's str.upper(), lower(), title() (a cased letter after an uncased character starts a word) and
+/// capitalize(), code point by code point (code_point_case).
 inline std::string change_case(const std::string& s, const std::string& how) {
-  if (!is_ascii(s)) throw Unsupported{fmt::format("{}() of text with non-ASCII characters", how)};
-  std::string out = s;
-  bool word_start = true;
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    const auto c = static_cast<unsigned char>(out[i]);
-    const bool alpha = std::isalpha(c) != 0;
-    if (how == "upper") out[i] = static_cast<char>(std::toupper(c));
-    else if (how == "lower") out[i] = static_cast<char>(std::tolower(c));
-    else if (how == "title") out[i] = static_cast<char>(alpha ? (word_start ? std::toupper(c) : std::tolower(c)) : c);
-    else if (how == "capitalize") out[i] = static_cast<char>(i == 0 ? std::toupper(c) : std::tolower(c));
-    word_start = !alpha;
+  std::string out;
+  out.reserve(s.size());
+  bool previous_cased = false;
+  bool first = true;
+  for (const auto& point : code_points(s)) {
+    const auto c = decode_utf8(point);
+    const auto info = code_point_case(c);
+    if (!info) throw Unsupported{fmt::format("{}() of text with the character U+{:04X} (no case table for it in hpctrain)", how, c)};
+    bool to_upper = how == "upper";
+    if (how == "title") to_upper = !previous_cased;
+    if (how == "capitalize") to_upper = first;
+    out += encode_utf8(to_upper ? info->upper : info->lower);
+    previous_cased = info->cased;
+    first = false;
   }
   return out;
 }
