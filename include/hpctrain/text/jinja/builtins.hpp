@@ -7,6 +7,7 @@
 // Unsupported; the interpreter adds the line and column. Torch-free.
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -173,9 +175,11 @@ inline Value attribute_path(const Json& item, const std::string& path) {
   while (true) {
     const auto dot = path.find('.', begin);
     const auto part = path.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin);
-    const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+    std::int64_t index = 0;
+    const auto [end, failure] = std::from_chars(part.data(), part.data() + part.size(), index);
+    const bool digits = !part.empty() && failure == std::errc{} && end == part.data() + part.size() && part[0] != '-';
     if (value.undefined) return value;
-    value = member(value, digits ? Json(std::stoll(part)) : Json(part));
+    value = member(value, digits ? Json(index) : Json(part));
     if (dot == std::string::npos) return value;
     begin = dot + 1;
   }

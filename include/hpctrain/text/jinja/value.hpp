@@ -8,6 +8,7 @@
 // the interpreter adds the template's line and column. Torch-free.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
