@@ -199,6 +199,33 @@ TEST_CASE("A syntax error or an unsupported construct names the template's line 
   CHECK(raised);
 }
 
+TEST_CASE("Mappings keep insertion order; a namespace shows no key of its own and refuses what jinja2 refuses", "[text][chat_template]") {
+  // The data's order (a plain nlohmann::json would have sorted "unit" after "location"), a literal's, dictsort's.
+  const auto messages = nlohmann::ordered_json::parse(R"([{"role": "assistant", "content": null, "tool_calls": [{"type": "function",
+      "function": {"name": "f", "arguments": {"unit": "c", "location": "Oslo", "days": 2}}}]}])");
+  const auto render = [&](const std::string& source) { return tx::ChatTemplate::parse(source, "t").render(messages, {}); };
+  CHECK(render("{{ messages[0].tool_calls[0].function.arguments | tojson }}") == R"({"unit": "c", "location": "Oslo", "days": 2})");
+  CHECK(render("{% for k, v in messages[0].tool_calls[0].function.arguments.items() %}{{ k }};{% endfor %}") == "unit;location;days;");
+  CHECK(render("{{ messages[0] }}") ==
+        "{'role': 'assistant', 'content': None, 'tool_calls': [{'type': 'function', 'function': {'name': 'f', 'arguments': {'unit': 'c', "
+        "'location': 'Oslo', 'days': 2}}}]}");
+  CHECK(render("{{ {'b': 1, 'a': 2} | tojson }} {{ {'b': 1, 'a': 2} | dictsort | map('first') | join }} {{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }}") ==
+        R"({"b": 1, "a": 2} ab {"a": 2, "b": 1})");
+  CHECK(render("{% set ns = namespace(b=1, a=2) %}{% set ns.c = 3 %}{{ ns.a }} {{ ns }} {{ ns is mapping }}") ==
+        "2 <Namespace {'b': 1, 'a': 2, 'c': 3}> False");
+  using Row = std::tuple<std::string, std::string>;
+  auto [source, message] = GENERATE(table<std::string, std::string>({
+      Row{"{% set ns = namespace(a=1) %}{{ ns | length }}", "t:1:38: object of type 'Namespace' has no len()"},
+      Row{"{% set ns = namespace(a=1) %}{{ ns | tojson }}", "t:1:38: Object of type Namespace is not JSON serializable"},
+      Row{"{% set ns = namespace(a=1) %}{{ 'a' in ns }}", "t:1:37: argument of type 'Namespace' is not iterable"},
+      Row{"{% set ns = namespace(a=1) %}{% for x in ns %}{% endfor %}", "t:1:30: 'Namespace' object is not iterable"},
+      Row{"{% set d = {'a': 1} %}{% set d.a = 2 %}", "cannot assign attribute on non-namespace object"},
+      Row{"{{ messages[0].function.name }}", "t:1:25: 'dict object' has no attribute 'function'"},
+  }));
+  CAPTURE(source);
+  CHECK_THROWS_WITH(render(source), Catch::StartsWith("[hpctrain.runtime.chat_template]") && Catch::Contains(message));
+}
+
 TEST_CASE("A hostile template cannot exhaust the stack or memory", "[text][chat_template]") {
   CHECK_THROWS_WITH(tx::ChatTemplate::parse("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}", "deep"),
                     Catch::Contains("nested too deeply"));
