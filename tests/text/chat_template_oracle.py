@@ -11,9 +11,9 @@
       ranges each assistant turn adds to the conversation before it (what hpctrain's prefix rendering finds).
       A template jinja2 cannot compile is listed in compile_errors.
 
-  chat_template_oracle.py masks TOKENIZER_DIR TEMPLATE JSONL TOOLS_JSON OUT_JSON
-      for each line of an SFT JSONL file ({"messages", "tools"?}; TOOLS_JSON: the file's tools, or "-"), the
-      token ids and assistant mask transformers gives: apply_chat_template(messages, tools=..., tokenize=True,
+  chat_template_oracle.py masks TOKENIZER_DIR JSONL TOOLS_JSON OUT_JSON TEMPLATE...
+      for each template, and each line of an SFT JSONL file ({"messages", "tools"?}; TOOLS_JSON: the file's tools,
+      or "-"), the token ids and assistant mask transformers gives ({template file name: [{ids, mask}]}): apply_chat_template(messages, tools=..., tokenize=True,
       return_dict=True, return_assistant_tokens_mask=True) for a template with {% generation %} markers; for one
       without, the tokens overlapping the prefix-rendered assistant spans, found with char_to_token as
       transformers finds its mask.
@@ -206,13 +206,20 @@ def render(templates_dir, out_json):
     return 1 if failures else 0
 
 
-def masks(tokenizer_dir, template_path, jsonl, tools_json, out_json):
+def masks(tokenizer_dir, jsonl, tools_json, out_json, *template_paths):
     from transformers import AutoTokenizer
-    from transformers.utils.chat_template_utils import _compile_jinja_template
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    source = open(template_path, encoding="utf-8").read()
     file_tools = None if tools_json == "-" else json.load(open(tools_json, encoding="utf-8"))
+    out = {os.path.basename(path): template_masks(tok, open(path, encoding="utf-8").read(), jsonl, file_tools) for path in template_paths}
+    with open(out_json, "w", encoding="utf-8") as f:
+        json.dump(out, f)
+    return 0
+
+
+def template_masks(tok, source, jsonl, file_tools):
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
     out = []
     for line in open(jsonl, encoding="utf-8"):
         if not line.strip():
@@ -233,14 +240,12 @@ def masks(tokenizer_dir, template_path, jsonl, tools_json, out_json):
             for k in range(first, (last + 1) if last is not None else len(mask)):
                 mask[k] = 1
         out.append({"ids": encoded["input_ids"], "mask": mask})
-    with open(out_json, "w", encoding="utf-8") as f:
-        json.dump(out, f)
-    return 0
+    return out
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["render"] and len(sys.argv) == 4:
         sys.exit(render(sys.argv[2], sys.argv[3]))
-    if sys.argv[1:2] == ["masks"] and len(sys.argv) == 7:
+    if sys.argv[1:2] == ["masks"] and len(sys.argv) >= 7:
         sys.exit(masks(*sys.argv[2:]))
     raise SystemExit(__doc__)

@@ -199,7 +199,7 @@ TEST_CASE("A syntax error or an unsupported construct names the template's line 
   CHECK(raised);
 }
 
-TEST_CASE("Mappings keep insertion order; a namespace shows no key of its own and refuses what jinja2 refuses", "[text][chat_template]") {
+TEST_CASE("Mappings keep insertion order, and a namespace shows no key of its own and refuses what jinja2 refuses", "[text][chat_template]") {
   // The data's order (a plain nlohmann::json would have sorted "unit" after "location"), a literal's, dictsort's.
   const auto messages = nlohmann::ordered_json::parse(R"([{"role": "assistant", "content": null, "tool_calls": [{"type": "function",
       "function": {"name": "f", "arguments": {"unit": "c", "location": "Oslo", "days": 2}}}]}])");

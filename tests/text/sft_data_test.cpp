@@ -238,14 +238,17 @@ TEST_CASE("SFT on tool calls: the tokens and the loss mask are transformers' (ge
   const auto file = write_file(dir / "tools.jsonl", lines[0] + "\n" + lines[1] + "\n");
   const auto tools_file = write_file(dir / "tools.json",
                                      R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather.", "parameters": {"type": "object", "properties": {"location": {"type": "string"}, "unit": {"type": "string"}}}}}])");
+  // One oracle process for both templates: one with generation markers, Qwen2.5's without.
+  const auto templates = text_test::source_dir() / "tests/data/chat_templates";
+  const auto out = dir / "masks.json";
+  text_test::run(fmt::format("'{}' '{}/tests/text/chat_template_oracle.py' masks '{}' '{}' '{}' '{}' '{}' '{}' > '{}.log' 2>&1", text_test::python(),
+                             text_test::source_dir().string(), tokenizer_dir.string(), file.string(), tools_file.string(), out.string(),
+                             (templates / "chatml-tools-generation.jinja").string(), (templates / "qwen2.5.jinja").string(), out.string()));
+  const auto masks = nlohmann::json::parse(text_test::read_file(out));
   for (const char* name : {"chatml-tools-generation.jinja", "qwen2.5.jinja"}) {
     CAPTURE(name);
-    const auto template_path = text_test::source_dir() / "tests/data/chat_templates" / name;
-    const auto out = dir / (std::string(name) + ".json");
-    text_test::run(fmt::format("'{}' '{}/tests/text/chat_template_oracle.py' masks '{}' '{}' '{}' '{}' '{}' > '{}.log' 2>&1", text_test::python(),
-                               text_test::source_dir().string(), tokenizer_dir.string(), template_path.string(), file.string(),
-                               tools_file.string(), out.string(), out.string()));
-    const auto expected = nlohmann::json::parse(text_test::read_file(out));
+    const auto template_path = templates / name;
+    const auto& expected = masks.at(name);
     const auto parsed = std::make_shared<const tx::ChatTemplate>(tx::ChatTemplate::parse(text_test::read_file(template_path), name));
     tx::ChatRenderOptions options;
     options.bos_token = tokenizer.bos_token();
