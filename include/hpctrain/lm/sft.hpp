@@ -1,7 +1,7 @@
 #pragma once
 // Supervised fine-tuning data from a JSONL file in TRL's three shapes (text/sft_jsonl.hpp): plain text (the
 // loss on every token), prompt/completion (on the completion) and conversational messages rendered with
-// the model's chat template (on the assistant turns). Each rank reads and tokenizes the file when the run
+// the model's chat template (on the assistant turns, their tool calls included; tool results never). Each rank reads and tokenizes the file when the run
 // starts (SFT files are small next to pretraining corpora); the login node validates it first.
 //
 // A batch holds inputs/targets as the causal-LM convention says (targets shifted, lm::ignore_index where no
@@ -67,6 +67,9 @@ class SftJsonl {
   SftJsonl& tokenizer(Setting<std::filesystem::path> directory) { tokenizer_ = std::move(directory); return *this; }
   /// A chat template file to use instead of the tokenizer's own (conversational files only).
   SftJsonl& chat_template(Setting<std::filesystem::path> file) { chat_template_ = std::move(file); return *this; }
+  /// A JSON file holding a list of function schemas, given to the chat template as `tools` with every
+  /// conversation that has no "tools" of its own (conversational files only). Default: none.
+  SftJsonl& tools(Setting<std::filesystem::path> file) { tools_ = std::move(file); return *this; }
 
   /// On the login node: the file exists and every line has the file's shape (SpecError naming file and line);
   /// with the tokenizer's directory (this Training's pretrained model's, or .tokenizer), its chat template parses
@@ -83,6 +86,13 @@ class SftJsonl {
   bool keeps(std::int64_t index) const {
     const bool held_out = index % holdout_every_ == holdout_every_ / 2;
     return split_ == Split::all || (split_ == Split::validation) == held_out;
+  }
+
+  /// How the file is read: the tools file, if any.
+  text::SftJsonlOptions read_options(const Knobs& knobs) const {
+    text::SftJsonlOptions options;
+    if (tools_) options.tools = tools_->get(knobs);
+    return options;
   }
 
   /// The tokenizer's chat template (or the chat_template file), bound to its special tokens.
@@ -102,7 +112,7 @@ class SftJsonl {
   Setting<bool> packing_ = false;
   Split split_ = Split::all;
   std::int64_t holdout_every_ = 16;
-  std::optional<Setting<std::filesystem::path>> tokenizer_, chat_template_;
+  std::optional<Setting<std::filesystem::path>> tokenizer_, chat_template_, tools_;
 };
 
 /// SFT examples from the JSONL file `file` (a path, or `lm::knob("data")`).
@@ -113,11 +123,11 @@ HPCTRAIN_RUNTIME_INLINE void SftJsonl::check_at_login(const Knobs& knobs, const 
   const auto file = file_.get(knobs);
   if (!std::filesystem::is_regular_file(file))
     throw SpecError(errors::spec_data_jsonl, file.string(), "no such file");
-  text::validate_sft_jsonl(file);
+  text::validate_sft_jsonl(file, read_options(knobs));
   const auto directory = tokenizer_ ? std::optional(tokenizer_->get(knobs)) : pretrained;
   if (!directory) return;  // the worker says that a tokenizer is needed
   const auto tokenizer = text::load_pretrained_tokenizer(*directory);
-  text::SftJsonlReader reader(file);
+  text::SftJsonlReader reader(file, read_options(knobs));
   text::SftRecord record;
   if (!reader.next(record)) return;
   try {
@@ -147,7 +157,7 @@ HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> SftJsonl::load(const RunCont
 
   std::vector<TokenizedExample> examples;
   std::int64_t seen = 0, truncated = 0, dropped = 0, empty = 0;
-  text::SftJsonlReader reader(file);
+  text::SftJsonlReader reader(file, read_options(run.knobs));
   text::SftRecord record;
   for (std::int64_t index = 0; reader.next(record); ++index) {
     if (!keeps(index)) continue;
@@ -209,8 +219,8 @@ HPCTRAIN_RUNTIME_INLINE std::optional<text::ConversationRenderer> SftJsonl::conv
   text::ChatRenderOptions options;
   options.bos_token = tokenizer.bos_token();
   options.eos_token = tokenizer.eos_token();
-  return text::ConversationRenderer([parsed, options](const std::vector<text::ChatMessage>& messages) {
-    return parsed->render_with_assistant_spans(messages, options);
+  return text::ConversationRenderer([parsed, options](const std::vector<text::ChatMessage>& messages, const nlohmann::ordered_json& tools) {
+    return parsed->render_with_assistant_spans(messages, options, tools);
   });
 }
 

@@ -3,8 +3,9 @@
 // `apply_chat_template` renders them (jinja2 with trim_blocks and lstrip_blocks, `raise_exception`,
 // `strftime_now`, `bos_token`/`eos_token`, `add_generation_prompt`), and the byte ranges of the assistant's
 // turns that SFT trains on: from `{% generation %}` markers where the template has them (what
-// transformers' `return_assistant_tokens_mask` marks), else by rendering prefixes of the conversation. An
-// unsupported construct is an error naming the template's line and column, never a silent difference.
+// transformers' `return_assistant_tokens_mask` marks), else by rendering prefixes of the conversation.
+// Conversations and tools keep their mappings' key order, as Python's dicts do. An unsupported construct is
+// an error naming the template's line and column, never a silent difference.
 // Torch-free.
 #include <memory>
 #include <string>
@@ -27,7 +28,9 @@ namespace hpctrain::text {
 struct ChatRenderOptions {
   bool add_generation_prompt = false;  ///< end with the start of an assistant turn. Default: false
   std::string bos_token, eos_token;    ///< the tokenizer's special tokens, as the template sees them
-  nlohmann::json extra = nlohmann::json::object();  ///< more variables (tools, date_string, ...)
+  /// More variables (tools, documents, date_string, enable_thinking, ...), their mappings in insertion order.
+  /// `tools` and `documents` are None unless given, as transformers passes them.
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
 };
 
 /// A parsed chat template.
@@ -44,15 +47,23 @@ class ChatTemplate {
     return parsed;
   }
 
-  /// The text of `messages` (a JSON array of {"role", "content", ...}); RuntimeError
-  /// `[hpctrain.runtime.chat_template]` when the template raises (a conversation it rejects).
-  std::string render(const nlohmann::json& messages, const ChatRenderOptions& options) const {
+  /// The text of `messages` (a JSON array of {"role", "content", ...}, its mappings' key order kept: pass an
+  /// nlohmann::ordered_json parsed from the data, as a plain nlohmann::json has sorted its keys already);
+  /// RuntimeError `[hpctrain.runtime.chat_template]` when the template raises (a conversation it rejects).
+  std::string render(const nlohmann::ordered_json& messages, const ChatRenderOptions& options) const {
     jinja::Interpreter interpreter(origin_, context(messages, options));
     return interpreter.render(*nodes_);
   }
 
-  /// The text and the assistant's byte ranges of `messages`.
-  RenderedChat render_with_assistant_spans(const std::vector<ChatMessage>& messages, const ChatRenderOptions& options) const {
+  /// The text and the assistant's byte ranges of `messages`, with `tools` (a list of function schemas; null:
+  /// options.extra's, else none) passed to the template as `tools`.
+  RenderedChat render_with_assistant_spans(const std::vector<ChatMessage>& messages, const ChatRenderOptions& options,
+                                           const nlohmann::ordered_json& tools = nullptr) const {
+    if (!tools.is_null()) {
+      auto with_tools = options;
+      with_tools.extra["tools"] = tools;
+      return render_with_assistant_spans(messages, with_tools);
+    }
     const auto json = to_json(messages);
     RenderedChat out;
     if (has_generation_) {
@@ -91,13 +102,13 @@ class ChatTemplate {
   bool has_generation_markers() const { return has_generation_; }
 
  private:
-  static nlohmann::json to_json(const std::vector<ChatMessage>& messages) {
-    auto json = nlohmann::json::array();
-    for (const auto& message : messages) json.push_back({{"role", message.role}, {"content", message.content}});
+  static nlohmann::ordered_json to_json(const std::vector<ChatMessage>& messages) {
+    auto json = nlohmann::ordered_json::array();
+    for (const auto& message : messages) json.push_back(message_json(message));
     return json;
   }
-  static nlohmann::json context(const nlohmann::json& messages, const ChatRenderOptions& options) {
-    auto context = options.extra.is_object() ? options.extra : nlohmann::json::object();
+  static nlohmann::ordered_json context(const nlohmann::ordered_json& messages, const ChatRenderOptions& options) {
+    auto context = options.extra.is_object() ? options.extra : nlohmann::ordered_json::object();
     for (const char* none : {"tools", "documents"})  // transformers passes them, None when absent: defined, but none
       if (!context.contains(none)) context[none] = nullptr;
     context["messages"] = messages;

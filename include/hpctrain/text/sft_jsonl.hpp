@@ -4,9 +4,14 @@
 //   {"text": "..."}                                        language modelling: the loss on every token
 //   {"prompt": "...", "completion": "..."}                 the loss on the completion
 //   {"messages": [{"role": "user", "content": "..."}, ...]}  conversational: the loss on the assistant turns
+// A conversational line may call tools in TRL's shape (text/chat_data.hpp: assistant `tool_calls`, `tool`
+// messages, content as a list of text parts) and carry the function schemas it may call (`"tools": [...]`);
+// a whole file's schemas can come from a JSON file instead (SftJsonlOptions::tools). Messages reach the chat
+// template as the line wrote them, key order included.
 // Streamed and validated line by line: every error names the file and the line (SpecError
 // `[hpctrain.spec.data.jsonl]`, "FILE:LINE: reason"), so a login node refuses a broken file before anything is
 // queued. `tokenize_sft` turns a record into ids and a per-token "trained" flag by TRL's rules. Torch-free.
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +26,7 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
 #include <hpctrain/text/chat.hpp>
+#include <hpctrain/text/chat_data.hpp>
 #include <hpctrain/text/pretrained_tokenizer.hpp>
 
 namespace hpctrain::text {
@@ -34,13 +40,24 @@ struct SftRecord {
   std::string text, prompt, completion;  ///< by shape
   std::vector<ChatMessage> messages;     ///< conversational
   std::size_t line = 0;                  ///< 1-based line number in the file
+  /// Conversational: the function schemas the template gets as `tools` (the line's "tools", else the file's
+  /// from SftJsonlOptions::tools); null: none.
+  nlohmann::ordered_json tools;
+};
+
+/// How an SFT file is read.
+struct SftJsonlOptions {
+  /// A JSON file holding a list of function schemas, given to the chat template as `tools` with every
+  /// conversation that has no "tools" of its own. Default: none.
+  std::optional<std::filesystem::path> tools;
 };
 
 /// Reads an SFT JSONL file one record at a time; blank lines are skipped.
 class SftJsonlReader {
  public:
-  explicit SftJsonlReader(std::filesystem::path file) : file_(std::move(file)), in_(file_) {
+  explicit SftJsonlReader(std::filesystem::path file, const SftJsonlOptions& options = {}) : file_(std::move(file)), in_(file_) {
     if (!in_) throw SpecError(errors::spec_data_jsonl, file_.string(), "cannot open");
+    if (options.tools) tools_ = read_tools(*options.tools);
   }
 
   /// The next record; false at the end. SpecError naming the file and the line for a malformed one.
@@ -73,7 +90,7 @@ class SftJsonlReader {
     }
   }
 
-  std::string string_field(const nlohmann::json& json, const char* key, bool may_be_empty) const {
+  std::string string_field(const nlohmann::ordered_json& json, const char* key, bool may_be_empty) const {
     const auto it = json.find(key);
     if (it == json.end()) fail(fmt::format("no \"{}\"", key));
     if (!it->is_string()) fail(fmt::format("\"{}\" is {}, not a string", key, it->type_name()));
@@ -82,10 +99,28 @@ class SftJsonlReader {
     return value;
   }
 
-  SftRecord parse(const std::string& text) {
-    nlohmann::json json;
+  /// The list of function schemas in the JSON file `path`; SpecError naming the file else.
+  static nlohmann::ordered_json read_tools(const std::filesystem::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw SpecError(errors::spec_data_jsonl, path.string(), "cannot open the tools file");
+    nlohmann::ordered_json tools;
     try {
-      json = nlohmann::json::parse(text);
+      tools = nlohmann::ordered_json::parse(in);
+    } catch (const nlohmann::json::exception& error) {
+      throw SpecError(errors::spec_data_jsonl, path.string(), fmt::format("not JSON ({})", error.what()));
+    }
+    try {
+      check_tools(tools, "tools");
+    } catch (const ChatDataError& error) {
+      throw SpecError(errors::spec_data_jsonl, path.string(), error.message());
+    }
+    return tools;
+  }
+
+  SftRecord parse(const std::string& text) {
+    nlohmann::ordered_json json;
+    try {
+      json = nlohmann::ordered_json::parse(text);
     } catch (const nlohmann::json::exception& error) {  // parse_error, or out_of_range for a number too large
       fail(fmt::format("not JSON ({})", error.what()));
     }
@@ -107,22 +142,19 @@ class SftJsonlReader {
       record.prompt = string_field(json, "prompt", true);
       record.completion = string_field(json, "completion", false);
     } else {
-      const auto& messages = json["messages"];
-      if (!messages.is_array() || messages.empty()) fail("\"messages\" must be a non-empty array");
-      bool assistant = false;
-      for (std::size_t i = 0; i < messages.size(); ++i) {
-        const auto& message = messages[i];
-        if (!message.is_object()) fail(fmt::format("messages[{}] is not an object", i));
-        const auto role = message.find("role"), content = message.find("content");
-        if (role == message.end() || !role->is_string()) fail(fmt::format("messages[{}] has no \"role\" string", i));
-        if (content == message.end() || !content->is_string()) fail(fmt::format("messages[{}] has no \"content\" string", i));
-        static const std::set<std::string> roles{"system", "user", "assistant", "tool"};
-        if (!roles.count(role->get<std::string>()))
-          fail(fmt::format("messages[{}]: role \"{}\" is none of system, user, assistant, tool", i, role->get<std::string>()));
-        assistant = assistant || role->get<std::string>() == "assistant";
-        record.messages.push_back({role->get<std::string>(), content->get<std::string>()});
+      try {
+        record.messages = chat_messages_from_json(json["messages"]);
+        if (const auto tools = json.find("tools"); tools != json.end() && !tools->is_null()) {
+          check_tools(*tools, "tools");
+          record.tools = *tools;
+        } else {
+          record.tools = tools_;
+        }
+      } catch (const ChatDataError& error) {
+        fail(error.message());
       }
-      if (!assistant) fail("the conversation has no assistant turn to train on");
+      if (std::none_of(record.messages.begin(), record.messages.end(), [](const ChatMessage& m) { return m.role == "assistant"; }))
+        fail("the conversation has no assistant turn to train on");
     }
     return record;
   }
@@ -131,6 +163,7 @@ class SftJsonlReader {
   std::ifstream in_;
   std::size_t line_ = 0;
   std::optional<SftShape> shape_;
+  nlohmann::ordered_json tools_;  // the file's tools (SftJsonlOptions::tools), null for none
 };
 
 /// What validate_sft_jsonl found.
@@ -141,8 +174,8 @@ struct SftFileSummary {
 
 /// Reads the whole of `file` line by line (never all at once), checking every line; SpecError naming the
 /// first bad line.
-inline SftFileSummary validate_sft_jsonl(const std::filesystem::path& file) {
-  SftJsonlReader reader(file);
+inline SftFileSummary validate_sft_jsonl(const std::filesystem::path& file, const SftJsonlOptions& options = {}) {
+  SftJsonlReader reader(file, options);
   SftRecord record;
   SftFileSummary summary;
   while (reader.next(record)) {
@@ -184,7 +217,7 @@ inline SftExample tokenize_sft(const SftRecord& record, const PretrainedTokenize
       throw SpecError(errors::spec_data_jsonl, fmt::format("line {}", record.line),
                       "a conversation needs the model's chat template, and its tokenizer has none (chat_template in tokenizer_config.json, "
                       "or chat_template.jinja)");
-    const auto rendered = (*render)(record.messages);
+    const auto rendered = (*render)(record.messages, record.tools);
     example.ids = tokenizer.encode(rendered.text, false);
     example.trained.assign(example.ids.size(), 0);
     std::size_t offset = 0;

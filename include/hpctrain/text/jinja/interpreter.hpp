@@ -1,15 +1,16 @@
 #pragma once
-// The interpreter of the Jinja subset (text/chat_template.hpp). Values are JSON values (what a conversation
-// is made of) plus jinja2's Undefined; they print as Python's str() prints them (True, None, 1.0, ['a']) and
-// compare, test and combine with Python's rules. The built-ins are those of transformers' chat-template
-// environment: raise_exception, strftime_now, namespace, range, the usual filters and tests, and string/dict
-// methods. An unknown filter, test, function or method is an error naming the template's line and column.
-// Output is capped and loops are bounded, so a hostile template cannot exhaust memory. Torch-free.
+// The interpreter of the Jinja subset (text/chat_template.hpp). Values are JSON values whose mappings keep
+// their insertion order, plus jinja2's Undefined and namespace() (jinja/value.hpp); they print, compare and
+// combine with Python's rules, and the filters, tests and methods are jinja2's (jinja/builtins.hpp). The
+// functions are those of transformers' chat-template environment: raise_exception, strftime_now, namespace,
+// dict, range, and the template's own macros. What jinja2 would raise (a TypeError, an undefined value used)
+// is a RuntimeError naming the template's line and column; a construct hpctrain does not implement is a
+// SpecError. Output, loop iterations and macro nesting are bounded, so a hostile template cannot exhaust
+// memory or the stack. Torch-free.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <ctime>
 #include <map>
 #include <optional>
@@ -18,196 +19,23 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
+#include <hpctrain/text/jinja/builtins.hpp>
 #include <hpctrain/text/jinja/parser.hpp>
+#include <hpctrain/text/jinja/value.hpp>
 
 namespace hpctrain::text::jinja {
-
-using Json = nlohmann::json;
-
-/// A value: JSON, or Undefined (a missing variable, key or attribute).
-struct Value {
-  Json json;
-  bool undefined = false;
-  static Value none() { return {Json(nullptr), false}; }
-  static Value missing() { return {Json(nullptr), true}; }
-};
-
-namespace detail {
-inline std::string python_float(double x) {
-  if (std::isnan(x)) return "nan";
-  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-  if (x == std::floor(x) && std::abs(x) < 1e16) return fmt::format("{:.1f}", x);
-  return fmt::format("{}", x);
-}
-
-/// Python's repr of a string: single quotes unless the string holds one and no double quote.
-inline std::string python_repr_string(const std::string& s) {
-  const char quote = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
-  std::string out(1, quote);
-  for (const char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == quote) out += std::string("\\") + quote;
-    else if (c == '\n') out += "\\n";
-    else if (c == '\t') out += "\\t";
-    else if (c == '\r') out += "\\r";
-    else out.push_back(c);
-  }
-  return out + quote;
-}
-
-/// Python's type name of a value (`type(x).__name__`), as its TypeErrors say it.
-inline std::string python_type_name(const Json& json) {
-  switch (json.type()) {
-    case Json::value_t::null: return "NoneType";
-    case Json::value_t::boolean: return "bool";
-    case Json::value_t::number_integer: case Json::value_t::number_unsigned: return "int";
-    case Json::value_t::number_float: return "float";
-    case Json::value_t::string: return "str";
-    case Json::value_t::array: return "list";
-    case Json::value_t::object: return "dict";
-    default: return json.type_name();
-  }
-}
-
-inline std::string python_repr(const Json& json);
-/// Python's str().
-/// Python's float(str) for the int and float filters: the whole string (spaces around allowed) or the filter's
-/// default 0; beyond a double is inf, as in Python.
-inline double python_float(const std::string& text) {
-  const char* begin = text.c_str();
-  char* end = nullptr;
-  const double x = std::strtod(begin, &end);
-  while (*end == ' ' || *end == '\t' || *end == '\n') ++end;
-  return end == begin || *end != '\0' ? 0.0 : x;
-}
-
-inline std::string python_str(const Json& json) {
-  if (json.is_string()) return json.get<std::string>();
-  return python_repr(json);
-}
-inline std::string python_repr(const Json& json) {
-  switch (json.type()) {
-    case Json::value_t::null: return "None";
-    case Json::value_t::boolean: return json.get<bool>() ? "True" : "False";
-    case Json::value_t::number_integer: return std::to_string(json.get<std::int64_t>());
-    case Json::value_t::number_unsigned: return std::to_string(json.get<std::uint64_t>());
-    case Json::value_t::number_float: return python_float(json.get<double>());
-    case Json::value_t::string: return python_repr_string(json.get<std::string>());
-    case Json::value_t::array: {
-      std::string out = "[";
-      for (std::size_t i = 0; i < json.size(); ++i) out += (i ? ", " : "") + python_repr(json[i]);
-      return out + "]";
-    }
-    case Json::value_t::object: {
-      std::string out = "{";
-      bool first = true;
-      for (const auto& [key, value] : json.items()) {
-        out += (first ? "" : ", ") + python_repr_string(key) + ": " + python_repr(value);
-        first = false;
-      }
-      return out + "}";
-    }
-    default: return "";
-  }
-}
-
-/// json.dumps(value, ensure_ascii=False, indent=indent), as transformers' tojson filter writes it.
-inline std::string python_json(const Json& json, std::optional<int> indent, int level = 0) {
-  const auto newline = [&](int at) { return indent ? "\n" + std::string(static_cast<std::size_t>(*indent * at), ' ') : std::string(); };
-  switch (json.type()) {
-    case Json::value_t::number_float: return python_float(json.get<double>());
-    case Json::value_t::array: {
-      if (json.empty()) return "[]";
-      std::string out = "[";
-      for (std::size_t i = 0; i < json.size(); ++i) out += (i ? (indent ? "," : ", ") : "") + newline(level + 1) + python_json(json[i], indent, level + 1);
-      return out + newline(level) + "]";
-    }
-    case Json::value_t::object: {
-      if (json.empty()) return "{}";
-      std::string out = "{";
-      bool first = true;
-      for (const auto& [key, value] : json.items()) {
-        out += (first ? "" : (indent ? "," : ", ")) + newline(level + 1) + Json(key).dump(-1, ' ', false) + ": " + python_json(value, indent, level + 1);
-        first = false;
-      }
-      return out + newline(level) + "}";
-    }
-    default: return json.dump(-1, ' ', false, Json::error_handler_t::replace);
-  }
-}
-
-inline bool truthy(const Value& value) {
-  if (value.undefined) return false;
-  const auto& j = value.json;
-  switch (j.type()) {
-    case Json::value_t::null: return false;
-    case Json::value_t::boolean: return j.get<bool>();
-    case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return j.get<std::int64_t>() != 0;
-    case Json::value_t::number_float: return j.get<double>() != 0.0;
-    case Json::value_t::string: return !j.get_ref<const std::string&>().empty();  // json::empty() is false for any string
-    case Json::value_t::array:
-    case Json::value_t::object: return !j.empty();
-    default: return false;
-  }
-}
-
-/// Python's slice of a sequence of `size` elements: the indices taken.
-inline std::vector<std::int64_t> slice_indices(std::int64_t size, std::optional<std::int64_t> start, std::optional<std::int64_t> stop,
-                                               std::optional<std::int64_t> step) {
-  const std::int64_t s = step.value_or(1);
-  std::vector<std::int64_t> out;
-  if (s == 0) return out;
-  const auto clamp = [&](std::optional<std::int64_t> v, std::int64_t fallback) {
-    if (!v) return fallback;
-    std::int64_t x = *v < 0 ? *v + size : *v;
-    return s > 0 ? std::clamp<std::int64_t>(x, 0, size) : std::clamp<std::int64_t>(x, -1, size - 1);
-  };
-  std::int64_t i = clamp(start, s > 0 ? 0 : size - 1);
-  const std::int64_t end = clamp(stop, s > 0 ? size : -1);
-  for (; s > 0 ? i < end : i > end; i += s) out.push_back(i);
-  return out;
-}
-
-inline std::string strip_chars(const std::string& s, const std::string& chars, bool left, bool right) {
-  std::size_t b = 0, e = s.size();
-  if (left) while (b < e && chars.find(s[b]) != std::string::npos) ++b;
-  if (right) while (e > b && chars.find(s[e - 1]) != std::string::npos) --e;
-  return s.substr(b, e - b);
-}
-
-inline std::string title_case(const std::string& s) {
-  std::string out = s;
-  bool start = true;
-  for (auto& c : out) {
-    const bool alpha = std::isalpha(static_cast<unsigned char>(c));
-    c = static_cast<char>(alpha ? (start ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c))) : c);
-    start = !alpha;
-  }
-  return out;
-}
-
-inline std::string replace_all(std::string s, const std::string& from, const std::string& to, std::int64_t count = -1) {
-  if (from.empty()) return s;
-  std::size_t at = 0;
-  for (std::int64_t n = 0; (count < 0 || n < count) && (at = s.find(from, at)) != std::string::npos; ++n) {
-    s.replace(at, from.size(), to);
-    at += to.size();
-  }
-  return s;
-}
-}  // namespace detail
 
 /// Renders parsed nodes with a context of variables.
 class Interpreter {
  public:
-  /// Output bytes a rendering may write; loop iterations it may run.
+  /// Output bytes a rendering may write (each buffer, and all of them together 4x); loop iterations and macro
+  /// calls it may run; macro calls nested.
   static constexpr std::size_t max_output = 64u << 20;
   static constexpr std::size_t max_iterations = 1u << 22;
+  static constexpr int max_call_depth = 64;
 
   Interpreter(std::string origin, Json context) : origin_(std::move(origin)) { scopes_.push_back(std::move(context)); }
 
@@ -226,9 +54,25 @@ class Interpreter {
   }
   [[noreturn]] void unsupported(Position at, const std::string& what) const { syntax_error(origin_, at, what + " is not supported by hpctrain's chat templates"); }
 
+  /// Runs `f`, turning what Python would raise into a RuntimeError and what hpctrain lacks into a SpecError,
+  /// both naming `at`.
+  template <typename F>
+  auto guarded(Position at, F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const PythonError& error) {
+      fail(at, error.message);
+    } catch (const Unsupported& error) {
+      unsupported(at, error.what);
+    }
+  }
+
   void write(const std::string& text, Position at) {
-    if (out_.size() + text.size() > max_output) fail(at, "the rendering exceeds 64 MiB");
+    if (out_.size() + text.size() > max_output || (written_ += text.size()) > 4 * max_output) fail(at, "the rendering exceeds 64 MiB");
     out_ += text;
+  }
+  std::string printed(const Value& value, Position at) {
+    return guarded(at, [&] { return detail::soft_str(value); });
   }
 
   // ---- statements ------------------------------------------------------------------------------------
@@ -236,11 +80,7 @@ class Interpreter {
     for (const auto& node : nodes) {
       switch (node.kind) {
         case Node::Kind::text: write(node.text, node.at); break;
-        case Node::Kind::output: {
-          const auto value = eval(*node.exprs[0]);
-          if (!value.undefined) write(detail::python_str(value.json), node.at);
-          break;
-        }
+        case Node::Kind::output: write(printed(eval(*node.exprs[0]), node.at), node.at); break;
         case Node::Kind::if_: {
           std::size_t branch = 0;
           while (branch < node.exprs.size() && !detail::truthy(eval(*node.exprs[branch]))) ++branch;
@@ -249,14 +89,17 @@ class Interpreter {
           break;
         }
         case Node::Kind::for_: run_for(node); break;
-        case Node::Kind::set: assign(node, eval(*node.exprs[0]).json); break;
-        case Node::Kind::set_block: {
-          std::string saved = std::move(out_);
-          out_.clear();
-          run(node.bodies[0]);
-          auto captured = std::move(out_);
-          out_ = std::move(saved);
-          assign(node, Json(captured));
+        case Node::Kind::set: assign(node, eval(*node.exprs[0])); break;
+        case Node::Kind::set_block: assign(node, Value::of(Json(capture(node.bodies[0])))); break;
+        case Node::Kind::macro: macros_[node.targets[0]] = &node; break;
+        case Node::Kind::filter_block: {
+          auto body = capture(node.bodies[0]);
+          Json scope = Json::object();
+          scope[filter_body_name] = std::move(body);
+          scopes_.push_back(std::move(scope));
+          const auto value = eval(*node.exprs[0]);
+          scopes_.pop_back();
+          write(printed(value, node.at), node.at);
           break;
         }
         case Node::Kind::generation: {
@@ -273,42 +116,43 @@ class Interpreter {
     return Flow::normal;
   }
 
-  void assign(const Node& node, Json value) {
+  /// The text `nodes` write, apart from the output so far (set blocks, filter blocks, macros).
+  std::string capture(const std::vector<Node>& nodes) {
+    std::string saved = std::move(out_);
+    out_.clear();
+    run(nodes);
+    auto captured = std::move(out_);
+    out_ = std::move(saved);
+    return captured;
+  }
+
+  /// A missing value in a scope (a macro's parameter not given): a binary value no data can hold.
+  static Json undefined_marker() { return Json::binary({}, 0x55); }
+
+  void assign(const Node& node, const Value& value) {
+    if (value.bound_method) unsupported(node.at, "assigning a method");
+    if (value.markup) unsupported(node.at, "keeping a Markup string (from |safe or |escape) in a variable");
     if (node.targets.size() == 1) {
-      scopes_.back()[node.targets[0]] = std::move(value);
+      scopes_.back()[node.targets[0]] = value.undefined ? undefined_marker() : value.json;
       return;
     }
     for (auto scope = scopes_.rbegin(); scope != scopes_.rend(); ++scope) {
-      if (scope->contains(node.targets[0])) {
-        auto& target = (*scope)[node.targets[0]];
-        if (!target.is_object() || !target.contains("__namespace__"))
-          fail(node.at, fmt::format("'{}' is not a namespace(): only a namespace's attributes can be set", node.targets[0]));
-        target[node.targets[1]] = std::move(value);
-        return;
-      }
+      const auto it = scope->find(node.targets[0]);
+      if (it == scope->end()) continue;
+      if (!detail::is_namespace(*it)) fail(node.at, "cannot assign attribute on non-namespace object");
+      if (value.undefined) unsupported(node.at, "assigning an undefined value to a namespace attribute");
+      (*it)[node.targets[1]] = value.json;
+      return;
     }
     fail(node.at, fmt::format("'{}' is undefined", node.targets[0]));
   }
 
   void run_for(const Node& node) {
-    const auto iterable = eval(*node.exprs[0]);
-    std::vector<Json> items;
-    const auto& j = iterable.json;
-    if (iterable.undefined) {  // jinja2's Undefined iterates as empty
-    } else if (j.is_array()) {
-      items.assign(j.begin(), j.end());
-    } else if (j.is_object()) {
-      for (const auto& [key, value] : j.items())
-        if (key != "__namespace__") items.emplace_back(key);
-    } else if (j.is_string()) {
-      for (const char c : j.get<std::string>()) items.emplace_back(std::string(1, c));
-    } else {
-      fail(node.at, fmt::format("'{}' object is not iterable", detail::python_type_name(j)));  // None too, as in jinja2
-    }
+    auto items = guarded(node.at, [&] { return detail::iterate(eval(*node.exprs[0])); });
     if (node.exprs.size() > 1) {  // `for x in xs if condition`: filter first, so loop.* counts the kept ones
       std::vector<Json> kept;
       for (auto& item : items) {
-        scopes_.push_back(bind(node, item, node.at));
+        scopes_.push_back(bind(node, item));
         if (detail::truthy(eval(*node.exprs[1]))) kept.push_back(std::move(item));
         scopes_.pop_back();
       }
@@ -321,11 +165,20 @@ class Interpreter {
     const auto n = static_cast<std::int64_t>(items.size());
     for (std::int64_t i = 0; i < n; ++i) {
       if (++iterations_ > max_iterations) fail(node.at, "too many loop iterations");
-      auto scope = bind(node, items[static_cast<std::size_t>(i)], node.at);
-      scope["loop"] = Json{{"index", i + 1}, {"index0", i}, {"revindex", n - i}, {"revindex0", n - i - 1}, {"first", i == 0},
-                           {"last", i == n - 1}, {"length", n}};
-      if (i > 0) scope["loop"]["previtem"] = items[static_cast<std::size_t>(i - 1)];  // else undefined, as in jinja2
-      if (i + 1 < n) scope["loop"]["nextitem"] = items[static_cast<std::size_t>(i + 1)];
+      auto scope = bind(node, items[static_cast<std::size_t>(i)]);
+      Json loop = Json::object();
+      loop["index"] = i + 1;
+      loop["index0"] = i;
+      loop["revindex"] = n - i;
+      loop["revindex0"] = n - i - 1;
+      loop["first"] = i == 0;
+      loop["last"] = i == n - 1;
+      loop["length"] = n;
+      loop["depth"] = 1;
+      loop["depth0"] = 0;
+      if (i > 0) loop["previtem"] = items[static_cast<std::size_t>(i - 1)];  // else undefined, as in jinja2
+      if (i + 1 < n) loop["nextitem"] = items[static_cast<std::size_t>(i + 1)];
+      scope["loop"] = std::move(loop);
       scopes_.push_back(std::move(scope));
       const auto flow = run(node.bodies[0]);
       scopes_.pop_back();
@@ -333,14 +186,18 @@ class Interpreter {
     }
   }
 
-  Json bind(const Node& node, const Json& item, Position at) const {
+  Json bind(const Node& node, const Json& item) const {
     Json scope = Json::object();
     if (node.targets.size() == 1) {
       scope[node.targets[0]] = item;
     } else {
-      if (!item.is_array() || item.size() != node.targets.size())
-        fail(at, fmt::format("cannot unpack {} into {} names", detail::python_repr(item), node.targets.size()));
-      for (std::size_t k = 0; k < node.targets.size(); ++k) scope[node.targets[k]] = item[k];
+      const auto parts = item.is_string() ? Json(detail::code_points(item.get<std::string>())) : item;
+      if (!parts.is_array() || parts.size() != node.targets.size())
+        fail(node.at, parts.is_array() && parts.size() > node.targets.size()
+                          ? fmt::format("too many values to unpack (expected {})", node.targets.size())
+                          : parts.is_array() ? fmt::format("not enough values to unpack (expected {}, got {})", node.targets.size(), parts.size())
+                                             : fmt::format("cannot unpack non-iterable {} object", detail::python_type_name(item)));
+      for (std::size_t k = 0; k < node.targets.size(); ++k) scope[node.targets[k]] = parts[k];
     }
     return scope;
   }
@@ -348,65 +205,106 @@ class Interpreter {
   // ---- expressions -----------------------------------------------------------------------------------
   Value lookup(const std::string& name) const {
     for (auto scope = scopes_.rbegin(); scope != scopes_.rend(); ++scope)
-      if (const auto it = scope->find(name); it != scope->end()) return {*it, false};
-    return Value::missing();
+      if (const auto it = scope->find(name); it != scope->end()) {
+        if (it->is_binary()) break;  // a parameter not given
+        return Value::of(*it);
+      }
+    return Value::missing(fmt::format("'{}' is undefined", name));
   }
 
-  static Value member(const Value& subject, const Json& key) {
-    const auto& j = subject.json;
-    if (subject.undefined) return Value::missing();
-    if (j.is_object() && key.is_string()) {
-      const auto it = j.find(key.get<std::string>());
-      return it == j.end() ? Value::missing() : Value{*it, false};
-    }
-    if ((j.is_array() || j.is_string()) && key.is_number_integer()) {
-      const auto size = static_cast<std::int64_t>(j.is_array() ? j.size() : j.get<std::string>().size());
-      auto i = key.get<std::int64_t>();
-      if (i < 0) i += size;
-      if (i < 0 || i >= size) return Value::missing();
-      return j.is_array() ? Value{j[static_cast<std::size_t>(i)], false} : Value{Json(std::string(1, j.get<std::string>()[static_cast<std::size_t>(i)])), false};
-    }
-    return Value::missing();
+  /// `subject.name`: a method of the subject's type first (jinja2's getattr), then a key or attribute.
+  Value attribute(const Value& subject, const std::string& name, Position at) {
+    return guarded(at, [&] {
+      if (!subject.undefined && !subject.bound_method && names::python_has_method(subject.json, name)) return Value::method(subject.json, name);
+      return detail::member(subject, Json(name));
+    });
+  }
+  /// `subject[key]`: a key or element first (jinja2's getitem), then a method of that name.
+  Value item(const Value& subject, const Json& key, Position at) {
+    return guarded(at, [&] {
+      auto found = detail::member(subject, key);
+      if (found.undefined && key.is_string() && names::python_has_method(subject.json, key.get<std::string>()))
+        return Value::method(subject.json, key.get<std::string>());
+      return found;
+    });
   }
 
   Value eval(const Expr& e) {
     switch (e.kind) {
-      case Expr::Kind::literal: return {e.value, false};
+      case Expr::Kind::literal: return Value::of(e.value);
       case Expr::Kind::name: return lookup(e.name);
-      case Expr::Kind::attribute: return member(eval(*e.args[0]), Json(e.name));
-      case Expr::Kind::item: return member(eval(*e.args[0]), eval(*e.args[1]).json);
+      case Expr::Kind::attribute: return attribute(eval(*e.args[0]), e.name, e.at);
+      case Expr::Kind::item: {
+        const auto subject = eval(*e.args[0]);
+        const auto key = eval(*e.args[1]);
+        if (key.undefined) return guarded(e.at, [&] {  // an Undefined key finds nothing (its hash matches no key)
+          detail::require_defined(subject);
+          return Value::missing(fmt::format("'{}' has no attribute Undefined", detail::jinja_object_name(subject.json)));
+        });
+        return item(subject, key.json, e.at);
+      }
       case Expr::Kind::slice: return slice(e);
       case Expr::Kind::list: {
         Json list = Json::array();
-        for (const auto& item : e.args) list.push_back(eval(*item).json);
-        return {list, false};
+        for (const auto& element : e.args) list.push_back(defined(eval(*element), element->at).json);
+        return Value::of(list);
       }
       case Expr::Kind::dict: {
         Json dict = Json::object();
         for (std::size_t i = 0; i + 1 < e.args.size(); i += 2) {
-          const auto key = eval(*e.args[i]).json;
-          if (!key.is_string()) fail(e.at, "dictionary keys must be strings");
-          dict[key.get<std::string>()] = eval(*e.args[i + 1]).json;
+          const auto key = eval(*e.args[i]);
+          if (!key.json.is_string() || key.undefined) unsupported(e.args[i]->at, "a dictionary key that is not a string");
+          dict[key.json.get<std::string>()] = defined(eval(*e.args[i + 1]), e.args[i + 1]->at).json;
         }
-        return {dict, false};
+        return Value::of(dict);
       }
       case Expr::Kind::ternary: {
         if (detail::truthy(eval(*e.args[1]))) return eval(*e.args[0]);
-        return e.args.size() > 2 ? eval(*e.args[2]) : Value::missing();
+        return e.args.size() > 2 ? eval(*e.args[2]) : Value::missing("the inline if's condition was false and it has no else");
       }
       case Expr::Kind::unary: {
         const auto value = eval(*e.args[0]);
-        if (e.name == "not") return {Json(!detail::truthy(value)), false};
-        if (!value.json.is_number()) fail(e.at, fmt::format("bad operand for unary {}: {}", e.name, detail::python_repr(value.json)));
-        if (e.name == "+") return value;
-        return value.json.is_number_float() ? Value{Json(-value.json.get<double>()), false} : Value{Json(-value.json.get<std::int64_t>()), false};
+        if (e.name == "not") return Value::of(Json(!detail::truthy(value)));
+        return guarded(e.at, [&] {
+          detail::require_defined(value);
+          const auto& j = value.json;
+          if (!detail::is_python_number(j)) throw PythonError{fmt::format("bad operand type for unary {}: '{}'", e.name, detail::python_type_name(j))};
+          const auto x = j.is_boolean() ? Json(j.get<bool>() ? 1 : 0) : j;
+          if (e.name == "+") return Value::of(x);
+          return x.is_number_float() ? Value::of(Json(-x.get<double>())) : Value::of(Json(-x.get<std::int64_t>()));
+        });
       }
       case Expr::Kind::binary: return binary(e);
-      case Expr::Kind::test: return {Json(test(e) != e.negated), false};
-      case Expr::Kind::filter: return filter(e);
+      case Expr::Kind::test: {
+        const auto subject = eval(*e.args[0]);
+        const auto args = arguments(e);
+        return Value::of(Json(guarded(e.at, [&] { return apply_test(e.name, subject, args); }) != e.negated));
+      }
+      case Expr::Kind::filter: {
+        const auto subject = eval(*e.args[0]);
+        const auto args = arguments(e);
+        return guarded(e.at, [&] { return apply_filter(e.name, subject, args); });
+      }
       case Expr::Kind::call: return call(e);
     }
     fail(e.at, "unknown expression");
+  }
+
+  /// A value that must be defined and plain to be kept (in a list or dict literal, a macro's argument): jinja2
+  /// keeps Undefined and Markup there, hpctrain cannot.
+  Value defined(Value value, Position at) {
+    if (value.undefined) unsupported(at, "an undefined value inside a list or dict literal");
+    if (value.bound_method) unsupported(at, "a method inside a list or dict literal");
+    if (value.markup) unsupported(at, "a Markup string (from |safe or |escape) kept in a list, a dict or a macro's argument");
+    return value;
+  }
+
+  /// The arguments after the subject (filters, tests) or the callee (calls).
+  Args arguments(const Expr& e) {
+    Args args;
+    for (std::size_t i = 1; i < e.args.size(); ++i) args.positional.push_back(eval(*e.args[i]));
+    for (const auto& [key, value] : e.kwargs) args.keyword.emplace_back(key, eval(*value));
+    return args;
   }
 
   Value slice(const Expr& e) {
@@ -415,40 +313,25 @@ class Interpreter {
       if (!e.args[k]) return std::nullopt;
       const auto v = eval(*e.args[k]).json;
       if (v.is_null()) return std::nullopt;
-      if (!v.is_number_integer()) fail(e.at, "slice indices must be integers");
+      if (!v.is_number_integer()) fail(e.at, "slice indices must be integers or None or have an __index__ method");
       return v.get<std::int64_t>();
     };
     const auto start = bound(1), stop = bound(2), step = bound(3);
     if (step && *step == 0) fail(e.at, "slice step cannot be zero");
+    if (subject.undefined) fail(e.at, subject.why);
     const auto& j = subject.json;
     if (j.is_array()) {
       Json out = Json::array();
       for (const auto i : detail::slice_indices(static_cast<std::int64_t>(j.size()), start, stop, step)) out.push_back(j[static_cast<std::size_t>(i)]);
-      return {out, false};
+      return Value::of(out);
     }
     if (j.is_string()) {
-      const auto s = j.get<std::string>();
+      const auto points = detail::code_points(j.get<std::string>());
       std::string out;
-      for (const auto i : detail::slice_indices(static_cast<std::int64_t>(s.size()), start, stop, step)) out.push_back(s[static_cast<std::size_t>(i)]);
-      return {Json(out), false};
+      for (const auto i : detail::slice_indices(static_cast<std::int64_t>(points.size()), start, stop, step)) out += points[static_cast<std::size_t>(i)];
+      return Value::of(Json(out));
     }
-    fail(e.at, fmt::format("{} cannot be sliced", detail::python_repr(j)));
-  }
-
-  static int compare(const Json& a, const Json& b, bool& comparable) {
-    comparable = true;
-    if (a.is_number() && b.is_number()) {
-      const double x = a.get<double>(), y = b.get<double>();
-      return x < y ? -1 : x > y ? 1 : 0;
-    }
-    if (a.is_string() && b.is_string()) return a.get<std::string>().compare(b.get<std::string>()) < 0 ? -1 : a == b ? 0 : 1;
-    comparable = false;
-    return 0;
-  }
-
-  static bool equal(const Json& a, const Json& b) {
-    if (a.is_number() && b.is_number()) return a.get<double>() == b.get<double>();
-    return a == b;
+    fail(e.at, fmt::format("'{}' object is not subscriptable", detail::python_type_name(j)));
   }
 
   Value binary(const Expr& e) {
@@ -462,368 +345,214 @@ class Interpreter {
       return detail::truthy(left) ? left : eval(*e.args[1]);
     }
     const auto left = eval(*e.args[0]), right = eval(*e.args[1]);
+    return guarded(e.at, [&] { return operate(op, left, right); });
+  }
+
+  Value operate(const std::string& op, const Value& left, const Value& right) {
+    using detail::python_type_name;
     const auto& a = left.json;
     const auto& b = right.json;
-    if (op == "~") return {Json((left.undefined ? "" : detail::python_str(a)) + (right.undefined ? "" : detail::python_str(b))), false};
-    if (op == "==") return {Json(left.undefined == right.undefined && equal(a, b)), false};
-    if (op == "!=") return {Json(!(left.undefined == right.undefined && equal(a, b))), false};
+    if (op == "~") return Value::of(Json(detail::soft_str(left) + detail::soft_str(right)));
+    if (left.bound_method || right.bound_method) throw Unsupported{"an operator on a method"};
+    if (op == "==" || op == "!=") {
+      const bool same = left.undefined == right.undefined && (left.undefined || detail::python_equal(a, b));
+      return Value::of(Json(op == "==" ? same : !same));
+    }
     if (op == "in" || op == "not in") {
       bool found = false;
-      if (b.is_string() && a.is_string()) found = b.get<std::string>().find(a.get<std::string>()) != std::string::npos;
-      else if (b.is_array()) found = std::any_of(b.begin(), b.end(), [&](const Json& x) { return equal(x, a); });
-      else if (b.is_object() && a.is_string()) found = b.contains(a.get<std::string>());
-      else if (!right.undefined) fail(e.at, fmt::format("argument of type '{}' is not iterable", detail::python_type_name(b)));
-      return {Json(op == "in" ? found : !found), false};
-    }
-    if (op == "<" || op == "<=" || op == ">" || op == ">=") {
-      bool comparable = false;
-      const int c = compare(a, b, comparable);
-      if (!comparable) fail(e.at, fmt::format("cannot compare {} and {}", detail::python_repr(a), detail::python_repr(b)));
-      return {Json(op == "<" ? c < 0 : op == "<=" ? c <= 0 : op == ">" ? c > 0 : c >= 0), false};
-    }
-    if (op == "+") {
-      if (a.is_string() && b.is_string()) return {Json(a.get<std::string>() + b.get<std::string>()), false};
-      if (a.is_array() && b.is_array()) {
-        Json out = a;
-        for (const auto& x : b) out.push_back(x);
-        return {out, false};
+      if (right.undefined) {
+        found = false;  // Undefined iterates as empty
+      } else if (b.is_string()) {
+        if (!a.is_string() || left.undefined)
+          throw PythonError{fmt::format("'in <string>' requires string as left operand, not {}", left.undefined ? "Undefined" : python_type_name(a))};
+        found = b.get_ref<const std::string&>().find(a.get_ref<const std::string&>()) != std::string::npos;
+      } else if (b.is_array()) {
+        found = !left.undefined && std::any_of(b.begin(), b.end(), [&](const Json& x) { return detail::python_equal(x, a); });
+      } else if (b.is_object() && !detail::is_namespace(b)) {
+        if (a.is_array() || a.is_object()) throw PythonError{fmt::format("unhashable type: '{}'", python_type_name(a))};
+        found = !left.undefined && a.is_string() && b.contains(a.get<std::string>());
+      } else {
+        throw PythonError{fmt::format("argument of type '{}' is not iterable", python_type_name(b))};
       }
+      return Value::of(Json(op == "in" ? found : !found));
     }
-    if (a.is_number() && b.is_number() && !a.is_boolean() && !b.is_boolean()) {
-      const bool ints = a.is_number_integer() && b.is_number_integer();
-      const double x = a.get<double>(), y = b.get<double>();
-      if (op == "+") return ints ? Value{Json(a.get<std::int64_t>() + b.get<std::int64_t>()), false} : Value{Json(x + y), false};
-      if (op == "-") return ints ? Value{Json(a.get<std::int64_t>() - b.get<std::int64_t>()), false} : Value{Json(x - y), false};
-      if (op == "*") return ints ? Value{Json(a.get<std::int64_t>() * b.get<std::int64_t>()), false} : Value{Json(x * y), false};
-      if ((op == "/" || op == "//" || op == "%") && y == 0) fail(e.at, "division by zero");
-      if (op == "/") return {Json(x / y), false};
-      if (op == "//") return ints ? Value{Json(static_cast<std::int64_t>(std::floor(x / y))), false} : Value{Json(std::floor(x / y)), false};
+    detail::require_defined(left);
+    detail::require_defined(right);
+    if (op == "<" || op == "<=" || op == ">" || op == ">=") {
+      const int c = detail::python_compare(a, b, op.c_str());
+      return Value::of(Json(op == "<" ? c < 0 : op == "<=" ? c <= 0 : op == ">" ? c > 0 : c >= 0));
+    }
+    const auto type_error = [&] {
+      if (op == "+" && (a.is_string() || a.is_array()) && a.type() != b.type())
+        return PythonError{fmt::format("can only concatenate {} (not \"{}\") to {}", python_type_name(a), python_type_name(b), python_type_name(a))};
+      return PythonError{fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, python_type_name(a), python_type_name(b))};
+    };
+    if (op == "+" && a.is_string() && b.is_string()) {
+      if (!left.markup && !right.markup) return Value::of(Json(a.get<std::string>() + b.get<std::string>()));
+      // Markup + str (or str + Markup, through Markup.__radd__) escapes the plain side
+      const auto side = [](const Value& v) { return v.markup ? v.json.get<std::string>() : detail::html_escape(v.json.get<std::string>()); };
+      return Value::safe(side(left) + side(right));
+    }
+    if (op == "+" && a.is_array() && b.is_array()) {
+      Json out = a;
+      for (const auto& x : b) out.push_back(x);
+      return Value::of(out);
+    }
+    if (detail::is_python_number(a) && detail::is_python_number(b)) {
+      const auto integer = [](const Json& j) -> std::int64_t { return j.is_boolean() ? (j.get<bool>() ? 1 : 0) : j.get<std::int64_t>(); };
+      const bool ints = !a.is_number_float() && !b.is_number_float();
+      const double x = detail::as_double(a), y = detail::as_double(b);
+      if (op == "+") return ints ? Value::of(Json(integer(a) + integer(b))) : Value::of(Json(x + y));
+      if (op == "-") return ints ? Value::of(Json(integer(a) - integer(b))) : Value::of(Json(x - y));
+      if (op == "*") return ints ? Value::of(Json(integer(a) * integer(b))) : Value::of(Json(x * y));
+      if ((op == "/" || op == "//" || op == "%") && y == 0)
+        throw PythonError{op == "/" ? "division by zero" : ints ? "integer division or modulo by zero" : "float modulo"};
+      if (op == "/") return Value::of(Json(x / y));
+      if (op == "//") return ints ? Value::of(Json(static_cast<std::int64_t>(std::floor(x / y)))) : Value::of(Json(std::floor(x / y)));
       if (op == "%") {
         if (ints) {
-          const auto m = a.get<std::int64_t>() % b.get<std::int64_t>();
-          return {Json(m != 0 && ((m < 0) != (b.get<std::int64_t>() < 0)) ? m + b.get<std::int64_t>() : m), false};
+          const auto m = integer(a) % integer(b);
+          return Value::of(Json(m != 0 && ((m < 0) != (integer(b) < 0)) ? m + integer(b) : m));
         }
-        return {Json(x - y * std::floor(x / y)), false};
+        return Value::of(Json(x - y * std::floor(x / y)));
       }
     }
-    if (op == "*" && a.is_string() && b.is_number_integer()) {
-      std::string out;
-      for (std::int64_t i = 0; i < b.get<std::int64_t>(); ++i) {
-        out += a.get<std::string>();
-        if (out.size() > max_output) fail(e.at, "the rendering exceeds 64 MiB");
-      }
-      return {Json(out), false};
-    }
-    fail(e.at, fmt::format("unsupported operand types for {}: {} and {}", op, detail::python_repr(a), detail::python_repr(b)));
-  }
-
-  bool test(const Expr& e) {
-    const auto subject = eval(*e.args[0]);
-    const auto& j = subject.json;
-    const auto& name = e.name;
-    const auto argument = [&]() -> Json {
-      if (e.args.size() < 2) fail(e.at, fmt::format("the test '{}' needs an argument", name));
-      return eval(*e.args[1]).json;
-    };
-    if (name == "defined") return !subject.undefined;
-    if (name == "undefined") return subject.undefined;
-    if (name == "none") return !subject.undefined && j.is_null();
-    if (name == "string") return !subject.undefined && j.is_string();
-    if (name == "mapping") return !subject.undefined && j.is_object();
-    if (name == "sequence" || name == "iterable") return !subject.undefined && (j.is_array() || j.is_string() || j.is_object());
-    if (name == "number") return !subject.undefined && j.is_number() && !j.is_boolean();
-    if (name == "integer") return !subject.undefined && j.is_number_integer();
-    if (name == "float") return !subject.undefined && j.is_number_float();
-    if (name == "boolean") return !subject.undefined && j.is_boolean();
-    if (name == "true") return !subject.undefined && j.is_boolean() && j.get<bool>();
-    if (name == "false") return !subject.undefined && j.is_boolean() && !j.get<bool>();
-    if (name == "odd" || name == "even") {
-      if (!j.is_number_integer()) fail(e.at, fmt::format("the test '{}' needs an integer", name));
-      return (j.get<std::int64_t>() % 2 != 0) == (name == "odd");
-    }
-    if (name == "eq" || name == "equalto" || name == "sameas") return equal(j, argument());
-    if (name == "ne") return !equal(j, argument());
-    if (name == "divisibleby") {
-      const auto d = argument();
-      if (!j.is_number_integer() || !d.is_number_integer() || d.get<std::int64_t>() == 0) fail(e.at, "divisibleby needs integers");
-      return j.get<std::int64_t>() % d.get<std::int64_t>() == 0;
-    }
-    if (name == "in") {
-      const auto container = argument();
-      if (container.is_array()) return std::any_of(container.begin(), container.end(), [&](const Json& x) { return equal(x, j); });
-      if (container.is_string() && j.is_string()) return container.get<std::string>().find(j.get<std::string>()) != std::string::npos;
-      if (container.is_object() && j.is_string()) return container.contains(j.get<std::string>());
-      return false;
-    }
-    unsupported(e.at, fmt::format("the test '{}'", name));
-  }
-
-  /// A positional or keyword argument of a call or filter (positional `index` after the subject).
-  std::optional<Json> arg(const Expr& e, std::size_t index, const char* keyword) {
-    for (const auto& [key, value] : e.kwargs)
-      if (key == keyword) return eval(*value).json;
-    if (index < e.args.size()) return eval(*e.args[index]).json;
-    return std::nullopt;
-  }
-  std::string string_arg(const Expr& e, std::size_t index, const char* keyword, std::string fallback = {}) {
-    const auto v = arg(e, index, keyword);
-    if (!v) return fallback;
-    if (!v->is_string()) fail(e.at, fmt::format("'{}' must be a string, not {}", keyword, detail::python_repr(*v)));
-    return v->get<std::string>();
-  }
-
-  Value filter(const Expr& e) {
-    const auto subject = eval(*e.args[0]);
-    const auto& j = subject.json;
-    const auto& name = e.name;
-    const auto need_string = [&]() -> std::string {
-      if (subject.undefined) return "";
-      return detail::python_str(j);
-    };
-    if (name == "trim") return {Json(detail::strip_chars(need_string(), string_arg(e, 1, "chars", " \t\n\r\f\v"), true, true)), false};
-    if (name == "upper" || name == "lower") {
-      auto s = need_string();
-      for (auto& c : s) c = static_cast<char>(name == "upper" ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
-      return {Json(s), false};
-    }
-    if (name == "title") return {Json(detail::title_case(need_string())), false};
-    if (name == "capitalize") {
-      auto s = need_string();
-      for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      if (!s.empty()) s[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(s[0])));
-      return {Json(s), false};
-    }
-    if (name == "replace") {
-      const auto count = arg(e, 3, "count");
-      return {Json(detail::replace_all(need_string(), string_arg(e, 1, "old"), string_arg(e, 2, "new"), count ? count->get<std::int64_t>() : -1)), false};
-    }
-    if (name == "string") return {Json(need_string()), false};
-    if (name == "safe" || name == "e" || name == "escape") return subject;  // no autoescape in chat templates
-    if (name == "length" || name == "count") {
-      if (j.is_string()) return {Json(static_cast<std::int64_t>(j.get<std::string>().size())), false};
-      if (j.is_array() || j.is_object()) return {Json(static_cast<std::int64_t>(j.size())), false};
-      if (subject.undefined) return {Json(0), false};
-      fail(e.at, fmt::format("{} has no length", detail::python_repr(j)));
-    }
-    if (name == "tojson") {
-      const auto indent = arg(e, 1, "indent");
-      return {Json(detail::python_json(j, indent && indent->is_number_integer() ? std::optional<int>(indent->get<int>()) : std::nullopt)), false};
-    }
-    if (name == "default" || name == "d") {
-      const auto boolean = arg(e, 2, "boolean");
-      if (subject.undefined || (boolean && boolean->is_boolean() && boolean->get<bool>() && !detail::truthy(subject)))
-        return {arg(e, 1, "default_value").value_or(Json("")), false};
-      return subject;
-    }
-    if (name == "first" || name == "last") {
-      if (j.is_array() && !j.empty()) return {name == "first" ? j.front() : j.back(), false};
-      if (j.is_string() && !j.get<std::string>().empty()) {
-        const auto s = j.get<std::string>();
-        return {Json(std::string(1, name == "first" ? s.front() : s.back())), false};
-      }
-      return Value::missing();
-    }
-    if (name == "list") {
-      if (j.is_array()) return subject;
-      Json out = Json::array();
-      if (j.is_string()) for (const char c : j.get<std::string>()) out.push_back(std::string(1, c));
-      else if (j.is_object()) for (const auto& [key, value] : j.items()) out.push_back(key);
-      return {out, false};
-    }
-    if (name == "items") {
-      Json out = Json::array();
-      if (j.is_object())
-        for (const auto& [key, value] : j.items())
-          if (key != "__namespace__") out.push_back(Json::array({key, value}));
-      return {out, false};
-    }
-    if (name == "reverse") {
-      if (j.is_array()) return {Json(Json::array_t(j.rbegin(), j.rend())), false};
-      auto s = need_string();
-      std::reverse(s.begin(), s.end());
-      return {Json(s), false};
-    }
-    if (name == "join") {
-      const auto separator = string_arg(e, 1, "d");
-      const auto attribute = arg(e, 2, "attribute");
-      std::string out;
-      if (j.is_array())
-        for (std::size_t i = 0; i < j.size(); ++i) {
-          const auto item = attribute ? member({j[i], false}, *attribute).json : j[i];
-          out += (i ? separator : "") + detail::python_str(item);
+    if (op == "%" && a.is_string()) throw Unsupported{"printf-style formatting with '%'"};
+    if (op == "*" && (a.is_string() || a.is_array()) && b.is_number_integer()) {
+      const auto times = b.get<std::int64_t>();
+      if (a.is_string()) {
+        std::string out;
+        for (std::int64_t i = 0; i < times; ++i) {
+          out += a.get_ref<const std::string&>();
+          if (out.size() > max_output) throw PythonError{"the rendering exceeds 64 MiB"};
         }
-      return {Json(out), false};
-    }
-    if (name == "int" || name == "float") {
-      double x = 0;
-      if (j.is_number()) x = j.get<double>();
-      else if (j.is_string()) x = detail::python_float(j.get<std::string>());
-      // Outside 64 bits (or not a number) int gives its default, 0: the cast would be undefined.
-      const bool fits = std::isfinite(x) && std::abs(x) < 9.2e18;
-      return name == "int" ? Value{Json(fits ? static_cast<std::int64_t>(x) : std::int64_t{0}), false} : Value{Json(x), false};
-    }
-    if (name == "indent") {
-      const auto width = arg(e, 1, "width").value_or(Json(4));
-      const auto first = arg(e, 2, "first").value_or(Json(false));
-      const std::string pad(static_cast<std::size_t>(width.is_number_integer() ? width.get<std::int64_t>() : 4), ' ');
-      std::string out, s = need_string();
-      bool line_start = first.is_boolean() && first.get<bool>();
-      for (const char c : s) {
-        if (line_start && c != '\n') out += pad;
-        out.push_back(c);
-        line_start = c == '\n';
+        return left.markup ? Value::safe(std::move(out)) : Value::of(Json(out));
       }
-      return {Json(out), false};
-    }
-    if (name == "selectattr" || name == "rejectattr" || name == "map") {
-      if (!j.is_array()) return {Json::array(), false};
       Json out = Json::array();
-      if (name == "map") {
-        const auto attribute = arg(e, 99, "attribute");
-        if (!attribute) unsupported(e.at, "map() without attribute=");
-        for (const auto& item : j) out.push_back(member({item, false}, *attribute).json);
-        return {out, false};
+      for (std::int64_t i = 0; i < times; ++i) {
+        for (const auto& x : a) out.push_back(x);
+        if (out.size() > max_iterations) throw PythonError{"the list is too long"};
       }
-      const auto attribute = string_arg(e, 1, "attribute");
-      const auto test_name = string_arg(e, 2, "test", "");
-      const auto operand = arg(e, 3, "value");
-      for (const auto& item : j) {
-        const auto value = member({item, false}, Json(attribute));
-        bool ok;
-        if (test_name.empty()) ok = detail::truthy(value);
-        else if (test_name == "defined") ok = !value.undefined;
-        else if (test_name == "undefined") ok = value.undefined;
-        else if (test_name == "equalto" || test_name == "eq" || test_name == "==") ok = operand && equal(value.json, *operand);
-        else if (test_name == "ne" || test_name == "!=") ok = !(operand && equal(value.json, *operand));
-        else if (test_name == "none") ok = !value.undefined && value.json.is_null();
-        else unsupported(e.at, fmt::format("{}() with the test '{}'", name, test_name));
-        if (ok == (name == "selectattr")) out.push_back(item);
-      }
-      return {out, false};
+      return Value::of(out);
     }
-    unsupported(e.at, fmt::format("the filter '{}'", name));
+    throw type_error();
   }
 
   Value call(const Expr& e) {
     const auto& callee = *e.args[0];
-    if (callee.kind == Expr::Kind::attribute) return method(e, eval(*callee.args[0]), callee.name);
+    if (callee.kind == Expr::Kind::attribute) {
+      const auto subject = eval(*callee.args[0]);
+      const auto args = arguments(e);
+      return guarded(e.at, [&] { return call_method(subject, callee.name, args); });
+    }
     if (callee.kind != Expr::Kind::name) unsupported(e.at, "calling this expression");
     const auto& name = callee.name;
+    if (const auto macro = macros_.find(name); macro != macros_.end() && !local(name)) return call_macro(*macro->second, e);
     if (name == "raise_exception") {
-      const auto message = arg(e, 1, "message").value_or(Json(""));
-      throw RuntimeError(errors::runtime_chat_template, fmt::format("{}: the template raised: {}", origin_, detail::python_str(message)));
+      const auto args = arguments(e);
+      const auto* message = args.get(0, "message");
+      throw RuntimeError(errors::runtime_chat_template,
+                         fmt::format("{}: the template raised: {}", origin_, message ? printed(*message, e.at) : std::string()));
     }
     if (name == "namespace" || name == "dict") {
-      Json ns = Json::object();
-      if (name == "namespace") ns["__namespace__"] = true;
-      for (const auto& [key, value] : e.kwargs) ns[key] = eval(*value).json;
-      return {ns, false};
+      const auto args = arguments(e);
+      Json out = name == "namespace" ? detail::make_namespace() : Json::object();
+      if (args.positional.size() > 1) fail(e.at, fmt::format("{} expected at most 1 argument, got {}", name, args.positional.size()));
+      if (!args.positional.empty()) {
+        const auto& initial = args.positional[0].json;
+        if (!initial.is_object() || detail::is_namespace(initial)) unsupported(e.at, fmt::format("{}() of anything but a dict", name));
+        detail::for_each_entry(initial, [&](const std::string& key, const Json& value) { out[key] = value; });
+      }
+      for (const auto& [key, value] : args.keyword) out[key] = defined(value, e.at).json;
+      return Value::of(out);
     }
     if (name == "range") {
-      std::int64_t start = 0, stop = 0, step = 1;
+      const auto args = arguments(e);
       std::vector<std::int64_t> values;
-      for (std::size_t i = 1; i < e.args.size(); ++i) {
-        const auto v = eval(*e.args[i]).json;
-        if (!v.is_number_integer()) fail(e.at, "range() needs integers");
-        values.push_back(v.get<std::int64_t>());
+      for (const auto& v : args.positional) {
+        if (!v.json.is_number_integer()) fail(e.at, fmt::format("'{}' object cannot be interpreted as an integer", detail::python_type_name(v.json)));
+        values.push_back(v.json.get<std::int64_t>());
       }
-      if (values.size() == 1) stop = values[0];
-      else if (values.size() >= 2) start = values[0], stop = values[1];
+      if (values.empty() || values.size() > 3) fail(e.at, fmt::format("range expected 1 to 3 arguments, got {}", values.size()));
+      std::int64_t start = 0, stop = values[0], step = 1;
+      if (values.size() >= 2) start = values[0], stop = values[1];
       if (values.size() == 3) step = values[2];
-      if (step == 0) fail(e.at, "range() step cannot be zero");
+      if (step == 0) fail(e.at, "range() arg 3 must not be zero");
       Json out = Json::array();
       for (std::int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
         if (out.size() >= max_iterations) fail(e.at, "range() is too long");
         out.push_back(i);
       }
-      return {out, false};
+      return Value::of(out);
     }
     if (name == "strftime_now") {
-      const auto format = string_arg(e, 1, "format");
+      const auto args = arguments(e);
+      const auto format = guarded(e.at, [&] { return detail::string_argument(args, 0, "format"); });
       const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
       std::tm local{};
       localtime_r(&now, &local);
       char buffer[256];
       const auto n = std::strftime(buffer, sizeof buffer, format.c_str(), &local);
-      return {Json(std::string(buffer, n)), false};
+      return Value::of(Json(std::string(buffer, n)));
     }
     const auto value = lookup(name);
-    if (value.undefined) fail(e.at, fmt::format("'{}' is undefined", name));
-    unsupported(e.at, fmt::format("calling '{}'", name));
+    if (value.undefined) fail(e.at, value.why);
+    fail(e.at, fmt::format("'{}' object is not callable", detail::python_type_name(value.json)));
   }
 
-  Value method(const Expr& e, const Value& subject, const std::string& name) {
-    const auto& j = subject.json;
-    if (j.is_string()) {
-      const auto s = j.get<std::string>();
-      const std::string whitespace = " \t\n\r\f\v";
-      if (name == "strip" || name == "lstrip" || name == "rstrip") {
-        const auto chars = arg(e, 1, "chars");
-        const auto set = chars && chars->is_string() ? chars->get<std::string>() : whitespace;
-        return {Json(detail::strip_chars(s, set, name != "rstrip", name != "lstrip")), false};
-      }
-      if (name == "upper" || name == "lower") {
-        auto out = s;
-        for (auto& c : out) c = static_cast<char>(name == "upper" ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
-        return {Json(out), false};
-      }
-      if (name == "title") return {Json(detail::title_case(s)), false};
-      if (name == "startswith" || name == "endswith") {
-        const auto affix = string_arg(e, 1, "prefix");
-        const bool ok = s.size() >= affix.size() && (name == "startswith" ? s.compare(0, affix.size(), affix) == 0
-                                                                            : s.compare(s.size() - affix.size(), affix.size(), affix) == 0);
-        return {Json(ok), false};
-      }
-      if (name == "replace") return {Json(detail::replace_all(s, string_arg(e, 1, "old"), string_arg(e, 2, "new"))), false};
-      if (name == "split") {
-        const auto separator = arg(e, 1, "sep");
-        Json out = Json::array();
-        if (!separator || separator->is_null()) {
-          std::size_t i = 0;
-          while (i < s.size()) {
-            while (i < s.size() && whitespace.find(s[i]) != std::string::npos) ++i;
-            std::size_t j2 = i;
-            while (j2 < s.size() && whitespace.find(s[j2]) == std::string::npos) ++j2;
-            if (j2 > i) out.push_back(s.substr(i, j2 - i));
-            i = j2;
-          }
-        } else {
-          const auto sep = separator->get<std::string>();
-          if (sep.empty()) fail(e.at, "empty separator");
-          std::size_t begin = 0, at = 0;
-          while ((at = s.find(sep, begin)) != std::string::npos) {
-            out.push_back(s.substr(begin, at - begin));
-            begin = at + sep.size();
-          }
-          out.push_back(s.substr(begin));
-        }
-        return {out, false};
-      }
+  /// Whether `name` is a variable of a scope above the global one (it hides a macro of that name).
+  bool local(const std::string& name) const {
+    for (std::size_t k = 1; k < scopes_.size(); ++k)
+      if (scopes_[k].contains(name)) return true;
+    return false;
+  }
+
+  /// A macro's output for the call `e`: its parameters bound (positional, then by name, then defaults, else
+  /// Undefined), run with the template's global variables but not the caller's loop variables, as jinja2 does.
+  Value call_macro(const Node& macro, const Expr& e) {
+    const auto& name = macro.targets[0];
+    const std::size_t parameters = macro.targets.size() - 1;
+    auto args = arguments(e);
+    if (args.positional.size() > parameters)
+      fail(e.at, fmt::format("macro '{}' takes not more than {} argument(s)", name, parameters));
+    Json scope = Json::object();
+    std::vector<bool> given(parameters, false);
+    for (std::size_t k = 0; k < args.positional.size(); ++k) {
+      scope[macro.targets[k + 1]] = args.positional[k].undefined ? undefined_marker() : defined(args.positional[k], e.at).json;
+      given[k] = true;
     }
-    if (j.is_object()) {
-      if (name == "get") {
-        const auto key = arg(e, 1, "key");
-        const auto found = key ? member(subject, *key) : Value::missing();
-        return found.undefined ? Value{arg(e, 2, "default").value_or(Json(nullptr)), false} : found;
-      }
-      if (name == "items" || name == "keys" || name == "values") {
-        Json out = Json::array();
-        for (const auto& [key, value] : j.items()) {
-          if (key == "__namespace__") continue;
-          out.push_back(name == "items" ? Json::array({key, value}) : name == "keys" ? Json(key) : value);
-        }
-        return {out, false};
-      }
+    for (auto& [key, value] : args.keyword) {
+      const auto it = std::find(macro.targets.begin() + 1, macro.targets.end(), key);
+      if (it == macro.targets.end()) fail(e.at, fmt::format("macro '{}' takes no keyword argument '{}'", name, key));
+      const auto k = static_cast<std::size_t>(it - macro.targets.begin() - 1);
+      if (given[k]) fail(e.at, fmt::format("macro '{}' got multiple values for argument '{}'", name, key));
+      scope[key] = value.undefined ? undefined_marker() : defined(value, e.at).json;
+      given[k] = true;
     }
-    if (subject.undefined) fail(e.at, fmt::format("cannot call '{}' on an undefined value", name));
-    unsupported(e.at, fmt::format("the method '{}' of {}", name, j.type_name()));
+    if (++call_depth_ > max_call_depth) fail(e.at, "macro calls nested too deeply");
+    if (++iterations_ > max_iterations) fail(e.at, "too many loop iterations");
+    std::vector<Json> caller(std::make_move_iterator(scopes_.begin() + 1), std::make_move_iterator(scopes_.end()));
+    scopes_.resize(1);
+    scopes_.push_back(Json::object());
+    for (std::size_t k = 0; k < parameters; ++k) {  // defaults in order: one may use the parameters before it
+      const auto& parameter = macro.targets[k + 1];
+      if (given[k]) scopes_.back()[parameter] = scope[parameter];
+      else scopes_.back()[parameter] = macro.exprs[k] ? eval(*macro.exprs[k]).json : undefined_marker();
+    }
+    auto output = capture(macro.bodies[0]);
+    scopes_.resize(1);
+    for (auto& scope_of_caller : caller) scopes_.push_back(std::move(scope_of_caller));
+    --call_depth_;
+    return Value::of(Json(std::move(output)));
   }
 
   std::string origin_;
   std::vector<Json> scopes_;
+  std::map<std::string, const Node*> macros_;
   std::string out_;
   std::vector<std::pair<std::size_t, std::size_t>> spans_;
-  std::size_t iterations_ = 0;
+  std::size_t iterations_ = 0, written_ = 0;
+  int call_depth_ = 0;
 };
 
 }  // namespace hpctrain::text::jinja

@@ -1,9 +1,10 @@
 #pragma once
 // The lexer of the Jinja subset Hugging Face chat templates use (text/chat_template.hpp): the template is
-// split into text, `{{ expression }}`, `{% statement %}` and `{# comment #}`, with jinja2's whitespace control
-// as transformers configures it (trim_blocks: the first newline after a block or comment tag goes;
-// lstrip_blocks: spaces and tabs before a block tag on its line go; `{%-`, `-%}`, `{{-`, `-}}` strip all
-// whitespace on that side). Inside tags, tokens carry their line and column for error messages. Torch-free.
+// split into text, `{{ expression }}`, `{% statement %}` and `{# comment #}`, its newlines written as \n and one
+// at the very end dropped, with jinja2's whitespace control as transformers configures it (trim_blocks: the
+// first newline after a block or comment tag goes; lstrip_blocks: spaces and tabs before a block tag on its
+// line go; `{%-`, `-%}`, `{{-`, `-}}` strip all whitespace on that side). Inside tags, tokens carry their line
+// and column for error messages. Torch-free.
 #include <cctype>
 #include <cstddef>
 #include <cstdint>
@@ -222,7 +223,21 @@ inline std::size_t tag_close(std::string_view source, std::size_t from, char kin
 }  // namespace detail
 
 /// Splits `source` into pieces, applying whitespace control as jinja2's lexer does.
-inline std::vector<Piece> lex(std::string_view source, const std::string& origin) {
+inline std::vector<Piece> lex(std::string_view original, const std::string& origin) {
+  // jinja2's lexer first writes every newline (\r\n, \r) as \n and, without keep_trailing_newline (transformers
+  // leaves it off), drops one newline at the very end of the template.
+  std::string normalized;
+  normalized.reserve(original.size());
+  for (std::size_t k = 0; k < original.size(); ++k) {
+    if (original[k] != '\r') {
+      normalized.push_back(original[k]);
+      continue;
+    }
+    normalized.push_back('\n');
+    if (k + 1 < original.size() && original[k + 1] == '\n') ++k;
+  }
+  if (!normalized.empty() && normalized.back() == '\n') normalized.pop_back();
+  const std::string_view source = normalized;
   std::vector<Piece> pieces;
   bool line_starting = true;  // jinja2: the previous tag's match ended with a newline (or this is the start)
   std::size_t i = 0;

@@ -3,8 +3,10 @@
 // or, and, not, comparisons and `in`/`is` tests, `~`, + -, * / // %, unary minus, filters, calls,
 // attributes, subscripts and slices, literals) and the statements chat templates use: for (with its loop
 // variable, unpacking, `if` filter, else, break/continue), if/elif/else, set (a name, `ns.attribute`, or a
-// block), and TRL's / transformers' `{% generation %}`. Anything else — macro, call, include, extends, raw,
-// filter blocks — is refused naming the line and column, never skipped. Torch-free.
+// block), macro (parameters with defaults, called as functions), filter blocks, and TRL's / transformers'
+// `{% generation %}`. Filters, tests and methods are checked against what hpctrain implements as they are
+// parsed. Anything else — call, include, extends, import, raw, with, an unknown filter — is refused naming
+// the line and column, never skipped. Torch-free.
 #include <charconv>
 #include <cstdint>
 #include <cstdlib>
@@ -14,9 +16,9 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include <hpctrain/text/jinja/builtins.hpp>
 #include <hpctrain/text/jinja/lexer.hpp>
+#include <hpctrain/text/jinja/value.hpp>
 
 namespace hpctrain::text::jinja {
 
@@ -24,7 +26,7 @@ namespace hpctrain::text::jinja {
 struct Expr {
   enum class Kind { literal, name, attribute, item, slice, call, filter, test, unary, binary, ternary, list, dict };
   Kind kind = Kind::literal;
-  nlohmann::json value;        ///< literal
+  Json value;                  ///< literal
   std::string name;            ///< name, attribute, call (a plain function), filter, test, unary/binary operator
   std::vector<std::unique_ptr<Expr>> args;  ///< operands; call/filter/test: the subject first (call: callee), then arguments
   std::vector<std::pair<std::string, std::unique_ptr<Expr>>> kwargs;
@@ -35,14 +37,18 @@ using ExprPtr = std::unique_ptr<Expr>;
 
 /// A statement or a piece of output.
 struct Node {
-  enum class Kind { text, output, if_, for_, set, set_block, generation, break_, continue_ };
+  enum class Kind { text, output, if_, for_, set, set_block, generation, break_, continue_, macro, filter_block };
   Kind kind = Kind::text;
   std::string text;                     ///< text
-  std::vector<ExprPtr> exprs;           ///< output: [value]; if: conditions; for: [iterable, filter?]; set: [value]
-  std::vector<std::vector<Node>> bodies;  ///< if: one per condition (+ else); for: [body, else]; set_block/generation: [body]
-  std::vector<std::string> targets;     ///< for: loop variables; set: [name] or [namespace, attribute]
+  std::vector<ExprPtr> exprs;           ///< output: [value]; if: conditions; for: [iterable, filter?]; set: [value];
+                                        ///< macro: one default per parameter (null: none); filter_block: [the filters]
+  std::vector<std::vector<Node>> bodies;  ///< if: one per condition (+ else); for: [body, else]; set_block/generation/macro/filter_block: [body]
+  std::vector<std::string> targets;     ///< for: loop variables; set: [name] or [namespace, attribute]; macro: [name, parameters...]
   Position at;
 };
+
+/// The name a filter block's body is bound to while its filters run (no template can spell it).
+inline constexpr const char* filter_body_name = "\x01filter body";
 
 /// Parses the pieces of a template into nodes.
 class Parser {
@@ -146,20 +152,43 @@ class Parser {
     } else if (keyword == "set") {
       node.targets.push_back(name_token());
       if (accept(".")) node.targets.push_back(name_token());
+      if (peek().kind == Token::Kind::op && peek().text == ",") error(peek().at, "unpacking in '{% set %}' is not supported by hpctrain's chat templates");
       if (accept("=")) {
         node.kind = Node::Kind::set;
         node.exprs.push_back(expression());
         expect_end();
       } else {
         node.kind = Node::Kind::set_block;
+        if (peek().kind == Token::Kind::op && peek().text == "|") error(peek().at, "a filter on '{% set %}' is not supported by hpctrain's chat templates");
         expect_end();
-        node.bodies.push_back(block({"endset"}));
-        select_statement();
-        next();
-        expect_end();
-        ++piece_;
+        node.bodies.push_back(captured_block("endset"));
       }
+    } else if (keyword == "macro") {
+      node.kind = Node::Kind::macro;
+      node.targets.push_back(name_token());
+      expect_op("(");
+      while (!accept(")")) {
+        node.targets.push_back(name_token());
+        node.exprs.push_back(accept("=") ? expression() : nullptr);
+        if (!node.exprs.back() && node.exprs.size() > 1 && node.exprs[node.exprs.size() - 2])
+          error(peek().at, "a parameter without a default follows one with a default");
+        if (!accept(",") && !(peek().kind == Token::Kind::op && peek().text == ")")) error(peek().at, "expected ',' or ')'");
+      }
+      expect_end();
+      node.bodies.push_back(captured_block("endmacro"));
+    } else if (keyword == "filter") {
+      node.kind = Node::Kind::filter_block;
+      // The filters apply to the body's text, which the interpreter binds to this name.
+      auto subject = make(Expr::Kind::name, peek().at);
+      subject->name = filter_body_name;
+      ExprPtr chain = std::move(subject);
+      do chain = filter(std::move(chain));
+      while (accept("|"));
+      node.exprs.push_back(std::move(chain));
+      expect_end();
+      node.bodies.push_back(captured_block("endfilter"));
     } else if (keyword == "generation") {
+      if (capturing_ > 0) error(tokens_->front().at, "'{% generation %}' inside a macro, a set block or a filter block is not supported by hpctrain's chat templates");
       node.kind = Node::Kind::generation;
       expect_end();
       node.bodies.push_back(block({"endgeneration"}));
@@ -174,6 +203,18 @@ class Parser {
       error(tokens_->front().at, fmt::format("'{{% {} %}}' is not supported by hpctrain's chat templates", keyword));
     }
     return node;
+  }
+
+  /// The body of a block whose output is captured (set, macro, filter), up to `end`, which it consumes.
+  std::vector<Node> captured_block(const char* end) {
+    ++capturing_;
+    auto body = block({end});
+    --capturing_;
+    select_statement();
+    next();
+    expect_end();
+    ++piece_;
+    return body;
   }
 
   /// Makes the statement piece at piece_ the current token stream (block() stopped at it).
@@ -258,22 +299,23 @@ class Parser {
         value = subscript(std::move(value));
       } else if (peek().kind == Token::Kind::op && peek().text == "(") {
         auto node = make(Expr::Kind::call, peek().at);
+        check_callee(*value);
         node->args.push_back(std::move(value));
         arguments(*node);
         value = std::move(node);
       } else if (accept("|")) {
-        auto node = make(Expr::Kind::filter, peek().at);
-        node->name = name_token();
-        node->args.push_back(std::move(value));
-        if (peek().kind == Token::Kind::op && peek().text == "(") arguments(*node);
-        value = std::move(node);
+        value = filter(std::move(value));
       } else if (peek().kind == Token::Kind::name && peek().text == "is") {
         auto node = make(Expr::Kind::test, next().at);
         if (peek().kind == Token::Kind::name && peek().text == "not") {
           next();
           node->negated = true;
         }
-        node->name = peek().kind == Token::Kind::name ? name_token() : next().text;  // `is ==` is not jinja2, but names
+        const auto test_at = peek().at;
+        node->name = name_token();
+        if (!names::tests().count(node->name))
+          error(test_at, names::jinja_tests().count(node->name) ? fmt::format("the test '{}' is not supported by hpctrain's chat templates", node->name)
+                                                                : fmt::format("no test named '{}' (jinja2 refuses it too)", node->name));
         node->args.push_back(std::move(value));
         if (peek().kind == Token::Kind::op && peek().text == "(") arguments(*node);
         else if (starts_primary()) node->args.push_back(primary());  // `is divisibleby 3`, `is equalto 'x'`
@@ -282,6 +324,36 @@ class Parser {
         return value;
       }
     }
+  }
+
+  /// `value | name(arguments)`, the name checked against the filters hpctrain implements.
+  ExprPtr filter(ExprPtr value) {
+    auto node = make(Expr::Kind::filter, peek().at);
+    node->name = name_token();
+    if (!names::filters().count(node->name))
+      error(node->at, names::jinja_filters().count(node->name) ? fmt::format("the filter '{}' is not supported by hpctrain's chat templates", node->name)
+                                                               : fmt::format("no filter named '{}' (jinja2 refuses it too)", node->name));
+    node->args.push_back(std::move(value));
+    if (peek().kind == Token::Kind::op && peek().text == "(") arguments(*node);
+    // A filter or test named by a string literal (map('upper'), selectattr('x', 'equalto', 1)) is checked too.
+    const std::size_t named = node->name == "map" || node->name == "select" || node->name == "reject" ? 1
+                              : node->name == "selectattr" || node->name == "rejectattr"               ? 2
+                                                                                                       : 0;
+    if (named && node->args.size() > named && node->args[named]->kind == Expr::Kind::literal && node->args[named]->value.is_string()) {
+      const auto which = node->args[named]->value.get<std::string>();
+      const bool known = node->name == "map" ? names::filters().count(which) > 0 : names::tests().count(which) > 0;
+      if (!known) error(node->args[named]->at, fmt::format("{}() with the {} '{}' is not supported by hpctrain's chat templates", node->name,
+                                                           node->name == "map" ? "filter" : "test", which));
+    }
+    return node;
+  }
+
+  /// A call's callee: a method hpctrain lacks, or a jinja2 global it lacks, is refused here.
+  void check_callee(const Expr& callee) const {
+    if (callee.kind == Expr::Kind::attribute && !names::implemented_method(callee.name) && names::python_methods().count(callee.name))
+      error(callee.at, fmt::format("the method '{}' is not supported by hpctrain's chat templates", callee.name));
+    if (callee.kind == Expr::Kind::name && (callee.name == "lipsum" || callee.name == "cycler" || callee.name == "joiner"))
+      error(callee.at, fmt::format("the function '{}' is not supported by hpctrain's chat templates", callee.name));
   }
 
   ExprPtr subscript(ExprPtr value) {
@@ -455,6 +527,7 @@ class Parser {
 
   std::vector<Piece> pieces_;
   std::string origin_;
+  int capturing_ = 0;  // inside a macro, set block or filter block
   std::size_t piece_ = 0;
   const std::vector<Token>* tokens_ = nullptr;
   std::size_t at_ = 0;
