@@ -6,6 +6,7 @@ tests/train/wandb_training_test.sh. Contacts nothing: WANDB_MODE=offline, and no
                                             console lines, preempting, exit (non-finite numbers as "NaN", "Infinity")
   wandb_oracle.py frames FILE               every record's length and zlib CRC-32, as the reader returns them
   wandb_oracle.py training RUN_DIR          the offline runs under RUN_DIR/wandb against RUN_DIR/metrics.jsonl
+  wandb_oracle.py probe                     exit 0 when the reader is here (77 when not)
 
 Exit 77 (a skip) when this python has no wandb with datastore.py; any reading error fails (exit 1).
 """
@@ -142,13 +143,15 @@ def training(run_dir):
     for key, value in rows[steps[-1]].items():
         if not key.startswith("_"):
             assert last[key] == value, f"summary {key} = {last[key]}, last row {value}"
-    print(f"PASS: {len(attempts)} attempt(s) of run {ids.pop()}, {len(rows)} rows (steps {steps[0]}..{steps[-1]}), "
+    print(f"PASS: {len(attempts)} attempt(s) of run {ids.pop()} in project {attempts[-1]['run']['project']}, {len(rows)} rows (steps {steps[0]}..{steps[-1]}), "
           f"{compared} values equal to metrics.jsonl's; config {sorted(attempts[-1]['config'])}")
 
 
 if __name__ == "__main__":
-    mode, target = sys.argv[1], sys.argv[2]
-    if mode == "dump":
+    mode, target = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ""
+    if mode == "probe":
+        print(f"wandb's reader is here ({datastore.__file__})")
+    elif mode == "dump":
         print(json.dumps(dump(target)))
     elif mode == "frames":
         print(json.dumps([[len(d), zlib.crc32(d)] for d in records(target)]))

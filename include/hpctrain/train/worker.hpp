@@ -63,7 +63,7 @@ inline Knobs training_knobs(const Training& training, std::string_view program =
                               "evaluate on the first N examples of the evaluation data (0: all)", non_negative());
   table.declare<std::int64_t>("checkpoint_every", training.checkpoint_every(), "steps between checkpoints (0: only at the end)",
                               non_negative());
-  const char* wandb_help = "log to W&B offline under the run directory, in project PROJECT (upload: --wandb-sync); off: not";
+  const char* wandb_help = "a W&B offline run in the run directory, project PROJECT (alone: the program's project, else the job's name), uploaded by --wandb-sync; off: none";
   if (training.wandb()) table.declare<std::string>("wandb", training.wandb()->project(), wandb_help, wandb_project_check());
   else table.declare_optional<std::string>("wandb", wandb_help, wandb_project_check());
   table.allow_bare("wandb", training.wandb() ? training.wandb()->project() : wandb_project_name(program), "[PROJECT]");
@@ -92,7 +92,7 @@ inline Training with_knobs(Training training, const Knobs& knobs) {
   if (auto every = knobs.get_if_given<std::int64_t>("checkpoint_every")) training.checkpoint_every(*every);
   if (auto project = knobs.get_if_given<std::string>("wandb")) {
     if (project->empty() || *project == "off") training.no_wandb();
-    else training.wandb((training.wandb() ? *training.wandb() : Wandb(*project)).project(*project));
+    else training.wandb(training.wandb() ? Wandb(*training.wandb()).project(*project) : Wandb(*project));
   }
   if (training.schedule_from_knobs()) training.schedule(training.schedule_from_knobs()(knobs));
   training.knob_values(knobs);
