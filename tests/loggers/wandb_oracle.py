@@ -1,10 +1,13 @@
-"""Reads W&B offline runs back with wandb's own reader (wandb.sdk.internal.datastore.DataStore, the transaction log
-reader of wandb <= 0.29, and wandb_internal_pb2.Record), for tests/loggers/wandb_test.cpp and
-tests/train/wandb_training_test.sh. Contacts nothing: WANDB_MODE=offline, and nothing here starts a run.
+"""Reads W&B offline runs back with wandb's own readers, for tests/loggers/wandb_test.cpp and
+tests/train/wandb_training_test.sh: the Python one (wandb.sdk.internal.datastore.DataStore, the transaction log reader
+of wandb <= 0.29, and wandb_internal_pb2.Record) decodes every record; wandb-core's, the Go reader `wandb sync` uploads
+with (`wandb leet inspect FILE`, which prints the records it reads and "# skipped corrupt data" for what it cannot),
+must read the same records in the same order. Contacts nothing: WANDB_MODE=offline, and nothing here starts a run.
 
   wandb_oracle.py dump OFFLINE_RUN_DIR      the run as JSON: header, run, config, environment, history rows, summary,
                                             console lines, preempting, exit (non-finite numbers as "NaN", "Infinity")
-  wandb_oracle.py frames FILE               every record's length and zlib CRC-32, as the reader returns them
+  wandb_oracle.py frames FILE               every record's length and zlib CRC-32, as the reader returns them (and
+                                            wandb-core reads as many)
   wandb_oracle.py training RUN_DIR          the offline runs under RUN_DIR/wandb against RUN_DIR/metrics.jsonl
   wandb_oracle.py probe                     exit 0 when the reader is here (77 when not)
 
@@ -14,6 +17,8 @@ import glob
 import json
 import math
 import os
+import shutil
+import subprocess
 import sys
 import zlib
 
@@ -40,6 +45,20 @@ def records(path):
         if data is None:
             return out
         out.append(data)
+
+
+def core_record_types(path):
+    """The record types wandb-core's reader finds in `path`, in order (`wandb leet inspect`, stdout not a terminal)."""
+    cli = os.path.join(os.path.dirname(sys.executable), "wandb")
+    if not os.path.exists(cli):
+        cli = shutil.which("wandb")
+    result = subprocess.run([cli, "leet", "inspect", path], capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, WANDB_MODE="offline"))
+    assert result.returncode == 0, f"wandb leet inspect {path} exited {result.returncode}: {result.stderr}"
+    lines = result.stdout.splitlines()
+    corrupt = [line for line in lines if line.startswith("# skipped")]
+    assert not corrupt, f"wandb-core could not read all of {path}: {corrupt}"
+    return [line.split(": ", 1)[1] for line in lines if line.startswith("# record ")]
 
 
 def finite(value):
@@ -108,6 +127,8 @@ def dump(directory):
         else:
             raise AssertionError(f"unexpected record {kind}")
     run["stream_ids"] = sorted(run["stream_ids"])
+    core = core_record_types(files[0])
+    assert core == run["record_types"], f"wandb-core read {core}, the Python reader {run['record_types']}"
     return finite(run)
 
 
@@ -154,7 +175,10 @@ if __name__ == "__main__":
     elif mode == "dump":
         print(json.dumps(dump(target)))
     elif mode == "frames":
-        print(json.dumps([[len(d), zlib.crc32(d)] for d in records(target)]))
+        frames = [[len(d), zlib.crc32(d)] for d in records(target)]
+        core = core_record_types(target)
+        assert len(core) == len(frames), f"wandb-core read {len(core)} records, the Python reader {len(frames)}"
+        print(json.dumps(frames))
     elif mode == "training":
         training(target)
     else:

@@ -113,21 +113,30 @@ TEST_CASE("CRC-32 is zlib's: 123456789 gives the check value 0xCBF43926, and a r
   CHECK(hpctrain::detail::crc32_ieee("") == 0u);
 }
 
-TEST_CASE("wandb's reader reads every record back wherever it falls against a 32 KiB block boundary", "[wandb][oracle]") {
+TEST_CASE("wandb's readers read every record back wherever it falls against a 32 KiB block boundary", "[wandb][oracle]") {
   // A first record that leaves `left` bytes in block 0 (0 to 8: a tail too short for a chunk header is
   // zero-filled, exactly 7 gives an empty FIRST chunk), a 70000-byte record over three blocks, then small ones.
+  // Each is a valid Record of exactly its size (a `uuid` of filler, with or without `num`), so that wandb-core's
+  // reader decodes them too.
   const auto left = GENERATE(range(0, 9));
   CAPTURE(left);
   const auto dir = scratch(fmt::format("frames-{}", left));
   std::vector<std::string> written;
   const auto make = [&written](std::size_t size, char seed) {
-    std::string data(size, '\0');
-    for (std::size_t i = 0; i < size; ++i) data[i] = static_cast<char>(seed + 31 * i + (i >> 7));
-    written.push_back(data);
+    for (std::size_t filler = size; filler-- > 0;)
+      for (const bool numbered : {false, true}) {
+        std::string record;
+        if (numbered) hpctrain::detail::put_varint_field(record, 1, 1);
+        std::string text(filler, 'x');
+        for (std::size_t i = 0; i < filler; ++i) text[i] = static_cast<char>('a' + (seed + 7 * i + (i >> 7)) % 26);
+        hpctrain::detail::put_bytes(record, 19, text);  // Record.uuid
+        if (record.size() == size) return written.push_back(record);
+      }
+    FAIL("no record of " << size << " bytes");
   };
   make(32768 - 7 - 7 - static_cast<std::size_t>(left), 'a');
   make(70000, 'b');
-  for (int i = 0; i < 100; ++i) make(static_cast<std::size_t>(1 + i * 37), static_cast<char>('c' + i));
+  for (int i = 0; i < 100; ++i) make(static_cast<std::size_t>(8 + i * 37), static_cast<char>('c' + i));
   {
     hpctrain::WandbTransactionLog log(dir / "frames.wandb");
     for (const auto& data : written) log.append(data);

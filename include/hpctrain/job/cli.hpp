@@ -237,8 +237,8 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
   const int modes = help + dry_run + submit + status + logs + cancel + local + command.results + run + plan +
                     command.wandb_sync.has_value();
   if (modes > 1)
-    throw UsageError("choose one of --dry-run, --submit, --status, --logs, --cancel, --local, --run, --results, --plan, "
-                     "--wandb-sync");
+    throw UsageError(fmt::format("choose one of --dry-run, --submit, --status, --logs, --cancel, --local, --run, --results, --plan{}",
+                                 knobs != nullptr ? ", --wandb-sync" : ""));
   using Mode = LoginCommand::Mode;
   command.mode = help ? Mode::help
                  : dry_run ? Mode::dry_run
