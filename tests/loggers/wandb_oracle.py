@@ -6,8 +6,8 @@ must read the same records in the same order. Contacts nothing: WANDB_MODE=offli
 
   wandb_oracle.py dump OFFLINE_RUN_DIR      the run as JSON: header, run, config, environment, history rows, summary,
                                             console lines, preempting, exit (non-finite numbers as "NaN", "Infinity")
-  wandb_oracle.py frames FILE               every record's length and zlib CRC-32, as the reader returns them (and
-                                            wandb-core reads as many)
+  wandb_oracle.py frames FILE...            every record's length and zlib CRC-32 per file, as the reader returns
+                                            them (and wandb-core reads as many)
   wandb_oracle.py training RUN_DIR          the offline runs under RUN_DIR/wandb against RUN_DIR/metrics.jsonl
   wandb_oracle.py probe                     exit 0 when the reader is here (77 when not)
 
@@ -17,7 +17,6 @@ import glob
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import zlib
@@ -49,11 +48,12 @@ def records(path):
 
 def core_record_types(path):
     """The record types wandb-core's reader finds in `path`, in order (`wandb leet inspect`, stdout not a terminal)."""
-    cli = os.path.join(os.path.dirname(sys.executable), "wandb")
-    if not os.path.exists(cli):
-        cli = shutil.which("wandb")
-    result = subprocess.run([cli, "leet", "inspect", path], capture_output=True, text=True, timeout=120,
-                            env=dict(os.environ, WANDB_MODE="offline"))
+    try:  # the command `wandb leet inspect` runs, without the 2 s of starting the wandb CLI every time
+        from wandb.cli import leet
+        command = leet._base_args() + ["--inspect"] + leet._get_local_launch_args(leet._resolve_path(path))
+    except (ImportError, AttributeError):
+        command = [os.path.join(os.path.dirname(sys.executable), "wandb"), "leet", "inspect", path]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=dict(os.environ, WANDB_MODE="offline"))
     assert result.returncode == 0, f"wandb leet inspect {path} exited {result.returncode}: {result.stderr}"
     lines = result.stdout.splitlines()
     corrupt = [line for line in lines if line.startswith("# skipped")]
@@ -175,10 +175,13 @@ if __name__ == "__main__":
     elif mode == "dump":
         print(json.dumps(dump(target)))
     elif mode == "frames":
-        frames = [[len(d), zlib.crc32(d)] for d in records(target)]
-        core = core_record_types(target)
-        assert len(core) == len(frames), f"wandb-core read {len(core)} records, the Python reader {len(frames)}"
-        print(json.dumps(frames))
+        files = []
+        for path in sys.argv[2:]:
+            frames = [[len(d), zlib.crc32(d)] for d in records(path)]
+            core = core_record_types(path)
+            assert len(core) == len(frames), f"{path}: wandb-core read {len(core)} records, the Python reader {len(frames)}"
+            files.append(frames)
+        print(json.dumps(files))
     elif mode == "training":
         training(target)
     else:

@@ -10,6 +10,7 @@
 #include <iterator>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -114,41 +115,47 @@ TEST_CASE("CRC-32 is zlib's: 123456789 gives the check value 0xCBF43926, and a r
 }
 
 TEST_CASE("wandb's readers read every record back wherever it falls against a 32 KiB block boundary", "[wandb][oracle]") {
-  // A first record that leaves `left` bytes in block 0 (0 to 8: a tail too short for a chunk header is
-  // zero-filled, exactly 7 gives an empty FIRST chunk), a 70000-byte record over three blocks, then small ones.
-  // Each is a valid Record of exactly its size (a `uuid` of filler, with or without `num`), so that wandb-core's
-  // reader decodes them too.
-  const auto left = GENERATE(range(0, 9));
-  CAPTURE(left);
-  const auto dir = scratch(fmt::format("frames-{}", left));
-  std::vector<std::string> written;
-  const auto make = [&written](std::size_t size, char seed) {
+  // One file per `left` from 0 to 8: a first record that leaves `left` bytes in block 0 (a tail too short for a
+  // chunk header is zero-filled, exactly 7 gives an empty FIRST chunk), a 70000-byte record over three blocks, then
+  // small ones. Each is a valid Record of exactly its size (a `uuid` of filler, with or without `num`), so that
+  // wandb-core's reader decodes them too.
+  const auto dir = scratch("frames");
+  const auto record_of_size = [](std::size_t size, int seed) {
     for (std::size_t filler = size; filler-- > 0;)
       for (const bool numbered : {false, true}) {
         std::string record;
         if (numbered) hpctrain::detail::put_varint_field(record, 1, 1);
         std::string text(filler, 'x');
-        for (std::size_t i = 0; i < filler; ++i) text[i] = static_cast<char>('a' + (seed + 7 * i + (i >> 7)) % 26);
+        for (std::size_t i = 0; i < filler; ++i) text[i] = static_cast<char>('a' + (static_cast<std::size_t>(seed) + 7 * i + (i >> 7)) % 26);
         hpctrain::detail::put_bytes(record, 19, text);  // Record.uuid
-        if (record.size() == size) return written.push_back(record);
+        if (record.size() == size) return record;
       }
-    FAIL("no record of " << size << " bytes");
+    throw std::logic_error(fmt::format("no record of {} bytes", size));
   };
-  make(32768 - 7 - 7 - static_cast<std::size_t>(left), 'a');
-  make(70000, 'b');
-  for (int i = 0; i < 100; ++i) make(static_cast<std::size_t>(8 + i * 37), static_cast<char>('c' + i));
-  {
-    hpctrain::WandbTransactionLog log(dir / "frames.wandb");
-    for (const auto& data : written) log.append(data);
-    CHECK(log.size() == fs::file_size(dir / "frames.wandb"));
+  std::vector<std::vector<std::string>> written;
+  std::vector<std::string> args = {"frames"};
+  for (int left = 0; left <= 8; ++left) {
+    auto& records = written.emplace_back();
+    records.push_back(record_of_size(32768 - 7 - 7 - static_cast<std::size_t>(left), left));
+    records.push_back(record_of_size(70000, left + 1));
+    for (int i = 0; i < 100; ++i) records.push_back(record_of_size(static_cast<std::size_t>(8 + i * 37), i));
+    const auto file = dir / fmt::format("left-{}.wandb", left);
+    hpctrain::WandbTransactionLog log(file);
+    for (const auto& record : records) log.append(record);
+    CHECK(log.size() == fs::file_size(file));
+    args.push_back(file.string());
   }
-  const auto frames = oracle({"frames", (dir / "frames.wandb").string()});
+  const auto frames = oracle(args);
   if (!frames) return;
   REQUIRE(frames->size() == written.size());
-  for (std::size_t i = 0; i < written.size(); ++i) {
-    CAPTURE(i);
-    CHECK((*frames)[i][0].get<std::size_t>() == written[i].size());
-    CHECK((*frames)[i][1].get<std::uint32_t>() == hpctrain::detail::crc32_ieee(written[i]));
+  for (std::size_t left = 0; left < written.size(); ++left) {
+    CAPTURE(left);
+    REQUIRE((*frames)[left].size() == written[left].size());
+    for (std::size_t i = 0; i < written[left].size(); ++i) {
+      CAPTURE(i);
+      CHECK((*frames)[left][i][0].get<std::size_t>() == written[left][i].size());
+      CHECK((*frames)[left][i][1].get<std::uint32_t>() == hpctrain::detail::crc32_ieee(written[left][i]));
+    }
   }
 }
 
@@ -179,6 +186,7 @@ TEST_CASE("wandb's reader reads back a logged run: run record, config, 50 rows w
     logger.note("hello from the trainer");
     for (std::int64_t step = 10; step <= 500; step += 10) {
       logger.log(train_record(step));
+      if (step == 500) logger.note("parameters_crc32c=0badcafe");  // the digest, between the last train record and the final evaluation
       if (step % 100 == 0) logger.log(eval_record(step));
     }
     logger.note("test_accuracy=0.7501");
@@ -228,7 +236,7 @@ TEST_CASE("wandb's reader reads back a logged run: run record, config, 50 rows w
   json summary = expected_row(500, true);
   summary["train/grad_norm"] = "Infinity";  // the last value logged, at step 260
   CHECK(without_times((*run)["summary"]) == summary);
-  CHECK((*run)["output"] == json::array({"hello from the trainer\n", "test_accuracy=0.7501\n"}));
+  CHECK((*run)["output"] == json::array({"hello from the trainer\n", "parameters_crc32c=0badcafe\n", "test_accuracy=0.7501\n"}));
   CHECK((*run)["preempting"] == false);
   CHECK((*run)["exit"]["exit_code"] == 0);
   CHECK((*run)["exit"]["not_complete"] == false);
@@ -392,6 +400,23 @@ TEST_CASE("The login command --wandb-sync finds the offline runs of a job's run 
   CHECK(printed_code == hpctrain::exit_failure);
   CHECK(printed.str() == fmt::format("wandb sync {} {}\n", hpctrain::shell_quote(expected[0].string()), hpctrain::shell_quote(expected[1].string())));
   CHECK(why.str().find("wandb is not on PATH here") != std::string::npos);
+  // Without RUN_DIR: the last submitted job's directory, as --status finds the job.
+  const auto workdir = job_dir.parent_path().parent_path().parent_path();
+  std::ofstream(job_dir.parent_path() / "last") << "777\n";
+  std::ofstream(job_dir / "job.json") << json{{"id", "777"}, {"name", "fashion"}, {"directory", job_dir.string()},
+                                              {"output_log", (job_dir / "slurm.out").string()},
+                                              {"error_log", (job_dir / "slurm.out").string()}}.dump();
+  hpctrain::LoginCommand command;
+  command.mode = hpctrain::LoginCommand::Mode::wandb_sync;
+  command.wandb_sync = "";
+  hpctrain::RenderContext context;
+  context.workdir = workdir.string();
+  std::ostringstream last_out, last_err;
+  ::setenv("PATH", "/nonexistent", 1);
+  const int last_code = hpctrain::run_login_command(hpctrain::Job("fashion"), command, context, last_out, last_err, &knobs);
+  ::setenv("PATH", saved_path.c_str(), 1);
+  CHECK(last_code == hpctrain::exit_failure);
+  CHECK(last_out.str() == printed.str());
   const auto empty = scratch("sync-empty");
   CHECK(hpctrain::test::message_of([&] { hpctrain::wandb_sync(empty, out, err); }) ==
         fmt::format("[hpctrain.runtime.wandb] no W&B offline run under {} (train with --wandb [PROJECT] to write one)", empty.string()));

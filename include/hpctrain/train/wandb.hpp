@@ -9,7 +9,8 @@
 // one history row per step (`_step`, `train/<name>` and `eval/<name>` as TensorBoard names them, `_runtime`,
 // `_timestamp`), a summary update after each row (W&B's summary: every key's last value), the Trainer's notes as
 // console lines, and the exit record. A train and an eval record of the same step make one row, as wandb.log
-// merges them; that row is written when a later step, a note or the end comes.
+// merges them; that row is written when a later step or the end comes (a note in between, such as the digest
+// before the final evaluation, does not split it).
 //
 // A requeued run (same run directory) keeps its W&B run id (`wandb/hpctrain-run.json`) and writes a second
 // offline run directory with it, as a resumed offline wandb run does; `wandb sync` uploads both into one run, in
@@ -243,7 +244,9 @@ class WandbLogger : public Logger {
   }
 
   void log(const LogRecord& record) override {
-    if (!run_ || record.step <= last_step_) return;  // an earlier attempt wrote this step (a crash's resume repeats it)
+    // At or below the last row written: an earlier attempt wrote this step (a crash's resume repeats it). Within an
+    // attempt a row is written only once a later step comes, so its own steps never fall here.
+    if (!run_ || record.step <= last_step_) return;
     if (row_ && row_->step != record.step) write_row();
     if (!row_) row_ = Row{record.step, {}};
     for (const auto& [key, value] : record.values) {
@@ -255,7 +258,6 @@ class WandbLogger : public Logger {
 
   void note(std::string_view text) override {
     if (!run_) return;
-    write_row();
     run_->output_line(detail::wandb_time_now(), fmt::format("{}\n", text));
   }
 
