@@ -140,6 +140,7 @@ inline constexpr ErrorId spec_training_model{"hpctrain.spec.training.model"};
 inline constexpr ErrorId spec_training_optimizer{"hpctrain.spec.training.optimizer"};
 inline constexpr ErrorId spec_training_threads{"hpctrain.spec.training.threads"};
 inline constexpr ErrorId spec_training_train_data{"hpctrain.spec.training.train_data"};
+inline constexpr ErrorId spec_wandb{"hpctrain.spec.wandb"};
 
 // --- train layer at run time (train/) ---
 inline constexpr ErrorId runtime_batch_field{"hpctrain.runtime.batch.field"};
@@ -149,6 +150,7 @@ inline constexpr ErrorId runtime_data_tokens{"hpctrain.runtime.data.tokens"};
 inline constexpr ErrorId runtime_metrics{"hpctrain.runtime.metrics"};
 inline constexpr ErrorId runtime_run_directory{"hpctrain.runtime.run_directory"};
 inline constexpr ErrorId runtime_tensorboard{"hpctrain.runtime.tensorboard"};
+inline constexpr ErrorId runtime_wandb{"hpctrain.runtime.wandb"};
 
 // --- text layer (text/, text/prepare_step.hpp) ---
 inline constexpr ErrorId spec_prepare_chunk_bytes{"hpctrain.spec.prepare.chunk_bytes"};

@@ -26,7 +26,7 @@ HPCTRAIN_RUNTIME_INLINE int run(int argc, char** argv, const Job& job, const Tra
   Knobs knobs;
   try {
     training.validate();  // a broken description fails here, before anything is submitted
-    knobs = training_knobs(training);
+    knobs = training_knobs(training, job.name());  // a bare --wandb logs to the project named after the job
   } catch (const SpecError& error) {
     std::cerr << error.what() << "\n";
     return exit_usage;

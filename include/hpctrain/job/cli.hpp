@@ -36,13 +36,14 @@
 #include <hpctrain/job/results.hpp>
 #include <hpctrain/job/submit.hpp>
 #include <hpctrain/job/units.hpp>
+#include <hpctrain/job/wandb_sync.hpp>
 #include <hpctrain/names.hpp>
 
 namespace hpctrain {
 
 /// What the login-node command line asked for.
 struct LoginCommand {
-  enum class Mode { none, help, dry_run, submit, status, logs, cancel, local, results, run, plan };
+  enum class Mode { none, help, dry_run, submit, status, logs, cancel, local, results, run, plan, wandb_sync };
   Mode mode = Mode::none;
   bool follow = false;
   std::optional<int> nodes, tasks_per_node, local_ranks;
@@ -62,6 +63,8 @@ struct LoginCommand {
   bool results = false;                ///< --results: the table of the last job's tasks (job/results.hpp)
   std::optional<std::string> sort_by;  ///< --sort-by METRIC[:max|:min] for --results
   std::optional<double> gpu_memory_gib;  ///< --gpu-memory GIB: one GPU's memory for the plan (else the GPU type's)
+  /// `--wandb-sync [RUN_DIR]`: RUN_DIR, or empty for the last submitted job's directory.
+  std::optional<std::string> wandb_sync;
 };
 
 /// The geometry `job` asks for, with `command`'s overrides applied, and one GPU's memory: --gpu-memory, else
@@ -206,6 +209,14 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
                                    "directory DIR (default: this program's newest run)")
                         ->expected(0, 1)
                         ->type_name("[DIR]");
+  std::vector<std::string> wandb_sync;
+  CLI::Option* wandb_sync_option = nullptr;
+  if (knobs != nullptr)
+    wandb_sync_option = app.add_option("--wandb-sync", wandb_sync,
+                                       "upload the W&B offline runs of the last job (or of run directory RUN_DIR) with "
+                                       "wandb sync; prints the command where wandb is not on PATH")
+                            ->expected(0, 1)
+                            ->type_name("[RUN_DIR]");
   add_job_layer_options(app, command);
   try {
     app.parse(argc, argv);
@@ -213,6 +224,8 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
     throw UsageError(e.what());
   }
   if (resume_option != nullptr && resume_option->count() > 0) command.resume = resume.empty() ? "" : resume.front();
+  if (wandb_sync_option != nullptr && wandb_sync_option->count() > 0)
+    command.wandb_sync = wandb_sync.empty() ? "" : wandb_sync.front();
   command.forwarded = app.remaining();
   command.help = app.help();
   if (knobs != nullptr) {
@@ -221,9 +234,11 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
     command.help += "\n" + knobs->help();
   }
   const bool local = command.local_ranks.has_value();
-  const int modes = help + dry_run + submit + status + logs + cancel + local + command.results + run + plan;
+  const int modes = help + dry_run + submit + status + logs + cancel + local + command.results + run + plan +
+                    command.wandb_sync.has_value();
   if (modes > 1)
-    throw UsageError("choose one of --dry-run, --submit, --status, --logs, --cancel, --local, --run, --results, --plan");
+    throw UsageError(fmt::format("choose one of --dry-run, --submit, --status, --logs, --cancel, --local, --run, --results, --plan{}",
+                                 knobs != nullptr ? ", --wandb-sync" : ""));
   using Mode = LoginCommand::Mode;
   command.mode = help ? Mode::help
                  : dry_run ? Mode::dry_run
@@ -235,6 +250,7 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
                  : run     ? Mode::run
                  : command.results ? Mode::results
                  : plan    ? Mode::plan
+                 : command.wandb_sync ? Mode::wandb_sync
                            : Mode::none;
   if (command.follow && command.mode != Mode::logs) throw UsageError("--follow goes with --logs");
   if (command.gpu_memory_gib && command.mode != Mode::plan && command.mode != Mode::dry_run && command.mode != Mode::submit)
@@ -555,6 +571,10 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
       case Mode::results:
         out << results_table(last_submitted(job, context), command.sort_by);
         return exit_ok;
+      case Mode::wandb_sync:
+        return wandb_sync(command.wandb_sync->empty() ? last_submitted(job, context).directory
+                                                      : std::filesystem::path(*command.wandb_sync),
+                          out, err);
       case Mode::cancel: {
         const auto last = last_submitted(job, context);
         if (const auto chain = read_chain(last)) {

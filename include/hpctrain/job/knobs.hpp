@@ -122,6 +122,10 @@ struct KnobSpec {
   bool has_default = true;                   ///< false: the description decides when the knob is not given
   std::string requirement;                   ///< the check in words, for `--help`
   std::function<std::optional<std::string>(const KnobValue&)> check;  ///< the requirement when it fails
+  /// The text a bare `--name` stands for, for a knob whose value may be left out (`--wandb [PROJECT]`); a
+  /// switch's bare flag is `true` without it.
+  std::optional<std::string> bare_value;
+  std::string placeholder;                   ///< `--help`'s name for the value (`[PROJECT]`); empty: by type
 
   /// `--warmup-steps` for `warmup_steps`.
   std::string flag() const {
@@ -213,6 +217,17 @@ class Knobs {
     row.has_default = true;
     return *this;
   }
+  /// Lets `--name` be given without a value, standing for `value` (checked as a given value is); `placeholder`
+  /// names the value in `--help`: `allow_bare("wandb", "fashion", "[PROJECT]")`.
+  Knobs& allow_bare(std::string_view name, std::string value, std::string placeholder) {
+    const KnobSpec& spec = require_known(name);
+    if (auto failure = spec.check ? spec.check(parse_as(spec, value)) : std::nullopt)
+      throw knob_error(spec, value, "its value without an argument " + *failure);
+    auto& row = *std::find_if(specs_.begin(), specs_.end(), [&](const KnobSpec& r) { return r.name == spec.name; });
+    row.bare_value = std::move(value);
+    row.placeholder = std::move(placeholder);
+    return *this;
+  }
   /// Whether `name` was given (on the command line or through `set`).
   bool given(std::string_view name) const { return values_.count(canonical(name)) != 0; }
 
@@ -232,6 +247,13 @@ class Knobs {
                                    detail::knob_type_name(KnobValue(Stored{}))));
     return static_cast<T>(std::get<Stored>(value));
   }
+  /// The value of `name`: as given, else its default; nothing for a knob without default that was not given.
+  std::optional<KnobValue> value(std::string_view name) const {
+    const KnobSpec& spec = require_known(name);
+    if (const auto at = values_.find(spec.name); at != values_.end()) return at->second;
+    if (spec.has_default) return spec.default_value;
+    return std::nullopt;
+  }
   /// The value of `name` when given, else nothing (the description's value applies).
   template <KnobType T>
   std::optional<T> get_if_given(std::string_view name) const {
@@ -239,7 +261,8 @@ class Knobs {
     return get<T>(name);
   }
 
-  /// Reads `--name value`, `--name=value` and, for a switch, a bare `--name`; returns a copy holding the
+  /// Reads `--name value`, `--name=value` and, for a switch or a knob that allows it, a bare `--name` (followed by
+  /// nothing or by another `--` argument); returns a copy holding the
   /// values. Throws UsageError for an unknown argument (naming it, and the closest knob) or a missing value,
   /// and SpecError `[hpctrain.spec.knob]` for an invalid value.
   Knobs with_arguments(const std::vector<std::string>& args) const {
@@ -255,6 +278,8 @@ class Knobs {
         parsed.set(spec->name, std::string_view(arg).substr(equals + 1));
       } else if (std::holds_alternative<bool>(spec->default_value)) {
         parsed.set(spec->name, "true");
+      } else if (spec->bare_value && (i + 1 == args.size() || args[i + 1].starts_with("--"))) {
+        parsed.set(spec->name, *spec->bare_value);
       } else {
         if (i + 1 == args.size())
           throw UsageError(fmt::format("{} needs a value ({})", flag, detail::knob_type_name(spec->default_value)));
@@ -279,7 +304,8 @@ class Knobs {
     if (specs_.empty()) return "";
     std::string text = "Training knobs (checked here before anything is written or queued; read by the workers):\n";
     for (const auto& spec : specs_) {
-      const std::string left = fmt::format("  {} {}", spec.flag(), placeholder(spec.default_value));
+      const std::string left =
+          fmt::format("  {} {}", spec.flag(), spec.placeholder.empty() ? placeholder(spec.default_value) : spec.placeholder);
       std::string right = spec.help;
       std::vector<std::string> notes;
       if (spec.has_default) notes.push_back("default: " + detail::format_knob_value(spec.default_value));

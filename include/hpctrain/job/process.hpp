@@ -95,4 +95,33 @@ inline ProcessResult run_process(const std::vector<std::string>& argv,
   return result;
 }
 
+/// Runs `argv` (looked up in PATH) on this process's own stdin, stdout and stderr — a command whose progress the
+/// user watches (`wandb sync`) — and returns its exit code (128 + signal when killed). Throws
+/// RuntimeError(errors::runtime_exec, ...) when the program cannot be started.
+inline int run_attached(const std::vector<std::string>& argv) {
+  if (argv.empty()) throw RuntimeError(errors::runtime_exec, "empty command");
+  int exec_pipe[2];
+  if (::pipe2(exec_pipe, O_CLOEXEC) != 0) throw RuntimeError(errors::runtime_exec, fmt::format("pipe: {}", std::strerror(errno)));
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw RuntimeError(errors::runtime_exec, fmt::format("fork: {}", std::strerror(errno)));
+  if (pid == 0) {
+    ::execvp(args[0], args.data());
+    const int error = errno;
+    [[maybe_unused]] auto n = ::write(exec_pipe[1], &error, sizeof error);
+    ::_exit(127);
+  }
+  ::close(exec_pipe[1]);
+  int exec_error = 0;
+  const bool exec_failed = ::read(exec_pipe[0], &exec_error, sizeof exec_error) == sizeof exec_error;
+  ::close(exec_pipe[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (exec_failed) throw RuntimeError(errors::runtime_exec, fmt::format("cannot run {}: {}", argv[0], std::strerror(exec_error)));
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 }  // namespace hpctrain

@@ -1,7 +1,8 @@
 #pragma once
 // Seam 3 of the Trainer (docs/seams.md), the loggers: where train and eval records go. Made on rank 0 only,
-// after the run directory is known. Built in: progress lines (stdout), metrics.jsonl and TensorBoard; a
-// user adds more with `Training::logger(...)`.
+// after the run directory is known. Built in: progress lines (stdout), metrics.jsonl and TensorBoard, and W&B
+// offline runs when asked (train/wandb.hpp); a user adds more with `Training::logger(...)`. The interface itself
+// is torch-free, in train/logger.hpp.
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -16,51 +17,12 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <hpctrain/train/logger.hpp>
 #include <hpctrain/train/metrics.hpp>
 #include <hpctrain/train/progress.hpp>
 #include <hpctrain/train/tensorboard.hpp>
 
 namespace hpctrain {
-
-/// What a logger learns when the run starts.
-struct RunInfo {
-  std::filesystem::path run_dir;             ///< where checkpoints and metrics go
-  int world_size = 1;                        ///< ranks
-  std::string device;                        ///< "cpu", "cuda:0", ...
-  std::int64_t total_steps = 0;              ///< optimizer steps the run is meant to take
-  std::int64_t steps_per_epoch = 0;          ///< optimizer steps per pass over the training data
-  std::optional<std::int64_t> resumed_from;  ///< step of the checkpoint the run resumed from
-};
-
-/// One record: the values of a log interval ("train") or of an evaluation ("eval") at `step`.
-struct LogRecord {
-  std::int64_t step = 0;
-  std::string phase;  ///< "train" or "eval"
-  /// Named values in a stable order. Train: epoch, loss, lr, samples_per_s, and when known tokens_per_s,
-  /// grad_norm, mfu. Eval: loss, examples, then one per metric.
-  std::vector<std::pair<std::string, double>> values;
-
-  /// The value `name`, if the record has it.
-  std::optional<double> get(std::string_view name) const {
-    for (const auto& [key, value] : values)
-      if (key == name) return value;
-    return std::nullopt;
-  }
-};
-
-/// Receives the run's records on rank 0.
-class Logger {
- public:
-  virtual ~Logger() = default;
-  /// Once, before the first step.
-  virtual void start(const RunInfo&) {}
-  /// A train record every log interval, an eval record after every evaluation.
-  virtual void log(const LogRecord& record) = 0;
-  /// A message: "resumed from ...", "preempted ...", the final test metrics.
-  virtual void note(std::string_view) {}
-  /// Once, after the last record (not after a preemption: the run goes on after the requeue).
-  virtual void finish() {}
-};
 
 /// Progress lines on stdout: `step 40/400 epoch 0 loss 0.5123 lr 2.000e-03 1234 samples/s eta 1m02s`, and
 /// `eval step 400: loss 0.3123 accuracy 0.8870 (10000 examples)`; notes as plain lines.
@@ -139,8 +101,5 @@ class TensorBoardLogger : public Logger {
  private:
   std::optional<TensorBoardWriter> writer_;
 };
-
-/// Makes a logger on rank 0 (the Training keeps factories: loggers own files and are made in the worker).
-using LoggerFactory = std::function<std::unique_ptr<Logger>()>;
 
 }  // namespace hpctrain

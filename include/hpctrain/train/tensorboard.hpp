@@ -1,8 +1,8 @@
 #pragma once
 // A TensorBoard event-file writer of our own: TFRecord framing (length, masked CRC32C of the length,
 // payload, masked CRC32C of the payload) around hand-encoded `tensorflow.Event` protobufs with scalar
-// summaries. Enough for TensorBoard, `tensorboard dev`-style syncs and W&B's TensorBoard import, without
-// a protobuf dependency.
+// summaries (train/protobuf_wire.hpp). Enough for TensorBoard, `tensorboard dev`-style syncs and W&B's TensorBoard
+// import, without a protobuf dependency.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -15,31 +15,11 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/train/crc32c.hpp>
+#include <hpctrain/train/protobuf_wire.hpp>
 
 namespace hpctrain {
 
 namespace detail {
-// Protobuf wire format, only what tensorflow.Event needs.
-inline void put_varint(std::string& out, std::uint64_t value) {
-  while (value >= 0x80) {
-    out.push_back(static_cast<char>((value & 0x7F) | 0x80));
-    value >>= 7;
-  }
-  out.push_back(static_cast<char>(value));
-}
-inline void put_tag(std::string& out, int field, int wire_type) {
-  put_varint(out, (static_cast<std::uint64_t>(field) << 3) | static_cast<std::uint64_t>(wire_type));
-}
-template <class T>
-void put_fixed(std::string& out, T value) {  // little-endian, as the wire format and x86/ARM hosts have it
-  out.append(reinterpret_cast<const char*>(&value), sizeof(T));
-}
-inline void put_bytes(std::string& out, int field, std::string_view bytes) {
-  put_tag(out, field, 2);
-  put_varint(out, bytes.size());
-  out.append(bytes);
-}
-
 /// tensorflow.Event{wall_time = 1 (double), step = 2 (int64), file_version = 3 | summary = 5}.
 inline std::string encode_event_header(double wall_time, std::int64_t step) {
   std::string event;

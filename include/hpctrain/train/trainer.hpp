@@ -41,6 +41,7 @@
 #include <hpctrain/train/evaluation.hpp>
 #include <hpctrain/train/host_memory.hpp>
 #include <hpctrain/train/loggers.hpp>
+#include <hpctrain/train/wandb.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/preemption.hpp>
 #include <hpctrain/train/run_context.hpp>
@@ -178,7 +179,7 @@ class Trainer {
     meter_.emplace(group_->world_size(), examples_per_step, training_.flops_per_example(), training_.peak_flops());
   }
 
-  /// Rank 0's loggers: progress lines, metrics.jsonl, TensorBoard, then the Training's own.
+  /// Rank 0's loggers: progress lines, metrics.jsonl, TensorBoard, W&B when asked, then the Training's own.
   void open_loggers() {
     store_.emplace(run_dir_ / layout::checkpoints, training_.keep_checkpoints());
     resume_store_.emplace(resume_from_, training_.keep_checkpoints());
@@ -186,6 +187,7 @@ class Trainer {
     loggers_.push_back(std::make_unique<ProgressLogger>(!world_.under_slurm));
     loggers_.push_back(std::make_unique<JsonlLogger>());
     loggers_.push_back(std::make_unique<TensorBoardLogger>());
+    if (training_.wandb()) loggers_.push_back(std::make_unique<WandbLogger>(*training_.wandb(), wandb_config(training_.knobs())));
     for (const auto& make : training_.loggers()) loggers_.push_back(make());
   }
 

@@ -33,6 +33,7 @@
 #include <hpctrain/train/strategies/sharded.hpp>
 #include <hpctrain/train/step.hpp>
 #include <hpctrain/train/strategy.hpp>
+#include <hpctrain/train/wandb.hpp>
 
 namespace hpctrain {
 
@@ -312,6 +313,12 @@ class Training {
     loggers_.push_back([factory]() -> std::unique_ptr<Logger> { return factory(); });
     return *this;
   }
+  /// Logs the run to Weights & Biases as an offline run under the run directory, for `wandb sync` from the login
+  /// node (`--wandb-sync`): `.wandb("fashion")` or `.wandb(ht::Wandb("fashion").entity("team").tags({"baseline"}))`.
+  /// The knob `--wandb [PROJECT]` turns it on, changes the project, or (`--wandb off`) turns it off. Default: off.
+  Training& wandb(Wandb settings) { wandb_ = std::move(settings); return *this; }
+  /// No W&B run (what `--wandb off` sets).
+  Training& no_wandb() { wandb_.reset(); return *this; }
   /// FLOPs of one training example (forward and backward); with peak_flops, train records carry mfu.
   Training& flops_per_example(double flops) { flops_per_example_ = flops; return *this; }
   /// Peak FLOP/s of one rank's device, as you state it (e.g. 989e12 for an H100's dense bf16).
@@ -458,6 +465,8 @@ class Training {
   const std::vector<metrics::Metric>& metrics() const { return metrics_; }
   bool reports(const metrics::Metric& metric) const { return std::find(metrics_.begin(), metrics_.end(), metric) != metrics_.end(); }
   const std::vector<LoggerFactory>& loggers() const { return loggers_; }
+  /// Where the run goes on W&B, when it is logged there.
+  const std::optional<Wandb>& wandb() const { return wandb_; }
   std::optional<double> flops_per_example() const { return flops_per_example_; }
   std::optional<double> peak_flops() const { return peak_flops_; }
   bool report_digest() const { return report_digest_; }
@@ -564,6 +573,7 @@ class Training {
   int keep_checkpoints_ = 3;
   std::vector<metrics::Metric> metrics_;
   std::vector<LoggerFactory> loggers_;
+  std::optional<Wandb> wandb_;
   std::optional<double> flops_per_example_, peak_flops_;
   bool report_digest_ = false;
   bool evaluate_at_start_ = false;

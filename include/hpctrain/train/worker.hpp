@@ -28,9 +28,10 @@
 namespace hpctrain {
 
 /// The knob table of `training`: the built-ins (--epochs --max-steps --batch-size --lr --sharding --precision
-/// --log-every --eval-every --checkpoint-every), whose defaults are the description's values, then the
+/// --log-every --eval-every --checkpoint-every --wandb), whose defaults are the description's values, then the
 /// program's own knobs. Throws SpecError when a program knob reuses a built-in's name.
-inline Knobs training_knobs(const Training& training) {
+/// `program` (the job's name) is the W&B project a bare `--wandb` stands for when the Training names none.
+inline Knobs training_knobs(const Training& training, std::string_view program = "hpctrain") {
   Knobs table;
   const auto declare_count = [&](const char* name, std::optional<std::int64_t> value, const char* help) {
     if (value) table.declare<std::int64_t>(name, *value, help, positive());
@@ -63,6 +64,10 @@ inline Knobs training_knobs(const Training& training) {
   table.declare<std::int64_t>("eval_batch_size", training.eval_batch_size(), "examples per evaluation forward on each rank", positive());
   table.declare<std::int64_t>("checkpoint_every", training.checkpoint_every(), "steps between checkpoints (0: only at the end)",
                               non_negative());
+  const char* wandb_help = "a W&B offline run in the run directory, project PROJECT (alone: the program's project, else the job's name), uploaded by --wandb-sync; off: none";
+  if (training.wandb()) table.declare<std::string>("wandb", training.wandb()->project(), wandb_help, wandb_project_check());
+  else table.declare_optional<std::string>("wandb", wandb_help, wandb_project_check());
+  table.allow_bare("wandb", training.wandb() ? training.wandb()->project() : wandb_project_name(program), "[PROJECT]");
   table.extend(training.knobs());
   return table;
 }
@@ -87,6 +92,10 @@ inline Training with_knobs(Training training, const Knobs& knobs) {
   if (auto examples = knobs.get_if_given<std::int64_t>("max_eval_examples")) training.max_eval_examples(*examples);
   if (auto examples = knobs.get_if_given<std::int64_t>("eval_batch_size")) training.eval_batch_size(*examples);
   if (auto every = knobs.get_if_given<std::int64_t>("checkpoint_every")) training.checkpoint_every(*every);
+  if (auto project = knobs.get_if_given<std::string>("wandb")) {
+    if (project->empty() || *project == "off") training.no_wandb();
+    else training.wandb(training.wandb() ? Wandb(*training.wandb()).project(*project) : Wandb(*project));
+  }
   if (training.schedule_from_knobs()) training.schedule(training.schedule_from_knobs()(knobs));
   training.knob_values(knobs);
   return training;
