@@ -18,6 +18,11 @@ grep -q "steps, fp32, $stage\$" whole.log || fail "the 4-rank run did not train 
 # Its checkpoint at step 20 (written by 4 ranks, one archive each), as the only one of a run directory: the
 # 3-rank run resumes from exactly the state the uninterrupted run had at step 20 (same schedule, same data).
 [ -f whole/checkpoints/step-0000000020/rank-00003.hpct ] || fail "no per-rank checkpoint of 4 ranks at step 20"
+if [ "$stage" = hsdp ]; then  # the second shard group (ranks 2, 3) replicates the first: its archives hold no pieces
+  size0=$(stat -c %s whole/checkpoints/step-0000000020/rank-00000.hpct)
+  size2=$(stat -c %s whole/checkpoints/step-0000000020/rank-00002.hpct)
+  [ "$size2" -lt $((size0 / 4)) ] || fail "hsdp in groups of 2: rank 2's archive ($size2 bytes) is not a replica's empty one (rank 0's: $size0)"
+fi
 mkdir -p first/checkpoints
 cp -r whole/checkpoints/step-0000000020 first/checkpoints/
 HPCTRAIN_RUN_DIR="$work/second" "$binary" --local 3 --max-steps 40 --sharding "$resumed_stage" --resume "$work/first" > second.log 2>&1 ||

@@ -161,12 +161,15 @@ TEST_CASE("A sharded checkpoint written by 4 ranks resumes at 2 and 3 on the sam
   ShardDirectory directory;
   const auto uninterrupted = train_and_save(saved_stage, 4, directory);
   const auto resumed = resume(stage, world, 4, directory, saved_stage);
+  double worst = 0;
   for (const auto& [step, loss] : resumed) {
     const double ours = std::strtod(loss.c_str(), nullptr), theirs = std::strtod(uninterrupted.at(step).c_str(), nullptr);
     CAPTURE(step, ours, theirs);
     // fp32 with another summation order over the ranks: within 1e-5 relative.
     REQUIRE(std::abs(ours - theirs) <= 1e-5 * std::abs(theirs));
+    worst = std::max(worst, std::abs(ours - theirs) / std::abs(theirs));
   }
+  WARN(fmt::format("{} at 4 resumed as {} at {}: losses within {:.2e} relative (bound 1e-05)", saved_stage, stage, world, worst));
 }
 
 TEST_CASE("Hybrid sharding trains a GPT-2 like Replicated at world 4 in shard groups of 2", "[dist][zero][hsdp]") {
