@@ -13,6 +13,13 @@ first_knobs=(--sharding "$stage")
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/reshard-training-test.XXXXXX")"
 cd "$work"
 
+if [ "$stage" = hsdp ]; then  # shard groups must tile the world: 3 of 4 ranks exits 2 at setup, naming the size
+  code=0
+  HPCTRAIN_RUN_DIR="$work/refused" "$binary" --local 4 --max-steps 2 --sharding hsdp --hsdp-group-size 3 > refused.log 2>&1 || code=$?
+  [ "$code" = 2 ] || fail "--hsdp-group-size 3 at --local 4: exit $code, expected 2"
+  grep -qF "[hpctrain.spec.sharding] sharding = hsdp: hsdp_group_size = 3 does not divide the world of 4 ranks" refused.log ||
+    fail "--hsdp-group-size 3 at --local 4 was not refused naming the size"
+fi
 HPCTRAIN_RUN_DIR="$work/whole" "$binary" --local 4 --max-steps 40 "${first_knobs[@]}" > whole.log 2>&1 || fail "uninterrupted run: exit $?"
 grep -q "steps, fp32, $stage\$" whole.log || fail "the 4-rank run did not train with $stage"
 # Its checkpoint at step 20 (written by 4 ranks, one archive each), as the only one of a run directory: the
