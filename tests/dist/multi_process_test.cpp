@@ -75,6 +75,16 @@ TEST_CASE("Sums, any_rank, barrier and bucketed broadcasts agree across ranks, n
   for (int rank = 0; rank < 2; ++rank) REQUIRE(value_of(ranks.output(rank), "collectives") == std::string("ok"));
 }
 
+TEST_CASE("Subgroups of a 4-rank world (two pairs, and the pairs' counterparts) reduce, gather and broadcast among their members only",
+          "[dist][subgroup]") {
+  Ranks ranks(4, {"subgroups"});
+  for (int rank = 0; rank < 4; ++rank) {
+    CAPTURE(rank, ranks.output(rank), ranks.errors(rank));
+    REQUIRE(ranks.wait(rank) == std::optional<int>(0));
+    REQUIRE(value_of(ranks.output(rank), "subgroups") == std::string("ok"));
+  }
+}
+
 TEST_CASE("A parameter one rank does not use is averaged with zeros and reported on that rank", "[dist][gradient_sync]") {
   Ranks ranks(2, {"unused"});
   require_both_succeed(ranks);

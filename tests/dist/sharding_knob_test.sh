@@ -19,7 +19,7 @@ mkdir refused
 status=0
 (cd refused && "$binary" --submit --sharding zero4) > refused.out.log 2> refused.err.log || status=$?
 [ "$status" = 2 ] || fail "--submit --sharding zero4 exited $status, not 2"
-grep -qF -- "--sharding = zero4: must be one of none, zero1, zero2, zero3" refused.err.log ||
+grep -qF -- "--sharding = zero4: must be one of none, zero1, zero2, zero3, hsdp" refused.err.log ||
   fail "--submit --sharding zero4: stderr does not name the knob, the value and the choices"
 [ -z "$(ls -A refused)" ] || fail "--submit --sharding zero4 wrote $(ls -A refused)"
 

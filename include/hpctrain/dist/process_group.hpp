@@ -3,6 +3,8 @@
 // Rank 0 serves a c10d::TCPStore at MASTER_ADDR:MASTER_PORT; every rank connects to it and builds a
 // c10d backend over it: NCCL when CUDA is available (and hpctrain was compiled with USE_C10D_NCCL, see
 // docs/distributed.md), Gloo on CPU otherwise. At world size 1 there is neither store nor backend.
+// A group can be split into subgroups (ProcessGroup::subgroup, as torch.distributed.new_group): each gets its own
+// backend over a prefix of the same store, for hybrid sharding's shard and replica groups.
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/cuda.h>
 #include <torch/types.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -33,6 +36,7 @@
 #endif
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/error_ids.hpp>
 #include <hpctrain/slurm/devices.hpp>
 #include <hpctrain/slurm/world.hpp>
 
@@ -52,7 +56,17 @@ class ProcessGroup {
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
   /// Orderly shutdown: rank 0 keeps the store up until every rank has checked out (skipped after a failure).
+  /// A subgroup only shuts its backend down: the store is its root group's.
   ~ProcessGroup();
+
+  /// The subgroup of this group's ranks `ranks` (ascending, this rank among them), with its own backend over
+  /// the same store; its rank is this rank's index in `ranks`. Collective over the members: every member calls
+  /// it with the same `ranks` and `tag`, and every rank makes its subgroups in the same order (the n-th call of
+  /// every rank shares a key space; `tag` names the group within it, e.g. "shard/1"). A subgroup of one rank has
+  /// no backend. Same device, timeout and failure flag as this group (a failed collective in either marks both).
+  /// Throws RuntimeError("rendezvous") when the backend cannot connect, SpecError `[hpctrain.spec.sharding]` for
+  /// a list of ranks that is not ascending, lies outside this group or leaves this rank out.
+  std::shared_ptr<ProcessGroup> subgroup(const std::vector<int>& ranks, const std::string& tag);
 
   /// This process's rank in [0, world_size).
   int rank() const { return rank_; }
@@ -60,6 +74,10 @@ class ProcessGroup {
   int world_size() const { return world_size_; }
   /// Rank on this node; selects the GPU.
   int local_rank() const { return local_rank_; }
+  /// Ranks on this node (LOCAL_WORLD_SIZE; the whole job on one node).
+  int local_world_size() const { return local_world_size_; }
+  /// Whether this group is a subgroup of another (its ranks are indices into the members' list).
+  bool is_subgroup() const { return subgroup_; }
   /// Where this rank's model and collectives live: cuda:<n> with NCCL, else CPU.
   torch::Device device() const { return device_; }
   /// The c10d backend; null when world_size == 1.
@@ -71,19 +89,30 @@ class ProcessGroup {
   /// The timeout every wait of this group honours.
   std::chrono::milliseconds timeout() const { return timeout_; }
   /// Records that a collective failed: the peers may be gone, so the destructor must not wait for them.
-  void mark_failed() noexcept { failed_ = true; }
-  /// Whether a collective of this group has failed.
-  bool failed() const noexcept { return failed_; }
+  void mark_failed() noexcept { *failed_ = true; }
+  /// Whether a collective of this group (or of its root group or a sibling subgroup) has failed.
+  bool failed() const noexcept { return *failed_; }
 
  private:
+  struct SubgroupTag {};
+  /// A subgroup's shell: the parent's device, timeout and failure flag; connect() gives it its backend.
+  ProcessGroup(SubgroupTag, const ProcessGroup& parent, int rank, int size);
+  /// Builds this group's backend (NCCL on a GPU, else Gloo) over `store` at rank_ of world_size_.
+  void connect(const c10::intrusive_ptr<c10d::Store>& store);
+
   int rank_ = 0;
   int world_size_ = 1;
   int local_rank_ = 0;
+  int local_world_size_ = 1;
+  bool subgroup_ = false;
   torch::Device device_{torch::kCPU};
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> backend_;
-  std::atomic<bool> failed_{false};
+  std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices_;  // Gloo's transports, shared with subgroups
+  int subgroups_made_ = 0;  // subgroup() calls so far: each call gets its own key space in the store
+  std::string key_space_ = "hpctrain/group";  // where this group's subgroups put their keys
+  std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 /// Rendezvouses and returns this rank's process group (world size 1: no store, no backend, no sockets).
@@ -210,7 +239,8 @@ inline const std::string& checkout_prefix() {
 }  // namespace detail
 
 inline ProcessGroup::ProcessGroup(const slurm::World& world, const Options& options)
-    : rank_(world.rank), world_size_(world.world_size), local_rank_(world.local_rank), timeout_(options.timeout) {
+    : rank_(world.rank), world_size_(world.world_size), local_rank_(world.local_rank),
+      local_world_size_(world.local_world_size), timeout_(options.timeout) {
   detail::check_world(world);
   const bool use_cuda = torch::cuda::is_available();
   if (use_cuda) device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(detail::cuda_device_index(world)));
@@ -236,26 +266,13 @@ inline ProcessGroup::ProcessGroup(const slurm::World& world, const Options& opti
                                                  timeout_.count(), e.what()));
   }
   // Backends get their own key space, so that ours (checkout) cannot collide with theirs.
-  auto backend_store = c10::make_intrusive<c10d::PrefixStore>("hpctrain/backend", store_);
   try {
 #if defined(USE_C10D_NCCL)
-    if (use_cuda) {
-      c10::cuda::set_device(device_.index());
-      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
-      nccl_options->timeout = timeout_;
-      auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(backend_store, rank_, world_size_, nccl_options);
-      // Bound device + eager connect (as torch.distributed does with device_id=): the communicator is built
-      // now, inside the rendezvous timeout, instead of at the first collective.
-      nccl->setBoundDeviceId(device_);
-      nccl->eagerConnectSingleDevice(device_);
-      backend_ = nccl;
-      return;
-    }
+    if (!use_cuda) gloo_devices_ = detail::gloo_devices(world);
+#else
+    gloo_devices_ = detail::gloo_devices(world);
 #endif
-    if (use_cuda) device_ = torch::Device(torch::kCPU);  // no NCCL compiled in: Gloo, on CPU tensors
-    auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout_);
-    gloo_options->devices = detail::gloo_devices(world);
-    backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(backend_store, rank_, world_size_, gloo_options);
+    connect(c10::make_intrusive<c10d::PrefixStore>("hpctrain/backend", store_));
   } catch (const RuntimeError&) {
     throw;
   } catch (const std::exception& e) {
@@ -264,12 +281,66 @@ inline ProcessGroup::ProcessGroup(const slurm::World& world, const Options& opti
   }
 }
 
+inline void ProcessGroup::connect(const c10::intrusive_ptr<c10d::Store>& store) {
+#if defined(USE_C10D_NCCL)
+  if (device_.is_cuda()) {
+    c10::cuda::set_device(device_.index());
+    auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+    nccl_options->timeout = timeout_;
+    auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank_, world_size_, nccl_options);
+    // Bound device + eager connect (as torch.distributed does with device_id=): the communicator is built
+    // now, inside the rendezvous timeout, instead of at the first collective.
+    nccl->setBoundDeviceId(device_);
+    nccl->eagerConnectSingleDevice(device_);
+    backend_ = nccl;
+    return;
+  }
+#endif
+  device_ = torch::Device(torch::kCPU);  // no NCCL compiled in: Gloo, on CPU tensors
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout_);
+  gloo_options->devices = gloo_devices_;
+  backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank_, world_size_, gloo_options);
+}
+
+inline ProcessGroup::ProcessGroup(SubgroupTag, const ProcessGroup& parent, int rank, int size)
+    : rank_(rank), world_size_(size), local_rank_(parent.local_rank_), local_world_size_(parent.local_world_size_),
+      subgroup_(true), device_(parent.device_), timeout_(parent.timeout_), store_(parent.store_),
+      gloo_devices_(parent.gloo_devices_), failed_(parent.failed_) {}
+
+inline std::shared_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int>& ranks, const std::string& tag) {
+  const auto here = std::find(ranks.begin(), ranks.end(), rank_);
+  const bool ascending = std::adjacent_find(ranks.begin(), ranks.end(), [](int a, int b) { return a >= b; }) == ranks.end();
+  if (here == ranks.end() || !ascending || ranks.front() < 0 || ranks.back() >= world_size_)
+    throw SpecError(errors::spec_sharding, fmt::format("subgroup ranks [{}]", fmt::join(ranks, ", ")),
+                    fmt::format("a subgroup of rank {} of {} lists ranks in ascending order within [0, {}), this rank among them",
+                                rank_, world_size_, world_size_));
+  const int call = subgroups_made_++;
+  auto group = std::shared_ptr<ProcessGroup>(
+      new ProcessGroup(SubgroupTag{}, *this, static_cast<int>(here - ranks.begin()), static_cast<int>(ranks.size())));
+  group->key_space_ = fmt::format("{}/{}/{}", key_space_, call, tag);
+  if (group->world_size_ == 1) return group;
+  try {
+    group->connect(c10::make_intrusive<c10d::PrefixStore>(group->key_space_ + "/backend", store_));
+  } catch (const std::exception& e) {
+    throw RuntimeError("rendezvous", fmt::format("rank {} of {} could not connect subgroup '{}' (ranks {}): {}", rank_,
+                                                 world_size_, tag, fmt::join(ranks, ", "), e.what()));
+  }
+  return group;
+}
+
 inline ProcessGroup::~ProcessGroup() {
   if (world_size_ == 1) return;
+  if (subgroup_) {  // the root group keeps the store and checks out; a subgroup's peers may have left already
+    try {
+      if (backend_) backend_->shutdown();
+    } catch (const std::exception&) {
+    }
+    return;
+  }
   // Rank 0 hosts the store: if it left first, a slower rank's last store access would fail. So every rank
   // checks out and rank 0 waits for all of them. After a failure (or while an exception unwinds) peers
   // may be dead: waiting would only delay the exit that --kill-on-bad-exit needs.
-  if (!failed_ && std::uncaught_exceptions() == 0 && store_) {
+  if (!*failed_ && std::uncaught_exceptions() == 0 && store_) {
     try {
       store_->set(detail::checkout_prefix() + std::to_string(rank_), std::vector<std::uint8_t>{1});
       if (rank_ == 0) {

@@ -86,4 +86,29 @@ inline void wait(ProcessGroup& group, PendingAllGather& pending) {
   pending.pending = false;
 }
 
+/// An all-reduce (sum) in flight, in place.
+struct PendingAllReduce {
+  c10::intrusive_ptr<c10d::Work> work;
+  bool pending = false;
+};
+
+/// Starts summing `tensor` (contiguous, on the group's device) over the group's ranks, in place: hybrid
+/// sharding's gradient shards across the replicas. Nothing at group size 1.
+inline PendingAllReduce start_all_reduce_in_place(ProcessGroup& group, torch::Tensor tensor) {
+  PendingAllReduce pending;
+  if (group.world_size() == 1 || tensor.numel() == 0) return pending;
+  std::vector<torch::Tensor> tensors{std::move(tensor)};
+  pending.work = detail::start(group, "gradient all_reduce", [&] { return group.backend()->allreduce(tensors); });
+  pending.pending = true;
+  return pending;
+}
+
+/// Waits for an all-reduce.
+inline void wait(ProcessGroup& group, PendingAllReduce& pending) {
+  if (!pending.pending) return;
+  detail::wait_for(group, pending.work, "gradient all_reduce");
+  pending.work.reset();
+  pending.pending = false;
+}
+
 }  // namespace hpctrain::dist

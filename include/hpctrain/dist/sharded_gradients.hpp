@@ -32,8 +32,11 @@ namespace detail {
 /// Copies the gradients of `bucket`'s parameters into a fresh padded flat buffer (pre-scaled by 1/N: Gloo has
 /// no AVG; a parameter without gradient contributes zeros, the peers may have one), releases them (only the
 /// shard survives), and starts reduce-scattering the buffer into `gradient_shard`. Nothing for an empty bucket.
+/// N is the group's size, or `average_over` when positive (hybrid sharding: the whole world, whose other shard
+/// groups' sums are added afterwards).
 inline PendingReduceScatter start_bucket_reduce_scatter(ProcessGroup& group, const FlatBucket& bucket,
-                                                        std::vector<torch::Tensor>& parameters, torch::Tensor gradient_shard) {
+                                                        std::vector<torch::Tensor>& parameters, torch::Tensor gradient_shard,
+                                                        int average_over = 0) {
   if (bucket.padded_numel == 0) return {};
   torch::NoGradGuard no_grad;
   auto input = torch::zeros({bucket.padded_numel}, gradient_shard.options());
@@ -43,7 +46,7 @@ inline PendingReduceScatter start_bucket_reduce_scatter(ProcessGroup& group, con
     input.narrow(0, bucket.offsets[k], parameter.grad().numel()).copy_(parameter.grad().reshape({-1}));
     parameter.mutable_grad().reset();
   }
-  input.mul_(1.0 / group.world_size());
+  input.mul_(1.0 / (average_over > 0 ? average_over : group.world_size()));
   return start_reduce_scatter(group, std::move(input), std::move(gradient_shard));
 }
 

@@ -1,11 +1,12 @@
 #pragma once
 // The ZeRO stage a run shards with, by name: what `Training::sharding(hpctrain::zero2)` and the built-in knob
-// `--sharding none|zero1|zero2|zero3` choose between (docs/distributed.md, "Sharded strategies"):
+// `--sharding none|zero1|zero2|zero3|hsdp` choose between (docs/distributed.md, "Sharded strategies"):
 //
 //   none   Replicated: every rank holds parameters, gradients and optimizer state (our DDP)
 //   zero1  optimizer state sharded, gradients all-reduced
 //   zero2  optimizer state and gradients sharded (reduce-scattered during backward)
 //   zero3  parameters sharded too: each listed block is gathered just before it runs and freed after
+//   hsdp   hybrid: zero3 within each group of --hsdp-group-size ranks (default: a node's), replicated across groups
 #include <array>
 #include <cstddef>
 #include <optional>
@@ -15,7 +16,7 @@
 namespace hpctrain {
 
 /// Which ZeRO stage a run shards with; `none` is DeepSpeed's stage 0, replicated data parallelism.
-enum class ZeroStage { none = 0, zero1 = 1, zero2 = 2, zero3 = 3 };
+enum class ZeroStage { none = 0, zero1 = 1, zero2 = 2, zero3 = 3, hsdp = 4 };
 /// Replicated: nothing sharded.
 inline constexpr ZeroStage no_sharding = ZeroStage::none;
 /// Optimizer state sharded, gradients all-reduced.
@@ -24,11 +25,14 @@ inline constexpr ZeroStage zero1 = ZeroStage::zero1;
 inline constexpr ZeroStage zero2 = ZeroStage::zero2;
 /// Parameters, gradients and optimizer state sharded: blocks gathered one at a time (fully sharded, FSDP-style).
 inline constexpr ZeroStage zero3 = ZeroStage::zero3;
+/// Hybrid sharding (FSDP's HYBRID_SHARD): ZeRO-3 within groups of ranks (a node's, by default), gradients then
+/// averaged across the groups; Training::hsdp_group_size sets the group's size.
+inline constexpr ZeroStage hsdp = ZeroStage::hsdp;
 
 /// The stages' names, in stage order: what `--sharding` accepts.
-inline constexpr std::array<std::string_view, 4> zero_stage_names{"none", "zero1", "zero2", "zero3"};
+inline constexpr std::array<std::string_view, 5> zero_stage_names{"none", "zero1", "zero2", "zero3", "hsdp"};
 
-/// "none", "zero1", "zero2" or "zero3": the knob's spelling (a strategy's name() is "replicated" for none).
+/// "none", "zero1", "zero2", "zero3" or "hsdp": the knob's spelling (a strategy's name() is "replicated" for none).
 inline std::string to_string(ZeroStage stage) { return std::string(zero_stage_names.at(static_cast<std::size_t>(stage))); }
 
 /// The stage called `name`, or nothing.

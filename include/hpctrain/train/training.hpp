@@ -227,10 +227,20 @@ class Training {
   }
   /// Shortcut for the strategy of a ZeRO stage: `.sharding(hpctrain::zero2)` is
   /// `.strategy(hpctrain::sharded(hpctrain::zero2))`; `hpctrain::no_sharding` is Replicated. The built-in
-  /// knob `--sharding none|zero1|zero2|zero3` overrides it (docs/distributed.md: when to choose which).
+  /// knob `--sharding none|zero1|zero2|zero3|hsdp` overrides it (docs/distributed.md: when to choose which).
   Training& sharding(ZeroStage stage) {
-    strategy(sharded(stage));
+    strategy(sharded(stage, {}, hsdp_group_size_));
     sharding_ = stage;
+    return *this;
+  }
+  /// Under `hpctrain::hsdp`: ranks per shard group (consecutive ranks; the groups replicate each other); it must
+  /// divide the world size (checked at setup). The built-in knob `--hsdp-group-size N` overrides it.
+  /// Default: 0, the ranks of a node.
+  Training& hsdp_group_size(int ranks) {
+    detail::require(ranks >= 0, "sharding", fmt::format("hsdp with hsdp_group_size {}", ranks),
+                    "the group size must be 0 (the ranks of a node) or positive");
+    hsdp_group_size_ = ranks;
+    if (sharding_) sharding(*sharding_);
     return *this;
   }
   /// The loss `(output, target) -> scalar`. Default: cross entropy.
@@ -434,6 +444,8 @@ class Training {
   std::unique_ptr<DataParallelStrategy> make_strategy() const { return strategy_(); }
   /// The stage chosen with sharding(), or nothing (Replicated by default, or an own strategy()).
   std::optional<ZeroStage> sharding() const { return sharding_; }
+  /// Ranks per shard group under hsdp (0: the ranks of a node).
+  int hsdp_group_size() const { return hsdp_group_size_; }
   const LossFunction& loss() const { return loss_; }
   const StepFunction& step() const { return step_; }
   const EvalStepFunction& eval_step() const { return eval_step_; }
@@ -548,6 +560,7 @@ class Training {
   std::function<std::unique_ptr<torch::optim::Optimizer>(const NamedParameters&, const Knobs&)> optimizer_;
   StrategyFactory strategy_ = [] { return std::unique_ptr<DataParallelStrategy>(std::make_unique<Replicated>()); };
   std::optional<ZeroStage> sharding_;
+  int hsdp_group_size_ = 0;
   LossFunction loss_ = detail::wrap_loss(torch::nn::functional::cross_entropy);
   StepFunction step_ = default_step;
   EvalStepFunction eval_step_ = default_eval_step;

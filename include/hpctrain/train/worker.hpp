@@ -27,9 +27,9 @@
 
 namespace hpctrain {
 
-/// The knob table of `training`: the built-ins (--epochs --max-steps --batch-size --lr --sharding --precision
-/// --log-every --eval-every --checkpoint-every --wandb), whose defaults are the description's values, then the
-/// program's own knobs. Throws SpecError when a program knob reuses a built-in's name.
+/// The knob table of `training`: the built-ins (--epochs --max-steps --batch-size --lr --sharding --hsdp-group-size
+/// --precision --log-every --eval-every --max-eval-examples --eval-batch-size --checkpoint-every --wandb), whose
+/// defaults are the description's values, then the program's own knobs. Throws SpecError when a program knob reuses a built-in's name.
 /// `program` (the job's name) is the W&B project a bare `--wandb` stands for when the Training names none.
 inline Knobs training_knobs(const Training& training, std::string_view program = "hpctrain") {
   Knobs table;
@@ -48,11 +48,14 @@ inline Knobs training_knobs(const Training& training, std::string_view program =
       fmt::format("must be one of {}", fmt::join(zero_stage_names, ", ")));
   if (training.sharding()) {
     table.declare<std::string>("sharding", to_string(*training.sharding()),
-                               "data-parallel strategy: none (replicated), zero1, zero2 or zero3", stage_name);
+                               "data-parallel strategy: none (replicated), zero1, zero2, zero3 or hsdp", stage_name);
   } else {
-    table.declare_optional<std::string>("sharding", "data-parallel strategy: none (replicated), zero1, zero2 or zero3 "
+    table.declare_optional<std::string>("sharding", "data-parallel strategy: none (replicated), zero1, zero2, zero3 or hsdp "
                                         "(default: the program's strategy)", stage_name);
   }
+  table.declare<std::int64_t>("hsdp_group_size", training.hsdp_group_size(),
+                              "under --sharding hsdp: ranks per shard group, dividing the world (0: the ranks of a node)",
+                              non_negative());
   table.declare<std::string>("precision", std::string(to_string(training.precision())),
                              "forward precision: fp32, bf16, or auto (bf16 on a GPU or a CPU with AVX512-BF16/AMX)",
                              KnobCheck<std::string>([](const std::string& name) { return precision_from_name(name).has_value(); },
@@ -85,6 +88,7 @@ inline Training with_knobs(Training training, const Knobs& knobs) {
   if (auto steps = knobs.get_if_given<std::int64_t>("max_steps")) training.max_steps(*steps);
   if (auto batch = knobs.get_if_given<std::int64_t>("batch_size")) training.batch_size({*batch, training.batch_size().scope});
   if (auto lr = knobs.get_if_given<double>("lr")) training.lr(*lr);
+  if (auto size = knobs.get_if_given<std::int64_t>("hsdp_group_size")) training.hsdp_group_size(static_cast<int>(*size));
   if (auto sharding = knobs.get_if_given<std::string>("sharding")) training.sharding(zero_stage_from_name(*sharding).value());
   if (auto precision = knobs.get_if_given<std::string>("precision")) training.precision(precision_from_name(*precision).value());
   if (auto every = knobs.get_if_given<std::int64_t>("log_every")) training.log_every(*every);

@@ -19,6 +19,7 @@
 #include <fmt/ranges.h>
 
 #include <hpctrain/dist/dist.hpp>
+#include <hpctrain/dist/shard_collectives.hpp>
 #include <hpctrain/slurm/world.hpp>
 
 namespace dist = hpctrain::dist;
@@ -247,6 +248,45 @@ int check_collectives(dist::ProcessGroup& group) {
   return ok ? 0 : 1;
 }
 
+/// Subgroups of a 4-rank world, as hybrid sharding makes them: shard groups {0, 1} and {2, 3}, replica groups
+/// {0, 2} and {1, 3}, then a group of this rank alone (no backend). Sums, an in-place all-gather and a broadcast
+/// within each give the group's own values; the world group still works beside them, and a second set of the same
+/// groups (another key space in the store) connects too.
+int check_subgroups(dist::ProcessGroup& world) {
+  bool ok = true;
+  auto expect = [&](bool condition, const std::string& what) {
+    if (!condition) std::cerr << fmt::format("rank {}: {}\n", world.rank(), what);
+    ok = ok && condition;
+  };
+  const int rank = world.rank(), shard = rank / 2, index = rank % 2;
+  for (int round = 0; round < 2; ++round) {
+    auto shard_group = world.subgroup({2 * shard, 2 * shard + 1}, fmt::format("shard/{}", shard));
+    auto replica_group = world.subgroup({index, index + 2}, fmt::format("replica/{}", index));
+    auto alone = world.subgroup({rank}, "alone");
+    expect(shard_group->rank() == index && shard_group->world_size() == 2, "rank and size in the shard group");
+    expect(replica_group->rank() == shard && replica_group->world_size() == 2, "rank and size in the replica group");
+    expect(alone->world_size() == 1 && alone->backend() == nullptr && shard_group->is_subgroup(), "a group of one has no backend");
+    expect(shard_group->backend_name() == world.backend_name(), "the subgroup's backend is the world's kind");
+    // Sums of rank + 1 over each group's members.
+    expect(dist::all_reduce_sum(*shard_group, rank + 1.0) == (2 * shard + 1) + (2 * shard + 2), "sum over the shard group");
+    expect(dist::all_reduce_sum(*replica_group, rank + 1.0) == (index + 1) + (index + 3), "sum over the replica group");
+    expect(dist::all_reduce_sum(*alone, rank + 1.0) == rank + 1, "sum over a group of one");
+    expect(dist::all_reduce_sum(world, 1.0) == 4, "sum over the world beside the subgroups");
+    // Each member contributes its world rank into its slice; the gathered buffer lists the group's members.
+    auto flat = torch::zeros({4}, torch::kFloat32);
+    flat.narrow(0, 2 * replica_group->rank(), 2).fill_(static_cast<float>(rank));
+    auto gather = dist::start_all_gather_in_place(*replica_group, flat);
+    dist::wait(*replica_group, gather);
+    expect(torch::equal(flat, torch::tensor({index, index, index + 2, index + 2}, torch::kFloat32)), "all-gather in the replica group");
+    auto values = torch::full({3}, static_cast<float>(rank));
+    dist::detail::broadcast_from_rank0(*shard_group, {values});
+    expect(values.eq(static_cast<float>(2 * shard)).all().item<bool>(), "broadcast from the shard group's first rank");
+    dist::barrier(*shard_group);
+  }
+  std::cout << fmt::format("subgroups={}\n", ok ? "ok" : "wrong") << std::flush;
+  return ok ? 0 : 1;
+}
+
 // Rank 0 uses an extra head, rank 1 does not: rank 1 contributes zeros, both end with half of rank 0's
 // gradient, and rank 1 reports the head's parameters as without gradient.
 struct TwoHeads : torch::nn::Module {
@@ -299,6 +339,7 @@ int main(int argc, char** argv) try {
   if (mode == "forever") return train_forever(*group, group);
   if (mode == "collectives") return check_collectives(*group);
   if (mode == "unused") return check_unused(*group, group);
+  if (mode == "subgroups" && group->world_size() == 4) return check_subgroups(*group);
   std::cerr << "usage: dist_worker gradients <micro_steps> | steps <n> | overlap | forever\n";
   return 2;
 } catch (const hpctrain::Error& e) {

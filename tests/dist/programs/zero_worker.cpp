@@ -4,7 +4,8 @@
 // what the parent compares across runs is printed as `key=value` lines.
 // The model lists its two hidden layers as blocks (hpctrain::ListsBlocks) so that ZeRO-3 can shard by them; the
 // head is the one unit outside the blocks.
-//   zero_worker equivalence <zero1|zero2|zero3> <steps> <accumulation> [adamw|sgd]
+// A stage is zero1, zero2, zero3 or hsdp:<group size> (hybrid sharding: ZeRO-3 within groups of that many ranks).
+//   zero_worker equivalence <zero1|zero2|zero3|hsdp:S> <steps> <accumulation> [adamw|sgd]
 //       ZeRO parameters after <steps> AdamW (or SGD) steps (clipping on) equal Replicated's (GradientSync + the
 //       optimizer on the whole model + torch::nn::utils::clip_grad_norm_) within equivalence_bound relative
 //   zero_worker gpt2-bf16 <steps> <accumulation> [recompute] [untied]
@@ -100,14 +101,22 @@ std::unique_ptr<torch::optim::Optimizer> make_adamw(const NamedParameters& named
   return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(3e-3));
 }
 
+int hsdp_group_size = 0;  // the S of a stage named hsdp:S (0: the ranks of a node)
+
 hpctrain::ZeroStage stage_of(const std::string& name) {
-  const auto stage = hpctrain::zero_stage_from_name(name);
-  if (!stage || *stage == hpctrain::no_sharding) throw std::invalid_argument("stage must be zero1, zero2 or zero3, not " + name);
+  const auto colon = name.find(':');
+  const auto stage = hpctrain::zero_stage_from_name(name.substr(0, colon));
+  if (!stage || *stage == hpctrain::no_sharding || (colon != std::string::npos) != (*stage == hpctrain::hsdp))
+    throw std::invalid_argument("stage must be zero1, zero2, zero3 or hsdp:<group size>, not " + name);
+  if (*stage == hpctrain::hsdp) hsdp_group_size = std::stoi(name.substr(colon + 1));
   return *stage;
 }
 
+/// The name() of the strategy a stage argument makes: hsdp:2 is "hsdp".
+std::string strategy_name(const std::string& stage) { return stage.substr(0, stage.find(':')); }
+
 std::unique_ptr<hpctrain::DataParallelStrategy> make_strategy(hpctrain::ZeroStage stage) {
-  return hpctrain::make_zero_strategy(stage, small_buckets());
+  return hpctrain::make_zero_strategy(stage, small_buckets(), hsdp_group_size);
 }
 
 /// Optimizer-state bytes this rank holds, from either sharded strategy.
@@ -240,8 +249,24 @@ int check_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain
     ok = false;
   }
   // ZeRO-3 over fp32 parameters steps its shards themselves: no master copy beside them.
-  if (const auto* full = dynamic_cast<const hpctrain::FullyShardedStrategy*>(strategy.get()))
+  if (const auto* full = dynamic_cast<const hpctrain::FullyShardedStrategy*>(strategy.get())) {
     std::cout << fmt::format("master_bytes={}\n", full->master_bytes());
+    // What a rank holds of the units (blocks), and what crossed the replica group: each unit's gradient shard
+    // once per step.
+    std::int64_t unit_shard = 0, unit_padded = 0, all_shards = 0;
+    const auto& buckets = full->layout().buckets();
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      all_shards += buckets[b].shard_numel;
+      if (b >= full->sharded_unit_count()) continue;
+      unit_shard += buckets[b].shard_numel;
+      unit_padded += buckets[b].padded_numel;
+    }
+    const auto& replicas = full->replica_group();
+    std::cout << fmt::format("shard_group_size={}\nreplica_group_size={}\nunit_shard_elements={}\nunit_padded_elements={}\n"
+                             "replica_reduced_bytes_per_shard_element={:g}\n",
+                             full->shard_group()->world_size(), replicas ? replicas->world_size() : 1, unit_shard, unit_padded,
+                             static_cast<double>(full->replica_reduced_bytes()) / static_cast<double>(steps * all_shards));
+  }
   std::cout << fmt::format("max_relative_difference={:.3e}\nrelative_difference_bound={:.0e}\nmax_grad_norm_difference={:.3e}\n", worst,
                            equivalence_bound, worst_norm_difference)
             << fmt::format("optimizer_state_bytes={}\nreplicated_optimizer_state_bytes={}\n",
@@ -306,6 +331,7 @@ int train(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage 
           int save_at, int steps, int resume_world, int resume_step, std::int64_t hidden = 33,
           std::string saved_strategy = "") {
   if (saved_strategy.empty()) saved_strategy = hpctrain::to_string(stage);
+  saved_strategy = strategy_name(saved_strategy);
   const int rank = group->rank(), world = group->world_size();
   torch::manual_seed(resume_world > 0 ? 99 + rank : 5);  // a resumed run starts from other weights: load must fix them
   auto model = make_model(hidden);

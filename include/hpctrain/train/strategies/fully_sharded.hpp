@@ -51,6 +51,17 @@
 // outside the blocks stay whole on every rank (4, and their whole gradient while backward runs), their
 // gradient and optimizer state sharded as ZeRO-2 keeps them (4/N + 8/N).
 // bf16 or fp16 parameters keep an fp32 master (4/N) beside their 2/N shard.
+//
+// Hybrid sharding (hybrid(), `--sharding hsdp`; FSDP's HYBRID_SHARD, torchtitan's dp_replicate x dp_shard): the
+// world is split into shard groups of S consecutive ranks (a node's, by default) and everything above happens
+// within the rank's shard group, N = S: the layout, the gathers, the reduce-scatters, clipping's sum of squares
+// (replicas hold equal shards), the step and the all-gather of the parameters outside the units. The replica group
+// (the ranks with this rank's index in every shard group, W/S of them) adds one collective per step: after the
+// reduce-scatters, in finish_gradients, each unit's gradient shard is all-reduced across it, in unit order,
+// overlapping the later units' reduce-scatters. The reduce-scatter's input is pre-scaled by 1/W, so that sum is
+// the average over all W ranks. Setup's broadcast of the module goes over the whole world. Checkpoints are the
+// format above at world size W: the ranks of the first shard group write the pieces, the others archives
+// without pieces, so zero1/2/3 and hsdp at any world size reshard from and into them.
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -62,6 +73,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/types.h>
 
 #include <hpctrain/dist/collectives.hpp>
@@ -94,6 +106,14 @@ class FullyShardedStrategy : public DataParallelStrategy {
     prefetch_next_block_ = on;
     return *this;
   }
+  /// Hybrid sharding: shard within groups of `group_size` consecutive ranks, replicate across the groups (the
+  /// header's comment). 0: the ranks of a node (the process group's local world size). Setup refuses a size that
+  /// does not divide the world (SpecError `[hpctrain.spec.sharding]`). Default: off (ZeRO-3, one group of all ranks).
+  FullyShardedStrategy& hybrid(int group_size) {
+    hybrid_ = true;
+    hybrid_group_size_ = group_size;
+    return *this;
+  }
   FullyShardedStrategy(const FullyShardedStrategy&) = delete;
   FullyShardedStrategy& operator=(const FullyShardedStrategy&) = delete;
   ~FullyShardedStrategy() override {
@@ -102,17 +122,18 @@ class FullyShardedStrategy : public DataParallelStrategy {
     lists_->set_edge_runner({});
   }
 
-  std::string name() const override { return "zero3"; }
+  std::string name() const override { return hybrid_ ? "hsdp" : "zero3"; }
   bool reads_deferred_blocks() const override { return true; }
   bool forward_is_collective() const override { return true; }
 
   void setup(StrategyContext context) override {
-    group_ = std::move(context.group);
+    world_ = std::move(context.group);
+    make_groups();
     model_ = std::move(context.model);
     bf16_blocks_ = context.precision == Precision::bf16;
     find_blocks();
     take_deferred_blocks();
-    dist::broadcast_module(*group_, *model_);  // deferred blocks are empty here: every rank reads the same bytes
+    dist::broadcast_module(*world_, *model_);  // deferred blocks are empty here: every rank reads the same bytes
     collect_trainable_parameters();
     build_layout();
     build_units();
@@ -121,7 +142,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     deferred_places_.clear();
     optimizer_ = context.make_optimizer(named_masters());
     if (!optimizer_) throw SpecError("optimizer", "null", "the optimizer factory returned no optimizer");
-    detail::require_elementwise(*optimizer_, ZeroStage::zero3);
+    detail::require_elementwise(*optimizer_, hybrid_ ? ZeroStage::hsdp : ZeroStage::zero3);
     lists_->set_block_runner([this](std::size_t index, const BlockCall& call, const torch::Tensor& input) {
       return run_block(index, call, input);
     });
@@ -149,7 +170,17 @@ class FullyShardedStrategy : public DataParallelStrategy {
     for (std::size_t b = 0; b < units_.size(); ++b)
       if (!units_[b].reduce_scatter.pending() && !(computes_in_bf16(b) && units_[b].gradient_accumulated))
         start_gradient_reduce_scatter(b);
-    for (std::size_t b = 0; b < units_.size(); ++b) finish_gradient_reduce_scatter(b);
+    // Hybrid: each shard, once reduced within the shard group, is summed across the replicas (pre-scaled by 1/W:
+    // the world's average), while the later units' reduce-scatters finish.
+    std::vector<dist::PendingAllReduce> across_replicas(units_.size());
+    for (std::size_t b = 0; b < units_.size(); ++b) {
+      finish_gradient_reduce_scatter(b);
+      if (!replicas_) continue;
+      across_replicas[b] = dist::start_all_reduce_in_place(*replicas_, units_[b].gradient_shard);
+      replica_reduced_bytes_ += across_replicas[b].pending ? units_[b].gradient_shard.nbytes() : 0;
+    }
+    if (replicas_)
+      for (auto& reduction : across_replicas) dist::wait(*replicas_, reduction);
     for (auto& piece : pieces_) {
       auto shard = units_[piece.bucket].gradient_shard.narrow(0, piece.place.shard_offset, piece.place.length);
       piece.master.mutable_grad() = shard.scalar_type() == piece.master.scalar_type() ? shard : shard.to(piece.master.scalar_type());
@@ -177,8 +208,13 @@ class FullyShardedStrategy : public DataParallelStrategy {
 
   bool saves_per_rank() const override { return true; }
 
-  /// ZeRO-2's shard archive; the index records the parameters' full shapes.
-  void save(torch::serialize::OutputArchive& archive) override { detail::save_zero_shard(archive, shard_view(full_shapes_)); }
+  /// ZeRO-2's shard archive; the index records the parameters' full shapes. Hybrid: the first shard group's ranks
+  /// write the pieces, the other replicas an archive without pieces (every element saved once).
+  void save(torch::serialize::OutputArchive& archive) override {
+    auto view = shard_view(full_shapes_);
+    if (replica_index_ != 0) view.pieces.clear();
+    detail::save_zero_shard(archive, view);
+  }
 
   /// Restores this rank's shards (and optimizer state) from a zero1/zero2/zero3 checkpoint of any world size,
   /// reading each saved piece's overlap with them: the blocks and edges are never gathered whole; the other
@@ -250,6 +286,12 @@ class FullyShardedStrategy : public DataParallelStrategy {
     std::size_t gathered = 0, reduce_scattered = 0;
   };
   BlockTraffic block_traffic() const { return block_traffic_; }
+  /// Hybrid: bytes of gradient shards all-reduced across the replica group since setup (each unit's shard once
+  /// per step: 4/S bytes per trainable element). 0 without replicas.
+  std::size_t replica_reduced_bytes() const { return replica_reduced_bytes_; }
+  /// The group this rank shards within (the world under ZeRO-3), and the one it replicates across (null: none).
+  const std::shared_ptr<dist::ProcessGroup>& shard_group() const { return group_; }
+  const std::shared_ptr<dist::ProcessGroup>& replica_group() const { return replicas_; }
   /// Blocks whose gathered buffer autograd still refers to for a backward to come (activations kept), and the
   /// bytes those buffers hold meanwhile (none: freed until the block's backward gathers it again).
   std::size_t held_buffers() const {
@@ -282,6 +324,34 @@ class FullyShardedStrategy : public DataParallelStrategy {
     bool gradient_accumulated = false;  // gradient_shard holds this step's sum so far (reduce-scatters per micro-batch)
   };
 
+  /// ZeRO-3: the world is the shard group, with no replicas. Hybrid: shard groups of S consecutive ranks, replica
+  /// groups of the ranks with the same index in each; a group equal to the world is the world's own backend.
+  void make_groups() {
+    group_ = world_;
+    replicas_.reset();
+    replica_index_ = 0;
+    if (!hybrid_) return;
+    const int world = world_->world_size();
+    const int size = hybrid_group_size_ > 0 ? hybrid_group_size_ : world_->local_world_size();
+    if (size < 1 || world % size != 0) {
+      std::vector<int> divisors;
+      for (int d = 1; d <= world; ++d)
+        if (world % d == 0) divisors.push_back(d);
+      throw SpecError("sharding", "hsdp",
+                      fmt::format("hsdp_group_size = {}{} does not divide the world of {} ranks: the shard groups tile "
+                                  "the world (--hsdp-group-size one of {})",
+                                  size, hybrid_group_size_ > 0 ? "" : " (the ranks per node)", world, fmt::join(divisors, ", ")));
+    }
+    const int rank = world_->rank();
+    replica_index_ = rank / size;
+    if (size == world) return;
+    std::vector<int> shard_ranks, replica_ranks;
+    for (int r = replica_index_ * size; r < (replica_index_ + 1) * size; ++r) shard_ranks.push_back(r);
+    for (int r = rank % size; r < world; r += size) replica_ranks.push_back(r);
+    group_ = world_->subgroup(shard_ranks, fmt::format("hsdp/shard/{}", replica_index_));  // size 1: no backend
+    replicas_ = size == 1 ? world_ : world_->subgroup(replica_ranks, fmt::format("hsdp/replica/{}", rank % size));
+  }
+
   void find_blocks() {
     lists_ = dynamic_cast<ListsBlocks*>(model_.get());
     if (lists_ != nullptr) {
@@ -290,7 +360,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     }
     if (block_modules_.empty()) {
       const auto& module = *model_;
-      throw SpecError("sharding", "zero3",
+      throw SpecError("sharding", name(),
                       fmt::format("the model ({}) lists no blocks() to shard by: derive it from hpctrain::ListsBlocks, "
                                   "return its blocks from blocks() and run each through run_block() "
                                   "(models/blocks.hpp); or use zero2",
@@ -687,7 +757,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     auto& unit = units_[b];
     finish_gradient_reduce_scatter(b);  // the previous micro-batch's, when still in flight
     auto output = unit.gradient_accumulated ? torch::empty_like(unit.gradient_shard) : unit.gradient_shard;
-    unit.reduce_scatter = dist::start_bucket_reduce_scatter(*group_, layout_.buckets()[b], parameters_, output);
+    unit.reduce_scatter = dist::start_bucket_reduce_scatter(*group_, layout_.buckets()[b], parameters_, output, world_->world_size());
     if (b < sharded_units_ && unit.reduce_scatter.pending()) block_traffic_.reduce_scattered += unit.reduce_scatter.input.nbytes();
   }
 
@@ -703,14 +773,21 @@ class FullyShardedStrategy : public DataParallelStrategy {
   }
 
   detail::ZeroShardView shard_view(const std::vector<torch::Tensor>& parameters) {
-    detail::ZeroShardView view{name(), *group_, *model_, names_, parameters, *optimizer_, {}, {}};
+    // The world's rank and size: the index names the archive of this rank among all of them.
+    detail::ZeroShardView view{name(), *world_, *model_, names_, parameters, *optimizer_, {}, {}};
     for (const auto& piece : pieces_) view.pieces.push_back({piece.place, piece.master});
     return view;
   }
 
   dist::GradientSyncOptions buckets_;
   bool prefetch_next_block_ = true;
-  std::shared_ptr<dist::ProcessGroup> group_;
+  bool hybrid_ = false;
+  int hybrid_group_size_ = 0;  // 0: the ranks of a node
+  std::shared_ptr<dist::ProcessGroup> world_;     // every rank: setup's broadcast, the checkpoint's archive names
+  std::shared_ptr<dist::ProcessGroup> group_;     // the shard group: the world under ZeRO-3
+  std::shared_ptr<dist::ProcessGroup> replicas_;  // hybrid: the replica group (null: none)
+  int replica_index_ = 0;                         // which shard group this rank is in (hybrid)
+  std::size_t replica_reduced_bytes_ = 0;
   std::shared_ptr<torch::nn::Module> model_;
   ListsBlocks* lists_ = nullptr;
   std::vector<std::shared_ptr<torch::nn::Module>> block_modules_;

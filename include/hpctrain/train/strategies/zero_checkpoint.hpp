@@ -319,11 +319,12 @@ class ShardReader {
 };
 
 /// Restores the full parameters, the buffers and this rank's optimizer state from a sharded checkpoint
-/// written at any world size by ZeRO-1, ZeRO-2 or ZeRO-3.
+/// written at any world size by ZeRO-1, ZeRO-2, ZeRO-3 or hybrid sharding (whose replicas other than the first
+/// write archives without pieces: the archives still hold every element once).
 inline void load_zero_shards(const SavedStrategyState& saved, ZeroShardView view) {
-  if (saved.strategy != "zero1" && saved.strategy != "zero2" && saved.strategy != "zero3") {
+  if (saved.strategy != "zero1" && saved.strategy != "zero2" && saved.strategy != "zero3" && saved.strategy != "hsdp") {
     throw SpecError("checkpoint.strategy", saved.strategy,
-                    fmt::format("this run shards with {}, which resumes checkpoints written by zero1, zero2 or zero3 (at "
+                    fmt::format("this run shards with {}, which resumes checkpoints written by zero1, zero2, zero3 or hsdp (at "
                                 "any world size); resume it with the strategy that wrote it",
                                 view.strategy));
   }
