@@ -108,6 +108,15 @@ TEST_CASE("The memory plan counts parameters as the models do and shards what ea
   tied.model.parameters -= 32000 * 2048;
   const double tied_n = static_cast<double>(tied.model.parameters);
   CHECK(lm::plan_memory(tied).parameters == 4.0 * ((tied_n - 32000 * 2048 - 2048) / 8 + 32000 * 2048 + 2048));
+  // hsdp is ZeRO-3 within its shard group: 16 ranks in groups of 8 hold what zero3 over 8 holds.
+  auto hybrid = suite_row("hsdp");
+  hybrid.world = 16;
+  hybrid.ranks_per_node = 8;
+  hybrid.shard_group = 8;
+  const auto hybrid_plan = lm::plan_memory(hybrid);
+  CHECK(hybrid_plan.parameters == at("zero3", 8).parameters);
+  CHECK(hybrid_plan.optimizer_state == at("zero3", 8).optimizer_state);
+  CHECK_THAT(lm::format_plan(hybrid, hybrid_plan), Catch::Matchers::Contains("hsdp, bf16, 16 rank(s) (8 per node, shard groups of 8)"));
   CHECK(at("zero3", 1).activations_recomputed < at("zero3", 1).activations / 5);  // what recomputing every block saves
   auto recomputed = suite_row("zero3");
   recomputed.activation_checkpointing = true;

@@ -28,6 +28,19 @@ inline void close_fd(int& fd) {
   if (fd >= 0) ::close(fd);
   fd = -1;
 }
+/// The exit code (128 + signal when killed) of child `pid`, started by fork + execvp after a close-on-exec pipe
+/// whose read end is `exec_pipe`: the child writes its errno there when the exec fails, and that is a
+/// RuntimeError(errors::runtime_exec) naming `program`.
+inline int wait_for_exec(pid_t pid, int exec_pipe, const std::string& program) {
+  int exec_error = 0;
+  const bool exec_failed = ::read(exec_pipe, &exec_error, sizeof exec_error) == sizeof exec_error;
+  ::close(exec_pipe);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (exec_failed) throw RuntimeError(errors::runtime_exec, fmt::format("cannot run {}: {}", program, std::strerror(exec_error)));
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
 }  // namespace detail
 
 /// Runs `argv` (looked up in PATH) with `extra_env` added to this process's environment and the variables
@@ -84,14 +97,7 @@ inline ProcessResult run_process(const std::vector<std::string>& argv,
         detail::close_fd(fds[i]);
     }
   }
-  int exec_error = 0;
-  const bool exec_failed = ::read(exec_pipe[0], &exec_error, sizeof exec_error) == sizeof exec_error;
-  ::close(exec_pipe[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (exec_failed) throw RuntimeError(errors::runtime_exec, fmt::format("cannot run {}: {}", argv[0], std::strerror(exec_error)));
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.exit_code = detail::wait_for_exec(pid, exec_pipe[0], argv[0]);
   return result;
 }
 
@@ -114,14 +120,7 @@ inline int run_attached(const std::vector<std::string>& argv) {
     ::_exit(127);
   }
   ::close(exec_pipe[1]);
-  int exec_error = 0;
-  const bool exec_failed = ::read(exec_pipe[0], &exec_error, sizeof exec_error) == sizeof exec_error;
-  ::close(exec_pipe[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (exec_failed) throw RuntimeError(errors::runtime_exec, fmt::format("cannot run {}: {}", argv[0], std::strerror(exec_error)));
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return detail::wait_for_exec(pid, exec_pipe[0], argv[0]);
 }
 
 }  // namespace hpctrain

@@ -96,7 +96,8 @@ inline ModelShape model_shape(const models::GPT2Config& c) {
 /// What the run declares.
 struct PlanInput {
   ModelShape model;
-  std::string strategy = "none";       ///< none (Replicated), zero1, zero2, zero3
+  std::string strategy = "none";       ///< none (Replicated), zero1, zero2, zero3, hsdp
+  int shard_group = 0;                 ///< hsdp: the ranks a shard group holds (ZeRO-3 within it, replicated across)
   bool bf16 = false;                   ///< autocast in bf16
   bool activation_checkpointing = false;
   std::int64_t lora_rank = 0;          ///< 0: every parameter trains
@@ -154,14 +155,15 @@ inline std::int64_t activation_bytes_per_token(const PlanInput& in) {
 }
 
 /// Whether each rank reads only its slices of the blocks at load (ZeRO-3 without LoRA: the Trainer's defer_blocks).
-inline bool reads_slices(const PlanInput& in) { return in.strategy == "zero3" && in.lora_rank == 0; }
+inline bool reads_slices(const PlanInput& in) { return (in.strategy == "zero3" || in.strategy == "hsdp") && in.lora_rank == 0; }
 
 inline MemoryPlan plan_memory(const PlanInput& in) {
   const auto& m = in.model;
-  const double world = in.world;
+  // hsdp is ZeRO-3 within its shard group: the model states are sharded over the group only.
+  const bool zero3 = in.strategy == "zero3" || in.strategy == "hsdp";
+  const double world = in.strategy == "hsdp" && in.shard_group > 0 ? in.shard_group : in.world;
   const double blocks = static_cast<double>(m.layers * m.block_parameters);
   const double outside = static_cast<double>(m.parameters) - blocks;
-  const bool zero3 = in.strategy == "zero3";
   MemoryPlan plan;
   plan.trainable = trainable_parameters(in);
   const double trainable = static_cast<double>(plan.trainable);
@@ -217,10 +219,12 @@ inline std::string parameter_count_label(std::int64_t count) {
 inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
   const bool recompute = in.activation_checkpointing;
   std::string out = fmt::format(
-      "memory plan: {} ({} parameters, {} trainable{}), {}, {}, {} rank(s) ({} per node), micro-batch {} x {} tokens{}\n",
+      "memory plan: {} ({} parameters, {} trainable{}), {}, {}, {} rank(s) ({}), micro-batch {} x {} tokens{}\n",
       in.model.family, parameter_count_label(in.model.parameters), parameter_count_label(plan.trainable),
       in.lora_rank > 0 ? fmt::format(", LoRA r={}", in.lora_rank) : "", in.strategy == "none" ? "replicated" : in.strategy,
-      in.bf16 ? "bf16" : "fp32", in.world, in.ranks_per_node, in.micro_batch, in.sequence,
+      in.bf16 ? "bf16" : "fp32", in.world, in.strategy == "hsdp" ? fmt::format("{} per node, shard groups of {}", in.ranks_per_node, in.shard_group)
+                                                             : fmt::format("{} per node", in.ranks_per_node),
+      in.micro_batch, in.sequence,
       in.loss_chunk_tokens > 0 ? fmt::format(", loss in chunks of {}", in.loss_chunk_tokens) : "");
   const auto row = [&](const char* name, double bytes, const std::string& note = {}) {
     out += fmt::format("  {:<28} {:>12}{}\n", name, plan_bytes(bytes), note.empty() ? "" : "  " + note);
@@ -229,7 +233,8 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
   row("parameters (fp32)", plan.parameters);
   row("gradients (fp32)", plan.gradients);
   row("optimizer state (AdamW)", plan.optimizer_state);
-  if (plan.bf16_weights > 0) row(in.strategy == "zero3" ? "bf16 copy of the shard" : "bf16 weights (autocast)", plan.bf16_weights);
+  const bool zero3 = in.strategy == "zero3" || in.strategy == "hsdp";
+  if (plan.bf16_weights > 0) row(zero3 ? "bf16 copy of the shard" : "bf16 weights (autocast)", plan.bf16_weights);
   if (plan.gathered_unit > 0) row("gathered unit", plan.gathered_unit, plan.gathered_unit > (in.bf16 ? 2.0 : 4.0) * static_cast<double>(in.model.block_parameters) ? "the head" : "a block");
   row("activations", recompute ? plan.activations_recomputed : plan.activations,
       recompute ? fmt::format("recomputed; {} kept", plan_bytes(plan.activations))
