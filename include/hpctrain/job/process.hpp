@@ -28,6 +28,21 @@ inline void close_fd(int& fd) {
   if (fd >= 0) ::close(fd);
   fd = -1;
 }
+/// `argv` as execvp takes it: pointers into argv's strings, null-terminated. Built before fork: only
+/// async-signal-safe calls may follow it in the child.
+inline std::vector<char*> exec_arguments(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  return args;
+}
+
+/// In a forked child: tells the parent `error` (an errno) through the close-on-exec pipe and exits 127.
+[[noreturn]] inline void report_exec_failure(int exec_pipe, int error) {
+  [[maybe_unused]] auto n = ::write(exec_pipe, &error, sizeof error);
+  ::_exit(127);
+}
+
 /// The exit code (128 + signal when killed) of child `pid`, started by fork + execvp after a close-on-exec pipe
 /// whose read end is `exec_pipe`: the child writes its errno there when the exec fails, and that is a
 /// RuntimeError(errors::runtime_exec) naming `program`.
@@ -54,10 +69,7 @@ inline ProcessResult run_process(const std::vector<std::string>& argv,
   int out_pipe[2], err_pipe[2], exec_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0 || ::pipe2(exec_pipe, O_CLOEXEC) != 0)
     throw RuntimeError(errors::runtime_exec, fmt::format("pipe: {}", std::strerror(errno)));
-  // Everything the child needs is built before fork: only async-signal-safe calls follow it.
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
+  const auto args = detail::exec_arguments(argv);
   const pid_t pid = ::fork();
   if (pid < 0) throw RuntimeError(errors::runtime_exec, fmt::format("fork: {}", std::strerror(errno)));
   if (pid == 0) {
@@ -65,15 +77,9 @@ inline ProcessResult run_process(const std::vector<std::string>& argv,
     ::dup2(err_pipe[1], STDERR_FILENO);
     for (const auto& name : removed_env) ::unsetenv(name.c_str());
     for (const auto& [name, value] : extra_env) ::setenv(name.c_str(), value.c_str(), 1);
-    if (!working_directory.empty() && ::chdir(working_directory.c_str()) != 0) {
-      const int error = errno;
-      [[maybe_unused]] auto n = ::write(exec_pipe[1], &error, sizeof error);
-      ::_exit(127);
-    }
+    if (!working_directory.empty() && ::chdir(working_directory.c_str()) != 0) detail::report_exec_failure(exec_pipe[1], errno);
     ::execvp(args[0], args.data());
-    const int error = errno;
-    [[maybe_unused]] auto n = ::write(exec_pipe[1], &error, sizeof error);
-    ::_exit(127);
+    detail::report_exec_failure(exec_pipe[1], errno);
   }
   ::close(out_pipe[1]);
   ::close(err_pipe[1]);
@@ -108,16 +114,12 @@ inline int run_attached(const std::vector<std::string>& argv) {
   if (argv.empty()) throw RuntimeError(errors::runtime_exec, "empty command");
   int exec_pipe[2];
   if (::pipe2(exec_pipe, O_CLOEXEC) != 0) throw RuntimeError(errors::runtime_exec, fmt::format("pipe: {}", std::strerror(errno)));
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
+  const auto args = detail::exec_arguments(argv);
   const pid_t pid = ::fork();
   if (pid < 0) throw RuntimeError(errors::runtime_exec, fmt::format("fork: {}", std::strerror(errno)));
   if (pid == 0) {
     ::execvp(args[0], args.data());
-    const int error = errno;
-    [[maybe_unused]] auto n = ::write(exec_pipe[1], &error, sizeof error);
-    ::_exit(127);
+    detail::report_exec_failure(exec_pipe[1], errno);
   }
   ::close(exec_pipe[1]);
   return detail::wait_for_exec(pid, exec_pipe[0], argv[0]);
