@@ -132,6 +132,22 @@ TEST_CASE("An SFT row shifts targets, masks untrained ones and padding, and rest
   CHECK_FALSE(unpacked.has("position_ids"));
   CHECK(unpacked.inputs.equal(torch::tensor({{10, 11, 12}, {20, 21, 5}}, torch::kInt64)));
   CHECK(unpacked.targets.equal(torch::tensor({{-100, 12, 13}, {21, 22, -100}}, torch::kInt64)));
+
+  // Padded to a multiple of 4 tokens (pad_to_multiple_of), never past the limit unless the longest row is longer.
+  auto rounded = lm::SftDataset::unpacked(examples, /*pad_id=*/5);
+  rounded->round_lengths(4, 8);
+  const auto four = rounded->batch({0, 1});
+  CHECK(four.inputs.equal(torch::tensor({{10, 11, 12, 5}, {20, 21, 5, 5}}, torch::kInt64)));
+  CHECK(four.targets.equal(torch::tensor({{-100, 12, 13, -100}, {21, 22, -100, -100}}, torch::kInt64)));
+  rounded->round_lengths(4, 3);
+  CHECK(rounded->batch({0, 1}).inputs.size(1) == 3);
+  rounded->round_lengths(4, 2);
+  CHECK(rounded->batch({0, 1}).inputs.size(1) == 3);  // the longest row: 3 inputs
+  auto rounded_packed = std::make_shared<lm::SftDataset>(examples, std::vector<std::vector<std::size_t>>{{0, 1}}, 5);
+  rounded_packed->round_lengths(8, 64);
+  const auto eight = rounded_packed->batch({0});
+  CHECK(eight.inputs.size(1) == 8);
+  CHECK(eight.field("document_ids").equal(torch::tensor({{0, 0, 0, 1, 1, -1, -1, -1}}, torch::kInt32)));
 }
 
 TEST_CASE("A packed GPT-2 row gives the loss and gradients of its examples alone (fp32, 1e-5)", "[lm]") {

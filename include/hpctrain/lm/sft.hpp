@@ -58,6 +58,9 @@ class SftJsonl {
   SftJsonl& max_length(Setting<std::int64_t> tokens) { max_length_ = std::move(tokens); return *this; }
   /// What to do with longer examples. Default: truncate.
   SftJsonl& overlong(Overlong what) { overlong_ = what; return *this; }
+  /// Pad each batch to a multiple of `n` tokens, at most max_length (8 or 64 suit a GPU's kernels; transformers'
+  /// collators' pad_to_multiple_of). Default: 1, the batch's longest row.
+  SftJsonl& pad_to_multiple_of(Setting<std::int64_t> n) { pad_to_multiple_of_ = std::move(n); return *this; }
   /// Pack examples into rows of max_length tokens (best-fit-decreasing). Default: off.
   SftJsonl& packing(Setting<bool> on = true) { packing_ = std::move(on); return *this; }
   /// Keep a deterministic part of the file: Split::train leaves out every `every`-th example, which
@@ -110,6 +113,7 @@ class SftJsonl {
   Setting<std::int64_t> max_length_ = std::int64_t{1024};
   Overlong overlong_ = Overlong::truncate;
   Setting<bool> packing_ = false;
+  Setting<std::int64_t> pad_to_multiple_of_ = std::int64_t{1};
   Split split_ = Split::all;
   std::int64_t holdout_every_ = 16;
   std::optional<Setting<std::filesystem::path>> tokenizer_, chat_template_, tools_;
@@ -154,6 +158,8 @@ HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> SftJsonl::load(const RunCont
   const auto renderer = conversation_renderer(tokenizer, run.knobs);
   const auto max_length = max_length_.get(run.knobs);
   hpctrain::detail::require(max_length >= 2, "sft.max_length", max_length, "must be at least 2");
+  const auto multiple = pad_to_multiple_of_.get(run.knobs);
+  hpctrain::detail::require(multiple >= 1, "sft.pad_to_multiple_of", multiple, "must be at least 1");
 
   std::vector<TokenizedExample> examples;
   std::int64_t seen = 0, truncated = 0, dropped = 0, empty = 0;
@@ -188,6 +194,7 @@ HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> SftJsonl::load(const RunCont
   std::vector<std::size_t> lengths;
   for (const auto& example : examples) lengths.push_back(example.ids.size() - 1);
   auto dataset = packing_.get(run.knobs) ? pack(std::move(examples), max_length, pad) : SftDataset::unpacked(std::move(examples), pad);
+  dataset->round_lengths(multiple, max_length);
   if (run.rank == 0) {
     // Padding if every row were filled to max_length: one example per row, and as packed.
     std::vector<std::vector<std::size_t>> alone(lengths.size());

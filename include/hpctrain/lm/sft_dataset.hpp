@@ -35,12 +35,20 @@ class SftDataset : public data::Dataset {
   std::int64_t size() const override { return static_cast<std::int64_t>(rows_.size()); }
   bool packed() const { return std::any_of(rows_.begin(), rows_.end(), [](const auto& row) { return row.size() > 1; }); }
   const std::vector<std::vector<std::size_t>>& rows() const { return rows_; }
+  /// Pads each batch to a multiple of `multiple` tokens (tensor cores and fused kernels prefer lengths of 8 or
+  /// 64: transformers' collators' pad_to_multiple_of), but not past `limit` tokens unless its longest row is
+  /// longer. 1: the longest row's length.
+  void round_lengths(std::int64_t multiple, std::int64_t limit) {
+    multiple_ = std::max<std::int64_t>(multiple, 1);
+    limit_ = limit;
+  }
 
-  /// Right-padded to the longest row of the batch; padding takes no loss. Packed datasets add position_ids
-  /// and document_ids (padding: position 0, document -1).
+  /// Right-padded to the longest row of the batch (rounded up as round_lengths says); padding takes no loss.
+  /// Packed datasets add position_ids and document_ids (padding: position 0, document -1).
   data::Batch batch(const std::vector<std::int64_t>& indices) const override {
-    std::int64_t length = 1;
-    for (const auto i : indices) length = std::max(length, row_tokens(rows_[static_cast<std::size_t>(i)]));
+    std::int64_t longest = 1;
+    for (const auto i : indices) longest = std::max(longest, row_tokens(rows_[static_cast<std::size_t>(i)]));
+    const auto length = std::max(longest, std::min((longest + multiple_ - 1) / multiple_ * multiple_, limit_));
     const auto n = static_cast<std::int64_t>(indices.size());
     auto inputs = torch::full({n, length}, pad_id_, torch::kInt64);
     auto targets = torch::full({n, length}, ignore_index, torch::kInt64);
@@ -77,6 +85,7 @@ class SftDataset : public data::Dataset {
   std::vector<TokenizedExample> examples_;
   std::vector<std::vector<std::size_t>> rows_;
   std::int64_t pad_id_;
+  std::int64_t multiple_ = 1, limit_ = 0;
 };
 
 }  // namespace hpctrain::lm
