@@ -278,3 +278,69 @@ TEST_CASE("Sampling is reproducible from its seed and greedy without a temperatu
   CHECK(error_of([&] { ht::generate(*model, {1, 2, 3}, too_long); }) ==
         "[hpctrain.spec.generation.max_new_tokens] generation.max_new_tokens = 40: prompt (3 tokens) + new tokens exceed the model's 32 positions");
 }
+
+TEST_CASE("A model built from scratch with its blocks empty rebuilds, bit for bit, the weights built whole from the same seed", "[models][deferred]") {
+  // What ZeRO-3 builds from scratch (models::DeferredInitialization): no block is ever whole on a rank, yet every
+  // slice a rank reads, the whole materialized model and the generator's state after the constructor equal
+  // those of the model built whole. Tied and untied heads: the head's draw comes after every block's.
+  const auto check = [](auto make, const std::string& family) {
+    const auto built_whole = [&] {
+      torch::manual_seed(21);
+      auto model = make();
+      const auto after = torch::rand({8});
+      return std::make_pair(model, after);
+    };
+    auto [whole, whole_after] = built_whole();
+    torch::manual_seed(21);
+    auto deferred_model = decltype(make())(nullptr);
+    std::shared_ptr<hpctrain::DeferredBlocks> deferred;
+    {
+      ht::DeferredInitialization scope;
+      deferred_model = make();
+      deferred = scope.blocks();
+    }
+    const auto deferred_after = torch::rand({8});
+    INFO(family);
+    CHECK(torch::equal(whole_after, deferred_after));
+    REQUIRE(deferred != nullptr);
+    REQUIRE(deferred->shapes.size() == deferred_model->blocks().size());
+    for (const auto& block : deferred_model->blocks())
+      for (const auto& parameter : block->parameters()) CHECK(parameter.numel() == 0);
+    // A slice from the middle, as a rank of a sharded strategy reads it.
+    const auto first = whole->blocks()[1]->parameters()[0].view({-1});
+    auto slice = torch::empty({first.numel() / 3});
+    deferred->read(1, 0, first.numel() / 2, slice);
+    CHECK(torch::equal(slice, first.narrow(0, first.numel() / 2, slice.numel())));
+    deferred_model->set_deferred_blocks(deferred);
+    hpctrain::materialize_blocks(*deferred_model);
+    const auto expected = whole->named_parameters();
+    for (const auto& item : deferred_model->named_parameters()) {
+      INFO(item.key());
+      CHECK(torch::equal(item.value(), expected[item.key()]));
+    }
+  };
+  for (const bool tied : {true, false}) {
+    auto llama = tiny_llama();
+    llama.tie_word_embeddings = tied;
+    check([&] { return ht::Llama(llama); }, tied ? "llama, tied" : "llama, untied");
+    auto gpt2 = tiny_gpt2();
+    gpt2.tie_word_embeddings = tied;
+    check([&] { return ht::GPT2(gpt2); }, tied ? "gpt2, tied" : "gpt2, untied");
+  }
+}
+
+TEST_CASE("A block built empty that its model never initialises is refused: it could not be rebuilt", "[models][deferred]") {
+  ht::DeferredInitialization scope;
+  torch::nn::Linear layer(4, 4);
+  hpctrain::BlockConstruction::built(*layer);
+  CHECK_THAT(error_of([&] { scope.blocks(); }), Catch::Contains("block 0's parameter 0 was never initialised"));
+}
+
+TEST_CASE("A model whose blocks are still empty is not exported: the error names the weight, nothing is written", "[models][deferred]") {
+  const auto directory = scratch("empty-blocks-export") / "export";
+  ht::DeferredInitialization scope;
+  ht::Llama model(tiny_llama());
+  CHECK_THAT(error_of([&] { ht::save_pretrained(*model, directory); }),
+             Catch::Contains("cannot write layers.0.input_layernorm.weight: it is empty (under --sharding zero3"));
+  CHECK_FALSE(std::filesystem::exists(directory));
+}

@@ -132,10 +132,9 @@ class GPT2Impl : public CausalLM {
     const double std = config_.initializer_range;
     const double residual_std = std / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
     initialize_normal(*this, std);
-    torch::NoGradGuard no_grad;
     for (auto& block : block_list_) {
-      block->attn->c_proj->weight.normal_(0.0, residual_std);
-      block->mlp->c_proj->weight.normal_(0.0, residual_std);
+      init_normal(block->attn->c_proj->weight, 0.0, residual_std);
+      init_normal(block->mlp->c_proj->weight, 0.0, residual_std);
     }
   }
 

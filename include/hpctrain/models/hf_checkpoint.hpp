@@ -8,9 +8,6 @@
 // GPT-2's Conv1D layers (c_attn, c_proj, c_fc) stored [in, out] and transposed to Linear's [out, in];
 // Llama `model.layers.N.self_attn.q_proj.weight` ↔ our `layers.N.self_attn.q_proj.weight`; `lm_head.weight`
 // on both sides when the head is untied.
-#if defined(__GLIBC__)
-#include <malloc.h>  // malloc_trim
-#endif
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -142,21 +139,7 @@ Holder build_with_empty_blocks(const Config& config, torch::Dtype dtype) {
   auto deferred = std::make_shared<DeferredBlocks>();
   Holder model(nullptr);
   {
-    BlockConstruction scope([&](torch::nn::Module& block) {
-      torch::NoGradGuard no_grad;
-      std::vector<torch::Tensor> shapes;
-      for (auto& parameter : block.parameters()) {
-        shapes.push_back(torch::empty(parameter.sizes(), torch::TensorOptions(torch::kMeta)));
-        parameter.set_data(torch::empty({0}, parameter.options()));
-      }
-      deferred->shapes.push_back(std::move(shapes));
-#if defined(__GLIBC__)
-      // The block's memory goes back now: small allocations made meanwhile split the freed chunks, so the next
-      // block would not fit them and the heap would grow by most of a block each time (measured: 34 MB a block
-      // of 45 MB under the Trainer's keep_freed_memory).
-      malloc_trim(0);
-#endif
-    });
+    BlockConstruction scope([&](torch::nn::Module& block) { deferred->shapes.push_back(empty_block_parameters(block)); });
     model = Holder(config);
   }
   model->to(dtype);
@@ -280,6 +263,14 @@ namespace detail {
 
 inline void save_directory(torch::nn::Module& module, const nlohmann::ordered_json& config, const CheckpointNaming& naming,
                            const std::filesystem::path& directory, std::uint64_t max_shard_bytes) {
+  // A block built empty (DeferredInitialization, a deferred load) has no values to write yet: refused before
+  // anything is written rather than exported as zero-sized tensors.
+  for (const auto& item : module.named_parameters(/*recurse=*/true))
+    if (item.value().numel() == 0)
+      throw RuntimeError(errors::runtime_io,
+                         fmt::format("{}: cannot write {}: it is empty (under --sharding zero3 a model's blocks are built empty and "
+                                     "filled slice by slice when the strategy shards them; lm::hf_export writes the model at the end)",
+                                     directory.string(), item.key()));
   std::filesystem::create_directories(directory);
   safetensors::NamedTensors tensors;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {

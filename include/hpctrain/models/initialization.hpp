@@ -4,21 +4,23 @@
 // residual projections, RoBERTa's zeroed padding rows, Llama's RMSNorms).
 #include <torch/torch.h>
 
+#include <hpctrain/models/deferred_initialization.hpp>
+
 namespace hpctrain::models {
 
 /// Initialises the linear layers, embeddings and LayerNorms below `module` as transformers does, in the
-/// order `modules()` lists them (the random draws, and so the weights, depend on that order).
+/// order `modules()` lists them (the random draws, and so the weights, depend on that order). Through
+/// init_normal/init_fill, so a block built empty (DeferredInitialization) records its values instead.
 inline void initialize_normal(torch::nn::Module& module, double std) {
-  torch::NoGradGuard no_grad;
   for (auto& child : module.modules(/*include_self=*/false)) {
     if (auto* linear = child->as<torch::nn::Linear>()) {
-      linear->weight.normal_(0.0, std);
-      if (linear->bias.defined()) linear->bias.zero_();
+      init_normal(linear->weight, 0.0, std);
+      if (linear->bias.defined()) init_fill(linear->bias, 0.0);
     } else if (auto* embedding = child->as<torch::nn::Embedding>()) {
-      embedding->weight.normal_(0.0, std);
+      init_normal(embedding->weight, 0.0, std);
     } else if (auto* norm = child->as<torch::nn::LayerNorm>()) {
-      norm->weight.fill_(1.0);
-      norm->bias.zero_();
+      init_fill(norm->weight, 1.0);
+      init_fill(norm->bias, 0.0);
     }
   }
 }

@@ -191,9 +191,8 @@ class LlamaImpl : public CausalLM {
   /// transformers' Llama initialisation: every weight N(0, initializer_range), biases 0, norms 1.
   void initialize_weights() {
     initialize_normal(*this, config_.initializer_range);
-    torch::NoGradGuard no_grad;
     for (auto& module : modules(/*include_self=*/false))
-      if (auto* rms = module->as<RMSNorm>()) rms->weight.fill_(1.0);
+      if (auto* rms = module->as<RMSNorm>()) init_fill(rms->weight, 1.0);
   }
 
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() override {

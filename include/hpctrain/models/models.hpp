@@ -3,6 +3,7 @@
 // LibTorch only; usable without hpctrain's Trainer (models/ includes nothing from train/).
 #include <hpctrain/models/activation_checkpoint.hpp>
 #include <hpctrain/models/causal_lm.hpp>
+#include <hpctrain/models/deferred_initialization.hpp>
 #include <hpctrain/models/generation.hpp>
 #include <hpctrain/models/gpt2.hpp>
 #include <hpctrain/models/gpt2_config.hpp>

@@ -32,6 +32,7 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/prepare.hpp>
 #include <hpctrain/models/blocks.hpp>
+#include <hpctrain/models/deferred_initialization.hpp>
 #include <hpctrain/slurm/world.hpp>
 #include <hpctrain/train/checkpoint.hpp>
 #include <hpctrain/train/checkpointing.hpp>
@@ -117,7 +118,7 @@ class Trainer {
     torch::manual_seed(static_cast<std::uint64_t>(training_.seed()));
     strategy_ = training_.make_strategy();
     run_->defer_blocks = strategy_->reads_deferred_blocks() && !run_->lora;
-    model_ = training_.make_model(*run_);
+    make_model();
     if (auto* lists = dynamic_cast<ListsBlocks*>(model_.module.get()); lists != nullptr && !run_->defer_blocks) materialize_blocks(*lists);
     for (const auto& hook : training_.model_hooks()) hook(*model_.module, run_->knobs);
     if (run_->lora) add_lora_adapters();
@@ -125,6 +126,24 @@ class Trainer {
     strategy_->setup({group_, model_.module, training_.optimizer_factory(), training_.precision()});
     report_setup_memory();
     for (auto& group : strategy_->optimizer().param_groups()) base_lrs_.push_back(training_.lr().value_or(group.options().get_lr()));
+  }
+
+  /// The user's model. Where the strategy reads blocks slice by slice (ZeRO-3), a family of models/ built from
+  /// scratch has its blocks built empty and their initialisation recorded (models::DeferredInitialization):
+  /// each rank later rebuilds only the parameters its shards overlap, to the values the whole model would have.
+  void make_model() {
+    if (!run_->defer_blocks) {
+      model_ = training_.make_model(*run_);
+      return;
+    }
+    models::DeferredInitialization deferred;
+    model_ = training_.make_model(*run_);
+    auto* lists = dynamic_cast<ListsBlocks*>(model_.module.get());
+    auto blocks = deferred.blocks();
+    if (blocks == nullptr || lists == nullptr || lists->deferred_blocks()) return;  // not a family, or loaded (from_pretrained)
+    if (lead())
+      fmt::print("hpctrain: the model's {} blocks were built one at a time; each rank initialises only its shards of them\n", blocks->shapes.size());
+    lists->set_deferred_blocks(std::move(blocks));
   }
 
   /// Rank 0 prints the highest peak resident host memory of any rank once the model is ready: what loading
