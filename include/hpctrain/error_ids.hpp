@@ -74,6 +74,7 @@ inline constexpr ErrorId spec_qos{"hpctrain.spec.qos"};
 inline constexpr ErrorId spec_requeue_on_timeout{"hpctrain.spec.requeue_on_timeout"};
 inline constexpr ErrorId spec_requeue_on_timeout_max_restarts{"hpctrain.spec.requeue_on_timeout.max_restarts"};
 inline constexpr ErrorId spec_reservation{"hpctrain.spec.reservation"};
+inline constexpr ErrorId spec_resources{"hpctrain.spec.resources"};
 inline constexpr ErrorId spec_sbatch_option{"hpctrain.spec.sbatch_option"};
 inline constexpr ErrorId spec_setup{"hpctrain.spec.setup"};
 inline constexpr ErrorId spec_srun_option{"hpctrain.spec.srun_option"};

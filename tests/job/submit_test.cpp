@@ -73,15 +73,35 @@ TEST_CASE("Without a mode the program explains the modes and starts nothing", "[
   CHECK(is_empty_dir(dir));
 }
 
-TEST_CASE("An invalid partition shows Slurm's reason, exits 1 and leaves nothing queued or written", "[cli][slurm]") {
-  const auto dir = job_test::scratch_dir("bad-partition");
-  const std::string name = fmt::format("nosuch-partition-{}", ::getpid());
-  const auto result = job_test::run_probe(dir, {"--submit", "--partition", "nosuch"}, {{"PROBE_NAME", name}});
-  CHECK(result.exit_code == 1);
-  CHECK(result.err.starts_with("[hpctrain.runtime.sbatch] sbatch refused the job (exit 1):\n"));
-  CHECK(result.err.find("sbatch: error: invalid partition specified: nosuch") != std::string::npos);
-  CHECK(result.err.find("hint: `sinfo -s` lists the partitions you can submit to.") != std::string::npos);
+TEST_CASE("What the cluster refuses exits 2 at --submit naming the field and the value, with nothing queued or written",
+          "[cli][slurm]") {
+  // sbatch --test-only schedules the rendered script without queueing it: the local cluster has the partition
+  // debug with two nodes of two CPUs.
+  auto [args, message] = GENERATE(table<std::vector<std::string>, std::string>({
+      {{"--partition", "nosuch"}, "[hpctrain.spec.partition] partition = nosuch: this cluster refuses it (sbatch --test-only: "},
+      {{"--nodes", "9"}, "[hpctrain.spec.resources] resources = --nodes=9 --ntasks-per-node=1"},
+      {{"--sbatch", "constraint=a100"}, "[hpctrain.spec.sbatch_option] sbatch_option = constraint=a100: this cluster refuses it"},
+  }));
+  CAPTURE(args);
+  const auto dir = job_test::scratch_dir("refused-by-cluster");
+  const std::string name = fmt::format("refused-{}", ::getpid());
+  std::vector<std::string> submit = {"--submit"};
+  submit.insert(submit.end(), args.begin(), args.end());
+  const auto result = job_test::run_probe(dir, submit, {{"PROBE_NAME", name}});
+  CAPTURE(result.err);
+  CHECK(result.exit_code == 2);
+  CHECK(result.err.starts_with(message));
+  CHECK(result.err.find("\nhint: `sinfo") != std::string::npos);
+  CHECK(result.out.empty());
   CHECK(queued_jobs_named(name) == 0);
+  CHECK(is_empty_dir(dir));
+  // --dry-run prints the script (it may be meant for another cluster) and says what --submit would do.
+  std::vector<std::string> dry = {"--dry-run"};
+  dry.insert(dry.end(), args.begin(), args.end());
+  const auto printed = job_test::run_probe(dir, dry, {{"PROBE_NAME", name}});
+  CHECK(printed.exit_code == 0);
+  CHECK(printed.out.starts_with("#!/bin/bash"));
+  CHECK(printed.err.find("hpctrain: warning: --submit would stop here: " + message) != std::string::npos);
   CHECK(is_empty_dir(dir));
 }
 
@@ -328,4 +348,27 @@ TEST_CASE("sbatch without a configuration source gets a hint about SLURM_CONF", 
   CHECK_THAT(ht::detail::explain_sbatch_failure(said), Catch::EndsWith("hint: SLURM_CONF = /nowhere/slurm.conf: is that your cluster's slurm.conf?"));
   if (saved) ::setenv("SLURM_CONF", kept.c_str(), 1);
   else ::unsetenv("SLURM_CONF");
+}
+
+TEST_CASE("sbatch --test-only's refusals name the job's field and value", "[cli]") {
+  // Slurm's words (captured from sbatch 22.05 here and its sources for the others), each mapped to the field the
+  // user wrote; a value given as a raw --sbatch option is named as that option.
+  auto job = ht::Job("refused").nodes(3).tasks_per_node(2).cpus_per_task(4).gpus_per_node("a100", 4).time(std::chrono::hours(100))
+                 .partition("gpu").qos("high").account("proj");
+  job.sbatch_option("reservation", "maint");
+  auto [said, expected] = GENERATE(table<std::string, std::string>({
+      {"sbatch: error: invalid partition specified: gpu\n", "[hpctrain.spec.partition] partition = gpu: this cluster refuses it"},
+      {"allocation failure: Requested node configuration is not available\n",
+       "[hpctrain.spec.resources] resources = --nodes=3 --ntasks-per-node=2 --cpus-per-task=4 --gpus-per-node=a100:4 --partition=gpu: "},
+      {"sbatch: error: Invalid generic resource (gres) specification\n", "[hpctrain.spec.gpus_per_node] gpus_per_node = a100:4: "},
+      {"sbatch: error: Invalid qos specification\n", "[hpctrain.spec.qos] qos = high: "},
+      {"sbatch: error: Invalid account or account/partition combination specified\n", "[hpctrain.spec.account] account = proj: "},
+      {"sbatch: error: Requested time limit is invalid (missing or exceeds some limit)\n", "[hpctrain.spec.time] time = 4-04:00:00: "},
+      {"sbatch: error: Invalid reservation name\n", "[hpctrain.spec.sbatch_option] sbatch_option = reservation=maint: "},
+  }));
+  CAPTURE(said);
+  const auto refusal = ht::detail::refusal_from_sbatch(job, said);
+  const std::string message = refusal.what();
+  CHECK(message.starts_with(expected));
+  CHECK(message.find("(sbatch --test-only: " + said.substr(0, said.size() - 1) + ")\nhint: ") != std::string::npos);
 }

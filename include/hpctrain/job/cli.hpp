@@ -494,7 +494,15 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         check_array_on_cluster(job);
         print_job_warnings(job, err);
         detail::plan_before_queueing(job, command, knobs, planner, err, /*print=*/true);
-        out << (job.stages().empty() ? render_sbatch(job, worker_context) : render_chain(job, worker_context));
+        if (!job.stages().empty()) {
+          out << render_chain(job, worker_context);
+          return exit_ok;
+        }
+        {
+          const auto script = render_sbatch(job, worker_context);
+          if (const auto refusal = cluster_refusal(job, script)) err << "hpctrain: warning: --submit would stop here: " << refusal->what() << "\n";
+          out << script;
+        }
         return exit_ok;
       case Mode::submit: {
         check_array_on_cluster(job);

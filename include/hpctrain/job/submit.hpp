@@ -24,6 +24,7 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/files.hpp>
 #include <hpctrain/job/job.hpp>
+#include <hpctrain/job/preflight.hpp>
 #include <hpctrain/job/process.hpp>
 #include <hpctrain/job/render.hpp>
 #include <hpctrain/names.hpp>
@@ -121,27 +122,12 @@ inline nlohmann::json to_json(const SubmittedJob& job) {
 }
 }  // namespace detail
 
-namespace detail {
-/// The SLURM_* variables of this process that sbatch must not see: submitted from inside a job (a batch
-/// script, an array task, a step), the parent's SLURM_* would travel into the child with sbatch's default
-/// --export=ALL, and the child's srun and hpctrain read some of them as input where the child's own are not
-/// set (SLURM_CPUS_PER_TASK, SLURM_NTASKS, SLURM_STEP_*, SLURM_PTY_PORT...: submitit #1782). Kept:
-/// SLURM_CONF (which cluster), SLURM_CLUSTERS. The job's own variables are in its script.
-inline std::vector<std::string> inherited_slurm_variables(char** environment) {
-  std::vector<std::string> names;
-  for (char** entry = environment; entry != nullptr && *entry != nullptr; ++entry) {
-    const std::string_view variable(*entry);
-    const auto name = variable.substr(0, variable.find('='));
-    if (name.starts_with("SLURM_") && name != "SLURM_CONF" && name != "SLURM_CLUSTERS") names.emplace_back(name);
-  }
-  return names;
-}
-}  // namespace detail
 
 /// Renders `job`, writes it into its job directory and submits it with `sbatch --parsable` (without this
 /// process's SLURM_* variables: detail::inherited_slurm_variables). The script follows the cluster's Slurm
 /// release (`sbatch --version`, asked once) unless the context names one.
-/// Throws SpecError (nothing written) or RuntimeError (sbatch's message; nothing left behind).
+/// Throws SpecError (nothing written; the cluster's refusal of `sbatch --test-only` too) or RuntimeError (sbatch's
+/// message; nothing left behind).
 inline SubmittedJob submit(const Job& job, const RenderContext& given_context) {
   namespace fs = std::filesystem;
   RenderContext context = given_context;
@@ -151,6 +137,7 @@ inline SubmittedJob submit(const Job& job, const RenderContext& given_context) {
     if (var.kind == EnvKind::secret)
       detail::require(std::getenv(var.name.c_str()) != nullptr, "env", var.name,
                       "secret_env needs the variable set in the submitting environment");
+  if (auto refusal = cluster_refusal(job, script)) throw *refusal;
 
   const fs::path root = job_root(job, context);
   std::error_code created;
