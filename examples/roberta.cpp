@@ -1,4 +1,4 @@
-// Seed 002 in C++: RoBERTa pretrained from scratch with the masked-LM objective on the fortunes corpus, DDP on 2
+// fairseq's RoBERTa recipe in C++: RoBERTa pretrained from scratch with the masked-LM objective on the fortunes corpus, DDP on 2
 // Slurm nodes: `./roberta --submit`, or `./roberta --local 2 --max-steps 30`. The job's preparation tokenizes the
 // corpus once (fairseq's preprocess step; 5% held out) with a RoBERTa tokenizer (default: the one scripts/setup
 // trains; HPCTRAIN_ROBERTA_TOKENIZER names another tokenizer.json). Blocks of --max-length tokens, masked anew

@@ -1,4 +1,4 @@
-// Supervised fine-tuning (seed 000 in small): a Hugging Face model fine-tuned data-parallel on a JSONL file in
+// Supervised fine-tuning: a Hugging Face model fine-tuned data-parallel on a JSONL file in
 // TRL's shapes — {"text"}, {"prompt", "completion"} or conversational {"messages"} rendered with the model's
 // chat template — with the loss on the response tokens only, then exported in Hugging Face format again.
 //   ./sft --from DIR --data FILE.jsonl --local 2 [--packing] [--max-length 256]     (--submit: 2 nodes)
