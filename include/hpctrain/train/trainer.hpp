@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -124,7 +125,7 @@ class Trainer {
     if (run_->lora) add_lora_adapters();
     model_.module->to(device_);
     strategy_->setup({group_, model_.module, training_.optimizer_factory(), training_.precision()});
-    report_setup_memory();
+    report_peak_memory("model ready");
     for (auto& group : strategy_->optimizer().param_groups()) base_lrs_.push_back(training_.lr().value_or(group.options().get_lr()));
   }
 
@@ -146,15 +147,16 @@ class Trainer {
     lists->set_deferred_blocks(std::move(blocks));
   }
 
-  /// Rank 0 prints the highest peak resident host memory of any rank once the model is ready: what loading
-  /// took, the figure that decides whether a node's ranks fit its memory.
-  void report_setup_memory() {
+  /// Rank 0 prints the highest peak resident host memory of any rank so far, `when`: once the model is ready
+  /// (what loading took, the figure that decides whether a node's ranks fit its memory) and once the steps are
+  /// done (what training took, before the last checkpoint and the hooks at the end; --plan's figure to compare).
+  void report_peak_memory(std::string_view when) {
     auto peaks = torch::zeros({group_->world_size()}, torch::TensorOptions(torch::kFloat64).device(device_));
     peaks[group_->rank()] = static_cast<double>(detail::peak_resident_bytes());
     const auto host = dist::all_reduce_sum(*group_, peaks).cpu();
     const auto most = host.argmax().item<std::int64_t>();
     if (lead() && host[most].item<double>() > 0)
-      fmt::print("hpctrain: model ready: peak host memory {:.3f} GiB per rank at most (rank {})\n",
+      fmt::print("hpctrain: {}: peak host memory {:.3f} GiB per rank at most (rank {})\n", when,
                  host[most].item<double>() / (1 << 30), most);
   }
 
@@ -358,6 +360,7 @@ class Trainer {
   }
 
   TrainResult finish() {
+    report_peak_memory("steps done");
     save_checkpoint();
     result_.steps_completed = step_;
     if (detail::digest_requested(training_)) report_digest();
