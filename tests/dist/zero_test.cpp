@@ -308,6 +308,11 @@ TEST_CASE("ZeRO-3 under bf16 gathers and computes its blocks in bf16, reduce-sca
     REQUIRE(difference <= std::stod(value_of(output, "relative_difference_bound").value()));
     REQUIRE(norm_difference <= std::stod(value_of(output, "grad_norm_difference_bound").value()));
     CHECK(value_of(output, "master_bytes") == "0");
+    // Gradients held by reduce-scatters in flight: two units' at most (all of them, 4 bytes a parameter of the
+    // whole model, when every reduction waited for the end of backward).
+    const auto reduce_scatter_peak = std::stoull(value_of(output, "peak_reduce_scatter_bytes").value());
+    CHECK(reduce_scatter_peak > 0);
+    CHECK(reduce_scatter_peak <= std::stoull(value_of(output, "reduce_scatter_bytes_bound").value()));
     // After a forward, the kept activations refer to every block's gathered buffer (and the edges'), which holds
     // no memory until the block's backward; recomputation keeps no block's buffer. The edges are never recomputed.
     const int held = (activations == "keep" ? 3 : 0) + (tying == "untied" ? 2 : 0);  // 3 blocks, 2 edges

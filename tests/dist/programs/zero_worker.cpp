@@ -25,6 +25,7 @@
 //   zero_worker other-model <zero2> <dir> <world>  resuming a checkpoint of another model is refused
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -567,6 +568,11 @@ int check_gpt2_bf16(const std::shared_ptr<dist::ProcessGroup>& group, int steps,
   for (std::size_t b = 0; b + 1 < strategy.block_count(); ++b)
     expected_peak = std::max(expected_peak, 2 * static_cast<std::size_t>(buckets[b].padded_numel + buckets[b + 1].padded_numel));
   const auto peak_in_training = strategy.peak_gathered_bytes();  // before the export's fp32 gather of every block
+  // At most two reduce-scatters in flight, each holding its unit's fp32 gradient: at most the two largest units'.
+  std::vector<std::size_t> unit_bytes;
+  for (const auto& bucket : buckets) unit_bytes.push_back(4 * static_cast<std::size_t>(bucket.padded_numel));
+  std::sort(unit_bytes.rbegin(), unit_bytes.rend());
+  const auto reduce_scatter_bound = unit_bytes.at(0) + unit_bytes.at(1);
   const auto traffic = block_traffic_lines(strategy, steps, accumulation);
   const auto held = held_after_forward(group, strategy, model, hpctrain::Precision::bf16);
   strategy.gather_full_model();
@@ -577,9 +583,10 @@ int check_gpt2_bf16(const std::shared_ptr<dist::ProcessGroup>& group, int steps,
     }
   const double worst = worst_relative_difference(model, reference, bf16_parameter_bound, rank, ok);
   std::cout << fmt::format("max_relative_difference={:.3e}\nrelative_difference_bound={:.0e}\nmax_grad_norm_difference={:.3e}\n"
-                           "grad_norm_difference_bound={:.0e}\npeak_gathered_bytes={}\nbf16_peak_gathered_bytes={}\nmaster_bytes={}\n{}",
+                           "grad_norm_difference_bound={:.0e}\npeak_gathered_bytes={}\nbf16_peak_gathered_bytes={}\nmaster_bytes={}\n"
+                           "peak_reduce_scatter_bytes={}\nreduce_scatter_bytes_bound={}\n{}",
                            worst, bf16_parameter_bound, worst_norm_difference, bf16_norm_bound, peak_in_training,
-                           expected_peak, strategy.master_bytes(), traffic + held)
+                           expected_peak, strategy.master_bytes(), strategy.peak_reduce_scatter_bytes(), reduce_scatter_bound, traffic + held)
             << std::flush;
   return ok ? 0 : 1;
 }

@@ -65,6 +65,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <typeinfo>
@@ -278,6 +279,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
   }
   /// Most bytes of gathered blocks (and edges) held at once since setup (current + prefetched).
   std::size_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
+  /// The most bytes of gradients held at once by reduce-scatters in flight (their padded fp32 inputs).
+  std::size_t peak_reduce_scatter_bytes() const { return peak_reducing_bytes_; }
   /// Bytes the blocks' (and edges') collectives carried since setup, counted at the collectives: the all-gathers' flat
   /// outputs (each rank receives all but its own slice) and the reduce-scatters' flat inputs (each rank sends
   /// all but the slice it keeps). Per block element and micro-batch: fp32 4 + 4 gathered (forward and the
@@ -753,18 +756,31 @@ class FullyShardedStrategy : public DataParallelStrategy {
   /// Starts reduce-scattering unit b's gradients (in the gradient shard's fp32; the parameters' gradients are
   /// released): into its gradient shard, or, once that holds an earlier micro-batch's sum, into a buffer added
   /// to it when finished.
+  /// At most this many reduce-scatters stay in flight; starting another first waits for the oldest. Each holds its
+  /// unit's whole fp32 gradient (the padded flat input) until waited for: left in flight until the end of backward,
+  /// they held the whole model's gradients in fp32 at once (4 bytes a parameter: 4.4 GB at 1.1B). Two keep a unit's
+  /// reduction overlapping the next unit's backward, as FSDP2's post-backward waits for the previous one.
+  static constexpr std::size_t max_reduce_scatters_in_flight = 2;
+
   void start_gradient_reduce_scatter(std::size_t b) {
     auto& unit = units_[b];
     finish_gradient_reduce_scatter(b);  // the previous micro-batch's, when still in flight
+    while (reducing_.size() >= max_reduce_scatters_in_flight) finish_gradient_reduce_scatter(reducing_.front());  // before allocating
     auto output = unit.gradient_accumulated ? torch::empty_like(unit.gradient_shard) : unit.gradient_shard;
     unit.reduce_scatter = dist::start_bucket_reduce_scatter(*group_, layout_.buckets()[b], parameters_, output, world_->world_size());
-    if (b < sharded_units_ && unit.reduce_scatter.pending()) block_traffic_.reduce_scattered += unit.reduce_scatter.input.nbytes();
+    if (!unit.reduce_scatter.pending()) return;
+    if (b < sharded_units_) block_traffic_.reduce_scattered += unit.reduce_scatter.input.nbytes();
+    reducing_.push_back(b);
+    reducing_bytes_ += unit.reduce_scatter.input.nbytes();
+    peak_reducing_bytes_ = std::max(peak_reducing_bytes_, reducing_bytes_);
   }
 
   /// Waits for unit b's reduce-scatter, if one is in flight, and sums it into the gradient shard.
   void finish_gradient_reduce_scatter(std::size_t b) {
     auto& unit = units_[b];
     if (!unit.reduce_scatter.pending()) return;
+    reducing_bytes_ -= unit.reduce_scatter.input.nbytes();
+    reducing_.erase(std::find(reducing_.begin(), reducing_.end(), b));
     dist::wait(*group_, unit.reduce_scatter);
     torch::NoGradGuard no_grad;
     if (!unit.reduce_scatter.output.is_same(unit.gradient_shard)) unit.gradient_shard.add_(unit.reduce_scatter.output);
@@ -811,6 +827,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
   bool pinned_ = false;
   bool bf16_blocks_ = false;  // Precision::bf16: blocks gathered and computed in bf16 (computes_in_bf16)
   std::size_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
+  std::deque<std::size_t> reducing_;  // units whose reduce-scatter is in flight, oldest first
+  std::size_t reducing_bytes_ = 0, peak_reducing_bytes_ = 0;  // their inputs' bytes
   BlockTraffic block_traffic_;
 };
 
