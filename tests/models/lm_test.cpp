@@ -13,8 +13,11 @@
 
 #include <hpctrain/lm/lm.hpp>
 #include <hpctrain/lm/masked_lm.hpp>
+#include <hpctrain/lm/setting.hpp>
+#include <hpctrain/lm/sft_dataset.hpp>
 #include <hpctrain/models/models.hpp>
 #include <hpctrain/text/prepare.hpp>
+#include <hpctrain/train/data/sampler.hpp>
 
 #include "models_test_support.hpp"
 
@@ -148,6 +151,58 @@ TEST_CASE("An SFT row shifts targets, masks untrained ones and padding, and rest
   const auto eight = rounded_packed->batch({0});
   CHECK(eight.inputs.size(1) == 8);
   CHECK(eight.field("document_ids").equal(torch::tensor({{0, 0, 0, 1, 1, -1, -1, -1}}, torch::kInt32)));
+}
+
+TEST_CASE("The padding an SFT epoch's batches carry is counted on the batches as formed: their longest row, rounded, every rank", "[lm]") {
+  // Four examples of 3, 2, 6 and 1 input tokens (ids minus one): 12 tokens.
+  std::vector<lm::TokenizedExample> examples;
+  for (const std::size_t ids : {4, 3, 7, 2}) examples.push_back({std::vector<std::int64_t>(ids, 7), std::vector<std::uint8_t>(ids, 1)});
+  auto unpacked = lm::SftDataset::unpacked(examples, /*pad_id=*/0);
+  // fill() is what batch() makes: the tokens of its rows, and rows × the padded length.
+  for (const auto& indices : std::vector<std::vector<std::int64_t>>{{0, 1}, {2, 3}, {1, 3}, {0, 1, 2, 3}}) {
+    CAPTURE(indices);
+    const auto fill = unpacked->fill(indices);
+    REQUIRE(fill);
+    CHECK(fill->slots == unpacked->batch(indices).inputs.numel());
+    CHECK(fill->tokens == unpacked->batch(indices).targets.ne(lm::ignore_index).sum().item<std::int64_t>());  // every id trained here
+  }
+  // One rank, dataset order, batches of 2: {0, 1} pads to 3 (6 slots, 5 tokens), {2, 3} to 6 (12 slots, 7 tokens): 1/3 padding.
+  const hpctrain::data::DistributedSampler in_order(4, 1, 0, /*seed=*/1, /*shuffle=*/false);
+  auto fill = hpctrain::data::epoch_fill(*unpacked, in_order, 1, 0, 2, 2);
+  REQUIRE(fill);
+  CAPTURE(fill->tokens, fill->slots, fill->padding());
+  CHECK(fill->tokens == 12);
+  CHECK(fill->slots == 18);
+  CHECK(fill->padding() == Approx(1.0 / 3.0));
+  // Rounded to multiples of 4 (at most 8): 4 and 8 tokens a row, 24 slots: half of them padding.
+  unpacked->round_lengths(4, 8);
+  CHECK(hpctrain::data::epoch_fill(*unpacked, in_order, 1, 0, 2, 2)->slots == 24);
+  unpacked->round_lengths(1, 8);
+  // Two ranks, one batch of 2 each: rank 0 has examples 0 and 2 (2 × 6 slots, 9 tokens), rank 1 has 1 and 3 (2 × 2, 3).
+  fill = hpctrain::data::epoch_fill(*unpacked, hpctrain::data::DistributedSampler(4, 2, 0, 1, false), 2, 0, 2, 1);
+  CHECK(fill->tokens == 12);
+  CHECK(fill->slots == 16);
+  // Packed into rows {2} and {0, 1, 3} of 6 tokens each: no padding left.
+  const lm::SftDataset packed(examples, {{2}, {0, 1, 3}}, /*pad_id=*/0);
+  fill = hpctrain::data::epoch_fill(packed, hpctrain::data::DistributedSampler(2, 1, 0, 1, false), 1, 0, 2, 1);
+  CHECK(fill->slots == packed.batch({0, 1}).inputs.numel());
+  CHECK(fill->padding() == 0.0);
+  // Shuffled, the same sampler as the Trainer's: every example counted once an epoch.
+  CHECK(hpctrain::data::epoch_fill(*unpacked, hpctrain::data::DistributedSampler(4, 1, 0, 5), 1, 3, 2, 2)->tokens == 12);
+  // A dataset of fixed-size examples reports none.
+  hpctrain::data::TensorDataset fixed;
+  fixed.inputs = torch::zeros({4, 3});
+  fixed.targets = torch::zeros({4});
+  CHECK_FALSE(hpctrain::data::epoch_fill(fixed, in_order, 1, 0, 2, 2));
+}
+
+TEST_CASE("An optional path from a knob: the knob's value, none when it is empty (--tools), the program's own value", "[lm]") {
+  hpctrain::Knobs knobs;
+  knobs.declare<std::string>("tools", "", "function schemas");
+  const lm::Setting<std::filesystem::path> from_knob(lm::knob("tools"));
+  CHECK_FALSE(from_knob.get_optional(knobs));
+  CHECK(from_knob.get_optional(knobs.with_arguments({"--tools", "t.json"})) == std::filesystem::path("t.json"));
+  CHECK(lm::Setting<std::filesystem::path>("/x/tools.json").get_optional(knobs) == std::filesystem::path("/x/tools.json"));
 }
 
 TEST_CASE("A packed GPT-2 row gives the loss and gradients of its examples alone (fp32, 1e-5)", "[lm]") {

@@ -71,7 +71,8 @@ class SftJsonl {
   /// A chat template file to use instead of the tokenizer's own (conversational files only).
   SftJsonl& chat_template(Setting<std::filesystem::path> file) { chat_template_ = std::move(file); return *this; }
   /// A JSON file holding a list of function schemas, given to the chat template as `tools` with every
-  /// conversation that has no "tools" of its own (conversational files only). Default: none.
+  /// conversation that has no "tools" of its own (conversational files only). From a knob (`lm::knob("tools")`),
+  /// an empty value means none. Default: none.
   SftJsonl& tools(Setting<std::filesystem::path> file) { tools_ = std::move(file); return *this; }
 
   /// On the login node: the file exists and every line has the file's shape (SpecError naming file and line);
@@ -94,7 +95,7 @@ class SftJsonl {
   /// How the file is read: the tools file, if any.
   text::SftJsonlOptions read_options(const Knobs& knobs) const {
     text::SftJsonlOptions options;
-    if (tools_) options.tools = tools_->get(knobs);
+    if (tools_) options.tools = tools_->get_optional(knobs);
     return options;
   }
 
@@ -191,20 +192,12 @@ HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> SftJsonl::load(const RunCont
   if (examples.empty())
     throw SpecError(errors::spec_data_jsonl, file.string(), fmt::format("no example left to train on ({} read)", seen));
   const std::int64_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
-  std::vector<std::size_t> lengths;
-  for (const auto& example : examples) lengths.push_back(example.ids.size() - 1);
   auto dataset = packing_.get(run.knobs) ? pack(std::move(examples), max_length, pad) : SftDataset::unpacked(std::move(examples), pad);
   dataset->round_lengths(multiple, max_length);
   if (run.rank == 0) {
-    // Padding if every row were filled to max_length: one example per row, and as packed.
-    std::vector<std::vector<std::size_t>> alone(lengths.size());
-    for (std::size_t i = 0; i < alone.size(); ++i) alone[i] = {i};
-    const auto capacity = static_cast<std::size_t>(max_length);
-    fmt::print("hpctrain: {}: {} examples read, {} truncated and {} dropped at {} tokens, {} without a trained token left out; {} rows{} "
-               "(padding at {} tokens a row: {:.1f}% one example a row, {:.1f}% packed)\n",
-               file.string(), seen, truncated, dropped, max_length, empty, dataset->size(), dataset->packed() ? " (packed)" : "", max_length,
-               100.0 * text::padding_fraction(alone, lengths, capacity),
-               100.0 * text::padding_fraction(text::pack_best_fit_decreasing(lengths, capacity), lengths, capacity));
+    // The padding the batches carry depends on the batch size: the Trainer reports it (SftDataset::fill).
+    fmt::print("hpctrain: {}: {} examples read, {} truncated and {} dropped at {} tokens, {} without a trained token left out; {} rows{}\n",
+               file.string(), seen, truncated, dropped, max_length, empty, dataset->size(), dataset->packed() ? " (packed)" : "");
     std::fflush(stdout);
   }
   return dataset;
