@@ -8,12 +8,14 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <numeric>
 #include <set>
 #include <vector>
 
 #include <hpctrain/lm/lm.hpp>
 #include <hpctrain/lm/masked_lm.hpp>
 #include <hpctrain/lm/setting.hpp>
+#include <hpctrain/lm/sft.hpp>
 #include <hpctrain/lm/sft_dataset.hpp>
 #include <hpctrain/models/models.hpp>
 #include <hpctrain/text/prepare.hpp>
@@ -203,6 +205,55 @@ TEST_CASE("An optional path from a knob: the knob's value, none when it is empty
   CHECK_FALSE(from_knob.get_optional(knobs));
   CHECK(from_knob.get_optional(knobs.with_arguments({"--tools", "t.json"})) == std::filesystem::path("t.json"));
   CHECK(lm::Setting<std::filesystem::path>("/x/tools.json").get_optional(knobs) == std::filesystem::path("/x/tools.json"));
+}
+
+TEST_CASE("An SFT source makes the same rows from the job's prepared file as tokenized in each rank, unpacked and packed, both splits",
+          "[lm][sft]") {
+  const auto dir = models_test::scratch("sft-prepared-rows");
+  // pretrained_oracle.py's llama3 tokenizer (a BPE of 400 ids) and a template with generation markers.
+  const auto tokenizers = dir / "tokenizers";
+  std::filesystem::create_directories(tokenizers);
+  models_test::run_python("../text/pretrained_oracle.py", fmt::format("make '{}'", tokenizers.string()), dir / "make.log");
+  const auto source_dir = std::filesystem::path(std::getenv("HPCTRAIN_SOURCE_DIR"));
+  const auto chat_template = source_dir / "tests/data/chat_templates/chatml-generation.jinja";
+  // The fortunes' Q/A conversations: at 96 tokens some are cut, some left without a trained token.
+  const auto jsonl = source_dir / "examples/data/fortunes_qa.jsonl";
+  hpctrain::Knobs knobs;
+  knobs.declare<bool>("packing", false, "pack");
+  const auto prepared_dir = dir / "prepare";
+  for (const bool packing : {false, true}) {
+    const auto values = knobs.with_arguments({packing ? "--packing=true" : "--packing=false"});
+    for (const auto split : {lm::Split::train, lm::Split::validation}) {
+      CAPTURE(packing, split == lm::Split::train);
+      const auto source = lm::sft_jsonl(jsonl).tokenizer(tokenizers / "llama3").chat_template(chat_template).max_length(96)
+                              .packing(lm::knob("packing")).split(split);
+      const hpctrain::RunContext alone{values, 0, 1, dir / "run", std::nullopt, std::nullopt, std::nullopt};
+      const auto in_rank = source(alone).load();
+      source.prepare_in_job(values, std::nullopt, prepared_dir);  // once for both splits: the second finds it
+      const hpctrain::RunContext in_job{values, 0, 1, dir / "run", prepared_dir, std::nullopt, std::nullopt};
+      const auto from_file = source(in_job).load();
+      REQUIRE(from_file->size() == in_rank->size());
+      std::vector<std::int64_t> all(static_cast<std::size_t>(in_rank->size()));
+      std::iota(all.begin(), all.end(), std::int64_t{0});
+      const auto expected = in_rank->batch(all), got = from_file->batch(all);
+      CHECK(got.inputs.equal(expected.inputs));
+      CHECK(got.targets.equal(expected.targets));
+      CHECK(got.fields.size() == expected.fields.size());
+      for (const auto& [name, tensor] : expected.fields) CHECK(got.field(name).equal(tensor));
+    }
+  }
+  // One prepared file for the file, tokenizer, template and length, whatever the split and packing; a ranks
+  // reads it (a corrupt one is refused naming it, never silently replaced by tokenizing).
+  std::vector<std::filesystem::path> prepared;
+  for (const auto& entry : std::filesystem::directory_iterator(prepared_dir / "sft")) prepared.push_back(entry.path());
+  REQUIRE(prepared.size() == 1);
+  std::filesystem::resize_file(prepared[0], std::filesystem::file_size(prepared[0]) - 1);
+  const hpctrain::RunContext in_job{knobs, 0, 1, dir / "run", prepared_dir, std::nullopt, std::nullopt};
+  const auto source = lm::sft_jsonl(jsonl).tokenizer(tokenizers / "llama3").chat_template(chat_template).max_length(96);
+  CHECK_THROWS_WITH(source(in_job).load(), Catch::StartsWith("[hpctrain.runtime.text.sft_tokens] " + prepared[0].string() + ": header: "));
+  // Another length is another file: the ranks tokenize it themselves until the step prepares it.
+  const auto other = lm::sft_jsonl(jsonl).tokenizer(tokenizers / "llama3").chat_template(chat_template).max_length(97);
+  CHECK(other(in_job).load()->size() > 0);
 }
 
 TEST_CASE("A packed GPT-2 row gives the loss and gradients of its examples alone (fp32, 1e-5)", "[lm]") {
