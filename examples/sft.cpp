@@ -1,7 +1,7 @@
 // Supervised fine-tuning: a Hugging Face model fine-tuned data-parallel on a JSONL file in
 // TRL's shapes — {"text"}, {"prompt", "completion"} or conversational {"messages"} rendered with the model's
 // chat template — with the loss on the response tokens only, then exported in Hugging Face format again.
-//   ./sft --from DIR --data FILE.jsonl --local 2 [--packing] [--max-length 256]     (--submit: 2 nodes)
+//   ./sft --from DIR --data FILE.jsonl --local 2 [--packing] [--max-length 256] [--tools tools.json]  (--submit: 2 nodes)
 //   examples/data/fortunes_qa.jsonl: the fortunes corpus's Q/A pairs as conversations.
 // Every 16th example is held out: the log shows response_loss_before= and response_loss_after= (the mean loss
 // over the held-out responses) and where the model went (<run dir>/export: transformers and generate load it).
@@ -11,7 +11,8 @@ using namespace std::chrono_literals;
 namespace ht = hpctrain;
 
 ht::lm::SftJsonl examples(ht::lm::Split part) {
-  return ht::lm::sft_jsonl(ht::lm::knob("data")).max_length(ht::lm::knob("max_length")).packing(ht::lm::knob("packing")).split(part);
+  return ht::lm::sft_jsonl(ht::lm::knob("data")).max_length(ht::lm::knob("max_length")).packing(ht::lm::knob("packing"))
+      .tools(ht::lm::knob("tools")).split(part);
 }
 
 int main(int argc, char** argv) {
@@ -31,6 +32,7 @@ int main(int argc, char** argv) {
       .knob<std::string>("data", "", "JSONL file of examples: {\"text\"}, {\"prompt\", \"completion\"} or {\"messages\"}")
       .knob<std::int64_t>("max_length", 256, "tokens per example (longer ones are cut) and per packed row", ht::at_least(8))
       .knob<bool>("packing", false, "pack examples into rows of --max-length tokens (attention stays within each)")
+      .knob<std::string>("tools", "", "JSON file of function schemas the chat template gets with every conversation without its own \"tools\"")
       .at_end(ht::lm::report_response_loss())
       .at_end(ht::lm::hf_export());
   return ht::run(argc, argv, job, training);

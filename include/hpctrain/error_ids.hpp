@@ -162,6 +162,7 @@ inline constexpr ErrorId spec_prepare_validation_fraction{"hpctrain.spec.prepare
 inline constexpr ErrorId runtime_text_decode{"hpctrain.runtime.text.decode"};
 inline constexpr ErrorId runtime_text_prepare{"hpctrain.runtime.text.prepare"};
 inline constexpr ErrorId runtime_text_regex{"hpctrain.runtime.text.regex"};
+inline constexpr ErrorId runtime_text_sft_tokens{"hpctrain.runtime.text.sft_tokens"};
 inline constexpr ErrorId runtime_text_token_file{"hpctrain.runtime.text.token_file"};
 inline constexpr ErrorId runtime_text_tokenizer{"hpctrain.runtime.text.tokenizer"};
 

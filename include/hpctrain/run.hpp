@@ -21,6 +21,22 @@ namespace hpctrain {
 HPCTRAIN_RUNTIME_INLINE int run(int argc, char** argv, const Job& job, const Training& training);
 
 #if HPCTRAIN_RUNTIME_DEFINITIONS
+namespace detail {
+/// `job` with the Training's data preparation (lm::sft_jsonl's tokenization) in its preparation step, after the
+/// job's own, read with the knobs the step is given (the workers' arguments, `--resume DIR` first when resuming).
+inline Job with_data_preparation(const Job& job, const Training& training, const Knobs& knobs) {
+  if (!training.prepares_data()) return job;
+  Job prepared = job;
+  prepared.prepare([own = job.preparation(), &training, knobs](const PrepareContext& context) {
+    if (own) own(context);
+    auto args = context.args;
+    if (args.size() >= 2 && args[0] == "--resume") args.erase(args.begin(), args.begin() + 2);
+    training.prepare_data(knobs.with_arguments(args), context.output_dir);
+  });
+  return prepared;
+}
+}  // namespace detail
+
 HPCTRAIN_RUNTIME_INLINE int run(int argc, char** argv, const Job& job, const Training& training) {
   install_spec_error_exit();  // from here on, a SpecError that escapes exits 2 with its message
   Knobs knobs;
@@ -36,7 +52,8 @@ HPCTRAIN_RUNTIME_INLINE int run(int argc, char** argv, const Job& job, const Tra
     planner = [&training](const Knobs& values, const PlanRequest& request, std::ostream& out) {
       return training.memory_planner()(training, values, request, out);
     };
-  return run_job(argc, argv, job, knobs, [&training](const Knobs& values) { return run_worker(training, values); },
+  return run_job(argc, argv, detail::with_data_preparation(job, training, knobs), knobs,
+                 [&training](const Knobs& values) { return run_worker(training, values); },
                  [&training](const Knobs& values) { training.check_at_login(values); }, planner);
 }
 #endif

@@ -8,13 +8,18 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <numeric>
 #include <set>
 #include <vector>
 
 #include <hpctrain/lm/lm.hpp>
 #include <hpctrain/lm/masked_lm.hpp>
+#include <hpctrain/lm/setting.hpp>
+#include <hpctrain/lm/sft.hpp>
+#include <hpctrain/lm/sft_dataset.hpp>
 #include <hpctrain/models/models.hpp>
 #include <hpctrain/text/prepare.hpp>
+#include <hpctrain/train/data/sampler.hpp>
 
 #include "models_test_support.hpp"
 
@@ -148,6 +153,107 @@ TEST_CASE("An SFT row shifts targets, masks untrained ones and padding, and rest
   const auto eight = rounded_packed->batch({0});
   CHECK(eight.inputs.size(1) == 8);
   CHECK(eight.field("document_ids").equal(torch::tensor({{0, 0, 0, 1, 1, -1, -1, -1}}, torch::kInt32)));
+}
+
+TEST_CASE("The padding an SFT epoch's batches carry is counted on the batches as formed: their longest row, rounded, every rank", "[lm]") {
+  // Four examples of 3, 2, 6 and 1 input tokens (ids minus one): 12 tokens.
+  std::vector<lm::TokenizedExample> examples;
+  for (const std::size_t ids : {4, 3, 7, 2}) examples.push_back({std::vector<std::int64_t>(ids, 7), std::vector<std::uint8_t>(ids, 1)});
+  auto unpacked = lm::SftDataset::unpacked(examples, /*pad_id=*/0);
+  // fill() is what batch() makes: the tokens of its rows, and rows × the padded length.
+  for (const auto& indices : std::vector<std::vector<std::int64_t>>{{0, 1}, {2, 3}, {1, 3}, {0, 1, 2, 3}}) {
+    CAPTURE(indices);
+    const auto fill = unpacked->fill(indices);
+    REQUIRE(fill);
+    CHECK(fill->slots == unpacked->batch(indices).inputs.numel());
+    CHECK(fill->tokens == unpacked->batch(indices).targets.ne(lm::ignore_index).sum().item<std::int64_t>());  // every id trained here
+  }
+  // One rank, dataset order, batches of 2: {0, 1} pads to 3 (6 slots, 5 tokens), {2, 3} to 6 (12 slots, 7 tokens): 1/3 padding.
+  const hpctrain::data::DistributedSampler in_order(4, 1, 0, /*seed=*/1, /*shuffle=*/false);
+  auto fill = hpctrain::data::epoch_fill(*unpacked, in_order, 1, 0, 2, 2);
+  REQUIRE(fill);
+  CAPTURE(fill->tokens, fill->slots, fill->padding());
+  CHECK(fill->tokens == 12);
+  CHECK(fill->slots == 18);
+  CHECK(fill->padding() == Approx(1.0 / 3.0));
+  // Rounded to multiples of 4 (at most 8): 4 and 8 tokens a row, 24 slots: half of them padding.
+  unpacked->round_lengths(4, 8);
+  CHECK(hpctrain::data::epoch_fill(*unpacked, in_order, 1, 0, 2, 2)->slots == 24);
+  unpacked->round_lengths(1, 8);
+  // Two ranks, one batch of 2 each: rank 0 has examples 0 and 2 (2 × 6 slots, 9 tokens), rank 1 has 1 and 3 (2 × 2, 3).
+  fill = hpctrain::data::epoch_fill(*unpacked, hpctrain::data::DistributedSampler(4, 2, 0, 1, false), 2, 0, 2, 1);
+  CHECK(fill->tokens == 12);
+  CHECK(fill->slots == 16);
+  // Packed into rows {2} and {0, 1, 3} of 6 tokens each: no padding left.
+  const lm::SftDataset packed(examples, {{2}, {0, 1, 3}}, /*pad_id=*/0);
+  fill = hpctrain::data::epoch_fill(packed, hpctrain::data::DistributedSampler(2, 1, 0, 1, false), 1, 0, 2, 1);
+  CHECK(fill->slots == packed.batch({0, 1}).inputs.numel());
+  CHECK(fill->padding() == 0.0);
+  // Shuffled, the same sampler as the Trainer's: every example counted once an epoch.
+  CHECK(hpctrain::data::epoch_fill(*unpacked, hpctrain::data::DistributedSampler(4, 1, 0, 5), 1, 3, 2, 2)->tokens == 12);
+  // A dataset of fixed-size examples reports none.
+  hpctrain::data::TensorDataset fixed;
+  fixed.inputs = torch::zeros({4, 3});
+  fixed.targets = torch::zeros({4});
+  CHECK_FALSE(hpctrain::data::epoch_fill(fixed, in_order, 1, 0, 2, 2));
+}
+
+TEST_CASE("An optional path from a knob: the knob's value, none when it is empty (--tools), the program's own value", "[lm]") {
+  hpctrain::Knobs knobs;
+  knobs.declare<std::string>("tools", "", "function schemas");
+  const lm::Setting<std::filesystem::path> from_knob(lm::knob("tools"));
+  CHECK_FALSE(from_knob.get_optional(knobs));
+  CHECK(from_knob.get_optional(knobs.with_arguments({"--tools", "t.json"})) == std::filesystem::path("t.json"));
+  CHECK(lm::Setting<std::filesystem::path>("/x/tools.json").get_optional(knobs) == std::filesystem::path("/x/tools.json"));
+}
+
+TEST_CASE("An SFT source makes the same rows from the job's prepared file as tokenized in each rank, unpacked and packed, both splits",
+          "[lm][sft]") {
+  const auto dir = models_test::scratch("sft-prepared-rows");
+  // pretrained_oracle.py's llama3 tokenizer (a BPE of 400 ids) and a template with generation markers.
+  const auto tokenizers = dir / "tokenizers";
+  std::filesystem::create_directories(tokenizers);
+  models_test::run_python("../text/pretrained_oracle.py", fmt::format("make '{}'", tokenizers.string()), dir / "make.log");
+  const auto source_dir = std::filesystem::path(std::getenv("HPCTRAIN_SOURCE_DIR"));
+  const auto chat_template = source_dir / "tests/data/chat_templates/chatml-generation.jinja";
+  // The fortunes' Q/A conversations: at 96 tokens some are cut, some left without a trained token.
+  const auto jsonl = source_dir / "examples/data/fortunes_qa.jsonl";
+  hpctrain::Knobs knobs;
+  knobs.declare<bool>("packing", false, "pack");
+  const auto prepared_dir = dir / "prepare";
+  for (const bool packing : {false, true}) {
+    const auto values = knobs.with_arguments({packing ? "--packing=true" : "--packing=false"});
+    for (const auto split : {lm::Split::train, lm::Split::validation}) {
+      CAPTURE(packing, split == lm::Split::train);
+      const auto source = lm::sft_jsonl(jsonl).tokenizer(tokenizers / "llama3").chat_template(chat_template).max_length(96)
+                              .packing(lm::knob("packing")).split(split);
+      const hpctrain::RunContext alone{values, 0, 1, dir / "run", std::nullopt, std::nullopt, std::nullopt};
+      const auto in_rank = source(alone).load();
+      source.prepare_in_job(values, std::nullopt, prepared_dir);  // once for both splits: the second finds it
+      const hpctrain::RunContext in_job{values, 0, 1, dir / "run", prepared_dir, std::nullopt, std::nullopt};
+      const auto from_file = source(in_job).load();
+      REQUIRE(from_file->size() == in_rank->size());
+      std::vector<std::int64_t> all(static_cast<std::size_t>(in_rank->size()));
+      std::iota(all.begin(), all.end(), std::int64_t{0});
+      const auto expected = in_rank->batch(all), got = from_file->batch(all);
+      CHECK(got.inputs.equal(expected.inputs));
+      CHECK(got.targets.equal(expected.targets));
+      CHECK(got.fields.size() == expected.fields.size());
+      for (const auto& [name, tensor] : expected.fields) CHECK(got.field(name).equal(tensor));
+    }
+  }
+  // One prepared file for the file, tokenizer, template and length, whatever the split and packing; a ranks
+  // reads it (a corrupt one is refused naming it, never silently replaced by tokenizing).
+  std::vector<std::filesystem::path> prepared;
+  for (const auto& entry : std::filesystem::directory_iterator(prepared_dir / "sft")) prepared.push_back(entry.path());
+  REQUIRE(prepared.size() == 1);
+  std::filesystem::resize_file(prepared[0], std::filesystem::file_size(prepared[0]) - 1);
+  const hpctrain::RunContext in_job{knobs, 0, 1, dir / "run", prepared_dir, std::nullopt, std::nullopt};
+  const auto source = lm::sft_jsonl(jsonl).tokenizer(tokenizers / "llama3").chat_template(chat_template).max_length(96);
+  CHECK_THROWS_WITH(source(in_job).load(), Catch::StartsWith("[hpctrain.runtime.text.sft_tokens] " + prepared[0].string() + ": header: "));
+  // Another length is another file: the ranks tokenize it themselves until the step prepares it.
+  const auto other = lm::sft_jsonl(jsonl).tokenizer(tokenizers / "llama3").chat_template(chat_template).max_length(97);
+  CHECK(other(in_job).load()->size() > 0);
 }
 
 TEST_CASE("A packed GPT-2 row gives the loss and gradients of its examples alone (fp32, 1e-5)", "[lm]") {

@@ -74,6 +74,11 @@ PY
 refused "an unrenderable chat template" '\[hpctrain.spec.chat_template\] .*conversations.jsonl:1: the first record does not render: .*no_such_filter' \
   --from ../badtemplate --data ../conversations.jsonl --dry-run
 
+# --tools FILE: a file that is not a JSON list of function schemas exits 2 at --dry-run naming it, nothing written.
+echo '{"type": "function"}' > badtools.json
+refused "a tools file that is no list" '\[hpctrain.spec.data.jsonl\] \.\./badtools.json: ' \
+  --from ../llama --data ../conversations.jsonl --tools ../badtools.json --dry-run
+
 # --plan: the memory each rank will hold, from config.json alone, nothing written; a GPU too small for it exits 2
 # naming the figure.
 (cd bad && "$sft" --from ../llama --data ../conversations.jsonl --plan --gpus-per-node 1) > plan.log 2>&1 ||
@@ -96,6 +101,8 @@ HPCTRAIN_RUN_DIR="$work/run" "$sft" --from llama --data conversations.jsonl --lo
   > run.log 2>&1 || fail "sft exited $?"
 grep -q '^hpctrain: 2 rank(s) on cpu (gloo)' run.log || fail "not 2 Gloo ranks"
 grep -q "^hpctrain: llama: llama: [0-9]* layers, .*rope theta" run.log || fail "no line saying what the config was understood as"
+grep -q "^hpctrain: padding: [0-9.]*% of the token slots of an epoch's batches ([0-9]* tokens in [0-9]* slots; 10 batches of 8 rows on each of 2 rank(s))" run.log ||
+  fail "no line saying what padding the batches carry"
 before="$(value response_loss_before run.log)"
 after="$(value response_loss_after run.log)"
 [ -n "$before" ] && [ -n "$after" ] || fail "no response_loss_before/after"

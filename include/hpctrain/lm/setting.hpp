@@ -43,6 +43,15 @@ class Setting {
       return knobs.get<T>(*knob_);
     }
   }
+  /// An optional path: the program's, or the knob's unless the knob is empty (`--tools ""`, its default: none).
+  std::optional<T> get_optional(const Knobs& knobs) const
+    requires std::is_same_v<T, std::filesystem::path>
+  {
+    if (!knob_) return *value_;
+    auto text = knobs.get<std::string>(*knob_);
+    if (text.empty()) return std::nullopt;
+    return std::filesystem::path(text);
+  }
   /// The knob's name, when the value comes from one.
   const std::optional<std::string>& knob_name() const { return knob_; }
 

@@ -1,8 +1,12 @@
 #pragma once
 // Supervised fine-tuning data from a JSONL file in TRL's three shapes (text/sft_jsonl.hpp): plain text (the
 // loss on every token), prompt/completion (on the completion) and conversational messages rendered with
-// the model's chat template (on the assistant turns, their tool calls included; tool results never). Each rank reads and tokenizes the file when the run
-// starts (SFT files are small next to pretraining corpora); the login node validates it first.
+// the model's chat template (on the assistant turns, their tool calls included; tool results never). The login
+// node validates the file; the job's preparation step (Job::prepare, run once before the ranks: `ht::run` adds
+// it for a Training whose data has one) renders, tokenizes and masks it on every core of its task into a
+// prepared file keyed by the digest of its inputs (text/sft_prepare.hpp), which every rank maps. A run without
+// that step, or whose step prepared other inputs, tokenizes the file in each rank as before: the same rules,
+// the same examples.
 //
 // A batch holds inputs/targets as the causal-LM convention says (targets shifted, lm::ignore_index where no
 // loss counts). Without packing a batch is its examples right-padded to the longest; with packing the
@@ -32,6 +36,8 @@
 #include <hpctrain/text/packing.hpp>
 #include <hpctrain/text/pretrained_tokenizer.hpp>
 #include <hpctrain/text/sft_jsonl.hpp>
+#include <hpctrain/text/sft_prepare.hpp>
+#include <hpctrain/text/sft_tokens.hpp>
 #include <hpctrain/train/data/source.hpp>
 #include <hpctrain/train/run_context.hpp>
 
@@ -71,7 +77,8 @@ class SftJsonl {
   /// A chat template file to use instead of the tokenizer's own (conversational files only).
   SftJsonl& chat_template(Setting<std::filesystem::path> file) { chat_template_ = std::move(file); return *this; }
   /// A JSON file holding a list of function schemas, given to the chat template as `tools` with every
-  /// conversation that has no "tools" of its own (conversational files only). Default: none.
+  /// conversation that has no "tools" of its own (conversational files only). From a knob (`lm::knob("tools")`),
+  /// an empty value means none. Default: none.
   SftJsonl& tools(Setting<std::filesystem::path> file) { tools_ = std::move(file); return *this; }
 
   /// On the login node: the file exists and every line has the file's shape (SpecError naming file and line);
@@ -80,11 +87,68 @@ class SftJsonl {
   /// and the line): a template hpctrain cannot render fails here, not on every rank after the queue.
   HPCTRAIN_RUNTIME_INLINE void check_at_login(const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained = {}) const;
 
-  /// In the worker: reads, tokenizes, truncates or drops, and packs; rank 0 says what it kept.
+  /// In the job's preparation step (once, before the ranks): renders, tokenizes, masks and cuts every record of
+  /// the file on every CPU of the task into `<prepared_dir>/sft/<digest>.sfttokens`, unless a file of the same
+  /// digest is already there; rank 0 of the run maps it. Nothing to do without a tokenizer directory.
+  HPCTRAIN_RUNTIME_INLINE void prepare_in_job(const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained,
+                                              const std::filesystem::path& prepared_dir) const;
+
+  /// In the worker: the job's prepared file when it has the one for these inputs, else reads and tokenizes the
+  /// file here; truncates or drops, and packs; rank 0 says what it kept and from where.
   HPCTRAIN_RUNTIME_INLINE data::Source operator()(const RunContext& run) const;
 
  private:
+  /// The examples this source keeps, and what happened to the others.
+  struct Kept {
+    std::vector<TokenizedExample> examples;
+    std::int64_t seen = 0, truncated = 0, dropped = 0, empty = 0;
+    void add(text::SftCutExample cut) {
+      ++seen;
+      truncated += (cut.flags & text::sft_truncated) != 0;
+      dropped += (cut.flags & text::sft_dropped) != 0;
+      empty += (cut.flags & text::sft_untrained) != 0;
+      if ((cut.flags & (text::sft_dropped | text::sft_untrained)) != 0) return;
+      examples.push_back({std::vector<std::int64_t>(cut.ids.begin(), cut.ids.end()), std::move(cut.trained)});
+    }
+  };
+
   HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> load(const RunContext& run) const;
+  /// The file, tokenizer, template, tools and length rule for these knobs; SpecError when no tokenizer is known.
+  HPCTRAIN_RUNTIME_INLINE text::SftRecipe recipe(const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained) const;
+  /// The kept records of the job's prepared file `file` (mapped, checked whole, made from `digest` by `tokenizer`).
+  Kept read_prepared(const std::filesystem::path& file, std::uint64_t digest, const text::PretrainedTokenizer& tokenizer) const {
+    const text::SftTokensFile prepared(file);
+    const auto& view = prepared.view();
+    if (view.header().source_digest != digest || view.header().fingerprint != tokenizer.tokenizer().fingerprint())
+      throw RuntimeError(errors::runtime_text_sft_tokens,
+                         fmt::format("{}: header: made from other inputs (digest {:016x}, tokenizer {:016x}; expected {:016x}, {:016x})", file.string(),
+                                     view.header().source_digest, view.header().fingerprint, digest, tokenizer.tokenizer().fingerprint()));
+    Kept kept;
+    for (std::uint64_t r = 0; r < view.records(); ++r) {
+      if (!keeps(static_cast<std::int64_t>(r))) continue;
+      const auto record = view.record(r);
+      text::SftCutExample cut;
+      cut.flags = record.flags;
+      for (std::uint64_t i = record.first; i < record.first + record.count; ++i) {
+        cut.ids.push_back(view.id(i));
+        cut.trained.push_back(view.trained(i));
+      }
+      kept.add(std::move(cut));
+    }
+    return kept;
+  }
+  /// The kept records of the file, tokenized here (no preparation step, or one for other inputs).
+  Kept tokenize_here(const text::SftRecipe& recipe, const text::PretrainedTokenizer& tokenizer) const {
+    const auto renderer = text::sft_renderer(tokenizer, recipe.chat_template);
+    Kept kept;
+    text::SftJsonlReader reader(recipe.jsonl, text::SftJsonlOptions{recipe.tools});
+    text::SftRecord record;
+    for (std::int64_t index = 0; reader.next(record); ++index)
+      if (keeps(index))
+        kept.add(text::cut_sft_example(text::tokenize_sft(record, tokenizer, renderer ? &*renderer : nullptr), recipe.max_length,
+                                       recipe.drop_overlong));
+    return kept;
+  }
 
   bool keeps(std::int64_t index) const {
     const bool held_out = index % holdout_every_ == holdout_every_ / 2;
@@ -94,12 +158,9 @@ class SftJsonl {
   /// How the file is read: the tools file, if any.
   text::SftJsonlOptions read_options(const Knobs& knobs) const {
     text::SftJsonlOptions options;
-    if (tools_) options.tools = tools_->get(knobs);
+    if (tools_) options.tools = tools_->get_optional(knobs);
     return options;
   }
-
-  /// The tokenizer's chat template (or the chat_template file), bound to its special tokens.
-  HPCTRAIN_RUNTIME_INLINE std::optional<text::ConversationRenderer> conversation_renderer(const text::PretrainedTokenizer& tokenizer, const Knobs& knobs) const;
 
   /// Rows of at most `capacity` input tokens, filled best-fit-decreasing.
   static std::shared_ptr<SftDataset> pack(std::vector<TokenizedExample> examples, std::int64_t capacity, std::int64_t pad) {
@@ -135,7 +196,7 @@ HPCTRAIN_RUNTIME_INLINE void SftJsonl::check_at_login(const Knobs& knobs, const 
   text::SftRecord record;
   if (!reader.next(record)) return;
   try {
-    const auto renderer = conversation_renderer(tokenizer, knobs);
+    const auto renderer = text::sft_renderer(tokenizer, chat_template_ ? std::optional(chat_template_->get(knobs)) : std::nullopt);
     (void)text::tokenize_sft(record, tokenizer, renderer ? &*renderer : nullptr);
   } catch (const Error& error) {
     throw SpecError(errors::spec_chat_template, fmt::format("{}:{}", file.string(), reader.line()),
@@ -149,86 +210,65 @@ HPCTRAIN_RUNTIME_INLINE data::Source SftJsonl::operator()(const RunContext& run)
   return data::Source([dataset] { return dataset; }, description);
 }
 
+HPCTRAIN_RUNTIME_INLINE text::SftRecipe SftJsonl::recipe(const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained) const {
+  text::SftRecipe recipe;
+  recipe.jsonl = file_.get(knobs);
+  const auto directory = tokenizer_ ? std::optional(tokenizer_->get(knobs)) : pretrained;
+  if (!directory || directory->empty())
+    throw SpecError(errors::spec_data_jsonl, recipe.jsonl.string(), "needs a tokenizer: lm::from_pretrained(...) or .tokenizer(dir)");
+  recipe.tokenizer_dir = *directory;
+  if (chat_template_) recipe.chat_template = chat_template_->get(knobs);
+  recipe.tools = read_options(knobs).tools;
+  recipe.max_length = max_length_.get(knobs);
+  hpctrain::detail::require(recipe.max_length >= 2, "sft.max_length", recipe.max_length, "must be at least 2");
+  recipe.drop_overlong = overlong_ == Overlong::drop;
+  return recipe;
+}
+
+HPCTRAIN_RUNTIME_INLINE void SftJsonl::prepare_in_job(const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained,
+                                                      const std::filesystem::path& prepared_dir) const {
+  if (!tokenizer_ && !pretrained) return;  // the ranks say that a tokenizer is needed
+  const auto recipe = this->recipe(knobs, pretrained);
+  const auto tokenizer = text::load_pretrained_tokenizer(recipe.tokenizer_dir);
+  const auto digest = text::sft_source_digest(recipe, tokenizer);
+  const auto file = text::sft_tokens_path(prepared_dir, digest);
+  if (text::sft_tokens_prepared(file, digest, tokenizer)) {
+    fmt::print("hpctrain: {}: already prepared in {} (the same inputs); not preparing again\n", recipe.jsonl.string(), file.string());
+  } else {
+    const auto result = text::prepare_sft_tokens(recipe, file);
+    fmt::print("hpctrain: prepared {}: {} examples, {} tokens in {} ({:.2f} MB/s, {:.0f} examples/s on {} threads)\n", recipe.jsonl.string(),
+               result.records, result.tokens, file.string(), result.megabytes_per_second(), result.examples_per_second(), result.threads);
+  }
+  std::fflush(stdout);
+}
+
 HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> SftJsonl::load(const RunContext& run) const {
-  const auto file = file_.get(run.knobs);
-  const auto directory = tokenizer_ ? tokenizer_->get(run.knobs) : tokenizer_directory(run).value_or(std::filesystem::path());
-  if (directory.empty())
-    throw SpecError(errors::spec_data_jsonl, file.string(), "needs a tokenizer: lm::from_pretrained(...) or .tokenizer(dir)");
-  const auto tokenizer = text::load_pretrained_tokenizer(directory);
-  const auto renderer = conversation_renderer(tokenizer, run.knobs);
-  const auto max_length = max_length_.get(run.knobs);
-  hpctrain::detail::require(max_length >= 2, "sft.max_length", max_length, "must be at least 2");
+  const auto recipe = this->recipe(run.knobs, tokenizer_ ? std::nullopt : tokenizer_directory(run));
+  const auto tokenizer = text::load_pretrained_tokenizer(recipe.tokenizer_dir);
   const auto multiple = pad_to_multiple_of_.get(run.knobs);
   hpctrain::detail::require(multiple >= 1, "sft.pad_to_multiple_of", multiple, "must be at least 1");
 
-  std::vector<TokenizedExample> examples;
-  std::int64_t seen = 0, truncated = 0, dropped = 0, empty = 0;
-  text::SftJsonlReader reader(file, read_options(run.knobs));
-  text::SftRecord record;
-  for (std::int64_t index = 0; reader.next(record); ++index) {
-    if (!keeps(index)) continue;
-    ++seen;
-    auto tokenized = text::tokenize_sft(record, tokenizer, renderer ? &*renderer : nullptr);
-    TokenizedExample example;
-    example.ids.assign(tokenized.ids.begin(), tokenized.ids.end());
-    example.trained = std::move(tokenized.trained);
-    if (static_cast<std::int64_t>(example.ids.size()) > max_length) {
-      if (overlong_ == Overlong::drop) {
-        ++dropped;
-        continue;
-      }
-      example.ids.resize(static_cast<std::size_t>(max_length));
-      example.trained.resize(static_cast<std::size_t>(max_length));
-      ++truncated;
-    }
-    // An example whose loss counts nowhere after the first token teaches nothing (its prompt filled the length).
-    if (example.ids.size() < 2 || std::none_of(example.trained.begin() + 1, example.trained.end(), [](auto t) { return t != 0; })) {
-      ++empty;
-      continue;
-    }
-    examples.push_back(std::move(example));
-  }
-  if (examples.empty())
-    throw SpecError(errors::spec_data_jsonl, file.string(), fmt::format("no example left to train on ({} read)", seen));
+  // The job's prepared file for exactly these inputs (its name is their digest), else tokenized here.
+  std::optional<std::filesystem::path> prepared;
+  const auto digest = text::sft_source_digest(recipe, tokenizer);
+  if (run.prepared_dir)
+    if (const auto file = text::sft_tokens_path(*run.prepared_dir, digest); std::filesystem::is_regular_file(file)) prepared = file;
+  auto kept = prepared ? read_prepared(*prepared, digest, tokenizer) : tokenize_here(recipe, tokenizer);
+  const auto file = recipe.jsonl;
+  if (kept.examples.empty())
+    throw SpecError(errors::spec_data_jsonl, file.string(), fmt::format("no example left to train on ({} read)", kept.seen));
   const std::int64_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
-  std::vector<std::size_t> lengths;
-  for (const auto& example : examples) lengths.push_back(example.ids.size() - 1);
-  auto dataset = packing_.get(run.knobs) ? pack(std::move(examples), max_length, pad) : SftDataset::unpacked(std::move(examples), pad);
-  dataset->round_lengths(multiple, max_length);
+  auto dataset = packing_.get(run.knobs) ? pack(std::move(kept.examples), recipe.max_length, pad)
+                                         : SftDataset::unpacked(std::move(kept.examples), pad);
+  dataset->round_lengths(multiple, recipe.max_length);
   if (run.rank == 0) {
-    // Padding if every row were filled to max_length: one example per row, and as packed.
-    std::vector<std::vector<std::size_t>> alone(lengths.size());
-    for (std::size_t i = 0; i < alone.size(); ++i) alone[i] = {i};
-    const auto capacity = static_cast<std::size_t>(max_length);
-    fmt::print("hpctrain: {}: {} examples read, {} truncated and {} dropped at {} tokens, {} without a trained token left out; {} rows{} "
-               "(padding at {} tokens a row: {:.1f}% one example a row, {:.1f}% packed)\n",
-               file.string(), seen, truncated, dropped, max_length, empty, dataset->size(), dataset->packed() ? " (packed)" : "", max_length,
-               100.0 * text::padding_fraction(alone, lengths, capacity),
-               100.0 * text::padding_fraction(text::pack_best_fit_decreasing(lengths, capacity), lengths, capacity));
+    // The padding the batches carry depends on the batch size: the Trainer reports it (SftDataset::fill).
+    fmt::print("hpctrain: {}: {} examples read ({}), {} truncated and {} dropped at {} tokens, {} without a trained token left out; {} rows{}\n",
+               file.string(), kept.seen, prepared ? "prepared by the job: " + prepared->string() : std::string("tokenized in each rank"),
+               kept.truncated, kept.dropped, recipe.max_length, kept.empty, dataset->size(), dataset->packed() ? " (packed)" : "");
     std::fflush(stdout);
   }
   return dataset;
-}
-
-HPCTRAIN_RUNTIME_INLINE std::optional<text::ConversationRenderer> SftJsonl::conversation_renderer(const text::PretrainedTokenizer& tokenizer, const Knobs& knobs) const {
-  std::optional<std::string> source;
-  std::string origin;
-  if (chat_template_) {
-    const auto file = chat_template_->get(knobs);
-    source = detail::read_file(file);
-    origin = file.string();
-  } else if (tokenizer.chat_template_source()) {
-    source = *tokenizer.chat_template_source();
-    origin = "chat_template";
-  }
-  if (!source) return std::nullopt;  // a conversational file then fails in tokenize_sft, naming the line
-  auto parsed = std::make_shared<const text::ChatTemplate>(text::ChatTemplate::parse(*source, origin));
-  text::ChatRenderOptions options;
-  options.bos_token = tokenizer.bos_token();
-  options.eos_token = tokenizer.eos_token();
-  return text::ConversationRenderer([parsed, options](const std::vector<text::ChatMessage>& messages, const nlohmann::ordered_json& tools) {
-    return parsed->render_with_assistant_spans(messages, options, tools);
-  });
 }
 
 HPCTRAIN_RUNTIME_INLINE FinishHook report_response_loss() {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -46,9 +47,7 @@ class SftDataset : public data::Dataset {
   /// Right-padded to the longest row of the batch (rounded up as round_lengths says); padding takes no loss.
   /// Packed datasets add position_ids and document_ids (padding: position 0, document -1).
   data::Batch batch(const std::vector<std::int64_t>& indices) const override {
-    std::int64_t longest = 1;
-    for (const auto i : indices) longest = std::max(longest, row_tokens(rows_[static_cast<std::size_t>(i)]));
-    const auto length = std::max(longest, std::min((longest + multiple_ - 1) / multiple_ * multiple_, limit_));
+    const auto length = padded_length(indices);
     const auto n = static_cast<std::int64_t>(indices.size());
     auto inputs = torch::full({n, length}, pad_id_, torch::kInt64);
     auto targets = torch::full({n, length}, ignore_index, torch::kInt64);
@@ -75,7 +74,22 @@ class SftDataset : public data::Dataset {
     return {inputs, targets, {{"position_ids", positions}, {"document_ids", documents}}};
   }
 
+  /// The input tokens batch(indices) holds and its slots (rows × the padded length), without making it.
+  std::optional<data::BatchFill> fill(const std::vector<std::int64_t>& indices) const override {
+    data::BatchFill fill;
+    for (const auto i : indices) fill.tokens += row_tokens(rows_[static_cast<std::size_t>(i)]);
+    fill.slots = static_cast<std::int64_t>(indices.size()) * padded_length(indices);
+    return fill;
+  }
+
  private:
+  /// The batch's length: its longest row, rounded up to the multiple (not past the limit unless that row is longer).
+  std::int64_t padded_length(const std::vector<std::int64_t>& indices) const {
+    std::int64_t longest = 1;
+    for (const auto i : indices) longest = std::max(longest, row_tokens(rows_[static_cast<std::size_t>(i)]));
+    return std::max(longest, std::min((longest + multiple_ - 1) / multiple_ * multiple_, limit_));
+  }
+
   std::int64_t row_tokens(const std::vector<std::size_t>& row) const {
     std::int64_t tokens = 0;
     for (const auto e : row) tokens += static_cast<std::int64_t>(examples_[e].ids.size()) - 1;

@@ -95,6 +95,7 @@ class Trainer {
     open_loggers();
     resume();
     announce();
+    report_padding();
     if (eval_set_ && training_.evaluate_at_start() && !result_.resumed_from) {
       result_.eval_loss_at_start = evaluate_and_log().loss;
       say(fmt::format("eval_loss_at_start={:.8g}", *result_.eval_loss_at_start));
@@ -198,6 +199,18 @@ class Trainer {
     if (training_.max_steps()) total_steps_ = std::min(total_steps_, *training_.max_steps());
     result_.total_steps = total_steps_;
     meter_.emplace(group_->world_size(), examples_per_step, training_.flops_per_example(), training_.peak_flops());
+  }
+
+  /// Rank 0 says how much of the token slots the training batches of an epoch really carry as padding (rows of
+  /// variable length padded to their batch's longest: SFT), over every rank's batches of the first epoch.
+  void report_padding() {
+    if (!lead()) return;
+    const std::int64_t per_step = micro_batch_ * training_.gradient_accumulation();
+    const auto fill = data::epoch_fill(*train_set_, *sampler_, group_->world_size(), 0, per_step, steps_per_epoch_);
+    if (!fill) return;
+    say(fmt::format("hpctrain: padding: {:.1f}% of the token slots of an epoch's batches ({} tokens in {} slots; {} batches of {} rows "
+                    "on each of {} rank(s))",
+                    100.0 * fill->padding(), fill->tokens, fill->slots, steps_per_epoch_, per_step, group_->world_size()));
   }
 
   /// Rank 0's loggers: progress lines, metrics.jsonl, TensorBoard, W&B when asked, then the Training's own.

@@ -258,9 +258,12 @@ class Training {
   /// Training data (required): a data::Source, or a factory returning one that takes nothing, the knobs or
   /// the `const RunContext&` (the prepared files, the pretrained directory). A factory with a
   /// `check_at_login(const Knobs&)` member is also checked on the login node (lm::sft_jsonl validates its file).
+  /// A factory with a `prepare_in_job(const Knobs&, pretrained directory, prepared directory)` member has its
+  /// part in the job's preparation step (lm::sft_jsonl tokenizes its file there once): `run` adds the step.
   template <class Factory>
   Training& train_data(Factory factory) {
     add_login_check_of(factory, train_check_);
+    add_preparation_of(factory, train_preparation_);
     train_data_ = detail::data_factory(std::move(factory));
     return *this;
   }
@@ -268,6 +271,7 @@ class Training {
   template <class Factory>
   Training& eval_data(Factory factory) {
     add_login_check_of(factory, eval_check_);
+    add_preparation_of(factory, eval_preparation_);
     eval_data_ = detail::data_factory(std::move(factory));
     return *this;
   }
@@ -497,6 +501,13 @@ class Training {
     if (!lora_from_knobs_) return std::nullopt;
     return lora_from_knobs_(knobs);
   }
+  /// Whether a data factory has a part in the job's preparation step (prepare_data).
+  bool prepares_data() const { return static_cast<bool>(train_preparation_) || static_cast<bool>(eval_preparation_); }
+  /// The data factories' part of the job's preparation step, with this run's knobs, writing below `prepared_dir`.
+  void prepare_data(const Knobs& knobs, const std::filesystem::path& prepared_dir) const {
+    if (train_preparation_) train_preparation_(knobs, pretrained_dir(knobs), prepared_dir);
+    if (eval_preparation_) eval_preparation_(knobs, pretrained_dir(knobs), prepared_dir);
+  }
   /// Runs every login check (those of the model and data factories, then login_check's) with `knobs`.
   void check_at_login(const Knobs& knobs) const {
     if (model_check_) model_check_(knobs);
@@ -555,6 +566,19 @@ class Training {
       slot = [factory](const Knobs& knobs, const std::optional<std::filesystem::path>&) { factory.check_at_login(knobs); };
   }
 
+  /// A data factory's part of the job's preparation step: knobs, the pretrained model's directory, the step's output.
+  using DataPreparation = std::function<void(const Knobs&, const std::optional<std::filesystem::path>&, const std::filesystem::path&)>;
+  template <class Factory>
+  static void add_preparation_of(const Factory& factory, DataPreparation& slot) {
+    slot = nullptr;
+    if constexpr (requires(const Factory& f, const Knobs& k, const std::optional<std::filesystem::path>& d, const std::filesystem::path& o) {
+                    f.prepare_in_job(k, d, o);
+                  })
+      slot = [factory](const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained, const std::filesystem::path& out) {
+        factory.prepare_in_job(knobs, pretrained, out);
+      };
+  }
+
   std::function<ModelInstance(const RunContext&)> model_;
   std::function<std::filesystem::path(const Knobs&)> pretrained_dir_;
   std::function<std::unique_ptr<torch::optim::Optimizer>(const NamedParameters&, const Knobs&)> optimizer_;
@@ -567,6 +591,7 @@ class Training {
   std::function<data::Source(const RunContext&)> train_data_, eval_data_;
   LoginCheck model_check_;
   DataLoginCheck train_check_, eval_check_;
+  DataPreparation train_preparation_, eval_preparation_;
   std::vector<LoginCheck> login_checks_;
   std::vector<FinishHook> finish_hooks_;
   std::vector<ModelHook> model_hooks_;

@@ -3,12 +3,14 @@
 // dealt round-robin to the ranks; every rank gets the same number of examples (the tail that does not
 // divide evenly is dropped, so every rank runs the same number of steps and no collective waits forever).
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/train/data/source.hpp>
 
 namespace hpctrain::data {
 
@@ -24,6 +26,9 @@ class DistributedSampler {
 
   /// Examples each rank sees per epoch.
   std::int64_t size_per_rank() const { return dataset_size_ / world_size_; }
+
+  /// The same sampler as rank `rank` holds it.
+  DistributedSampler for_rank(int rank) const { return DistributedSampler(dataset_size_, world_size_, rank, seed_, shuffle_); }
 
   /// This rank's indices for `epoch` (a pure function of seed, epoch, rank and world size).
   std::vector<std::int64_t> indices(std::int64_t epoch) const {
@@ -49,6 +54,24 @@ class DistributedSampler {
   std::uint64_t seed_;
   bool shuffle_;
 };
+
+/// The tokens and slots of one epoch's training batches on every rank, as the Trainer forms them: each rank's
+/// indices of `epoch` (the sampler's, for every rank) cut into `steps` batches of `per_step` examples (the
+/// step's whole batch: its micro-batches are slices of it, padded alike). nullopt when `dataset` reports none.
+inline std::optional<BatchFill> epoch_fill(const Dataset& dataset, const DistributedSampler& any_rank, int world_size,
+                                           std::int64_t epoch, std::int64_t per_step, std::int64_t steps) {
+  BatchFill total;
+  for (int rank = 0; rank < world_size; ++rank) {
+    const auto indices = any_rank.for_rank(rank).indices(epoch);
+    for (std::int64_t step = 0; step < steps; ++step) {
+      const auto begin = indices.begin() + static_cast<std::ptrdiff_t>(step * per_step);
+      const auto fill = dataset.fill(std::vector<std::int64_t>(begin, begin + static_cast<std::ptrdiff_t>(per_step)));
+      if (!fill) return std::nullopt;
+      total += *fill;
+    }
+  }
+  return total;
+}
 
 /// Evaluation split: rank r takes examples r, r + world, ... (all of them, uneven counts allowed).
 inline std::vector<std::int64_t> strided_indices(std::int64_t dataset_size, int world_size, int rank) {

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -66,6 +67,19 @@ struct Batch {
   }
 };
 
+/// What a batch of variable-length rows carries: its tokens, and its token slots (rows × the padded length).
+struct BatchFill {
+  std::int64_t tokens = 0;
+  std::int64_t slots = 0;
+  /// The share of the slots that are padding (0 for no slot).
+  double padding() const { return slots > 0 ? 1.0 - static_cast<double>(tokens) / static_cast<double>(slots) : 0.0; }
+  BatchFill& operator+=(const BatchFill& other) {
+    tokens += other.tokens;
+    slots += other.slots;
+    return *this;
+  }
+};
+
 /// Random access to examples by index; `batch` must be a pure function of the indices (exact resume).
 class Dataset {
  public:
@@ -78,6 +92,9 @@ class Dataset {
   /// whose examples change per epoch (masked-LM masking) draws from (epoch, index) and resumes exactly.
   /// Default: the same examples every epoch.
   virtual Batch batch_in_epoch(const std::vector<std::int64_t>& indices, std::int64_t /*epoch*/) const { return batch(indices); }
+  /// The tokens and slots `batch(indices)` would carry, without making it: a dataset of variable-length rows
+  /// answers (the Trainer reports the padding of an epoch's batches); fixed-size examples have none to report.
+  virtual std::optional<BatchFill> fill(const std::vector<std::int64_t>& /*indices*/) const { return std::nullopt; }
 };
 
 /// A dataset held in two tensors (first dimension = example).
