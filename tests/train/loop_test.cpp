@@ -122,7 +122,7 @@ TEST_CASE("A truncated newest checkpoint is skipped with a warning and training 
   const auto errors = train_test::capture_stderr([&] { second = hpctrain::train(small_training(dir).max_steps(12), world); }, dir / "stderr.txt");
   CHECK(second->resumed_from == std::optional<std::int64_t>(8));
   CHECK(second->steps_completed == 12);
-  CHECK_THAT(errors, Catch::Contains("warning: skipping checkpoint: [hpctrain.runtime.checkpoint] " + newest.string() + ": truncated: "));
+  CHECK_THAT(errors, Catch::Contains("warning: skipping checkpoint: rank 0: [hpctrain.runtime.checkpoint] " + newest.string() + ": truncated: "));
 }
 
 TEST_CASE("bf16 autocast on CPU engages inside the step, and trains and evaluates to finite numbers", "[loop]") {
@@ -220,7 +220,7 @@ TEST_CASE("A program's own knobs join the built-ins in one table, with their def
 TEST_CASE("An invalid or unknown worker argument names the knob", "[worker]") {
   auto [args, message] = GENERATE(table<std::vector<std::string>, std::string>({
       {{"--lr", "-1"}, "[hpctrain.spec.knob] --lr = -1: must be positive"},
-      {{"--epoch", "3"}, "[hpctrain.usage] unknown option --epoch (did you mean --epochs?); the knobs are: --epochs --max-steps --batch-size --lr --sharding --hsdp-group-size --precision --log-every --eval-every --max-eval-examples --eval-batch-size --checkpoint-every --wandb"},
+      {{"--epoch", "3"}, "[hpctrain.usage] unknown option --epoch (did you mean --epochs?); the knobs are: --epochs --max-steps --batch-size --lr --sharding --hsdp-group-size --precision --log-every --eval-every --max-eval-examples --eval-batch-size --checkpoint-every --checkpoint-async --wandb"},
       {{"--max-steps", "many"}, "[hpctrain.spec.knob] --max-steps = many: expected an integer"},
   }));
   CAPTURE(args);

@@ -10,7 +10,9 @@
 // the strategy. Atomic per checkpoint: the ranks write into `step-N.tmp/`, rank 0 writes `meta.json` last
 // and renames the directory; a crash leaves either the old set or the new one. The newest directory whose
 // meta.json parses and whose files pass the size and CRC checks wins; a torn or corrupt one is skipped
-// with a warning, and the previous one is used.
+// with a warning, and the previous one is used. In a run of several ranks no rank reads every archive to
+// decide that: each verifies its share (verify_share: archive i is rank i mod world's, its own at the same
+// world size) and the ranks agree (train/checkpointing.hpp).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -19,8 +21,11 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -58,14 +63,20 @@ inline std::string read_whole_file(const std::filesystem::path& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-/// The 32-byte header and the archive's bytes, in one buffer: the archive is serialised behind room for the
-/// header, which is filled once its size and CRC are known (no second copy of the archive).
-inline std::string frame_archive(torch::serialize::OutputArchive& archive, std::int64_t step) {
+/// The archive's bytes behind room for the 32-byte header, which seal_archive fills once its size and CRC are
+/// known (no second copy of the archive). What a save must do while the tensors hold still: on a GPU this is
+/// the device-to-host copy; the rest (seal, write) may run beside the next steps.
+inline std::string serialize_archive(torch::serialize::OutputArchive& archive) {
   std::string bytes(checkpoint_header_size, '\0');
   archive.save_to([&](const void* data, std::size_t size) {
     bytes.append(static_cast<const char*>(data), size);
     return size;
   });
+  return bytes;
+}
+
+/// Fills the header of serialize_archive's `bytes` (payload CRC-32C and size, step); returns meta.json's entry.
+inline CheckpointFile seal_archive(std::string& bytes, std::int64_t step, int rank) {
   const std::string_view payload(bytes.data() + checkpoint_header_size, bytes.size() - checkpoint_header_size);
   const std::uint32_t crc = crc32c(payload);
   const std::uint64_t size = payload.size();
@@ -75,16 +86,28 @@ inline std::string frame_archive(torch::serialize::OutputArchive& archive, std::
   std::memcpy(bytes.data() + 12, &crc, 4);
   std::memcpy(bytes.data() + 16, &size, 8);
   std::memcpy(bytes.data() + 24, &step_u, 8);
+  return {checkpoint_rank_file(rank), bytes.size(), crc32c(bytes)};
+}
+
+/// Checks the `bytes` read from `path` against meta.json's entry (size, CRC-32C); throws RuntimeError("checkpoint")
+/// naming the file and the defect.
+inline void check_against_meta(const std::filesystem::path& path, std::string_view bytes, const CheckpointFile& expected) {
+  if (bytes.size() != expected.size)
+    throw RuntimeError("checkpoint", fmt::format("{}: truncated: {} of {} bytes (meta.json)", path.string(), bytes.size(), expected.size));
+  if (crc32c(bytes) != expected.crc) throw RuntimeError("checkpoint", fmt::format("{}: corrupt: CRC-32C does not match meta.json", path.string()));
+}
+
+/// Reads `path` and checks it against meta.json's entry; returns the bytes.
+inline std::string read_verified_file(const std::filesystem::path& path, const CheckpointFile& expected) {
+  auto bytes = read_whole_file(path);
+  check_against_meta(path, bytes, expected);
   return bytes;
 }
 
 /// Verifies a framed archive read from `path` against its header and meta.json's entry; returns the archive.
 inline torch::serialize::InputArchive unframe_archive(const std::filesystem::path& path, const std::string& bytes,
                                                       const CheckpointFile& expected) {
-  auto fail = [&](const std::string& why) { return RuntimeError("checkpoint", fmt::format("{}: {}", path.string(), why)); };
-  if (bytes.size() != expected.size)
-    throw fail(fmt::format("truncated: {} of {} bytes (meta.json)", bytes.size(), expected.size));
-  if (crc32c(bytes) != expected.crc) throw fail("corrupt: CRC-32C does not match meta.json");
+  check_against_meta(path, bytes, expected);
   // The header: checkpoint_format.hpp (torch-free, fuzzed by tests/fuzz/checkpoint_header_fuzz.cpp).
   const std::string_view payload = verify_checkpoint(bytes, path).payload;
   torch::serialize::InputArchive archive;
@@ -105,6 +128,9 @@ inline void fsync_directory(const std::filesystem::path& directory) {
 struct SavedCheckpoint {
   std::filesystem::path directory;
   CheckpointMeta meta;
+  /// Archives already read and verified (verify_share keeps the one its rank opens next): opened from
+  /// memory once, not read from the file system a second time.
+  std::shared_ptr<std::map<std::string, std::string>> verified = std::make_shared<std::map<std::string, std::string>>();
 
   /// What a strategy's `load` reads: `open(r)` verifies rank r's file (size and CRC against meta.json, then
   /// its own header) and returns its archive; throws RuntimeError("checkpoint") naming the file.
@@ -112,13 +138,20 @@ struct SavedCheckpoint {
     SavedStrategyState saved;
     saved.world_size = meta.world_size;
     saved.strategy = meta.strategy;
-    saved.open = [directory = directory, files = meta.files](int rank) {
+    saved.open = [directory = directory, files = meta.files, verified = verified](int rank) {
       const auto name = detail::checkpoint_rank_file(rank);
       const auto found = std::find_if(files.begin(), files.end(), [&](const CheckpointFile& f) { return f.name == name; });
       if (found == files.end())
         throw RuntimeError("checkpoint", fmt::format("{}: meta.json lists no archive of rank {}", directory.string(), rank));
       const auto path = directory / name;
-      return detail::unframe_archive(path, detail::read_whole_file(path), *found);
+      std::string bytes;
+      if (const auto kept = verified->find(name); kept != verified->end()) {
+        bytes = std::move(kept->second);  // the memory goes with the archive, as a fresh read's would
+        verified->erase(kept);
+      } else {
+        bytes = detail::read_whole_file(path);
+      }
+      return detail::unframe_archive(path, bytes, *found);
     };
     return saved;
   }
@@ -155,8 +188,13 @@ class CheckpointStore {
 
   /// Writes rank `rank`'s archive of checkpoint `step` into the staging directory; returns its entry for meta.json.
   CheckpointFile write_rank(std::int64_t step, int rank, torch::serialize::OutputArchive& archive) const {
-    const std::string bytes = detail::frame_archive(archive, step);
-    CheckpointFile file{detail::checkpoint_rank_file(rank), bytes.size(), detail::crc32c(bytes)};
+    return write_serialized(step, rank, detail::serialize_archive(archive));
+  }
+
+  /// write_rank from detail::serialize_archive's bytes (sealed here): the part of a save that may run in the
+  /// background. Throws RuntimeError("checkpoint") naming the file and the reason (a full disk, a quota).
+  CheckpointFile write_serialized(std::int64_t step, int rank, std::string bytes) const {
+    const auto file = detail::seal_archive(bytes, step, rank);
     std::filesystem::create_directories(staging(step));
     detail::write_file_atomically(staging(step) / file.name, bytes, "checkpoint");
     return file;
@@ -179,14 +217,18 @@ class CheckpointStore {
 
   /// Reads and verifies checkpoint `directory`: meta.json and every file it lists (size, CRC-32C).
   /// Throws RuntimeError("checkpoint") naming the file and the defect.
-  SavedCheckpoint verify(const std::filesystem::path& directory) const {
-    SavedCheckpoint saved = read(directory);
-    for (const auto& file : saved.meta.files) {
-      const auto path = directory / file.name;
-      const auto bytes = detail::read_whole_file(path);
-      if (bytes.size() != file.size)
-        throw RuntimeError("checkpoint", fmt::format("{}: truncated: {} of {} bytes (meta.json)", path.string(), bytes.size(), file.size));
-      if (detail::crc32c(bytes) != file.crc) throw RuntimeError("checkpoint", fmt::format("{}: corrupt: CRC-32C does not match meta.json", path.string()));
+  SavedCheckpoint verify(const std::filesystem::path& directory) const { return verify_share(read(directory), 0, 1); }
+
+  /// Rank `rank`'s share of verifying `saved` in a world of `world` ranks: the archives listed i-th with
+  /// i mod world == rank (its own archive `rank-<rank>`, at the same world size), size and CRC-32C against
+  /// meta.json; every archive is someone's, once. Its own archive's bytes are kept for the load that follows.
+  /// Throws RuntimeError("checkpoint") naming the file and the defect.
+  SavedCheckpoint verify_share(SavedCheckpoint saved, int rank, int world) const {
+    const auto own = detail::checkpoint_rank_file(rank);
+    for (std::size_t i = static_cast<std::size_t>(rank); i < saved.meta.files.size(); i += static_cast<std::size_t>(world)) {
+      const auto& file = saved.meta.files[i];
+      auto bytes = detail::read_verified_file(saved.directory / file.name, file);
+      if (file.name == own) (*saved.verified)[file.name] = std::move(bytes);
     }
     return saved;
   }

@@ -1,14 +1,16 @@
 #pragma once
 // The collective half of checkpoints (the files are train/checkpoint.hpp's): every rank that saves
 // writes its archive into the staging directory, the ranks agree on the files' sizes and CRCs in one
-// all-reduce, rank 0 commits; on resume rank 0 picks the newest valid checkpoint and every rank loads it
-// through the strategy.
+// all-reduce, rank 0 commits; on resume the ranks agree on the newest checkpoint all of them find valid,
+// each verifying only its share, and every rank loads it through the strategy.
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <hpctrain/dist/collectives.hpp>
@@ -45,20 +47,50 @@ inline void save_checkpoint(dist::ProcessGroup& group, const CheckpointStore& st
   dist::barrier(group);  // no rank moves on (or exits) before the checkpoint is durable
 }
 
-/// Loads the newest valid checkpoint into `strategy` on every rank (rank 0 chooses, warning through `warn`
-/// about each invalid newer one); collective. nullopt for a fresh run.
+/// Whether this rank's share of checkpoint `directory` is valid (its meta.json, and the archives verify_share
+/// gives it); the checkpoint, its own archive's bytes kept, when it is. Rank 0 alone warns about meta.json (every
+/// rank reads the same one), each rank about its own archives.
+inline std::optional<SavedCheckpoint> verify_own_share(const CheckpointStore& store, const std::filesystem::path& directory,
+                                                       int rank, int world, const std::function<void(const std::string&)>& warn) {
+  std::optional<SavedCheckpoint> saved;
+  try {
+    saved = store.read(directory);
+  } catch (const RuntimeError& error) {
+    if (rank == 0) warn(fmt::format("warning: skipping checkpoint: {}", error.what()));
+    return std::nullopt;
+  }
+  try {
+    return store.verify_share(std::move(*saved), rank, world);
+  } catch (const RuntimeError& error) {
+    warn(fmt::format("warning: skipping checkpoint: rank {}: {}", rank, error.what()));
+    return std::nullopt;
+  }
+}
+
+/// Loads the newest checkpoint that every rank finds valid into `strategy`; collective. nullopt for a fresh run.
+/// No rank reads the whole checkpoint to decide: rank 0 proposes the newest step not yet refused, each rank
+/// verifies its share of it (its own archive at the same world size), and one all-reduce counts the ranks that
+/// found theirs invalid; any refusal and every rank moves on to the next older one together. Each round reads
+/// one meta.json and this rank's archives; the one it loads is read once.
 inline std::optional<CheckpointState> resume_latest(dist::ProcessGroup& group, const CheckpointStore& store, DataParallelStrategy& strategy,
                                                     const std::function<void(const std::string&)>& warn) {
-  double chosen = 0;
-  if (group.rank() == 0) {
-    const auto latest = store.latest(warn);
-    chosen = latest ? static_cast<double>(latest->meta.state.step) : -1.0;
+  const int rank = group.rank(), world = group.world_size();
+  const auto candidates = rank == 0 ? store.list() : std::vector<std::filesystem::path>{};  // oldest first
+  for (std::size_t tried = 0;; ++tried) {
+    double proposal = 0;  // rank 0's: a step, or -1 when nothing is left; the others add 0
+    if (rank == 0) proposal = tried < candidates.size() ? static_cast<double>(*checkpoint_step(candidates[candidates.size() - 1 - tried])) : -1.0;
+    proposal = dist::all_reduce_sum(group, proposal);
+    if (proposal < 0) return std::nullopt;
+    const auto directory = store.directory() / checkpoint_dir_name(static_cast<std::int64_t>(proposal));
+    auto saved = verify_own_share(store, directory, rank, world, warn);
+    const double refusals = dist::all_reduce_sum(group, saved ? 0.0 : 1.0);
+    if (refusals == 0) {
+      strategy.load(saved->strategy_state());
+      return saved->meta.state;
+    }
+    if (rank == 0 && saved)
+      warn(fmt::format("warning: skipping checkpoint: {}: {} of {} ranks found their archives invalid", directory.string(), refusals, world));
   }
-  chosen = dist::all_reduce_sum(group, chosen);  // rank 0's choice; the others add 0
-  if (chosen < 0) return std::nullopt;
-  const auto saved = store.read(store.directory() / checkpoint_dir_name(static_cast<std::int64_t>(chosen)));
-  strategy.load(saved.strategy_state());
-  return saved.meta.state;
 }
 
 }  // namespace hpctrain::detail

@@ -35,6 +35,7 @@
 #include <hpctrain/models/blocks.hpp>
 #include <hpctrain/models/deferred_initialization.hpp>
 #include <hpctrain/slurm/world.hpp>
+#include <hpctrain/train/async_checkpoint.hpp>
 #include <hpctrain/train/checkpoint.hpp>
 #include <hpctrain/train/checkpointing.hpp>
 #include <hpctrain/train/data/prefetch.hpp>
@@ -226,9 +227,9 @@ class Trainer {
   }
 
   void resume() {
-    const auto state = detail::resume_latest(*group_, *resume_store_, *strategy_, [&](const std::string& warning) {
-      if (lead()) fmt::print(stderr, "{}\n", warning);
-    });
+    // Every rank's warnings: each verifies its own share of a checkpoint (resume_latest says who warns of what).
+    const auto state = detail::resume_latest(*group_, *resume_store_, *strategy_,
+                                             [](const std::string& warning) { fmt::print(stderr, "{}\n", warning); });
     if (state) {
       step_ = state->step;
       last_checkpoint_step_ = step_;
@@ -266,6 +267,7 @@ class Trainer {
       after_step();
       note_training_progress();
       if (preemption_agreed()) return false;
+      if (async_save_.in_flight() && step_ % training_.preemption_check_every() == 0) async_save_.poll(*group_);  // commit when written
     }
     return true;
   }
@@ -346,8 +348,16 @@ class Trainer {
   void save_checkpoint() {
     if (step_ == last_checkpoint_step_) return;
     sync_buffers();  // rank 0's buffers on every rank, as after a resume
-    detail::save_checkpoint(*group_, *store_, *strategy_, {step_, step_ / steps_per_epoch_, step_ % steps_per_epoch_, training_.seed()});
+    const CheckpointState state{step_, step_ / steps_per_epoch_, step_ % steps_per_epoch_, training_.seed()};
+    if (training_.checkpoint_async()) async_save_.start(*group_, *store_, *strategy_, state);
+    else detail::save_checkpoint(*group_, *store_, *strategy_, state);
     last_checkpoint_step_ = step_;
+  }
+
+  /// The last checkpoint committed: waits for an asynchronous save in flight (a writer's failure fails the run here).
+  void complete_checkpoint() {
+    save_checkpoint();
+    async_save_.wait(*group_);
   }
 
   /// Buffers such as batch norm's running statistics are updated from each rank's own batches; evaluate and
@@ -363,7 +373,7 @@ class Trainer {
     // of this process's life ignores SIGTERM; SIGKILL after Slurm's KillWait still applies.
     std::signal(SIGTERM, SIG_IGN);
     note_preemption_agreed();
-    save_checkpoint();
+    complete_checkpoint();
     // The batch script also requeues when this marker exists, whatever status srun reports.
     if (const char* marker = std::getenv("HPCTRAIN_REQUEUE_MARKER"); marker != nullptr && world_.rank == 0) std::ofstream(marker) << step_ << "\n";
     say(fmt::format("preempted: checkpointed step {} of {}, exiting with {} for requeue", step_, total_steps_, exit_requeue));
@@ -374,7 +384,7 @@ class Trainer {
 
   TrainResult finish() {
     report_peak_memory("steps done");
-    save_checkpoint();
+    complete_checkpoint();
     result_.steps_completed = step_;
     if (detail::digest_requested(training_)) report_digest();
     if (eval_set_) {
@@ -432,6 +442,7 @@ class Trainer {
   std::string train_description_;
   std::optional<CheckpointStore> store_;         ///< where this run saves
   std::optional<CheckpointStore> resume_store_;  ///< where it resumes from: its own, or --resume's run
+  detail::AsyncCheckpoint async_save_;           ///< the save in flight under checkpoint_async (after store_: joined first)
   std::vector<std::unique_ptr<Logger>> loggers_;
   TrainResult result_;
 };

@@ -314,6 +314,10 @@ class Training {
   Training& checkpoint_every(std::int64_t n) { checkpoint_every_ = n; return *this; }
   /// Checkpoints kept. Default: 3.
   Training& keep_checkpoints(int n) { keep_checkpoints_ = n; return *this; }
+  /// Write checkpoints in the background (train/async_checkpoint.hpp): the step boundary only serialises each
+  /// rank's archive into host memory; sealing and writing overlap the next steps, and the checkpoint is
+  /// committed at a later step boundary. Default: false.
+  Training& checkpoint_async(bool on) { checkpoint_async_ = on; return *this; }
   /// Ask the ranks whether a preemption signal arrived every `n` steps (one small all-reduce; all ranks
   /// stop at the same step). Default: 10.
   Training& preemption_check_every(std::int64_t n) { preemption_check_every_ = n; return *this; }
@@ -477,6 +481,7 @@ class Training {
   std::int64_t log_every() const { return log_every_; }
   std::int64_t checkpoint_every() const { return checkpoint_every_; }
   int keep_checkpoints() const { return keep_checkpoints_; }
+  bool checkpoint_async() const { return checkpoint_async_; }
   std::int64_t preemption_check_every() const { return preemption_check_every_; }
   const std::vector<metrics::Metric>& metrics() const { return metrics_; }
   bool reports(const metrics::Metric& metric) const { return std::find(metrics_.begin(), metrics_.end(), metric) != metrics_.end(); }
@@ -609,6 +614,7 @@ class Training {
   std::int64_t eval_every_ = 0, log_every_ = 50, checkpoint_every_ = 0, preemption_check_every_ = 10;
   std::int64_t max_eval_examples_ = 0;
   int keep_checkpoints_ = 3;
+  bool checkpoint_async_ = false;
   std::vector<metrics::Metric> metrics_;
   std::vector<LoggerFactory> loggers_;
   std::optional<Wandb> wandb_;

@@ -28,8 +28,8 @@
 namespace hpctrain {
 
 /// The knob table of `training`: the built-ins (--epochs --max-steps --batch-size --lr --sharding --hsdp-group-size
-/// --precision --log-every --eval-every --max-eval-examples --eval-batch-size --checkpoint-every --wandb), whose
-/// defaults are the description's values, then the program's own knobs. Throws SpecError when a program knob reuses a built-in's name.
+/// --precision --log-every --eval-every --max-eval-examples --eval-batch-size --checkpoint-every --checkpoint-async --wandb),
+/// whose defaults are the description's values, then the program's own knobs. Throws SpecError when a program knob reuses a built-in's name.
 /// `program` (the job's name) is the W&B project a bare `--wandb` stands for when the Training names none.
 inline Knobs training_knobs(const Training& training, std::string_view program = "hpctrain") {
   Knobs table;
@@ -67,6 +67,8 @@ inline Knobs training_knobs(const Training& training, std::string_view program =
   table.declare<std::int64_t>("eval_batch_size", training.eval_batch_size(), "examples per evaluation forward on each rank", positive());
   table.declare<std::int64_t>("checkpoint_every", training.checkpoint_every(), "steps between checkpoints (0: only at the end)",
                               non_negative());
+  table.declare<bool>("checkpoint_async", training.checkpoint_async(),
+                      "write checkpoints in the background while the steps go on (the step serialises them into host memory)");
   const char* wandb_help = "a W&B offline run in the run directory, project PROJECT (alone: the program's project, else the job's name), uploaded by --wandb-sync; off: none";
   if (training.wandb()) table.declare<std::string>("wandb", training.wandb()->project(), wandb_help, wandb_project_check());
   else table.declare_optional<std::string>("wandb", wandb_help, wandb_project_check());
@@ -96,6 +98,7 @@ inline Training with_knobs(Training training, const Knobs& knobs) {
   if (auto examples = knobs.get_if_given<std::int64_t>("max_eval_examples")) training.max_eval_examples(*examples);
   if (auto examples = knobs.get_if_given<std::int64_t>("eval_batch_size")) training.eval_batch_size(*examples);
   if (auto every = knobs.get_if_given<std::int64_t>("checkpoint_every")) training.checkpoint_every(*every);
+  if (auto async = knobs.get_if_given<bool>("checkpoint_async")) training.checkpoint_async(*async);
   if (auto project = knobs.get_if_given<std::string>("wandb")) {
     if (project->empty() || *project == "off") training.no_wandb();
     else training.wandb(training.wandb() ? Wandb(*training.wandb()).project(*project) : Wandb(*project));

@@ -33,8 +33,10 @@
 #include <iostream>
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <hpctrain/dist/dist.hpp>
 #include <hpctrain/job/files.hpp>
@@ -322,8 +324,12 @@ torch::serialize::InputArchive open_archive(const fs::path& path) {
   return archive;
 }
 
-hpctrain::SavedStrategyState saved_state(const fs::path& directory, int world, const std::string& strategy) {
-  return {world, strategy, [directory](int rank) { return open_archive(archive_path(directory, rank)); }};
+/// `opened`: the ranks whose archives the load opened, in order.
+hpctrain::SavedStrategyState saved_state(const fs::path& directory, int world, const std::string& strategy, std::vector<int>& opened) {
+  return {world, strategy, [directory, &opened](int rank) {
+            opened.push_back(rank);
+            return open_archive(archive_path(directory, rank));
+          }};
 }
 
 /// `saved_strategy`: the name() of the strategy that wrote the checkpoint resumed from (ZeRO-2 and ZeRO-3 read
@@ -340,7 +346,9 @@ int train(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage 
   strategy->setup({group, model.ptr(), make_adamw});
   int start = 0;
   if (resume_world > 0) {
-    strategy->load(saved_state(directory, resume_world, saved_strategy));
+    std::vector<int> opened;
+    strategy->load(saved_state(directory, resume_world, saved_strategy, opened));
+    std::cout << fmt::format("rank {} opened_archives={}\n", rank, fmt::join(opened, ",")) << std::flush;
     start = resume_step + 1;
     // ZeRO-3 keeps only what falls in its shards: loading gathers no block.
     const auto* full = dynamic_cast<const hpctrain::FullyShardedStrategy*>(strategy.get());

@@ -226,12 +226,17 @@ class FullyShardedStrategy : public DataParallelStrategy {
     view.write_values = [this](std::size_t parameter, std::int64_t begin, const torch::Tensor& values) {
       write_saved_values(parameter, begin, values);
     };
-    detail::load_zero_shards(saved, view);
+    const auto read = detail::load_zero_shards(saved, view);
     torch::NoGradGuard no_grad;
     for (auto& piece : pieces_)
       if (!piece.master.is_alias_of(units_[piece.bucket].shard))
         piece.master.copy_(units_[piece.bucket].shard.narrow(0, piece.place.shard_offset, piece.place.length));
     for (auto& unit : units_) unit.compute_shard = torch::Tensor();
+    if (read == detail::ShardsRead::own_archive) {  // the parameters kept whole: the other ranks' parts, as after a step
+      std::vector<dist::PendingAllGather> gathers;
+      for (std::size_t b = sharded_units_; b < units_.size(); ++b) gathers.push_back(dist::start_all_gather_in_place(*group_, units_[b].flat));
+      for (auto& gather : gathers) dist::wait(*group_, gather);
+    }
   }
 
   /// All-gathers every block into the module and keeps it whole (pinned) until the next zero_grad/step:

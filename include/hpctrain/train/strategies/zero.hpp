@@ -180,10 +180,11 @@ class ZeroStrategy : public DataParallelStrategy {
   }
 
   void load(const SavedStrategyState& saved) override {
-    detail::load_zero_shards(saved, shard_view());
-    // Masters from the restored parameters; every rank restored the full parameters from all archives.
+    const auto read = detail::load_zero_shards(saved, shard_view());
+    // Masters from the restored parameters: this rank's parts (its own archive), or all of them (every archive).
     torch::NoGradGuard no_grad;
     for (auto& piece : pieces_) piece.master.copy_(parameter_part(piece));
+    if (read == detail::ShardsRead::own_archive) gather_parameters_from_masters();  // the rest from the other ranks
   }
 
   // Instrumentation (benchmarks, tests).

@@ -11,11 +11,14 @@
 //                    are per parameter and equal on every piece)
 //   zero_buffer_<k>  rank 0 only: the module's k-th buffer (BatchNorm statistics; rank 0's, as Replicated)
 //
-// Load reads every saved rank's archive, one at a time: the full parameters (every rank holds them in
-// ZeRO-1/2; ZeRO-3 keeps only what falls in its shards, never the whole model) are reassembled from all pieces, and the optimizer state of each piece this rank owns *now* is
-// cut from the saved pieces that overlap it. Nothing in that depends on the saved world size: a checkpoint
-// written at 4 ranks resumes at 2 or 3. At the same world size the pieces coincide and every value is
-// copied bit for bit.
+// Load, at the same world size and strategy (ShardsRead::own_archive): the pieces coincide, so each rank reads
+// its own archive alone — its pieces' values and optimizer state, copied bit for bit; rank 0's buffers are
+// broadcast, and the strategy makes the parameters whole with the all-gather that follows its step.
+// Otherwise (ShardsRead::every_archive) every saved rank's archive is read, one at a time: the full parameters
+// (every rank holds them in ZeRO-1/2; ZeRO-3 keeps only what falls in its shards, never the whole model) are
+// reassembled from all pieces, and the optimizer state of each piece this rank owns *now* is cut from the saved
+// pieces that overlap it. Nothing in that depends on the saved world size: a checkpoint written at 4 ranks
+// resumes at 2 or 3.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -33,6 +36,7 @@
 #include <torch/serialize/archive.h>
 #include <torch/types.h>
 
+#include <hpctrain/dist/collectives.hpp>
 #include <hpctrain/dist/flat_shards.hpp>
 #include <hpctrain/dist/process_group.hpp>
 #include <hpctrain/error.hpp>
@@ -156,14 +160,21 @@ class ShardReader {
     for (std::size_t i = 0; i < view.names.size(); ++i) parameter_of_[view.names[i]] = i;
   }
 
-  void read_rank(int rank) {
+  /// `own`: the archive must hold exactly this rank's pieces (the same world size and strategy).
+  void read_rank(int rank, bool own = false) {
     auto archive = saved_.open(rank);
     const auto index = read_index(archive, rank);
     check_same_model(index, rank);
+    if (own) check_own_pieces(index, rank);
     torch::NoGradGuard no_grad;
     const auto& pieces = index.at("pieces");
     for (std::size_t j = 0; j < pieces.size(); ++j) read_piece(archive, rank, j, pieces[j]);
     if (rank == 0) read_buffers(archive, index);
+  }
+
+  /// After this rank's own archive alone: installs its pieces' optimizer state (each piece was read whole).
+  void finish_own() {
+    for (std::size_t i = 0; i < view_.pieces.size(); ++i) install_state(i);
   }
 
   /// After every rank: checks that the archives covered every element once, installs optimizer state.
@@ -228,6 +239,21 @@ class ShardReader {
                       fmt::format("the checkpoint is of another model: it has {} trainable parameters, this model {}",
                                   saved.size(), view_.parameters.size()));
     }
+  }
+
+  /// The saved pieces are this rank's, in order: the layout did not change (no other bucket sizes or model).
+  void check_own_pieces(const nlohmann::json& index, int rank) {
+    const auto& pieces = index.at("pieces");
+    bool same = pieces.size() == view_.pieces.size();
+    for (std::size_t j = 0; same && j < pieces.size(); ++j) {
+      const auto& place = view_.pieces[j].place;
+      same = pieces[j].at("parameter").get<std::string>() == view_.names[place.parameter] &&
+             pieces[j].at("begin").get<std::int64_t>() == place.begin && pieces[j].at("length").get<std::int64_t>() == place.length;
+    }
+    if (!same)
+      throw RuntimeError("checkpoint", fmt::format("{}: its {} pieces are not this rank's {} at the same world size ({}) and "
+                                                   "strategy: the shard layout changed (bucket sizes?)",
+                                                   archive_name(rank), pieces.size(), view_.pieces.size(), saved_.world_size));
   }
 
   void read_piece(torch::serialize::InputArchive& archive, int rank, std::size_t j, const nlohmann::json& entry) {
@@ -318,10 +344,19 @@ class ShardReader {
   std::vector<AssembledState> states_;
 };
 
-/// Restores the full parameters, the buffers and this rank's optimizer state from a sharded checkpoint
-/// written at any world size by ZeRO-1, ZeRO-2, ZeRO-3 or hybrid sharding (whose replicas other than the first
-/// write archives without pieces: the archives still hold every element once).
-inline void load_zero_shards(const SavedStrategyState& saved, ZeroShardView view) {
+/// What load_zero_shards read, and so what the strategy still has to do.
+enum class ShardsRead {
+  own_archive,    ///< this rank's archive alone: its pieces (and rank 0's buffers, broadcast) are restored; the
+                  ///< strategy all-gathers what it keeps whole from every rank's pieces
+  every_archive,  ///< every saved archive: the full parameters (ZeRO-3: its shards), buffers and state restored
+};
+
+/// Restores this rank's pieces and optimizer state and the buffers from a sharded checkpoint written by ZeRO-1,
+/// ZeRO-2, ZeRO-3 or hybrid sharding (whose replicas other than the first write archives without pieces: the
+/// archives still hold every element once); collective. Written at the same world size by the same strategy
+/// (not hybrid: a replica's archive holds no pieces), each rank reads its own archive alone; otherwise every
+/// archive, reassembling the full parameters at any world size.
+inline ShardsRead load_zero_shards(const SavedStrategyState& saved, ZeroShardView view) {
   if (saved.strategy != "zero1" && saved.strategy != "zero2" && saved.strategy != "zero3" && saved.strategy != "hsdp") {
     throw SpecError("checkpoint.strategy", saved.strategy,
                     fmt::format("this run shards with {}, which resumes checkpoints written by zero1, zero2, zero3 or hsdp (at "
@@ -331,8 +366,15 @@ inline void load_zero_shards(const SavedStrategyState& saved, ZeroShardView view
   if (saved.world_size < 1 || !saved.open)
     throw RuntimeError("checkpoint", fmt::format("sharded checkpoint with world size {} and no archives", saved.world_size));
   ShardReader reader(saved, view);
+  if (saved.world_size == view.group.world_size() && saved.strategy == view.strategy && view.strategy != "hsdp") {
+    reader.read_rank(view.group.rank(), /*own=*/true);
+    reader.finish_own();
+    if (view.group.world_size() > 1) dist::detail::broadcast_from_rank0(view.group, view.model.buffers());
+    return ShardsRead::own_archive;
+  }
   for (int rank = 0; rank < saved.world_size; ++rank) reader.read_rank(rank);
   reader.finish();
+  return ShardsRead::every_archive;
 }
 
 }  // namespace hpctrain::detail
