@@ -15,9 +15,11 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +35,8 @@
 #if defined(USE_C10D_NCCL)
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+
+#include <hpctrain/job/nccl_network.hpp>  // rank 0 checks NCCL's network against the site's fabric
 #endif
 
 #include <hpctrain/error.hpp>
@@ -285,6 +289,12 @@ inline void ProcessGroup::connect(const c10::intrusive_ptr<c10d::Store>& store) 
 #if defined(USE_C10D_NCCL)
   if (device_.is_cuda()) {
     c10::cuda::set_device(device_.index());
+    // On an efa or infiniband site, rank 0 of a job over several nodes has NCCL log the network it chooses, and
+    // fails once the communicator exists if that is TCP sockets (job/nccl_network.hpp).
+    const auto network_check =
+        subgroup_ ? std::nullopt
+                  : capture_nccl_network_log(rank_, world_size_ > local_world_size_,
+                                             hpctrain::getenv(env::run_dir).value_or("."));
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
     nccl_options->timeout = timeout_;
     auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank_, world_size_, nccl_options);
@@ -292,6 +302,10 @@ inline void ProcessGroup::connect(const c10::intrusive_ptr<c10d::Store>& store) 
     // now, inside the rendezvous timeout, instead of at the first collective.
     nccl->setBoundDeviceId(device_);
     nccl->eagerConnectSingleDevice(device_);
+    if (network_check) {
+      fmt::print("{}\n", check_nccl_network(*network_check));
+      std::fflush(stdout);
+    }
     backend_ = nccl;
     return;
   }

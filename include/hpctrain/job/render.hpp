@@ -19,6 +19,7 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/container.hpp>
+#include <hpctrain/job/fabric.hpp>
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/prepare.hpp>
 #include <hpctrain/job/shell.hpp>
@@ -143,13 +144,44 @@ inline std::vector<Mount> container_mounts(const Job& job, const RenderContext& 
   return mounts;
 }
 
-/// The variables the script exports for the workers: the job's own (env, pass_env, secret_env), the run
-/// directory and, with requeue_on_timeout, the requeue marker.
-inline std::vector<std::string> exported_names(const Job& job) {
+/// One variable the site's settings export (site_environment).
+struct SiteVariable {
+  std::string name;
+  std::string value;
+  std::string why;          ///< the script's comment
+  bool shell_wins = false;  ///< `${NAME:-value}`: a value in the submitting shell (sbatch passes it on) wins
+};
+
+/// What the site file sets for the workers, less what the job sets itself (Job::env wins): the fabric's
+/// preset, the fabric's name for rank 0's check, the expected bus bandwidth, the timeouts.
+inline std::vector<SiteVariable> site_environment(const Job& job, const SiteSettings& site) {
+  std::vector<SiteVariable> variables;
+  for (auto& [name, value, why] : fabric_environment(site.fabric)) variables.push_back({name, value, why});
+  if (site.fabric.fabric)
+    variables.push_back({env::fabric, std::string(to_string(*site.fabric.fabric)),
+                         fabric_needs_check(site.fabric.fabric) ? "rank 0 checks that NCCL uses it" : "no check: sockets"});
+  if (site.fabric.expected_busbw_gbps)
+    variables.push_back({env::expected_busbw, fmt::format("{}", *site.fabric.expected_busbw_gbps), "for --check-fabric"});
+  const std::pair<const char*, std::optional<int>> timeouts[] = {{env::rendezvous_timeout, site.rendezvous_timeout_s},
+                                                                 {env::collective_timeout, site.collective_timeout_s},
+                                                                 {env::checkpoint_timeout, site.checkpoint_timeout_s}};
+  for (const auto& [name, seconds] : timeouts)
+    if (seconds) variables.push_back({name, std::to_string(*seconds), "seconds", true});
+  std::erase_if(variables, [&](const SiteVariable& variable) {
+    return std::any_of(job.environment().begin(), job.environment().end(),
+                       [&](const EnvVar& own) { return own.name == variable.name; });
+  });
+  return variables;
+}
+
+/// The variables the script exports for the workers: the site's (site_environment), the job's own (env,
+/// pass_env, secret_env), the run directory and, with requeue_on_timeout, the requeue marker.
+inline std::vector<std::string> exported_names(const Job& job, const RenderContext& context) {
   std::vector<std::string> names;
   const auto add = [&](const std::string& name) {
     if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
   };
+  for (const auto& variable : site_environment(job, context.site)) add(variable.name);
   for (const auto& var : job.environment()) add(var.name);
   add("HPCTRAIN_RUN_DIR");
   add("HPCTRAIN_REQUEUE_MARKER");  // every job: a preempted one comes back too (preemption_restarts)
@@ -187,7 +219,7 @@ inline std::vector<std::string> container_words(const Job& job, const RenderCont
     if (pyxis->writable()) words.push_back(*pyxis->writable() ? "--container-writable" : "--container-readonly");
     // The variables hpctrain exports win over the image's ENV lines (pyxis#124: without --container-env the
     // image's value wins; NeMo had NCCL settings silently ignored).
-    const auto names = exported_names(job);
+    const auto names = exported_names(job, context);
     if (!names.empty()) words.push_back("--container-env=" + join(names, ","));
     if (pyxis->name()) words.push_back("--container-name=" + *pyxis->name());
   } else if (const auto* apptainer = std::get_if<Apptainer>(&job.container())) {
@@ -289,6 +321,22 @@ inline std::string preparation_block(const Job& job, const RenderContext& contex
 }  // namespace detail
 
 namespace detail {
+/// The site's variables (site_environment), before the job's own, with where they come from.
+inline std::string site_block(const Job& job, const RenderContext& context) {
+  const auto variables = site_environment(job, context.site);
+  if (variables.empty()) return "";
+  const auto& fabric = context.site.fabric;
+  std::string s = fabric.fabric ? fmt::format("# Site: fabric {} ({}); the job's own variables win.\n",
+                                              to_string(*fabric.fabric), comment_safe(fabric.source))
+                                : "# Site settings; the job's own variables win.\n";
+  for (const auto& variable : variables)
+    s += variable.shell_wins
+             ? fmt::format("export {0}=\"${{{0}:-{1}}}\"  # {2}; the submitting shell's value wins\n", variable.name,
+                           variable.value, variable.why)
+             : fmt::format("export {}={}  # {}\n", variable.name, shell_quote(variable.value), variable.why);
+  return s;
+}
+
 /// The script from `set -euo pipefail` to the run directory: modules, setup lines, the job's variables.
 /// Shared by the batch script (render_sbatch) and `--run`'s script (render_allocation_script).
 inline std::string script_setup(const Job& job, const RenderContext& context) {
@@ -300,6 +348,7 @@ inline std::string script_setup(const Job& job, const RenderContext& context) {
     s += "set -u\n";
   }
   for (const auto& line : job.setup_lines()) s += line + "\n";
+  s += site_block(job, context);
   bool secret_comment = false;
   for (const auto& var : job.environment()) {
     switch (var.kind) {
@@ -354,7 +403,7 @@ inline std::string script_before_step(const Job& job, const RenderContext& conte
   if (job.requeue_signal() != "USR2")  // workers default to USR2 (train/preemption.hpp)
     s += fmt::format("export HPCTRAIN_PREEMPT_SIGNAL={}\n", job.requeue_signal());
   if (std::holds_alternative<Apptainer>(job.container())) {
-    auto names = exported_names(job);
+    auto names = exported_names(job, context);
     std::erase(names, "HPCTRAIN_REQUEUE_MARKER");  // exported with the requeue block below
     s += "# Our variables win over the image's %environment.\n" + apptainer_env_lines(job, names);
   }
@@ -463,7 +512,8 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
   if (job.qos()) directive("qos", *job.qos());
   if (job.constraint()) directive("constraint", *job.constraint());
   if (job.reservation()) directive("reservation", *job.reservation());
-  if (job.exclusive()) directive("exclusive", "");
+  if (job.exclusive() || fabric_wants_exclusive(context.site.fabric)) directive("exclusive", "");
+  if (fabric_wants_all_nodes_up(context.site.fabric)) directive("wait-all-nodes", "1");
   directive("output", job.output() ? *job.output() : default_output_pattern(job, context));
   if (job.error()) directive("error", *job.error());
   if (job.mail_user()) {
