@@ -121,14 +121,21 @@ inline std::optional<std::int64_t> seconds_from_environment(const char* name) {
   return seconds;
 }
 
-/// The distributed runtime's settings: the rendezvous timeout from HPCTRAIN_RENDEZVOUS_TIMEOUT_S if set.
+/// The distributed runtime's settings: the rendezvous, collective and checkpoint timeouts from
+/// HPCTRAIN_RENDEZVOUS_TIMEOUT_S, HPCTRAIN_COLLECTIVE_TIMEOUT_S and HPCTRAIN_CHECKPOINT_TIMEOUT_S where set (the
+/// script exports the site file's; the submitting shell's win there).
 inline dist::Options dist_options_from_environment() {
   dist::Options options;
-  if (auto seconds = seconds_from_environment(env::rendezvous_timeout)) {
-    if (*seconds == 0)
-      throw RuntimeError(errors::runtime_rendezvous, fmt::format("{}=0: the timeout must be positive", env::rendezvous_timeout));
-    options.timeout = std::chrono::seconds(*seconds);
-  }
+  const std::pair<const char*, std::chrono::milliseconds*> timeouts[] = {
+      {env::rendezvous_timeout, &options.rendezvous_timeout},
+      {env::collective_timeout, &options.collective_timeout},
+      {env::checkpoint_timeout, &options.checkpoint_timeout}};
+  for (const auto& [name, timeout] : timeouts)
+    if (auto seconds = seconds_from_environment(name)) {
+      if (*seconds == 0)
+        throw RuntimeError(errors::runtime_rendezvous, fmt::format("{}=0: the timeout must be positive", name));
+      *timeout = std::chrono::seconds(*seconds);
+    }
   return options;
 }
 
