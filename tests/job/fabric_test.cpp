@@ -1,9 +1,11 @@
-// The site's fabric: the site file's keys, the presets rendered into the script (the job's variables win), and
-// the check of which network NCCL chose, on NCCL logs in the formats NCCL 2.18-2.27 and aws-ofi-nccl print.
+// The site's fabric and nodes: the site file's keys, the presets rendered into the script (the job's variables win),
+// the check of which network NCCL chose (on NCCL logs in the formats NCCL 2.18-2.27 and aws-ofi-nccl print), and
+// the default cpus_per_task of jobs on whole nodes or GPUs.
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 
+#include <hpctrain/job/cli.hpp>  // cluster_node_cpus
 #include <hpctrain/job/fabric.hpp>
 #include <hpctrain/job/nccl_network.hpp>
 #include <hpctrain/job/render.hpp>
@@ -322,4 +324,46 @@ TEST_CASE("Rank 0 of a multi-node job captures NCCL's lines and fails on a fallb
                       "[hpctrain.runtime.fabric] [hpctrain.spec.fabric] fabric = efa2: expected efa, infiniband or "
                       "ethernet (did you mean efa?) (HPCTRAIN_FABRIC)");
   }
+}
+
+TEST_CASE("A job on whole nodes or GPUs gets the node's CPUs divided among its tasks, bound to cores", "[site][cpus]") {
+  auto context = job_test::fixed_context();
+  context.site.cores_per_node = 96;
+  const auto gpus = ht::render_sbatch(ht::Job("c").gpus_per_node(8), context);
+  CHECK(has_line(gpus, "# cpus-per-task: 12 = 96 CPUs per node (the site file's cores_per_node) / 8 task(s) per node, "
+                       "for a job on GPUs"));
+  CHECK(has_line(gpus, "#SBATCH --cpus-per-task=12"));
+  CHECK(gpus.find("  --cpus-per-task=12 \\\n  --cpu-bind=cores \\\n") != std::string::npos);
+  const auto exclusive = ht::render_sbatch(ht::Job("c").tasks_per_node(4).exclusive(), context);
+  CHECK(has_line(exclusive, "#SBATCH --cpus-per-task=24"));
+  CHECK(exclusive.find("for a job on whole nodes") != std::string::npos);
+  // The job's own count stands; a job asking for neither whole nodes nor GPUs keeps Slurm's default, unbound.
+  const auto own = ht::render_sbatch(ht::Job("c").gpus_per_node(8).cpus_per_task(3), context);
+  CHECK(has_line(own, "#SBATCH --cpus-per-task=3"));
+  CHECK(own.find("# cpus-per-task:") == std::string::npos);
+  const auto plain = ht::render_sbatch(ht::Job("c").tasks_per_node(4), context);
+  CHECK(plain.find("cpus-per-task") == std::string::npos);
+  CHECK(plain.find("--cpu-bind") == std::string::npos);
+  // The job's own binding is not doubled; without the site's count, sinfo's.
+  const auto own_bind = ht::render_sbatch(ht::Job("c").gpus_per_node(4).srun_option("cpu-bind", "sockets"), context);
+  CHECK(ht::test::count_occurrences(own_bind, "cpu-bind") == 1);
+  context.site.cores_per_node.reset();
+  context.sinfo_node_cpus = 2;
+  const auto sinfo = ht::render_sbatch(ht::Job("c").gpus_per_node(2), context);
+  CHECK(sinfo.find("# cpus-per-task: 1 = 2 CPUs per node (sinfo) / 2 task(s) per node") != std::string::npos);
+  context.sinfo_node_cpus.reset();
+  CHECK(ht::render_sbatch(ht::Job("c").gpus_per_node(2), context).find("cpus-per-task") == std::string::npos);
+}
+
+TEST_CASE("sinfo's count of a node's CPUs is scontrol's CPUTot", "[cpus][slurm]") {
+  auto context = job_test::fixed_context();
+  const auto cpus = ht::cluster_node_cpus(ht::Job("c").partition("debug").exclusive(), context);
+  REQUIRE(cpus);
+  const auto node = ht::run_process({"scontrol", "--oneliner", "show", "node", "n1"});
+  REQUIRE(node.exit_code == 0);
+  const auto at = node.out.find("CPUTot=");
+  REQUIRE(at != std::string::npos);
+  CHECK(*cpus == std::stoi(node.out.substr(at + 7)));
+  // Not asked when nothing needs it.
+  CHECK_FALSE(ht::cluster_node_cpus(ht::Job("c").partition("debug"), context));
 }

@@ -31,6 +31,7 @@ ht::SiteSettings efa_site() {
   site.fabric.source = "/etc/hpctrain/site.conf:3";
   site.fabric.socket_ifname = "^docker,lo";
   site.fabric.expected_busbw_gbps = 40;
+  site.cores_per_node = 192;  // p5.48xlarge: 192 vCPUs, 24 per GPU's task
   site.rendezvous_timeout_s = 600;
   site.checkpoint_timeout_s = 1800;
   return site;

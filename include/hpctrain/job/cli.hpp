@@ -31,6 +31,7 @@
 #include <hpctrain/job/plan_request.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/prepare.hpp>
+#include <hpctrain/slurm/cpus.hpp>
 #include <hpctrain/slurm/local_launch.hpp>
 #include <hpctrain/job/render.hpp>
 #include <hpctrain/job/results.hpp>
@@ -136,6 +137,22 @@ inline void check_array_on_cluster(const Job& job) {
   int max_size = 0;
   if (equals != std::string::npos && detail::parse_array_number(detail::trim(config.out.substr(equals + 1, config.out.find('\n', equals) - equals - 1)), max_size))
     check_array_against_max_size(*job.array(), max_size);
+}
+
+/// One node's CPUs in the job's partition as sinfo reports them (the smallest node's), asked only when the
+/// default cpus_per_task needs it (a job on whole nodes or GPUs that states none, a site file without
+/// cores_per_node); nothing where sinfo does not answer.
+inline std::optional<int> cluster_node_cpus(const Job& job, const RenderContext& context) {
+  if (job.cpus_per_task() || context.site.cores_per_node || context.sinfo_node_cpus) return context.sinfo_node_cpus;
+  if (job.gpus_per_node_count() == 0 && !job.exclusive() && !fabric_wants_exclusive(context.site.fabric)) return std::nullopt;
+  std::vector<std::string> args = {"sinfo", "--noheader", "--format=%c"};
+  if (job.partition()) args.push_back("--partition=" + *job.partition());
+  try {
+    const auto result = run_process(args);
+    return result.exit_code == 0 ? slurm::smallest_node_cpus(result.out) : std::nullopt;
+  } catch (const Error&) {
+    return std::nullopt;  // no sinfo here (a dry run on a laptop)
+  }
 }
 
 /// --status/--logs/--cancel when the last job is an array (or --task was given); empty: not an array.
@@ -524,12 +541,14 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         return exit_usage;
       case Mode::dry_run:
         if (!worker_context.slurm_version) worker_context.slurm_version = cluster_slurm_version();
+        worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
         check_array_on_cluster(job);
         print_job_warnings(job, err);
         detail::plan_before_queueing(job, command, knobs, planner, err, /*print=*/true);
         out << (job.stages().empty() ? render_sbatch(job, worker_context) : render_chain(job, worker_context));
         return exit_ok;
       case Mode::submit: {
+        worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
         check_array_on_cluster(job);
         print_job_warnings(job, err);
         if (detail::plan_before_queueing(job, command, knobs, planner, err, /*print=*/false) == PlanVerdict::does_not_fit)
@@ -599,6 +618,7 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         return verdict == PlanVerdict::fits || verdict == PlanVerdict::unknown ? exit_ok : exit_usage;
       }
       case Mode::run:
+        worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
         print_job_warnings(job, err);
         return run_in_allocation(job, worker_context, out, err);
       case Mode::results:
