@@ -209,7 +209,7 @@ TEST_CASE("The site's timeouts are exported, the submitting shell's value winnin
   CHECK(shell({{"HPCTRAIN_RENDEZVOUS_TIMEOUT_S", "30"}}) == "30\n");
 }
 
-TEST_CASE("--dry-run shows the site file's fabric preset", "[site][fabric][cli]") {
+TEST_CASE("A dry run shows the site file's fabric preset", "[site][fabric][cli]") {
   const auto dir = job_test::scratch_dir("fabric-dry-run");
   job_test::write_file(dir / "site.conf", "fabric = efa\nexpected_busbw_gbps = 40\n");
   const auto result = job_test::run_probe(dir, {"--dry-run", "--nodes", "2"},
