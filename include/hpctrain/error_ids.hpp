@@ -45,6 +45,8 @@ inline constexpr ErrorId spec_max_restarts{"hpctrain.spec.max_restarts"};
 inline constexpr ErrorId spec_prepare{"hpctrain.spec.prepare"};
 inline constexpr ErrorId spec_requeue_signal{"hpctrain.spec.requeue_signal"};
 inline constexpr ErrorId spec_site{"hpctrain.spec.site"};
+inline constexpr ErrorId spec_fabric{"hpctrain.spec.fabric"};
+inline constexpr ErrorId spec_check_fabric_max{"hpctrain.spec.check_fabric_max"};
 inline constexpr ErrorId spec_sweep{"hpctrain.spec.sweep"};
 inline constexpr ErrorId spec_account{"hpctrain.spec.account"};
 inline constexpr ErrorId spec_container_command{"hpctrain.spec.container.command"};
@@ -106,6 +108,7 @@ inline constexpr ErrorId runtime_collective{"hpctrain.runtime.collective"};
 inline constexpr ErrorId runtime_gloo{"hpctrain.runtime.gloo"};
 inline constexpr ErrorId runtime_gradient_sync{"hpctrain.runtime.gradient_sync"};
 inline constexpr ErrorId runtime_rendezvous{"hpctrain.runtime.rendezvous"};
+inline constexpr ErrorId runtime_fabric{"hpctrain.runtime.fabric"};
 
 // --- training description (train/training.hpp, train/schedule.hpp, train/data/) ---
 inline constexpr ErrorId spec_checkpoint_buffers{"hpctrain.spec.checkpoint.buffers"};

@@ -30,9 +30,15 @@ inline constexpr const char* local = "HPCTRAIN_LOCAL";
 /// A run directory whose newest checkpoint a new run starts from (`--resume DIR`); set by the worker
 /// from its `--resume` argument, read where the run directory is resolved (train/run_directory.hpp).
 inline constexpr const char* resume_from = "HPCTRAIN_RESUME_FROM";
-/// Seconds a rendezvous (and any one collective) waits for the other ranks before failing (default 300,
-/// dist::Options). Read by the worker; a site or a test sets it in the submitting shell (sbatch passes it on).
+/// Seconds a rendezvous waits for the other ranks before failing (default 300, dist::Options). Read by the
+/// worker; the site file (`rendezvous_timeout_s`), or the submitting shell (sbatch passes it on), sets it.
 inline constexpr const char* rendezvous_timeout = "HPCTRAIN_RENDEZVOUS_TIMEOUT_S";
+/// Seconds one collective of the training (a gradient all-reduce, a barrier) may wait for its peers (default:
+/// the rendezvous timeout's default, 300). Site file `collective_timeout_s`.
+inline constexpr const char* collective_timeout = "HPCTRAIN_COLLECTIVE_TIMEOUT_S";
+/// Seconds the ranks wait for each other around a checkpoint's writing (its files on a slow file system)
+/// (default 300). Site file `checkpoint_timeout_s`.
+inline constexpr const char* checkpoint_timeout = "HPCTRAIN_CHECKPOINT_TIMEOUT_S";
 /// Test hook of the fault-injection tests (tests/faults): rank 0 sleeps this many seconds before the
 /// rendezvous, as a rank 0 slow to start would (a slow node, a slow file system loading the binary).
 inline constexpr const char* test_delay_rank0 = "HPCTRAIN_TEST_DELAY_RANK0_S";
@@ -41,6 +47,17 @@ inline constexpr const char* test_delay_rank0 = "HPCTRAIN_TEST_DELAY_RANK0_S";
 inline constexpr const char* prepare_dir = "HPCTRAIN_PREPARE_DIR";
 /// The name of the chain stage (Job::then) a job's workers run: set by each stage's script.
 inline constexpr const char* stage = "HPCTRAIN_STAGE";
+/// The site's network (site file `fabric`: efa, infiniband or ethernet), exported by the script: rank 0 checks
+/// that NCCL uses it (job/nccl_network.hpp).
+inline constexpr const char* fabric = "HPCTRAIN_FABRIC";
+/// 1: a job whose NCCL fell back to TCP sockets on an efa or infiniband site runs anyway, with a warning
+/// (`--allow-socket-fallback`).
+inline constexpr const char* allow_socket_fallback = "HPCTRAIN_ALLOW_SOCKET_FALLBACK";
+/// The bus bandwidth in GB/s the site expects of its fabric (site file `expected_busbw_gbps`): --check-fabric
+/// prints its measurement against it.
+inline constexpr const char* expected_busbw = "HPCTRAIN_EXPECTED_BUSBW_GBPS";
+/// Set by `--check-fabric`: the workers run an all-reduce sweep up to this many bytes instead of training.
+inline constexpr const char* check_fabric = "HPCTRAIN_CHECK_FABRIC_MAX_BYTES";
 }  // namespace env
 
 /// The one getenv: the value of `name`, or nothing when it is unset or empty.

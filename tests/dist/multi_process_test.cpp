@@ -109,5 +109,6 @@ TEST_CASE("Killing one rank mid-run makes the other exit non-zero within the tim
   REQUIRE(*exit_code == 1);
   REQUIRE_THAT(ranks.errors(survivor),
                Catch::Matchers::StartsWith("[hpctrain.runtime.collective] rank " + std::to_string(survivor) +
-                                           " of 2: gradient all_reduce failed: "));
+                                           " of 2: gradient all_reduce failed (collective timeout 20 s: "
+                                           "HPCTRAIN_COLLECTIVE_TIMEOUT_S, site file collective_timeout_s): "));
 }

@@ -9,7 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <hpctrain/dist/dist.hpp>
@@ -63,9 +65,11 @@ TEST_CASE("At world size 1 GradientSync leaves gradients exactly as backward com
 TEST_CASE("A rank that finds no rendezvous server fails naming host, port and rank", "[dist][rendezvous]") {
   const int port = hpctrain::detail::free_local_port();
   dist::Options options;
-  options.timeout = std::chrono::milliseconds(1500);
+  options.timeouts(std::chrono::minutes(10));
+  options.rendezvous_timeout = std::chrono::milliseconds(1500);  // the one that governs a rendezvous
   const std::string expected = "[hpctrain.runtime.rendezvous] rank 1 of 2 could not rendezvous at 127.0.0.1:" +
-                               std::to_string(port) + " within 1500 ms: ";
+                               std::to_string(port) + " within 1500 ms (the rendezvous timeout: "
+                               "HPCTRAIN_RENDEZVOUS_TIMEOUT_S, site file rendezvous_timeout_s): ";
   REQUIRE_THROWS_MATCHES(dist::init_process_group(world_of(1, 2, port), options), hpctrain::RuntimeError,
                          Catch::Matchers::Predicate<hpctrain::RuntimeError>(
                              [&](const hpctrain::RuntimeError& e) { return std::string(e.what()).rfind(expected, 0) == 0; },
@@ -75,13 +79,50 @@ TEST_CASE("A rank that finds no rendezvous server fails naming host, port and ra
 TEST_CASE("Rank 0 gives up when the other ranks never arrive, naming itself", "[dist][rendezvous]") {
   const int port = hpctrain::detail::free_local_port();
   dist::Options options;
-  options.timeout = std::chrono::milliseconds(1500);
+  options.timeouts(std::chrono::milliseconds(1500));
   const std::string expected = "[hpctrain.runtime.rendezvous] rank 0 of 3 could not rendezvous at 127.0.0.1:" +
-                               std::to_string(port) + " within 1500 ms: ";
+                               std::to_string(port) + " within 1500 ms (the rendezvous timeout: "
+                               "HPCTRAIN_RENDEZVOUS_TIMEOUT_S, site file rendezvous_timeout_s): ";
   REQUIRE_THROWS_MATCHES(dist::init_process_group(world_of(0, 3, port), options), hpctrain::RuntimeError,
                          Catch::Matchers::Predicate<hpctrain::RuntimeError>(
                              [&](const hpctrain::RuntimeError& e) { return std::string(e.what()).rfind(expected, 0) == 0; },
                              "message starts with: " + expected));
+}
+
+TEST_CASE("A collective waits up to the collective timeout, around a checkpoint up to the checkpoint timeout, and the error names which", "[dist][timeout]") {
+  // Two ranks as two threads of this process (Gloo over loopback). Rank 1 enters a barrier that rank 0 never
+  // enters: the wait fails after the timeout of its kind, and the message names that timeout and its knobs.
+  auto [in_checkpoint, expected] = GENERATE(table<bool, std::string>({
+      {false, "[hpctrain.runtime.collective] rank 1 of 2: barrier failed (collective timeout 1 s: "
+              "HPCTRAIN_COLLECTIVE_TIMEOUT_S, site file collective_timeout_s): "},
+      {true, "[hpctrain.runtime.collective] rank 1 of 2: barrier failed (checkpoint timeout 2 s: "
+             "HPCTRAIN_CHECKPOINT_TIMEOUT_S, site file checkpoint_timeout_s): "},
+  }));
+  CAPTURE(in_checkpoint);
+  const int port = hpctrain::detail::free_local_port();
+  dist::Options options;
+  options.rendezvous_timeout = std::chrono::seconds(20);
+  options.collective_timeout = std::chrono::seconds(1);
+  options.checkpoint_timeout = std::chrono::seconds(2);
+  std::shared_ptr<dist::ProcessGroup> rank0;
+  std::thread starting([&] { rank0 = dist::init_process_group(world_of(0, 2, port), options); });
+  auto rank1 = dist::init_process_group(world_of(1, 2, port), options);
+  starting.join();
+  std::string message;
+  {
+    std::optional<dist::CheckpointWaits> waits;
+    if (in_checkpoint) waits.emplace(*rank1);
+    CHECK(rank1->wait_kind() == (in_checkpoint ? dist::WaitKind::checkpoint : dist::WaitKind::collective));
+    try {
+      dist::barrier(*rank1);
+    } catch (const hpctrain::RuntimeError& error) {
+      message = error.what();
+    }
+  }
+  CHECK(rank1->wait_kind() == dist::WaitKind::collective);  // the scope ended
+  CHECK(message.rfind(expected, 0) == 0);
+  CAPTURE(message);
+  rank0->mark_failed();  // rank 1 left without checking out: rank 0 must not wait for it
 }
 
 TEST_CASE("An impossible world is refused before any socket is opened", "[dist][rendezvous]") {

@@ -32,8 +32,8 @@ run_job 60 10
 late_job=$job late_state="$(job_state "$job")" late_s="$(elapsed "$started_at" "$ended_at")"
 echo "job $late_job ended $late_state $late_s s after rank 0 began its delay"
 case "$late_state" in COMPLETED*) fail "job $late_job completed although rank 0 was 60 s late for a 10 s rendezvous";; esac
-message="$(grep -o 'rank 1 of 2 could not rendezvous at [^ ]*:[0-9]* within 10000 ms' "$log" | head -1)" ||
-  fail "rank 1's error does not name rank 0's host and port and the timeout"
+message="$(grep -o 'rank 1 of 2 could not rendezvous at [^ ]*:[0-9]* within 10000 ms (the rendezvous timeout: HPCTRAIN_RENDEZVOUS_TIMEOUT_S' "$log" | head -1)" ||
+  fail "rank 1's error does not name rank 0's host and port and the timeout, by name"
 echo "rank 1 said: $message"
 # Rank 1 waited the timeout (not less); the job did not wait for rank 0's full delay.
 awk -v s="$late_s" 'BEGIN { exit !(s >= 10 - 1) }' || fail "rank 1 gave up after $late_s s, before the 10 s timeout"

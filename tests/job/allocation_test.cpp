@@ -82,7 +82,7 @@ TEST_CASE("The --run mode's script runs the batch script's step with the job's g
   CHECK(script.find("export HPCTRAIN_RUN_DIR=/home/user/project/hpctrain-jobs/fashion/\"$SLURM_JOB_ID\"\n") !=
         std::string::npos);
   CHECK(script.find("srun --kill-on-bad-exit=1 --unbuffered \\\n  --nodes=2 \\\n  --ntasks=4 \\\n  "
-                    "--ntasks-per-node=2 \\\n  --cpus-per-task=1 \\\n  --signal=USR2@60 \\\n  "
+                    "--ntasks-per-node=2 \\\n  --cpus-per-task=1 \\\n  --cpu-bind=cores \\\n  --signal=USR2@60 \\\n  "
                     "/home/user/project/build/train --hpctrain-worker --max-steps=5 &\n") != std::string::npos);
   // No requeue: an allocation's shell is not requeued; the ranks' checkpoint is resumed by the next --run.
   CHECK(script.find("scontrol requeue") == std::string::npos);

@@ -20,7 +20,32 @@ struct Golden {
   std::string file;
   std::function<ht::Job()> job;
   bool runs_on_local_cluster;  ///< sbatch --test-only must accept it here
+  ht::SiteSettings site = {};  ///< the site file's settings it is rendered with
 };
+
+/// An AWS cluster's site file: EFA, the bootstrap kept off docker's and the loopback interfaces, what
+/// all_reduce_perf measured there, longer rendezvous and checkpoint timeouts for a large job.
+ht::SiteSettings efa_site() {
+  ht::SiteSettings site;
+  site.fabric.fabric = ht::Fabric::efa;
+  site.fabric.source = "/etc/hpctrain/site.conf:3";
+  site.fabric.socket_ifname = "^docker,lo";
+  site.fabric.expected_busbw_gbps = 40;
+  site.cores_per_node = 192;  // p5.48xlarge: 192 vCPUs, 24 per GPU's task
+  site.rendezvous_timeout_s = 600;
+  site.checkpoint_timeout_s = 1800;
+  return site;
+}
+
+/// An InfiniBand cluster's site file: four adapters per node, IP over IB for the bootstrap.
+ht::SiteSettings infiniband_site() {
+  ht::SiteSettings site;
+  site.fabric.fabric = ht::Fabric::infiniband;
+  site.fabric.source = "/home/user/.config/hpctrain/site.conf:1";
+  site.fabric.ib_hca = "mlx5_0,mlx5_1,mlx5_2,mlx5_3";
+  site.fabric.socket_ifname = "ib0";
+  return site;
+}
 
 std::vector<Golden> goldens() {
   return {
@@ -117,6 +142,31 @@ std::vector<Golden> goldens() {
              .mount("/usr", "/usr");
        },
        false},
+      // EFA (AWS's recipe: FI_* variables, whole nodes, every node up before the script runs) in a pyxis
+      // container, which gets the site's variables through --container-env; the job's own
+      // FI_EFA_USE_DEVICE_RDMA (an instance without GPUDirect RDMA) replaces the preset's.
+      {"efa.sbatch",
+       [] {
+         return ht::Job("efa")
+             .nodes(2)
+             .gpus_per_node(8)
+             .time(4h)
+             .partition("p5")
+             .container(ht::Pyxis("nvcr.io#nvidia/pytorch:24.05-py3"))
+             .env("FI_EFA_USE_DEVICE_RDMA", "0");
+       },
+       false, efa_site()},
+      // InfiniBand (NCCL_IB_HCA and NCCL_SOCKET_IFNAME from the site) in Apptainer, which re-exports them.
+      {"infiniband.sbatch",
+       [] {
+         return ht::Job("ib")
+             .nodes(4)
+             .gpus_per_node("a100", 4)
+             .time(2h)
+             .partition("gpu")
+             .container(ht::Apptainer("/images/pytorch.sif"));
+       },
+       false, infiniband_site()},
   };
 }
 }  // namespace
@@ -126,6 +176,7 @@ TEST_CASE("Rendered scripts match the golden files byte for byte", "[golden]") {
   context.worker_args = {"--epochs", "2"};
   for (const auto& golden : goldens()) {
     CAPTURE(golden.file);
+    context.site = golden.site;
     const auto script = ht::render_sbatch(golden.job(), context);
     const auto path = job_test::source_dir() / "tests" / "golden" / golden.file;
     if (std::getenv("HPCTRAIN_UPDATE_GOLDEN")) job_test::write_file(path, script);

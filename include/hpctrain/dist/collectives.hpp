@@ -19,14 +19,15 @@ namespace hpctrain::dist {
 
 namespace detail {
 
-/// Waits for `work`; a failure (a peer died, the timeout passed) becomes RuntimeError naming this rank.
+/// Waits for `work` up to the group's current timeout; a failure (a peer died, the timeout passed) becomes
+/// RuntimeError naming this rank, the operation and the timeout that governed the wait.
 inline void wait_for(ProcessGroup& group, const c10::intrusive_ptr<c10d::Work>& work, std::string_view operation) {
   try {
     work->wait(group.timeout());
   } catch (const std::exception& e) {
     group.mark_failed();
-    throw RuntimeError("collective", fmt::format("rank {} of {}: {} failed: {}", group.rank(), group.world_size(),
-                                                 operation, e.what()));
+    throw RuntimeError("collective", fmt::format("rank {} of {}: {} failed ({}): {}", group.rank(), group.world_size(),
+                                                 operation, group.describe_timeout(), e.what()));
   }
 }
 

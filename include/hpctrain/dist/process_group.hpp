@@ -15,9 +15,11 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +35,8 @@
 #if defined(USE_C10D_NCCL)
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+
+#include <hpctrain/job/nccl_network.hpp>  // rank 0 checks NCCL's network against the site's fabric
 #endif
 
 #include <hpctrain/error.hpp>
@@ -42,11 +46,26 @@
 
 namespace hpctrain::dist {
 
-/// Settings of the distributed runtime.
+/// Settings of the distributed runtime: how long each kind of wait may last before it fails naming itself.
 struct Options {
-  /// How long a rendezvous or one collective may wait for its peers before failing. Default: 5 minutes.
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  /// The rendezvous: rank 0's store, every rank's connection to it, the backend's connections (and the store's
+  /// later waits). Default: 5 minutes (HPCTRAIN_RENDEZVOUS_TIMEOUT_S, site file `rendezvous_timeout_s`).
+  std::chrono::milliseconds rendezvous_timeout{std::chrono::minutes(5)};
+  /// One collective of the training (gradient all-reduce, broadcast, barrier). Default: 5 minutes
+  /// (HPCTRAIN_COLLECTIVE_TIMEOUT_S, site file `collective_timeout_s`).
+  std::chrono::milliseconds collective_timeout{std::chrono::minutes(5)};
+  /// A collective around a checkpoint's writing, where ranks wait for others' files (CheckpointWaits). Default:
+  /// 5 minutes (HPCTRAIN_CHECKPOINT_TIMEOUT_S, site file `checkpoint_timeout_s`).
+  std::chrono::milliseconds checkpoint_timeout{std::chrono::minutes(5)};
+  /// All three at once.
+  Options& timeouts(std::chrono::milliseconds all) {
+    rendezvous_timeout = collective_timeout = checkpoint_timeout = all;
+    return *this;
+  }
 };
+
+/// Which timeout a collective honours: the training's, or a checkpoint's (CheckpointWaits).
+enum class WaitKind { collective, checkpoint };
 
 /// One rank's membership in the job: the TCPStore and the c10d backend (Gloo or NCCL).
 class ProcessGroup {
@@ -86,8 +105,17 @@ class ProcessGroup {
   c10::intrusive_ptr<c10d::Store> store() const { return store_; }
   /// "gloo", "nccl" or "none" (world size 1).
   std::string backend_name() const { return backend_ ? backend_->getBackendName() : "none"; }
-  /// The timeout every wait of this group honours.
-  std::chrono::milliseconds timeout() const { return timeout_; }
+  /// The timeout the collectives of this group honour now: the checkpoint timeout inside CheckpointWaits, the
+  /// collective timeout elsewhere.
+  std::chrono::milliseconds timeout() const {
+    return wait_kind_ == WaitKind::checkpoint ? options_.checkpoint_timeout : options_.collective_timeout;
+  }
+  /// What the collectives of this group wait for now, and the timeout's name for an error message:
+  /// "collective timeout 300 s (HPCTRAIN_COLLECTIVE_TIMEOUT_S)".
+  WaitKind wait_kind() const { return wait_kind_; }
+  std::string describe_timeout() const;
+  /// The timeouts this group was made with.
+  const Options& options() const { return options_; }
   /// Records that a collective failed: the peers may be gone, so the destructor must not wait for them.
   void mark_failed() noexcept { *failed_ = true; }
   /// Whether a collective of this group (or of its root group or a sibling subgroup) has failed.
@@ -106,13 +134,31 @@ class ProcessGroup {
   int local_world_size_ = 1;
   bool subgroup_ = false;
   torch::Device device_{torch::kCPU};
-  std::chrono::milliseconds timeout_;
+  Options options_;
+  WaitKind wait_kind_ = WaitKind::collective;
+  friend class CheckpointWaits;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> backend_;
   std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices_;  // Gloo's transports, shared with subgroups
   int subgroups_made_ = 0;  // subgroup() calls so far: each call gets its own key space in the store
   std::string key_space_ = "hpctrain/group";  // where this group's subgroups put their keys
   std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
+};
+
+/// While it lives, the collectives of `group` wait up to the checkpoint timeout instead of the collective one:
+/// the ranks around a checkpoint wait for each other's files, on a file system that may be slow.
+class CheckpointWaits {
+ public:
+  explicit CheckpointWaits(ProcessGroup& group) : group_(group), previous_(group.wait_kind_) {
+    group_.wait_kind_ = WaitKind::checkpoint;
+  }
+  ~CheckpointWaits() { group_.wait_kind_ = previous_; }
+  CheckpointWaits(const CheckpointWaits&) = delete;
+  CheckpointWaits& operator=(const CheckpointWaits&) = delete;
+
+ private:
+  ProcessGroup& group_;
+  WaitKind previous_;
 };
 
 /// Rendezvouses and returns this rank's process group (world size 1: no store, no backend, no sockets).
@@ -231,6 +277,16 @@ inline bool wait_until_listening(const std::string& host, int port, std::chrono:
   }
 }
 
+/// The backends' own limit: the longest of the collective and checkpoint timeouts, so that each wait's own
+/// (Work::wait with the group's current timeout) is the one that fires, naming itself.
+inline std::chrono::milliseconds backend_timeout(const Options& options) {
+  return std::max(options.collective_timeout, options.checkpoint_timeout);
+}
+
+inline std::string seconds_text(std::chrono::milliseconds timeout) {
+  return timeout.count() % 1000 == 0 ? fmt::format("{} s", timeout.count() / 1000) : fmt::format("{} ms", timeout.count());
+}
+
 inline const std::string& checkout_prefix() {
   static const std::string prefix = "hpctrain/checked_out/";
   return prefix;
@@ -240,7 +296,7 @@ inline const std::string& checkout_prefix() {
 
 inline ProcessGroup::ProcessGroup(const slurm::World& world, const Options& options)
     : rank_(world.rank), world_size_(world.world_size), local_rank_(world.local_rank),
-      local_world_size_(world.local_world_size), timeout_(options.timeout) {
+      local_world_size_(world.local_world_size), options_(options) {
   detail::check_world(world);
   const bool use_cuda = torch::cuda::is_available();
   if (use_cuda) device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(detail::cuda_device_index(world)));
@@ -251,19 +307,22 @@ inline ProcessGroup::ProcessGroup(const slurm::World& world, const Options& opti
   store_options.isServer = rank_ == 0;
   store_options.numWorkers = static_cast<std::size_t>(world_size_);
   store_options.waitWorkers = true;  // rank 0 returns only once everyone has connected: a rendezvous
-  store_options.timeout = timeout_;
-  if (rank_ != 0 && !detail::wait_until_listening(world.master_addr, world.master_port, timeout_)) {
-    throw RuntimeError("rendezvous", fmt::format("rank {} of {} could not rendezvous at {}:{} within {} ms: nothing "
+  const auto rendezvous = options_.rendezvous_timeout;
+  store_options.timeout = rendezvous;
+  // The limit's name, for the messages: which knob to turn.
+  const std::string which = "the rendezvous timeout: HPCTRAIN_RENDEZVOUS_TIMEOUT_S, site file rendezvous_timeout_s";
+  if (rank_ != 0 && !detail::wait_until_listening(world.master_addr, world.master_port, rendezvous)) {
+    throw RuntimeError("rendezvous", fmt::format("rank {} of {} could not rendezvous at {}:{} within {} ms ({}): nothing "
                                                  "accepted a connection there (is rank 0 running?)",
                                                  rank_, world_size_, world.master_addr, world.master_port,
-                                                 timeout_.count()));
+                                                 rendezvous.count(), which));
   }
   try {
     store_ = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_options);
   } catch (const std::exception& e) {
-    throw RuntimeError("rendezvous", fmt::format("rank {} of {} could not rendezvous at {}:{} within {} ms: {}", rank_,
+    throw RuntimeError("rendezvous", fmt::format("rank {} of {} could not rendezvous at {}:{} within {} ms ({}): {}", rank_,
                                                  world_size_, world.master_addr, world.master_port,
-                                                 timeout_.count(), e.what()));
+                                                 rendezvous.count(), which, e.what()));
   }
   // Backends get their own key space, so that ours (checkout) cannot collide with theirs.
   try {
@@ -285,26 +344,36 @@ inline void ProcessGroup::connect(const c10::intrusive_ptr<c10d::Store>& store) 
 #if defined(USE_C10D_NCCL)
   if (device_.is_cuda()) {
     c10::cuda::set_device(device_.index());
+    // On an efa or infiniband site, rank 0 of a job over several nodes has NCCL log the network it chooses, and
+    // fails once the communicator exists if that is TCP sockets (job/nccl_network.hpp).
+    const auto network_check =
+        subgroup_ ? std::nullopt
+                  : capture_nccl_network_log(rank_, world_size_ > local_world_size_,
+                                             hpctrain::getenv(env::run_dir).value_or("."));
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
-    nccl_options->timeout = timeout_;
+    nccl_options->timeout = detail::backend_timeout(options_);
     auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank_, world_size_, nccl_options);
     // Bound device + eager connect (as torch.distributed does with device_id=): the communicator is built
     // now, inside the rendezvous timeout, instead of at the first collective.
     nccl->setBoundDeviceId(device_);
     nccl->eagerConnectSingleDevice(device_);
+    if (network_check) {
+      fmt::print("{}\n", check_nccl_network(*network_check));
+      std::fflush(stdout);
+    }
     backend_ = nccl;
     return;
   }
 #endif
   device_ = torch::Device(torch::kCPU);  // no NCCL compiled in: Gloo, on CPU tensors
-  auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout_);
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(detail::backend_timeout(options_));
   gloo_options->devices = gloo_devices_;
   backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank_, world_size_, gloo_options);
 }
 
 inline ProcessGroup::ProcessGroup(SubgroupTag, const ProcessGroup& parent, int rank, int size)
     : rank_(rank), world_size_(size), local_rank_(parent.local_rank_), local_world_size_(parent.local_world_size_),
-      subgroup_(true), device_(parent.device_), timeout_(parent.timeout_), store_(parent.store_),
+      subgroup_(true), device_(parent.device_), options_(parent.options_), store_(parent.store_),
       gloo_devices_(parent.gloo_devices_), failed_(parent.failed_) {}
 
 inline std::shared_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int>& ranks, const std::string& tag) {
@@ -328,6 +397,14 @@ inline std::shared_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<in
   return group;
 }
 
+inline std::string ProcessGroup::describe_timeout() const {
+  return wait_kind_ == WaitKind::checkpoint
+             ? fmt::format("checkpoint timeout {}: HPCTRAIN_CHECKPOINT_TIMEOUT_S, site file checkpoint_timeout_s",
+                           detail::seconds_text(timeout()))
+             : fmt::format("collective timeout {}: HPCTRAIN_COLLECTIVE_TIMEOUT_S, site file collective_timeout_s",
+                           detail::seconds_text(timeout()));
+}
+
 inline ProcessGroup::~ProcessGroup() {
   if (world_size_ == 1) return;
   if (subgroup_) {  // the root group keeps the store and checks out; a subgroup's peers may have left already
@@ -346,7 +423,7 @@ inline ProcessGroup::~ProcessGroup() {
       if (rank_ == 0) {
         std::vector<std::string> keys;
         for (int r = 0; r < world_size_; ++r) keys.push_back(detail::checkout_prefix() + std::to_string(r));
-        store_->wait(keys, timeout_);
+        store_->wait(keys, options_.rendezvous_timeout);
       }
     } catch (const std::exception&) {
       // A peer left without checking out; it has failed on its own and reports that itself.

@@ -31,6 +31,7 @@
 #include <hpctrain/job/plan_request.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/prepare.hpp>
+#include <hpctrain/slurm/cpus.hpp>
 #include <hpctrain/slurm/local_launch.hpp>
 #include <hpctrain/job/render.hpp>
 #include <hpctrain/job/results.hpp>
@@ -65,6 +66,12 @@ struct LoginCommand {
   std::optional<double> gpu_memory_gib;  ///< --gpu-memory GIB: one GPU's memory for the plan (else the GPU type's)
   /// `--wandb-sync [RUN_DIR]`: RUN_DIR, or empty for the last submitted job's directory.
   std::optional<std::string> wandb_sync;
+  /// `--check-fabric`: the workers run an all-reduce sweep instead of training; `--check-fabric-max SIZE` its
+  /// largest message (default: 1 GiB over NCCL, 64 MiB over Gloo).
+  bool check_fabric = false;
+  std::optional<std::string> check_fabric_max;
+  /// `--allow-socket-fallback`: NCCL over TCP sockets on an efa or infiniband site warns instead of failing.
+  bool allow_socket_fallback = false;
 };
 
 /// The geometry `job` asks for, with `command`'s overrides applied, and one GPU's memory: --gpu-memory, else
@@ -96,10 +103,27 @@ inline void add_job_layer_options(CLI::App& app, LoginCommand& command) {
                  "metrics rank higher first)");
 }
 
-/// Applies the options of add_job_layer_options to `job`.
+/// Options of the network checks (job/fabric.hpp, job/nccl_network.hpp).
+inline void add_fabric_options(CLI::App& app, LoginCommand& command) {
+  app.add_flag("--check-fabric", command.check_fabric,
+               "with --submit, --run or --local: instead of training, time all-reduces of 8 B up to --check-fabric-max "
+               "over the job's ranks and print size, time, algbw and busbw as nccl-tests' all_reduce_perf does");
+  app.add_option("--check-fabric-max", command.check_fabric_max,
+                 "with --check-fabric: the largest message (default 1G over NCCL, 64M over Gloo; K, M, G)")
+      ->type_name("SIZE");
+  app.add_flag("--allow-socket-fallback", command.allow_socket_fallback,
+               "run even when NCCL fell back to TCP sockets on a site whose fabric is efa or infiniband");
+}
+
+/// Applies the options of add_job_layer_options and add_fabric_options to `job`: the network checks travel to
+/// the workers as environment variables of the job.
 inline void apply_job_layer_overrides(Job& job, const LoginCommand& command) {
   if (command.gpu_syntax) job.gpu_syntax(std::string_view(*command.gpu_syntax));
   if (command.array) job.array(*command.array);
+  if (command.allow_socket_fallback) job.env(env::allow_socket_fallback, "1");
+  if (command.check_fabric)
+    job.env(env::check_fabric,
+            command.check_fabric_max ? std::to_string(parse_bytes(*command.check_fabric_max, "check_fabric_max")) : "0");
 }
 
 /// An array's task ids must stay below the cluster's MaxArraySize; where scontrol answers, check it.
@@ -113,6 +137,22 @@ inline void check_array_on_cluster(const Job& job) {
   int max_size = 0;
   if (equals != std::string::npos && detail::parse_array_number(detail::trim(config.out.substr(equals + 1, config.out.find('\n', equals) - equals - 1)), max_size))
     check_array_against_max_size(*job.array(), max_size);
+}
+
+/// One node's CPUs in the job's partition as sinfo reports them (the smallest node's), asked only when the
+/// default cpus_per_task needs it (a job on whole nodes or GPUs that states none, a site file without
+/// cores_per_node); nothing where sinfo does not answer.
+inline std::optional<int> cluster_node_cpus(const Job& job, const RenderContext& context) {
+  if (job.cpus_per_task() || context.site.cores_per_node || context.sinfo_node_cpus) return context.sinfo_node_cpus;
+  if (job.gpus_per_node_count() == 0 && !job.exclusive() && !fabric_wants_exclusive(context.site.fabric)) return std::nullopt;
+  std::vector<std::string> args = {"sinfo", "--noheader", "--format=%c"};
+  if (job.partition()) args.push_back("--partition=" + *job.partition());
+  try {
+    const auto result = run_process(args);
+    return result.exit_code == 0 ? slurm::smallest_node_cpus(result.out) : std::nullopt;
+  } catch (const Error&) {
+    return std::nullopt;  // no sinfo here (a dry run on a laptop)
+  }
 }
 
 /// --status/--logs/--cancel when the last job is an array (or --task was given); empty: not an array.
@@ -218,6 +258,7 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
                             ->expected(0, 1)
                             ->type_name("[RUN_DIR]");
   add_job_layer_options(app, command);
+  add_fabric_options(app, command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -263,6 +304,13 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
     throw UsageError("--resume goes with --submit, --dry-run, --local or --run");
   if (!command.after.empty() && command.mode != Mode::submit && command.mode != Mode::dry_run)
     throw UsageError("--after goes with --submit or --dry-run");
+  if (command.check_fabric && command.mode != Mode::submit && command.mode != Mode::dry_run && command.mode != Mode::local &&
+      command.mode != Mode::run)
+    throw UsageError("--check-fabric goes with --submit, --run or --local (or --dry-run, to see the script)");
+  if (command.check_fabric_max && !command.check_fabric) throw UsageError("--check-fabric-max goes with --check-fabric");
+  if (command.allow_socket_fallback && command.mode != Mode::submit && command.mode != Mode::dry_run &&
+      command.mode != Mode::local && command.mode != Mode::run)
+    throw UsageError("--allow-socket-fallback goes with --submit, --run or --local (or --dry-run)");
   return command;
 }
 }  // namespace detail
@@ -306,9 +354,11 @@ inline std::filesystem::path resume_directory(const std::string& requested, cons
 /// A new directory `<root>/local-<UTC time>[-<n>]` for one `--local` run (created here, so two runs started
 /// in the same second do not share one).
 /// The job's literal environment (Job::env, --env), exported in this process for what --local starts, as the
-/// sbatch script exports it (render.hpp): the job's values win over this shell's. pass_env and secret_env
-/// names are this shell's own already.
-inline void export_job_environment(const Job& job) {
+/// sbatch script exports it (render.hpp), after the site's (site_environment): the job's values win over this
+/// shell's. pass_env and secret_env names are this shell's own already.
+inline void export_job_environment(const Job& job, const RenderContext& context) {
+  for (const auto& variable : site_environment(job, context.site))  // the site's first, as in the script
+    ::setenv(variable.name.c_str(), variable.value.c_str(), variable.shell_wins ? 0 : 1);
   for (const auto& var : job.environment())
     if (var.kind == EnvKind::literal) ::setenv(var.name.c_str(), var.value.c_str(), 1);
 }
@@ -491,6 +541,7 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         return exit_usage;
       case Mode::dry_run:
         if (!worker_context.slurm_version) worker_context.slurm_version = cluster_slurm_version();
+        worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
         check_array_on_cluster(job);
         print_job_warnings(job, err);
         detail::plan_before_queueing(job, command, knobs, planner, err, /*print=*/true);
@@ -505,6 +556,7 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         }
         return exit_ok;
       case Mode::submit: {
+        worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
         check_array_on_cluster(job);
         print_job_warnings(job, err);
         if (detail::plan_before_queueing(job, command, knobs, planner, err, /*print=*/false) == PlanVerdict::does_not_fit)
@@ -546,7 +598,7 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         print_logs(last_submitted(job, context), out, command.follow);
         return exit_ok;
       case Mode::local: {
-        detail::export_job_environment(job);  // the preparation and the ranks see the job's environment
+        detail::export_job_environment(job, context);  // the preparation and the ranks see the job's environment
         if (const int prepared = prepare_locally(job, context, command.forwarded, err); prepared != exit_ok)
           return prepared;
         // The ranks run in a new directory of their own: tell them where the preparation left its results.
@@ -574,6 +626,7 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         return verdict == PlanVerdict::fits || verdict == PlanVerdict::unknown ? exit_ok : exit_usage;
       }
       case Mode::run:
+        worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
         print_job_warnings(job, err);
         return run_in_allocation(job, worker_context, out, err);
       case Mode::results:

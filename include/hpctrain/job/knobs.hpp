@@ -25,6 +25,7 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
+#include <hpctrain/job/closest_name.hpp>
 
 namespace hpctrain {
 
@@ -420,25 +421,11 @@ class Knobs {
     }
     if (canonical(name) == "gradient_accumulation_steps")
       return " (transformers' and TRL's name; here the program sets it: Training::gradient_accumulation(n))";
-    const auto distance = [](std::string_view a, std::string_view b) {
-      std::vector<std::size_t> row(b.size() + 1);
-      for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-      for (std::size_t i = 1; i <= a.size(); ++i) {
-        std::size_t diagonal = row[0];
-        row[0] = i;
-        for (std::size_t j = 1; j <= b.size(); ++j) {
-          const std::size_t above = row[j];
-          row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-          diagonal = above;
-        }
-      }
-      return row[b.size()];
-    };
     const auto key = canonical(name);
     const KnobSpec* best = nullptr;
     std::size_t best_distance = 3;  // more edits than that is another word, not a typo
     for (const auto& spec : specs_) {
-      const auto d = distance(key, spec.name);
+      const auto d = detail::edit_distance(key, spec.name);
       if (d < best_distance) best = &spec, best_distance = d;
     }
     return best ? fmt::format(" (did you mean {}?)", best->flag()) : "";

@@ -19,6 +19,7 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/container.hpp>
+#include <hpctrain/job/fabric.hpp>
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/prepare.hpp>
 #include <hpctrain/job/shell.hpp>
@@ -47,6 +48,9 @@ struct RenderContext {
   /// The cluster's Slurm release (job/slurm_version.hpp): flags that changed between releases follow it.
   /// Default: none (tests); --dry-run and --submit ask `sbatch --version`.
   std::optional<SlurmVersion> slurm_version;
+  /// CPUs of one node of the job's partition as `sinfo` reports them, when the site file states no
+  /// cores_per_node. Default: none (tests); --dry-run, --submit and --run ask sinfo (cluster_node_cpus).
+  std::optional<int> sinfo_node_cpus;
 };
 
 namespace detail {
@@ -143,13 +147,44 @@ inline std::vector<Mount> container_mounts(const Job& job, const RenderContext& 
   return mounts;
 }
 
-/// The variables the script exports for the workers: the job's own (env, pass_env, secret_env), the run
-/// directory and, with requeue_on_timeout, the requeue marker.
-inline std::vector<std::string> exported_names(const Job& job) {
+/// One variable the site's settings export (site_environment).
+struct SiteVariable {
+  std::string name;
+  std::string value;
+  std::string why;          ///< the script's comment
+  bool shell_wins = false;  ///< `${NAME:-value}`: a value in the submitting shell (sbatch passes it on) wins
+};
+
+/// What the site file sets for the workers, less what the job sets itself (Job::env wins): the fabric's
+/// preset, the fabric's name for rank 0's check, the expected bus bandwidth, the timeouts.
+inline std::vector<SiteVariable> site_environment(const Job& job, const SiteSettings& site) {
+  std::vector<SiteVariable> variables;
+  for (auto& [name, value, why] : fabric_environment(site.fabric)) variables.push_back({name, value, why});
+  if (site.fabric.fabric)
+    variables.push_back({env::fabric, std::string(to_string(*site.fabric.fabric)),
+                         fabric_needs_check(site.fabric.fabric) ? "rank 0 checks that NCCL uses it" : "no check: sockets"});
+  if (site.fabric.expected_busbw_gbps)
+    variables.push_back({env::expected_busbw, fmt::format("{}", *site.fabric.expected_busbw_gbps), "for --check-fabric"});
+  const std::pair<const char*, std::optional<int>> timeouts[] = {{env::rendezvous_timeout, site.rendezvous_timeout_s},
+                                                                 {env::collective_timeout, site.collective_timeout_s},
+                                                                 {env::checkpoint_timeout, site.checkpoint_timeout_s}};
+  for (const auto& [name, seconds] : timeouts)
+    if (seconds) variables.push_back({name, std::to_string(*seconds), "seconds", true});
+  std::erase_if(variables, [&](const SiteVariable& variable) {
+    return std::any_of(job.environment().begin(), job.environment().end(),
+                       [&](const EnvVar& own) { return own.name == variable.name; });
+  });
+  return variables;
+}
+
+/// The variables the script exports for the workers: the site's (site_environment), the job's own (env,
+/// pass_env, secret_env), the run directory and, with requeue_on_timeout, the requeue marker.
+inline std::vector<std::string> exported_names(const Job& job, const RenderContext& context) {
   std::vector<std::string> names;
   const auto add = [&](const std::string& name) {
     if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
   };
+  for (const auto& variable : site_environment(job, context.site)) add(variable.name);
   for (const auto& var : job.environment()) add(var.name);
   add("HPCTRAIN_RUN_DIR");
   add("HPCTRAIN_REQUEUE_MARKER");  // every job: a preempted one comes back too (preemption_restarts)
@@ -187,7 +222,7 @@ inline std::vector<std::string> container_words(const Job& job, const RenderCont
     if (pyxis->writable()) words.push_back(*pyxis->writable() ? "--container-writable" : "--container-readonly");
     // The variables hpctrain exports win over the image's ENV lines (pyxis#124: without --container-env the
     // image's value wins; NeMo had NCCL settings silently ignored).
-    const auto names = exported_names(job);
+    const auto names = exported_names(job, context);
     if (!names.empty()) words.push_back("--container-env=" + join(names, ","));
     if (pyxis->name()) words.push_back("--container-name=" + *pyxis->name());
   } else if (const auto* apptainer = std::get_if<Apptainer>(&job.container())) {
@@ -289,6 +324,22 @@ inline std::string preparation_block(const Job& job, const RenderContext& contex
 }  // namespace detail
 
 namespace detail {
+/// The site's variables (site_environment), before the job's own, with where they come from.
+inline std::string site_block(const Job& job, const RenderContext& context) {
+  const auto variables = site_environment(job, context.site);
+  if (variables.empty()) return "";
+  const auto& fabric = context.site.fabric;
+  std::string s = fabric.fabric ? fmt::format("# Site: fabric {} ({}); the job's own variables win.\n",
+                                              to_string(*fabric.fabric), comment_safe(fabric.source))
+                                : "# Site settings; the job's own variables win.\n";
+  for (const auto& variable : variables)
+    s += variable.shell_wins
+             ? fmt::format("export {0}=\"${{{0}:-{1}}}\"  # {2}; the submitting shell's value wins\n", variable.name,
+                           variable.value, variable.why)
+             : fmt::format("export {}={}  # {}\n", variable.name, shell_quote(variable.value), variable.why);
+  return s;
+}
+
 /// The script from `set -euo pipefail` to the run directory: modules, setup lines, the job's variables.
 /// Shared by the batch script (render_sbatch) and `--run`'s script (render_allocation_script).
 inline std::string script_setup(const Job& job, const RenderContext& context) {
@@ -300,6 +351,7 @@ inline std::string script_setup(const Job& job, const RenderContext& context) {
     s += "set -u\n";
   }
   for (const auto& line : job.setup_lines()) s += line + "\n";
+  s += site_block(job, context);
   bool secret_comment = false;
   for (const auto& var : job.environment()) {
     switch (var.kind) {
@@ -341,8 +393,11 @@ inline std::string script_setup(const Job& job, const RenderContext& context) {
 /// The training step's own srun options (before the job's srun_options and the container words).
 inline std::vector<std::string> training_srun_options(const Job& job) {
   std::vector<std::string> srun = {"srun --kill-on-bad-exit=1 --unbuffered"};
-  // Slurm 22.05's srun stopped reading SLURM_CPUS_PER_TASK from the allocation: say it again for the step.
+  // Slurm 22.05's srun stopped reading SLURM_CPUS_PER_TASK from the allocation: say it again for the step. Once
+  // each task's CPUs are known, each is bound to its own cores (unless the job binds them its own way): the
+  // ranks' intra-op threads then follow their affinity mask (slurm/cpus.hpp) instead of competing for the node.
   if (job.cpus_per_task()) srun.push_back(fmt::format("--cpus-per-task={}", *job.cpus_per_task()));
+  if (job.cpus_per_task() && !has_option(job, "cpu-bind")) srun.push_back("--cpu-bind=cores");
   if (job.requeue()) srun.push_back(fmt::format("--signal={}@{}", job.requeue_signal(), job.requeue()->grace.count()));
   return srun;
 }
@@ -354,7 +409,7 @@ inline std::string script_before_step(const Job& job, const RenderContext& conte
   if (job.requeue_signal() != "USR2")  // workers default to USR2 (train/preemption.hpp)
     s += fmt::format("export HPCTRAIN_PREEMPT_SIGNAL={}\n", job.requeue_signal());
   if (std::holds_alternative<Apptainer>(job.container())) {
-    auto names = exported_names(job);
+    auto names = exported_names(job, context);
     std::erase(names, "HPCTRAIN_REQUEUE_MARKER");  // exported with the requeue block below
     s += "# Our variables win over the image's %environment.\n" + apptainer_env_lines(job, names);
   }
@@ -389,6 +444,34 @@ inline GpuSyntax effective_gpu_syntax(const Job& job, const RenderContext& conte
   return context.site.gpu_syntax.value_or(GpuSyntax::gpus_per_node);
 }
 
+/// The default cpus_per_task of a job that states none but asks for whole nodes (exclusive, or a fabric whose
+/// recipe makes it so) or GPUs: the node's CPUs (the site file's cores_per_node, else sinfo's count for the
+/// partition) divided among its tasks, and where that count came from. Nothing when the job states its own, asks
+/// for neither, or the node's CPUs are unknown (Slurm's default of 1 CPU per task stands then, unbound).
+struct DefaultCpus {
+  int cpus_per_task;
+  std::string reason;  ///< for the script's header
+};
+inline std::optional<DefaultCpus> default_cpus_per_task(const Job& job, const RenderContext& context) {
+  if (job.cpus_per_task()) return std::nullopt;
+  const bool whole_nodes =
+      job.exclusive() || detail::has_option(job, "exclusive") || fabric_wants_exclusive(context.site.fabric);
+  if (!whole_nodes && job.gpus_per_node_count() == 0) return std::nullopt;
+  const auto node = context.site.cores_per_node ? context.site.cores_per_node : context.sinfo_node_cpus;
+  if (!node) return std::nullopt;
+  const int cpus = std::max(1, *node / job.tasks_per_node());
+  return DefaultCpus{cpus, fmt::format("{} = {} CPUs per node ({}) / {} task(s) per node, for a job on {}", cpus, *node,
+                                       context.site.cores_per_node ? "the site file's cores_per_node" : "sinfo",
+                                       job.tasks_per_node(), whole_nodes ? "whole nodes" : "GPUs")};
+}
+
+/// `job` with default_cpus_per_task applied.
+inline Job with_default_cpus(const Job& job, const RenderContext& context) {
+  Job rendered = job;
+  if (const auto cpus = default_cpus_per_task(job, context)) rendered.cpus_per_task(cpus->cpus_per_task);
+  return rendered;
+}
+
 /// What is valid but likely wrong: printed on stderr by --dry-run/--submit and kept as comments in the script.
 inline std::vector<std::string> job_warnings(const Job& job) {
   std::vector<std::string> warnings;
@@ -420,15 +503,18 @@ inline std::vector<std::string> job_warnings(const Job& job) {
 }
 
 /// The sbatch script for `job`, byte-for-byte stable for a given context.
-inline std::string render_sbatch(const Job& job, const RenderContext& context) {
-  job.validate();
+inline std::string render_sbatch(const Job& described, const RenderContext& context) {
+  described.validate();
   detail::require(context.program.starts_with("/"), "program", context.program, "must be an absolute path");
+  const auto default_cpus = default_cpus_per_task(described, context);
+  const Job job = with_default_cpus(described, context);
   std::string s = "#!/bin/bash\n";
   s += fmt::format("# Generated by hpctrain {} at {}.\n", version, context.generated_at);
   s += fmt::format("# program: {}\n", detail::comment_safe(shell_quote(context.program)));
   std::vector<std::string> quoted_argv;
   for (const auto& a : context.argv) quoted_argv.push_back(shell_quote(a));
   s += fmt::format("# argv: {}\n", detail::comment_safe(detail::join(quoted_argv, " ")));
+  if (default_cpus) s += fmt::format("# cpus-per-task: {}\n", default_cpus->reason);
   for (const auto& warning : job_warnings(job)) s += fmt::format("# warning: {}\n", detail::comment_safe(warning));
 
   // An sbatch_option (`--sbatch KEY=VALUE`) naming a key that has its own directive replaces it in place:
@@ -463,7 +549,8 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
   if (job.qos()) directive("qos", *job.qos());
   if (job.constraint()) directive("constraint", *job.constraint());
   if (job.reservation()) directive("reservation", *job.reservation());
-  if (job.exclusive()) directive("exclusive", "");
+  if (job.exclusive() || fabric_wants_exclusive(context.site.fabric)) directive("exclusive", "");
+  if (fabric_wants_all_nodes_up(context.site.fabric)) directive("wait-all-nodes", "1");
   directive("output", job.output() ? *job.output() : default_output_pattern(job, context));
   if (job.error()) directive("error", *job.error());
   if (job.mail_user()) {
@@ -556,8 +643,9 @@ inline std::string render_sbatch(const Job& job, const RenderContext& context) {
 /// step is given the job's geometry explicitly, since the allocation's variables (SLURM_NTASKS...) describe
 /// what the user allocated, not what the job asks for. A SIGINT or SIGTERM to the script reaches the ranks
 /// as the job's preemption signal (USR2 unless requeue_signal says otherwise): they checkpoint together and stop.
-inline std::string render_allocation_script(const Job& job, const RenderContext& context) {
-  job.validate();
+inline std::string render_allocation_script(const Job& described, const RenderContext& context) {
+  described.validate();
+  const Job job = with_default_cpus(described, context);
   detail::require(context.program.starts_with("/"), "program", context.program, "must be an absolute path");
   std::string s = "#!/bin/bash\n";
   s += fmt::format("# Generated by hpctrain {} at {} for --run inside allocation $SLURM_JOB_ID.\n", version,

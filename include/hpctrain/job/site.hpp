@@ -5,7 +5,10 @@
 // `HPCTRAIN_GPU_SYNTAX`, else from a file in the user's home, else `--gpus-per-node`.
 //
 // The file: `$HPCTRAIN_SITE_CONFIG`, else `$XDG_CONFIG_HOME/hpctrain/site.conf`, else
-// `$HOME/.config/hpctrain/site.conf`; lines `key = value`, `#` starts a comment. Keys: `gpu_syntax`.
+// `$HOME/.config/hpctrain/site.conf`; lines `key = value`, `#` starts a comment. Keys: `gpu_syntax`; the network
+// between nodes, `fabric` (efa, infiniband, ethernet: job/fabric.hpp), `socket_ifname`, `ib_hca`,
+// `expected_busbw_gbps`; `cores_per_node` (the default cpus_per_task of jobs on whole nodes or GPUs); and the
+// workers' timeouts in seconds, `rendezvous_timeout_s`, `collective_timeout_s`, `checkpoint_timeout_s`.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,8 +18,12 @@
 #include <string_view>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/error_ids.hpp>
+#include <hpctrain/job/closest_name.hpp>
+#include <hpctrain/job/fabric.hpp>
 
 namespace hpctrain {
 
@@ -44,6 +51,13 @@ inline GpuSyntax parse_gpu_syntax(std::string_view text, std::string_view where 
 struct SiteSettings {
   std::optional<GpuSyntax> gpu_syntax;
   std::string gpu_syntax_source;  ///< `HPCTRAIN_GPU_SYNTAX` or `<file>:<line>`
+  /// The network between nodes and what the site knows of it (job/fabric.hpp).
+  FabricSettings fabric;
+  /// Cores of one compute node (hyperthreads counted as Slurm counts CPUs): the default cpus_per_task of a job
+  /// on whole nodes or GPUs is this divided among the node's tasks.
+  std::optional<int> cores_per_node;
+  /// The workers' timeouts in whole seconds, exported by the script (the submitting shell's values win).
+  std::optional<int> rendezvous_timeout_s, collective_timeout_s, checkpoint_timeout_s;
 };
 
 namespace detail {
@@ -64,6 +78,68 @@ inline std::filesystem::path site_config_path(const std::function<std::optional<
   return {};
 }
 
+inline constexpr std::string_view site_keys[] = {"gpu_syntax",         "fabric",          "socket_ifname",
+                                                 "ib_hca",             "expected_busbw_gbps", "cores_per_node",
+                                                 "rendezvous_timeout_s", "collective_timeout_s",
+                                                 "checkpoint_timeout_s"};
+
+/// A whole number in [1, `max`] for site key `key`; SpecError `[hpctrain.spec.site]` naming it and `where`.
+inline int site_positive_integer(std::string_view key, const std::string& value, int max, std::string_view where) {
+  std::size_t used = 0;
+  long number = 0;
+  try {
+    number = std::stol(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != value.size() || number < 1 || number > max)
+    throw SpecError(errors::spec_site, fmt::format("{} = {}", key, value),
+                    fmt::format("expected a whole number in [1, {}] ({})", max, where));
+  return static_cast<int>(number);
+}
+
+inline void apply_site_setting(SiteSettings& settings, const std::string& key, const std::string& value,
+                               const std::string& where) {
+  const auto word = [&] {
+    if (value.empty() || value.find_first_of(" \t'\"$`\\") != std::string::npos)
+      throw SpecError(errors::spec_site, fmt::format("{} = {}", key, value.empty() ? "\"\"" : value),
+                      fmt::format("expected one word ({})", where));
+    return value;
+  };
+  if (key == "gpu_syntax") {
+    settings.gpu_syntax = parse_gpu_syntax(value, where);
+    settings.gpu_syntax_source = where;
+  } else if (key == "fabric") {
+    settings.fabric.fabric = parse_fabric(value, where);
+    settings.fabric.source = where;
+  } else if (key == "socket_ifname") {
+    settings.fabric.socket_ifname = word();
+  } else if (key == "ib_hca") {
+    settings.fabric.ib_hca = word();
+  } else if (key == "expected_busbw_gbps") {
+    char* end = nullptr;
+    const double gbps = std::strtod(value.c_str(), &end);
+    if (value.empty() || end != value.c_str() + value.size() || !(gbps > 0) || gbps > 1e6)
+      throw SpecError(errors::spec_site, fmt::format("{} = {}", key, value),
+                      fmt::format("expected a positive number of GB/s ({})", where));
+    settings.fabric.expected_busbw_gbps = gbps;
+  } else if (key == "cores_per_node") {
+    settings.cores_per_node = site_positive_integer(key, value, 1 << 16, where);
+  } else if (key == "rendezvous_timeout_s") {
+    settings.rendezvous_timeout_s = site_positive_integer(key, value, 86400, where);
+  } else if (key == "collective_timeout_s") {
+    settings.collective_timeout_s = site_positive_integer(key, value, 86400, where);
+  } else if (key == "checkpoint_timeout_s") {
+    settings.checkpoint_timeout_s = site_positive_integer(key, value, 86400, where);
+  } else {
+    const auto closest = closest_name(key, site_keys);
+    throw SpecError(errors::spec_site, fmt::format("site = {}", key),
+                    fmt::format("unknown setting{}; known: {} ({})",
+                                closest ? fmt::format(" (did you mean {}?)", *closest) : "",
+                                fmt::join(site_keys, ", "), where));
+  }
+}
+
 inline void read_site_file(const std::filesystem::path& path, SiteSettings& settings) {
   std::ifstream file(path);
   if (!file) return;  // no file: no site defaults
@@ -75,14 +151,8 @@ inline void read_site_file(const std::filesystem::path& path, SiteSettings& sett
     const auto equals = text.find('=');
     if (equals == std::string::npos)
       throw SpecError("site", text, fmt::format("expected key = value ({})", where));
-    const auto key = trim_blanks(std::string_view(text).substr(0, equals));
-    const auto value = trim_blanks(std::string_view(text).substr(equals + 1));
-    if (key == "gpu_syntax") {
-      settings.gpu_syntax = parse_gpu_syntax(value, where);
-      settings.gpu_syntax_source = where;
-    } else {
-      throw SpecError("site", key, fmt::format("unknown setting; known: gpu_syntax ({})", where));
-    }
+    apply_site_setting(settings, trim_blanks(std::string_view(text).substr(0, equals)),
+                       trim_blanks(std::string_view(text).substr(equals + 1)), where);
   }
 }
 }  // namespace detail

@@ -54,6 +54,25 @@ inline bool parse_unsigned(std::string_view text, long long& out) {
 }
 }  // namespace detail
 
+/// Parses a size in bytes as nccl-tests' `-e` reads it, binary units: `1048576`, `8K`, `64M`, `1G`, or with `iB`
+/// (`64MiB`, `1GiB`) or `B` (`8B`). Throws SpecError(`field`, ...) naming the value.
+inline std::int64_t parse_bytes(std::string_view text, std::string_view field) {
+  std::string_view number = text;
+  std::int64_t scale = 1;
+  for (auto [suffix, factor] : {std::pair<std::string_view, std::int64_t>{"KiB", 1 << 10}, {"MiB", 1 << 20},
+                                {"GiB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}}) {
+    if (number.size() > suffix.size() && number.ends_with(suffix)) {
+      number.remove_suffix(suffix.size()), scale = factor;
+      break;
+    }
+  }
+  long long value = 0;
+  if (!detail::parse_unsigned(number, value) || value == 0)
+    throw SpecError(field, text.empty() ? std::string_view("\"\"") : text,
+                    "expected a positive number of bytes, with K, M, G (KiB, MiB, GiB) or none");
+  return static_cast<std::int64_t>(value) * scale;
+}
+
 /// Parses a command-line time limit: Slurm's forms (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`,
 /// `D-HH:MM:SS`) or a number with a unit (`90s`, `30min`, `2h`, `1d`). Throws SpecError("time", ...).
 inline std::chrono::seconds parse_slurm_time(std::string_view text) {

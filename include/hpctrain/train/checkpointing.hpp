@@ -24,6 +24,7 @@ namespace hpctrain::detail {
 inline void save_checkpoint(dist::ProcessGroup& group, const CheckpointStore& store, DataParallelStrategy& strategy,
                             const CheckpointState& state) {
   const int rank = group.rank(), world = group.world_size();
+  const dist::CheckpointWaits waits(group);  // the ranks wait for each other's files: the checkpoint timeout
   const bool per_rank = strategy.saves_per_rank();
   if (rank == 0) store.prepare(state.step);
   dist::barrier(group);

@@ -10,17 +10,17 @@
 #include <string_view>
 #include <thread>
 
+#include <hpctrain/slurm/cpus.hpp>
 #include <hpctrain/slurm/world.hpp>
 #include <hpctrain/train/training.hpp>
 
 namespace hpctrain::detail {
 
-/// Intra-op threads: explicit, else the CPUs Slurm gave the task, else the cores shared among local ranks.
+/// Intra-op threads: explicit, else this task's affinity mask when it is bound to its own cores, else the CPUs
+/// Slurm gave the task, else the machine's shared among the local ranks (slurm/cpus.hpp).
 inline int resolve_threads(const Training& training, const slurm::World& world) {
   if (training.threads() > 0) return training.threads();
-  if (const char* cpus = std::getenv("SLURM_CPUS_PER_TASK"); cpus != nullptr && std::atoi(cpus) > 0) return std::atoi(cpus);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, world.local_world_size));
+  return slurm::intra_op_threads(slurm::this_process_cpus(world.local_world_size));
 }
 
 /// Whether ranks print their parameter digest at the end: Training::report_digest, or HPCTRAIN_REPORT_DIGEST=1

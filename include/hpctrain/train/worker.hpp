@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <optional>
 #include <string>
@@ -16,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include <hpctrain/dist/fabric_check.hpp>
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
 #include <hpctrain/job/knobs.hpp>
@@ -122,15 +124,44 @@ inline std::optional<std::int64_t> seconds_from_environment(const char* name) {
   return seconds;
 }
 
-/// The distributed runtime's settings: the rendezvous timeout from HPCTRAIN_RENDEZVOUS_TIMEOUT_S if set.
+/// The distributed runtime's settings: the rendezvous, collective and checkpoint timeouts from
+/// HPCTRAIN_RENDEZVOUS_TIMEOUT_S, HPCTRAIN_COLLECTIVE_TIMEOUT_S and HPCTRAIN_CHECKPOINT_TIMEOUT_S where set (the
+/// script exports the site file's; the submitting shell's win there).
 inline dist::Options dist_options_from_environment() {
   dist::Options options;
-  if (auto seconds = seconds_from_environment(env::rendezvous_timeout)) {
-    if (*seconds == 0)
-      throw RuntimeError(errors::runtime_rendezvous, fmt::format("{}=0: the timeout must be positive", env::rendezvous_timeout));
-    options.timeout = std::chrono::seconds(*seconds);
-  }
+  const std::pair<const char*, std::chrono::milliseconds*> timeouts[] = {
+      {env::rendezvous_timeout, &options.rendezvous_timeout},
+      {env::collective_timeout, &options.collective_timeout},
+      {env::checkpoint_timeout, &options.checkpoint_timeout}};
+  for (const auto& [name, timeout] : timeouts)
+    if (auto seconds = seconds_from_environment(name)) {
+      if (*seconds == 0)
+        throw RuntimeError(errors::runtime_rendezvous, fmt::format("{}=0: the timeout must be positive", name));
+      *timeout = std::chrono::seconds(*seconds);
+    }
   return options;
+}
+
+/// `--check-fabric`'s request (HPCTRAIN_CHECK_FABRIC_MAX_BYTES: the largest message, 0 for the backend's
+/// default) and the site's expected bus bandwidth (HPCTRAIN_EXPECTED_BUSBW_GBPS), both set by the login command.
+inline std::optional<std::int64_t> check_fabric_request() {
+  const auto text = hpctrain::getenv(env::check_fabric);
+  if (!text) return std::nullopt;
+  std::int64_t bytes = -1;
+  const auto [end, error] = std::from_chars(text->data(), text->data() + text->size(), bytes);
+  if (error != std::errc() || end != text->data() + text->size() || bytes < 0)
+    throw RuntimeError(errors::runtime_fabric, fmt::format("{}={:?} is not a number of bytes", env::check_fabric, *text));
+  return bytes;
+}
+
+inline std::optional<double> expected_busbw_from_environment() {
+  const auto text = hpctrain::getenv(env::expected_busbw);
+  if (!text) return std::nullopt;
+  char* end = nullptr;
+  const double gbps = std::strtod(text->c_str(), &end);
+  if (end != text->c_str() + text->size() || !(gbps > 0))
+    throw RuntimeError(errors::runtime_fabric, fmt::format("{}={:?} is not a positive number of GB/s", env::expected_busbw, *text));
+  return gbps;
 }
 
 /// The fault tests' hook (HPCTRAIN_TEST_DELAY_RANK0_S): rank 0 starts late, as on a slow node.
@@ -154,6 +185,8 @@ inline int run_worker(const Training& training, const Knobs& knobs) {
     if (rank == 0) fmt::print("hpctrain: {}\n", resolve_run_directory(configured.run_dir()).describe());
     std::fflush(stdout);
     const auto options = detail::dist_options_from_environment();
+    if (const auto max_bytes = detail::check_fabric_request())  // --check-fabric: measure, do not train
+      return dist::check_fabric(world, options, *max_bytes, detail::expected_busbw_from_environment());
     detail::delay_rank0_for_tests(rank);
     return train(configured, world, options).exit_code;
   } catch (const SpecError& error) {

@@ -58,7 +58,7 @@ dist::GradientSyncOptions small_buckets() {
 
 dist::Options options_from_environment() {
   dist::Options options;
-  if (const char* timeout = std::getenv("HPCTRAIN_DIST_TIMEOUT_MS")) options.timeout = std::chrono::milliseconds(std::stol(timeout));
+  if (const char* timeout = std::getenv("HPCTRAIN_DIST_TIMEOUT_MS")) options.timeouts(std::chrono::milliseconds(std::stol(timeout)));
   return options;
 }
 

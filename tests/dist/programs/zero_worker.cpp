@@ -130,7 +130,7 @@ std::size_t optimizer_state_bytes(const hpctrain::DataParallelStrategy& strategy
 
 dist::Options options_from_environment() {
   dist::Options options;
-  if (const char* timeout = std::getenv("HPCTRAIN_DIST_TIMEOUT_MS")) options.timeout = std::chrono::milliseconds(std::stol(timeout));
+  if (const char* timeout = std::getenv("HPCTRAIN_DIST_TIMEOUT_MS")) options.timeouts(std::chrono::milliseconds(std::stol(timeout)));
   return options;
 }
 
