@@ -154,7 +154,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
 
   void zero_grad() override {
     release_all_blocks();
-    for (auto& unit : units_) unit.gradient_accumulated = false;
+    for (auto& unit : units_) unit.gradient_accumulated = unit.sent = false;
     for (auto& parameter : parameters_)
       if (parameter.grad().defined()) parameter.mutable_grad().reset();
     for (auto& piece : pieces_)
@@ -167,10 +167,11 @@ class FullyShardedStrategy : public DataParallelStrategy {
     if (!sync_) return;
     torch::NoGradGuard no_grad;
     // Blocks that ran no backward (unused) and the parameters outside the blocks, in bucket order: the same
-    // order on every rank, after the blocks' reduce-scatters launched during backward.
+    // order on every rank, after the blocks' reduce-scatters launched during backward (finished or not: at most
+    // two stay in flight).
     for (std::size_t b = 0; b < units_.size(); ++b)
-      if (!units_[b].reduce_scatter.pending() && !(computes_in_bf16(b) && units_[b].gradient_accumulated))
-        start_gradient_reduce_scatter(b);
+      if (!units_[b].sent && !(computes_in_bf16(b) && units_[b].gradient_accumulated)) start_gradient_reduce_scatter(b);
+    for (auto& unit : units_) unit.sent = false;
     // Hybrid: each shard, once reduced within the shard group, is summed across the replicas (pre-scaled by 1/W:
     // the world's average), while the later units' reduce-scatters finish.
     std::vector<dist::PendingAllReduce> across_replicas(units_.size());
@@ -330,6 +331,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     dist::PendingReduceScatter reduce_scatter;
     bool gathered = false;
     bool gradient_accumulated = false;  // gradient_shard holds this step's sum so far (reduce-scatters per micro-batch)
+    bool sent = false;  // its gradients' reduce-scatter started since the last synchronised backward ended (finished or not)
   };
 
   /// ZeRO-3: the world is the shard group, with no replicas. Hybrid: shard groups of S consecutive ranks, replica
@@ -773,6 +775,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     while (reducing_.size() >= max_reduce_scatters_in_flight) finish_gradient_reduce_scatter(reducing_.front());  // before allocating
     auto output = unit.gradient_accumulated ? torch::empty_like(unit.gradient_shard) : unit.gradient_shard;
     unit.reduce_scatter = dist::start_bucket_reduce_scatter(*group_, layout_.buckets()[b], parameters_, output, world_->world_size());
+    unit.sent = true;
     if (!unit.reduce_scatter.pending()) return;
     if (b < sharded_units_) block_traffic_.reduce_scattered += unit.reduce_scatter.input.nbytes();
     reducing_.push_back(b);
