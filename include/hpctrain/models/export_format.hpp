@@ -2,6 +2,7 @@
 // What an export writes: the weights' dtype and the most bytes of a safetensors file, and how the knobs
 // --export-dtype and --export-shard-size spell them (models/hf_export.hpp writes it).
 #include <charconv>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <optional>

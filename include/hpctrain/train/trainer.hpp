@@ -57,6 +57,26 @@
 
 namespace hpctrain {
 
+namespace detail {
+/// The model as the hooks at the end see it through the run's strategy (FinishContext::model).
+class StrategyModel : public FinishModel {
+ public:
+  StrategyModel(DataParallelStrategy& strategy, torch::nn::Module& module) : strategy_(strategy), module_(module) {}
+  std::vector<models::ParameterShape> unit_shapes() override { return strategy_.unit_shapes(module_); }
+  void visit_units(const models::UnitVisitor& visit) override { strategy_.visit_units(module_, visit); }
+  void gather_whole() override {
+    if (whole_) return;
+    strategy_.gather_full_model();
+    whole_ = true;
+  }
+
+ private:
+  DataParallelStrategy& strategy_;
+  torch::nn::Module& module_;
+  bool whole_ = false;
+};
+}  // namespace detail
+
 /// One rank's training run. `run()` once.
 class Trainer {
  public:
@@ -153,13 +173,32 @@ class Trainer {
   /// (what loading took, the figure that decides whether a node's ranks fit its memory) and once the steps are
   /// done (what training took, before the last checkpoint and the hooks at the end; --plan's figure to compare).
   void report_peak_memory(std::string_view when) {
-    auto peaks = torch::zeros({group_->world_size()}, torch::TensorOptions(torch::kFloat64).device(device_));
-    peaks[group_->rank()] = static_cast<double>(detail::peak_resident_bytes());
-    const auto host = dist::all_reduce_sum(*group_, peaks).cpu();
+    const auto host = peak_host_memory_of_ranks();
     const auto most = host.argmax().item<std::int64_t>();
     if (lead() && host[most].item<double>() > 0)
       fmt::print("hpctrain: {}: peak host memory {:.3f} GiB per rank at most (rank {})\n", when,
                  host[most].item<double>() / (1 << 30), most);
+  }
+
+  /// Rank 0 prints the run's peak resident host memory (finish hooks included: the export) on rank 0, which
+  /// writes the export, and the highest of the other ranks.
+  void report_run_memory() {
+    const auto host = peak_host_memory_of_ranks();
+    if (!lead() || host[0].item<double>() <= 0) return;
+    std::string others;
+    if (host.numel() > 1) {
+      const auto rest = host.narrow(0, 1, host.numel() - 1);
+      const auto most = rest.argmax().item<std::int64_t>();
+      others = fmt::format(", the other ranks {:.3f} GiB at most (rank {})", rest[most].item<double>() / (1 << 30), most + 1);
+    }
+    fmt::print("hpctrain: run ended: peak host memory {:.3f} GiB on rank 0{}\n", host[0].item<double>() / (1 << 30), others);
+  }
+
+  /// Every rank's peak resident host memory so far (VmHWM), in bytes, on every rank (collective).
+  torch::Tensor peak_host_memory_of_ranks() {
+    auto peaks = torch::zeros({group_->world_size()}, torch::TensorOptions(torch::kFloat64).device(device_));
+    peaks[group_->rank()] = static_cast<double>(detail::peak_resident_bytes());
+    return dist::all_reduce_sum(*group_, peaks).cpu();
   }
 
   /// LoRA: adapters on the targeted layers, everything else frozen (before the strategy sees the parameters).
@@ -397,17 +436,23 @@ class Trainer {
       result_.eval_accuracy = evaluation.metric(metrics::accuracy.name());
     }
     run_finish_hooks();
+    report_run_memory();
     for (auto& logger : loggers_) logger->finish();
     return result_;
   }
 
-  /// The Training's hooks at the end (exports, samples), with the whole model.
+  /// The Training's hooks at the end (exports, samples). The whole model is gathered only before the first hook
+  /// that reads it in `module` (and kept for the hooks after it); an export made unit by unit (lm::hf_export)
+  /// visits it through the strategy, never whole on any rank.
   void run_finish_hooks() {
     if (training_.finish_hooks().empty()) return;
-    strategy_->gather_full_model();
     model_.module->eval();
-    const FinishContext context{*model_.module, *run_, result_};
-    for (const auto& hook : training_.finish_hooks()) hook(context);
+    detail::StrategyModel model(*strategy_, *model_.module);
+    const FinishContext context{*model_.module, *run_, result_, &model};
+    for (const auto& hook : training_.finish_hooks()) {
+      if (hook.needs_whole_model()) model.gather_whole();
+      hook(context);
+    }
     std::fflush(stdout);
   }
 
