@@ -180,26 +180,36 @@ class Trainer {
                  host[most].item<double>() / (1 << 30), most);
   }
 
-  /// Rank 0 prints the run's peak resident host memory (finish hooks included: the export) on rank 0, which
-  /// writes the export, and the highest of the other ranks.
-  void report_run_memory() {
-    const auto host = peak_host_memory_of_ranks();
-    if (!lead() || host[0].item<double>() <= 0) return;
-    std::string others;
-    if (host.numel() > 1) {
-      const auto rest = host.narrow(0, 1, host.numel() - 1);
-      const auto most = rest.argmax().item<std::int64_t>();
-      others = fmt::format(", the other ranks {:.3f} GiB at most (rank {})", rest[most].item<double>() / (1 << 30), most + 1);
-    }
-    fmt::print("hpctrain: run ended: peak host memory {:.3f} GiB on rank 0{}\n", host[0].item<double>() / (1 << 30), others);
+  /// Rank 0 prints the run's peak resident host memory, then the finish hooks' own (the export: VmHWM started again
+  /// before them, from what each rank held then), on rank 0 — which writes the export — and the other ranks.
+  void report_run_memory(const torch::Tensor& before_hooks, const torch::Tensor& resident_at_hooks, bool hooks_measured) {
+    const auto hooks = peak_host_memory_of_ranks();
+    const auto run = torch::maximum(before_hooks, hooks);
+    if (!lead() || run[0].item<double>() <= 0) return;
+    fmt::print("hpctrain: run ended: peak host memory {}\n", memory_by_rank(run));
+    if (hooks_measured && !training_.finish_hooks().empty())
+      fmt::print("hpctrain: finish hooks: peak host memory {}; resident at their start {}\n", memory_by_rank(hooks),
+                 memory_by_rank(resident_at_hooks));
+  }
+
+  /// "X GiB on rank 0, the other ranks Y GiB at most (rank r)".
+  static std::string memory_by_rank(const torch::Tensor& bytes) {
+    auto text = fmt::format("{:.3f} GiB on rank 0", bytes[0].item<double>() / (1 << 30));
+    if (bytes.numel() == 1) return text;
+    const auto rest = bytes.narrow(0, 1, bytes.numel() - 1);
+    const auto most = rest.argmax().item<std::int64_t>();
+    return text + fmt::format(", the other ranks {:.3f} GiB at most (rank {})", rest[most].item<double>() / (1 << 30), most + 1);
+  }
+
+  /// Every rank's `bytes`, on every rank (collective).
+  torch::Tensor bytes_of_ranks(std::int64_t bytes) {
+    auto all = torch::zeros({group_->world_size()}, torch::TensorOptions(torch::kFloat64).device(device_));
+    all[group_->rank()] = static_cast<double>(bytes);
+    return dist::all_reduce_sum(*group_, all).cpu();
   }
 
   /// Every rank's peak resident host memory so far (VmHWM), in bytes, on every rank (collective).
-  torch::Tensor peak_host_memory_of_ranks() {
-    auto peaks = torch::zeros({group_->world_size()}, torch::TensorOptions(torch::kFloat64).device(device_));
-    peaks[group_->rank()] = static_cast<double>(detail::peak_resident_bytes());
-    return dist::all_reduce_sum(*group_, peaks).cpu();
-  }
+  torch::Tensor peak_host_memory_of_ranks() { return bytes_of_ranks(detail::peak_resident_bytes()); }
 
   /// LoRA: adapters on the targeted layers, everything else frozen (before the strategy sees the parameters).
   void add_lora_adapters() {
@@ -435,8 +445,11 @@ class Trainer {
       }
       result_.eval_accuracy = evaluation.metric(metrics::accuracy.name());
     }
+    const auto before_hooks = peak_host_memory_of_ranks();
+    const auto resident_at_hooks = bytes_of_ranks(detail::resident_bytes());
+    const bool hooks_measured = detail::reset_peak_resident();  // VmHWM from here on: the finish hooks' own peak
     run_finish_hooks();
-    report_run_memory();
+    report_run_memory(before_hooks, resident_at_hooks, hooks_measured);
     for (auto& logger : loggers_) logger->finish();
     return result_;
   }
