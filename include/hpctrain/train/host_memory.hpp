@@ -36,6 +36,15 @@ inline std::int64_t status_bytes(std::string_view field) {
   return 0;
 }
 
+/// Returns the free memory at the top of the heap and in its freed chunks to the kernel (glibc's malloc_trim):
+/// under keep_freed_host_memory nothing is trimmed otherwise, and a big buffer freed and allocated again after
+/// small allocations split its chunk takes new pages each time. No-op without glibc.
+inline void return_freed_host_memory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
 /// The process's peak resident memory so far in bytes (Linux's VmHWM), or 0 where /proc does not say.
 inline std::int64_t peak_resident_bytes() { return status_bytes("VmHWM:"); }
 

@@ -89,6 +89,7 @@
 #include <hpctrain/models/blocks.hpp>
 #include <hpctrain/train/strategies/zero.hpp>
 #include <hpctrain/train/strategies/zero_checkpoint.hpp>
+#include <hpctrain/train/host_memory.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/strategy.hpp>
 
@@ -280,7 +281,12 @@ class FullyShardedStrategy : public DataParallelStrategy {
       for (auto p : layout_.buckets()[b].parameters) unit.emplace_back(names_[p], parameters_[p].detach());
       visit(unit);
       unit.clear();
-      if (!whole) release(b);
+      if (whole) continue;
+      release(b);
+      // Its pages go back before the next unit is gathered: under the Trainer's keep_freed_memory the small
+      // allocations the writer makes split the freed buffer, and each unit took new pages (measured: +0.31 GiB a
+      // rank over the 16 units of a 159M Llama at --local 2, against 0.04 GiB with this).
+      if (group_->device().is_cpu()) detail::return_freed_host_memory();
     }
     visit(parameters_kept_whole(module));
   }
