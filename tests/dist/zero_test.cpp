@@ -266,7 +266,7 @@ TEST_CASE("Resuming a sharded checkpoint of another model is refused, naming the
   }
 }
 
-TEST_CASE("ZeRO-3 trains a GPT-2 like Replicated, exports the gathered model as one safetensors file, and every rank reads its own slices of it back",
+TEST_CASE("ZeRO-3 trains a GPT-2 like Replicated, exports it unit by unit in shards (fp32 exact, bf16 rounded), and every rank reads its own slices of it back",
           "[dist][zero][zero3]") {
   // Tied embeddings (the unit outside the blocks), dropout replayed in the recomputation, accumulation, clipping.
   // SGD with momentum: the attention's key bias has an exactly zero gradient in theory, and Adam turns the
@@ -299,7 +299,22 @@ TEST_CASE("ZeRO-3 trains a GPT-2 like Replicated, exports the gathered model as 
   }
   CHECK(value_of(ranks.output(0), "reduce_scattered_bytes_per_block_element") == "2");
   REQUIRE(value_of(ranks.output(0), "exported").has_value());
-  REQUIRE(fs::file_size(directory.string() + "/model.safetensors") > 0);
+  // The export streams: every rank gathers one unit at a time, so the most bytes gathered at once during it are the
+  // largest unit's (a whole-model gather would hold every unit's: all_units_bytes), and none stay gathered after it.
+  for (int rank = 0; rank < world; ++rank) {
+    const auto& output = ranks.output(rank);
+    CAPTURE(rank, output);
+    const auto peak = std::stoull(value_of(output, "export_peak_gathered_bytes").value());
+    const auto largest = std::stoull(value_of(output, "largest_unit_bytes").value());
+    WARN(fmt::format("rank {}: the export gathered at most {} bytes at once (largest unit {}, all units {})", rank, peak, largest,
+                     value_of(output, "all_units_bytes").value()));
+    CHECK(peak <= largest);
+    CHECK(peak < std::stoull(value_of(output, "all_units_bytes").value()));
+    CHECK(value_of(output, "gathered_after_export") == "0");
+  }
+  // Several shards of 8000 bytes (the tiny model's fp32 weights are ~75 kB) with an index.
+  CHECK(std::stoi(value_of(ranks.output(0), "export_shards").value()) > 2);
+  REQUIRE(fs::exists(directory.string() + "/model.safetensors.index.json"));
   // The export loaded with empty blocks, each rank reading only its slices, gathers to the same model.
   for (int rank = 0; rank < world; ++rank) CHECK(value_of(ranks.output(rank), "deferred_load_equal") == "1");
 }

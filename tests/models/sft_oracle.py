@@ -14,6 +14,12 @@
       the mean cross entropy over the assistant tokens of the held-out conversations (every 16th, from the
       9th), fp32: transformers' apply_chat_template (assistant mask from the template), truncated to
       MAX_LENGTH, and transformers' model.
+  sft_oracle.py export-check FP32_DIR BF16_DIR
+      two exports of the same trained model by hpctrain (--export-dtype fp32 and bf16): each index names exactly
+      the tensors of its shards and their total size; every bf16 tensor is the fp32 one rounded to bf16
+      (round-to-nearest-even, as torch rounds); config.json states each dtype; transformers'
+      AutoModelForCausalLM loads both, and the bf16 export's logits (computed in fp32) are the fp32 export's
+      within the first-order bound of bf16's rounding (below).
   sft_oracle.py peft-check BASE_DIR EXPORT_DIR
       PeftModel.from_pretrained(BASE_DIR, EXPORT_DIR) (our adapter) gives the logits of transformers' model
       loaded from EXPORT_DIR/merged (our merged export) and of its own merge_and_unload(), within 1e-4.
@@ -137,6 +143,64 @@ def peft_check(base_dir, export_dir):
     sys.exit(0 if ok else 1)
 
 
+def check_index(directory):
+    """The shards of an export as its index lists them; exits naming the file when they disagree."""
+    from safetensors import safe_open
+
+    index = json.load(open(os.path.join(directory, "model.safetensors.index.json")))
+    files = sorted(n for n in os.listdir(directory) if n.endswith(".safetensors"))
+    mapped = sorted(set(index["weight_map"].values()))
+    if files != mapped:
+        sys.exit(f"{directory}: the index names the shards {mapped}, the directory holds {files}")
+    total, tensors = 0, {}
+    for name in files:
+        with safe_open(os.path.join(directory, name), framework="pt") as shard:
+            for key in shard.keys():
+                if index["weight_map"].get(key) != name:
+                    sys.exit(f"{directory}/{name}: {key} is in the shard, the index says {index['weight_map'].get(key)}")
+                tensors[key] = shard.get_tensor(key)
+                total += tensors[key].numel() * tensors[key].element_size()
+    if set(tensors) != set(index["weight_map"]):
+        sys.exit(f"{directory}: the index lists {sorted(set(index['weight_map']) - set(tensors))} that no shard holds")
+    if index["metadata"]["total_size"] != total:
+        sys.exit(f"{directory}: metadata.total_size is {index['metadata']['total_size']}, the shards hold {total} bytes")
+    return tensors, len(files)
+
+
+def export_check(fp32_dir, bf16_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    fp32, fp32_shards = check_index(fp32_dir)
+    bf16, bf16_shards = check_index(bf16_dir)
+    for directory, dtype, tensors in ((fp32_dir, "float32", fp32), (bf16_dir, "bfloat16", bf16)):
+        config = json.load(open(os.path.join(directory, "config.json")))
+        if config.get("torch_dtype") != dtype or config.get("dtype") != dtype:
+            sys.exit(f"{directory}/config.json: dtype {config.get('dtype')}, torch_dtype {config.get('torch_dtype')}; written: {dtype}")
+        wrong = [k for k, t in tensors.items() if t.dtype != getattr(torch, dtype)]
+        if wrong:
+            sys.exit(f"{directory}: {wrong[0]} is {tensors[wrong[0]].dtype}, not {dtype}")
+    if set(fp32) != set(bf16):
+        sys.exit(f"the exports name other tensors: {sorted(set(fp32) ^ set(bf16))}")
+    for key in fp32:
+        if not torch.equal(fp32[key].to(torch.bfloat16), bf16[key]):
+            sys.exit(f"{key}: the bf16 export is not the fp32 export rounded to bf16")
+    ids = torch.tensor([[1, 5, 17, 300, 42, 9, 250, 77, 128, 3, 64, 200]])
+    exact = AutoModelForCausalLM.from_pretrained(fp32_dir, dtype=torch.float32).eval()
+    rounded = AutoModelForCausalLM.from_pretrained(bf16_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        reference, logits = exact(ids).logits, rounded(ids).logits
+    # bf16 keeps 8 significant bits: each weight moves by at most 2^-9 of itself. To first order each rounded
+    # matrix on the way to the logits (the embedding, 7 a layer: q, k, v, o, gate, up, down, and the head) moves
+    # them by at most 2^-9 of their size, and these add up; second-order terms are 2^-9 times smaller.
+    matrices = 7 * exact.config.num_hidden_layers + 2
+    bound = matrices * 2.0 ** -9 * reference.abs().max().item()
+    difference = (logits - reference).abs().max().item()
+    print(f"{len(fp32)} tensors in {fp32_shards} fp32 shards and {bf16_shards} bf16 shards; bf16 logits differ by "
+          f"{difference:.3g} (bound {bound:.3g}, largest logit {reference.abs().max().item():.3g})")
+    sys.exit(0 if difference <= bound else 1)
+
+
 def make_sharded(work, layers, hidden, intermediate):
     import shutil
     import torch
@@ -166,6 +230,8 @@ if __name__ == "__main__":
         make(sys.argv[2], sys.argv[3])
     elif command == "make-sharded":
         make_sharded(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    elif command == "export-check":
+        export_check(sys.argv[2], sys.argv[3])
     elif command == "peft-check":
         peft_check(sys.argv[2], sys.argv[3])
     elif command == "loss":

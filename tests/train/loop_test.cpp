@@ -220,7 +220,7 @@ TEST_CASE("A program's own knobs join the built-ins in one table, with their def
 TEST_CASE("An invalid or unknown worker argument names the knob", "[worker]") {
   auto [args, message] = GENERATE(table<std::vector<std::string>, std::string>({
       {{"--lr", "-1"}, "[hpctrain.spec.knob] --lr = -1: must be positive"},
-      {{"--epoch", "3"}, "[hpctrain.usage] unknown option --epoch (did you mean --epochs?); the knobs are: --epochs --max-steps --batch-size --lr --sharding --hsdp-group-size --precision --log-every --eval-every --max-eval-examples --eval-batch-size --checkpoint-every --checkpoint-async --wandb"},
+      {{"--epoch", "3"}, "[hpctrain.usage] unknown option --epoch (did you mean --epochs?); the knobs are: --epochs --max-steps --batch-size --lr --sharding --hsdp-group-size --precision --log-every --eval-every --max-eval-examples --eval-batch-size --checkpoint-every --checkpoint-async --export-dtype --export-shard-size --wandb"},
       {{"--max-steps", "many"}, "[hpctrain.spec.knob] --max-steps = many: expected an integer"},
   }));
   CAPTURE(args);

@@ -1,7 +1,8 @@
 #pragma once
-// What a language-model run does once it has finished (Training::at_end hooks, called with the whole model
-// after the final evaluation, under every strategy): report the validation loss, print a greedy sample,
-// and export the model in Hugging Face format with its tokenizer, for `transformers` and `generate`.
+// What a language-model run does once it has finished (Training::at_end hooks, called after the final evaluation,
+// under every strategy): report the validation loss, print a greedy sample (from the whole model), and export the
+// model in Hugging Face format with its tokenizer, for `transformers` and `generate` (unit by unit: a sharded
+// model is never whole on any rank).
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -12,6 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include <fcntl.h>   // O_DIRECTORY: the export directory's rename made durable
+#include <unistd.h>  // getpid: the staging directory's name
+
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -21,6 +25,7 @@
 #include <hpctrain/lm/setting.hpp>
 #include <hpctrain/models/generation.hpp>
 #include <hpctrain/models/hf_checkpoint.hpp>
+#include <hpctrain/models/hf_export.hpp>
 #include <hpctrain/models/roberta.hpp>
 #include <hpctrain/text/prepare_step.hpp>
 #include <hpctrain/text/tiktoken.hpp>
@@ -85,19 +90,84 @@ inline void copy_file_atomically(const std::filesystem::path& from, const std::f
 }  // namespace detail
 
 namespace detail {
-/// A causal LM as hf_export writes it; the files written. With LoRA: the adapter as PEFT writes it
-/// (adapter_config.json, adapter_model.safetensors; PeftModel.from_pretrained loads it over the base), then the
-/// merged model in `merged/` (what merge_and_unload gives).
-inline std::vector<std::string> export_causal_lm(models::CausalLM& model, const FinishContext& at_end, const std::filesystem::path& out) {
-  if (!at_end.run.lora) {
-    models::save_pretrained(model, out);
+/// What an export writes: --export-dtype (auto: the dtype the pretrained checkpoint states, else bf16) and
+/// --export-shard-size.
+inline models::ExportFormat export_format(const Knobs& knobs, std::optional<torch::Dtype> stated) {
+  models::ExportFormat format;
+  const auto dtype = knobs.get<std::string>("export_dtype");
+  format.dtype = dtype == "auto" ? stated.value_or(torch::kBFloat16) : models::export_dtype_from_name(dtype).value();
+  format.max_shard_bytes = models::parse_shard_size(knobs.get<std::string>("export_shard_size")).value();
+  return format;
+}
+
+/// A directory written whole under a temporary name beside `target`, then renamed into place, replacing the one
+/// there: a crash leaves the previous export or none, never a half-written one that loads. Dropped uncommitted
+/// (an exception), the temporary directory is removed.
+class StagedDirectory {
+ public:
+  explicit StagedDirectory(std::filesystem::path target) : target_(std::filesystem::absolute(std::move(target)).lexically_normal()) {
+    if (!target_.has_filename()) target_ = target_.parent_path();  // "dir/" names dir
+    staging_ = sibling(".tmp");
+    hpctrain::detail::remove_tree(staging_);  // a crashed export's leftovers, of this pid
+    std::filesystem::create_directories(staging_);
+  }
+  StagedDirectory(const StagedDirectory&) = delete;
+  StagedDirectory& operator=(const StagedDirectory&) = delete;
+  ~StagedDirectory() {
+    if (!committed_) hpctrain::detail::remove_tree(staging_);
+  }
+  const std::filesystem::path& path() const { return staging_; }
+
+  /// Renames the written directory to the target (the previous one, if any, moved aside first and removed).
+  void commit() {
+    const auto previous = sibling(".old");
+    const bool replaces = std::filesystem::exists(target_);
+    if (replaces) std::filesystem::rename(target_, previous);
+    std::filesystem::rename(staging_, target_);
+    committed_ = true;
+    hpctrain::detail::fsync_path(target_.parent_path(), O_RDONLY | O_DIRECTORY, "io");
+    if (replaces) hpctrain::detail::remove_tree(previous);
+  }
+
+ private:
+  std::filesystem::path sibling(std::string_view suffix) const {
+    return target_.parent_path() / fmt::format(".{}{}.{}", target_.filename().string(), suffix, ::getpid());
+  }
+  std::filesystem::path target_, staging_;
+  bool committed_ = false;
+};
+
+/// Writes the run's model into `out` as hf_export does (rank 0; every rank takes part in the gathers); the files
+/// written. A causal LM is visited unit by unit (never whole on any rank) and written in the export's format. With
+/// LoRA, the adapter as PEFT writes it (adapter_config.json, adapter_model.safetensors; PeftModel.from_pretrained
+/// loads it over the base), then the merged model in `merged/` (what merge_and_unload gives), from the whole model:
+/// LoRA's base weights are frozen, so every rank holds them whole anyway. A masked LM (RoBERTa) is gathered whole
+/// and written in its own dtype, one file (encoders are small).
+inline std::vector<std::string> export_model(const FinishContext& at_end, const std::filesystem::path& out) {
+  const bool writes = at_end.run.rank == 0;
+  if (auto* encoder = dynamic_cast<models::RobertaForMaskedLMImpl*>(&at_end.module)) {
+    at_end.whole_model();
+    if (writes) models::save_pretrained(*encoder, out);
     return {"config.json", "model.safetensors"};
   }
-  const auto base = at_end.run.pretrained_dir ? std::filesystem::absolute(*at_end.run.pretrained_dir).string() : std::string();
-  models::save_peft_adapter(model, out, *at_end.run.lora, base, models::hf_names(model), models::stores_transposed_projections(model));
-  models::merge_lora(model);
-  models::save_pretrained(model, out / "merged");
-  return {"adapter_config.json", "adapter_model.safetensors", "merged/"};
+  auto& model = causal_lm(at_end.module, "hf_export");
+  const auto format = export_format(at_end.run.knobs, models::stated_dtype(model));
+  if (at_end.run.lora) {
+    at_end.whole_model();
+    if (!writes) return {};
+    const auto base = at_end.run.pretrained_dir ? std::filesystem::absolute(*at_end.run.pretrained_dir).string() : std::string();
+    models::save_peft_adapter(model, out, *at_end.run.lora, base, models::hf_names(model), models::stores_transposed_projections(model));
+    models::merge_lora(model);
+    const auto whole = models::whole_unit(model);
+    models::save_pretrained_by_units(model, models::shapes_of(whole), [&](const models::UnitVisitor& visit) { visit(whole); }, out / "merged", format);
+    return {"adapter_config.json", "adapter_model.safetensors", "merged/"};
+  }
+  const auto order = at_end.unit_shapes();
+  if (!writes) {
+    at_end.visit_units([](const models::NamedUnit&) {});
+    return {};
+  }
+  return models::save_pretrained_by_units(model, order, [&](const models::UnitVisitor& visit) { at_end.visit_units(visit); }, out, format);
 }
 }  // namespace detail
 
@@ -115,22 +185,21 @@ HPCTRAIN_RUNTIME_INLINE FinishHook print_eval_loss(std::string name = "val_loss"
 
 #if HPCTRAIN_RUNTIME_DEFINITIONS
 HPCTRAIN_RUNTIME_INLINE FinishHook hf_export(std::optional<std::filesystem::path> directory) {
-  return [directory](const FinishContext& at_end) {
-    if (at_end.run.rank != 0) return;
+  return FinishHook::unit_by_unit([directory](const FinishContext& at_end) {
     const auto out = directory.value_or(at_end.run.run_dir / "export");
-    std::vector<std::string> names{"config.json", "model.safetensors"};
-    if (auto* encoder = dynamic_cast<models::RobertaForMaskedLMImpl*>(&at_end.module))
-      models::save_pretrained(*encoder, out);
-    else
-      names = detail::export_causal_lm(detail::causal_lm(at_end.module, "hf_export"), at_end, out);
+    std::optional<detail::StagedDirectory> staged;
+    if (at_end.run.rank == 0) staged.emplace(out);
+    auto names = detail::export_model(at_end, staged ? staged->path() : out);
+    if (!staged) return;
     if (const auto source = tokenizer_directory(at_end.run))
       for (const auto& file : tokenizer_files_in(*source)) {
-        detail::copy_file_atomically(file, out / file.filename());
-        if (at_end.run.lora) detail::copy_file_atomically(file, out / "merged" / file.filename());
+        detail::copy_file_atomically(file, staged->path() / file.filename());
+        if (at_end.run.lora) detail::copy_file_atomically(file, staged->path() / "merged" / file.filename());
         names.push_back(file.filename().string());
       }
+    staged->commit();
     fmt::print("exported the model to {} ({})\n", out.string(), fmt::join(names, ", "));
-  };
+  });
 }
 
 HPCTRAIN_RUNTIME_INLINE FinishHook sample_at_end(Setting<std::string> prompt, Setting<std::int64_t> tokens) {
@@ -155,9 +224,9 @@ HPCTRAIN_RUNTIME_INLINE FinishHook sample_at_end(Setting<std::string> prompt, Se
 }
 
 HPCTRAIN_RUNTIME_INLINE FinishHook print_eval_loss(std::string name) {
-  return [name](const FinishContext& at_end) {
+  return FinishHook::unit_by_unit([name](const FinishContext& at_end) {  // reads no weight: nothing to gather
     if (at_end.run.rank == 0 && at_end.result.eval_loss) fmt::print("{}={:.4f}\n", name, *at_end.result.eval_loss);
-  };
+  });
 }
 #endif  // HPCTRAIN_RUNTIME_DEFINITIONS
 

@@ -272,11 +272,11 @@ HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> SftJsonl::load(const RunCont
 }
 
 HPCTRAIN_RUNTIME_INLINE FinishHook report_response_loss() {
-  return [](const FinishContext& at_end) {
+  return FinishHook::unit_by_unit([](const FinishContext& at_end) {  // reads no weight: nothing to gather
     if (at_end.run.rank != 0) return;
     if (at_end.result.eval_loss_at_start) fmt::print("response_loss_before={:.8g}\n", *at_end.result.eval_loss_at_start);
     if (at_end.result.eval_loss) fmt::print("response_loss_after={:.8g}\n", *at_end.result.eval_loss);
-  };
+  });
 }
 #endif  // HPCTRAIN_RUNTIME_DEFINITIONS
 

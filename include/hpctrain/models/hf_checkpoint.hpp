@@ -25,6 +25,7 @@
 #include <hpctrain/models/gpt2.hpp>
 #include <hpctrain/models/llama.hpp>
 #include <hpctrain/models/safetensors.hpp>
+#include <hpctrain/models/safetensors_shards.hpp>
 
 namespace hpctrain::models {
 

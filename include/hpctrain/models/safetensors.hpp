@@ -1,7 +1,7 @@
 #pragma once
 // safetensors files as LibTorch tensors: a memory-mapped reader (tensors are views of the mapping, copied
 // only when a dtype conversion is asked for or the bytes are misaligned), a writer (atomic: a crash
-// leaves the old file or the new one), and a checkpoint directory that is either one `model.safetensors`
+// leaves the old file or the new one; sharded directories: safetensors_shards.hpp), and a checkpoint directory that is either one `model.safetensors`
 // or shards listed by `model.safetensors.index.json`. The format itself is parsed in safetensors_format.hpp.
 #include <cerrno>
 #include <cstdint>
@@ -251,38 +251,5 @@ class Checkpoint {
   std::vector<std::unique_ptr<File>> files_;
   std::map<std::string, std::size_t, std::less<>> where_;
 };
-
-/// Writes `tensors` into `directory` as `model.safetensors`, or, when they exceed `max_shard_bytes`, as
-/// `model-0000i-of-0000n.safetensors` shards and `model.safetensors.index.json` (transformers' layout).
-/// Each file is written atomically; the index last, so a reader never sees an index of missing shards.
-inline void save_checkpoint(const std::filesystem::path& directory, const NamedTensors& tensors,
-                            std::uint64_t max_shard_bytes = std::numeric_limits<std::uint64_t>::max()) {
-  std::vector<NamedTensors> shards(1);
-  std::uint64_t in_shard = 0, total = 0;
-  for (const auto& named : tensors) {
-    const auto bytes = static_cast<std::uint64_t>(named.second.nbytes());
-    if (in_shard > 0 && in_shard + bytes > max_shard_bytes) {
-      shards.emplace_back();
-      in_shard = 0;
-    }
-    shards.back().push_back(named);
-    in_shard += bytes;
-    total += bytes;
-  }
-  const std::map<std::string, std::string> metadata{{"format", "pt"}};
-  if (shards.size() == 1) {
-    save_file(directory / single_file_name, tensors, metadata);
-    return;
-  }
-  nlohmann::ordered_json index;
-  index["metadata"] = {{"total_size", total}};
-  index["weight_map"] = nlohmann::ordered_json::object();
-  for (std::size_t i = 0; i < shards.size(); ++i) {
-    const auto name = fmt::format("model-{:05}-of-{:05}.safetensors", i + 1, shards.size());
-    save_file(directory / name, shards[i], metadata);
-    for (const auto& [tensor, value] : shards[i]) index["weight_map"][tensor] = name;
-  }
-  hpctrain::detail::write_file_atomically(directory / index_file_name, index.dump(2) + "\n", "safetensors");
-}
 
 }  // namespace hpctrain::models::safetensors

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <string_view>
 
 namespace hpctrain::detail {
 
@@ -27,12 +28,34 @@ inline bool keep_freed_host_memory() {
 #endif
 }
 
-/// The process's peak resident memory so far in bytes (Linux's VmHWM), or 0 where /proc does not say.
-inline std::int64_t peak_resident_bytes() {
+/// A line of /proc/self/status in bytes ("VmHWM:   123456 kB"), or 0 where /proc does not say.
+inline std::int64_t status_bytes(std::string_view field) {
   std::ifstream status("/proc/self/status");
   for (std::string line; std::getline(status, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // "VmHWM:   123456 kB"
+    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(field.size())) * 1024;
   return 0;
+}
+
+/// Returns the free memory at the top of the heap and in its freed chunks to the kernel (glibc's malloc_trim):
+/// under keep_freed_host_memory nothing is trimmed otherwise, and a big buffer freed and allocated again after
+/// small allocations split its chunk takes new pages each time. No-op without glibc.
+inline void return_freed_host_memory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
+/// The process's peak resident memory so far in bytes (Linux's VmHWM), or 0 where /proc does not say.
+inline std::int64_t peak_resident_bytes() { return status_bytes("VmHWM:"); }
+
+/// The process's resident memory now in bytes (VmRSS), or 0 where /proc does not say.
+inline std::int64_t resident_bytes() { return status_bytes("VmRSS:"); }
+
+/// Starts the peak (VmHWM) again from the resident memory now, so that it measures what follows (Linux 4.0+:
+/// writing 5 to /proc/self/clear_refs); false where it cannot.
+inline bool reset_peak_resident() {
+  std::ofstream clear("/proc/self/clear_refs");
+  return static_cast<bool>(clear << "5" << std::flush);
 }
 
 }  // namespace hpctrain::detail

@@ -9,10 +9,13 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/models/lora.hpp>
+#include <hpctrain/models/model_units.hpp>
 
 namespace hpctrain {
 
@@ -50,16 +53,71 @@ struct TrainResult {
   std::map<std::string, double> eval_metrics;  ///< every requested metric of the final evaluation
 };
 
-/// What a hook at the end of a finished run sees: the whole model (gathered from its shards under ZeRO-3),
-/// the run and its result. Hooks run on every rank; most act on rank 0 only (`run.rank == 0`).
+/// The model as the Trainer's strategy hands it to the hooks at the end (train/strategy.hpp's visit_units).
+class FinishModel {
+ public:
+  virtual ~FinishModel() = default;
+  /// Every parameter by name with its whole shape, in the order visit_units hands them out; nothing is gathered.
+  virtual std::vector<models::ParameterShape> unit_shapes() = 0;
+  /// Collective: calls `visit` with the parameters one unit at a time, each whole during the call (ZeRO-3: one
+  /// block or edge gathered at a time, then the parameters every rank keeps whole).
+  virtual void visit_units(const models::UnitVisitor& visit) = 0;
+  /// Collective: makes the module hold the whole model (on every rank, until the run ends).
+  virtual void gather_whole() = 0;
+};
+
+/// What a hook at the end of a finished run sees: the model, the run and its result. Hooks run on every rank;
+/// most act on rank 0 only (`run.rank == 0`). `module` is whole (gathered from its shards under ZeRO-3) for a
+/// hook added as a plain callable; one made with FinishHook::unit_by_unit reads it through visit_units, or asks
+/// for whole_model(), every rank alike: both are collective.
 struct FinishContext {
   torch::nn::Module& module;
   const RunContext& run;
   const TrainResult& result;
+  /// The Trainer's strategy; null: `module` is whole as it is.
+  FinishModel* model = nullptr;
+
+  /// Every parameter by name with its whole shape, in the order visit_units hands them out.
+  std::vector<models::ParameterShape> unit_shapes() const {
+    return model != nullptr ? model->unit_shapes() : models::shapes_of(models::whole_unit(module));
+  }
+  /// Collective: the model's parameters one unit at a time (FinishModel::visit_units).
+  void visit_units(const models::UnitVisitor& visit) const {
+    if (model != nullptr) model->visit_units(visit);
+    else visit(models::whole_unit(module));
+  }
+  /// Collective: `module`, whole.
+  torch::nn::Module& whole_model() const {
+    if (model != nullptr) model->gather_whole();
+    return module;
+  }
 };
 
-/// A hook at the end of a finished run (not after a preemption): exports, samples, reports.
-using FinishHook = std::function<void(const FinishContext&)>;
+/// A hook at the end of a finished run (not after a preemption): exports, samples, reports. Any callable taking
+/// the FinishContext; the Trainer gathers the whole model into `module` before it runs. A hook made with
+/// unit_by_unit is not given the whole model: it visits it (FinishContext::visit_units), so that no rank holds it
+/// whole (lm::hf_export), or does not read it at all (lm::print_eval_loss).
+class FinishHook {
+ public:
+  template <class F>
+    requires(!std::is_same_v<std::decay_t<F>, FinishHook> && std::is_invocable_v<const F&, const FinishContext&>)
+  FinishHook(F hook) : call_(std::move(hook)) {}  // NOLINT: implicit, so that a lambda is a hook
+
+  /// `hook`, run without gathering the whole model first.
+  static FinishHook unit_by_unit(std::function<void(const FinishContext&)> hook) {
+    FinishHook made(std::move(hook));
+    made.needs_whole_model_ = false;
+    return made;
+  }
+
+  void operator()(const FinishContext& at_end) const { call_(at_end); }
+  /// Whether the Trainer gathers the whole model into FinishContext::module before the hook runs.
+  bool needs_whole_model() const { return needs_whole_model_; }
+
+ private:
+  std::function<void(const FinishContext&)> call_;
+  bool needs_whole_model_ = true;
+};
 
 /// A check on the login node once the knobs are parsed, before anything is written or queued (a data file
 /// that is visible there is validated); throws SpecError naming the field and the value.

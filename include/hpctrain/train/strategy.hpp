@@ -24,6 +24,7 @@
 #include <torch/types.h>
 
 #include <hpctrain/dist/process_group.hpp>
+#include <hpctrain/models/model_units.hpp>
 #include <hpctrain/train/precision.hpp>
 
 namespace hpctrain {
@@ -100,9 +101,19 @@ class DataParallelStrategy {
   /// likewise.
   virtual void load(const SavedStrategyState& saved) = 0;
 
-  /// Makes the user's module hold the full parameters on every rank (for the export and the finish hooks);
+  /// Makes the user's module hold the full parameters on every rank (for the finish hooks that read `module`);
   /// a no-op where they always do (replicated, ZeRO-1/2).
   virtual void gather_full_model() {}
+
+  /// The model's parameters by name with their whole shapes, in the order visit_units hands them out; nothing is
+  /// gathered. Default: the module's parameters as they are.
+  virtual std::vector<models::ParameterShape> unit_shapes(torch::nn::Module& module) { return models::shapes_of(models::whole_unit(module)); }
+
+  /// Calls `visit` with the model's parameters one unit at a time, each whole on every rank during the call and
+  /// freed after it (ZeRO-3: a block, an edge, then the parameters it keeps whole), so that a rank never holds more
+  /// of the model than it trains with and one unit: what the export reads (lm::hf_export). Default (the parameters
+  /// are whole on every rank: replicated, ZeRO-1/2): one unit of the module's parameters as they are, nothing copied.
+  virtual void visit_units(torch::nn::Module& module, const models::UnitVisitor& visit) { visit(models::whole_unit(module)); }
 
   /// Whether the model's forward issues collectives (ZeRO-3 gathers each unit as it runs): the evaluation then
   /// runs on the sharded model as training does, the same number of forwards on every rank, rather than on a

@@ -57,6 +57,26 @@
 
 namespace hpctrain {
 
+namespace detail {
+/// The model as the hooks at the end see it through the run's strategy (FinishContext::model).
+class StrategyModel : public FinishModel {
+ public:
+  StrategyModel(DataParallelStrategy& strategy, torch::nn::Module& module) : strategy_(strategy), module_(module) {}
+  std::vector<models::ParameterShape> unit_shapes() override { return strategy_.unit_shapes(module_); }
+  void visit_units(const models::UnitVisitor& visit) override { strategy_.visit_units(module_, visit); }
+  void gather_whole() override {
+    if (whole_) return;
+    strategy_.gather_full_model();
+    whole_ = true;
+  }
+
+ private:
+  DataParallelStrategy& strategy_;
+  torch::nn::Module& module_;
+  bool whole_ = false;
+};
+}  // namespace detail
+
 /// One rank's training run. `run()` once.
 class Trainer {
  public:
@@ -153,14 +173,43 @@ class Trainer {
   /// (what loading took, the figure that decides whether a node's ranks fit its memory) and once the steps are
   /// done (what training took, before the last checkpoint and the hooks at the end; --plan's figure to compare).
   void report_peak_memory(std::string_view when) {
-    auto peaks = torch::zeros({group_->world_size()}, torch::TensorOptions(torch::kFloat64).device(device_));
-    peaks[group_->rank()] = static_cast<double>(detail::peak_resident_bytes());
-    const auto host = dist::all_reduce_sum(*group_, peaks).cpu();
+    const auto host = peak_host_memory_of_ranks();
     const auto most = host.argmax().item<std::int64_t>();
     if (lead() && host[most].item<double>() > 0)
       fmt::print("hpctrain: {}: peak host memory {:.3f} GiB per rank at most (rank {})\n", when,
                  host[most].item<double>() / (1 << 30), most);
   }
+
+  /// Rank 0 prints the run's peak resident host memory, then the finish hooks' own (the export: VmHWM started again
+  /// before them, from what each rank held then), on rank 0 — which writes the export — and the other ranks.
+  void report_run_memory(const torch::Tensor& before_hooks, const torch::Tensor& resident_at_hooks, bool hooks_measured) {
+    const auto hooks = peak_host_memory_of_ranks();
+    const auto run = torch::maximum(before_hooks, hooks);
+    if (!lead() || run[0].item<double>() <= 0) return;
+    fmt::print("hpctrain: run ended: peak host memory {}\n", memory_by_rank(run));
+    if (hooks_measured && !training_.finish_hooks().empty())
+      fmt::print("hpctrain: finish hooks: peak host memory {}; resident at their start {}\n", memory_by_rank(hooks),
+                 memory_by_rank(resident_at_hooks));
+  }
+
+  /// "X GiB on rank 0, the other ranks Y GiB at most (rank r)".
+  static std::string memory_by_rank(const torch::Tensor& bytes) {
+    auto text = fmt::format("{:.3f} GiB on rank 0", bytes[0].item<double>() / (1 << 30));
+    if (bytes.numel() == 1) return text;
+    const auto rest = bytes.narrow(0, 1, bytes.numel() - 1);
+    const auto most = rest.argmax().item<std::int64_t>();
+    return text + fmt::format(", the other ranks {:.3f} GiB at most (rank {})", rest[most].item<double>() / (1 << 30), most + 1);
+  }
+
+  /// Every rank's `bytes`, on every rank (collective).
+  torch::Tensor bytes_of_ranks(std::int64_t bytes) {
+    auto all = torch::zeros({group_->world_size()}, torch::TensorOptions(torch::kFloat64).device(device_));
+    all[group_->rank()] = static_cast<double>(bytes);
+    return dist::all_reduce_sum(*group_, all).cpu();
+  }
+
+  /// Every rank's peak resident host memory so far (VmHWM), in bytes, on every rank (collective).
+  torch::Tensor peak_host_memory_of_ranks() { return bytes_of_ranks(detail::peak_resident_bytes()); }
 
   /// LoRA: adapters on the targeted layers, everything else frozen (before the strategy sees the parameters).
   void add_lora_adapters() {
@@ -396,18 +445,29 @@ class Trainer {
       }
       result_.eval_accuracy = evaluation.metric(metrics::accuracy.name());
     }
+    const auto before_hooks = peak_host_memory_of_ranks();
+    const auto resident_at_hooks = bytes_of_ranks(detail::resident_bytes());
+    // VmHWM from here on: the finish hooks' own peak. On request only: it also resets the ru_maxrss that `time`
+    // and getrusage report for the process (bench/export_memory.sh asks).
+    const bool hooks_measured = std::getenv("HPCTRAIN_MEASURE_FINISH_HOOKS") != nullptr && detail::reset_peak_resident();
     run_finish_hooks();
+    report_run_memory(before_hooks, resident_at_hooks, hooks_measured);
     for (auto& logger : loggers_) logger->finish();
     return result_;
   }
 
-  /// The Training's hooks at the end (exports, samples), with the whole model.
+  /// The Training's hooks at the end (exports, samples). The whole model is gathered only before the first hook
+  /// that reads it in `module` (and kept for the hooks after it); an export made unit by unit (lm::hf_export)
+  /// visits it through the strategy, never whole on any rank.
   void run_finish_hooks() {
     if (training_.finish_hooks().empty()) return;
-    strategy_->gather_full_model();
     model_.module->eval();
-    const FinishContext context{*model_.module, *run_, result_};
-    for (const auto& hook : training_.finish_hooks()) hook(context);
+    detail::StrategyModel model(*strategy_, *model_.module);
+    const FinishContext context{*model_.module, *run_, result_, &model};
+    for (const auto& hook : training_.finish_hooks()) {
+      if (hook.needs_whole_model()) model.gather_whole();
+      hook(context);
+    }
     std::fflush(stdout);
   }
 

@@ -360,8 +360,9 @@ class Training {
   /// tests). Default: none.
   Training& on_step(std::function<void(std::int64_t)> callback) { on_step_ = std::move(callback); return *this; }
   /// Adds a hook run at the end of a finished run, after the final evaluation, with the whole model (every
-  /// strategy gathers it first): `lm::hf_export()`, `lm::sample_at_end(...)`, or your own
-  /// `(const hpctrain::FinishContext&)`. Hooks run on every rank, in the order added.
+  /// strategy gathers it first): `lm::sample_at_end(...)`, or your own `(const hpctrain::FinishContext&)`; a hook
+  /// made with FinishHook::unit_by_unit visits the model one unit at a time instead (`lm::hf_export()`). Hooks
+  /// run on every rank, in the order added.
   Training& at_end(FinishHook hook) { finish_hooks_.push_back(std::move(hook)); return *this; }
   /// What `--plan` prints: the memory each rank will hold and whether it fits (lm::causal_lm_training installs
   /// lm::plan_memory_of_run). Default: none (`--plan` says the program has no plan).

@@ -21,6 +21,7 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
 #include <hpctrain/job/knobs.hpp>
+#include <hpctrain/models/export_format.hpp>
 #include <hpctrain/names.hpp>
 #include <hpctrain/slurm/world.hpp>
 #include <hpctrain/train/run_directory.hpp>
@@ -30,8 +31,8 @@
 namespace hpctrain {
 
 /// The knob table of `training`: the built-ins (--epochs --max-steps --batch-size --lr --sharding --hsdp-group-size
-/// --precision --log-every --eval-every --max-eval-examples --eval-batch-size --checkpoint-every --checkpoint-async --wandb),
-/// whose defaults are the description's values, then the program's own knobs. Throws SpecError when a program knob reuses a built-in's name.
+/// --precision --log-every --eval-every --max-eval-examples --eval-batch-size --checkpoint-every --checkpoint-async
+/// --export-dtype --export-shard-size --wandb), whose defaults are the description's values, then the program's own knobs. Throws SpecError when a program knob reuses a built-in's name.
 /// `program` (the job's name) is the W&B project a bare `--wandb` stands for when the Training names none.
 inline Knobs training_knobs(const Training& training, std::string_view program = "hpctrain") {
   Knobs table;
@@ -71,6 +72,14 @@ inline Knobs training_knobs(const Training& training, std::string_view program =
                               non_negative());
   table.declare<bool>("checkpoint_async", training.checkpoint_async(),
                       "write checkpoints in the background while the steps go on (the step serialises them into host memory)");
+  table.declare<std::string>("export_dtype", "auto",
+                             "dtype of the weights an export writes: bf16, fp16, fp32, or auto (the pretrained checkpoint's, else bf16)",
+                             KnobCheck<std::string>([](const std::string& name) { return name == "auto" || models::export_dtype_from_name(name); },
+                                                    "must be bf16, fp16, fp32 or auto"));
+  table.declare<std::string>("export_shard_size", "5GB",
+                             "most bytes of a safetensors file an export writes, as transformers' max_shard_size (5GB, 500MB, 2GiB)",
+                             KnobCheck<std::string>([](const std::string& size) { return models::parse_shard_size(size).has_value(); },
+                                                    "must be a positive size: bytes, or a number with KB, MB, GB, KiB, MiB or GiB"));
   const char* wandb_help = "a W&B offline run in the run directory, project PROJECT (alone: the program's project, else the job's name), uploaded by --wandb-sync; off: none";
   if (training.wandb()) table.declare<std::string>("wandb", training.wandb()->project(), wandb_help, wandb_project_check());
   else table.declare_optional<std::string>("wandb", wandb_help, wandb_project_check());

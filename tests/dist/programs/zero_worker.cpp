@@ -13,8 +13,9 @@
 //       autocast, from the same GPT-2 and data: gradient norms and parameters within bf16's bounds, the gathered
 //       blocks held in 2 bytes an element, no master copy
 //   zero_worker gpt2-equivalence <zero2|zero3> <steps> <accumulation> <export_dir> [recompute] [untied]
-//       the same with a small GPT-2 (tied embeddings, dropout on) and SGD with momentum; then rank 0 exports the gathered model as a
-//       Hugging Face directory into <export_dir>, loads it back and checks it equals its module bit for bit; under
+//       the same with a small GPT-2 (tied embeddings, dropout on) and SGD with momentum; then every rank takes part in
+//       the export unit by unit (fp32 into <export_dir>, bf16 into <export_dir>/bf16, in shards of 8000 bytes), and
+//       rank 0 loads them back and checks them against the gathered module, bit for bit; under
 //       zero3 every rank then loads the export with empty blocks and a fresh ZeRO-3 reads its own slices of them
 //   zero_worker no-blocks                    ZeRO-3 on a module that lists no blocks is refused at setup
 //   zero_worker train <zero1|zero2|zero3> <dir> <save_at|-1> <steps> [resume_from_world resume_step]
@@ -44,6 +45,7 @@
 #include <hpctrain/train/crc32c.hpp>
 #include <hpctrain/models/gpt2.hpp>
 #include <hpctrain/models/hf_checkpoint.hpp>
+#include <hpctrain/models/hf_export.hpp>
 #include <hpctrain/train/strategies/sharded.hpp>
 
 namespace dist = hpctrain::dist;
@@ -517,6 +519,54 @@ bool check_deferred_load(const std::shared_ptr<dist::ProcessGroup>& group, const
   return ok;
 }
 
+/// The most bytes of a shard of the tiny GPT-2's exports: a block's weights are ~5,000 elements, so fp32 blocks
+/// spread over several shards and a few tensors straddle none (each starts a shard or fits its rest).
+constexpr std::uint64_t export_shard_bytes = 8000;
+
+/// Every rank takes part in the export that streams the model unit by unit (DataParallelStrategy::visit_units);
+/// rank 0 writes it into `directory` in `dtype`, in shards of export_shard_bytes. Under ZeRO-3, prints the most
+/// bytes gathered at once during the export beside the largest unit's (fp32): a whole-model gather holds them all.
+void export_by_units(hpctrain::DataParallelStrategy& strategy, hpctrain::models::GPT2& model, const fs::path& directory,
+                     torch::Dtype dtype, int rank) {
+  auto* full = dynamic_cast<hpctrain::FullyShardedStrategy*>(&strategy);
+  if (full != nullptr) full->reset_peak_gathered_bytes();
+  const auto order = strategy.unit_shapes(*model);
+  const auto visit = [&](const hpctrain::models::UnitVisitor& visitor) { strategy.visit_units(*model, visitor); };
+  if (rank == 0) hpctrain::models::save_pretrained_by_units(*model, order, visit, directory, {dtype, export_shard_bytes});
+  else visit([](const hpctrain::models::NamedUnit&) {});
+  if (full == nullptr) return;
+  std::size_t largest = 0, all = 0;
+  for (std::size_t b = 0; b < full->sharded_unit_count(); ++b) {
+    const auto bytes = 4 * static_cast<std::size_t>(full->layout().buckets()[b].padded_numel);
+    largest = std::max(largest, bytes);
+    all += bytes;
+  }
+  std::cout << fmt::format("export_peak_gathered_bytes={}\nlargest_unit_bytes={}\nall_units_bytes={}\ngathered_after_export={}\n",
+                           full->peak_gathered_bytes(), largest, all, full->gathered_bytes());
+}
+
+/// Rank 0's exports against the gathered model: the fp32 one loads back equal bit for bit, the bf16 one equals
+/// the model rounded to bf16 (the same round-to-nearest-even conversion), and their indexes name every shard.
+bool check_exports(hpctrain::models::GPT2& model, const fs::path& fp32_dir, const fs::path& bf16_dir) {
+  bool ok = fs::exists(fp32_dir / "model.safetensors.index.json") && !fs::exists(fp32_dir / "model.safetensors");
+  auto fp32 = hpctrain::models::load_gpt2(fp32_dir)->named_parameters();
+  auto bf16 = hpctrain::models::load_gpt2(bf16_dir, torch::kBFloat16)->named_parameters();
+  for (const auto& item : model->named_parameters()) {
+    if (!torch::equal(fp32[item.key()], item.value())) {
+      std::cerr << fmt::format("exported {} differs from the gathered module's\n", item.key());
+      ok = false;
+    }
+    if (!torch::equal(bf16[item.key()], item.value().to(torch::kBFloat16))) {
+      std::cerr << fmt::format("the bf16 export's {} is not the gathered module's rounded to bf16\n", item.key());
+      ok = false;
+    }
+  }
+  std::size_t shards = 0;
+  for (const auto& entry : fs::directory_iterator(fp32_dir)) shards += entry.path().filename().string().starts_with("model-") ? 1 : 0;
+  std::cout << fmt::format("export_shards={}\n", shards);
+  return ok;
+}
+
 int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage stage, int steps,
                            int accumulation, const fs::path& export_dir, bool recompute, bool tied) {
   const int rank = group->rank();
@@ -527,21 +577,16 @@ int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpc
   const double worst_norm_difference =
       train_gpt2_beside_replicated(group, *strategy, model, reference, steps, accumulation, hpctrain::Precision::fp32);
   bool ok = worst_norm_difference < 1e-5;
-  strategy->gather_full_model();
-  const double worst = worst_relative_difference(model, reference, equivalence_bound, rank, ok);
   if (const auto* full = dynamic_cast<const hpctrain::FullyShardedStrategy*>(strategy.get()))
     std::cout << block_traffic_lines(*full, steps, accumulation) << fmt::format("sharded_units={}\n", full->sharded_unit_count());
-  if (rank == 0) {  // export the gathered model, load it back: the same tensors
-    hpctrain::models::save_pretrained(*model, export_dir);
-    auto loaded = hpctrain::models::load_gpt2(export_dir);
-    auto exported = loaded->named_parameters();
-    for (const auto& item : model->named_parameters()) {
-      if (!torch::equal(exported[item.key()], item.value())) {
-        std::cerr << fmt::format("exported {} differs from the gathered module's\n", item.key());
-        ok = false;
-      }
-    }
-    std::cout << "exported=" << (export_dir / "model.safetensors").string() << "\n";
+  // Exported unit by unit before anything gathers the whole model, in fp32 and in bf16.
+  export_by_units(*strategy, model, export_dir, torch::kFloat32, rank);
+  export_by_units(*strategy, model, export_dir / "bf16", torch::kBFloat16, rank);
+  strategy->gather_full_model();
+  const double worst = worst_relative_difference(model, reference, equivalence_bound, rank, ok);
+  if (rank == 0) {  // load the exports back: the gathered model's tensors
+    ok = check_exports(model, export_dir, export_dir / "bf16") && ok;
+    std::cout << "exported=" << export_dir.string() << "\n";
   }
   if (stage == hpctrain::zero3) ok = check_deferred_load(group, export_dir, model) && ok;
   std::cout << fmt::format("max_relative_difference={:.3e}\nrelative_difference_bound={:.0e}\nmax_grad_norm_difference={:.3e}\n", worst,

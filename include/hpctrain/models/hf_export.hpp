@@ -1,0 +1,82 @@
+#pragma once
+// A causal LM written as a Hugging Face directory from its parameters as they arrive, one unit (a block, an edge, a
+// group of small parameters) at a time: the shards are planned first from the parameters' names and whole shapes
+// (no value needed), then each tensor is converted to the export's dtype and appended to its shard as its unit
+// arrives. A sharded model is never whole on any rank: a strategy gathers one unit, the writer appends it, the unit
+// is freed (train/strategy.hpp's visit_units). Names and transposes as save_pretrained writes them.
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include <hpctrain/job/files.hpp>
+#include <hpctrain/models/export_format.hpp>
+#include <hpctrain/models/hf_checkpoint.hpp>
+#include <hpctrain/models/model_units.hpp>
+#include <hpctrain/models/safetensors_shards.hpp>
+
+namespace hpctrain::models {
+
+namespace detail {
+/// The family's naming and config.json of `model`; RuntimeError naming the directory for a family without export.
+inline std::pair<CheckpointNaming, nlohmann::ordered_json> export_naming(CausalLM& model, const std::filesystem::path& directory) {
+  if (auto* gpt2 = dynamic_cast<GPT2Impl*>(&model)) return {gpt2_naming(gpt2->config(), "transformer."), gpt2->config().to_json()};
+  if (auto* llama = dynamic_cast<LlamaImpl*>(&model)) return {llama_naming(llama->config()), llama->config().to_json()};
+  throw RuntimeError(errors::runtime_io, fmt::format("{}: no Hugging Face export for this model ({})", directory.string(), model.name()));
+}
+}  // namespace detail
+
+/// The dtype the checkpoint `model` was loaded from states (config.json's dtype / torch_dtype), when it states a
+/// floating one: what an export keeps by default.
+inline std::optional<torch::Dtype> stated_dtype(CausalLM& model) {
+  std::string stated;
+  if (auto* gpt2 = dynamic_cast<GPT2Impl*>(&model)) stated = gpt2->config().stated_dtype;
+  if (auto* llama = dynamic_cast<LlamaImpl*>(&model)) stated = llama->config().stated_dtype;
+  return export_dtype_from_name(stated);
+}
+
+/// Writes `model` into `directory` as a Hugging Face directory (config.json last, and the weights in `format`): the
+/// shards are planned from `order` (every parameter's name and whole shape, in the order the units give them), then
+/// `visit_units` is called once with a visitor that appends each parameter of each unit to its shard. The adapters
+/// of a LoRA model are not written (save_peft_adapter writes them). Returns the files written.
+inline std::vector<std::string> save_pretrained_by_units(CausalLM& model, const std::vector<ParameterShape>& order,
+                                                         const std::function<void(const UnitVisitor&)>& visit_units,
+                                                         const std::filesystem::path& directory, const ExportFormat& format) {
+  auto family = detail::export_naming(model, directory);
+  const auto& naming = family.first;
+  auto& config = family.second;
+  std::vector<safetensors::TensorSpec> specs;
+  for (const auto& parameter : order) {
+    if (is_lora_parameter(parameter.name)) continue;
+    auto [hf, transposed] = naming.to_hf(parameter.name);
+    auto shape = parameter.shape;
+    if (transposed) std::swap(shape[0], shape[1]);
+    specs.push_back({hf, safetensors::from_torch(format.dtype, hf), shape});
+  }
+  const auto plan = safetensors::plan_shards(specs, format.max_shard_bytes);
+  safetensors::ShardWriter writer(directory, plan);
+  visit_units([&](const NamedUnit& unit) {
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, tensor] : unit) {
+      if (is_lora_parameter(name)) continue;
+      const auto [hf, transposed] = naming.to_hf(name);
+      writer.append(hf, transposed ? tensor.t() : tensor);
+    }
+  });
+  writer.finish();
+  config["dtype"] = config_dtype_name(format.dtype);        // transformers 5's spelling
+  config["torch_dtype"] = config_dtype_name(format.dtype);  // 4.x's
+  hpctrain::detail::write_file_atomically(directory / "config.json", config.dump(2) + "\n", "safetensors");
+  std::vector<std::string> files{"config.json"};
+  for (const auto& shard : plan.shards) files.push_back(shard.file);
+  if (plan.shards.size() > 1) files.emplace_back(safetensors::index_file_name);
+  return files;
+}
+
+}  // namespace hpctrain::models
