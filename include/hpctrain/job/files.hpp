@@ -61,6 +61,22 @@ inline void write_file_atomically(const std::filesystem::path& path, std::initia
   fsync_path(directory, O_RDONLY | O_DIRECTORY, what);
 }
 
+/// Completes a file written through `file` under the name `temporary`: flush, fsync, close, and rename it to
+/// `target`, so that `target` is either absent or whole. On failure the temporary is removed and RuntimeError(`what`)
+/// names the target. `file` is closed (null) either way.
+template <class Id>
+void commit_written_file(std::FILE*& file, const std::filesystem::path& temporary, const std::filesystem::path& target, const Id& what) {
+  bool ok = std::fflush(file) == 0 && ::fsync(::fileno(file)) == 0;
+  ok = (std::fclose(file) == 0) && ok;
+  file = nullptr;
+  std::error_code error;
+  if (ok) std::filesystem::rename(temporary, target, error);
+  if (!ok || error) {
+    std::remove(temporary.c_str());
+    throw RuntimeError(what, fmt::format("cannot write {}", target.string()));
+  }
+}
+
 /// Writes `content` to `path` atomically and durably (see above).
 inline void write_file_atomically(const std::filesystem::path& path, std::string_view content, std::string_view what = "io") {
   write_file_atomically(path, {content}, what);

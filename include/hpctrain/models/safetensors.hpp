@@ -108,14 +108,12 @@ inline void write_parts_atomically(const std::filesystem::path& path, const std:
   if (file == nullptr) throw RuntimeError(errors::runtime_safetensors, fmt::format("cannot write {}", temporary.string()));
   bool ok = true;
   for (const auto part : parts) ok = ok && std::fwrite(part.data(), 1, part.size(), file) == part.size();
-  ok = (std::fflush(file) == 0) && ok && (::fsync(::fileno(file)) == 0);
-  ok = (std::fclose(file) == 0) && ok;
-  std::error_code error;
-  if (ok) std::filesystem::rename(temporary, path, error);
-  if (!ok || error) {
+  if (!ok) {  // the writes failed: closed and removed, named as the commit would name it
+    std::fclose(file);
     std::remove(temporary.c_str());
     throw RuntimeError(errors::runtime_safetensors, fmt::format("cannot write {}", path.string()));
   }
+  hpctrain::detail::commit_written_file(file, temporary, path, errors::runtime_safetensors);
   hpctrain::detail::fsync_path(directory, O_RDONLY | O_DIRECTORY, "safetensors");
 }
 

@@ -137,15 +137,7 @@ class ShardWriter {
 
   void close_shard() {
     const auto target = directory_ / plan_.shards[shard_].file;
-    bool ok = std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0;
-    ok = (std::fclose(file_) == 0) && ok;
-    file_ = nullptr;
-    std::error_code error;
-    if (ok) std::filesystem::rename(temporary_, target, error);
-    if (!ok || error) {
-      std::remove(temporary_.c_str());
-      throw RuntimeError(errors::runtime_safetensors, fmt::format("cannot write {}", target.string()));
-    }
+    hpctrain::detail::commit_written_file(file_, temporary_, target, errors::runtime_safetensors);
     hpctrain::detail::fsync_path(directory_, O_RDONLY | O_DIRECTORY, "safetensors");
     ++shard_;
     next_ = 0;

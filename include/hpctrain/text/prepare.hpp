@@ -242,17 +242,8 @@ class TokenFileWriter {
 
   /// Completes the header, makes the data durable, and renames the temporary over the final name.
   void commit() {
-    bool ok = std::fseek(file_, 0, SEEK_SET) == 0;
-    if (ok) write_header();
-    ok = ok && std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0;
-    ok = (std::fclose(file_) == 0) && ok;
-    file_ = nullptr;
-    std::error_code error;
-    if (ok) std::filesystem::rename(temporary_, path_, error);
-    if (!ok || error) {
-      std::remove(temporary_.c_str());
-      throw RuntimeError("text.prepare", fmt::format("cannot write {}", path_.string()));
-    }
+    if (std::fseek(file_, 0, SEEK_SET) == 0) write_header();
+    hpctrain::detail::commit_written_file(file_, temporary_, path_, errors::runtime_text_prepare);
   }
   std::uint64_t tokens() const { return header_.tokens; }
 

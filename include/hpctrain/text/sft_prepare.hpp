@@ -181,17 +181,8 @@ class SftTokensWriter {
       put_le(entry, 12, record.flags);
       write(entry.data(), sft_tokens_record_size);
     }
-    bool ok = std::fseek(file_, 0, SEEK_SET) == 0;
-    if (ok) write_header();
-    ok = ok && std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0;
-    ok = (std::fclose(file_) == 0) && ok;
-    file_ = nullptr;
-    std::error_code error;
-    if (ok) std::filesystem::rename(temporary_, path_, error);
-    if (!ok || error) {
-      std::remove(temporary_.c_str());
-      throw RuntimeError(errors::runtime_text_prepare, fmt::format("cannot write {}", path_.string()));
-    }
+    if (std::fseek(file_, 0, SEEK_SET) == 0) write_header();
+    hpctrain::detail::commit_written_file(file_, temporary_, path_, errors::runtime_text_prepare);
     hpctrain::detail::fsync_path(path_.parent_path(), O_RDONLY | O_DIRECTORY, "text.prepare");
   }
   const SftTokensHeader& header() const { return header_; }
