@@ -152,7 +152,7 @@ TEST_CASE("The site file's fabric keys are read, checked, and a typo names the c
   CHECK_THROWS_WITH(site_from(dir, text), message);
 }
 
-TEST_CASE("Each fabric renders its recipe's variables and directives; the job's own variables win", "[site][fabric]") {
+TEST_CASE("Each fabric renders its recipe's variables and directives, and the job's own variables win", "[site][fabric]") {
   auto context = job_test::fixed_context();
   context.site.fabric = {ht::Fabric::efa, "site.conf:1", std::string("^docker,lo"), std::nullopt, std::nullopt};
   const auto efa = ht::render_sbatch(ht::Job("f").nodes(2).gpus_per_node(8).env("NCCL_SOCKET_IFNAME", "ens5"), context);
