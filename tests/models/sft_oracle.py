@@ -111,7 +111,7 @@ def loss(model_dir, jsonl, max_length):
     held_out = [r for i, r in enumerate(records) if i % 16 == 8]
     total, count = 0.0, 0
     for record in held_out:
-        rendered = tokenizer.apply_chat_template(record["messages"], tokenize=True, return_dict=True,
+        rendered = tokenizer.apply_chat_template(record["messages"], tools=record.get("tools"), tokenize=True, return_dict=True,
                                                  return_assistant_tokens_mask=True)
         ids = rendered["input_ids"][:max_length]
         mask = rendered["assistant_masks"][:max_length]
@@ -122,6 +122,38 @@ def loss(model_dir, jsonl, max_length):
         total += per_token.item()
         count += int((labels[1:] != -100).sum())
     print(f"{total / count:.8g}")
+
+
+def make_tools(work, template_file):
+    """llama-tools: the start model with a ChatML template that renders tools and tool calls (the assistant's turns,
+    its calls included, in {% generation %}; tool results outside), and tools.jsonl: 32 conversations in TRL's tool
+    shape (a "tools" column, assistant tool_calls with dict arguments, tool messages) built from conversations.jsonl."""
+    import shutil
+    from transformers import AutoTokenizer
+
+    source, out = os.path.join(work, "llama"), os.path.join(work, "llama-tools")
+    shutil.copytree(source, out, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    tokenizer.chat_template = open(template_file).read()
+    if os.path.exists(os.path.join(out, "chat_template.jinja")):
+        os.remove(os.path.join(out, "chat_template.jinja"))
+    tokenizer.save_pretrained(out)
+    tools = [{"type": "function", "function": {"name": "fortune", "description": "A fortune by its number",
+                                                "parameters": {"type": "object", "properties": {"n": {"type": "integer"}},
+                                                               "required": ["n"]}}}]
+    records = [json.loads(line) for line in open(os.path.join(work, "conversations.jsonl")) if line.strip()]
+    lines = []
+    for n, record in enumerate(records[:32]):
+        user = next(m["content"] for m in record["messages"] if m["role"] == "user")
+        answer = next(m["content"] for m in record["messages"] if m["role"] == "assistant")
+        messages = [{"role": "user", "content": f"Fortune {n}, please: {user}"},
+                    {"role": "assistant", "content": "",
+                     "tool_calls": [{"type": "function", "function": {"name": "fortune", "arguments": {"n": n}}}]},
+                    {"role": "tool", "name": "fortune", "content": answer},
+                    {"role": "assistant", "content": answer}]
+        lines.append(json.dumps({"messages": messages, "tools": tools}, ensure_ascii=False))
+    with open(os.path.join(work, "tools.jsonl"), "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def peft_check(base_dir, export_dir):
@@ -228,6 +260,8 @@ if __name__ == "__main__":
     command = sys.argv[1]
     if command == "make":
         make(sys.argv[2], sys.argv[3])
+    elif command == "make-tools":
+        make_tools(sys.argv[2], sys.argv[3])
     elif command == "make-sharded":
         make_sharded(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     elif command == "export-check":

@@ -8,7 +8,9 @@
 #  - sft --local 2 --max-steps 20 lowers the assistant-token loss; response_loss_before equals transformers'
 #    masked loss on the same rendered conversations (apply_chat_template's assistant mask), and
 #    response_loss_after equals it on the export, which transformers loads (1e-4 relative, fp32);
-#  - --packing gives the same loss before training as padding; build/examples/generate continues a prompt.
+#  - --packing gives the same loss before training as padding; build/examples/generate continues a prompt;
+#  - tool-calling conversations (a tools column, tool_calls, tool results) with a template that renders them: the
+#    masked loss before training equals transformers' (apply_chat_template with tools, its assistant mask).
 # Usage: sft_test.sh <sft binary> <generate binary>
 set -euo pipefail
 source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
@@ -122,6 +124,16 @@ grep -q 'rows (packed)' packed.log || fail "--packing packed no row"
 packed_before="$(value response_loss_before packed.log)"
 close "$packed_before" "$before" || fail "--packing: response_loss_before=$packed_before, padded $before"
 
+# Tool calling in TRL's shape (a "tools" column, assistant tool_calls, tool results): the loss on the assistant's
+# turns, its calls included and the tool results excluded, equals transformers' on the same tokens (1e-4, fp32).
+oracle make-tools "$work" "$here/../data/chat_templates/chatml-tools-generation.jinja" > make-tools.log 2>&1 ||
+  fail "the oracle could not make the tool-calling model and data"
+HPCTRAIN_RUN_DIR="$work/tools" "$sft" --from llama-tools --data tools.jsonl --local 2 --max-steps 1 --max-length 256 \
+  > tools.log 2>&1 || fail "sft on tool-calling conversations exited $?"
+tools_before="$(value response_loss_before tools.log)"
+expected_tools="$(oracle loss llama-tools tools.jsonl 256 2>/dev/null)" || fail "transformers could not compute the tool-calling loss"
+close "$tools_before" "$expected_tools" || fail "tool calling: response_loss_before=$tools_before but transformers says $expected_tools"
+
 # LoRA: only the adapters train; the export is a PEFT adapter (PeftModel loads it) and the merged model.
 HPCTRAIN_RUN_DIR="$work/lora" "$sft" --from llama --data conversations.jsonl --local 2 --max-steps 10 --lr 1e-2 --max-length 256 \
   --lora-r 8 --lora-alpha 16 --lora-targets q_proj,v_proj,down_proj > lora.log 2>&1 || fail "sft --lora-r 8 exited $?"
@@ -131,4 +143,4 @@ grep -q '^hpctrain: LoRA r=8 alpha=16 on \[q_proj, v_proj, down_proj\]: [0-9]* o
 oracle peft-check llama lora/export || fail "PEFT's view of our adapter differs from our merged export"
 
 "$generate" --model run/export --prompt $'[USER] What is the difference?\n[BOT] ' --max-new-tokens 8 > generated.txt 2>&1 || fail "generate exited $?"
-echo "PASS: response loss $before -> $after (transformers: $expected_before -> $expected_after); packed $packed_before"
+echo "PASS: response loss $before -> $after (transformers: $expected_before -> $expected_after); packed $packed_before; tool calling $tools_before (transformers: $expected_tools)"
