@@ -12,6 +12,12 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <hpctrain/error.hpp>
 
 namespace hpctrain {
 
@@ -40,6 +46,21 @@ inline std::optional<ZeroStage> zero_stage_from_name(std::string_view name) {
   for (std::size_t i = 0; i < zero_stage_names.size(); ++i)
     if (zero_stage_names[i] == name) return static_cast<ZeroStage>(i);
   return std::nullopt;
+}
+
+/// The size of an hsdp shard group: `requested`, or the ranks of a node when it is 0. Throws SpecError(sharding)
+/// naming the divisors when the groups would not tile the world. The worker asks before the rendezvous, so
+/// every rank refuses alike instead of some leaving while the others still connect.
+inline int hsdp_shard_group_size(int requested, int world_size, int local_world_size) {
+  const int size = requested > 0 ? requested : local_world_size;
+  if (size >= 1 && world_size % size == 0) return size;
+  std::vector<int> divisors;
+  for (int d = 1; d <= world_size; ++d)
+    if (world_size % d == 0) divisors.push_back(d);
+  throw SpecError("sharding", "hsdp",
+                  fmt::format("hsdp_group_size = {}{} does not divide the world of {} ranks: the shard groups tile "
+                              "the world (--hsdp-group-size one of {})",
+                              size, requested > 0 ? "" : " (the ranks per node)", world_size, fmt::join(divisors, ", ")));
 }
 
 }  // namespace hpctrain

@@ -91,6 +91,7 @@
 #include <hpctrain/train/strategies/zero_checkpoint.hpp>
 #include <hpctrain/train/host_memory.hpp>
 #include <hpctrain/train/precision.hpp>
+#include <hpctrain/train/sharding.hpp>
 #include <hpctrain/train/strategy.hpp>
 
 namespace hpctrain {
@@ -394,16 +395,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     replica_index_ = 0;
     if (!hybrid_) return;
     const int world = world_->world_size();
-    const int size = hybrid_group_size_ > 0 ? hybrid_group_size_ : world_->local_world_size();
-    if (size < 1 || world % size != 0) {
-      std::vector<int> divisors;
-      for (int d = 1; d <= world; ++d)
-        if (world % d == 0) divisors.push_back(d);
-      throw SpecError("sharding", "hsdp",
-                      fmt::format("hsdp_group_size = {}{} does not divide the world of {} ranks: the shard groups tile "
-                                  "the world (--hsdp-group-size one of {})",
-                                  size, hybrid_group_size_ > 0 ? "" : " (the ranks per node)", world, fmt::join(divisors, ", ")));
-    }
+    const int size = hsdp_shard_group_size(hybrid_group_size_, world, world_->local_world_size());
     const int rank = world_->rank();
     replica_index_ = rank / size;
     if (size == world) return;
