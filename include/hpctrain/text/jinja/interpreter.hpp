@@ -23,6 +23,8 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
 #include <hpctrain/text/jinja/builtins.hpp>
+#include <hpctrain/text/jinja/filters.hpp>
+#include <hpctrain/text/jinja/methods.hpp>
 #include <hpctrain/text/jinja/parser.hpp>
 #include <hpctrain/text/jinja/value.hpp>
 

@@ -17,6 +17,8 @@
 #include <vector>
 
 #include <hpctrain/text/jinja/builtins.hpp>
+#include <hpctrain/text/jinja/filters.hpp>
+#include <hpctrain/text/jinja/methods.hpp>
 #include <hpctrain/text/jinja/lexer.hpp>
 #include <hpctrain/text/jinja/value.hpp>
 
