@@ -22,50 +22,15 @@
 #include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/files.hpp>
+#include <hpctrain/lm/run_tokenizer.hpp>
 #include <hpctrain/lm/setting.hpp>
 #include <hpctrain/models/generation.hpp>
 #include <hpctrain/models/hf_checkpoint.hpp>
 #include <hpctrain/models/hf_export.hpp>
 #include <hpctrain/models/roberta.hpp>
-#include <hpctrain/text/prepare_step.hpp>
-#include <hpctrain/text/tiktoken.hpp>
 #include <hpctrain/train/run_context.hpp>
 
 namespace hpctrain::lm {
-
-/// Where this run's tokenizer files are: the pretrained model's directory, else the preparation's tokens
-/// directory (text::prepare_tokens_step keeps its tokenizer there); nothing when neither exists.
-inline std::optional<std::filesystem::path> tokenizer_directory(const RunContext& run) {
-  if (run.pretrained_dir) return run.pretrained_dir;
-  if (run.prepared_dir && std::filesystem::is_directory(*run.prepared_dir / text::prepared_tokens_subdir))
-    return *run.prepared_dir / text::prepared_tokens_subdir;
-  return std::nullopt;
-}
-
-/// The tokenizer file of `directory`: tokenizer.json, else the first *.tiktoken file (in name order).
-inline std::optional<std::filesystem::path> tokenizer_file_in(const std::filesystem::path& directory) {
-  if (std::filesystem::is_regular_file(directory / "tokenizer.json")) return directory / "tokenizer.json";
-  std::vector<std::filesystem::path> candidates;
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator(directory, error))
-    if (entry.path().extension() == ".tiktoken") candidates.push_back(entry.path());
-  std::sort(candidates.begin(), candidates.end());
-  if (candidates.empty()) return std::nullopt;
-  return candidates.front();
-}
-
-/// The files of a tokenizer directory that an export carries along (tokenizer, its config, chat template).
-inline std::vector<std::filesystem::path> tokenizer_files_in(const std::filesystem::path& directory) {
-  std::vector<std::filesystem::path> files;
-  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                           "generation_config.json"})
-    if (std::filesystem::is_regular_file(directory / name)) files.push_back(directory / name);
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator(directory, error))
-    if (entry.path().extension() == ".tiktoken") files.push_back(entry.path());
-  std::sort(files.begin(), files.end());
-  return files;
-}
 
 namespace detail {
 /// The model of a finish hook as a causal LM; RuntimeError naming `what` for another module.
@@ -75,17 +40,8 @@ inline models::CausalLM& causal_lm(torch::nn::Module& module, std::string_view w
   return *model;
 }
 
-/// The whole of `file`; RuntimeError naming it when it cannot be read.
-inline std::string read_file(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  std::ostringstream content;
-  content << in.rdbuf();
-  if (!in.is_open() || in.bad()) throw RuntimeError(errors::runtime_io, fmt::format("{}: cannot read", file.string()));
-  return content.str();
-}
-
 inline void copy_file_atomically(const std::filesystem::path& from, const std::filesystem::path& to) {
-  hpctrain::detail::write_file_atomically(to, read_file(from));
+  hpctrain::detail::write_file_atomically(to, hpctrain::detail::read_file(from));
 }
 }  // namespace detail
 
@@ -141,16 +97,18 @@ class StagedDirectory {
 /// written. A causal LM is visited unit by unit (never whole on any rank) and written in the export's format. With
 /// LoRA, the adapter as PEFT writes it (adapter_config.json, adapter_model.safetensors; PeftModel.from_pretrained
 /// loads it over the base), then the merged model in `merged/` (what merge_and_unload gives), from the whole model:
-/// LoRA's base weights are frozen, so every rank holds them whole anyway. A masked LM (RoBERTa) is gathered whole
-/// and written in its own dtype, one file (encoders are small).
+/// LoRA's base weights are frozen, so every rank holds them whole anyway. Any other model with a Hugging Face layout
+/// (a masked LM: RoBERTa, BERT) is gathered whole and written in its own dtype, one file (encoders are small).
 inline std::vector<std::string> export_model(const FinishContext& at_end, const std::filesystem::path& out) {
   const bool writes = at_end.run.rank == 0;
-  if (auto* encoder = dynamic_cast<models::RobertaForMaskedLMImpl*>(&at_end.module)) {
+  models::hf_layout(at_end.module, out);  // every rank refuses a model without one, before any gather
+  auto* causal = dynamic_cast<models::CausalLM*>(&at_end.module);
+  if (causal == nullptr) {
     at_end.whole_model();
-    if (writes) models::save_pretrained(*encoder, out);
+    if (writes) models::save_pretrained(at_end.module, out);
     return {"config.json", "model.safetensors"};
   }
-  auto& model = causal_lm(at_end.module, "hf_export");
+  auto& model = *causal;
   const auto format = export_format(at_end.run.knobs, models::stated_dtype(model));
   if (at_end.run.lora) {
     at_end.whole_model();
@@ -205,11 +163,8 @@ HPCTRAIN_RUNTIME_INLINE FinishHook hf_export(std::optional<std::filesystem::path
 HPCTRAIN_RUNTIME_INLINE FinishHook sample_at_end(Setting<std::string> prompt, Setting<std::int64_t> tokens) {
   return [prompt, tokens](const FinishContext& at_end) {
     if (at_end.run.rank != 0) return;
-    const auto directory = tokenizer_directory(at_end.run);
-    const auto file = directory ? tokenizer_file_in(*directory) : std::nullopt;
-    if (!file) throw RuntimeError(errors::runtime_io, "sample_at_end: this run has no tokenizer (neither a pretrained directory nor prepared tokens)");
     auto& model = detail::causal_lm(at_end.module, "sample_at_end");
-    const auto tokenizer = text::load_tokenizer(*file);
+    const auto tokenizer = run_tokenizer(at_end.run, "sample_at_end");
     const auto text = prompt.get(at_end.run.knobs);
     std::vector<std::int64_t> ids;
     for (auto id : tokenizer.encode(text)) ids.push_back(static_cast<std::int64_t>(id));

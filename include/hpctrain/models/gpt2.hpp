@@ -14,6 +14,7 @@
 
 #include <hpctrain/models/activation_checkpoint.hpp>
 #include <hpctrain/models/causal_lm.hpp>
+#include <hpctrain/models/hf_layout.hpp>
 #include <hpctrain/models/initialization.hpp>
 #include <hpctrain/models/lora_layer.hpp>
 #include <hpctrain/models/gpt2_config.hpp>
@@ -98,8 +99,27 @@ class GPT2BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GPT2Block);
 
+namespace detail {
+/// GPT-2's names in a checkpoint: `prefix` is "transformer." (transformers) or "" (OpenAI's original files); the
+/// Conv1D projections are stored transposed.
+inline CheckpointNaming gpt2_naming(const GPT2Config& config, std::string prefix) {
+  return {[prefix](const std::string& ours) -> std::pair<std::string, bool> {
+            if (ours == "lm_head.weight") return {ours, false};
+            const std::string_view name = ours;
+            const bool conv1d = name.ends_with(".weight") && (name.find(".c_attn.") != std::string_view::npos ||
+                                                              name.find(".c_proj.") != std::string_view::npos ||
+                                                              name.find(".c_fc.") != std::string_view::npos);
+            return {prefix + ours, conv1d};
+          },
+          [tied = config.tie_word_embeddings](const std::string& hf) {
+            const std::string_view name = hf;
+            return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") || (tied && hf == "lm_head.weight");
+          }};
+}
+}  // namespace detail
+
 /// GPT-2 with its language-model head: ids [B, T] → logits [B, T, vocab_size].
-class GPT2Impl : public CausalLM {
+class GPT2Impl : public CausalLM, public HuggingFaceLayout {
  public:
   explicit GPT2Impl(GPT2Config config) : config_(std::move(config)) {
     config_.validate();
@@ -151,6 +171,9 @@ class GPT2Impl : public CausalLM {
   std::optional<std::int64_t> max_positions() const override { return config_.n_positions; }
   std::optional<std::int64_t> eos_token_id() const override { return config_.eos_token_id; }
   const GPT2Config& config() const { return config_; }
+  nlohmann::ordered_json hf_config() const override { return config_.to_json(); }
+  CheckpointNaming hf_naming() const override { return detail::gpt2_naming(config_, "transformer."); }
+  std::string hf_stated_dtype() const override { return config_.stated_dtype; }
 
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::Dropout drop{nullptr};
@@ -161,7 +184,7 @@ class GPT2Impl : public CausalLM {
  private:
   void check_sequence(std::int64_t length) const override {
     if (length > config_.n_positions)
-      throw RuntimeError(errors::runtime_generation,
+      throw RuntimeError(errors::runtime_sequence_length,
                          fmt::format("GPT-2 sees at most n_positions = {} tokens; got {}", config_.n_positions, length));
   }
 

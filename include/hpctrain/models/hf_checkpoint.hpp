@@ -29,43 +29,7 @@
 
 namespace hpctrain::models {
 
-/// How one family names its parameters in a Hugging Face checkpoint.
-struct CheckpointNaming {
-  /// The checkpoint's name of our parameter, and whether the stored tensor is its transpose.
-  std::function<std::pair<std::string, bool>(const std::string& ours)> to_hf;
-  /// Tensors a checkpoint may hold that the module does not need (e.g. GPT-2's causal-mask buffers).
-  std::function<bool(const std::string& hf)> ignorable;
-};
-
 namespace detail {
-
-inline bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
-/// GPT-2: `prefix` is "transformer." (transformers) or "" (OpenAI's original files).
-inline CheckpointNaming gpt2_naming(const GPT2Config& config, std::string prefix) {
-  return {[prefix](const std::string& ours) -> std::pair<std::string, bool> {
-            if (ours == "lm_head.weight") return {ours, false};
-            const bool conv1d = ends_with(ours, ".weight") && (ours.find(".c_attn.") != std::string::npos ||
-                                                               ours.find(".c_proj.") != std::string::npos ||
-                                                               ours.find(".c_fc.") != std::string::npos);
-            return {prefix + ours, conv1d};
-          },
-          [tied = config.tie_word_embeddings](const std::string& hf) {
-            return ends_with(hf, ".attn.bias") || ends_with(hf, ".attn.masked_bias") || (tied && hf == "lm_head.weight");
-          }};
-}
-
-inline CheckpointNaming llama_naming(const LlamaConfig& config) {
-  return {[](const std::string& ours) -> std::pair<std::string, bool> {
-            if (ours == "lm_head.weight") return {ours, false};
-            return {"model." + ours, false};
-          },
-          [tied = config.tie_word_embeddings](const std::string& hf) {
-            return ends_with(hf, ".rotary_emb.inv_freq") || (tied && hf == "lm_head.weight");
-          }};
-}
 
 inline std::string shape_text(const std::vector<std::int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
@@ -287,37 +251,34 @@ inline void save_directory(torch::nn::Module& module, const nlohmann::ordered_js
 
 }  // namespace detail
 
-/// Writes `model` as a Hugging Face directory (config.json + model.safetensors, sharded above
-/// `max_shard_bytes`) that transformers' GPT2LMHeadModel.from_pretrained loads. Every file is atomic.
-inline void save_pretrained(GPT2Impl& model, const std::filesystem::path& directory,
-                            std::uint64_t max_shard_bytes = std::numeric_limits<std::uint64_t>::max()) {
-  detail::save_directory(model, model.config().to_json(), detail::gpt2_naming(model.config(), "transformer."), directory, max_shard_bytes);
+/// `model`'s Hugging Face layout; RuntimeError naming `directory` for a model that has none (a family of your own).
+inline const HuggingFaceLayout& hf_layout(const torch::nn::Module& model, const std::filesystem::path& directory = {}) {
+  if (const auto* layout = dynamic_cast<const HuggingFaceLayout*>(&model)) return *layout;
+  throw RuntimeError(errors::runtime_io, fmt::format("{}{}no Hugging Face layout for this model ({}): its family does not implement "
+                                                     "models::HuggingFaceLayout",
+                                                     directory.string(), directory.empty() ? "" : ": ", model.name()));
 }
 
-/// Writes `model` as a Hugging Face directory that LlamaForCausalLM.from_pretrained loads.
-inline void save_pretrained(LlamaImpl& model, const std::filesystem::path& directory,
+/// Writes `model` — any family with a Hugging Face layout: GPT-2, Llama, Qwen2, Mistral, RoBERTa, BERT — as a
+/// Hugging Face directory (config.json + model.safetensors, sharded above `max_shard_bytes`) that transformers'
+/// from_pretrained loads. Every file is atomic; RoBERTa's tied decoder is not written, as transformers saves it.
+inline void save_pretrained(torch::nn::Module& model, const std::filesystem::path& directory,
                             std::uint64_t max_shard_bytes = std::numeric_limits<std::uint64_t>::max()) {
-  detail::save_directory(model, model.config().to_json(), detail::llama_naming(model.config()), directory, max_shard_bytes);
-}
-
-/// Writes any family this file reads (the one `load_pretrained` returned, say) as a Hugging Face directory.
-inline void save_pretrained(CausalLM& model, const std::filesystem::path& directory,
-                            std::uint64_t max_shard_bytes = std::numeric_limits<std::uint64_t>::max()) {
-  if (auto* gpt2 = dynamic_cast<GPT2Impl*>(&model)) return save_pretrained(*gpt2, directory, max_shard_bytes);
-  if (auto* llama = dynamic_cast<LlamaImpl*>(&model)) return save_pretrained(*llama, directory, max_shard_bytes);
-  throw RuntimeError(errors::runtime_io, fmt::format("{}: no Hugging Face export for this model ({})", directory.string(), model.name()));
+  const auto& layout = hf_layout(model, directory);
+  detail::save_directory(model, layout.hf_config(), layout.hf_naming(), directory, max_shard_bytes);
 }
 
 /// How `model`'s family names a parameter in a Hugging Face checkpoint (our name → theirs).
-inline std::function<std::string(const std::string&)> hf_names(CausalLM& model) {
-  CheckpointNaming naming;
-  if (auto* gpt2 = dynamic_cast<GPT2Impl*>(&model)) naming = detail::gpt2_naming(gpt2->config(), "transformer.");
-  else if (auto* llama = dynamic_cast<LlamaImpl*>(&model)) naming = detail::llama_naming(llama->config());
-  else throw RuntimeError(errors::runtime_io, fmt::format("no Hugging Face naming for this model ({})", model.name()));
-  return [naming](const std::string& ours) { return naming.to_hf(ours).first; };
+inline std::function<std::string(const std::string&)> hf_names(const torch::nn::Module& model) {
+  return [naming = hf_layout(model).hf_naming()](const std::string& ours) { return naming.to_hf(ours).first; };
 }
 
 /// Whether the family stores its projections transposed (GPT-2's Conv1D: PEFT's fan_in_fan_out).
-inline bool stores_transposed_projections(CausalLM& model) { return dynamic_cast<GPT2Impl*>(&model) != nullptr; }
+inline bool stores_transposed_projections(const torch::nn::Module& model) {
+  const auto naming = hf_layout(model).hf_naming();
+  for (const auto& item : model.named_parameters(/*recurse=*/true))
+    if (naming.to_hf(item.key()).second) return true;
+  return false;
+}
 
 }  // namespace hpctrain::models

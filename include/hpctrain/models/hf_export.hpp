@@ -23,22 +23,11 @@
 
 namespace hpctrain::models {
 
-namespace detail {
-/// The family's naming and config.json of `model`; RuntimeError naming the directory for a family without export.
-inline std::pair<CheckpointNaming, nlohmann::ordered_json> export_naming(CausalLM& model, const std::filesystem::path& directory) {
-  if (auto* gpt2 = dynamic_cast<GPT2Impl*>(&model)) return {gpt2_naming(gpt2->config(), "transformer."), gpt2->config().to_json()};
-  if (auto* llama = dynamic_cast<LlamaImpl*>(&model)) return {llama_naming(llama->config()), llama->config().to_json()};
-  throw RuntimeError(errors::runtime_io, fmt::format("{}: no Hugging Face export for this model ({})", directory.string(), model.name()));
-}
-}  // namespace detail
-
 /// The dtype the checkpoint `model` was loaded from states (config.json's dtype / torch_dtype), when it states a
-/// floating one: what an export keeps by default.
-inline std::optional<torch::Dtype> stated_dtype(CausalLM& model) {
-  std::string stated;
-  if (auto* gpt2 = dynamic_cast<GPT2Impl*>(&model)) stated = gpt2->config().stated_dtype;
-  if (auto* llama = dynamic_cast<LlamaImpl*>(&model)) stated = llama->config().stated_dtype;
-  return export_dtype_from_name(stated);
+/// floating one: what an export keeps by default. Nothing for a model without a Hugging Face layout.
+inline std::optional<torch::Dtype> stated_dtype(const torch::nn::Module& model) {
+  const auto* layout = dynamic_cast<const HuggingFaceLayout*>(&model);
+  return layout != nullptr ? export_dtype_from_name(layout->hf_stated_dtype()) : std::nullopt;
 }
 
 /// Writes `model` into `directory` as a Hugging Face directory (config.json last, and the weights in `format`): the
@@ -48,9 +37,9 @@ inline std::optional<torch::Dtype> stated_dtype(CausalLM& model) {
 inline std::vector<std::string> save_pretrained_by_units(CausalLM& model, const std::vector<ParameterShape>& order,
                                                          const std::function<void(const UnitVisitor&)>& visit_units,
                                                          const std::filesystem::path& directory, const ExportFormat& format) {
-  auto family = detail::export_naming(model, directory);
-  const auto& naming = family.first;
-  auto& config = family.second;
+  const auto& layout = hf_layout(model, directory);
+  const auto naming = layout.hf_naming();
+  auto config = layout.hf_config();
   std::vector<safetensors::TensorSpec> specs;
   for (const auto& parameter : order) {
     if (is_lora_parameter(parameter.name)) continue;

@@ -17,6 +17,7 @@
 
 #include <hpctrain/models/activation_checkpoint.hpp>
 #include <hpctrain/models/causal_lm.hpp>
+#include <hpctrain/models/hf_layout.hpp>
 #include <hpctrain/models/initialization.hpp>
 #include <hpctrain/models/lora_layer.hpp>
 #include <hpctrain/models/llama_config.hpp>
@@ -161,8 +162,21 @@ class LlamaBlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaBlock);
 
+namespace detail {
+/// Llama's (and Qwen2's, Mistral's) names in a checkpoint: ours under `model.`, the head as it is.
+inline CheckpointNaming llama_naming(const LlamaConfig& config) {
+  return {[](const std::string& ours) -> std::pair<std::string, bool> {
+            if (ours == "lm_head.weight") return {ours, false};
+            return {"model." + ours, false};
+          },
+          [tied = config.tie_word_embeddings](const std::string& hf) {
+            return std::string_view(hf).ends_with(".rotary_emb.inv_freq") || (tied && hf == "lm_head.weight");
+          }};
+}
+}  // namespace detail
+
 /// Llama with its language-model head: ids [B, T] → logits [B, T, vocab_size].
-class LlamaImpl : public CausalLM {
+class LlamaImpl : public CausalLM, public HuggingFaceLayout {
  public:
   explicit LlamaImpl(LlamaConfig config) : config_(std::move(config)) {
     config_.validate();
@@ -207,6 +221,9 @@ class LlamaImpl : public CausalLM {
   std::optional<std::int64_t> max_positions() const override { return std::nullopt; }
   std::optional<std::int64_t> eos_token_id() const override { return config_.eos_token_id; }
   const LlamaConfig& config() const { return config_; }
+  nlohmann::ordered_json hf_config() const override { return config_.to_json(); }
+  CheckpointNaming hf_naming() const override { return detail::llama_naming(config_); }
+  std::string hf_stated_dtype() const override { return config_.stated_dtype; }
 
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
@@ -218,7 +235,7 @@ class LlamaImpl : public CausalLM {
   /// computed as if the window were not there.
   void check_sequence(std::int64_t length) const override {
     if (config_.sliding_window && length > *config_.sliding_window)
-      throw RuntimeError(errors::runtime_generation,
+      throw RuntimeError(errors::runtime_sequence_length,
                          fmt::format("{} with sliding_window = {}: a sequence of {} tokens would need the window, which hpctrain does "
                                      "not implement (train or generate at most {} tokens)",
                                      config_.model_type, *config_.sliding_window, length, *config_.sliding_window));

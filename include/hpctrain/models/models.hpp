@@ -5,11 +5,13 @@
 #include <hpctrain/models/causal_lm.hpp>
 #include <hpctrain/models/deferred_initialization.hpp>
 #include <hpctrain/models/export_format.hpp>
+#include <hpctrain/models/fill_mask.hpp>
 #include <hpctrain/models/generation.hpp>
 #include <hpctrain/models/gpt2.hpp>
 #include <hpctrain/models/gpt2_config.hpp>
 #include <hpctrain/models/hf_checkpoint.hpp>
 #include <hpctrain/models/hf_export.hpp>
+#include <hpctrain/models/hf_layout.hpp>
 #include <hpctrain/models/initialization.hpp>
 #include <hpctrain/models/llama.hpp>
 #include <hpctrain/models/llama_config.hpp>

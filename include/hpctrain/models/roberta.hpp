@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include <hpctrain/models/hf_checkpoint.hpp>
+#include <hpctrain/models/hf_layout.hpp>
 #include <hpctrain/models/initialization.hpp>
 #include <hpctrain/models/roberta_config.hpp>
 
@@ -162,8 +163,28 @@ class RobertaModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RobertaModel);
 
+namespace detail {
+/// Our names are transformers' RobertaForMaskedLM names; BERT's checkpoints say `bert.` and `cls.predictions.`.
+inline CheckpointNaming roberta_naming(const RobertaConfig& config) {
+  const bool bert = config.model_type == "bert";
+  return {[bert](const std::string& ours) -> std::pair<std::string, bool> {
+            if (!bert) return {ours, false};
+            if (ours.rfind("roberta.", 0) == 0) return {"bert." + ours.substr(8), false};
+            if (ours == "lm_head.bias") return {"cls.predictions.bias", false};
+            if (ours.rfind("lm_head.dense.", 0) == 0) return {"cls.predictions.transform.dense." + ours.substr(14), false};
+            if (ours.rfind("lm_head.layer_norm.", 0) == 0) return {"cls.predictions.transform.LayerNorm." + ours.substr(19), false};
+            return {ours, false};
+          },
+          [](const std::string& hf) {  // the tied decoder, position/type id buffers, BERT's pooler
+            const std::string_view name = hf;
+            return name.ends_with("decoder.weight") || name.ends_with("decoder.bias") || name.ends_with("position_ids") ||
+                   name.ends_with("token_type_ids") || name.find(".pooler.") != std::string_view::npos;
+          }};
+}
+}  // namespace detail
+
 /// RoBERTa with its masked-LM head: ids [B, T] (and a padding mask) → logits [B, T, vocab_size].
-class RobertaForMaskedLMImpl : public torch::nn::Module {
+class RobertaForMaskedLMImpl : public torch::nn::Module, public HuggingFaceLayout {
  public:
   explicit RobertaForMaskedLMImpl(RobertaConfig config) : config_(std::move(config)) {
     config_.validate();
@@ -194,6 +215,9 @@ class RobertaForMaskedLMImpl : public torch::nn::Module {
   }
 
   const RobertaConfig& config() const { return config_; }
+  nlohmann::ordered_json hf_config() const override { return config_.to_json(); }
+  CheckpointNaming hf_naming() const override { return detail::roberta_naming(config_); }
+  std::string hf_stated_dtype() const override { return config_.stated_dtype; }
 
   RobertaModel roberta{nullptr};
   torch::nn::Linear head_dense{nullptr};
@@ -203,31 +227,12 @@ class RobertaForMaskedLMImpl : public torch::nn::Module {
  private:
   void check_length(std::int64_t length) const {
     if (length > config_.max_length())
-      throw RuntimeError(errors::runtime_generation, fmt::format("{} sees at most {} tokens (max_position_embeddings = {}); got {}",
+      throw RuntimeError(errors::runtime_sequence_length, fmt::format("{} sees at most {} tokens (max_position_embeddings = {}); got {}",
                                                                  config_.model_type, config_.max_length(), config_.max_position_embeddings, length));
   }
   RobertaConfig config_;
 };
 TORCH_MODULE(RobertaForMaskedLM);
-
-namespace detail {
-/// Our names are transformers' RobertaForMaskedLM names; BERT's checkpoints say `bert.` and `cls.predictions.`.
-inline CheckpointNaming roberta_naming(const RobertaConfig& config) {
-  const bool bert = config.model_type == "bert";
-  return {[bert](const std::string& ours) -> std::pair<std::string, bool> {
-            if (!bert) return {ours, false};
-            if (ours.rfind("roberta.", 0) == 0) return {"bert." + ours.substr(8), false};
-            if (ours == "lm_head.bias") return {"cls.predictions.bias", false};
-            if (ours.rfind("lm_head.dense.", 0) == 0) return {"cls.predictions.transform.dense." + ours.substr(14), false};
-            if (ours.rfind("lm_head.layer_norm.", 0) == 0) return {"cls.predictions.transform.LayerNorm." + ours.substr(19), false};
-            return {ours, false};
-          },
-          [](const std::string& hf) {  // the tied decoder, position/type id buffers, BERT's pooler
-            return ends_with(hf, "decoder.weight") || ends_with(hf, "decoder.bias") || ends_with(hf, "position_ids") ||
-                   ends_with(hf, "token_type_ids") || hf.find(".pooler.") != std::string::npos;
-          }};
-}
-}  // namespace detail
 
 /// Reads `directory/config.json` as a RoBERTa (or BERT) config.
 inline RobertaConfig read_roberta_config(const std::filesystem::path& directory) {
@@ -243,38 +248,6 @@ inline RobertaForMaskedLM load_roberta(const std::filesystem::path& directory, t
   model->to(dtype);
   load_weights(*model, checkpoint, detail::roberta_naming(config), directory);
   return model;
-}
-
-/// Writes `model` as a Hugging Face directory that RobertaForMaskedLM.from_pretrained loads (the decoder tied,
-/// so not written, as transformers saves it).
-inline void save_pretrained(RobertaForMaskedLMImpl& model, const std::filesystem::path& directory,
-                            std::uint64_t max_shard_bytes = std::numeric_limits<std::uint64_t>::max()) {
-  detail::save_directory(model, model.config().to_json(), detail::roberta_naming(model.config()), directory, max_shard_bytes);
-}
-
-/// One candidate for a masked position: the token and its probability.
-struct MaskCandidate {
-  std::int64_t id = 0;
-  double probability = 0;
-};
-
-/// What transformers' `pipeline("fill-mask")` computes: for each position of `ids` ([T], one sequence, special
-/// tokens included) that holds `mask_id`, in order, the `top_k` likeliest tokens with their softmax
-/// probabilities (fp32, eval mode, no gradient).
-inline std::vector<std::vector<MaskCandidate>> fill_mask(RobertaForMaskedLMImpl& model, const std::vector<std::int64_t>& ids,
-                                                        std::int64_t mask_id, std::int64_t top_k = 5) {
-  torch::NoGradGuard no_grad;
-  model.eval();
-  const auto logits = model.forward(torch::tensor(ids, torch::kInt64).unsqueeze(0)).squeeze(0).to(torch::kFloat32);
-  std::vector<std::vector<MaskCandidate>> filled;
-  for (std::size_t position = 0; position < ids.size(); ++position) {
-    if (ids[position] != mask_id) continue;
-    const auto [probabilities, tokens] = logits[static_cast<std::int64_t>(position)].softmax(-1).topk(std::min(top_k, logits.size(-1)));
-    auto& candidates = filled.emplace_back();
-    for (std::int64_t k = 0; k < tokens.size(0); ++k)
-      candidates.push_back({tokens[k].item<std::int64_t>(), probabilities[k].item<double>()});
-  }
-  return filled;
 }
 
 }  // namespace hpctrain::models
