@@ -76,7 +76,7 @@ inline torch::Tensor global_tokens(bool cuda, int world) {
 
 inline torch::Tensor mean_loss(hpctrain::models::GPT2& model, const torch::Tensor& tokens) {
   const auto t = tokens.size(1) - 1;
-  return hpctrain::lm::causal_lm_loss(model->forward(tokens.narrow(1, 0, t)), tokens.narrow(1, 1, t));
+  return hpctrain::lm::token_loss(model->forward(tokens.narrow(1, 0, t)), tokens.narrow(1, 1, t));
 }
 
 /// What a step leaves to compare: averaged gradients (empty when sharded) and the update of every parameter.

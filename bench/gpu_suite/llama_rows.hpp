@@ -119,7 +119,7 @@ inline Measurement train(const std::shared_ptr<hpctrain::dist::ProcessGroup>& gr
     strategy->set_sync(true);
     {
       hpctrain::AutocastScope autocast(precision, device);
-      loss = hpctrain::lm::causal_lm_loss(model->forward(inputs), targets);
+      loss = hpctrain::lm::token_loss(model->forward(inputs), targets);
     }
     loss.backward();
     strategy->finish_gradients();

@@ -37,7 +37,6 @@
 #include <hpctrain/train/evaluation.hpp>
 #include <hpctrain/train/fused_adamw.hpp>
 #include <hpctrain/train/loggers.hpp>
-#include <hpctrain/train/loop.hpp>
 #include <hpctrain/train/metrics.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/preemption.hpp>

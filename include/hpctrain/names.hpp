@@ -27,6 +27,9 @@ inline constexpr const char* run_dir = "HPCTRAIN_RUN_DIR";
 inline constexpr const char* requeue_marker = "HPCTRAIN_REQUEUE_MARKER";
 /// Set (to 1) by `--local`: the ranks come from torchrun's variables, not from Slurm's.
 inline constexpr const char* local = "HPCTRAIN_LOCAL";
+/// The signal Slurm sends before a preemption or the time limit when it is not SIGUSR2 (Job::requeue_signal):
+/// exported by the script, read by the workers' preemption handler (train/preemption.hpp).
+inline constexpr const char* preempt_signal = "HPCTRAIN_PREEMPT_SIGNAL";
 /// A run directory whose newest checkpoint a new run starts from (`--resume DIR`); set by the worker
 /// from its `--resume` argument, read where the run directory is resolved (train/run_directory.hpp).
 inline constexpr const char* resume_from = "HPCTRAIN_RESUME_FROM";

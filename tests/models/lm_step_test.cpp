@@ -140,7 +140,7 @@ std::pair<double, std::vector<torch::Tensor>> model_loss(hm::CausalLM& model, co
   model.zero_grad();
   torch::Tensor loss;
   if (chunk == 0) {
-    loss = lm::causal_lm_loss(layout ? model.forward(inputs, *layout) : model.forward(inputs), targets);
+    loss = lm::token_loss(layout ? model.forward(inputs, *layout) : model.forward(inputs), targets);
   } else {
     const auto [sum, count] = lm::chunked_token_loss_sum(model.hidden_states(inputs, layout), model.head_weight(), targets, chunk);
     loss = sum / count.clamp_min(1);
@@ -221,7 +221,7 @@ TEST_CASE("causal_lm_training's step with --loss-chunk-tokens gives the whole lo
   batch.inputs = tokens.narrow(1, 0, 12);
   batch.targets = tokens.narrow(1, 1, 12);
   hpctrain::ForwardFunction forward = [&](torch::Tensor x) { return model->forward(x); };
-  const hpctrain::LossFunction loss = lm::causal_lm_loss;
+  const hpctrain::LossFunction loss = lm::token_loss;
   auto step_loss = [&](const std::vector<std::string>& args) {
     const auto knobs = defaults.with_arguments(args);
     hpctrain::StepContext context{*model, forward, torch::kCPU, hpctrain::Precision::fp32, 0, 1, 0, 0, 1, loss, knobs};
@@ -274,7 +274,7 @@ TEST_CASE("The --activation-checkpointing knob turns on the model's recomputatio
   auto loss_and_gradient = [&](const std::vector<std::string>& args) {
     for (const auto& hook : training.model_hooks()) hook(*model, defaults.with_arguments(args));
     model->zero_grad();
-    auto loss = lm::causal_lm_loss(model->forward(tokens.narrow(1, 0, 8)), tokens.narrow(1, 1, 8));
+    auto loss = lm::token_loss(model->forward(tokens.narrow(1, 0, 8)), tokens.narrow(1, 1, 8));
     loss.backward();
     return std::make_pair(loss.item<double>(), model->layers->ptr(0)->named_parameters()["mlp.up_proj.weight"].grad().clone());
   };

@@ -25,6 +25,7 @@
 
 namespace hm = hpctrain::models;
 namespace lm = hpctrain::lm;
+namespace text = hpctrain::text;
 
 namespace {
 
@@ -51,12 +52,12 @@ hm::Llama small_llama() {
 }
 
 /// Three examples of different lengths; the first tokens of each are a "prompt" whose loss does not count.
-std::vector<lm::TokenizedExample> three_examples() {
-  std::vector<lm::TokenizedExample> examples;
+std::vector<text::SftExample> three_examples() {
+  std::vector<text::SftExample> examples;
   const std::vector<std::size_t> lengths{9, 5, 13};
   std::int64_t next = 3;
   for (const auto length : lengths) {
-    lm::TokenizedExample example;
+    text::SftExample example;
     for (std::size_t i = 0; i < length; ++i) {
       example.ids.push_back(next);
       next = (next * 31 + 7) % 97;
@@ -115,17 +116,17 @@ TEST_CASE("The causal-LM loss is the mean over the counted targets, in fp32, and
   auto targets = torch::randint(0, 11, {2, 4}, torch::kInt64);
   targets[0][1] = lm::ignore_index;
   targets[1][3] = lm::ignore_index;
-  const auto loss = lm::causal_lm_loss(logits, targets);
+  const auto loss = lm::token_loss(logits, targets);
   CHECK(loss.scalar_type() == torch::kFloat32);
   const auto expected = torch::nn::functional::cross_entropy(
       logits.reshape({-1, 11}).to(torch::kFloat32), targets.reshape({-1}),
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
   CHECK(loss.item<double>() == Approx(expected.item<double>()).epsilon(1e-6));
-  CHECK(lm::causal_lm_loss(logits, torch::full({2, 4}, lm::ignore_index, torch::kInt64)).item<double>() == 0.0);
+  CHECK(lm::token_loss(logits, torch::full({2, 4}, lm::ignore_index, torch::kInt64)).item<double>() == 0.0);
 }
 
 TEST_CASE("An SFT row shifts targets, masks untrained ones and padding, and restarts positions per packed example", "[lm]") {
-  std::vector<lm::TokenizedExample> examples{{{10, 11, 12, 13}, {0, 0, 1, 1}}, {{20, 21, 22}, {0, 1, 1}}};
+  std::vector<text::SftExample> examples{{{10, 11, 12, 13}, {0, 0, 1, 1}}, {{20, 21, 22}, {0, 1, 1}}};
   const lm::SftDataset packed(examples, {{0, 1}}, /*pad_id=*/5);
   const auto batch = packed.batch({0});
   CHECK(batch.inputs.equal(torch::tensor({{10, 11, 12, 20, 21}}, torch::kInt64)));
@@ -157,8 +158,8 @@ TEST_CASE("An SFT row shifts targets, masks untrained ones and padding, and rest
 
 TEST_CASE("The padding an SFT epoch's batches carry is counted on the batches as formed: their longest row, rounded, every rank", "[lm]") {
   // Four examples of 3, 2, 6 and 1 input tokens (ids minus one): 12 tokens.
-  std::vector<lm::TokenizedExample> examples;
-  for (const std::size_t ids : {4, 3, 7, 2}) examples.push_back({std::vector<std::int64_t>(ids, 7), std::vector<std::uint8_t>(ids, 1)});
+  std::vector<text::SftExample> examples;
+  for (const std::size_t ids : {4, 3, 7, 2}) examples.push_back({std::vector<text::TokenId>(ids, 7), std::vector<std::uint8_t>(ids, 1)});
   auto unpacked = lm::SftDataset::unpacked(examples, /*pad_id=*/0);
   // fill() is what batch() makes: the tokens of its rows, and rows × the padded length.
   for (const auto& indices : std::vector<std::vector<std::int64_t>>{{0, 1}, {2, 3}, {1, 3}, {0, 1, 2, 3}}) {

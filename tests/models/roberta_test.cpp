@@ -33,7 +33,7 @@ TEST_CASE("A RobertaForMaskedLM made by transformers gives the same logits on a 
   const auto theirs = hm::safetensors::File(dir / "logits.safetensors").tensor("logits");
   REQUIRE(logits.sizes() == theirs.sizes());
   CHECK((logits - theirs).abs().max().item<double>() < 1e-4);
-  const double loss = hpctrain::lm::causal_lm_loss(logits, labels).item<double>();
+  const double loss = hpctrain::lm::token_loss(logits, labels).item<double>();
   const double expected = nlohmann::json::parse(models_test::read_text(dir / "loss.json"))["loss"].get<double>();
   CHECK(loss == Approx(expected).epsilon(1e-5));
 
@@ -43,7 +43,7 @@ TEST_CASE("A RobertaForMaskedLM made by transformers gives the same logits on a 
     torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
     for (int step = 0; step < 5; ++step) {
       optimizer.zero_grad();
-      hpctrain::lm::causal_lm_loss(model->forward(ids, mask), labels).backward();
+      hpctrain::lm::token_loss(model->forward(ids, mask), labels).backward();
       optimizer.step();
     }
     torch::GradMode::set_enabled(false);

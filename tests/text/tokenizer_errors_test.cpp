@@ -82,7 +82,7 @@ TEST_CASE("A truncated or malformed tokenizer.json names the file and the byte w
   CHECK(load_error([&] { hpctrain::text::load_huggingface_tokenizer(path); }) ==
         fmt::format("[hpctrain.runtime.text.tokenizer] {}: not a tokenizer.json (the top level is not an object)", path.string()));
   CHECK(load_error([&] { hpctrain::text::load_huggingface_tokenizer(dir / "missing.json"); }) ==
-        fmt::format("[hpctrain.runtime.text.tokenizer] {}: cannot open", (dir / "missing.json").string()));
+        fmt::format("[hpctrain.runtime.text.tokenizer] {}: cannot open: No such file or directory", (dir / "missing.json").string()));
   const auto bad_regex = edited_tokenizer(dir, [](nlohmann::json& j) {
     j["pre_tokenizer"] = {{"type", "Sequence"},
                           {"pretokenizers",

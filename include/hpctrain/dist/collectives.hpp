@@ -1,7 +1,7 @@
 #pragma once
 // Blocking collectives over a ProcessGroup. Each is a no-op (or the identity) at world size 1, so a
 // training loop calls them unconditionally. A failed collective marks the group failed (so its
-// destructor does not wait for peers that may be dead) and throws RuntimeError("collective").
+// destructor does not wait for peers that may be dead) and throws RuntimeError(errors::runtime_collective).
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -26,7 +26,7 @@ inline void wait_for(ProcessGroup& group, const c10::intrusive_ptr<c10d::Work>& 
     work->wait(group.timeout());
   } catch (const std::exception& e) {
     group.mark_failed();
-    throw RuntimeError("collective", fmt::format("rank {} of {}: {} failed ({}): {}", group.rank(), group.world_size(),
+    throw RuntimeError(errors::runtime_collective, fmt::format("rank {} of {}: {} failed ({}): {}", group.rank(), group.world_size(),
                                                  operation, group.describe_timeout(), e.what()));
   }
 }
@@ -38,7 +38,7 @@ c10::intrusive_ptr<c10d::Work> start(ProcessGroup& group, std::string_view opera
     return start_operation();
   } catch (const std::exception& e) {
     group.mark_failed();
-    throw RuntimeError("collective", fmt::format("rank {} of {}: {} failed: {}", group.rank(), group.world_size(),
+    throw RuntimeError(errors::runtime_collective, fmt::format("rank {} of {}: {} failed: {}", group.rank(), group.world_size(),
                                                  operation, e.what()));
   }
 }

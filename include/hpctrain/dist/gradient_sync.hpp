@@ -100,7 +100,7 @@ class BucketLaunchOrder {
   template <class Launch>
   void arrive(std::size_t p, const std::string& name, std::string_view finish_call, Launch&& launch, bool launch_complete = true) {
     if (arrived_[p]) {
-      throw RuntimeError("gradient_sync", fmt::format("parameter '{}' received a gradient twice before {}; call it "
+      throw RuntimeError(errors::runtime_gradient_sync, fmt::format("parameter '{}' received a gradient twice before {}; call it "
                                                       "after every synchronised backward", name, finish_call));
     }
     arrived_[p] = true;

@@ -70,7 +70,7 @@ enum class WaitKind { collective, checkpoint };
 /// One rank's membership in the job: the TCPStore and the c10d backend (Gloo or NCCL).
 class ProcessGroup {
  public:
-  /// Rendezvouses with the other ranks of `world` and builds the backend; throws RuntimeError("rendezvous").
+  /// Rendezvouses with the other ranks of `world` and builds the backend; throws RuntimeError(errors::runtime_rendezvous).
   ProcessGroup(const slurm::World& world, const Options& options);
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
@@ -83,7 +83,7 @@ class ProcessGroup {
   /// it with the same `ranks` and `tag`, and every rank makes its subgroups in the same order (the n-th call of
   /// every rank shares a key space; `tag` names the group within it, e.g. "shard/1"). A subgroup of one rank has
   /// no backend. Same device, timeout and failure flag as this group (a failed collective in either marks both).
-  /// Throws RuntimeError("rendezvous") when the backend cannot connect, SpecError `[hpctrain.spec.sharding]` for
+  /// Throws RuntimeError(errors::runtime_rendezvous) when the backend cannot connect, SpecError `[hpctrain.spec.sharding]` for
   /// a list of ranks that is not ascending, lies outside this group or leaves this rank out.
   std::shared_ptr<ProcessGroup> subgroup(const std::vector<int>& ranks, const std::string& tag);
 
@@ -203,7 +203,7 @@ inline std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices(cons
     try {
       devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(interface));
     } catch (const std::exception& e) {
-      throw RuntimeError("gloo", fmt::format("rank {}: GLOO_SOCKET_IFNAME names interface '{}' that Gloo cannot use: {}",
+      throw RuntimeError(errors::runtime_gloo, fmt::format("rank {}: GLOO_SOCKET_IFNAME names interface '{}' that Gloo cannot use: {}",
                                              world.rank, interface, e.what()));
     }
   }
@@ -213,7 +213,7 @@ inline std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices(cons
   try {
     devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
   } catch (const std::exception& e) {
-    throw RuntimeError("gloo", fmt::format("rank {}: host '{}' does not resolve to an address Gloo can bind "
+    throw RuntimeError(errors::runtime_gloo, fmt::format("rank {}: host '{}' does not resolve to an address Gloo can bind "
                                            "(set GLOO_SOCKET_IFNAME to the interface to use): {}",
                                            world.rank, host, e.what()));
   }
@@ -227,12 +227,12 @@ inline int cuda_device_index(const slurm::World& world) {
 
 inline void check_world(const slurm::World& world) {
   if (world.world_size < 1 || world.rank < 0 || world.rank >= world.world_size)
-    throw RuntimeError("rendezvous", fmt::format("rank {} is outside world size {}", world.rank, world.world_size));
+    throw RuntimeError(errors::runtime_rendezvous, fmt::format("rank {} is outside world size {}", world.rank, world.world_size));
   if (world.world_size > 1 && world.master_addr.empty())
-    throw RuntimeError("rendezvous", fmt::format("rank {} of {}: no master address (MASTER_ADDR is empty)",
+    throw RuntimeError(errors::runtime_rendezvous, fmt::format("rank {} of {}: no master address (MASTER_ADDR is empty)",
                                                  world.rank, world.world_size));
   if (world.world_size > 1 && (world.master_port < 1 || world.master_port > 65535))
-    throw RuntimeError("rendezvous", fmt::format("rank {} of {}: master port {} is outside 1..65535",
+    throw RuntimeError(errors::runtime_rendezvous, fmt::format("rank {} of {}: master port {} is outside 1..65535",
                                                  world.rank, world.world_size, world.master_port));
 }
 
@@ -312,7 +312,7 @@ inline ProcessGroup::ProcessGroup(const slurm::World& world, const Options& opti
   // The limit's name, for the messages: which knob to turn.
   const std::string which = "the rendezvous timeout: HPCTRAIN_RENDEZVOUS_TIMEOUT_S, site file rendezvous_timeout_s";
   if (rank_ != 0 && !detail::wait_until_listening(world.master_addr, world.master_port, rendezvous)) {
-    throw RuntimeError("rendezvous", fmt::format("rank {} of {} could not rendezvous at {}:{} within {} ms ({}): nothing "
+    throw RuntimeError(errors::runtime_rendezvous, fmt::format("rank {} of {} could not rendezvous at {}:{} within {} ms ({}): nothing "
                                                  "accepted a connection there (is rank 0 running?)",
                                                  rank_, world_size_, world.master_addr, world.master_port,
                                                  rendezvous.count(), which));
@@ -320,7 +320,7 @@ inline ProcessGroup::ProcessGroup(const slurm::World& world, const Options& opti
   try {
     store_ = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_options);
   } catch (const std::exception& e) {
-    throw RuntimeError("rendezvous", fmt::format("rank {} of {} could not rendezvous at {}:{} within {} ms ({}): {}", rank_,
+    throw RuntimeError(errors::runtime_rendezvous, fmt::format("rank {} of {} could not rendezvous at {}:{} within {} ms ({}): {}", rank_,
                                                  world_size_, world.master_addr, world.master_port,
                                                  rendezvous.count(), which, e.what()));
   }
@@ -335,7 +335,7 @@ inline ProcessGroup::ProcessGroup(const slurm::World& world, const Options& opti
   } catch (const RuntimeError&) {
     throw;
   } catch (const std::exception& e) {
-    throw RuntimeError("rendezvous", fmt::format("rank {} of {} could not connect its backend through {}:{}: {}", rank_,
+    throw RuntimeError(errors::runtime_rendezvous, fmt::format("rank {} of {} could not connect its backend through {}:{}: {}", rank_,
                                                  world_size_, world.master_addr, world.master_port, e.what()));
   }
 }
@@ -391,7 +391,7 @@ inline std::shared_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<in
   try {
     group->connect(c10::make_intrusive<c10d::PrefixStore>(group->key_space_ + "/backend", store_));
   } catch (const std::exception& e) {
-    throw RuntimeError("rendezvous", fmt::format("rank {} of {} could not connect subgroup '{}' (ranks {}): {}", rank_,
+    throw RuntimeError(errors::runtime_rendezvous, fmt::format("rank {} of {} could not connect subgroup '{}' (ranks {}): {}", rank_,
                                                  world_size_, tag, fmt::join(ranks, ", "), e.what()));
   }
   return group;

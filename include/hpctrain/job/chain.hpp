@@ -80,10 +80,9 @@ inline std::vector<SubmittedJob> submit_chain(const Job& job, const RenderContex
 /// RuntimeError `[hpctrain.runtime.job_record]` for a damaged file.
 inline std::optional<std::vector<ChainStage>> read_chain(const SubmittedJob& job) {
   const auto path = job.directory / chain_record_file;
-  std::ifstream file(path);
-  if (!file) return std::nullopt;
-  const std::string text{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
-  const auto record = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const auto text = hpctrain::detail::read_file_if_present(path, errors::runtime_job_record);
+  if (!text) return std::nullopt;
+  const auto record = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   const auto damaged = [&] {
     return RuntimeError(errors::runtime_job_record, fmt::format("{}: not a chain record (edited or truncated?)", path.string()));
   };

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -80,6 +81,32 @@ void commit_written_file(std::FILE*& file, const std::filesystem::path& temporar
 /// Writes `content` to `path` atomically and durably (see above).
 inline void write_file_atomically(const std::filesystem::path& path, std::string_view content, std::string_view what = "io") {
   write_file_atomically(path, {content}, what);
+}
+
+/// The whole of `file`, or nothing when it does not exist. RuntimeError `what` naming the file and the reason
+/// (permission, a directory, an I/O error) when it exists but cannot be read. The one place hpctrain reads a
+/// whole file.
+inline std::optional<std::string> read_file_if_present(const std::filesystem::path& file, ErrorId what = errors::runtime_io) {
+  std::FILE* stream = std::fopen(file.c_str(), "rb");
+  if (stream == nullptr) {
+    if (errno == ENOENT) return std::nullopt;
+    throw RuntimeError(what, fmt::format("{}: cannot open: {}", file.string(), std::strerror(errno)));
+  }
+  std::string content;
+  char buffer[1 << 16];
+  std::size_t got = 0;
+  while ((got = std::fread(buffer, 1, sizeof buffer, stream)) > 0) content.append(buffer, got);
+  const int error_number = std::ferror(stream) ? (errno != 0 ? errno : EIO) : 0;
+  std::fclose(stream);
+  if (error_number != 0) throw RuntimeError(what, fmt::format("{}: cannot read: {}", file.string(), std::strerror(error_number)));
+  return content;
+}
+
+/// The whole of `file`; RuntimeError `what` naming the file and the reason when it is missing or unreadable.
+inline std::string read_file(const std::filesystem::path& file, ErrorId what = errors::runtime_io) {
+  auto content = read_file_if_present(file, what);
+  if (!content) throw RuntimeError(what, fmt::format("{}: cannot open: {}", file.string(), std::strerror(ENOENT)));
+  return std::move(*content);
 }
 
 /// Removes a directory tree; missing is fine. Not std::filesystem::remove_all: the torch wheel's libtorch

@@ -27,6 +27,7 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
 #include <hpctrain/job/fabric.hpp>
+#include <hpctrain/job/files.hpp>
 #include <hpctrain/names.hpp>
 
 namespace hpctrain {
@@ -200,10 +201,7 @@ inline std::optional<NcclNetworkCheck> capture_nccl_network_log(int rank, bool s
 /// RuntimeError `[hpctrain.runtime.fabric]` when it fell back to sockets and HPCTRAIN_ALLOW_SOCKET_FALLBACK is not
 /// 1; returns the line to print otherwise (a warning when the log says nothing).
 inline std::string check_nccl_network(const NcclNetworkCheck& check) {
-  std::ifstream file(check.log);
-  std::stringstream text;
-  text << file.rdbuf();
-  const auto network = nccl_network_from_log(text.str());
+  const auto network = nccl_network_from_log(hpctrain::detail::read_file_if_present(check.log).value_or(""));
   if (!network)
     return fmt::format("hpctrain: warning: cannot tell which network NCCL chose: {} holds no \"Using network\" line "
                        "(the site's fabric is {}; --check-fabric measures it)",

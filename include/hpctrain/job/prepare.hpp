@@ -62,9 +62,9 @@ inline PrepareContext prepare_context_from_environment(std::vector<std::string> 
   } catch (const std::exception&) {
     context.restart_count = 0;
   }
-  const auto run_dir = detail::env_or("HPCTRAIN_RUN_DIR", "");
+  const auto run_dir = detail::env_or(env::run_dir, "");
   if (run_dir.empty())
-    throw RuntimeError("prepare", "HPCTRAIN_RUN_DIR is not set: the preparation step runs from the generated script");
+    throw RuntimeError(errors::runtime_prepare, "HPCTRAIN_RUN_DIR is not set: the preparation step runs from the generated script");
   context.run_dir = run_dir;
   context.output_dir = context.run_dir / layout::prepare_output;
   context.args = std::move(args);
@@ -84,7 +84,7 @@ inline std::optional<std::filesystem::path> prepared_output_dir() {
 /// and maps failures to exit codes (a SpecError or UsageError: 2, anything else: 1) with the message on stderr.
 inline int run_preparation(const PrepareFunction& prepare, const PrepareContext& context) {
   try {
-    if (!prepare) throw RuntimeError("prepare", "the script asked for a preparation step but the job registers none");
+    if (!prepare) throw RuntimeError(errors::runtime_prepare, "the script asked for a preparation step but the job registers none");
     std::filesystem::create_directories(context.output_dir);
     prepare(context);
     return exit_ok;

@@ -231,10 +231,9 @@ inline SubmittedJob last_submitted(const Job& job, const RenderContext& context)
     throw RuntimeError(errors::runtime_no_job, fmt::format("no job submitted yet from here ({} has none); use --submit",
                                              root.string()));
   const auto path = root / id / layout::job_record;
-  std::ifstream file(path);
-  if (!file) throw RuntimeError(errors::runtime_no_job, fmt::format("the record {} is missing", path.string()));
-  const std::string text{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
-  return detail::parse_job_record(text, path);
+  const auto text = hpctrain::detail::read_file_if_present(path, errors::runtime_job_record);
+  if (!text) throw RuntimeError(errors::runtime_no_job, fmt::format("the record {} is missing", path.string()));
+  return detail::parse_job_record(*text, path);
 }
 
 namespace detail {

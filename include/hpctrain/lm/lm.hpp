@@ -71,7 +71,7 @@ HPCTRAIN_RUNTIME_INLINE Training masked_lm_training();
 #if HPCTRAIN_RUNTIME_DEFINITIONS
 HPCTRAIN_RUNTIME_INLINE Training causal_lm_training() {
   return Training()
-      .loss(causal_lm_loss).step(chunked_causal_lm_step).eval_step(token_eval_step).metric(metrics::perplexity)
+      .loss(token_loss).step(chunked_causal_lm_step).eval_step(token_eval_step).metric(metrics::perplexity)
       .memory_plan(plan_memory_of_run)
       .knob<bool>("activation_checkpointing", false,
                   "recompute each transformer block in backward instead of keeping its activations (less memory, more compute)")
@@ -88,7 +88,7 @@ HPCTRAIN_RUNTIME_INLINE Training causal_lm_training() {
 }
 
 HPCTRAIN_RUNTIME_INLINE Training masked_lm_training() {
-  return Training().loss(causal_lm_loss).step(causal_lm_step).eval_step(token_eval_step).metric(masked_accuracy);
+  return Training().loss(token_loss).step(token_loss_step).eval_step(token_eval_step).metric(masked_accuracy);
 }
 #endif  // HPCTRAIN_RUNTIME_DEFINITIONS
 

@@ -30,14 +30,14 @@ inline std::pair<torch::Tensor, torch::Tensor> token_loss_sum(const torch::Tenso
 
 /// The mean cross entropy per counted target token of `logits` [B, T, V] against `targets` [B, T] (fp32; 0
 /// when no target counts, rather than NaN).
-inline torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+inline torch::Tensor token_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
   const auto [sum, count] = token_loss_sum(logits, targets);
   return sum / count.clamp_min(1);
 }
 
 /// The logits of a language-model batch: packed rows (fields "position_ids" and "document_ids") through the
 /// model's packed forward, others through its plain one.
-inline torch::Tensor causal_lm_logits(StepContext& context, const data::Batch& batch) {
+inline torch::Tensor batch_logits(StepContext& context, const data::Batch& batch) {
   if (!batch.has("document_ids")) return context.forward(batch.inputs);
   auto* model = dynamic_cast<models::CausalLM*>(&context.module);
   TORCH_CHECK(model != nullptr, "a packed batch needs a models::CausalLM (GPT-2, Llama, ...); the model is ", context.module.name());
@@ -46,19 +46,19 @@ inline torch::Tensor causal_lm_logits(StepContext& context, const data::Batch& b
 
 /// The step: the mean loss over the micro-batch's counted targets (each rank its own; the strategy averages
 /// the gradients over ranks, as TRL's per-device mean does).
-inline torch::Tensor causal_lm_step(StepContext& context, const data::Batch& batch) {
-  return causal_lm_loss(causal_lm_logits(context, batch), batch.targets);
+inline torch::Tensor token_loss_step(StepContext& context, const data::Batch& batch) {
+  return token_loss(batch_logits(context, batch), batch.targets);
 }
 
 /// The knob of causal_lm_training that applies the head and the loss a chunk of tokens at a time.
 inline constexpr const char* loss_chunk_knob = "loss_chunk_tokens";
 
-/// The step of causal_lm_training: causal_lm_step, or with `--loss-chunk-tokens N` (N > 0) the model's hidden
+/// The step of causal_lm_training: token_loss_step, or with `--loss-chunk-tokens N` (N > 0) the model's hidden
 /// states through the head and the loss N tokens at a time (lm/chunked_loss.hpp): the same loss and gradients
 /// without the whole tokens × vocabulary logits in memory.
 inline torch::Tensor chunked_causal_lm_step(StepContext& context, const data::Batch& batch) {
   const auto chunk = context.knobs.get<std::int64_t>(loss_chunk_knob);
-  if (chunk == 0) return causal_lm_step(context, batch);
+  if (chunk == 0) return token_loss_step(context, batch);
   auto* model = dynamic_cast<models::CausalLM*>(&context.module);
   TORCH_CHECK(model != nullptr, "--loss-chunk-tokens needs a models::CausalLM (GPT-2, Llama, ...); the model is ", context.module.name());
   std::optional<models::TokenLayout> layout;
@@ -76,7 +76,7 @@ inline torch::Tensor chunked_causal_lm_step(StepContext& context, const data::Ba
 /// The evaluation: the batch's mean loss weighted by its counted targets, so the run's val_loss is the mean
 /// over every counted token.
 inline EvalOutput token_eval_step(StepContext& context, const data::Batch& batch) {
-  auto logits = causal_lm_logits(context, batch);
+  auto logits = batch_logits(context, batch);
   const auto [sum, count] = token_loss_sum(logits, batch.targets);
   return {sum / count.clamp_min(1), std::move(logits), count.to(torch::kFloat64)};
 }

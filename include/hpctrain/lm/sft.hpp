@@ -28,7 +28,7 @@
 
 #include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/error.hpp>
-#include <hpctrain/lm/at_end.hpp>
+#include <hpctrain/lm/run_tokenizer.hpp>
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/lm/setting.hpp>
 #include <hpctrain/lm/sft_dataset.hpp>
@@ -100,7 +100,7 @@ class SftJsonl {
  private:
   /// The examples this source keeps, and what happened to the others.
   struct Kept {
-    std::vector<TokenizedExample> examples;
+    std::vector<text::SftExample> examples;
     std::int64_t seen = 0, truncated = 0, dropped = 0, empty = 0;
     void add(text::SftCutExample cut) {
       ++seen;
@@ -108,7 +108,7 @@ class SftJsonl {
       dropped += (cut.flags & text::sft_dropped) != 0;
       empty += (cut.flags & text::sft_untrained) != 0;
       if ((cut.flags & (text::sft_dropped | text::sft_untrained)) != 0) return;
-      examples.push_back({std::vector<std::int64_t>(cut.ids.begin(), cut.ids.end()), std::move(cut.trained)});
+      examples.push_back({std::move(cut.ids), std::move(cut.trained)});
     }
   };
 
@@ -163,7 +163,7 @@ class SftJsonl {
   }
 
   /// Rows of at most `capacity` input tokens, filled best-fit-decreasing.
-  static std::shared_ptr<SftDataset> pack(std::vector<TokenizedExample> examples, std::int64_t capacity, std::int64_t pad) {
+  static std::shared_ptr<SftDataset> pack(std::vector<text::SftExample> examples, std::int64_t capacity, std::int64_t pad) {
     std::vector<std::size_t> lengths;
     for (const auto& example : examples) lengths.push_back(example.ids.size() - 1);
     auto rows = text::pack_best_fit_decreasing(lengths, static_cast<std::size_t>(capacity));

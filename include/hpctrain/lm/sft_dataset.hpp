@@ -12,23 +12,18 @@
 #include <torch/torch.h>
 
 #include <hpctrain/lm/loss.hpp>
+#include <hpctrain/text/sft_example.hpp>
 #include <hpctrain/train/data/source.hpp>
 
 namespace hpctrain::lm {
 
-/// One tokenized example: ids, and per id whether its loss counts (the target role of the id).
-struct TokenizedExample {
-  std::vector<std::int64_t> ids;
-  std::vector<std::uint8_t> trained;
-};
-
 /// Tokenized examples as a dataset: one example per item, or (packed) one row of several examples per item.
 class SftDataset : public data::Dataset {
  public:
-  SftDataset(std::vector<TokenizedExample> examples, std::vector<std::vector<std::size_t>> rows, std::int64_t pad_id)
+  SftDataset(std::vector<text::SftExample> examples, std::vector<std::vector<std::size_t>> rows, std::int64_t pad_id)
       : examples_(std::move(examples)), rows_(std::move(rows)), pad_id_(pad_id) {}
   /// Every example alone in its row.
-  static std::shared_ptr<SftDataset> unpacked(std::vector<TokenizedExample> examples, std::int64_t pad_id) {
+  static std::shared_ptr<SftDataset> unpacked(std::vector<text::SftExample> examples, std::int64_t pad_id) {
     std::vector<std::vector<std::size_t>> rows(examples.size());
     for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = {i};
     return std::make_shared<SftDataset>(std::move(examples), std::move(rows), pad_id);
@@ -96,7 +91,7 @@ class SftDataset : public data::Dataset {
     return tokens;
   }
 
-  std::vector<TokenizedExample> examples_;
+  std::vector<text::SftExample> examples_;
   std::vector<std::vector<std::size_t>> rows_;
   std::int64_t pad_id_;
   std::int64_t multiple_ = 1, limit_ = 0;

@@ -16,16 +16,14 @@
 #include <nlohmann/json.hpp>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/files.hpp>
 
 namespace hpctrain::models::detail {
 
 /// Reads `path` as a JSON object; RuntimeError `hpctrain.runtime.model_config` naming the file otherwise.
 inline nlohmann::json read_json_file(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) throw RuntimeError(errors::runtime_model_config, fmt::format("{}: cannot open", path.string()));
-  std::stringstream text;
-  text << in.rdbuf();
-  auto json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  auto json = nlohmann::json::parse(hpctrain::detail::read_file(path, errors::runtime_model_config), nullptr,
+                                    /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) throw RuntimeError(errors::runtime_model_config, fmt::format("{}: not a JSON object", path.string()));
   return json;
 }

@@ -63,7 +63,6 @@ inline std::int64_t apply_lora(torch::nn::Module& model, const LoraConfig& confi
   config.validate();
   for (auto& parameter : model.parameters()) parameter.set_requires_grad(false);
   std::int64_t count = 0;
-  std::set<std::string> matched;
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     auto* linear = item.value()->as<torch::nn::Linear>();
     if (linear == nullptr || !is_lora_target(item.key(), config)) continue;
@@ -80,9 +79,8 @@ inline std::int64_t apply_lora(torch::nn::Module& model, const LoraConfig& confi
     b->to(options.device(), options.dtype().toScalarType());
     linear->register_module("lora_A", a);
     linear->register_module("lora_B", b);
-    linear->register_module("lora_dropout", LoraScale(config.dropout, config.scaling()));
+    linear->register_module(detail::lora_scale_child, LoraScale(config.dropout, config.scaling()));
     count += a->weight.numel() + b->weight.numel();
-    matched.insert(item.key().substr(item.key().rfind('.') + 1));
   }
   if (count == 0)
     throw SpecError("lora.targets", fmt::format("[{}]", fmt::join(config.targets, ", ")), "no linear layer of the model has such a name");
@@ -98,11 +96,11 @@ inline void merge_lora(torch::nn::Module& model) {
     if (linear == nullptr || !detail::child(*linear, "lora_A")) continue;
     auto a = std::dynamic_pointer_cast<torch::nn::LinearImpl>(detail::child(*linear, "lora_A"));
     auto b = std::dynamic_pointer_cast<torch::nn::LinearImpl>(detail::child(*linear, "lora_B"));
-    auto scale = std::dynamic_pointer_cast<LoraScaleImpl>(detail::child(*linear, "lora_dropout"));
+    auto scale = std::dynamic_pointer_cast<LoraScaleImpl>(detail::child(*linear, detail::lora_scale_child));
     linear->weight.add_(torch::matmul(b->weight, a->weight).to(linear->weight.dtype()) * scale->scaling());
     linear->unregister_module("lora_A");
     linear->unregister_module("lora_B");
-    linear->unregister_module("lora_dropout");
+    linear->unregister_module(detail::lora_scale_child);
   }
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // A linear layer's LoRA adapter at run time (models/lora.hpp adds, saves, loads and merges them): the
 // families call their projections through `linear(layer, x)`, which adds `s · B(A(dropout(x)))` when the layer
-// carries the children lora_A, lora_B and lora_dropout, and is `layer(x)` otherwise.
+// carries the children lora_A, lora_B and lora_scale, and is `layer(x)` otherwise.
 #include <memory>
 #include <string>
 
@@ -9,7 +9,8 @@
 
 namespace hpctrain::models {
 
-/// The adapter's dropout and scale: a child `lora_dropout` of the adapted layer (no parameters).
+/// The adapter's dropout and scale: a child `lora_scale` of the adapted layer (no parameters; PEFT's `lora_dropout`
+/// module and its `scaling` attribute in one).
 class LoraScaleImpl : public torch::nn::Module {
  public:
   LoraScaleImpl(double dropout, double scaling) : dropout_(dropout), scaling_(scaling) {}
@@ -22,6 +23,9 @@ class LoraScaleImpl : public torch::nn::Module {
 TORCH_MODULE(LoraScale);
 
 namespace detail {
+/// The name of the adapter's LoraScale child.
+inline constexpr const char* lora_scale_child = "lora_scale";
+
 /// The child `name` of `module`, or nullptr.
 inline std::shared_ptr<torch::nn::Module> child(const torch::nn::Module& module, const std::string& name) {
   for (const auto& item : module.named_children())
@@ -40,7 +44,7 @@ inline torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) {
   if (layer->named_children().is_empty()) return y;
   auto a = std::dynamic_pointer_cast<torch::nn::LinearImpl>(detail::child(*layer, "lora_A"));
   auto b = std::dynamic_pointer_cast<torch::nn::LinearImpl>(detail::child(*layer, "lora_B"));
-  auto scale = std::dynamic_pointer_cast<LoraScaleImpl>(detail::child(*layer, "lora_dropout"));
+  auto scale = std::dynamic_pointer_cast<LoraScaleImpl>(detail::child(*layer, detail::lora_scale_child));
   if (!a || !b || !scale) return y;
   return y + b->forward(a->forward(scale->input(x))) * scale->scaling();
 }

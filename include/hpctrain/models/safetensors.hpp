@@ -220,10 +220,7 @@ class Checkpoint {
 
  private:
   void open_shards(const std::filesystem::path& directory, const std::filesystem::path& index) {
-    std::ifstream in(index);
-    std::stringstream text;
-    text << in.rdbuf();
-    auto json = nlohmann::json::parse(text.str(), nullptr, false);
+    auto json = nlohmann::json::parse(hpctrain::detail::read_file(index, errors::runtime_safetensors), nullptr, false);
     if (json.is_discarded() || !json.is_object() || !json.contains("weight_map") || !json["weight_map"].is_object())
       throw format_error(index.string(), "", "not a JSON object with a \"weight_map\" object");
     std::map<std::string, std::size_t> shard_number;

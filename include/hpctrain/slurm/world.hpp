@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/names.hpp>
 #include <hpctrain/slurm/environment.hpp>
 
 namespace hpctrain::slurm {
@@ -129,7 +130,7 @@ inline World world_from_slurm_variables(const EnvironmentLookup& lookup) {
 /// when HPCTRAIN_LOCAL or RANK is set; else srun's SLURM_* when SLURM_PROCID is set; else a world of one.
 /// MASTER_ADDR / MASTER_PORT override the derived address and port. Throws RuntimeError `[hpctrain.runtime.slurm_env]`.
 inline World world_from_environment(const EnvironmentLookup& lookup = process_environment) {
-  if (lookup("HPCTRAIN_LOCAL") || lookup("RANK")) return detail::world_from_torchrun_variables(lookup);
+  if (lookup(env::local) || lookup("RANK")) return detail::world_from_torchrun_variables(lookup);
   if (in_slurm_step(lookup)) return detail::world_from_slurm_variables(lookup);
   World world;
   world.job_id = "local";

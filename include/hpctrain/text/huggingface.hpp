@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/files.hpp>
 #include <hpctrain/text/patterns.hpp>
 #include <hpctrain/text/tokenizer.hpp>
 
@@ -22,16 +23,8 @@ namespace detail {
 
 /// `[hpctrain.runtime.text.tokenizer] <file>: <where>: <reason>`
 [[noreturn]] inline void bad_tokenizer(const std::filesystem::path& file, std::string_view where, std::string_view reason) {
-  throw RuntimeError("text.tokenizer", where.empty() ? fmt::format("{}: {}", file.string(), reason)
+  throw RuntimeError(errors::runtime_text_tokenizer, where.empty() ? fmt::format("{}: {}", file.string(), reason)
                                                      : fmt::format("{}: {}: {}", file.string(), where, reason));
-}
-
-inline std::string read_whole_file(const std::filesystem::path& file, std::string_view what) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw RuntimeError(what, fmt::format("{}: cannot open", file.string()));
-  std::ostringstream content;
-  content << in.rdbuf();
-  return std::move(content).str();
 }
 
 /// A byte-level vocabulary entry ("Ġthe") → the bytes it stands for (" the"). Like HF's ByteLevel decoder,
@@ -206,7 +199,7 @@ inline void read_added_tokens(const std::filesystem::path& file, const nlohmann:
 /// Loads a Hugging Face tokenizer.json (byte-level BPE). Throws `[hpctrain.runtime.text.tokenizer]` naming
 /// the file, the JSON path and the reason for a malformed file or one hpctrain would not encode as HF does.
 inline Tokenizer load_huggingface_tokenizer(const std::filesystem::path& file) {
-  const std::string content = detail::read_whole_file(file, "text.tokenizer");
+  const std::string content = hpctrain::detail::read_file(file, errors::runtime_text_tokenizer);
   nlohmann::json root;
   try {
     root = nlohmann::json::parse(content);

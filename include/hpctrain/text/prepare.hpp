@@ -171,12 +171,12 @@ class DocumentReader {
     current_ = inputs_[next_input_++];
     stream_.clear();
     stream_.open(current_, std::ios::binary);
-    if (!stream_) throw RuntimeError("text.prepare", fmt::format("{}: cannot open", current_.string()));
+    if (!stream_) throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: cannot open", current_.string()));
     return true;
   }
 
   void end_of_file(Chunk& chunk) {
-    if (stream_.bad()) throw RuntimeError("text.prepare", fmt::format("{}: read error", current_.string()));
+    if (stream_.bad()) throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: read error", current_.string()));
     finish_document(chunk);
     stream_.close();
   }
@@ -217,7 +217,7 @@ class TokenFileWriter {
   TokenFileWriter(std::filesystem::path path, TokenFileHeader header) : path_(std::move(path)), header_(header) {
     temporary_ = path_.parent_path() / fmt::format(".{}.tmp.{}", path_.filename().string(), ::getpid());
     file_ = std::fopen(temporary_.c_str(), "wb");
-    if (file_ == nullptr) throw RuntimeError("text.prepare", fmt::format("cannot write {}", temporary_.string()));
+    if (file_ == nullptr) throw RuntimeError(errors::runtime_text_prepare, fmt::format("cannot write {}", temporary_.string()));
     std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);
     write_header();
   }
@@ -250,7 +250,7 @@ class TokenFileWriter {
  private:
   void write(const void* data, std::size_t bytes) {
     if (std::fwrite(data, 1, bytes, file_) != bytes)
-      throw RuntimeError("text.prepare", fmt::format("cannot write {} (disk full?)", temporary_.string()));
+      throw RuntimeError(errors::runtime_text_prepare, fmt::format("cannot write {} (disk full?)", temporary_.string()));
   }
   void write_header() {
     const auto bytes = encode_token_file_header(header_);
@@ -349,11 +349,11 @@ class ChunkEncoders {
 inline TokenId end_of_text_id(const Tokenizer& tokenizer, const std::string& named) {
   if (!named.empty()) {
     if (const auto id = tokenizer.token_id(named)) return *id;
-    throw RuntimeError("text.prepare", fmt::format("{}: has no token {:?} to end documents with", tokenizer.source(), named));
+    throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: has no token {:?} to end documents with", tokenizer.source(), named));
   }
   for (const char* candidate : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"})
     if (const auto id = tokenizer.token_id(candidate)) return *id;
-  throw RuntimeError("text.prepare", fmt::format("{}: has no end-of-text token (none of <|endoftext|>, <|end_of_text|>, "
+  throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: has no end-of-text token (none of <|endoftext|>, <|end_of_text|>, "
                                                  "</s>, <eos>); name one with PrepareOptions::end_of_text",
                                                  tokenizer.source()));
 }
@@ -382,7 +382,7 @@ inline std::uint64_t source_digest(std::span<const std::filesystem::path> inputs
 /// Reads the header of a token file on disk (see text/token_file.hpp).
 inline TokenFileHeader read_token_file_header(const std::filesystem::path& file, const TokenFileExpectation& expect = {}) {
   std::ifstream in(file, std::ios::binary);
-  if (!in) throw RuntimeError("text.token_file", fmt::format("{}: cannot open", file.string()));
+  if (!in) throw RuntimeError(errors::runtime_text_token_file, fmt::format("{}: cannot open", file.string()));
   std::array<char, token_file_header_size> bytes{};
   in.read(bytes.data(), bytes.size());
   std::error_code error;
@@ -398,10 +398,10 @@ inline PrepareResult prepare_tokens(std::span<const std::filesystem::path> input
   const auto start = std::chrono::steady_clock::now();
   for (const auto& input : inputs)
     if (!std::filesystem::is_regular_file(input))
-      throw RuntimeError("text.prepare", fmt::format("{}: not a readable file", input.string()));
+      throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: not a readable file", input.string()));
   std::error_code error;
   std::filesystem::create_directories(out, error);
-  if (error) throw RuntimeError("text.prepare", fmt::format("{}: cannot create: {}", out.string(), error.message()));
+  if (error) throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: cannot create: {}", out.string(), error.message()));
 
   const TokenId end_of_text = detail::end_of_text_id(tokenizer, options.end_of_text_);
   TokenFileHeader header;

@@ -33,11 +33,7 @@ inline constexpr std::string_view prepared_tokens_subdir = "tokens";
 /// at the end decodes with it.
 inline void keep_tokenizer_beside(const std::filesystem::path& tokenizer_file, const std::filesystem::path& out) {
   auto copy = [&out](const std::filesystem::path& file) {
-    std::ifstream in(file, std::ios::binary);
-    std::ostringstream content;
-    content << in.rdbuf();
-    if (!in.is_open() || in.bad()) throw RuntimeError(errors::runtime_io, fmt::format("{}: cannot read", file.string()));
-    hpctrain::detail::write_file_atomically(out / file.filename(), content.str());
+    hpctrain::detail::write_file_atomically(out / file.filename(), hpctrain::detail::read_file(file));
   };
   copy(tokenizer_file);
   if (tokenizer_file.filename() != "tokenizer.json") return;
@@ -97,7 +93,7 @@ inline PrepareFunction prepare_tokens_step(std::vector<std::filesystem::path> in
 /// local run has its own run directory while the preparation ran once in `hpctrain-jobs/<name>/local`).
 inline std::filesystem::path prepared_tokens_dir() {
   const auto output = prepared_output_dir();
-  if (!output) throw RuntimeError("text.prepare", "HPCTRAIN_RUN_DIR is not set: prepared tokens exist only inside a job");
+  if (!output) throw RuntimeError(errors::runtime_text_prepare, "HPCTRAIN_RUN_DIR is not set: prepared tokens exist only inside a job");
   return *output / prepared_tokens_subdir;
 }
 

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/files.hpp>
 #include <hpctrain/text/post_processor.hpp>
 #include <hpctrain/text/tiktoken.hpp>
 #include <hpctrain/text/tokenizer.hpp>
@@ -23,16 +24,8 @@
 namespace hpctrain::text {
 
 namespace detail {
-inline std::optional<std::string> read_optional_file(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream content;
-  content << in.rdbuf();
-  return content.str();
-}
-
 inline nlohmann::json read_json_or_empty(const std::filesystem::path& file) {
-  const auto text = read_optional_file(file);
+  const auto text = hpctrain::detail::read_file_if_present(file, errors::runtime_text_tokenizer);
   if (!text) return nlohmann::json::object();
   try {
     return nlohmann::json::parse(*text);
@@ -135,7 +128,7 @@ inline PretrainedTokenizer load_pretrained_tokenizer(const std::filesystem::path
         if (named.value("name", std::string()) == "default") chat_template = named.value("template", std::string());
     }
   }
-  if (!chat_template) chat_template = detail::read_optional_file(directory / "chat_template.jinja");
+  if (!chat_template) chat_template = hpctrain::detail::read_file_if_present(directory / "chat_template.jinja", errors::runtime_text_tokenizer);
   return PretrainedTokenizer(std::move(tokenizer), std::move(post), directory, std::move(config), std::move(chat_template));
 }
 

@@ -103,7 +103,7 @@ class Regex {
     pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(rewritten.data()), rewritten.size(), options,
                                      &error, &offset, nullptr);
     if (code == nullptr)
-      throw RuntimeError("text.regex", fmt::format("{}: the pattern {:?} does not compile at offset {}: {}", where,
+      throw RuntimeError(errors::runtime_text_regex, fmt::format("{}: the pattern {:?} does not compile at offset {}: {}", where,
                                                    std::string(pattern), offset, detail::pcre2_message(error)));
     code_ = std::shared_ptr<pcre2_code>(code, detail::CodeDeleter{});
     jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
@@ -142,7 +142,7 @@ class Matcher {
                                                data_.get(), context_.get());
     if (rc == PCRE2_ERROR_NOMATCH) return false;
     if (rc < 0)
-      throw RuntimeError("text.regex", fmt::format("matching {:?} failed at byte {}: {}", regex_->pattern(), start,
+      throw RuntimeError(errors::runtime_text_regex, fmt::format("matching {:?} failed at byte {}: {}", regex_->pattern(), start,
                                                    detail::pcre2_message(rc)));
     const PCRE2_SIZE* vector = pcre2_get_ovector_pointer(data_.get());
     begin = vector[0];

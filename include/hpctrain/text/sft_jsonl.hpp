@@ -28,6 +28,7 @@
 #include <hpctrain/text/chat.hpp>
 #include <hpctrain/text/chat_data.hpp>
 #include <hpctrain/text/pretrained_tokenizer.hpp>
+#include <hpctrain/text/sft_example.hpp>
 
 namespace hpctrain::text {
 
@@ -184,12 +185,6 @@ inline SftFileSummary validate_sft_jsonl(const std::filesystem::path& file, cons
   }
   return summary;
 }
-
-/// A tokenized SFT example: ids, and per id whether its loss counts.
-struct SftExample {
-  std::vector<TokenId> ids;
-  std::vector<std::uint8_t> trained;
-};
 
 /// TRL's SFTTrainer rules: text → its tokens with special tokens, then EOS, all trained; prompt/completion →
 /// the prompt's tokens (with special tokens, not trained) then the completion's and EOS (trained) — tokenized

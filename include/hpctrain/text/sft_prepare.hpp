@@ -47,13 +47,6 @@ struct SftRecipe {
   bool drop_overlong = false;  ///< else truncate
 };
 
-/// One record cut to the length: its ids and mask (none when left out) and what happened to it (SftRecordFlag).
-struct SftCutExample {
-  std::vector<TokenId> ids;
-  std::vector<std::uint8_t> trained;
-  std::uint32_t flags = 0;
-};
-
 /// The length rule: an example longer than `max_length` is dropped or keeps its first max_length ids; one with
 /// no trained token after its first teaches nothing (its prompt filled the length) and is left out too.
 inline SftCutExample cut_sft_example(SftExample example, std::int64_t max_length, bool drop_overlong) {
@@ -80,7 +73,7 @@ inline SftCutExample cut_sft_example(SftExample example, std::int64_t max_length
 namespace detail {
 /// The bytes of `file`; SpecError `[hpctrain.spec.data.jsonl]` naming it (a template or tools file the program names).
 inline std::string read_named_file(const std::filesystem::path& file) {
-  auto content = read_optional_file(file);
+  auto content = hpctrain::detail::read_file_if_present(file, errors::runtime_io);
   if (!content) throw SpecError(errors::spec_data_jsonl, file.string(), "cannot open");
   return std::move(*content);
 }

@@ -73,7 +73,7 @@ inline std::optional<std::string> decode_base64(std::string_view text) {
 }
 
 [[noreturn]] inline void bad_ranks(const std::filesystem::path& file, std::size_t line, std::string_view reason) {
-  throw RuntimeError("text.tokenizer", fmt::format("{}:{}: {}", file.string(), line, reason));
+  throw RuntimeError(errors::runtime_text_tokenizer, fmt::format("{}:{}: {}", file.string(), line, reason));
 }
 
 /// Reads the ranks into the model's vocabulary; every line is checked before anything is used.
@@ -131,14 +131,14 @@ inline void derive_merges(BpeModel& model) {
 /// Loads a tiktoken ranks file with the pattern and special tokens `options` give. Throws
 /// `[hpctrain.runtime.text.tokenizer]` naming the file and line of a bad line.
 inline Tokenizer load_tiktoken(const std::filesystem::path& file, const TiktokenOptions& options = TiktokenOptions::gpt2()) {
-  const std::string content = detail::read_whole_file(file, "text.tokenizer");
+  const std::string content = hpctrain::detail::read_file(file, errors::runtime_text_tokenizer);
   auto model = std::make_shared<detail::BpeModel>();
   model->source = file.string();
   detail::read_ranks(file, content, *model);
   for (int b = 0; b < 256; ++b) {
     const auto it = model->id_of.find(std::string(1, static_cast<char>(b)));
     if (it == model->id_of.end())
-      throw RuntimeError("text.tokenizer", fmt::format("{}: the single byte 0x{:02X} has no rank: every byte must", file.string(), b));
+      throw RuntimeError(errors::runtime_text_tokenizer, fmt::format("{}: the single byte 0x{:02X} has no rank: every byte must", file.string(), b));
     model->byte_token[static_cast<std::size_t>(b)] = it->second;
   }
   detail::derive_merges(*model);
@@ -147,7 +147,7 @@ inline Tokenizer load_tiktoken(const std::filesystem::path& file, const Tiktoken
   model->whole_piece_lookup = true;
   for (const auto& [content_of, id] : options.special_tokens) {
     if (id < model->bytes_of.size() && !model->bytes_of[id].empty())
-      throw RuntimeError("text.tokenizer", fmt::format("{}: special token {:?} has id {}, which is a rank in the file",
+      throw RuntimeError(errors::runtime_text_tokenizer, fmt::format("{}: special token {:?} has id {}, which is a rank in the file",
                                                        file.string(), content_of, id));
     if (id >= model->bytes_of.size()) model->bytes_of.resize(id + 1);
     model->bytes_of[id] = content_of;

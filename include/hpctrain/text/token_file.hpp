@@ -62,7 +62,7 @@ T get_le(std::span<const char> in, std::size_t offset) {
   return value;
 }
 [[noreturn]] inline void bad_token_file(const std::filesystem::path& file, std::string_view reason) {
-  throw RuntimeError("text.token_file", fmt::format("{}: {}", file.string(), reason));
+  throw RuntimeError(errors::runtime_text_token_file, fmt::format("{}: {}", file.string(), reason));
 }
 }  // namespace detail
 

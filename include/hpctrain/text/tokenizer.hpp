@@ -174,7 +174,7 @@ class Encoder {
     std::string out;
     for (const TokenId id : ids) {
       if (id >= model_->bytes_of.size() || (model_->bytes_of[id].empty() && !is_known(id)))
-        throw RuntimeError("text.decode", fmt::format("{}: token id {} is not in the vocabulary (size {})",
+        throw RuntimeError(errors::runtime_text_decode, fmt::format("{}: token id {} is not in the vocabulary (size {})",
                                                       model_->source, id, model_->bytes_of.size()));
       out += model_->bytes_of[id];
     }

@@ -57,12 +57,6 @@ inline std::optional<std::int64_t> checkpoint_step(const std::filesystem::path& 
   return std::stoll(digits);
 }
 
-inline std::string read_whole_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw RuntimeError("checkpoint", fmt::format("{}: cannot open", path.string()));
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 /// The archive's bytes behind room for the 32-byte header, which seal_archive fills once its size and CRC are
 /// known (no second copy of the archive). What a save must do while the tensors hold still: on a GPU this is
 /// the device-to-host copy; the rest (seal, write) may run beside the next steps.
@@ -99,7 +93,7 @@ inline void check_against_meta(const std::filesystem::path& path, std::string_vi
 
 /// Reads `path` and checks it against meta.json's entry; returns the bytes.
 inline std::string read_verified_file(const std::filesystem::path& path, const CheckpointFile& expected) {
-  auto bytes = read_whole_file(path);
+  auto bytes = hpctrain::detail::read_file(path, errors::runtime_checkpoint);
   check_against_meta(path, bytes, expected);
   return bytes;
 }
@@ -149,7 +143,7 @@ struct SavedCheckpoint {
         bytes = std::move(kept->second);  // the memory goes with the archive, as a fresh read's would
         verified->erase(kept);
       } else {
-        bytes = detail::read_whole_file(path);
+        bytes = hpctrain::detail::read_file(path, errors::runtime_checkpoint);
       }
       return detail::unframe_archive(path, bytes, *found);
     };
@@ -236,10 +230,9 @@ class CheckpointStore {
   /// Reads checkpoint `directory`'s meta.json only (its files are verified when opened).
   SavedCheckpoint read(const std::filesystem::path& directory) const {
     const auto meta_path = directory / "meta.json";
-    std::ifstream in(meta_path, std::ios::binary);
-    if (!in) throw RuntimeError("checkpoint", fmt::format("{}: missing (the checkpoint was not committed)", meta_path.string()));
-    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    return {directory, detail::parse_checkpoint_meta(text, meta_path)};
+    const auto text = hpctrain::detail::read_file_if_present(meta_path, errors::runtime_checkpoint);
+    if (!text) throw RuntimeError("checkpoint", fmt::format("{}: missing (the checkpoint was not committed)", meta_path.string()));
+    return {directory, detail::parse_checkpoint_meta(*text, meta_path)};
   }
 
   /// The newest valid checkpoint; each invalid newer one is skipped with a message to `warn`. nullopt when

@@ -105,7 +105,7 @@ class JsonlWriter {
   explicit JsonlWriter(const std::filesystem::path& path) : path_(path) {
     std::filesystem::create_directories(path.parent_path());
     file_ = std::fopen(path.c_str(), "a");
-    if (file_ == nullptr) throw RuntimeError("metrics", fmt::format("cannot open {}", path.string()));
+    if (file_ == nullptr) throw RuntimeError(errors::runtime_metrics, fmt::format("cannot open {}", path.string()));
   }
   JsonlWriter(const JsonlWriter&) = delete;
   JsonlWriter& operator=(const JsonlWriter&) = delete;
@@ -115,7 +115,7 @@ class JsonlWriter {
   void write(const nlohmann::json& record) {
     const std::string line = record.dump() + "\n";
     if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0)
-      throw RuntimeError("metrics", fmt::format("cannot write {}", path_.string()));
+      throw RuntimeError(errors::runtime_metrics, fmt::format("cannot write {}", path_.string()));
   }
   /// The file written.
   const std::filesystem::path& path() const { return path_; }

@@ -26,10 +26,9 @@
 #include <string_view>
 #include <thread>
 
-namespace hpctrain {
+#include <hpctrain/names.hpp>
 
-/// The variable the generated script sets to the requeue signal's name (USR2, USR1, URG, ...).
-inline constexpr std::string_view preempt_signal_variable = "HPCTRAIN_PREEMPT_SIGNAL";
+namespace hpctrain {
 
 namespace detail {
 inline std::atomic<bool>& preemption_flag() {
@@ -121,7 +120,7 @@ inline int signal_from_name(std::string_view name) {
 
 /// The requeue signal the script names (HPCTRAIN_PREEMPT_SIGNAL), else SIGUSR2.
 inline int preemption_signal_from_environment() {
-  const char* name = std::getenv(preempt_signal_variable.data());
+  const char* name = std::getenv(env::preempt_signal);
   return name != nullptr ? signal_from_name(name) : SIGUSR2;
 }
 

@@ -70,7 +70,7 @@ class TensorBoardWriter {
     const double now = detail::wall_time_now();
     path_ = directory / fmt::format("events.out.tfevents.{}.{}.{}", static_cast<long>(now), host, getpid());
     file_ = std::fopen(path_.c_str(), "wb");
-    if (file_ == nullptr) throw RuntimeError("tensorboard", fmt::format("cannot create {}", path_.string()));
+    if (file_ == nullptr) throw RuntimeError(errors::runtime_tensorboard, fmt::format("cannot create {}", path_.string()));
     std::string first = detail::encode_event_header(now, 0);
     detail::put_bytes(first, 3, "brain.Event:2");  // TensorBoard reads files that start with this version
     write_record(first);
@@ -92,7 +92,7 @@ class TensorBoardWriter {
   void write_record(std::string_view payload) {
     const std::string record = detail::tfrecord(payload);
     if (std::fwrite(record.data(), 1, record.size(), file_) != record.size() || std::fflush(file_) != 0)
-      throw RuntimeError("tensorboard", fmt::format("cannot write {}", path_.string()));
+      throw RuntimeError(errors::runtime_tensorboard, fmt::format("cannot write {}", path_.string()));
   }
 
   std::filesystem::path path_;

@@ -424,7 +424,7 @@ class Trainer {
     note_preemption_agreed();
     complete_checkpoint();
     // The batch script also requeues when this marker exists, whatever status srun reports.
-    if (const char* marker = std::getenv("HPCTRAIN_REQUEUE_MARKER"); marker != nullptr && world_.rank == 0) std::ofstream(marker) << step_ << "\n";
+    if (const char* marker = std::getenv(env::requeue_marker); marker != nullptr && world_.rank == 0) std::ofstream(marker) << step_ << "\n";
     say(fmt::format("preempted: checkpointed step {} of {}, exiting with {} for requeue", step_, total_steps_, exit_requeue));
     result_.exit_code = exit_requeue;
     result_.steps_completed = step_;

@@ -57,8 +57,6 @@ struct ModelInstance {
 };
 
 namespace detail {
-using ModelInstance = hpctrain::ModelInstance;  // its former place
-using LossFunction = hpctrain::LossFunction;    // its former place
 
 template <class Made>
 ModelInstance make_model_instance(Made made) {
@@ -522,17 +520,6 @@ class Training {
     if (eval_check_) eval_check_(knobs, pretrained_dir(knobs));
     for (const auto& check : login_checks_) check(knobs);
   }
-
-  // The readers' names before wave 2, kept for code written against them; to be removed.
-  [[deprecated("use batch_size()")]] BatchSize batch() const { return batch_size_; }
-  [[deprecated("use eval_batch_size()")]] std::int64_t eval_batch() const { return eval_batch_size_; }
-  [[deprecated("use epochs()")]] std::optional<std::int64_t> epoch_count() const { return epochs_; }
-  [[deprecated("use max_steps()")]] std::optional<std::int64_t> step_limit() const { return max_steps_; }
-  [[deprecated("use lr()")]] std::optional<double> base_lr() const { return lr_; }
-  [[deprecated("use gradient_accumulation()")]] std::int64_t accumulation_steps() const { return accumulation_; }
-  [[deprecated("use precision()")]] Precision forward_precision() const { return precision_; }
-  [[deprecated("use seed()")]] std::int64_t run_seed() const { return seed_; }
-  [[deprecated("use run_dir()")]] const std::optional<std::filesystem::path>& run_directory() const { return run_dir_; }
 
  private:
   /// LoRA targets against the layers of the pretrained model's family (from its config.json, no weights): a

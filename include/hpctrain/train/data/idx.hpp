@@ -21,7 +21,7 @@ namespace hpctrain::data {
 namespace detail {
 inline std::string read_possibly_gzipped(const std::filesystem::path& path) {
   gzFile file = gzopen(path.c_str(), "rb");
-  if (file == nullptr) throw RuntimeError("data.idx", fmt::format("{}: cannot open", path.string()));
+  if (file == nullptr) throw RuntimeError(errors::runtime_data_idx, fmt::format("{}: cannot open", path.string()));
   std::string bytes;
   char buffer[1 << 16];
   int got = 0;
@@ -29,7 +29,7 @@ inline std::string read_possibly_gzipped(const std::filesystem::path& path) {
   int status = Z_OK;
   const std::string error = got < 0 ? gzerror(file, &status) : "";
   gzclose(file);
-  if (got < 0) throw RuntimeError("data.idx", fmt::format("{}: corrupt gzip stream ({})", path.string(), error));
+  if (got < 0) throw RuntimeError(errors::runtime_data_idx, fmt::format("{}: corrupt gzip stream ({})", path.string(), error));
   return bytes;
 }
 }  // namespace detail
@@ -57,7 +57,7 @@ inline TensorDataset load_idx(const std::filesystem::path& images, const std::fi
   IdxArray image_array = read_idx(images, 3);
   IdxArray label_array = read_idx(labels, 1);
   if (image_array.dims[0] != label_array.dims[0])
-    throw RuntimeError("data.idx", fmt::format("{} holds {} images but {} holds {} labels", images.string(),
+    throw RuntimeError(errors::runtime_data_idx, fmt::format("{} holds {} images but {} holds {} labels", images.string(),
                                                image_array.dims[0], labels.string(), label_array.dims[0]));
   TensorDataset dataset;
   dataset.inputs = image_array.values.to(torch::kFloat32).div_(255.0).unsqueeze(1).contiguous();

@@ -25,7 +25,7 @@ struct IdxLayout {
 /// Checks `bytes` (a whole IDX file, decompressed) for unsigned bytes (type 0x08) in `expected_rank`
 /// dimensions; throws `[hpctrain.runtime.data.idx] <path>: <why>` if the magic number, rank or size is wrong.
 inline IdxLayout parse_idx_layout(std::string_view bytes, int expected_rank, const std::filesystem::path& path) {
-  auto fail = [&](const std::string& why) { return RuntimeError("data.idx", fmt::format("{}: {}", path.string(), why)); };
+  auto fail = [&](const std::string& why) { return RuntimeError(errors::runtime_data_idx, fmt::format("{}: {}", path.string(), why)); };
   if (bytes.size() < 4) throw fail(fmt::format("{} bytes is too short for an IDX header", bytes.size()));
   const auto* raw = reinterpret_cast<const unsigned char*>(bytes.data());
   if (raw[0] != 0 || raw[1] != 0)

@@ -32,12 +32,12 @@ struct Batch {
   Batch(torch::Tensor inputs_, torch::Tensor targets_, std::map<std::string, torch::Tensor, std::less<>> fields_ = {})
       : inputs(std::move(inputs_)), targets(std::move(targets_)), fields(std::move(fields_)) {}
 
-  /// The field `name`; throws RuntimeError("batch.field") naming it and the fields present.
+  /// The field `name`; throws RuntimeError(errors::runtime_batch_field) naming it and the fields present.
   const torch::Tensor& field(std::string_view name) const {
     if (const auto found = fields.find(name); found != fields.end()) return found->second;
     std::string present;
     for (const auto& [key, value] : fields) present += (present.empty() ? "" : ", ") + key;
-    throw RuntimeError("batch.field", fmt::format("the batch has no field '{}' (fields: {})", name, present.empty() ? "none" : present));
+    throw RuntimeError(errors::runtime_batch_field, fmt::format("the batch has no field '{}' (fields: {})", name, present.empty() ? "none" : present));
   }
   /// Whether the batch carries field `name`.
   bool has(std::string_view name) const { return fields.find(name) != fields.end(); }

@@ -53,13 +53,13 @@ class TokenDataset : public Dataset {
       : context_(context) {
     hpctrain::detail::require(context > 0, "tokens.context", context, "must be positive");
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw RuntimeError("data.tokens", fmt::format("{}: cannot open", path.string()));
+    if (fd < 0) throw RuntimeError(errors::runtime_data_tokens, fmt::format("{}: cannot open", path.string()));
     struct stat info {};
     ::fstat(fd, &info);
     bytes_ = static_cast<std::size_t>(info.st_size);
     if (bytes_ > 0) mapping_ = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
     ::close(fd);  // the mapping keeps the file open
-    if (bytes_ > 0 && mapping_ == MAP_FAILED) throw RuntimeError("data.tokens", fmt::format("{}: cannot mmap", path.string()));
+    if (bytes_ > 0 && mapping_ == MAP_FAILED) throw RuntimeError(errors::runtime_data_tokens, fmt::format("{}: cannot mmap", path.string()));
     try {
       read_layout(path, options);
     } catch (...) {
@@ -110,20 +110,20 @@ class TokenDataset : public Dataset {
       tokens_ = static_cast<std::int64_t>(header_->tokens);
     } else if (options.raw_uint16_) {
       if (bytes_ % 2 != 0)
-        throw RuntimeError("data.tokens", fmt::format("{}: {} bytes is not a uint16 token file", path.string(), bytes_));
+        throw RuntimeError(errors::runtime_data_tokens, fmt::format("{}: {} bytes is not a uint16 token file", path.string(), bytes_));
       if (options.expect.token_bytes.value_or(2) != 2)
-        throw RuntimeError("data.tokens", fmt::format("{}: a raw .bin holds uint16 ids, expected {} bytes per token",
+        throw RuntimeError(errors::runtime_data_tokens, fmt::format("{}: a raw .bin holds uint16 ids, expected {} bytes per token",
                                                       path.string(), *options.expect.token_bytes));
       data_ = bytes.data();
       token_bytes_ = 2;
       tokens_ = static_cast<std::int64_t>(bytes_ / 2);
     } else {
-      throw RuntimeError("data.tokens", fmt::format("{}: no \"HPCTOKEN\" header (not made by prepare_tokens); "
+      throw RuntimeError(errors::runtime_data_tokens, fmt::format("{}: no \"HPCTOKEN\" header (not made by prepare_tokens); "
                                                     "for a raw nanoGPT uint16 .bin pass TokenFileOptions().raw_uint16()",
                                                     path.string()));
     }
     if (tokens_ < context_ + 1)
-      throw RuntimeError("data.tokens", fmt::format("{}: {} tokens, fewer than context + 1 = {}", path.string(), tokens_,
+      throw RuntimeError(errors::runtime_data_tokens, fmt::format("{}: {} tokens, fewer than context + 1 = {}", path.string(), tokens_,
                                                     context_ + 1));
   }
   void unmap() {
