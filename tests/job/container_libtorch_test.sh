@@ -6,7 +6,10 @@
 #   - the image alone cannot start the binary (ch-run without the venv: libtorch_cpu.so not found);
 #   - --dry-run's srun line binds /usr, the venv, the binary's and the working directory at their paths;
 #   - --submit trains on both local nodes inside ch-run: each rank says it loaded libtorch_cpu.so from the mounted
-#     venv, the job COMPLETED, and the loss the Trainer logged fell.
+#     venv, the job COMPLETED, and the loss the Trainer logged fell;
+#   - the login modes run inside the image too, as a binary built there must run them (docs/containers.md, route
+#     (a)): --submit and --status inside ch-run, with Slurm's configuration directory and munge's socket bound in
+#     (the image's /usr, the host's, has sbatch), submit a job that trains and then read its state.
 # Usage: container_libtorch_test.sh <hpctrain_container_training binary>
 set -euo pipefail
 here="$(dirname "$(realpath "${BASH_SOURCE[0]}")")"
@@ -20,7 +23,8 @@ work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/container-libtorch-test.XXXXXX")"
 cd "$work"
 unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
 program_dir="$(dirname "$binary")"
-charliecloud_image "$work/image" "$venv" "$program_dir" "$work"
+slurm_etc="$(dirname "${SLURM_CONF:-/etc/slurm/slurm.conf}")"
+charliecloud_image "$work/image" "$venv" "$program_dir" "$work" "$slurm_etc" /run/munge
 export CONTAINER_IMAGE="$work/image" CONTAINER_VENV="$venv"
 
 # --- the image has no LibTorch of its own ---------------------------------------------------------------
@@ -57,5 +61,20 @@ losses = [(r["step"], r["loss"]) for r in map(json.loads, open(sys.argv[1])) if 
 print("losses:", losses)
 sys.exit(0 if len(losses) >= 2 and losses[-1][1] < losses[0][1] else 1)
 PY
+echo "ok: trained in the image on both nodes, loss falling"
+
+# --- the login modes inside the image -----------------------------------------------------------------
+inside=(ch-run -b /usr:/usr -b "$venv:$venv" -b "$program_dir:$program_dir" -b "$work:$work" -b "$slurm_etc:$slurm_etc"
+        -b /run/munge:/run/munge --cd "$work" "$work/image" --)
+"${inside[@]}" "$binary" --submit > inside-submit.log 2>&1 || log=inside-submit.log fail "--submit inside ch-run exited $?"
+id="$(sed -n 's/^submitted job \([0-9]*\)$/\1/p' inside-submit.log)"
+[ -n "$id" ] || log=inside-submit.log fail "no job id from --submit inside ch-run"
+wait_for '[ -z "$(squeue --noheader --jobs "$id" 2>/dev/null)" ]' 600 || fail "job $id did not end in 10 minutes"
+"${inside[@]}" "$binary" --status > inside-status.log 2>&1 || log=inside-status.log fail "--status inside ch-run exited $?"
+cat inside-status.log
+grep -q "^job $id (container_training): COMPLETED" inside-status.log || log=inside-status.log fail "--status inside ch-run does not say COMPLETED"
+grep -qE "^container_training: rank 1 on n2 runs inside ch-run with $venv/" "$work/hpctrain-jobs/container_training/$id/slurm-$id.out" ||
+  log="$work/hpctrain-jobs/container_training/$id/slurm-$id.out" fail "the job submitted from inside ch-run did not train in it"
+echo "ok: --submit and --status ran inside the image"
 rm -rf "$work"
-echo "PASS: a program built on the host trains under ch-run on both nodes with the venv mounted at its path"
+echo "PASS: a program built on the host trains under ch-run on both nodes with the venv mounted at its path, and submits from inside the image"
