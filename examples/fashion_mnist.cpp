@@ -28,7 +28,6 @@ struct NetImpl : torch::nn::Module {
 TORCH_MODULE(Net);
 
 int main(int argc, char** argv) {
-  ht::install_spec_error_exit();  // a wrong setter below exits 2 naming the field, like the command line
   const std::string data = "/usr/share/datasets/fashion-mnist/";  // Debian's dataset-fashion-mnist
   auto job = ht::Job("fashion_mnist")
                  .nodes(2).tasks_per_node(1).cpus_per_task(1)

@@ -16,7 +16,6 @@ int main(int argc, char** argv) {
   using namespace std::chrono_literals;
   using namespace hpctrain::literals;
   namespace ht = hpctrain;
-  ht::install_spec_error_exit();  // a wrong setter below exits 2 naming the field
 
   const auto job = ht::Job("hello")
                        .nodes(2)

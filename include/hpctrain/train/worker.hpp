@@ -200,15 +200,9 @@ inline int run_worker(const Training& training, const Knobs& knobs) {
       hsdp_shard_group_size(configured.hsdp_group_size(), world.world_size, world.local_world_size);
     detail::delay_rank0_for_tests(rank);
     return train(configured, world, options).exit_code;
-  } catch (const SpecError& error) {
+  } catch (const std::exception& error) {  // hpctrain's errors, and c10::Error from LibTorch
     fmt::print(stderr, "rank {}: {}\n", rank, error.what());
-    return exit_usage;
-  } catch (const UsageError& error) {
-    fmt::print(stderr, "rank {}: {}\n", rank, error.what());
-    return exit_usage;
-  } catch (const std::exception& error) {  // RuntimeError, and c10::Error from LibTorch
-    fmt::print(stderr, "rank {}: {}\n", rank, error.what());
-    return exit_failure;
+    return exit_code_of(error);
   }
 }
 
