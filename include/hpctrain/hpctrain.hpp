@@ -13,6 +13,7 @@
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/render.hpp>
+#include <hpctrain/job/setting.hpp>
 #include <hpctrain/job/shell.hpp>
 #include <hpctrain/job/submit.hpp>
 #include <hpctrain/job/units.hpp>

@@ -22,6 +22,7 @@
 #include <hpctrain/error_ids.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/models/export_format.hpp>
+#include <hpctrain/job/setting.hpp>  // the knobs declared inline
 #include <hpctrain/names.hpp>
 #include <hpctrain/slurm/world.hpp>
 #include <hpctrain/train/run_directory.hpp>
@@ -32,7 +33,8 @@ namespace hpctrain {
 
 /// The knob table of `training`: the built-ins (--epochs --max-steps --batch-size --lr --sharding --hsdp-group-size
 /// --precision --log-every --eval-every --max-eval-examples --eval-batch-size --checkpoint-every --checkpoint-async
-/// --export-dtype --export-shard-size --wandb), whose defaults are the description's values, then the program's own knobs. Throws SpecError when a program knob reuses a built-in's name.
+/// --export-dtype --export-shard-size --wandb), whose defaults are the description's values, then the program's own knobs
+/// (Training::knob's, then those hpctrain::knob declared inline). Throws SpecError when a program knob reuses a built-in's name.
 /// `program` (the job's name) is the W&B project a bare `--wandb` stands for when the Training names none.
 inline Knobs training_knobs(const Training& training, std::string_view program = "hpctrain") {
   Knobs table;
@@ -85,6 +87,7 @@ inline Knobs training_knobs(const Training& training, std::string_view program =
   else table.declare_optional<std::string>("wandb", wandb_help, wandb_project_check());
   table.allow_bare("wandb", training.wandb() ? training.wandb()->project() : wandb_project_name(program), "[PROJECT]");
   table.extend(training.knobs());
+  table.extend(detail::inline_knobs());  // hpctrain::knob(...), declared where main uses them
   return table;
 }
 
