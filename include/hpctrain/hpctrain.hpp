@@ -36,6 +36,7 @@
 #include <hpctrain/train/data/tokens.hpp>
 #include <hpctrain/train/digest.hpp>
 #include <hpctrain/train/evaluation.hpp>
+#include <hpctrain/train/adamw.hpp>
 #include <hpctrain/train/fused_adamw.hpp>
 #include <hpctrain/train/loggers.hpp>
 #include <hpctrain/train/loop.hpp>
