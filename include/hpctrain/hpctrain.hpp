@@ -58,5 +58,6 @@
 
 #include <hpctrain/models/models.hpp>
 #include <hpctrain/lm/lm.hpp>
+#include <hpctrain/text/default_data.hpp>
 
 #include <hpctrain/run.hpp>
