@@ -115,9 +115,11 @@ TEST_CASE("ht::adamw builds the examples' former optimizer: FusedAdamW on the CP
   const hpctrain::NamedParameters parameters = {{"linear.weight", torch::randn({4, 3}).requires_grad_()},
                                                 {"linear.bias", torch::randn({4}).requires_grad_()},
                                                 {"norm.weight", torch::randn({3}).requires_grad_()}};
+  // The knob as hpctrain::knob declares it, in a table of this test's own (the program-wide table of inline knobs
+  // would reach every later case of this process: tests/train/loop_test.cpp lists the built-in knobs).
   hpctrain::Knobs knobs;
-  const auto decay = hpctrain::knob("adamw_test_weight_decay", 0.1, "weight decay of the matrices", hpctrain::non_negative());
-  knobs.extend(hpctrain::detail::inline_knobs());
+  knobs.declare<double>("adamw_test_weight_decay", 0.1, "weight decay of the matrices", hpctrain::non_negative());
+  const hpctrain::Knob<double> decay("adamw_test_weight_decay");
   const auto given = knobs.with_arguments({"--adamw-test-weight-decay", "0.25"});
 
   const auto factory = hpctrain::adamw(1e-3).betas({0.9, 0.95}).eps(1e-6).weight_decay(decay);
