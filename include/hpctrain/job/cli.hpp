@@ -673,9 +673,7 @@ inline void prepare_step_task(const Job& job, const LoginCommand& command, const
     std::cerr << "hpctrain: --run under your own srun: the ranks train now; the preparation step (Job::prepare) "
                  "runs only from the allocation's shell (`--run` without srun)\n";
 }
-}  // namespace detail
 
-namespace detail {
 /// Set during static initialisation, before the user's main builds its description: in a program that can call
 /// run_job (or hpctrain::run), a wrong setter exits 2 naming the field, whatever main does before the call.
 inline const bool spec_errors_exit_2 = (install_spec_error_exit(), true);

@@ -21,8 +21,8 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
 #include <hpctrain/job/knobs.hpp>
-#include <hpctrain/models/export_format.hpp>
 #include <hpctrain/job/setting.hpp>  // the knobs declared inline
+#include <hpctrain/models/export_format.hpp>
 #include <hpctrain/names.hpp>
 #include <hpctrain/slurm/world.hpp>
 #include <hpctrain/train/run_directory.hpp>
