@@ -4,7 +4,7 @@ hpctrain's DistributedSampler), the same AdamW with weight-decay groups, warmup 
 clipping. Two uses:
 
   gpt_peer.py reference --init DIR --tokens FILE [...]   (tests/models: the loss-curve oracle) one process,
-      starting from the step-0 weights examples/gpt wrote to DIR (--save-initial), prints a JSON line
+      starting from the step-0 weights examples/gpt wrote to DIR (under HPCTRAIN_TEST_SAVE_INITIAL), prints a JSON line
       {"losses": [...]} with the mean training loss of each step over the whole global batch.
   torchrun --nproc-per-node 2 gpt_peer.py ddp --tokens FILE [...]   (bench/gpt_vs_torchrun) DDP over Gloo,
       rank 0 prints a JSON line with tokens/s of the timed steps. With --init DIR it starts from those weights,
@@ -267,7 +267,7 @@ def main():
     par.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     par.add_argument("--threads", type=int, default=1)
     par.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    par.add_argument("--init", help="start from these weights (examples/gpt --save-initial's <run dir>/initial)")
+    par.add_argument("--init", help="start from these weights (<run dir>/initial of examples/gpt under HPCTRAIN_TEST_SAVE_INITIAL)")
     par.add_argument("--val", help="end with the validation loss over this token file")
     args = parser.parse_args()
     reference(args) if args.mode == "reference" else ddp(args)

@@ -87,23 +87,14 @@ class LossCurve : public ht::Logger {
 
 int main(int argc, char** argv) {
   auto job = ht::Job("custom_training").nodes(2).tasks_per_node(1).cpus_per_task(1).time(10min).partition("debug");
-
   auto training = ht::Training()
-                      .model([] { return Bigram(); })
-                      .optimizer([](const ht::NamedParameters& parameters) {
-                        const auto options = torch::optim::AdamWOptions(1e-2).weight_decay(0.01);
-                        return torch::optim::AdamW(ht::weight_decay_groups(parameters, options), options);
-                      })
-                      .train_data(ht::data::Source([] { return MaskedSequences(); }, "masked sequences"))
-                      .eval_data(ht::data::Source([] { return MaskedSequences(); }, "masked sequences"))
-                      .batch_size(ht::global(64))
-                      .max_steps(120)
-                      .log_every(20)
-                      .step(masked_step)
-                      .eval_step(masked_eval_step)
-                      .metric(masked_accuracy)
-                      .metric(ht::metrics::perplexity)
-                      .logger([] { return std::make_unique<LossCurve>(); });
-
+      .model([] { return Bigram(); })
+      .optimizer(ht::adamw(1e-2).weight_decay(0.01))
+      .train_data(ht::data::Source([] { return MaskedSequences(); }, "masked sequences"))
+      .eval_data(ht::data::Source([] { return MaskedSequences(); }, "masked sequences"))
+      .batch_size(ht::global(64)).max_steps(120).log_every(20)
+      .step(masked_step).eval_step(masked_eval_step)
+      .metric(masked_accuracy).metric(ht::metrics::perplexity)
+      .logger([] { return std::make_unique<LossCurve>(); });
   return ht::run(argc, argv, job, training);
 }

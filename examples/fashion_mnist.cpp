@@ -1,12 +1,11 @@
 // Fashion-MNIST with a small CNN (2 conv + batch norm + pooling), trained data-parallel.
 //   ./fashion_mnist --dry-run            the sbatch script it would submit
-//   ./fashion_mnist --submit             2 nodes x 1 CPU task on the cluster; the log ends with test_accuracy=<value>
+//   ./fashion_mnist --submit             2 nodes x 1 CPU task on the cluster; the log ends with test_accuracy=...
 //   ./fashion_mnist --local 2            2 ranks on this machine
 //   ./fashion_mnist --local 1 --epochs 1 --lr 1e-3    training knobs override the description
 //   ./fashion_mnist --submit --sweep --max-steps 20   a 4-task array: lr x batch size (see below)
 //   ./fashion_mnist --results            the last job's tasks: knob values, state, final metrics, best first
 #include <hpctrain/hpctrain.hpp>
-
 using namespace std::chrono_literals;
 namespace ht = hpctrain;
 
@@ -28,30 +27,19 @@ struct NetImpl : torch::nn::Module {
 TORCH_MODULE(Net);
 
 int main(int argc, char** argv) {
-  ht::install_spec_error_exit();  // a wrong setter below exits 2 naming the field, like the command line
   const std::string data = "/usr/share/datasets/fashion-mnist/";  // Debian's dataset-fashion-mnist
-  auto job = ht::Job("fashion_mnist")
-                 .nodes(2).tasks_per_node(1).cpus_per_task(1)
-                 .time(30min).partition("debug")
+  auto job = ht::Job("fashion_mnist").nodes(2).tasks_per_node(1).cpus_per_task(1).time(30min).partition("debug")
                  .requeue_on_timeout(1min);  // USR2 a minute before the limit: checkpoint, requeue, resume
-
   auto training = ht::Training()
-                      .model([] { return Net(); })
-                      .optimizer([](auto parameters) {
-                        return torch::optim::AdamW(parameters, torch::optim::AdamWOptions(2e-3).weight_decay(1e-4));
-                      })
-                      .loss(torch::nn::functional::cross_entropy)
-                      .train_data(ht::data::idx(data + "train-images-idx3-ubyte.gz", data + "train-labels-idx1-ubyte.gz"))
-                      .eval_data(ht::data::idx(data + "t10k-images-idx3-ubyte.gz", data + "t10k-labels-idx1-ubyte.gz"))
-                      .batch_size(ht::global(128))  // the same optimisation at any world size that divides 128
-                      .epochs(6)
-                      .schedule(ht::LrSchedule::warmup_cosine(200, 0.02))
-                      .seed(1)
-                      .log_every(50)
-                      .eval_every(1000)
-                      .checkpoint_every(250)
-                      .metric(ht::metrics::accuracy);
-
+      .model([] { return Net(); }).loss(torch::nn::functional::cross_entropy)
+      .optimizer([](auto parameters) {
+        return torch::optim::AdamW(parameters, torch::optim::AdamWOptions(2e-3).weight_decay(1e-4));
+      })
+      .train_data(ht::data::idx(data + "train-images-idx3-ubyte.gz", data + "train-labels-idx1-ubyte.gz"))
+      .eval_data(ht::data::idx(data + "t10k-images-idx3-ubyte.gz", data + "t10k-labels-idx1-ubyte.gz"))
+      .batch_size(ht::global(128))  // the same optimisation at any world size that divides 128
+      .epochs(6).schedule(ht::LrSchedule::warmup_cosine(200, 0.02)).seed(1)
+      .log_every(50).eval_every(1000).checkpoint_every(250).metric(ht::metrics::accuracy);
   // `--sweep`, this example's own flag (read before ht::run, so neither the knob parser nor the workers see it):
   // one array task per combination of the grid, each with its knob values; `--results` compares them.
   std::vector<char*> args(argv, argv + argc);

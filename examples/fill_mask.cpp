@@ -1,15 +1,12 @@
 // Fills the masks of a text with a RoBERTa (or BERT) model saved in Hugging Face format, as transformers'
-// pipeline("fill-mask") does, on the CPU in fp32:
-//   ./fill_mask --model DIR --text "The capital of France is <mask>." [--top-k 5]
-// The text is encoded as AutoTokenizer(DIR) encodes it (RoBERTa's <s> ... </s>); for each <mask> (or [MASK]), in
-// order, one line per candidate: `<mask> N: PROBABILITY "TOKEN" (id ID)`, the likeliest first. The ids and
-// probabilities equal the pipeline's (tests/models). Bad usage, or a text without a mask, exits 2; a directory
-// that holds no such model exits 1 naming the file and the reason.
+// pipeline("fill-mask") does, on the CPU in fp32: `./fill_mask --model DIR --text "Paris is <mask>." [--top-k 5]`.
+// The text is encoded as AutoTokenizer(DIR) encodes it; for each <mask> (or [MASK]), in order, one line per candidate,
+// the likeliest first: `<mask> N: PROBABILITY "TOKEN" (id ID)`, ids and probabilities as the pipeline's (tests/models).
+// Bad usage, or a text without a mask, exits 2; a directory that holds no such model exits 1 naming the file.
 #include <cstdint>
 #include <iostream>
 #include <string>
 #include <vector>
-
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -18,17 +15,14 @@
 #include <hpctrain/text/pretrained_tokenizer.hpp>
 #include <hpctrain/text/utf8.hpp>
 
-namespace {
-
-int fill(const std::string& model_dir, const std::string& text, std::int64_t top_k) {
+static int fill(const std::string& model_dir, const std::string& text, std::int64_t top_k) {
   const auto tokenizer = hpctrain::text::load_pretrained_tokenizer(model_dir);
-  auto mask = tokenizer.tokenizer().token_id("<mask>");
-  if (!mask) mask = tokenizer.tokenizer().token_id("[MASK]");
-  if (!mask) throw hpctrain::RuntimeError(hpctrain::errors::runtime_masked_lm, fmt::format("{}: the tokenizer has no <mask> or [MASK] token", model_dir));
-  std::vector<std::int64_t> ids;
-  for (const auto id : tokenizer.encode(text, /*add_special_tokens=*/true)) ids.push_back(static_cast<std::int64_t>(id));
-  auto model = hpctrain::models::load_roberta(model_dir);
-  const auto filled = hpctrain::models::fill_mask(*model, ids, static_cast<std::int64_t>(*mask), top_k);
+  const auto& vocabulary = tokenizer.tokenizer();
+  const auto mask = vocabulary.token_id("<mask>") ? vocabulary.token_id("<mask>") : vocabulary.token_id("[MASK]");
+  if (!mask) throw hpctrain::RuntimeError(hpctrain::errors::runtime_masked_lm, model_dir + ": no <mask> or [MASK]");
+  const auto encoded = tokenizer.encode(text, /*add_special_tokens=*/true);
+  const std::vector<std::int64_t> ids(encoded.begin(), encoded.end());
+  const auto filled = hpctrain::models::fill_mask(*hpctrain::models::load_roberta(model_dir), ids, *mask, top_k);
   if (filled.empty()) throw hpctrain::UsageError(fmt::format("--text: \"{}\" holds no <mask> to fill", text));
   for (std::size_t m = 0; m < filled.size(); ++m)
     for (const auto& candidate : filled[m]) {
@@ -38,8 +32,6 @@ int fill(const std::string& model_dir, const std::string& text, std::int64_t top
     }
   return hpctrain::exit_ok;
 }
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Fills the <mask> tokens of a text with a RoBERTa or BERT model saved in Hugging Face format."};

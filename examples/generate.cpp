@@ -55,7 +55,8 @@ std::vector<std::int64_t> parse_ids(std::string text) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != token.size() || id < 0) throw hpctrain::UsageError(fmt::format("--prompt-ids: \"{}\" is not a token id", token));
+    if (used != token.size() || id < 0)
+      throw hpctrain::UsageError(fmt::format("--prompt-ids: \"{}\" is not a token id", token));
     ids.push_back(id);
   }
   if (ids.empty()) throw hpctrain::UsageError("--prompt-ids: no token ids");
@@ -85,7 +86,8 @@ int generate(const Arguments& arguments) {
       ids = pretrained.encode(arguments.prompt, /*add_special_tokens=*/true);
       tokenizer = pretrained.tokenizer();
     } else {
-      const auto file = arguments.tokenizer.empty() ? default_tokenizer(arguments.model) : std::filesystem::path(arguments.tokenizer);
+      const auto file =
+          arguments.tokenizer.empty() ? default_tokenizer(arguments.model) : std::filesystem::path(arguments.tokenizer);
       tokenizer = hpctrain::text::load_tokenizer(file);
       ids = tokenizer->encode(arguments.prompt);
     }
@@ -95,7 +97,8 @@ int generate(const Arguments& arguments) {
   auto model = hm::load_pretrained(arguments.model);
   const auto vocab = model->parameters().front().size(0);  // the token embedding comes first in both families
   for (auto id : prompt)
-    if (id >= vocab) throw hpctrain::UsageError(fmt::format("--prompt-ids: {} is not below the vocabulary size {}", id, vocab));
+    if (id >= vocab)
+      throw hpctrain::UsageError(fmt::format("--prompt-ids: {} is not below the vocabulary size {}", id, vocab));
   const auto tokens = hm::generate(*model, prompt, arguments.generation);
   if (!tokenizer || arguments.print_ids) {
     std::cout << fmt::format("{}", fmt::join(tokens, " ")) << std::endl;
@@ -113,14 +116,18 @@ int main(int argc, char** argv) {
   Arguments arguments;
   double temperature = 1.0;
   std::int64_t top_k = 0;
-  app.add_option("--model", arguments.model, "directory with config.json and model.safetensors (or shards)")->required();
+  app.add_option("--model", arguments.model, "directory with config.json and model.safetensors (or shards)")
+      ->required();
   auto* prompt = app.add_option("--prompt", arguments.prompt, "prompt text, encoded with the model's tokenizer.json");
-  auto* prompt_ids = app.add_option("--prompt-ids", arguments.prompt_ids, "prompt token ids, separated by spaces or commas");
+  auto* prompt_ids =
+      app.add_option("--prompt-ids", arguments.prompt_ids, "prompt token ids, separated by spaces or commas");
   prompt->excludes(prompt_ids);
-  app.add_option("--tokenizer", arguments.tokenizer, "tokenizer file (default: <model>/tokenizer.json, else the one <model>/*.tiktoken)");
+  app.add_option("--tokenizer", arguments.tokenizer,
+                 "tokenizer file (default: <model>/tokenizer.json, else the one <model>/*.tiktoken)");
   app.add_flag("--ids", arguments.print_ids, "print the generated ids rather than their text");
   app.add_option("--max-new-tokens", arguments.generation.max_new_tokens, "tokens to generate (default 32)");
-  auto* temperature_option = app.add_option("--temperature", temperature, "sample at this temperature (default: greedy)");
+  auto* temperature_option =
+      app.add_option("--temperature", temperature, "sample at this temperature (default: greedy)");
   auto* top_k_option = app.add_option("--top-k", top_k, "sample among the k likeliest tokens (needs --temperature)");
   app.add_option("--seed", arguments.generation.seed, "seed of the sampling generator (default 0)");
   try {

@@ -3,7 +3,6 @@
 //   ./hello_job --submit                  submit it; then --status, --logs [--follow], --cancel
 //   ./hello_job --submit --nodes 1 --env GREETING=hi
 #include <chrono>
-#include <cstdlib>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -16,7 +15,6 @@ int main(int argc, char** argv) {
   using namespace std::chrono_literals;
   using namespace hpctrain::literals;
   namespace ht = hpctrain;
-  ht::install_spec_error_exit();  // a wrong setter below exits 2 naming the field
 
   const auto job = ht::Job("hello")
                        .nodes(2)
@@ -29,10 +27,10 @@ int main(int argc, char** argv) {
   return ht::run_job(argc, argv, job, [](const std::vector<std::string>& args) {
     // The same identity under srun (SLURM_*) and under --local (RANK, WORLD_SIZE, ...).
     const auto world = ht::slurm::world_from_environment();
-    const char* greeting = std::getenv("GREETING");
+    const auto variable = ht::slurm::process_environment;  // the job's environment reaches every rank
     std::cout << fmt::format("{} from rank {} of {} (local rank {}, node {}) on {}, job {}, master {}:{}, args: {}\n",
-                             greeting ? greeting : "?", world.rank, world.world_size, world.local_rank,
-                             world.node_rank, std::getenv("SLURMD_NODENAME") ? std::getenv("SLURMD_NODENAME") : "local",
+                             variable("GREETING").value_or("?"), world.rank, world.world_size, world.local_rank,
+                             world.node_rank, variable("SLURMD_NODENAME").value_or("local"),
                              world.job_id.empty() ? "-" : world.job_id, world.master_addr, world.master_port,
                              fmt::join(args, " "));
     return 0;

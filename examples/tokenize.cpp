@@ -113,7 +113,8 @@ void for_each_line(const std::vector<std::filesystem::path>& files, Each each) {
 
 int encode(const Arguments& arguments) {
   const auto tokenizer = text::load_tokenizer(arguments.tokenizer);
-  const bool special = arguments.special.value_or(std::filesystem::path(arguments.tokenizer).extension() != ".tiktoken");
+  const bool ranks = std::filesystem::path(arguments.tokenizer).extension() == ".tiktoken";
+  const bool special = arguments.special.value_or(!ranks);  // as the reference does: HF yes, tiktoken's ranks no
   auto encoder = tokenizer.encoder();
   std::vector<text::TokenId> ids;
   std::string out;
@@ -152,7 +153,8 @@ int decode(const Arguments& arguments) {
       text::TokenId id = 0;
       const auto [end, error] = std::from_chars(line.data() + position, line.data() + line.size(), id);
       if (error != std::errc{} || (end != line.data() + line.size() && *end != ' '))
-        throw hpctrain::RuntimeError("text.input", fmt::format("line {}: {:?} is not a list of token ids", line_number, line.substr(0, 80)));
+        throw hpctrain::RuntimeError("text.input", fmt::format("line {}: {:?} is not a list of token ids", line_number,
+                                                               line.substr(0, 80)));
       ids.push_back(id);
       position = static_cast<std::size_t>(end - line.data());
     }

@@ -32,6 +32,8 @@ class Error : public std::runtime_error {
       : std::runtime_error(fmt::format("[{}] {}", id, message)), id_(std::move(id)) {}
   Error(ErrorId id, const std::string& message) : Error(std::string(id.str()), message) {}
   const std::string& id() const noexcept { return id_; }
+  /// The exit code of a program this error ends (DESIGN.md's contract): exit_failure, the world failed.
+  virtual int exit_code() const noexcept { return exit_failure; }
 
  private:
   std::string id_;
@@ -52,6 +54,8 @@ class SpecError : public Error {
       : Error(error.id(), fmt::format("{}: {}", where, std::string_view(error.what()).substr(error.id().size() + 3))),
         field_(error.field()) {}
   const std::string& field() const noexcept { return field_; }
+  /// exit_usage: the description is wrong, nothing was written or queued.
+  int exit_code() const noexcept override { return exit_usage; }
 
  private:
   std::string field_;
@@ -61,6 +65,8 @@ class SpecError : public Error {
 class UsageError : public Error {
  public:
   explicit UsageError(const std::string& message) : Error(errors::usage, message) {}
+  /// exit_usage, as a SpecError.
+  int exit_code() const noexcept override { return exit_usage; }
 };
 
 /// The world failed: a command, a peer or the file system.
@@ -86,22 +92,25 @@ void require(bool ok, ErrorId id, const T& value, std::string_view reason) {
 }
 }  // namespace detail
 
+/// The one place an exception becomes an exit code: its own (`Error::exit_code`: 2 for a SpecError or
+/// UsageError, 1 for a RuntimeError), and exit_failure for any other exception (LibTorch's c10::Error, std::).
+/// Every catch that ends a program, a command or a rank asks it: with_exit_codes, the login commands
+/// (job/cli.hpp), run(), the workers (train/worker.hpp) and the terminate handler (job/spec_error_exit.hpp).
+inline int exit_code_of(const std::exception& error) noexcept {
+  const auto* ours = dynamic_cast<const Error*>(&error);
+  return ours != nullptr ? ours->exit_code() : exit_failure;
+}
+
 /// Runs `body` — a tool's work once its command line is parsed (examples/generate.cpp, fill_mask.cpp) — and keeps
-/// the command-line contract for what it throws: the message on stderr, then exit 2 for a SpecError or
-/// UsageError and 1 for any other error. Programs built on hpctrain::run get this from run().
+/// the command-line contract for what it throws: the message on stderr, then its exit_code_of. Programs built on
+/// hpctrain::run get this from run().
 template <class Body>
 int with_exit_codes(Body&& body) {
   try {
     return body();
-  } catch (const SpecError& error) {
-    std::fprintf(stderr, "%s\n", error.what());
-    return exit_usage;
-  } catch (const UsageError& error) {
-    std::fprintf(stderr, "%s\n", error.what());
-    return exit_usage;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "%s\n", error.what());
-    return exit_failure;
+    return exit_code_of(error);
   }
 }
 

@@ -13,6 +13,7 @@
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/render.hpp>
+#include <hpctrain/job/setting.hpp>
 #include <hpctrain/job/shell.hpp>
 #include <hpctrain/job/submit.hpp>
 #include <hpctrain/job/units.hpp>
@@ -35,6 +36,7 @@
 #include <hpctrain/train/data/tokens.hpp>
 #include <hpctrain/train/digest.hpp>
 #include <hpctrain/train/evaluation.hpp>
+#include <hpctrain/train/adamw.hpp>
 #include <hpctrain/train/fused_adamw.hpp>
 #include <hpctrain/train/loggers.hpp>
 #include <hpctrain/train/metrics.hpp>
@@ -55,5 +57,6 @@
 
 #include <hpctrain/models/models.hpp>
 #include <hpctrain/lm/lm.hpp>
+#include <hpctrain/text/default_data.hpp>
 
 #include <hpctrain/run.hpp>

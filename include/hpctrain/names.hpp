@@ -45,6 +45,15 @@ inline constexpr const char* checkpoint_timeout = "HPCTRAIN_CHECKPOINT_TIMEOUT_S
 /// Test hook of the fault-injection tests (tests/faults): rank 0 sleeps this many seconds before the
 /// rendezvous, as a rank 0 slow to start would (a slow node, a slow file system loading the binary).
 inline constexpr const char* test_delay_rank0 = "HPCTRAIN_TEST_DELAY_RANK0_S";
+/// Test hook of the loss-curve tests (tests/models/*_loss_curve_test.py): set, a model built from scratch by
+/// lm::gpt2_from_scratch or lm::roberta_from_scratch is also written, at step 0, to `<run dir>/initial` (rank 0).
+inline constexpr const char* test_save_initial = "HPCTRAIN_TEST_SAVE_INITIAL";
+/// A directory of text files the examples train on instead of Debian's fortunes (text::default_corpus).
+inline constexpr const char* corpus = "HPCTRAIN_CORPUS";
+/// GPT-2's tokenizer file elsewhere than ~/.cache/hpctrain/gpt2.tiktoken (text::gpt2_tokenizer).
+inline constexpr const char* gpt2_tokenizer = "HPCTRAIN_GPT_TOKENIZER";
+/// The RoBERTa tokenizer.json elsewhere than ~/.cache/hpctrain/roberta-fortunes/ (text::roberta_tokenizer).
+inline constexpr const char* roberta_tokenizer = "HPCTRAIN_ROBERTA_TOKENIZER";
 /// Where Job::prepare left its results when that is not `$HPCTRAIN_RUN_DIR/prepare`: set by `--local`, whose
 /// preparation runs once in `hpctrain-jobs/<name>/local` while each run gets its own `local-<time>` directory.
 inline constexpr const char* prepare_dir = "HPCTRAIN_PREPARE_DIR";

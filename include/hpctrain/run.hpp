@@ -2,7 +2,7 @@
 // The one call a user's main makes: checks the training description and its knob table, then dispatches on
 // the mode — login-node commands (--dry-run, --submit, --status, ...) through job/, worker mode to the
 // training loop. The knob table travels from here into the job layer, which never sees a Training.
-#include <iostream>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -11,7 +11,6 @@
 #include <hpctrain/job/cli.hpp>
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/knobs.hpp>
-#include <hpctrain/job/spec_error_exit.hpp>
 #include <hpctrain/train/training.hpp>
 #include <hpctrain/train/worker.hpp>
 
@@ -38,15 +37,13 @@ inline Job with_data_preparation(const Job& job, const Training& training, const
 }  // namespace detail
 
 HPCTRAIN_RUNTIME_INLINE int run(int argc, char** argv, const Job& job, const Training& training) {
-  install_spec_error_exit();  // from here on, a SpecError that escapes exits 2 with its message
   Knobs knobs;
-  try {
+  const int refused = with_exit_codes([&] {
     training.validate();  // a broken description fails here, before anything is submitted
     knobs = training_knobs(training, job.name());  // a bare --wandb logs to the project named after the job
-  } catch (const SpecError& error) {
-    std::cerr << error.what() << "\n";
-    return exit_usage;
-  }
+    return exit_ok;
+  });
+  if (refused != exit_ok) return refused;
   Planner planner;
   if (training.memory_planner())
     planner = [&training](const Knobs& values, const PlanRequest& request, std::ostream& out) {

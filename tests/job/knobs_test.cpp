@@ -1,10 +1,14 @@
 // The knob table (job/knobs.hpp): one table reads the login command's and the workers' arguments, checks
 // every value with the knob named, prints --help, and validates a sweep's values by name.
 #include <cstdint>
+#include <filesystem>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <hpctrain/job/knobs.hpp>
+#include <hpctrain/job/setting.hpp>
+#include <hpctrain/job/sweep.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -153,4 +157,57 @@ TEST_CASE("Knobs::help lists every knob with its type, default and requirement",
   wide.declare<bool>("activation_checkpointing", false, "recompute each block");
   CHECK(wide.help().find("  --activation-checkpointing [true|false]\n" + std::string(30, ' ') + "recompute each block (default: false)\n") !=
         std::string::npos);
+}
+
+TEST_CASE("A knob's flag is spelled in one place, both ways, and a sweep's arguments use it", "[knobs]") {
+  CHECK(ht::knob_flag("warmup_steps") == "--warmup-steps");
+  CHECK(ht::knob_name("warmup-steps") == "warmup_steps");
+  CHECK(ht::knob_name("warmup_steps") == "warmup_steps");
+  CHECK(knob_table().find("warmup-steps")->flag() == "--warmup-steps");
+  const auto sweep = ht::unchecked_sweep(ht::Sweep().grid("warmup_steps", {0, 10}));
+  REQUIRE(sweep.args.size() == 2);
+  CHECK(sweep.args[0] == std::vector<std::string>{"--warmup-steps=0"});
+  // A Setting from a knob names the knob by its flag when the knob's path is empty.
+  const ht::Setting<std::filesystem::path> path(ht::knob("inline_test_path", "", "a path"));
+  CHECK_THROWS_WITH(path.get(ht::detail::inline_knobs()), "[hpctrain.spec.knob] --inline-test-path: is required (a path)");
+}
+
+TEST_CASE("A knob declared where it is used has its type from its default, reads the given value, and joins run()'s table",
+          "[knobs]") {
+  const auto windows = ht::knob("inline_test_windows", 128, "tokens per window", ht::positive());
+  const auto prompt = ht::knob("inline_test_prompt", "Q: ", "prompt");
+  const auto decay = ht::knob("inline_test_decay", 0.1, "weight decay", ht::non_negative());
+  const auto packing = ht::knob("inline_test_packing", false, "a switch");
+  static_assert(std::is_same_v<decltype(windows), const ht::Knob<std::int64_t>>);
+  static_assert(std::is_same_v<decltype(prompt), const ht::Knob<std::string>>);
+  CHECK(windows.flag() == "--inline-test-windows");
+
+  // The table hpctrain::run extends with them (train/worker.hpp): --help lists them, the command line wins.
+  ht::Knobs table = knob_table();
+  table.extend(ht::detail::inline_knobs());
+  CHECK_THAT(table.help(), Catch::Contains("--inline-test-windows N") && Catch::Contains("tokens per window (default: 128; must be positive)"));
+  const auto given = table.with_arguments({"--inline-test-windows", "64", "--inline-test-packing"});
+  CHECK(windows(given) == 64);
+  CHECK(windows(table) == 128);  // not given: the default
+  CHECK(prompt(given) == "Q: ");
+  CHECK(decay(given) == 0.1);
+  CHECK(packing(given));
+  CHECK(ht::Setting<std::int64_t>(windows).get(given) == 64);
+  CHECK(ht::Setting<std::int64_t>(std::int64_t{7}).get(given) == 7);  // a value written in the program
+  CHECK_THROWS_WITH(table.with_arguments({"--inline-test-windows", "0"}),
+                    "[hpctrain.spec.knob] --inline-test-windows = 0: must be positive");
+}
+
+TEST_CASE("The same inline declaration again is the same knob; the same name with another default or help is a spec error",
+          "[knobs]") {
+  ht::knob("inline_test_twice", 256, "tokens per example", ht::at_least(8));
+  CHECK(ht::knob("inline_test_twice", 256, "tokens per example", ht::at_least(8)).name() == "inline_test_twice");
+  CHECK_THROWS_WITH(ht::knob("inline_test_twice", 512, "tokens per example", ht::at_least(8)),
+                    "[hpctrain.spec.knob] --inline-test-twice: is declared twice: default 256, \"tokens per example\" "
+                    "and default 512, \"tokens per example\"");
+  CHECK_THROWS_WITH(ht::knob("inline_test_twice", 256, "other help", ht::at_least(8)),
+                    Catch::StartsWith("[hpctrain.spec.knob] --inline-test-twice: is declared twice"));
+  CHECK_THROWS_WITH(ht::knob("Inline-Bad", 1, "help"), Catch::StartsWith("[hpctrain.spec.knob] Inline-Bad: a knob name is snake_case"));
+  CHECK_THROWS_WITH(ht::knob("inline_test_bad_default", -1, "help", ht::positive()),
+                    "[hpctrain.spec.knob] --inline-test-bad-default = -1: its default must be positive");
 }

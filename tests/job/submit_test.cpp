@@ -293,6 +293,7 @@ TEST_CASE("Status says clearly when neither squeue nor sacct knows the job", "[c
         fmt::format("job {}: unknown to squeue, sacct and scontrol (finished long ago, or purged)\n", id));
 }
 
+// The probe never calls install_spec_error_exit(): job/cli.hpp installs it before main.
 TEST_CASE("A spec error raised while main builds the job exits 2 with its message", "[cli]") {
   const auto dir = job_test::scratch_dir("spec-error-in-main");
   const auto result = job_test::run_probe(dir, {"--submit"}, {{"PROBE_NODES", "0"}});

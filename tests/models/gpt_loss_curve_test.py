@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The loss-curve oracle of issue 10: the first 12 training losses of examples/gpt (fp32, CPU, --local 2) equal
 those of a PyTorch (Python) loop — bench/gpt_peer.py's `reference`, the same GPT-2 written in plain PyTorch —
-started from the same step-0 weights (the example writes them with --save-initial), fed the same windows
+started from the same step-0 weights (the example's model factory writes them under HPCTRAIN_TEST_SAVE_INITIAL), fed the same windows
 in the same order, with the same AdamW groups, warmup + cosine schedule and clipping, within 1e-4 relative.
 
   gpt_loss_curve_test.py BUILD/examples/gpt   (python: the venv's, with torch and safetensors)
@@ -33,7 +33,7 @@ def main():
     run_dir = os.path.join(work, "run")
     # In fp32, so that both sides compute the same thing.
     command = [binary, "--local", str(WORLD), "--max-steps", str(STEPS), "--precision", "fp32", "--log-every", "1",
-               "--eval-every", "0", "--checkpoint-every", "0", "--sample-tokens", "0", "--save-initial"] + SHORTER
+               "--eval-every", "0", "--checkpoint-every", "0", "--sample-tokens", "0",] + SHORTER
     if not run_example(command, work, run_dir):
         return 1
     ours = training_losses(run_dir, STEPS)

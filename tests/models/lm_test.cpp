@@ -208,6 +208,16 @@ TEST_CASE("An optional path from a knob: the knob's value, none when it is empty
   CHECK(lm::Setting<std::filesystem::path>("/x/tools.json").get_optional(knobs) == std::filesystem::path("/x/tools.json"));
 }
 
+TEST_CASE("An SFT split that holds out every n-th example needs n of at least 2: 0 would divide by zero", "[lm][sft]") {
+  for (const std::int64_t every : {0, 1, -16}) {
+    CAPTURE(every);
+    CHECK_THROWS_WITH(lm::sft_jsonl("train.jsonl").split(lm::Split::train, every),
+                      fmt::format("[hpctrain.spec.sft.split] sft.split = {}: holds out every n-th example: n must be at least 2",
+                                  every));
+  }
+  CHECK_NOTHROW(lm::sft_jsonl("train.jsonl").split(lm::Split::validation, 2));
+}
+
 TEST_CASE("An SFT source makes the same rows from the job's prepared file as tokenized in each rank, unpacked and packed, both splits",
           "[lm][sft]") {
   const auto dir = models_test::scratch("sft-prepared-rows");

@@ -6,8 +6,10 @@ import subprocess
 
 
 def run_example(command, work, run_dir):
-    """Runs `command` in `work` with HPCTRAIN_RUN_DIR=run_dir; prints the end of its output; True when it exits 0."""
-    done = subprocess.run(command, cwd=work, env=dict(os.environ, HPCTRAIN_RUN_DIR=run_dir),
+    """Runs `command` in `work` with HPCTRAIN_RUN_DIR=run_dir; prints the end of its output; True when it exits 0.
+    HPCTRAIN_TEST_SAVE_INITIAL makes the example's model factory (lm::gpt2_from_scratch, lm::roberta_from_scratch)
+    write its step-0 weights to <run_dir>/initial, where the PyTorch loop starts from."""
+    done = subprocess.run(command, cwd=work, env=dict(os.environ, HPCTRAIN_RUN_DIR=run_dir, HPCTRAIN_TEST_SAVE_INITIAL="1"),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     print(done.stdout[-4000:])
     if done.returncode != 0:

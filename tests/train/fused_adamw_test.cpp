@@ -8,6 +8,8 @@
 
 #include <torch/torch.h>
 
+#include <hpctrain/job/setting.hpp>
+#include <hpctrain/train/adamw.hpp>
 #include <hpctrain/train/fused_adamw.hpp>
 
 namespace {
@@ -105,4 +107,57 @@ TEST_CASE("A FusedAdamW state saved after 10 steps resumes in torch::optim::Adam
     CAPTURE(i);
     REQUIRE(torch::allclose(resumed.all()[i], fused.all()[i], 1e-6, 1e-7));
   }
+}
+
+TEST_CASE("ht::adamw builds the examples' former optimizer: FusedAdamW on the CPU, matrices decayed, biases and 1-D not",
+          "[optimizer]") {
+  torch::manual_seed(3);
+  const hpctrain::NamedParameters parameters = {{"linear.weight", torch::randn({4, 3}).requires_grad_()},
+                                                {"linear.bias", torch::randn({4}).requires_grad_()},
+                                                {"norm.weight", torch::randn({3}).requires_grad_()}};
+  // The knob as hpctrain::knob declares it, in a table of this test's own (the program-wide table of inline knobs
+  // would reach every later case of this process: tests/train/loop_test.cpp lists the built-in knobs).
+  hpctrain::Knobs knobs;
+  knobs.declare<double>("adamw_test_weight_decay", 0.1, "weight decay of the matrices", hpctrain::non_negative());
+  const hpctrain::Knob<double> decay("adamw_test_weight_decay");
+  const auto given = knobs.with_arguments({"--adamw-test-weight-decay", "0.25"});
+
+  const auto factory = hpctrain::adamw(1e-3).betas({0.9, 0.95}).eps(1e-6).weight_decay(decay);
+  const auto optimizer = factory(parameters, given);
+  REQUIRE(dynamic_cast<hpctrain::FusedAdamW*>(optimizer.get()) != nullptr);  // ATen has the kernel on the CPU
+  const auto& groups = optimizer->param_groups();
+  REQUIRE(groups.size() == 2);
+  const auto& decayed = static_cast<const torch::optim::AdamWOptions&>(groups[0].options());
+  const auto& plain = static_cast<const torch::optim::AdamWOptions&>(groups[1].options());
+  CHECK(groups[0].params().size() == 1);  // the weight matrix
+  CHECK(groups[1].params().size() == 2);  // the bias and the norm's weight
+  CHECK(decayed.weight_decay() == 0.25);  // the knob's value as given
+  CHECK(plain.weight_decay() == 0.0);
+  CHECK(decayed.lr() == 1e-3);
+  CHECK(decayed.eps() == 1e-6);
+  CHECK(std::get<1>(decayed.betas()) == 0.95);
+  CHECK(hpctrain::adamw(1e-3).weight_decay(decay).options(knobs).weight_decay() == 0.1);  // not given: the default
+  CHECK(hpctrain::adamw(1e-3).options(knobs).weight_decay() == 0.01);                     // PyTorch's default
+
+  // The same numbers as the lambda the examples held: FusedAdamW over weight_decay_groups.
+  auto copy = [&] {
+    hpctrain::NamedParameters out;
+    for (const auto& [name, tensor] : parameters) out.emplace_back(name, tensor.detach().clone().requires_grad_());
+    return out;
+  };
+  const auto ours_parameters = copy(), theirs_parameters = copy();
+  const auto ours = factory(ours_parameters, given);
+  auto options = torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(1e-6).weight_decay(0.25);
+  hpctrain::FusedAdamW theirs(hpctrain::weight_decay_groups(theirs_parameters, options), options);
+  for (int step = 0; step < 5; ++step) {
+    for (const auto* side : {&ours_parameters, &theirs_parameters})
+      for (const auto& [name, tensor] : *side) tensor.mutable_grad() = torch::full_like(tensor, 0.1 * (step + 1));
+    ours->step();
+    theirs.step();
+  }
+  for (std::size_t i = 0; i < parameters.size(); ++i) REQUIRE(torch::equal(ours_parameters[i].second, theirs_parameters[i].second));
+
+  const auto unfused = hpctrain::adamw(1e-3).fused(false).decay_groups(false)(parameters, knobs);
+  CHECK(dynamic_cast<hpctrain::FusedAdamW*>(unfused.get()) == nullptr);
+  CHECK(unfused->param_groups().size() == 1);
 }

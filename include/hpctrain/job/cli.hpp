@@ -34,6 +34,7 @@
 #include <hpctrain/slurm/cpus.hpp>
 #include <hpctrain/slurm/local_launch.hpp>
 #include <hpctrain/job/render.hpp>
+#include <hpctrain/job/spec_error_exit.hpp>  // installed before main: a wrong setter exits 2
 #include <hpctrain/job/results.hpp>
 #include <hpctrain/job/submit.hpp>
 #include <hpctrain/job/units.hpp>
@@ -650,15 +651,9 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         return exit_ok;
       }
     }
-  } catch (const SpecError& e) {
-    err << e.what() << "\n";
-    return exit_usage;
-  } catch (const UsageError& e) {
-    err << e.what() << "\n";
-    return exit_usage;
   } catch (const std::exception& e) {
     err << e.what() << "\n";
-    return exit_failure;
+    return exit_code_of(e);
   }
   return exit_failure;
 }
@@ -678,6 +673,10 @@ inline void prepare_step_task(const Job& job, const LoginCommand& command, const
     std::cerr << "hpctrain: --run under your own srun: the ranks train now; the preparation step (Job::prepare) "
                  "runs only from the allocation's shell (`--run` without srun)\n";
 }
+
+/// Set during static initialisation, before the user's main builds its description: in a program that can call
+/// run_job (or hpctrain::run), a wrong setter exits 2 naming the field, whatever main does before the call.
+inline const bool spec_errors_exit_2 = (install_spec_error_exit(), true);
 }  // namespace detail
 
 /// The whole program for a job: worker mode under the marker, else the login-node command line. Arguments
@@ -694,9 +693,9 @@ inline int run_job(int argc, char** argv, const Job& job, const Worker& worker) 
       detail::prepare_step_task(job, command, current_render_context(argc, argv, command.forwarded));
       return worker(command.forwarded);
     }
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     std::cerr << e.what() << "\n";
-    return exit_usage;
+    return exit_code_of(e);
   }
   return run_login_command(job, command, current_render_context(argc, argv, command.forwarded));
 }
@@ -721,9 +720,9 @@ inline int run_job(int argc, char** argv, const Job& job, const Knobs& knobs, co
         args.erase(args.begin(), args.begin() + 2);
       }
       return worker(knobs.with_arguments(args));
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       std::cerr << e.what() << "\n";
-      return exit_usage;
+      return exit_code_of(e);
     }
   }
   LoginCommand command;
@@ -737,9 +736,9 @@ inline int run_job(int argc, char** argv, const Job& job, const Knobs& knobs, co
       detail::prepare_step_task(job, command, current_render_context(argc, argv, command.forwarded));
       return worker(knobs.with_arguments(command.forwarded));
     }
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     std::cerr << e.what() << "\n";
-    return exit_usage;
+    return exit_code_of(e);
   }
   return run_login_command(job, command, current_render_context(argc, argv, command.forwarded), std::cout, std::cerr,
                            &knobs, planner);

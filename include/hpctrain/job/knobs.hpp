@@ -115,6 +115,19 @@ inline NumericBounds between(double low, double high) {
   return {low, high, true, fmt::format("must be between {} and {}", low, high)};
 }
 
+/// `--warmup-steps` for knob `warmup_steps`: the one place a knob's name becomes its flag.
+inline std::string knob_flag(std::string_view name) {
+  std::string flag = "--" + std::string(name);
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+/// `warmup_steps` for `warmup-steps` (a flag without its dashes) or `warmup_steps`: the way back.
+inline std::string knob_name(std::string_view name_or_flag) {
+  std::string name(name_or_flag);
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
+
 /// One row of the table.
 struct KnobSpec {
   std::string name;                          ///< snake_case: `warmup_steps`; the flag is `--warmup-steps`
@@ -129,11 +142,7 @@ struct KnobSpec {
   std::string placeholder;                   ///< `--help`'s name for the value (`[PROJECT]`); empty: by type
 
   /// `--warmup-steps` for `warmup_steps`.
-  std::string flag() const {
-    std::string text = "--" + name;
-    std::replace(text.begin(), text.end(), '_', '-');
-    return text;
-  }
+  std::string flag() const { return knob_flag(name); }
 };
 
 /// The knob table and, once arguments were read, the values given.
@@ -345,11 +354,7 @@ class Knobs {
     return *this;
   }
 
-  static std::string canonical(std::string_view name) {
-    std::string key(name);
-    std::replace(key.begin(), key.end(), '-', '_');
-    return key;
-  }
+  static std::string canonical(std::string_view name) { return knob_name(name); }
   static std::string placeholder(const KnobValue& value) {
     constexpr std::string_view names[] = {"N", "X", "[true|false]", "TEXT"};
     return std::string(names[value.index()]);

@@ -3,8 +3,10 @@
 // escapes main and would end in std::terminate and abort (exit 134, maybe a core file), while the
 // command-line contract says "exit 2 and name the field". `install_spec_error_exit()` installs a terminate
 // handler that turns an uncaught SpecError or UsageError into its message and exit 2, and leaves every
-// other case to the handler that was there before. It is explicit — including a header changes no global
-// state: hpctrain::run calls it, and a main that builds its description first calls it first.
+// other case to the handler that was there before (a runtime failure that escapes main, or a terminate for
+// another reason, still aborts with its core file: a bug to look at). Whatever the program does, a program
+// that can call hpctrain::run or run_job has it installed before main starts (job/cli.hpp), so a wrong
+// setter exits 2 whether or not main calls anything first.
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -21,12 +23,11 @@ inline bool spec_error_exit_installed = false;
   if (const auto current = std::current_exception()) {
     try {
       std::rethrow_exception(current);
-    } catch (const SpecError& error) {
-      std::fprintf(stderr, "%s\n", error.what());
-      std::_Exit(exit_usage);
-    } catch (const UsageError& error) {
-      std::fprintf(stderr, "%s\n", error.what());
-      std::_Exit(exit_usage);
+    } catch (const std::exception& error) {
+      if (exit_code_of(error) == exit_usage) {
+        std::fprintf(stderr, "%s\n", error.what());
+        std::_Exit(exit_usage);
+      }
     } catch (...) {
     }
   }
@@ -35,8 +36,8 @@ inline bool spec_error_exit_installed = false;
 }
 }  // namespace detail
 
-/// From now on, a SpecError or UsageError that escapes main prints its message and exits 2. Call it first in
-/// a main that builds its Job before run()/run_job(); calling it again does nothing.
+/// From now on, a SpecError or UsageError that escapes main prints its message and exits 2. A program that
+/// includes job/cli.hpp (run_job) or run.hpp has it from before main; calling it again does nothing.
 inline void install_spec_error_exit() {
   if (detail::spec_error_exit_installed) return;
   detail::previous_terminate_handler = std::set_terminate(detail::exit_on_uncaught_spec_error);

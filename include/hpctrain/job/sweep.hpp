@@ -144,11 +144,7 @@ class Sweep {
     std::string name;
     std::vector<std::pair<std::string, std::string>> values;
   };
-  static std::string canonical(std::string_view name) {
-    std::string key(name);
-    std::replace(key.begin(), key.end(), '-', '_');
-    return key;
-  }
+  static std::string canonical(std::string_view name) { return knob_name(name); }
   static void require_knob_name(std::string_view knob) {
     detail::require(!knob.empty() && knob.find_first_of(" \t\r\n=") == std::string_view::npos, errors::spec_sweep,
                     knob.empty() ? "\"\"" : knob, "a knob name is one word without '='");
@@ -226,9 +222,7 @@ inline ResolvedSweep unchecked_sweep(const Sweep& sweep) {
   for (const auto& combination : resolved.combinations) {
     std::vector<std::string> args;
     for (const auto& [knob, value] : combination.values) {
-      std::string flag = "--" + knob;
-      std::replace(flag.begin(), flag.end(), '_', '-');
-      args.push_back(fmt::format("{}={}", flag, value));
+      args.push_back(fmt::format("{}={}", knob_flag(knob), value));
     }
     resolved.args.push_back(std::move(args));
   }

@@ -8,6 +8,7 @@
 #include <hpctrain/lm/masked_lm_data.hpp>
 #include <hpctrain/lm/plan.hpp>
 #include <hpctrain/lm/pretrained.hpp>
+#include <hpctrain/lm/scratch.hpp>
 #include <hpctrain/lm/setting.hpp>
 #include <hpctrain/lm/sft_dataset.hpp>
 #include <hpctrain/lm/tokens.hpp>

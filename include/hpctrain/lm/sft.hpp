@@ -70,8 +70,14 @@ class SftJsonl {
   /// Pack examples into rows of max_length tokens (best-fit-decreasing). Default: off.
   SftJsonl& packing(Setting<bool> on = true) { packing_ = std::move(on); return *this; }
   /// Keep a deterministic part of the file: Split::train leaves out every `every`-th example, which
-  /// Split::validation keeps. Default: all.
-  SftJsonl& split(Split part, std::int64_t every = 16) { split_ = part; holdout_every_ = every; return *this; }
+  /// Split::validation keeps. Default: all. SpecError `[hpctrain.spec.sft.split]` unless `every` is at least 2
+  /// (1 would hold out every example, 0 none of them, by dividing by zero).
+  SftJsonl& split(Split part, std::int64_t every = 16) {
+    hpctrain::detail::require(every >= 2, "sft.split", every, "holds out every n-th example: n must be at least 2");
+    split_ = part;
+    holdout_every_ = every;
+    return *this;
+  }
   /// The tokenizer directory. Default: the pretrained model's (lm::from_pretrained).
   SftJsonl& tokenizer(Setting<std::filesystem::path> directory) { tokenizer_ = std::move(directory); return *this; }
   /// A chat template file to use instead of the tokenizer's own (conversational files only).

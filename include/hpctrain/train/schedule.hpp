@@ -2,12 +2,14 @@
 // Learning-rate schedules as pure functions of the step: nothing to save in a checkpoint but the step.
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <numbers>
 #include <string>
 
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/setting.hpp>
 
 namespace hpctrain {
 
@@ -59,5 +61,17 @@ class LrSchedule {
   std::int64_t warmup_steps_ = 0;
   double final_fraction_ = 0.0;
 };
+
+/// A schedule made from the run's knobs when the worker starts (Training::schedule takes it).
+using ScheduleFromKnobs = std::function<LrSchedule(const Knobs&)>;
+/// LrSchedule::warmup_cosine with its steps and floor as values or knobs:
+/// `.schedule(ht::warmup_cosine(ht::knob("warmup_steps", 30, "linear warmup steps", ht::non_negative()), 0.1))`.
+inline ScheduleFromKnobs warmup_cosine(Setting<std::int64_t> warmup_steps, Setting<double> final_fraction = 0.0) {
+  return [=](const Knobs& knobs) { return LrSchedule::warmup_cosine(warmup_steps.get(knobs), final_fraction.get(knobs)); };
+}
+/// LrSchedule::warmup_linear with its steps and floor as values or knobs.
+inline ScheduleFromKnobs warmup_linear(Setting<std::int64_t> warmup_steps, Setting<double> final_fraction = 0.0) {
+  return [=](const Knobs& knobs) { return LrSchedule::warmup_linear(warmup_steps.get(knobs), final_fraction.get(knobs)); };
+}
 
 }  // namespace hpctrain

@@ -21,6 +21,7 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
 #include <hpctrain/job/knobs.hpp>
+#include <hpctrain/job/setting.hpp>  // the knobs declared inline
 #include <hpctrain/models/export_format.hpp>
 #include <hpctrain/names.hpp>
 #include <hpctrain/slurm/world.hpp>
@@ -32,7 +33,8 @@ namespace hpctrain {
 
 /// The knob table of `training`: the built-ins (--epochs --max-steps --batch-size --lr --sharding --hsdp-group-size
 /// --precision --log-every --eval-every --max-eval-examples --eval-batch-size --checkpoint-every --checkpoint-async
-/// --export-dtype --export-shard-size --wandb), whose defaults are the description's values, then the program's own knobs. Throws SpecError when a program knob reuses a built-in's name.
+/// --export-dtype --export-shard-size --wandb), whose defaults are the description's values, then the program's own knobs
+/// (Training::knob's, then those hpctrain::knob declared inline). Throws SpecError when a program knob reuses a built-in's name.
 /// `program` (the job's name) is the W&B project a bare `--wandb` stands for when the Training names none.
 inline Knobs training_knobs(const Training& training, std::string_view program = "hpctrain") {
   Knobs table;
@@ -85,6 +87,7 @@ inline Knobs training_knobs(const Training& training, std::string_view program =
   else table.declare_optional<std::string>("wandb", wandb_help, wandb_project_check());
   table.allow_bare("wandb", training.wandb() ? training.wandb()->project() : wandb_project_name(program), "[PROJECT]");
   table.extend(training.knobs());
+  table.extend(detail::inline_knobs());  // hpctrain::knob(...), declared where main uses them
   return table;
 }
 
@@ -200,15 +203,9 @@ inline int run_worker(const Training& training, const Knobs& knobs) {
       hsdp_shard_group_size(configured.hsdp_group_size(), world.world_size, world.local_world_size);
     detail::delay_rank0_for_tests(rank);
     return train(configured, world, options).exit_code;
-  } catch (const SpecError& error) {
+  } catch (const std::exception& error) {  // hpctrain's errors, and c10::Error from LibTorch
     fmt::print(stderr, "rank {}: {}\n", rank, error.what());
-    return exit_usage;
-  } catch (const UsageError& error) {
-    fmt::print(stderr, "rank {}: {}\n", rank, error.what());
-    return exit_usage;
-  } catch (const std::exception& error) {  // RuntimeError, and c10::Error from LibTorch
-    fmt::print(stderr, "rank {}: {}\n", rank, error.what());
-    return exit_failure;
+    return exit_code_of(error);
   }
 }
 

@@ -23,7 +23,6 @@ struct MlpImpl : torch::nn::Module, ht::ListsBlocks {
 TORCH_MODULE(Mlp);
 
 int main(int argc, char** argv) {
-  ht::install_spec_error_exit();
   // The same data in every process: a noisy linear teacher's classes.
   auto generator = at::make_generator<at::CPUGeneratorImpl>(12345);
   auto inputs = torch::randn({9600, 32}, generator);

@@ -148,8 +148,7 @@ int report(const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   using namespace std::chrono_literals;
   namespace ht = hpctrain;
-  // No try/catch: a SpecError escaping main exits 2 with its message (job/spec_error_exit.hpp).
-  ht::install_spec_error_exit();
+  // No try/catch: a SpecError escaping main exits 2 with its message, installed before main (job/spec_error_exit.hpp).
   auto job = ht::Job(env_or("PROBE_NAME", "probe")).nodes(std::stoi(env_or("PROBE_NODES", "2"))).time(5min);
   if (std::getenv("PROBE_SECRET")) job.secret_env("PROBE_SECRET");
   // A secret the probe does not print (PROBE_* values it does): tests/job/private_files_test.cpp's canary.

@@ -34,7 +34,6 @@ int report(const std::vector<std::string>&) {
 int main(int argc, char** argv) {
   using namespace std::chrono_literals;
   namespace ht = hpctrain;
-  ht::install_spec_error_exit();  // the description below may throw a SpecError: exit 2 naming it
   std::vector<std::filesystem::path> inputs;
   std::istringstream list(env_or("PROBE_INPUTS", ""));
   for (std::string input; std::getline(list, input, ':');) inputs.emplace_back(input);
