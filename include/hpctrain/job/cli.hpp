@@ -516,6 +516,128 @@ inline PlanVerdict plan_before_queueing(const Job& job, const LoginCommand& comm
 }
 }  // namespace detail
 
+namespace detail {
+/// The context the workers are rendered or launched with: the sweep's points checked, and `--resume`'s directory
+/// passed on (the script or --local then resumes from exactly that run).
+inline RenderContext worker_context_for(const Job& job, const LoginCommand& command, const RenderContext& context,
+                                        const Knobs* knobs) {
+  using Mode = LoginCommand::Mode;
+  RenderContext worker_context = context;
+  if (job.sweep() && (command.mode == Mode::dry_run || command.mode == Mode::submit || command.mode == Mode::local))
+    worker_context.sweep = checked_sweep(job, command, knobs);
+  if (command.resume) {
+    const auto from = resume_directory(*command.resume, job_root(job, context));
+    worker_context.worker_args.insert(worker_context.worker_args.begin(), {"--resume", from.string()});
+  }
+  return worker_context;
+}
+
+/// --dry-run: the script (or the chain's scripts) on stdout, after the checks --submit makes; what the cluster
+/// would refuse is a warning here.
+inline int dry_run_command(const Job& job, const LoginCommand& command, RenderContext worker_context, std::ostream& out,
+                           std::ostream& err, const Knobs* knobs, const Planner& planner) {
+  if (!worker_context.slurm_version) worker_context.slurm_version = cluster_slurm_version();
+  worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
+  check_array_on_cluster(job);
+  print_job_warnings(job, err);
+  plan_before_queueing(job, command, knobs, planner, err, /*print=*/true);
+  if (!job.stages().empty()) {
+    out << render_chain(job, worker_context);
+    return exit_ok;
+  }
+  const auto script = render_sbatch(job, worker_context);
+  if (const auto refusal = cluster_refusal(job, script)) err << "hpctrain: warning: --submit would stop here: " << refusal->what() << "\n";
+  out << script;
+  return exit_ok;
+}
+
+/// --submit: the job (or the chain of its stages) queued, unless the memory plan says it cannot fit.
+inline int submit_command(const Job& job, const LoginCommand& command, RenderContext worker_context, std::ostream& out,
+                          std::ostream& err, const Knobs* knobs, const Planner& planner) {
+  worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
+  check_array_on_cluster(job);
+  print_job_warnings(job, err);
+  if (plan_before_queueing(job, command, knobs, planner, err, /*print=*/false) == PlanVerdict::does_not_fit) return exit_usage;
+  if (!job.stages().empty()) {
+    const auto chain = submit_chain(job, worker_context);
+    out << fmt::format("submitted a chain of {} stages, each after the one before completed successfully:\n", chain.size());
+    for (std::size_t i = 0; i < chain.size(); ++i)
+      out << fmt::format("  stage {} {}: job {}\n    logs: {}\n", i + 1, chain[i].name, chain[i].id, chain[i].output_log);
+    return exit_ok;
+  }
+  const auto submitted = submit(job, worker_context);
+  out << fmt::format("submitted job {}\n  logs: {}\n  job directory: {} (also the run directory: checkpoints, metrics)\n",
+                     submitted.id, submitted.output_log, submitted.directory.string());
+  return exit_ok;
+}
+
+/// --status: the last submitted job's state (each stage's for a chain), and a hint for a pending reason.
+inline int status_command(const Job& job, const RenderContext& context, std::ostream& out) {
+  const auto last = last_submitted(job, context);
+  if (const auto chain = read_chain(last)) {
+    std::vector<JobState> states;
+    for (const auto& stage : *chain) states.push_back(query_state(stage.id));
+    out << format_chain_status(*chain, states);
+    return exit_ok;
+  }
+  const auto state = query_state(last.id);
+  if (state.state.empty()) {
+    out << fmt::format("job {}: unknown to squeue, sacct and scontrol (finished long ago, or purged)\n", last.id);
+    return exit_failure;
+  }
+  out << fmt::format("job {} ({}): {} ({}; from {})\n", last.id, last.name, state.state, state.detail, state.source);
+  if (!state.hint.empty()) out << fmt::format("hint: {}\n", state.hint);
+  return exit_ok;
+}
+
+/// --local N: the preparation here, then N ranks on this machine, each run in a directory of its own.
+inline int local_command(const Job& job, const LoginCommand& command, const RenderContext& context,
+                         const RenderContext& worker_context, std::ostream& out, std::ostream& err) {
+  export_job_environment(job, context);  // the preparation and the ranks see the job's environment
+  if (const int prepared = prepare_locally(job, context, command.forwarded, err); prepared != exit_ok) return prepared;
+  // The ranks run in a new directory of their own: tell them where the preparation left its results.
+  if (job.preparation()) ::setenv(env::prepare_dir, (job_root(job, context) / "local" / layout::prepare_output).c_str(), 1);
+  std::vector<std::string> args = {std::string(worker_flag)};
+  args.insert(args.end(), worker_context.worker_args.begin(), worker_context.worker_args.end());
+  LocalLaunchOptions options;
+  // Each run its own directory, so a second run trains again instead of finding the first one's checkpoints; a
+  // directory named in HPCTRAIN_RUN_DIR is the user's choice and is kept.
+  if (!hpctrain::getenv(env::run_dir)) {
+    require(*command.local_ranks >= 1, errors::spec_local, *command.local_ranks, "needs at least 1 rank");
+    options.run_directory = new_local_run_directory(job_root(job, context));
+  }
+  out << fmt::format("run directory: {}\n", options.run_directory ? options.run_directory->string() : *hpctrain::getenv(env::run_dir))
+      << std::flush;
+  return launch_local(*command.local_ranks, context.program, args, options);
+}
+
+/// --plan: the memory plan of the program's Training at the job's geometry; exit 2 when it does not fit.
+inline int plan_command(const Job& job, const LoginCommand& command, std::ostream& out, std::ostream& err,
+                        const Knobs* knobs, const Planner& planner) {
+  if (!planner || knobs == nullptr) {
+    err << "hpctrain: --plan: this program declares no memory plan (a Training from lm::causal_lm_training has one)\n";
+    return exit_usage;
+  }
+  const auto verdict = planner(knobs->with_arguments(command.forwarded), plan_request(job, command), out);
+  return verdict == PlanVerdict::fits || verdict == PlanVerdict::unknown ? exit_ok : exit_usage;
+}
+
+/// --cancel: the last submitted job (every stage of a chain).
+inline int cancel_command(const Job& job, const RenderContext& context, std::ostream& out) {
+  const auto last = last_submitted(job, context);
+  if (const auto chain = read_chain(last)) {
+    for (const auto& stage : *chain) {
+      cancel(stage.id);
+      out << fmt::format("cancelled stage {} (job {})\n", stage.name, stage.id);
+    }
+    return exit_ok;
+  }
+  cancel(last.id);
+  out << fmt::format("cancelled job {}\n", last.id);
+  return exit_ok;
+}
+}  // namespace detail
+
 /// Runs one login-node command for `job`; prints to `out`/`err`, returns the exit code.
 /// `knobs`: the program's knob table (a sweep is checked with it), or nullptr for a program without one.
 inline int run_login_command(Job job, const LoginCommand& command, const RenderContext& context,
@@ -525,14 +647,7 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
   try {
     apply_overrides(job, command);
     if (const auto handled = run_array_command(job, command, context, out)) return *handled;
-    RenderContext worker_context = context;
-    if (job.sweep() && (command.mode == Mode::dry_run || command.mode == Mode::submit || command.mode == Mode::local))
-      worker_context.sweep = detail::checked_sweep(job, command, knobs);
-    if (command.resume) {
-      // The workers get the directory itself: the script or --local then resumes from exactly this run.
-      const auto from = detail::resume_directory(*command.resume, job_root(job, context));
-      worker_context.worker_args.insert(worker_context.worker_args.begin(), {"--resume", from.string()});
-    }
+    const auto worker_context = detail::worker_context_for(job, command, context, knobs);
     switch (command.mode) {
       case Mode::help:
         out << command.help;
@@ -540,96 +655,20 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
       case Mode::none:
         err << command.help;
         return exit_usage;
-      case Mode::dry_run:
-        if (!worker_context.slurm_version) worker_context.slurm_version = cluster_slurm_version();
-        worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
-        check_array_on_cluster(job);
-        print_job_warnings(job, err);
-        detail::plan_before_queueing(job, command, knobs, planner, err, /*print=*/true);
-        if (!job.stages().empty()) {
-          out << render_chain(job, worker_context);
-          return exit_ok;
-        }
-        {
-          const auto script = render_sbatch(job, worker_context);
-          if (const auto refusal = cluster_refusal(job, script)) err << "hpctrain: warning: --submit would stop here: " << refusal->what() << "\n";
-          out << script;
-        }
-        return exit_ok;
-      case Mode::submit: {
-        worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
-        check_array_on_cluster(job);
-        print_job_warnings(job, err);
-        if (detail::plan_before_queueing(job, command, knobs, planner, err, /*print=*/false) == PlanVerdict::does_not_fit)
-          return exit_usage;
-        if (!job.stages().empty()) {
-          const auto chain = submit_chain(job, worker_context);
-          out << fmt::format("submitted a chain of {} stages, each after the one before completed successfully:\n",
-                             chain.size());
-          for (std::size_t i = 0; i < chain.size(); ++i)
-            out << fmt::format("  stage {} {}: job {}\n    logs: {}\n", i + 1, chain[i].name, chain[i].id,
-                               chain[i].output_log);
-          return exit_ok;
-        }
-        const auto submitted = submit(job, worker_context);
-        out << fmt::format("submitted job {}\n  logs: {}\n  job directory: {} (also the run directory: checkpoints, metrics)\n",
-                           submitted.id, submitted.output_log, submitted.directory.string());
-        return exit_ok;
-      }
-      case Mode::status: {
-        const auto last = last_submitted(job, context);
-        if (const auto chain = read_chain(last)) {
-          std::vector<JobState> states;
-          for (const auto& stage : *chain) states.push_back(query_state(stage.id));
-          out << format_chain_status(*chain, states);
-          return exit_ok;
-        }
-        const auto state = query_state(last.id);
-        if (state.state.empty()) {
-          out << fmt::format("job {}: unknown to squeue, sacct and scontrol (finished long ago, or purged)\n",
-                             last.id);
-          return exit_failure;
-        }
-        out << fmt::format("job {} ({}): {} ({}; from {})\n", last.id, last.name, state.state, state.detail,
-                           state.source);
-        if (!state.hint.empty()) out << fmt::format("hint: {}\n", state.hint);
-        return exit_ok;
-      }
+      case Mode::dry_run: return detail::dry_run_command(job, command, worker_context, out, err, knobs, planner);
+      case Mode::submit: return detail::submit_command(job, command, worker_context, out, err, knobs, planner);
+      case Mode::status: return detail::status_command(job, context, out);
       case Mode::logs:
         print_logs(last_submitted(job, context), out, command.follow);
         return exit_ok;
-      case Mode::local: {
-        detail::export_job_environment(job, context);  // the preparation and the ranks see the job's environment
-        if (const int prepared = prepare_locally(job, context, command.forwarded, err); prepared != exit_ok)
-          return prepared;
-        // The ranks run in a new directory of their own: tell them where the preparation left its results.
-        if (job.preparation()) ::setenv(env::prepare_dir, (job_root(job, context) / "local" / layout::prepare_output).c_str(), 1);
-        std::vector<std::string> args = {std::string(worker_flag)};
-        args.insert(args.end(), worker_context.worker_args.begin(), worker_context.worker_args.end());
-        LocalLaunchOptions options;
-        // Each run its own directory, so a second run trains again instead of finding the first one's
-        // checkpoints; a directory named in HPCTRAIN_RUN_DIR is the user's choice and is kept.
-        if (!hpctrain::getenv(env::run_dir)) {
-          detail::require(*command.local_ranks >= 1, errors::spec_local, *command.local_ranks, "needs at least 1 rank");
-          options.run_directory = detail::new_local_run_directory(job_root(job, context));
-        }
-        out << fmt::format("run directory: {}\n", options.run_directory ? options.run_directory->string()
-                                                                         : *hpctrain::getenv(env::run_dir))
-            << std::flush;
-        return launch_local(*command.local_ranks, context.program, args, options);
-      }
-      case Mode::plan: {
-        if (!planner || knobs == nullptr) {
-          err << "hpctrain: --plan: this program declares no memory plan (a Training from lm::causal_lm_training has one)\n";
-          return exit_usage;
-        }
-        const auto verdict = planner(knobs->with_arguments(command.forwarded), plan_request(job, command), out);
-        return verdict == PlanVerdict::fits || verdict == PlanVerdict::unknown ? exit_ok : exit_usage;
-      }
-      case Mode::run:
-        worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
+      case Mode::local: return detail::local_command(job, command, context, worker_context, out, err);
+      case Mode::plan: return detail::plan_command(job, command, out, err, knobs, planner);
+      case Mode::run: {
+        auto allocation_context = worker_context;
+        allocation_context.sinfo_node_cpus = cluster_node_cpus(job, allocation_context);
         print_job_warnings(job, err);
-        return run_in_allocation(job, worker_context, out, err);
+        return run_in_allocation(job, allocation_context, out, err);
+      }
       case Mode::results:
         out << results_table(last_submitted(job, context), command.sort_by);
         return exit_ok;
@@ -637,19 +676,7 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         return wandb_sync(command.wandb_sync->empty() ? last_submitted(job, context).directory
                                                       : std::filesystem::path(*command.wandb_sync),
                           out, err);
-      case Mode::cancel: {
-        const auto last = last_submitted(job, context);
-        if (const auto chain = read_chain(last)) {
-          for (const auto& stage : *chain) {
-            cancel(stage.id);
-            out << fmt::format("cancelled stage {} (job {})\n", stage.name, stage.id);
-          }
-          return exit_ok;
-        }
-        cancel(last.id);
-        out << fmt::format("cancelled job {}\n", last.id);
-        return exit_ok;
-      }
+      case Mode::cancel: return detail::cancel_command(job, context, out);
     }
   } catch (const std::exception& e) {
     err << e.what() << "\n";
