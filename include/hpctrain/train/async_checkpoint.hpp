@@ -53,8 +53,9 @@ class AsyncCheckpoint {
     done_ = !writes;
     if (!writes) return;
     torch::serialize::OutputArchive archive;
-    strategy.save(archive);
-    writer_ = std::thread([this, &store, step = state.step, rank, bytes = serialize_archive(archive)]() mutable {
+    PieceWriter pieces;
+    strategy.save(archive, pieces);
+    writer_ = std::thread([this, &store, step = state.step, rank, bytes = serialize_archive(archive, std::move(pieces))]() mutable {
       try {
         file_ = store.write_serialized(step, rank, std::move(bytes));
       } catch (...) {
