@@ -74,7 +74,9 @@ inline std::optional<SavedCheckpoint> verify_own_share(const CheckpointStore& st
 /// No rank reads the whole checkpoint to decide: rank 0 proposes the newest step not yet refused, each rank
 /// verifies its share of it (its own archive at the same world size), and one all-reduce counts the ranks that
 /// found theirs invalid; any refusal and every rank moves on to the next older one together. Each round reads
-/// one meta.json and this rank's archives; the one it loads is read once.
+/// one meta.json and this rank's archives; the one it loads is read once. A strategy that reads parts of the files
+/// itself (ZeRO's pieces at another world size) checks them in `load` and agrees there: its CheckpointRefused, on
+/// every rank, is one more refusal of this checkpoint.
 inline std::optional<CheckpointState> resume_latest(dist::ProcessGroup& group, const CheckpointStore& store, DataParallelStrategy& strategy,
                                                     const std::function<void(const std::string&)>& warn) {
   const int rank = group.rank(), world = group.world_size();

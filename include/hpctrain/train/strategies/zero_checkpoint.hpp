@@ -23,7 +23,7 @@
 // pieces' values and optimizer state, copied bit for bit, and rank 0's buffers, broadcast. The strategy then
 // all-gathers what it keeps whole from every rank's pieces, as after a step. Nothing in that depends on the saved
 // world size: a checkpoint written at 4 ranks resumes at 2 or 3, reading about 1/2 or 1/3 of it on each rank.
-// A checkpoint of zero_index format 1 (before 2026-11-27: the pieces inside the archive as zero_piece_<i> tensors)
+// A checkpoint of zero_index format 1 (before 2026-11-26: the pieces inside the archive as zero_piece_<i> tensors)
 // still loads: each archive it opens is deserialised whole.
 #include <algorithm>
 #include <cstdint>
