@@ -113,8 +113,10 @@ struct PieceIndex {
         entry.dtype = found->second;
         entry.numel = piece.at("numel").get<std::int64_t>();
         entry.offset = piece.at("offset").get<std::int64_t>();
-        const auto bytes = entry.numel * static_cast<std::int64_t>(c10::elementSize(entry.dtype));
-        if (entry.numel < 0 || entry.offset < 0 || entry.offset > region_size || bytes > region_size - entry.offset)
+        // numel first: beyond the region it could overflow the byte count.
+        const bool sane = entry.numel >= 0 && entry.numel <= region_size && entry.offset >= 0 && entry.offset <= region_size;
+        const auto bytes = sane ? entry.numel * static_cast<std::int64_t>(c10::elementSize(entry.dtype)) : 0;
+        if (!sane || bytes > region_size - entry.offset)
           throw fail(fmt::format("piece {}: {} elements at byte {} lie outside the {} bytes of pieces", index.pieces.size(),
                                  entry.numel, entry.offset, region_size));
         entry.crcs = piece.at("crc32c").get<std::vector<std::uint32_t>>();
