@@ -9,6 +9,9 @@
 # Then corruption found at resume, with one archive per rank (--sharding zero2):
 #  3. only rank 1's archive of the newest checkpoint is corrupt -> rank 1 says so, and both ranks resume
 #     together from the previous checkpoint (each rank verifies its own archive; they agree on the step).
+#  4. a byte of a piece of rank 1's file is flipped, and the run resumes at another world size (--local 1), where
+#     no file is read whole: the rank that reads that piece names the file and the piece, and the run resumes from
+#     the previous checkpoint.
 # Usage: checkpoint_faults_test.sh <fashion_mnist binary>
 set -euo pipefail
 binary="$(realpath "$1")"
@@ -88,5 +91,27 @@ grep -q "warning: skipping checkpoint: $newest: 1 of 2 ranks found their archive
 grep -q '^step 30/30 ' "$log" || fail "the resumed run did not reach step 30"
 
 figures+=("corrupt_rank1_resumed_from_step=10")
+
+echo "== 4. a flipped byte in a piece of rank 1's file of the newest checkpoint (step 20), resumed at --local 1"
+export HPCTRAIN_RUN_DIR="$work/corrupt-piece"
+log=corrupt-piece-first.log
+"$binary" --local 2 --sharding zero2 --max-steps 20 --checkpoint-every 10 --max-eval-examples 1000 > "$log" 2>&1 || fail "the zero2 run failed"
+newest="$HPCTRAIN_RUN_DIR/checkpoints/step-0000000020"
+size="$(stat -c %s "$newest/rank-00001.hpct")"
+# The file's last byte: its last piece's (the pieces follow the archive), which the resharded load reads.
+python3 - "$newest/rank-00001.hpct" "$((size - 1))" <<'PY'
+import sys
+path, at = sys.argv[1], int(sys.argv[2])
+with open(path, "r+b") as f:
+    f.seek(at); byte = f.read(1); f.seek(at); f.write(bytes([byte[0] ^ 0xFF]))
+PY
+log=corrupt-piece-resumed.log
+"$binary" --local 1 --sharding zero2 --max-steps 30 --checkpoint-every 10 --max-eval-examples 1000 > "$log" 2>&1 ||
+  fail "the run after the corrupt piece failed"
+grep -q '^resumed from .* at step 10 ' "$log" || fail "did not resume from step 10, the checkpoint before the corrupt piece"
+piece_warning="$(grep -m1 "warning: skipping checkpoint: rank 0: .*$newest/rank-00001.hpct: corrupt: piece [0-9]*, bytes \[" "$log" || true)"
+[ -n "$piece_warning" ] || fail "rank 0 did not name the corrupt piece of rank-00001.hpct"
+grep -q '^step 30/30 ' "$log" || fail "the resumed run did not reach step 30"
+figures+=("corrupt_piece_resumed_from_step=10" "corrupt_piece_warning=${piece_warning#*hpctrain.runtime.checkpoint\] }")
 printf '%s\n' "${figures[@]}" > "$results/checkpoint_faults.txt"
-echo "PASS: ${summary}rank 1's corrupt archive -> both ranks resumed from step 10"
+echo "PASS: ${summary}rank 1's corrupt archive -> both ranks resumed from step 10; a corrupt piece read at --local 1 -> named, resumed from step 10"

@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -21,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include <hpctrain/train/checkpoint.hpp>
+#include <hpctrain/train/checkpoint_pieces.hpp>
 #include <hpctrain/train/crc32c.hpp>
 #include <hpctrain/train/data/idx.hpp>
 #include <hpctrain/train/data/prefetch.hpp>
@@ -314,6 +316,46 @@ TEST_CASE("A staging directory left by an interrupted save is not a checkpoint a
   save(store, checkpointed, {6, 0, 6, 0});
   CHECK_FALSE(fs::exists(store.staging(5)));
   CHECK(store.list().size() == 1);
+}
+
+TEST_CASE("A checkpoint piece is read back by element ranges: only the chunks a range overlaps, each checked by its CRC-32C",
+          "[checkpoint]") {
+  constexpr auto chunk = hpctrain::PieceWriter::chunk_bytes;
+  hpctrain::PieceWriter writer;
+  const auto step = torch::tensor({7}, torch::kInt64);
+  const auto values = torch::arange(3 * chunk / 4 + 5, torch::kFloat32);  // three whole chunks and 20 bytes
+  CHECK(writer.add(step) == 0);
+  CHECK(writer.add(values) == 1);
+  std::string region = writer.bytes();
+  const auto index = hpctrain::detail::PieceIndex::parse(writer.index().dump(), static_cast<std::int64_t>(region.size()), "f.hpct");
+  REQUIRE(index.pieces.size() == 2);
+  CHECK(index.pieces[1].crcs.size() == 4);
+  std::int64_t bytes_read = 0;
+  const hpctrain::detail::RegionReader read = [&](std::int64_t offset, std::int64_t size, void* into) {
+    std::memcpy(into, region.data() + offset, static_cast<std::size_t>(size));
+    bytes_read += size;
+  };
+  // Elements [100000, 400000) span bytes [400000, 1600000): chunks 0 and 1, 2 MiB read for 1.2 MB asked.
+  const auto part = hpctrain::detail::read_piece_range(index, read, 1, 100000, 300000, "f.hpct");
+  CHECK(torch::equal(part, values.narrow(0, 100000, 300000)));
+  // At most one chunk beyond the range on each side (the chunks it overlaps, counted from the piece's start).
+  WARN(fmt::format("read {} bytes for {} asked (bound: asked + 2 chunks = {})", bytes_read, 300000 * 4, 300000 * 4 + 2 * chunk));
+  CHECK(bytes_read <= 300000 * 4 + 2 * chunk);
+  CHECK(bytes_read == 2 * chunk);
+  CHECK(torch::equal(hpctrain::detail::read_piece_range(index, read, 0, 0, 1, "f.hpct"), step));
+  CHECK(torch::equal(hpctrain::detail::read_piece_range(index, read, 1, 0, values.numel(), "f.hpct"), values));
+  // A byte flipped in the piece's second chunk: a range inside the first still reads; one that overlaps it is refused.
+  region[static_cast<std::size_t>(index.pieces[1].offset + chunk + 3)] ^= 0x10;
+  CHECK(torch::equal(hpctrain::detail::read_piece_range(index, read, 1, 0, 1000, "f.hpct"), values.narrow(0, 0, 1000)));
+  CHECK(train_test::run_error([&] { hpctrain::detail::read_piece_range(index, read, 1, chunk / 4 - 1, 2, "f.hpct"); }) ==
+        fmt::format("[hpctrain.runtime.checkpoint] f.hpct: corrupt: piece 1, bytes [{}, {}) of its {}: CRC-32C does not match", chunk,
+                    2 * chunk, values.nbytes()));
+  CHECK(train_test::run_error([&] { hpctrain::detail::read_piece_range(index, read, 1, values.numel() - 1, 2, "f.hpct"); }) ==
+        fmt::format("[hpctrain.runtime.checkpoint] f.hpct: piece 1 holds {} elements, not [{}, {})", values.numel(), values.numel() - 1,
+                    values.numel() + 1));
+  // An index that describes more bytes than the file holds after its archive: the file was cut short.
+  CHECK(train_test::run_error([&] { hpctrain::detail::PieceIndex::parse(writer.index().dump(), static_cast<std::int64_t>(region.size()) - 8, "f.hpct"); }) ==
+        fmt::format("[hpctrain.runtime.checkpoint] f.hpct: truncated: its pieces region has {} of {} bytes", region.size() - 8, region.size()));
 }
 
 TEST_CASE("Replicated refuses a checkpoint written by another strategy, naming the field", "[checkpoint]") {

@@ -53,8 +53,9 @@ class AsyncCheckpoint {
     done_ = !writes;
     if (!writes) return;
     torch::serialize::OutputArchive archive;
-    strategy.save(archive);
-    writer_ = std::thread([this, &store, step = state.step, rank, bytes = serialize_archive(archive)]() mutable {
+    PieceWriter pieces;
+    strategy.save(archive, pieces);
+    writer_ = std::thread([this, &store, step = state.step, rank, bytes = serialize_archive(archive, std::move(pieces))]() mutable {
       try {
         file_ = store.write_serialized(step, rank, std::move(bytes));
       } catch (...) {
@@ -106,7 +107,7 @@ class AsyncCheckpoint {
     if ((status == failed).any().item<bool>()) {
       pending_.reset();
       if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-      throw RuntimeError("checkpoint", fmt::format("checkpoint of step {}: rank {} could not write its archive (its message says why)",
+      throw RuntimeError(errors::runtime_checkpoint, fmt::format("checkpoint of step {}: rank {} could not write its archive (its message says why)",
                                                    pending.state.step, (status == failed).nonzero()[0][0].item<std::int64_t>()));
     }
     if ((status == writing).any().item<bool>()) return;  // not yet: asked again at a later step boundary

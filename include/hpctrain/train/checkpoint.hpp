@@ -7,7 +7,9 @@
 //
 // An archive file: a 32-byte header — magic "HPCTCKPT", format version (u32), CRC-32C of the payload
 // (u32), payload size (u64), step (u64), little-endian — then the payload, a LibTorch archive written by
-// the strategy. Atomic per checkpoint: the ranks write into `step-N.tmp/`, rank 0 writes `meta.json` last
+// the strategy; in format 2 the strategy's pieces follow it (flat tensors read by byte ranges, each chunk
+// with its CRC-32C: train/checkpoint_pieces.hpp), so that a rank resharding reads only what overlaps its
+// new shards. meta.json's CRC-32C covers the whole file. Atomic per checkpoint: the ranks write into `step-N.tmp/`, rank 0 writes `meta.json` last
 // and renames the directory; a crash leaves either the old set or the new one. The newest directory whose
 // meta.json parses and whose files pass the size and CRC checks wins; a torn or corrupt one is skipped
 // with a warning, and the previous one is used. In a run of several ranks no rank reads every archive to
@@ -39,6 +41,8 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/files.hpp>  // write_file_atomically, remove_tree
 #include <hpctrain/train/checkpoint_format.hpp>  // meta.json and the archive header, checked before LibTorch reads
+#include <hpctrain/train/checkpoint_reader.hpp>
+#include <hpctrain/train/checkpoint_pieces.hpp>
 #include <hpctrain/train/crc32c.hpp>
 #include <hpctrain/train/strategy.hpp>  // SavedStrategyState
 
@@ -46,7 +50,6 @@ namespace hpctrain {
 
 namespace detail {
 inline std::string checkpoint_dir_name(std::int64_t step) { return fmt::format("step-{:010d}", step); }
-inline std::string checkpoint_rank_file(int rank) { return fmt::format("rank-{:05d}.hpct", rank); }
 
 /// Step number of a committed checkpoint directory name (`step-<10 digits>`), or nullopt if it is not one.
 inline std::optional<std::int64_t> checkpoint_step(const std::filesystem::path& path) {
@@ -57,56 +60,50 @@ inline std::optional<std::int64_t> checkpoint_step(const std::filesystem::path& 
   return std::stoll(digits);
 }
 
+/// One rank's checkpoint file in memory, as a save snapshots it: the header's room and the archive, then the pieces
+/// region (PieceWriter's bytes, not copied again: the file is written from both).
+struct SerializedCheckpoint {
+  std::string framed;  ///< 32 bytes for the header (seal_archive fills them), then the LibTorch archive
+  std::string pieces;  ///< the pieces region; empty: a format-1 file
+};
+
 /// The archive's bytes behind room for the 32-byte header, which seal_archive fills once its size and CRC are
-/// known (no second copy of the archive). What a save must do while the tensors hold still: on a GPU this is
-/// the device-to-host copy; the rest (seal, write) may run beside the next steps.
-inline std::string serialize_archive(torch::serialize::OutputArchive& archive) {
-  std::string bytes(checkpoint_header_size, '\0');
+/// known (no second copy of the archive), and `pieces`' region, whose index goes into the archive first. What a
+/// save must do while the tensors hold still: on a GPU this is the device-to-host copy; the rest (seal, write) may
+/// run beside the next steps.
+inline SerializedCheckpoint serialize_archive(torch::serialize::OutputArchive& archive, PieceWriter pieces = {}) {
+  SerializedCheckpoint serialized;
+  if (!pieces.empty()) archive.write(checkpoint_pieces_key, c10::IValue(pieces.index().dump()));
+  serialized.framed.assign(checkpoint_header_size, '\0');
   archive.save_to([&](const void* data, std::size_t size) {
-    bytes.append(static_cast<const char*>(data), size);
+    serialized.framed.append(static_cast<const char*>(data), size);
     return size;
   });
-  return bytes;
+  serialized.pieces = pieces.release_bytes();
+  return serialized;
 }
 
-/// Fills the header of serialize_archive's `bytes` (payload CRC-32C and size, step); returns meta.json's entry.
-inline CheckpointFile seal_archive(std::string& bytes, std::int64_t step, int rank) {
+/// Fills the header of serialize_archive's bytes (payload CRC-32C and size, step; format 2 when pieces follow);
+/// returns meta.json's entry (the CRC-32C of the whole file).
+inline CheckpointFile seal_archive(SerializedCheckpoint& serialized, std::int64_t step, int rank) {
+  auto& bytes = serialized.framed;
   const std::string_view payload(bytes.data() + checkpoint_header_size, bytes.size() - checkpoint_header_size);
   const std::uint32_t crc = crc32c(payload);
   const std::uint64_t size = payload.size();
   const auto step_u = static_cast<std::uint64_t>(step);
+  const auto format = serialized.pieces.empty() ? checkpoint_format : checkpoint_format_with_pieces;
   std::memcpy(bytes.data(), checkpoint_magic, 8);
-  std::memcpy(bytes.data() + 8, &checkpoint_format, 4);
+  std::memcpy(bytes.data() + 8, &format, 4);
   std::memcpy(bytes.data() + 12, &crc, 4);
   std::memcpy(bytes.data() + 16, &size, 8);
   std::memcpy(bytes.data() + 24, &step_u, 8);
-  return {checkpoint_rank_file(rank), bytes.size(), crc32c(bytes)};
+  const auto whole = crc32c(serialized.pieces.data(), serialized.pieces.size(), crc32c(bytes));
+  return {checkpoint_rank_file(rank), bytes.size() + serialized.pieces.size(), whole};
 }
 
-/// Checks the `bytes` read from `path` against meta.json's entry (size, CRC-32C); throws RuntimeError("checkpoint")
-/// naming the file and the defect.
-inline void check_against_meta(const std::filesystem::path& path, std::string_view bytes, const CheckpointFile& expected) {
-  if (bytes.size() != expected.size)
-    throw RuntimeError("checkpoint", fmt::format("{}: truncated: {} of {} bytes (meta.json)", path.string(), bytes.size(), expected.size));
-  if (crc32c(bytes) != expected.crc) throw RuntimeError("checkpoint", fmt::format("{}: corrupt: CRC-32C does not match meta.json", path.string()));
-}
-
-/// Reads `path` and checks it against meta.json's entry; returns the bytes.
-inline std::string read_verified_file(const std::filesystem::path& path, const CheckpointFile& expected) {
-  auto bytes = hpctrain::detail::read_file(path, errors::runtime_checkpoint);
-  check_against_meta(path, bytes, expected);
-  return bytes;
-}
-
-/// Verifies a framed archive read from `path` against its header and meta.json's entry; returns the archive.
-inline torch::serialize::InputArchive unframe_archive(const std::filesystem::path& path, const std::string& bytes,
-                                                      const CheckpointFile& expected) {
-  check_against_meta(path, bytes, expected);
-  // The header: checkpoint_format.hpp (torch-free, fuzzed by tests/fuzz/checkpoint_header_fuzz.cpp).
-  const std::string_view payload = verify_checkpoint(bytes, path).payload;
-  torch::serialize::InputArchive archive;
-  archive.load_from(payload.data(), payload.size());  // deserialises eagerly: `bytes` may go after this
-  return archive;
+/// Writes a sealed checkpoint file to `path` atomically (temporary name, fsync, rename).
+inline void write_sealed(const std::filesystem::path& path, const SerializedCheckpoint& serialized) {
+  write_file_atomically(path, {serialized.framed, serialized.pieces}, "checkpoint");
 }
 
 inline void fsync_directory(const std::filesystem::path& directory) {
@@ -122,30 +119,19 @@ inline void fsync_directory(const std::filesystem::path& directory) {
 struct SavedCheckpoint {
   std::filesystem::path directory;
   CheckpointMeta meta;
-  /// Archives already read and verified (verify_share keeps the one its rank opens next): opened from
-  /// memory once, not read from the file system a second time.
-  std::shared_ptr<std::map<std::string, std::string>> verified = std::make_shared<std::map<std::string, std::string>>();
+  /// Its rank files as a load reads them; those verify_share read whole are kept there, not read again.
+  std::shared_ptr<detail::CheckpointFiles> files;
 
-  /// What a strategy's `load` reads: `open(r)` verifies rank r's file (size and CRC against meta.json, then
-  /// its own header) and returns its archive; throws RuntimeError("checkpoint") naming the file.
+  /// What a strategy's `load` reads: `open(r)` verifies rank r's file (size and CRC against meta.json when read
+  /// whole, its own header and the archive's CRC) and returns its archive; `read_piece` reads element ranges of
+  /// its pieces, each chunk checked against its CRC. Both throw RuntimeError(errors::runtime_checkpoint) naming the file.
   SavedStrategyState strategy_state() const {
     SavedStrategyState saved;
     saved.world_size = meta.world_size;
     saved.strategy = meta.strategy;
-    saved.open = [directory = directory, files = meta.files, verified = verified](int rank) {
-      const auto name = detail::checkpoint_rank_file(rank);
-      const auto found = std::find_if(files.begin(), files.end(), [&](const CheckpointFile& f) { return f.name == name; });
-      if (found == files.end())
-        throw RuntimeError("checkpoint", fmt::format("{}: meta.json lists no archive of rank {}", directory.string(), rank));
-      const auto path = directory / name;
-      std::string bytes;
-      if (const auto kept = verified->find(name); kept != verified->end()) {
-        bytes = std::move(kept->second);  // the memory goes with the archive, as a fresh read's would
-        verified->erase(kept);
-      } else {
-        bytes = hpctrain::detail::read_file(path, errors::runtime_checkpoint);
-      }
-      return detail::unframe_archive(path, bytes, *found);
+    saved.open = [files = files](int rank) { return files->open(rank); };
+    saved.read_piece = [files = files](int rank, std::int64_t piece, std::int64_t begin, std::int64_t length) {
+      return files->read_piece(rank, piece, begin, length);
     };
     return saved;
   }
@@ -181,16 +167,17 @@ class CheckpointStore {
   }
 
   /// Writes rank `rank`'s archive of checkpoint `step` into the staging directory; returns its entry for meta.json.
-  CheckpointFile write_rank(std::int64_t step, int rank, torch::serialize::OutputArchive& archive) const {
-    return write_serialized(step, rank, detail::serialize_archive(archive));
+  /// `pieces`: the flat tensors written after the archive (DataParallelStrategy::save).
+  CheckpointFile write_rank(std::int64_t step, int rank, torch::serialize::OutputArchive& archive, PieceWriter pieces = {}) const {
+    return write_serialized(step, rank, detail::serialize_archive(archive, std::move(pieces)));
   }
 
   /// write_rank from detail::serialize_archive's bytes (sealed here): the part of a save that may run in the
-  /// background. Throws RuntimeError("checkpoint") naming the file and the reason (a full disk, a quota).
-  CheckpointFile write_serialized(std::int64_t step, int rank, std::string bytes) const {
-    const auto file = detail::seal_archive(bytes, step, rank);
+  /// background. Throws RuntimeError(errors::runtime_checkpoint) naming the file and the reason (a full disk, a quota).
+  CheckpointFile write_serialized(std::int64_t step, int rank, detail::SerializedCheckpoint serialized) const {
+    const auto file = detail::seal_archive(serialized, step, rank);
     std::filesystem::create_directories(staging(step));
-    detail::write_file_atomically(staging(step) / file.name, bytes, "checkpoint");
+    detail::write_sealed(staging(step) / file.name, serialized);
     return file;
   }
 
@@ -203,26 +190,38 @@ class CheckpointStore {
     detail::remove_tree(final_path);
     std::error_code ec;
     std::filesystem::rename(staged, final_path, ec);
-    if (ec) throw RuntimeError("checkpoint", fmt::format("cannot rename {} to {}: {}", staged.string(), final_path.string(), ec.message()));
+    if (ec) throw RuntimeError(errors::runtime_checkpoint, fmt::format("cannot rename {} to {}: {}", staged.string(), final_path.string(), ec.message()));
     detail::fsync_directory(directory_);
     prune();
     return final_path;
   }
 
-  /// Reads and verifies checkpoint `directory`: meta.json and every file it lists (size, CRC-32C).
-  /// Throws RuntimeError("checkpoint") naming the file and the defect.
-  SavedCheckpoint verify(const std::filesystem::path& directory) const { return verify_share(read(directory), 0, 1); }
+  /// Reads and verifies checkpoint `directory`: meta.json and every file it lists, whole (size, CRC-32C).
+  /// Throws RuntimeError(errors::runtime_checkpoint) naming the file and the defect.
+  SavedCheckpoint verify(const std::filesystem::path& directory) const {
+    auto saved = read(directory);
+    for (const auto& file : saved.meta.files) {
+      auto bytes = detail::read_verified_file(saved.directory / file.name, file);
+      if (file.name == detail::checkpoint_rank_file(0)) saved.files->keep(file.name, std::move(bytes));
+    }
+    return saved;
+  }
 
   /// Rank `rank`'s share of verifying `saved` in a world of `world` ranks: the archives listed i-th with
-  /// i mod world == rank (its own archive `rank-<rank>`, at the same world size), size and CRC-32C against
-  /// meta.json; every archive is someone's, once. Its own archive's bytes are kept for the load that follows.
-  /// Throws RuntimeError("checkpoint") naming the file and the defect.
+  /// i mod world == rank; every archive is someone's, once. At the same world size its share is its own file: read
+  /// whole, size and CRC-32C against meta.json, and kept for the load that follows (which reads all of it). Any
+  /// other file (a reshard: the load reads only parts of its pieces) is checked without its pieces region: its size
+  /// against meta.json, its header and its archive's CRC-32C (a format-1 file, which has no such region, whole
+  /// against meta.json); each piece's chunks are checked by the rank that reads them.
+  /// Throws RuntimeError(errors::runtime_checkpoint) naming the file and the defect.
   SavedCheckpoint verify_share(SavedCheckpoint saved, int rank, int world) const {
     const auto own = detail::checkpoint_rank_file(rank);
     for (std::size_t i = static_cast<std::size_t>(rank); i < saved.meta.files.size(); i += static_cast<std::size_t>(world)) {
       const auto& file = saved.meta.files[i];
-      auto bytes = detail::read_verified_file(saved.directory / file.name, file);
-      if (file.name == own) (*saved.verified)[file.name] = std::move(bytes);
+      if (file.name == own && world == saved.meta.world_size)
+        saved.files->keep(file.name, detail::read_verified_file(saved.directory / file.name, file));
+      else
+        detail::read_checked_archive(saved.directory / file.name, &file);
     }
     return saved;
   }
@@ -231,8 +230,10 @@ class CheckpointStore {
   SavedCheckpoint read(const std::filesystem::path& directory) const {
     const auto meta_path = directory / "meta.json";
     const auto text = hpctrain::detail::read_file_if_present(meta_path, errors::runtime_checkpoint);
-    if (!text) throw RuntimeError("checkpoint", fmt::format("{}: missing (the checkpoint was not committed)", meta_path.string()));
-    return {directory, detail::parse_checkpoint_meta(*text, meta_path)};
+    if (!text) throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: missing (the checkpoint was not committed)", meta_path.string()));
+    SavedCheckpoint saved{directory, detail::parse_checkpoint_meta(*text, meta_path), nullptr};
+    saved.files = std::make_shared<detail::CheckpointFiles>(directory, saved.meta.files);
+    return saved;
   }
 
   /// The newest valid checkpoint; each invalid newer one is skipped with a message to `warn`. nullopt when

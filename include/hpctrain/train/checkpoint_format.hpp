@@ -4,10 +4,13 @@
 //  - meta.json: where the run stands and who wrote it; every field is checked (type, range, file names
 //    that stay inside the checkpoint directory) before anything acts on it.
 //  - the 32-byte header of each archive: magic "HPCTCKPT", format version (u32), CRC-32C of the payload
-//    (u32), payload size (u64), step (u64), little-endian; the payload (a LibTorch archive) follows.
-//    Nothing reaches LibTorch's reader unless the size and the CRC match.
+//    (u32), payload size (u64), step (u64), little-endian; the payload (a LibTorch archive) follows. Format 1:
+//    nothing else; format 2: the pieces region follows the payload (train/checkpoint_pieces.hpp: flat tensors read
+//    by byte ranges, their index and CRCs inside the payload). Nothing reaches LibTorch's reader unless the size
+//    and the CRC match.
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -58,12 +61,12 @@ namespace detail {
 /// The largest world a checkpoint may claim (as the hostlist and tasks-per-node parsers: beyond any cluster).
 inline constexpr std::int64_t checkpoint_max_world_size = 1 << 20;
 
-/// meta.json's `text`, checked field by field; throws RuntimeError("checkpoint") naming `path`, the field
+/// meta.json's `text`, checked field by field; throws RuntimeError(errors::runtime_checkpoint) naming `path`, the field
 /// and what is wrong (not JSON, a missing or mistyped field, a value out of range, a file name that is not a
 /// plain name inside the checkpoint directory, more files than ranks, a file listed twice).
 inline CheckpointMeta parse_checkpoint_meta(std::string_view text, const std::filesystem::path& path) {
   const auto fail = [&](const std::string& why) {
-    return RuntimeError("checkpoint", fmt::format("{}: not a valid checkpoint description: {}", path.string(), why));
+    return RuntimeError(errors::runtime_checkpoint, fmt::format("{}: not a valid checkpoint description: {}", path.string(), why));
   };
   nlohmann::json j;
   try {
@@ -129,6 +132,8 @@ inline CheckpointMeta parse_checkpoint_meta(std::string_view text, const std::fi
 
 inline constexpr char checkpoint_magic[8] = {'H', 'P', 'C', 'T', 'C', 'K', 'P', 'T'};
 inline constexpr std::uint32_t checkpoint_format = 1;
+/// The header's version when a pieces region follows the archive.
+inline constexpr std::uint32_t checkpoint_format_with_pieces = 2;
 inline constexpr std::size_t checkpoint_header_size = 32;
 
 template <class T>
@@ -142,24 +147,45 @@ T read_le(const char* p) {
 struct CheckpointPayload {
   std::string_view payload;
   std::uint64_t step = 0;
+  std::uint32_t format = checkpoint_format;
 };
 
-/// Checks the header of a whole checkpoint file's `bytes`; throws RuntimeError("checkpoint") naming `path`
-/// and the defect (truncated, bad magic, other format version, size or CRC mismatch).
+/// What a checkpoint file's 32-byte header says; throws RuntimeError(errors::runtime_checkpoint) naming `path` and the defect
+/// (truncated, bad magic, unknown format version).
+struct CheckpointHeader {
+  std::uint32_t format = checkpoint_format;
+  std::uint32_t crc = 0;           ///< of the payload
+  std::uint64_t payload_size = 0;  ///< the archive's bytes; a format-2 file's pieces region follows them
+  std::uint64_t step = 0;
+
+  static CheckpointHeader parse(std::string_view bytes, const std::filesystem::path& path) {
+    auto fail = [&](const std::string& why) { return RuntimeError(errors::runtime_checkpoint, fmt::format("{}: {}", path.string(), why)); };
+    if (bytes.size() < checkpoint_header_size)
+      throw fail(fmt::format("truncated: {} bytes, shorter than the {}-byte header", bytes.size(), checkpoint_header_size));
+    if (std::memcmp(bytes.data(), checkpoint_magic, 8) != 0) throw fail("not an hpctrain checkpoint (bad magic)");
+    CheckpointHeader header;
+    header.format = read_le<std::uint32_t>(bytes.data() + 8);
+    if (header.format != checkpoint_format && header.format != checkpoint_format_with_pieces)
+      throw fail(fmt::format("format version {} is not {} or {}", header.format, checkpoint_format, checkpoint_format_with_pieces));
+    header.crc = read_le<std::uint32_t>(bytes.data() + 12);
+    header.payload_size = read_le<std::uint64_t>(bytes.data() + 16);
+    header.step = read_le<std::uint64_t>(bytes.data() + 24);
+    return header;
+  }
+};
+
+/// Checks the header and payload of a checkpoint file's first bytes `bytes` (the whole file for format 1; at least
+/// the header and the payload for format 2, whose pieces region follows); throws RuntimeError(errors::runtime_checkpoint) naming
+/// `path` and the defect (truncated, bad magic, other format version, size or CRC mismatch).
 inline CheckpointPayload verify_checkpoint(std::string_view bytes, const std::filesystem::path& path) {
-  auto fail = [&](const std::string& why) { return RuntimeError("checkpoint", fmt::format("{}: {}", path.string(), why)); };
-  if (bytes.size() < checkpoint_header_size)
-    throw fail(fmt::format("truncated: {} bytes, shorter than the {}-byte header", bytes.size(), checkpoint_header_size));
-  if (std::memcmp(bytes.data(), checkpoint_magic, 8) != 0) throw fail("not an hpctrain checkpoint (bad magic)");
-  const auto format = read_le<std::uint32_t>(bytes.data() + 8);
-  if (format != checkpoint_format) throw fail(fmt::format("format version {} is not {}", format, checkpoint_format));
-  const auto crc = read_le<std::uint32_t>(bytes.data() + 12);
-  const auto size = read_le<std::uint64_t>(bytes.data() + 16);
-  if (bytes.size() - checkpoint_header_size != size)
-    throw fail(fmt::format("truncated: payload has {} of {} bytes", bytes.size() - checkpoint_header_size, size));
-  const std::string_view payload = bytes.substr(checkpoint_header_size);
-  if (crc32c(payload.data(), payload.size()) != crc) throw fail("corrupt: CRC-32C of the payload does not match");
-  return {payload, read_le<std::uint64_t>(bytes.data() + 24)};
+  auto fail = [&](const std::string& why) { return RuntimeError(errors::runtime_checkpoint, fmt::format("{}: {}", path.string(), why)); };
+  const auto header = CheckpointHeader::parse(bytes, path);
+  const auto held = bytes.size() - checkpoint_header_size;
+  if (header.format == checkpoint_format ? held != header.payload_size : held < header.payload_size)
+    throw fail(fmt::format("truncated: payload has {} of {} bytes", std::min<std::uint64_t>(held, header.payload_size), header.payload_size));
+  const std::string_view payload = bytes.substr(checkpoint_header_size, header.payload_size);
+  if (crc32c(payload.data(), payload.size()) != header.crc) throw fail("corrupt: CRC-32C of the payload does not match");
+  return {payload, header.step, header.format};
 }
 }  // namespace detail
 }  // namespace hpctrain

@@ -8,6 +8,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -32,8 +33,9 @@ inline void save_checkpoint(dist::ProcessGroup& group, const CheckpointStore& st
   auto records = torch::zeros({world, 2}, torch::kInt64);
   if (rank == 0 || per_rank) {
     torch::serialize::OutputArchive archive;
-    strategy.save(archive);
-    const auto file = store.write_rank(state.step, rank, archive);
+    PieceWriter pieces;
+    strategy.save(archive, pieces);
+    const auto file = store.write_rank(state.step, rank, archive, std::move(pieces));
     records[rank][0] = static_cast<std::int64_t>(file.size);
     records[rank][1] = static_cast<std::int64_t>(file.crc);
   }
@@ -72,7 +74,9 @@ inline std::optional<SavedCheckpoint> verify_own_share(const CheckpointStore& st
 /// No rank reads the whole checkpoint to decide: rank 0 proposes the newest step not yet refused, each rank
 /// verifies its share of it (its own archive at the same world size), and one all-reduce counts the ranks that
 /// found theirs invalid; any refusal and every rank moves on to the next older one together. Each round reads
-/// one meta.json and this rank's archives; the one it loads is read once.
+/// one meta.json and this rank's archives; the one it loads is read once. A strategy that reads parts of the files
+/// itself (ZeRO's pieces at another world size) checks them in `load` and agrees there: its CheckpointRefused, on
+/// every rank, is one more refusal of this checkpoint.
 inline std::optional<CheckpointState> resume_latest(dist::ProcessGroup& group, const CheckpointStore& store, DataParallelStrategy& strategy,
                                                     const std::function<void(const std::string&)>& warn) {
   const int rank = group.rank(), world = group.world_size();
@@ -84,10 +88,15 @@ inline std::optional<CheckpointState> resume_latest(dist::ProcessGroup& group, c
     if (proposal < 0) return std::nullopt;
     const auto directory = store.directory() / checkpoint_dir_name(static_cast<std::int64_t>(proposal));
     auto saved = verify_own_share(store, directory, rank, world, warn);
-    const double refusals = dist::all_reduce_sum(group, saved ? 0.0 : 1.0);
+    double refusals = dist::all_reduce_sum(group, saved ? 0.0 : 1.0);
     if (refusals == 0) {
-      strategy.load(saved->strategy_state());
-      return saved->meta.state;
+      try {
+        strategy.load(saved->strategy_state());
+        return saved->meta.state;
+      } catch (const CheckpointRefused& refused) {  // a piece a rank read was invalid: every rank is here
+        if (refused.found_here()) warn(fmt::format("warning: skipping checkpoint: rank {}: {}", rank, refused.what()));
+        refusals = dist::all_reduce_sum(group, refused.found_here() ? 1.0 : 0.0);
+      }
     }
     if (rank == 0 && saved)
       warn(fmt::format("warning: skipping checkpoint: {}: {} of {} ranks found their archives invalid", directory.string(), refusals, world));

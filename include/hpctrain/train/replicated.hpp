@@ -74,8 +74,8 @@ class Replicated : public DataParallelStrategy {
   void step() override { optimizer_->step(); }
   bool saves_per_rank() const override { return false; }
 
-  /// Archive entries "model" and "optimizer".
-  void save(torch::serialize::OutputArchive& archive) override {
+  /// Archive entries "model" and "optimizer" (no pieces: every rank loads the whole state).
+  void save(torch::serialize::OutputArchive& archive, PieceWriter& /*pieces*/) override {
     torch::serialize::OutputArchive model_archive, optimizer_archive;
     model_->save(model_archive);
     optimizer_->save(optimizer_archive);

@@ -24,7 +24,9 @@
 #include <torch/types.h>
 
 #include <hpctrain/dist/process_group.hpp>
+#include <hpctrain/error.hpp>
 #include <hpctrain/models/model_units.hpp>
+#include <hpctrain/train/checkpoint_pieces.hpp>  // PieceWriter
 #include <hpctrain/train/precision.hpp>
 
 namespace hpctrain {
@@ -50,8 +52,33 @@ struct SavedStrategyState {
   int world_size = 1;     ///< ranks of the run that wrote it
   std::string strategy;   ///< name() of the strategy that wrote it
   /// Rank `r`'s archive (0 <= r < world_size; only rank 0's when the writer did not save per rank).
-  /// Verified (size, CRC) before it is returned; throws RuntimeError("checkpoint") naming the file.
+  /// Verified (size, CRC) before it is returned; throws RuntimeError(errors::runtime_checkpoint) naming the file.
   std::function<torch::serialize::InputArchive(int rank)> open;
+  /// Elements [begin, begin + length) of piece `piece` (PieceWriter::add's id) of rank `r`'s file, read by byte
+  /// range: only the chunks they overlap, each checked against its CRC-32C; throws RuntimeError(errors::runtime_checkpoint)
+  /// naming the file and the piece. Unset for a checkpoint without pieces.
+  std::function<torch::Tensor(int rank, std::int64_t piece, std::int64_t begin, std::int64_t length)> read_piece;
+};
+
+/// Thrown by a strategy's `load` on every rank, before anything is restored, when some rank found a part of the
+/// checkpoint that it read invalid (a corrupt or truncated piece): the Trainer moves on to the next older
+/// checkpoint, as when a rank refuses its share of the files. The rank that found the defect carries its message.
+class CheckpointRefused : public RuntimeError {
+ public:
+  /// `cause`: this rank's own error (found_here), or why the ranks agreed to refuse.
+  CheckpointRefused(const RuntimeError& cause, bool found_here)
+      : RuntimeError(runtime_kind(cause), std::string(std::string_view(cause.what()).substr(cause.id().size() + 3))),
+        found_here_(found_here) {}
+  /// Whether this rank found the defect itself (and its message names it).
+  bool found_here() const { return found_here_; }
+
+ private:
+  static std::string_view runtime_kind(const RuntimeError& cause) {
+    constexpr std::string_view prefix = "hpctrain.runtime.";
+    const std::string_view id = cause.id();
+    return id.substr(0, prefix.size()) == prefix ? id.substr(prefix.size()) : std::string_view("checkpoint");
+  }
+  bool found_here_;
 };
 
 /// The data-parallel strategy seam. All calls are collective and made in the same order on every rank.
@@ -93,12 +120,15 @@ class DataParallelStrategy {
   /// Whether every rank writes its own checkpoint file (sharded state), or rank 0 alone (replicated).
   virtual bool saves_per_rank() const = 0;
 
-  /// Writes this rank's model and optimizer state into `archive` (on the ranks that save).
-  virtual void save(torch::serialize::OutputArchive& archive) = 0;
+  /// Writes this rank's model and optimizer state (on the ranks that save): small values into `archive`, which a
+  /// load deserialises whole, and flat tensors into `pieces`, which a load reads by element ranges
+  /// (SavedStrategyState::read_piece: what a sharded strategy resharding at another world size needs).
+  virtual void save(torch::serialize::OutputArchive& archive, PieceWriter& pieces) = 0;
 
   /// Restores model and optimizer state from a checkpoint. A checkpoint written at another world size
   /// must be resharded, or refused with a SpecError naming the field; one written by another strategy
-  /// likewise.
+  /// likewise. A strategy that finds what it read invalid before restoring anything throws CheckpointRefused on
+  /// every rank (the Trainer then tries the next older checkpoint).
   virtual void load(const SavedStrategyState& saved) = 0;
 
   /// Makes the user's module hold the full parameters on every rank (for the finish hooks that read `module`);

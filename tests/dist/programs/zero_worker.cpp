@@ -42,7 +42,9 @@
 #include <hpctrain/dist/dist.hpp>
 #include <hpctrain/job/files.hpp>
 #include <hpctrain/slurm/world.hpp>
+#include <hpctrain/train/checkpoint.hpp>
 #include <hpctrain/train/crc32c.hpp>
+#include <hpctrain/train/digest.hpp>
 #include <hpctrain/models/gpt2.hpp>
 #include <hpctrain/models/hf_checkpoint.hpp>
 #include <hpctrain/models/hf_export.hpp>
@@ -284,54 +286,38 @@ int check_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain
   return ok ? 0 : 1;
 }
 
-// --- checkpoint files as the Trainer lays them out (docs/seams.md): rank-<5 digits>.hpct, a 32-byte header
-// (magic, format, CRC-32C, payload size, step) and the archive; open(r) verifies size and CRC. ---------------
+// --- checkpoint files as the Trainer lays them out (docs/seams.md): rank-<5 digits>.hpct, written and read by the
+// checkpoint layer's own functions (header, archive, pieces region; each checked as it is read) without meta.json. ---
 
 fs::path archive_path(const fs::path& directory, int rank) { return directory / fmt::format("rank-{:05d}.hpct", rank); }
 
-void write_archive(const fs::path& path, torch::serialize::OutputArchive& archive, std::int64_t step) {
-  std::string payload;
-  archive.save_to([&](const void* data, std::size_t size) {
-    payload.append(static_cast<const char*>(data), size);
-    return size;
-  });
-  std::string header(32, '\0');
-  const std::uint32_t crc = hpctrain::detail::crc32c(payload);
-  const std::uint32_t format = 1;
-  const std::uint64_t size = payload.size(), at = static_cast<std::uint64_t>(step);
-  std::memcpy(header.data(), "HPCTCKPT", 8);
-  std::memcpy(header.data() + 8, &format, 4);
-  std::memcpy(header.data() + 12, &crc, 4);
-  std::memcpy(header.data() + 16, &size, 8);
-  std::memcpy(header.data() + 24, &at, 8);
-  hpctrain::detail::write_file_atomically(path, {header, payload}, "checkpoint");
+void write_archive(const fs::path& path, torch::serialize::OutputArchive& archive, hpctrain::PieceWriter pieces, std::int64_t step) {
+  auto serialized = hpctrain::detail::serialize_archive(archive, std::move(pieces));
+  hpctrain::detail::seal_archive(serialized, step, 0);
+  hpctrain::detail::write_sealed(path, serialized);
 }
 
-torch::serialize::InputArchive open_archive(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw hpctrain::RuntimeError("checkpoint", fmt::format("{}: cannot open (missing shard)", path.string()));
-  const std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  std::uint64_t size = 0;
-  std::uint32_t crc = 0;
-  if (bytes.size() >= 32) {
-    std::memcpy(&crc, bytes.data() + 12, 4);
-    std::memcpy(&size, bytes.data() + 16, 8);
-  }
-  if (bytes.size() < 32 || bytes.size() - 32 != size)
-    throw hpctrain::RuntimeError("checkpoint", fmt::format("{}: truncated", path.string()));
-  if (hpctrain::detail::crc32c(bytes.data() + 32, size) != crc)
-    throw hpctrain::RuntimeError("checkpoint", fmt::format("{}: corrupt: CRC-32C of the payload does not match", path.string()));
-  torch::serialize::InputArchive archive;
-  archive.load_from(bytes.data() + 32, size);
-  return archive;
+/// `opened`: the ranks whose archives the load opened, in order; `piece_bytes`: the bytes of the element ranges the
+/// load asked of their pieces.
+hpctrain::SavedStrategyState saved_state(const fs::path& directory, int world, const std::string& strategy, std::vector<int>& opened,
+                                         std::int64_t& piece_bytes) {
+  auto files = std::make_shared<hpctrain::detail::CheckpointFiles>(directory, std::nullopt);
+  hpctrain::SavedStrategyState saved{world, strategy, [files, &opened](int rank) {
+                                       opened.push_back(rank);
+                                       return files->open(rank);
+                                     }};
+  saved.read_piece = [files, &piece_bytes](int rank, std::int64_t piece, std::int64_t begin, std::int64_t length) {
+    auto values = files->read_piece(rank, piece, begin, length);
+    piece_bytes += static_cast<std::int64_t>(values.nbytes());
+    return values;
+  };
+  return saved;
 }
 
-/// `opened`: the ranks whose archives the load opened, in order.
-hpctrain::SavedStrategyState saved_state(const fs::path& directory, int world, const std::string& strategy, std::vector<int>& opened) {
-  return {world, strategy, [directory, &opened](int rank) {
-            opened.push_back(rank);
-            return open_archive(archive_path(directory, rank));
-          }};
+/// CRC-32C of the whole model's parameters (ZeRO-3: gathered), the same on every rank.
+std::uint32_t model_digest(hpctrain::DataParallelStrategy& strategy, torch::nn::Module& model) {
+  strategy.gather_full_model();
+  return hpctrain::detail::parameters_digest(model);
 }
 
 /// `saved_strategy`: the name() of the strategy that wrote the checkpoint resumed from (ZeRO-2 and ZeRO-3 read
@@ -349,7 +335,8 @@ int train(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage 
   int start = 0;
   if (resume_world > 0) {
     std::vector<int> opened;
-    strategy->load(saved_state(directory, resume_world, saved_strategy, opened));
+    std::int64_t piece_bytes = 0;
+    strategy->load(saved_state(directory, resume_world, saved_strategy, opened, piece_bytes));
     std::cout << fmt::format("rank {} opened_archives={}\n", rank, fmt::join(opened, ",")) << std::flush;
     start = resume_step + 1;
     // ZeRO-3 keeps only what falls in its shards: loading gathers no block.
@@ -358,6 +345,12 @@ int train(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage 
       std::cerr << fmt::format("rank {}: loading gathered {} bytes of blocks\n", rank, full->peak_gathered_bytes());
       return 1;
     }
+    // What the load read of the pieces, beside what this rank holds: its masters (4 bytes an element) and AdamW's
+    // two moments (8), i.e. 1.5 times its optimizer state.
+    std::cout << fmt::format("rank {} piece_bytes_read={}\nrank {} optimizer_state_bytes={}\n", rank, piece_bytes, rank,
+                             optimizer_state_bytes(*strategy))
+              << fmt::format("rank {} loaded_digest={:08x}\n", rank, model_digest(*strategy, *model))
+              << std::flush;
   }
   for (int step = start; step < steps; ++step) {
     const double local = strategy_step(*strategy, model, step, rank, world, 2, 0.5);
@@ -366,9 +359,11 @@ int train(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage 
     if (step == save_at) {
       fs::create_directories(directory);
       torch::serialize::OutputArchive archive;
-      strategy->save(archive);
-      write_archive(archive_path(directory, rank), archive, step);
+      hpctrain::PieceWriter pieces;
+      strategy->save(archive, pieces);
+      write_archive(archive_path(directory, rank), archive, std::move(pieces), step);
       dist::barrier(*group);
+      std::cout << fmt::format("rank {} saved_digest={:08x}\n", rank, model_digest(*strategy, *model)) << std::flush;
     }
   }
   return 0;

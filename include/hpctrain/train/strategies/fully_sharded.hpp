@@ -215,32 +215,31 @@ class FullyShardedStrategy : public DataParallelStrategy {
 
   /// ZeRO-2's shard archive; the index records the parameters' full shapes. Hybrid: the first shard group's ranks
   /// write the pieces, the other replicas an archive without pieces (every element saved once).
-  void save(torch::serialize::OutputArchive& archive) override {
+  void save(torch::serialize::OutputArchive& archive, PieceWriter& pieces) override {
     auto view = shard_view(full_shapes_);
     if (replica_index_ != 0) view.pieces.clear();
-    detail::save_zero_shard(archive, view);
+    detail::save_zero_shard(archive, pieces, view);
   }
 
-  /// Restores this rank's shards (and optimizer state) from a zero1/zero2/zero3 checkpoint of any world size,
-  /// reading each saved piece's overlap with them: the blocks and edges are never gathered whole; the other
-  /// parameters, whole on every rank, take every piece.
+  /// Restores this rank's shards (and optimizer state) from a zero1/zero2/zero3/hsdp checkpoint of any world size,
+  /// reading only each saved piece's overlap with them: the blocks and edges are never gathered whole; the other
+  /// parameters, whole on every rank, are all-gathered from the ranks' pieces, as after a step.
   void load(const SavedStrategyState& saved) override {
     release_all_blocks();
     auto view = shard_view(full_shapes_);
     view.write_values = [this](std::size_t parameter, std::int64_t begin, const torch::Tensor& values) {
       write_saved_values(parameter, begin, values);
     };
-    const auto read = detail::load_zero_shards(saved, view);
+    detail::load_zero_shards(saved, view);
     torch::NoGradGuard no_grad;
     for (auto& piece : pieces_)
       if (!piece.master.is_alias_of(units_[piece.bucket].shard))
         piece.master.copy_(units_[piece.bucket].shard.narrow(0, piece.place.shard_offset, piece.place.length));
     for (auto& unit : units_) unit.compute_shard = torch::Tensor();
-    if (read == detail::ShardsRead::own_archive) {  // the parameters kept whole: the other ranks' parts, as after a step
-      std::vector<dist::PendingAllGather> gathers;
-      for (std::size_t b = sharded_units_; b < units_.size(); ++b) gathers.push_back(dist::start_all_gather_in_place(*group_, units_[b].flat));
-      for (auto& gather : gathers) dist::wait(*group_, gather);
-    }
+    // The parameters kept whole: the other ranks' parts, as after a step.
+    std::vector<dist::PendingAllGather> gathers;
+    for (std::size_t b = sharded_units_; b < units_.size(); ++b) gathers.push_back(dist::start_all_gather_in_place(*group_, units_[b].flat));
+    for (auto& gather : gathers) dist::wait(*group_, gather);
   }
 
   /// All-gathers every block into the module and keeps it whole (pinned) until the next zero_grad/step:

@@ -175,16 +175,17 @@ class ZeroStrategy : public DataParallelStrategy {
 
   bool saves_per_rank() const override { return true; }
 
-  void save(torch::serialize::OutputArchive& archive) override {
-    detail::save_zero_shard(archive, shard_view());
+  void save(torch::serialize::OutputArchive& archive, PieceWriter& pieces) override {
+    detail::save_zero_shard(archive, pieces, shard_view());
   }
 
+  /// Restores this rank's pieces (reading only their overlap with the saved ones, at any world size), then gathers
+  /// the rest of the parameters from the other ranks, as after a step.
   void load(const SavedStrategyState& saved) override {
-    const auto read = detail::load_zero_shards(saved, shard_view());
-    // Masters from the restored parameters: this rank's parts (its own archive), or all of them (every archive).
+    detail::load_zero_shards(saved, shard_view());
     torch::NoGradGuard no_grad;
     for (auto& piece : pieces_) piece.master.copy_(parameter_part(piece));
-    if (read == detail::ShardsRead::own_archive) gather_parameters_from_masters();  // the rest from the other ranks
+    gather_parameters_from_masters();
   }
 
   // Instrumentation (benchmarks, tests).

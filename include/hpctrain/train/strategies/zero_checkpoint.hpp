@@ -1,27 +1,36 @@
 #pragma once
-// Sharded checkpoints of the ZeRO strategies, and resharding on load. Every rank writes one archive (the
-// Trainer puts it in `rank-<r>.hpct` of the checkpoint directory, checksummed) holding:
+// Sharded checkpoints of the ZeRO strategies, and resharding on load. Every rank writes one file (the Trainer puts
+// it in `rank-<r>.hpct` of the checkpoint directory, checksummed): a LibTorch archive holding
 //
-//   zero_index       JSON: format, strategy, world_size, rank, the model's trainable parameters (name,
-//                    shape, in registration order), this rank's pieces (parameter name, first element,
-//                    length) and, on rank 0, the module's buffer names
-//   zero_piece_<i>   piece i's values (the fp32 master shard), flat
-//   zero_state_<i>   piece i's optimizer state, as the optimizer's own OptimizerParamState::serialize
-//                    writes it (tensors of the piece's length are elementwise; others, like Adam's step,
-//                    are per parameter and equal on every piece)
+//   zero_index       JSON: format (2), strategy, world_size, rank, the model's trainable parameters (name,
+//                    shape, in registration order), this rank's pieces (parameter name, first element, length,
+//                    and the ids of its values and of its elementwise optimizer state in the pieces region) and,
+//                    on rank 0, the module's buffer names
+//   zero_state_<i>   piece i's optimizer state that is per parameter, not elementwise (Adam's step), as the
+//                    optimizer's own OptimizerParamState::serialize writes it
 //   zero_buffer_<k>  rank 0 only: the module's k-th buffer (BatchNorm statistics; rank 0's, as Replicated)
 //
-// Load, at the same world size and strategy (ShardsRead::own_archive): the pieces coincide, so each rank reads
-// its own archive alone — its pieces' values and optimizer state, copied bit for bit; rank 0's buffers are
-// broadcast, and the strategy makes the parameters whole with the all-gather that follows its step.
-// Otherwise (ShardsRead::every_archive) every saved rank's archive is read, one at a time: the full parameters
-// (every rank holds them in ZeRO-1/2; ZeRO-3 keeps only what falls in its shards, never the whole model) are
-// reassembled from all pieces, and the optimizer state of each piece this rank owns *now* is cut from the saved
-// pieces that overlap it. Nothing in that depends on the saved world size: a checkpoint written at 4 ranks
-// resumes at 2 or 3.
+// and after it the pieces region (train/checkpoint_pieces.hpp): each piece's values (the fp32 master shard, flat)
+// and each of its elementwise state tensors (exp_avg, exp_avg_sq, ...), read back by element ranges, each chunk
+// checked against its CRC-32C.
+//
+// Load, at any world size: each rank reads, of every saved piece, only the elements that overlap the pieces it owns
+// now (values and elementwise state; the per-parameter state from the archive), into memory first. At the same world
+// size and strategy (not hsdp) the pieces coincide and each rank opens its own file alone; otherwise it opens every
+// saved rank's archive (small: the index, the per-parameter state, rank 0's buffers) and reads its overlap of their
+// pieces. The ranks then agree that every rank read valid bytes (one all-reduce; any refusal: CheckpointRefused on
+// every rank, nothing restored, and the Trainer tries the next older checkpoint) before anything is restored: the
+// pieces' values and optimizer state, copied bit for bit, and rank 0's buffers, broadcast. The strategy then
+// all-gathers what it keeps whole from every rank's pieces, as after a step. Nothing in that depends on the saved
+// world size: a checkpoint written at 4 ranks resumes at 2 or 3, reading about 1/2 or 1/3 of it on each rank.
+// A checkpoint of zero_index format 1 (before 2026-11-26: the pieces inside the archive as zero_piece_<i> tensors)
+// still loads: each archive it opens is deserialised whole.
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <typeinfo>
@@ -44,8 +53,8 @@
 
 namespace hpctrain::detail {
 
-/// Version of the zero_index layout.
-inline constexpr int zero_checkpoint_format = 1;
+/// Version of the zero_index layout: 2, the pieces in the pieces region; 1 (still read), inside the archive.
+inline constexpr int zero_checkpoint_format = 2;
 
 /// One piece a rank owns: where it lies in its parameter, and the tensor the optimizer steps.
 struct ZeroPieceRef {
@@ -62,8 +71,8 @@ struct ZeroShardView {
   const std::vector<torch::Tensor>& parameters;
   torch::optim::Optimizer& optimizer;
   std::vector<ZeroPieceRef> pieces;
-  /// On load, where a saved piece's values go: elements [begin, begin + values.numel()) of parameter p. Unset:
-  /// into `parameters[p]`, whole on every rank (ZeRO-1/2); ZeRO-3 keeps only what falls in its own shards.
+  /// On load, where a saved piece's values go: elements [begin, begin + values.numel()) of parameter p, all within
+  /// one of this rank's pieces. Unset: into `parameters[p]` (ZeRO-1/2); ZeRO-3 writes into its shards.
   std::function<void(std::size_t parameter, std::int64_t begin, const torch::Tensor& values)> write_values;
 };
 
@@ -99,6 +108,11 @@ inline std::map<std::string, c10::IValue> state_entries(const torch::optim::Opti
   return entries;
 }
 
+/// Whether a state entry is elementwise over a piece of `length` elements (Adam's moments), not per parameter.
+inline bool elementwise_entry(const c10::IValue& value, std::int64_t length) {
+  return value.isTensor() && value.toTensor().defined() && value.toTensor().dim() == 1 && value.toTensor().numel() == length;
+}
+
 /// Bytes of the tensors in one optimizer state (exp_avg, exp_avg_sq, momentum_buffer, ...).
 inline std::size_t state_tensor_bytes(const torch::optim::OptimizerParamState& state) {
   std::size_t bytes = 0;
@@ -107,7 +121,9 @@ inline std::size_t state_tensor_bytes(const torch::optim::OptimizerParamState& s
   return bytes;
 }
 
-inline nlohmann::json shard_index(const ZeroShardView& view) {
+/// Writes this rank's shard: its index, per-parameter state (and rank 0: the buffers) into `archive`; the pieces'
+/// values and elementwise state into `pieces`.
+inline void save_zero_shard(torch::serialize::OutputArchive& archive, PieceWriter& pieces, const ZeroShardView& view) {
   nlohmann::json index;
   index["format"] = zero_checkpoint_format;
   index["strategy"] = view.strategy;
@@ -117,50 +133,64 @@ inline nlohmann::json shard_index(const ZeroShardView& view) {
   for (std::size_t i = 0; i < view.parameters.size(); ++i)
     index["parameters"].push_back({{"name", view.names[i]}, {"shape", view.parameters[i].sizes().vec()}});
   index["pieces"] = nlohmann::json::array();
-  for (const auto& piece : view.pieces)
-    index["pieces"].push_back(
-        {{"parameter", view.names[piece.place.parameter]}, {"begin", piece.place.begin}, {"length", piece.place.length}});
-  index["buffers"] = nlohmann::json::array();
-  if (view.group.rank() == 0)
-    for (const auto& buffer : view.model.named_buffers()) index["buffers"].push_back(buffer.key());
-  return index;
-}
-
-/// Writes this rank's shard: index, piece values, piece optimizer state (and rank 0: the buffers).
-inline void save_zero_shard(torch::serialize::OutputArchive& archive, const ZeroShardView& view) {
-  archive.write("zero_index", c10::IValue(shard_index(view).dump()));
   for (std::size_t i = 0; i < view.pieces.size(); ++i) {
-    const auto& master = view.pieces[i].master;
-    archive.write(fmt::format("zero_piece_{}", i), master.detach());
-    const auto found = view.optimizer.state().find(master.unsafeGetTensorImpl());
-    if (found == view.optimizer.state().end()) continue;  // not stepped yet (or SGD without momentum)
-    torch::serialize::OutputArchive state(archive.compilation_unit());
-    found->second->serialize(state);
-    archive.write(fmt::format("zero_state_{}", i), state);
+    const auto& piece = view.pieces[i];
+    nlohmann::json entry{{"parameter", view.names[piece.place.parameter]}, {"begin", piece.place.begin},
+                         {"length", piece.place.length}, {"values", pieces.add(piece.master)}, {"state", nlohmann::json::object()}};
+    const auto found = view.optimizer.state().find(piece.master.unsafeGetTensorImpl());
+    if (found != view.optimizer.state().end()) {  // else not stepped yet (or SGD without momentum)
+      torch::serialize::OutputArchive per_parameter(archive.compilation_unit());
+      for (const auto& [key, value] : state_entries(*found->second)) {
+        if (elementwise_entry(value, piece.place.length)) entry["state"][key] = pieces.add(value.toTensor());
+        else per_parameter.write(key, value);
+      }
+      archive.write(fmt::format("zero_state_{}", i), per_parameter);
+      entry["has_state"] = true;
+    }
+    index["pieces"].push_back(std::move(entry));
   }
+  index["buffers"] = nlohmann::json::array();
   if (view.group.rank() == 0) {
     std::size_t k = 0;
-    for (const auto& buffer : view.model.named_buffers())
+    for (const auto& buffer : view.model.named_buffers()) {
+      index["buffers"].push_back(buffer.key());
       archive.write(fmt::format("zero_buffer_{}", k++), buffer.value().detach(), /*is_buffer=*/true);
+    }
   }
+  archive.write("zero_index", c10::IValue(index.dump()));
 }
 
-/// The optimizer state of one piece this rank owns, assembled from the saved pieces that overlap it.
-struct AssembledState {
+/// What a load reads for one piece this rank owns, before anything is restored: its values and optimizer state,
+/// assembled from the saved pieces that overlap it.
+struct StagedPiece {
+  torch::Tensor values;                              // the piece's length, on the CPU
+  std::int64_t values_covered = 0;                   // elements filled from saved pieces
   std::map<std::string, torch::Tensor> elementwise;  // key -> tensor of the piece's length
   std::map<std::string, c10::IValue> per_parameter;  // key -> value (Adam's step)
-  std::int64_t covered = 0;                          // elements filled from saved states
+  std::int64_t state_covered = 0;                    // elements filled from saved states
 };
 
-/// Reads one saved rank's archive; copies its parameter values and the overlapping optimizer state.
+/// One saved piece as a load reads it: where it lies, and how to read element ranges of its values and state.
+struct SavedPiece {
+  std::size_t parameter = 0;
+  std::int64_t begin = 0, length = 0;
+  std::function<torch::Tensor(std::int64_t from, std::int64_t count)> values;
+  std::map<std::string, std::function<torch::Tensor(std::int64_t from, std::int64_t count)>> elementwise;
+  std::map<std::string, c10::IValue> per_parameter;
+  bool has_state = false;
+};
+
+/// Reads saved ranks' files into this rank's staged pieces (nothing restored until install()).
 class ShardReader {
  public:
-  ShardReader(const SavedStrategyState& saved, ZeroShardView& view)
-      : saved_(saved), view_(view), covered_(view.parameters.size(), 0), states_(view.pieces.size()) {
+  ShardReader(const SavedStrategyState& saved, ZeroShardView& view) : saved_(saved), view_(view), staged_(view.pieces.size()) {
     for (std::size_t i = 0; i < view.names.size(); ++i) parameter_of_[view.names[i]] = i;
+    for (std::size_t i = 0; i < view.pieces.size(); ++i)
+      staged_[i].values = torch::empty({view.pieces[i].place.length}, view.pieces[i].master.options().device(torch::kCPU));
   }
 
-  /// `own`: the archive must hold exactly this rank's pieces (the same world size and strategy).
+  /// Reads rank `rank`'s overlap with this rank's pieces. `own`: the archive must hold exactly this rank's pieces
+  /// (the same world size and strategy).
   void read_rank(int rank, bool own = false) {
     auto archive = saved_.open(rank);
     const auto index = read_index(archive, rank);
@@ -168,33 +198,49 @@ class ShardReader {
     if (own) check_own_pieces(index, rank);
     torch::NoGradGuard no_grad;
     const auto& pieces = index.at("pieces");
-    for (std::size_t j = 0; j < pieces.size(); ++j) read_piece(archive, rank, j, pieces[j]);
+    for (std::size_t j = 0; j < pieces.size(); ++j) {
+      const auto saved = saved_piece(archive, index, rank, j);
+      for (std::size_t i = 0; i < view_.pieces.size(); ++i) read_overlap(saved, i);
+    }
     if (rank == 0) read_buffers(archive, index);
   }
 
-  /// After this rank's own archive alone: installs its pieces' optimizer state (each piece was read whole).
-  void finish_own() {
-    for (std::size_t i = 0; i < view_.pieces.size(); ++i) install_state(i);
+  /// Checks that the saved pieces covered every element of this rank's pieces once (and their state, if any).
+  void check_covered() const {
+    for (std::size_t i = 0; i < view_.pieces.size(); ++i) {
+      const auto& place = view_.pieces[i].place;
+      const auto& staged = staged_[i];
+      if (staged.values_covered != place.length)
+        throw RuntimeError(errors::runtime_checkpoint, fmt::format("sharded checkpoint of {} ranks: the archives hold {} of the {} elements of this "
+                                                     "rank's piece [{}, {}) of parameter '{}' (a rank's archive is missing pieces)",
+                                                     saved_.world_size, staged.values_covered, place.length, place.begin,
+                                                     place.begin + place.length, view_.names[place.parameter]));
+      if (staged.state_covered != 0 && staged.state_covered != place.length)
+        throw RuntimeError(errors::runtime_checkpoint, fmt::format("sharded checkpoint of {} ranks: optimizer state covers {} of the {} "
+                                                     "elements of this rank's piece of parameter '{}'",
+                                                     saved_.world_size, staged.state_covered, place.length, view_.names[place.parameter]));
+    }
   }
 
-  /// After every rank: checks that the archives covered every element once, installs optimizer state.
-  void finish() {
-    for (std::size_t p = 0; p < view_.parameters.size(); ++p) {
-      if (covered_[p] != view_.parameters[p].numel()) {
-        throw RuntimeError("checkpoint", fmt::format("sharded checkpoint of {} ranks: the archives hold {} of the {} "
-                                                     "elements of parameter '{}' (a rank's archive is missing pieces)",
-                                                     saved_.world_size, covered_[p], view_.parameters[p].numel(),
-                                                     view_.names[p]));
-      }
+  /// Restores what was read: the pieces' values and optimizer state, the buffers (rank 0's, where read).
+  void install() {
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < view_.pieces.size(); ++i) {
+      const auto& place = view_.pieces[i].place;
+      if (view_.write_values) view_.write_values(place.parameter, place.begin, staged_[i].values);
+      else view_.parameters[place.parameter].detach().reshape({-1}).narrow(0, place.begin, place.length).copy_(staged_[i].values);
+      install_state(i);
     }
-    for (std::size_t i = 0; i < view_.pieces.size(); ++i) install_state(i);
+    std::size_t k = 0;
+    for (const auto& buffer : view_.model.named_buffers())
+      if (k < buffers_.size()) buffer.value().detach().copy_(buffers_[k++]);
   }
 
  private:
   nlohmann::json read_index(torch::serialize::InputArchive& archive, int rank) {
     c10::IValue text;
     if (!archive.try_read("zero_index", text) || !text.isString()) {
-      throw RuntimeError("checkpoint", fmt::format("{}: no zero_index (the archive was not written by a ZeRO strategy)",
+      throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: no zero_index (the archive was not written by a ZeRO strategy)",
                                                    archive_name(rank)));
     }
     nlohmann::json index;
@@ -202,16 +248,16 @@ class ShardReader {
       index = nlohmann::json::parse(text.toStringRef());
       const auto expect = [&](const char* field, const nlohmann::json& value) {
         if (index.at(field) != value)
-          throw RuntimeError("checkpoint", fmt::format("{}: zero_index field '{}' is {}, expected {}", archive_name(rank),
+          throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: zero_index field '{}' is {}, expected {}", archive_name(rank),
                                                        field, index.at(field).dump(), value.dump()));
       };
-      expect("format", zero_checkpoint_format);
+      if (index.at("format") != 1) expect("format", zero_checkpoint_format);
       expect("rank", rank);
       expect("world_size", saved_.world_size);
       (void)index.at("parameters").size();
       (void)index.at("pieces").size();
     } catch (const nlohmann::json::exception& e) {
-      throw RuntimeError("checkpoint", fmt::format("{}: zero_index is malformed: {}", archive_name(rank), e.what()));
+      throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: zero_index is malformed: {}", archive_name(rank), e.what()));
     }
     return index;
   }
@@ -251,55 +297,83 @@ class ShardReader {
              pieces[j].at("begin").get<std::int64_t>() == place.begin && pieces[j].at("length").get<std::int64_t>() == place.length;
     }
     if (!same)
-      throw RuntimeError("checkpoint", fmt::format("{}: its {} pieces are not this rank's {} at the same world size ({}) and "
+      throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: its {} pieces are not this rank's {} at the same world size ({}) and "
                                                    "strategy: the shard layout changed (bucket sizes?)",
                                                    archive_name(rank), pieces.size(), view_.pieces.size(), saved_.world_size));
   }
 
-  void read_piece(torch::serialize::InputArchive& archive, int rank, std::size_t j, const nlohmann::json& entry) {
+  /// Saved piece `j` of rank `rank`: checked, with readers of its values and state (format 2: element ranges of the
+  /// pieces region; format 1: the archive's whole tensors).
+  SavedPiece saved_piece(torch::serialize::InputArchive& archive, const nlohmann::json& index, int rank, std::size_t j) {
+    const auto& entry = index.at("pieces")[j];
+    SavedPiece piece;
     const auto name = entry.at("parameter").get<std::string>();
-    const auto begin = entry.at("begin").get<std::int64_t>();
-    const auto length = entry.at("length").get<std::int64_t>();
-    const auto p = parameter_of_.at(name);  // check_same_model: every saved name is ours
+    piece.parameter = parameter_of_.at(name);  // check_same_model: every saved name is ours
+    piece.begin = entry.at("begin").get<std::int64_t>();
+    piece.length = entry.at("length").get<std::int64_t>();
     const auto where = fmt::format("{}: piece {} of parameter '{}'", archive_name(rank), j, name);
-    if (begin < 0 || length <= 0 || begin + length > view_.parameters[p].numel())
-      throw RuntimeError("checkpoint", fmt::format("{}: elements [{}, {}) lie outside its {} elements", where, begin,
-                                                   begin + length, view_.parameters[p].numel()));
-    torch::Tensor values;
-    if (!archive.try_read(fmt::format("zero_piece_{}", j), values) || values.numel() != length)
-      throw RuntimeError("checkpoint", fmt::format("{}: zero_piece_{} is missing or not {} elements", where, j, length));
-    if (view_.write_values) view_.write_values(p, begin, values.reshape({-1}));
-    else view_.parameters[p].detach().reshape({-1}).narrow(0, begin, length).copy_(values.reshape({-1}));
-    covered_[p] += length;
-
+    if (piece.begin < 0 || piece.length <= 0 || piece.begin + piece.length > view_.parameters[piece.parameter].numel())
+      throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: elements [{}, {}) lie outside its {} elements", where, piece.begin,
+                                                   piece.begin + piece.length, view_.parameters[piece.parameter].numel()));
     torch::serialize::InputArchive state;
-    const bool has_state = archive.try_read(fmt::format("zero_state_{}", j), state);
-    if (!has_state) return;
-    std::map<std::string, c10::IValue> entries;
-    for (const auto& key : state.keys()) state.read(key, entries[key]);
-    for (std::size_t i = 0; i < view_.pieces.size(); ++i) {
-      const auto& mine = view_.pieces[i].place;
-      if (mine.parameter != p) continue;
-      const auto from = std::max(begin, mine.begin);
-      const auto to = std::min(begin + length, mine.begin + mine.length);
-      if (from >= to) continue;
-      auto& assembled = states_[i];
-      for (const auto& [key, value] : entries) {
-        if (value.isTensor() && value.toTensor().dim() == 1 && value.toTensor().numel() == length) {
-          auto& target = assembled.elementwise[key];
-          if (!target.defined()) target = torch::zeros({mine.length}, value.toTensor().options());
-          target.narrow(0, from - mine.begin, to - from).copy_(value.toTensor().narrow(0, from - begin, to - from));
-        } else {
-          assembled.per_parameter[key] = value;
-        }
+    const bool has_archive_state = archive.try_read(fmt::format("zero_state_{}", j), state);
+    if (index.at("format") == 1) {  // the piece and its whole state inside the archive
+      torch::Tensor values;
+      if (!archive.try_read(fmt::format("zero_piece_{}", j), values) || values.numel() != piece.length)
+        throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: zero_piece_{} is missing or not {} elements", where, j, piece.length));
+      piece.values = [values = values.reshape({-1})](std::int64_t from, std::int64_t count) { return values.narrow(0, from, count); };
+      if (!has_archive_state) return piece;
+      piece.has_state = true;
+      for (const auto& key : state.keys()) {
+        c10::IValue value;
+        state.read(key, value);
+        if (elementwise_entry(value, piece.length))
+          piece.elementwise[key] = [tensor = value.toTensor()](std::int64_t from, std::int64_t count) { return tensor.narrow(0, from, count); };
+        else
+          piece.per_parameter[key] = value;
       }
-      assembled.covered += to - from;
+      return piece;
     }
+    const auto range = [&](const nlohmann::json& id, const std::string& what) {
+      if (!id.is_number_integer()) throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: its {} is {}, not a piece id", where, what, id.dump()));
+      if (!saved_.read_piece) throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: the checkpoint's files have no pieces region", where));
+      return [read = saved_.read_piece, rank, id = id.get<std::int64_t>()](std::int64_t from, std::int64_t count) {
+        return read(rank, id, from, count);  // beyond the stored piece's elements: refused, naming the file
+      };
+    };
+    piece.values = range(entry.at("values"), "values");
+    piece.has_state = entry.value("has_state", false);
+    for (const auto& [key, id] : entry.at("state").items()) piece.elementwise[key] = range(id, key);
+    if (has_archive_state)
+      for (const auto& key : state.keys()) state.read(key, piece.per_parameter[key]);
+    return piece;
+  }
+
+  /// Reads the overlap of saved piece `saved` with this rank's piece `i` into its staged values and state.
+  void read_overlap(const SavedPiece& saved, std::size_t i) {
+    const auto& mine = view_.pieces[i].place;
+    if (mine.parameter != saved.parameter) return;
+    const auto from = std::max(saved.begin, mine.begin);
+    const auto to = std::min(saved.begin + saved.length, mine.begin + mine.length);
+    if (from >= to) return;
+    auto& staged = staged_[i];
+    staged.values.narrow(0, from - mine.begin, to - from).copy_(saved.values(from - saved.begin, to - from));
+    staged.values_covered += to - from;
+    if (!saved.has_state) return;
+    for (const auto& [key, read] : saved.elementwise) {
+      auto part = read(from - saved.begin, to - from);
+      auto& target = staged.elementwise[key];
+      if (!target.defined()) target = torch::zeros({mine.length}, part.options());
+      target.narrow(0, from - mine.begin, to - from).copy_(part);
+    }
+    for (const auto& [key, value] : saved.per_parameter) staged.per_parameter[key] = value;
+    staged.state_covered += to - from;
   }
 
   void read_buffers(torch::serialize::InputArchive& archive, const nlohmann::json& index) {
     const auto& names = index.at("buffers");
     std::size_t k = 0;
+    buffers_.clear();
     for (const auto& buffer : view_.model.named_buffers()) {
       if (k >= names.size() || names[k].get<std::string>() != buffer.key())
         throw SpecError("checkpoint.buffers", archive_name(0),
@@ -307,27 +381,21 @@ class ShardReader {
                                     buffer.key(), k));
       torch::Tensor value;
       if (!archive.try_read(fmt::format("zero_buffer_{}", k), value, /*is_buffer=*/true))
-        throw RuntimeError("checkpoint", fmt::format("{}: zero_buffer_{} ('{}') is missing", archive_name(0), k, buffer.key()));
-      buffer.value().detach().copy_(value);
+        throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: zero_buffer_{} ('{}') is missing", archive_name(0), k, buffer.key()));
+      buffers_.push_back(value);
       ++k;
     }
   }
 
   void install_state(std::size_t i) {
-    auto& assembled = states_[i];
+    auto& staged = staged_[i];
     const auto& master = view_.pieces[i].master;
     auto& states = view_.optimizer.state();
     states.erase(master.unsafeGetTensorImpl());
-    if (assembled.covered == 0) return;  // saved before the first step: no state yet
-    if (assembled.covered != view_.pieces[i].place.length) {
-      throw RuntimeError("checkpoint", fmt::format("sharded checkpoint of {} ranks: optimizer state covers {} of the {} "
-                                                   "elements of this rank's piece of parameter '{}'",
-                                                   saved_.world_size, assembled.covered, view_.pieces[i].place.length,
-                                                   view_.names[view_.pieces[i].place.parameter]));
-    }
+    if (staged.state_covered == 0) return;  // saved before the first step: no state yet
     torch::serialize::OutputArchive out;
-    for (const auto& [key, tensor] : assembled.elementwise) out.write(key, c10::IValue(tensor));
-    for (const auto& [key, value] : assembled.per_parameter) out.write(key, value);
+    for (const auto& [key, tensor] : staged.elementwise) out.write(key, c10::IValue(tensor.to(master.device())));
+    for (const auto& [key, value] : staged.per_parameter) out.write(key, value);
     std::stringstream bytes;
     out.save_to(bytes);
     torch::serialize::InputArchive in;
@@ -340,23 +408,16 @@ class ShardReader {
   const SavedStrategyState& saved_;
   ZeroShardView& view_;
   std::unordered_map<std::string, std::size_t> parameter_of_;
-  std::vector<std::int64_t> covered_;
-  std::vector<AssembledState> states_;
+  std::vector<StagedPiece> staged_;
+  std::vector<torch::Tensor> buffers_;
 };
 
-/// What load_zero_shards read, and so what the strategy still has to do.
-enum class ShardsRead {
-  own_archive,    ///< this rank's archive alone: its pieces (and rank 0's buffers, broadcast) are restored; the
-                  ///< strategy all-gathers what it keeps whole from every rank's pieces
-  every_archive,  ///< every saved archive: the full parameters (ZeRO-3: its shards), buffers and state restored
-};
-
-/// Restores this rank's pieces and optimizer state and the buffers from a sharded checkpoint written by ZeRO-1,
-/// ZeRO-2, ZeRO-3 or hybrid sharding (whose replicas other than the first write archives without pieces: the
-/// archives still hold every element once); collective. Written at the same world size by the same strategy
-/// (not hybrid: a replica's archive holds no pieces), each rank reads its own archive alone; otherwise every
-/// archive, reassembling the full parameters at any world size.
-inline ShardsRead load_zero_shards(const SavedStrategyState& saved, ZeroShardView view) {
+/// Restores this rank's pieces (values and optimizer state) and the buffers from a sharded checkpoint written by
+/// ZeRO-1, ZeRO-2, ZeRO-3 or hybrid sharding (whose replicas other than the first write archives without pieces),
+/// at any world size; collective. Each rank reads only its overlap (the header's comment); the ranks agree before
+/// anything is restored (CheckpointRefused on every rank when any read invalid bytes). The strategy then makes whole
+/// what it keeps whole from every rank's pieces (an all-gather, as after a step).
+inline void load_zero_shards(const SavedStrategyState& saved, ZeroShardView view) {
   if (saved.strategy != "zero1" && saved.strategy != "zero2" && saved.strategy != "zero3" && saved.strategy != "hsdp") {
     throw SpecError("checkpoint.strategy", saved.strategy,
                     fmt::format("this run shards with {}, which resumes checkpoints written by zero1, zero2, zero3 or hsdp (at "
@@ -364,17 +425,28 @@ inline ShardsRead load_zero_shards(const SavedStrategyState& saved, ZeroShardVie
                                 view.strategy));
   }
   if (saved.world_size < 1 || !saved.open)
-    throw RuntimeError("checkpoint", fmt::format("sharded checkpoint with world size {} and no archives", saved.world_size));
+    throw RuntimeError(errors::runtime_checkpoint, fmt::format("sharded checkpoint with world size {} and no archives", saved.world_size));
   ShardReader reader(saved, view);
-  if (saved.world_size == view.group.world_size() && saved.strategy == view.strategy && view.strategy != "hsdp") {
-    reader.read_rank(view.group.rank(), /*own=*/true);
-    reader.finish_own();
-    if (view.group.world_size() > 1) dist::detail::broadcast_from_rank0(view.group, view.model.buffers());
-    return ShardsRead::own_archive;
+  std::optional<RuntimeError> refused;
+  try {
+    if (saved.world_size == view.group.world_size() && saved.strategy == view.strategy && view.strategy != "hsdp") {
+      reader.read_rank(view.group.rank(), /*own=*/true);  // the pieces coincide
+    } else {
+      for (int rank = 0; rank < saved.world_size; ++rank) reader.read_rank(rank);
+    }
+    reader.check_covered();
+  } catch (const RuntimeError& error) {
+    refused = error;
   }
-  for (int rank = 0; rank < saved.world_size; ++rank) reader.read_rank(rank);
-  reader.finish();
-  return ShardsRead::every_archive;
+  const double refusals = view.group.world_size() > 1 ? dist::all_reduce_sum(view.group, refused ? 1.0 : 0.0) : (refused ? 1.0 : 0.0);
+  if (refusals > 0) {
+    if (refused) throw CheckpointRefused(*refused, /*found_here=*/true);
+    throw CheckpointRefused(RuntimeError(errors::runtime_checkpoint, fmt::format("{} of {} ranks found the checkpoint's pieces they read invalid "
+                                                                   "(their messages name the files)", refusals, view.group.world_size())),
+                            /*found_here=*/false);
+  }
+  reader.install();
+  if (view.group.world_size() > 1) dist::detail::broadcast_from_rank0(view.group, view.model.buffers());
 }
 
 }  // namespace hpctrain::detail
