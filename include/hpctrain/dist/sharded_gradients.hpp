@@ -19,6 +19,7 @@
 
 #include <hpctrain/dist/flat_shards.hpp>
 #include <hpctrain/dist/gradient_sync.hpp>
+#include <hpctrain/dist/host_buffer_pool.hpp>
 #include <hpctrain/dist/process_group.hpp>
 #include <hpctrain/dist/shard_collectives.hpp>
 #include <hpctrain/error.hpp>
@@ -39,7 +40,7 @@ inline PendingReduceScatter start_bucket_reduce_scatter(ProcessGroup& group, con
                                                         int average_over = 0) {
   if (bucket.padded_numel == 0) return {};
   torch::NoGradGuard no_grad;
-  auto input = torch::zeros({bucket.padded_numel}, gradient_shard.options());
+  auto input = empty_flat_buffer(bucket.padded_numel, gradient_shard.options()).zero_();  // out of the heap on a CPU
   for (std::size_t k = 0; k < bucket.parameters.size(); ++k) {
     auto& parameter = parameters[bucket.parameters[k]];
     if (!parameter.grad().defined()) continue;

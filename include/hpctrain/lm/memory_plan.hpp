@@ -13,6 +13,12 @@
 //                   ZeRO-3's bf16 copy of its shard of the blocks and the head, from which it gathers one unit at
 //                   a time (the embedding gathers in fp32), and autocast's copy of a tied head
 //   gathered unit   ZeRO-3: the largest unit gathered for compute, a block or the untied head
+//   in flight       ZeRO-3's backward, besides the activations not yet consumed (train/strategies/fully_sharded.hpp):
+//                   the unit computing and the one prefetched (gathered: 2 bytes a parameter in bf16, 4 in fp32),
+//                   the computing unit's whole gradients (its parameters' .grad, in the compute dtype), and the
+//                   padded fp32 inputs of the two reduce-scatters in flight (the head's first, then blocks'); on a
+//                   CPU over Gloo (world > 1) each of those also has Gloo's all-reduce scratch of its size (Gloo
+//                   reduce-scatters as an all-reduce). Measured on the CPU: 6 units beside the block's gradients.
 //   activations     what autograd keeps for backward, counted tensor by tensor from the families' code (per
 //                   token and layer, full fine-tuning: Llama 24·h + 4·kv + 8·i bytes under bf16 autocast,
 //                   28·h + 8·kv + 16·i in fp32; GPT-2 38·h and 68·h; a frozen Linear keeps no input), or with
@@ -20,10 +26,15 @@
 //                   block's worth
 //   logits          the head's output, its fp32 copy and its gradient (10 bytes per token and vocabulary entry
 //                   in bf16, 12 in fp32), or one chunk's (--loss-chunk-tokens)
+//   host heap       on a CPU only: the C allocator's freed chunks the peak still holds, about the step's transient
+//                   bytes (plan_memory says what was measured)
 //
 // The peak is the weights, the optimizer state and the bf16 copies, plus the larger of the forward's end
 // (activations and logits) and the backward's end (gradients and one block's activations), plus the runtime's
-// own (the CUDA context and LibTorch's kernels: stated, not measured here). Host memory at load is what each
+// own (the CUDA context and LibTorch's kernels: stated, not measured here). ZeRO-3 keeps its gradient shards
+// between steps (they are where the reduce-scatters sum), so they are resident from the first step on, and its
+// backward peaks while the activations of the blocks still to come are held beside the units in flight: the
+// largest of those sums over the blocks, the head's backward (with the logits) first. Host memory at load is what each
 // rank builds on the host before the strategy takes over, times the ranks of a node: under ZeRO-3 without LoRA
 // the parameters outside the blocks and one block at a time (lm::from_pretrained leaves the blocks empty and
 // each rank reads only its slices of them, models/blocks.hpp); otherwise the whole model in fp32.
@@ -105,6 +116,7 @@ struct PlanInput {
   std::int64_t micro_batch = 1, sequence = 1;
   std::int64_t loss_chunk_tokens = 0;  ///< 0: whole logits
   int world = 1, ranks_per_node = 1;
+  bool cpu = false;                    ///< the ranks compute on the host over Gloo (no GPU asked for)
   std::int64_t runtime_bytes = std::int64_t{1} << 30;  ///< the CUDA context and LibTorch's kernels (stated)
   std::optional<double> gpu_bytes;     ///< the memory of one GPU, when known
 };
@@ -114,6 +126,8 @@ struct MemoryPlan {
   std::int64_t trainable = 0;
   double parameters = 0, gradients = 0, optimizer_state = 0, bf16_weights = 0, gathered_unit = 0, activations = 0,
          activations_recomputed = 0, logits = 0, runtime = 0;
+  double in_flight = 0;       ///< ZeRO-3: the units in flight where its backward peaks (above the activations then)
+  double host_heap_slack = 0;  ///< on a CPU: the C allocator's freed memory the step's peak still holds
   double peak = 0;            ///< per GPU
   double host_at_load = 0;    ///< per node
   std::optional<double> gpu;  ///< the GPU's memory, when known
@@ -157,6 +171,38 @@ inline std::int64_t activation_bytes_per_token(const PlanInput& in) {
 /// Whether each rank reads only its slices of the blocks at load (ZeRO-3 without LoRA: the Trainer's defer_blocks).
 inline bool reads_slices(const PlanInput& in) { return (in.strategy == "zero3" || in.strategy == "hsdp") && in.lora_rank == 0; }
 
+/// Where ZeRO-3's backward peaks: the activations still held then and the units in flight beside them.
+struct BackwardPeak {
+  double activations = 0, in_flight = 0;
+};
+
+/// ZeRO-3's backward, unit by unit from the head (the header's "in flight"): before the backward of the k-th unit
+/// from the end, the activations of the blocks not yet through backward (the current one's included; with the
+/// logits while the head's runs) are held beside two gathered units, the computing unit's whole gradients, and the
+/// reduce-scatters in flight (two at most: fully_sharded.hpp's max_reduce_scatters_in_flight), each with Gloo's
+/// scratch copy on a CPU. `kept`: every block's activations; `per_layer`: one block's.
+inline BackwardPeak zero3_backward_peak(const PlanInput& in, double kept, double per_layer, double logits, double edge_head) {
+  const auto& m = in.model;
+  const double block = static_cast<double>(m.block_parameters), compute_bytes = in.bf16 ? 2.0 : 4.0;
+  const double reduce_copies = in.cpu && in.world > 1 ? 2.0 : 1.0;  // the fp32 input, and Gloo's scratch of it
+  const double layers = static_cast<double>(m.layers);
+  // The other blocks' activations are what `kept` holds beyond one block's (recomputation: their inputs).
+  const double others = std::max(0.0, kept - per_layer) / std::max(1.0, layers - 1.0);
+  BackwardPeak peak;
+  std::vector<double> reducing;  // the parameters of the units whose reduce-scatter started, oldest first
+  // Before unit `unit`'s backward: it and `previous` (prefetched) gathered, its gradients whole, two reduce-scatters.
+  const auto consider = [&](double activations, double unit, double previous_bytes) {
+    double in_flight = 2.0 * compute_bytes * unit + previous_bytes;
+    for (std::size_t r = reducing.size() > 2 ? reducing.size() - 2 : 0; r < reducing.size(); ++r) in_flight += 4.0 * reduce_copies * reducing[r];
+    if (activations + in_flight > peak.activations + peak.in_flight) peak = {activations, in_flight};
+    reducing.push_back(unit);
+  };
+  if (edge_head > 0) consider(kept + logits, edge_head, compute_bytes * block);
+  for (double k = 0; k < layers; ++k)  // the bottom block prefetches the embedding (gathered in fp32), when it is a unit
+    consider(per_layer + others * (layers - 1.0 - k), block, k + 1 < layers ? compute_bytes * block : 4.0 * edge_head);
+  return peak;
+}
+
 inline MemoryPlan plan_memory(const PlanInput& in) {
   const auto& m = in.model;
   // hsdp is ZeRO-3 within its shard group: the model states are sharded over the group only.
@@ -191,8 +237,24 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   const double logit_tokens = in.loss_chunk_tokens > 0 ? std::min<double>(tokens, static_cast<double>(in.loss_chunk_tokens)) : tokens;
   plan.logits = logit_tokens * static_cast<double>(m.vocab) * (in.bf16 ? 10.0 : 12.0);
   plan.runtime = static_cast<double>(in.runtime_bytes);
-  const double resident = plan.parameters + plan.optimizer_state + plan.bf16_weights + plan.gathered_unit + plan.runtime;
-  plan.peak = resident + std::max(kept + plan.logits, plan.gradients + per_layer);
+  const double resident = plan.parameters + plan.optimizer_state + plan.bf16_weights + plan.runtime;
+  double transient = 0;  // what the step allocates and frees again, at its peak
+  if (zero3) {
+    const auto backward = zero3_backward_peak(in, kept, per_layer, plan.logits, edge_head);
+    plan.in_flight = backward.in_flight;
+    transient = std::max(kept + plan.logits + plan.gathered_unit, backward.activations + backward.in_flight);
+    plan.peak = resident + plan.gradients + transient;
+  } else {
+    transient = std::max(kept + plan.logits, plan.gradients + per_layer);
+    plan.peak = resident + plan.gathered_unit + transient;
+  }
+  // The host's heap (glibc under the Trainer's keep_freed_memory, train/host_memory.hpp) keeps every chunk freed,
+  // and a step's tensors are not laid back where the previous step's were: its resident peak exceeds the most it
+  // holds in use by about the step's transient bytes. Measured on the 137M Llama of bench/plan_vs_measured (zero3,
+  // fp32, glibc's mallinfo2 around every unit): the heap's high-water above the most it held in use was 0.61, 1.24
+  // and 1.34-1.82 times the transient bytes at --local 1, 2 and 4; counted as once them.
+  if (in.cpu) plan.host_heap_slack = transient;
+  plan.peak += plan.host_heap_slack;
   plan.host_at_load = 4.0 * (reads_slices(in) ? outside + static_cast<double>(m.block_parameters) : static_cast<double>(m.parameters)) *
                       in.ranks_per_node;
   plan.gpu = in.gpu_bytes;
@@ -236,11 +298,13 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
   const bool zero3 = in.strategy == "zero3" || in.strategy == "hsdp";
   if (plan.bf16_weights > 0) row(zero3 ? "bf16 copy of the shard" : "bf16 weights (autocast)", plan.bf16_weights);
   if (plan.gathered_unit > 0) row("gathered unit", plan.gathered_unit, plan.gathered_unit > (in.bf16 ? 2.0 : 4.0) * static_cast<double>(in.model.block_parameters) ? "the head" : "a block");
+  if (plan.in_flight > 0) row("in flight in backward", plan.in_flight, "gathered units, a unit's gradients, reduce-scatter inputs");
   row("activations", recompute ? plan.activations_recomputed : plan.activations,
       recompute ? fmt::format("recomputed; {} kept", plan_bytes(plan.activations))
                 : fmt::format("kept; {} with --activation-checkpointing", plan_bytes(plan.activations_recomputed)));
   row("logits", plan.logits);
-  row("runtime (stated)", plan.runtime, "CUDA context and kernels");
+  if (plan.host_heap_slack > 0) row("host heap's freed memory", plan.host_heap_slack, "kept by the C allocator: about the step's transient bytes");
+  row("runtime (stated)", plan.runtime, in.cpu ? "LibTorch, Gloo, the data" : "CUDA context and kernels");
   row("peak", plan.peak, plan.gpu ? fmt::format("of {} per GPU: {}", plan_bytes(*plan.gpu), plan.fits() ? "fits" : "DOES NOT FIT") : "");
   out += fmt::format("per node at load: at least {} of host memory ({})\n", plan_bytes(plan.host_at_load),
                      reads_slices(in) ? "each rank builds the parameters outside the blocks and one block at a time, and reads only its "

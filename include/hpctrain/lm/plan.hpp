@@ -68,6 +68,7 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
   in.micro_batch = training.micro_batch_per_rank(request.world);
   in.world = request.world;
   in.ranks_per_node = request.ranks_per_node;
+  in.cpu = request.gpus_per_node == 0;
   if (in.strategy == "hsdp") in.shard_group = training.hsdp_group_size() > 0 ? training.hsdp_group_size() : request.ranks_per_node;
   // The CUDA context and LibTorch's kernels on a GPU; LibTorch's libraries in a CPU process (measured: 0.36 GB).
   in.runtime_bytes = request.gpus_per_node > 0 ? std::int64_t{1} << 30 : std::int64_t{360} << 20;

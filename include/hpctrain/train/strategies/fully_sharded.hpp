@@ -81,6 +81,7 @@
 #include <hpctrain/dist/collectives.hpp>
 #include <hpctrain/dist/flat_shards.hpp>
 #include <hpctrain/dist/gradient_sync.hpp>
+#include <hpctrain/dist/host_buffer_pool.hpp>
 #include <hpctrain/dist/shard_collectives.hpp>
 #include <hpctrain/dist/sharded_gradients.hpp>
 #include <hpctrain/error.hpp>
@@ -623,7 +624,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     // Gathered again for backward, a block whose activations were kept refills the buffer they refer to.
     const bool refill = for_compute && unit.held && unit.held.unsafeGetStorageImpl()->nbytes() == 0 &&
                         torch::elementSize(source.scalar_type()) * numel > 0;
-    unit.flat = refill ? refill_storage(unit.held, numel, source.options()) : torch::empty({numel}, source.options());
+    unit.flat = refill ? refill_storage(unit.held, numel, source.options()) : dist::empty_flat_buffer(numel, source.options());
     own_slice(b).copy_(source);
     if (unit.flat.numel() > 0) unit.gather = dist::start_all_gather_in_place(*group_, unit.flat);  // a frozen block: nothing
     if (for_compute) block_traffic_.gathered += unit.flat.nbytes();
