@@ -7,6 +7,7 @@
 // sequence is a "prompt" that the loss ignores. docs/training.md shows the marked snippets; a test checks
 // that they are the same text as here and runs this program under --local 2.
 #include <hpctrain/hpctrain.hpp>
+#include <torch/torch.h>  // the model's layers (torch::nn)
 
 #include <cstdio>
 #include <fstream>

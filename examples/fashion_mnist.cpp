@@ -6,6 +6,7 @@
 //   ./fashion_mnist --submit --sweep --max-steps 20   a 4-task array: lr x batch size (see below)
 //   ./fashion_mnist --results            the last job's tasks: knob values, state, final metrics, best first
 #include <hpctrain/hpctrain.hpp>
+#include <torch/torch.h>  // the model's layers (torch::nn)
 using namespace std::chrono_literals;
 namespace ht = hpctrain;
 

@@ -6,6 +6,9 @@
 // 10% kept); fairseq's recipe scaled down: Adam (0.9, 0.98), eps 1e-6, weight decay 0.01, warmup then linear decay.
 // Rank 0 ends with val_loss= and an HF export for fill_mask.
 #include <hpctrain/hpctrain.hpp>
+#include <hpctrain/lm/masked_lm_data.hpp>  // lm::prepared_masked_blocks, MaskedLmTokens
+#include <hpctrain/models/roberta.hpp>     // models::RobertaForMaskedLM, save_pretrained
+#include <hpctrain/text/prepare_step.hpp>  // text::prepare_tokens_step
 using namespace std::chrono_literals;
 namespace ht = hpctrain;
 

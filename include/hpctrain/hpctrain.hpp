@@ -3,6 +3,39 @@
 // distributed runtime (dist/), the training (train/), the language models (models/) and `hpctrain::run`.
 // Pulls in LibTorch; a program that only renders or submits jobs can include the job/ headers alone and
 // stay torch-free.
+//
+// A program that links the runtime compiled apart (hpctrain_add_program: HPCTRAIN_SEPARATE_RUNTIME) gets the
+// description only: the Job, the Training and what a description names (its data, optimizer, schedule,
+// metrics, the language-model factories and hooks), declared, and `run`. The Trainer, the strategies, the
+// checkpoints, the command line, the models and the tokenizers are compiled in the runtime's unit; a program
+// that uses one of them directly includes its header (<hpctrain/models/models.hpp>, <hpctrain/job/cli.hpp>,
+// <hpctrain/lm/tokens.hpp>...). docs/libtorch.md has the figures.
+#include <hpctrain/compiled_runtime.hpp>
+
+#if !HPCTRAIN_RUNTIME_DEFINITIONS
+#include <hpctrain/error.hpp>
+#include <hpctrain/error_ids.hpp>
+#include <hpctrain/names.hpp>
+#include <hpctrain/version.hpp>
+
+#include <hpctrain/job/container.hpp>
+#include <hpctrain/job/job.hpp>
+#include <hpctrain/job/knobs.hpp>
+#include <hpctrain/job/units.hpp>
+
+#include <hpctrain/train/data/idx.hpp>
+#include <hpctrain/train/data/source.hpp>
+#include <hpctrain/train/fused_adamw.hpp>
+#include <hpctrain/train/metrics.hpp>
+#include <hpctrain/train/precision.hpp>
+#include <hpctrain/train/schedule.hpp>
+#include <hpctrain/train/step.hpp>
+#include <hpctrain/train/training.hpp>
+
+#include <hpctrain/lm/lm.hpp>
+
+#include <hpctrain/run.hpp>
+#else
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
 #include <hpctrain/names.hpp>
@@ -60,3 +93,4 @@
 #include <hpctrain/text/default_data.hpp>
 
 #include <hpctrain/run.hpp>
+#endif

@@ -8,11 +8,14 @@
 
 #include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/error.hpp>
-#include <hpctrain/job/cli.hpp>
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/train/training.hpp>
+#if HPCTRAIN_RUNTIME_DEFINITIONS  // the command line and the worker: not parsed by a program that links the runtime
+#include <hpctrain/job/cli.hpp>
+#include <hpctrain/job/spec_error_exit.hpp>
 #include <hpctrain/train/worker.hpp>
+#endif
 
 namespace hpctrain {
 

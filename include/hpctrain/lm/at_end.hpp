@@ -22,11 +22,13 @@
 #include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/files.hpp>
+#include <hpctrain/lm/hooks.hpp>
 #include <hpctrain/lm/run_tokenizer.hpp>
 #include <hpctrain/lm/setting.hpp>
 #include <hpctrain/models/generation.hpp>
 #include <hpctrain/models/hf_checkpoint.hpp>
 #include <hpctrain/models/hf_export.hpp>
+#include <hpctrain/models/lora.hpp>
 #include <hpctrain/models/roberta.hpp>
 #include <hpctrain/train/run_context.hpp>
 
@@ -128,18 +130,6 @@ inline std::vector<std::string> export_model(const FinishContext& at_end, const 
   return models::save_pretrained_by_units(model, order, [&](const models::UnitVisitor& visit) { at_end.visit_units(visit); }, out, format);
 }
 }  // namespace detail
-
-/// At the end, rank 0 writes the model — a causal LM (GPT-2, Llama, ...; with LoRA its PEFT adapter and the
-/// merged model) or a masked LM (RoBERTa, BERT) — to `directory` (default: `<run dir>/export`) as a Hugging
-/// Face directory with the run's tokenizer files, and says where.
-HPCTRAIN_RUNTIME_INLINE FinishHook hf_export(std::optional<std::filesystem::path> directory = std::nullopt);
-
-/// At the end, rank 0 prints `sample (greedy): <prompt><continuation>` — `tokens` new tokens (or fewer when
-/// the model's positions run out) decoded with the run's tokenizer.
-HPCTRAIN_RUNTIME_INLINE FinishHook sample_at_end(Setting<std::string> prompt, Setting<std::int64_t> tokens = std::int64_t{40});
-
-/// At the end, rank 0 prints `<name>=<final evaluation loss>` (four decimals), the line scripts look for.
-HPCTRAIN_RUNTIME_INLINE FinishHook print_eval_loss(std::string name = "val_loss");
 
 #if HPCTRAIN_RUNTIME_DEFINITIONS
 HPCTRAIN_RUNTIME_INLINE FinishHook hf_export(std::optional<std::filesystem::path> directory) {

@@ -3,18 +3,24 @@
 // the per-token loss and evaluation, a model from a Hugging Face directory, data from the job's preparation
 // (token windows, masked blocks) or from JSONL, and what happens at the end (export, sample, val_loss).
 #include <hpctrain/compiled_runtime.hpp>
+#include <hpctrain/lm/hooks.hpp>
+#include <hpctrain/lm/pretrained.hpp>
+#include <hpctrain/lm/setting.hpp>
+#include <hpctrain/models/lora_config.hpp>
+#include <hpctrain/train/metrics.hpp>
+#include <hpctrain/train/training.hpp>
+#if HPCTRAIN_RUNTIME_DEFINITIONS
+// What the LM Trainings and hooks are made of. A program that links the runtime declares them only
+// (compiled_runtime.hpp); it includes lm/tokens.hpp or lm/masked_lm_data.hpp itself for their data factories.
 #include <hpctrain/lm/at_end.hpp>
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/lm/masked_lm_data.hpp>
 #include <hpctrain/lm/plan.hpp>
-#include <hpctrain/lm/pretrained.hpp>
 #include <hpctrain/lm/scratch.hpp>
-#include <hpctrain/lm/setting.hpp>
 #include <hpctrain/lm/sft_dataset.hpp>
 #include <hpctrain/lm/tokens.hpp>
 #include <hpctrain/models/lora.hpp>
-#include <hpctrain/train/metrics.hpp>
-#include <hpctrain/train/training.hpp>
+#endif
 
 #include <optional>
 #include <string>
@@ -46,6 +52,7 @@ inline std::optional<models::LoraConfig> lora_from_knobs(const Knobs& knobs) {
   return config;
 }
 
+#if HPCTRAIN_RUNTIME_DEFINITIONS
 /// lm::causal_lm_training's --activation-checkpointing on the made model: every transformer block recomputed
 /// in backward instead of keeping its activations (a third more compute for the blocks' activations' memory;
 /// under ZeRO-3 too, which otherwise keeps them as FSDP does). SpecError when it is on and the model is not a models::CausalLM.
@@ -57,6 +64,7 @@ inline void activation_checkpointing_from_knobs(torch::nn::Module& module, const
     throw SpecError(errors::spec_knob, "--activation-checkpointing",
                     fmt::format("needs a models::CausalLM (GPT-2, Llama, ...); the model is {}", module.name()));
 }
+#endif
 
 /// A Training for a causal language model: next-token loss over the counted targets (fp32), the packed-aware
 /// step (`--loss-chunk-tokens N`: the head and the loss N tokens at a time; `--activation-checkpointing`),

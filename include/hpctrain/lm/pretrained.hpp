@@ -9,15 +9,22 @@
 
 #include <fmt/format.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>  // torch::Dtype
 
 #include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/lm/setting.hpp>
+#include <hpctrain/train/run_context.hpp>
+#include <hpctrain/train/training.hpp>
+#if HPCTRAIN_RUNTIME_DEFINITIONS  // the families and the checkpoint reader: the runtime's (compiled_runtime.hpp)
 #include <hpctrain/models/hf_checkpoint.hpp>
 #include <hpctrain/models/pretrained_config.hpp>
-#include <hpctrain/train/run_context.hpp>
+#endif
+
+namespace hpctrain::models {
+class CausalLM;  // models/causal_lm.hpp
+}  // namespace hpctrain::models
 
 namespace hpctrain::lm {
 
@@ -31,6 +38,9 @@ class Pretrained {
   /// Loads the model in the worker; rank 0 prints what the config says (and any keys it did not read), so a
   /// user can compare it with the model card.
   HPCTRAIN_RUNTIME_INLINE std::shared_ptr<models::CausalLM> operator()(const RunContext& run) const;
+  /// The same, as the Training holds a model (Training::model takes it): a program's description then needs
+  /// no complete models::CausalLM, whose families are compiled with the runtime.
+  HPCTRAIN_RUNTIME_INLINE ModelInstance model_instance(const RunContext& run) const;
   /// The directory for this run's knobs.
   std::filesystem::path pretrained_directory(const Knobs& knobs) const { return directory_.get(knobs); }
   /// On the login node: the directory exists and has a config.json (the weights are read in the worker).
@@ -54,6 +64,10 @@ HPCTRAIN_RUNTIME_INLINE std::shared_ptr<models::CausalLM> Pretrained::operator()
   }
   // Under ZeRO-3 the blocks stay empty until each rank reads its own slices of them (models/blocks.hpp).
   return run.defer_blocks ? models::load_pretrained_deferred(directory, dtype_) : models::load_pretrained(directory, dtype_);
+}
+
+HPCTRAIN_RUNTIME_INLINE ModelInstance Pretrained::model_instance(const RunContext& run) const {
+  return detail::make_model_instance((*this)(run));
 }
 
 HPCTRAIN_RUNTIME_INLINE void Pretrained::check_at_login(const Knobs& knobs) const {

@@ -24,13 +24,18 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <torch/torch.h>
 
 #include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/error.hpp>
+#include <hpctrain/lm/setting.hpp>
+#include <hpctrain/train/data/source.hpp>
+#include <hpctrain/train/run_context.hpp>
+#if HPCTRAIN_RUNTIME_DEFINITIONS
+// Reading, rendering and tokenizing the file: the runtime's (compiled_runtime.hpp), not a program's description.
+#include <torch/torch.h>
+
 #include <hpctrain/lm/run_tokenizer.hpp>
 #include <hpctrain/lm/loss.hpp>
-#include <hpctrain/lm/setting.hpp>
 #include <hpctrain/lm/sft_dataset.hpp>
 #include <hpctrain/text/chat_template.hpp>
 #include <hpctrain/text/packing.hpp>
@@ -38,8 +43,18 @@
 #include <hpctrain/text/sft_jsonl.hpp>
 #include <hpctrain/text/sft_prepare.hpp>
 #include <hpctrain/text/sft_tokens.hpp>
-#include <hpctrain/train/data/source.hpp>
-#include <hpctrain/train/run_context.hpp>
+#endif
+
+namespace hpctrain::text {
+struct SftRecipe;            // text/sft_prepare.hpp
+struct SftJsonlOptions;      // text/sft_jsonl.hpp
+class PretrainedTokenizer;   // text/pretrained_tokenizer.hpp
+struct SftExample;           // text/sft_example.hpp
+}  // namespace hpctrain::text
+
+namespace hpctrain::lm {
+class SftDataset;            // lm/sft_dataset.hpp
+}  // namespace hpctrain::lm
 
 namespace hpctrain::lm {
 
@@ -105,76 +120,26 @@ class SftJsonl {
 
  private:
   /// The examples this source keeps, and what happened to the others.
-  struct Kept {
-    std::vector<text::SftExample> examples;
-    std::int64_t seen = 0, truncated = 0, dropped = 0, empty = 0;
-    void add(text::SftCutExample cut) {
-      ++seen;
-      truncated += (cut.flags & text::sft_truncated) != 0;
-      dropped += (cut.flags & text::sft_dropped) != 0;
-      empty += (cut.flags & text::sft_untrained) != 0;
-      if ((cut.flags & (text::sft_dropped | text::sft_untrained)) != 0) return;
-      examples.push_back({std::move(cut.ids), std::move(cut.trained)});
-    }
-  };
+  struct Kept;  // the examples this split keeps, and what was cut
 
   HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> load(const RunContext& run) const;
   /// The file, tokenizer, template, tools and length rule for these knobs; SpecError when no tokenizer is known.
   HPCTRAIN_RUNTIME_INLINE text::SftRecipe recipe(const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained) const;
   /// The kept records of the job's prepared file `file` (mapped, checked whole, made from `digest` by `tokenizer`).
-  Kept read_prepared(const std::filesystem::path& file, std::uint64_t digest, const text::PretrainedTokenizer& tokenizer) const {
-    const text::SftTokensFile prepared(file);
-    const auto& view = prepared.view();
-    if (view.header().source_digest != digest || view.header().fingerprint != tokenizer.tokenizer().fingerprint())
-      throw RuntimeError(errors::runtime_text_sft_tokens,
-                         fmt::format("{}: header: made from other inputs (digest {:016x}, tokenizer {:016x}; expected {:016x}, {:016x})", file.string(),
-                                     view.header().source_digest, view.header().fingerprint, digest, tokenizer.tokenizer().fingerprint()));
-    Kept kept;
-    for (std::uint64_t r = 0; r < view.records(); ++r) {
-      if (!keeps(static_cast<std::int64_t>(r))) continue;
-      const auto record = view.record(r);
-      text::SftCutExample cut;
-      cut.flags = record.flags;
-      for (std::uint64_t i = record.first; i < record.first + record.count; ++i) {
-        cut.ids.push_back(view.id(i));
-        cut.trained.push_back(view.trained(i));
-      }
-      kept.add(std::move(cut));
-    }
-    return kept;
-  }
+  HPCTRAIN_RUNTIME_INLINE Kept read_prepared(const std::filesystem::path& file, std::uint64_t digest,
+                                             const text::PretrainedTokenizer& tokenizer) const;
   /// The kept records of the file, tokenized here (no preparation step, or one for other inputs).
-  Kept tokenize_here(const text::SftRecipe& recipe, const text::PretrainedTokenizer& tokenizer) const {
-    const auto renderer = text::sft_renderer(tokenizer, recipe.chat_template);
-    Kept kept;
-    text::SftJsonlReader reader(recipe.jsonl, text::SftJsonlOptions{recipe.tools});
-    text::SftRecord record;
-    for (std::int64_t index = 0; reader.next(record); ++index)
-      if (keeps(index))
-        kept.add(text::cut_sft_example(text::tokenize_sft(record, tokenizer, renderer ? &*renderer : nullptr), recipe.max_length,
-                                       recipe.drop_overlong));
-    return kept;
-  }
-
+  HPCTRAIN_RUNTIME_INLINE Kept tokenize_here(const text::SftRecipe& recipe, const text::PretrainedTokenizer& tokenizer) const;
   bool keeps(std::int64_t index) const {
     const bool held_out = index % holdout_every_ == holdout_every_ / 2;
     return split_ == Split::all || (split_ == Split::validation) == held_out;
   }
 
   /// How the file is read: the tools file, if any.
-  text::SftJsonlOptions read_options(const Knobs& knobs) const {
-    text::SftJsonlOptions options;
-    if (tools_) options.tools = tools_->get_optional(knobs);
-    return options;
-  }
-
+  HPCTRAIN_RUNTIME_INLINE text::SftJsonlOptions read_options(const Knobs& knobs) const;
   /// Rows of at most `capacity` input tokens, filled best-fit-decreasing.
-  static std::shared_ptr<SftDataset> pack(std::vector<text::SftExample> examples, std::int64_t capacity, std::int64_t pad) {
-    std::vector<std::size_t> lengths;
-    for (const auto& example : examples) lengths.push_back(example.ids.size() - 1);
-    auto rows = text::pack_best_fit_decreasing(lengths, static_cast<std::size_t>(capacity));
-    return std::make_shared<SftDataset>(std::move(examples), std::move(rows), pad);
-  }
+  HPCTRAIN_RUNTIME_INLINE static std::shared_ptr<SftDataset> pack(std::vector<text::SftExample> examples, std::int64_t capacity,
+                                                                  std::int64_t pad);
 
   Setting<std::filesystem::path> file_;
   Setting<std::int64_t> max_length_ = std::int64_t{1024};
@@ -190,6 +155,68 @@ class SftJsonl {
 inline SftJsonl sft_jsonl(Setting<std::filesystem::path> file) { return SftJsonl(std::move(file)); }
 
 #if HPCTRAIN_RUNTIME_DEFINITIONS
+struct SftJsonl::Kept {
+  std::vector<text::SftExample> examples;
+  std::int64_t seen = 0, truncated = 0, dropped = 0, empty = 0;
+  void add(text::SftCutExample cut) {
+    ++seen;
+    truncated += (cut.flags & text::sft_truncated) != 0;
+    dropped += (cut.flags & text::sft_dropped) != 0;
+    empty += (cut.flags & text::sft_untrained) != 0;
+    if ((cut.flags & (text::sft_dropped | text::sft_untrained)) != 0) return;
+    examples.push_back({std::move(cut.ids), std::move(cut.trained)});
+  }
+};
+
+HPCTRAIN_RUNTIME_INLINE SftJsonl::Kept SftJsonl::read_prepared(const std::filesystem::path& file, std::uint64_t digest,
+                                                               const text::PretrainedTokenizer& tokenizer) const {
+  const text::SftTokensFile prepared(file);
+  const auto& view = prepared.view();
+  if (view.header().source_digest != digest || view.header().fingerprint != tokenizer.tokenizer().fingerprint())
+    throw RuntimeError(errors::runtime_text_sft_tokens,
+                       fmt::format("{}: header: made from other inputs (digest {:016x}, tokenizer {:016x}; expected {:016x}, {:016x})", file.string(),
+                                   view.header().source_digest, view.header().fingerprint, digest, tokenizer.tokenizer().fingerprint()));
+  Kept kept;
+  for (std::uint64_t r = 0; r < view.records(); ++r) {
+    if (!keeps(static_cast<std::int64_t>(r))) continue;
+    const auto record = view.record(r);
+    text::SftCutExample cut;
+    cut.flags = record.flags;
+    for (std::uint64_t i = record.first; i < record.first + record.count; ++i) {
+      cut.ids.push_back(view.id(i));
+      cut.trained.push_back(view.trained(i));
+    }
+    kept.add(std::move(cut));
+  }
+  return kept;
+}
+
+HPCTRAIN_RUNTIME_INLINE SftJsonl::Kept SftJsonl::tokenize_here(const text::SftRecipe& recipe, const text::PretrainedTokenizer& tokenizer) const {
+  const auto renderer = text::sft_renderer(tokenizer, recipe.chat_template);
+  Kept kept;
+  text::SftJsonlReader reader(recipe.jsonl, text::SftJsonlOptions{recipe.tools});
+  text::SftRecord record;
+  for (std::int64_t index = 0; reader.next(record); ++index)
+    if (keeps(index))
+      kept.add(text::cut_sft_example(text::tokenize_sft(record, tokenizer, renderer ? &*renderer : nullptr), recipe.max_length,
+                                     recipe.drop_overlong));
+  return kept;
+}
+
+HPCTRAIN_RUNTIME_INLINE text::SftJsonlOptions SftJsonl::read_options(const Knobs& knobs) const {
+  text::SftJsonlOptions options;
+  if (tools_) options.tools = tools_->get_optional(knobs);
+  return options;
+}
+
+HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> SftJsonl::pack(std::vector<text::SftExample> examples, std::int64_t capacity,
+                                                                   std::int64_t pad) {
+  std::vector<std::size_t> lengths;
+  for (const auto& example : examples) lengths.push_back(example.ids.size() - 1);
+  auto rows = text::pack_best_fit_decreasing(lengths, static_cast<std::size_t>(capacity));
+  return std::make_shared<SftDataset>(std::move(examples), std::move(rows), pad);
+}
+
 HPCTRAIN_RUNTIME_INLINE void SftJsonl::check_at_login(const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained) const {
   const auto file = file_.get(knobs);
   if (!std::filesystem::is_regular_file(file))

@@ -15,7 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
+#include <torch/utils.h>  // NoGradGuard
 
 namespace hpctrain {
 

@@ -14,7 +14,7 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/knobs.hpp>
-#include <hpctrain/models/lora.hpp>
+#include <hpctrain/models/lora_config.hpp>
 #include <hpctrain/models/model_units.hpp>
 
 namespace hpctrain {

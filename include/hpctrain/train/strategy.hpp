@@ -27,17 +27,10 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/models/model_units.hpp>
 #include <hpctrain/train/checkpoint_pieces.hpp>  // PieceWriter
+#include <hpctrain/train/optimizer_factory.hpp>
 #include <hpctrain/train/precision.hpp>
 
 namespace hpctrain {
-
-/// Parameters by their dotted names (`module.named_parameters()` order): what the optimizer factory gets,
-/// so a recipe can exclude biases and norms from weight decay. A sharded strategy passes its shards under
-/// the names of the parameters they belong to.
-using NamedParameters = std::vector<std::pair<std::string, torch::Tensor>>;
-
-/// Makes the optimizer over the tensors one rank updates.
-using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(const NamedParameters&)>;
 
 /// What a strategy is set up with, once per run, on every rank.
 struct StrategyContext {

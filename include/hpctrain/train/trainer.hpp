@@ -34,6 +34,7 @@
 #include <hpctrain/job/prepare.hpp>
 #include <hpctrain/models/blocks.hpp>
 #include <hpctrain/models/deferred_initialization.hpp>
+#include <hpctrain/models/lora.hpp>
 #include <hpctrain/slurm/world.hpp>
 #include <hpctrain/train/async_checkpoint.hpp>
 #include <hpctrain/train/checkpoint.hpp>

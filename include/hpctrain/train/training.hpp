@@ -14,28 +14,39 @@
 #include <utility>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/plan_request.hpp>
-#include <hpctrain/models/lora.hpp>
+#include <hpctrain/models/lora_config.hpp>
 #include <hpctrain/models/pretrained_config.hpp>
 #include <hpctrain/train/data/source.hpp>
-#include <hpctrain/train/loggers.hpp>
+#include <hpctrain/train/logger.hpp>
 #include <hpctrain/train/metrics.hpp>
+#include <hpctrain/train/optimizer_factory.hpp>
 #include <hpctrain/train/precision.hpp>
-#include <hpctrain/train/replicated.hpp>
 #include <hpctrain/train/run_context.hpp>
 #include <hpctrain/train/schedule.hpp>
 #include <hpctrain/train/sharding.hpp>
-#include <hpctrain/train/strategies/sharded.hpp>
 #include <hpctrain/train/step.hpp>
-#include <hpctrain/train/strategy.hpp>
 #include <hpctrain/train/wandb.hpp>
+#if HPCTRAIN_RUNTIME_DEFINITIONS
+// The defaults (Replicated, cross entropy) and the sharded strategies behind sharding(): where the runtime is
+// compiled apart, a program's description names the strategy seam only (compiled_runtime.hpp).
+#include <torch/nn/functional/loss.h>
+
+#include <hpctrain/train/loggers.hpp>
+#include <hpctrain/train/replicated.hpp>
+#include <hpctrain/train/strategies/sharded.hpp>
+#include <hpctrain/train/strategy.hpp>
+#endif
 
 namespace hpctrain {
+
+class DataParallelStrategy;  // train/strategy.hpp
 
 /// Whether a batch size counts examples per rank or across all ranks.
 enum class BatchScope { per_rank, global };
@@ -156,7 +167,10 @@ class Training {
   /// lm::from_pretrained does) tells the rest of the run (`RunContext::pretrained_dir`).
   template <class Factory>
   Training& model(Factory factory) {
-    model_ = [factory](const RunContext& run) { return detail::make_model_instance(detail::call_with_run(factory, run)); };
+    if constexpr (requires(const Factory& f, const RunContext& run) { { f.model_instance(run) } -> std::same_as<ModelInstance>; })
+      model_ = [factory](const RunContext& run) { return factory.model_instance(run); };  // lm::from_pretrained
+    else
+      model_ = [factory](const RunContext& run) { return detail::make_model_instance(detail::call_with_run(factory, run)); };
     pretrained_dir_ = nullptr;
     add_login_check_of(factory, model_check_);
     if constexpr (requires(const Factory& f, const Knobs& k) { { f.pretrained_directory(k) } -> std::convertible_to<std::filesystem::path>; })
@@ -226,21 +240,11 @@ class Training {
   /// Shortcut for the strategy of a ZeRO stage: `.sharding(hpctrain::zero2)` is
   /// `.strategy(hpctrain::sharded(hpctrain::zero2))`; `hpctrain::no_sharding` is Replicated. The built-in
   /// knob `--sharding none|zero1|zero2|zero3|hsdp` overrides it (docs/distributed.md: when to choose which).
-  Training& sharding(ZeroStage stage) {
-    strategy(sharded(stage, {}, hsdp_group_size_));
-    sharding_ = stage;
-    return *this;
-  }
+  HPCTRAIN_RUNTIME_INLINE Training& sharding(ZeroStage stage);
   /// Under `hpctrain::hsdp`: ranks per shard group (consecutive ranks; the groups replicate each other); it must
   /// divide the world size (checked at setup). The built-in knob `--hsdp-group-size N` overrides it.
   /// Default: 0, the ranks of a node.
-  Training& hsdp_group_size(int ranks) {
-    detail::require(ranks >= 0, "sharding", fmt::format("hsdp with hsdp_group_size {}", ranks),
-                    "the group size must be 0 (the ranks of a node) or positive");
-    hsdp_group_size_ = ranks;
-    if (sharding_) sharding(*sharding_);
-    return *this;
-  }
+  HPCTRAIN_RUNTIME_INLINE Training& hsdp_group_size(int ranks);
   /// The loss `(output, target) -> scalar`. Default: cross entropy.
   template <class Loss>
   Training& loss(Loss function) {
@@ -448,7 +452,7 @@ class Training {
   OptimizerFactory optimizer_factory() const {
     return [factory = optimizer_, knobs = knobs_](const NamedParameters& named) { return factory(named, knobs); };
   }
-  std::unique_ptr<DataParallelStrategy> make_strategy() const { return strategy_(); }
+  HPCTRAIN_RUNTIME_INLINE std::unique_ptr<DataParallelStrategy> make_strategy() const;
   /// The stage chosen with sharding(), or nothing (Replicated by default, or an own strategy()).
   std::optional<ZeroStage> sharding() const { return sharding_; }
   /// Ranks per shard group under hsdp (0: the ranks of a node).
@@ -575,10 +579,10 @@ class Training {
   std::function<ModelInstance(const RunContext&)> model_;
   std::function<std::filesystem::path(const Knobs&)> pretrained_dir_;
   std::function<std::unique_ptr<torch::optim::Optimizer>(const NamedParameters&, const Knobs&)> optimizer_;
-  StrategyFactory strategy_ = [] { return std::unique_ptr<DataParallelStrategy>(std::make_unique<Replicated>()); };
+  StrategyFactory strategy_;  // Replicated (the constructor)
   std::optional<ZeroStage> sharding_;
   int hsdp_group_size_ = 0;
-  LossFunction loss_ = detail::wrap_loss(torch::nn::functional::cross_entropy);
+  LossFunction loss_;         // cross entropy (the constructor)
   StepFunction step_ = default_step;
   EvalStepFunction eval_step_ = default_eval_step;
   std::function<data::Source(const RunContext&)> train_data_, eval_data_;
@@ -618,7 +622,25 @@ class Training {
 };
 
 #if HPCTRAIN_RUNTIME_DEFINITIONS
-HPCTRAIN_RUNTIME_INLINE Training::Training() = default;
+HPCTRAIN_RUNTIME_INLINE Training::Training()
+    : strategy_([] { return std::unique_ptr<DataParallelStrategy>(std::make_unique<Replicated>()); }),
+      loss_(detail::wrap_loss(torch::nn::functional::cross_entropy)) {}
+
+HPCTRAIN_RUNTIME_INLINE std::unique_ptr<DataParallelStrategy> Training::make_strategy() const { return strategy_(); }
+
+HPCTRAIN_RUNTIME_INLINE Training& Training::sharding(ZeroStage stage) {
+  strategy(sharded(stage, {}, hsdp_group_size_));
+  sharding_ = stage;
+  return *this;
+}
+
+HPCTRAIN_RUNTIME_INLINE Training& Training::hsdp_group_size(int ranks) {
+  detail::require(ranks >= 0, "sharding", fmt::format("hsdp with hsdp_group_size {}", ranks),
+                  "the group size must be 0 (the ranks of a node) or positive");
+  hsdp_group_size_ = ranks;
+  if (sharding_) sharding(*sharding_);
+  return *this;
+}
 #endif
 
 }  // namespace hpctrain

@@ -3,6 +3,8 @@
 // tests/dist/reshard_training_test.sh checkpoints it at `--local 4` and resumes it at `--local 3 --resume DIR`.
 // The MLP lists its two hidden layers as blocks, so every `--sharding` stage runs it (zero3 by default).
 #include <hpctrain/hpctrain.hpp>
+#include <hpctrain/models/blocks.hpp>  // ListsBlocks
+#include <torch/torch.h>  // the model's layers (torch::nn)
 
 using namespace std::chrono_literals;
 namespace ht = hpctrain;

@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join for the dimensions in messages
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <zlib.h>  // gzread reads gzipped and plain files alike
 
 #include <hpctrain/error.hpp>

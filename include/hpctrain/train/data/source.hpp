@@ -13,7 +13,7 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/types.h>  // not torch/torch.h: a torch::data dataset is only a template parameter here (from_torch)
 
 #include <hpctrain/error.hpp>
 
