@@ -3,8 +3,8 @@
 // the end rank 0 prints val_loss=, a greedy sample, and exports the model + tokenizer to <run dir>/export.
 #include <hpctrain/hpctrain.hpp>
 #include <hpctrain/lm/tokens.hpp>             // lm::prepared_tokens, prepared_vocab_size
-#include <hpctrain/models/hf_checkpoint.hpp>  // models::GPT2, save_pretrained
-#include <hpctrain/text/prepare_step.hpp>     // text::prepare_tokens_step
+#include <hpctrain/lm/scratch.hpp>            // lm::gpt2_from_scratch
+#include <hpctrain/text/default_data.hpp>     // text::prepare_tokens_step, default_corpus, gpt2_tokenizer
 using namespace std::chrono_literals;
 namespace ht = hpctrain;
 

@@ -7,8 +7,8 @@
 // Rank 0 ends with val_loss= and an HF export for fill_mask.
 #include <hpctrain/hpctrain.hpp>
 #include <hpctrain/lm/masked_lm_data.hpp>  // lm::prepared_masked_blocks, MaskedLmTokens
-#include <hpctrain/models/roberta.hpp>     // models::RobertaForMaskedLM, save_pretrained
-#include <hpctrain/text/prepare_step.hpp>  // text::prepare_tokens_step
+#include <hpctrain/lm/scratch.hpp>         // lm::roberta_from_scratch
+#include <hpctrain/text/default_data.hpp>  // text::prepare_tokens_step, default_corpus, roberta_tokenizer
 using namespace std::chrono_literals;
 namespace ht = hpctrain;
 

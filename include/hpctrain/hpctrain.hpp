@@ -21,8 +21,10 @@
 #include <hpctrain/job/container.hpp>
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/knobs.hpp>
+#include <hpctrain/job/setting.hpp>
 #include <hpctrain/job/units.hpp>
 
+#include <hpctrain/train/adamw.hpp>
 #include <hpctrain/train/data/idx.hpp>
 #include <hpctrain/train/data/source.hpp>
 #include <hpctrain/train/fused_adamw.hpp>

@@ -8,7 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
+#include <torch/types.h>
 
 #include <hpctrain/job/setting.hpp>
 #include <hpctrain/train/fused_adamw.hpp>

@@ -26,6 +26,7 @@
 #include <torch/serialize/archive.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/files.hpp>
 #include <hpctrain/train/checkpoint_format.hpp>
 #include <hpctrain/train/checkpoint_pieces.hpp>
 #include <hpctrain/train/crc32c.hpp>

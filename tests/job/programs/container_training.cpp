@@ -30,7 +30,6 @@ std::string loaded_libtorch() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ht::install_spec_error_exit();
   const auto image = required_env("CONTAINER_IMAGE");
   const auto venv = required_env("CONTAINER_VENV");
   // ch-run sets CH_RUNNING inside the container: each rank says where it runs and which LibTorch it loaded.
