@@ -198,7 +198,7 @@ TEST_CASE("A knob declared where it is used has its type from its default, reads
                     "[hpctrain.spec.knob] --inline-test-windows = 0: must be positive");
 }
 
-TEST_CASE("The same inline declaration again is the same knob; the same name with another default or help is a spec error",
+TEST_CASE("The same inline declaration again is the same knob, and the same name with another default or help is a spec error",
           "[knobs]") {
   ht::knob("inline_test_twice", 256, "tokens per example", ht::at_least(8));
   CHECK(ht::knob("inline_test_twice", 256, "tokens per example", ht::at_least(8)).name() == "inline_test_twice");
