@@ -1,5 +1,5 @@
 // Fuzzes the checkpoint header check (train/checkpoint_format.hpp) that runs on every checkpoint file
-// before LibTorch's reader sees its payload. The first input byte chooses whether the target repairs the
+// before LibTorch's reader sees its payload (format 1: the payload is the rest; format 2: pieces may follow). The first input byte chooses whether the target repairs the
 // CRC field, so that the fuzzer also explores the inputs that pass the checksum (the torn and edited files
 // that a real CRC would catch are in the other half).
 #include <cstring>
@@ -18,7 +18,10 @@ extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t siz
   }
   hpctrain::fuzz::expect_clean_rejection([&] {
     const auto checked = hpctrain::detail::verify_checkpoint(bytes, "checkpoints/fuzz.hpct");
-    FUZZ_CHECK(checked.payload.size() + hpctrain::detail::checkpoint_header_size == bytes.size());
+    // Format 1: the payload is the rest of the file; format 2: the pieces region may follow it.
+    const auto held = checked.payload.size() + hpctrain::detail::checkpoint_header_size;
+    if (checked.format == hpctrain::detail::checkpoint_format) FUZZ_CHECK(held == bytes.size());
+    else FUZZ_CHECK(checked.format == hpctrain::detail::checkpoint_format_with_pieces && held <= bytes.size());
     FUZZ_CHECK(checked.payload.data() == bytes.data() + hpctrain::detail::checkpoint_header_size);
   });
   return 0;
