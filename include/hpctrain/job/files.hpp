@@ -20,8 +20,8 @@
 
 namespace hpctrain::detail {
 
-/// fsyncs a file or (with O_DIRECTORY) a directory; `what` is the RuntimeError id on failure.
-inline void fsync_path(const std::filesystem::path& path, int flags, std::string_view what) {
+/// fsyncs a file or (with O_DIRECTORY) a directory; `what` is the RuntimeError's id on failure.
+inline void fsync_path(const std::filesystem::path& path, int flags, ErrorId what = errors::runtime_io) {
   const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
   if (fd < 0) throw RuntimeError(what, fmt::format("cannot open {} to fsync", path.string()));
   const int rc = ::fsync(fd);
@@ -33,7 +33,7 @@ inline void fsync_path(const std::filesystem::path& path, int flags, std::string
 /// rename, fsync of the directory. A crash leaves either the old file or the new one, never a mix;
 /// `what` is the RuntimeError id on failure.
 inline void write_file_atomically(const std::filesystem::path& path, std::initializer_list<std::string_view> parts,
-                                  std::string_view what = "io") {
+                                  ErrorId what = errors::runtime_io) {
   const auto directory = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   const auto temporary = directory / fmt::format(".{}.tmp.{}", path.filename().string(), ::getpid());
   std::FILE* file = std::fopen(temporary.c_str(), "wb");
@@ -65,8 +65,8 @@ inline void write_file_atomically(const std::filesystem::path& path, std::initia
 /// Completes a file written through `file` under the name `temporary`: flush, fsync, close, and rename it to
 /// `target`, so that `target` is either absent or whole. On failure the temporary is removed and RuntimeError(`what`)
 /// names the target. `file` is closed (null) either way.
-template <class Id>
-void commit_written_file(std::FILE*& file, const std::filesystem::path& temporary, const std::filesystem::path& target, const Id& what) {
+inline void commit_written_file(std::FILE*& file, const std::filesystem::path& temporary, const std::filesystem::path& target,
+                                ErrorId what) {
   bool ok = std::fflush(file) == 0 && ::fsync(::fileno(file)) == 0;
   ok = (std::fclose(file) == 0) && ok;
   file = nullptr;
@@ -79,7 +79,8 @@ void commit_written_file(std::FILE*& file, const std::filesystem::path& temporar
 }
 
 /// Writes `content` to `path` atomically and durably (see above).
-inline void write_file_atomically(const std::filesystem::path& path, std::string_view content, std::string_view what = "io") {
+inline void write_file_atomically(const std::filesystem::path& path, std::string_view content,
+                                  ErrorId what = errors::runtime_io) {
   write_file_atomically(path, {content}, what);
 }
 

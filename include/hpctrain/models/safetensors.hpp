@@ -114,7 +114,7 @@ inline void write_parts_atomically(const std::filesystem::path& path, const std:
     throw RuntimeError(errors::runtime_safetensors, fmt::format("cannot write {}", path.string()));
   }
   hpctrain::detail::commit_written_file(file, temporary, path, errors::runtime_safetensors);
-  hpctrain::detail::fsync_path(directory, O_RDONLY | O_DIRECTORY, "safetensors");
+  hpctrain::detail::fsync_path(directory, O_RDONLY | O_DIRECTORY, errors::runtime_safetensors);
 }
 
 }  // namespace detail

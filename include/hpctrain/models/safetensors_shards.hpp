@@ -110,7 +110,7 @@ class ShardWriter {
     nlohmann::ordered_json index;
     index["metadata"] = {{"total_size", plan_.total_bytes}};
     index["weight_map"] = weight_map;
-    hpctrain::detail::write_file_atomically(directory_ / index_file_name, index.dump(2) + "\n", "safetensors");
+    hpctrain::detail::write_file_atomically(directory_ / index_file_name, index.dump(2) + "\n", errors::runtime_safetensors);
   }
 
   /// Bytes of tensor data written so far.
@@ -138,7 +138,7 @@ class ShardWriter {
   void close_shard() {
     const auto target = directory_ / plan_.shards[shard_].file;
     hpctrain::detail::commit_written_file(file_, temporary_, target, errors::runtime_safetensors);
-    hpctrain::detail::fsync_path(directory_, O_RDONLY | O_DIRECTORY, "safetensors");
+    hpctrain::detail::fsync_path(directory_, O_RDONLY | O_DIRECTORY, errors::runtime_safetensors);
     ++shard_;
     next_ = 0;
   }

@@ -440,7 +440,7 @@ inline PrepareResult prepare_tokens(std::span<const std::filesystem::path> input
   result.input_bytes = reader.bytes();
   validation.commit();
   train.commit();
-  hpctrain::detail::fsync_path(out, O_RDONLY | O_DIRECTORY, "text.prepare");
+  hpctrain::detail::fsync_path(out, O_RDONLY | O_DIRECTORY, errors::runtime_text_prepare);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

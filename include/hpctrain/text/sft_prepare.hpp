@@ -176,7 +176,7 @@ class SftTokensWriter {
     }
     if (std::fseek(file_, 0, SEEK_SET) == 0) write_header();
     hpctrain::detail::commit_written_file(file_, temporary_, path_, errors::runtime_text_prepare);
-    hpctrain::detail::fsync_path(path_.parent_path(), O_RDONLY | O_DIRECTORY, "text.prepare");
+    hpctrain::detail::fsync_path(path_.parent_path(), O_RDONLY | O_DIRECTORY, errors::runtime_text_prepare);
   }
   const SftTokensHeader& header() const { return header_; }
 
