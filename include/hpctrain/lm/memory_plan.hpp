@@ -291,7 +291,7 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
   const auto row = [&](const char* name, double bytes, const std::string& note = {}) {
     out += fmt::format("  {:<28} {:>12}{}\n", name, plan_bytes(bytes), note.empty() ? "" : "  " + note);
   };
-  out += "per GPU:\n";
+  out += in.cpu ? "per rank (host memory):\n" : "per GPU:\n";
   row("parameters (fp32)", plan.parameters);
   row("gradients (fp32)", plan.gradients);
   row("optimizer state (AdamW)", plan.optimizer_state);
