@@ -163,6 +163,7 @@ inline constexpr ErrorId spec_prepare_threads{"hpctrain.spec.prepare.threads"};
 inline constexpr ErrorId spec_prepare_tokenizer{"hpctrain.spec.prepare.tokenizer"};
 inline constexpr ErrorId spec_prepare_validation_fraction{"hpctrain.spec.prepare.validation_fraction"};
 inline constexpr ErrorId runtime_text_decode{"hpctrain.runtime.text.decode"};
+inline constexpr ErrorId runtime_text_input{"hpctrain.runtime.text.input"};
 inline constexpr ErrorId runtime_text_prepare{"hpctrain.runtime.text.prepare"};
 inline constexpr ErrorId runtime_text_regex{"hpctrain.runtime.text.regex"};
 inline constexpr ErrorId runtime_text_sft_tokens{"hpctrain.runtime.text.sft_tokens"};
