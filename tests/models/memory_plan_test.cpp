@@ -210,8 +210,9 @@ TEST_CASE("--plan's advice is the cheapest setting that fits: the chunked loss, 
     in.gpu_bytes = 24 * gib;
     REQUIRE_FALSE(lm::plan_memory(in).fits());
     check_first_fitting(in, "--activation-checkpointing");
-    CHECK_THAT(lm::plan_advice(in, both), Catch::Matchers::StartsWith("hpctrain: fits with --activation-checkpointing: ") &&
-                                               Catch::Matchers::EndsWith(" of 24.00 GiB per GPU\n"));
+    CHECK_THAT(lm::plan_advice(in, both),
+               Catch::Matchers::StartsWith("hpctrain: fits with --activation-checkpointing: ") &&
+                   Catch::Matchers::EndsWith(" of 24.00 GiB per GPU\n"));
     // Where the chunked loss is enough (the GPU a little above its plan), it is chosen rather than recomputation.
     auto chunked = in;
     chunked.loss_chunk_tokens = lm::planned_loss_chunk_tokens;
@@ -239,15 +240,17 @@ TEST_CASE("--plan's advice is the cheapest setting that fits: the chunked loss, 
     in.gpu_bytes = 1 << 20;
     CHECK(lm::cheaper_settings(in, {}).empty());
     CHECK(lm::plan_advice(in, {}) ==
-          "hpctrain: no setting of this run fits; more ranks (ZeRO-3 shards by the world), a smaller batch or LoRA would lower it\n");
+          "hpctrain: no setting of this run fits; more ranks (ZeRO-3 shards by the world), a smaller batch or LoRA "
+          "would lower it\n");
     // The lowest of the settings, the cheapest of equal ones: recomputation alone, since with it the backward's end
     // (the gradients and one block's activations) is the peak and the chunked loss lowers nothing more.
     const auto settings = lm::cheaper_settings(in, both);
     REQUIRE(settings.size() == 3);
     CHECK(settings[2].plan.peak == settings[1].plan.peak);
-    CHECK(lm::plan_advice(in, both) == "hpctrain: no setting of this run fits: the lowest is " + lm::plan_bytes(settings[1].plan.peak) +
-                                           " with --activation-checkpointing; more ranks (ZeRO-3 shards by the world), a smaller "
-                                           "batch or LoRA would lower it\n");
+    CHECK(lm::plan_advice(in, both) ==
+          "hpctrain: no setting of this run fits: the lowest is " + lm::plan_bytes(settings[1].plan.peak) +
+              " with --activation-checkpointing; more ranks (ZeRO-3 shards by the world), a smaller batch or LoRA "
+              "would lower it\n");
     // An unknown GPU: nothing to fit.
     in.gpu_bytes.reset();
     CHECK_FALSE(lm::cheapest_fitting_setting(in, both));

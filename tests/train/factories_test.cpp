@@ -187,7 +187,8 @@ TEST_CASE("LoRA trains the same adapters under Replicated and ZeRO-1/2/3, and le
   };
   const auto replicated = run(std::nullopt, "replicated");
   for (const auto& [stage, name] : std::vector<std::pair<hpctrain::ZeroStage, std::string>>{
-           {hpctrain::zero1, "zero1"}, {hpctrain::zero2, "zero2"}, {hpctrain::zero3, "zero3"}, {hpctrain::zero3, "zero3 at one rank"}}) {
+           {hpctrain::zero1, "zero1"}, {hpctrain::zero2, "zero2"}, {hpctrain::zero3, "zero3"},
+           {hpctrain::zero3, "zero3 at one rank"}}) {
     CAPTURE(name);
     const auto sharded = run(stage, name);
     REQUIRE(sharded.size() == replicated.size());

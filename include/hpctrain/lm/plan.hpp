@@ -85,7 +85,8 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
     return PlanVerdict::unknown;
   }
   if (plan.fits()) return PlanVerdict::fits;
-  out << fmt::format("hpctrain: the plan does not fit: {} per GPU against {}\n", plan_bytes(plan.peak), plan_bytes(*plan.gpu));
+  out << fmt::format("hpctrain: the plan does not fit: {} per GPU against {}\n", plan_bytes(plan.peak),
+                     plan_bytes(*plan.gpu));
   out << plan_advice(in, {knobs.find("activation_checkpointing") != nullptr, knobs.find(loss_chunk_knob) != nullptr});
   return PlanVerdict::does_not_fit;
 }

@@ -36,7 +36,7 @@ struct PlanLevers {
 
 /// A setting other than the run's, with its plan.
 struct PlanAlternative {
-  std::vector<std::string> flags;  ///< what to add to the command line: "--sharding zero3", "--activation-checkpointing"
+  std::vector<std::string> flags;  ///< what to add to the command line: "--sharding zero3", ...
   PlanInput input;
   MemoryPlan plan;
 };
@@ -104,8 +104,8 @@ inline std::string plan_advice(const PlanInput& in, const PlanLevers& levers) {
     if (lowest == nullptr || setting.plan.peak < lowest->plan.peak) lowest = &setting;
   const auto further = "more ranks (ZeRO-3 shards by the world), a smaller batch or LoRA would lower it";
   if (lowest == nullptr) return fmt::format("hpctrain: no setting of this run fits; {}\n", further);
-  return fmt::format("hpctrain: no setting of this run fits: the lowest is {} with {}; {}\n", plan_bytes(lowest->plan.peak),
-                     fmt::join(lowest->flags, " "), further);
+  return fmt::format("hpctrain: no setting of this run fits: the lowest is {} with {}; {}\n",
+                     plan_bytes(lowest->plan.peak), fmt::join(lowest->flags, " "), further);
 }
 
 }  // namespace hpctrain::lm

@@ -30,9 +30,10 @@ inline thread_local const std::unordered_map<const void*, std::int64_t>* dimensi
 
 /// The dimensions `tensor` has as a parameter: its own, or, for a sharded strategy's piece, its parameter's.
 inline std::int64_t parameter_dimensions(const torch::Tensor& tensor) {
-  if (dimensions_of_pieces != nullptr)
-    if (const auto found = dimensions_of_pieces->find(tensor.unsafeGetTensorImpl()); found != dimensions_of_pieces->end())
-      return found->second;
+  if (dimensions_of_pieces != nullptr) {
+    const auto found = dimensions_of_pieces->find(tensor.unsafeGetTensorImpl());
+    if (found != dimensions_of_pieces->end()) return found->second;
+  }
   return tensor.dim();
 }
 
@@ -44,7 +45,8 @@ inline std::unique_ptr<torch::optim::Optimizer> make_optimizer_over_pieces(const
                                                                           const NamedParameters& pieces,
                                                                           const std::vector<std::int64_t>& dimensions) {
   std::unordered_map<const void*, std::int64_t> dims;
-  for (std::size_t i = 0; i < pieces.size() && i < dimensions.size(); ++i) dims[pieces[i].second.unsafeGetTensorImpl()] = dimensions[i];
+  for (std::size_t i = 0; i < pieces.size() && i < dimensions.size(); ++i)
+    dims[pieces[i].second.unsafeGetTensorImpl()] = dimensions[i];
   struct Scope {
     explicit Scope(const std::unordered_map<const void*, std::int64_t>* dims) { dimensions_of_pieces = dims; }
     ~Scope() { dimensions_of_pieces = nullptr; }

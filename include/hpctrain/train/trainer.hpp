@@ -143,8 +143,8 @@ class Trainer {
     torch::manual_seed(static_cast<std::uint64_t>(training_.seed()));
     strategy_ = make_strategy_for_world(training_, group_->world_size());
     if (lead() && training_.sharding() && sharded_stage_runs_replicated(*training_.sharding(), group_->world_size()))
-      fmt::print("hpctrain: {0} at one rank trains as replicated (sharding over one rank only adds copies and gathers); its "
-                 "checkpoints keep {0}'s format and resume at any world size ({1}=1 shards anyway)\n",
+      fmt::print("hpctrain: {0} at one rank trains as replicated (sharding over one rank only adds copies and "
+                 "gathers); its checkpoints keep {0}'s format and resume at any world size ({1}=1 shards anyway)\n",
                  strategy_->name(), env::shard_at_one_rank);
     run_->defer_blocks = strategy_->reads_deferred_blocks() && !run_->lora;
     make_model();

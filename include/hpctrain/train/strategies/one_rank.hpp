@@ -30,7 +30,8 @@ namespace hpctrain {
 /// A sharded stage at one rank: Replicated's training, the stage's checkpoint format (the header's comment).
 class ShardedAtOneRank : public Replicated {
  public:
-  explicit ShardedAtOneRank(ZeroStage stage, dist::GradientSyncOptions buckets = {}) : Replicated(buckets), stage_(stage) {}
+  explicit ShardedAtOneRank(ZeroStage stage, dist::GradientSyncOptions buckets = {})
+      : Replicated(buckets), stage_(stage) {}
 
   /// The stage's name ("zero3"): the checkpoint's strategy, which every sharded stage resumes.
   std::string name() const override { return to_string(stage_); }
