@@ -67,6 +67,9 @@ inline constexpr const char* allow_socket_fallback = "HPCTRAIN_ALLOW_SOCKET_FALL
 inline constexpr const char* expected_busbw = "HPCTRAIN_EXPECTED_BUSBW_GBPS";
 /// Set by `--check-fabric`: the workers run an all-reduce sweep up to this many bytes instead of training.
 inline constexpr const char* check_fabric = "HPCTRAIN_CHECK_FABRIC_MAX_BYTES";
+/// 1: a sharded stage at one rank runs its own strategy instead of training as Replicated (ShardedAtOneRank,
+/// train/strategies/one_rank.hpp): what measures ZeRO-3's path on one GPU.
+inline constexpr const char* shard_at_one_rank = "HPCTRAIN_SHARD_AT_ONE_RANK";
 }  // namespace env
 
 /// The one getenv: the value of `name`, or nothing when it is unset or empty.
