@@ -74,9 +74,10 @@ class RuntimeError : public Error {
  public:
   /// `[<id>] <message>`: `RuntimeError(errors::runtime_sbatch, "...")`.
   RuntimeError(ErrorId id, const std::string& message) : Error(id, message) {}
-  /// Old spelling, `RuntimeError("sbatch", ...)`: prefer a named id from error_ids.hpp.
-  RuntimeError(std::string_view what, const std::string& message)
-      : Error(fmt::format("hpctrain.runtime.{}", what), message) {}
+
+ protected:
+  /// `cause`'s id with another message: a subclass that raises an error again (train/strategy.hpp's CheckpointRefused).
+  RuntimeError(const Error& cause, const std::string& message) : Error(cause.id(), message) {}
 };
 
 namespace detail {

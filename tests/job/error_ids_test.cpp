@@ -1,6 +1,6 @@
 // docs/errors.md lists exactly the error ids the code can raise. The ids are the named constants of
-// include/hpctrain/error_ids.hpp; a throw site still spelling its id as a literal (`RuntimeError("io", ...)`,
-// `require(ok, "nodes", ...)`) must name one of them too. Each failure says which id is missing where.
+// include/hpctrain/error_ids.hpp; a spec error's field spelled as a literal (`SpecError("nodes", ...)`,
+// `require(ok, "nodes", ...)`) must name one of them too (a RuntimeError takes an ErrorId only). Each failure says which id is missing where.
 #include <filesystem>
 #include <algorithm>
 #include <fstream>

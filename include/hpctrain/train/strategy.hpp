@@ -60,17 +60,12 @@ class CheckpointRefused : public RuntimeError {
  public:
   /// `cause`: this rank's own error (found_here), or why the ranks agreed to refuse.
   CheckpointRefused(const RuntimeError& cause, bool found_here)
-      : RuntimeError(runtime_kind(cause), std::string(std::string_view(cause.what()).substr(cause.id().size() + 3))),
+      : RuntimeError(cause, std::string(std::string_view(cause.what()).substr(cause.id().size() + 3))),
         found_here_(found_here) {}
   /// Whether this rank found the defect itself (and its message names it).
   bool found_here() const { return found_here_; }
 
  private:
-  static std::string_view runtime_kind(const RuntimeError& cause) {
-    constexpr std::string_view prefix = "hpctrain.runtime.";
-    const std::string_view id = cause.id();
-    return id.substr(0, prefix.size()) == prefix ? id.substr(prefix.size()) : std::string_view("checkpoint");
-  }
   bool found_here_;
 };
 
