@@ -61,7 +61,8 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
     in.lora_rank = lora->r;
     in.lora_targets = lora->targets;
   }
-  if (knobs.find("activation_checkpointing") != nullptr) in.activation_checkpointing = knobs.get<bool>("activation_checkpointing");
+  if (knobs.find("activation_checkpointing") != nullptr)
+    in.activation_checkpointing = models::parse_recompute(knobs.get<std::string>("activation_checkpointing")).value_or(models::Recompute::none);
   if (knobs.find(loss_chunk_knob) != nullptr) in.loss_chunk_tokens = knobs.get<std::int64_t>(loss_chunk_knob);
   const auto [sequence, from] = detail::planned_sequence(knobs, positions);
   in.sequence = sequence;
@@ -81,7 +82,7 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
   }
   if (plan.fits()) return PlanVerdict::fits;
   out << fmt::format("hpctrain: the plan does not fit: {} per GPU against {}; more ranks (ZeRO-3 shards by the world), "
-                     "--activation-checkpointing, --loss-chunk-tokens, a smaller batch or LoRA would lower it\n",
+                     "--activation-checkpointing selective or full, --loss-chunk-tokens, a smaller batch or LoRA would lower it\n",
                      plan_bytes(plan.peak), plan_bytes(*plan.gpu));
   return PlanVerdict::does_not_fit;
 }
