@@ -173,3 +173,35 @@ TEST_CASE("The memory plan counts parameters as the models do and shards what ea
   small.gpu_bytes = 80e9;
   CHECK(lm::plan_memory(small).fits());
 }
+
+TEST_CASE("The memory plan counts what each --activation-checkpointing setting keeps, within 10% of a CPU step's peak",
+          "[models][plan][selective]") {
+  // bench/recompute_memory's Llama (94.4M parameters: 14 layers of width 768, MLP 2048, 12 heads, 4 KV heads,
+  // vocabulary 4096, untied), fp32, batch 4 x 512, one step's peak host memory above the resident set before it
+  // (VmHWM, big blocks mmapped), measured on the 2-core AMD EPYC on 2026-11-27: the activations kept and the logits.
+  hm::LlamaConfig config;
+  config.vocab_size = 4096, config.hidden_size = 768, config.intermediate_size = 2048, config.num_hidden_layers = 14;
+  config.num_attention_heads = 12, config.num_key_value_heads = 4, config.tie_word_embeddings = false;
+  lm::PlanInput in;
+  in.model = lm::model_shape(config);
+  in.micro_batch = 4;
+  in.sequence = 512;
+  in.runtime_bytes = 0;
+  const std::array<std::pair<hm::Recompute, double>, 3> measured{
+      {{hm::Recompute::none, 1857970176.0}, {hm::Recompute::selective, 1034969088.0}, {hm::Recompute::full, 283783168.0}}};
+  double previous = 0;
+  for (const auto& [recompute, bytes] : measured) {
+    in.activation_checkpointing = recompute;
+    const auto plan = lm::plan_memory(in);
+    const double planned = lm::kept_activations(in, plan) + plan.logits;
+    WARN(hm::recompute_name(recompute) << ": planned " << planned / 1e6 << " MB, measured " << bytes / 1e6 << " MB (ratio "
+                                       << planned / bytes << ")");
+    CHECK(std::abs(planned - bytes) <= 0.10 * bytes);
+    if (previous > 0) CHECK(planned < previous);  // each setting keeps less than the one before
+    previous = planned;
+    CHECK_THAT(lm::format_plan(in, plan), Catch::Matchers::Contains("(--activation-checkpointing)"));
+  }
+  // Selective keeps each block's input and its 7 projections' outputs: 4 bytes x (768 + 768 + 2 x 256 + 768 + 2 x 2048
+  // + 768) a token and layer in fp32.
+  CHECK(lm::selective_bytes_per_token(in) == 4 * (768 + 2 * 256 + 768 + 2 * 2048 + 768));
+}

@@ -29,6 +29,8 @@
 #include <vector>
 
 #include <ATen/autocast_mode.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <torch/torch.h>
 
 #include <hpctrain/error.hpp>
