@@ -205,3 +205,27 @@ TEST_CASE("The memory plan counts what each --activation-checkpointing setting k
   // + 768) a token and layer in fp32.
   CHECK(lm::selective_bytes_per_token(in) == 4 * (768 + 2 * 256 + 768 + 2 * 2048 + 768));
 }
+
+TEST_CASE("The memory plan names the least recomputation that fits a GPU the run does not fit", "[models][plan][selective]") {
+  // The suite's Llama row (TinyLlama's shape, bf16, 8 x 1024, Replicated), with a GPU between the settings' peaks.
+  auto in = suite_row("none");
+  const auto peak = [&](hm::Recompute recompute) {
+    auto with = in;
+    with.activation_checkpointing = recompute;
+    return lm::plan_memory(with).peak;
+  };
+  const double none = peak(hm::Recompute::none), selective = peak(hm::Recompute::selective), full = peak(hm::Recompute::full);
+  WARN("planned peaks: none " << none / gib << " GiB, selective " << selective / gib << " GiB, full " << full / gib << " GiB");
+  REQUIRE(none > selective);
+  REQUIRE(selective > full);
+  in.gpu_bytes = none;  // fits as it is: nothing to name
+  CHECK_FALSE(lm::recompute_that_fits(in).has_value());
+  in.gpu_bytes = (none + selective) / 2;
+  CHECK(lm::recompute_that_fits(in) == hm::Recompute::selective);
+  in.gpu_bytes = (selective + full) / 2;
+  CHECK(lm::recompute_that_fits(in) == hm::Recompute::full);
+  in.gpu_bytes = 0.9 * full;
+  CHECK_FALSE(lm::recompute_that_fits(in).has_value());
+  in.gpu_bytes = std::nullopt;
+  CHECK_FALSE(lm::recompute_that_fits(in).has_value());
+}

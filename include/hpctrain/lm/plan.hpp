@@ -84,6 +84,12 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
   out << fmt::format("hpctrain: the plan does not fit: {} per GPU against {}; more ranks (ZeRO-3 shards by the world), "
                      "--activation-checkpointing selective or full, --loss-chunk-tokens, a smaller batch or LoRA would lower it\n",
                      plan_bytes(plan.peak), plan_bytes(*plan.gpu));
+  if (const auto recompute = recompute_that_fits(in)) {  // the least recomputation that fits, named with its peak
+    auto with = in;
+    with.activation_checkpointing = *recompute;
+    out << fmt::format("hpctrain: with --activation-checkpointing {} it fits: {} per GPU\n", models::recompute_name(*recompute),
+                       plan_bytes(plan_memory(with).peak));
+  }
   return PlanVerdict::does_not_fit;
 }
 
