@@ -13,9 +13,9 @@
 #include <iostream>
 #include <string>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <torch/torch.h>
+#include <CLI/CLI.hpp>
 
 #include <hpctrain/lm/memory_plan.hpp>
 #include <hpctrain/models/llama.hpp>
@@ -26,7 +26,8 @@ namespace hm = hpctrain::models;
 int main(int argc, char** argv) {
   CLI::App app{"host memory of one Llama training step: none vs selective vs full recomputation"};
   std::string mode = "none";
-  std::int64_t layers = 14, hidden = 768, intermediate = 2048, heads = 12, kv_heads = 4, vocab = 4096, batch = 4, seq = 512;
+  std::int64_t layers = 14, hidden = 768, intermediate = 2048, heads = 12, kv_heads = 4, vocab = 4096, batch = 4,
+               seq = 512;
   int threads = 2;
   app.add_option("mode", mode, "none, selective or full")->check(CLI::IsMember({"none", "selective", "full"}));
   app.add_option("--layers", layers);
@@ -78,11 +79,15 @@ int main(int argc, char** argv) {
   in.activation_checkpointing = recompute;
   in.runtime_bytes = 0;
   const auto plan = hpctrain::lm::plan_memory(in);
-  const double planned = hpctrain::lm::kept_activations(in, plan) + plan.logits;  // the forward's end: the transient peak
-  std::cout << fmt::format(R"({{"mode": "{}", "parameters": {}, "batch": {}, "seq": {}, "step_peak_bytes": {}, "resident_before": {}, )"
-                           R"("planned_activations": {:.0f}, "planned_logits": {:.0f}, "planned_transient": {:.0f}, "plan_over_measured": {:.3f}, "loss": {:.4f}}})",
-                           mode, config.parameter_count(), batch, seq, peak - before, before, hpctrain::lm::kept_activations(in, plan),
-                           plan.logits, planned, planned / static_cast<double>(peak - before), loss)
-            << std::endl;
+  const double kept = hpctrain::lm::kept_activations(in, plan);
+  const double planned = kept + plan.logits;  // the forward's end: the transient peak
+  const auto measured = peak - before;
+  std::cout << fmt::format(R"({{"mode": "{}", "parameters": {}, "batch": {}, "seq": {}, )", mode, config.parameter_count(),
+                           batch, seq)
+            << fmt::format(R"("step_peak_bytes": {}, "resident_before": {}, "planned_activations": {:.0f}, )", measured,
+                           before, kept)
+            << fmt::format(R"("planned_logits": {:.0f}, "planned_transient": {:.0f}, "plan_over_measured": {:.3f}, )",
+                           plan.logits, planned, planned / static_cast<double>(measured))
+            << fmt::format(R"("loss": {:.4f}}})", loss) << std::endl;
   return 0;
 }

@@ -98,7 +98,8 @@ Step step(hm::CausalLM& model, hm::Recompute recompute, const torch::Tensor& ids
 
 /// selective's loss equals none's (its forward computes the same), and each gradient is within `bound` of none's and
 /// of full's; the worst measured difference is printed.
-void check_against_none_and_full(hm::CausalLM& model, const std::string& what, hpctrain::Precision precision, double bound) {
+void check_against_none_and_full(hm::CausalLM& model, const std::string& what, hpctrain::Precision precision,
+                                 double bound) {
   torch::manual_seed(7);
   const auto ids = torch::randint(vocabulary, {batch, sequence + 1}, torch::kLong);
   const auto none = step(model, hm::Recompute::none, ids, precision);
@@ -121,8 +122,9 @@ void check_against_none_and_full(hm::CausalLM& model, const std::string& what, h
     if (against_none > worst_none) worst_none = against_none, worst_name = name;
     worst_full = std::max(worst_full, against_full);
   }
-  WARN(fmt::format("{}: selective's gradients against none's {:.2e} (worst: {}), against full's {:.2e}; bound {:.2e}; loss {} equal",
-                   what, worst_none, worst_name, worst_full, bound, selective.loss));
+  WARN(fmt::format(
+      "{}: selective's gradients against none's {:.2e} (worst: {}), against full's {:.2e}; bound {:.2e}; loss {} equal",
+      what, worst_none, worst_name, worst_full, bound, selective.loss));
 }
 
 /// Every adapter on every projection, dropout on its input, and B made non-zero (B = 0 at the start gives A no
@@ -179,25 +181,30 @@ long matrix_kernels_of_a_step(hm::CausalLM& model, hm::Recompute recompute) {
 
 using namespace selective_recompute_test;
 
-TEST_CASE("Selective recomputation gives none's loss and full's gradients: Llama with grouped-query attention and GPT-2, "
-          "with dropout, fp32",
-          "[models][checkpointing][selective]") {
+TEST_CASE(
+    "Selective recomputation gives none's loss and full's gradients: Llama with grouped-query attention and GPT-2, "
+    "with dropout, fp32",
+    "[models][checkpointing][selective]") {
   torch::manual_seed(3);
   hm::Llama llama_model(llama(0.1));
-  check_against_none_and_full(*llama_model, "Llama (GQA, attention dropout 0.1)", hpctrain::Precision::fp32, fp32_bound);
+  check_against_none_and_full(*llama_model, "Llama (GQA, attention dropout 0.1)", hpctrain::Precision::fp32,
+                              fp32_bound);
   hm::GPT2 gpt2_model(gpt2(0.1));
   check_against_none_and_full(*gpt2_model, "GPT-2 (dropout 0.1)", hpctrain::Precision::fp32, fp32_bound);
 }
 
-TEST_CASE("Selective recomputation with LoRA on every projection, adapter dropout replayed, gives the adapters' gradients",
-          "[models][checkpointing][selective][lora]") {
+TEST_CASE(
+    "Selective recomputation with LoRA on every projection, adapter dropout replayed, gives the adapters' gradients",
+    "[models][checkpointing][selective][lora]") {
   torch::manual_seed(5);
   hm::Llama llama_model(llama(0.1));
   add_adapters(*llama_model);
-  check_against_none_and_full(*llama_model, "Llama + LoRA (all-linear, dropout 0.2)", hpctrain::Precision::fp32, fp32_bound);
+  check_against_none_and_full(*llama_model, "Llama + LoRA (all-linear, dropout 0.2)", hpctrain::Precision::fp32,
+                              fp32_bound);
   hm::GPT2 gpt2_model(gpt2(0.1));
   add_adapters(*gpt2_model);
-  check_against_none_and_full(*gpt2_model, "GPT-2 + LoRA (all-linear, dropout 0.2)", hpctrain::Precision::fp32, fp32_bound);
+  check_against_none_and_full(*gpt2_model, "GPT-2 + LoRA (all-linear, dropout 0.2)", hpctrain::Precision::fp32,
+                              fp32_bound);
 }
 
 TEST_CASE("Selective recomputation under bf16 autocast gives none's loss and gradients within bf16's rounding",
@@ -210,9 +217,10 @@ TEST_CASE("Selective recomputation under bf16 autocast gives none's loss and gra
   check_against_none_and_full(*gpt2_model, "GPT-2 + LoRA, bf16 autocast", hpctrain::Precision::bf16, bf16_bound);
 }
 
-TEST_CASE("Selective recomputation runs no matrix product twice: a step runs as many product kernels as one keeping "
-          "every activation, and full recomputation runs every block's projections once more",
-          "[models][checkpointing][selective]") {
+TEST_CASE(
+    "Selective recomputation runs no matrix product twice: a step runs as many product kernels as one keeping "
+    "every activation, and full recomputation runs every block's projections once more",
+    "[models][checkpointing][selective]") {
   torch::manual_seed(11);
   hm::Llama llama_model(llama(0.0));
   hm::GPT2 gpt2_model(gpt2(0.0));
@@ -222,8 +230,8 @@ TEST_CASE("Selective recomputation runs no matrix product twice: a step runs as 
     const long none = matrix_kernels_of_a_step(*model, hm::Recompute::none);
     const long selective = matrix_kernels_of_a_step(*model, hm::Recompute::selective);
     const long full = matrix_kernels_of_a_step(*model, hm::Recompute::full);
-    WARN(fmt::format("matrix-product kernels in a step: none {}, selective {}, full {} ({} projections in the blocks)", none, selective,
-                     full, projections));
+    WARN(fmt::format("matrix-product kernels in a step: none {}, selective {}, full {} ({} projections in the blocks)",
+                     none, selective, full, projections));
     CHECK(none > 0);
     CHECK(selective == none);
     CHECK(full - none == projections);
@@ -243,5 +251,6 @@ TEST_CASE("A selective block whose recomputation computes other products than it
     return y;
   };
   auto output = hm::checkpointed(block, x, {}, hm::Recompute::selective);
-  CHECK_THROWS_WITH(output.sum().backward(), Catch::Contains("[hpctrain.runtime.recompute]") && Catch::Contains("more matrix products"));
+  CHECK_THROWS_WITH(output.sum().backward(),
+                    Catch::Contains("[hpctrain.runtime.recompute]") && Catch::Contains("more matrix products"));
 }

@@ -64,7 +64,8 @@ inline constexpr const char* recompute_requirement = "must be none, selective or
 inline void activation_checkpointing_from_knobs(torch::nn::Module& module, const Knobs& knobs) {
   const auto text = knobs.get<std::string>("activation_checkpointing");
   const auto recompute = models::parse_recompute(text);
-  if (!recompute) throw SpecError(errors::spec_knob, "--activation-checkpointing", fmt::format("{:?}: {}", text, recompute_requirement));
+  if (!recompute)
+    throw SpecError(errors::spec_knob, "--activation-checkpointing", fmt::format("{:?}: {}", text, recompute_requirement));
   auto* model = dynamic_cast<models::CausalLM*>(&module);
   if (model != nullptr) model->set_activation_checkpointing(*recompute);
   else if (*recompute != models::Recompute::none)
@@ -91,10 +92,11 @@ HPCTRAIN_RUNTIME_INLINE Training causal_lm_training() {
       .loss(token_loss).step(chunked_causal_lm_step).eval_step(token_eval_step).metric(metrics::perplexity)
       .memory_plan(plan_memory_of_run)
       .knob<std::string>("activation_checkpointing", "none",
-                         "recompute transformer blocks in backward instead of keeping their activations: selective keeps the "
-                         "matrix products' outputs and recomputes the rest, full keeps only each block's input",
-                         KnobCheck<std::string>([](const std::string& v) { return models::parse_recompute(v).has_value(); },
-                                                recompute_requirement))
+                         "recompute transformer blocks in backward instead of keeping their activations: selective "
+                         "keeps the matrix products' outputs and recomputes the rest, full keeps only each block's input",
+                         KnobCheck<std::string>(
+                             [](const std::string& v) { return models::parse_recompute(v).has_value(); },
+                             recompute_requirement))
       .knob_bare_value("activation_checkpointing", "full", "[none|selective|full]")
       .on_model(activation_checkpointing_from_knobs)
       .knob<std::int64_t>(loss_chunk_knob, 0,

@@ -258,7 +258,8 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   const double block_inputs = tokens * 4.0 * static_cast<double>(m.hidden * m.layers);
   plan.activations_recomputed = block_inputs + per_layer;
   // The block being recomputed holds its own products in its graph: counted once, in its worth (per_layer).
-  plan.activations_selective = block_inputs + tokens * static_cast<double>(selective_bytes_per_token(in) * (m.layers - 1)) + per_layer;
+  plan.activations_selective =
+      block_inputs + tokens * static_cast<double>(selective_bytes_per_token(in) * (m.layers - 1)) + per_layer;
   const double kept = kept_activations(in, plan);
   const double logit_tokens = in.loss_chunk_tokens > 0 ? std::min<double>(tokens, static_cast<double>(in.loss_chunk_tokens)) : tokens;
   plan.logits = logit_tokens * static_cast<double>(m.vocab) * (in.bf16 ? 10.0 : 12.0);
@@ -343,16 +344,16 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
       if (other == recompute) continue;
       PlanInput with = in;
       with.activation_checkpointing = other;
-      others += fmt::format("{}{} {}", others.empty() ? "" : ", ", plan_bytes(kept_activations(with, plan)), models::recompute_name(other));
+      others += fmt::format("{}{} {}", others.empty() ? "" : ", ", plan_bytes(kept_activations(with, plan)),
+                            models::recompute_name(other));
     }
     return others;
   };
   const auto recompute = in.activation_checkpointing;
-  row("activations", kept_activations(in, plan),
-      fmt::format("{}; {} (--activation-checkpointing)",
-                  recompute == models::Recompute::none ? "kept" : recompute == models::Recompute::selective ? "selective: matrix products kept"
-                                                                                                              : "recomputed",
-                  alternatives(recompute)));
+  const char* how = recompute == models::Recompute::none        ? "kept"
+                    : recompute == models::Recompute::selective ? "selective: matrix products kept"
+                                                                : "recomputed";
+  row("activations", kept_activations(in, plan), fmt::format("{}; {} (--activation-checkpointing)", how, alternatives(recompute)));
   row("logits", plan.logits);
   if (plan.host_heap_slack > 0) row("host heap's freed memory", plan.host_heap_slack, "kept by the C allocator: about the step's transient bytes");
   row("runtime (stated)", plan.runtime, in.cpu ? "LibTorch, Gloo, the data" : "CUDA context and kernels");

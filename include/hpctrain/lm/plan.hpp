@@ -62,7 +62,8 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
     in.lora_targets = lora->targets;
   }
   if (knobs.find("activation_checkpointing") != nullptr)
-    in.activation_checkpointing = models::parse_recompute(knobs.get<std::string>("activation_checkpointing")).value_or(models::Recompute::none);
+    in.activation_checkpointing =
+        models::parse_recompute(knobs.get<std::string>("activation_checkpointing")).value_or(models::Recompute::none);
   if (knobs.find(loss_chunk_knob) != nullptr) in.loss_chunk_tokens = knobs.get<std::int64_t>(loss_chunk_knob);
   const auto [sequence, from] = detail::planned_sequence(knobs, positions);
   in.sequence = sequence;
@@ -87,8 +88,8 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
   if (const auto recompute = recompute_that_fits(in)) {  // the least recomputation that fits, named with its peak
     auto with = in;
     with.activation_checkpointing = *recompute;
-    out << fmt::format("hpctrain: with --activation-checkpointing {} it fits: {} per GPU\n", models::recompute_name(*recompute),
-                       plan_bytes(plan_memory(with).peak));
+    out << fmt::format("hpctrain: with --activation-checkpointing {} it fits: {} per GPU\n",
+                       models::recompute_name(*recompute), plan_bytes(plan_memory(with).peak));
   }
   return PlanVerdict::does_not_fit;
 }

@@ -110,7 +110,9 @@ class ListsBlocks {
   /// Selective keeps the outputs of the blocks' matrix products and recomputes only the rest (models/recompute.hpp).
   void set_activation_checkpointing(models::Recompute recompute) { activation_checkpointing_ = recompute; }
   /// `true`: every block recomputed whole (Recompute::full); `false`: none.
-  void set_activation_checkpointing(bool on) { activation_checkpointing_ = on ? models::Recompute::full : models::Recompute::none; }
+  void set_activation_checkpointing(bool on) {
+    activation_checkpointing_ = on ? models::Recompute::full : models::Recompute::none;
+  }
   models::Recompute activation_checkpointing() const { return activation_checkpointing_; }
   /// The blocks' deferred values, when the blocks were built empty (null once they are materialized or sharded).
   const std::shared_ptr<DeferredBlocks>& deferred_blocks() const { return deferred_blocks_; }

@@ -57,9 +57,11 @@ inline torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) {
     auto recorded = replaying->replay_next();
     torch::Tensor middle;
     if (adapted)  // the adapter's dropout runs again (its random state replayed), its product does not
-      middle = detail::replayed_linear(scale->input(x), a->weight, a->bias, {}, {}, {}, 0.0, std::move(recorded.adapter_middle));
+      middle = detail::replayed_linear(scale->input(x), a->weight, a->bias, {}, {}, {}, 0.0,
+                                       std::move(recorded.adapter_middle));
     return detail::replayed_linear(x, layer->weight, layer->bias, middle, adapted ? b->weight : torch::Tensor(),
-                                   adapted ? b->bias : torch::Tensor(), adapted ? scale->scaling() : 0.0, std::move(recorded.output));
+                                   adapted ? b->bias : torch::Tensor(), adapted ? scale->scaling() : 0.0,
+                                   std::move(recorded.output));
   }
   auto y = torch::linear(x, layer->weight, layer->bias);
   torch::Tensor middle;

@@ -59,10 +59,11 @@ class MatrixProducts {
   /// The next recorded call's products, handed over (the list no longer holds them).
   Recorded replay_next() {
     if (next_ >= recorded_.size())
-      throw RuntimeError(errors::runtime_recompute,
-                         fmt::format("a selective block's recomputation made more matrix products than its forward ({}): the block "
-                                     "must compute the same in both runs",
-                                     recorded_.size()));
+      throw RuntimeError(
+          errors::runtime_recompute,
+          fmt::format("a selective block's recomputation made more matrix products than its forward ({}): the block "
+                      "must compute the same in both runs",
+                      recorded_.size()));
     return std::move(recorded_[next_++]);
   }
   /// After the recomputation: every recorded product was replayed; the list is emptied.
@@ -71,10 +72,11 @@ class MatrixProducts {
     recorded_.clear();
     next_ = 0;
     if (replayed != recorded)
-      throw RuntimeError(errors::runtime_recompute,
-                         fmt::format("a selective block's recomputation replayed {} of the {} matrix products its forward made: "
-                                     "the block must compute the same in both runs",
-                                     replayed, recorded));
+      throw RuntimeError(
+          errors::runtime_recompute,
+          fmt::format("a selective block's recomputation replayed {} of the {} matrix products its forward made: "
+                      "the block must compute the same in both runs",
+                      replayed, recorded));
   }
   std::size_t recorded_count() const { return recorded_.size(); }
 
@@ -114,17 +116,19 @@ struct RecordedOutput {
 /// `middle` is. Inputs arrive cast as autocast would cast them for at::linear. (Absent tensors are nullopt: an
 /// undefined tensor is no valid input of a custom Function.)
 struct ReplayedLinear : torch::autograd::Function<ReplayedLinear> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
-                               const std::optional<torch::Tensor>& bias, const std::optional<torch::Tensor>& middle,
-                               const std::optional<torch::Tensor>& adapter_weight, const std::optional<torch::Tensor>& adapter_bias,
-                               double scale, RecordedOutput output) {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
+                               const std::optional<torch::Tensor>& middle,
+                               const std::optional<torch::Tensor>& adapter_weight,
+                               const std::optional<torch::Tensor>& adapter_bias, double scale, RecordedOutput output) {
     const auto or_none = [](const std::optional<torch::Tensor>& t) { return t ? *t : torch::Tensor(); };
     ctx->save_for_backward({x, weight, or_none(bias), or_none(middle), or_none(adapter_weight), or_none(adapter_bias)});
     ctx->saved_data["scale"] = scale;
     return std::move(output.tensor);
   }
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     torch::autograd::variable_list out(8);
     term(grads[0], saved, 0, out);
@@ -162,17 +166,19 @@ inline torch::Tensor replayed_linear(const torch::Tensor& x, const torch::Tensor
   auto leading = x.sizes().vec();
   leading.back() = weight.size(0);
   if (!output.defined() || output.sizes() != torch::IntArrayRef(leading))
-    throw RuntimeError(errors::runtime_recompute,
-                       fmt::format("a selective block's recomputation asks for a product of shape {} where its forward recorded {}: "
-                                   "the block must compute the same in both runs",
-                                   fmt::join(leading, "x"), output.defined() ? fmt::format("{}", fmt::join(output.sizes(), "x")) : "none"));
+    throw RuntimeError(
+        errors::runtime_recompute,
+        fmt::format("a selective block's recomputation asks for a product of shape {} where its forward recorded {}: "
+                    "the block must compute the same in both runs",
+                    fmt::join(leading, "x"),
+                    output.defined() ? fmt::format("{}", fmt::join(output.sizes(), "x")) : "none"));
   const auto device = x.device().type();
   const auto cast = [device](const torch::Tensor& t) -> std::optional<torch::Tensor> {
     if (!t.defined()) return std::nullopt;
     return autocast_for_linear(t, device);
   };
-  return ReplayedLinear::apply(*cast(x), *cast(weight), cast(bias), cast(middle), cast(adapter_weight), cast(adapter_bias), scale,
-                               RecordedOutput{std::move(output)});
+  return ReplayedLinear::apply(*cast(x), *cast(weight), cast(bias), cast(middle), cast(adapter_weight),
+                               cast(adapter_bias), scale, RecordedOutput{std::move(output)});
 }
 
 }  // namespace hpctrain::models::detail

@@ -22,8 +22,8 @@
 // block is instead a checkpointed call (models/activation_checkpoint.hpp): run without a graph and freed in
 // forward, gathered again and recomputed with grad in backward (a third more compute for the activations'
 // memory; selective keeps the block's matrix products from the forward and recomputes only the elementwise
-// work, models/selective_recompute.hpp). On the non-final micro-batches of an accumulation (set_sync(false)) the full gradients accumulate
-// locally, as FSDP's no_sync.
+// work, models/selective_recompute.hpp). On the non-final micro-batches of an accumulation (set_sync(false)) the
+// full gradients accumulate locally, as FSDP's no_sync.
 // Clipping, the optimizer step on fp32 masters and the checkpoint format are ZeRO-2's (zero.hpp,
 // zero_checkpoint.hpp): ZeRO-2 and ZeRO-3 checkpoints reshard into each other, at any world size.
 //
@@ -706,7 +706,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
       throw RuntimeError(errors::runtime_gradient_sync,
                          fmt::format("run_block({}) on a model that lists {} blocks", index, model_blocks_));
     const auto recompute = lists_->activation_checkpointing();
-    if (recompute == models::Recompute::none || !torch::GradMode::is_enabled()) return run_keeping_activations(index, call, input);
+    if (recompute == models::Recompute::none || !torch::GradMode::is_enabled())
+      return run_keeping_activations(index, call, input);
     models::CheckpointHooks hooks;
     hooks.before_forward = [this, index] {
       acquire(index);
