@@ -4,7 +4,7 @@ hpctrain's DistributedSampler), the same AdamW with weight-decay groups, warmup 
 clipping. Two uses:
 
   gpt_peer.py reference --init DIR --tokens FILE [...]   (tests/models: the loss-curve oracle) one process,
-      starting from the step-0 weights examples/gpt wrote to DIR (under HPCTRAIN_TEST_SAVE_INITIAL), prints a JSON line
+      starting from the step-0 weights in DIR (examples/gpt's export: tests/models/loss_curve.py), prints a JSON line
       {"losses": [...]} with the mean training loss of each step over the whole global batch.
   torchrun --nproc-per-node 2 gpt_peer.py ddp --tokens FILE [...]   (bench/gpt_vs_torchrun) DDP over Gloo,
       rank 0 prints a JSON line with tokens/s of the timed steps. With --init DIR it starts from those weights,
@@ -259,7 +259,7 @@ def main():
     sub = parser.add_subparsers(dest="mode", required=True)
     ref = sub.add_parser("reference")
     add_common(ref)
-    ref.add_argument("--init", required=True, help="examples/gpt's <run dir>/initial")
+    ref.add_argument("--init", required=True, help="the step-0 weights: examples/gpt's fp32 export after one step at lr 1e-30")
     ref.add_argument("--world", type=int, default=1, help="the world size of the hpctrain run (data order)")
     ref.add_argument("--total-steps", type=int, default=0, help="the hpctrain run's step budget (default --steps)")
     par = sub.add_parser("ddp")
@@ -267,7 +267,7 @@ def main():
     par.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     par.add_argument("--threads", type=int, default=1)
     par.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    par.add_argument("--init", help="start from these weights (<run dir>/initial of examples/gpt under HPCTRAIN_TEST_SAVE_INITIAL)")
+    par.add_argument("--init", help="start from these weights (a Hugging Face directory: examples/gpt's fp32 export)")
     par.add_argument("--val", help="end with the validation loss over this token file")
     args = parser.parse_args()
     reference(args) if args.mode == "reference" else ddp(args)

@@ -41,8 +41,7 @@ int main(int argc, char** argv) {
       .batch_size(ht::global(128))  // the same optimisation at any world size that divides 128
       .epochs(6).schedule(ht::LrSchedule::warmup_cosine(200, 0.02)).seed(1)
       .log_every(50).eval_every(1000).checkpoint_every(250).metric(ht::metrics::accuracy);
-  // `--sweep`, this example's own flag (read before ht::run, so neither the knob parser nor the workers see it):
-  // one array task per combination of the grid, each with its knob values; `--results` compares them.
+  // `--sweep`, this example's own flag (taken out before ht::run parses the knobs): one array task per grid point.
   std::vector<char*> args(argv, argv + argc);
   if (std::erase_if(args, [](const char* arg) { return std::string_view(arg) == "--sweep"; }) > 0)
     job.sweep(ht::Sweep().grid("lr", {1e-3, 3e-3}).grid("batch_size", {64, 128}));

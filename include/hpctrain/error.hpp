@@ -101,9 +101,9 @@ inline int exit_code_of(const std::exception& error) noexcept {
   return ours != nullptr ? ours->exit_code() : exit_failure;
 }
 
-/// Runs `body` — a tool's work once its command line is parsed (examples/generate.cpp, fill_mask.cpp) — and keeps
-/// the command-line contract for what it throws: the message on stderr, then its exit_code_of. Programs built on
-/// hpctrain::run get this from run().
+/// Runs `body` — a tool's work once its command line is parsed (models/generate_tool.hpp, examples/fill_mask.cpp) —
+/// and keeps the command-line contract for what it throws: the message on stderr, then its exit_code_of. Programs
+/// built on hpctrain::run get this from run().
 template <class Body>
 int with_exit_codes(Body&& body) {
   try {

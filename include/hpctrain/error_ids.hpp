@@ -117,6 +117,7 @@ inline constexpr ErrorId spec_checkpoint_strategy{"hpctrain.spec.checkpoint.stra
 inline constexpr ErrorId spec_metrics_top_k_accuracy{"hpctrain.spec.metrics.top_k_accuracy"};
 inline constexpr ErrorId spec_optimizer{"hpctrain.spec.optimizer"};
 inline constexpr ErrorId spec_sharding{"hpctrain.spec.sharding"};
+inline constexpr ErrorId spec_data_tensors{"hpctrain.spec.data.tensors"};
 inline constexpr ErrorId spec_tokens_token_bytes{"hpctrain.spec.tokens.token_bytes"};
 inline constexpr ErrorId spec_training_eval_step{"hpctrain.spec.training.eval_step"};
 inline constexpr ErrorId spec_training_flops_per_example{"hpctrain.spec.training.flops_per_example"};
@@ -163,6 +164,7 @@ inline constexpr ErrorId spec_prepare_threads{"hpctrain.spec.prepare.threads"};
 inline constexpr ErrorId spec_prepare_tokenizer{"hpctrain.spec.prepare.tokenizer"};
 inline constexpr ErrorId spec_prepare_validation_fraction{"hpctrain.spec.prepare.validation_fraction"};
 inline constexpr ErrorId runtime_text_decode{"hpctrain.runtime.text.decode"};
+inline constexpr ErrorId runtime_text_input{"hpctrain.runtime.text.input"};
 inline constexpr ErrorId runtime_text_prepare{"hpctrain.runtime.text.prepare"};
 inline constexpr ErrorId runtime_text_regex{"hpctrain.runtime.text.regex"};
 inline constexpr ErrorId runtime_text_sft_tokens{"hpctrain.runtime.text.sft_tokens"};

@@ -28,6 +28,7 @@
 #include <hpctrain/train/data/idx.hpp>
 #include <hpctrain/train/data/source.hpp>
 #include <hpctrain/train/fused_adamw.hpp>
+#include <hpctrain/train/losses.hpp>
 #include <hpctrain/train/metrics.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/schedule.hpp>
@@ -74,6 +75,7 @@
 #include <hpctrain/train/adamw.hpp>
 #include <hpctrain/train/fused_adamw.hpp>
 #include <hpctrain/train/loggers.hpp>
+#include <hpctrain/train/losses.hpp>
 #include <hpctrain/train/metrics.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/preemption.hpp>

@@ -45,9 +45,6 @@ inline constexpr const char* checkpoint_timeout = "HPCTRAIN_CHECKPOINT_TIMEOUT_S
 /// Test hook of the fault-injection tests (tests/faults): rank 0 sleeps this many seconds before the
 /// rendezvous, as a rank 0 slow to start would (a slow node, a slow file system loading the binary).
 inline constexpr const char* test_delay_rank0 = "HPCTRAIN_TEST_DELAY_RANK0_S";
-/// Test hook of the loss-curve tests (tests/models/*_loss_curve_test.py): set, a model built from scratch by
-/// lm::gpt2_from_scratch or lm::roberta_from_scratch is also written, at step 0, to `<run dir>/initial` (rank 0).
-inline constexpr const char* test_save_initial = "HPCTRAIN_TEST_SAVE_INITIAL";
 /// A directory of text files the examples train on instead of Debian's fortunes (text::default_corpus).
 inline constexpr const char* corpus = "HPCTRAIN_CORPUS";
 /// GPT-2's tokenizer file elsewhere than ~/.cache/hpctrain/gpt2.tiktoken (text::gpt2_tokenizer).
@@ -70,6 +67,9 @@ inline constexpr const char* allow_socket_fallback = "HPCTRAIN_ALLOW_SOCKET_FALL
 inline constexpr const char* expected_busbw = "HPCTRAIN_EXPECTED_BUSBW_GBPS";
 /// Set by `--check-fabric`: the workers run an all-reduce sweep up to this many bytes instead of training.
 inline constexpr const char* check_fabric = "HPCTRAIN_CHECK_FABRIC_MAX_BYTES";
+/// 1: a sharded stage at one rank runs its own strategy instead of training as Replicated (ShardedAtOneRank,
+/// train/strategies/one_rank.hpp): what measures ZeRO-3's path on one GPU.
+inline constexpr const char* shard_at_one_rank = "HPCTRAIN_SHARD_AT_ONE_RANK";
 }  // namespace env
 
 /// The one getenv: the value of `name`, or nothing when it is unset or empty.

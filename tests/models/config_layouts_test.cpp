@@ -131,7 +131,7 @@ TEST_CASE("A config's export holds both layouts, reads back the same, and names 
 
 TEST_CASE("A directory's config is read by its model_type, understood in one line, and its errors name the file", "[models][config]") {
   const auto dir = models_test::scratch("config-layouts");
-  const auto write = [&](const std::string& text) { hpctrain::detail::write_file_atomically(dir / "config.json", text, "test"); };
+  const auto write = [&](const std::string& text) { hpctrain::detail::write_file_atomically(dir / "config.json", text); };
   write(R"({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
             "num_key_value_heads": 2, "vocab_size": 100, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
             "tie_word_embeddings": true, "dtype": "bfloat16", "new_thing": 1})");

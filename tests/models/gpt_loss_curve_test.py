@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The loss-curve oracle of issue 10: the first 12 training losses of examples/gpt (fp32, CPU, --local 2) equal
 those of a PyTorch (Python) loop — bench/gpt_peer.py's `reference`, the same GPT-2 written in plain PyTorch —
-started from the same step-0 weights (the example's model factory writes them under HPCTRAIN_TEST_SAVE_INITIAL), fed the same windows
+started from the same step-0 weights (the example's own export after a step at lr 1e-30: loss_curve.py), fed the same windows
 in the same order, with the same AdamW groups, warmup + cosine schedule and clipping, within 1e-4 relative.
 
   gpt_loss_curve_test.py BUILD/examples/gpt   (python: the venv's, with torch and safetensors)
@@ -14,7 +14,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from loss_curve import compare, run_example, training_losses  # noqa: E402
+from loss_curve import compare, initial_weights, run_example, training_losses  # noqa: E402
 
 PEER = os.path.join(HERE, "..", "..", "bench", "gpt_peer.py")
 STEPS, WORLD, TOLERANCE = 12, 2, 1e-4
@@ -32,14 +32,15 @@ def main():
     work = tempfile.mkdtemp(prefix="gpt-loss-curve-")
     run_dir = os.path.join(work, "run")
     # In fp32, so that both sides compute the same thing.
-    command = [binary, "--local", str(WORLD), "--max-steps", str(STEPS), "--precision", "fp32", "--log-every", "1",
-               "--eval-every", "0", "--checkpoint-every", "0", "--sample-tokens", "0",] + SHORTER
-    if not run_example(command, work, run_dir):
+    command = [binary, "--local", str(WORLD), "--precision", "fp32", "--log-every", "1",
+               "--eval-every", "0", "--checkpoint-every", "0", "--sample-tokens", "0"] + SHORTER
+    initial = initial_weights(command, work)
+    if initial is None or not run_example(command + ["--max-steps", str(STEPS)], work, run_dir):
         return 1
     ours = training_losses(run_dir, STEPS)
 
     tokens = os.path.join(work, "hpctrain-jobs", "gpt", "local", "prepare", "tokens", "train.tokens")
-    reference = subprocess.run([sys.executable, PEER, "reference", "--init", os.path.join(run_dir, "initial"),
+    reference = subprocess.run([sys.executable, PEER, "reference", "--init", initial,
                                 "--tokens", tokens, "--steps", str(STEPS), "--world", str(WORLD)] + SHORTER,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if reference.returncode != 0:

@@ -55,7 +55,7 @@ TEST_CASE("LoRA set in code is the --lora-* knobs' default, which the command li
 
 TEST_CASE("A LoRA target that names no layer of the pretrained model exits 2 at login, naming it and the layers", "[lm][lora]") {
   const auto dir = models_test::scratch("lora-knobs");
-  hpctrain::detail::write_file_atomically(dir / "config.json", hm::LlamaConfig().to_json().dump(), "test");
+  hpctrain::detail::write_file_atomically(dir / "config.json", hm::LlamaConfig().to_json().dump());
   const auto training = lm::causal_lm_training().model(lm::from_pretrained(dir)).lora(rank_8_on_all_projections());
   CHECK_NOTHROW(training.check_at_login(given(training, {})));
   CHECK_NOTHROW(training.check_at_login(given(training, {{"lora_targets", "all-linear"}})));

@@ -6,15 +6,26 @@ import subprocess
 
 
 def run_example(command, work, run_dir):
-    """Runs `command` in `work` with HPCTRAIN_RUN_DIR=run_dir; prints the end of its output; True when it exits 0.
-    HPCTRAIN_TEST_SAVE_INITIAL makes the example's model factory (lm::gpt2_from_scratch, lm::roberta_from_scratch)
-    write its step-0 weights to <run_dir>/initial, where the PyTorch loop starts from."""
-    done = subprocess.run(command, cwd=work, env=dict(os.environ, HPCTRAIN_RUN_DIR=run_dir, HPCTRAIN_TEST_SAVE_INITIAL="1"),
+    """Runs `command` in `work` with HPCTRAIN_RUN_DIR=run_dir; prints the end of its output; True when it exits 0."""
+    done = subprocess.run(command, cwd=work, env=dict(os.environ, HPCTRAIN_RUN_DIR=run_dir),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     print(done.stdout[-4000:])
     if done.returncode != 0:
         print(f"FAIL: {' '.join(command)} exited {done.returncode}")
     return done.returncode == 0
+
+
+def initial_weights(command, work):
+    """The example's step-0 weights in Hugging Face format, where the PyTorch loop starts from: `command` (the
+    example with the run's arguments, without --max-steps and --lr) trains one step at a learning rate of 1e-30 and
+    exports in fp32 (its lm::hf_export). The step leaves every weight as the seed initialised it: AdamW's decay
+    multiplies by 1 - 1e-31, which is 1 in fp32, and its update (at most the step size, 1e-29 after bias
+    correction) is below half a unit in the last place of any weight above 1e-21; a zero bias becomes at most
+    1e-29. Returns the export's directory, or None when the run failed."""
+    run_dir = os.path.join(work, "initial-run")
+    if not run_example(command + ["--max-steps", "1", "--lr", "1e-30", "--export-dtype", "fp32"], work, run_dir):
+        return None
+    return os.path.join(run_dir, "export")
 
 
 def training_losses(run_dir, steps):

@@ -11,6 +11,7 @@
 #include <string>
 
 #include <hpctrain/lm/memory_plan.hpp>
+#include <hpctrain/lm/plan_advice.hpp>
 #include <hpctrain/models/models.hpp>
 
 namespace lm = hpctrain::lm;
@@ -206,26 +207,90 @@ TEST_CASE("The memory plan counts what each --activation-checkpointing setting k
   CHECK(lm::selective_bytes_per_token(in) == 4 * (768 + 2 * 256 + 768 + 2 * 2048 + 768));
 }
 
-TEST_CASE("The memory plan names the least recomputation that fits a GPU the run does not fit", "[models][plan][selective]") {
-  // The suite's Llama row (TinyLlama's shape, bf16, 8 x 1024, Replicated), with a GPU between the settings' peaks.
-  auto in = suite_row("none");
-  const auto peak = [&](hm::Recompute recompute) {
-    auto with = in;
-    with.activation_checkpointing = recompute;
-    return lm::plan_memory(with).peak;
+TEST_CASE("--plan's advice is the cheapest setting that fits: the chunked loss, then more sharding, then recomputation",
+          "[models][plan]") {
+  const lm::PlanLevers both{true, true};
+  // What a setting is, by its flags (each setting's plan is plan_memory's of its input: nothing else is counted).
+  const auto flags = [](const lm::PlanAlternative& setting) {
+    std::string text;
+    for (const auto& flag : setting.flags) text += (text.empty() ? "" : " ") + flag;
+    return text;
   };
-  const double none = peak(hm::Recompute::none), selective = peak(hm::Recompute::selective), full = peak(hm::Recompute::full);
-  WARN("planned peaks: none " << none / gib << " GiB, selective " << selective / gib << " GiB, full " << full / gib << " GiB");
-  REQUIRE(none > selective);
-  REQUIRE(selective > full);
-  in.gpu_bytes = none;  // fits as it is: nothing to name
-  CHECK_FALSE(lm::recompute_that_fits(in).has_value());
-  in.gpu_bytes = (none + selective) / 2;
-  CHECK(lm::recompute_that_fits(in) == hm::Recompute::selective);
-  in.gpu_bytes = (selective + full) / 2;
-  CHECK(lm::recompute_that_fits(in) == hm::Recompute::full);
-  in.gpu_bytes = 0.9 * full;
-  CHECK_FALSE(lm::recompute_that_fits(in).has_value());
-  in.gpu_bytes = std::nullopt;
-  CHECK_FALSE(lm::recompute_that_fits(in).has_value());
+  // The first that fits is the one chosen, and no setting before it fits: the definition, checked over the list.
+  const auto check_first_fitting = [&](const lm::PlanInput& in, const std::string& expected) {
+    const auto settings = lm::cheaper_settings(in, both);
+    const auto chosen = lm::cheapest_fitting_setting(in, both);
+    REQUIRE(chosen);
+    CHECK(flags(*chosen) == expected);
+    CHECK(chosen->plan.peak == lm::plan_memory(chosen->input).peak);
+    for (const auto& setting : settings) {
+      if (flags(setting) == expected) break;
+      CAPTURE(flags(setting));
+      WARN(flags(setting) << ": " << setting.plan.peak / gib << " GiB, does not fit " << *in.gpu_bytes / gib);
+      CHECK_FALSE(setting.plan.fits());
+    }
+    WARN(expected << ": " << chosen->plan.peak / gib << " GiB of " << *in.gpu_bytes / gib);
+  };
+
+  SECTION("at one rank: no sharding to try, the chunked loss first, then recomputation") {
+    auto in = suite_row("none");  // the H200's Replicated row: 32.63 GiB measured
+    std::vector<std::string> order;
+    for (const auto& setting : lm::cheaper_settings(in, both)) order.push_back(flags(setting));
+    CHECK(order == std::vector<std::string>{"--loss-chunk-tokens 2048", "--activation-checkpointing selective",
+                                            "--loss-chunk-tokens 2048 --activation-checkpointing selective",
+                                            "--activation-checkpointing full",
+                                            "--loss-chunk-tokens 2048 --activation-checkpointing full"});
+    // A 24 GiB GPU: the chunked loss saves 3/4 of the 2.4 GiB of logits, not enough, nor selective recomputation
+    // alone (24.5 GiB); both together are.
+    in.gpu_bytes = 24 * gib;
+    REQUIRE_FALSE(lm::plan_memory(in).fits());
+    check_first_fitting(in, "--loss-chunk-tokens 2048 --activation-checkpointing selective");
+    CHECK_THAT(lm::plan_advice(in, both),
+               Catch::Matchers::StartsWith("hpctrain: fits with --loss-chunk-tokens 2048 --activation-checkpointing selective: ") &&
+                   Catch::Matchers::EndsWith(" of 24.00 GiB per GPU\n"));
+    // A 20 GiB GPU: only full recomputation fits.
+    in.gpu_bytes = 20 * gib;
+    check_first_fitting(in, "--activation-checkpointing full");
+    // Where the chunked loss is enough (the GPU a little above its plan), it is chosen rather than recomputation.
+    auto chunked = in;
+    chunked.loss_chunk_tokens = lm::planned_loss_chunk_tokens;
+    in.gpu_bytes = lm::plan_memory(chunked).peak;
+    check_first_fitting(in, "--loss-chunk-tokens 2048");
+  }
+
+  SECTION("at 8 ranks under zero2: zero3 is tried before recomputation") {
+    auto in = suite_row("zero2");
+    in.world = in.ranks_per_node = 8;
+    auto zero3 = in;
+    zero3.strategy = "zero3";
+    in.gpu_bytes = lm::plan_memory(zero3).peak;  // zero3 fits exactly; zero2 with the chunked loss does not
+    check_first_fitting(in, "--sharding zero3");
+    // hsdp can only go to zero3 (sharding over the whole world rather than a group).
+    in.strategy = "hsdp";
+    in.shard_group = 2;
+    CHECK(lm::stages_sharding_more(in) == std::vector<std::string>{"zero3"});
+    in.strategy = "none";
+    CHECK(lm::stages_sharding_more(in) == std::vector<std::string>{"zero1", "zero2", "zero3"});
+  }
+
+  SECTION("a program without the knobs: only --sharding; at one rank nothing, and the advice says what is left") {
+    auto in = suite_row("none");
+    in.gpu_bytes = 1 << 20;
+    CHECK(lm::cheaper_settings(in, {}).empty());
+    CHECK(lm::plan_advice(in, {}) ==
+          "hpctrain: no setting of this run fits; more ranks (ZeRO-3 shards by the world), a smaller batch or LoRA "
+          "would lower it\n");
+    // The lowest of the settings, the cheapest of equal ones: full recomputation alone, since with it the backward's
+    // end (the gradients and one block's activations) is the peak and the chunked loss lowers nothing more.
+    const auto settings = lm::cheaper_settings(in, both);
+    REQUIRE(settings.size() == 5);
+    CHECK(settings[4].plan.peak == settings[3].plan.peak);
+    CHECK(lm::plan_advice(in, both) ==
+          "hpctrain: no setting of this run fits: the lowest is " + lm::plan_bytes(settings[3].plan.peak) +
+              " with --activation-checkpointing full; more ranks (ZeRO-3 shards by the world), a smaller batch or LoRA "
+              "would lower it\n");
+    // An unknown GPU: nothing to fit.
+    in.gpu_bytes.reset();
+    CHECK_FALSE(lm::cheapest_fitting_setting(in, both));
+  }
 }

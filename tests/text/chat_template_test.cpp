@@ -9,9 +9,12 @@
 // unsupported construct or a syntax error names the line and column.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -25,10 +28,19 @@ namespace tx = hpctrain::text;
 namespace {
 std::filesystem::path templates_dir() { return text_test::source_dir() / "tests/data/chat_templates"; }
 
-/// Whether `out` was made after `script` and every fixture changed.
+/// The local calendar day of `time` (strftime_now's day: the date templates such as Granite's print).
+std::pair<int, int> local_day(std::time_t time) {
+  std::tm local{};
+  localtime_r(&time, &local);
+  return {local.tm_year, local.tm_yday};
+}
+
+/// Whether `out` was made today (renderings print strftime_now's date) and after `script` and every fixture changed.
 bool up_to_date(const std::filesystem::path& out, const std::filesystem::path& script) {
   if (!std::filesystem::exists(out)) return false;
   const auto made = std::filesystem::last_write_time(out);
+  const auto made_at = std::chrono::system_clock::to_time_t(std::chrono::file_clock::to_sys(made));
+  if (local_day(made_at) != local_day(std::time(nullptr))) return false;
   if (std::filesystem::last_write_time(script) > made || std::filesystem::last_write_time(templates_dir()) > made) return false;
   for (const auto& entry : std::filesystem::directory_iterator(templates_dir()))
     if (entry.last_write_time() > made) return false;

@@ -91,6 +91,30 @@ TEST_CASE("Weight decay groups leave biases, norms and other 1-D parameters unde
   CHECK(optimizer.param_groups()[1].params().size() == 4);
 }
 
+TEST_CASE("Weight decay groups decay a sharded strategy's flat pieces of matrices as the matrices", "[optimizer]") {
+  // ZeRO hands the factory 1-D pieces of its parameters: before make_optimizer_over_pieces, weight decay by shape
+  // decayed none of them, and a ZeRO run left Replicated's loss curve.
+  torch::nn::Sequential model{torch::nn::Linear(4, 3), torch::nn::LayerNorm(torch::nn::LayerNormOptions({3}))};
+  hpctrain::NamedParameters pieces;
+  std::vector<std::int64_t> dimensions;
+  for (const auto& [name, parameter] : hpctrain::detail::named_parameters_of(*model)) {
+    pieces.emplace_back(name, parameter.detach().reshape({-1}).narrow(0, 0, 2).clone());  // a rank's piece, flat
+    dimensions.push_back(parameter.dim());
+  }
+  std::vector<std::size_t> sizes;
+  const auto options = torch::optim::AdamWOptions(1e-3).weight_decay(0.1);
+  const hpctrain::OptimizerFactory factory = [&](const hpctrain::NamedParameters& named) {
+    auto optimizer = std::make_unique<torch::optim::AdamW>(hpctrain::weight_decay_groups(named, options), options);
+    for (const auto& group : optimizer->param_groups()) sizes.push_back(group.params().size());
+    return optimizer;
+  };
+  hpctrain::detail::make_optimizer_over_pieces(factory, pieces, dimensions);
+  CHECK(sizes == std::vector<std::size_t>{1, 3});  // 0.weight decays; 0.bias, 1.weight, 1.bias do not
+  sizes.clear();
+  factory(pieces);  // outside: the pieces' own shape (1-D), nothing decays
+  CHECK(sizes == std::vector<std::size_t>{4});
+}
+
 TEST_CASE("The optimizer factory takes plain tensors or named parameters", "[optimizer]") {
   torch::nn::Linear model(4, 2);
   const auto named = hpctrain::detail::named_parameters_of(*model);

@@ -23,6 +23,7 @@
 #include <torch/types.h>
 
 #include <hpctrain/dist/collectives.hpp>
+#include <hpctrain/dist/gradient_hooks.hpp>
 #include <hpctrain/dist/process_group.hpp>
 #include <hpctrain/error.hpp>
 
@@ -190,18 +191,6 @@ struct SyncState {
   }
 };
 
-/// Runs after autograd has accumulated a parameter's gradient into `.grad`.
-class GradientArrived : public torch::autograd::PostAccumulateGradHook {
- public:
-  GradientArrived(std::shared_ptr<SyncState> state, std::size_t parameter)
-      : state_(std::move(state)), parameter_(parameter) {}
-  void operator()(const torch::autograd::Variable& /*tensor*/) override { state_->on_gradient(parameter_); }
-
- private:
-  std::shared_ptr<SyncState> state_;
-  std::size_t parameter_;
-};
-
 }  // namespace detail
 
 /// Data-parallel gradient averaging overlapped with backward; rank 0's parameters are broadcast at construction.
@@ -238,10 +227,7 @@ class GradientSync {
       bucket.buffer = torch::zeros({elements}, first.options().requires_grad(false));
       state_->buckets.push_back(std::move(bucket));
     }
-    for (std::size_t i = 0; i < state_->parameters.size(); ++i) {
-      torch::autograd::impl::set_post_acc_grad_hooks(state_->parameters[i],
-                                                     std::make_unique<detail::GradientArrived>(state_, i));
-    }
+    detail::install_gradient_hooks(state_->parameters, state_);
   }
 
   GradientSync(const GradientSync&) = delete;

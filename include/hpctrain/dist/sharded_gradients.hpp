@@ -18,6 +18,7 @@
 #include <torch/types.h>
 
 #include <hpctrain/dist/flat_shards.hpp>
+#include <hpctrain/dist/gradient_hooks.hpp>
 #include <hpctrain/dist/gradient_sync.hpp>
 #include <hpctrain/dist/host_buffer_pool.hpp>
 #include <hpctrain/dist/process_group.hpp>
@@ -76,17 +77,6 @@ struct ShardedGradientState {
   }
 };
 
-class GradientShardArrived : public torch::autograd::PostAccumulateGradHook {
- public:
-  GradientShardArrived(std::shared_ptr<ShardedGradientState> state, std::size_t parameter)
-      : state_(std::move(state)), parameter_(parameter) {}
-  void operator()(const torch::autograd::Variable& /*tensor*/) override { state_->on_gradient(parameter_); }
-
- private:
-  std::shared_ptr<ShardedGradientState> state_;
-  std::size_t parameter_;
-};
-
 }  // namespace detail
 
 /// Reduce-scatters gradients bucket by bucket during backward; each rank keeps its averaged shard only.
@@ -111,10 +101,7 @@ class ShardedGradients {
     }
     state.reduce_scatters.resize(buckets.size());
     state.order.plan(plan, state.parameters.size());
-    for (std::size_t i = 0; i < state.parameters.size(); ++i) {
-      torch::autograd::impl::set_post_acc_grad_hooks(state.parameters[i],
-                                                     std::make_unique<detail::GradientShardArrived>(state_, i));
-    }
+    detail::install_gradient_hooks(state.parameters, state_);
   }
   ShardedGradients(const ShardedGradients&) = delete;
   ShardedGradients& operator=(const ShardedGradients&) = delete;

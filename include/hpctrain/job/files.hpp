@@ -1,12 +1,13 @@
 #pragma once
-// File operations that must never leave half a file behind (job scripts, job records, checkpoints), and a
-// tree removal that is safe in binaries linking LibTorch.
+// File operations that must never leave half a file behind (job scripts, job records, checkpoints, token files,
+// safetensors), reading a whole file, and a tree removal that is safe in binaries linking LibTorch.
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <initializer_list>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -20,8 +21,8 @@
 
 namespace hpctrain::detail {
 
-/// fsyncs a file or (with O_DIRECTORY) a directory; `what` is the RuntimeError id on failure.
-inline void fsync_path(const std::filesystem::path& path, int flags, std::string_view what) {
+/// fsyncs a file or (with O_DIRECTORY) a directory; `what` is the RuntimeError's id on failure.
+inline void fsync_path(const std::filesystem::path& path, int flags, ErrorId what = errors::runtime_io) {
   const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
   if (fd < 0) throw RuntimeError(what, fmt::format("cannot open {} to fsync", path.string()));
   const int rc = ::fsync(fd);
@@ -29,57 +30,84 @@ inline void fsync_path(const std::filesystem::path& path, int flags, std::string
   if (rc != 0) throw RuntimeError(what, fmt::format("fsync {} failed", path.string()));
 }
 
-/// Writes the concatenation of `parts` to `path` atomically and durably: a temporary beside it, fsync,
-/// rename, fsync of the directory. A crash leaves either the old file or the new one, never a mix;
-/// `what` is the RuntimeError id on failure.
+/// A file written under a temporary name beside `target` (`.<name>.tmp.<pid>`) and renamed over it by commit(),
+/// which also makes it durable (fsync of the file, then of its directory): `target` is the old file or the whole
+/// new one, never a mix. Destroyed uncommitted (an error unwound past it), it removes the temporary. Every failure
+/// is a RuntimeError(`what`) naming the file and errno's reason: a full disk (ENOSPC), a quota (EDQUOT) or a file
+/// size limit (EFBIG) must be told apart from a permission problem (tests/faults/checkpoint_faults_test.sh).
+class StagedFile {
+ public:
+  StagedFile(std::filesystem::path target, ErrorId what) : target_(std::move(target)), what_(what) {
+    directory_ = target_.has_parent_path() ? target_.parent_path() : std::filesystem::path(".");
+    temporary_ = directory_ / fmt::format(".{}.tmp.{}", target_.filename().string(), ::getpid());
+    file_ = std::fopen(temporary_.c_str(), "wb");
+    if (file_ == nullptr) fail("cannot write", errno);
+    std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);
+  }
+  StagedFile(const StagedFile&) = delete;
+  StagedFile& operator=(const StagedFile&) = delete;
+  ~StagedFile() {
+    if (file_ == nullptr) return;
+    std::fclose(file_);
+    std::remove(temporary_.c_str());
+  }
+
+  void write(const void* data, std::size_t bytes) {
+    if (bytes > 0 && std::fwrite(data, 1, bytes, file_) != bytes) fail("cannot write", errno);
+  }
+  void write(std::string_view bytes) { write(bytes.data(), bytes.size()); }
+  /// Writes `bytes` over the file's first bytes (a header completed once the rest is known); later writes follow them.
+  void write_at_start(std::string_view bytes) {
+    if (std::fseek(file_, 0, SEEK_SET) != 0) fail("cannot seek in", errno);
+    write(bytes);
+  }
+
+  /// Flush, fsync, close, rename over the target, fsync of the directory.
+  void commit() {
+    if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) fail("cannot write", errno);
+    const int closed = std::fclose(file_);
+    file_ = nullptr;
+    if (closed != 0) {
+      const int error_number = errno;
+      std::remove(temporary_.c_str());
+      fail("cannot write", error_number);
+    }
+    std::error_code error;
+    std::filesystem::rename(temporary_, target_, error);
+    if (error) {
+      std::remove(temporary_.c_str());
+      throw RuntimeError(what_, fmt::format("cannot rename {} to {}: {}", temporary_.string(), target_.string(),
+                                            error.message()));
+    }
+    fsync_path(directory_, O_RDONLY | O_DIRECTORY, what_);
+  }
+
+  const std::filesystem::path& target() const { return target_; }
+
+ private:
+  [[noreturn]] void fail(std::string_view doing, int error_number) const {
+    throw RuntimeError(what_, fmt::format("{} {}: {}", doing, temporary_.string(),
+                                          std::strerror(error_number != 0 ? error_number : EIO)));
+  }
+
+  std::filesystem::path target_, directory_, temporary_;
+  ErrorId what_;
+  std::FILE* file_ = nullptr;
+};
+
+/// Writes the concatenation of `parts` to `path` atomically and durably (a StagedFile).
+inline void write_file_atomically(const std::filesystem::path& path, std::span<const std::string_view> parts,
+                                  ErrorId what = errors::runtime_io) {
+  StagedFile file(path, what);
+  for (const auto part : parts) file.write(part);
+  file.commit();
+}
 inline void write_file_atomically(const std::filesystem::path& path, std::initializer_list<std::string_view> parts,
-                                  std::string_view what = "io") {
-  const auto directory = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-  const auto temporary = directory / fmt::format(".{}.tmp.{}", path.filename().string(), ::getpid());
-  std::FILE* file = std::fopen(temporary.c_str(), "wb");
-  if (file == nullptr) throw RuntimeError(what, fmt::format("cannot write {}", temporary.string()));
-  // The first failure's errno goes into the message: a full disk (ENOSPC), a quota (EDQUOT) or a file size
-  // limit (EFBIG) must be told apart from a permission problem (tests/faults/checkpoint_faults_test.sh).
-  int error_number = 0;
-  const auto check = [&](bool step_ok) {
-    if (!step_ok && error_number == 0) error_number = errno != 0 ? errno : EIO;
-    return step_ok;
-  };
-  bool ok = true;
-  for (const auto part : parts) ok = ok && check(std::fwrite(part.data(), 1, part.size(), file) == part.size());
-  ok = check(std::fflush(file) == 0) && ok && check(::fsync(::fileno(file)) == 0);
-  ok = check(std::fclose(file) == 0) && ok;
-  if (!ok) {
-    std::remove(temporary.c_str());
-    throw RuntimeError(what, fmt::format("cannot write {}: {}", temporary.string(), std::strerror(error_number)));
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) {
-    std::remove(temporary.c_str());
-    throw RuntimeError(what, fmt::format("cannot rename {} to {}: {}", temporary.string(), path.string(), error.message()));
-  }
-  fsync_path(directory, O_RDONLY | O_DIRECTORY, what);
+                                  ErrorId what = errors::runtime_io) {
+  write_file_atomically(path, std::span<const std::string_view>(parts.begin(), parts.size()), what);
 }
-
-/// Completes a file written through `file` under the name `temporary`: flush, fsync, close, and rename it to
-/// `target`, so that `target` is either absent or whole. On failure the temporary is removed and RuntimeError(`what`)
-/// names the target. `file` is closed (null) either way.
-template <class Id>
-void commit_written_file(std::FILE*& file, const std::filesystem::path& temporary, const std::filesystem::path& target, const Id& what) {
-  bool ok = std::fflush(file) == 0 && ::fsync(::fileno(file)) == 0;
-  ok = (std::fclose(file) == 0) && ok;
-  file = nullptr;
-  std::error_code error;
-  if (ok) std::filesystem::rename(temporary, target, error);
-  if (!ok || error) {
-    std::remove(temporary.c_str());
-    throw RuntimeError(what, fmt::format("cannot write {}", target.string()));
-  }
-}
-
-/// Writes `content` to `path` atomically and durably (see above).
-inline void write_file_atomically(const std::filesystem::path& path, std::string_view content, std::string_view what = "io") {
+inline void write_file_atomically(const std::filesystem::path& path, std::string_view content,
+                                  ErrorId what = errors::runtime_io) {
   write_file_atomically(path, {content}, what);
 }
 

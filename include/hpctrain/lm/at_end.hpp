@@ -83,7 +83,7 @@ class StagedDirectory {
     if (replaces) std::filesystem::rename(target_, previous);
     std::filesystem::rename(staging_, target_);
     committed_ = true;
-    hpctrain::detail::fsync_path(target_.parent_path(), O_RDONLY | O_DIRECTORY, "io");
+    hpctrain::detail::fsync_path(target_.parent_path(), O_RDONLY | O_DIRECTORY, errors::runtime_io);
     if (replaces) hpctrain::detail::remove_tree(previous);
   }
 

@@ -288,19 +288,6 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   return plan;
 }
 
-/// The least recomputation that fits one GPU, when the run's own does not: selective before full (it recomputes
-/// only the elementwise work), neither when full does not fit either or the GPU's memory is unknown.
-inline std::optional<models::Recompute> recompute_that_fits(const PlanInput& in) {
-  if (!in.gpu_bytes || plan_memory(in).fits()) return std::nullopt;
-  for (const auto recompute : {models::Recompute::selective, models::Recompute::full}) {
-    if (recompute <= in.activation_checkpointing) continue;
-    PlanInput with = in;
-    with.activation_checkpointing = recompute;
-    if (plan_memory(with).fits()) return recompute;
-  }
-  return std::nullopt;
-}
-
 /// A number of bytes for the plan's table: "14.96 GiB", "512.0 MiB".
 inline std::string plan_bytes(double bytes) {
   constexpr double gib = 1024.0 * 1024.0 * 1024.0;
@@ -330,7 +317,7 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
   const auto row = [&](const char* name, double bytes, const std::string& note = {}) {
     out += fmt::format("  {:<28} {:>12}{}\n", name, plan_bytes(bytes), note.empty() ? "" : "  " + note);
   };
-  out += "per GPU:\n";
+  out += in.cpu ? "per rank (host memory):\n" : "per GPU:\n";
   row("parameters (fp32)", plan.parameters);
   row("gradients (fp32)", plan.gradients);
   row("optimizer state (AdamW)", plan.optimizer_state);

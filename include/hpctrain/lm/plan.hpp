@@ -13,6 +13,7 @@
 #include <hpctrain/job/plan_request.hpp>
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/lm/memory_plan.hpp>
+#include <hpctrain/lm/plan_advice.hpp>
 #include <hpctrain/models/config_json.hpp>
 #include <hpctrain/train/sharding.hpp>
 #include <hpctrain/train/training.hpp>
@@ -56,6 +57,10 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
     return PlanVerdict::cannot_plan;
   }
   in.strategy = training.sharding() ? to_string(*training.sharding()) : "none";
+  if (training.sharding() && sharded_stage_runs_replicated(*training.sharding(), request.world)) {
+    out << fmt::format("hpctrain: {} at one rank trains as replicated: planned as such\n", in.strategy);
+    in.strategy = "none";
+  }
   in.bf16 = training.precision() == Precision::bf16 || (training.precision() == Precision::automatic && request.gpus_per_node > 0);
   if (const auto lora = training.lora(knobs)) {
     in.lora_rank = lora->r;
@@ -82,15 +87,9 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
     return PlanVerdict::unknown;
   }
   if (plan.fits()) return PlanVerdict::fits;
-  out << fmt::format("hpctrain: the plan does not fit: {} per GPU against {}; more ranks (ZeRO-3 shards by the world), "
-                     "--activation-checkpointing selective or full, --loss-chunk-tokens, a smaller batch or LoRA would lower it\n",
-                     plan_bytes(plan.peak), plan_bytes(*plan.gpu));
-  if (const auto recompute = recompute_that_fits(in)) {  // the least recomputation that fits, named with its peak
-    auto with = in;
-    with.activation_checkpointing = *recompute;
-    out << fmt::format("hpctrain: with --activation-checkpointing {} it fits: {} per GPU\n",
-                       models::recompute_name(*recompute), plan_bytes(plan_memory(with).peak));
-  }
+  out << fmt::format("hpctrain: the plan does not fit: {} per GPU against {}\n", plan_bytes(plan.peak),
+                     plan_bytes(*plan.gpu));
+  out << plan_advice(in, {knobs.find("activation_checkpointing") != nullptr, knobs.find(loss_chunk_knob) != nullptr});
   return PlanVerdict::does_not_fit;
 }
 

@@ -10,21 +10,10 @@
 #include <hpctrain/lm/setting.hpp>
 #include <hpctrain/lm/tokens.hpp>
 #include <hpctrain/models/gpt2.hpp>
-#include <hpctrain/models/hf_checkpoint.hpp>
 #include <hpctrain/models/roberta.hpp>
-#include <hpctrain/names.hpp>
 #include <hpctrain/train/run_context.hpp>
 
 namespace hpctrain::lm {
-
-namespace detail {
-/// The loss-curve tests' hook (tests/models/*_loss_curve_test.py): with HPCTRAIN_TEST_SAVE_INITIAL set, rank 0
-/// writes the step-0 weights to `<run dir>/initial` in Hugging Face format, the start of the tests' PyTorch loop.
-template <class Model>
-void save_initial_for_tests(Model& model, const RunContext& run) {
-  if (run.rank == 0 && hpctrain::getenv(env::test_save_initial)) models::save_pretrained(*model, run.run_dir / "initial");
-}
-}  // namespace detail
 
 /// GPT-2 from scratch at the prepared tokens' vocabulary, rounded up to a multiple of pad_vocab_to.
 class Gpt2FromScratch {
@@ -54,11 +43,7 @@ class Gpt2FromScratch {
     config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = dropout_.get(knobs);
     return config;
   }
-  models::GPT2 operator()(const RunContext& run) const {
-    models::GPT2 model(config(run));
-    detail::save_initial_for_tests(model, run);
-    return model;
-  }
+  models::GPT2 operator()(const RunContext& run) const { return models::GPT2(config(run)); }
 
  private:
   models::GPT2Config base_;
@@ -100,11 +85,7 @@ class RobertaFromScratch {
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = dropout_.get(knobs);
     return config;
   }
-  models::RobertaForMaskedLM operator()(const RunContext& run) const {
-    models::RobertaForMaskedLM model(config(run));
-    detail::save_initial_for_tests(model, run);
-    return model;
-  }
+  models::RobertaForMaskedLM operator()(const RunContext& run) const { return models::RobertaForMaskedLM(config(run)); }
 
  private:
   models::RobertaConfig base_;

@@ -156,4 +156,11 @@ void set_optional(nlohmann::ordered_json& json, const char* key, const std::opti
   }
 }
 
+/// States the weights' dtype ("float32", "bfloat16") in both spellings transformers reads: 5's `dtype`, 4.x's
+/// `torch_dtype`.
+inline void state_dtype(nlohmann::ordered_json& json, const std::string& name) {
+  json["dtype"] = name;
+  json["torch_dtype"] = name;
+}
+
 }  // namespace hpctrain::models::detail

@@ -246,7 +246,7 @@ inline void save_directory(torch::nn::Module& module, const nlohmann::ordered_js
   }
   safetensors::save_checkpoint(directory, tensors, max_shard_bytes);
   // config.json last: a directory with a config has its weights.
-  hpctrain::detail::write_file_atomically(directory / "config.json", config.dump(2) + "\n", "safetensors");
+  hpctrain::detail::write_file_atomically(directory / "config.json", config.dump(2) + "\n", errors::runtime_safetensors);
 }
 
 }  // namespace detail

@@ -59,9 +59,8 @@ inline std::vector<std::string> save_pretrained_by_units(CausalLM& model, const 
     }
   });
   writer.finish();
-  config["dtype"] = config_dtype_name(format.dtype);        // transformers 5's spelling
-  config["torch_dtype"] = config_dtype_name(format.dtype);  // 4.x's
-  hpctrain::detail::write_file_atomically(directory / "config.json", config.dump(2) + "\n", "safetensors");
+  detail::state_dtype(config, config_dtype_name(format.dtype));
+  hpctrain::detail::write_file_atomically(directory / "config.json", config.dump(2) + "\n", errors::runtime_safetensors);
   std::vector<std::string> files{"config.json"};
   for (const auto& shard : plan.shards) files.push_back(shard.file);
   if (plan.shards.size() > 1) files.emplace_back(safetensors::index_file_name);

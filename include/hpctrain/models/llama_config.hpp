@@ -196,8 +196,7 @@ struct LlamaConfig {
     j["pretraining_tp"] = 1;
     detail::set_optional(j, "bos_token_id", bos_token_id);
     detail::set_optional(j, "eos_token_id", eos_token_id);
-    j["dtype"] = "float32";        // transformers 5's spelling
-    j["torch_dtype"] = "float32";  // 4.x's
+    detail::state_dtype(j, "float32");
     return j;
   }
 

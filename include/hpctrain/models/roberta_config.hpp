@@ -123,8 +123,7 @@ struct RobertaConfig {
     detail::set_optional(j, "eos_token_id", eos_token_id);
     j["position_embedding_type"] = "absolute";
     j["tie_word_embeddings"] = true;
-    j["dtype"] = "float32";        // transformers 5's spelling
-    j["torch_dtype"] = "float32";  // 4.x's
+    detail::state_dtype(j, "float32");
     return j;
   }
 

@@ -99,23 +99,6 @@ class Mapping {
   std::size_t size_ = 0;
 };
 
-/// Writes the concatenation of `parts` to `path` atomically and durably, as job/files.hpp's
-/// write_file_atomically does for a fixed list of parts (a checkpoint has one part per tensor).
-inline void write_parts_atomically(const std::filesystem::path& path, const std::vector<std::string_view>& parts) {
-  const auto directory = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-  const auto temporary = directory / fmt::format(".{}.tmp.{}", path.filename().string(), ::getpid());
-  std::FILE* file = std::fopen(temporary.c_str(), "wb");
-  if (file == nullptr) throw RuntimeError(errors::runtime_safetensors, fmt::format("cannot write {}", temporary.string()));
-  bool ok = true;
-  for (const auto part : parts) ok = ok && std::fwrite(part.data(), 1, part.size(), file) == part.size();
-  if (!ok) {  // the writes failed: closed and removed, named as the commit would name it
-    std::fclose(file);
-    std::remove(temporary.c_str());
-    throw RuntimeError(errors::runtime_safetensors, fmt::format("cannot write {}", path.string()));
-  }
-  hpctrain::detail::commit_written_file(file, temporary, path, errors::runtime_safetensors);
-  hpctrain::detail::fsync_path(directory, O_RDONLY | O_DIRECTORY, "safetensors");
-}
 
 }  // namespace detail
 
@@ -175,7 +158,7 @@ inline void save_file(const std::filesystem::path& path, const NamedTensors& ten
   const auto header = render_header(specs, metadata);
   std::vector<std::string_view> parts{header};
   for (const auto& tensor : host) parts.emplace_back(static_cast<const char*>(tensor.data_ptr()), tensor.nbytes());
-  detail::write_parts_atomically(path, parts);
+  hpctrain::detail::write_file_atomically(path, parts, errors::runtime_safetensors);
 }
 
 /// The name of a single-file checkpoint and of a sharded one's index (transformers' names).

@@ -9,12 +9,11 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -74,24 +73,17 @@ class ShardWriter {
   ShardWriter(std::filesystem::path directory, ShardPlan plan) : directory_(std::move(directory)), plan_(std::move(plan)) {
     std::filesystem::create_directories(directory_);
   }
-  ShardWriter(const ShardWriter&) = delete;
-  ShardWriter& operator=(const ShardWriter&) = delete;
-  ~ShardWriter() {
-    if (file_ == nullptr) return;
-    std::fclose(file_);
-    std::remove(temporary_.c_str());
-  }
 
   /// Appends the next tensor of the plan, named `name`.
   void append(const std::string& name, const torch::Tensor& tensor) {
     if (shard_ >= plan_.shards.size()) throw mismatch(name, "the plan has no more tensors");
-    if (file_ == nullptr) open_shard();
+    if (!file_) open_shard();
     const auto& spec = plan_.shards[shard_].tensors[next_];
     if (spec.name != name) throw mismatch(name, fmt::format("the plan's next tensor is {}", spec.name));
     if (tensor.sizes().vec() != spec.shape)
       throw mismatch(name, fmt::format("shape {} but the plan says {}", fmt::join(tensor.sizes(), "x"), fmt::join(spec.shape, "x")));
     const auto host = tensor.detach().to(torch::kCPU, to_torch(spec.dtype)).contiguous();
-    write(host.data_ptr(), host.nbytes());
+    file_->write(host.data_ptr(), host.nbytes());
     written_bytes_ += host.nbytes();
     if (++next_ == plan_.shards[shard_].tensors.size()) close_shard();
   }
@@ -110,7 +102,7 @@ class ShardWriter {
     nlohmann::ordered_json index;
     index["metadata"] = {{"total_size", plan_.total_bytes}};
     index["weight_map"] = weight_map;
-    hpctrain::detail::write_file_atomically(directory_ / index_file_name, index.dump(2) + "\n", "safetensors");
+    hpctrain::detail::write_file_atomically(directory_ / index_file_name, index.dump(2) + "\n", errors::runtime_safetensors);
   }
 
   /// Bytes of tensor data written so far.
@@ -123,22 +115,13 @@ class ShardWriter {
 
   void open_shard() {
     const auto& shard = plan_.shards[shard_];
-    temporary_ = directory_ / fmt::format(".{}.tmp.{}", shard.file, ::getpid());
-    file_ = std::fopen(temporary_.c_str(), "wb");
-    if (file_ == nullptr) throw RuntimeError(errors::runtime_safetensors, fmt::format("cannot write {}", temporary_.string()));
-    const auto header = render_header(shard.tensors, {{"format", "pt"}});
-    write(header.data(), header.size());
-  }
-
-  void write(const void* data, std::size_t bytes) {
-    if (bytes > 0 && std::fwrite(data, 1, bytes, file_) != bytes)
-      throw RuntimeError(errors::runtime_safetensors, fmt::format("cannot write {}", temporary_.string()));
+    file_.emplace(directory_ / shard.file, errors::runtime_safetensors);
+    file_->write(render_header(shard.tensors, {{"format", "pt"}}));
   }
 
   void close_shard() {
-    const auto target = directory_ / plan_.shards[shard_].file;
-    hpctrain::detail::commit_written_file(file_, temporary_, target, errors::runtime_safetensors);
-    hpctrain::detail::fsync_path(directory_, O_RDONLY | O_DIRECTORY, "safetensors");
+    file_->commit();
+    file_.reset();
     ++shard_;
     next_ = 0;
   }
@@ -146,8 +129,7 @@ class ShardWriter {
   std::filesystem::path directory_;
   ShardPlan plan_;
   std::size_t shard_ = 0, next_ = 0;
-  std::FILE* file_ = nullptr;
-  std::filesystem::path temporary_;
+  std::optional<hpctrain::detail::StagedFile> file_;  // the shard being written
   std::uint64_t written_bytes_ = 0;
 };
 

@@ -6,7 +6,6 @@
 // no count up front. Documents are followed by the end-of-text token. Outputs are written to temporaries
 // beside them and renamed when complete: a crash leaves the old files or none, never half of one.
 #include <sched.h>   // sched_getaffinity: the CPUs this task may use
-#include <unistd.h>  // getpid, fsync
 
 #include <algorithm>
 #include <chrono>
@@ -214,52 +213,37 @@ class DocumentReader {
 /// One output file being written: a temporary with a placeholder header, renamed when complete.
 class TokenFileWriter {
  public:
-  TokenFileWriter(std::filesystem::path path, TokenFileHeader header) : path_(std::move(path)), header_(header) {
-    temporary_ = path_.parent_path() / fmt::format(".{}.tmp.{}", path_.filename().string(), ::getpid());
-    file_ = std::fopen(temporary_.c_str(), "wb");
-    if (file_ == nullptr) throw RuntimeError(errors::runtime_text_prepare, fmt::format("cannot write {}", temporary_.string()));
-    std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);
+  TokenFileWriter(std::filesystem::path path, TokenFileHeader header)
+      : file_(std::move(path), errors::runtime_text_prepare), header_(header) {
     write_header();
-  }
-  TokenFileWriter(const TokenFileWriter&) = delete;
-  TokenFileWriter& operator=(const TokenFileWriter&) = delete;
-  ~TokenFileWriter() {
-    if (file_ != nullptr) {  // not committed: an error unwound past us
-      std::fclose(file_);
-      std::remove(temporary_.c_str());
-    }
   }
 
   void append(std::span<const TokenId> ids) {
     if (header_.token_bytes == 4) {
-      write(ids.data(), ids.size() * 4);
+      file_.write(ids.data(), ids.size() * 4);
     } else {
       narrow_.assign(ids.begin(), ids.end());
-      write(narrow_.data(), narrow_.size() * 2);
+      file_.write(narrow_.data(), narrow_.size() * 2);
     }
     header_.tokens += ids.size();
   }
 
   /// Completes the header, makes the data durable, and renames the temporary over the final name.
   void commit() {
-    if (std::fseek(file_, 0, SEEK_SET) == 0) write_header();
-    hpctrain::detail::commit_written_file(file_, temporary_, path_, errors::runtime_text_prepare);
+    const auto bytes = encode_token_file_header(header_);
+    file_.write_at_start({bytes.data(), bytes.size()});
+    file_.commit();
   }
   std::uint64_t tokens() const { return header_.tokens; }
 
  private:
-  void write(const void* data, std::size_t bytes) {
-    if (std::fwrite(data, 1, bytes, file_) != bytes)
-      throw RuntimeError(errors::runtime_text_prepare, fmt::format("cannot write {} (disk full?)", temporary_.string()));
-  }
   void write_header() {
     const auto bytes = encode_token_file_header(header_);
-    write(bytes.data(), bytes.size());
+    file_.write(bytes.data(), bytes.size());
   }
 
-  std::filesystem::path path_, temporary_;
+  hpctrain::detail::StagedFile file_;
   TokenFileHeader header_;
-  std::FILE* file_ = nullptr;
   std::vector<std::uint16_t> narrow_;
 };
 
@@ -439,8 +423,7 @@ inline PrepareResult prepare_tokens(std::span<const std::filesystem::path> input
   result.validation_tokens = validation.tokens();
   result.input_bytes = reader.bytes();
   validation.commit();
-  train.commit();
-  hpctrain::detail::fsync_path(out, O_RDONLY | O_DIRECTORY, "text.prepare");
+  train.commit();  // each commit fsyncs the directory too
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

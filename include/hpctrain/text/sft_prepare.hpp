@@ -6,7 +6,6 @@
 // file or length rule never finds a stale one. The rules are the ones a rank applies when it tokenizes the file
 // itself (lm/sft.hpp): `tokenize_sft` (TRL's) then `cut_sft_example`, so both give the same examples. Torch-free.
 #include <sched.h>   // sched_getaffinity: the CPUs this task may use
-#include <unistd.h>  // getpid, fsync
 
 #include <algorithm>
 #include <chrono>
@@ -136,21 +135,11 @@ namespace detail {
 /// The prepared file being written: ids streamed to a temporary, masks and records kept until commit.
 class SftTokensWriter {
  public:
-  SftTokensWriter(std::filesystem::path path, SftTokensHeader header) : path_(std::move(path)), header_(header) {
-    temporary_ = path_.parent_path() / fmt::format(".{}.tmp.{}", path_.filename().string(), ::getpid());
-    file_ = std::fopen(temporary_.c_str(), "wb");
-    if (file_ == nullptr) throw RuntimeError(errors::runtime_text_prepare, fmt::format("cannot write {}", temporary_.string()));
-    std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);
+  SftTokensWriter(std::filesystem::path path, SftTokensHeader header)
+      : file_(std::move(path), errors::runtime_text_prepare), header_(header) {
     header_.records = header_.tokens = 0;
-    write_header();
-  }
-  SftTokensWriter(const SftTokensWriter&) = delete;
-  SftTokensWriter& operator=(const SftTokensWriter&) = delete;
-  ~SftTokensWriter() {
-    if (file_ != nullptr) {  // not committed: an error unwound past us
-      std::fclose(file_);
-      std::remove(temporary_.c_str());
-    }
+    const auto bytes = encode_sft_tokens_header(header_);
+    file_.write(bytes.data(), bytes.size());
   }
 
   void append(const SftCutExample& example) {
@@ -158,7 +147,7 @@ class SftTokensWriter {
     bytes_.clear();
     for (const auto id : example.ids)
       for (int k = 0; k < 4; ++k) bytes_.push_back(static_cast<char>((static_cast<std::uint32_t>(id) >> (8 * k)) & 0xFF));
-    write(bytes_.data(), bytes_.size());
+    file_.write(bytes_.data(), bytes_.size());
     trained_.insert(trained_.end(), example.trained.begin(), example.trained.end());
     header_.tokens += example.ids.size();
     ++header_.records;
@@ -166,33 +155,23 @@ class SftTokensWriter {
 
   /// Masks and records after the ids, the final header, fsync, rename over the final name, fsync of the directory.
   void commit() {
-    write(trained_.data(), trained_.size());
+    file_.write(trained_.data(), trained_.size());
     for (const auto& record : records_) {
       std::array<char, sft_tokens_header_size> entry{};  // the first 16 bytes used
       put_le(entry, 0, record.first);
       put_le(entry, 8, record.count);
       put_le(entry, 12, record.flags);
-      write(entry.data(), sft_tokens_record_size);
+      file_.write(entry.data(), sft_tokens_record_size);
     }
-    if (std::fseek(file_, 0, SEEK_SET) == 0) write_header();
-    hpctrain::detail::commit_written_file(file_, temporary_, path_, errors::runtime_text_prepare);
-    hpctrain::detail::fsync_path(path_.parent_path(), O_RDONLY | O_DIRECTORY, "text.prepare");
+    const auto bytes = encode_sft_tokens_header(header_);
+    file_.write_at_start({bytes.data(), bytes.size()});
+    file_.commit();
   }
   const SftTokensHeader& header() const { return header_; }
 
  private:
-  void write(const void* data, std::size_t bytes) {
-    if (bytes > 0 && std::fwrite(data, 1, bytes, file_) != bytes)
-      throw RuntimeError(errors::runtime_text_prepare, fmt::format("cannot write {} (disk full?)", temporary_.string()));
-  }
-  void write_header() {
-    const auto bytes = encode_sft_tokens_header(header_);
-    write(bytes.data(), bytes.size());
-  }
-
-  std::filesystem::path path_, temporary_;
+  hpctrain::detail::StagedFile file_;
   SftTokensHeader header_;
-  std::FILE* file_ = nullptr;
   std::vector<char> bytes_;
   std::vector<std::uint8_t> trained_;
   std::vector<SftTokensRecord> records_;

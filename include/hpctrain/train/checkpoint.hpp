@@ -103,7 +103,7 @@ inline CheckpointFile seal_archive(SerializedCheckpoint& serialized, std::int64_
 
 /// Writes a sealed checkpoint file to `path` atomically (temporary name, fsync, rename).
 inline void write_sealed(const std::filesystem::path& path, const SerializedCheckpoint& serialized) {
-  write_file_atomically(path, {serialized.framed, serialized.pieces}, "checkpoint");
+  write_file_atomically(path, {serialized.framed, serialized.pieces}, errors::runtime_checkpoint);
 }
 
 inline void fsync_directory(const std::filesystem::path& directory) {
@@ -185,7 +185,7 @@ class CheckpointStore {
   /// `step-<N>/` (replacing an invalid one of that step), then keeps only the newest `keep`; returns its path.
   std::filesystem::path commit(const CheckpointMeta& meta) const {
     const auto staged = staging(meta.state.step);
-    detail::write_file_atomically(staged / "meta.json", meta.to_json().dump(2) + "\n", "checkpoint");
+    detail::write_file_atomically(staged / "meta.json", meta.to_json().dump(2) + "\n", errors::runtime_checkpoint);
     const auto final_path = directory_ / detail::checkpoint_dir_name(meta.state.step);
     detail::remove_tree(final_path);
     std::error_code ec;

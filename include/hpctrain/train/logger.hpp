@@ -1,10 +1,11 @@
 #pragma once
 // The logger interface of the Trainer (seam 3, docs/seams.md): what a logger learns when the run starts, the
-// records it receives on rank 0, and the factory the Training keeps. Torch-free, so that a logger that only
-// writes files (TensorBoard, W&B) builds and is tested without LibTorch; the built-in loggers are in
-// train/loggers.hpp.
+// records it receives on rank 0, the factory the Training keeps, and FileLogger, the base of a logger that writes
+// a file of the run directory. Torch-free, so that a logger that only writes files (TensorBoard, W&B) builds and is
+// tested without LibTorch; the built-in loggers are in train/loggers.hpp.
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -12,6 +13,10 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include <fmt/format.h>
+
+#include <hpctrain/error.hpp>
 
 namespace hpctrain {
 
@@ -53,6 +58,35 @@ class Logger {
   virtual void note(std::string_view) {}
   /// Once, after the last record (not after a preemption: the run goes on after the requeue).
   virtual void finish() {}
+};
+
+/// A logger that writes one file of the run directory, `<run dir>/<name>`: opened for appending when the run starts,
+/// so that a requeued or resumed run continues it, with `header` as its first line when the file is new. A subclass
+/// writes its records to `file()` in `log`. RuntimeError `[hpctrain.runtime.io]` naming the file that cannot be opened.
+class FileLogger : public Logger {
+ public:
+  explicit FileLogger(std::filesystem::path name, std::string header = "")
+      : name_(std::move(name)), header_(std::move(header)) {}
+  void start(const RunInfo& info) override {
+    path_ = info.run_dir / name_;
+    std::error_code error;
+    const bool fresh = !std::filesystem::exists(path_, error) || std::filesystem::file_size(path_, error) == 0;
+    file_.open(path_, std::ios::app);
+    if (!file_) throw RuntimeError(errors::runtime_io, fmt::format("cannot open {} for appending", path_.string()));
+    if (fresh && !header_.empty()) file_ << header_ << std::endl;
+  }
+  void finish() override { file_.flush(); }
+
+ protected:
+  /// The open file.
+  std::ostream& file() { return file_; }
+  /// Where it is: `<run dir>/<name>`.
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path name_, path_;
+  std::string header_;
+  std::ofstream file_;
 };
 
 /// Makes a logger on rank 0 (the Training keeps factories: loggers own files and are made in the worker).

@@ -18,6 +18,7 @@
 #include <fmt/ranges.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/names.hpp>
 
 namespace hpctrain {
 
@@ -46,6 +47,13 @@ inline std::optional<ZeroStage> zero_stage_from_name(std::string_view name) {
   for (std::size_t i = 0; i < zero_stage_names.size(); ++i)
     if (zero_stage_names[i] == name) return static_cast<ZeroStage>(i);
   return std::nullopt;
+}
+
+/// Whether a run of `stage` on `world_size` ranks trains as Replicated: a sharded stage at one rank shards nothing
+/// and only adds work (ShardedAtOneRank, train/strategies/one_rank.hpp, keeps its checkpoint format), unless
+/// HPCTRAIN_SHARD_AT_ONE_RANK=1 asks for the stage's own strategy. What the Trainer makes and `--plan` plans.
+inline bool sharded_stage_runs_replicated(ZeroStage stage, int world_size) {
+  return stage != ZeroStage::none && world_size == 1 && hpctrain::getenv(env::shard_at_one_rank).value_or("") != "1";
 }
 
 /// The size of an hsdp shard group: `requested`, or the ranks of a node when it is 0. Throws SpecError(sharding)

@@ -52,6 +52,7 @@
 #include <hpctrain/train/run_directory.hpp>
 #include <hpctrain/train/run_setup.hpp>
 #include <hpctrain/train/step.hpp>
+#include <hpctrain/train/strategies/one_rank.hpp>
 #include <hpctrain/train/strategy.hpp>
 #include <hpctrain/train/throughput.hpp>
 #include <hpctrain/train/training.hpp>
@@ -140,7 +141,11 @@ class Trainer {
   /// reads each rank's slices; any other strategy gets it materialized.
   void build_model_and_strategy() {
     torch::manual_seed(static_cast<std::uint64_t>(training_.seed()));
-    strategy_ = training_.make_strategy();
+    strategy_ = make_strategy_for_world(training_, group_->world_size());
+    if (lead() && training_.sharding() && sharded_stage_runs_replicated(*training_.sharding(), group_->world_size()))
+      fmt::print("hpctrain: {0} at one rank trains as replicated (sharding over one rank only adds copies and "
+                 "gathers); its checkpoints keep {0}'s format and resume at any world size ({1}=1 shards anyway)\n",
+                 strategy_->name(), env::shard_at_one_rank);
     run_->defer_blocks = strategy_->reads_deferred_blocks() && !run_->lora;
     make_model();
     if (auto* lists = dynamic_cast<ListsBlocks*>(model_.module.get()); lists != nullptr && !run_->defer_blocks) materialize_blocks(*lists);

@@ -118,12 +118,13 @@ std::unique_ptr<torch::optim::Optimizer> own_optimizer(Made made) {
 using StrategyFactory = std::function<std::unique_ptr<DataParallelStrategy>()>;
 
 /// Splits `parameters` for weight decay as LM recipes do: matrices (2-D and up) decay; biases, norm
-/// weights and other 1-D (or 0-D) tensors do not. Returns {decayed, not decayed}.
+/// weights and other 1-D (or 0-D) tensors do not; a sharded strategy's flat piece as its parameter's shape says
+/// (detail::make_optimizer_over_pieces). Returns {decayed, not decayed}.
 inline std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> split_for_weight_decay(const NamedParameters& parameters) {
   std::vector<torch::Tensor> decayed, not_decayed;
   for (const auto& [name, tensor] : parameters) {
     const bool is_bias = name == "bias" || (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0);
-    (tensor.dim() >= 2 && !is_bias ? decayed : not_decayed).push_back(tensor);
+    (detail::parameter_dimensions(tensor) >= 2 && !is_bias ? decayed : not_decayed).push_back(tensor);
   }
   return {std::move(decayed), std::move(not_decayed)};
 }

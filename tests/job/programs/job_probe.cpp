@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
   // PROBE_PREPARE=fail: it throws, which must fail the job before any rank starts.
   if (const char* mode = std::getenv("PROBE_PREPARE")) {
     job.prepare([fail = std::string(mode) == "fail"](const ht::PrepareContext& context) {
-      if (fail) throw ht::RuntimeError("probe", "the corpus is missing");
+      if (fail) throw ht::RuntimeError(ht::ErrorId{"hpctrain.runtime.probe"}, "the corpus is missing");
       std::cout << fmt::format("probe prepare job={} node={} step_tasks={} restart={} args={} run_dir={}\n",
                                context.job_id, env_or("SLURMD_NODENAME", "?"), env_or("SLURM_STEP_NUM_TASKS", "?"),
                                context.restart_count, context.args.size(), context.run_dir.string())

@@ -97,14 +97,17 @@ class Dataset {
   virtual std::optional<BatchFill> fill(const std::vector<std::int64_t>& /*indices*/) const { return std::nullopt; }
 };
 
-/// A dataset held in two tensors (first dimension = example).
+/// A dataset held in tensors (first dimension = example): inputs, targets and named fields ("loss_mask", ...).
 struct TensorDataset : Dataset {
   torch::Tensor inputs;
   torch::Tensor targets;
+  std::map<std::string, torch::Tensor, std::less<>> fields;
   std::int64_t size() const override { return inputs.size(0); }
   Batch batch(const std::vector<std::int64_t>& indices) const override {
     const auto index = torch::tensor(indices, torch::kInt64);
-    return {inputs.index_select(0, index), targets.index_select(0, index)};
+    Batch out(inputs.index_select(0, index), targets.index_select(0, index));
+    for (const auto& [name, field] : fields) out.fields.emplace(name, field.index_select(0, index));
+    return out;
   }
 };
 
@@ -166,12 +169,23 @@ Source from_torch(Factory factory, std::string description = "torch::data datase
   }, std::move(description));
 }
 
-/// Wraps two in-memory tensors (inputs, targets).
-inline Source tensors(torch::Tensor inputs, torch::Tensor targets) {
-  return Source([inputs, targets] {
+/// Wraps in-memory tensors: inputs, targets and named fields that each batch carries (`batch.field(name)`); every
+/// tensor has one row per example. SpecError `[hpctrain.spec.data.tensors]` naming a tensor with another count.
+inline Source tensors(torch::Tensor inputs, torch::Tensor targets,
+                      std::map<std::string, torch::Tensor, std::less<>> fields = {}) {
+  const auto rows = inputs.size(0);
+  hpctrain::detail::require(targets.size(0) == rows, errors::spec_data_tensors,
+                            fmt::format("targets [{}]", targets.size(0)),
+                            fmt::format("must have one row per example, as the inputs: {}", rows));
+  for (const auto& [name, field] : fields)
+    hpctrain::detail::require(field.dim() > 0 && field.size(0) == rows, errors::spec_data_tensors,
+                              fmt::format("field {} [{}]", name, field.dim() > 0 ? field.size(0) : 0),
+                              fmt::format("must have one row per example, as the inputs: {}", rows));
+  return Source([inputs, targets, fields] {
     TensorDataset dataset;
     dataset.inputs = inputs;
     dataset.targets = targets;
+    dataset.fields = fields;
     return dataset;
   }, "tensors");
 }

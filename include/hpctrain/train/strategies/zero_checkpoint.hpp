@@ -108,9 +108,11 @@ inline std::map<std::string, c10::IValue> state_entries(const torch::optim::Opti
   return entries;
 }
 
-/// Whether a state entry is elementwise over a piece of `length` elements (Adam's moments), not per parameter.
+/// Whether a state entry is elementwise over a piece of `length` elements (Adam's moments), not per parameter. A
+/// piece that is a whole parameter (ShardedAtOneRank's) has its state in the parameter's shape: written flat.
 inline bool elementwise_entry(const c10::IValue& value, std::int64_t length) {
-  return value.isTensor() && value.toTensor().defined() && value.toTensor().dim() == 1 && value.toTensor().numel() == length;
+  return value.isTensor() && value.toTensor().defined() && value.toTensor().dim() >= 1 &&
+         value.toTensor().numel() == length;
 }
 
 /// Bytes of the tensors in one optimizer state (exp_avg, exp_avg_sq, momentum_buffer, ...).
@@ -394,7 +396,8 @@ class ShardReader {
     states.erase(master.unsafeGetTensorImpl());
     if (staged.state_covered == 0) return;  // saved before the first step: no state yet
     torch::serialize::OutputArchive out;
-    for (const auto& [key, tensor] : staged.elementwise) out.write(key, c10::IValue(tensor.to(master.device())));
+    for (const auto& [key, tensor] : staged.elementwise)  // in the master's shape (a whole parameter's, at one rank)
+      out.write(key, c10::IValue(tensor.to(master.device()).view(master.sizes())));
     for (const auto& [key, value] : staged.per_parameter) out.write(key, value);
     std::stringstream bytes;
     out.save_to(bytes);
@@ -429,7 +432,10 @@ inline void load_zero_shards(const SavedStrategyState& saved, ZeroShardView view
   ShardReader reader(saved, view);
   std::optional<RuntimeError> refused;
   try {
-    if (saved.world_size == view.group.world_size() && saved.strategy == view.strategy && view.strategy != "hsdp") {
+    // At one rank the general path reads the same one archive, and takes any layout of its pieces (FSDP's flat
+    // buckets, or ShardedAtOneRank's whole parameters).
+    if (saved.world_size == view.group.world_size() && saved.strategy == view.strategy && view.strategy != "hsdp" &&
+        view.group.world_size() > 1) {
       reader.read_rank(view.group.rank(), /*own=*/true);  // the pieces coincide
     } else {
       for (int rank = 0; rank < saved.world_size; ++rank) reader.read_rank(rank);

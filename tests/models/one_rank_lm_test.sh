@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# sft --local 1 --sharding zero3 (a Llama of 2 layers of width 256 made by transformers, fp32), which trains as
+# Replicated at one rank, against zero3's own strategy at one rank (HPCTRAIN_SHARD_AT_ONE_RANK=1):
+#  - the export: of the same weights (one step at a learning rate of 1e-30, which moves no fp32 weight), Replicated's
+#    export (the model as one unit) and ZeRO-3's (unit by unit) hold the same tensors bit for bit, and the same
+#    config and tokenizer files; only which file of the shards holds which tensor differs;
+#  - LoRA: a LoRA run's checkpoint (the adapters only, as under zero3) loads under zero3's own strategy and the other
+#    way, with the held-out loss of the run that saved it; and the run exports a PEFT adapter that PEFT loads onto
+#    the base model with our merged model's logits (sft_oracle.py peft-check);
+#  - --plan at one rank plans Replicated, saying so, and names the cheapest setting that fits.
+# Usage: one_rank_lm_test.sh <sft binary>
+set -euo pipefail
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
+fail_tail=40
+sft="$(realpath "$1")"
+here="$(cd "$(dirname "$0")" && pwd)"
+transformers_test_setup one-rank-lm-test
+oracle() { "$python" "$here/sft_oracle.py" "$@"; }
+close() { awk -v x="$1" -v y="$2" -v b="$3" 'BEGIN { d = x - y; if (d < 0) d = -d; exit !(d <= b * (y < 0 ? -y : y)) }'; }
+note="zero3 at one rank trains as replicated"
+
+oracle make "$work" "$fortunes" > make.log 2>&1 || fail "the oracle could not make the tokenizer and data"
+oracle make-sharded "$work" 2 256 688 > make-sharded.log 2>&1 || fail "the oracle could not make the model"
+run() {  # run NAME [ARG...]: sft at --local 1 under zero3 in fp32
+  local name="$1"
+  shift
+  HPCTRAIN_RUN_DIR="$work/$name" "$sft" --from sharded --data conversations.jsonl --local 1 --sharding zero3 --precision fp32 \
+    --max-length 64 --log-every 1 "$@" > "$name.log" 2>&1 || log="$name.log" fail "$name: sft exited $?"
+}
+noted() { grep -qF "hpctrain: $note" "$1.log"; }
+
+# The export of the same weights, as one unit and unit by unit.
+run one-unit --max-steps 1 --lr 1e-30 --export-dtype fp32 --export-shard-size 1MB
+HPCTRAIN_SHARD_AT_ONE_RANK=1 run unit-by-unit --max-steps 1 --lr 1e-30 --export-dtype fp32 --export-shard-size 1MB
+noted one-unit || fail "zero3 at --local 1 did not say that it trains as replicated"
+! noted unit-by-unit || fail "HPCTRAIN_SHARD_AT_ONE_RANK=1 still trained as replicated"
+for file in config.json generation_config.json tokenizer.json tokenizer_config.json; do
+  cmp -s "one-unit/export/$file" "unit-by-unit/export/$file" || fail "the exports' $file differ"
+done
+"$python" - one-unit/export unit-by-unit/export <<'PY' || fail "the exports of the same weights differ"
+import glob, json, os, sys
+from safetensors.torch import load_file
+def tensors(directory):
+    index = json.load(open(os.path.join(directory, "model.safetensors.index.json")))
+    out = {}
+    for path in sorted(glob.glob(os.path.join(directory, "model-*.safetensors"))):
+        out.update(load_file(path))
+    assert sorted(out) == sorted(index["weight_map"]), directory
+    return out
+ours, theirs = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert sorted(ours) == sorted(theirs), (sorted(ours), sorted(theirs))
+for name in ours:
+    assert ours[name].dtype == theirs[name].dtype and ours[name].shape == theirs[name].shape, name
+    assert ours[name].equal(theirs[name]), name
+print(f"{len(ours)} tensors equal bit for bit")
+PY
+
+# LoRA: checkpoints of the adapters, resumed across the two strategies.
+lora=(--lora-r 8 --lora-alpha 16 --lora-targets q_proj,v_proj --lr 1e-2 --max-steps 4 --checkpoint-every 2 --export-dtype fp32)
+run lora "${lora[@]}"
+HPCTRAIN_SHARD_AT_ONE_RANK=1 run lora-own "${lora[@]}"
+noted lora || fail "LoRA under zero3 at --local 1 did not train as replicated"
+[ -f lora/export/adapter_model.safetensors ] && [ -f lora/export/merged/config.json ] || fail "no PEFT adapter and merged model"
+oracle peft-check sharded lora/export > peft-check.log 2>&1 || log=peft-check.log fail "PEFT's view of the adapter differs from our merged model"
+# Each run's last checkpoint (step 4, the run's end: the example keeps one) loaded by the other strategy: no step is
+# left, so the resumed run evaluates and reports what it loaded. The same adapters give the same held-out loss.
+resume() {  # resume NAME FROM [ENV=VALUE]: FROM's checkpoint at step 4, loaded and evaluated
+  local name="$1" from="$2"
+  env ${3:+"$3"} HPCTRAIN_RUN_DIR="$work/$name" "$sft" --from sharded --data conversations.jsonl --local 1 --sharding zero3 \
+    --precision fp32 --max-length 64 --log-every 1 "${lora[@]}" --resume "$work/$from" > "$name.log" 2>&1 ||
+    log="$name.log" fail "$name: sft exited $?"
+  grep -q "^resumed from $work/$from/checkpoints at step 4 " "$name.log" || log="$name.log" fail "$name did not resume at step 4"
+}
+resume lora-to-own lora HPCTRAIN_SHARD_AT_ONE_RANK=1
+resume own-to-lora lora-own
+after() { sed -n 's/^response_loss_after=\([^ ]*\).*/\1/p' "$1.log" | tail -1; }
+lora_report=""
+for pair in lora:lora-to-own lora-own:own-to-lora; do
+  whole="${pair%%:*}" resumed="${pair#*:}"
+  # The same fp32 weights through the same forward (zero3's own strategy gathers each block whole): 1e-6 relative
+  # leaves room for the order of the held-out loss's sums only.
+  close "$(after "$resumed")" "$(after "$whole")" 1e-6 ||
+    fail "$resumed: the held-out loss of the loaded adapters is $(after "$resumed"), the run that saved them had $(after "$whole")"
+  lora_report="$lora_report $resumed $(after "$resumed") against $(after "$whole");"
+done
+
+# --plan at one rank plans what runs (Replicated), and on a GPU too small for it names the cheapest setting that fits.
+plan=(--from sharded --data conversations.jsonl --plan --nodes 1 --tasks-per-node 1 --gpus-per-node 1 --sharding zero3
+      --max-length 2048 --batch-size 16)
+"$sft" "${plan[@]}" --gpu-memory 80 > plan.log 2>&1 || log=plan.log fail "--plan: exit $?"
+grep -q "^hpctrain: zero3 at one rank trains as replicated: planned as such" plan.log &&
+  grep -q "^memory plan: llama (.*), replicated, fp32, 1 rank(s)" plan.log || log=plan.log fail "--plan at one rank did not plan Replicated"
+peak="$(sed -n 's/^  peak  *\([0-9.]*\) GiB.*/\1/p' plan.log)"
+chunked="$("$sft" "${plan[@]}" --loss-chunk-tokens 2048 --gpu-memory 80 | sed -n 's/^  peak  *\([0-9.]*\) GiB.*/\1/p')"
+# A GPU between the two plans: the chunked loss fits, the run's own setting does not.
+gpu="$(awk -v a="$peak" -v b="$chunked" 'BEGIN { printf "%.2f", (a + b) / 2 }')"
+status=0
+"$sft" "${plan[@]}" --gpu-memory "$gpu" > small.log 2>&1 || status=$?
+[ "$status" = 2 ] || log=small.log fail "--plan on a GPU of $gpu GiB: exit $status, not 2"
+grep -q "^hpctrain: fits with --loss-chunk-tokens 2048: $chunked GiB of $gpu GiB per GPU" small.log ||
+  log=small.log fail "--plan on a GPU of $gpu GiB did not name the chunked loss ($chunked GiB)"
+cd / && rm -rf "${work:?}"
+echo "PASS: exports of the same weights equal bit for bit; LoRA loaded across the strategies:$lora_report --plan: $peak GiB, fits with the chunked loss ($chunked GiB) on $gpu GiB"
