@@ -176,6 +176,7 @@ inline constexpr ErrorId runtime_text_tokenizer{"hpctrain.runtime.text.tokenizer
 inline constexpr ErrorId spec_model_type{"hpctrain.spec.model_type"};
 inline constexpr ErrorId runtime_generation{"hpctrain.runtime.generation"};
 inline constexpr ErrorId runtime_sequence_length{"hpctrain.runtime.sequence_length"};
+inline constexpr ErrorId runtime_recompute{"hpctrain.runtime.recompute"};
 inline constexpr ErrorId runtime_model_config{"hpctrain.runtime.model_config"};
 inline constexpr ErrorId runtime_safetensors{"hpctrain.runtime.safetensors"};
 // --- masked-LM data (lm/masked_lm_data.hpp; its options are the family `hpctrain.spec.masking.<field>`) ---

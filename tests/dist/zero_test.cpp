@@ -314,10 +314,12 @@ TEST_CASE("ZeRO-3 trains a GPT-2 like Replicated, exports it unit by unit in sha
   // Tied embeddings (the unit outside the blocks), dropout replayed in the recomputation, accumulation, clipping.
   // SGD with momentum: the attention's key bias has an exactly zero gradient in theory, and Adam turns the
   // rounding noise there (another summation order over the ranks) into full-size steps; SGD does not.
-  // Activations kept (the default, as FSDP) at world 2 and 3; recomputed in backward (activation checkpointing).
+  // Activations kept (the default, as FSDP) at world 2 and 3; recomputed in backward (activation checkpointing),
+  // whole or selectively (the matrix products kept from the forward, the dropout replayed).
   // Untied, the token embedding and the head are sharded too, each gathered around its call (the model's edges).
   const auto [world, activations, tying] = GENERATE(table<int, std::string, std::string>(
-      {{2, "keep", "tied"}, {3, "keep", "tied"}, {2, "recompute", "tied"}, {3, "keep", "untied"}, {2, "recompute", "untied"}}));
+      {{2, "keep", "tied"}, {3, "keep", "tied"}, {2, "recompute", "tied"}, {3, "keep", "untied"}, {2, "recompute", "untied"},
+       {2, "selective", "tied"}, {2, "selective", "untied"}}));
   CAPTURE(world, activations, tying);
   ShardDirectory directory;
   Ranks ranks(world, {"gpt2-equivalence", "zero3", "50", "2", directory.string(), activations, tying}, 240s, zero_worker);
@@ -367,7 +369,8 @@ TEST_CASE("ZeRO-3 under bf16 gathers and computes its blocks in bf16, reduce-sca
           "[dist][zero][zero3][bf16]") {
   // Untied, the head is gathered in bf16 too and the embedding in fp32 (its lookup exact).
   const auto [world, activations, tying] = GENERATE(table<int, std::string, std::string>(
-      {{2, "keep", "tied"}, {3, "keep", "tied"}, {2, "recompute", "tied"}, {2, "keep", "untied"}, {2, "recompute", "untied"}}));
+      {{2, "keep", "tied"}, {3, "keep", "tied"}, {2, "recompute", "tied"}, {2, "keep", "untied"}, {2, "recompute", "untied"},
+       {2, "selective", "tied"}}));
   CAPTURE(world, activations, tying);
   Ranks ranks(world, {"gpt2-bf16", "10", "2", activations, tying}, 240s, zero_worker);
   require_all_succeed(ranks, world);
@@ -388,7 +391,8 @@ TEST_CASE("ZeRO-3 under bf16 gathers and computes its blocks in bf16, reduce-sca
     CHECK(reduce_scatter_peak > 0);
     CHECK(reduce_scatter_peak <= std::stoull(value_of(output, "reduce_scatter_bytes_bound").value()));
     // After a forward, the kept activations refer to every block's gathered buffer (and the edges'), which holds
-    // no memory until the block's backward; recomputation keeps no block's buffer. The edges are never recomputed.
+    // no memory until the block's backward; recomputation (whole or selective: the kept products are outputs, not
+    // views of the weights) keeps no block's buffer. The edges are never recomputed.
     const int held = (activations == "keep" ? 3 : 0) + (tying == "untied" ? 2 : 0);  // 3 blocks, 2 edges
     CHECK(value_of(output, "held_buffers") == std::to_string(held));
     CHECK(value_of(output, "held_bytes") == "0");

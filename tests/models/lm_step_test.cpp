@@ -279,11 +279,23 @@ TEST_CASE("The --activation-checkpointing knob turns on the model's recomputatio
     return std::make_pair(loss.item<double>(), model->layers->ptr(0)->named_parameters()["mlp.up_proj.weight"].grad().clone());
   };
   const auto [plain, plain_grad] = loss_and_gradient({});
-  CHECK_FALSE(model->activation_checkpointing());
+  CHECK(model->activation_checkpointing() == hm::Recompute::none);
+  // Given alone, the switch is full recomputation, as when it was a boolean; its old spellings keep working.
   const auto [recomputed, recomputed_grad] = loss_and_gradient({"--activation-checkpointing"});
-  CHECK(model->activation_checkpointing());
+  CHECK(model->activation_checkpointing() == hm::Recompute::full);
   CHECK(recomputed == plain);
   CHECK(relative_difference(recomputed_grad, plain_grad) <= fp32_reorder_bound);
+  const auto [selective, selective_grad] = loss_and_gradient({"--activation-checkpointing", "selective"});
+  CHECK(model->activation_checkpointing() == hm::Recompute::selective);
+  CHECK(selective == plain);
+  CHECK(relative_difference(selective_grad, plain_grad) <= fp32_reorder_bound);
+  (void)loss_and_gradient({"--activation-checkpointing=true"});
+  CHECK(model->activation_checkpointing() == hm::Recompute::full);
+  (void)loss_and_gradient({"--activation-checkpointing=false"});
+  CHECK(model->activation_checkpointing() == hm::Recompute::none);
+  CHECK_THROWS_WITH(defaults.with_arguments({"--activation-checkpointing", "some"}),
+                    "[hpctrain.spec.knob] --activation-checkpointing = some: must be none, selective or full (true: full, false: none)");
+  CHECK(defaults.help().find("--activation-checkpointing [none|selective|full]") != std::string::npos);
   // A model that is no CausalLM: the switch names itself.
   torch::nn::Linear linear(2, 2);
   CHECK_THROWS_WITH(training.model_hooks()[0](*linear, defaults.with_arguments({"--activation-checkpointing"})),

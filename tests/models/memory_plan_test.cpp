@@ -67,7 +67,7 @@ TEST_CASE("The memory plan (--plan) peaks within 10% of the H200's measured peak
   // between steps) are resident from the first step, beside the activations; before they were counted, the plan
   // was 4 GiB below both rows.
   auto zero3_input = suite_row("zero3");
-  zero3_input.activation_checkpointing = true;
+  zero3_input.activation_checkpointing = hpctrain::models::Recompute::full;
   const auto zero3 = lm::plan_memory(zero3_input);
   WARN("llama.full.zero3: planned " << zero3.peak / gib << " GiB, measured 23.11 GiB");
   CHECK(std::abs(zero3.peak - 23.11 * gib) <= 0.10 * 23.11 * gib);
@@ -161,7 +161,7 @@ TEST_CASE("The memory plan counts parameters as the models do and shards what ea
   CHECK_THAT(lm::format_plan(hybrid, hybrid_plan), Catch::Matchers::Contains("hsdp, bf16, 16 rank(s) (8 per node, shard groups of 8)"));
   CHECK(at("zero3", 1).activations_recomputed < at("zero3", 1).activations / 5);  // what recomputing every block saves
   auto recomputed = suite_row("zero3");
-  recomputed.activation_checkpointing = true;
+  recomputed.activation_checkpointing = hpctrain::models::Recompute::full;
   CHECK(lm::plan_memory(recomputed).peak < at("zero3", 1).peak);  // ZeRO-3 keeps activations unless asked not to
   // Chunked logits: one chunk's.
   auto chunked = suite_row("none");
@@ -173,6 +173,38 @@ TEST_CASE("The memory plan counts parameters as the models do and shards what ea
   CHECK_FALSE(lm::plan_memory(small).fits());
   small.gpu_bytes = 80e9;
   CHECK(lm::plan_memory(small).fits());
+}
+
+TEST_CASE("The memory plan counts what each --activation-checkpointing setting keeps, within 10% of a CPU step's peak",
+          "[models][plan][selective]") {
+  // bench/recompute_memory's Llama (94.4M parameters: 14 layers of width 768, MLP 2048, 12 heads, 4 KV heads,
+  // vocabulary 4096, untied), fp32, batch 4 x 512, one step's peak host memory above the resident set before it
+  // (VmHWM, big blocks mmapped), measured on the 2-core AMD EPYC on 2026-11-27: the activations kept and the logits.
+  hm::LlamaConfig config;
+  config.vocab_size = 4096, config.hidden_size = 768, config.intermediate_size = 2048, config.num_hidden_layers = 14;
+  config.num_attention_heads = 12, config.num_key_value_heads = 4, config.tie_word_embeddings = false;
+  lm::PlanInput in;
+  in.model = lm::model_shape(config);
+  in.micro_batch = 4;
+  in.sequence = 512;
+  in.runtime_bytes = 0;
+  const std::array<std::pair<hm::Recompute, double>, 3> measured{
+      {{hm::Recompute::none, 1857970176.0}, {hm::Recompute::selective, 1034969088.0}, {hm::Recompute::full, 283783168.0}}};
+  double previous = 0;
+  for (const auto& [recompute, bytes] : measured) {
+    in.activation_checkpointing = recompute;
+    const auto plan = lm::plan_memory(in);
+    const double planned = lm::kept_activations(in, plan) + plan.logits;
+    WARN(hm::recompute_name(recompute) << ": planned " << planned / 1e6 << " MB, measured " << bytes / 1e6 << " MB (ratio "
+                                       << planned / bytes << ")");
+    CHECK(std::abs(planned - bytes) <= 0.10 * bytes);
+    if (previous > 0) CHECK(planned < previous);  // each setting keeps less than the one before
+    previous = planned;
+    CHECK_THAT(lm::format_plan(in, plan), Catch::Matchers::Contains("(--activation-checkpointing)"));
+  }
+  // Selective keeps each block's input and its 7 projections' outputs: 4 bytes x (768 + 768 + 2 x 256 + 768 + 2 x 2048
+  // + 768) a token and layer in fp32.
+  CHECK(lm::selective_bytes_per_token(in) == 4 * (768 + 2 * 256 + 768 + 2 * 2048 + 768));
 }
 
 TEST_CASE("--plan's advice is the cheapest setting that fits: the chunked loss, then more sharding, then recomputation",
@@ -204,15 +236,21 @@ TEST_CASE("--plan's advice is the cheapest setting that fits: the chunked loss, 
     auto in = suite_row("none");  // the H200's Replicated row: 32.63 GiB measured
     std::vector<std::string> order;
     for (const auto& setting : lm::cheaper_settings(in, both)) order.push_back(flags(setting));
-    CHECK(order == std::vector<std::string>{"--loss-chunk-tokens 2048", "--activation-checkpointing",
-                                            "--loss-chunk-tokens 2048 --activation-checkpointing"});
-    // A 24 GiB GPU: the chunked loss saves 3/4 of the 2.4 GiB of logits, not enough; recomputation is.
+    CHECK(order == std::vector<std::string>{"--loss-chunk-tokens 2048", "--activation-checkpointing selective",
+                                            "--loss-chunk-tokens 2048 --activation-checkpointing selective",
+                                            "--activation-checkpointing full",
+                                            "--loss-chunk-tokens 2048 --activation-checkpointing full"});
+    // A 24 GiB GPU: the chunked loss saves 3/4 of the 2.4 GiB of logits, not enough, nor selective recomputation
+    // alone (24.5 GiB); both together are.
     in.gpu_bytes = 24 * gib;
     REQUIRE_FALSE(lm::plan_memory(in).fits());
-    check_first_fitting(in, "--activation-checkpointing");
+    check_first_fitting(in, "--loss-chunk-tokens 2048 --activation-checkpointing selective");
     CHECK_THAT(lm::plan_advice(in, both),
-               Catch::Matchers::StartsWith("hpctrain: fits with --activation-checkpointing: ") &&
+               Catch::Matchers::StartsWith("hpctrain: fits with --loss-chunk-tokens 2048 --activation-checkpointing selective: ") &&
                    Catch::Matchers::EndsWith(" of 24.00 GiB per GPU\n"));
+    // A 20 GiB GPU: only full recomputation fits.
+    in.gpu_bytes = 20 * gib;
+    check_first_fitting(in, "--activation-checkpointing full");
     // Where the chunked loss is enough (the GPU a little above its plan), it is chosen rather than recomputation.
     auto chunked = in;
     chunked.loss_chunk_tokens = lm::planned_loss_chunk_tokens;
@@ -242,14 +280,14 @@ TEST_CASE("--plan's advice is the cheapest setting that fits: the chunked loss, 
     CHECK(lm::plan_advice(in, {}) ==
           "hpctrain: no setting of this run fits; more ranks (ZeRO-3 shards by the world), a smaller batch or LoRA "
           "would lower it\n");
-    // The lowest of the settings, the cheapest of equal ones: recomputation alone, since with it the backward's end
-    // (the gradients and one block's activations) is the peak and the chunked loss lowers nothing more.
+    // The lowest of the settings, the cheapest of equal ones: full recomputation alone, since with it the backward's
+    // end (the gradients and one block's activations) is the peak and the chunked loss lowers nothing more.
     const auto settings = lm::cheaper_settings(in, both);
-    REQUIRE(settings.size() == 3);
-    CHECK(settings[2].plan.peak == settings[1].plan.peak);
+    REQUIRE(settings.size() == 5);
+    CHECK(settings[4].plan.peak == settings[3].plan.peak);
     CHECK(lm::plan_advice(in, both) ==
-          "hpctrain: no setting of this run fits: the lowest is " + lm::plan_bytes(settings[1].plan.peak) +
-              " with --activation-checkpointing; more ranks (ZeRO-3 shards by the world), a smaller batch or LoRA "
+          "hpctrain: no setting of this run fits: the lowest is " + lm::plan_bytes(settings[3].plan.peak) +
+              " with --activation-checkpointing full; more ranks (ZeRO-3 shards by the world), a smaller batch or LoRA "
               "would lower it\n");
     // An unknown GPU: nothing to fit.
     in.gpu_bytes.reset();

@@ -7,6 +7,10 @@
 #    same weights and batches, so the same fp32 sums but for the order in which the two ranks' gradients are
 #    added (reduce-scatter against all-reduce: a sum of two terms either way, exact) and the forward's per-block
 #    gather; within 1e-6 relative (fp32's 6e-8 with room; a wrong block's weights move the loss by ~1e-3).
+#  - through the Trainer at world 2 under zero3, with dropout 0.1, --activation-checkpointing selective and full
+#    train the losses of keeping every activation: the forward computes the same (step 1 equal to the last digit),
+#    and step 2's loss, after an AdamW step on the gradients, within the same 1e-6 (the gradients differ by the
+#    order of fp32 sums only; a product's gradient lost or a dropout mask not replayed moves it by ~1e-3).
 # Usage: scratch_sharded_test.sh <gpt binary>
 set -euo pipefail
 source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
@@ -38,6 +42,18 @@ for step in 1 2; do
   [ -n "$ours" ] && [ -n "$theirs" ] || fail "no loss at step $step"
   close "$ours" "$theirs" 1e-6 || fail "step $step: zero3 from scratch trains $ours, zero2 $theirs"
   report="$report step $step $(difference "$ours" "$theirs")"
+done
+
+run keep-dropout zero3 --max-steps 2 --dropout 0.1 --activation-checkpointing none
+for recompute in selective full; do
+  run "$recompute-dropout" zero3 --max-steps 2 --dropout 0.1 --activation-checkpointing "$recompute"
+  report="$report; $recompute against none (dropout 0.1):"
+  for step in 1 2; do
+    ours="$(loss_at "$recompute-dropout" "$step")" theirs="$(loss_at keep-dropout "$step")"
+    [ -n "$ours" ] && [ -n "$theirs" ] || fail "$recompute: no loss at step $step"
+    close "$ours" "$theirs" 1e-6 || fail "step $step: --activation-checkpointing $recompute trains $ours, none $theirs"
+    report="$report step $step $(difference "$ours" "$theirs")"
+  done
 done
 
 echo "$report (bound 1e-6)"

@@ -7,6 +7,7 @@
 #include <hpctrain/lm/pretrained.hpp>
 #include <hpctrain/lm/setting.hpp>
 #include <hpctrain/models/lora_config.hpp>
+#include <hpctrain/models/recompute.hpp>
 #include <hpctrain/train/metrics.hpp>
 #include <hpctrain/train/training.hpp>
 #if HPCTRAIN_RUNTIME_DEFINITIONS
@@ -52,22 +53,30 @@ inline std::optional<models::LoraConfig> lora_from_knobs(const Knobs& knobs) {
   return config;
 }
 
+/// What --activation-checkpointing accepts, in words (its check's requirement).
+inline constexpr const char* recompute_requirement = "must be none, selective or full (true: full, false: none)";
+
 #if HPCTRAIN_RUNTIME_DEFINITIONS
-/// lm::causal_lm_training's --activation-checkpointing on the made model: every transformer block recomputed
-/// in backward instead of keeping its activations (a third more compute for the blocks' activations' memory;
-/// under ZeRO-3 too, which otherwise keeps them as FSDP does). SpecError when it is on and the model is not a models::CausalLM.
+/// lm::causal_lm_training's --activation-checkpointing on the made model: none, selective (each transformer block
+/// recomputed in backward except its matrix products, kept from the forward) or full (every block recomputed,
+/// keeping only its input: a third more compute for the blocks' activations' memory; under ZeRO-3 too, which
+/// otherwise keeps them as FSDP does). SpecError when it is on and the model is not a models::CausalLM.
 inline void activation_checkpointing_from_knobs(torch::nn::Module& module, const Knobs& knobs) {
-  const bool on = knobs.get<bool>("activation_checkpointing");
+  const auto text = knobs.get<std::string>("activation_checkpointing");
+  const auto recompute = models::parse_recompute(text);
+  if (!recompute)
+    throw SpecError(errors::spec_knob, "--activation-checkpointing", fmt::format("{:?}: {}", text, recompute_requirement));
   auto* model = dynamic_cast<models::CausalLM*>(&module);
-  if (model != nullptr) model->set_activation_checkpointing(on);
-  else if (on)
+  if (model != nullptr) model->set_activation_checkpointing(*recompute);
+  else if (*recompute != models::Recompute::none)
     throw SpecError(errors::spec_knob, "--activation-checkpointing",
                     fmt::format("needs a models::CausalLM (GPT-2, Llama, ...); the model is {}", module.name()));
 }
 #endif
 
 /// A Training for a causal language model: next-token loss over the counted targets (fp32), the packed-aware
-/// step (`--loss-chunk-tokens N`: the head and the loss N tokens at a time; `--activation-checkpointing`),
+/// step (`--loss-chunk-tokens N`: the head and the loss N tokens at a time; `--activation-checkpointing
+/// none|selective|full`),
 /// per-token evaluation and perplexity, and the LoRA knobs (`--lora-r 16 --lora-alpha 32 --lora-targets
 /// q_proj,v_proj`; r 0, the default, trains every parameter). Add the model, data, optimizer and the rest.
 HPCTRAIN_RUNTIME_INLINE Training causal_lm_training();
@@ -82,8 +91,13 @@ HPCTRAIN_RUNTIME_INLINE Training causal_lm_training() {
   return Training()
       .loss(token_loss).step(chunked_causal_lm_step).eval_step(token_eval_step).metric(metrics::perplexity)
       .memory_plan(plan_memory_of_run)
-      .knob<bool>("activation_checkpointing", false,
-                  "recompute each transformer block in backward instead of keeping its activations (less memory, more compute)")
+      .knob<std::string>("activation_checkpointing", "none",
+                         "recompute transformer blocks in backward instead of keeping their activations: selective "
+                         "keeps the matrix products' outputs and recomputes the rest, full keeps only each block's input",
+                         KnobCheck<std::string>(
+                             [](const std::string& v) { return models::parse_recompute(v).has_value(); },
+                             recompute_requirement))
+      .knob_bare_value("activation_checkpointing", "full", "[none|selective|full]")
       .on_model(activation_checkpointing_from_knobs)
       .knob<std::int64_t>(loss_chunk_knob, 0,
                           "apply the head and the loss this many tokens at a time: the tokens x vocabulary logits are never whole "

@@ -22,8 +22,10 @@
 //   activations     what autograd keeps for backward, counted tensor by tensor from the families' code (per
 //                   token and layer, full fine-tuning: Llama 24·h + 4·kv + 8·i bytes under bf16 autocast,
 //                   28·h + 8·kv + 16·i in fp32; GPT-2 38·h and 68·h; a frozen Linear keeps no input), or with
-//                   recomputation (--activation-checkpointing, under ZeRO-3 too) each block's input plus one
-//                   block's worth
+//                   recomputation (--activation-checkpointing full, under ZeRO-3 too) each block's input plus one
+//                   block's worth, or with selective recomputation each block's input and its matrix products'
+//                   outputs (Llama q + 2·kv + h + 2·i + h elements a token, GPT-2 3·h + h + 4·h + h; LoRA's rank-r
+//                   middles besides; 2 bytes each under bf16 autocast, 4 in fp32) plus one block's worth
 //   logits          the head's output, its fp32 copy and its gradient (10 bytes per token and vocabulary entry
 //                   in bf16, 12 in fp32), or one chunk's (--loss-chunk-tokens)
 //   host heap       on a CPU only: the C allocator's freed chunks the peak still holds, about the step's transient
@@ -48,6 +50,7 @@
 
 #include <hpctrain/models/gpt2_config.hpp>
 #include <hpctrain/models/llama_config.hpp>
+#include <hpctrain/models/recompute.hpp>
 
 namespace hpctrain::lm {
 
@@ -110,7 +113,7 @@ struct PlanInput {
   std::string strategy = "none";       ///< none (Replicated), zero1, zero2, zero3, hsdp
   int shard_group = 0;                 ///< hsdp: the ranks a shard group holds (ZeRO-3 within it, replicated across)
   bool bf16 = false;                   ///< autocast in bf16
-  bool activation_checkpointing = false;
+  models::Recompute activation_checkpointing = models::Recompute::none;  ///< --activation-checkpointing
   std::int64_t lora_rank = 0;          ///< 0: every parameter trains
   std::vector<std::string> lora_targets;
   std::int64_t micro_batch = 1, sequence = 1;
@@ -125,7 +128,7 @@ struct PlanInput {
 struct MemoryPlan {
   std::int64_t trainable = 0;
   double parameters = 0, gradients = 0, optimizer_state = 0, bf16_weights = 0, gathered_unit = 0, activations = 0,
-         activations_recomputed = 0, logits = 0, runtime = 0;
+         activations_recomputed = 0, activations_selective = 0, logits = 0, runtime = 0;
   double in_flight = 0;       ///< ZeRO-3: the units in flight where its backward peaks (above the activations then)
   double host_heap_slack = 0;  ///< on a CPU: the C allocator's freed memory the step's peak still holds
   double peak = 0;            ///< per GPU
@@ -168,6 +171,18 @@ inline std::int64_t activation_bytes_per_token(const PlanInput& in) {
   return bytes;
 }
 
+/// Bytes a selectively recomputed block keeps per token besides its input: the outputs of its matrix products
+/// (models/selective_recompute.hpp), in the compute dtype, and the rank-r middle of every adapter.
+inline std::int64_t selective_bytes_per_token(const PlanInput& in) {
+  const std::int64_t element = in.bf16 ? 2 : 4;
+  std::int64_t bytes = 0;
+  for (const auto& linear : in.model.block_linears) {
+    bytes += element * linear.out;
+    if (in.lora_rank > 0 && lora_targets(in, linear)) bytes += element * in.lora_rank;
+  }
+  return bytes;
+}
+
 /// Whether each rank reads only its slices of the blocks at load (ZeRO-3 without LoRA: the Trainer's defer_blocks).
 inline bool reads_slices(const PlanInput& in) { return (in.strategy == "zero3" || in.strategy == "hsdp") && in.lora_rank == 0; }
 
@@ -203,6 +218,15 @@ inline BackwardPeak zero3_backward_peak(const PlanInput& in, double kept, double
   return peak;
 }
 
+/// The activations the run keeps, as --activation-checkpointing asks.
+inline double kept_activations(const PlanInput& in, const MemoryPlan& plan) {
+  switch (in.activation_checkpointing) {
+    case models::Recompute::selective: return plan.activations_selective;
+    case models::Recompute::full: return plan.activations_recomputed;
+    default: return plan.activations;
+  }
+}
+
 inline MemoryPlan plan_memory(const PlanInput& in) {
   const auto& m = in.model;
   // hsdp is ZeRO-3 within its shard group: the model states are sharded over the group only.
@@ -231,9 +255,12 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   const double tokens = static_cast<double>(in.micro_batch * in.sequence);
   const double per_layer = tokens * static_cast<double>(activation_bytes_per_token(in));
   plan.activations = per_layer * static_cast<double>(m.layers);
-  plan.activations_recomputed = tokens * 4.0 * static_cast<double>(m.hidden * m.layers) + per_layer;
-  const bool recompute = in.activation_checkpointing;
-  const double kept = recompute ? plan.activations_recomputed : plan.activations;
+  const double block_inputs = tokens * 4.0 * static_cast<double>(m.hidden * m.layers);
+  plan.activations_recomputed = block_inputs + per_layer;
+  // The block being recomputed holds its own products in its graph: counted once, in its worth (per_layer).
+  plan.activations_selective =
+      block_inputs + tokens * static_cast<double>(selective_bytes_per_token(in) * (m.layers - 1)) + per_layer;
+  const double kept = kept_activations(in, plan);
   const double logit_tokens = in.loss_chunk_tokens > 0 ? std::min<double>(tokens, static_cast<double>(in.loss_chunk_tokens)) : tokens;
   plan.logits = logit_tokens * static_cast<double>(m.vocab) * (in.bf16 ? 10.0 : 12.0);
   plan.runtime = static_cast<double>(in.runtime_bytes);
@@ -279,7 +306,6 @@ inline std::string parameter_count_label(std::int64_t count) {
 
 /// The plan as `--plan` prints it.
 inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
-  const bool recompute = in.activation_checkpointing;
   std::string out = fmt::format(
       "memory plan: {} ({} parameters, {} trainable{}), {}, {}, {} rank(s) ({}), micro-batch {} x {} tokens{}\n",
       in.model.family, parameter_count_label(in.model.parameters), parameter_count_label(plan.trainable),
@@ -299,9 +325,22 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
   if (plan.bf16_weights > 0) row(zero3 ? "bf16 copy of the shard" : "bf16 weights (autocast)", plan.bf16_weights);
   if (plan.gathered_unit > 0) row("gathered unit", plan.gathered_unit, plan.gathered_unit > (in.bf16 ? 2.0 : 4.0) * static_cast<double>(in.model.block_parameters) ? "the head" : "a block");
   if (plan.in_flight > 0) row("in flight in backward", plan.in_flight, "gathered units, a unit's gradients, reduce-scatter inputs");
-  row("activations", recompute ? plan.activations_recomputed : plan.activations,
-      recompute ? fmt::format("recomputed; {} kept", plan_bytes(plan.activations))
-                : fmt::format("kept; {} with --activation-checkpointing", plan_bytes(plan.activations_recomputed)));
+  const auto alternatives = [&](models::Recompute recompute) {
+    std::string others;
+    for (const auto other : {models::Recompute::none, models::Recompute::selective, models::Recompute::full}) {
+      if (other == recompute) continue;
+      PlanInput with = in;
+      with.activation_checkpointing = other;
+      others += fmt::format("{}{} {}", others.empty() ? "" : ", ", plan_bytes(kept_activations(with, plan)),
+                            models::recompute_name(other));
+    }
+    return others;
+  };
+  const auto recompute = in.activation_checkpointing;
+  const char* how = recompute == models::Recompute::none        ? "kept"
+                    : recompute == models::Recompute::selective ? "selective: matrix products kept"
+                                                                : "recomputed";
+  row("activations", kept_activations(in, plan), fmt::format("{}; {} (--activation-checkpointing)", how, alternatives(recompute)));
   row("logits", plan.logits);
   if (plan.host_heap_slack > 0) row("host heap's freed memory", plan.host_heap_slack, "kept by the C allocator: about the step's transient bytes");
   row("runtime (stated)", plan.runtime, in.cpu ? "LibTorch, Gloo, the data" : "CUDA context and kernels");

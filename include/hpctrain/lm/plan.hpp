@@ -66,7 +66,9 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
     in.lora_rank = lora->r;
     in.lora_targets = lora->targets;
   }
-  if (knobs.find("activation_checkpointing") != nullptr) in.activation_checkpointing = knobs.get<bool>("activation_checkpointing");
+  if (knobs.find("activation_checkpointing") != nullptr)
+    in.activation_checkpointing =
+        models::parse_recompute(knobs.get<std::string>("activation_checkpointing")).value_or(models::Recompute::none);
   if (knobs.find(loss_chunk_knob) != nullptr) in.loss_chunk_tokens = knobs.get<std::int64_t>(loss_chunk_knob);
   const auto [sequence, from] = detail::planned_sequence(knobs, positions);
   in.sequence = sequence;

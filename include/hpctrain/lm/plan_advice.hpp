@@ -8,7 +8,8 @@
 //   --sharding            zero1, then zero2 (the same bytes on the wire as Replicated's all-reduce: a reduce-scatter
 //                         and an all-gather), then zero3 (each block gathered again in backward: half as much again);
 //                         only at world > 1 (at one rank every stage trains as Replicated)
-//   --activation-checkpointing   every block's forward again in backward: a third more compute for the whole model
+//   --activation-checkpointing   selective: every block's elementwise work and attention again in backward (its
+//                         matrix products kept); then full: every block's forward again, a third more compute
 //
 // Each combination is tried, ordered by (recomputation, stage, chunked loss): a cheaper lever is pulled fully
 // before a dearer one. A smaller batch, LoRA or more ranks change the training itself: named, never chosen.
@@ -56,14 +57,15 @@ inline std::vector<PlanAlternative> cheaper_settings(const PlanInput& in, const 
   for (auto& stage : stages_sharding_more(in)) stages.push_back(std::move(stage));
   const bool can_chunk = levers.loss_chunk_tokens && in.loss_chunk_tokens == 0 &&
                          in.micro_batch * in.sequence > planned_loss_chunk_tokens;
-  const bool can_recompute = levers.activation_checkpointing && !in.activation_checkpointing;
   std::vector<PlanAlternative> settings;
-  for (const bool recompute : {false, true}) {
-    if (recompute && !can_recompute) continue;
+  // The run's own recomputation, then each that recomputes more (selective before full).
+  for (const auto recompute : {models::Recompute::none, models::Recompute::selective, models::Recompute::full}) {
+    const bool more = recompute > in.activation_checkpointing;
+    if (recompute < in.activation_checkpointing || (more && !levers.activation_checkpointing)) continue;
     for (const auto& stage : stages)
       for (const bool chunk : {false, true}) {
         if (chunk && !can_chunk) continue;
-        if (!recompute && !chunk && stage == in.strategy) continue;  // the run's own setting
+        if (!more && !chunk && stage == in.strategy) continue;  // the run's own setting
         PlanAlternative setting{{}, in, {}};
         if (chunk) {
           setting.input.loss_chunk_tokens = planned_loss_chunk_tokens;
@@ -73,9 +75,9 @@ inline std::vector<PlanAlternative> cheaper_settings(const PlanInput& in, const 
           setting.input.strategy = stage;
           setting.flags.push_back("--sharding " + stage);
         }
-        if (recompute) {
-          setting.input.activation_checkpointing = true;
-          setting.flags.push_back("--activation-checkpointing");
+        if (more) {
+          setting.input.activation_checkpointing = recompute;
+          setting.flags.push_back(fmt::format("--activation-checkpointing {}", models::recompute_name(recompute)));
         }
         setting.plan = plan_memory(setting.input);
         settings.push_back(std::move(setting));

@@ -6,18 +6,20 @@
 // and the autocast state of the forward are restored for the recomputation, so it computes the same
 // values. Hooks around the forward call and around recomputation + backward let the fully sharded strategy
 // gather a block's parameters just before each and free them after (train/strategies/fully_sharded.hpp).
+// Selective (Recompute::selective) keeps the block's matrix products from the forward and replays them in the
+// recomputation, which then runs only the elementwise work again (models/selective_recompute.hpp).
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <utility>
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include <hpctrain/models/recompute.hpp>
+#include <hpctrain/models/selective_recompute.hpp>
+
 namespace hpctrain::models {
-
-namespace detail {
-
-}  // namespace detail
 
 /// Called around a checkpointed block's two runs; any may be empty.
 struct CheckpointHooks {
@@ -40,6 +42,8 @@ struct Recomputation : torch::CustomClassHolder {
   torch::Tensor rng_state;
   bool autocast_enabled = false;
   at::ScalarType autocast_dtype = at::kFloat;
+  /// Selective recomputation: the forward's matrix products, replayed by the recomputation. Null for full.
+  std::unique_ptr<MatrixProducts> products;
 };
 
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
@@ -60,7 +64,13 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     ctx->saved_data["recomputation"] = c10::IValue::make_capsule(c10::static_intrusive_pointer_cast<torch::CustomClassHolder>(recomputation));
     torch::NoGradGuard no_grad;
     call_hook(recomputation->hooks.before_forward);
-    auto output = recomputation->block(input);
+    torch::Tensor output;
+    if (recomputation->products) {
+      MatrixProductsScope recording(*recomputation->products, MatrixProducts::Phase::record);
+      output = recomputation->block(input);
+    } else {
+      output = recomputation->block(input);
+    }
     call_hook(recomputation->hooks.after_forward);
     return output;
   }
@@ -88,7 +98,13 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     torch::Tensor output;
     {
       torch::AutoGradMode enable(true);
-      output = recomputation->block(input);
+      if (recomputation->products) {
+        MatrixProductsScope replaying(*recomputation->products, MatrixProducts::Phase::replay);
+        output = recomputation->block(input);
+        recomputation->products->finish_replay();  // the recomputed graph holds the products now
+      } else {
+        output = recomputation->block(input);
+      }
     }
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
     at::autocast::set_autocast_enabled(device_type, previous_enabled);
@@ -140,12 +156,14 @@ inline torch::Tensor on_backward(const torch::Tensor& x, std::function<void()> h
 /// `block(input)`, keeping only `input` for backward: the block runs again there. The result must depend
 /// on `input` (which must require grad) for the block's parameters to receive gradients.
 /// With `hooks`, each is called at its point (see CheckpointHooks); the block's parameters then receive
-/// gradients even when `input` does not require grad.
+/// gradients even when `input` does not require grad. `recompute` selective keeps the outputs of the block's
+/// projections (models::linear) too, and the recomputation reuses them; full (or none, here) keeps nothing else.
 inline torch::Tensor checkpointed(std::function<torch::Tensor(const torch::Tensor&)> block, const torch::Tensor& input,
-                                  CheckpointHooks hooks = {}) {
+                                  CheckpointHooks hooks = {}, Recompute recompute = Recompute::full) {
   auto recomputation = c10::make_intrusive<detail::Recomputation>();
   recomputation->block = std::move(block);
   recomputation->hooks = std::move(hooks);
+  if (recompute == Recompute::selective) recomputation->products = std::make_unique<detail::MatrixProducts>();
   // A fresh leaf per call: autograd then runs backward whenever the block's output is used in a loss.
   auto anchor = torch::zeros({}, torch::TensorOptions().device(input.device()).requires_grad(torch::GradMode::is_enabled()));
   return detail::CheckpointFunction::apply(input, recomputation, anchor);

@@ -40,6 +40,8 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <hpctrain/models/recompute.hpp>
+
 namespace hpctrain {
 
 /// A block's computation on one input: `output = block(input)`.
@@ -105,8 +107,13 @@ class ListsBlocks {
   void set_edge_runner(EdgeRunner runner) { edge_runner_ = std::move(runner); }
   /// Recompute each block in backward instead of keeping its activations (training only): the model's own
   /// forward checkpoints its blocks, and the fully sharded strategy gathers a block again for its recomputation.
-  void set_activation_checkpointing(bool on) { activation_checkpointing_ = on; }
-  bool activation_checkpointing() const { return activation_checkpointing_; }
+  /// Selective keeps the outputs of the blocks' matrix products and recomputes only the rest (models/recompute.hpp).
+  void set_activation_checkpointing(models::Recompute recompute) { activation_checkpointing_ = recompute; }
+  /// `true`: every block recomputed whole (Recompute::full); `false`: none.
+  void set_activation_checkpointing(bool on) {
+    activation_checkpointing_ = on ? models::Recompute::full : models::Recompute::none;
+  }
+  models::Recompute activation_checkpointing() const { return activation_checkpointing_; }
   /// The blocks' deferred values, when the blocks were built empty (null once they are materialized or sharded).
   const std::shared_ptr<DeferredBlocks>& deferred_blocks() const { return deferred_blocks_; }
   void set_deferred_blocks(std::shared_ptr<DeferredBlocks> deferred) { deferred_blocks_ = std::move(deferred); }
@@ -124,7 +131,7 @@ class ListsBlocks {
  private:
   BlockRunner block_runner_;
   EdgeRunner edge_runner_;
-  bool activation_checkpointing_ = false;
+  models::Recompute activation_checkpointing_ = models::Recompute::none;
   std::shared_ptr<DeferredBlocks> deferred_blocks_;
 };
 

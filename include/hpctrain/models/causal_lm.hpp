@@ -208,10 +208,12 @@ class CausalLM : public torch::nn::Module, public ListsBlocks {
  protected:
   /// Block `index` on `x`: through the block runner when a strategy installed one (the fully sharded one
   /// recomputes the block in backward itself when activation checkpointing is on), else checkpointed when
-  /// activation checkpointing is on and this is a training forward without cache, else directly.
+  /// activation checkpointing is on (selective or full) and this is a training forward without cache, else directly.
   torch::Tensor call_block(std::size_t index, const BlockCall& call, const torch::Tensor& x, const KVCache* cache) {
     if (has_block_runner()) return run_block(index, call, x);
-    if (activation_checkpointing() && cache == nullptr && is_training() && torch::GradMode::is_enabled()) return checkpointed(call, x);
+    const auto recompute = activation_checkpointing();
+    if (recompute != Recompute::none && cache == nullptr && is_training() && torch::GradMode::is_enabled())
+      return checkpointed(call, x, {}, recompute);
     return call(x);
   }
 

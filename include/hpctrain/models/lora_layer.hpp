@@ -7,6 +7,8 @@
 
 #include <torch/torch.h>
 
+#include <hpctrain/models/selective_recompute.hpp>
+
 namespace hpctrain::models {
 
 /// The adapter's dropout and scale: a child `lora_scale` of the adapted layer (no parameters; PEFT's `lora_dropout`
@@ -38,15 +40,37 @@ inline std::shared_ptr<torch::nn::Module> child(const torch::nn::Module& module,
 /// Through at::linear (what Python's F.linear is), not torch::nn::Linear's forward: LibTorch's C++ F::linear
 /// computes matmul, then `+= bias`, which autocast leaves in fp32, so a bf16 output plus an fp32 bias went
 /// through ATen's mixed-dtype elementwise kernel (6 ms of a 60 ms GPT-2 124M step on an H100, docs/gpu.md);
-/// at::linear adds the bias in the matrix product's epilogue.
+/// at::linear adds the bias in the matrix product's epilogue. (The adapter's A and B have no bias: at::linear
+/// is the matmul F::linear computes for them.) In a block under selective recomputation the products are
+/// recorded in its forward and replayed in its recomputation (models/selective_recompute.hpp).
 inline torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) {
+  using detail::MatrixProducts;
+  std::shared_ptr<torch::nn::LinearImpl> a, b;
+  std::shared_ptr<LoraScaleImpl> scale;
+  if (!layer->named_children().is_empty()) {
+    a = std::dynamic_pointer_cast<torch::nn::LinearImpl>(detail::child(*layer, "lora_A"));
+    b = std::dynamic_pointer_cast<torch::nn::LinearImpl>(detail::child(*layer, "lora_B"));
+    scale = std::dynamic_pointer_cast<LoraScaleImpl>(detail::child(*layer, detail::lora_scale_child));
+  }
+  const bool adapted = a && b && scale;
+  if (auto* replaying = MatrixProducts::active(MatrixProducts::Phase::replay)) {
+    auto recorded = replaying->replay_next();
+    torch::Tensor middle;
+    if (adapted)  // the adapter's dropout runs again (its random state replayed), its product does not
+      middle = detail::replayed_linear(scale->input(x), a->weight, a->bias, {}, {}, {}, 0.0,
+                                       std::move(recorded.adapter_middle));
+    return detail::replayed_linear(x, layer->weight, layer->bias, middle, adapted ? b->weight : torch::Tensor(),
+                                   adapted ? b->bias : torch::Tensor(), adapted ? scale->scaling() : 0.0,
+                                   std::move(recorded.output));
+  }
   auto y = torch::linear(x, layer->weight, layer->bias);
-  if (layer->named_children().is_empty()) return y;
-  auto a = std::dynamic_pointer_cast<torch::nn::LinearImpl>(detail::child(*layer, "lora_A"));
-  auto b = std::dynamic_pointer_cast<torch::nn::LinearImpl>(detail::child(*layer, "lora_B"));
-  auto scale = std::dynamic_pointer_cast<LoraScaleImpl>(detail::child(*layer, detail::lora_scale_child));
-  if (!a || !b || !scale) return y;
-  return y + b->forward(a->forward(scale->input(x))) * scale->scaling();
+  torch::Tensor middle;
+  if (adapted) {
+    middle = torch::linear(scale->input(x), a->weight, a->bias);
+    y = y + torch::linear(middle, b->weight, b->bias) * scale->scaling();
+  }
+  if (auto* recording = MatrixProducts::active(MatrixProducts::Phase::record)) recording->record(y, middle);
+  return y;
 }
 
 /// Whether a parameter name belongs to an adapter.

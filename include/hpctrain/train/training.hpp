@@ -386,6 +386,12 @@ class Training {
     knobs_.declare<T>(std::move(name), std::move(default_value), std::move(help), std::move(check));
     return *this;
   }
+  /// Lets knob `name` be given without a value, standing for `value`; `placeholder` names its values in `--help`:
+  /// `.knob_bare_value("activation_checkpointing", "full", "[none|selective|full]")`.
+  Training& knob_bare_value(std::string_view name, std::string value, std::string placeholder) {
+    knobs_.allow_bare(name, std::move(value), std::move(placeholder));
+    return *this;
+  }
   /// This run's knob values (replaced by the worker with what the command line gave).
   Training& knob_values(Knobs values) { knobs_ = std::move(values); return *this; }
 

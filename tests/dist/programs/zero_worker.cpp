@@ -8,11 +8,11 @@
 //   zero_worker equivalence <zero1|zero2|zero3|hsdp:S> <steps> <accumulation> [adamw|sgd]
 //       ZeRO parameters after <steps> AdamW (or SGD) steps (clipping on) equal Replicated's (GradientSync + the
 //       optimizer on the whole model + torch::nn::utils::clip_grad_norm_) within equivalence_bound relative
-//   zero_worker gpt2-bf16 <steps> <accumulation> [recompute] [untied]
+//   zero_worker gpt2-bf16 <steps> <accumulation> [recompute|selective] [untied]
 //       ZeRO-3 under bf16 (bf16 gathers, fp32 reduce-scatters every micro-batch) against Replicated under bf16
 //       autocast, from the same GPT-2 and data: gradient norms and parameters within bf16's bounds, the gathered
 //       blocks held in 2 bytes an element, no master copy
-//   zero_worker gpt2-equivalence <zero2|zero3> <steps> <accumulation> <export_dir> [recompute] [untied]
+//   zero_worker gpt2-equivalence <zero2|zero3> <steps> <accumulation> <export_dir> [recompute|selective] [untied]
 //       the same with a small GPT-2 (tied embeddings, dropout on) and SGD with momentum; then every rank takes part in
 //       the export unit by unit (fp32 into <export_dir>, bf16 into <export_dir>/bf16, in shards of 8000 bytes), and
 //       rank 0 loads them back and checks them against the gathered module, bit for bit; under
@@ -563,7 +563,7 @@ bool check_exports(hpctrain::models::GPT2& model, const fs::path& fp32_dir, cons
 }
 
 int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage stage, int steps,
-                           int accumulation, const fs::path& export_dir, bool recompute, bool tied) {
+                           int accumulation, const fs::path& export_dir, hpctrain::models::Recompute recompute, bool tied) {
   const int rank = group->rank();
   auto [model, reference] = equal_gpt2s(tied);
   model->set_activation_checkpointing(recompute);
@@ -600,7 +600,8 @@ int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpc
 /// feeds every block stale weights.
 constexpr double bf16_norm_bound = 1e-2, bf16_parameter_bound = 1e-1;
 
-int check_gpt2_bf16(const std::shared_ptr<dist::ProcessGroup>& group, int steps, int accumulation, bool recompute, bool tied) {
+int check_gpt2_bf16(const std::shared_ptr<dist::ProcessGroup>& group, int steps, int accumulation, hpctrain::models::Recompute recompute,
+                    bool tied) {
   const int rank = group->rank();
   auto [model, reference] = equal_gpt2s(tied);
   model->set_activation_checkpointing(recompute);
@@ -676,18 +677,23 @@ int main(int argc, char** argv) try {
       if (std::string(argv[k]) == name) return true;
     return false;
   };
+  // "recompute": every block recomputed whole; "selective": its matrix products kept; neither: activations kept.
+  const auto recompute_of = [&](int from) {
+    using hpctrain::models::Recompute;
+    return flag(from, "recompute") ? Recompute::full : flag(from, "selective") ? Recompute::selective : Recompute::none;
+  };
   if (mode == "gpt2-equivalence" && argc >= 6 && argc <= 8)
-    return check_gpt2_equivalence(group, stage_of(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), argv[5], flag(6, "recompute"),
+    return check_gpt2_equivalence(group, stage_of(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), argv[5], recompute_of(6),
                                   !flag(6, "untied"));
   if (mode == "gpt2-bf16" && argc >= 4 && argc <= 6)
-    return check_gpt2_bf16(group, std::stoi(argv[2]), std::stoi(argv[3]), flag(4, "recompute"), !flag(4, "untied"));
+    return check_gpt2_bf16(group, std::stoi(argv[2]), std::stoi(argv[3]), recompute_of(4), !flag(4, "untied"));
   if (mode == "no-blocks" && argc == 2) return refuse_without_blocks(group);
   if (mode == "lbfgs" && argc == 3) return refuse_lbfgs(group, stage_of(argv[2]));
   if (mode == "other-model" && argc == 5)  // a wider hidden layer than the checkpoint's model
     return train(group, stage_of(argv[2]), argv[3], -1, 12, std::stoi(argv[4]), 5, 34);
   std::cerr << "usage: zero_worker equivalence <stage> <steps> <accumulation> | train <stage> <dir> <save_at> <steps> "
-               "[<resume_world> <resume_step> [<saved_strategy>]] | gpt2-equivalence <stage> <steps> <accumulation> <dir> [recompute] | "
-               "gpt2-bf16 <steps> <accumulation> | "
+               "[<resume_world> <resume_step> [<saved_strategy>]] | gpt2-equivalence <stage> <steps> <accumulation> <dir> [recompute|selective] [untied] | "
+               "gpt2-bf16 <steps> <accumulation> [recompute|selective] [untied] | "
                "no-blocks | lbfgs <stage> | other-model <stage> <dir> <world>\n";
   return 2;
 } catch (const hpctrain::SpecError& e) {

@@ -21,8 +21,9 @@
 // With activation checkpointing (ListsBlocks::set_activation_checkpointing, --activation-checkpointing) each
 // block is instead a checkpointed call (models/activation_checkpoint.hpp): run without a graph and freed in
 // forward, gathered again and recomputed with grad in backward (a third more compute for the activations'
-// memory). On the non-final micro-batches of an accumulation (set_sync(false)) the full gradients accumulate
-// locally, as FSDP's no_sync.
+// memory; selective keeps the block's matrix products from the forward and recomputes only the elementwise
+// work, models/selective_recompute.hpp). On the non-final micro-batches of an accumulation (set_sync(false)) the
+// full gradients accumulate locally, as FSDP's no_sync.
 // Clipping, the optimizer step on fp32 masters and the checkpoint format are ZeRO-2's (zero.hpp,
 // zero_checkpoint.hpp): ZeRO-2 and ZeRO-3 checkpoints reshard into each other, at any world size.
 //
@@ -711,7 +712,9 @@ class FullyShardedStrategy : public DataParallelStrategy {
     if (index >= model_blocks_)
       throw RuntimeError(errors::runtime_gradient_sync,
                          fmt::format("run_block({}) on a model that lists {} blocks", index, model_blocks_));
-    if (!lists_->activation_checkpointing() || !torch::GradMode::is_enabled()) return run_keeping_activations(index, call, input);
+    const auto recompute = lists_->activation_checkpointing();
+    if (recompute == models::Recompute::none || !torch::GradMode::is_enabled())
+      return run_keeping_activations(index, call, input);
     models::CheckpointHooks hooks;
     hooks.before_forward = [this, index] {
       acquire(index);
@@ -726,7 +729,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
       if (sync_ || computes_in_bf16(index)) start_gradient_reduce_scatter(index);
       release(index);
     };
-    return models::checkpointed(computing(index, call), input, std::move(hooks));
+    return models::checkpointed(computing(index, call), input, std::move(hooks), recompute);
   }
 
   /// An edge that is a unit runs as a block keeping its activations (never recomputed: the head's backward needs

@@ -1,0 +1,256 @@
+// --activation-checkpointing none|selective|full on the models themselves (CPU, fp32 and bf16 autocast): selective
+// recomputation gives the loss and every parameter's gradient of keeping every activation and of recomputing whole
+// blocks, for Llama (grouped-query attention) and GPT-2, with dropout (its random state replayed), with LoRA, and
+// under autocast; and its recomputation runs no matrix product a second time (counted at ATen's kernels).
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/record_function.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <hpctrain/models/lora.hpp>
+#include <hpctrain/models/models.hpp>
+#include <hpctrain/train/precision.hpp>
+
+namespace hm = hpctrain::models;
+
+namespace selective_recompute_test {
+
+constexpr std::int64_t vocabulary = 97, batch = 2, sequence = 16;
+
+hm::LlamaConfig llama(double dropout) {
+  hm::LlamaConfig config;
+  config.vocab_size = vocabulary;
+  config.hidden_size = 32;
+  config.intermediate_size = 64;
+  config.num_hidden_layers = 2;
+  config.num_attention_heads = 4;
+  config.num_key_value_heads = 2;  // grouped-query attention
+  config.attention_dropout = dropout;
+  config.tie_word_embeddings = false;
+  return config;
+}
+
+hm::GPT2Config gpt2(double dropout) {
+  hm::GPT2Config config;
+  config.vocab_size = vocabulary;
+  config.n_positions = 32;
+  config.n_embd = 32;
+  config.n_layer = 2;
+  config.n_head = 4;
+  config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = dropout;
+  return config;
+}
+
+/// The widest sum in these models' products and their gradients: the width 64 (the MLP) and the 2 x 16 tokens.
+constexpr double widest_sum = 64;
+/// The products a gradient passes through on its way from the loss to the first block's weights: the head, and per
+/// block at most 4 (o_proj or c_proj, then v/q/k; down, then gate/up; the attention between).
+constexpr double chain = 1 + 2 * 4;
+
+/// selective's gradients against none's: the same products of the same operands, summed in other orders (the
+/// weight gradient as gᵀ·x where autograd computes (xᵀ·g)ᵀ, other kernels for other shapes). A reordered sum of n
+/// fp32 terms moves by at most about √n·2^-24 relative, and the differences of the products a gradient goes
+/// through add up: chain · √64 · 2^-24 = 4.3e-6 (measured values are printed beside it).
+const double fp32_bound = chain * std::sqrt(widest_sum) * std::ldexp(1.0, -24);
+/// Under bf16 autocast each product's result is rounded to bf16 (2^-8 relative): a reordered sum may round the
+/// other way, and that moves the gradients downstream by as much, chain times at most.
+const double bf16_bound = chain * std::ldexp(1.0, -8);
+
+double relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
+  const auto x = a.to(torch::kFloat64), y = b.to(torch::kFloat64);
+  return (x - y).norm().item<double>() / std::max(y.norm().item<double>(), 1e-30);
+}
+
+struct Step {
+  double loss = 0;
+  std::vector<std::pair<std::string, torch::Tensor>> gradients;  ///< of every parameter that trains
+};
+
+/// One training forward and backward of `model` under `recompute` from the same random state (dropout).
+Step step(hm::CausalLM& model, hm::Recompute recompute, const torch::Tensor& ids, hpctrain::Precision precision) {
+  model.train();
+  model.set_activation_checkpointing(recompute);
+  model.zero_grad();
+  torch::manual_seed(1234);
+  torch::Tensor loss;
+  {
+    hpctrain::AutocastScope autocast(precision, torch::Device(torch::kCPU));
+    const auto logits = model.forward(ids.narrow(1, 0, sequence));
+    loss = torch::nn::functional::cross_entropy(logits.reshape({-1, vocabulary}).to(torch::kFloat32),
+                                                ids.narrow(1, 1, sequence).reshape({-1}));
+  }
+  loss.backward();
+  Step out;
+  out.loss = loss.item<double>();
+  for (const auto& item : model.named_parameters())
+    if (item.value().requires_grad()) out.gradients.emplace_back(item.key(), item.value().grad().clone());
+  return out;
+}
+
+/// selective's loss equals none's (its forward computes the same), and each gradient is within `bound` of none's and
+/// of full's; the worst measured difference is printed.
+void check_against_none_and_full(hm::CausalLM& model, const std::string& what, hpctrain::Precision precision,
+                                 double bound) {
+  torch::manual_seed(7);
+  const auto ids = torch::randint(vocabulary, {batch, sequence + 1}, torch::kLong);
+  const auto none = step(model, hm::Recompute::none, ids, precision);
+  const auto full = step(model, hm::Recompute::full, ids, precision);
+  const auto selective = step(model, hm::Recompute::selective, ids, precision);
+  CHECK(selective.loss == none.loss);
+  CHECK(full.loss == none.loss);
+  REQUIRE(selective.gradients.size() == none.gradients.size());
+  double worst_none = 0, worst_full = 0;
+  std::string worst_name;
+  for (std::size_t i = 0; i < none.gradients.size(); ++i) {
+    const auto& [name, expected] = none.gradients[i];
+    CAPTURE(what, name);
+    REQUIRE(selective.gradients[i].first == name);
+    REQUIRE(expected.abs().max().item<double>() > 0);  // a gradient that is zero would compare nothing
+    const double against_none = relative_difference(selective.gradients[i].second, expected);
+    const double against_full = relative_difference(selective.gradients[i].second, full.gradients[i].second);
+    CHECK(against_none <= bound);
+    CHECK(against_full <= bound);
+    if (against_none > worst_none) worst_none = against_none, worst_name = name;
+    worst_full = std::max(worst_full, against_full);
+  }
+  WARN(fmt::format(
+      "{}: selective's gradients against none's {:.2e} (worst: {}), against full's {:.2e}; bound {:.2e}; loss {} equal",
+      what, worst_none, worst_name, worst_full, bound, selective.loss));
+}
+
+/// Every adapter on every projection, dropout on its input, and B made non-zero (B = 0 at the start gives A no
+/// gradient, which would compare nothing).
+void add_adapters(torch::nn::Module& model) {
+  hm::LoraConfig lora;
+  lora.r = 4;
+  lora.dropout = 0.2;
+  lora.targets = {"all-linear"};
+  hm::apply_lora(model, lora);
+  torch::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters())
+    if (item.key().find(".lora_B.") != std::string::npos) item.value().normal_(0.0, 0.1);
+}
+
+/// Counts ATen's matrix-product kernels (mm, addmm, bmm, baddbmm) while alive. The composite ops that reach them
+/// (linear, matmul) are not counted: each lands in one kernel call.
+class MatrixKernelCount {
+ public:
+  MatrixKernelCount() {
+    count() = 0;
+    handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&on_start).scopes({at::RecordScope::FUNCTION}));
+  }
+  ~MatrixKernelCount() { at::removeCallback(handle_); }
+  MatrixKernelCount(const MatrixKernelCount&) = delete;
+  MatrixKernelCount& operator=(const MatrixKernelCount&) = delete;
+  long value() const { return count(); }
+
+ private:
+  static std::atomic<long>& count() {
+    static std::atomic<long> n{0};
+    return n;
+  }
+  static std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& function) {
+    const char* name = function.name();
+    for (const char* kernel : {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
+      if (std::strcmp(name, kernel) == 0) ++count();
+    return nullptr;
+  }
+  at::CallbackHandle handle_;
+};
+
+/// The matrix-product kernels one training step of `model` runs under `recompute` (fp32, no dropout: the attention
+/// then runs CPU's flash kernel, which calls no ATen product).
+long matrix_kernels_of_a_step(hm::CausalLM& model, hm::Recompute recompute) {
+  torch::manual_seed(7);
+  const auto ids = torch::randint(vocabulary, {batch, sequence + 1}, torch::kLong);
+  MatrixKernelCount count;
+  (void)step(model, recompute, ids, hpctrain::Precision::fp32);
+  return count.value();
+}
+
+}  // namespace selective_recompute_test
+
+using namespace selective_recompute_test;
+
+TEST_CASE(
+    "Selective recomputation gives none's loss and full's gradients: Llama with grouped-query attention and GPT-2, "
+    "with dropout, fp32",
+    "[models][checkpointing][selective]") {
+  torch::manual_seed(3);
+  hm::Llama llama_model(llama(0.1));
+  check_against_none_and_full(*llama_model, "Llama (GQA, attention dropout 0.1)", hpctrain::Precision::fp32,
+                              fp32_bound);
+  hm::GPT2 gpt2_model(gpt2(0.1));
+  check_against_none_and_full(*gpt2_model, "GPT-2 (dropout 0.1)", hpctrain::Precision::fp32, fp32_bound);
+}
+
+TEST_CASE(
+    "Selective recomputation with LoRA on every projection, adapter dropout replayed, gives the adapters' gradients",
+    "[models][checkpointing][selective][lora]") {
+  torch::manual_seed(5);
+  hm::Llama llama_model(llama(0.1));
+  add_adapters(*llama_model);
+  check_against_none_and_full(*llama_model, "Llama + LoRA (all-linear, dropout 0.2)", hpctrain::Precision::fp32,
+                              fp32_bound);
+  hm::GPT2 gpt2_model(gpt2(0.1));
+  add_adapters(*gpt2_model);
+  check_against_none_and_full(*gpt2_model, "GPT-2 + LoRA (all-linear, dropout 0.2)", hpctrain::Precision::fp32,
+                              fp32_bound);
+}
+
+TEST_CASE("Selective recomputation under bf16 autocast gives none's loss and gradients within bf16's rounding",
+          "[models][checkpointing][selective][bf16]") {
+  torch::manual_seed(9);
+  hm::Llama llama_model(llama(0.1));
+  check_against_none_and_full(*llama_model, "Llama, bf16 autocast", hpctrain::Precision::bf16, bf16_bound);
+  hm::GPT2 gpt2_model(gpt2(0.1));
+  add_adapters(*gpt2_model);
+  check_against_none_and_full(*gpt2_model, "GPT-2 + LoRA, bf16 autocast", hpctrain::Precision::bf16, bf16_bound);
+}
+
+TEST_CASE(
+    "Selective recomputation runs no matrix product twice: a step runs as many product kernels as one keeping "
+    "every activation, and full recomputation runs every block's projections once more",
+    "[models][checkpointing][selective]") {
+  torch::manual_seed(11);
+  hm::Llama llama_model(llama(0.0));
+  hm::GPT2 gpt2_model(gpt2(0.0));
+  // Llama's 7 projections a block (no bias: matmul, one mm each), GPT-2's 4 (with bias: one addmm each).
+  const std::vector<std::pair<hm::CausalLM*, long>> models{{llama_model.get(), 2 * 7}, {gpt2_model.get(), 2 * 4}};
+  for (const auto& [model, projections] : models) {
+    const long none = matrix_kernels_of_a_step(*model, hm::Recompute::none);
+    const long selective = matrix_kernels_of_a_step(*model, hm::Recompute::selective);
+    const long full = matrix_kernels_of_a_step(*model, hm::Recompute::full);
+    WARN(fmt::format("matrix-product kernels in a step: none {}, selective {}, full {} ({} projections in the blocks)",
+                     none, selective, full, projections));
+    CHECK(none > 0);
+    CHECK(selective == none);
+    CHECK(full - none == projections);
+  }
+}
+
+TEST_CASE("A selective block whose recomputation computes other products than its forward is refused by name",
+          "[models][checkpointing][selective]") {
+  torch::manual_seed(13);
+  torch::nn::Linear layer(8, 8), other(8, 4);
+  const auto x = torch::randn({3, 8}, torch::requires_grad());
+  bool forward_done = false;
+  auto block = [&](const torch::Tensor& input) {
+    auto y = hm::linear(layer, input);
+    if (forward_done) y = hm::linear(other, y).sum(-1, true).expand({3, 8});  // a product the forward did not make
+    forward_done = true;
+    return y;
+  };
+  auto output = hm::checkpointed(block, x, {}, hm::Recompute::selective);
+  CHECK_THROWS_WITH(output.sum().backward(),
+                    Catch::Contains("[hpctrain.runtime.recompute]") && Catch::Contains("more matrix products"));
+}
