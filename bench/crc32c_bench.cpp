@@ -34,7 +34,8 @@ int main(int argc, char** argv) {
   const double table = best_gb_per_s(buffer, hpctrain::detail::crc32c_by_table, by_table);
   const double instruction = best_gb_per_s(buffer, hpctrain::detail::crc32c_by_instruction, by_instruction);
   std::printf("crc32c over %zu MiB: table %.2f GB/s, instruction %.2f GB/s (%s), %.1fx; crc %08x %s\n", mib, table,
-              instruction, hpctrain::detail::crc32c_instruction_available() ? "available" : "not available: the table again",
+              instruction,
+              hpctrain::detail::crc32c_instruction_available() ? "available" : "not available: the table again",
               instruction / table, by_instruction, by_table == by_instruction ? "equal" : "DIFFERENT");
   return by_table == by_instruction ? 0 : 1;
 }

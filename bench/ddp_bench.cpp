@@ -51,8 +51,9 @@ Settings parse(int argc, char** argv) {
 int main(int argc, char** argv) try {
   const auto settings = parse(argc, argv);
   if (settings.ranks > 1 && std::getenv("RANK") == nullptr) {
-    return hpctrain::launch_local(settings.ranks, "/proc/self/exe",
-                                  {"--steps", std::to_string(settings.steps), "--warmup", std::to_string(settings.warmup)});
+    return hpctrain::launch_local(
+        settings.ranks, "/proc/self/exe",
+        {"--steps", std::to_string(settings.steps), "--warmup", std::to_string(settings.warmup)});
   }
   torch::set_num_threads(1);  // one core per rank: world 1 and world 2 do the same work per rank
   auto group = hpctrain::dist::init_process_group(hpctrain::slurm::world_from_environment());
@@ -61,11 +62,12 @@ int main(int argc, char** argv) try {
   torch::nn::Sequential model(torch::nn::Linear(784, 1024), torch::nn::ReLU(), torch::nn::Linear(1024, 1024),
                               torch::nn::ReLU(), torch::nn::Linear(1024, 10));
   std::unique_ptr<hpctrain::DataParallelStrategy> strategy = std::make_unique<hpctrain::Replicated>();
-  strategy->setup({group, model.ptr(), [](const hpctrain::NamedParameters& named) -> std::unique_ptr<torch::optim::Optimizer> {
-                     std::vector<torch::Tensor> parameters;
-                     for (const auto& [name, tensor] : named) parameters.push_back(tensor);
-                     return std::make_unique<torch::optim::SGD>(parameters, torch::optim::SGDOptions(0.01).momentum(0.9));
-                   }});
+  strategy->setup(
+      {group, model.ptr(), [](const hpctrain::NamedParameters& named) -> std::unique_ptr<torch::optim::Optimizer> {
+         std::vector<torch::Tensor> parameters;
+         for (const auto& [name, tensor] : named) parameters.push_back(tensor);
+         return std::make_unique<torch::optim::SGD>(parameters, torch::optim::SGDOptions(0.01).momentum(0.9));
+       }});
   torch::manual_seed(100 + group->rank());
   const auto inputs = torch::randn({64, 784});
   const auto targets = torch::randint(0, 10, {64});
@@ -89,8 +91,9 @@ int main(int argc, char** argv) try {
   if (group->rank() == 0) {
     const char* launched = std::getenv("HPCTRAIN_BENCH_LAUNCH_TIME");
     const double launch_to_first_step = launched ? first_step_done - std::stod(launched) : -1.0;
-    std::cout << fmt::format(R"({{"side": "hpctrain", "world": {}, "steps_per_s": {:.3f}, "launch_to_first_step_s": {:.3f}}})",
-                             group->world_size(), settings.steps / seconds, launch_to_first_step)
+    std::cout << fmt::format(
+                     R"({{"side": "hpctrain", "world": {}, "steps_per_s": {:.3f}, "launch_to_first_step_s": {:.3f}}})",
+                     group->world_size(), settings.steps / seconds, launch_to_first_step)
               << std::endl;
   }
   return 0;

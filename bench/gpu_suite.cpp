@@ -46,7 +46,8 @@ int run_dist(const torch::Device& device, const std::string& device_name) {
     const int code = hpctrain::launch_local(world, "/proc/self/exe", {"dist", "--device", device_name});
     return failures + (code != 0);
   }
-  return failures + suite::run_strategy_rows(hpctrain::dist::init_process_group(hpctrain::slurm::World{}), device.is_cuda());
+  return failures +
+         suite::run_strategy_rows(hpctrain::dist::init_process_group(hpctrain::slurm::World{}), device.is_cuda());
 }
 
 /// A rank of run_dist's world (launch_local set RANK).
@@ -60,7 +61,9 @@ int run_dist_rank(bool cuda) {
 int main(int argc, char** argv) try {
   CLI::App app{"hpctrain's GPU suite: one group of rows per run, JSON lines on stdout (scripts/gpu-check runs it)"};
   std::string group, device_name = "cuda";
-  app.add_option("group", group, "dist, llama, packed or switches")->required()->check(CLI::IsMember({"dist", "llama", "packed", "switches"}));
+  app.add_option("group", group, "dist, llama, packed or switches")
+      ->required()
+      ->check(CLI::IsMember({"dist", "llama", "packed", "switches"}));
   app.add_option("--device", device_name, "cuda (default) or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
   CLI11_PARSE(app, argc, argv);
 

@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision, "bf16 or fp32");
   app.add_option("--peak-tflops", peak_tflops, "the device's peak for MFU (default: H100/H200 dense bf16)");
   app.add_flag("--activation-checkpointing", checkpointing);
-  app.add_option("--vocab", vocab, "vocabulary size instead of the preset's (GPT-2's BPE: 50257, unpadded)")->check(CLI::PositiveNumber);
+  app.add_option("--vocab", vocab, "vocabulary size instead of the preset's (GPT-2's BPE: 50257, unpadded)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--optimizer", optimizer_name, "fused (hpctrain::FusedAdamW) or torch (torch::optim::AdamW)")
       ->check(CLI::IsMember({"fused", "torch"}));
   app.add_option("--profile", profile_path, "after the timed steps, profile 3 more and save a Chrome trace here");
@@ -103,7 +104,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<torch::optim::AdamW> optimizer = optimizer_name == "fused"
                                                        ? std::make_unique<hpctrain::FusedAdamW>(parameters, options)
                                                        : std::make_unique<torch::optim::AdamW>(parameters, options);
-  const auto tokens = torch::randint(config.vocab_size, {batch, seq + 1}, torch::TensorOptions().dtype(torch::kLong).device(device));
+  const auto tokens =
+      torch::randint(config.vocab_size, {batch, seq + 1}, torch::TensorOptions().dtype(torch::kLong).device(device));
   const auto inputs = tokens.narrow(1, 0, seq), targets = tokens.narrow(1, 1, seq);
   const auto mode = precision == "bf16" ? hpctrain::Precision::bf16 : hpctrain::Precision::fp32;
 
@@ -113,7 +115,8 @@ int main(int argc, char** argv) {
     {
       hpctrain::AutocastScope autocast(mode, device);
       auto logits = model->forward(inputs);
-      loss = torch::nn::functional::cross_entropy(logits.reshape({-1, config.vocab_size}).to(torch::kFloat32), targets.reshape({-1}));
+      loss = torch::nn::functional::cross_entropy(logits.reshape({-1, config.vocab_size}).to(torch::kFloat32),
+                                                  targets.reshape({-1}));
     }
     loss.backward();
     hpctrain::detail::clip_grad_norm(parameters, 1.0);
@@ -130,12 +133,13 @@ int main(int argc, char** argv) {
   const double tokens_per_s = static_cast<double>(batch * seq * steps) / seconds;
   const double flops = hm::flops_per_token(config, seq);
   const double mfu = tokens_per_s * flops / (peak_tflops * 1e12);
-  std::cout << fmt::format(
-                   R"({{"impl": "hpctrain", "optimizer": "{}", "device": "{}", "preset": "{}", "vocab": {}, "batch": {}, "seq": {}, "steps": {}, "precision": "{}", )"
-                   R"("tokens_per_s": {:.1f}, "ms_per_step": {:.2f}, "flops_per_token": {:.0f}, "mfu": {:.4f}, "loss": {:.4f}}})",
-                   optimizer_name, device_name, preset_name, config.vocab_size, batch, seq, steps, precision, tokens_per_s, 1e3 * seconds / static_cast<double>(steps), flops,
-                   mfu, loss.item<double>())
-            << std::endl;
+  std::cout
+      << fmt::format(
+             R"({{"impl": "hpctrain", "optimizer": "{}", "device": "{}", "preset": "{}", "vocab": {}, "batch": {}, "seq": {}, "steps": {}, "precision": "{}", )"
+             R"("tokens_per_s": {:.1f}, "ms_per_step": {:.2f}, "flops_per_token": {:.0f}, "mfu": {:.4f}, "loss": {:.4f}}})",
+             optimizer_name, device_name, preset_name, config.vocab_size, batch, seq, steps, precision, tokens_per_s,
+             1e3 * seconds / static_cast<double>(steps), flops, mfu, loss.item<double>())
+      << std::endl;
   if (!profile_path.empty()) profile(profile_path, device, 3, step);
   return 0;
 }

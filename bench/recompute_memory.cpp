@@ -82,8 +82,8 @@ int main(int argc, char** argv) {
   const double kept = hpctrain::lm::kept_activations(in, plan);
   const double planned = kept + plan.logits;  // the forward's end: the transient peak
   const auto measured = peak - before;
-  std::cout << fmt::format(R"({{"mode": "{}", "parameters": {}, "batch": {}, "seq": {}, )", mode, config.parameter_count(),
-                           batch, seq)
+  std::cout << fmt::format(R"({{"mode": "{}", "parameters": {}, "batch": {}, "seq": {}, )", mode,
+                           config.parameter_count(), batch, seq)
             << fmt::format(R"("step_peak_bytes": {}, "resident_before": {}, "planned_activations": {:.0f}, )", measured,
                            before, kept)
             << fmt::format(R"("planned_logits": {:.0f}, "planned_transient": {:.0f}, "plan_over_measured": {:.3f}, )",

@@ -37,6 +37,6 @@ int main(int argc, char** argv) {
   const tx::SftTokensFile prepared(out);
   std::uint64_t trained = 0;
   for (std::uint64_t i = 0; i < prepared.view().header().tokens; ++i) trained += prepared.view().trained(i);
-  std::printf("hpctrain sft_prepare %.3f %.1f %d %llu %llu\n", best.megabytes_per_second(), best.examples_per_second(), best.threads,
-              static_cast<unsigned long long>(best.tokens), static_cast<unsigned long long>(trained));
+  std::printf("hpctrain sft_prepare %.3f %.1f %d %llu %llu\n", best.megabytes_per_second(), best.examples_per_second(),
+              best.threads, static_cast<unsigned long long>(best.tokens), static_cast<unsigned long long>(trained));
 }

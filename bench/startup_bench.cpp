@@ -39,11 +39,12 @@ int rank_main() {
     times = hpctrain::dist::all_reduce_sum(group, times);
     if (world.rank == 0) {
       const double wall = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-      std::cout << fmt::format(
-                       R"({{"ranks": {}, "all_reduce_sum": {}, "rendezvous_s": {:.3f}, "first_collective_s": {:.3f}, "collective_done_at": {:.6f}}})",
-                       world.world_size, sum, times.slice(0, 0, world.world_size).max().item<double>(),
-                       times.slice(0, world.world_size).max().item<double>(), wall)
-                << std::endl;
+      std::cout
+          << fmt::format(
+                 R"({{"ranks": {}, "all_reduce_sum": {}, "rendezvous_s": {:.3f}, "first_collective_s": {:.3f}, "collective_done_at": {:.6f}}})",
+                 world.world_size, sum, times.slice(0, 0, world.world_size).max().item<double>(),
+                 times.slice(0, world.world_size).max().item<double>(), wall)
+          << std::endl;
     }
   }  // ~ProcessGroup: the orderly shutdown that bench/startup measures
   return sum == world.world_size ? 0 : 1;

@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
     else files.emplace_back(argument);
   }
   if (tokenizer_file.empty() || files.empty()) {
-    fmt::print(stderr, "usage: hpctrain_tokenize_bench --tokenizer FILE [--repeat N] [--prepare-out DIR] TEXT_FILE...\n");
+    fmt::print(stderr,
+               "usage: hpctrain_tokenize_bench --tokenizer FILE [--repeat N] [--prepare-out DIR] TEXT_FILE...\n");
     return 2;
   }
   try {

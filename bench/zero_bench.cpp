@@ -68,7 +68,8 @@ struct StackImpl : torch::nn::Module, hpctrain::ListsBlocks {
   }
   torch::Tensor forward(torch::Tensor x) {
     for (std::size_t i = 0; i < layers.size(); ++i)
-      x = run_block(i, [layer = layers[i]](const torch::Tensor& in) mutable { return torch::relu(layer(in)); }, x);
+      x = run_block(
+          i, [layer = layers[i]](const torch::Tensor& in) mutable { return torch::relu(layer(in)); }, x);
     return head(x);
   }
   std::vector<torch::nn::Linear> layers;
@@ -151,11 +152,15 @@ int main(int argc, char** argv) try {
     };
     if (auto* zero = dynamic_cast<hpctrain::ZeroStrategy*>(sharded.get())) {
       optimizer_bytes = [zero] { return zero->optimizer_state_bytes(); };
-      param_grad_bytes = [zero, parameter_bytes] { return parameter_bytes + zero->gradient_bytes() + zero->master_bytes(); };
+      param_grad_bytes = [zero, parameter_bytes] {
+        return parameter_bytes + zero->gradient_bytes() + zero->master_bytes();
+      };
     } else {
       auto* full = dynamic_cast<hpctrain::FullyShardedStrategy*>(sharded.get());
       optimizer_bytes = [full] { return full->optimizer_state_bytes(); };
-      param_grad_bytes = [full] { return full->resident_parameter_bytes() + full->gradient_bytes() + full->master_bytes(); };
+      param_grad_bytes = [full] {
+        return full->resident_parameter_bytes() + full->gradient_bytes() + full->master_bytes();
+      };
       peak_param_grad_bytes = [full, param_grad_bytes] { return param_grad_bytes() + full->peak_gathered_bytes(); };
     }
   }
@@ -175,12 +180,13 @@ int main(int argc, char** argv) try {
   const double peak_max = max_over_ranks(*group, static_cast<double>(peak_param_grad_bytes()));
   const double rss_max = max_over_ranks(*group, usage.ru_maxrss / 1024.0);
   if (group->rank() == 0) {
-    std::cout << fmt::format(R"({{"side": "hpctrain", "strategy": "{}", "world": {}, "parameters": {}, )"
-                             R"("optimizer_state_bytes": {:.0f}, "param_grad_bytes": {:.0f}, "peak_param_grad_bytes": {:.0f}, )"
-                             R"("max_rss_mb": {:.1f}, )"
-                             R"("steps_per_s": {:.3f}}})",
-                             settings.strategy, group->world_size(), parameter_bytes / 4, optimizer_max,
-                             param_grad_max, peak_max, rss_max, settings.steps / seconds)
+    std::cout << fmt::format(
+                     R"({{"side": "hpctrain", "strategy": "{}", "world": {}, "parameters": {}, )"
+                     R"("optimizer_state_bytes": {:.0f}, "param_grad_bytes": {:.0f}, "peak_param_grad_bytes": {:.0f}, )"
+                     R"("max_rss_mb": {:.1f}, )"
+                     R"("steps_per_s": {:.3f}}})",
+                     settings.strategy, group->world_size(), parameter_bytes / 4, optimizer_max, param_grad_max,
+                     peak_max, rss_max, settings.steps / seconds)
               << std::endl;
   }
   return 0;

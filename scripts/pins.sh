@@ -16,10 +16,10 @@ HPCTRAIN_WHISPER_SDIST="openai-whisper==20250625"
 # Debian packages: build, tests, local Slurm cluster, data, container runtime.
 # libgloo-dev: the torch wheel omits the gloo headers that ProcessGroupGloo.hpp includes (docs/libtorch.md).
 # libpcre2-dev: Unicode regex for the tokenizer's pre-split; libsentencepiece-dev: Llama 2 / T5 models;
-# clang + libfuzzer-14-dev: fuzzing and sanitizer builds.
+# clang + libfuzzer-14-dev: fuzzing and sanitizer builds; clang-format-14: the format check (its version formats).
 HPCTRAIN_APT_PACKAGES="cmake g++ ninja-build python3-venv slurm-wlm munge libfmt-dev catch2 libcli11-dev
   nlohmann-json3-dev zlib1g-dev libgloo-dev dataset-fashion-mnist fortunes charliecloud-runtime procps
-  libpcre2-dev libsentencepiece-dev clang libfuzzer-14-dev"
+  libpcre2-dev libsentencepiece-dev clang libfuzzer-14-dev clang-format-14"
 HPCTRAIN_CACHE="${HPCTRAIN_CACHE:-$HOME/.cache/hpctrain}"
 HPCTRAIN_VENV="${HPCTRAIN_VENV:-$HPCTRAIN_CACHE/venv}"
 HPCTRAIN_VENV_TRANSFORMERS5="${HPCTRAIN_VENV_TRANSFORMERS5:-$HPCTRAIN_CACHE/venv-transformers5}"

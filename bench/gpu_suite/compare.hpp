@@ -34,7 +34,9 @@ inline double relative_error(double a, double b) { return b == 0 ? std::abs(a) :
 /// The tolerance of a comparison against an fp32 CPU reference. fp32: reassociation only (other kernels,
 /// other summation orders, an all-reduce). bf16: autocast rounds every matrix product's output to 8 bits of
 /// mantissa (2^-9 relative), and a few layers compound it: a few percent of the whole-model norm.
-inline double tolerance_for(hpctrain::Precision precision) { return precision == hpctrain::Precision::bf16 ? 3e-2 : 1e-4; }
+inline double tolerance_for(hpctrain::Precision precision) {
+  return precision == hpctrain::Precision::bf16 ? 3e-2 : 1e-4;
+}
 
 /// "1.2e-03 <= 1e-04" for a table cell.
 inline std::string within(double error, double tolerance) {

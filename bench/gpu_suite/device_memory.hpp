@@ -17,7 +17,8 @@
 
 #include <hpctrain/train/host_memory.hpp>
 
-#if defined(HPCTRAIN_GPU_SUITE_C10_CUDA) && __has_include(<c10/cuda/CUDACachingAllocator.h>) && __has_include(<cuda_runtime_api.h>)
+#if defined(HPCTRAIN_GPU_SUITE_C10_CUDA) && \
+    __has_include(<c10/cuda/CUDACachingAllocator.h>) && __has_include(<cuda_runtime_api.h>)
 #define HPCTRAIN_GPU_SUITE_CUDA_MEMORY 1
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif

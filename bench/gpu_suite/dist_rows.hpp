@@ -91,7 +91,8 @@ inline std::vector<torch::Tensor> cpu_copies(const std::vector<torch::Tensor>& t
   return copies;
 }
 
-inline std::vector<torch::Tensor> differences(const std::vector<torch::Tensor>& after, const std::vector<torch::Tensor>& before) {
+inline std::vector<torch::Tensor> differences(const std::vector<torch::Tensor>& after,
+                                              const std::vector<torch::Tensor>& before) {
   std::vector<torch::Tensor> out;
   for (std::size_t i = 0; i < after.size(); ++i) out.push_back(after[i] - before[i]);
   return out;
@@ -124,17 +125,17 @@ inline StepResult reference_step(bool cuda, const torch::Tensor& tokens) {
 }
 
 /// One step of `strategy_name` ("replicated" or "zero3") on this rank's slice, at `precision`.
-inline StepResult strategy_step(const std::shared_ptr<hpctrain::dist::ProcessGroup>& group, const std::string& strategy_name,
-                                hpctrain::Precision precision, bool cuda, const torch::Tensor& tokens) {
+inline StepResult strategy_step(const std::shared_ptr<hpctrain::dist::ProcessGroup>& group,
+                                const std::string& strategy_name, hpctrain::Precision precision, bool cuda,
+                                const torch::Tensor& tokens) {
   torch::manual_seed(0);
   hpctrain::models::GPT2 model(model_config(cuda));
   const auto before = cpu_copies(model->parameters());
   model->to(group->device());
   model->train();
-  auto strategy = hpctrain::make_zero_strategy(strategy_name == "zero3" ? hpctrain::ZeroStage::zero3 : hpctrain::ZeroStage::none);
-  strategy->setup({group, model.ptr(),
-                   sgd(learning_rate),
-                   precision});
+  auto strategy =
+      hpctrain::make_zero_strategy(strategy_name == "zero3" ? hpctrain::ZeroStage::zero3 : hpctrain::ZeroStage::none);
+  strategy->setup({group, model.ptr(), sgd(learning_rate), precision});
   const auto rows = rows_per_rank(cuda);
   const auto slice = tokens.narrow(0, group->rank() * rows, rows).to(group->device());
   strategy->zero_grad();
@@ -167,15 +168,14 @@ struct TimedSteps {
 };
 
 inline TimedSteps timed_steps(const std::shared_ptr<hpctrain::dist::ProcessGroup>& group,
-                              hpctrain::DataParallelStrategy& strategy, bool cuda, const torch::Tensor& tokens, int steps) {
+                              hpctrain::DataParallelStrategy& strategy, bool cuda, const torch::Tensor& tokens,
+                              int steps) {
   torch::manual_seed(0);
   hpctrain::models::GPT2 model(model_config(cuda));
   const auto before = cpu_copies(model->parameters());
   model->to(group->device());
   model->train();
-  strategy.setup({group, model.ptr(),
-                  sgd(learning_rate / 10),
-                  hpctrain::Precision::fp32});
+  strategy.setup({group, model.ptr(), sgd(learning_rate / 10), hpctrain::Precision::fp32});
   const auto rows = rows_per_rank(cuda);
   const auto slice = tokens.narrow(0, group->rank() * rows, rows).to(group->device());
   auto step = [&] {
@@ -192,7 +192,8 @@ inline TimedSteps timed_steps(const std::shared_ptr<hpctrain::dist::ProcessGroup
   if (cuda) torch::cuda::synchronize();
   TimedSteps out;
   out.ms_per_step = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / steps;
-  if (const auto* full = dynamic_cast<const hpctrain::FullyShardedStrategy*>(&strategy)) out.peak_gathered_bytes = full->peak_gathered_bytes();
+  if (const auto* full = dynamic_cast<const hpctrain::FullyShardedStrategy*>(&strategy))
+    out.peak_gathered_bytes = full->peak_gathered_bytes();
   strategy.gather_full_model();  // gathers every block: read the peak before
   out.updates = differences(cpu_copies(model->parameters()), before);
   return out;
@@ -204,7 +205,9 @@ inline Row switch_row(std::string id, std::string label, const TimedSteps& off, 
   Row row{std::move(id), std::move(label), error <= 1e-6 ? Status::pass : Status::fail, "", nlohmann::json::object()};
   row.result = fmt::format("{:.1f} ms -> {:.1f} ms per step ({:.2f}x); updates {}", off.ms_per_step, on.ms_per_step,
                            off.ms_per_step / on.ms_per_step, within(error, 1e-6));
-  row.figures = {{"off_ms", off.ms_per_step}, {"on_ms", on.ms_per_step}, {"speedup", off.ms_per_step / on.ms_per_step},
+  row.figures = {{"off_ms", off.ms_per_step},
+                 {"on_ms", on.ms_per_step},
+                 {"speedup", off.ms_per_step / on.ms_per_step},
                  {"update_relative_error", error}};
   return row;
 }
@@ -216,7 +219,8 @@ inline Row strategy_row(const hpctrain::dist::ProcessGroup& group, const std::st
   const std::string id = fmt::format("dist.{}.{}", strategy_name == "zero3" ? "zero3" : "ddp", precision_name);
   const std::string label =
       fmt::format("{} step, world {} ({}, {}) vs CPU fp32", strategy_name == "zero3" ? "ZeRO-3" : "DDP (bucketed)",
-                  group.world_size(), group.backend_name() == "none" ? "no backend at world 1" : group.backend_name(), precision_name);
+                  group.world_size(), group.backend_name() == "none" ? "no backend at world 1" : group.backend_name(),
+                  precision_name);
   const double tolerance = tolerance_for(precision);
   Row row{id, label, Status::pass, "", nlohmann::json::object()};
   const double update_error = relative_error(result.updates, reference.updates);
@@ -254,8 +258,9 @@ inline c10::intrusive_ptr<c10d::Backend> world_one_backend(const torch::Device& 
 
 inline Row collectives_row(const torch::Device& device) {
   const std::string backend_name = device.is_cuda() ? "nccl" : "gloo";
-  Row row{"dist.collectives", fmt::format("{} all_reduce, reduce_scatter, all_gather at world 1 (25 MiB)", backend_name),
-          Status::pass, "", nlohmann::json::object()};
+  Row row{"dist.collectives",
+          fmt::format("{} all_reduce, reduce_scatter, all_gather at world 1 (25 MiB)", backend_name), Status::pass, "",
+          nlohmann::json::object()};
   auto backend = world_one_backend(device);
   const std::int64_t numel = (25 << 20) / 4;
   auto input = torch::arange(numel, torch::TensorOptions().dtype(torch::kFloat32).device(device)).remainder(977.0);
@@ -280,13 +285,18 @@ inline Row collectives_row(const torch::Device& device) {
 }  // namespace dist_rows
 
 /// dist.ddp.overlap and dist.zero3.prefetch on this rank (rank 0 prints them); skipped at world 1.
-inline int run_switch_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& group, bool cuda, const torch::Tensor& tokens) {
-  const std::string ddp_label = "DDP all-reduce: after backward vs overlapped with it (GradientSyncOptions::overlap_with_backward)";
-  const std::string zero3_label = "ZeRO-3 gathers: when reached vs next block prefetched (FullyShardedStrategy::prefetch_next_block)";
+inline int run_switch_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& group, bool cuda,
+                           const torch::Tensor& tokens) {
+  const std::string ddp_label =
+      "DDP all-reduce: after backward vs overlapped with it (GradientSyncOptions::overlap_with_backward)";
+  const std::string zero3_label =
+      "ZeRO-3 gathers: when reached vs next block prefetched (FullyShardedStrategy::prefetch_next_block)";
   if (group->world_size() == 1) {
     if (group->rank() == 0) {
-      for (const auto& [id, label] : {std::pair{"dist.ddp.overlap", ddp_label}, std::pair{"dist.zero3.prefetch", zero3_label}})
-        print(Row{id, label, Status::skip, "skipped: at world 1 the strategies issue no collective to overlap", nlohmann::json::object()});
+      for (const auto& [id, label] :
+           {std::pair{"dist.ddp.overlap", ddp_label}, std::pair{"dist.zero3.prefetch", zero3_label}})
+        print(Row{id, label, Status::skip, "skipped: at world 1 the strategies issue no collective to overlap",
+                  nlohmann::json::object()});
     }
     return 0;
   }
@@ -310,7 +320,8 @@ inline int run_switch_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& 
   const auto off_bytes = zero3_off_steps.peak_gathered_bytes, on_bytes = zero3_on_steps.peak_gathered_bytes;
   zero3_row.figures["off_peak_gathered_bytes"] = off_bytes;
   zero3_row.figures["on_peak_gathered_bytes"] = on_bytes;
-  zero3_row.result += fmt::format("; most gathered at once {:.2f} -> {:.2f} MiB", off_bytes / 1048576.0, on_bytes / 1048576.0);
+  zero3_row.result +=
+      fmt::format("; most gathered at once {:.2f} -> {:.2f} MiB", off_bytes / 1048576.0, on_bytes / 1048576.0);
   if (on_bytes <= off_bytes) {
     zero3_row.status = Status::fail;
     zero3_row.result += " (prefetching should hold two blocks at once)";

@@ -79,7 +79,8 @@ struct Measurement {
 inline std::pair<std::int64_t, std::int64_t> state_and_gradient_bytes(hpctrain::DataParallelStrategy& strategy,
                                                                       hpctrain::models::Llama& model) {
   if (const auto* full = dynamic_cast<const hpctrain::FullyShardedStrategy*>(&strategy))
-    return {static_cast<std::int64_t>(full->optimizer_state_bytes()), static_cast<std::int64_t>(full->gradient_bytes())};
+    return {static_cast<std::int64_t>(full->optimizer_state_bytes()),
+            static_cast<std::int64_t>(full->gradient_bytes())};
   std::int64_t state = 0, gradients = 0;
   for (const auto& [key, parameter_state] : strategy.optimizer().state())
     state += static_cast<std::int64_t>(hpctrain::detail::state_tensor_bytes(*parameter_state));
@@ -151,9 +152,10 @@ inline Row row_of(const std::string& id, const std::string& label, const Measure
   Row row{id, label, Status::pass, "", nlohmann::json::object()};
   const double gib = static_cast<double>(m.peak_bytes) / double(1 << 30);
   const auto mib = [](std::int64_t bytes) { return static_cast<double>(bytes) / double(1 << 20); };
-  row.result = fmt::format("{:.0f} tokens/s, {} {:.2f} GiB, {} trainable, optimizer state {:.2f} MiB, gradients {:.2f} MiB",
-                           m.tokens_per_s, memory_label(device), gib, hpctrain::lm::parameter_count_label(m.trainable), mib(m.optimizer_state_bytes),
-                           mib(m.gradient_bytes));
+  row.result =
+      fmt::format("{:.0f} tokens/s, {} {:.2f} GiB, {} trainable, optimizer state {:.2f} MiB, gradients {:.2f} MiB",
+                  m.tokens_per_s, memory_label(device), gib, hpctrain::lm::parameter_count_label(m.trainable),
+                  mib(m.optimizer_state_bytes), mib(m.gradient_bytes));
   row.figures["tokens_per_s"] = m.tokens_per_s;
   row.figures["peak_bytes"] = m.peak_bytes;
   row.figures["peak_memory_kind"] = memory_label(device);
@@ -163,7 +165,8 @@ inline Row row_of(const std::string& id, const std::string& label, const Measure
   row.figures["parameters"] = config.parameter_count();
   row.figures["loss"] = m.loss;
   if (with_mfu) {
-    const double mfu = m.tokens_per_s * hpctrain::models::flops_per_token(config, sizes(device.is_cuda()).sequence) / (peak_tflops * 1e12);
+    const double mfu = m.tokens_per_s * hpctrain::models::flops_per_token(config, sizes(device.is_cuda()).sequence) /
+                       (peak_tflops * 1e12);
     row.figures["mfu"] = mfu;
     if (device.is_cuda()) row.result += fmt::format(", MFU {:.1f}%", 100 * mfu);
   }
@@ -181,10 +184,12 @@ inline int run_llama_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& g
   namespace hm = hpctrain::models;
   const auto config = llama_rows::model_config(cuda);
   const auto size = llama_rows::sizes(cuda);
-  const auto shape = fmt::format("{}, batch {} x {}", hpctrain::lm::parameter_count_label(config.parameter_count()), size.batch, size.sequence);
+  const auto shape = fmt::format("{}, batch {} x {}", hpctrain::lm::parameter_count_label(config.parameter_count()),
+                                 size.batch, size.sequence);
   int failures = 0;
   // One row: a fresh model (seed 0), `prepare`d (LoRA, checkpointing), trained with `stage`.
-  const auto row = [&](const char* id, const std::string& what, hpctrain::ZeroStage stage, bool with_mfu, auto prepare) {
+  const auto row = [&](const char* id, const std::string& what, hpctrain::ZeroStage stage, bool with_mfu,
+                       auto prepare) {
     const auto label = fmt::format("Llama {}: {}", shape, what);
     Row result;
     try {
@@ -199,17 +204,20 @@ inline int run_llama_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& g
     print(result);
     failures += result.status == Status::fail;
   };
-  row("llama.full", "full fine-tuning, Replicated, no recomputation", hpctrain::ZeroStage::none, true, [](hm::Llama&) {});
+  row("llama.full", "full fine-tuning, Replicated, no recomputation", hpctrain::ZeroStage::none, true,
+      [](hm::Llama&) {});
   row("llama.full.zero3", "full fine-tuning, ZeRO-3 + checkpointing", hpctrain::ZeroStage::zero3, true,
       [](hm::Llama& model) { model->set_activation_checkpointing(true); });
-  row("llama.full.zero3.keep", "full fine-tuning, ZeRO-3 keeping activations", hpctrain::ZeroStage::zero3, true, [](hm::Llama&) {});
-  row("llama.lora", "LoRA r=16 q_proj,v_proj, no recomputation", hpctrain::ZeroStage::none, false, [](hm::Llama& model) {
-    hm::LoraConfig lora;
-    lora.r = 16;
-    lora.alpha = 32;
-    lora.targets = {"q_proj", "v_proj"};
-    hm::apply_lora(*model, lora);
-  });
+  row("llama.full.zero3.keep", "full fine-tuning, ZeRO-3 keeping activations", hpctrain::ZeroStage::zero3, true,
+      [](hm::Llama&) {});
+  row("llama.lora", "LoRA r=16 q_proj,v_proj, no recomputation", hpctrain::ZeroStage::none, false,
+      [](hm::Llama& model) {
+        hm::LoraConfig lora;
+        lora.r = 16;
+        lora.alpha = 32;
+        lora.targets = {"q_proj", "v_proj"};
+        hm::apply_lora(*model, lora);
+      });
   return failures;
 }
 

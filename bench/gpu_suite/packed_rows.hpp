@@ -79,18 +79,20 @@ struct LossAndGradients {
   std::vector<torch::Tensor> gradients;
 };
 
-inline LossAndGradients backward_of(hpctrain::models::CausalLM& model, const torch::Tensor& logits, const torch::Tensor& targets) {
+inline LossAndGradients backward_of(hpctrain::models::CausalLM& model, const torch::Tensor& logits,
+                                    const torch::Tensor& targets) {
   const auto [sum, count] = hpctrain::lm::token_loss_sum(logits, targets);
   sum.backward();
   LossAndGradients out{sum.item<double>(), {}};
-  for (const auto& parameter : model.parameters()) out.gradients.push_back(parameter.grad().detach().clone());  // on the device: timed
+  for (const auto& parameter : model.parameters())
+    out.gradients.push_back(parameter.grad().detach().clone());  // on the device: timed
   model.zero_grad();
   return out;
 }
 
 /// One example per row, padded at the end (pad id 0, untrained), through the plain causal forward.
-inline LossAndGradients padded(hpctrain::models::CausalLM& model, const std::vector<torch::Tensor>& docs, const torch::Device& device,
-                               hpctrain::Precision precision) {
+inline LossAndGradients padded(hpctrain::models::CausalLM& model, const std::vector<torch::Tensor>& docs,
+                               const torch::Device& device, hpctrain::Precision precision) {
   std::int64_t longest = 0;
   for (const auto& doc : docs) longest = std::max(longest, doc.size(0));
   const auto rows = static_cast<std::int64_t>(docs.size());
@@ -110,8 +112,8 @@ inline LossAndGradients padded(hpctrain::models::CausalLM& model, const std::vec
 }
 
 /// Every example in one row: positions restart at 0 per example, document ids keep attention inside each.
-inline LossAndGradients packed(hpctrain::models::CausalLM& model, const std::vector<torch::Tensor>& docs, const torch::Device& device,
-                               hpctrain::Precision precision) {
+inline LossAndGradients packed(hpctrain::models::CausalLM& model, const std::vector<torch::Tensor>& docs,
+                               const torch::Device& device, hpctrain::Precision precision) {
   std::vector<torch::Tensor> ids, positions, documents, targets;
   for (std::size_t d = 0; d < docs.size(); ++d) {
     const auto n = docs[d].size(0);
@@ -136,7 +138,8 @@ inline std::string sdpa_backend(std::int64_t heads, std::int64_t head_dim, std::
   const auto dtype = precision == hpctrain::Precision::bf16 ? torch::kBFloat16 : torch::kFloat32;
   const auto q = torch::zeros({1, heads, tokens, head_dim}, torch::TensorOptions().dtype(dtype).device(device));
   std::optional<torch::Tensor> mask;
-  if (with_mask) mask = torch::ones({1, 1, tokens, tokens}, torch::TensorOptions().dtype(torch::kBool).device(device)).tril();
+  if (with_mask)
+    mask = torch::ones({1, 1, tokens, tokens}, torch::TensorOptions().dtype(torch::kBool).device(device)).tril();
   const auto choice = at::_fused_sdp_choice(q, q, q, mask, 0.0, /*is_causal=*/!with_mask);
   switch (choice) {
     case 0: return "math";
@@ -154,7 +157,8 @@ std::pair<LossAndGradients, double> timed(const torch::Device& device, Run run) 
   const auto start = std::chrono::steady_clock::now();
   auto result = run();
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
-  return {std::move(result), std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()};
+  return {std::move(result),
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()};
 }
 
 /// Packed against padded; on CUDA in bf16 both packed paths (variable-length flash, then the mask), each
@@ -168,8 +172,8 @@ inline Row compare(const std::string& family, hpctrain::models::CausalLM& model,
   std::int64_t tokens = 0;
   for (const auto& doc : docs) tokens += doc.size(0);
   Row row{fmt::format("packed.{}.{}", family, precision_name),
-          fmt::format("packed vs padded attention, {} ({} examples, {})", family, docs.size(), precision_name), Status::pass, "",
-          nlohmann::json::object()};
+          fmt::format("packed vs padded attention, {} ({} examples, {})", family, docs.size(), precision_name),
+          Status::pass, "", nlohmann::json::object()};
   const bool varlen = cuda && precision == hpctrain::Precision::bf16;  // where packed_attention takes cu_seqlens
   const double tolerance = tolerance_for(precision);
   (void)padded(model, docs, device, precision);  // warmup: kernels chosen, the allocator's blocks made
@@ -184,9 +188,10 @@ inline Row compare(const std::string& family, hpctrain::models::CausalLM& model,
     const double loss_error = relative_error(b.loss_sum, a.loss_sum);
     const double gradient_error = relative_error(b.gradients, a.gradients);
     pass = pass && loss_error <= tolerance && gradient_error <= tolerance;
-    const auto backend = varlen_on ? std::string("flash varlen") : sdpa_backend(heads, head_dim, tokens, true, device, precision);
-    parts.push_back(fmt::format("{} ({}, {:.1f} ms): loss {}, gradients {}", path, backend, ms, within(loss_error, tolerance),
-                                within(gradient_error, tolerance)));
+    const auto backend =
+        varlen_on ? std::string("flash varlen") : sdpa_backend(heads, head_dim, tokens, true, device, precision);
+    parts.push_back(fmt::format("{} ({}, {:.1f} ms): loss {}, gradients {}", path, backend, ms,
+                                within(loss_error, tolerance), within(gradient_error, tolerance)));
     row.figures[fmt::format("{}_loss_relative_error", path)] = loss_error;
     row.figures[fmt::format("{}_gradient_relative_error", path)] = gradient_error;
     row.figures[fmt::format("{}_ms", path)] = ms;
@@ -195,8 +200,9 @@ inline Row compare(const std::string& family, hpctrain::models::CausalLM& model,
   if (varlen) check("varlen", true);
   check("masked", false);
   row.status = pass ? Status::pass : Status::fail;
-  row.result = fmt::format("padded ({}, {:.1f} ms); {}", sdpa_backend(heads, head_dim, tokens, false, device, precision), padded_ms,
-                           fmt::join(parts, "; "));
+  row.result =
+      fmt::format("padded ({}, {:.1f} ms); {}", sdpa_backend(heads, head_dim, tokens, false, device, precision),
+                  padded_ms, fmt::join(parts, "; "));
   row.figures["padded_ms"] = padded_ms;
   row.figures["padded_loss_sum"] = a.loss_sum;
   row.figures["tolerance"] = tolerance;
@@ -218,12 +224,14 @@ inline int run_packed_rows(const torch::Device& device) {
           auto model = packed_rows::llama(cuda);
           model->to(device);
           const auto& config = model->config();
-          row = packed_rows::compare(family, *model, config.vocab_size, config.num_attention_heads, config.head_dimension(), device, precision);
+          row = packed_rows::compare(family, *model, config.vocab_size, config.num_attention_heads,
+                                     config.head_dimension(), device, precision);
         } else {
           auto model = packed_rows::gpt2(cuda);
           model->to(device);
           const auto& config = model->config();
-          row = packed_rows::compare(family, *model, config.vocab_size, config.n_head, config.head_dim(), device, precision);
+          row = packed_rows::compare(family, *model, config.vocab_size, config.n_head, config.head_dim(), device,
+                                     precision);
         }
       } catch (const std::exception& e) {
         row = failed_row(id, fmt::format("packed vs padded attention, {}", family), e.what());

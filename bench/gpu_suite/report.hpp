@@ -33,8 +33,11 @@ struct Row {
 
 /// Prints `row` as one JSON line (flushed at once: a later row may crash the process, this one stays).
 inline void print(const Row& row) {
-  const nlohmann::json line{{"id", row.id}, {"row", row.label}, {"status", to_string(row.status)},
-                            {"result", row.result}, {"figures", row.figures}};
+  const nlohmann::json line{{"id", row.id},
+                            {"row", row.label},
+                            {"status", to_string(row.status)},
+                            {"result", row.result},
+                            {"figures", row.figures}};
   std::cout << line.dump() << std::endl;
 }
 

@@ -50,7 +50,8 @@ inline void synchronize(const torch::Device& device) {
 
 /// GPT-2 124M's parameter shapes (148 tensors), or a tiny stand-in of the same structure on the CPU.
 inline std::vector<std::vector<std::int64_t>> gpt2_shapes(bool cuda) {
-  const std::int64_t d = cuda ? 768 : 32, vocab = cuda ? 50257 : 97, positions = cuda ? 1024 : 64, layers = cuda ? 12 : 2;
+  const std::int64_t d = cuda ? 768 : 32, vocab = cuda ? 50257 : 97, positions = cuda ? 1024 : 64,
+                     layers = cuda ? 12 : 2;
   std::vector<std::vector<std::int64_t>> shapes{{vocab, d}, {positions, d}};
   for (std::int64_t l = 0; l < layers; ++l) {
     for (const auto& shape : std::vector<std::vector<std::int64_t>>{
@@ -62,7 +63,8 @@ inline std::vector<std::vector<std::int64_t>> gpt2_shapes(bool cuda) {
   return shapes;
 }
 
-inline std::vector<torch::Tensor> parameters(const std::vector<std::vector<std::int64_t>>& shapes, const torch::Device& device) {
+inline std::vector<torch::Tensor> parameters(const std::vector<std::vector<std::int64_t>>& shapes,
+                                             const torch::Device& device) {
   torch::manual_seed(11);
   std::vector<torch::Tensor> out;
   for (const auto& shape : shapes) {
@@ -96,18 +98,20 @@ inline Row fused_adamw_row(const torch::Device& device) {
   for (const auto& p : plain_params) numel += p.numel();
   // Same gradients every step on both sides: the parameters must still agree (fp32; kernels reassociate).
   const double error = relative_error(fused_params, plain_params);
-  Row row{"switches.fused_adamw", "AdamW step: torch::optim::AdamW vs hpctrain::FusedAdamW", Status::pass, "", nlohmann::json::object()};
+  Row row{"switches.fused_adamw", "AdamW step: torch::optim::AdamW vs hpctrain::FusedAdamW", Status::pass, "",
+          nlohmann::json::object()};
   row.status = error <= 1e-5 ? Status::pass : Status::fail;
-  row.result = fmt::format("{:.2f} ms -> {:.2f} ms per step ({:.2f}x) over {} tensors, {:.1f}M parameters; parameters {}",
-                           plain_ms, fused_ms, plain_ms / fused_ms, shapes.size(), static_cast<double>(numel) / 1e6,
-                           within(error, 1e-5));
-  row.figures = {{"plain_ms", plain_ms}, {"fused_ms", fused_ms}, {"speedup", plain_ms / fused_ms},
-                 {"tensors", shapes.size()}, {"parameters", numel}, {"relative_error", error}};
+  row.result = fmt::format(
+      "{:.2f} ms -> {:.2f} ms per step ({:.2f}x) over {} tensors, {:.1f}M parameters; parameters {}", plain_ms,
+      fused_ms, plain_ms / fused_ms, shapes.size(), static_cast<double>(numel) / 1e6, within(error, 1e-5));
+  row.figures = {{"plain_ms", plain_ms},     {"fused_ms", fused_ms}, {"speedup", plain_ms / fused_ms},
+                 {"tensors", shapes.size()}, {"parameters", numel},  {"relative_error", error}};
   return row;
 }
 
 /// Milliseconds per iteration of: batch to the device, then a step's worth of matmuls that read it.
-inline double ms_per_iteration(const torch::Tensor& host_batch, bool non_blocking, const torch::Device& device, int iterations) {
+inline double ms_per_iteration(const torch::Tensor& host_batch, bool non_blocking, const torch::Device& device,
+                               int iterations) {
   const auto weight = torch::randn({4096, 4096}, torch::TensorOptions().device(device).dtype(torch::kBFloat16));
   auto work = torch::randn({8192, 4096}, torch::TensorOptions().device(device).dtype(torch::kBFloat16));
   auto run = [&] {
@@ -125,8 +129,9 @@ inline double ms_per_iteration(const torch::Tensor& host_batch, bool non_blockin
 }
 
 inline Row pinned_batches_row(const torch::Device& device) {
-  Row row{"switches.pinned_batches", "batch to GPU: pageable + blocking vs pinned + non_blocking (Training::pin_memory)",
-          Status::skip, "", nlohmann::json::object()};
+  Row row{"switches.pinned_batches",
+          "batch to GPU: pageable + blocking vs pinned + non_blocking (Training::pin_memory)", Status::skip, "",
+          nlohmann::json::object()};
   if (!device.is_cuda()) {
     row.result = "skipped: pinned host memory needs a CUDA device (Training::pin_memory has no effect on the CPU)";
     return row;
@@ -140,14 +145,17 @@ inline Row pinned_batches_row(const torch::Device& device) {
   row.status = Status::pass;
   row.result = fmt::format("{:.3f} ms -> {:.3f} ms per iteration ({:.2f}x), {} KiB per batch", pageable_ms, pinned_ms,
                            pageable_ms / pinned_ms, pageable.nbytes() / 1024);
-  row.figures = {{"pageable_ms", pageable_ms}, {"pinned_ms", pinned_ms}, {"speedup", pageable_ms / pinned_ms},
+  row.figures = {{"pageable_ms", pageable_ms},
+                 {"pinned_ms", pinned_ms},
+                 {"speedup", pageable_ms / pinned_ms},
                  {"batch_bytes", pageable.nbytes()}};
   return row;
 }
 
 /// Runs `steps` of `strategy` on a small GPT-2 in bf16 with CUDA's sync debug mode at "error" after one warmup
 /// step; an empty string when none synchronised, else what CUDA's check said.
-inline std::string synchronising_call(hpctrain::DataParallelStrategy& strategy, const torch::Device& device, int steps) {
+inline std::string synchronising_call(hpctrain::DataParallelStrategy& strategy, const torch::Device& device,
+                                      int steps) {
 #if defined(HPCTRAIN_GPU_SUITE_CUDA_MEMORY)
   const auto group = hpctrain::dist::init_process_group(hpctrain::slurm::World{});
   torch::manual_seed(0);
@@ -244,7 +252,8 @@ inline HeadLossRun head_loss_run(const torch::Tensor& hidden, const torch::Tenso
 /// chunks of 2048; CPU: 1024 tokens of width 64 at the CPU's precision, chunks of 128.
 inline Row chunked_loss_row(const torch::Device& device) {
   const bool cuda = device.is_cuda();
-  const std::int64_t tokens = cuda ? 8192 : 1024, width = cuda ? 4096 : 64, vocabulary = 128256, chunk = cuda ? 2048 : 128;
+  const std::int64_t tokens = cuda ? 8192 : 1024, width = cuda ? 4096 : 64, vocabulary = 128256,
+                     chunk = cuda ? 2048 : 128;
   const auto precision = hpctrain::resolve_precision(hpctrain::auto_precision, device);
   torch::manual_seed(5);
   const auto options = torch::TensorOptions().device(device);
@@ -259,22 +268,32 @@ inline Row chunked_loss_row(const torch::Device& device) {
   const double gradient_error = relative_error(chunked.gradients, whole.gradients);
   const auto gib = [](std::int64_t bytes) { return static_cast<double>(bytes) / double(1 << 30); };
   Row row{"switches.chunked_loss", "", Status::pass, "", nlohmann::json::object()};
-  row.label = fmt::format("head + loss, {} tokens x vocabulary {} (width {}, {}): whole logits vs chunks of {} (--loss-chunk-tokens)",
-                          tokens, vocabulary, width, hpctrain::to_string(precision), chunk);
+  row.label = fmt::format(
+      "head + loss, {} tokens x vocabulary {} (width {}, {}): whole logits vs chunks of {} (--loss-chunk-tokens)",
+      tokens, vocabulary, width, hpctrain::to_string(precision), chunk);
   row.status = loss_error <= tolerance && gradient_error <= tolerance ? Status::pass : Status::fail;
-  row.result = fmt::format("{:.1f} ms, {} +{:.2f} GiB -> {:.1f} ms, +{:.2f} GiB ({:.1f}x less); loss {}, gradients {}", whole.ms,
-                           cuda ? "peak allocated" : "peak RSS", gib(whole.peak_added), chunked.ms, gib(chunked.peak_added),
-                           static_cast<double>(whole.peak_added) / static_cast<double>(std::max<std::int64_t>(chunked.peak_added, 1)),
-                           within(loss_error, tolerance), within(gradient_error, tolerance));
-  row.figures = {{"whole_ms", whole.ms}, {"chunked_ms", chunked.ms}, {"whole_peak_added_bytes", whole.peak_added},
-                 {"chunked_peak_added_bytes", chunked.peak_added}, {"loss_error", loss_error}, {"gradient_error", gradient_error},
-                 {"tokens", tokens}, {"vocabulary", vocabulary}, {"width", width}, {"chunk", chunk}};
+  row.result = fmt::format(
+      "{:.1f} ms, {} +{:.2f} GiB -> {:.1f} ms, +{:.2f} GiB ({:.1f}x less); loss {}, gradients {}", whole.ms,
+      cuda ? "peak allocated" : "peak RSS", gib(whole.peak_added), chunked.ms, gib(chunked.peak_added),
+      static_cast<double>(whole.peak_added) / static_cast<double>(std::max<std::int64_t>(chunked.peak_added, 1)),
+      within(loss_error, tolerance), within(gradient_error, tolerance));
+  row.figures = {{"whole_ms", whole.ms},
+                 {"chunked_ms", chunked.ms},
+                 {"whole_peak_added_bytes", whole.peak_added},
+                 {"chunked_peak_added_bytes", chunked.peak_added},
+                 {"loss_error", loss_error},
+                 {"gradient_error", gradient_error},
+                 {"tokens", tokens},
+                 {"vocabulary", vocabulary},
+                 {"width", width},
+                 {"chunk", chunk}};
   return row;
 }
 
 inline Row no_host_sync_row(const torch::Device& device) {
-  Row row{"switches.no_host_sync", "no host synchronisation in a step: DDP and ZeRO-3, bf16, under CUDA's sync debug mode",
-          Status::skip, "", nlohmann::json::object()};
+  Row row{"switches.no_host_sync",
+          "no host synchronisation in a step: DDP and ZeRO-3, bf16, under CUDA's sync debug mode", Status::skip, "",
+          nlohmann::json::object()};
   if (!device.is_cuda() || !reads_cuda_allocator(device)) {
     row.result = "skipped: CUDA's sync debug mode needs a CUDA device";
     return row;
@@ -307,11 +326,13 @@ inline int run_switch_rows(const torch::Device& device) {
   };
   guarded("switches.fused_adamw", "AdamW step: torch::optim::AdamW vs hpctrain::FusedAdamW",
           [&] { return switch_rows::fused_adamw_row(device); });
-  guarded("switches.pinned_batches", "batch to GPU: pageable + blocking vs pinned + non_blocking (Training::pin_memory)",
+  guarded("switches.pinned_batches",
+          "batch to GPU: pageable + blocking vs pinned + non_blocking (Training::pin_memory)",
           [&] { return switch_rows::pinned_batches_row(device); });
   guarded("switches.chunked_loss", "head + loss: whole logits vs chunks (--loss-chunk-tokens)",
           [&] { return switch_rows::chunked_loss_row(device); });
-  guarded("switches.no_host_sync", "no host synchronisation in a step: DDP and ZeRO-3, bf16, under CUDA's sync debug mode",
+  guarded("switches.no_host_sync",
+          "no host synchronisation in a step: DDP and ZeRO-3, bf16, under CUDA's sync debug mode",
           [&] { return switch_rows::no_host_sync_row(device); });
   return failures;
 }

@@ -48,7 +48,8 @@ class SpecError : public Error {
         field_(field) {}
   /// `[<id>] <subject>: <reason>`, for ids that are not one description field (`hpctrain.spec.knob`).
   SpecError(ErrorId id, std::string_view subject, std::string_view reason)
-      : Error(id, fmt::format("{}: {}", subject, reason)), field_(id.str().substr(std::string_view("hpctrain.spec.").size())) {}
+      : Error(id, fmt::format("{}: {}", subject, reason)),
+        field_(id.str().substr(std::string_view("hpctrain.spec.").size())) {}
   /// The same error with `where` (a file) before its message: `[<id>] <where>: <message>`.
   SpecError(const SpecError& error, std::string_view where)
       : Error(error.id(), fmt::format("{}: {}", where, std::string_view(error.what()).substr(error.id().size() + 3))),
@@ -89,7 +90,8 @@ void require(bool ok, std::string_view field, const T& value, std::string_view r
 /// The same with a named id: `require(n >= 1, errors::spec_nodes, n, "must be at least 1")`.
 template <class T>
 void require(bool ok, ErrorId id, const T& value, std::string_view reason) {
-  if (!ok) throw SpecError(id.str().substr(std::string_view("hpctrain.spec.").size()), fmt::format("{}", value), reason);
+  if (!ok)
+    throw SpecError(id.str().substr(std::string_view("hpctrain.spec.").size()), fmt::format("{}", value), reason);
 }
 }  // namespace detail
 

@@ -16,7 +16,8 @@ class ErrorId {
  public:
   explicit consteval ErrorId(const char* id) : id_(id) {
     if (!id_.starts_with("hpctrain.spec.") && !id_.starts_with("hpctrain.runtime.") && id_ != "hpctrain.usage")
-      throw "an error id starts with hpctrain.spec., hpctrain.runtime. or is hpctrain.usage";  // not constant: fails to compile
+      throw "an error id starts with hpctrain.spec., hpctrain.runtime. or is hpctrain.usage";  // not constant: fails to
+                                                                                               // compile
   }
   constexpr std::string_view str() const { return id_; }
   constexpr bool operator==(const ErrorId&) const = default;
@@ -172,7 +173,8 @@ inline constexpr ErrorId runtime_text_token_file{"hpctrain.runtime.text.token_fi
 inline constexpr ErrorId runtime_text_tokenizer{"hpctrain.runtime.text.tokenizer"};
 
 // --- models (models/): the config fields are families, `hpctrain.spec.gpt2.<field>`, `hpctrain.spec.llama.<field>`,
-// `hpctrain.spec.generation.<field>`, `hpctrain.spec.lora.<field>`, `hpctrain.spec.roberta.<field>`, documented as patterns in docs/errors.md ---
+// `hpctrain.spec.generation.<field>`, `hpctrain.spec.lora.<field>`, `hpctrain.spec.roberta.<field>`, documented as
+// patterns in docs/errors.md ---
 inline constexpr ErrorId spec_model_type{"hpctrain.spec.model_type"};
 inline constexpr ErrorId runtime_generation{"hpctrain.runtime.generation"};
 inline constexpr ErrorId runtime_sequence_length{"hpctrain.runtime.sequence_length"};

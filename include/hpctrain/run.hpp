@@ -42,7 +42,7 @@ inline Job with_data_preparation(const Job& job, const Training& training, const
 HPCTRAIN_RUNTIME_INLINE int run(int argc, char** argv, const Job& job, const Training& training) {
   Knobs knobs;
   const int refused = with_exit_codes([&] {
-    training.validate();  // a broken description fails here, before anything is submitted
+    training.validate();                           // a broken description fails here, before anything is submitted
     knobs = training_knobs(training, job.name());  // a bare --wandb logs to the project named after the job
     return exit_ok;
   });
@@ -52,9 +52,10 @@ HPCTRAIN_RUNTIME_INLINE int run(int argc, char** argv, const Job& job, const Tra
     planner = [&training](const Knobs& values, const PlanRequest& request, std::ostream& out) {
       return training.memory_planner()(training, values, request, out);
     };
-  return run_job(argc, argv, detail::with_data_preparation(job, training, knobs), knobs,
-                 [&training](const Knobs& values) { return run_worker(training, values); },
-                 [&training](const Knobs& values) { training.check_at_login(values); }, planner);
+  return run_job(
+      argc, argv, detail::with_data_preparation(job, training, knobs), knobs,
+      [&training](const Knobs& values) { return run_worker(training, values); },
+      [&training](const Knobs& values) { training.check_at_login(values); }, planner);
 }
 #endif
 

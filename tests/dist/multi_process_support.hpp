@@ -50,17 +50,20 @@ class Ranks {
  public:
   Ranks(int world_size, const std::vector<std::string>& arguments, std::chrono::milliseconds timeout = 60s,
         const std::string& program = "hpctrain_dist_worker")
-      : directory_(fs::temp_directory_path() / ("hpctrain-dist-" + std::to_string(::getpid()) + "-" +
-                                                std::to_string(counter()++))) {
+      : directory_(fs::temp_directory_path() /
+                   ("hpctrain-dist-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++))) {
     fs::create_directories(directory_);
     const int port = hpctrain::detail::free_local_port();
     for (int rank = 0; rank < world_size; ++rank) {
-      std::vector<std::string> environment{"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world_size),
+      std::vector<std::string> environment{"RANK=" + std::to_string(rank),
+                                           "WORLD_SIZE=" + std::to_string(world_size),
                                            "LOCAL_RANK=" + std::to_string(rank),
-                                           "LOCAL_WORLD_SIZE=" + std::to_string(world_size), "MASTER_ADDR=127.0.0.1",
+                                           "LOCAL_WORLD_SIZE=" + std::to_string(world_size),
+                                           "MASTER_ADDR=127.0.0.1",
                                            "MASTER_PORT=" + std::to_string(port),
                                            "HPCTRAIN_DIST_TIMEOUT_MS=" + std::to_string(timeout.count()),
-                                           "PATH=/usr/bin:/bin", "OMP_NUM_THREADS=1"};
+                                           "PATH=/usr/bin:/bin",
+                                           "OMP_NUM_THREADS=1"};
       std::vector<std::string> argv{worker_path(program)};
       argv.insert(argv.end(), arguments.begin(), arguments.end());
       std::vector<char*> argv_pointers, environment_pointers;

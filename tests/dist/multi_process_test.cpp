@@ -57,8 +57,10 @@ TEST_CASE("The first bucket's all-reduce is launched before backward reaches the
   }
 }
 
-TEST_CASE("Without overlap every bucket is launched in finish(), and the averaged gradients are the overlapped ones bit for bit",
-          "[dist][gradient_sync]") {
+TEST_CASE(
+    "Without overlap every bucket is launched in finish(), and the averaged gradients are the overlapped ones bit for "
+    "bit",
+    "[dist][gradient_sync]") {
   Ranks ranks(2, {"no-overlap"});
   require_both_succeed(ranks);
   for (int rank = 0; rank < 2; ++rank) {
@@ -69,14 +71,17 @@ TEST_CASE("Without overlap every bucket is launched in finish(), and the average
   }
 }
 
-TEST_CASE("Sums, any_rank, barrier and bucketed broadcasts agree across ranks, non-contiguous tensors included", "[dist]") {
+TEST_CASE("Sums, any_rank, barrier and bucketed broadcasts agree across ranks, non-contiguous tensors included",
+          "[dist]") {
   Ranks ranks(2, {"collectives"});
   require_both_succeed(ranks);
   for (int rank = 0; rank < 2; ++rank) REQUIRE(value_of(ranks.output(rank), "collectives") == std::string("ok"));
 }
 
-TEST_CASE("Subgroups of a 4-rank world (two pairs, and the pairs' counterparts) reduce, gather and broadcast among their members only",
-          "[dist][subgroup]") {
+TEST_CASE(
+    "Subgroups of a 4-rank world (two pairs, and the pairs' counterparts) reduce, gather and broadcast among their "
+    "members only",
+    "[dist][subgroup]") {
   Ranks ranks(4, {"subgroups"});
   for (int rank = 0; rank < 4; ++rank) {
     CAPTURE(rank, ranks.output(rank), ranks.errors(rank));
@@ -85,7 +90,8 @@ TEST_CASE("Subgroups of a 4-rank world (two pairs, and the pairs' counterparts) 
   }
 }
 
-TEST_CASE("A parameter one rank does not use is averaged with zeros and reported on that rank", "[dist][gradient_sync]") {
+TEST_CASE("A parameter one rank does not use is averaged with zeros and reported on that rank",
+          "[dist][gradient_sync]") {
   Ranks ranks(2, {"unused"});
   require_both_succeed(ranks);
   REQUIRE(value_of(ranks.output(0), "without_gradient") == std::string(""));

@@ -67,36 +67,45 @@ TEST_CASE("A rank that finds no rendezvous server fails naming host, port and ra
   dist::Options options;
   options.timeouts(std::chrono::minutes(10));
   options.rendezvous_timeout = std::chrono::milliseconds(1500);  // the one that governs a rendezvous
-  const std::string expected = "[hpctrain.runtime.rendezvous] rank 1 of 2 could not rendezvous at 127.0.0.1:" +
-                               std::to_string(port) + " within 1500 ms (the rendezvous timeout: "
-                               "HPCTRAIN_RENDEZVOUS_TIMEOUT_S, site file rendezvous_timeout_s): ";
-  REQUIRE_THROWS_MATCHES(dist::init_process_group(world_of(1, 2, port), options), hpctrain::RuntimeError,
-                         Catch::Matchers::Predicate<hpctrain::RuntimeError>(
-                             [&](const hpctrain::RuntimeError& e) { return std::string(e.what()).rfind(expected, 0) == 0; },
-                             "message starts with: " + expected));
+  const std::string expected =
+      "[hpctrain.runtime.rendezvous] rank 1 of 2 could not rendezvous at 127.0.0.1:" + std::to_string(port) +
+      " within 1500 ms (the rendezvous timeout: "
+      "HPCTRAIN_RENDEZVOUS_TIMEOUT_S, site file rendezvous_timeout_s): ";
+  REQUIRE_THROWS_MATCHES(
+      dist::init_process_group(world_of(1, 2, port), options), hpctrain::RuntimeError,
+      Catch::Matchers::Predicate<hpctrain::RuntimeError>(
+          [&](const hpctrain::RuntimeError& e) { return std::string(e.what()).rfind(expected, 0) == 0; },
+          "message starts with: " + expected));
 }
 
 TEST_CASE("Rank 0 gives up when the other ranks never arrive, naming itself", "[dist][rendezvous]") {
   const int port = hpctrain::detail::free_local_port();
   dist::Options options;
   options.timeouts(std::chrono::milliseconds(1500));
-  const std::string expected = "[hpctrain.runtime.rendezvous] rank 0 of 3 could not rendezvous at 127.0.0.1:" +
-                               std::to_string(port) + " within 1500 ms (the rendezvous timeout: "
-                               "HPCTRAIN_RENDEZVOUS_TIMEOUT_S, site file rendezvous_timeout_s): ";
-  REQUIRE_THROWS_MATCHES(dist::init_process_group(world_of(0, 3, port), options), hpctrain::RuntimeError,
-                         Catch::Matchers::Predicate<hpctrain::RuntimeError>(
-                             [&](const hpctrain::RuntimeError& e) { return std::string(e.what()).rfind(expected, 0) == 0; },
-                             "message starts with: " + expected));
+  const std::string expected =
+      "[hpctrain.runtime.rendezvous] rank 0 of 3 could not rendezvous at 127.0.0.1:" + std::to_string(port) +
+      " within 1500 ms (the rendezvous timeout: "
+      "HPCTRAIN_RENDEZVOUS_TIMEOUT_S, site file rendezvous_timeout_s): ";
+  REQUIRE_THROWS_MATCHES(
+      dist::init_process_group(world_of(0, 3, port), options), hpctrain::RuntimeError,
+      Catch::Matchers::Predicate<hpctrain::RuntimeError>(
+          [&](const hpctrain::RuntimeError& e) { return std::string(e.what()).rfind(expected, 0) == 0; },
+          "message starts with: " + expected));
 }
 
-TEST_CASE("A collective waits up to the collective timeout, around a checkpoint up to the checkpoint timeout, and the error names which", "[dist][timeout]") {
+TEST_CASE(
+    "A collective waits up to the collective timeout, around a checkpoint up to the checkpoint timeout, and the error "
+    "names which",
+    "[dist][timeout]") {
   // Two ranks as two threads of this process (Gloo over loopback). Rank 1 enters a barrier that rank 0 never
   // enters: the wait fails after the timeout of its kind, and the message names that timeout and its knobs.
   auto [in_checkpoint, expected] = GENERATE(table<bool, std::string>({
-      {false, "[hpctrain.runtime.collective] rank 1 of 2: barrier failed (collective timeout 1 s: "
-              "HPCTRAIN_COLLECTIVE_TIMEOUT_S, site file collective_timeout_s): "},
-      {true, "[hpctrain.runtime.collective] rank 1 of 2: barrier failed (checkpoint timeout 2 s: "
-             "HPCTRAIN_CHECKPOINT_TIMEOUT_S, site file checkpoint_timeout_s): "},
+      {false,
+       "[hpctrain.runtime.collective] rank 1 of 2: barrier failed (collective timeout 1 s: "
+       "HPCTRAIN_COLLECTIVE_TIMEOUT_S, site file collective_timeout_s): "},
+      {true,
+       "[hpctrain.runtime.collective] rank 1 of 2: barrier failed (checkpoint timeout 2 s: "
+       "HPCTRAIN_CHECKPOINT_TIMEOUT_S, site file checkpoint_timeout_s): "},
   }));
   CAPTURE(in_checkpoint);
   const int port = hpctrain::detail::free_local_port();
@@ -150,7 +159,8 @@ TEST_CASE("Buckets are filled in reverse registration order, the first one small
        Shapes{{100, f32, "cpu"}, {100, f32, "cpu"}, {60, f32, "cpu"}, {40, f32, "cpu"}}, Plan{{3, 2}, {1, 0}}},
       {"a parameter larger than any capacity gets a bucket of its own",
        Shapes{{40, f32, "cpu"}, {1000, f32, "cpu"}, {40, f32, "cpu"}}, Plan{{2}, {1}, {0}}},
-      {"a dtype change closes the bucket", Shapes{{8, f32, "cpu"}, {8, f64, "cpu"}, {8, f64, "cpu"}}, Plan{{2, 1}, {0}}},
+      {"a dtype change closes the bucket", Shapes{{8, f32, "cpu"}, {8, f64, "cpu"}, {8, f64, "cpu"}},
+       Plan{{2, 1}, {0}}},
       {"a device change closes the bucket", Shapes{{8, f32, "cuda:0"}, {8, f32, "cpu"}}, Plan{{1}, {0}}},
       {"no parameters, no buckets", Shapes{}, Plan{}},
   }));

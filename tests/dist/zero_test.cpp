@@ -51,7 +51,9 @@ std::map<int, std::string> losses(const std::string& output) {
 /// A scratch directory for checkpoint shards, removed file by file (libtorch's remove_all crashes).
 class ShardDirectory {
  public:
-  ShardDirectory() : path_(fs::temp_directory_path() / ("hpctrain-zero-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++))) {}
+  ShardDirectory()
+      : path_(fs::temp_directory_path() /
+              ("hpctrain-zero-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++))) {}
   ~ShardDirectory() {
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(path_, ec)) ::unlink(entry.path().c_str());
@@ -83,10 +85,13 @@ std::map<int, std::string> train_and_save(const std::string& stage, int world, c
 
 /// Resumes at `world` from the checkpoint `saved_world` ranks wrote after step 5; rank 0's losses of 6..11, and
 /// the archives each rank's load opened ("0,1,2,3").
-std::pair<std::map<int, std::string>, std::vector<std::string>> resume(const std::string& stage, int world, int saved_world,
-                                                                       const ShardDirectory& directory, const std::string& saved_stage = "") {
-  Ranks ranks(world, {"train", stage, directory.string(), "-1", "12", std::to_string(saved_world), "5",
-                      saved_stage.empty() ? stage : saved_stage}, 120s, zero_worker);
+std::pair<std::map<int, std::string>, std::vector<std::string>> resume(const std::string& stage, int world,
+                                                                       int saved_world, const ShardDirectory& directory,
+                                                                       const std::string& saved_stage = "") {
+  Ranks ranks(world,
+              {"train", stage, directory.string(), "-1", "12", std::to_string(saved_world), "5",
+               saved_stage.empty() ? stage : saved_stage},
+              120s, zero_worker);
   require_all_succeed(ranks, world);
   auto curve = losses(ranks.output(0));
   REQUIRE(curve.size() == 6);
@@ -106,10 +111,20 @@ TEST_CASE("ZeRO-1, ZeRO-2 and ZeRO-3 parameters equal Replicated's after 50 Adam
           "[dist][zero]") {
   // World 3: buckets that do not divide by 3, padded shards, parameters straddling ranks.
   // SGD with momentum too: Adam is nearly blind to a uniform error in the clipping scale, SGD is not.
-  const auto [stage, world, optimizer] = GENERATE(table<std::string, int, std::string>(
-      {{"zero1", 2, "adamw"}, {"zero1", 3, "adamw"}, {"zero2", 2, "adamw"}, {"zero2", 3, "adamw"}, {"zero2", 1, "adamw"},
-       {"zero1", 3, "sgd"}, {"zero2", 3, "sgd"}, {"zero3", 1, "adamw"}, {"zero3", 2, "adamw"}, {"zero3", 3, "adamw"},
-       {"zero3", 3, "sgd"}, {"hsdp:2", 4, "adamw"}, {"hsdp:2", 4, "sgd"}, {"hsdp:1", 2, "adamw"}}));
+  const auto [stage, world, optimizer] = GENERATE(table<std::string, int, std::string>({{"zero1", 2, "adamw"},
+                                                                                        {"zero1", 3, "adamw"},
+                                                                                        {"zero2", 2, "adamw"},
+                                                                                        {"zero2", 3, "adamw"},
+                                                                                        {"zero2", 1, "adamw"},
+                                                                                        {"zero1", 3, "sgd"},
+                                                                                        {"zero2", 3, "sgd"},
+                                                                                        {"zero3", 1, "adamw"},
+                                                                                        {"zero3", 2, "adamw"},
+                                                                                        {"zero3", 3, "adamw"},
+                                                                                        {"zero3", 3, "sgd"},
+                                                                                        {"hsdp:2", 4, "adamw"},
+                                                                                        {"hsdp:2", 4, "sgd"},
+                                                                                        {"hsdp:1", 2, "adamw"}}));
   CAPTURE(stage, world, optimizer);
   // hsdp:S shards within groups of S ranks: each rank holds 1/S, and the world holds W/S copies.
   const int sharded_over = stage.rfind("hsdp:", 0) == 0 ? std::stoi(stage.substr(5)) : world;
@@ -127,7 +142,8 @@ TEST_CASE("ZeRO-1, ZeRO-2 and ZeRO-3 parameters equal Replicated's after 50 Adam
     const double bound = std::stod(value_of(output, "relative_difference_bound").value());
     WARN(fmt::format("parameters differ from Replicated by {:.3e} relative (bound {:.0e})", difference, bound));
     REQUIRE(difference <= bound);
-    if (stage == "zero3") CHECK(value_of(output, "master_bytes") == "0");  // the fp32 shard is the optimizer's parameter
+    if (stage == "zero3")
+      CHECK(value_of(output, "master_bytes") == "0");  // the fp32 shard is the optimizer's parameter
     const auto bytes = std::stoul(value_of(output, "optimizer_state_bytes").value());
     replicated = std::stoul(value_of(output, "replicated_optimizer_state_bytes").value());
     REQUIRE(bytes > 0);
@@ -165,39 +181,55 @@ TEST_CASE("A sharded checkpoint resumed at the same world size continues bit for
   }
 }
 
-TEST_CASE("A sharded checkpoint written by 4 ranks resumes at 2 and 3 on the same loss curve", "[dist][zero][checkpoint]") {
+TEST_CASE("A sharded checkpoint written by 4 ranks resumes at 2 and 3 on the same loss curve",
+          "[dist][zero][checkpoint]") {
   // ZeRO-2 and ZeRO-3 write the same format: each resumes the other's, resharded.
   const auto [saved_stage, stage, world] = GENERATE(table<std::string, std::string, int>(
-      {{"zero2", "zero2", 2}, {"zero2", "zero2", 3}, {"zero3", "zero3", 3}, {"zero2", "zero3", 3}, {"zero3", "zero2", 2},
+      {{"zero2", "zero2", 2},
+       {"zero2", "zero2", 3},
+       {"zero3", "zero3", 3},
+       {"zero2", "zero3", 3},
+       {"zero3", "zero2", 2},
        // Hybrid (2 shard groups of 2): the second group's archives hold no pieces; zero3, zero2 and hsdp read it.
-       {"hsdp:2", "zero3", 2}, {"hsdp:2", "zero3", 3}, {"hsdp:2", "zero2", 3}, {"zero3", "hsdp:2", 4}, {"hsdp:2", "hsdp:1", 2}}));
+       {"hsdp:2", "zero3", 2},
+       {"hsdp:2", "zero3", 3},
+       {"hsdp:2", "zero2", 3},
+       {"zero3", "hsdp:2", 4},
+       {"hsdp:2", "hsdp:1", 2}}));
   CAPTURE(saved_stage, stage, world);
   ShardDirectory directory;
   const auto uninterrupted = train_and_save(saved_stage, 4, directory);
   const auto resumed = resume(stage, world, 4, directory, saved_stage).first;
   double worst = 0;
   for (const auto& [step, loss] : resumed) {
-    const double ours = std::strtod(loss.c_str(), nullptr), theirs = std::strtod(uninterrupted.at(step).c_str(), nullptr);
+    const double ours = std::strtod(loss.c_str(), nullptr),
+                 theirs = std::strtod(uninterrupted.at(step).c_str(), nullptr);
     CAPTURE(step, ours, theirs);
     // fp32 with another summation order over the ranks: within 1e-5 relative.
     REQUIRE(std::abs(ours - theirs) <= 1e-5 * std::abs(theirs));
     worst = std::max(worst, std::abs(ours - theirs) / std::abs(theirs));
   }
-  WARN(fmt::format("{} at 4 resumed as {} at {}: losses within {:.2e} relative (bound 1e-05)", saved_stage, stage, world, worst));
+  WARN(fmt::format("{} at 4 resumed as {} at {}: losses within {:.2e} relative (bound 1e-05)", saved_stage, stage,
+                   world, worst));
 }
 
 TEST_CASE("A sharded checkpoint resumed at another world size reads on each rank only the pieces overlapping its own",
           "[dist][zero][checkpoint]") {
-  const auto [saved_stage, saved_world, stage, world] = GENERATE(table<std::string, int, std::string, int>(
-      {{"zero2", 4, "zero2", 2}, {"zero2", 2, "zero2", 4}, {"zero3", 4, "zero3", 2}, {"zero3", 2, "zero3", 4},
-       {"zero3", 4, "hsdp:2", 4}, {"hsdp:2", 4, "zero3", 2}}));
+  const auto [saved_stage, saved_world, stage, world] =
+      GENERATE(table<std::string, int, std::string, int>({{"zero2", 4, "zero2", 2},
+                                                          {"zero2", 2, "zero2", 4},
+                                                          {"zero3", 4, "zero3", 2},
+                                                          {"zero3", 2, "zero3", 4},
+                                                          {"zero3", 4, "hsdp:2", 4},
+                                                          {"hsdp:2", 4, "zero3", 2}}));
   CAPTURE(saved_stage, saved_world, stage, world);
   ShardDirectory directory;
   Ranks saving(saved_world, {"train", saved_stage, directory.string(), "5", "6"}, 120s, zero_worker);
   require_all_succeed(saving, saved_world);
   const auto saved_digest = value_of(saving.output(0), "rank 0 saved_digest");
   REQUIRE(saved_digest.has_value());
-  Ranks ranks(world, {"train", stage, directory.string(), "-1", "7", std::to_string(saved_world), "5", saved_stage}, 120s, zero_worker);
+  Ranks ranks(world, {"train", stage, directory.string(), "-1", "7", std::to_string(saved_world), "5", saved_stage},
+              120s, zero_worker);
   require_all_succeed(ranks, world);
   for (int rank = 0; rank < world; ++rank) {
     const auto& output = ranks.output(rank);
@@ -229,13 +261,15 @@ TEST_CASE("Hybrid sharding trains a GPT-2 like Replicated at world 4 in shard gr
   CHECK(value_of(ranks.output(0), "reduce_scattered_bytes_per_block_element") == "2");
 }
 
-TEST_CASE("Hybrid sharding refuses a group size that does not divide the world at setup, naming it", "[dist][zero][hsdp][errors]") {
+TEST_CASE("Hybrid sharding refuses a group size that does not divide the world at setup, naming it",
+          "[dist][zero][hsdp][errors]") {
   Ranks ranks(4, {"equivalence", "hsdp:3", "1", "1"}, 60s, zero_worker);
   REQUIRE(run_ranks(ranks, 4) == std::vector<int>{2, 2, 2, 2});
   for (int rank = 0; rank < 4; ++rank)
-    REQUIRE_THAT(ranks.errors(rank), Catch::Matchers::StartsWith("[hpctrain.spec.sharding] sharding = hsdp: hsdp_group_size = 3 "
-                                                                 "does not divide the world of 4 ranks: the shard groups tile "
-                                                                 "the world (--hsdp-group-size one of 1, 2, 4)"));
+    REQUIRE_THAT(ranks.errors(rank),
+                 Catch::Matchers::StartsWith("[hpctrain.spec.sharding] sharding = hsdp: hsdp_group_size = 3 "
+                                             "does not divide the world of 4 ranks: the shard groups tile "
+                                             "the world (--hsdp-group-size one of 1, 2, 4)"));
 }
 
 TEST_CASE("Sharding refuses a non-elementwise optimizer at setup, naming it", "[dist][zero][errors]") {
@@ -289,8 +323,9 @@ TEST_CASE("A sharded checkpoint with a missing, corrupt or misplaced shard is re
   CAPTURE(ranks.errors(0), ranks.errors(1));
   REQUIRE(codes == std::vector<int>{1, 1});
   REQUIRE_THAT(ranks.errors(1), Catch::Matchers::StartsWith(expected));
-  REQUIRE_THAT(ranks.errors(0), Catch::Matchers::StartsWith("[hpctrain.runtime.checkpoint] 1 of 2 ranks found the checkpoint's "
-                                                            "pieces they read invalid (their messages name the files)"));
+  REQUIRE_THAT(ranks.errors(0),
+               Catch::Matchers::StartsWith("[hpctrain.runtime.checkpoint] 1 of 2 ranks found the checkpoint's "
+                                           "pieces they read invalid (their messages name the files)"));
 }
 
 TEST_CASE("Resuming a sharded checkpoint of another model is refused, naming the parameter", "[dist][zero][errors]") {
@@ -303,28 +338,38 @@ TEST_CASE("Resuming a sharded checkpoint of another model is refused, naming the
     REQUIRE(codes[rank] == 2);
     // Each rank reads its own archive (the same world size), and names it.
     REQUIRE_THAT(ranks.errors(rank),
-                 Catch::Matchers::StartsWith(fmt::format("[hpctrain.spec.checkpoint.parameters] checkpoint.parameters = rank-{:05d}: the "
-                                                         "checkpoint is of another model: its parameter 0 is '0.weight' [33, 16], "
-                                                         "this model's is '0.weight' [34, 16]", rank)));
+                 Catch::Matchers::StartsWith(
+                     fmt::format("[hpctrain.spec.checkpoint.parameters] checkpoint.parameters = rank-{:05d}: the "
+                                 "checkpoint is of another model: its parameter 0 is '0.weight' [33, 16], "
+                                 "this model's is '0.weight' [34, 16]",
+                                 rank)));
   }
 }
 
-TEST_CASE("ZeRO-3 trains a GPT-2 like Replicated, exports it unit by unit in shards (fp32 exact, bf16 rounded), and every rank reads its own slices of it back",
-          "[dist][zero][zero3]") {
+TEST_CASE(
+    "ZeRO-3 trains a GPT-2 like Replicated, exports it unit by unit in shards (fp32 exact, bf16 rounded), and every "
+    "rank reads its own slices of it back",
+    "[dist][zero][zero3]") {
   // Tied embeddings (the unit outside the blocks), dropout replayed in the recomputation, accumulation, clipping.
   // SGD with momentum: the attention's key bias has an exactly zero gradient in theory, and Adam turns the
   // rounding noise there (another summation order over the ranks) into full-size steps; SGD does not.
   // Activations kept (the default, as FSDP) at world 2 and 3; recomputed in backward (activation checkpointing),
   // whole or selectively (the matrix products kept from the forward, the dropout replayed).
   // Untied, the token embedding and the head are sharded too, each gathered around its call (the model's edges).
-  const auto [world, activations, tying] = GENERATE(table<int, std::string, std::string>(
-      {{2, "keep", "tied"}, {3, "keep", "tied"}, {2, "recompute", "tied"}, {3, "keep", "untied"}, {2, "recompute", "untied"},
-       {2, "selective", "tied"}, {2, "selective", "untied"}}));
+  const auto [world, activations, tying] = GENERATE(table<int, std::string, std::string>({{2, "keep", "tied"},
+                                                                                          {3, "keep", "tied"},
+                                                                                          {2, "recompute", "tied"},
+                                                                                          {3, "keep", "untied"},
+                                                                                          {2, "recompute", "untied"},
+                                                                                          {2, "selective", "tied"},
+                                                                                          {2, "selective", "untied"}}));
   CAPTURE(world, activations, tying);
   ShardDirectory directory;
-  Ranks ranks(world, {"gpt2-equivalence", "zero3", "50", "2", directory.string(), activations, tying}, 240s, zero_worker);
+  Ranks ranks(world, {"gpt2-equivalence", "zero3", "50", "2", directory.string(), activations, tying}, 240s,
+              zero_worker);
   require_all_succeed(ranks, world);
-  CHECK(value_of(ranks.output(0), "sharded_units") == (tying == "tied" ? std::string("3") : std::string("5")));  // + wte, lm_head
+  CHECK(value_of(ranks.output(0), "sharded_units") ==
+        (tying == "tied" ? std::string("3") : std::string("5")));  // + wte, lm_head
   for (int rank = 0; rank < world; ++rank) {
     CAPTURE(rank, ranks.output(rank));
     const double difference = std::stod(value_of(ranks.output(rank), "max_relative_difference").value());
@@ -351,8 +396,8 @@ TEST_CASE("ZeRO-3 trains a GPT-2 like Replicated, exports it unit by unit in sha
     CAPTURE(rank, output);
     const auto peak = std::stoull(value_of(output, "export_peak_gathered_bytes").value());
     const auto largest = std::stoull(value_of(output, "largest_unit_bytes").value());
-    WARN(fmt::format("rank {}: the export gathered at most {} bytes at once (largest unit {}, all units {})", rank, peak, largest,
-                     value_of(output, "all_units_bytes").value()));
+    WARN(fmt::format("rank {}: the export gathered at most {} bytes at once (largest unit {}, all units {})", rank,
+                     peak, largest, value_of(output, "all_units_bytes").value()));
     CHECK(peak <= largest);
     CHECK(peak < std::stoull(value_of(output, "all_units_bytes").value()));
     CHECK(value_of(output, "gathered_after_export") == "0");
@@ -364,13 +409,17 @@ TEST_CASE("ZeRO-3 trains a GPT-2 like Replicated, exports it unit by unit in sha
   for (int rank = 0; rank < world; ++rank) CHECK(value_of(ranks.output(rank), "deferred_load_equal") == "1");
 }
 
-TEST_CASE("ZeRO-3 under bf16 gathers and computes its blocks in bf16, reduce-scatters fp32 gradients every micro-batch, "
-          "and trains a GPT-2 like Replicated under autocast within bf16's bounds",
-          "[dist][zero][zero3][bf16]") {
+TEST_CASE(
+    "ZeRO-3 under bf16 gathers and computes its blocks in bf16, reduce-scatters fp32 gradients every micro-batch, "
+    "and trains a GPT-2 like Replicated under autocast within bf16's bounds",
+    "[dist][zero][zero3][bf16]") {
   // Untied, the head is gathered in bf16 too and the embedding in fp32 (its lookup exact).
-  const auto [world, activations, tying] = GENERATE(table<int, std::string, std::string>(
-      {{2, "keep", "tied"}, {3, "keep", "tied"}, {2, "recompute", "tied"}, {2, "keep", "untied"}, {2, "recompute", "untied"},
-       {2, "selective", "tied"}}));
+  const auto [world, activations, tying] = GENERATE(table<int, std::string, std::string>({{2, "keep", "tied"},
+                                                                                          {3, "keep", "tied"},
+                                                                                          {2, "recompute", "tied"},
+                                                                                          {2, "keep", "untied"},
+                                                                                          {2, "recompute", "untied"},
+                                                                                          {2, "selective", "tied"}}));
   CAPTURE(world, activations, tying);
   Ranks ranks(world, {"gpt2-bf16", "10", "2", activations, tying}, 240s, zero_worker);
   require_all_succeed(ranks, world);
@@ -379,8 +428,8 @@ TEST_CASE("ZeRO-3 under bf16 gathers and computes its blocks in bf16, reduce-sca
     CAPTURE(rank, output);
     const double difference = std::stod(value_of(output, "max_relative_difference").value());
     const double norm_difference = std::stod(value_of(output, "max_grad_norm_difference").value());
-    WARN(fmt::format("bf16 ZeRO-3 against Replicated: parameters {:.3e} (bound {}), gradient norms {:.3e} (bound {})", difference,
-                     value_of(output, "relative_difference_bound").value(), norm_difference,
+    WARN(fmt::format("bf16 ZeRO-3 against Replicated: parameters {:.3e} (bound {}), gradient norms {:.3e} (bound {})",
+                     difference, value_of(output, "relative_difference_bound").value(), norm_difference,
                      value_of(output, "grad_norm_difference_bound").value()));
     REQUIRE(difference <= std::stod(value_of(output, "relative_difference_bound").value()));
     REQUIRE(norm_difference <= std::stod(value_of(output, "grad_norm_difference_bound").value()));
@@ -408,6 +457,7 @@ TEST_CASE("ZeRO-3 under bf16 gathers and computes its blocks in bf16, reduce-sca
 TEST_CASE("ZeRO-3 refuses a model that lists no blocks, naming it", "[dist][zero][zero3][errors]") {
   Ranks ranks(1, {"no-blocks"}, 60s, zero_worker);
   REQUIRE(run_ranks(ranks, 1) == std::vector<int>{2});
-  REQUIRE_THAT(ranks.errors(0), Catch::Matchers::StartsWith("[hpctrain.spec.sharding] sharding = zero3: the model "
-                                                            "(torch::nn::SequentialImpl) lists no blocks() to shard by"));
+  REQUIRE_THAT(ranks.errors(0),
+               Catch::Matchers::StartsWith("[hpctrain.spec.sharding] sharding = zero3: the model "
+                                           "(torch::nn::SequentialImpl) lists no blocks() to shard by"));
 }

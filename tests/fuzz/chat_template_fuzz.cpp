@@ -16,7 +16,8 @@ extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t siz
   const std::string source(reinterpret_cast<const char*>(data), size);
   hpctrain::fuzz::expect_clean_rejection([&] {
     const auto parsed = hpctrain::text::ChatTemplate::parse(source, "fuzz");
-    const std::vector<hpctrain::text::ChatMessage> messages{{"system", "s"}, {"user", "Q: {{x}} é"}, {"assistant", "A."}};
+    const std::vector<hpctrain::text::ChatMessage> messages{
+        {"system", "s"}, {"user", "Q: {{x}} é"}, {"assistant", "A."}};
     hpctrain::text::ChatRenderOptions options;
     options.bos_token = "<s>";
     options.eos_token = "</s>";

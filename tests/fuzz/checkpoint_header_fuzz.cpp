@@ -1,7 +1,7 @@
 // Fuzzes the checkpoint header check (train/checkpoint_format.hpp) that runs on every checkpoint file
-// before LibTorch's reader sees its payload (format 1: the payload is the rest; format 2: pieces may follow). The first input byte chooses whether the target repairs the
-// CRC field, so that the fuzzer also explores the inputs that pass the checksum (the torn and edited files
-// that a real CRC would catch are in the other half).
+// before LibTorch's reader sees its payload (format 1: the payload is the rest; format 2: pieces may follow). The first
+// input byte chooses whether the target repairs the CRC field, so that the fuzzer also explores the inputs that pass
+// the checksum (the torn and edited files that a real CRC would catch are in the other half).
 #include <cstring>
 #include <string>
 
@@ -13,7 +13,8 @@ extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t siz
   if (size == 0) return 0;
   std::string bytes(reinterpret_cast<const char*>(data + 1), size - 1);
   if ((data[0] & 1) != 0 && bytes.size() >= hpctrain::detail::checkpoint_header_size) {
-    const std::uint32_t crc = hpctrain::detail::crc32c(std::string_view(bytes).substr(hpctrain::detail::checkpoint_header_size));
+    const std::uint32_t crc =
+        hpctrain::detail::crc32c(std::string_view(bytes).substr(hpctrain::detail::checkpoint_header_size));
     std::memcpy(bytes.data() + 12, &crc, 4);
   }
   hpctrain::fuzz::expect_clean_rejection([&] {

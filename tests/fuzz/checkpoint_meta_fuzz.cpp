@@ -11,11 +11,13 @@
 
 namespace {
 bool same(const hpctrain::CheckpointMeta& a, const hpctrain::CheckpointMeta& b) {
-  if (a.state.step != b.state.step || a.state.epoch != b.state.epoch || a.state.batch_in_epoch != b.state.batch_in_epoch ||
-      a.state.seed != b.state.seed || a.world_size != b.world_size || a.strategy != b.strategy || a.files.size() != b.files.size())
+  if (a.state.step != b.state.step || a.state.epoch != b.state.epoch ||
+      a.state.batch_in_epoch != b.state.batch_in_epoch || a.state.seed != b.state.seed ||
+      a.world_size != b.world_size || a.strategy != b.strategy || a.files.size() != b.files.size())
     return false;
   for (std::size_t i = 0; i < a.files.size(); ++i)
-    if (a.files[i].name != b.files[i].name || a.files[i].size != b.files[i].size || a.files[i].crc != b.files[i].crc) return false;
+    if (a.files[i].name != b.files[i].name || a.files[i].size != b.files[i].size || a.files[i].crc != b.files[i].crc)
+      return false;
   return true;
 }
 }  // namespace

@@ -9,12 +9,12 @@
 
 #include <hpctrain/error.hpp>
 
-#define FUZZ_CHECK(condition)                                                                       \
-  do {                                                                                              \
-    if (!(condition)) {                                                                             \
-      std::fprintf(stderr, "invariant broken: %s (%s:%d)\n", #condition, __FILE__, __LINE__);       \
-      std::abort();                                                                                 \
-    }                                                                                               \
+#define FUZZ_CHECK(condition)                                                                 \
+  do {                                                                                        \
+    if (!(condition)) {                                                                       \
+      std::fprintf(stderr, "invariant broken: %s (%s:%d)\n", #condition, __FILE__, __LINE__); \
+      std::abort();                                                                           \
+    }                                                                                         \
   } while (false)
 
 namespace hpctrain::fuzz {

@@ -15,10 +15,14 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t size) {
   static const std::string path = "/dev/shm/hpctrain-fuzz-sft-" + std::to_string(::getpid()) + ".jsonl";
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   hpctrain::fuzz::expect_clean_rejection([&] { (void)hpctrain::text::validate_sft_jsonl(path); });
-  const auto json = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(data), size), nullptr, /*allow_exceptions=*/false);
+  const auto json = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(data), size), nullptr,
+                                          /*allow_exceptions=*/false);
   if (!json.is_discarded())
-    hpctrain::fuzz::expect_clean_rejection([&] { (void)hpctrain::text::PostProcessor::from_json(json, "fuzz.json").apply({1, 2, 3}); });
+    hpctrain::fuzz::expect_clean_rejection([&] {
+      (void)hpctrain::text::PostProcessor::from_json(json, "fuzz.json").apply({1, 2, 3});
+    });
   return 0;
 }

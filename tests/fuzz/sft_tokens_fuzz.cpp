@@ -12,7 +12,8 @@ extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t siz
   hpctrain::fuzz::expect_clean_rejection([&] {
     const auto view = hpctrain::text::parse_sft_tokens(bytes, "fuzz.sfttokens");
     const auto& header = view.header();
-    FUZZ_CHECK(static_cast<__int128>(header.tokens) * 5 + static_cast<__int128>(header.records) * 16 + 64 == static_cast<__int128>(size));
+    FUZZ_CHECK(static_cast<__int128>(header.tokens) * 5 + static_cast<__int128>(header.records) * 16 + 64 ==
+               static_cast<__int128>(size));
     std::uint64_t covered = 0;
     for (std::uint64_t r = 0; r < view.records(); ++r) {
       const auto record = view.record(r);

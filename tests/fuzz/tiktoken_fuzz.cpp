@@ -12,7 +12,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t size) {
   static const std::string path = "/dev/shm/hpctrain-fuzz-ranks-" + std::to_string(::getpid()) + ".tiktoken";
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   hpctrain::fuzz::expect_clean_rejection([&] {
     const auto tokenizer = hpctrain::text::load_tiktoken(path);
     const auto ids = tokenizer.encode("Hello, world! 123 éλ");

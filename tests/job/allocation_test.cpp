@@ -29,12 +29,13 @@ ht::slurm::EnvironmentLookup lookup_of(std::map<std::string, std::string> variab
 ht::Job two_nodes() { return ht::Job("fashion").nodes(2).tasks_per_node(2).cpus_per_task(1).partition("debug"); }
 }  // namespace
 
-TEST_CASE("The --run mode tells an allocation's shell from a task of the user's own step and from no allocation", "[allocation]") {
+TEST_CASE("The --run mode tells an allocation's shell from a task of the user's own step and from no allocation",
+          "[allocation]") {
   using Place = ht::RunPlace;
   // What salloc -N 2 sets in its shell on Slurm 22.05 (seen on the local cluster), what srun adds for its
   // tasks, and what `srun --pty bash` adds for its interactive shell.
-  const std::map<std::string, std::string> salloc = {{"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NUM_NODES", "2"},
-                                                     {"SLURM_JOB_CPUS_PER_NODE", "1(x2)"}};
+  const std::map<std::string, std::string> salloc = {
+      {"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NUM_NODES", "2"}, {"SLURM_JOB_CPUS_PER_NODE", "1(x2)"}};
   auto task = salloc;
   task.insert({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "2"}});
   auto pty = task;
@@ -50,16 +51,16 @@ TEST_CASE("The --run mode tells an allocation's shell from a task of the user's 
 
 TEST_CASE("An allocation smaller than the job is refused naming both", "[allocation]") {
   SECTION("too few nodes") {
-    const auto allocation = ht::read_allocation(lookup_of({{"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NUM_NODES", "1"},
-                                                           {"SLURM_JOB_CPUS_PER_NODE", "4"}}));
+    const auto allocation = ht::read_allocation(
+        lookup_of({{"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NUM_NODES", "1"}, {"SLURM_JOB_CPUS_PER_NODE", "4"}}));
     CHECK(allocation.nodes == 1);
     CHECK_THROWS_WITH(ht::check_allocation_fits(two_nodes(), allocation),
                       "[hpctrain.spec.allocation] allocation 7: has 1 node(s) but the job asks for nodes = 2; allocate "
                       "it with `salloc --nodes=2 --ntasks-per-node=2 --cpus-per-task=1 --partition=debug`");
   }
   SECTION("too few CPUs on a node") {
-    const auto allocation = ht::read_allocation(lookup_of({{"SLURM_JOB_ID", "8"}, {"SLURM_JOB_NUM_NODES", "2"},
-                                                           {"SLURM_JOB_CPUS_PER_NODE", "2,1"}}));
+    const auto allocation = ht::read_allocation(
+        lookup_of({{"SLURM_JOB_ID", "8"}, {"SLURM_JOB_NUM_NODES", "2"}, {"SLURM_JOB_CPUS_PER_NODE", "2,1"}}));
     CHECK(allocation.cpus_per_node == std::vector<int>{2, 1});
     CHECK_THROWS_WITH(ht::check_allocation_fits(two_nodes(), allocation),
                       Catch::Contains("allocation 8: has 1 of 2 node(s) with the 2 CPU(s) the job asks for per node "
@@ -71,7 +72,8 @@ TEST_CASE("An allocation smaller than the job is refused naming both", "[allocat
   }
 }
 
-TEST_CASE("The --run mode's script runs the batch script's step with the job's geometry and forwards an interrupt", "[allocation]") {
+TEST_CASE("The --run mode's script runs the batch script's step with the job's geometry and forwards an interrupt",
+          "[allocation]") {
   auto job = two_nodes().env("NCCL_DEBUG", "WARN").requeue_on_timeout(1min).time(30min);
   auto context = job_test::fixed_context();
   context.worker_args = {"--max-steps=5"};
@@ -145,7 +147,8 @@ TEST_CASE("A chain's dry run shows every stage with its own resources and its HP
   REQUIRE(job.stages().size() == 1);
   const auto text = ht::render_chain(job, job_test::fixed_context());
   CAPTURE(text);
-  const auto second = text.find("# ---- stage 2 of 2: sft, submitted with --dependency=afterok:<job id of pretrain> ----\n");
+  const auto second =
+      text.find("# ---- stage 2 of 2: sft, submitted with --dependency=afterok:<job id of pretrain> ----\n");
   REQUIRE(second != std::string::npos);
   CHECK(text.starts_with("# ---- stage 1 of 2: pretrain ----\n#!/bin/bash\n"));
   CHECK(text.find("#SBATCH --nodes=2\n") < second);
@@ -163,14 +166,16 @@ TEST_CASE("A --status of a chain says why a stage never starts", "[chain]") {
   CHECK(ht::format_chain_status(stages, states) ==
         "chain of 3 stages (each starts when the one before completed successfully):\n"
         "  stage 1 pretrain (job 41): FAILED (exit code 3:0; from scontrol)\n"
-        "  stage 2 sft (job 42): PENDING (elapsed 0:00, limit 30:00, 1 node(s), (DependencyNeverSatisfied); from squeue)\n"
+        "  stage 2 sft (job 42): PENDING (elapsed 0:00, limit 30:00, 1 node(s), (DependencyNeverSatisfied); from "
+        "squeue)\n"
         "    never starts: stage 1 (pretrain, job 41) did not complete successfully; `--cancel` removes the chain's "
         "jobs\n"
         "  stage 3 eval (job 43): PENDING (elapsed 0:00, limit 30:00, 1 node(s), (Dependency); from squeue)\n"
         "    never starts: stage 1 (pretrain, job 41) did not complete successfully; `--cancel` removes the chain's "
         "jobs\n");
-  const std::vector<ht::JobState> waiting = {
-      {"41", "RUNNING", "squeue", "", ""}, {"42", "PENDING", "squeue", "(Dependency)", ""}, {"43", "PENDING", "squeue", "(Dependency)", ""}};
+  const std::vector<ht::JobState> waiting = {{"41", "RUNNING", "squeue", "", ""},
+                                             {"42", "PENDING", "squeue", "(Dependency)", ""},
+                                             {"43", "PENDING", "squeue", "(Dependency)", ""}};
   CHECK_THAT(ht::format_chain_status(stages, waiting),
              Catch::Contains("  stage 2 sft (job 42): PENDING ((Dependency); from squeue)\n"
                              "    waits for stage 1 (pretrain, job 41) to complete\n") &&

@@ -54,7 +54,8 @@ TEST_CASE("An array renders its directive, per-task logs and run directories, an
   auto context = job_test::fixed_context();
   const auto script = ht::render_sbatch(ht::Job("sweep").array("0-3%2").requeue_on_timeout(60s), context);
   CHECK(script.find("#SBATCH --array=0-3%2\n") != std::string::npos);
-  CHECK(script.find("#SBATCH --output=/home/user/project/hpctrain-jobs/sweep/%A/slurm-%A_%a.out\n") != std::string::npos);
+  CHECK(script.find("#SBATCH --output=/home/user/project/hpctrain-jobs/sweep/%A/slurm-%A_%a.out\n") !=
+        std::string::npos);
   CHECK(script.find("export HPCTRAIN_RUN_DIR=/home/user/project/hpctrain-jobs/sweep/\"$SLURM_ARRAY_JOB_ID/"
                     "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\"\nmkdir -p \"$HPCTRAIN_RUN_DIR\"\n") !=
         std::string::npos);
@@ -78,15 +79,16 @@ TEST_CASE("The cluster's MaxArraySize bounds the task ids before anything is wri
   CHECK(fits.exit_code == 0);
 }
 
-TEST_CASE("A real array: per-task logs and run directories, status, logs and cancel of one task, and a requeue of "
-          "one task only",
-          "[array][slurm]") {
+TEST_CASE(
+    "A real array: per-task logs and run directories, status, logs and cancel of one task, and a requeue of "
+    "one task only",
+    "[array][slurm]") {
   const auto dir = job_test::scratch_dir("array");
   const std::vector<std::pair<std::string, std::string>> env = {
       {"PROBE_NAME", "array"}, {"PROBE_NODES", "1"}, {"PROBE_REQUEUE", "1"}};
   // Task 2 asks for a requeue on its first run; task 3 sleeps until it is cancelled.
-  const auto submitted =
-      job_test::run_probe(dir, {"--submit", "--array", "0-3%2", "--requeue-task", "2", "--sleep-task", "3", "600"}, env);
+  const auto submitted = job_test::run_probe(
+      dir, {"--submit", "--array", "0-3%2", "--requeue-task", "2", "--sleep-task", "3", "600"}, env);
   CAPTURE(submitted.err);
   REQUIRE(submitted.exit_code == 0);
   const auto id = job_test::submitted_id(submitted.out);
@@ -95,8 +97,8 @@ TEST_CASE("A real array: per-task logs and run directories, status, logs and can
 
   // A second array to cancel as a whole.
   const std::vector<std::pair<std::string, std::string>> env2 = {{"PROBE_NAME", "array-cancel"}, {"PROBE_NODES", "1"}};
-  const auto second = job_test::run_probe(dir, {"--submit", "--array", "0-1", "--sleep-task", "0", "600",
-                                                "--sleep-task", "1", "600"}, env2);
+  const auto second = job_test::run_probe(
+      dir, {"--submit", "--array", "0-1", "--sleep-task", "0", "600", "--sleep-task", "1", "600"}, env2);
   REQUIRE(second.exit_code == 0);
   const auto second_id = job_test::submitted_id(second.out);
   const auto cancelled_all = job_test::run_probe(dir, {"--cancel"}, env2);
@@ -105,7 +107,8 @@ TEST_CASE("A real array: per-task logs and run directories, status, logs and can
 
   // Task 3 runs (and sleeps): cancel it alone.
   for (int attempt = 0; attempt < 1200; ++attempt) {
-    if (job_test::read_file(job_dir / fmt::format("slurm-{}_3.out", id)).find("array_task=3") != std::string::npos) break;
+    if (job_test::read_file(job_dir / fmt::format("slurm-{}_3.out", id)).find("array_task=3") != std::string::npos)
+      break;
     std::this_thread::sleep_for(500ms);
   }
   const auto cancelled = job_test::run_probe(dir, {"--cancel", "--task", "3"}, env);
@@ -136,7 +139,8 @@ TEST_CASE("A real array: per-task logs and run directories, status, logs and can
     CHECK(log.find(fmt::format("run_dir={}\n", run_dir.string())) != std::string::npos);
   }
   CHECK(job_test::read_file(job_dir / fmt::format("slurm-{}_2.out", id))
-            .find(fmt::format("hpctrain: job {}_2 checkpointed; requeueing (restart 1 of 2)", id)) != std::string::npos);
+            .find(fmt::format("hpctrain: job {}_2 checkpointed; requeueing (restart 1 of 2)", id)) !=
+        std::string::npos);
 
   const auto status = job_test::run_probe(dir, {"--status"}, env);
   CAPTURE(status.out, status.err);
@@ -151,7 +155,8 @@ TEST_CASE("A real array: per-task logs and run directories, status, logs and can
   CHECK(logs.out == job_test::read_file(job_dir / fmt::format("slurm-{}_1.out", id)));
   const auto no_task = job_test::run_probe(dir, {"--logs"}, env);
   CHECK(no_task.exit_code == 2);
-  CHECK(no_task.err == fmt::format("[hpctrain.usage] job {} is an array (0-3%2): say which task's log, --logs --task N\n", id));
+  CHECK(no_task.err ==
+        fmt::format("[hpctrain.usage] job {} is an array (0-3%2): say which task's log, --logs --task N\n", id));
   const auto bad_task = job_test::run_probe(dir, {"--logs", "--task", "9"}, env);
   CHECK(bad_task.exit_code == 2);
   CHECK(bad_task.err == "[hpctrain.usage] --task 9: array 0-3%2 has no such task\n");

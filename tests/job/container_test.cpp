@@ -21,7 +21,8 @@ namespace {
 fs::path build_image(const fs::path& root, const std::vector<fs::path>& mount_points) {
   for (const auto* dir : {"usr", "proc", "dev", "sys", "tmp", "etc", "home", "root", "mnt", "run", "var/tmp"})
     fs::create_directories(root / dir);
-  for (const auto* file : {"etc/passwd", "etc/group", "etc/hosts", "etc/resolv.conf"}) job_test::write_file(root / file, "");
+  for (const auto* file : {"etc/passwd", "etc/group", "etc/hosts", "etc/resolv.conf"})
+    job_test::write_file(root / file, "");
   fs::create_directory_symlink("usr/bin", root / "bin");
   fs::create_directory_symlink("usr/lib", root / "lib");
   fs::create_directory_symlink("usr/lib64", root / "lib64");
@@ -49,8 +50,7 @@ TEST_CASE("A Charliecloud job runs the binary inside ch-run under srun on both n
                                  fs::path(job_test::probe()).parent_path().string(), work.string(), image.string())) !=
         std::string::npos);
 
-  const auto submitted =
-      job_test::run_probe(work, {"--submit", "--env", "PROBE_ENV_WINS=job", "in", "container"}, env);
+  const auto submitted = job_test::run_probe(work, {"--submit", "--env", "PROBE_ENV_WINS=job", "in", "container"}, env);
   CAPTURE(submitted.err);
   REQUIRE(submitted.exit_code == 0);
   const auto id = job_test::submitted_id(submitted.out);
@@ -66,5 +66,6 @@ TEST_CASE("A Charliecloud job runs the binary inside ch-run under srun on both n
   CHECK(log.find(fmt::format("probe rank=1 arg1={}\n", job_test::hex("container"))) != std::string::npos);
   // The job's variable wins over the image's environment inside the container, on every rank.
   for (const auto* rank : {"0", "1"})
-    CHECK(log.find(fmt::format("probe rank={} env PROBE_ENV_WINS={}\n", rank, job_test::hex("job"))) != std::string::npos);
+    CHECK(log.find(fmt::format("probe rank={} env PROBE_ENV_WINS={}\n", rank, job_test::hex("job"))) !=
+          std::string::npos);
 }

@@ -1,6 +1,7 @@
 // docs/errors.md lists exactly the error ids the code can raise. The ids are the named constants of
 // include/hpctrain/error_ids.hpp; a spec error's field spelled as a literal (`SpecError("nodes", ...)`,
-// `require(ok, "nodes", ...)`) must name one of them too (a RuntimeError takes an ErrorId only). Each failure says which id is missing where.
+// `require(ok, "nodes", ...)`) must name one of them too (a RuntimeError takes an ErrorId only). Each failure says
+// which id is missing where.
 #include <filesystem>
 #include <algorithm>
 #include <fstream>
@@ -36,13 +37,15 @@ std::map<std::string, std::string> declared_ids() {
 /// The families docs/errors.md documents as patterns: `hpctrain.spec.gpt2.<field>` gives "hpctrain.spec.gpt2.".
 std::vector<std::string> documented_families() {
   const auto text = read(job_test::source_dir() / "docs/errors.md");
-  const std::regex pattern(R"re(`(hpctrain\.(?:spec|runtime)\.[a-z0-9_]+(?:\.[a-z0-9_]+)*\.)<[a-z_]+>`)re");  // not the bare family
+  const std::regex pattern(
+      R"re(`(hpctrain\.(?:spec|runtime)\.[a-z0-9_]+(?:\.[a-z0-9_]+)*\.)<[a-z_]+>`)re");  // not the bare family
   std::vector<std::string> families;
   for (std::sregex_iterator it(text.begin(), text.end(), pattern), end; it != end; ++it) families.push_back((*it)[1]);
   return families;
 }
 
-/// Every `hpctrain.<...>` id written in backquotes in docs/errors.md (patterns such as `hpctrain.spec.<field>` excluded).
+/// Every `hpctrain.<...>` id written in backquotes in docs/errors.md (patterns such as `hpctrain.spec.<field>`
+/// excluded).
 std::set<std::string> documented_ids() {
   const auto text = read(job_test::source_dir() / "docs/errors.md");
   const std::regex id(R"re(`(hpctrain\.(?:usage|spec\.[a-z0-9_.]*[a-z0-9_]|runtime\.[a-z0-9_.]*[a-z0-9_]))`)re");
@@ -93,8 +96,9 @@ std::vector<Use> raised_ids(const std::map<std::string, std::string>& declared) 
       if (!std::regex_search(begin, stop, field, error_type ? first_literal : literal)) continue;
       const bool runtime = (*it)[1] == "RuntimeError";
       const std::string value = field[1];
-      uses.push_back({value.starts_with("hpctrain.") ? value : fmt::format("hpctrain.{}.{}", runtime ? "runtime" : "spec", value),
-                      where(it->position())});
+      uses.push_back(
+          {value.starts_with("hpctrain.") ? value : fmt::format("hpctrain.{}.{}", runtime ? "runtime" : "spec", value),
+           where(it->position())});
     }
   }
   return uses;
@@ -121,12 +125,15 @@ TEST_CASE("Every id a header raises is declared, and every declared id is raised
   std::set<std::string> used;
   const auto families = documented_families();
   const auto in_family = [&](const std::string& id) {
-    return std::any_of(families.begin(), families.end(), [&](const std::string& prefix) { return id.starts_with(prefix); });
+    return std::any_of(families.begin(), families.end(),
+                       [&](const std::string& prefix) { return id.starts_with(prefix); });
   };
   for (const auto& use : raised_ids(declared)) {
     used.insert(use.id);
     if (!declared.count(use.id) && !in_family(use.id))
-      problems += fmt::format("  {} raised at {} is not declared in include/hpctrain/error_ids.hpp (nor a documented family)\n", use.id, use.where);
+      problems +=
+          fmt::format("  {} raised at {} is not declared in include/hpctrain/error_ids.hpp (nor a documented family)\n",
+                      use.id, use.where);
   }
   for (const auto& [id, name] : declared)
     if (!used.count(id)) problems += fmt::format("  {} (errors::{}) is declared but nothing raises it\n", id, name);

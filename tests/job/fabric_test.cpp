@@ -38,8 +38,8 @@ bool has_line(const std::string& script, const std::string& line) {
 class ScopedEnvironment {
  public:
   explicit ScopedEnvironment(std::map<std::string, std::string> values) {
-    for (const auto* name : {"HPCTRAIN_FABRIC", "HPCTRAIN_ALLOW_SOCKET_FALLBACK", "NCCL_DEBUG", "NCCL_DEBUG_FILE",
-                             "NCCL_DEBUG_SUBSYS"}) {
+    for (const auto* name :
+         {"HPCTRAIN_FABRIC", "HPCTRAIN_ALLOW_SOCKET_FALLBACK", "NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS"}) {
       if (const char* old = std::getenv(name)) saved_[name] = old;
       else saved_[name] = std::nullopt;
       ::unsetenv(name);
@@ -63,7 +63,8 @@ const std::string efa_plugin_failed =
     "ip-172-31-3-153:35113:35467 [0] NCCL INFO NCCL version 2.23.4+cuda12.6\n"
     "ip-172-31-3-153:35113:35467 [0] NCCL INFO NET/Plugin: Loaded net plugin Libfabric (v9)\n"
     "ip-172-31-3-153:35113:35467 [0] NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.13.0-aws\n"
-    "ip-172-31-3-153:35113:35467 [0] nccl_net_ofi_create_plugin:353 NCCL WARN NET/OFI aws-ofi-nccl initialization failed\n"
+    "ip-172-31-3-153:35113:35467 [0] nccl_net_ofi_create_plugin:353 NCCL WARN NET/OFI aws-ofi-nccl initialization "
+    "failed\n"
     "ip-172-31-3-153:35113:35467 [0] NCCL INFO Failed to initialize NET plugin Libfabric\n"
     "ip-172-31-3-153:35113:35467 [0] NCCL INFO NET/IB : No device found.\n"
     "ip-172-31-3-153:35113:35467 [0] NCCL INFO Failed to initialize NET plugin IB\n"
@@ -119,9 +120,10 @@ const std::string quiet = "gpu03:9:9 [0] NCCL WARN Cuda failure 'out of memory'\
 
 TEST_CASE("The site file's fabric keys are read, checked, and a typo names the closest", "[site][fabric]") {
   const auto dir = job_test::scratch_dir("fabric-site");
-  const auto site = site_from(dir, "fabric = efa  # p5\nsocket_ifname = ^docker,lo\nexpected_busbw_gbps = 42.5\n"
-                                   "cores_per_node = 96\nrendezvous_timeout_s = 600\ncollective_timeout_s = 900\n"
-                                   "checkpoint_timeout_s = 1800\n");
+  const auto site = site_from(dir,
+                              "fabric = efa  # p5\nsocket_ifname = ^docker,lo\nexpected_busbw_gbps = 42.5\n"
+                              "cores_per_node = 96\nrendezvous_timeout_s = 600\ncollective_timeout_s = 900\n"
+                              "checkpoint_timeout_s = 1800\n");
   CHECK(site.fabric.fabric == ht::Fabric::efa);
   CHECK(site.fabric.source == (dir / "site.conf").string() + ":1");
   CHECK(site.fabric.socket_ifname == "^docker,lo");
@@ -134,17 +136,23 @@ TEST_CASE("The site file's fabric keys are read, checked, and a typo names the c
 
   const auto where = (dir / "site.conf").string() + ":1";
   auto [text, message] = GENERATE_COPY(table<std::string, std::string>({
-      {"fabric = infinband\n", "[hpctrain.spec.fabric] fabric = infinband: expected efa, infiniband or ethernet (did you "
-                               "mean infiniband?) (" + where + ")"},
+      {"fabric = infinband\n",
+       "[hpctrain.spec.fabric] fabric = infinband: expected efa, infiniband or ethernet (did you "
+       "mean infiniband?) (" +
+           where + ")"},
       {"fabric = EFA\n", "[hpctrain.spec.fabric] fabric = EFA: expected efa, infiniband or ethernet (" + where + ")"},
       {"fabric =\n", "[hpctrain.spec.fabric] fabric = \"\": expected efa, infiniband or ethernet (" + where + ")"},
-      {"fabrc = efa\n", "[hpctrain.spec.site] site = fabrc: unknown setting (did you mean fabric?); known: gpu_syntax, "
-                        "fabric, socket_ifname, ib_hca, expected_busbw_gbps, cores_per_node, rendezvous_timeout_s, "
-                        "collective_timeout_s, checkpoint_timeout_s (" + where + ")"},
-      {"socket_ifname = eth0 eth1\n", "[hpctrain.spec.site] socket_ifname = eth0 eth1: expected one word (" + where + ")"},
+      {"fabrc = efa\n",
+       "[hpctrain.spec.site] site = fabrc: unknown setting (did you mean fabric?); known: gpu_syntax, "
+       "fabric, socket_ifname, ib_hca, expected_busbw_gbps, cores_per_node, rendezvous_timeout_s, "
+       "collective_timeout_s, checkpoint_timeout_s (" +
+           where + ")"},
+      {"socket_ifname = eth0 eth1\n",
+       "[hpctrain.spec.site] socket_ifname = eth0 eth1: expected one word (" + where + ")"},
       {"expected_busbw_gbps = fast\n",
        "[hpctrain.spec.site] expected_busbw_gbps = fast: expected a positive number of GB/s (" + where + ")"},
-      {"cores_per_node = 0\n", "[hpctrain.spec.site] cores_per_node = 0: expected a whole number in [1, 65536] (" + where + ")"},
+      {"cores_per_node = 0\n",
+       "[hpctrain.spec.site] cores_per_node = 0: expected a whole number in [1, 65536] (" + where + ")"},
       {"rendezvous_timeout_s = 5min\n",
        "[hpctrain.spec.site] rendezvous_timeout_s = 5min: expected a whole number in [1, 86400] (" + where + ")"},
   }));
@@ -152,7 +160,8 @@ TEST_CASE("The site file's fabric keys are read, checked, and a typo names the c
   CHECK_THROWS_WITH(site_from(dir, text), message);
 }
 
-TEST_CASE("Each fabric renders its recipe's variables and directives, and the job's own variables win", "[site][fabric]") {
+TEST_CASE("Each fabric renders its recipe's variables and directives, and the job's own variables win",
+          "[site][fabric]") {
   auto context = job_test::fixed_context();
   context.site.fabric = {ht::Fabric::efa, "site.conf:1", std::string("^docker,lo"), std::nullopt, std::nullopt};
   const auto efa = ht::render_sbatch(ht::Job("f").nodes(2).gpus_per_node(8).env("NCCL_SOCKET_IFNAME", "ens5"), context);
@@ -195,15 +204,18 @@ TEST_CASE("The site's timeouts are exported, the submitting shell's value winnin
   context.site.rendezvous_timeout_s = 600;
   context.site.checkpoint_timeout_s = 1800;
   const auto script = ht::render_sbatch(ht::Job("t"), context);
-  CHECK(has_line(script, "export HPCTRAIN_RENDEZVOUS_TIMEOUT_S=\"${HPCTRAIN_RENDEZVOUS_TIMEOUT_S:-600}\"  # seconds; the "
-                         "submitting shell's value wins"));
+  CHECK(has_line(script,
+                 "export HPCTRAIN_RENDEZVOUS_TIMEOUT_S=\"${HPCTRAIN_RENDEZVOUS_TIMEOUT_S:-600}\"  # seconds; the "
+                 "submitting shell's value wins"));
   CHECK(script.find("HPCTRAIN_CHECKPOINT_TIMEOUT_S:-1800}") != std::string::npos);
   CHECK(script.find("HPCTRAIN_COLLECTIVE_TIMEOUT_S") == std::string::npos);
   // bash reads it so: the shell's value, else the site's.
   const auto shell = [&](std::vector<std::pair<std::string, std::string>> env) {
-    return ht::run_process({"bash", "-c", "export HPCTRAIN_RENDEZVOUS_TIMEOUT_S=\"${HPCTRAIN_RENDEZVOUS_TIMEOUT_S:-600}\"; "
-                                          "echo $HPCTRAIN_RENDEZVOUS_TIMEOUT_S"},
-                           env).out;
+    return ht::run_process({"bash", "-c",
+                            "export HPCTRAIN_RENDEZVOUS_TIMEOUT_S=\"${HPCTRAIN_RENDEZVOUS_TIMEOUT_S:-600}\"; "
+                            "echo $HPCTRAIN_RENDEZVOUS_TIMEOUT_S"},
+                           env)
+        .out;
   };
   CHECK(shell({}) == "600\n");
   CHECK(shell({{"HPCTRAIN_RENDEZVOUS_TIMEOUT_S", "30"}}) == "30\n");
@@ -212,8 +224,8 @@ TEST_CASE("The site's timeouts are exported, the submitting shell's value winnin
 TEST_CASE("A dry run shows the site file's fabric preset", "[site][fabric][cli]") {
   const auto dir = job_test::scratch_dir("fabric-dry-run");
   job_test::write_file(dir / "site.conf", "fabric = efa\nexpected_busbw_gbps = 40\n");
-  const auto result = job_test::run_probe(dir, {"--dry-run", "--nodes", "2"},
-                                          {{"HPCTRAIN_SITE_CONFIG", (dir / "site.conf").string()}});
+  const auto result =
+      job_test::run_probe(dir, {"--dry-run", "--nodes", "2"}, {{"HPCTRAIN_SITE_CONFIG", (dir / "site.conf").string()}});
   CAPTURE(result.err);
   REQUIRE(result.exit_code == 0);
   CHECK(result.out.find("# Site: fabric efa (" + (dir / "site.conf").string() + ":1)") != std::string::npos);
@@ -253,8 +265,9 @@ TEST_CASE("A fallback to sockets on an efa or infiniband site is an error naming
   const auto failed = *ht::nccl_network_from_log(efa_plugin_failed);
   const auto efa_error = ht::socket_fallback_error(ht::Fabric::efa, failed);
   REQUIRE(efa_error);
-  CHECK(efa_error->starts_with("the site's fabric is efa but NCCL chose TCP sockets (`Using network Socket`); "
-                               "`NET/IB : No device found.`, so the job would run many times slower"));
+  CHECK(
+      efa_error->starts_with("the site's fabric is efa but NCCL chose TCP sockets (`Using network Socket`); "
+                             "`NET/IB : No device found.`, so the job would run many times slower"));
   CHECK(efa_error->find("aws-ofi-nccl plugin (libnccl-net.so) on LD_LIBRARY_PATH") != std::string::npos);
   CHECK(efa_error->ends_with("or run over sockets anyway with --allow-socket-fallback"));
   const auto missing = ht::socket_fallback_error(ht::Fabric::efa, *ht::nccl_network_from_log(no_plugin));
@@ -292,7 +305,8 @@ TEST_CASE("Rank 0 of a multi-node job captures NCCL's lines and fails on a fallb
       ht::check_nccl_network(*check);
       FAIL("no error for a fallback to sockets");
     } catch (const ht::RuntimeError& error) {
-      CHECK(std::string(error.what()).starts_with("[hpctrain.runtime.fabric] the site's fabric is efa but NCCL chose TCP"));
+      CHECK(std::string(error.what())
+                .starts_with("[hpctrain.runtime.fabric] the site's fabric is efa but NCCL chose TCP"));
     }
     ::setenv("HPCTRAIN_ALLOW_SOCKET_FALLBACK", "1", 1);
     CHECK(ht::check_nccl_network(*check).starts_with("hpctrain: warning: the site's fabric is efa but NCCL chose TCP"));
@@ -305,8 +319,10 @@ TEST_CASE("Rank 0 of a multi-node job captures NCCL's lines and fails on a fallb
   {
     // The user's own NCCL_DEBUG_FILE (with NCCL's %h and %p) is read where NCCL writes it; their level and
     // subsystems are kept when they already include INFO.
-    ScopedEnvironment environment({{"HPCTRAIN_FABRIC", "infiniband"}, {"NCCL_DEBUG", "TRACE"},
-                                   {"NCCL_DEBUG_SUBSYS", "ALL"}, {"NCCL_DEBUG_FILE", (dir / "nccl.%h.%p").string()}});
+    ScopedEnvironment environment({{"HPCTRAIN_FABRIC", "infiniband"},
+                                   {"NCCL_DEBUG", "TRACE"},
+                                   {"NCCL_DEBUG_SUBSYS", "ALL"},
+                                   {"NCCL_DEBUG_FILE", (dir / "nccl.%h.%p").string()}});
     const auto check = ht::capture_nccl_network_log(0, true, dir);
     REQUIRE(check);
     CHECK(check->log.filename().string().ends_with(fmt::format(".{}", ::getpid())));
@@ -330,8 +346,9 @@ TEST_CASE("A job on whole nodes or GPUs gets the node's CPUs divided among its t
   auto context = job_test::fixed_context();
   context.site.cores_per_node = 96;
   const auto gpus = ht::render_sbatch(ht::Job("c").gpus_per_node(8), context);
-  CHECK(has_line(gpus, "# cpus-per-task: 12 = 96 CPUs per node (the site file's cores_per_node) / 8 task(s) per node, "
-                       "for a job on GPUs"));
+  CHECK(has_line(gpus,
+                 "# cpus-per-task: 12 = 96 CPUs per node (the site file's cores_per_node) / 8 task(s) per node, "
+                 "for a job on GPUs"));
   CHECK(has_line(gpus, "#SBATCH --cpus-per-task=12"));
   CHECK(gpus.find("  --cpus-per-task=12 \\\n  --cpu-bind=cores \\\n") != std::string::npos);
   const auto exclusive = ht::render_sbatch(ht::Job("c").tasks_per_node(4).exclusive(), context);

@@ -8,7 +8,8 @@
 
 using Catch::Matchers::Contains;
 
-TEST_CASE("A truncated or hand-edited job.json is an hpctrain error naming the file, not a JSON exception", "[fuzz_regression]") {
+TEST_CASE("A truncated or hand-edited job.json is an hpctrain error naming the file, not a JSON exception",
+          "[fuzz_regression]") {
   // fuzz_job_record: nlohmann's parse_error / type_error / out_of_range escaped last_submitted unnamed.
   const auto [text, reason] = GENERATE(table<std::string, std::string>({
       {R"({"id": "42", "name": "x")", "not valid JSON"},
@@ -25,7 +26,8 @@ TEST_CASE("A truncated or hand-edited job.json is an hpctrain error naming the f
 
 TEST_CASE("A job.json as submit writes it reads back", "[fuzz_regression]") {
   const auto job = hpctrain::detail::parse_job_record(
-      R"({"id": "42", "name": "x", "directory": "/d", "output_log": "/o", "error_log": "/e", "argv": ["a"]})", "job.json");
+      R"({"id": "42", "name": "x", "directory": "/d", "output_log": "/o", "error_log": "/e", "argv": ["a"]})",
+      "job.json");
   CHECK(job.id == "42");
   CHECK(job.directory == "/d");
   CHECK(job.error_log == "/e");

@@ -159,12 +159,8 @@ std::vector<Golden> goldens() {
       // InfiniBand (NCCL_IB_HCA and NCCL_SOCKET_IFNAME from the site) in Apptainer, which re-exports them.
       {"infiniband.sbatch",
        [] {
-         return ht::Job("ib")
-             .nodes(4)
-             .gpus_per_node("a100", 4)
-             .time(2h)
-             .partition("gpu")
-             .container(ht::Apptainer("/images/pytorch.sif"));
+         return ht::Job("ib").nodes(4).gpus_per_node("a100", 4).time(2h).partition("gpu").container(
+             ht::Apptainer("/images/pytorch.sif"));
        },
        false, infiniband_site()},
   };

@@ -98,8 +98,9 @@ TEST_CASE("Each --local run gets its own run directory, printed, and two runs do
   CHECK(first.out.find(fmt::format("run_dir={} resume_from=-\n", first_dir.string())) != std::string::npos);
 }
 
-TEST_CASE("The option --resume DIR hands the workers that run directory, --resume alone the newest run with checkpoints",
-          "[cli][runs]") {
+TEST_CASE(
+    "The option --resume DIR hands the workers that run directory, --resume alone the newest run with checkpoints",
+    "[cli][runs]") {
   const auto dir = job_test::scratch_dir("resume");
   const auto root = dir / "hpctrain-jobs" / "knobs";
   fs::create_directories(root / "41" / "checkpoints" / "step-0000000010");
@@ -119,12 +120,14 @@ TEST_CASE("The option --resume DIR hands the workers that run directory, --resum
         std::string::npos);
 
   const auto script = run_knob_probe(dir, {"--dry-run", "--resume", (root / "41").string()});
-  CHECK(script.out.find(fmt::format("--hpctrain-worker --resume {} || status=$?\n", (root / "41").string())) != std::string::npos);
+  CHECK(script.out.find(fmt::format("--hpctrain-worker --resume {} || status=$?\n", (root / "41").string())) !=
+        std::string::npos);
 
   const auto nothing = run_knob_probe(dir, {"--submit", "--resume", (root / "42").string()});
   CHECK(nothing.exit_code == 2);
-  CHECK(nothing.err == fmt::format("[hpctrain.spec.resume] --resume {0}: {0}/checkpoints holds no checkpoint to resume from\n",
-                                   (root / "42").string()));
+  CHECK(nothing.err ==
+        fmt::format("[hpctrain.spec.resume] --resume {0}: {0}/checkpoints holds no checkpoint to resume from\n",
+                    (root / "42").string()));
   const auto elsewhere = job_test::scratch_dir("resume-nothing");
   const auto none = run_knob_probe(elsewhere, {"--local", "1", "--resume"});
   CHECK(none.exit_code == 2);
@@ -143,10 +146,11 @@ TEST_CASE("The --status mode shows Slurm's own error and exits 1 when Slurm cann
   const std::string id = "27";
   fs::create_directories(root / id);
   job_test::write_file(root / "last", id + "\n");
-  job_test::write_file(root / id / "job.json",
-                       fmt::format(R"({{"id": "{}", "name": "probe", "directory": "{}", "output_log": "{}",
+  job_test::write_file(
+      root / id / "job.json",
+      fmt::format(R"({{"id": "{}", "name": "probe", "directory": "{}", "output_log": "{}",
                                        "error_log": "{}"}})",
-                                   id, (root / id).string(), (root / id / "out").string(), (root / id / "out").string()));
+                  id, (root / id).string(), (root / id / "out").string(), (root / id / "out").string()));
   // Without SLURM_CONF (and no /etc/slurm/slurm.conf here) every Slurm command fails at once.
   const auto result = ht::run_process({"env", "-u", "SLURM_CONF", job_test::probe(), "--status"}, {}, dir.string());
   CHECK(result.exit_code == 1);

@@ -103,13 +103,16 @@ TEST_CASE("transformers' and TRL's spellings of a knob name the knob that means 
   auto [arg, hint] = GENERATE(table<std::string, std::string>({
       {"--learning-rate", "(transformers' and TRL's name; here it is --lr)"},
       {"--num_train_epochs", "(transformers' and TRL's name; here it is --epochs)"},
-      {"--per-device-train-batch-size", "(transformers' and TRL's name; here it is --batch-size, whose scope, per rank or global, "
-                                        "the program declares)"},
-      {"--gradient-accumulation-steps", "(transformers' and TRL's name; here the program sets it: Training::gradient_accumulation(n))"},
+      {"--per-device-train-batch-size",
+       "(transformers' and TRL's name; here it is --batch-size, whose scope, per rank or global, "
+       "the program declares)"},
+      {"--gradient-accumulation-steps",
+       "(transformers' and TRL's name; here the program sets it: Training::gradient_accumulation(n))"},
       {"--resume-from-checkpoint", "(transformers' name; here it is --resume [DIR], given with --submit or --local)"},
   }));
   CAPTURE(arg);
-  CHECK_THROWS_WITH(knobs.with_arguments({arg, "1"}), Catch::StartsWith("[hpctrain.usage] unknown option " + arg + " " + hint));
+  CHECK_THROWS_WITH(knobs.with_arguments({arg, "1"}),
+                    Catch::StartsWith("[hpctrain.usage] unknown option " + arg + " " + hint));
   // A spelling whose knob this program does not have gets no hint.
   CHECK_THROWS_WITH(knob_table().with_arguments({"--per-device-train-batch-size", "1"}),
                     Catch::StartsWith("[hpctrain.usage] unknown option --per-device-train-batch-size; the knobs are"));
@@ -123,7 +126,8 @@ TEST_CASE("A sweep validates values by knob name with the same table", "[knobs]"
   CHECK_THROWS_WITH(knobs.validate("lrr", "1"), "[hpctrain.spec.knob] lrr: no such knob (did you mean --lr?)");
 }
 
-TEST_CASE("Declaring a knob twice, with a malformed name or a default that fails its check is a spec error", "[knobs]") {
+TEST_CASE("Declaring a knob twice, with a malformed name or a default that fails its check is a spec error",
+          "[knobs]") {
   auto knobs = knob_table();
   CHECK_THROWS_WITH(knobs.declare<double>("lr", 1.0, "again"), "[hpctrain.spec.knob] lr: is declared twice");
   CHECK_THROWS_WITH(knobs.declare<double>("Warmup-Steps", 1.0, ""),
@@ -132,7 +136,8 @@ TEST_CASE("Declaring a knob twice, with a malformed name or a default that fails
                     "[hpctrain.spec.knob] --beta = -1: its default must be positive");
   ht::Knobs builtins;
   builtins.declare<double>("lr", 1.0, "the built-in");
-  CHECK_THROWS_WITH(builtins.extend(knob_table()), "[hpctrain.spec.knob] lr: is declared twice (a built-in knob has this name)");
+  CHECK_THROWS_WITH(builtins.extend(knob_table()),
+                    "[hpctrain.spec.knob] lr: is declared twice (a built-in knob has this name)");
 }
 
 TEST_CASE("A value set in code is checked like one from the command line, and get checks the type", "[knobs]") {
@@ -141,7 +146,8 @@ TEST_CASE("A value set in code is checked like one from the command line, and ge
   CHECK(knobs.get<double>("lr") == 0.5);
   CHECK_THROWS_WITH(knobs.set("lr", -0.5), "[hpctrain.spec.knob] --lr = -0.5: must be positive");
   CHECK_THROWS_WITH(knobs.set("lr", std::int64_t{2}), "[hpctrain.spec.knob] --lr = 2: expected a number");
-  CHECK_THROWS_WITH(knobs.get<bool>("lr"), "[hpctrain.spec.knob] --lr = 0.5: is a number; get<true or false> asks for another type");
+  CHECK_THROWS_WITH(knobs.get<bool>("lr"),
+                    "[hpctrain.spec.knob] --lr = 0.5: is a number; get<true or false> asks for another type");
 }
 
 TEST_CASE("Knobs::help lists every knob with its type, default and requirement", "[knobs]") {
@@ -155,8 +161,8 @@ TEST_CASE("Knobs::help lists every knob with its type, default and requirement",
   // A flag wider than the column: its text on the next line, in the column.
   ht::Knobs wide;
   wide.declare<bool>("activation_checkpointing", false, "recompute each block");
-  CHECK(wide.help().find("  --activation-checkpointing [true|false]\n" + std::string(30, ' ') + "recompute each block (default: false)\n") !=
-        std::string::npos);
+  CHECK(wide.help().find("  --activation-checkpointing [true|false]\n" + std::string(30, ' ') +
+                         "recompute each block (default: false)\n") != std::string::npos);
 }
 
 TEST_CASE("A knob's flag is spelled in one place, both ways, and a sweep's arguments use it", "[knobs]") {
@@ -169,11 +175,13 @@ TEST_CASE("A knob's flag is spelled in one place, both ways, and a sweep's argum
   CHECK(sweep.args[0] == std::vector<std::string>{"--warmup-steps=0"});
   // A Setting from a knob names the knob by its flag when the knob's path is empty.
   const ht::Setting<std::filesystem::path> path(ht::knob("inline_test_path", "", "a path"));
-  CHECK_THROWS_WITH(path.get(ht::detail::inline_knobs()), "[hpctrain.spec.knob] --inline-test-path: is required (a path)");
+  CHECK_THROWS_WITH(path.get(ht::detail::inline_knobs()),
+                    "[hpctrain.spec.knob] --inline-test-path: is required (a path)");
 }
 
-TEST_CASE("A knob declared where it is used has its type from its default, reads the given value, and joins run()'s table",
-          "[knobs]") {
+TEST_CASE(
+    "A knob declared where it is used has its type from its default, reads the given value, and joins run()'s table",
+    "[knobs]") {
   const auto windows = ht::knob("inline_test_windows", 128, "tokens per window", ht::positive());
   const auto prompt = ht::knob("inline_test_prompt", "Q: ", "prompt");
   const auto decay = ht::knob("inline_test_decay", 0.1, "weight decay", ht::non_negative());
@@ -185,7 +193,8 @@ TEST_CASE("A knob declared where it is used has its type from its default, reads
   // The table hpctrain::run extends with them (train/worker.hpp): --help lists them, the command line wins.
   ht::Knobs table = knob_table();
   table.extend(ht::detail::inline_knobs());
-  CHECK_THAT(table.help(), Catch::Contains("--inline-test-windows N") && Catch::Contains("tokens per window (default: 128; must be positive)"));
+  CHECK_THAT(table.help(), Catch::Contains("--inline-test-windows N") &&
+                               Catch::Contains("tokens per window (default: 128; must be positive)"));
   const auto given = table.with_arguments({"--inline-test-windows", "64", "--inline-test-packing"});
   CHECK(windows(given) == 64);
   CHECK(windows(table) == 128);  // not given: the default
@@ -198,8 +207,10 @@ TEST_CASE("A knob declared where it is used has its type from its default, reads
                     "[hpctrain.spec.knob] --inline-test-windows = 0: must be positive");
 }
 
-TEST_CASE("The same inline declaration again is the same knob, and the same name with another default or help is a spec error",
-          "[knobs]") {
+TEST_CASE(
+    "The same inline declaration again is the same knob, and the same name with another default or help is a spec "
+    "error",
+    "[knobs]") {
   ht::knob("inline_test_twice", 256, "tokens per example", ht::at_least(8));
   CHECK(ht::knob("inline_test_twice", 256, "tokens per example", ht::at_least(8)).name() == "inline_test_twice");
   CHECK_THROWS_WITH(ht::knob("inline_test_twice", 512, "tokens per example", ht::at_least(8)),
@@ -207,7 +218,8 @@ TEST_CASE("The same inline declaration again is the same knob, and the same name
                     "and default 512, \"tokens per example\"");
   CHECK_THROWS_WITH(ht::knob("inline_test_twice", 256, "other help", ht::at_least(8)),
                     Catch::StartsWith("[hpctrain.spec.knob] --inline-test-twice: is declared twice"));
-  CHECK_THROWS_WITH(ht::knob("Inline-Bad", 1, "help"), Catch::StartsWith("[hpctrain.spec.knob] Inline-Bad: a knob name is snake_case"));
+  CHECK_THROWS_WITH(ht::knob("Inline-Bad", 1, "help"),
+                    Catch::StartsWith("[hpctrain.spec.knob] Inline-Bad: a knob name is snake_case"));
   CHECK_THROWS_WITH(ht::knob("inline_test_bad_default", -1, "help", ht::positive()),
                     "[hpctrain.spec.knob] --inline-test-bad-default = -1: its default must be positive");
 }

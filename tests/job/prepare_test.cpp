@@ -14,8 +14,7 @@
 namespace fs = std::filesystem;
 namespace ht = hpctrain;
 
-namespace {
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("The preparation step renders as its own one-task srun step before the training step", "[prepare]") {
   auto context = job_test::fixed_context();
@@ -48,23 +47,25 @@ TEST_CASE("Local mode runs the preparation once before the ranks", "[prepare]") 
   CHECK(ht::test::count_occurrences(first.out, "probe prepare job=local") == 1);
   CHECK(first.out.find("probe prepare") < first.out.find("probe rank="));
   // Under --local the preparation's run directory is hpctrain-jobs/<name>/local.
-  CHECK(job_test::read_file(dir / "hpctrain-jobs" / "probe" / "local" / "prepare" / "data.txt") == "job local restart 0\n");
+  CHECK(job_test::read_file(dir / "hpctrain-jobs" / "probe" / "local" / "prepare" / "data.txt") ==
+        "job local restart 0\n");
   const auto second = job_test::run_probe(dir, {"--local", "2"}, env);
   CHECK(second.exit_code == 0);
   CHECK(ht::test::count_occurrences(second.out, "probe prepare") == 0);
   CHECK(second.err.find("hpctrain: preparation already done") != std::string::npos);
 
-  const auto failing = job_test::run_probe(job_test::scratch_dir("prepare-local-fail"), {"--local", "2"},
-                                           {{"PROBE_PREPARE", "fail"}});
+  const auto failing =
+      job_test::run_probe(job_test::scratch_dir("prepare-local-fail"), {"--local", "2"}, {{"PROBE_PREPARE", "fail"}});
   CHECK(failing.exit_code == 1);
   CHECK(failing.err.find("hpctrain: preparation failed: [hpctrain.runtime.probe] the corpus is missing\n") !=
         std::string::npos);
   CHECK(failing.out.find("probe rank=") == std::string::npos);
 }
 
-TEST_CASE("On two nodes the preparation runs once before the ranks, is skipped after a requeue, and a failing one "
-          "fails the job before any rank starts",
-          "[prepare][slurm]") {
+TEST_CASE(
+    "On two nodes the preparation runs once before the ranks, is skipped after a requeue, and a failing one "
+    "fails the job before any rank starts",
+    "[prepare][slurm]") {
   const auto dir = job_test::scratch_dir("prepare-slurm");
   // Both jobs go in at once: the requeued one waits about two minutes (BeginTime) before its second run.
   const auto ok = job_test::run_probe(dir, {"--submit", "--exit-first-run", "75"},
@@ -77,12 +78,14 @@ TEST_CASE("On two nodes the preparation runs once before the ranks, is skipped a
   const auto bad_id = job_test::submitted_id(bad.out);
 
   const auto bad_state = job_test::wait_for_end(bad_id);
-  const auto bad_log = job_test::read_file(dir / "hpctrain-jobs" / "prep-fail" / bad_id / fmt::format("slurm-{}.out", bad_id));
+  const auto bad_log =
+      job_test::read_file(dir / "hpctrain-jobs" / "prep-fail" / bad_id / fmt::format("slurm-{}.out", bad_id));
   CAPTURE(bad_log);
   CHECK(bad_state.state == "FAILED");
   CHECK(bad_log.find("hpctrain: preparation failed: [hpctrain.runtime.probe] the corpus is missing\n") !=
         std::string::npos);
-  CHECK(bad_log.find("hpctrain: the preparation step failed (exit 1); no training rank started\n") != std::string::npos);
+  CHECK(bad_log.find("hpctrain: the preparation step failed (exit 1); no training rank started\n") !=
+        std::string::npos);
   CHECK(bad_log.find("probe rank=") == std::string::npos);
   CHECK_FALSE(fs::exists(dir / "hpctrain-jobs" / "prep-fail" / bad_id / "prepare.done"));
 
@@ -98,10 +101,12 @@ TEST_CASE("On two nodes the preparation runs once before the ranks, is skipped a
   CHECK(ok_log.find(fmt::format("probe prepare job={} node=n1 step_tasks=1 restart=0 args=2 run_dir={}\n", ok_id,
                                 ok_dir.string())) != std::string::npos);
   CHECK(ok_log.find("probe prepare ") < ok_log.find("probe rank=0"));
-  CHECK(ht::test::count_occurrences(ok_log, fmt::format("hpctrain: preparation already done ({}/prepare.done); skipping it\n",
-                                  ok_dir.string())) == 1);
+  CHECK(ht::test::count_occurrences(
+            ok_log,
+            fmt::format("hpctrain: preparation already done ({}/prepare.done); skipping it\n", ok_dir.string())) == 1);
   // Both ranks of both runs read what the preparation left.
   for (const auto* rank : {"0", "1"})
-    CHECK(ht::test::count_occurrences(ok_log, fmt::format("probe rank={} prepared=job {} restart 0\n", rank, ok_id)) == 2);
+    CHECK(ht::test::count_occurrences(ok_log, fmt::format("probe rank={} prepared=job {} restart 0\n", rank, ok_id)) ==
+          2);
   CHECK(fs::exists(ok_dir / "prepare.done"));
 }

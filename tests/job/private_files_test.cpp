@@ -33,12 +33,13 @@ std::string canary_value() {
 TEST_CASE("A submitted job's directory, script, record and log are private and hold no secret value",
           "[private][slurm]") {
   const auto dir = job_test::scratch_dir("private-files");
-  fs::permissions(dir, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
-                           fs::perms::others_read | fs::perms::others_exec);
+  fs::permissions(dir, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read |
+                           fs::perms::others_exec);
   const std::string name = "private-probe";
   const std::string secret = canary_value();
   const auto submitted = job_test::run_probe(
-      dir, {"--submit"}, {{"PROBE_NAME", name}, {"PROBE_SECRET_NAME", "HPCTRAIN_TEST_CANARY"}, {"HPCTRAIN_TEST_CANARY", secret}});
+      dir, {"--submit"},
+      {{"PROBE_NAME", name}, {"PROBE_SECRET_NAME", "HPCTRAIN_TEST_CANARY"}, {"HPCTRAIN_TEST_CANARY", secret}});
   CAPTURE(submitted.out, submitted.err);
   REQUIRE(submitted.exit_code == 0);
   const auto id = job_test::submitted_id(submitted.out);
@@ -51,8 +52,10 @@ TEST_CASE("A submitted job's directory, script, record and log are private and h
   REQUIRE(fs::exists(log));
   // The secret reached every rank (by length: the probe never prints it)...
   const auto log_text = job_test::read_file(log);
-  CHECK(log_text.find(fmt::format("probe rank=0 secret HPCTRAIN_TEST_CANARY has {} bytes", secret.size())) != std::string::npos);
-  CHECK(log_text.find(fmt::format("probe rank=1 secret HPCTRAIN_TEST_CANARY has {} bytes", secret.size())) != std::string::npos);
+  CHECK(log_text.find(fmt::format("probe rank=0 secret HPCTRAIN_TEST_CANARY has {} bytes", secret.size())) !=
+        std::string::npos);
+  CHECK(log_text.find(fmt::format("probe rank=1 secret HPCTRAIN_TEST_CANARY has {} bytes", secret.size())) !=
+        std::string::npos);
   // ...and no file the job left behind holds it, in the job directory or beside it (`last`).
   for (const auto& entry : fs::recursive_directory_iterator(dir / "hpctrain-jobs")) {
     if (!entry.is_regular_file()) continue;
@@ -73,7 +76,8 @@ TEST_CASE("A submitted job's directory, script, record and log are private and h
   }
   // The oracle: another user. The control proves that user reaches the directory above the job's...
   if (as_nobody({"ls", (dir / "hpctrain-jobs" / name).string()}).exit_code != 0) {
-    WARN("user nobody cannot reach " << (dir / "hpctrain-jobs" / name) << " (umask or parent directories): only the mode was checked");
+    WARN("user nobody cannot reach " << (dir / "hpctrain-jobs" / name)
+                                     << " (umask or parent directories): only the mode was checked");
     return;
   }
   // ...and the job's own directory, script, record and log are closed to them.

@@ -17,10 +17,45 @@ namespace ht = hpctrain;
 namespace {
 /// Strings built from the pieces that break naive quoting; `canary` is a file they try to create.
 std::vector<std::string> adversarial_strings(std::uint32_t seed, int count, const std::string& canary) {
-  const std::vector<std::string> pieces = {
-      "'",  "\"", "$(touch " + canary + ")", "`touch " + canary + "`", ";touch " + canary + ";", "\n", "\r", "\t",
-      " ",  "*",  "?", "[a-z]", "~", "~root", "$HOME", "${PATH}", "$1", "$$", "\\", "\\'", "!", "!!", "#", "&",
-      "|",  ">",  "<", "{a,b}", "%j", "=", "--", "-x", "λ→😀", "\xff\xfe", "x", "é", "$'\\n'", "\"'\"", "''"};
+  const std::vector<std::string> pieces = {"'",
+                                           "\"",
+                                           "$(touch " + canary + ")",
+                                           "`touch " + canary + "`",
+                                           ";touch " + canary + ";",
+                                           "\n",
+                                           "\r",
+                                           "\t",
+                                           " ",
+                                           "*",
+                                           "?",
+                                           "[a-z]",
+                                           "~",
+                                           "~root",
+                                           "$HOME",
+                                           "${PATH}",
+                                           "$1",
+                                           "$$",
+                                           "\\",
+                                           "\\'",
+                                           "!",
+                                           "!!",
+                                           "#",
+                                           "&",
+                                           "|",
+                                           ">",
+                                           "<",
+                                           "{a,b}",
+                                           "%j",
+                                           "=",
+                                           "--",
+                                           "-x",
+                                           "λ→😀",
+                                           "\xff\xfe",
+                                           "x",
+                                           "é",
+                                           "$'\\n'",
+                                           "\"'\"",
+                                           "''"};
   std::mt19937 random(seed);
   std::uniform_int_distribution<std::size_t> pick(0, pieces.size() - 1);
   std::uniform_int_distribution<int> length(0, 6);
@@ -85,10 +120,11 @@ TEST_CASE("Adversarial strings reach the worker byte-identical through render an
   job_test::write_file(script_path, ht::render_sbatch(job, context));
 
   // The step runs without Slurm here: `srun` drops its own options and runs the command.
-  const auto result = ht::run_process(
-      {"bash", "-c", "srun() { while [[ $1 == --* ]]; do shift; done; \"$@\"; }; source \"$1\"", "bash",
-       script_path.string()},
-      {{"SLURM_JOB_ID", "4242"}}, dir.string());  // in the scratch directory: should quoting break, a stray `>` writes there
+  const auto result =
+      ht::run_process({"bash", "-c", "srun() { while [[ $1 == --* ]]; do shift; done; \"$@\"; }; source \"$1\"", "bash",
+                       script_path.string()},
+                      {{"SLURM_JOB_ID", "4242"}},
+                      dir.string());  // in the scratch directory: should quoting break, a stray `>` writes there
   CAPTURE(result.err);
   REQUIRE(result.exit_code == 0);
   const auto values = reported(result.out);

@@ -29,7 +29,8 @@ TEST_CASE("max_restarts and the requeue signal render as the script's failure br
         std::string::npos);
   CHECK_THROWS_WITH(ht::Job("r").requeue_signal("KILL"),
                     "[hpctrain.spec.requeue_signal] requeue_signal = KILL: expected USR2, USR1, URG, ALRM, HUP or INT");
-  CHECK_THROWS_WITH(ht::Job("r").max_restarts(-1), "[hpctrain.spec.max_restarts] max_restarts = -1: must be between 0 and 100");
+  CHECK_THROWS_WITH(ht::Job("r").max_restarts(-1),
+                    "[hpctrain.spec.max_restarts] max_restarts = -1: must be between 0 and 100");
 }
 
 TEST_CASE("A rank killed by SIGKILL restarts the job with max_restarts, a rank that always dies gives up after n",
@@ -47,17 +48,19 @@ TEST_CASE("A rank killed by SIGKILL restarts the job with max_restarts, a rank t
 
   CHECK(job_test::wait_for_final_state(once_id) == "COMPLETED");
   CHECK(job_test::scontrol_field(once_id, "Restarts") == "1");
-  const auto once_log = job_test::read_file(dir / "hpctrain-jobs" / "restart-once" / once_id / fmt::format("slurm-{}.out", once_id));
+  const auto once_log =
+      job_test::read_file(dir / "hpctrain-jobs" / "restart-once" / once_id / fmt::format("slurm-{}.out", once_id));
   CAPTURE(once_log);
   CHECK(once_log.find(fmt::format("hpctrain: job {}: the step failed (exit ", once_id)) != std::string::npos);
-  CHECK(once_log.find("); requeueing to resume from the last checkpoint (failure restart 1 of 1)\n") != std::string::npos);
+  CHECK(once_log.find("); requeueing to resume from the last checkpoint (failure restart 1 of 1)\n") !=
+        std::string::npos);
   CHECK(once_log.find("probe rank=0 finished restart=1\n") != std::string::npos);
   CHECK(once_log.find("probe rank=1 finished restart=1\n") != std::string::npos);
 
   CHECK(job_test::wait_for_final_state(always_id) == "FAILED");
   CHECK(job_test::scontrol_field(always_id, "Restarts") == "1");
-  const auto always_log =
-      job_test::read_file(dir / "hpctrain-jobs" / "restart-always" / always_id / fmt::format("slurm-{}.out", always_id));
+  const auto always_log = job_test::read_file(dir / "hpctrain-jobs" / "restart-always" / always_id /
+                                              fmt::format("slurm-{}.out", always_id));
   CAPTURE(always_log);
   CHECK(always_log.find("(failure restart 1 of 1)\n") != std::string::npos);
   CHECK(always_log.find(fmt::format("hpctrain: job {}: the step failed (exit ", always_id)) != std::string::npos);
@@ -79,7 +82,8 @@ TEST_CASE("A job preempted by a higher-priority partition gets SIGTERM, checkpoi
   const auto dir = job_test::scratch_dir(timeout_requeue ? "preempt" : "preempt-without-timeout-requeue");
   std::vector<std::pair<std::string, std::string>> env = {{"PROBE_NAME", "preempted"}};
   if (timeout_requeue) env.emplace_back("PROBE_REQUEUE", "1");
-  const auto submitted = job_test::run_probe(dir, {"--submit", "--partition", "preemptable", "--wait-for-preemption"}, env);
+  const auto submitted =
+      job_test::run_probe(dir, {"--submit", "--partition", "preemptable", "--wait-for-preemption"}, env);
   CAPTURE(submitted.err);
   REQUIRE(submitted.exit_code == 0);
   const auto id = job_test::submitted_id(submitted.out);

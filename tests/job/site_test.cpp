@@ -45,7 +45,8 @@ TEST_CASE("The GPU request is written in the chosen syntax", "[site]") {
 TEST_CASE("The site default comes from HPCTRAIN_GPU_SYNTAX, else the site file, the program's choice wins", "[site]") {
   const auto dir = job_test::scratch_dir("site");
   fs::create_directories(dir / ".config" / "hpctrain");
-  job_test::write_file(dir / ".config" / "hpctrain" / "site.conf", "# our cluster\n  gpu_syntax = gres   # old Slurm\n");
+  job_test::write_file(dir / ".config" / "hpctrain" / "site.conf",
+                       "# our cluster\n  gpu_syntax = gres   # old Slurm\n");
   const auto from_file = ht::load_site_settings(lookup({{"HOME", dir.string()}}));
   REQUIRE(from_file.gpu_syntax == ht::GpuSyntax::gres);
   CHECK(from_file.gpu_syntax_source == (dir / ".config" / "hpctrain" / "site.conf").string() + ":2");
@@ -70,11 +71,12 @@ TEST_CASE("A bad GPU syntax names the value and where it came from", "[site]") {
                                 "{}:1)",
                                 (dir / "site.conf").string()));
   job_test::write_file(dir / "site.conf", "gpu_sintax = gres\n");
-  CHECK_THROWS_WITH(ht::load_site_settings(lookup({{"HPCTRAIN_SITE_CONFIG", (dir / "site.conf").string()}})),
-                    fmt::format("[hpctrain.spec.site] site = gpu_sintax: unknown setting (did you mean gpu_syntax?); "
-                                "known: gpu_syntax, fabric, socket_ifname, ib_hca, expected_busbw_gbps, cores_per_node, "
-                                "rendezvous_timeout_s, collective_timeout_s, checkpoint_timeout_s ({}:1)",
-                                (dir / "site.conf").string()));
+  CHECK_THROWS_WITH(
+      ht::load_site_settings(lookup({{"HPCTRAIN_SITE_CONFIG", (dir / "site.conf").string()}})),
+      fmt::format("[hpctrain.spec.site] site = gpu_sintax: unknown setting (did you mean gpu_syntax?); "
+                  "known: gpu_syntax, fabric, socket_ifname, ib_hca, expected_busbw_gbps, cores_per_node, "
+                  "rendezvous_timeout_s, collective_timeout_s, checkpoint_timeout_s ({}:1)",
+                  (dir / "site.conf").string()));
   CHECK_THROWS_WITH(ht::load_site_settings(lookup({{"HPCTRAIN_GPU_SYNTAX", "GRES"}})),
                     "[hpctrain.spec.gpu_syntax] gpu_syntax = GRES: expected gpus-per-node or gres (from "
                     "HPCTRAIN_GPU_SYNTAX)");
@@ -91,7 +93,8 @@ TEST_CASE("The option --gpu-syntax gres renders --gres=gpu:N from the command li
   REQUIRE(result.exit_code == 0);
   CHECK(result.out.find("#SBATCH --gres=gpu:4\n") != std::string::npos);
   CHECK(result.out.find("#SBATCH --gpus-per-node") == std::string::npos);
-  const auto by_env = job_test::run_probe(dir, {"--dry-run", "--gpus-per-node", "a100:2"}, {{"HPCTRAIN_GPU_SYNTAX", "gres"}});
+  const auto by_env =
+      job_test::run_probe(dir, {"--dry-run", "--gpus-per-node", "a100:2"}, {{"HPCTRAIN_GPU_SYNTAX", "gres"}});
   CHECK(by_env.out.find("#SBATCH --gres=gpu:a100:2\n") != std::string::npos);
 }
 
@@ -109,7 +112,8 @@ TEST_CASE("Per-task GPU binding is warned about, not refused", "[site]") {
   // Fewer tasks than GPUs on a node: the rest would stay idle (one rank per task, one GPU per rank).
   const auto idle = ht::job_warnings(ht::Job("w").tasks_per_node(1).gpus_per_node(8));
   REQUIRE(idle.size() == 1);
-  CHECK(idle[0].starts_with("8 GPUs per node but 1 task(s) per node: hpctrain trains one rank per task on one GPU each, so 7 GPU(s)"));
+  CHECK(idle[0].starts_with(
+      "8 GPUs per node but 1 task(s) per node: hpctrain trains one rank per task on one GPU each, so 7 GPU(s)"));
   CHECK(ht::job_warnings(ht::Job("w").tasks_per_node(8).gpus_per_node(8)).empty());
   CHECK(ht::job_warnings(ht::Job("w").srun_option("gpu-bind", "closest")).size() == 1);
 }
@@ -117,8 +121,8 @@ TEST_CASE("Per-task GPU binding is warned about, not refused", "[site]") {
 TEST_CASE("An --sbatch override of a key with its own directive replaces that directive", "[cli]") {
   const auto dir = job_test::scratch_dir("sbatch-override");
   const auto result = job_test::run_probe(
-      dir, {"--dry-run", "--sbatch", "time=00:07:00", "--sbatch", "nodes=1", "--sbatch", "job-name=renamed",
-            "--sbatch", "comment=one", "--sbatch", "comment=two", "--sbatch", "exclusive"});
+      dir, {"--dry-run", "--sbatch", "time=00:07:00", "--sbatch", "nodes=1", "--sbatch", "job-name=renamed", "--sbatch",
+            "comment=one", "--sbatch", "comment=two", "--sbatch", "exclusive"});
   CAPTURE(result.err);
   REQUIRE(result.exit_code == 0);
   const auto& script = result.out;
@@ -143,8 +147,9 @@ TEST_CASE("sbatch --test-only reads either GPU syntax as a GPU request", "[site]
   for (const auto* syntax : {"gpus-per-node", "gres"}) {
     CAPTURE(syntax);
     const auto path = dir / fmt::format("{}.sbatch", syntax);
-    job_test::write_file(path, ht::render_sbatch(ht::Job("g").gpus_per_node("a100", 2).gpu_syntax(syntax).partition("debug"),
-                                                 job_test::fixed_context()));
+    job_test::write_file(path,
+                         ht::render_sbatch(ht::Job("g").gpus_per_node("a100", 2).gpu_syntax(syntax).partition("debug"),
+                                           job_test::fixed_context()));
     const auto result = ht::run_process({"sbatch", "--test-only", path.string()});
     CHECK(result.exit_code == 1);
     CHECK(result.err.find("Invalid generic resource (gres) specification") != std::string::npos);

@@ -38,7 +38,8 @@ TEST_CASE("The real cluster's sbatch reports a release hpctrain parses", "[slurm
 TEST_CASE("The --gpus-per-task option gets a task count from 23.11 on, and not on 22.05", "[slurm_version]") {
   const auto job = ht::Job("gpt").nodes(2).tasks_per_node(4).gpus_per_node(4).sbatch_option("gpus-per-task", "1");
   auto context = job_test::fixed_context();
-  const auto [major, minor, with_ntasks] = GENERATE(table<int, int, bool>({{22, 5, false}, {23, 11, true}, {24, 11, true}}));
+  const auto [major, minor, with_ntasks] =
+      GENERATE(table<int, int, bool>({{22, 5, false}, {23, 11, true}, {24, 11, true}}));
   context.slurm_version = ht::SlurmVersion{major, minor, 0};
   CAPTURE(major, minor);
   const auto script = ht::render_sbatch(job, context);
@@ -53,10 +54,17 @@ TEST_CASE("The --gpus-per-task option gets a task count from 23.11 on, and not o
   CHECK(kept.find("#SBATCH --ntasks=8\n") == kept.rfind("#SBATCH --ntasks=8\n"));
 }
 
-TEST_CASE("A submission from inside a job leaves the parent's SLURM variables out of sbatch's environment", "[submit]") {
-  std::vector<std::string> entries = {"SLURM_JOB_ID=7", "SLURM_NTASKS=8", "SLURM_CPUS_PER_TASK=4",
-                                      "SLURM_STEP_NUM_TASKS=2", "SLURM_CONF=/etc/slurm/slurm.conf",
-                                      "SLURM_CLUSTERS=a", "SBATCH_ACCOUNT=proj", "HOME=/root", "MY_SLURM_X=1"};
+TEST_CASE("A submission from inside a job leaves the parent's SLURM variables out of sbatch's environment",
+          "[submit]") {
+  std::vector<std::string> entries = {"SLURM_JOB_ID=7",
+                                      "SLURM_NTASKS=8",
+                                      "SLURM_CPUS_PER_TASK=4",
+                                      "SLURM_STEP_NUM_TASKS=2",
+                                      "SLURM_CONF=/etc/slurm/slurm.conf",
+                                      "SLURM_CLUSTERS=a",
+                                      "SBATCH_ACCOUNT=proj",
+                                      "HOME=/root",
+                                      "MY_SLURM_X=1"};
   std::vector<char*> environment;
   for (auto& entry : entries) environment.push_back(entry.data());
   environment.push_back(nullptr);
@@ -66,8 +74,8 @@ TEST_CASE("A submission from inside a job leaves the parent's SLURM variables ou
 
 TEST_CASE("run_process removes the variables it is told to", "[submit]") {
   ::setenv("HPCTRAIN_TEST_REMOVED", "parent", 1);
-  const auto result = ht::run_process({"sh", "-c", "echo \"${HPCTRAIN_TEST_REMOVED:-unset}\""}, {}, "",
-                                      {"HPCTRAIN_TEST_REMOVED"});
+  const auto result =
+      ht::run_process({"sh", "-c", "echo \"${HPCTRAIN_TEST_REMOVED:-unset}\""}, {}, "", {"HPCTRAIN_TEST_REMOVED"});
   ::unsetenv("HPCTRAIN_TEST_REMOVED");
   CHECK(result.out == "unset\n");
 }

@@ -103,7 +103,8 @@ TEST_CASE("Tasks per node default to GPUs per node, else one", "[spec]") {
 
 TEST_CASE("The enroot import helper prepares a squashfs from a registry reference", "[container]") {
   CHECK(ht::enroot_import_command("nvcr.io#nvidia/pytorch:24.05-py3", "./pytorch.sqsh") ==
-        std::vector<std::string>{"enroot", "import", "-o", "./pytorch.sqsh", "docker://nvcr.io#nvidia/pytorch:24.05-py3"});
+        std::vector<std::string>{"enroot", "import", "-o", "./pytorch.sqsh",
+                                 "docker://nvcr.io#nvidia/pytorch:24.05-py3"});
 }
 
 TEST_CASE("The binary's directory and the working directory are mounted unless the user opts out", "[container]") {
@@ -117,8 +118,8 @@ TEST_CASE("The binary's directory and the working directory are mounted unless t
 }
 
 TEST_CASE("An image reference with '#' never lands on an #SBATCH line", "[container]") {
-  const auto script =
-      ht::render_sbatch(ht::Job("a").container(ht::Pyxis("nvcr.io#nvidia/pytorch:24.05-py3")), job_test::fixed_context());
+  const auto script = ht::render_sbatch(ht::Job("a").container(ht::Pyxis("nvcr.io#nvidia/pytorch:24.05-py3")),
+                                        job_test::fixed_context());
   std::istringstream lines(script);
   for (std::string line; std::getline(lines, line);) {
     CAPTURE(line);

@@ -28,14 +28,14 @@ int queued_jobs_named(const std::string& name) {
 
 TEST_CASE("A dry run prints a valid script with the declared directives and writes nothing", "[cli]") {
   const auto dir = job_test::scratch_dir("dry-run");
-  const auto result = job_test::run_probe(dir, {"--dry-run", "--nodes", "2", "--time", "15", "--partition", "debug",
-                                                "--account", "proj42", "--sbatch", "comment=hello world",
-                                                "--env", "NCCL_DEBUG=INFO", "--epochs", "3"});
+  const auto result = job_test::run_probe(
+      dir, {"--dry-run", "--nodes", "2", "--time", "15", "--partition", "debug", "--account", "proj42", "--sbatch",
+            "comment=hello world", "--env", "NCCL_DEBUG=INFO", "--epochs", "3"});
   REQUIRE(result.exit_code == 0);
-  for (const auto* line : {"#SBATCH --job-name=probe\n", "#SBATCH --nodes=2\n", "#SBATCH --time=0-00:15:00\n",
-                           "#SBATCH --partition=debug\n", "#SBATCH --account=proj42\n",
-                           "#SBATCH --comment=\"hello world\"\n", "export NCCL_DEBUG=INFO\n",
-                           " --hpctrain-worker --epochs 3 || status=$?\n"}) {
+  for (const auto* line :
+       {"#SBATCH --job-name=probe\n", "#SBATCH --nodes=2\n", "#SBATCH --time=0-00:15:00\n",
+        "#SBATCH --partition=debug\n", "#SBATCH --account=proj42\n", "#SBATCH --comment=\"hello world\"\n",
+        "export NCCL_DEBUG=INFO\n", " --hpctrain-worker --epochs 3 || status=$?\n"}) {
     CAPTURE(line);
     CHECK(result.out.find(line) != std::string::npos);
   }
@@ -54,7 +54,9 @@ TEST_CASE("Invalid overrides exit 2, name the field and the value, and write not
        "[hpctrain.spec.gpus_per_node] gpus_per_node = a100: a GPU type needs a count (a100:4)\n"},
       {{"--submit", "--partition", ""}, "[hpctrain.spec.partition] partition = \"\": must not be empty\n"},
       {{"--submit", "--env", "NOEQUALS"}, "[hpctrain.usage] --env expects K=V, got 'NOEQUALS'\n"},
-      {{"--submit", "--dry-run"}, "[hpctrain.usage] choose one of --dry-run, --submit, --status, --logs, --cancel, --local, --run, --results, --plan\n"},
+      {{"--submit", "--dry-run"},
+       "[hpctrain.usage] choose one of --dry-run, --submit, --status, --logs, --cancel, --local, --run, --results, "
+       "--plan\n"},
   }));
   CAPTURE(args);
   const auto result = job_test::run_probe(dir, args);
@@ -78,9 +80,11 @@ TEST_CASE("What the cluster refuses exits 2 at --submit naming the field and the
   // sbatch --test-only schedules the rendered script without queueing it: the local cluster has the partition
   // debug with two nodes of two CPUs.
   auto [args, message] = GENERATE(table<std::vector<std::string>, std::string>({
-      {{"--partition", "nosuch"}, "[hpctrain.spec.partition] partition = nosuch: this cluster refuses it (sbatch --test-only: "},
+      {{"--partition", "nosuch"},
+       "[hpctrain.spec.partition] partition = nosuch: this cluster refuses it (sbatch --test-only: "},
       {{"--nodes", "9"}, "[hpctrain.spec.resources] resources = --nodes=9 --ntasks-per-node=1"},
-      {{"--sbatch", "constraint=a100"}, "[hpctrain.spec.sbatch_option] sbatch_option = constraint=a100: this cluster refuses it"},
+      {{"--sbatch", "constraint=a100"},
+       "[hpctrain.spec.sbatch_option] sbatch_option = constraint=a100: this cluster refuses it"},
   }));
   CAPTURE(args);
   const auto dir = job_test::scratch_dir("refused-by-cluster");
@@ -142,11 +146,15 @@ TEST_CASE("A submitted job runs on both nodes and hostile names, values and argu
         std::string::npos);
   for (const auto* rank : {"0", "1"}) {
     CAPTURE(rank);
-    CHECK(log.find(fmt::format("probe rank={} env PROBE_HOSTILE={}\n", rank, job_test::hex(value))) != std::string::npos);
-    CHECK(log.find(fmt::format("probe rank={} env PROBE_SECRET={}\n", rank, job_test::hex(secret))) != std::string::npos);
-    CHECK(log.find(fmt::format("probe rank={} env SLURM_JOB_NAME={}\n", rank, job_test::hex(name))) != std::string::npos);
+    CHECK(log.find(fmt::format("probe rank={} env PROBE_HOSTILE={}\n", rank, job_test::hex(value))) !=
+          std::string::npos);
+    CHECK(log.find(fmt::format("probe rank={} env PROBE_SECRET={}\n", rank, job_test::hex(secret))) !=
+          std::string::npos);
+    CHECK(log.find(fmt::format("probe rank={} env SLURM_JOB_NAME={}\n", rank, job_test::hex(name))) !=
+          std::string::npos);
     for (std::size_t i = 0; i < forwarded.size(); ++i)
-      CHECK(log.find(fmt::format("probe rank={} arg{}={}\n", rank, i, job_test::hex(forwarded[i]))) != std::string::npos);
+      CHECK(log.find(fmt::format("probe rank={} arg{}={}\n", rank, i, job_test::hex(forwarded[i]))) !=
+            std::string::npos);
   }
   CHECK_FALSE(fs::exists(canary));
 
@@ -213,8 +221,8 @@ TEST_CASE("Status without a submitted job says so", "[cli]") {
 
 TEST_CASE("Hostile job names survive sbatch's directive parser", "[quoting][slurm]") {
   const auto dir = job_test::scratch_dir("names");
-  auto name = GENERATE(as<std::string>{}, "plain", "two words", "it's", "say \"hi\"", "back\\slash", "#hash",
-                       "a # b", "$(date) `id` ;|&", "λ→😀", " lead and trail ", "'\"'\"");
+  auto name = GENERATE(as<std::string>{}, "plain", "two words", "it's", "say \"hi\"", "back\\slash", "#hash", "a # b",
+                       "$(date) `id` ;|&", "λ→😀", " lead and trail ", "'\"'\"");
   CAPTURE(name);
   auto context = job_test::fixed_context();
   context.workdir = dir.string();
@@ -243,8 +251,8 @@ TEST_CASE("A step that exits with the requeue code gets its job requeued by the 
   const auto dir = job_test::scratch_dir("requeue");
   const std::vector<std::pair<std::string, std::string>> env = {{"PROBE_NAME", "requeue"}, {"PROBE_REQUEUE", "1"}};
   // Every rank exits with 75; or rank 0 alone does (with the marker) and srun kills the other one (143).
-  auto worker_args = GENERATE(std::vector<std::string>{"--exit-first-run", "75"},
-                              std::vector<std::string>{"--requeue-first-run"});
+  auto worker_args =
+      GENERATE(std::vector<std::string>{"--exit-first-run", "75"}, std::vector<std::string>{"--requeue-first-run"});
   CAPTURE(worker_args);
   std::vector<std::string> args = {"--submit"};
   args.insert(args.end(), worker_args.begin(), worker_args.end());
@@ -283,10 +291,11 @@ TEST_CASE("Status says clearly when neither squeue nor sacct knows the job", "[c
   const std::string id = "987654321";  // far beyond what the local cluster has handed out
   fs::create_directories(root / id);
   job_test::write_file(root / "last", id + "\n");
-  job_test::write_file(root / id / "job.json",
-                       fmt::format(R"({{"id": "{}", "name": "probe", "directory": "{}", "output_log": "{}",
+  job_test::write_file(
+      root / id / "job.json",
+      fmt::format(R"({{"id": "{}", "name": "probe", "directory": "{}", "output_log": "{}",
                                        "error_log": "{}"}})",
-                                   id, (root / id).string(), (root / id / "out").string(), (root / id / "out").string()));
+                  id, (root / id).string(), (root / id / "out").string(), (root / id / "out").string()));
   const auto result = job_test::run_probe(dir, {"--status"});
   CHECK(result.exit_code == 1);
   CHECK(result.out ==
@@ -313,7 +322,9 @@ TEST_CASE("Status reads the newest accounting row of a requeued job and counts i
   CHECK(ht::detail::state_from_sacct("42", once)->detail == "exit code 0:15, elapsed 00:01:02");
   CHECK(ht::detail::state_from_sacct("42", once)->state == "CANCELLED");
 
-  const ht::ProcessResult shown{0, "JobId=43 JobName=x JobState=PENDING Reason=BeginTime Dependency=(null) Restarts=1 ExitCode=0:0 Nodes=1\n", ""};
+  const ht::ProcessResult shown{
+      0, "JobId=43 JobName=x JobState=PENDING Reason=BeginTime Dependency=(null) Restarts=1 ExitCode=0:0 Nodes=1\n",
+      ""};
   const auto pending = ht::detail::state_from_scontrol("43", shown);
   CHECK(pending.detail == "exit code 0:0, 1 restart(s)");
   CHECK(pending.hint == "it waits for its begin time (a requeued job waits about two minutes)");
@@ -337,16 +348,19 @@ TEST_CASE("A pending job's reason comes with what it means and what to try", "[c
 }
 
 TEST_CASE("sbatch without a configuration source gets a hint about SLURM_CONF", "[cli]") {
-  const std::string said = "sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
-                           "sbatch: error: fetch_config: DNS SRV lookup failed\n"
-                           "sbatch: error: _establish_config_source: failed to fetch config\n"
-                           "sbatch: fatal: Could not establish a configuration source";
+  const std::string said =
+      "sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
+      "sbatch: error: fetch_config: DNS SRV lookup failed\n"
+      "sbatch: error: _establish_config_source: failed to fetch config\n"
+      "sbatch: fatal: Could not establish a configuration source";
   const char* saved = std::getenv("SLURM_CONF");
   const std::string kept = saved ? saved : "";
   ::unsetenv("SLURM_CONF");
-  CHECK_THAT(ht::detail::explain_sbatch_failure(said), Catch::EndsWith("(the local test cluster: `eval \"$(scripts/slurm-local env)\"`)."));
+  CHECK_THAT(ht::detail::explain_sbatch_failure(said),
+             Catch::EndsWith("(the local test cluster: `eval \"$(scripts/slurm-local env)\"`)."));
   ::setenv("SLURM_CONF", "/nowhere/slurm.conf", 1);
-  CHECK_THAT(ht::detail::explain_sbatch_failure(said), Catch::EndsWith("hint: SLURM_CONF = /nowhere/slurm.conf: is that your cluster's slurm.conf?"));
+  CHECK_THAT(ht::detail::explain_sbatch_failure(said),
+             Catch::EndsWith("hint: SLURM_CONF = /nowhere/slurm.conf: is that your cluster's slurm.conf?"));
   if (saved) ::setenv("SLURM_CONF", kept.c_str(), 1);
   else ::unsetenv("SLURM_CONF");
 }
@@ -354,18 +368,31 @@ TEST_CASE("sbatch without a configuration source gets a hint about SLURM_CONF", 
 TEST_CASE("sbatch --test-only's refusals name the job's field and value", "[cli]") {
   // Slurm's words (captured from sbatch 22.05 here and its sources for the others), each mapped to the field the
   // user wrote; a value given as a raw --sbatch option is named as that option.
-  auto job = ht::Job("refused").nodes(3).tasks_per_node(2).cpus_per_task(4).gpus_per_node("a100", 4).time(std::chrono::hours(100))
-                 .partition("gpu").qos("high").account("proj");
+  auto job = ht::Job("refused")
+                 .nodes(3)
+                 .tasks_per_node(2)
+                 .cpus_per_task(4)
+                 .gpus_per_node("a100", 4)
+                 .time(std::chrono::hours(100))
+                 .partition("gpu")
+                 .qos("high")
+                 .account("proj");
   job.sbatch_option("reservation", "maint");
   auto [said, expected] = GENERATE(table<std::string, std::string>({
-      {"sbatch: error: invalid partition specified: gpu\n", "[hpctrain.spec.partition] partition = gpu: this cluster refuses it"},
+      {"sbatch: error: invalid partition specified: gpu\n",
+       "[hpctrain.spec.partition] partition = gpu: this cluster refuses it"},
       {"allocation failure: Requested node configuration is not available\n",
-       "[hpctrain.spec.resources] resources = --nodes=3 --ntasks-per-node=2 --cpus-per-task=4 --gpus-per-node=a100:4 --partition=gpu: "},
-      {"sbatch: error: Invalid generic resource (gres) specification\n", "[hpctrain.spec.gpus_per_node] gpus_per_node = a100:4: "},
+       "[hpctrain.spec.resources] resources = --nodes=3 --ntasks-per-node=2 --cpus-per-task=4 --gpus-per-node=a100:4 "
+       "--partition=gpu: "},
+      {"sbatch: error: Invalid generic resource (gres) specification\n",
+       "[hpctrain.spec.gpus_per_node] gpus_per_node = a100:4: "},
       {"sbatch: error: Invalid qos specification\n", "[hpctrain.spec.qos] qos = high: "},
-      {"sbatch: error: Invalid account or account/partition combination specified\n", "[hpctrain.spec.account] account = proj: "},
-      {"sbatch: error: Requested time limit is invalid (missing or exceeds some limit)\n", "[hpctrain.spec.time] time = 4-04:00:00: "},
-      {"sbatch: error: Invalid reservation name\n", "[hpctrain.spec.sbatch_option] sbatch_option = reservation=maint: "},
+      {"sbatch: error: Invalid account or account/partition combination specified\n",
+       "[hpctrain.spec.account] account = proj: "},
+      {"sbatch: error: Requested time limit is invalid (missing or exceeds some limit)\n",
+       "[hpctrain.spec.time] time = 4-04:00:00: "},
+      {"sbatch: error: Invalid reservation name\n",
+       "[hpctrain.spec.sbatch_option] sbatch_option = reservation=maint: "},
   }));
   CAPTURE(said);
   const auto refusal = ht::detail::refusal_from_sbatch(job, said);

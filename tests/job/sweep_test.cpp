@@ -60,11 +60,11 @@ TEST_CASE("Named configurations are combinations too, crossed with the grid", "[
                          .configuration("small", {{"lr", 1e-3}, {"batch_size", 64}})
                          .configuration("large", {{"lr", 3e-4}, {"batch_size", 256}, {"optimizer", "sgd"}})
                          .grid("warmup_steps", {0, 100});
-  CHECK(described(sweep) == std::vector<std::string>{
-                                "0: small lr=0.001 batch_size=64 warmup_steps=0",
-                                "1: small lr=0.001 batch_size=64 warmup_steps=100",
-                                "2: large lr=0.0003 batch_size=256 optimizer=sgd warmup_steps=0",
-                                "3: large lr=0.0003 batch_size=256 optimizer=sgd warmup_steps=100"});
+  CHECK(described(sweep) ==
+        std::vector<std::string>{"0: small lr=0.001 batch_size=64 warmup_steps=0",
+                                 "1: small lr=0.001 batch_size=64 warmup_steps=100",
+                                 "2: large lr=0.0003 batch_size=256 optimizer=sgd warmup_steps=0",
+                                 "3: large lr=0.0003 batch_size=256 optimizer=sgd warmup_steps=100"});
   CHECK(described(ht::Sweep().configuration("baseline", {}).configuration("fast", {{"lr", 0.01}})) ==
         std::vector<std::string>{"0: baseline", "1: fast lr=0.01"});
 }
@@ -76,15 +76,23 @@ TEST_CASE("A malformed sweep fails where it is built, naming the part", "[sweep]
       {[] { ht::Sweep().grid("lr", {1}).grid("lr", {2}); }, "[hpctrain.spec.sweep] sweep = lr: is in the grid twice"},
       {[] { ht::Sweep().grid("batch-size", {1}).grid("batch_size", {2}); },
        "[hpctrain.spec.sweep] sweep = batch_size: is in the grid twice"},
-      {[] { ht::Sweep().grid("lr rate", {1}); }, "[hpctrain.spec.sweep] sweep = lr rate: a knob name is one word without '='"},
-      {[] { ht::Sweep().configuration("a", {{"lr", 1}}).configuration("a", {{"lr", 2}}); },
+      {[] { ht::Sweep().grid("lr rate", {1}); },
+       "[hpctrain.spec.sweep] sweep = lr rate: a knob name is one word without '='"},
+      {[] {
+         ht::Sweep().configuration("a", {{"lr", 1}}).configuration("a", {{"lr", 2}});
+       },
        "[hpctrain.spec.sweep] sweep = a: two configurations have this name"},
-      {[] { ht::Sweep().configuration("a", {{"lr", 1}, {"lr", 2}}); },
+      {[] {
+         ht::Sweep().configuration("a", {{"lr", 1}, {"lr", 2}});
+       },
        "[hpctrain.spec.sweep] sweep = a lr: the configuration gives this knob twice"},
-      {[] { ht::Sweep().configuration("a", {{"lr", 1}}).grid("lr", {2}); },
+      {[] {
+         ht::Sweep().configuration("a", {{"lr", 1}}).grid("lr", {2});
+       },
        "[hpctrain.spec.sweep] sweep = lr: is both in the grid and in configuration a"},
       {[] { ht::Sweep().max_parallel(0); }, "[hpctrain.spec.sweep] sweep = max_parallel(0): must be at least 1"},
-      {[] { ht::Job("j").sweep(ht::Sweep()); }, "[hpctrain.spec.sweep] sweep = Sweep(): a sweep needs a grid or a configuration"},
+      {[] { ht::Job("j").sweep(ht::Sweep()); },
+       "[hpctrain.spec.sweep] sweep = Sweep(): a sweep needs a grid or a configuration"},
   }));
   CHECK_THROWS_WITH(build(), message);
 }
@@ -93,8 +101,8 @@ TEST_CASE("Every combination is checked with the knob table, naming the combinat
   const auto knobs = probe_knobs();
   SECTION("good values are spelled as the table spells them") {
     const auto resolved = ht::resolve_sweep(ht::Sweep().grid("lr", {3e-4, "1e-3"}).grid("batch-size", {64}), knobs);
-    CHECK(resolved.args == std::vector<std::vector<std::string>>{{"--lr=0.0003", "--batch-size=64"},
-                                                                 {"--lr=0.001", "--batch-size=64"}});
+    CHECK(resolved.args ==
+          std::vector<std::vector<std::string>>{{"--lr=0.0003", "--batch-size=64"}, {"--lr=0.001", "--batch-size=64"}});
     CHECK(resolved.combinations[1].describe() == "lr=0.001 batch_size=64");
   }
   auto [sweep, message] = GENERATE(table<ht::Sweep, std::string>({
@@ -106,8 +114,7 @@ TEST_CASE("Every combination is checked with the knob table, naming the combinat
        "[hpctrain.spec.sweep] sweep combination 1 (broken warmup_steps=-3): --warmup-steps = -3: must not be negative"},
       {ht::Sweep().grid("lr", {0.1}).grid("warmup_step", {1, 2}),
        "[hpctrain.spec.sweep] sweep over warmup_step: no such knob (did you mean --warmup-steps?)"},
-      {ht::Sweep().grid("dropout", {0.1}),
-       "[hpctrain.spec.sweep] sweep over dropout: no such knob"},
+      {ht::Sweep().grid("dropout", {0.1}), "[hpctrain.spec.sweep] sweep over dropout: no such knob"},
   }));
   CHECK_THROWS_WITH(ht::resolve_sweep(sweep, knobs), message);
 }
@@ -118,15 +125,18 @@ TEST_CASE("A sweep renders its array and hands each task its values, quoted", "[
   context.sweep = ht::resolve_sweep(*job.sweep(), probe_knobs());
   const auto script = ht::render_sbatch(job, context);
   CHECK(script.find("#SBATCH --array=0-3%2\n") != std::string::npos);
-  CHECK(script.find("#SBATCH --output=/home/user/project/hpctrain-jobs/sweep/%A/slurm-%A_%a.out\n") != std::string::npos);
+  CHECK(script.find("#SBATCH --output=/home/user/project/hpctrain-jobs/sweep/%A/slurm-%A_%a.out\n") !=
+        std::string::npos);
   CHECK(script.find("case \"$SLURM_ARRAY_TASK_ID\" in\n"
                     "  0) sweep_args=(--lr=0.0003 --batch-size=64) ;;  # lr=0.0003 batch_size=64\n"
                     "  1) sweep_args=(--lr=0.0003 --batch-size=128) ;;  # lr=0.0003 batch_size=128\n"
                     "  2) sweep_args=(--lr=0.001 --batch-size=64) ;;  # lr=0.001 batch_size=64\n"
                     "  3) sweep_args=(--lr=0.001 --batch-size=128) ;;  # lr=0.001 batch_size=128\n"
-                    "  *) echo \"hpctrain: array task $SLURM_ARRAY_TASK_ID is no combination of this sweep (0-3)\" >&2; exit 2 ;;\n"
+                    "  *) echo \"hpctrain: array task $SLURM_ARRAY_TASK_ID is no combination of this sweep (0-3)\" "
+                    ">&2; exit 2 ;;\n"
                     "esac\n") != std::string::npos);
-  CHECK(script.find("/home/user/project/build/train --hpctrain-worker \"${sweep_args[@]}\" || status=$?\n") != std::string::npos);
+  CHECK(script.find("/home/user/project/build/train --hpctrain-worker \"${sweep_args[@]}\" || status=$?\n") !=
+        std::string::npos);
   SECTION("an explicit array may throttle or pick tasks, but only ids that are combinations") {
     CHECK(ht::render_sbatch(ht::Job(job).array("1,3%1"), context).find("#SBATCH --array=1,3%1\n") != std::string::npos);
     CHECK_THROWS_WITH(ht::render_sbatch(ht::Job(job).array("0-4"), context),
@@ -137,11 +147,21 @@ TEST_CASE("A sweep renders its array and hands each task its values, quoted", "[
 TEST_CASE("Hostile sweep values reach each task's worker byte-identical and run nothing", "[sweep][quoting]") {
   const auto dir = job_test::scratch_dir("sweep-quoting");
   const auto canary = (dir / "CANARY").string();
-  const std::vector<std::string> hostile = {
-      "plain", "two words", "it's", "$(touch " + canary + ")", "`touch " + canary + "`", "a\"b\\c", "line\nbreak",
-      "; touch " + canary, "${HOME}", "-- --lr=9", "' ; touch " + canary + " '", "*"};
+  const std::vector<std::string> hostile = {"plain",
+                                            "two words",
+                                            "it's",
+                                            "$(touch " + canary + ")",
+                                            "`touch " + canary + "`",
+                                            "a\"b\\c",
+                                            "line\nbreak",
+                                            "; touch " + canary,
+                                            "${HOME}",
+                                            "-- --lr=9",
+                                            "' ; touch " + canary + " '",
+                                            "*"};
   ht::Sweep sweep;
-  for (std::size_t i = 0; i < hostile.size(); ++i) sweep.configuration(fmt::format("c{}", i), {{"optimizer", hostile[i]}});
+  for (std::size_t i = 0; i < hostile.size(); ++i)
+    sweep.configuration(fmt::format("c{}", i), {{"optimizer", hostile[i]}});
   auto job = ht::Job("sweep-quoting").sweep(sweep);
   auto context = job_test::fixed_context();
   context.program = job_test::probe();
@@ -168,7 +188,8 @@ TEST_CASE("Hostile sweep values reach each task's worker byte-identical and run 
   CHECK_FALSE(fs::exists(canary));
 }
 
-TEST_CASE("The results table reads each task's last train loss and last evaluation from metrics.jsonl", "[sweep][results]") {
+TEST_CASE("The results table reads each task's last train loss and last evaluation from metrics.jsonl",
+          "[sweep][results]") {
   const auto dir = job_test::scratch_dir("results-metrics");
   job_test::write_file(dir / "metrics.jsonl",
                        "{\"step\": 10, \"epoch\": 0, \"loss\": 2.5, \"lr\": 0.1}\n"
@@ -184,7 +205,8 @@ TEST_CASE("The results table reads each task's last train loss and last evaluati
   CHECK(none.empty());
 }
 
-TEST_CASE("The results table ranks by the validation loss, or by accuracy higher first, or as --sort-by says", "[sweep][results]") {
+TEST_CASE("The results table ranks by the validation loss, or by accuracy higher first, or as --sort-by says",
+          "[sweep][results]") {
   std::vector<ht::TaskResult> rows(3);
   rows[0] = {0, "", {{"lr", "0.1"}}, "COMPLETED", 20, {{"loss", 0.5}, {"eval_loss", 0.9}, {"eval_accuracy", 0.7}}};
   rows[1] = {1, "", {{"lr", "0.2"}}, "FAILED", 10, {{"loss", 0.7}}};
@@ -200,8 +222,9 @@ TEST_CASE("The results table ranks by the validation loss, or by accuracy higher
   CHECK(order_of("accuracy") == std::vector<int>{0, 2, 1});
   CHECK(order_of("eval_accuracy:min") == std::vector<int>{2, 0, 1});
   CHECK(order_of("loss") == std::vector<int>{0, 2, 1});
-  CHECK_THROWS_WITH(order_of("bleu"),
-                    "[hpctrain.usage] --sort-by bleu: no task has this metric; they have: eval_accuracy, eval_loss, loss");
+  CHECK_THROWS_WITH(
+      order_of("bleu"),
+      "[hpctrain.usage] --sort-by bleu: no task has this metric; they have: eval_accuracy, eval_loss, loss");
   ht::SubmittedJob job{"41", "sweep", "/tmp", "", ""};
   auto sorted = rows;
   const auto order = ht::result_order(std::nullopt, sorted);

@@ -6,8 +6,8 @@ using namespace hpctrain::literals;
 using namespace std::chrono_literals;
 
 TEST_CASE("Memory is written in the largest unit that divides it", "[units]") {
-  auto [memory, text] = GENERATE(table<hpctrain::Memory, std::string>({
-      {64_GiB, "64G"}, {1536_MiB, "1536M"}, {2_TiB, "2T"}, {1024_GiB, "1T"}, {1_MiB, "1M"}}));
+  auto [memory, text] = GENERATE(table<hpctrain::Memory, std::string>(
+      {{64_GiB, "64G"}, {1536_MiB, "1536M"}, {2_TiB, "2T"}, {1024_GiB, "1T"}, {1_MiB, "1M"}}));
   CAPTURE(memory.mebibytes);
   CHECK(hpctrain::to_slurm(memory) == text);
 }
@@ -45,8 +45,7 @@ TEST_CASE("A malformed command-line time limit is a spec error naming time", "[u
     hpctrain::parse_slurm_time(text);
     FAIL("no error");
   } catch (const hpctrain::SpecError& e) {
-    CHECK(std::string(e.what()) ==
-          "[hpctrain.spec.time] time = " + text +
-              ": expected D-HH:MM:SS, HH:MM:SS, MM:SS, MM or a number with s/min/h/d");
+    CHECK(std::string(e.what()) == "[hpctrain.spec.time] time = " + text +
+                                       ": expected D-HH:MM:SS, HH:MM:SS, MM:SS, MM or a number with s/min/h/d");
   }
 }

@@ -44,7 +44,8 @@ fs::path scratch(const std::string& name) {
 /// The oracle's answer (its stdout, as JSON when `parse`), or nothing when its python lacks wandb (a skip).
 std::optional<json> oracle(const std::vector<std::string>& args, bool parse = true) {
   const char* configured = std::getenv("HPCTRAIN_PYTHON");
-  const std::string python = configured && *configured ? configured : std::string(std::getenv("HOME")) + "/.cache/hpctrain/venv/bin/python";
+  const std::string python =
+      configured && *configured ? configured : std::string(std::getenv("HOME")) + "/.cache/hpctrain/venv/bin/python";
   const auto script = fs::path(std::getenv("HPCTRAIN_SOURCE_DIR")) / "tests/loggers/wandb_oracle.py";
   std::vector<std::string> command = {python, script.string()};
   command.insert(command.end(), args.begin(), args.end());
@@ -63,17 +64,22 @@ std::vector<fs::path> offline_runs(const fs::path& run_dir) { return hpctrain::f
 
 hpctrain::LogRecord train_record(std::int64_t step) {
   hpctrain::LogRecord record{step, "train", {}};
-  record.values = {{"epoch", static_cast<double>(step / 100)},
-                   {"loss", 2.0 / (1.0 + 0.01 * static_cast<double>(step)) + std::exp(-static_cast<double>(step) / 77.0) / 3.0},
-                   {"lr", 1e-3 * std::cos(static_cast<double>(step) / 500.0)},
-                   {"samples_per_s", 1000.0 + static_cast<double>(step) / 3.0}};
+  record.values = {
+      {"epoch", static_cast<double>(step / 100)},
+      {"loss", 2.0 / (1.0 + 0.01 * static_cast<double>(step)) + std::exp(-static_cast<double>(step) / 77.0) / 3.0},
+      {"lr", 1e-3 * std::cos(static_cast<double>(step) / 500.0)},
+      {"samples_per_s", 1000.0 + static_cast<double>(step) / 3.0}};
   if (step == 250) record.values.push_back({"grad_norm", std::nan("")});
   if (step == 260) record.values.push_back({"grad_norm", HUGE_VAL});
   return record;
 }
 
 hpctrain::LogRecord eval_record(std::int64_t step) {
-  return {step, "eval", {{"loss", 1.0 / 3.0 + 1.0 / static_cast<double>(step)}, {"examples", 10000}, {"accuracy", 0.5 + static_cast<double>(step) / 1999.0}}};
+  return {step,
+          "eval",
+          {{"loss", 1.0 / 3.0 + 1.0 / static_cast<double>(step)},
+           {"examples", 10000},
+           {"accuracy", 0.5 + static_cast<double>(step) / 1999.0}}};
 }
 
 /// `value` as the oracle prints it: a number, or "NaN" / "Infinity" for the values JSON lacks.
@@ -114,7 +120,8 @@ TEST_CASE("CRC-32 is zlib's: 123456789 gives the check value 0xCBF43926, and a r
   CHECK(hpctrain::detail::crc32_ieee("") == 0u);
 }
 
-TEST_CASE("wandb's readers read every record back wherever it falls against a 32 KiB block boundary", "[wandb][oracle]") {
+TEST_CASE("wandb's readers read every record back wherever it falls against a 32 KiB block boundary",
+          "[wandb][oracle]") {
   // One file per `left` from 0 to 8: a first record that leaves `left` bytes in block 0 (a tail too short for a
   // chunk header is zero-filled, exactly 7 gives an empty FIRST chunk), a 70000-byte record over three blocks, then
   // small ones. Each is a valid Record of exactly its size (a `uuid` of filler, with or without `num`), so that
@@ -126,7 +133,8 @@ TEST_CASE("wandb's readers read every record back wherever it falls against a 32
         std::string record;
         if (numbered) hpctrain::detail::put_varint_field(record, 1, 1);
         std::string text(filler, 'x');
-        for (std::size_t i = 0; i < filler; ++i) text[i] = static_cast<char>('a' + (static_cast<std::size_t>(seed) + 7 * i + (i >> 7)) % 26);
+        for (std::size_t i = 0; i < filler; ++i)
+          text[i] = static_cast<char>('a' + (static_cast<std::size_t>(seed) + 7 * i + (i >> 7)) % 26);
         hpctrain::detail::put_bytes(record, 19, text);  // Record.uuid
         if (record.size() == size) return record;
       }
@@ -159,7 +167,8 @@ TEST_CASE("wandb's readers read every record back wherever it falls against a 32
   }
 }
 
-TEST_CASE("wandb's reader reads back a logged run: run record, config, 50 rows with their steps, summary, exit code 0", "[wandb][oracle]") {
+TEST_CASE("wandb's reader reads back a logged run: run record, config, 50 rows with their steps, summary, exit code 0",
+          "[wandb][oracle]") {
   const auto run_dir = scratch("run") / "hpctrain-jobs" / "fashion" / "12345";
   hpctrain::Knobs knobs;
   knobs.declare<std::int64_t>("epochs", 5, "passes");
@@ -177,8 +186,9 @@ TEST_CASE("wandb's reader reads back a logged run: run record, config, 50 rows w
   std::string run_id;
   fs::path directory;
   {
-    hpctrain::WandbLogger logger(hpctrain::Wandb("hpctrain-test").entity("team").tags({"baseline", "cpu"}).notes("a test run").job_type("train"),
-                                 config);
+    hpctrain::WandbLogger logger(
+        hpctrain::Wandb("hpctrain-test").entity("team").tags({"baseline", "cpu"}).notes("a test run").job_type("train"),
+        config);
     logger.start(run_info(run_dir));
     ::unsetenv("SLURM_JOB_ID");
     run_id = logger.run_id();
@@ -186,7 +196,9 @@ TEST_CASE("wandb's reader reads back a logged run: run record, config, 50 rows w
     logger.note("hello from the trainer");
     for (std::int64_t step = 10; step <= 500; step += 10) {
       logger.log(train_record(step));
-      if (step == 500) logger.note("parameters_crc32c=0badcafe");  // the digest, between the last train record and the final evaluation
+      if (step == 500)
+        logger.note(
+            "parameters_crc32c=0badcafe");  // the digest, between the last train record and the final evaluation
       if (step % 100 == 0) logger.log(eval_record(step));
     }
     logger.note("test_accuracy=0.7501");
@@ -217,8 +229,12 @@ TEST_CASE("wandb's reader reads back a logged run: run record, config, 50 rows w
   CHECK(record["tags"] == json::array({"baseline", "cpu"}));
   CHECK(std::abs(record["start_time"].get<double>() - hpctrain::detail::wandb_time_now()) < 600);
   json expected_config{{"epochs", 5}, {"lr", 0.003}, {"compile", true}, {"optimizer", "adamw"}, {"blob", blob}};
-  expected_config["hpctrain"] = {{"world_size", 2}, {"device", "cpu"}, {"total_steps", 500}, {"steps_per_epoch", 100},
-                                 {"run_dir", run_dir.string()}, {"version", HPCTRAIN_VERSION_STRING}};
+  expected_config["hpctrain"] = {{"world_size", 2},
+                                 {"device", "cpu"},
+                                 {"total_steps", 500},
+                                 {"steps_per_epoch", 100},
+                                 {"run_dir", run_dir.string()},
+                                 {"version", HPCTRAIN_VERSION_STRING}};
   CHECK((*run)["config"] == expected_config);
   const auto& environment = (*run)["environment"];
   CHECK(environment["host"] == record["host"]);
@@ -236,7 +252,8 @@ TEST_CASE("wandb's reader reads back a logged run: run record, config, 50 rows w
   json summary = expected_row(500, true);
   summary["train/grad_norm"] = "Infinity";  // the last value logged, at step 260
   CHECK(without_times((*run)["summary"]) == summary);
-  CHECK((*run)["output"] == json::array({"hello from the trainer\n", "parameters_crc32c=0badcafe\n", "test_accuracy=0.7501\n"}));
+  CHECK((*run)["output"] ==
+        json::array({"hello from the trainer\n", "parameters_crc32c=0badcafe\n", "test_accuracy=0.7501\n"}));
   CHECK((*run)["preempting"] == false);
   CHECK((*run)["exit"]["exit_code"] == 0);
   CHECK((*run)["exit"]["not_complete"] == false);
@@ -271,7 +288,8 @@ TEST_CASE("A run killed mid-way leaves every row it flushed readable, and no exi
   CHECK((*run)["run"]["display_name"] == "killed");
 }
 
-TEST_CASE("A requeued run keeps its W&B run id in a second offline run, without the steps the first one wrote", "[wandb][oracle]") {
+TEST_CASE("A requeued run keeps its W&B run id in a second offline run, without the steps the first one wrote",
+          "[wandb][oracle]") {
   // An array task's run directory: the task's name, and its job as the group.
   const auto run_dir = scratch("requeue") / "hpctrain-jobs" / "sweep" / "900" / "901_3";
   std::string first_id;
@@ -332,7 +350,8 @@ TEST_CASE("A run that fails with an exception ends with exit code 1", "[wandb][o
 TEST_CASE("W&B names: a project W&B refuses is a spec error, a job name becomes a project", "[wandb]") {
   CHECK(hpctrain::test::message_of([] { hpctrain::Wandb("team/project"); }) ==
         "[hpctrain.spec.wandb] wandb.project = \"team/project\": must not hold / \\ # ? % or :");
-  CHECK(hpctrain::test::message_of([] { hpctrain::Wandb(""); }) == "[hpctrain.spec.wandb] wandb.project = \"\": must not be empty");
+  CHECK(hpctrain::test::message_of([] { hpctrain::Wandb(""); }) ==
+        "[hpctrain.spec.wandb] wandb.project = \"\": must not be empty");
   CHECK(hpctrain::test::message_of([] { hpctrain::Wandb("p").entity("a:b"); }) ==
         "[hpctrain.spec.wandb] wandb.entity = \"a:b\": must not hold / \\ # ? % or :");
   CHECK(hpctrain::wandb_project_name("a/b:c") == "a-b-c");
@@ -352,17 +371,26 @@ TEST_CASE("The knob --wandb stands alone for the program's project, takes one, o
   CHECK(table.with_arguments(Args{"--wandb=off"}).get<std::string>("wandb") == "off");
   CHECK(table.with_arguments(Args{"--wandb"}).arguments() == Args{"--wandb=fashion"});
   CHECK(!table.with_arguments(Args{}).given("wandb"));
-  CHECK(hpctrain::test::message_of([&] { (void)table.with_arguments(Args{"--wandb", "a/b"}); }) ==
-        "[hpctrain.spec.knob] --wandb = a/b: must be a W&B project name (at most 128 characters, none of / \\ # ? % :) or off");
+  CHECK(hpctrain::test::message_of([&] {
+          (void)table.with_arguments(Args{"--wandb", "a/b"});
+        }) ==
+        "[hpctrain.spec.knob] --wandb = a/b: must be a W&B project name (at most 128 characters, none of / \\ # ? % :) "
+        "or off");
   CHECK(table.help().find("  --wandb [PROJECT]") != std::string::npos);
   CHECK(hpctrain::test::message_of([&] { table.allow_bare("wandb", "x%y", "[PROJECT]"); }) ==
-        "[hpctrain.spec.knob] --wandb = x%y: its value without an argument must be a W&B project name (at most 128 characters, none of / \\ # ? % :) or off");
+        "[hpctrain.spec.knob] --wandb = x%y: its value without an argument must be a W&B project name (at most 128 "
+        "characters, none of / \\ # ? % :) or off");
 }
 
-TEST_CASE("The login command --wandb-sync finds the offline runs of a job's run directories and runs wandb sync on them, or prints the command", "[wandb][cli]") {
+TEST_CASE(
+    "The login command --wandb-sync finds the offline runs of a job's run directories and runs wandb sync on them, or "
+    "prints the command",
+    "[wandb][cli]") {
   const auto job_dir = scratch("sync") / "hpctrain-jobs" / "fashion" / "777";
-  for (const auto& run : {job_dir / "wandb" / "offline-run-20261126_101010-abc", job_dir / "778_1" / "wandb" / "offline-run-20261126_101011-def",
-                          job_dir / "checkpoints" / "wandb" / "offline-run-decoy", job_dir / "wandb" / "run-20261126_101010-online"})
+  for (const auto& run :
+       {job_dir / "wandb" / "offline-run-20261126_101010-abc",
+        job_dir / "778_1" / "wandb" / "offline-run-20261126_101011-def",
+        job_dir / "checkpoints" / "wandb" / "offline-run-decoy", job_dir / "wandb" / "run-20261126_101010-online"})
     fs::create_directories(run);
   const std::vector<fs::path> expected = {job_dir / "778_1" / "wandb" / "offline-run-20261126_101011-def",
                                           job_dir / "wandb" / "offline-run-20261126_101010-abc"};
@@ -378,8 +406,11 @@ TEST_CASE("The login command --wandb-sync finds the offline runs of a job's run 
   CHECK(parse({"train", "--wandb-sync"}).mode == hpctrain::LoginCommand::Mode::wandb_sync);
   CHECK(parse({"train", "--wandb-sync"}).wandb_sync == "");
   CHECK(parse({"train", "--wandb-sync", job_dir.string()}).wandb_sync == job_dir.string());
-  CHECK(hpctrain::test::message_of([&] { parse({"train", "--wandb-sync", "--status"}); }) ==
-        "[hpctrain.usage] choose one of --dry-run, --submit, --status, --logs, --cancel, --local, --run, --results, --plan, --wandb-sync");
+  CHECK(hpctrain::test::message_of([&] {
+          parse({"train", "--wandb-sync", "--status"});
+        }) ==
+        "[hpctrain.usage] choose one of --dry-run, --submit, --status, --logs, --cancel, --local, --run, --results, "
+        "--plan, --wandb-sync");
 
   const std::string saved_path = std::getenv("PATH");
   const auto bin = scratch("sync-bin");
@@ -395,17 +426,23 @@ TEST_CASE("The login command --wandb-sync finds the offline runs of a job's run 
   ::setenv("PATH", saved_path.c_str(), 1);
   CHECK(synced == 3);  // wandb's own exit code
   std::ifstream args(recorded);
-  CHECK(std::string(std::istreambuf_iterator<char>(args), {}) == fmt::format("sync\n{}\n{}\n", expected[0].string(), expected[1].string()));
+  CHECK(std::string(std::istreambuf_iterator<char>(args), {}) ==
+        fmt::format("sync\n{}\n{}\n", expected[0].string(), expected[1].string()));
   CHECK(err.str().find("hpctrain: uploading 2 offline run(s): wandb sync ") == 0);
   CHECK(printed_code == hpctrain::exit_failure);
-  CHECK(printed.str() == fmt::format("wandb sync {} {}\n", hpctrain::shell_quote(expected[0].string()), hpctrain::shell_quote(expected[1].string())));
+  CHECK(printed.str() == fmt::format("wandb sync {} {}\n", hpctrain::shell_quote(expected[0].string()),
+                                     hpctrain::shell_quote(expected[1].string())));
   CHECK(why.str().find("wandb is not on PATH here") != std::string::npos);
   // Without RUN_DIR: the last submitted job's directory, as --status finds the job.
   const auto workdir = job_dir.parent_path().parent_path().parent_path();
   std::ofstream(job_dir.parent_path() / "last") << "777\n";
-  std::ofstream(job_dir / "job.json") << json{{"id", "777"}, {"name", "fashion"}, {"directory", job_dir.string()},
-                                              {"output_log", (job_dir / "slurm.out").string()},
-                                              {"error_log", (job_dir / "slurm.out").string()}}.dump();
+  std::ofstream(job_dir / "job.json") << json{
+      {"id", "777"},
+      {"name", "fashion"},
+      {"directory", job_dir.string()},
+      {"output_log", (job_dir / "slurm.out").string()},
+      {"error_log",
+       (job_dir / "slurm.out").string()}}.dump();
   hpctrain::LoginCommand command;
   command.mode = hpctrain::LoginCommand::Mode::wandb_sync;
   command.wandb_sync = "";
@@ -413,11 +450,13 @@ TEST_CASE("The login command --wandb-sync finds the offline runs of a job's run 
   context.workdir = workdir.string();
   std::ostringstream last_out, last_err;
   ::setenv("PATH", "/nonexistent", 1);
-  const int last_code = hpctrain::run_login_command(hpctrain::Job("fashion"), command, context, last_out, last_err, &knobs);
+  const int last_code =
+      hpctrain::run_login_command(hpctrain::Job("fashion"), command, context, last_out, last_err, &knobs);
   ::setenv("PATH", saved_path.c_str(), 1);
   CHECK(last_code == hpctrain::exit_failure);
   CHECK(last_out.str() == printed.str());
   const auto empty = scratch("sync-empty");
   CHECK(hpctrain::test::message_of([&] { hpctrain::wandb_sync(empty, out, err); }) ==
-        fmt::format("[hpctrain.runtime.wandb] no W&B offline run under {} (train with --wandb [PROJECT] to write one)", empty.string()));
+        fmt::format("[hpctrain.runtime.wandb] no W&B offline run under {} (train with --wandb [PROJECT] to write one)",
+                    empty.string()));
 }

@@ -28,72 +28,93 @@ TEST_CASE("A Llama config gives the same rotary settings in transformers 4's lay
   auto [json, theta, scaling] = GENERATE(table<std::string, double, std::string>({
       {R"({"rope_theta": 20000.0, "rope_scaling": null})", 20000.0, "none"},
       {R"({"rope_parameters": {"rope_theta": 20000.0, "rope_type": "default"}})", 20000.0, "none"},
-      {R"({"rope_theta": 20000.0, "rope_parameters": {"rope_theta": 20000.0, "rope_type": "default"}})", 20000.0, "none"},
+      {R"({"rope_theta": 20000.0, "rope_parameters": {"rope_theta": 20000.0, "rope_type": "default"}})", 20000.0,
+       "none"},
       {R"({"rope_parameters": {"rope_type": "default"}, "rope_theta": 30000.0})", 30000.0, "none"},
       {R"({"rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})", 500000.0, "llama3 8 8192"},
+           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})",
+       500000.0, "llama3 8 8192"},
       {R"({"rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})", 500000.0, "llama3 8 8192"},
+           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})",
+       500000.0, "llama3 8 8192"},
       // transformers 5 defaults a llama3 scaling's original length to max_position_embeddings
       {R"({"max_position_embeddings": 4096, "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0}})",
        500000.0, "llama3 8 4096"},
       {R"({"rope_scaling": {"type": "linear", "factor": 2.0}})", 10000.0, "linear 2 2048"},
-      {R"({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0}})", 1000000.0, "linear 2 2048"},
+      {R"({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0}})", 1000000.0,
+       "linear 2 2048"},
       {R"({})", 10000.0, "none"},
   }));
   CAPTURE(json);
   const auto config = hm::LlamaConfig::from_json(nlohmann::json::parse(json));
   CHECK(config.rope_theta == theta);
   const auto& s = config.rope_scaling;
-  CHECK((s ? fmt::format("{} {:g} {}", s->rope_type, s->factor, s->original_max_position_embeddings) : "none") == scaling);
+  CHECK((s ? fmt::format("{} {:g} {}", s->rope_type, s->factor, s->original_max_position_embeddings) : "none") ==
+        scaling);
 }
 
-TEST_CASE("A config.json that transformers 5 cannot read as hpctrain does is refused naming the field", "[models][config]") {
+TEST_CASE("A config.json that transformers 5 cannot read as hpctrain does is refused naming the field",
+          "[models][config]") {
   auto [json, message] = GENERATE(table<std::string, std::string>({
       {R"({"rope_theta": 10000.0, "rope_parameters": {"rope_theta": 20000.0, "rope_type": "default"}})",
-       "[hpctrain.spec.llama.rope_parameters.rope_theta] llama.rope_parameters.rope_theta = 20000 but rope_theta = 10000: "
+       "[hpctrain.spec.llama.rope_parameters.rope_theta] llama.rope_parameters.rope_theta = 20000 but rope_theta = "
+       "10000: "
        "the transformers 5 and 4 layouts of the config disagree"},
       {R"({"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "rope_parameters": {"rope_type": "linear", "factor": 4.0}})",
-       "[hpctrain.spec.llama.rope_parameters] llama.rope_parameters = {\"factor\":4.0,\"rope_type\":\"linear\"} but rope_scaling = "
+       "[hpctrain.spec.llama.rope_parameters] llama.rope_parameters = {\"factor\":4.0,\"rope_type\":\"linear\"} but "
+       "rope_scaling = "
        "{\"factor\":2.0,\"rope_type\":\"linear\"}: the transformers 5 and 4 layouts of the config disagree"},
       {R"({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}})",
-       "[hpctrain.spec.llama.rope_parameters.rope_type] llama.rope_parameters.rope_type = yarn: is not implemented by hpctrain "
+       "[hpctrain.spec.llama.rope_parameters.rope_type] llama.rope_parameters.rope_type = yarn: is not implemented by "
+       "hpctrain "
        "(it implements default, linear and llama3)"},
       {R"({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}})",
-       "[hpctrain.spec.llama.rope_parameters.rope_type] llama.rope_parameters.rope_type = dynamic: is not implemented by hpctrain "
+       "[hpctrain.spec.llama.rope_parameters.rope_type] llama.rope_parameters.rope_type = dynamic: is not implemented "
+       "by hpctrain "
        "(it implements default, linear and llama3)"},
       {R"({"rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}})",
-       "[hpctrain.spec.llama.rope_scaling.rope_type] llama.rope_scaling.rope_type = longrope: is not implemented by hpctrain "
+       "[hpctrain.spec.llama.rope_scaling.rope_type] llama.rope_scaling.rope_type = longrope: is not implemented by "
+       "hpctrain "
        "(it implements default, linear and llama3)"},
       {R"({"rope_parameters": {"full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "default"}}})",
        "[hpctrain.spec.llama.rope_parameters] llama.rope_parameters = {\"full_attention\":{\"rope_type\":\"default\"},"
-       "\"sliding_attention\":{\"rope_type\":\"default\"}}: rotary parameters per layer type are not implemented by hpctrain"},
+       "\"sliding_attention\":{\"rope_type\":\"default\"}}: rotary parameters per layer type are not implemented by "
+       "hpctrain"},
       {R"({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}})",
        "[hpctrain.spec.llama.rope_parameters.partial_rotary_factor] llama.rope_parameters.partial_rotary_factor = 0.5: "
        "partial rotary embeddings are not implemented by hpctrain"},
       {R"({"partial_rotary_factor": 0.25})",
-       "[hpctrain.spec.llama.partial_rotary_factor] llama.partial_rotary_factor = 0.25: partial rotary embeddings are not "
+       "[hpctrain.spec.llama.partial_rotary_factor] llama.partial_rotary_factor = 0.25: partial rotary embeddings are "
+       "not "
        "implemented by hpctrain"},
       {R"({"num_hidden_layers": 2, "layer_types": ["full_attention", "sliding_attention"]})",
-       "[hpctrain.spec.llama.layer_types] llama.layer_types = \"sliding_attention\": sliding attention without a sliding_window is "
+       "[hpctrain.spec.llama.layer_types] llama.layer_types = \"sliding_attention\": sliding attention without a "
+       "sliding_window is "
        "not implemented by hpctrain"},
       {R"({"num_hidden_layers": 2, "layer_types": ["full_attention", "chunked_attention"]})",
-       "[hpctrain.spec.llama.layer_types] llama.layer_types = \"chunked_attention\": is not implemented by hpctrain (it implements "
+       "[hpctrain.spec.llama.layer_types] llama.layer_types = \"chunked_attention\": is not implemented by hpctrain "
+       "(it implements "
        "full_attention and sliding_attention)"},
       {R"({"final_logit_softcapping": 30.0})",
-       "[hpctrain.spec.llama.final_logit_softcapping] llama.final_logit_softcapping = 30.0: final logit soft-capping is not "
+       "[hpctrain.spec.llama.final_logit_softcapping] llama.final_logit_softcapping = 30.0: final logit soft-capping "
+       "is not "
        "implemented by hpctrain"},
       {R"({"attn_logit_softcapping": 50.0})",
-       "[hpctrain.spec.llama.attn_logit_softcapping] llama.attn_logit_softcapping = 50.0: attention logit soft-capping is not "
+       "[hpctrain.spec.llama.attn_logit_softcapping] llama.attn_logit_softcapping = 50.0: attention logit soft-capping "
+       "is not "
        "implemented by hpctrain"},
-      {R"({"hidden_act": "gelu_pytorch_tanh"})", "[hpctrain.spec.llama.hidden_act] llama.hidden_act = gelu_pytorch_tanh: must be \"silu\" (SwiGLU)"},
+      {R"({"hidden_act": "gelu_pytorch_tanh"})",
+       "[hpctrain.spec.llama.hidden_act] llama.hidden_act = gelu_pytorch_tanh: must be \"silu\" (SwiGLU)"},
       {R"({"quantization_config": {"quant_method": "bitsandbytes"}})",
-       "[hpctrain.spec.llama.quantization_config] llama.quantization_config = {\"quant_method\":\"bitsandbytes\"}: loading quantized "
+       "[hpctrain.spec.llama.quantization_config] llama.quantization_config = {\"quant_method\":\"bitsandbytes\"}: "
+       "loading quantized "
        "weights is not implemented by hpctrain"},
       {R"({"dtype": "bfloat16", "torch_dtype": "float32"})",
-       "[hpctrain.spec.llama.dtype] llama.dtype = \"bfloat16\" but torch_dtype = \"float32\": the transformers 5 and 4 spellings of "
+       "[hpctrain.spec.llama.dtype] llama.dtype = \"bfloat16\" but torch_dtype = \"float32\": the transformers 5 and 4 "
+       "spellings of "
        "the dtype disagree"},
-      {R"({"dtype": "int8"})", "[hpctrain.spec.llama.dtype] llama.dtype = int8: must be float32, float16, bfloat16, float64 or auto"},
+      {R"({"dtype": "int8"})",
+       "[hpctrain.spec.llama.dtype] llama.dtype = int8: must be float32, float16, bfloat16, float64 or auto"},
   }));
   CAPTURE(json);
   CHECK(error_of(json) == message);
@@ -104,11 +125,14 @@ TEST_CASE("Settings that are off, and Qwen2's layer types with its sliding windo
                      "use_qk_norm": false, "partial_rotary_factor": 1.0})") == "(accepted)");
   CHECK(error_of(R"({"model_type": "qwen2", "num_hidden_layers": 2, "use_sliding_window": true, "sliding_window": 64,
                      "layer_types": ["full_attention", "sliding_attention"]})") == "(accepted)");
-  CHECK(error_of(R"({"model_type": "qwen2", "num_hidden_layers": 2, "layer_types": ["full_attention", "full_attention"]})") ==
-        "(accepted)");
+  CHECK(
+      error_of(
+          R"({"model_type": "qwen2", "num_hidden_layers": 2, "layer_types": ["full_attention", "full_attention"]})") ==
+      "(accepted)");
 }
 
-TEST_CASE("A config's export holds both layouts, reads back the same, and names what it does not know", "[models][config]") {
+TEST_CASE("A config's export holds both layouts, reads back the same, and names what it does not know",
+          "[models][config]") {
   hm::LlamaConfig config;
   config.rope_theta = 500000.0;
   config.rope_scaling = hm::RopeScaling{};
@@ -123,24 +147,31 @@ TEST_CASE("A config's export holds both layouts, reads back the same, and names 
   CHECK(back.to_json() == json);
   CHECK(back.unread_keys.empty());
 
-  const auto with_unknown = hm::LlamaConfig::from_json(nlohmann::json::parse(R"({"use_cache": true, "frobnicate": 3, "moe_experts": 8})"));
+  const auto with_unknown =
+      hm::LlamaConfig::from_json(nlohmann::json::parse(R"({"use_cache": true, "frobnicate": 3, "moe_experts": 8})"));
   CHECK(with_unknown.unread_keys == std::vector<std::string>{"frobnicate", "moe_experts"});
   CHECK(hm::GPT2Config::from_json(nlohmann::json::parse(hm::GPT2Config().to_json().dump())).unread_keys.empty());
   CHECK(hm::RobertaConfig::from_json(nlohmann::json::parse(hm::RobertaConfig().to_json().dump())).unread_keys.empty());
 }
 
-TEST_CASE("A directory's config is read by its model_type, understood in one line, and its errors name the file", "[models][config]") {
+TEST_CASE("A directory's config is read by its model_type, understood in one line, and its errors name the file",
+          "[models][config]") {
   const auto dir = models_test::scratch("config-layouts");
-  const auto write = [&](const std::string& text) { hpctrain::detail::write_file_atomically(dir / "config.json", text); };
-  write(R"({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+  const auto write = [&](const std::string& text) {
+    hpctrain::detail::write_file_atomically(dir / "config.json", text);
+  };
+  write(
+      R"({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
             "num_key_value_heads": 2, "vocab_size": 100, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
             "tie_word_embeddings": true, "dtype": "bfloat16", "new_thing": 1})");
   const auto reading = hm::read_config_reading(dir);
   CHECK(reading.summary ==
-        "qwen2: 2 layers, hidden 64, MLP 128, 4 heads / 2 KV heads of dim 16, rope theta 1000000, rms_norm_eps 1e-06, tied head, "
+        "qwen2: 2 layers, hidden 64, MLP 128, 4 heads / 2 KV heads of dim 16, rope theta 1000000, rms_norm_eps 1e-06, "
+        "tied head, "
         "vocabulary 100, 2048 positions, attention biases, dtype bfloat16");
   CHECK(reading.warning(dir / "config.json") ==
-        fmt::format("hpctrain: warning: {} has keys hpctrain does not read (ignored): new_thing", (dir / "config.json").string()));
+        fmt::format("hpctrain: warning: {} has keys hpctrain does not read (ignored): new_thing",
+                    (dir / "config.json").string()));
 
   write(R"({"model_type": "llama", "rope_parameters": {"rope_type": "yarn", "factor": 4.0}})");
   std::string message;
@@ -149,10 +180,13 @@ TEST_CASE("A directory's config is read by its model_type, understood in one lin
   } catch (const hpctrain::SpecError& error) {
     message = error.what();
   }
-  CHECK(message == fmt::format("[hpctrain.spec.llama.rope_parameters.rope_type] {}: llama.rope_parameters.rope_type = yarn: is not "
-                               "implemented by hpctrain (it implements default, linear and llama3)",
-                               (dir / "config.json").string()));
+  CHECK(
+      message ==
+      fmt::format("[hpctrain.spec.llama.rope_parameters.rope_type] {}: llama.rope_parameters.rope_type = yarn: is not "
+                  "implemented by hpctrain (it implements default, linear and llama3)",
+                  (dir / "config.json").string()));
 
   write(R"({"model_type": "t5"})");
-  CHECK_THROWS_WITH(hm::read_config_reading(dir), Catch::Contains("model_type = \"t5\"") && Catch::Contains((dir / "config.json").string()));
+  CHECK_THROWS_WITH(hm::read_config_reading(dir),
+                    Catch::Contains("model_type = \"t5\"") && Catch::Contains((dir / "config.json").string()));
 }

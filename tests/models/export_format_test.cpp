@@ -17,18 +17,19 @@ using models_test::scratch;
 
 TEST_CASE("Shard sizes read as transformers' max_shard_size reads them", "[models][export]") {
   const auto [text, bytes] = GENERATE(table<std::string, std::uint64_t>({{"5GB", 5'000'000'000ull},
-                                                                        {"500MB", 500'000'000ull},
-                                                                        {"2GiB", 2ull << 30},
-                                                                        {"100KB", 100'000ull},
-                                                                        {"64KiB", 65536ull},
-                                                                        {"12345", 12345ull},
-                                                                        {"7B", 7ull}}));
+                                                                         {"500MB", 500'000'000ull},
+                                                                         {"2GiB", 2ull << 30},
+                                                                         {"100KB", 100'000ull},
+                                                                         {"64KiB", 65536ull},
+                                                                         {"12345", 12345ull},
+                                                                         {"7B", 7ull}}));
   CAPTURE(text);
   CHECK(hm::parse_shard_size(text) == bytes);
 }
 
 TEST_CASE("A shard size that is not a positive size is refused", "[models][export]") {
-  const auto text = GENERATE(as<std::string>{}, "", "0", "0GB", "5 GB", "5gb", "1.5GB", "GB", "-5GB", "99999999999999999999GB");
+  const auto text =
+      GENERATE(as<std::string>{}, "", "0", "0GB", "5 GB", "5gb", "1.5GB", "GB", "-5GB", "99999999999999999999GB");
   CAPTURE(text);
   CHECK_FALSE(hm::parse_shard_size(text).has_value());
 }
@@ -43,11 +44,14 @@ TEST_CASE("Export dtypes by their names and config.json's", "[models][export]") 
   CHECK(hm::config_dtype_name(torch::kBFloat16) == "bfloat16");
 }
 
-TEST_CASE("Shards are planned as transformers splits a state dict: a tensor opens a new shard when the current one would pass the limit",
-          "[models][export]") {
+TEST_CASE(
+    "Shards are planned as transformers splits a state dict: a tensor opens a new shard when the current one would "
+    "pass the limit",
+    "[models][export]") {
   // 4-byte elements: 10, 10, 30 (larger than the limit: a shard of its own), 5, 5 and 5 elements against 80 bytes.
   std::vector<st::TensorSpec> specs;
-  for (const auto& [name, numel] : std::vector<std::pair<std::string, std::int64_t>>{{"a", 10}, {"b", 10}, {"c", 30}, {"d", 5}, {"e", 5}, {"f", 5}})
+  for (const auto& [name, numel] :
+       std::vector<std::pair<std::string, std::int64_t>>{{"a", 10}, {"b", 10}, {"c", 30}, {"d", 5}, {"e", 5}, {"f", 5}})
     specs.push_back({name, st::Dtype::F32, {numel}});
   const auto plan = st::plan_shards(specs, 80);
   REQUIRE(plan.shards.size() == 3);
@@ -59,12 +63,13 @@ TEST_CASE("Shards are planned as transformers splits a state dict: a tensor open
   CHECK(st::plan_shards(specs, 1000).shards.front().file == "model.safetensors");
 }
 
-TEST_CASE("The shard writer converts each tensor to its planned dtype, and refuses a tensor out of the plan", "[models][export]") {
+TEST_CASE("The shard writer converts each tensor to its planned dtype, and refuses a tensor out of the plan",
+          "[models][export]") {
   const auto dir = scratch("shard-writer");
   const std::vector<st::TensorSpec> specs{{"x", st::Dtype::BF16, {3}}, {"y", st::Dtype::BF16, {2, 2}}};
   {
     st::ShardWriter writer(dir / "ok", st::plan_shards(specs, 6));  // 6 bytes: x alone, then y
-    writer.append("x", torch::tensor({1.0f, 1.00390625f, -2.5f}));    // 1 + 2^-8 rounds to even: 1
+    writer.append("x", torch::tensor({1.0f, 1.00390625f, -2.5f}));  // 1 + 2^-8 rounds to even: 1
     writer.append("y", torch::ones({2, 2}));
     writer.finish();
   }
@@ -76,10 +81,14 @@ TEST_CASE("The shard writer converts each tensor to its planned dtype, and refus
   CHECK(index["weight_map"]["y"] == "model-00002-of-00002.safetensors");
 
   st::ShardWriter wrong(dir / "wrong", st::plan_shards(specs, 6));
-  CHECK_THROWS_WITH(wrong.append("y", torch::ones({2, 2})), "[hpctrain.runtime.safetensors] " + (dir / "wrong").string() + ": tensor y: the plan's next tensor is x");
-  CHECK_THROWS_WITH(wrong.append("x", torch::ones({4})), "[hpctrain.runtime.safetensors] " + (dir / "wrong").string() + ": tensor x: shape 4 but the plan says 3");
+  CHECK_THROWS_WITH(
+      wrong.append("y", torch::ones({2, 2})),
+      "[hpctrain.runtime.safetensors] " + (dir / "wrong").string() + ": tensor y: the plan's next tensor is x");
+  CHECK_THROWS_WITH(wrong.append("x", torch::ones({4})), "[hpctrain.runtime.safetensors] " + (dir / "wrong").string() +
+                                                             ": tensor x: shape 4 but the plan says 3");
   wrong.append("x", torch::ones({3}));
-  CHECK_THROWS_WITH(wrong.finish(), "[hpctrain.runtime.safetensors] " + (dir / "wrong").string() + ": tensor y: not written: the export ended before it");
+  CHECK_THROWS_WITH(wrong.finish(), "[hpctrain.runtime.safetensors] " + (dir / "wrong").string() +
+                                        ": tensor y: not written: the export ended before it");
   CHECK_FALSE(std::filesystem::exists(dir / "wrong" / st::index_file_name));
 }
 
@@ -103,7 +112,10 @@ TEST_CASE("A Llama written unit by unit, in bf16 shards, is the whole model roun
   std::vector<hm::ParameterShape> order;
   for (const auto& unit : units)
     for (auto& shape : hm::shapes_of(unit)) order.push_back(std::move(shape));
-  const auto files = hm::save_pretrained_by_units(*model, order, [&](const hm::UnitVisitor& visit) { for (const auto& unit : units) visit(unit); },
+  const auto files = hm::save_pretrained_by_units(*model, order,
+                                                  [&](const hm::UnitVisitor& visit) {
+                                                    for (const auto& unit : units) visit(unit);
+                                                  },
                                                   dir, {torch::kBFloat16, 8192});
   CHECK(files.back() == std::string(st::index_file_name));
   const auto json = nlohmann::json::parse(read_text(dir / "config.json"));

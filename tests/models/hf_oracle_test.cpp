@@ -64,7 +64,8 @@ double long_logit_difference(ht::CausalLM& model, const std::filesystem::path& d
   const auto theirs = ht::safetensors::File(dir / "long_logits.safetensors").tensor("logits");
   REQUIRE(ours.sizes() == theirs.sizes());
   const auto difference = (ours - theirs).abs().max().item<double>();
-  WARN(fmt::format("logits at 300 positions differ from transformers' by {:.3g} (bound 1e-4) in {}", difference, dir.string()));
+  WARN(fmt::format("logits at 300 positions differ from transformers' by {:.3g} (bound 1e-4) in {}", difference,
+                   dir.string()));
   return difference;
 }
 
@@ -96,11 +97,14 @@ std::pair<double, double> train_briefly(ht::CausalLM& model, std::int64_t vocab)
 
 }  // namespace
 
-TEST_CASE("A GPT-2 made by transformers gives the same logits and greedy tokens here, and its trained export loads back in transformers",
-          "[models][oracle]") {
+TEST_CASE(
+    "A GPT-2 made by transformers gives the same logits and greedy tokens here, and its trained export loads back in "
+    "transformers",
+    "[models][oracle]") {
   const auto dir = scratch("gpt2-oracle");
   const std::string config = R"({"vocab_size": 512, "n_positions": 512, "n_embd": 64, "n_layer": 2, "n_head": 4})";
-  run_oracle(fmt::format("make gpt2 '{}' '{}' {} {}", config, dir.string(), ids_text(prompt), long_option()), dir / "make.log");
+  run_oracle(fmt::format("make gpt2 '{}' '{}' {} {}", config, dir.string(), ids_text(prompt), long_option()),
+             dir / "make.log");
 
   auto model = ht::load_gpt2(dir / "model");
   CHECK(model->config().n_head == 4);
@@ -111,24 +115,26 @@ TEST_CASE("A GPT-2 made by transformers gives the same logits and greedy tokens 
   const auto [first, last] = train_briefly(*model, 512);
   CHECK(last < first);
   ht::save_pretrained(*model, dir / "export");
-  run_oracle(fmt::format("expect '{}' {} '{}' {}", (dir / "export").string(), ids_text(prompt), (dir / "export-oracle").string(),
-                         long_option()),
+  run_oracle(fmt::format("expect '{}' {} '{}' {}", (dir / "export").string(), ids_text(prompt),
+                         (dir / "export-oracle").string(), long_option()),
              dir / "expect.log");
   CHECK(logit_difference(*model, dir / "export-oracle") < 1e-4);
   CHECK(long_logit_difference(*model, dir / "export-oracle") < 1e-4);
   CHECK(ht::generate(*model, prompt, greedy_32()) == oracle_generation(dir / "export-oracle"));
 }
 
-TEST_CASE("A Llama with grouped-query attention and Llama 3 rope scaling, sharded by transformers, gives the same logits and "
-          "greedy tokens here, and its trained sharded export loads back in transformers",
-          "[models][oracle]") {
+TEST_CASE(
+    "A Llama with grouped-query attention and Llama 3 rope scaling, sharded by transformers, gives the same logits and "
+    "greedy tokens here, and its trained sharded export loads back in transformers",
+    "[models][oracle]") {
   const auto dir = scratch("llama-oracle");
   const std::string config = R"({"vocab_size": 512, "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
     "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
     "high_freq_factor": 4.0, "original_max_position_embeddings": 32}, "bos_token_id": 1, "eos_token_id": 2})";
-  run_oracle(fmt::format("make llama '{}' '{}' {} --shard 200000 {}", config, dir.string(), ids_text(prompt), long_option()),
-             dir / "make.log");
+  run_oracle(
+      fmt::format("make llama '{}' '{}' {} --shard 200000 {}", config, dir.string(), ids_text(prompt), long_option()),
+      dir / "make.log");
   REQUIRE(std::filesystem::exists(dir / "model" / "model.safetensors.index.json"));
 
   auto model = ht::load_llama(dir / "model");
@@ -145,8 +151,8 @@ TEST_CASE("A Llama with grouped-query attention and Llama 3 rope scaling, sharde
   CHECK(last < first);
   ht::save_pretrained(*model, dir / "export", /*max_shard_bytes=*/150000);
   REQUIRE(std::filesystem::exists(dir / "export" / "model.safetensors.index.json"));
-  run_oracle(fmt::format("expect '{}' {} '{}' {}", (dir / "export").string(), ids_text(prompt), (dir / "export-oracle").string(),
-                         long_option()),
+  run_oracle(fmt::format("expect '{}' {} '{}' {}", (dir / "export").string(), ids_text(prompt),
+                         (dir / "export-oracle").string(), long_option()),
              dir / "expect.log");
   CHECK(logit_difference(*model, dir / "export-oracle") < 1e-4);
   CHECK(long_logit_difference(*model, dir / "export-oracle") < 1e-4);
@@ -161,7 +167,8 @@ int run_generate(const std::string& arguments, const std::filesystem::path& dir,
   REQUIRE(build != nullptr);
   const auto binary = std::filesystem::path(build) / "examples" / "generate";
   REQUIRE(std::filesystem::exists(binary));
-  const auto command = fmt::format("'{}' {} > '{}' 2> '{}'", binary.string(), arguments, (dir / "out").string(), (dir / "err").string());
+  const auto command =
+      fmt::format("'{}' {} > '{}' 2> '{}'", binary.string(), arguments, (dir / "out").string(), (dir / "err").string());
   const int status = std::system(command.c_str());
   out = models_test::read_text(dir / "out");
   err = models_test::read_text(dir / "err");
@@ -170,8 +177,9 @@ int run_generate(const std::string& arguments, const std::filesystem::path& dir,
 
 }  // namespace
 
-TEST_CASE("build/examples/generate reproduces transformers' greedy ids and refuses a corrupt file naming it and the tensor",
-          "[models][oracle][example]") {
+TEST_CASE(
+    "build/examples/generate reproduces transformers' greedy ids and refuses a corrupt file naming it and the tensor",
+    "[models][oracle][example]") {
   const auto dir = scratch("generate-example");
   // A config the other tests do not use: three layers, two heads, exact GELU, an untied head.
   const std::string config = R"({"vocab_size": 300, "n_positions": 64, "n_embd": 48, "n_layer": 3, "n_head": 2,
@@ -181,7 +189,9 @@ TEST_CASE("build/examples/generate reproduces transformers' greedy ids and refus
   const auto expected = oracle_generation(dir);
 
   std::string out, err;
-  REQUIRE(run_generate(fmt::format("--model '{}' --prompt-ids '11 250 3 99 42' --max-new-tokens 32", (dir / "model").string()), dir, out, err) == 0);
+  REQUIRE(run_generate(
+              fmt::format("--model '{}' --prompt-ids '11 250 3 99 42' --max-new-tokens 32", (dir / "model").string()),
+              dir, out, err) == 0);
   INFO(err);
   CHECK(out == fmt::format("{}\n", fmt::join(expected, " ")));
 
@@ -198,7 +208,8 @@ TEST_CASE("build/examples/generate reproduces transformers' greedy ids and refus
     rewrite << bytes;
   }
   CHECK(run_generate(fmt::format("--model '{}' --prompt-ids 1", (dir / "model").string()), dir, out, err) == 1);
-  CHECK_THAT(err, Catch::StartsWith(fmt::format("[hpctrain.runtime.safetensors] {}: tensor {}: data_offsets", file.string(), tensor)));
+  CHECK_THAT(err, Catch::StartsWith(fmt::format("[hpctrain.runtime.safetensors] {}: tensor {}: data_offsets",
+                                                file.string(), tensor)));
   CHECK(out.empty());
 }
 
@@ -222,8 +233,9 @@ TEST_CASE("build/examples/generate continues a text prompt through the model's t
   CHECK(out == models_test::read_text(dir / "generated.txt") + "\n");
 }
 
-TEST_CASE("A packed row's logits equal transformers' with position_ids and a block-diagonal 4-D mask, for GPT-2 and Llama",
-          "[models][oracle][lm]") {
+TEST_CASE(
+    "A packed row's logits equal transformers' with position_ids and a block-diagonal 4-D mask, for GPT-2 and Llama",
+    "[models][oracle][lm]") {
   const auto dir = scratch("packed-oracle");
   // Three examples of 4, 5 and 3 tokens in one row: positions restart, attention stays within each.
   const std::vector<std::int64_t> positions{0, 1, 2, 3, 0, 1, 2, 3, 4, 0, 1, 2};
@@ -238,9 +250,11 @@ TEST_CASE("A packed row's logits equal transformers' with position_ids and a blo
     CAPTURE(family);
     const auto family_dir = dir / family;
     std::filesystem::create_directories(family_dir);
-    run_oracle(fmt::format("make {} '{}' '{}' {}", family, config, family_dir.string(), ids_text(prompt)), family_dir / "make.log");
-    run_oracle(fmt::format("expect-packed '{}' {} {} {} '{}'", (family_dir / "model").string(), ids_text(prompt), ids_text(positions),
-                           ids_text(documents), (family_dir / "packed").string()), family_dir / "packed.log");
+    run_oracle(fmt::format("make {} '{}' '{}' {}", family, config, family_dir.string(), ids_text(prompt)),
+               family_dir / "make.log");
+    run_oracle(fmt::format("expect-packed '{}' {} {} {} '{}'", (family_dir / "model").string(), ids_text(prompt),
+                           ids_text(positions), ids_text(documents), (family_dir / "packed").string()),
+               family_dir / "packed.log");
     auto model = ht::load_pretrained(family_dir / "model");
     torch::NoGradGuard no_grad;
     model->eval();
@@ -251,23 +265,27 @@ TEST_CASE("A packed row's logits equal transformers' with position_ids and a blo
   }
 }
 
-TEST_CASE("Qwen2 (q/k/v biases, tied head) and Mistral made by transformers give the same logits and 32 greedy tokens here, "
-          "export back to their own model_type, and a sliding window shorter than the sequence is refused",
-          "[models][oracle][families]") {
+TEST_CASE(
+    "Qwen2 (q/k/v biases, tied head) and Mistral made by transformers give the same logits and 32 greedy tokens here, "
+    "export back to their own model_type, and a sliding window shorter than the sequence is refused",
+    "[models][oracle][families]") {
   const auto dir = scratch("families-oracle");
   const std::vector<std::pair<std::string, std::string>> families{
-      {"qwen2", R"({"vocab_size": 512, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2, "num_attention_heads": 6,
+      {"qwen2",
+       R"({"vocab_size": 512, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2, "num_attention_heads": 6,
         "num_key_value_heads": 2, "rope_theta": 1000000.0, "tie_word_embeddings": true, "use_sliding_window": false,
         "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2})"},
-      {"mistral", R"({"vocab_size": 512, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2, "num_attention_heads": 6,
+      {"mistral",
+       R"({"vocab_size": 512, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2, "num_attention_heads": 6,
         "num_key_value_heads": 3, "sliding_window": 400, "max_position_embeddings": 512, "rope_theta": 250000.0,
         "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "bos_token_id": 1, "eos_token_id": 2})"}};
   for (const auto& [family, config] : families) {
     CAPTURE(family);
     const auto family_dir = dir / family;
     std::filesystem::create_directories(family_dir);
-    run_oracle(fmt::format("make {} '{}' '{}' {} {}", family, config, family_dir.string(), ids_text(prompt), long_option()),
-               family_dir / "make.log");
+    run_oracle(
+        fmt::format("make {} '{}' '{}' {} {}", family, config, family_dir.string(), ids_text(prompt), long_option()),
+        family_dir / "make.log");
     auto model = ht::load_llama(family_dir / "model");
     CHECK(model->config().model_type == family);
     CHECK(model->config().rope_theta == (family == "qwen2" ? 1000000.0 : 250000.0));
@@ -285,5 +303,6 @@ TEST_CASE("Qwen2 (q/k/v biases, tied head) and Mistral made by transformers give
   auto config = ht::read_llama_config(dir / "mistral" / "model");
   config.sliding_window = 8;
   ht::Llama windowed(config);
-  CHECK_THROWS_WITH(windowed->forward(prompt_tensor()), Catch::Contains("sliding_window = 8: a sequence of 12 tokens would need the window"));
+  CHECK_THROWS_WITH(windowed->forward(prompt_tensor()),
+                    Catch::Contains("sliding_window = 8: a sequence of 12 tokens would need the window"));
 }

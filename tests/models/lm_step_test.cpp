@@ -40,14 +40,15 @@ struct LossAndGradients {
 };
 
 /// The summed loss of hidden · weightᵀ against `targets` and its gradients: whole logits (chunk 0) or chunked.
-LossAndGradients head_loss(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets, std::int64_t chunk,
-                           bool bf16 = false) {
+LossAndGradients head_loss(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets,
+                           std::int64_t chunk, bool bf16 = false) {
   auto h = hidden.detach().clone().requires_grad_(true);
   auto w = weight.detach().clone().requires_grad_(true);
   torch::Tensor sum;
   {
     hpctrain::AutocastScope autocast(bf16 ? hpctrain::Precision::bf16 : hpctrain::Precision::fp32, torch::kCPU);
-    sum = chunk == 0 ? lm::token_loss_sum(torch::linear(h, w), targets).first : lm::chunked_token_loss_sum(h, w, targets, chunk).first;
+    sum = chunk == 0 ? lm::token_loss_sum(torch::linear(h, w), targets).first
+                     : lm::chunked_token_loss_sum(h, w, targets, chunk).first;
   }
   (sum * 0.5).backward();  // a scale on the way back, as the mean and the accumulation give
   return {sum.item<double>(), h.grad(), w.grad()};
@@ -60,25 +61,28 @@ struct HeadInput {
 };
 HeadInput head_input(std::uint64_t seed, std::int64_t tokens, std::int64_t width, std::int64_t vocabulary) {
   torch::manual_seed(seed);
-  HeadInput in{torch::randn({tokens, width}), torch::randn({vocabulary, width}) * 0.2, torch::randint(vocabulary, {tokens}, torch::kInt64)};
+  HeadInput in{torch::randn({tokens, width}), torch::randn({vocabulary, width}) * 0.2,
+               torch::randint(vocabulary, {tokens}, torch::kInt64)};
   in.targets.index_put_({torch::arange(0, tokens, 3)}, lm::ignore_index);
   return in;
 }
 
 }  // namespace
 
-TEST_CASE("chunked linear + cross-entropy equals the whole logits' loss and gradients in fp32", "[models][chunked_loss]") {
+TEST_CASE("chunked linear + cross-entropy equals the whole logits' loss and gradients in fp32",
+          "[models][chunked_loss]") {
   const std::int64_t tokens = 37;
   const auto [hidden, weight, targets] = head_input(0, tokens, 24, 501);
   const auto whole = head_loss(hidden, weight, targets, 0);
-  for (const std::int64_t chunk : {1, 8, 36, 37, 64}) {  // one token; a chunk that does not divide; one; bigger than all
+  for (const std::int64_t chunk :
+       {1, 8, 36, 37, 64}) {  // one token; a chunk that does not divide; one; bigger than all
     INFO("chunk " << chunk);
     const auto chunked = head_loss(hidden, weight, targets, chunk);
     const double loss = std::abs(chunked.loss - whole.loss) / std::abs(whole.loss);
     const double hidden_grad = relative_difference(chunked.hidden_grad, whole.hidden_grad);
     const double weight_grad = relative_difference(chunked.weight_grad, whole.weight_grad);
-    WARN("fp32, chunk " << chunk << ": loss " << loss << ", hidden gradient " << hidden_grad << ", weight gradient " << weight_grad
-                        << " (bound " << fp32_reorder_bound << ")");
+    WARN("fp32, chunk " << chunk << ": loss " << loss << ", hidden gradient " << hidden_grad << ", weight gradient "
+                        << weight_grad << " (bound " << fp32_reorder_bound << ")");
     CHECK(loss <= fp32_reorder_bound);
     CHECK(hidden_grad <= fp32_reorder_bound);
     CHECK(weight_grad <= fp32_reorder_bound);
@@ -97,7 +101,8 @@ TEST_CASE("chunked linear + cross-entropy equals the whole logits' loss and grad
   CHECK(ignored.weight_grad.abs().max().item<double>() == 0.0);
 }
 
-TEST_CASE("chunked linear + cross-entropy under bf16 autocast rounds as the whole logits do", "[models][chunked_loss]") {
+TEST_CASE("chunked linear + cross-entropy under bf16 autocast rounds as the whole logits do",
+          "[models][chunked_loss]") {
   const auto [hidden, weight, targets] = head_input(1, 64, 32, 300);
   const auto whole = head_loss(hidden, weight, targets, 0, true);
   const auto chunked = head_loss(hidden, weight, targets, 16, true);
@@ -109,8 +114,8 @@ TEST_CASE("chunked linear + cross-entropy under bf16 autocast rounds as the whol
   const double loss = std::abs(chunked.loss - whole.loss) / std::abs(whole.loss);
   const double hidden_grad = relative_difference(chunked.hidden_grad, whole.hidden_grad);
   const double weight_grad = relative_difference(chunked.weight_grad, whole.weight_grad);
-  WARN("bf16 chunked vs whole: loss " << loss << ", hidden gradient " << hidden_grad << ", weight gradient " << weight_grad
-                                      << " (bound " << bound << "); whole bf16 vs fp32 weight gradient "
+  WARN("bf16 chunked vs whole: loss " << loss << ", hidden gradient " << hidden_grad << ", weight gradient "
+                                      << weight_grad << " (bound " << bound << "); whole bf16 vs fp32 weight gradient "
                                       << relative_difference(whole.weight_grad, fp32.weight_grad));
   CHECK(loss <= bound);
   CHECK(hidden_grad <= bound);
@@ -135,14 +140,16 @@ hm::LlamaConfig tiny_llama_config(bool tied) {
 }
 
 /// The mean loss of `batch` through the whole logits (chunk 0) or chunked, and every parameter's gradient.
-std::pair<double, std::vector<torch::Tensor>> model_loss(hm::CausalLM& model, const torch::Tensor& inputs, const torch::Tensor& targets,
-                                                         const hm::TokenLayout* layout, std::int64_t chunk) {
+std::pair<double, std::vector<torch::Tensor>> model_loss(hm::CausalLM& model, const torch::Tensor& inputs,
+                                                         const torch::Tensor& targets, const hm::TokenLayout* layout,
+                                                         std::int64_t chunk) {
   model.zero_grad();
   torch::Tensor loss;
   if (chunk == 0) {
     loss = lm::token_loss(layout ? model.forward(inputs, *layout) : model.forward(inputs), targets);
   } else {
-    const auto [sum, count] = lm::chunked_token_loss_sum(model.hidden_states(inputs, layout), model.head_weight(), targets, chunk);
+    const auto [sum, count] =
+        lm::chunked_token_loss_sum(model.hidden_states(inputs, layout), model.head_weight(), targets, chunk);
     loss = sum / count.clamp_min(1);
   }
   loss.backward();
@@ -158,8 +165,10 @@ void check_model(hm::CausalLM& model, std::int64_t vocabulary) {
   auto targets = tokens.narrow(1, 1, 16).clone();
   targets.index_put_({0, torch::indexing::Slice(0, 5)}, lm::ignore_index);
   // A packed row of two examples (9 + 7 tokens) in the second case.
-  const auto positions = torch::cat({torch::arange(9), torch::arange(7)}).to(torch::kInt64).expand({2, 16}).contiguous();
-  const auto documents = torch::cat({torch::zeros({9}), torch::ones({7})}).to(torch::kInt64).expand({2, 16}).contiguous();
+  const auto positions =
+      torch::cat({torch::arange(9), torch::arange(7)}).to(torch::kInt64).expand({2, 16}).contiguous();
+  const auto documents =
+      torch::cat({torch::zeros({9}), torch::ones({7})}).to(torch::kInt64).expand({2, 16}).contiguous();
   const hm::TokenLayout packed{positions, documents};
   for (const hm::TokenLayout* layout : {static_cast<const hm::TokenLayout*>(nullptr), &packed}) {
     INFO((layout ? "packed" : "plain"));
@@ -174,7 +183,8 @@ void check_model(hm::CausalLM& model, std::int64_t vocabulary) {
       return torch::cat(parts);
     };
     const double gradients = relative_difference(flat(chunked), flat(whole));
-    WARN((layout ? "packed" : "plain") << ": loss " << loss << ", gradients " << gradients << " (bound " << fp32_reorder_bound << ")");
+    WARN((layout ? "packed" : "plain") << ": loss " << loss << ", gradients " << gradients << " (bound "
+                                       << fp32_reorder_bound << ")");
     CHECK(loss <= fp32_reorder_bound);
     CHECK(gradients <= fp32_reorder_bound);
   }
@@ -182,7 +192,8 @@ void check_model(hm::CausalLM& model, std::int64_t vocabulary) {
 
 }  // namespace
 
-TEST_CASE("chunked loss through GPT-2 and Llama gives every parameter the whole logits' gradient", "[models][chunked_loss]") {
+TEST_CASE("chunked loss through GPT-2 and Llama gives every parameter the whole logits' gradient",
+          "[models][chunked_loss]") {
   SECTION("GPT-2, tied head") {
     hm::GPT2Config config;
     config.vocab_size = 211;
@@ -254,9 +265,10 @@ TEST_CASE("RMSNorm on fp32 takes at::rms_norm and equals transformers' step-by-s
   const auto reference = norm->unfused(x);
   auto grads = torch::autograd::grad({reference}, {x, norm->weight}, {gradient});
   // The same fp32 sums (over the 48 features; the weight's gradient over 15 rows) in other orders.
-  WARN("RMSNorm fused vs step by step: output " << relative_difference(fused, reference) << ", input gradient "
-                                                << relative_difference(fused_input_grad, grads[0]) << ", weight gradient "
-                                                << relative_difference(fused_weight_grad, grads[1]) << " (bound " << fp32_reorder_bound << ")");
+  WARN("RMSNorm fused vs step by step: output "
+       << relative_difference(fused, reference) << ", input gradient "
+       << relative_difference(fused_input_grad, grads[0]) << ", weight gradient "
+       << relative_difference(fused_weight_grad, grads[1]) << " (bound " << fp32_reorder_bound << ")");
   CHECK(relative_difference(fused, reference) <= fp32_reorder_bound);
   CHECK(relative_difference(fused_input_grad, grads[0]) <= fp32_reorder_bound);
   CHECK(relative_difference(fused_weight_grad, grads[1]) <= fp32_reorder_bound);
@@ -264,7 +276,8 @@ TEST_CASE("RMSNorm on fp32 takes at::rms_norm and equals transformers' step-by-s
   CHECK(norm(x.detach().to(torch::kBFloat16)).scalar_type() == torch::kFloat32);
 }
 
-TEST_CASE("The --activation-checkpointing knob turns on the model's recomputation through causal_lm_training's hook", "[models][chunked_loss]") {
+TEST_CASE("The --activation-checkpointing knob turns on the model's recomputation through causal_lm_training's hook",
+          "[models][chunked_loss]") {
   const auto training = lm::causal_lm_training();
   const auto defaults = hpctrain::training_knobs(training);
   REQUIRE(training.model_hooks().size() == 1);
@@ -276,7 +289,8 @@ TEST_CASE("The --activation-checkpointing knob turns on the model's recomputatio
     model->zero_grad();
     auto loss = lm::token_loss(model->forward(tokens.narrow(1, 0, 8)), tokens.narrow(1, 1, 8));
     loss.backward();
-    return std::make_pair(loss.item<double>(), model->layers->ptr(0)->named_parameters()["mlp.up_proj.weight"].grad().clone());
+    return std::make_pair(loss.item<double>(),
+                          model->layers->ptr(0)->named_parameters()["mlp.up_proj.weight"].grad().clone());
   };
   const auto [plain, plain_grad] = loss_and_gradient({});
   CHECK(model->activation_checkpointing() == hm::Recompute::none);
@@ -294,7 +308,8 @@ TEST_CASE("The --activation-checkpointing knob turns on the model's recomputatio
   (void)loss_and_gradient({"--activation-checkpointing=false"});
   CHECK(model->activation_checkpointing() == hm::Recompute::none);
   CHECK_THROWS_WITH(defaults.with_arguments({"--activation-checkpointing", "some"}),
-                    "[hpctrain.spec.knob] --activation-checkpointing = some: must be none, selective or full (true: full, false: none)");
+                    "[hpctrain.spec.knob] --activation-checkpointing = some: must be none, selective or full (true: "
+                    "full, false: none)");
   CHECK(defaults.help().find("--activation-checkpointing [none|selective|full]") != std::string::npos);
   // A model that is no CausalLM: the switch names itself.
   torch::nn::Linear linear(2, 2);

@@ -69,13 +69,13 @@ std::vector<text::SftExample> three_examples() {
 }
 
 /// {sum of the token losses, gradients of that sum} of `batch` through the lm step's logits.
-std::pair<double, std::vector<torch::Tensor>> loss_and_gradients(hm::CausalLM& model, const hpctrain::data::Batch& batch) {
+std::pair<double, std::vector<torch::Tensor>> loss_and_gradients(hm::CausalLM& model,
+                                                                 const hpctrain::data::Batch& batch) {
   model.zero_grad();
   torch::Tensor logits;
   if (batch.has("document_ids"))
     logits = model.forward(batch.inputs, hm::TokenLayout{batch.field("position_ids"), batch.field("document_ids")});
-  else
-    logits = model.forward(batch.inputs);
+  else logits = model.forward(batch.inputs);
   const auto [sum, count] = lm::token_loss_sum(logits, batch.targets);
   sum.backward();
   std::vector<torch::Tensor> gradients;
@@ -95,7 +95,8 @@ void check_packed_equals_unpacked(hm::CausalLM& model) {
     const auto [loss, gradients] = loss_and_gradients(model, unpacked->batch({i}));
     separate_loss += loss;
     if (separate_gradients.empty()) separate_gradients = gradients;
-    else for (std::size_t p = 0; p < gradients.size(); ++p) separate_gradients[p] += gradients[p];
+    else
+      for (std::size_t p = 0; p < gradients.size(); ++p) separate_gradients[p] += gradients[p];
   }
   const auto [packed_loss, packed_gradients] = loss_and_gradients(model, packed.batch({0}));
   CAPTURE(separate_loss, packed_loss);
@@ -118,14 +119,15 @@ TEST_CASE("The causal-LM loss is the mean over the counted targets, in fp32, and
   targets[1][3] = lm::ignore_index;
   const auto loss = lm::token_loss(logits, targets);
   CHECK(loss.scalar_type() == torch::kFloat32);
-  const auto expected = torch::nn::functional::cross_entropy(
-      logits.reshape({-1, 11}).to(torch::kFloat32), targets.reshape({-1}),
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+  const auto expected =
+      torch::nn::functional::cross_entropy(logits.reshape({-1, 11}).to(torch::kFloat32), targets.reshape({-1}),
+                                           torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
   CHECK(loss.item<double>() == Approx(expected.item<double>()).epsilon(1e-6));
   CHECK(lm::token_loss(logits, torch::full({2, 4}, lm::ignore_index, torch::kInt64)).item<double>() == 0.0);
 }
 
-TEST_CASE("An SFT row shifts targets, masks untrained ones and padding, and restarts positions per packed example", "[lm]") {
+TEST_CASE("An SFT row shifts targets, masks untrained ones and padding, and restarts positions per packed example",
+          "[lm]") {
   std::vector<text::SftExample> examples{{{10, 11, 12, 13}, {0, 0, 1, 1}}, {{20, 21, 22}, {0, 1, 1}}};
   const lm::SftDataset packed(examples, {{0, 1}}, /*pad_id=*/5);
   const auto batch = packed.batch({0});
@@ -156,10 +158,14 @@ TEST_CASE("An SFT row shifts targets, masks untrained ones and padding, and rest
   CHECK(eight.field("document_ids").equal(torch::tensor({{0, 0, 0, 1, 1, -1, -1, -1}}, torch::kInt32)));
 }
 
-TEST_CASE("The padding an SFT epoch's batches carry is counted on the batches as formed: their longest row, rounded, every rank", "[lm]") {
+TEST_CASE(
+    "The padding an SFT epoch's batches carry is counted on the batches as formed: their longest row, rounded, every "
+    "rank",
+    "[lm]") {
   // Four examples of 3, 2, 6 and 1 input tokens (ids minus one): 12 tokens.
   std::vector<text::SftExample> examples;
-  for (const std::size_t ids : {4, 3, 7, 2}) examples.push_back({std::vector<text::TokenId>(ids, 7), std::vector<std::uint8_t>(ids, 1)});
+  for (const std::size_t ids : {4, 3, 7, 2})
+    examples.push_back({std::vector<text::TokenId>(ids, 7), std::vector<std::uint8_t>(ids, 1)});
   auto unpacked = lm::SftDataset::unpacked(examples, /*pad_id=*/0);
   // fill() is what batch() makes: the tokens of its rows, and rows × the padded length.
   for (const auto& indices : std::vector<std::vector<std::int64_t>>{{0, 1}, {2, 3}, {1, 3}, {0, 1, 2, 3}}) {
@@ -167,9 +173,11 @@ TEST_CASE("The padding an SFT epoch's batches carry is counted on the batches as
     const auto fill = unpacked->fill(indices);
     REQUIRE(fill);
     CHECK(fill->slots == unpacked->batch(indices).inputs.numel());
-    CHECK(fill->tokens == unpacked->batch(indices).targets.ne(lm::ignore_index).sum().item<std::int64_t>());  // every id trained here
+    CHECK(fill->tokens ==
+          unpacked->batch(indices).targets.ne(lm::ignore_index).sum().item<std::int64_t>());  // every id trained here
   }
-  // One rank, dataset order, batches of 2: {0, 1} pads to 3 (6 slots, 5 tokens), {2, 3} to 6 (12 slots, 7 tokens): 1/3 padding.
+  // One rank, dataset order, batches of 2: {0, 1} pads to 3 (6 slots, 5 tokens), {2, 3} to 6 (12 slots, 7 tokens): 1/3
+  // padding.
   const hpctrain::data::DistributedSampler in_order(4, 1, 0, /*seed=*/1, /*shuffle=*/false);
   auto fill = hpctrain::data::epoch_fill(*unpacked, in_order, 1, 0, 2, 2);
   REQUIRE(fill);
@@ -191,7 +199,8 @@ TEST_CASE("The padding an SFT epoch's batches carry is counted on the batches as
   CHECK(fill->slots == packed.batch({0, 1}).inputs.numel());
   CHECK(fill->padding() == 0.0);
   // Shuffled, the same sampler as the Trainer's: every example counted once an epoch.
-  CHECK(hpctrain::data::epoch_fill(*unpacked, hpctrain::data::DistributedSampler(4, 1, 0, 5), 1, 3, 2, 2)->tokens == 12);
+  CHECK(hpctrain::data::epoch_fill(*unpacked, hpctrain::data::DistributedSampler(4, 1, 0, 5), 1, 3, 2, 2)->tokens ==
+        12);
   // A dataset of fixed-size examples reports none.
   hpctrain::data::TensorDataset fixed;
   fixed.inputs = torch::zeros({4, 3});
@@ -199,32 +208,38 @@ TEST_CASE("The padding an SFT epoch's batches carry is counted on the batches as
   CHECK_FALSE(hpctrain::data::epoch_fill(fixed, in_order, 1, 0, 2, 2));
 }
 
-TEST_CASE("An optional path from a knob: the knob's value, none when it is empty (--tools), the program's own value", "[lm]") {
+TEST_CASE("An optional path from a knob: the knob's value, none when it is empty (--tools), the program's own value",
+          "[lm]") {
   hpctrain::Knobs knobs;
   knobs.declare<std::string>("tools", "", "function schemas");
   const lm::Setting<std::filesystem::path> from_knob(lm::knob("tools"));
   CHECK_FALSE(from_knob.get_optional(knobs));
   CHECK(from_knob.get_optional(knobs.with_arguments({"--tools", "t.json"})) == std::filesystem::path("t.json"));
-  CHECK(lm::Setting<std::filesystem::path>("/x/tools.json").get_optional(knobs) == std::filesystem::path("/x/tools.json"));
+  CHECK(lm::Setting<std::filesystem::path>("/x/tools.json").get_optional(knobs) ==
+        std::filesystem::path("/x/tools.json"));
 }
 
 TEST_CASE("An SFT split that holds out every n-th example needs n of at least 2: 0 would divide by zero", "[lm][sft]") {
   for (const std::int64_t every : {0, 1, -16}) {
     CAPTURE(every);
-    CHECK_THROWS_WITH(lm::sft_jsonl("train.jsonl").split(lm::Split::train, every),
-                      fmt::format("[hpctrain.spec.sft.split] sft.split = {}: holds out every n-th example: n must be at least 2",
-                                  every));
+    CHECK_THROWS_WITH(
+        lm::sft_jsonl("train.jsonl").split(lm::Split::train, every),
+        fmt::format("[hpctrain.spec.sft.split] sft.split = {}: holds out every n-th example: n must be at least 2",
+                    every));
   }
   CHECK_NOTHROW(lm::sft_jsonl("train.jsonl").split(lm::Split::validation, 2));
 }
 
-TEST_CASE("An SFT source makes the same rows from the job's prepared file as tokenized in each rank, unpacked and packed, both splits",
-          "[lm][sft]") {
+TEST_CASE(
+    "An SFT source makes the same rows from the job's prepared file as tokenized in each rank, unpacked and packed, "
+    "both splits",
+    "[lm][sft]") {
   const auto dir = models_test::scratch("sft-prepared-rows");
   // pretrained_oracle.py's llama3 tokenizer (a BPE of 400 ids) and a template with generation markers.
   const auto tokenizers = dir / "tokenizers";
   std::filesystem::create_directories(tokenizers);
-  models_test::run_python("../text/pretrained_oracle.py", fmt::format("make '{}'", tokenizers.string()), dir / "make.log");
+  models_test::run_python("../text/pretrained_oracle.py", fmt::format("make '{}'", tokenizers.string()),
+                          dir / "make.log");
   const auto source_dir = std::filesystem::path(std::getenv("HPCTRAIN_SOURCE_DIR"));
   const auto chat_template = source_dir / "tests/data/chat_templates/chatml-generation.jinja";
   // The fortunes' Q/A conversations: at 96 tokens some are cut, some left without a trained token.
@@ -236,8 +251,12 @@ TEST_CASE("An SFT source makes the same rows from the job's prepared file as tok
     const auto values = knobs.with_arguments({packing ? "--packing=true" : "--packing=false"});
     for (const auto split : {lm::Split::train, lm::Split::validation}) {
       CAPTURE(packing, split == lm::Split::train);
-      const auto source = lm::sft_jsonl(jsonl).tokenizer(tokenizers / "llama3").chat_template(chat_template).max_length(96)
-                              .packing(lm::knob("packing")).split(split);
+      const auto source = lm::sft_jsonl(jsonl)
+                              .tokenizer(tokenizers / "llama3")
+                              .chat_template(chat_template)
+                              .max_length(96)
+                              .packing(lm::knob("packing"))
+                              .split(split);
       const hpctrain::RunContext alone{values, 0, 1, dir / "run", std::nullopt, std::nullopt, std::nullopt};
       const auto in_rank = source(alone).load();
       source.prepare_in_job(values, std::nullopt, prepared_dir);  // once for both splits: the second finds it
@@ -261,7 +280,8 @@ TEST_CASE("An SFT source makes the same rows from the job's prepared file as tok
   std::filesystem::resize_file(prepared[0], std::filesystem::file_size(prepared[0]) - 1);
   const hpctrain::RunContext in_job{knobs, 0, 1, dir / "run", prepared_dir, std::nullopt, std::nullopt};
   const auto source = lm::sft_jsonl(jsonl).tokenizer(tokenizers / "llama3").chat_template(chat_template).max_length(96);
-  CHECK_THROWS_WITH(source(in_job).load(), Catch::StartsWith("[hpctrain.runtime.text.sft_tokens] " + prepared[0].string() + ": header: "));
+  CHECK_THROWS_WITH(source(in_job).load(),
+                    Catch::StartsWith("[hpctrain.runtime.text.sft_tokens] " + prepared[0].string() + ": header: "));
   // Another length is another file: the ranks tokenize it themselves until the step prepares it.
   const auto other = lm::sft_jsonl(jsonl).tokenizer(tokenizers / "llama3").chat_template(chat_template).max_length(97);
   CHECK(other(in_job).load()->size() > 0);
@@ -273,7 +293,10 @@ TEST_CASE("A packed GPT-2 row gives the loss and gradients of its examples alone
   check_packed_equals_unpacked(*model);
 }
 
-TEST_CASE("A packed Llama row (rotary positions per example, grouped-query attention) gives the loss and gradients of its examples alone", "[lm]") {
+TEST_CASE(
+    "A packed Llama row (rotary positions per example, grouped-query attention) gives the loss and gradients of its "
+    "examples alone",
+    "[lm]") {
   torch::manual_seed(2);
   auto model = small_llama();
   check_packed_equals_unpacked(*model);
@@ -281,19 +304,22 @@ TEST_CASE("A packed Llama row (rotary positions per example, grouped-query atten
 
 TEST_CASE("The packed attention mask is causal and never crosses examples", "[lm]") {
   const auto mask = hm::packed_attention_mask(torch::tensor({{0, 0, 1, 1, -1}}, torch::kInt32));
-  const auto expected = torch::tensor({{1, 0, 0, 0, 0}, {1, 1, 0, 0, 0}, {0, 0, 1, 0, 0}, {0, 0, 1, 1, 0}, {0, 0, 0, 0, 1}}, torch::kBool);
+  const auto expected = torch::tensor(
+      {{1, 0, 0, 0, 0}, {1, 1, 0, 0, 0}, {0, 0, 1, 0, 0}, {0, 0, 1, 1, 0}, {0, 0, 0, 0, 1}}, torch::kBool);
   CHECK(mask.sizes() == torch::IntArrayRef({1, 1, 5, 5}));
   CHECK(mask[0][0].equal(expected));
 }
 
-TEST_CASE("Packed rows as variable-length sequences: one per example and per row's padding, never across rows", "[lm]") {
+TEST_CASE("Packed rows as variable-length sequences: one per example and per row's padding, never across rows",
+          "[lm]") {
   // Two rows: examples 0 (2 tokens) and 1 (2) then padding; example 2 (3) then example 3 (2).
   const auto packed = hm::varlen_sequences(torch::tensor({{0, 0, 1, 1, -1}, {2, 2, 2, 3, 3}}, torch::kInt64));
   CHECK(packed.cu_seqlens.equal(torch::tensor({0, 2, 4, 5, 8, 10}, torch::kInt32)));
   CHECK(packed.max_length == 3);
   CHECK_FALSE(packed.mask.defined());
   // The same id at the end of one row and the start of the next is two sequences (rows never attend across).
-  CHECK(hm::varlen_sequences(torch::tensor({{0, 1, 1}, {1, 1, 2}}, torch::kInt64)).cu_seqlens.equal(torch::tensor({0, 1, 3, 5, 6}, torch::kInt32)));
+  CHECK(hm::varlen_sequences(torch::tensor({{0, 1, 1}, {1, 1, 2}}, torch::kInt64))
+            .cu_seqlens.equal(torch::tensor({0, 1, 3, 5, 6}, torch::kInt32)));
   // On the CPU (and in fp32 anywhere) packed rows take the mask: flash has neither.
   const auto on_cpu = hm::packed_attention(torch::tensor({{0, 0, 1}}, torch::kInt64), torch::zeros({1, 3, 4}));
   CHECK(on_cpu.mask.defined());
@@ -316,8 +342,10 @@ TEST_CASE("A padded vocabulary rounds up to the multiple and generation stays in
   for (int i = 0; i < 20; ++i) CHECK(hm::detail::next_token(logits, options, generator) < 90);
 }
 
-TEST_CASE("Masked-LM masking chooses 15% of the non-special tokens, 80/10/10, never a special one, the same for the same (seed, epoch, example)",
-          "[lm][masked_lm]") {
+TEST_CASE(
+    "Masked-LM masking chooses 15% of the non-special tokens, 80/10/10, never a special one, the same for the same "
+    "(seed, epoch, example)",
+    "[lm][masked_lm]") {
   lm::MaskingOptions options;
   options.mask_id = 4;
   options.vocab_size = 1000;
@@ -336,7 +364,8 @@ TEST_CASE("Masked-LM masking chooses 15% of the non-special tokens, 80/10/10, ne
   const double n = static_cast<double>(chosen.sum().item<std::int64_t>());
   CHECK(n / candidates == Approx(0.15).margin(0.005));
   const double masked = static_cast<double>(inputs.masked_select(chosen).eq(4).sum().item<std::int64_t>());
-  const double kept = static_cast<double>(inputs.masked_select(chosen).eq(ids.masked_select(chosen)).sum().item<std::int64_t>());
+  const double kept =
+      static_cast<double>(inputs.masked_select(chosen).eq(ids.masked_select(chosen)).sum().item<std::int64_t>());
   CHECK(masked / n == Approx(0.8).margin(0.01));
   CHECK(kept / n == Approx(0.1).margin(0.01));  // (a random draw equal to the original counts here too: 0.1% of them)
   CHECK(inputs.masked_select(chosen.logical_not()).equal(ids.masked_select(chosen.logical_not())));
@@ -344,13 +373,15 @@ TEST_CASE("Masked-LM masking chooses 15% of the non-special tokens, 80/10/10, ne
   const auto again = lm::mask_tokens(ids, options, 0, 7);
   CHECK(again.first.equal(inputs));
   CHECK(again.second.equal(labels));
-  CHECK_FALSE(lm::mask_tokens(ids, options, /*epoch=*/1, 7).second.equal(labels));  // dynamic: another epoch, other masks
+  CHECK_FALSE(
+      lm::mask_tokens(ids, options, /*epoch=*/1, 7).second.equal(labels));  // dynamic: another epoch, other masks
   CHECK_FALSE(lm::mask_tokens(ids, options, 0, /*example=*/8).second.equal(labels));
 }
 
 TEST_CASE("Masked-LM blocks are <s>, the prepared stream, </s>, masked anew each epoch, the same on every call",
           "[lm][masked_lm]") {
-  const auto tokenizer_file = std::filesystem::path(std::getenv("HOME")) / ".cache/hpctrain/roberta-fortunes/tokenizer.json";
+  const auto tokenizer_file =
+      std::filesystem::path(std::getenv("HOME")) / ".cache/hpctrain/roberta-fortunes/tokenizer.json";
   if (!std::filesystem::exists(tokenizer_file)) {
     WARN("skipped: no RoBERTa tokenizer at " << tokenizer_file.string() << " (scripts/setup makes it)");
     return;
@@ -358,12 +389,15 @@ TEST_CASE("Masked-LM blocks are <s>, the prepared stream, </s>, masked anew each
   const auto tokenizer = hpctrain::text::load_tokenizer(tokenizer_file);
   const auto dir = models_test::scratch("masked-blocks");
   const std::vector<std::filesystem::path> inputs{"/usr/share/games/fortunes/computers"};
-  const auto prepared = hpctrain::text::prepare_tokens(inputs, tokenizer, dir, hpctrain::text::PrepareOptions().threads(1));
+  const auto prepared =
+      hpctrain::text::prepare_tokens(inputs, tokenizer, dir, hpctrain::text::PrepareOptions().threads(1));
   const auto tokens = lm::MaskedLmTokens::of(tokenizer);
-  CHECK(std::vector<std::int64_t>{tokens.bos, tokens.pad, tokens.eos, tokens.mask} == std::vector<std::int64_t>{0, 1, 2, 4});
+  CHECK(std::vector<std::int64_t>{tokens.bos, tokens.pad, tokens.eos, tokens.mask} ==
+        std::vector<std::int64_t>{0, 1, 2, 4});
   CHECK(tokens.special == std::set<std::int64_t>{0, 1, 2, 3, 4});
   lm::MaskingOptions masking;
-  masking.mask_id = tokens.mask, masking.vocab_size = tokens.vocab_size, masking.special_ids = tokens.special, masking.seed = 3;
+  masking.mask_id = tokens.mask, masking.vocab_size = tokens.vocab_size, masking.special_ids = tokens.special,
+  masking.seed = 3;
   const std::int64_t length = 64;
   auto windows = std::make_shared<hpctrain::data::TokenDataset>(prepared.train, length - 2);
   const lm::MaskedBlocks blocks(windows, tokens.bos, tokens.eos, masking);
@@ -372,7 +406,8 @@ TEST_CASE("Masked-LM blocks are <s>, the prepared stream, </s>, masked anew each
   const auto epoch0 = blocks.batch_in_epoch(indices, 0);
   REQUIRE(epoch0.inputs.sizes() == torch::IntArrayRef({3, length}));
   const auto stream = windows->batch(indices).inputs;  // the original tokens between <s> and </s>
-  const auto original = torch::cat({torch::full({3, 1}, tokens.bos, torch::kInt64), stream, torch::full({3, 1}, tokens.eos, torch::kInt64)}, 1);
+  const auto original = torch::cat(
+      {torch::full({3, 1}, tokens.bos, torch::kInt64), stream, torch::full({3, 1}, tokens.eos, torch::kInt64)}, 1);
   const auto chosen = epoch0.targets.ne(lm::ignore_index);
   CHECK(epoch0.targets.masked_select(chosen).equal(original.masked_select(chosen)));
   CHECK(epoch0.inputs.masked_select(chosen.logical_not()).equal(original.masked_select(chosen.logical_not())));

@@ -21,7 +21,8 @@ hm::LoraConfig rank_8_on_all_projections() {
 }
 
 /// The Training's knob table with `arguments` (name, value) given, as the login node parses them.
-hpctrain::Knobs given(const hpctrain::Training& training, const std::vector<std::pair<std::string, std::string>>& arguments) {
+hpctrain::Knobs given(const hpctrain::Training& training,
+                      const std::vector<std::pair<std::string, std::string>>& arguments) {
   auto knobs = training.knobs();
   for (const auto& [name, value] : arguments) knobs.set(name, value);
   return knobs;
@@ -53,7 +54,8 @@ TEST_CASE("LoRA set in code is the --lora-* knobs' default, which the command li
   CHECK(plain.lora(plain.knobs())->r == 8);
 }
 
-TEST_CASE("A LoRA target that names no layer of the pretrained model exits 2 at login, naming it and the layers", "[lm][lora]") {
+TEST_CASE("A LoRA target that names no layer of the pretrained model exits 2 at login, naming it and the layers",
+          "[lm][lora]") {
   const auto dir = models_test::scratch("lora-knobs");
   hpctrain::detail::write_file_atomically(dir / "config.json", hm::LlamaConfig().to_json().dump());
   const auto training = lm::causal_lm_training().model(lm::from_pretrained(dir)).lora(rank_8_on_all_projections());
@@ -61,8 +63,9 @@ TEST_CASE("A LoRA target that names no layer of the pretrained model exits 2 at 
   CHECK_NOTHROW(training.check_at_login(given(training, {{"lora_targets", "all-linear"}})));
   CHECK_NOTHROW(training.check_at_login(given(training, {{"lora_targets", "layers.0.self_attn.q_proj"}})));
   CHECK_NOTHROW(training.check_at_login(given(training, {{"lora_r", "0"}, {"lora_targets", "q_prj"}})));  // LoRA off
-  CHECK_THROWS_WITH(training.check_at_login(given(training, {{"lora_targets", "q_proj,q_prj"}})),
-                    fmt::format("[hpctrain.spec.knob] --lora-targets = q_proj,q_prj: 'q_prj' names no layer of {}: its layers are "
-                                "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head, or all-linear",
-                                dir.string()));
+  CHECK_THROWS_WITH(
+      training.check_at_login(given(training, {{"lora_targets", "q_proj,q_prj"}})),
+      fmt::format("[hpctrain.spec.knob] --lora-targets = q_proj,q_prj: 'q_prj' names no layer of {}: its layers are "
+                  "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head, or all-linear",
+                  dir.string()));
 }

@@ -28,11 +28,13 @@ double max_difference(const torch::Tensor& a, const torch::Tensor& b) {
   REQUIRE(a.sizes() == b.sizes());
   return (a - b).abs().max().item<double>();
 }
-const char* const llama_config = R"({"vocab_size": 384, "hidden_size": 40, "intermediate_size": 72, "num_hidden_layers": 2,
+const char* const llama_config =
+    R"({"vocab_size": 384, "hidden_size": 40, "intermediate_size": 72, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "rope_theta": 40000.0, "tie_word_embeddings": false})";
 }  // namespace
 
-TEST_CASE("LoRA freezes the base, starts from the base model's output, and trains only the adapters", "[models][lora]") {
+TEST_CASE("LoRA freezes the base, starts from the base model's output, and trains only the adapters",
+          "[models][lora]") {
   torch::manual_seed(3);
   hm::LlamaConfig config;
   config.vocab_size = 384, config.hidden_size = 32, config.intermediate_size = 48, config.num_hidden_layers = 2;
@@ -64,13 +66,15 @@ TEST_CASE("LoRA freezes the base, starts from the base model's output, and train
 TEST_CASE("Our LoRA adapter loads in PEFT with our logits, and our merged export equals merge_and_unload (Llama)",
           "[models][lora][oracle]") {
   const auto dir = models_test::scratch("lora-oracle");
-  models_test::run_oracle(fmt::format("make llama '{}' '{}' {}", llama_config, dir.string(), ids_text()), dir / "make.log");
+  models_test::run_oracle(fmt::format("make llama '{}' '{}' {}", llama_config, dir.string(), ids_text()),
+                          dir / "make.log");
   // [snippet peft_round_trip]
   auto model = hm::load_llama(dir / "model");  // a Hugging Face directory (config.json, model.safetensors)
   hm::LoraConfig lora;
   lora.r = 4, lora.alpha = 8, lora.targets = {"q_proj", "v_proj", "down_proj"};
   hm::apply_lora(*model, lora);  // the base frozen; A Kaiming-uniform, B zero, as PEFT initialises them
-  {  // stands in for training here: B random, so that the adapter changes the logits
+  // Stands in for training here: B random, so that the adapter changes the logits.
+  {
     torch::NoGradGuard no_grad;
     torch::manual_seed(9);
     for (auto& item : model->named_parameters())
@@ -86,13 +90,17 @@ TEST_CASE("Our LoRA adapter loads in PEFT with our logits, and our merged export
   const auto ours = logits_of(*model);
   REQUIRE(std::filesystem::exists(dir / "adapter" / "adapter_model.safetensors"));
   CHECK(max_difference(logits_of(*reloaded), ours) < 1e-5);  // the adapter read back and merged computes the same
-  models_test::run_python("lora_oracle.py", fmt::format("expect '{}' '{}' {} '{}'", (dir / "model").string(), (dir / "adapter").string(),
-                                                        ids_text(), (dir / "peft").string()), dir / "expect.log");
+  models_test::run_python("lora_oracle.py",
+                          fmt::format("expect '{}' '{}' {} '{}'", (dir / "model").string(), (dir / "adapter").string(),
+                                      ids_text(), (dir / "peft").string()),
+                          dir / "expect.log");
   const auto theirs = hm::safetensors::File(dir / "peft" / "logits.safetensors").tensor("logits");
   CHECK(max_difference(ours, theirs) < 1e-4);
 
-  const hm::safetensors::File merged(dir / "merged" / "model.safetensors"), peft_merged(dir / "peft" / "merged.safetensors");
-  for (const auto* name : {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.v_proj.weight", "model.layers.1.mlp.down_proj.weight"}) {
+  const hm::safetensors::File merged(dir / "merged" / "model.safetensors"),
+      peft_merged(dir / "peft" / "merged.safetensors");
+  for (const auto* name : {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.v_proj.weight",
+                           "model.layers.1.mlp.down_proj.weight"}) {
     CAPTURE(name);
     CHECK(max_difference(merged.tensor(name), peft_merged.tensor(name)) < 1e-6);
   }
@@ -100,9 +108,11 @@ TEST_CASE("Our LoRA adapter loads in PEFT with our logits, and our merged export
 
 TEST_CASE("An adapter made by PEFT loads here with PEFT's logits", "[models][lora][oracle]") {
   const auto dir = models_test::scratch("lora-from-peft");
-  models_test::run_oracle(fmt::format("make llama '{}' '{}' {}", llama_config, dir.string(), ids_text()), dir / "make.log");
-  models_test::run_python("lora_oracle.py", fmt::format("make '{}' {} '{}'", (dir / "model").string(), ids_text(), (dir / "peft").string()),
-                          dir / "peft.log");
+  models_test::run_oracle(fmt::format("make llama '{}' '{}' {}", llama_config, dir.string(), ids_text()),
+                          dir / "make.log");
+  models_test::run_python(
+      "lora_oracle.py", fmt::format("make '{}' {} '{}'", (dir / "model").string(), ids_text(), (dir / "peft").string()),
+      dir / "peft.log");
   auto model = hm::load_llama(dir / "model");
   const auto config = hm::load_peft_adapter(*model, dir / "peft" / "adapter", hm::hf_names(*model));
   CHECK(config.r == 4);

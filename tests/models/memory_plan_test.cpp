@@ -46,7 +46,8 @@ constexpr double gib = 1024.0 * 1024.0 * 1024.0;
 
 }  // namespace
 
-TEST_CASE("The memory plan (--plan) peaks within 10% of the H200's measured peaks of the suite's Llama rows", "[models][plan]") {
+TEST_CASE("The memory plan (--plan) peaks within 10% of the H200's measured peaks of the suite's Llama rows",
+          "[models][plan]") {
   const auto full = lm::plan_memory(suite_row("none"));
   const double measured_full = 32.63 * gib;  // llama.full: Replicated, no recomputation
   WARN("llama.full: planned " << full.peak / gib << " GiB, measured 32.63 GiB");
@@ -77,7 +78,8 @@ TEST_CASE("The memory plan (--plan) peaks within 10% of the H200's measured peak
   CHECK(std::abs(keep.peak - 36.04 * gib) <= 0.10 * 36.04 * gib);
 }
 
-TEST_CASE("The memory plan of ZeRO-3 on the CPU counts what the heap holds in use where backward peaks", "[models][plan]") {
+TEST_CASE("The memory plan of ZeRO-3 on the CPU counts what the heap holds in use where backward peaks",
+          "[models][plan]") {
   // bench/plan_vs_measured's model (a 137M Llama, 12 x 1024, MLP 2816, 4 KV heads, vocabulary 768, untied), zero3,
   // fp32, micro-batch 16/W x 64 tokens. Measured on the 2-core EPYC (2026-11-26, one run each) by sampling glibc's
   // mallinfo2 (bytes in use, mapped blocks included) around every unit's forward and backward: the most in use at
@@ -158,7 +160,8 @@ TEST_CASE("The memory plan counts parameters as the models do and shards what ea
   const auto hybrid_plan = lm::plan_memory(hybrid);
   CHECK(hybrid_plan.parameters == at("zero3", 8).parameters);
   CHECK(hybrid_plan.optimizer_state == at("zero3", 8).optimizer_state);
-  CHECK_THAT(lm::format_plan(hybrid, hybrid_plan), Catch::Matchers::Contains("hsdp, bf16, 16 rank(s) (8 per node, shard groups of 8)"));
+  CHECK_THAT(lm::format_plan(hybrid, hybrid_plan),
+             Catch::Matchers::Contains("hsdp, bf16, 16 rank(s) (8 per node, shard groups of 8)"));
   CHECK(at("zero3", 1).activations_recomputed < at("zero3", 1).activations / 5);  // what recomputing every block saves
   auto recomputed = suite_row("zero3");
   recomputed.activation_checkpointing = hpctrain::models::Recompute::full;
@@ -188,15 +191,16 @@ TEST_CASE("The memory plan counts what each --activation-checkpointing setting k
   in.micro_batch = 4;
   in.sequence = 512;
   in.runtime_bytes = 0;
-  const std::array<std::pair<hm::Recompute, double>, 3> measured{
-      {{hm::Recompute::none, 1857970176.0}, {hm::Recompute::selective, 1034969088.0}, {hm::Recompute::full, 283783168.0}}};
+  const std::array<std::pair<hm::Recompute, double>, 3> measured{{{hm::Recompute::none, 1857970176.0},
+                                                                  {hm::Recompute::selective, 1034969088.0},
+                                                                  {hm::Recompute::full, 283783168.0}}};
   double previous = 0;
   for (const auto& [recompute, bytes] : measured) {
     in.activation_checkpointing = recompute;
     const auto plan = lm::plan_memory(in);
     const double planned = lm::kept_activations(in, plan) + plan.logits;
-    WARN(hm::recompute_name(recompute) << ": planned " << planned / 1e6 << " MB, measured " << bytes / 1e6 << " MB (ratio "
-                                       << planned / bytes << ")");
+    WARN(hm::recompute_name(recompute) << ": planned " << planned / 1e6 << " MB, measured " << bytes / 1e6
+                                       << " MB (ratio " << planned / bytes << ")");
     CHECK(std::abs(planned - bytes) <= 0.10 * bytes);
     if (previous > 0) CHECK(planned < previous);  // each setting keeps less than the one before
     previous = planned;
@@ -246,7 +250,8 @@ TEST_CASE("--plan's advice is the cheapest setting that fits: the chunked loss, 
     REQUIRE_FALSE(lm::plan_memory(in).fits());
     check_first_fitting(in, "--loss-chunk-tokens 2048 --activation-checkpointing selective");
     CHECK_THAT(lm::plan_advice(in, both),
-               Catch::Matchers::StartsWith("hpctrain: fits with --loss-chunk-tokens 2048 --activation-checkpointing selective: ") &&
+               Catch::Matchers::StartsWith(
+                   "hpctrain: fits with --loss-chunk-tokens 2048 --activation-checkpointing selective: ") &&
                    Catch::Matchers::EndsWith(" of 24.00 GiB per GPU\n"));
     // A 20 GiB GPU: only full recomputation fits.
     in.gpu_bytes = 20 * gib;

@@ -63,7 +63,8 @@ void write_bytes(const std::filesystem::path& path, const std::string& bytes) {
 
 }  // namespace
 
-TEST_CASE("A malformed safetensors header is refused naming the file, the tensor and the reason", "[models][safetensors]") {
+TEST_CASE("A malformed safetensors header is refused naming the file, the tensor and the reason",
+          "[models][safetensors]") {
   const std::string ok_a = R"("a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]})";
   auto [header, data_size, message] = GENERATE_REF(table<std::string, std::size_t, std::string>({
       {"", 0, "f.safetensors: header length 0 runs past"},  // placeholder, replaced below
@@ -73,7 +74,8 @@ TEST_CASE("A malformed safetensors header is refused naming the file, the tensor
        "f.safetensors: tensor b: data_offsets [12, 16] leave a gap of 4 bytes after tensor a"},
       {R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", 8,
        "f.safetensors: tensor a: data_offsets [0, 8] hold 8 bytes but shape [3] of F32 needs 12"},
-      {R"({"a": {"dtype": "F33", "shape": [2], "data_offsets": [0, 8]}})", 8, "f.safetensors: tensor a: unknown dtype \"F33\""},
+      {R"({"a": {"dtype": "F33", "shape": [2], "data_offsets": [0, 8]}})", 8,
+       "f.safetensors: tensor a: unknown dtype \"F33\""},
       {"{" + ok_a + "}", 16, "f.safetensors: tensor a: the data holds 8 bytes after the last tensor ends at 8"},
       {R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})", 8,
        "f.safetensors: tensor a: data_offsets [0, 16] run past the end of the data (8 bytes)"},
@@ -99,7 +101,8 @@ TEST_CASE("A file shorter than the header length is refused", "[models][safetens
         "[hpctrain.runtime.safetensors] f: the file is 3 bytes, shorter than the 8-byte header length");
 }
 
-TEST_CASE("Tensors of every dtype survive a safetensors round trip, memory-mapped, converted when asked", "[models][safetensors]") {
+TEST_CASE("Tensors of every dtype survive a safetensors round trip, memory-mapped, converted when asked",
+          "[models][safetensors]") {
   const auto dir = scratch("safetensors-round-trip");
   torch::manual_seed(3);
   st::NamedTensors tensors{
@@ -124,8 +127,9 @@ TEST_CASE("Tensors of every dtype survive a safetensors round trip, memory-mappe
     CHECK(torch::equal(read, tensor));
   }
   CHECK(torch::equal(file.tensor("bf16", torch::kFloat32), tensors[2].second.to(torch::kFloat32)));
-  CHECK(error_of([&] { file.tensor("nope"); }) ==
-        fmt::format("[hpctrain.runtime.safetensors] {}: tensor nope: not in the file", (dir / "t.safetensors").string()));
+  CHECK(
+      error_of([&] { file.tensor("nope"); }) ==
+      fmt::format("[hpctrain.runtime.safetensors] {}: tensor nope: not in the file", (dir / "t.safetensors").string()));
 }
 
 TEST_CASE("A checkpoint that does not fit the config is refused before any weight is copied", "[models][safetensors]") {
@@ -141,17 +145,22 @@ TEST_CASE("A checkpoint that does not fit the config is refused before any weigh
   auto rewrite = [&](st::NamedTensors changed) { st::save_file(file, changed); };
   SECTION("a missing tensor") {
     auto changed = tensors;
-    changed.erase(std::find_if(changed.begin(), changed.end(), [](auto& t) { return t.first == "transformer.h.1.mlp.c_fc.bias"; }));
+    changed.erase(std::find_if(changed.begin(), changed.end(),
+                               [](auto& t) { return t.first == "transformer.h.1.mlp.c_fc.bias"; }));
     rewrite(changed);
     CHECK(error_of([&] { ht::load_gpt2(dir); }) ==
-          fmt::format("[hpctrain.runtime.safetensors] {}: tensor transformer.h.1.mlp.c_fc.bias: missing: the config needs it", file));
+          fmt::format(
+              "[hpctrain.runtime.safetensors] {}: tensor transformer.h.1.mlp.c_fc.bias: missing: the config needs it",
+              file));
   }
   SECTION("an unexpected tensor") {
     auto changed = tensors;
     changed.emplace_back("transformer.h.2.ln_1.weight", torch::ones({32}));
     rewrite(changed);
     CHECK(error_of([&] { ht::load_gpt2(dir); }) ==
-          fmt::format("[hpctrain.runtime.safetensors] {}: tensor transformer.h.2.ln_1.weight: unexpected: the config has no such weight", file));
+          fmt::format("[hpctrain.runtime.safetensors] {}: tensor transformer.h.2.ln_1.weight: unexpected: the config "
+                      "has no such weight",
+                      file));
   }
   SECTION("a tensor of the wrong shape") {
     auto changed = tensors;
@@ -159,7 +168,9 @@ TEST_CASE("A checkpoint that does not fit the config is refused before any weigh
       if (name == "transformer.h.0.attn.c_attn.weight") tensor = torch::zeros({96, 32});
     rewrite(changed);
     CHECK(error_of([&] { ht::load_gpt2(dir); }) ==
-          fmt::format("[hpctrain.runtime.safetensors] {}: tensor transformer.h.0.attn.c_attn.weight: shape [96, 32] but the config needs [32, 96]", file));
+          fmt::format("[hpctrain.runtime.safetensors] {}: tensor transformer.h.0.attn.c_attn.weight: shape [96, 32] "
+                      "but the config needs [32, 96]",
+                      file));
   }
   SECTION("a corrupt file") {
     auto bytes = models_test::read_text(file);
@@ -170,31 +181,40 @@ TEST_CASE("A checkpoint that does not fit the config is refused before any weigh
   }
   SECTION("an intact file loads with the same weights") {
     auto loaded = ht::load_gpt2(dir);
-    CHECK(torch::equal(loaded->h[1]->as<ht::GPT2Block>()->attn->c_attn->weight, saved->h[1]->as<ht::GPT2Block>()->attn->c_attn->weight));
+    CHECK(torch::equal(loaded->h[1]->as<ht::GPT2Block>()->attn->c_attn->weight,
+                       saved->h[1]->as<ht::GPT2Block>()->attn->c_attn->weight));
   }
 }
 
 TEST_CASE("An invalid config is refused naming the field", "[models][config]") {
   auto [json, message] = GENERATE(table<std::string, std::string>({
-      {R"({"model_type": "gpt2", "n_embd": 64, "n_head": 5})", "[hpctrain.spec.gpt2.n_head] gpt2.n_head = 5: must divide n_embd = 64"},
-      {R"({"model_type": "gpt2", "n_layer": "2"})", "[hpctrain.spec.gpt2.n_layer] gpt2.n_layer = \"2\": has the wrong type"},
+      {R"({"model_type": "gpt2", "n_embd": 64, "n_head": 5})",
+       "[hpctrain.spec.gpt2.n_head] gpt2.n_head = 5: must divide n_embd = 64"},
+      {R"({"model_type": "gpt2", "n_layer": "2"})",
+       "[hpctrain.spec.gpt2.n_layer] gpt2.n_layer = \"2\": has the wrong type"},
       {R"({"model_type": "gpt2", "activation_function": "relu"})",
-       "[hpctrain.spec.gpt2.activation_function] gpt2.activation_function = relu: must be \"gelu_new\", \"gelu_pytorch_tanh\" or \"gelu\""},
+       "[hpctrain.spec.gpt2.activation_function] gpt2.activation_function = relu: must be \"gelu_new\", "
+       "\"gelu_pytorch_tanh\" or \"gelu\""},
       {R"({"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 5})",
        "[hpctrain.spec.llama.num_key_value_heads] llama.num_key_value_heads = 5: must divide num_attention_heads = 32"},
       {R"({"model_type": "llama", "hidden_size": 100, "num_attention_heads": 8})",
-       "[hpctrain.spec.llama.num_attention_heads] llama.num_attention_heads = 8: must divide hidden_size = 100 (or give head_dim)"},
+       "[hpctrain.spec.llama.num_attention_heads] llama.num_attention_heads = 8: must divide hidden_size = 100 (or "
+       "give head_dim)"},
       {R"({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})",
-       "[hpctrain.spec.llama.rope_scaling.rope_type] llama.rope_scaling.rope_type = yarn: is not implemented by hpctrain (it implements "
+       "[hpctrain.spec.llama.rope_scaling.rope_type] llama.rope_scaling.rope_type = yarn: is not implemented by "
+       "hpctrain (it implements "
        "default, linear and llama3)"},
       {R"({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "low_freq_factor": 4.0, "high_freq_factor": 1.0}})",
-       "[hpctrain.spec.llama.rope_scaling.high_freq_factor] llama.rope_scaling.high_freq_factor = 1: must exceed low_freq_factor = 4"},
-      {R"({"model_type": "bert"})", "[hpctrain.spec.llama.model_type] llama.model_type = \"bert\": this is not a llama, qwen2 or mistral config"},
+       "[hpctrain.spec.llama.rope_scaling.high_freq_factor] llama.rope_scaling.high_freq_factor = 1: must exceed "
+       "low_freq_factor = 4"},
+      {R"({"model_type": "bert"})",
+       "[hpctrain.spec.llama.model_type] llama.model_type = \"bert\": this is not a llama, qwen2 or mistral config"},
   }));
   CAPTURE(json);
   const auto parsed = nlohmann::json::parse(json);
   const bool gpt2 = parsed["model_type"] == "gpt2";
-  CHECK(error_of([&] { gpt2 ? (void)ht::GPT2Config::from_json(parsed) : (void)ht::LlamaConfig::from_json(parsed); }) == message);
+  CHECK(error_of([&] { gpt2 ? (void)ht::GPT2Config::from_json(parsed) : (void)ht::LlamaConfig::from_json(parsed); }) ==
+        message);
 }
 
 TEST_CASE("Configs survive config.json, and count the parameters and FLOPs of their modules", "[models][config]") {
@@ -238,8 +258,9 @@ TEST_CASE("Tokens fed through the KV cache in pieces give the logits of the whol
       pieces.push_back(model->forward(ids.narrow(1, begin, length), &cache));
     CHECK(cache.length() == 9);
     CHECK(torch::allclose(torch::cat(pieces, 1), whole, 1e-5, 1e-5));
-    CHECK_THAT(error_of([&] { model->forward(ids.narrow(1, 0, 1), &cache); }),
-               Catch::Contains("[hpctrain.runtime.generation] the KV cache holds 9 positions; 9 cached + 1 new do not fit"));
+    CHECK_THAT(
+        error_of([&] { model->forward(ids.narrow(1, 0, 1), &cache); }),
+        Catch::Contains("[hpctrain.runtime.generation] the KV cache holds 9 positions; 9 cached + 1 new do not fit"));
   }
 }
 
@@ -275,11 +296,17 @@ TEST_CASE("Sampling is reproducible from its seed and greedy without a temperatu
   CHECK(ht::generate(*model, {1, 2, 3}, sample) == ht::generate(*model, {1, 2, 3}, sample));
   ht::GenerationOptions too_long;
   too_long.max_new_tokens = 40;
-  CHECK(error_of([&] { ht::generate(*model, {1, 2, 3}, too_long); }) ==
-        "[hpctrain.spec.generation.max_new_tokens] generation.max_new_tokens = 40: prompt (3 tokens) + new tokens exceed the model's 32 positions");
+  CHECK(error_of([&] {
+          ht::generate(*model, {1, 2, 3}, too_long);
+        }) ==
+        "[hpctrain.spec.generation.max_new_tokens] generation.max_new_tokens = 40: prompt (3 tokens) + new tokens "
+        "exceed the model's 32 positions");
 }
 
-TEST_CASE("A model built from scratch with its blocks empty rebuilds, bit for bit, the weights built whole from the same seed", "[models][deferred]") {
+TEST_CASE(
+    "A model built from scratch with its blocks empty rebuilds, bit for bit, the weights built whole from the same "
+    "seed",
+    "[models][deferred]") {
   // What ZeRO-3 builds from scratch (models::DeferredInitialization): no block is ever whole on a rank, yet every
   // slice a rank reads, the whole materialized model and the generator's state after the constructor equal
   // those of the model built whole. Tied and untied heads: the head's draw comes after every block's.
@@ -329,14 +356,16 @@ TEST_CASE("A model built from scratch with its blocks empty rebuilds, bit for bi
   }
 }
 
-TEST_CASE("A block built empty that its model never initialises is refused: it could not be rebuilt", "[models][deferred]") {
+TEST_CASE("A block built empty that its model never initialises is refused: it could not be rebuilt",
+          "[models][deferred]") {
   ht::DeferredInitialization scope;
   torch::nn::Linear layer(4, 4);
   hpctrain::BlockConstruction::built(*layer);
   CHECK_THAT(error_of([&] { scope.blocks(); }), Catch::Contains("block 0's parameter 0 was never initialised"));
 }
 
-TEST_CASE("A model whose blocks are still empty is not exported: the error names the weight, nothing is written", "[models][deferred]") {
+TEST_CASE("A model whose blocks are still empty is not exported: the error names the weight, nothing is written",
+          "[models][deferred]") {
   const auto directory = scratch("empty-blocks-export") / "export";
   ht::DeferredInitialization scope;
   ht::Llama model(tiny_llama());

@@ -51,6 +51,8 @@ inline void run_python(const std::string& script_name, const std::string& argume
 }
 
 /// Runs `hf_oracle.py <arguments>`.
-inline void run_oracle(const std::string& arguments, const std::filesystem::path& log) { run_python("hf_oracle.py", arguments, log); }
+inline void run_oracle(const std::string& arguments, const std::filesystem::path& log) {
+  run_python("hf_oracle.py", arguments, log);
+}
 
 }  // namespace models_test

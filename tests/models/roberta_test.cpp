@@ -16,8 +16,10 @@
 
 namespace hm = hpctrain::models;
 
-TEST_CASE("A RobertaForMaskedLM made by transformers gives the same logits on a padded batch and the same MLM loss, "
-          "and its trained export loads back in transformers", "[models][oracle][roberta]") {
+TEST_CASE(
+    "A RobertaForMaskedLM made by transformers gives the same logits on a padded batch and the same MLM loss, "
+    "and its trained export loads back in transformers",
+    "[models][oracle][roberta]") {
   const auto dir = models_test::scratch("roberta-oracle");
   const std::string config = R"({"vocab_size": 400, "hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
     "intermediate_size": 96, "max_position_embeddings": 40, "type_vocab_size": 1, "hidden_dropout_prob": 0.0,
@@ -50,8 +52,10 @@ TEST_CASE("A RobertaForMaskedLM made by transformers gives the same logits on a 
   }
   model->eval();
   hm::save_pretrained(*model, dir / "export");
-  models_test::run_python("roberta_oracle.py", fmt::format("expect '{}' '{}' '{}'", (dir / "export").string(), dir.string(),
-                                                           (dir / "export-oracle").string()), dir / "expect.log");
+  models_test::run_python(
+      "roberta_oracle.py",
+      fmt::format("expect '{}' '{}' '{}'", (dir / "export").string(), dir.string(), (dir / "export-oracle").string()),
+      dir / "expect.log");
   const auto after = hm::safetensors::File(dir / "export-oracle" / "logits.safetensors").tensor("logits");
   CHECK((model->forward(ids, mask) - after).abs().max().item<double>() < 1e-4);
   CHECK((model->forward(ids, mask) - logits).abs().max().item<double>() > 1e-3);  // training moved it
@@ -66,11 +70,15 @@ TEST_CASE("A RobertaForMaskedLM made by transformers gives the same logits on a 
   CHECK_THROWS_WITH(hm::load_roberta(truncated), Catch::Contains((truncated / "model.safetensors").string()));
 }
 
-TEST_CASE("RoBERTa's config names the field of a bad value, and positions count from padding_idx + 1", "[models][roberta]") {
-  CHECK_THROWS_WITH(hm::RobertaConfig::from_json(nlohmann::json::parse(R"({"model_type": "roberta", "num_attention_heads": 5})")),
-                    "[hpctrain.spec.roberta.num_attention_heads] roberta.num_attention_heads = 5: must divide hidden_size = 768");
-  CHECK_THROWS_WITH(hm::RobertaConfig::from_json(nlohmann::json::parse(R"({"model_type": "roberta", "position_embedding_type": "relative_key"})")),
-                    "[hpctrain.spec.roberta.position_embedding_type] roberta.position_embedding_type = relative_key: only \"absolute\" is supported");
+TEST_CASE("RoBERTa's config names the field of a bad value, and positions count from padding_idx + 1",
+          "[models][roberta]") {
+  CHECK_THROWS_WITH(
+      hm::RobertaConfig::from_json(nlohmann::json::parse(R"({"model_type": "roberta", "num_attention_heads": 5})")),
+      "[hpctrain.spec.roberta.num_attention_heads] roberta.num_attention_heads = 5: must divide hidden_size = 768");
+  CHECK_THROWS_WITH(hm::RobertaConfig::from_json(nlohmann::json::parse(
+                        R"({"model_type": "roberta", "position_embedding_type": "relative_key"})")),
+                    "[hpctrain.spec.roberta.position_embedding_type] roberta.position_embedding_type = relative_key: "
+                    "only \"absolute\" is supported");
   hm::RobertaConfig config;
   const auto positions = hm::roberta_position_ids(torch::tensor({{0, 5, 6, 2, 1, 1}}, torch::kLong), config);
   CHECK(positions.equal(torch::tensor({{2, 3, 4, 5, 1, 1}}, torch::kLong)));

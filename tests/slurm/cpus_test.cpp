@@ -33,7 +33,8 @@ TEST_CASE("The affinity mask counts what nproc counts, and one CPU once bound to
   CHECK(ht::slurm::intra_op_threads(view) == 1);  // bound: its one CPU, whatever the machine has
 }
 
-TEST_CASE("Intra-op threads follow a binding mask, else Slurm's allotment, else the machine among local ranks", "[cpus]") {
+TEST_CASE("Intra-op threads follow a binding mask, else Slurm's allotment, else the machine among local ranks",
+          "[cpus]") {
   using V = ht::slurm::CpuView;
   auto [view, threads] = GENERATE(table<V, int>({
       {V{12, 96, std::nullopt, 8}, 12},  // bound by srun --cpu-bind=cores: the mask, not divided again

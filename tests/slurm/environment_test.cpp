@@ -23,10 +23,18 @@ hpctrain::slurm::EnvironmentLookup lookup_in(const Variables& variables) {
 
 // What srun -N2 -n3 gives the task with SLURM_PROCID=2 (the second node's only task), taken from the local cluster.
 Variables third_task_of_three() {
-  return {{"SLURM_PROCID", "2"},          {"SLURM_NTASKS", "3"},           {"SLURM_STEP_NUM_TASKS", "3"},
-          {"SLURM_LOCALID", "0"},         {"SLURM_NODEID", "1"},           {"SLURM_STEP_NODELIST", "n[1-2]"},
-          {"SLURM_JOB_NODELIST", "n[1-2]"}, {"SLURM_STEP_TASKS_PER_NODE", "2,1"}, {"SLURM_TASKS_PER_NODE", "2,1"},
-          {"SLURM_STEP_NUM_NODES", "2"},  {"SLURM_JOB_ID", "1234"},        {"SLURM_STEP_ID", "0"},
+  return {{"SLURM_PROCID", "2"},
+          {"SLURM_NTASKS", "3"},
+          {"SLURM_STEP_NUM_TASKS", "3"},
+          {"SLURM_LOCALID", "0"},
+          {"SLURM_NODEID", "1"},
+          {"SLURM_STEP_NODELIST", "n[1-2]"},
+          {"SLURM_JOB_NODELIST", "n[1-2]"},
+          {"SLURM_STEP_TASKS_PER_NODE", "2,1"},
+          {"SLURM_TASKS_PER_NODE", "2,1"},
+          {"SLURM_STEP_NUM_NODES", "2"},
+          {"SLURM_JOB_ID", "1234"},
+          {"SLURM_STEP_ID", "0"},
           {"SLURMD_NODENAME", "n2"}};
 }
 
@@ -112,8 +120,9 @@ TEST_CASE("A step smaller than its job has the step's task count, not the job's 
 
 TEST_CASE("The batch script itself is not taken for rank 0 of the job", "[slurm_env]") {
   // What `sbatch -N2 -n4` gives its batch script on the local cluster: SLURM_PROCID=0 and the job's task count.
-  const Variables batch_script{{"SLURM_JOB_ID", "77"},       {"SLURM_JOB_NODELIST", "n[1-2]"}, {"SLURM_NODELIST", "n[1-2]"},
-                               {"SLURM_LOCALID", "0"},       {"SLURM_NODEID", "0"},            {"SLURM_NTASKS", "4"},
+  const Variables batch_script{{"SLURM_JOB_ID", "77"},       {"SLURM_JOB_NODELIST", "n[1-2]"},
+                               {"SLURM_NODELIST", "n[1-2]"}, {"SLURM_LOCALID", "0"},
+                               {"SLURM_NODEID", "0"},        {"SLURM_NTASKS", "4"},
                                {"SLURM_PROCID", "0"},        {"SLURM_TASKS_PER_NODE", "2(x2)"}};
   CHECK(message_of([&] { hpctrain::slurm::world_from_environment(lookup_in(batch_script)); }) ==
         "[hpctrain.runtime.slurm_env] SLURM_PROCID is set but SLURM_STEP_ID is not: this process is a batch script or "
@@ -122,11 +131,13 @@ TEST_CASE("The batch script itself is not taken for rank 0 of the job", "[slurm_
 
 TEST_CASE("Missing SLURM variables are named together in one error", "[slurm_env]") {
   auto variables = third_task_of_three();
-  for (const char* name : {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_JOB_ID"})
+  for (const char* name :
+       {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_JOB_ID"})
     variables.erase(name);
-  CHECK(message_of([&] { hpctrain::slurm::read_slurm_environment(lookup_in(variables)); }) ==
-        "[hpctrain.runtime.slurm_env] missing SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST), "
-        "SLURM_JOB_ID (srun sets them for every task of a step)");
+  CHECK(
+      message_of([&] { hpctrain::slurm::read_slurm_environment(lookup_in(variables)); }) ==
+      "[hpctrain.runtime.slurm_env] missing SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST), "
+      "SLURM_JOB_ID (srun sets them for every task of a step)");
 }
 
 TEST_CASE("Contradictory SLURM variables are an error naming both sides", "[slurm_env]") {
@@ -135,13 +146,15 @@ TEST_CASE("Contradictory SLURM variables are an error naming both sides", "[slur
       {"SLURM_PROCID", "-1", "SLURM_PROCID = \"-1\": must be at least 0"},
       {"SLURM_NODEID", "2", "SLURM_NODEID = 2 but SLURM_STEP_NODELIST = \"n[1-2]\" has 2 nodes"},
       {"SLURM_LOCALID", "1", "SLURM_LOCALID = 1 is not below the 1 tasks that SLURM_STEP_TASKS_PER_NODE gives node 1"},
-      {"SLURM_STEP_TASKS_PER_NODE", "2(x2)", "SLURM_STEP_TASKS_PER_NODE = \"2(x2)\" sums to 4 but SLURM_STEP_NUM_TASKS = 3"},
+      {"SLURM_STEP_TASKS_PER_NODE", "2(x2)",
+       "SLURM_STEP_TASKS_PER_NODE = \"2(x2)\" sums to 4 but SLURM_STEP_NUM_TASKS = 3"},
       {"SLURM_STEP_TASKS_PER_NODE", "3",
        "SLURM_STEP_TASKS_PER_NODE = \"3\" lists 1 nodes but SLURM_STEP_NODELIST = \"n[1-2]\" has 2"},
       {"SLURM_STEP_NUM_NODES", "3", "SLURM_STEP_NUM_NODES = 3 but SLURM_STEP_NODELIST = \"n[1-2]\" has 2 nodes"},
       {"SLURMD_NODENAME", "n1", "SLURMD_NODENAME = n1 but SLURM_NODEID = 1 is n2 in SLURM_STEP_NODELIST = \"n[1-2]\""},
       {"SLURM_STEP_NODELIST", "n[2-1]",
-       "SLURM_STEP_NODELIST is not a hostlist: [hpctrain.runtime.hostlist] hostlist \"n[2-1]\": descending range 2-1 at "
+       "SLURM_STEP_NODELIST is not a hostlist: [hpctrain.runtime.hostlist] hostlist \"n[2-1]\": descending range 2-1 "
+       "at "
        "position 2"},
       {"SLURM_NTASKS", "x", "(no error)"},  // the step's own count wins; SLURM_NTASKS is not read then
       {"SLURM_STEP_NUM_TASKS", "three", "SLURM_STEP_NUM_TASKS = \"three\": not an integer"},
@@ -170,7 +183,8 @@ TEST_CASE("Under srun the world comes from SLURM variables and the port from the
   CHECK(world.under_slurm);
 }
 
-TEST_CASE("Derived master ports stay in their documented range and differ between nearby jobs and restarts", "[world]") {
+TEST_CASE("Derived master ports stay in their documented range and differ between nearby jobs and restarts",
+          "[world]") {
   using hpctrain::slurm::derive_master_port;
   std::vector<int> seen;
   for (long job = 5000; job < 6000; ++job)
@@ -202,8 +216,13 @@ TEST_CASE("MASTER_ADDR and MASTER_PORT override the derived rendezvous", "[world
 
 TEST_CASE("torchrun-style variables win over SLURM ones", "[world]") {
   auto variables = third_task_of_three();
-  variables.insert({{"HPCTRAIN_LOCAL", "1"}, {"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"},
-                    {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "40001"}});
+  variables.insert({{"HPCTRAIN_LOCAL", "1"},
+                    {"RANK", "1"},
+                    {"WORLD_SIZE", "2"},
+                    {"LOCAL_RANK", "1"},
+                    {"LOCAL_WORLD_SIZE", "2"},
+                    {"MASTER_ADDR", "127.0.0.1"},
+                    {"MASTER_PORT", "40001"}});
   const auto world = hpctrain::slurm::world_from_environment(lookup_in(variables));
   CHECK(world.rank == 1);
   CHECK(world.world_size == 2);
@@ -218,12 +237,15 @@ TEST_CASE("torchrun-style variables win over SLURM ones", "[world]") {
 
 TEST_CASE("Inconsistent torchrun-style variables are errors naming them", "[world]") {
   const auto [variables, message] = GENERATE(table<Variables, std::string>({
-      {{{"HPCTRAIN_LOCAL", "1"}}, "missing RANK, WORLD_SIZE (HPCTRAIN_LOCAL or RANK says the ranks come from torchrun-style variables)"},
-      {{{"RANK", "0"}}, "missing WORLD_SIZE (HPCTRAIN_LOCAL or RANK says the ranks come from torchrun-style variables)"},
+      {{{"HPCTRAIN_LOCAL", "1"}},
+       "missing RANK, WORLD_SIZE (HPCTRAIN_LOCAL or RANK says the ranks come from torchrun-style variables)"},
+      {{{"RANK", "0"}},
+       "missing WORLD_SIZE (HPCTRAIN_LOCAL or RANK says the ranks come from torchrun-style variables)"},
       {{{"RANK", "2"}, {"WORLD_SIZE", "2"}}, "RANK = 2 is not below WORLD_SIZE = 2"},
       {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "3"}}, "LOCAL_WORLD_SIZE = 3 exceeds WORLD_SIZE = 2"},
       {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}}, "LOCAL_RANK = 2 is not below LOCAL_WORLD_SIZE = 2"},
-      {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}, "WORLD_SIZE = 2 needs MASTER_ADDR and MASTER_PORT for the rendezvous"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}},
+       "WORLD_SIZE = 2 needs MASTER_ADDR and MASTER_PORT for the rendezvous"},
   }));
   CAPTURE(variables);
   CHECK(message_of([&] { hpctrain::slurm::world_from_environment(lookup_in(variables)); }) ==

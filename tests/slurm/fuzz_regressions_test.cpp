@@ -9,7 +9,8 @@
 
 using Catch::Matchers::Contains;
 
-TEST_CASE("A tasks-per-node repeat count larger than any cluster is refused before it is allocated", "[fuzz_regression]") {
+TEST_CASE("A tasks-per-node repeat count larger than any cluster is refused before it is allocated",
+          "[fuzz_regression]") {
   // fuzz_tasks_per_node: `8(x444444444)` allocated 1.7 GB, `1(x2000000000)` 8 GB, before any check.
   CHECK_THROWS_WITH(hpctrain::slurm::parse_tasks_per_node("1(x2000000000)", "SLURM_TASKS_PER_NODE"),
                     Contains("[hpctrain.runtime.slurm_env]") && Contains("SLURM_TASKS_PER_NODE") &&

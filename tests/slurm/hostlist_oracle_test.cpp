@@ -51,7 +51,8 @@ class ExpressionGenerator {
       for (int k = 0; k < count; ++k) {
         const int value = chance(0.7) ? n++ : uniform(0, 130);
         std::string digits = std::to_string(value);
-        if (static_cast<int>(digits.size()) < width) digits.insert(0, static_cast<std::size_t>(width) - digits.size(), '0');
+        if (static_cast<int>(digits.size()) < width)
+          digits.insert(0, static_cast<std::size_t>(width) - digits.size(), '0');
         hosts.push_back(prefix + digits);
         if (chance(0.05)) hosts.push_back(hosts.back());
       }

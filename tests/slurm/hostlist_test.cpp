@@ -31,7 +31,7 @@ TEST_CASE("A hostlist expands comma lists, ranges, zero padding and several brac
       {"m[1-2][3-4][5-6]", {"m135", "m136", "m235", "m236", "m145", "m146", "m245", "m246"}},
       {"gpu-a.ib[7-8],login-1.cluster", {"gpu-a.ib7", "gpu-a.ib8", "login-1.cluster"}},
       {"n[1-2] m,,x ", {"n1", "n2", "m", "x"}},  // Slurm also splits on whitespace and skips empty items
-      {"n[1-2].ib", {"n1.ib", "n2.ib"}},          // a suffix after the last bracket: accepted (docs/slurm.md)
+      {"n[1-2].ib", {"n1.ib", "n2.ib"}},         // a suffix after the last bracket: accepted (docs/slurm.md)
       {"n[99999999999-100000000000]", {"n99999999999", "n100000000000"}},
   }));
   CAPTURE(expression);

@@ -121,14 +121,16 @@ TEST_CASE_METHOD(LaunchFixture, "A run directory set by the caller is kept", "[l
   CHECK(rank_json(1)["run_dir"] == "/somewhere/runs/7");
 }
 
-TEST_CASE_METHOD(LaunchFixture, "The first failing rank's exit code wins and stops the hanging ranks", "[local_launch]") {
+TEST_CASE_METHOD(LaunchFixture, "The first failing rank's exit code wins and stops the hanging ranks",
+                 "[local_launch]") {
   const int failing_rank = GENERATE(0, 2);
   CAPTURE(failing_rank);
   fs::remove_all(dir_);
   fs::create_directories(dir_);
   // The failing rank exits 7 once all three ranks are up; the others would hang forever.
-  const int code = hpctrain::launch_local(
-      3, hpctrain::test::print_world_program(), {"--write", dir_.string(), "--fail-rank", std::to_string(failing_rank), "7", "--hang"});
+  const int code =
+      hpctrain::launch_local(3, hpctrain::test::print_world_program(),
+                             {"--write", dir_.string(), "--fail-rank", std::to_string(failing_rank), "7", "--hang"});
   CHECK(code == 7);
   for (int rank = 0; rank < 3; ++rank) {
     CAPTURE(rank);
@@ -140,8 +142,8 @@ TEST_CASE_METHOD(LaunchFixture, "A rank that ignores SIGTERM is killed when the 
   hpctrain::LocalLaunchOptions options;
   options.grace = std::chrono::milliseconds(200);
   const int code = hpctrain::launch_local(
-      2, hpctrain::test::print_world_program(), {"--write", dir_.string(), "--fail-rank", "1", "3", "--hang", "--ignore-sigterm"},
-      options);
+      2, hpctrain::test::print_world_program(),
+      {"--write", dir_.string(), "--fail-rank", "1", "3", "--hang", "--ignore-sigterm"}, options);
   CHECK(code == 3);
   CHECK_FALSE(alive(rank_json(0)["pid"].get<int>()));
 }
@@ -196,11 +198,13 @@ TEST_CASE_METHOD(LaunchFixture, "SIGINT or SIGTERM to the launcher stops every r
 }
 
 TEST_CASE_METHOD(LaunchFixture, "A caller that ignores SIGCHLD still gets the ranks' exit codes", "[local_launch]") {
-  struct sigaction ignore{}, previous{};
+  struct sigaction ignore {
+  }, previous{};
   ignore.sa_handler = SIG_IGN;
   ::sigaction(SIGCHLD, &ignore, &previous);
-  const int code = hpctrain::launch_local(2, hpctrain::test::print_world_program(), {"--write", dir_.string(), "--fail-rank", "1", "5"});
-  struct sigaction after{};
+  const int code = hpctrain::launch_local(2, hpctrain::test::print_world_program(),
+                                          {"--write", dir_.string(), "--fail-rank", "1", "5"});
+  struct sigaction after {};
   ::sigaction(SIGCHLD, &previous, &after);
   CHECK(code == 5);
   CHECK(after.sa_handler == SIG_IGN);  // the caller's disposition is back
@@ -211,10 +215,12 @@ TEST_CASE("A program that cannot be executed is an error naming it", "[local_lau
     hpctrain::launch_local(2, "/nonexistent/train", {"--hpctrain-worker"});
     FAIL("launched");
   } catch (const hpctrain::RuntimeError& e) {
-    CHECK(std::string(e.what()) == "[hpctrain.runtime.local_launch] cannot execute /nonexistent/train: No such file or directory");
+    CHECK(std::string(e.what()) ==
+          "[hpctrain.runtime.local_launch] cannot execute /nonexistent/train: No such file or directory");
   }
 }
 
 TEST_CASE("Fewer than one local rank is a spec error", "[local_launch]") {
-  CHECK_THROWS_WITH(hpctrain::launch_local(0, "/bin/true", {}), "[hpctrain.spec.local] local = 0: needs at least 1 rank");
+  CHECK_THROWS_WITH(hpctrain::launch_local(0, "/bin/true", {}),
+                    "[hpctrain.spec.local] local = 0: needs at least 1 rank");
 }

@@ -36,14 +36,15 @@ std::vector<std::string> words(const std::string& text) {
 TEST_CASE("Every task of an srun step sees its own rank, its node's local ranks and one rendezvous", "[slurm][world]") {
   // launcher: how the step is started; tasks: the step's tasks per node, in step node order (what Slurm's
   // distribution gives); nodes: the step's nodes.
-  const auto [launcher, tasks_on, step_nodes] = GENERATE(table<std::string, std::map<std::string, int>, std::vector<std::string>>({
-      {"srun -N2 -n4", {{"n1", 2}, {"n2", 2}}, {"n1", "n2"}},
-      {"srun -N2 -n3", {{"n1", 2}, {"n2", 1}}, {"n1", "n2"}},
-      {"srun -N2 -n3 -m cyclic", {{"n1", 2}, {"n2", 1}}, {"n1", "n2"}},
-      {"srun -N1 -n2 -w n2", {{"n2", 2}}, {"n2"}},
-      // A step on part of the job's nodes: MASTER_ADDR is the step's first node, not the job's.
-      {"salloc -N2 -n4 srun -N1 -n2 -w n2", {{"n2", 2}}, {"n2"}},
-  }));
+  const auto [launcher, tasks_on, step_nodes] =
+      GENERATE(table<std::string, std::map<std::string, int>, std::vector<std::string>>({
+          {"srun -N2 -n4", {{"n1", 2}, {"n2", 2}}, {"n1", "n2"}},
+          {"srun -N2 -n3", {{"n1", 2}, {"n2", 1}}, {"n1", "n2"}},
+          {"srun -N2 -n3 -m cyclic", {{"n1", 2}, {"n2", 1}}, {"n1", "n2"}},
+          {"srun -N1 -n2 -w n2", {{"n2", 2}}, {"n2"}},
+          // A step on part of the job's nodes: MASTER_ADDR is the step's first node, not the job's.
+          {"salloc -N2 -n4 srun -N1 -n2 -w n2", {{"n2", 2}}, {"n2"}},
+      }));
   CAPTURE(launcher);
   auto command = words(launcher);
   command.push_back(hpctrain::test::print_world_program());

@@ -41,7 +41,8 @@ bool up_to_date(const std::filesystem::path& out, const std::filesystem::path& s
   const auto made = std::filesystem::last_write_time(out);
   const auto made_at = std::chrono::system_clock::to_time_t(std::chrono::file_clock::to_sys(made));
   if (local_day(made_at) != local_day(std::time(nullptr))) return false;
-  if (std::filesystem::last_write_time(script) > made || std::filesystem::last_write_time(templates_dir()) > made) return false;
+  if (std::filesystem::last_write_time(script) > made || std::filesystem::last_write_time(templates_dir()) > made)
+    return false;
   for (const auto& entry : std::filesystem::directory_iterator(templates_dir()))
     if (entry.last_write_time() > made) return false;
   return true;
@@ -67,7 +68,9 @@ const nlohmann::ordered_json& oracle() {
   return renderings;
 }
 
-std::vector<tx::ChatMessage> messages_of(const nlohmann::ordered_json& conversation) { return tx::chat_messages_from_json(conversation); }
+std::vector<tx::ChatMessage> messages_of(const nlohmann::ordered_json& conversation) {
+  return tx::chat_messages_from_json(conversation);
+}
 
 /// The options of an oracle rendering: the special tokens, the context every rendering gets and the template's own.
 tx::ChatRenderOptions options_of(const nlohmann::ordered_json& entry, bool generation_prompt) {
@@ -89,7 +92,8 @@ Spans spans_of(const nlohmann::ordered_json& json) {
 }
 
 /// No tool message's content lies inside an assistant span: SFT never trains on a tool's result.
-void check_tool_results_untrained(const std::string& text, const Spans& spans, const nlohmann::ordered_json& conversation) {
+void check_tool_results_untrained(const std::string& text, const Spans& spans,
+                                  const nlohmann::ordered_json& conversation) {
   for (const auto& message : conversation) {
     if (message["role"] != "tool" || !message["content"].is_string()) continue;
     const auto result = message["content"].get<std::string>();
@@ -102,8 +106,10 @@ void check_tool_results_untrained(const std::string& text, const Spans& spans, c
 }
 }  // namespace
 
-TEST_CASE("Chat templates of public model families render as jinja2 and apply_chat_template render them, and reject what they reject",
-          "[text][chat_template]") {
+TEST_CASE(
+    "Chat templates of public model families render as jinja2 and apply_chat_template render them, and reject what "
+    "they reject",
+    "[text][chat_template]") {
   const auto& data = oracle();
   std::map<std::string, tx::ChatTemplate> templates;
   std::size_t equal = 0, rejected = 0, span_checks = 0, compile_refused = 0;
@@ -115,7 +121,8 @@ TEST_CASE("Chat templates of public model families render as jinja2 and apply_ch
   }
   for (const auto& entry : data["renderings"]) {
     const auto name = entry["template"].get<std::string>();
-    if (!templates.count(name)) templates.emplace(name, tx::ChatTemplate::parse(text_test::read_file(templates_dir() / name), name));
+    if (!templates.count(name))
+      templates.emplace(name, tx::ChatTemplate::parse(text_test::read_file(templates_dir() / name), name));
     const auto& parsed = templates.at(name);
     const auto& conversation = data["conversations"][entry["conversation"].get<std::size_t>()];
     const auto options = options_of(entry, entry["generation_prompt"].get<bool>());
@@ -125,7 +132,8 @@ TEST_CASE("Chat templates of public model families render as jinja2 and apply_ch
       // must be a rejection too (a RuntimeError: jinja2 rejects the conversation, not the template).
       CAPTURE(entry["error_type"].get<std::string>(), entry["error"].get<std::string>());
       const auto expected = entry["error_type"] == "TemplateError" ? entry["error"].get<std::string>() : std::string();
-      CHECK_THROWS_WITH(parsed.render(conversation, options), Catch::StartsWith("[hpctrain.runtime.chat_template]") && Catch::Contains(expected));
+      CHECK_THROWS_WITH(parsed.render(conversation, options),
+                        Catch::StartsWith("[hpctrain.runtime.chat_template]") && Catch::Contains(expected));
       ++rejected;
       continue;
     }
@@ -144,7 +152,8 @@ TEST_CASE("Chat templates of public model families render as jinja2 and apply_ch
       const auto tools = options.extra.contains("tools") ? options.extra["tools"] : nlohmann::ordered_json();
       auto without_tools = options;
       without_tools.extra.erase("tools");
-      if (!with_spans && !entry.contains("prefix_spans")) {  // a prefix the template rejects, or that the whole does not extend
+      if (!with_spans &&
+          !entry.contains("prefix_spans")) {  // a prefix the template rejects, or that the whole does not extend
         CHECK_THROWS(parsed.render_with_assistant_spans(messages_of(conversation), without_tools, tools));
         continue;
       }
@@ -156,8 +165,9 @@ TEST_CASE("Chat templates of public model families render as jinja2 and apply_ch
     }
   }
   WARN(templates.size() << " templates x " << data["conversations"].size() << " conversations: " << equal
-                        << " renderings equal to jinja2 and apply_chat_template, " << rejected << " rejections on both sides, "
-                        << compile_refused << " template(s) refused at parse as jinja2 refuses them; " << span_checks
+                        << " renderings equal to jinja2 and apply_chat_template, " << rejected
+                        << " rejections on both sides, " << compile_refused
+                        << " template(s) refused at parse as jinja2 refuses them; " << span_checks
                         << " assistant-span checks");
   CHECK(templates.size() >= 30);
   CHECK(equal >= 700);
@@ -176,7 +186,8 @@ TEST_CASE("Without generation markers the assistant spans come from rendering pr
     options.eos_token = "</s>";
     const auto rendered = parsed.render_with_assistant_spans(conversation, options);
     REQUIRE(rendered.assistant_spans.size() == 2);
-    const auto first = rendered.text.substr(rendered.assistant_spans[0].first, rendered.assistant_spans[0].second - rendered.assistant_spans[0].first);
+    const auto first = rendered.text.substr(rendered.assistant_spans[0].first,
+                                            rendered.assistant_spans[0].second - rendered.assistant_spans[0].first);
     CHECK_THAT(first, Catch::StartsWith("Rayleigh scattering."));
     const auto second = rendered.text.substr(rendered.assistant_spans[1].first);
     CHECK_THAT(second, Catch::Contains("Longer path, more red."));
@@ -192,7 +203,8 @@ TEST_CASE("A syntax error or an unsupported construct names the template's line 
       Row{"{% if false %}{{ '{}'.format(1) }}{% endif %}", "t:1:23: the method 'format' is not supported"},
       Row{"{{ x is frobnicated }}", "t:1:9: no test named 'frobnicated'"},
       Row{"{{ xs | map('wordwrap') }}", "t:1:13: map() with the filter 'wordwrap' is not supported"},
-      Row{"{% macro f() %}{% generation %}x{% endgeneration %}{% endmacro %}", "t:1:19: '{% generation %}' inside a macro"},
+      Row{"{% macro f() %}{% generation %}x{% endgeneration %}{% endmacro %}",
+          "t:1:19: '{% generation %}' inside a macro"},
       Row{"{% for m in messages %}", "the template ends before '{% endfor %}'"},
       Row{"{{ 'unterminated }}", "t:1:"},
       Row{"ok\n  {{ a +* b }}", "t:2:"},
@@ -211,24 +223,32 @@ TEST_CASE("A syntax error or an unsupported construct names the template's line 
   CHECK(raised);
 }
 
-TEST_CASE("Mappings keep insertion order, and a namespace shows no key of its own and refuses what jinja2 refuses", "[text][chat_template]") {
+TEST_CASE("Mappings keep insertion order, and a namespace shows no key of its own and refuses what jinja2 refuses",
+          "[text][chat_template]") {
   // The data's order (a plain nlohmann::json would have sorted "unit" after "location"), a literal's, dictsort's.
-  const auto messages = nlohmann::ordered_json::parse(R"([{"role": "assistant", "content": null, "tool_calls": [{"type": "function",
+  const auto messages =
+      nlohmann::ordered_json::parse(R"([{"role": "assistant", "content": null, "tool_calls": [{"type": "function",
       "function": {"name": "f", "arguments": {"unit": "c", "location": "Oslo", "days": 2}}}]}])");
-  const auto render = [&](const std::string& source) { return tx::ChatTemplate::parse(source, "t").render(messages, {}); };
-  CHECK(render("{{ messages[0].tool_calls[0].function.arguments | tojson }}") == R"({"unit": "c", "location": "Oslo", "days": 2})");
-  CHECK(render("{% for k, v in messages[0].tool_calls[0].function.arguments.items() %}{{ k }};{% endfor %}") == "unit;location;days;");
+  const auto render = [&](const std::string& source) {
+    return tx::ChatTemplate::parse(source, "t").render(messages, {});
+  };
+  CHECK(render("{{ messages[0].tool_calls[0].function.arguments | tojson }}") ==
+        R"({"unit": "c", "location": "Oslo", "days": 2})");
+  CHECK(render("{% for k, v in messages[0].tool_calls[0].function.arguments.items() %}{{ k }};{% endfor %}") ==
+        "unit;location;days;");
   CHECK(render("{{ messages[0] }}") ==
-        "{'role': 'assistant', 'content': None, 'tool_calls': [{'type': 'function', 'function': {'name': 'f', 'arguments': {'unit': 'c', "
+        "{'role': 'assistant', 'content': None, 'tool_calls': [{'type': 'function', 'function': {'name': 'f', "
+        "'arguments': {'unit': 'c', "
         "'location': 'Oslo', 'days': 2}}}]}");
-  CHECK(render("{{ {'b': 1, 'a': 2} | tojson }} {{ {'b': 1, 'a': 2} | dictsort | map('first') | join }} {{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }}") ==
-        R"({"b": 1, "a": 2} ab {"a": 2, "b": 1})");
+  CHECK(render("{{ {'b': 1, 'a': 2} | tojson }} {{ {'b': 1, 'a': 2} | dictsort | map('first') | join }} {{ {'b': 1, "
+               "'a': 2} | tojson(sort_keys=true) }}") == R"({"b": 1, "a": 2} ab {"a": 2, "b": 1})");
   CHECK(render("{% set ns = namespace(b=1, a=2) %}{% set ns.c = 3 %}{{ ns.a }} {{ ns }} {{ ns is mapping }}") ==
         "2 <Namespace {'b': 1, 'a': 2, 'c': 3}> False");
   using Row = std::tuple<std::string, std::string>;
   auto [source, message] = GENERATE(table<std::string, std::string>({
       Row{"{% set ns = namespace(a=1) %}{{ ns | length }}", "t:1:38: object of type 'Namespace' has no len()"},
-      Row{"{% set ns = namespace(a=1) %}{{ ns | tojson }}", "t:1:38: Object of type Namespace is not JSON serializable"},
+      Row{"{% set ns = namespace(a=1) %}{{ ns | tojson }}",
+          "t:1:38: Object of type Namespace is not JSON serializable"},
       Row{"{% set ns = namespace(a=1) %}{{ 'a' in ns }}", "t:1:37: argument of type 'Namespace' is not iterable"},
       Row{"{% set ns = namespace(a=1) %}{% for x in ns %}{% endfor %}", "t:1:30: 'Namespace' object is not iterable"},
       Row{"{% set d = {'a': 1} %}{% set d.a = 2 %}", "cannot assign attribute on non-namespace object"},
@@ -239,9 +259,11 @@ TEST_CASE("Mappings keep insertion order, and a namespace shows no key of its ow
 }
 
 TEST_CASE("A hostile template cannot exhaust the stack or memory", "[text][chat_template]") {
-  CHECK_THROWS_WITH(tx::ChatTemplate::parse("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}", "deep"),
-                    Catch::Contains("nested too deeply"));
-  CHECK_THROWS_WITH(tx::ChatTemplate::parse("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}", "big")
+  CHECK_THROWS_WITH(
+      tx::ChatTemplate::parse("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}", "deep"),
+      Catch::Contains("nested too deeply"));
+  CHECK_THROWS_WITH(tx::ChatTemplate::parse(
+                        "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}", "big")
                         .render(nlohmann::json::array(), {}),
                     Catch::Contains("too many loop iterations") || Catch::Contains("exceeds 64 MiB"));
 }

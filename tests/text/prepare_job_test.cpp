@@ -46,9 +46,10 @@ std::size_t count(const std::string& text, const std::string& needle) {
 
 }  // namespace
 
-TEST_CASE("On two nodes the token preparation runs once before the ranks, which read its files, a bad tokenizer "
-          "fails the job before any rank starts",
-          "[prepare][slurm]") {
+TEST_CASE(
+    "On two nodes the token preparation runs once before the ranks, which read its files, a bad tokenizer "
+    "fails the job before any rank starts",
+    "[prepare][slurm]") {
   const auto dir = text_test::scratch("prepare-job");
   const std::string inputs = "/usr/share/games/fortunes/computers:/usr/share/games/fortunes/science";
   text_test::write_file(dir / "broken.json", "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}");
@@ -61,7 +62,8 @@ TEST_CASE("On two nodes the token preparation runs once before the ranks, which 
   const auto bad_id = submitted_id(bad.out);
 
   const auto ok_state = wait_for_end(ok_id);
-  const auto ok_log = text_test::read_file(dir / "hpctrain-jobs" / "tokens-ok" / ok_id / fmt::format("slurm-{}.out", ok_id));
+  const auto ok_log =
+      text_test::read_file(dir / "hpctrain-jobs" / "tokens-ok" / ok_id / fmt::format("slurm-{}.out", ok_id));
   CAPTURE(ok_log);
   CHECK(ok_state.state == "COMPLETED");
   CHECK(count(ok_log, "hpctrain: prepared ") == 1);
@@ -76,16 +78,19 @@ TEST_CASE("On two nodes the token preparation runs once before the ranks, which 
                                     tokenizer.fingerprint())) == 1);
 
   const auto bad_state = wait_for_end(bad_id);
-  const auto bad_log = text_test::read_file(dir / "hpctrain-jobs" / "tokens-bad" / bad_id / fmt::format("slurm-{}.out", bad_id));
+  const auto bad_log =
+      text_test::read_file(dir / "hpctrain-jobs" / "tokens-bad" / bad_id / fmt::format("slurm-{}.out", bad_id));
   CAPTURE(bad_log);
   CHECK(bad_state.state == "FAILED");
-  CHECK(bad_log.find(fmt::format("hpctrain: preparation failed: [hpctrain.runtime.text.tokenizer] {}: model.type: model "
-                                 "type \"WordPiece\" is not supported (byte-level BPE only)\n",
-                                 (dir / "broken.json").string())) != std::string::npos);
+  CHECK(
+      bad_log.find(fmt::format("hpctrain: preparation failed: [hpctrain.runtime.text.tokenizer] {}: model.type: model "
+                               "type \"WordPiece\" is not supported (byte-level BPE only)\n",
+                               (dir / "broken.json").string())) != std::string::npos);
   CHECK(bad_log.find("tokens rank=") == std::string::npos);
 }
 
-TEST_CASE("A job whose preparation names a missing input is refused at --submit, before anything is queued", "[prepare]") {
+TEST_CASE("A job whose preparation names a missing input is refused at --submit, before anything is queued",
+          "[prepare]") {
   const auto dir = text_test::scratch("prepare-job-missing");
   const auto refused = submit(dir, "tokens-missing", text_test::gpt2_ranks().string(), (dir / "nope.txt").string());
   CHECK(refused.exit_code == 2);

@@ -30,8 +30,8 @@ std::filesystem::path tokenizer_dirs() {
   const auto dir = text_test::cache_dir() / "pretrained";
   if (!std::filesystem::exists(dir / "expected.json")) {
     std::filesystem::create_directories(dir);
-    const auto command = fmt::format("'{}' '{}/tests/text/pretrained_oracle.py' make '{}' > '{}/make.log' 2>&1", text_test::python(),
-                                     text_test::source_dir().string(), dir.string(), dir.string());
+    const auto command = fmt::format("'{}' '{}/tests/text/pretrained_oracle.py' make '{}' > '{}/make.log' 2>&1",
+                                     text_test::python(), text_test::source_dir().string(), dir.string(), dir.string());
     INFO(command);
     REQUIRE(std::system(command.c_str()) == 0);
   }
@@ -39,8 +39,9 @@ std::filesystem::path tokenizer_dirs() {
 }
 }  // namespace
 
-TEST_CASE("A tokenizer directory encodes as AutoTokenizer does: TemplateProcessing, RobertaProcessing, BertProcessing, none",
-          "[text][pretrained]") {
+TEST_CASE(
+    "A tokenizer directory encodes as AutoTokenizer does: TemplateProcessing, RobertaProcessing, BertProcessing, none",
+    "[text][pretrained]") {
   const auto dir = tokenizer_dirs();
   const auto expected = nlohmann::json::parse(text_test::read_file(dir / "expected.json"));
   for (const auto& [kind, cases] : expected.items()) {
@@ -61,10 +62,13 @@ TEST_CASE("A tokenizer directory encodes as AutoTokenizer does: TemplateProcessi
 TEST_CASE("An unknown post-processor is refused naming the file and the JSON path", "[text][pretrained]") {
   const auto dir = text_test::scratch("bad-post-processor");
   const auto file = dir / "tokenizer.json";
-  CHECK_THROWS_WITH(tx::PostProcessor::from_json(nlohmann::json::parse(R"({"type": "Mystery"})"), file),
-                    Catch::Contains(file.string()) && Catch::Contains("post_processor.type") && Catch::Contains("Mystery"));
-  CHECK_THROWS_WITH(tx::PostProcessor::from_json(nlohmann::json::parse(R"({"type": "RobertaProcessing", "cls": ["<s>", 0], "sep": ["</s>"]})"), file),
-                    Catch::Contains("post_processor.sep"));
+  CHECK_THROWS_WITH(
+      tx::PostProcessor::from_json(nlohmann::json::parse(R"({"type": "Mystery"})"), file),
+      Catch::Contains(file.string()) && Catch::Contains("post_processor.type") && Catch::Contains("Mystery"));
+  CHECK_THROWS_WITH(
+      tx::PostProcessor::from_json(
+          nlohmann::json::parse(R"({"type": "RobertaProcessing", "cls": ["<s>", 0], "sep": ["</s>"]})"), file),
+      Catch::Contains("post_processor.sep"));
 }
 
 TEST_CASE("SFT JSONL: a bad line is an error naming the file and the line", "[text][sft]") {
@@ -72,25 +76,32 @@ TEST_CASE("SFT JSONL: a bad line is an error naming the file and the line", "[te
   using Row = std::tuple<std::string, std::string>;
   auto [content, message] = GENERATE(table<std::string, std::string>({
       Row{"{\"text\": \"a\"}\n{\"text\": \"b\"\n", ":2: not JSON"},
-      Row{"{\"text\": \"a\"}\n\n{\"prompt\": \"p\", \"completion\": \"c\"}\n", ":3: is {\"prompt\", \"completion\"} while the file's first line is {\"text\"}"},
+      Row{"{\"text\": \"a\"}\n\n{\"prompt\": \"p\", \"completion\": \"c\"}\n",
+          ":3: is {\"prompt\", \"completion\"} while the file's first line is {\"text\"}"},
       Row{"{\"prompt\": \"p\", \"completion\": \"\"}\n", ":1: \"completion\" is empty"},
       Row{"{\"prompt\": \"p\"}\n", ":1: no \"completion\""},
       Row{"{\"text\": 3}\n", ":1: \"text\" is number, not a string"},
-      Row{"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n", ":1: the conversation has no assistant turn"},
-      Row{"{\"messages\": [{\"role\": \"wizard\", \"content\": \"hi\"}]}\n", ":1: messages[0].role: \"wizard\" is none of"},
+      Row{"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n",
+          ":1: the conversation has no assistant turn"},
+      Row{"{\"messages\": [{\"role\": \"wizard\", \"content\": \"hi\"}]}\n",
+          ":1: messages[0].role: \"wizard\" is none of"},
       Row{"{\"messages\": [{\"role\": \"user\"}]}\n", ":1: messages[0].content: missing"},
       Row{"[1, 2]\n", ":1: a line must be a JSON object, not array"},
       Row{"{\"other\": 1}\n", ":1: has none of"},
   }));
   CAPTURE(content);
   const auto file = write_file(dir / "data.jsonl", content);
-  CHECK_THROWS_WITH(tx::validate_sft_jsonl(file), Catch::StartsWith("[hpctrain.spec.data.jsonl] " + file.string() + message));
+  CHECK_THROWS_WITH(tx::validate_sft_jsonl(file),
+                    Catch::StartsWith("[hpctrain.spec.data.jsonl] " + file.string() + message));
 }
 
 TEST_CASE("SFT JSONL: the three shapes, streamed", "[text][sft]") {
   const auto dir = text_test::scratch("sft-shapes");
-  const auto file = write_file(dir / "chat.jsonl", "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"u\"}, "
-                                                   "{\"role\": \"assistant\", \"content\": \"a\"}]}\n\n{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\"}]}\n");
+  const auto file = write_file(
+      dir / "chat.jsonl",
+      "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"u\"}, "
+      "{\"role\": \"assistant\", \"content\": \"a\"}]}\n\n{\"messages\": [{\"role\": \"assistant\", \"content\": "
+      "\"x\"}]}\n");
   const auto summary = tx::validate_sft_jsonl(file);
   CHECK(summary.examples == 2);
   CHECK(summary.shape == tx::SftShape::conversational);
@@ -103,8 +114,10 @@ TEST_CASE("SFT JSONL: the three shapes, streamed", "[text][sft]") {
   CHECK_FALSE(reader.next(record));
 }
 
-TEST_CASE("TRL's rules: text trains every token and EOS, prompt/completion the completion and EOS, a conversation its assistant bytes",
-          "[text][sft]") {
+TEST_CASE(
+    "TRL's rules: text trains every token and EOS, prompt/completion the completion and EOS, a conversation its "
+    "assistant bytes",
+    "[text][sft]") {
   const auto tokenizer = tx::load_pretrained_tokenizer(tokenizer_dirs() / "llama3");
   const auto bos = *tokenizer.tokenizer().token_id("<|begin|>"), eos = *tokenizer.eos_id();
   tx::SftRecord text{tx::SftShape::text, "Hello there", {}, {}, {}, 1, {}};
@@ -123,7 +136,8 @@ TEST_CASE("TRL's rules: text trains every token and EOS, prompt/completion the c
   CHECK(b.trained[prompt.size()] == 1);
 
   // A fake renderer: "<|begin|>U: hi\nA: " + reply + "<|end|>", the reply and EOS the assistant's.
-  const tx::ConversationRenderer render = [](const std::vector<tx::ChatMessage>& messages, const nlohmann::ordered_json&) {
+  const tx::ConversationRenderer render = [](const std::vector<tx::ChatMessage>& messages,
+                                             const nlohmann::ordered_json&) {
     tx::RenderedChat out;
     out.text = "<|begin|>U: " + messages[0].content + "\nA: ";
     const auto begin = out.text.size();
@@ -137,8 +151,10 @@ TEST_CASE("TRL's rules: text trains every token and EOS, prompt/completion the c
   std::string trained_text;
   for (std::size_t i = 0; i < c.ids.size(); ++i)
     if (c.trained[i]) trained_text += tokenizer.decode(std::span<const tx::TokenId>(&c.ids[i], 1));
-  CHECK(trained_text == " fine thanks<|end|>");  // the token holding the span's first byte counts, as transformers marks it
-  CHECK_THROWS_WITH(tx::tokenize_sft(chat, tokenizer, nullptr), Catch::Contains("[hpctrain.spec.data.jsonl] line 3: a conversation needs"));
+  CHECK(trained_text ==
+        " fine thanks<|end|>");  // the token holding the span's first byte counts, as transformers marks it
+  CHECK_THROWS_WITH(tx::tokenize_sft(chat, tokenizer, nullptr),
+                    Catch::Contains("[hpctrain.spec.data.jsonl] line 3: a conversation needs"));
 }
 
 TEST_CASE("SFT JSONL: a malformed tool call, tool message, content part or tools list names the field", "[text][sft]") {
@@ -151,40 +167,54 @@ TEST_CASE("SFT JSONL: a malformed tool call, tool message, content part or tools
   auto [content, message] = GENERATE_COPY(table<std::string, std::string>({
       Row{line(R"({"role": "assistant", "tool_calls": [{"type": "function", "function": {"arguments": {}}}]})"),
           ":1: messages[1].tool_calls[0].function.name: missing"},
-      Row{line(R"({"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": 7, "arguments": {}}}]})"),
+      Row{line(
+              R"({"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": 7, "arguments": {}}}]})"),
           ":1: messages[1].tool_calls[0].function.name: is number, not a string"},
       Row{line(R"({"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f"}}]})"),
           ":1: messages[1].tool_calls[0].function.arguments: missing"},
-      Row{line(R"({"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{\"a\": "}}]})"),
+      Row{line(
+              R"({"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{\"a\": "}}]})"),
           ":1: messages[1].tool_calls[0].function.arguments: is a string that does not hold a JSON object"},
-      Row{line(R"({"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": 3}}]})"),
+      Row{line(
+              R"({"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": 3}}]})"),
           ":1: messages[1].tool_calls[0].function.arguments: is number, not an object or a JSON string"},
-      Row{line(R"({"role": "assistant", "tool_calls": [{"type": "retrieval", "function": {"name": "f", "arguments": {}}}]})"),
+      Row{line(
+              R"({"role": "assistant", "tool_calls": [{"type": "retrieval", "function": {"name": "f", "arguments": {}}}]})"),
           ":1: messages[1].tool_calls[0].type: \"retrieval\" is not \"function\""},
-      Row{line(R"({"role": "assistant", "tool_calls": [{"type": "function"}]})"), ":1: messages[1].tool_calls[0].function: missing"},
+      Row{line(R"({"role": "assistant", "tool_calls": [{"type": "function"}]})"),
+          ":1: messages[1].tool_calls[0].function: missing"},
       Row{line(R"({"role": "assistant", "tool_calls": []})"), ":1: messages[1].tool_calls: is empty"},
-      Row{line(R"({"role": "assistant", "content": null})"), ":1: messages[1].content: is null, and the message calls no tool"},
+      Row{line(R"({"role": "assistant", "content": null})"),
+          ":1: messages[1].content: is null, and the message calls no tool"},
       Row{line(R"({"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "image", "url": "x"}]})"),
           ":1: messages[1].content[1].type: \"image\": only text parts can be trained on"},
       Row{line(R"({"role": "assistant", "content": [{"type": "text"}]})"), ":1: messages[1].content[0].text: missing"},
-      Row{line(R"({"role": "assistant", "content": 5})"), ":1: messages[1].content: is number, not a string or a list of parts"},
-      Row{R"({"messages": [{"role": "user", "content": "x", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]}]})" "\n",
+      Row{line(R"({"role": "assistant", "content": 5})"),
+          ":1: messages[1].content: is number, not a string or a list of parts"},
+      Row{R"({"messages": [{"role": "user", "content": "x", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]}]})"
+          "\n",
           ":1: messages[0].tool_calls: only an assistant message calls tools"},
-      Row{line(R"({"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": {}}}]})",
-               R"(, {"role": "tool", "tool_call_id": "call_2", "content": "r"}, {"role": "assistant", "content": "ok"})"),
+      Row{line(
+              R"({"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": {}}}]})",
+              R"(, {"role": "tool", "tool_call_id": "call_2", "content": "r"}, {"role": "assistant", "content": "ok"})"),
           ":1: messages[2].tool_call_id: \"call_2\" is the id of no tool call before it"},
-      Row{line(R"({"role": "assistant", "content": "a"})", R"(, {"role": "tool", "name": 3, "content": "r"})"), ":1: messages[2].name: is number, not a string"},
-      Row{R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "tools": {"name": "f"}})" "\n",
+      Row{line(R"({"role": "assistant", "content": "a"})", R"(, {"role": "tool", "name": 3, "content": "r"})"),
+          ":1: messages[2].name: is number, not a string"},
+      Row{R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "tools": {"name": "f"}})"
+          "\n",
           ":1: tools: is object, not a list"},
-      Row{R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "tools": [{"type": "function", "function": {"description": "d"}}]})" "\n",
+      Row{R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "tools": [{"type": "function", "function": {"description": "d"}}]})"
+          "\n",
           ":1: tools[0].function.name: missing"},
   }));
   CAPTURE(content);
   const auto file = write_file(dir / "data.jsonl", content);
-  CHECK_THROWS_WITH(tx::validate_sft_jsonl(file), Catch::StartsWith("[hpctrain.spec.data.jsonl] " + file.string() + message));
+  CHECK_THROWS_WITH(tx::validate_sft_jsonl(file),
+                    Catch::StartsWith("[hpctrain.spec.data.jsonl] " + file.string() + message));
 }
 
-TEST_CASE("SFT JSONL: tool calls reach the template as the line wrote them, with the line's tools or the file's", "[text][sft]") {
+TEST_CASE("SFT JSONL: tool calls reach the template as the line wrote them, with the line's tools or the file's",
+          "[text][sft]") {
   const auto dir = text_test::scratch("sft-tools");
   const std::string call_line =
       R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "Weather "}, {"type": "text", "text": "in Oslo?"}]}, )"
@@ -193,7 +223,9 @@ TEST_CASE("SFT JSONL: tool calls reach the template as the line wrote them, with
   const std::string own_tools_line =
       R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "tools": [{"type": "function", "function": {"name": "own", "parameters": {}}}]})";
   const auto file = write_file(dir / "tools.jsonl", call_line + "\n" + own_tools_line + "\n");
-  const auto tools_file = write_file(dir / "tools.json", R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])");
+  const auto tools_file =
+      write_file(dir / "tools.json",
+                 R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])");
 
   tx::SftJsonlReader reader(file, tx::SftJsonlOptions{tools_file});
   tx::SftRecord record;
@@ -201,7 +233,8 @@ TEST_CASE("SFT JSONL: tool calls reach the template as the line wrote them, with
   REQUIRE(record.messages.size() == 4);
   CHECK(record.messages[0].content == "Weather in Oslo?");  // the text parts joined; the template sees the parts
   CHECK(record.messages[0].json["content"].is_array());
-  CHECK(record.messages[1].json["tool_calls"][0]["function"]["arguments"].dump() == R"({"unit":"celsius","location":"Oslo"})");
+  CHECK(record.messages[1].json["tool_calls"][0]["function"]["arguments"].dump() ==
+        R"({"unit":"celsius","location":"Oslo"})");
   CHECK(record.messages[2].json.dump() == R"({"role":"tool","tool_call_id":"c1","name":"get_weather","content":"12"})");
   CHECK(record.tools[0]["function"]["name"] == "get_weather");  // the file's tools
   REQUIRE(reader.next(record));
@@ -212,14 +245,18 @@ TEST_CASE("SFT JSONL: tool calls reach the template as the line wrote them, with
   CHECK(record.tools.is_null());
 
   CHECK_THROWS_WITH(tx::SftJsonlReader(file, tx::SftJsonlOptions{dir / "missing.json"}),
-                    Catch::StartsWith("[hpctrain.spec.data.jsonl] " + (dir / "missing.json").string() + ": cannot open the tools file"));
+                    Catch::StartsWith("[hpctrain.spec.data.jsonl] " + (dir / "missing.json").string() +
+                                      ": cannot open the tools file"));
   const auto bad_tools = write_file(dir / "bad.json", R"([{"type": "function", "function": {}}])");
-  CHECK_THROWS_WITH(tx::validate_sft_jsonl(file, tx::SftJsonlOptions{bad_tools}),
-                    Catch::StartsWith("[hpctrain.spec.data.jsonl] " + bad_tools.string() + ": tools[0].function.name: missing"));
+  CHECK_THROWS_WITH(
+      tx::validate_sft_jsonl(file, tx::SftJsonlOptions{bad_tools}),
+      Catch::StartsWith("[hpctrain.spec.data.jsonl] " + bad_tools.string() + ": tools[0].function.name: missing"));
 }
 
-TEST_CASE("SFT on tool calls: the tokens and the loss mask are transformers' (generation markers) or the prefix-rendered ones, tool results never trained",
-          "[text][sft][chat_template]") {
+TEST_CASE(
+    "SFT on tool calls: the tokens and the loss mask are transformers' (generation markers) or the prefix-rendered "
+    "ones, tool results never trained",
+    "[text][sft][chat_template]") {
   const auto dir = text_test::scratch("sft-tool-masks");
   const auto tokenizer_dir = tokenizer_dirs() / "llama3";
   const auto tokenizer = tx::load_pretrained_tokenizer(tokenizer_dir);
@@ -236,24 +273,29 @@ TEST_CASE("SFT on tool calls: the tokens and the loss mask are transformers' (ge
       R"("tools": [{"type": "function", "function": {"name": "search", "description": "Search.", "parameters": {"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}}}}}]})",
   };
   const auto file = write_file(dir / "tools.jsonl", lines[0] + "\n" + lines[1] + "\n");
-  const auto tools_file = write_file(dir / "tools.json",
-                                     R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather.", "parameters": {"type": "object", "properties": {"location": {"type": "string"}, "unit": {"type": "string"}}}}}])");
+  const auto tools_file = write_file(
+      dir / "tools.json",
+      R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather.", "parameters": {"type": "object", "properties": {"location": {"type": "string"}, "unit": {"type": "string"}}}}}])");
   // One oracle process for both templates: one with generation markers, Qwen2.5's without.
   const auto templates = text_test::source_dir() / "tests/data/chat_templates";
   const auto out = dir / "masks.json";
-  text_test::run(fmt::format("'{}' '{}/tests/text/chat_template_oracle.py' masks '{}' '{}' '{}' '{}' '{}' '{}' > '{}.log' 2>&1", text_test::python(),
-                             text_test::source_dir().string(), tokenizer_dir.string(), file.string(), tools_file.string(), out.string(),
-                             (templates / "chatml-tools-generation.jinja").string(), (templates / "qwen2.5.jinja").string(), out.string()));
+  text_test::run(
+      fmt::format("'{}' '{}/tests/text/chat_template_oracle.py' masks '{}' '{}' '{}' '{}' '{}' '{}' > '{}.log' 2>&1",
+                  text_test::python(), text_test::source_dir().string(), tokenizer_dir.string(), file.string(),
+                  tools_file.string(), out.string(), (templates / "chatml-tools-generation.jinja").string(),
+                  (templates / "qwen2.5.jinja").string(), out.string()));
   const auto masks = nlohmann::json::parse(text_test::read_file(out));
   for (const char* name : {"chatml-tools-generation.jinja", "qwen2.5.jinja"}) {
     CAPTURE(name);
     const auto template_path = templates / name;
     const auto& expected = masks.at(name);
-    const auto parsed = std::make_shared<const tx::ChatTemplate>(tx::ChatTemplate::parse(text_test::read_file(template_path), name));
+    const auto parsed =
+        std::make_shared<const tx::ChatTemplate>(tx::ChatTemplate::parse(text_test::read_file(template_path), name));
     tx::ChatRenderOptions options;
     options.bos_token = tokenizer.bos_token();
     options.eos_token = tokenizer.eos_token();
-    const tx::ConversationRenderer render = [parsed, options](const std::vector<tx::ChatMessage>& messages, const nlohmann::ordered_json& tools) {
+    const tx::ConversationRenderer render = [parsed, options](const std::vector<tx::ChatMessage>& messages,
+                                                              const nlohmann::ordered_json& tools) {
       return parsed->render_with_assistant_spans(messages, options, tools);
     };
     tx::SftJsonlReader reader(file, tx::SftJsonlOptions{tools_file});
@@ -261,19 +303,23 @@ TEST_CASE("SFT on tool calls: the tokens and the loss mask are transformers' (ge
     for (std::size_t k = 0; reader.next(record); ++k) {
       CAPTURE(k);
       const auto example = tx::tokenize_sft(record, tokenizer, &render);
-      CHECK(std::vector<std::int64_t>(example.ids.begin(), example.ids.end()) == expected[k]["ids"].get<std::vector<std::int64_t>>());
-      CHECK(std::vector<int>(example.trained.begin(), example.trained.end()) == expected[k]["mask"].get<std::vector<int>>());
+      CHECK(std::vector<std::int64_t>(example.ids.begin(), example.ids.end()) ==
+            expected[k]["ids"].get<std::vector<std::int64_t>>());
+      CHECK(std::vector<int>(example.trained.begin(), example.trained.end()) ==
+            expected[k]["mask"].get<std::vector<int>>());
       std::string trained, untrained;
       for (std::size_t i = 0; i < example.ids.size(); ++i)
-        (example.trained[i] ? trained : untrained) += tokenizer.decode(std::span<const tx::TokenId>(&example.ids[i], 1));
+        (example.trained[i] ? trained : untrained) +=
+            tokenizer.decode(std::span<const tx::TokenId>(&example.ids[i], 1));
       CHECK_THAT(trained, Catch::Contains("get_weather") || Catch::Contains("search"));  // the calls are trained
-      CHECK_THAT(trained, !Catch::Contains("TOOL-RESULT"));  // their results never are
+      CHECK_THAT(trained, !Catch::Contains("TOOL-RESULT"));                              // their results never are
       CHECK_THAT(untrained, Catch::Contains("TOOL-RESULT"));
     }
   }
 }
 
-TEST_CASE("Best-fit-decreasing packing places every example once, within capacity, in no more rows than first-fit", "[text][packing]") {
+TEST_CASE("Best-fit-decreasing packing places every example once, within capacity, in no more rows than first-fit",
+          "[text][packing]") {
   using Row = std::tuple<std::vector<std::size_t>, std::size_t, std::size_t>;
   auto [lengths, capacity, rows_expected] = GENERATE(table<std::vector<std::size_t>, std::size_t, std::size_t>({
       Row{{5, 5, 5, 5}, 10, 2},
@@ -297,6 +343,7 @@ TEST_CASE("Best-fit-decreasing packing places every example once, within capacit
   std::vector<std::size_t> all(lengths.size());
   std::iota(all.begin(), all.end(), std::size_t{0});
   CHECK(seen == std::multiset<std::size_t>(all.begin(), all.end()));
-  CHECK_THROWS_WITH(tx::pack_best_fit_decreasing({3, 11}, 10), "[hpctrain.spec.packing.length] packing.length = 11 (example 1): exceeds the row capacity 10");
+  CHECK_THROWS_WITH(tx::pack_best_fit_decreasing({3, 11}, 10),
+                    "[hpctrain.spec.packing.length] packing.length = 11 (example 1): exceeds the row capacity 10");
   CHECK(tx::padding_fraction({{0, 1}}, {4, 4}, 10) == Approx(0.2));
 }

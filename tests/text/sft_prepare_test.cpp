@@ -23,8 +23,8 @@ std::filesystem::path sft_tokenizer_dir() {
   const auto dir = text_test::cache_dir() / "pretrained";
   if (!std::filesystem::exists(dir / "expected.json")) {
     std::filesystem::create_directories(dir);
-    text_test::run(fmt::format("'{}' '{}/tests/text/pretrained_oracle.py' make '{}' > '{}/make.log' 2>&1", text_test::python(),
-                               text_test::source_dir().string(), dir.string(), dir.string()));
+    text_test::run(fmt::format("'{}' '{}/tests/text/pretrained_oracle.py' make '{}' > '{}/make.log' 2>&1",
+                               text_test::python(), text_test::source_dir().string(), dir.string(), dir.string()));
   }
   return dir / "llama3";
 }
@@ -42,21 +42,24 @@ struct SftFixture {
       for (int w = 0; w < i % 17; ++w) user += " word" + std::to_string(w);
       const std::string system = i >= 55 ? std::string(3000, 'x') : std::string("Be brief.");
       if (i % 5 == 0) {
-        lines += R"({"messages": [{"role": "system", "content": ")" + system + R"("}, {"role": "user", "content": ")" + user +
-                 R"("}, {"role": "assistant", "content": null, "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"location": "Oslo"}}}]}, )"
-                 R"({"role": "tool", "content": "12 °C"}, {"role": "assistant", "content": "It is 12 °C — ünïcödé."}]})"
-                 "\n";
+        lines +=
+            R"({"messages": [{"role": "system", "content": ")" + system + R"("}, {"role": "user", "content": ")" +
+            user +
+            R"("}, {"role": "assistant", "content": null, "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"location": "Oslo"}}}]}, )"
+            R"({"role": "tool", "content": "12 °C"}, {"role": "assistant", "content": "It is 12 °C — ünïcödé."}]})"
+            "\n";
       } else {
-        lines += R"({"messages": [{"role": "system", "content": ")" + system + R"("}, {"role": "user", "content": ")" + user +
-                 R"("}, {"role": "assistant", "content": "Answer )" + std::to_string(i * 7) + R"(."}]})" + "\n";
+        lines += R"({"messages": [{"role": "system", "content": ")" + system + R"("}, {"role": "user", "content": ")" +
+                 user + R"("}, {"role": "assistant", "content": "Answer )" + std::to_string(i * 7) + R"(."}]})" + "\n";
       }
       if (i == 30) lines += "\n";  // a blank line is no record
     }
     recipe.jsonl = dir / "train.jsonl";
     text_test::write_file(recipe.jsonl, lines);
     recipe.tools = dir / "tools.json";
-    text_test::write_file(*recipe.tools, R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather.", )"
-                                         R"("parameters": {"type": "object", "properties": {"location": {"type": "string"}}}}}])");
+    text_test::write_file(*recipe.tools,
+                          R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather.", )"
+                          R"("parameters": {"type": "object", "properties": {"location": {"type": "string"}}}}}])");
     recipe.tokenizer_dir = sft_tokenizer_dir();
     recipe.chat_template = text_test::source_dir() / "tests/data/chat_templates/chatml-tools-generation.jinja";
     // The length: the median of the first 55 conversations' (the long prompts' are far longer), so that about half
@@ -76,7 +79,8 @@ struct SftFixture {
     tx::SftJsonlReader reader(recipe.jsonl, tx::SftJsonlOptions{recipe.tools});
     std::vector<tx::SftCutExample> out;
     for (tx::SftRecord record; reader.next(record);)
-      out.push_back(tx::cut_sft_example(tx::tokenize_sft(record, tokenizer, &*render), recipe.max_length, recipe.drop_overlong));
+      out.push_back(
+          tx::cut_sft_example(tx::tokenize_sft(record, tokenizer, &*render), recipe.max_length, recipe.drop_overlong));
     return out;
   }
 };
@@ -112,19 +116,23 @@ void check_same(const std::vector<tx::SftCutExample>& prepared, const std::vecto
 }
 
 int count_flag(const std::vector<tx::SftCutExample>& examples, std::uint32_t flag) {
-  return static_cast<int>(std::count_if(examples.begin(), examples.end(), [flag](const auto& e) { return (e.flags & flag) != 0; }));
+  return static_cast<int>(
+      std::count_if(examples.begin(), examples.end(), [flag](const auto& e) { return (e.flags & flag) != 0; }));
 }
 
 /// Files of `dir` whose name starts with '.' (the writer's temporaries).
 int temporaries(const std::filesystem::path& dir) {
   int found = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) found += entry.path().filename().string().starts_with(".");
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    found += entry.path().filename().string().starts_with(".");
   return found;
 }
 }  // namespace
 
-TEST_CASE("A prepared SFT file holds what a rank tokenizing the file itself gets, record for record, on any number of threads",
-          "[text][sft][prepare]") {
+TEST_CASE(
+    "A prepared SFT file holds what a rank tokenizing the file itself gets, record for record, on any number of "
+    "threads",
+    "[text][sft][prepare]") {
   SftFixture fixture;
   const auto expected = fixture.in_process();
   // The fixture reaches every rule: kept, truncated, untrained once cut (a prompt longer than the length).
@@ -155,7 +163,8 @@ TEST_CASE("A prepared SFT file holds what a rank tokenizing the file itself gets
   check_same(read_back(fixture.dir / "drop.sfttokens"), dropped_expected);
 }
 
-TEST_CASE("A prepared SFT file is keyed by every input: the file, tokenizer, template, tools and length rule", "[text][sft][prepare]") {
+TEST_CASE("A prepared SFT file is keyed by every input: the file, tokenizer, template, tools and length rule",
+          "[text][sft][prepare]") {
   SftFixture fixture;
   const auto tokenizer = tx::load_pretrained_tokenizer(fixture.recipe.tokenizer_dir);
   const auto digest = tx::sft_source_digest(fixture.recipe, tokenizer);
@@ -176,7 +185,9 @@ TEST_CASE("A prepared SFT file is keyed by every input: the file, tokenizer, tem
   CHECK(changed([](tx::SftRecipe& r) { r.max_length += 1; }) != digest);
   CHECK(changed([](tx::SftRecipe& r) { r.drop_overlong = true; }) != digest);
   CHECK(changed([](tx::SftRecipe& r) { r.tools.reset(); }) != digest);
-  CHECK(changed([&](tx::SftRecipe& r) { r.chat_template = text_test::source_dir() / "tests/data/chat_templates/qwen2.5.jinja"; }) != digest);
+  CHECK(changed([&](tx::SftRecipe& r) {
+          r.chat_template = text_test::source_dir() / "tests/data/chat_templates/qwen2.5.jinja";
+        }) != digest);
   CHECK(changed([](tx::SftRecipe& r) { r.chat_template.reset(); }) != digest);
   // The same bytes under another name are another tools file's digest only if the bytes differ.
   const auto tools_copy = fixture.dir / "tools-copy.json";
@@ -185,15 +196,21 @@ TEST_CASE("A prepared SFT file is keyed by every input: the file, tokenizer, tem
   text_test::write_file(tools_copy, text_test::read_file(tools_copy) + " ");
   CHECK(changed([&](tx::SftRecipe& r) { r.tools = tools_copy; }) != digest);
   // Another tokenizer directory: another tokenizer.json.
-  CHECK(tx::sft_source_digest(fixture.recipe, tx::load_pretrained_tokenizer(sft_tokenizer_dir().parent_path() / "plain")) != digest);
+  CHECK(tx::sft_source_digest(fixture.recipe,
+                              tx::load_pretrained_tokenizer(sft_tokenizer_dir().parent_path() / "plain")) != digest);
   // The JSONL file edited (a line more): another digest, and the old file is not taken for it.
-  { std::ofstream(fixture.recipe.jsonl, std::ios::app) << R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})" << "\n"; }
+  {
+    std::ofstream(fixture.recipe.jsonl, std::ios::app)
+        << R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})"
+        << "\n";
+  }
   const auto edited = tx::sft_source_digest(fixture.recipe, tokenizer);
   CHECK(edited != digest);
   CHECK_FALSE(tx::sft_tokens_prepared(file, edited, tokenizer));
 }
 
-TEST_CASE("A malformed prepared SFT file is refused naming the file, the place and the reason", "[text][sft][prepare]") {
+TEST_CASE("A malformed prepared SFT file is refused naming the file, the place and the reason",
+          "[text][sft][prepare]") {
   SftFixture fixture;
   const auto file = fixture.dir / "good.sfttokens";
   const auto result = tx::prepare_sft_tokens(fixture.recipe, file, 2);
@@ -204,14 +221,16 @@ TEST_CASE("A malformed prepared SFT file is refused naming the file, the place a
   auto refused = [&](std::string bytes, const std::string& message) {
     text_test::write_file(bad, bytes);
     CAPTURE(message);
-    CHECK_THROWS_WITH(tx::SftTokensFile(bad), Catch::StartsWith("[hpctrain.runtime.text.sft_tokens] " + bad.string() + ": " + message));
+    CHECK_THROWS_WITH(tx::SftTokensFile(bad),
+                      Catch::StartsWith("[hpctrain.runtime.text.sft_tokens] " + bad.string() + ": " + message));
   };
   refused(good.substr(0, 40), "header: 40 bytes is shorter than the 64-byte header");
   refused("HPCTOKEN" + good.substr(8), "header: no \"HPCSFTOK\" magic");
   auto version = good;
   version[8] = 2;
   refused(version, "header: version 2 (this hpctrain reads version 1)");
-  refused(good.substr(0, good.size() - 1), fmt::format("header: {} records and {} tokens need", result.records, tokens));
+  refused(good.substr(0, good.size() - 1),
+          fmt::format("header: {} records and {} tokens need", result.records, tokens));
   auto id = good;
   for (int k = 0; k < 4; ++k) id[64 + 4 * 3 + k] = static_cast<char>(0x7F);  // id 3: 0x7F7F7F7F
   refused(id, "id 3: 2139062143 is outside the vocabulary of 400");
@@ -230,10 +249,12 @@ TEST_CASE("A malformed prepared SFT file is refused naming the file, the place a
   CHECK_FALSE(tx::sft_tokens_prepared(bad, tx::sft_source_digest(fixture.recipe, tokenizer), tokenizer));
 }
 
-TEST_CASE("A preparation that fails on a bad record names its line and leaves no file, not even a temporary", "[text][sft][prepare]") {
+TEST_CASE("A preparation that fails on a bad record names its line and leaves no file, not even a temporary",
+          "[text][sft][prepare]") {
   SftFixture fixture;
   {
-    std::ofstream(fixture.recipe.jsonl, std::ios::app) << R"({"messages": [{"role": "user", "content": "no reply"}]})" << "\n";
+    std::ofstream(fixture.recipe.jsonl, std::ios::app) << R"({"messages": [{"role": "user", "content": "no reply"}]})"
+                                                       << "\n";
   }
   const auto out = fixture.dir / "out" / "x.sfttokens";
   CHECK_THROWS_WITH(tx::prepare_sft_tokens(fixture.recipe, out, 3, 4),

@@ -85,7 +85,9 @@ inline std::filesystem::path trained_tokenizer(const std::string& command_name, 
 inline std::filesystem::path fortunes_tokenizer() { return trained_tokenizer("train", "fortunes-bpe.json"); }
 
 /// Llama 3 shaped: Split(Llama 3's regex) then ByteLevel(use_regex=false), ignore_merges, two specials.
-inline std::filesystem::path fortunes_split_tokenizer() { return trained_tokenizer("train-split", "fortunes-bpe-split.json"); }
+inline std::filesystem::path fortunes_split_tokenizer() {
+  return trained_tokenizer("train-split", "fortunes-bpe-split.json");
+}
 
 /// GPT-2's ranks (scripts/setup extracts them from the openai-whisper sdist).
 inline std::filesystem::path gpt2_ranks() {
@@ -131,28 +133,31 @@ inline std::vector<std::string> hostile_strings() {
   std::vector<std::string> strings = {
       "",
       " ",
-      "e\xCC\x81t\xC3\xA9 a\xCC\x8A\xCC\x81",                                       // combining marks
-      "\xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA7 family",  // emoji ZWJ
+      "e\xCC\x81t\xC3\xA9 a\xCC\x8A\xCC\x81",                                                   // combining marks
+      "\xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA7 family",        // emoji ZWJ
       "\xE6\xBC\xA2\xE5\xAD\x97\xE3\x81\xA8\xE3\x81\x8B\xE3\x81\xAA \xED\x95\x9C\xEA\xB8\x80",  // CJK, Hangul
-      "\xD7\xA9\xD7\x9C\xD7\x95\xD7\x9D \xD8\xB3\xD9\x84\xD8\xA7\xD9\x85 \xE2\x80\x8F!",      // RTL, RLM
+      "\xD7\xA9\xD7\x9C\xD7\x95\xD7\x9D \xD8\xB3\xD9\x84\xD8\xA7\xD9\x85 \xE2\x80\x8F!",        // RTL, RLM
       "line one\r\nline two\r\n\r\n",
       "\ttab\t\tand  spaces   \t ",
       std::string("nul\0inside\0", 11),
       "\xFF\xFE invalid \xC3 utf8 \xE2\x82 end \xF0\x9F",  // invalid UTF-8
       "\x80\x80\x80",
-      "a\xC0\xAF" "b\xED\xA0\x80" "c",                     // overlong, surrogate
+      "a\xC0\xAF"
+      "b\xED\xA0\x80"
+      "c",  // overlong, surrogate
       std::string(10000, 'a'),
       std::string(10000, ' '),
       "I's it't we're they've I'm we'll he'd",
       "I'S IT'T WE'RE THEY'VE I'M WE'LL HE'D",
       "don't DON'T Don'T 'tis ''s",
       "numbers 1234567 3.14159 1,000,000 \xD9\xA3\xD9\xA4",
-      "next\xC2\x85line no\xC2\xA0" "break \xE3\x80\x80ideographic",  // U+0085, U+00A0, U+3000
+      "next\xC2\x85line no\xC2\xA0"
+      "break \xE3\x80\x80ideographic",  // U+0085, U+00A0, U+3000
       "trailing spaces   \n   ",
       "   leading",
       "<|endoftext|> between <|endoftext|>",
       "x<|endoftext|>y <|endoftext",
-      "\xFF<|endoftext|>\xFE x\xC3<|endoftext|>",                       // invalid bytes around a special token
+      "\xFF<|endoftext|>\xFE x\xC3<|endoftext|>",  // invalid bytes around a special token
       "\xE2\x80\xA8sep\xE2\x80\xA9para",
       "ﬁ ligature ＡＢＣ fullwidth \xF0\x9D\x90\x80 math",
   };

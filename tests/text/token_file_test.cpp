@@ -26,7 +26,8 @@ std::vector<TokenId> ids_in(const std::filesystem::path& file) {
   std::vector<TokenId> ids;
   for (std::size_t i = hpctrain::text::token_file_header_size; i + width <= content.size(); i += width) {
     TokenId id = 0;
-    for (std::size_t k = 0; k < width; ++k) id |= static_cast<TokenId>(static_cast<unsigned char>(content[i + k])) << (8 * k);
+    for (std::size_t k = 0; k < width; ++k)
+      id |= static_cast<TokenId>(static_cast<unsigned char>(content[i + k])) << (8 * k);
     ids.push_back(id);
   }
   return ids;
@@ -55,12 +56,14 @@ std::vector<std::filesystem::path> some_fortunes() {
 
 }  // namespace
 
-TEST_CASE("prepare_tokens writes every fortune, ended by <|endoftext|>, split by document with a fixed seed", "[prepare]") {
+TEST_CASE("prepare_tokens writes every fortune, ended by <|endoftext|>, split by document with a fixed seed",
+          "[prepare]") {
   const auto dir = text_test::scratch("prepare-fortunes");
   const auto tokenizer = hpctrain::text::load_huggingface_tokenizer(text_test::fortunes_tokenizer());
   const auto inputs = some_fortunes();
   const auto result = hpctrain::text::prepare_tokens(
-      inputs, tokenizer, dir, hpctrain::text::PrepareOptions().validation_fraction(0.2).chunk_bytes(64 << 10).threads(3));
+      inputs, tokenizer, dir,
+      hpctrain::text::PrepareOptions().validation_fraction(0.2).chunk_bytes(64 << 10).threads(3));
   const TokenId end_of_text = *tokenizer.token_id("<|endoftext|>");
 
   std::vector<std::string> entries;
@@ -95,7 +98,8 @@ TEST_CASE("prepare_tokens writes the same bytes whatever the thread count and ch
   const auto one = text_test::scratch("prepare-one-thread");
   const auto four = text_test::scratch("prepare-four-threads");
   hpctrain::text::prepare_tokens(inputs, tokenizer, one, hpctrain::text::PrepareOptions().threads(1));
-  hpctrain::text::prepare_tokens(inputs, tokenizer, four, hpctrain::text::PrepareOptions().threads(4).chunk_bytes(10000));
+  hpctrain::text::prepare_tokens(inputs, tokenizer, four,
+                                 hpctrain::text::PrepareOptions().threads(4).chunk_bytes(10000));
   CHECK(text_test::read_file(one / "train.tokens") == text_test::read_file(four / "train.tokens"));
   CHECK(text_test::read_file(one / "val.tokens") == text_test::read_file(four / "val.tokens"));
 }
@@ -128,7 +132,8 @@ TEST_CASE("A failed preparation leaves the previous token files and no temporari
   CHECK(error_of([&] { hpctrain::text::prepare_tokens(with_missing, tokenizer, dir); }) ==
         fmt::format("[hpctrain.runtime.text.prepare] {}: not a readable file", (dir / "missing.txt").string()));
   CHECK(error_of([&] {
-          hpctrain::text::prepare_tokens(inputs, tokenizer, dir, hpctrain::text::PrepareOptions().end_of_text("<|nope|>"));
+          hpctrain::text::prepare_tokens(inputs, tokenizer, dir,
+                                         hpctrain::text::PrepareOptions().end_of_text("<|nope|>"));
         }) == fmt::format("[hpctrain.runtime.text.prepare] {}: has no token \"<|nope|>\" to end documents with",
                           text_test::gpt2_ranks().string()));
   CHECK(text_test::read_file(dir / "train.tokens") == before);
@@ -150,10 +155,12 @@ TEST_CASE("A token-file header that is wrong is refused, naming the file and the
   };
   const std::string prefix = "[hpctrain.runtime.text.token_file] some/train.tokens: ";
   CHECK(parse(good, good_size) == "(no error)");
-  CHECK(parse(good, good_size + 1) == prefix + "the header counts 10 tokens of 2 bytes but the file holds 21 bytes after it");
+  CHECK(parse(good, good_size + 1) ==
+        prefix + "the header counts 10 tokens of 2 bytes but the file holds 21 bytes after it");
   CHECK(parse(good, 30) == prefix + "30 bytes is shorter than the 64-byte header");
   CHECK(parse(good, good_size, {0x1234, std::nullopt}) ==
-        prefix + "made by the tokenizer with fingerprint 0000000000abcdef, expected 0000000000001234 (another tokenizer)");
+        prefix +
+            "made by the tokenizer with fingerprint 0000000000abcdef, expected 0000000000001234 (another tokenizer)");
   CHECK(parse(good, good_size, {std::nullopt, 4}) == prefix + "2 bytes per token, expected 4");
   auto bad_magic = good;
   bad_magic[0] = 'X';

@@ -46,9 +46,9 @@ TEST_CASE("tokenize's command line puts each flag in its field", "[tool]") {
   CHECK(decode.action == Action::decode);
   CHECK(decode.files.empty());  // stdin
 
-  const auto prepare = parse({"prepare", "--tokenizer", "t.json", "--out", "data", "--documents", "paragraphs",
-                              "--validation", "0.25", "--seed", "7", "--threads", "3", "--end-of-text", "</s>",
-                              "x.txt"});
+  const auto prepare =
+      parse({"prepare", "--tokenizer", "t.json", "--out", "data", "--documents", "paragraphs", "--validation", "0.25",
+             "--seed", "7", "--threads", "3", "--end-of-text", "</s>", "x.txt"});
   CHECK(prepare.action == Action::prepare);
   CHECK(prepare.out == "data");
   CHECK(prepare.files == std::vector<std::filesystem::path>{"x.txt"});

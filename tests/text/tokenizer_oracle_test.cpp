@@ -77,7 +77,8 @@ TEST_CASE("A Llama 3 shaped tokenizer.json (Split regex, ignore_merges) encodes 
 
 TEST_CASE("A tokenizer.json encodes hostile strings as HF does, in both merge forms and both pre-tokenizer shapes",
           "[oracle][hf]") {
-  const auto file = GENERATE(text_test::fortunes_tokenizer(), string_merges_variant(), text_test::fortunes_split_tokenizer());
+  const auto file =
+      GENERATE(text_test::fortunes_tokenizer(), string_merges_variant(), text_test::fortunes_split_tokenizer());
   CAPTURE(file);
   check_against_oracle(hpctrain::text::load_huggingface_tokenizer(file), "hf", file, text_test::hostile_strings(), true,
                        "hf-hostile");
@@ -89,7 +90,8 @@ TEST_CASE("GPT-2's tiktoken ranks encode the whole fortunes corpus as tiktoken d
                        "tiktoken-fortunes");
 }
 
-TEST_CASE("GPT-2's ranks encode hostile strings as tiktoken does, special tokens only when allowed", "[oracle][tiktoken]") {
+TEST_CASE("GPT-2's ranks encode hostile strings as tiktoken does, special tokens only when allowed",
+          "[oracle][tiktoken]") {
   const auto file = text_test::gpt2_ranks();
   const auto tokenizer = hpctrain::text::load_tiktoken(file);
   check_against_oracle(tokenizer, "tiktoken", file, text_test::hostile_strings(), false, "tiktoken-hostile");

@@ -60,7 +60,8 @@ TEST_CASE("tokenize exits non-zero naming the file for a malformed tokenizer, 2 
     return;
   }
   const auto dir = text_test::scratch("tool-errors");
-  text_test::write_file(dir / "broken.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b\"]}}");
+  text_test::write_file(dir / "broken.json",
+                        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b\"]}}");
   CHECK(run_tool(fmt::format("encode --tokenizer {} < /dev/null 2> {}", (dir / "broken.json").string(),
                              (dir / "stderr.txt").string())) == 1);
   CHECK(text_test::read_file(dir / "stderr.txt") ==
@@ -79,7 +80,8 @@ TEST_CASE("tokenize prepare writes train.tokens and val.tokens and prints their 
   const auto dir = text_test::scratch("tool-prepare");
   REQUIRE(run_tool(fmt::format("prepare --tokenizer {} --out {} --threads 2 /usr/share/games/fortunes/computers "
                                "/usr/share/games/fortunes/science > {}",
-                               text_test::gpt2_ranks().string(), (dir / "out").string(), (dir / "stdout.txt").string())) == 0);
+                               text_test::gpt2_ranks().string(), (dir / "out").string(),
+                               (dir / "stdout.txt").string())) == 0);
   const auto output = text_test::read_file(dir / "stdout.txt");
   CAPTURE(output);
   const auto header = [&](const char* name) {

@@ -41,13 +41,15 @@ namespace {
 const fs::path fashion = "/usr/share/datasets/fashion-mnist";
 
 void write_bytes(const fs::path& path, const std::vector<unsigned char>& bytes) {
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
 
 }  // namespace
 
 TEST_CASE("The Fashion-MNIST test files read as 10,000 images in [0, 1] with 1,000 labels per class", "[idx]") {
-  const auto dataset = hpctrain::data::load_idx(fashion / "t10k-images-idx3-ubyte.gz", fashion / "t10k-labels-idx1-ubyte.gz");
+  const auto dataset =
+      hpctrain::data::load_idx(fashion / "t10k-images-idx3-ubyte.gz", fashion / "t10k-labels-idx1-ubyte.gz");
   CHECK(dataset.inputs.sizes() == torch::IntArrayRef({10000, 1, 28, 28}));
   CHECK(dataset.targets.sizes() == torch::IntArrayRef({10000}));
   CHECK(dataset.inputs.min().item<float>() == 0.0f);
@@ -89,7 +91,8 @@ TEST_CASE("Images and labels of different counts are rejected naming both files"
   write_bytes(dir / "images", {0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 1, 5, 6});
   write_bytes(dir / "labels", {0, 0, 8, 1, 0, 0, 0, 3, 0, 1, 2});
   CHECK(train_test::run_error([&] { hpctrain::data::load_idx(dir / "images", dir / "labels"); }) ==
-        fmt::format("[hpctrain.runtime.data.idx] {} holds 2 images but {} holds 3 labels", (dir / "images").string(), (dir / "labels").string()));
+        fmt::format("[hpctrain.runtime.data.idx] {} holds 2 images but {} holds 3 labels", (dir / "images").string(),
+                    (dir / "labels").string()));
 }
 
 TEST_CASE("The distributed sampler deals each epoch's permutation to the ranks without overlap", "[sampler]") {
@@ -114,7 +117,8 @@ TEST_CASE("The distributed sampler deals each epoch's permutation to the ranks w
 }
 
 TEST_CASE("A sampler rank outside the world is a spec error", "[sampler]") {
-  CHECK(train_test::run_error([] { hpctrain::data::DistributedSampler(10, 2, 2, 0); }) == "[hpctrain.spec.sampler.rank] sampler.rank = 2: must be in [0, 2)");
+  CHECK(train_test::run_error([] { hpctrain::data::DistributedSampler(10, 2, 2, 0); }) ==
+        "[hpctrain.spec.sampler.rank] sampler.rank = 2: must be in [0, 2)");
 }
 
 TEST_CASE("A token file serves windows with targets shifted by one token", "[tokens]") {
@@ -122,31 +126,41 @@ TEST_CASE("A token file serves windows with targets shifted by one token", "[tok
   std::vector<std::uint16_t> tokens(1000);
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::uint16_t>(i * 7);
   std::ofstream(dir / "tokens.bin", std::ios::binary).write(reinterpret_cast<const char*>(tokens.data()), 2000);
-  const auto dataset = hpctrain::data::tokens(dir / "tokens.bin", 10, hpctrain::data::TokenFileOptions().raw_uint16()).load();
+  const auto dataset =
+      hpctrain::data::tokens(dir / "tokens.bin", 10, hpctrain::data::TokenFileOptions().raw_uint16()).load();
   CHECK(dataset->size() == 99);
   const auto batch = dataset->batch({3, 0});
   CHECK(torch::equal(batch.inputs[0], torch::arange(30, 40, torch::kInt64) * 7));
   CHECK(torch::equal(batch.targets[0], torch::arange(31, 41, torch::kInt64) * 7));
   CHECK(torch::equal(batch.inputs[1], torch::arange(0, 10, torch::kInt64) * 7));
   write_bytes(dir / "odd.bin", {1, 2, 3});
-  CHECK(train_test::run_error([&] { hpctrain::data::tokens(dir / "odd.bin", 4, hpctrain::data::TokenFileOptions().raw_uint16()).load(); }) ==
-        fmt::format("[hpctrain.runtime.data.tokens] {}: 3 bytes is not a uint16 token file", (dir / "odd.bin").string()));
+  CHECK(train_test::run_error([&] {
+          hpctrain::data::tokens(dir / "odd.bin", 4, hpctrain::data::TokenFileOptions().raw_uint16()).load();
+        }) == fmt::format("[hpctrain.runtime.data.tokens] {}: 3 bytes is not a uint16 token file",
+                          (dir / "odd.bin").string()));
   CHECK(train_test::run_error([&] { hpctrain::data::tokens(dir / "tokens.bin", 4).load(); }) ==
         fmt::format("[hpctrain.runtime.data.tokens] {}: no \"HPCTOKEN\" header (not made by prepare_tokens); for a raw "
-                    "nanoGPT uint16 .bin pass TokenFileOptions().raw_uint16()", (dir / "tokens.bin").string()));
+                    "nanoGPT uint16 .bin pass TokenFileOptions().raw_uint16()",
+                    (dir / "tokens.bin").string()));
 }
 
 TEST_CASE("The prefetcher hands out batches in order and passes on the producer's error", "[prefetch]") {
-  hpctrain::data::Prefetcher prefetcher([](std::int64_t k) {
-    if (k == 5) throw std::runtime_error("batch 5 is broken");
-    return hpctrain::data::Batch{torch::full({1}, k), torch::full({1}, -k)};
-  }, 2, 8);
+  hpctrain::data::Prefetcher prefetcher(
+      [](std::int64_t k) {
+        if (k == 5) throw std::runtime_error("batch 5 is broken");
+        return hpctrain::data::Batch{torch::full({1}, k), torch::full({1}, -k)};
+      },
+      2, 8);
   for (std::int64_t k = 2; k < 5; ++k) CHECK(prefetcher.next().inputs.item<std::int64_t>() == k);
   CHECK(train_test::run_error([&] { prefetcher.next(); }) == "batch 5 is broken");
 }
 
 TEST_CASE("The prefetcher refuses to hand out more batches than it was asked for", "[prefetch]") {
-  hpctrain::data::Prefetcher prefetcher([](std::int64_t k) { return hpctrain::data::Batch{torch::full({1}, k), {}}; }, 0, 1);
+  hpctrain::data::Prefetcher prefetcher(
+      [](std::int64_t k) {
+        return hpctrain::data::Batch{torch::full({1}, k), {}};
+      },
+      0, 1);
   CHECK(prefetcher.next().inputs.item<std::int64_t>() == 0);
   CHECK(train_test::run_error([&] { prefetcher.next(); }) == "Prefetcher::next: every batch was already taken");
 }
@@ -161,7 +175,8 @@ TEST_CASE("CRC-32C matches the standard check value", "[checkpoint]") {
   CHECK(hpctrain::detail::crc32c(ascending) == 0x46DD794Eu);
 }
 
-TEST_CASE("CRC-32C by the CPU's instruction equals the byte table at every length, offset and continuation", "[checkpoint]") {
+TEST_CASE("CRC-32C by the CPU's instruction equals the byte table at every length, offset and continuation",
+          "[checkpoint]") {
   CAPTURE(hpctrain::detail::crc32c_instruction_available());
   std::string bytes(4099, '\0');
   std::uint32_t state = 12345;
@@ -174,7 +189,8 @@ TEST_CASE("CRC-32C by the CPU's instruction equals the byte table at every lengt
             hpctrain::detail::crc32c_by_table(data + offset, size, 0xFFFFFFFFu));
     }
   // Continuing from a CRC equals the CRC of the whole.
-  CHECK(hpctrain::detail::crc32c(data + 1000, 3099, hpctrain::detail::crc32c(data, 1000)) == hpctrain::detail::crc32c(data, 4099));
+  CHECK(hpctrain::detail::crc32c(data + 1000, 3099, hpctrain::detail::crc32c(data, 1000)) ==
+        hpctrain::detail::crc32c(data, 4099));
 }
 
 namespace {
@@ -200,7 +216,8 @@ bool same_parameters(torch::nn::Module& a, torch::nn::Module& b) {
 
 namespace {
 /// What Replicated writes for rank 0, through the store's own steps: prepare, write_rank, commit.
-fs::path save(const hpctrain::CheckpointStore& store, Checkpointed& checkpointed, const hpctrain::CheckpointState& state) {
+fs::path save(const hpctrain::CheckpointStore& store, Checkpointed& checkpointed,
+              const hpctrain::CheckpointState& state) {
   store.prepare(state.step);
   torch::serialize::OutputArchive archive, model_archive, optimizer_archive;
   checkpointed.model->save(model_archive);
@@ -225,7 +242,8 @@ std::optional<hpctrain::CheckpointState> load_latest(const hpctrain::CheckpointS
 }
 }  // namespace
 
-TEST_CASE("A checkpoint directory restores model, optimizer state and position, and the newest K are kept", "[checkpoint]") {
+TEST_CASE("A checkpoint directory restores model, optimizer state and position, and the newest K are kept",
+          "[checkpoint]") {
   const auto dir = train_test::scratch("checkpoint-roundtrip");
   torch::manual_seed(1);
   Checkpointed original;
@@ -263,7 +281,8 @@ TEST_CASE("A checkpoint directory restores model, optimizer state and position, 
   CHECK(same_parameters(*original.model, *restored.model));
 }
 
-TEST_CASE("A torn or corrupt newest checkpoint is skipped with a warning and the previous one is used", "[checkpoint]") {
+TEST_CASE("A torn or corrupt newest checkpoint is skipped with a warning and the previous one is used",
+          "[checkpoint]") {
   auto [damage, file, reason] = GENERATE(table<std::string, std::string, std::string>({
       {"truncate", "rank-00000.hpct", "truncated: 132 of "},
       {"flip", "rank-00000.hpct", "corrupt: CRC-32C does not match meta.json"},
@@ -296,7 +315,8 @@ TEST_CASE("A torn or corrupt newest checkpoint is skipped with a warning and the
   REQUIRE(state);
   CHECK(state->step == 1);
   REQUIRE(warnings.size() == 1);
-  CHECK_THAT(warnings[0], Catch::StartsWith("warning: skipping checkpoint: [hpctrain.runtime.checkpoint] " + newest.string() + ": " + reason));
+  CHECK_THAT(warnings[0], Catch::StartsWith("warning: skipping checkpoint: [hpctrain.runtime.checkpoint] " +
+                                            newest.string() + ": " + reason));
   const auto parameters = restored.model->parameters();
   for (std::size_t i = 0; i < parameters.size(); ++i) CHECK(torch::equal(parameters[i], at_step_one[i]));
 }
@@ -306,7 +326,8 @@ TEST_CASE("A directory without checkpoints means a fresh start", "[checkpoint]")
   CHECK_FALSE(store.latest([](const std::string&) { FAIL("no warning expected"); }));
 }
 
-TEST_CASE("A staging directory left by an interrupted save is not a checkpoint and goes at the next commit", "[checkpoint]") {
+TEST_CASE("A staging directory left by an interrupted save is not a checkpoint and goes at the next commit",
+          "[checkpoint]") {
   const auto dir = train_test::scratch("checkpoint-staging");
   const hpctrain::CheckpointStore store(dir, 2);
   Checkpointed checkpointed;
@@ -318,8 +339,9 @@ TEST_CASE("A staging directory left by an interrupted save is not a checkpoint a
   CHECK(store.list().size() == 1);
 }
 
-TEST_CASE("A checkpoint piece is read back by element ranges: only the chunks a range overlaps, each checked by its CRC-32C",
-          "[checkpoint]") {
+TEST_CASE(
+    "A checkpoint piece is read back by element ranges: only the chunks a range overlaps, each checked by its CRC-32C",
+    "[checkpoint]") {
   constexpr auto chunk = hpctrain::PieceWriter::chunk_bytes;
   hpctrain::PieceWriter writer;
   const auto step = torch::tensor({7}, torch::kInt64);
@@ -327,7 +349,8 @@ TEST_CASE("A checkpoint piece is read back by element ranges: only the chunks a 
   CHECK(writer.add(step) == 0);
   CHECK(writer.add(values) == 1);
   std::string region = writer.bytes();
-  const auto index = hpctrain::detail::PieceIndex::parse(writer.index().dump(), static_cast<std::int64_t>(region.size()), "f.hpct");
+  const auto index =
+      hpctrain::detail::PieceIndex::parse(writer.index().dump(), static_cast<std::int64_t>(region.size()), "f.hpct");
   REQUIRE(index.pieces.size() == 2);
   CHECK(index.pieces[1].crcs.size() == 4);
   std::int64_t bytes_read = 0;
@@ -339,7 +362,8 @@ TEST_CASE("A checkpoint piece is read back by element ranges: only the chunks a 
   const auto part = hpctrain::detail::read_piece_range(index, read, 1, 100000, 300000, "f.hpct");
   CHECK(torch::equal(part, values.narrow(0, 100000, 300000)));
   // At most one chunk beyond the range on each side (the chunks it overlaps, counted from the piece's start).
-  WARN(fmt::format("read {} bytes for {} asked (bound: asked + 2 chunks = {})", bytes_read, 300000 * 4, 300000 * 4 + 2 * chunk));
+  WARN(fmt::format("read {} bytes for {} asked (bound: asked + 2 chunks = {})", bytes_read, 300000 * 4,
+                   300000 * 4 + 2 * chunk));
   CHECK(bytes_read <= 300000 * 4 + 2 * chunk);
   CHECK(bytes_read == 2 * chunk);
   CHECK(torch::equal(hpctrain::detail::read_piece_range(index, read, 0, 0, 1, "f.hpct"), step));
@@ -347,22 +371,32 @@ TEST_CASE("A checkpoint piece is read back by element ranges: only the chunks a 
   // A byte flipped in the piece's second chunk: a range inside the first still reads; one that overlaps it is refused.
   region[static_cast<std::size_t>(index.pieces[1].offset + chunk + 3)] ^= 0x10;
   CHECK(torch::equal(hpctrain::detail::read_piece_range(index, read, 1, 0, 1000, "f.hpct"), values.narrow(0, 0, 1000)));
-  CHECK(train_test::run_error([&] { hpctrain::detail::read_piece_range(index, read, 1, chunk / 4 - 1, 2, "f.hpct"); }) ==
-        fmt::format("[hpctrain.runtime.checkpoint] f.hpct: corrupt: piece 1, bytes [{}, {}) of its {}: CRC-32C does not match", chunk,
-                    2 * chunk, values.nbytes()));
-  CHECK(train_test::run_error([&] { hpctrain::detail::read_piece_range(index, read, 1, values.numel() - 1, 2, "f.hpct"); }) ==
-        fmt::format("[hpctrain.runtime.checkpoint] f.hpct: piece 1 holds {} elements, not [{}, {})", values.numel(), values.numel() - 1,
-                    values.numel() + 1));
+  CHECK(
+      train_test::run_error([&] { hpctrain::detail::read_piece_range(index, read, 1, chunk / 4 - 1, 2, "f.hpct"); }) ==
+      fmt::format(
+          "[hpctrain.runtime.checkpoint] f.hpct: corrupt: piece 1, bytes [{}, {}) of its {}: CRC-32C does not match",
+          chunk, 2 * chunk, values.nbytes()));
+  CHECK(train_test::run_error([&] {
+          hpctrain::detail::read_piece_range(index, read, 1, values.numel() - 1, 2, "f.hpct");
+        }) == fmt::format("[hpctrain.runtime.checkpoint] f.hpct: piece 1 holds {} elements, not [{}, {})",
+                          values.numel(), values.numel() - 1, values.numel() + 1));
   // An index that describes more bytes than the file holds after its archive: the file was cut short.
-  CHECK(train_test::run_error([&] { hpctrain::detail::PieceIndex::parse(writer.index().dump(), static_cast<std::int64_t>(region.size()) - 8, "f.hpct"); }) ==
-        fmt::format("[hpctrain.runtime.checkpoint] f.hpct: truncated: its pieces region has {} of {} bytes", region.size() - 8, region.size()));
+  CHECK(train_test::run_error([&] {
+          hpctrain::detail::PieceIndex::parse(writer.index().dump(), static_cast<std::int64_t>(region.size()) - 8,
+                                              "f.hpct");
+        }) == fmt::format("[hpctrain.runtime.checkpoint] f.hpct: truncated: its pieces region has {} of {} bytes",
+                          region.size() - 8, region.size()));
 }
 
 TEST_CASE("Replicated refuses a checkpoint written by another strategy, naming the field", "[checkpoint]") {
   hpctrain::Replicated replicated;
-  hpctrain::SavedStrategyState saved{2, "zero2", [](int) -> torch::serialize::InputArchive { FAIL("must not open"); return {}; }};
+  hpctrain::SavedStrategyState saved{2, "zero2", [](int) -> torch::serialize::InputArchive {
+                                       FAIL("must not open");
+                                       return {};
+                                     }};
   CHECK(train_test::run_error([&] { replicated.load(saved); }) ==
-        "[hpctrain.spec.checkpoint.strategy] checkpoint.strategy = zero2: the checkpoint was written by strategy 'zero2'; this run uses 'replicated'");
+        "[hpctrain.spec.checkpoint.strategy] checkpoint.strategy = zero2: the checkpoint was written by strategy "
+        "'zero2'; this run uses 'replicated'");
 }
 
 TEST_CASE("TensorBoard's own reader reads back our event file", "[tensorboard]") {
@@ -385,7 +419,8 @@ for tag in sorted(acc.Tags()["scalars"]):
 )";
   const auto output = dir / "read.txt";
   const char* configured = std::getenv("HPCTRAIN_PYTHON");
-  const std::string python = configured && *configured ? configured : std::string(std::getenv("HOME")) + "/.cache/hpctrain/venv/bin/python";
+  const std::string python =
+      configured && *configured ? configured : std::string(std::getenv("HOME")) + "/.cache/hpctrain/venv/bin/python";
   if (::access(python.c_str(), X_OK) != 0) {  // a skip with its reason, not a failure: the oracle is missing
     WARN("skipped: no Python with tensorboard at " << python << " (run scripts/setup, or set HPCTRAIN_PYTHON)");
     return;
@@ -402,14 +437,18 @@ for tag in sorted(acc.Tags()["scalars"]):
   REQUIRE(WEXITSTATUS(status) == 0);
   std::ifstream in(output);
   std::string expected;
-  for (int step = 1; step <= 5; ++step) expected += fmt::format("eval/accuracy {} {:.6f}\n", step * 10, static_cast<float>(0.5 + 0.1 * step));
-  for (int step = 1; step <= 5; ++step) expected += fmt::format("train/loss {} {:.6f}\n", step, static_cast<float>(1.0 / step));
+  for (int step = 1; step <= 5; ++step)
+    expected += fmt::format("eval/accuracy {} {:.6f}\n", step * 10, static_cast<float>(0.5 + 0.1 * step));
+  for (int step = 1; step <= 5; ++step)
+    expected += fmt::format("train/loss {} {:.6f}\n", step, static_cast<float>(1.0 / step));
   CHECK(std::string(std::istreambuf_iterator<char>(in), {}) == expected);
 }
 
-TEST_CASE("Warmup then cosine decay reaches the base rate after warmup and the final fraction at the end", "[schedule]") {
+TEST_CASE("Warmup then cosine decay reaches the base rate after warmup and the final fraction at the end",
+          "[schedule]") {
   const auto schedule = hpctrain::LrSchedule::warmup_cosine(10, 0.1);
-  auto [step, factor] = GENERATE(table<std::int64_t, double>({{0, 0.1}, {4, 0.5}, {9, 1.0}, {10, 1.0}, {60, 0.55}, {110, 0.1}, {200, 0.1}}));
+  auto [step, factor] = GENERATE(
+      table<std::int64_t, double>({{0, 0.1}, {4, 0.5}, {9, 1.0}, {10, 1.0}, {60, 0.55}, {110, 0.1}, {200, 0.1}}));
   CAPTURE(step);
   CHECK(schedule.factor(step, 110) == Approx(factor));
   CHECK(hpctrain::LrSchedule::constant().factor(step, 110) == 1.0);
@@ -417,7 +456,8 @@ TEST_CASE("Warmup then cosine decay reaches the base rate after warmup and the f
 
 TEST_CASE("Warmup then linear decay falls in a straight line from the base rate to the final fraction", "[schedule]") {
   const auto schedule = hpctrain::LrSchedule::warmup_linear(10, 0.1);
-  auto [step, factor] = GENERATE(table<std::int64_t, double>({{0, 0.1}, {4, 0.5}, {9, 1.0}, {10, 1.0}, {35, 0.775}, {60, 0.55}, {110, 0.1}, {200, 0.1}}));
+  auto [step, factor] = GENERATE(table<std::int64_t, double>(
+      {{0, 0.1}, {4, 0.5}, {9, 1.0}, {10, 1.0}, {35, 0.775}, {60, 0.55}, {110, 0.1}, {200, 0.1}}));
   CAPTURE(step);
   CHECK(schedule.factor(step, 110) == Approx(factor));
   CHECK(schedule.describe() == "warmup_linear(10, 0.1)");
@@ -447,16 +487,25 @@ hpctrain::Training valid_training() {
 TEST_CASE("An invalid training description names the field and the value", "[training]") {
   using hpctrain::Training;
   auto [broken, message] = GENERATE(table<std::function<void(Training&)>, std::string>({
-      {[](Training& t) { t = Training(); }, "[hpctrain.spec.training.model] training.model = none: a model factory is required: .model([] { return Net(); })"},
-      {[](Training& t) { t.batch_size(hpctrain::per_rank(0)); }, "[hpctrain.spec.training.batch_size] training.batch_size = 0: must be positive: .batch_size(hpctrain::per_rank(64))"},
+      {[](Training& t) { t = Training(); },
+       "[hpctrain.spec.training.model] training.model = none: a model factory is required: .model([] { return Net(); "
+       "})"},
+      {[](Training& t) { t.batch_size(hpctrain::per_rank(0)); },
+       "[hpctrain.spec.training.batch_size] training.batch_size = 0: must be positive: "
+       ".batch_size(hpctrain::per_rank(64))"},
       {[](Training& t) { t.epochs(-1); }, "[hpctrain.spec.training.epochs] training.epochs = -1: must be positive"},
-      {[](Training& t) { t.max_steps(0); }, "[hpctrain.spec.training.max_steps] training.max_steps = 0: must be positive"},
+      {[](Training& t) { t.max_steps(0); },
+       "[hpctrain.spec.training.max_steps] training.max_steps = 0: must be positive"},
       {[](Training& t) { t.lr(-0.5); }, "[hpctrain.spec.training.lr] training.lr = -0.5: must be positive"},
-      {[](Training& t) { t.clip_grad_norm(0); }, "[hpctrain.spec.training.clip_grad_norm] training.clip_grad_norm = 0: must be positive"},
-      {[](Training& t) { t.gradient_accumulation(0); }, "[hpctrain.spec.training.gradient_accumulation] training.gradient_accumulation = 0: must be at least 1"},
-      {[](Training& t) { t.log_every(0); }, "[hpctrain.spec.training.log_every] training.log_every = 0: must be at least 1"},
+      {[](Training& t) { t.clip_grad_norm(0); },
+       "[hpctrain.spec.training.clip_grad_norm] training.clip_grad_norm = 0: must be positive"},
+      {[](Training& t) { t.gradient_accumulation(0); },
+       "[hpctrain.spec.training.gradient_accumulation] training.gradient_accumulation = 0: must be at least 1"},
+      {[](Training& t) { t.log_every(0); },
+       "[hpctrain.spec.training.log_every] training.log_every = 0: must be at least 1"},
       {[](Training& t) { t.batch_size(hpctrain::global(10)).gradient_accumulation(4); },
-       "[hpctrain.spec.training.batch_size] training.batch_size = 10: a global batch must divide by gradient_accumulation (4)"},
+       "[hpctrain.spec.training.batch_size] training.batch_size = 10: a global batch must divide by "
+       "gradient_accumulation (4)"},
   }));
   auto training = valid_training();
   REQUIRE_NOTHROW(training.validate());
@@ -469,7 +518,8 @@ TEST_CASE("A global batch is split across ranks and accumulation steps, and must
   CHECK(training.micro_batch_per_rank(1) == 128);
   CHECK(training.micro_batch_per_rank(4) == 32);
   CHECK(train_test::run_error([&] { training.micro_batch_per_rank(3); }) ==
-        "[hpctrain.spec.training.batch_size] training.batch_size = 256: a global batch must divide by world size × gradient_accumulation (6)");
+        "[hpctrain.spec.training.batch_size] training.batch_size = 256: a global batch must divide by world size × "
+        "gradient_accumulation (6)");
   CHECK(valid_training().batch_size(hpctrain::per_rank(64)).micro_batch_per_rank(8) == 64);
 }
 

@@ -27,7 +27,8 @@ hpctrain::data::Source line_data(std::int64_t n) {
 }
 }  // namespace
 
-TEST_CASE("Factories take the knobs or the RunContext, and a hook at the end sees the trained model and the result", "[worker]") {
+TEST_CASE("Factories take the knobs or the RunContext, and a hook at the end sees the trained model and the result",
+          "[worker]") {
   const auto run_dir = train_test::scratch("factories");
   struct Seen {
     std::int64_t width = 0, rank = -1, world = 0;
@@ -39,35 +40,46 @@ TEST_CASE("Factories take the knobs or the RunContext, and a hook at the end see
     std::int64_t hook_parameters = 0;
   };
   auto seen = std::make_shared<Seen>();
-  auto training = hpctrain::Training()
-      .model([seen](const hpctrain::RunContext& run) {
-        seen->width = run.knobs.get<std::int64_t>("width");
-        seen->rank = run.rank;
-        seen->world = run.world_size;
-        seen->run_dir = run.run_dir;
-        return torch::nn::Sequential(torch::nn::Linear(1, seen->width), torch::nn::Linear(seen->width, 1));
-      })
-      .optimizer([seen](std::vector<torch::Tensor> parameters, const hpctrain::Knobs& knobs) {
-        seen->lr = knobs.get<double>("base_lr");
-        return torch::optim::SGD(parameters, torch::optim::SGDOptions(seen->lr));
-      })
-      .train_data([seen](const hpctrain::Knobs& knobs) {
-        seen->data_rows = knobs.get<std::int64_t>("rows");
-        return line_data(seen->data_rows);
-      })
-      .eval_data(line_data(32))
-      .loss([](const torch::Tensor& output, const torch::Tensor& target) { return torch::mse_loss(output, target); })
-      .batch_size(hpctrain::per_rank(16)).max_steps(30).eval_batch_size(32).threads(1).run_dir(run_dir)
-      .schedule([](const hpctrain::Knobs& knobs) { return hpctrain::LrSchedule::warmup_cosine(knobs.get<std::int64_t>("warmup"), 0.5); })
-      .knob<std::int64_t>("width", 4, "hidden width").knob<double>("base_lr", 0.05, "SGD rate")
-      .knob<std::int64_t>("rows", 64, "rows of data").knob<std::int64_t>("warmup", 2, "warmup steps")
-      .at_end([seen](const hpctrain::FinishContext& at_end) {
-        seen->hook_called = true;
-        seen->hook_loss = at_end.result.eval_loss.value_or(-1);
-        for (const auto& parameter : at_end.module.parameters()) seen->hook_parameters += parameter.numel();
-        CHECK_FALSE(at_end.module.is_training());
-      });
-  const auto knobs = hpctrain::parse_training_knobs(training, {"--width=6", "--base-lr=0.1", "--rows=48", "--warmup=3"});
+  auto training =
+      hpctrain::Training()
+          .model([seen](const hpctrain::RunContext& run) {
+            seen->width = run.knobs.get<std::int64_t>("width");
+            seen->rank = run.rank;
+            seen->world = run.world_size;
+            seen->run_dir = run.run_dir;
+            return torch::nn::Sequential(torch::nn::Linear(1, seen->width), torch::nn::Linear(seen->width, 1));
+          })
+          .optimizer([seen](std::vector<torch::Tensor> parameters, const hpctrain::Knobs& knobs) {
+            seen->lr = knobs.get<double>("base_lr");
+            return torch::optim::SGD(parameters, torch::optim::SGDOptions(seen->lr));
+          })
+          .train_data([seen](const hpctrain::Knobs& knobs) {
+            seen->data_rows = knobs.get<std::int64_t>("rows");
+            return line_data(seen->data_rows);
+          })
+          .eval_data(line_data(32))
+          .loss(
+              [](const torch::Tensor& output, const torch::Tensor& target) { return torch::mse_loss(output, target); })
+          .batch_size(hpctrain::per_rank(16))
+          .max_steps(30)
+          .eval_batch_size(32)
+          .threads(1)
+          .run_dir(run_dir)
+          .schedule([](const hpctrain::Knobs& knobs) {
+            return hpctrain::LrSchedule::warmup_cosine(knobs.get<std::int64_t>("warmup"), 0.5);
+          })
+          .knob<std::int64_t>("width", 4, "hidden width")
+          .knob<double>("base_lr", 0.05, "SGD rate")
+          .knob<std::int64_t>("rows", 64, "rows of data")
+          .knob<std::int64_t>("warmup", 2, "warmup steps")
+          .at_end([seen](const hpctrain::FinishContext& at_end) {
+            seen->hook_called = true;
+            seen->hook_loss = at_end.result.eval_loss.value_or(-1);
+            for (const auto& parameter : at_end.module.parameters()) seen->hook_parameters += parameter.numel();
+            CHECK_FALSE(at_end.module.is_training());
+          });
+  const auto knobs =
+      hpctrain::parse_training_knobs(training, {"--width=6", "--base-lr=0.1", "--rows=48", "--warmup=3"});
   const auto configured = hpctrain::with_knobs(training, knobs);
   CHECK(configured.schedule().factor(0, 30) == Approx(1.0 / 3.0));  // warmup_cosine(3, ...) from the knob
   const auto result = hpctrain::train(configured, hpctrain::slurm::World{});
@@ -87,11 +99,20 @@ TEST_CASE("Factories take the knobs or the RunContext, and a hook at the end see
 TEST_CASE("evaluate_at_start evaluates the model as it starts, before the first step", "[worker]") {
   const auto run_dir = train_test::scratch("evaluate-at-start");
   auto training = hpctrain::Training()
-      .model([] { return torch::nn::Linear(1, 1); })
-      .optimizer([](std::vector<torch::Tensor> parameters) { return torch::optim::SGD(parameters, torch::optim::SGDOptions(0.1)); })
-      .train_data(line_data(64)).eval_data(line_data(32))
-      .loss([](const torch::Tensor& output, const torch::Tensor& target) { return torch::mse_loss(output, target); })
-      .batch_size(hpctrain::per_rank(16)).max_steps(20).threads(1).run_dir(run_dir).evaluate_at_start(true);
+                      .model([] { return torch::nn::Linear(1, 1); })
+                      .optimizer([](std::vector<torch::Tensor> parameters) {
+                        return torch::optim::SGD(parameters, torch::optim::SGDOptions(0.1));
+                      })
+                      .train_data(line_data(64))
+                      .eval_data(line_data(32))
+                      .loss([](const torch::Tensor& output, const torch::Tensor& target) {
+                        return torch::mse_loss(output, target);
+                      })
+                      .batch_size(hpctrain::per_rank(16))
+                      .max_steps(20)
+                      .threads(1)
+                      .run_dir(run_dir)
+                      .evaluate_at_start(true);
   const auto result = hpctrain::train(training, hpctrain::slurm::World{});
   REQUIRE(result.eval_loss_at_start);
   REQUIRE(result.eval_loss);
@@ -102,32 +123,47 @@ TEST_CASE("Login checks of the data factories and of login_check see the parsed 
   struct CheckedData {
     hpctrain::data::Source operator()(const hpctrain::Knobs&) const { return line_data(8); }
     void check_at_login(const hpctrain::Knobs& knobs) const {
-      if (knobs.get<std::string>("file") == "missing.jsonl") throw hpctrain::SpecError(hpctrain::errors::spec_knob, "--file = missing.jsonl", "no such file");
+      if (knobs.get<std::string>("file") == "missing.jsonl")
+        throw hpctrain::SpecError(hpctrain::errors::spec_knob, "--file = missing.jsonl", "no such file");
     }
   };
   std::vector<std::string> checked;
-  auto training = hpctrain::Training()
-      .model([] { return torch::nn::Linear(1, 1); })
-      .optimizer([](std::vector<torch::Tensor> parameters) { return torch::optim::SGD(parameters, torch::optim::SGDOptions(0.1)); })
-      .train_data(CheckedData{}).batch_size(hpctrain::per_rank(4)).max_steps(1)
-      .knob<std::string>("file", "data.jsonl", "a data file")
-      .login_check([&checked](const hpctrain::Knobs& knobs) { checked.push_back(knobs.get<std::string>("file")); });
+  auto training =
+      hpctrain::Training()
+          .model([] { return torch::nn::Linear(1, 1); })
+          .optimizer([](std::vector<torch::Tensor> parameters) {
+            return torch::optim::SGD(parameters, torch::optim::SGDOptions(0.1));
+          })
+          .train_data(CheckedData{})
+          .batch_size(hpctrain::per_rank(4))
+          .max_steps(1)
+          .knob<std::string>("file", "data.jsonl", "a data file")
+          .login_check([&checked](const hpctrain::Knobs& knobs) { checked.push_back(knobs.get<std::string>("file")); });
   training.check_at_login(hpctrain::parse_training_knobs(training, {"--file=data.jsonl"}));
   CHECK(checked == std::vector<std::string>{"data.jsonl"});
   CHECK_THROWS_WITH(training.check_at_login(hpctrain::parse_training_knobs(training, {"--file=missing.jsonl"})),
                     "[hpctrain.spec.knob] --file = missing.jsonl: no such file");
 }
 
-TEST_CASE("The built-in knobs --precision --log-every --eval-every --max-eval-examples --checkpoint-every replace the description's values", "[worker]") {
+TEST_CASE(
+    "The built-in knobs --precision --log-every --eval-every --max-eval-examples --checkpoint-every replace the "
+    "description's values",
+    "[worker]") {
   auto training = hpctrain::Training()
-      .model([] { return torch::nn::Linear(1, 1); })
-      .optimizer([](std::vector<torch::Tensor> parameters) { return torch::optim::SGD(parameters, torch::optim::SGDOptions(0.1)); })
-      .train_data(line_data(8)).batch_size(hpctrain::per_rank(4)).max_steps(1).precision(hpctrain::auto_precision);
+                      .model([] { return torch::nn::Linear(1, 1); })
+                      .optimizer([](std::vector<torch::Tensor> parameters) {
+                        return torch::optim::SGD(parameters, torch::optim::SGDOptions(0.1));
+                      })
+                      .train_data(line_data(8))
+                      .batch_size(hpctrain::per_rank(4))
+                      .max_steps(1)
+                      .precision(hpctrain::auto_precision);
   const auto defaults = hpctrain::with_knobs(training, hpctrain::parse_training_knobs(training, {}));
   CHECK(defaults.precision() == hpctrain::auto_precision);
   CHECK(defaults.log_every() == 50);
   const auto given = hpctrain::with_knobs(
-      training, hpctrain::parse_training_knobs(training, {"--precision=bf16", "--log-every=3", "--eval-every=7", "--max-eval-examples=500", "--checkpoint-every=11"}));
+      training, hpctrain::parse_training_knobs(training, {"--precision=bf16", "--log-every=3", "--eval-every=7",
+                                                          "--max-eval-examples=500", "--checkpoint-every=11"}));
   CHECK(given.precision() == hpctrain::bf16);
   CHECK(given.log_every() == 3);
   CHECK(given.eval_every() == 7);
@@ -141,7 +177,8 @@ TEST_CASE("The built-in knobs --precision --log-every --eval-every --max-eval-ex
   CHECK(hpctrain::resolve_precision(hpctrain::auto_precision, torch::Device(torch::kCUDA)) == hpctrain::bf16);
 }
 
-TEST_CASE("LoRA trains the same adapters under Replicated and ZeRO-1/2/3, and leaves the base weights untouched", "[worker][lora]") {
+TEST_CASE("LoRA trains the same adapters under Replicated and ZeRO-1/2/3, and leaves the base weights untouched",
+          "[worker][lora]") {
   // A tiny Llama on random next-token data: every strategy must skip the frozen base in buckets and shards. At one
   // rank Training::sharding trains as Replicated (ShardedAtOneRank): the stages' own strategies are made as given,
   // with Training::strategy, and the stage chosen by sharding() runs too.
@@ -153,42 +190,56 @@ TEST_CASE("LoRA trains the same adapters under Replicated and ZeRO-1/2/3, and le
   const auto run = [&](std::optional<hpctrain::ZeroStage> stage, const std::string& name) {
     auto kept = std::make_shared<std::shared_ptr<torch::nn::Module>>();
     auto initial = std::make_shared<std::map<std::string, torch::Tensor>>();
-    auto training = hpctrain::Training()
-        .model([kept, initial] {
-          hpctrain::models::LlamaConfig config;
-          config.vocab_size = 50, config.hidden_size = 16, config.intermediate_size = 32, config.num_hidden_layers = 2;
-          config.num_attention_heads = 2;
-          hpctrain::models::Llama model(config);
-          *kept = model.ptr();
-          for (const auto& item : model->named_parameters()) (*initial)[item.key()] = item.value().detach().clone();
-          return model;
-        })
-        .optimizer([](std::vector<torch::Tensor> parameters) { return torch::optim::AdamW(parameters, torch::optim::AdamWOptions(1e-2)); })
-        .train_data(data())
-        .loss([](const torch::Tensor& logits, const torch::Tensor& targets) {
-          return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
-        })
-        .lora(hpctrain::models::LoraConfig{4, 8, 0.0, {"q_proj", "v_proj", "up_proj"}, false})
-        .batch_size(hpctrain::per_rank(8)).max_steps(6).threads(1).seed(4).clip_grad_norm(1.0).run_dir(train_test::scratch("lora-" + name));
+    auto training =
+        hpctrain::Training()
+            .model([kept, initial] {
+              hpctrain::models::LlamaConfig config;
+              config.vocab_size = 50, config.hidden_size = 16, config.intermediate_size = 32,
+              config.num_hidden_layers = 2;
+              config.num_attention_heads = 2;
+              hpctrain::models::Llama model(config);
+              *kept = model.ptr();
+              for (const auto& item : model->named_parameters()) (*initial)[item.key()] = item.value().detach().clone();
+              return model;
+            })
+            .optimizer([](std::vector<torch::Tensor> parameters) {
+              return torch::optim::AdamW(parameters, torch::optim::AdamWOptions(1e-2));
+            })
+            .train_data(data())
+            .loss([](const torch::Tensor& logits, const torch::Tensor& targets) {
+              return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+            })
+            .lora(hpctrain::models::LoraConfig{4, 8, 0.0, {"q_proj", "v_proj", "up_proj"}, false})
+            .batch_size(hpctrain::per_rank(8))
+            .max_steps(6)
+            .threads(1)
+            .seed(4)
+            .clip_grad_norm(1.0)
+            .run_dir(train_test::scratch("lora-" + name));
     if (stage && name == "zero3 at one rank") training.sharding(*stage);
     else if (stage) training.strategy(hpctrain::sharded(*stage));
     auto final_parameters = std::make_shared<std::map<std::string, torch::Tensor>>();
-    training.at_end([final_parameters](const hpctrain::FinishContext& at_end) {  // the whole model, gathered under ZeRO-3
-      for (const auto& item : at_end.module.named_parameters()) (*final_parameters)[item.key()] = item.value().detach().clone();
-    });
+    training.at_end(
+        [final_parameters](const hpctrain::FinishContext& at_end) {  // the whole model, gathered under ZeRO-3
+          for (const auto& item : at_end.module.named_parameters())
+            (*final_parameters)[item.key()] = item.value().detach().clone();
+        });
     const auto result = hpctrain::train(training, hpctrain::slurm::World{});
     REQUIRE(result.exit_code == hpctrain::exit_ok);
     std::map<std::string, torch::Tensor> parameters;
     for (const auto& item : (*kept)->named_parameters()) {
       parameters[item.key()] = final_parameters->at(item.key());
-      if (!hpctrain::models::is_lora_parameter(item.key())) CHECK(parameters[item.key()].equal(initial->at(item.key())));
+      if (!hpctrain::models::is_lora_parameter(item.key()))
+        CHECK(parameters[item.key()].equal(initial->at(item.key())));
     }
     return parameters;
   };
   const auto replicated = run(std::nullopt, "replicated");
-  for (const auto& [stage, name] : std::vector<std::pair<hpctrain::ZeroStage, std::string>>{
-           {hpctrain::zero1, "zero1"}, {hpctrain::zero2, "zero2"}, {hpctrain::zero3, "zero3"},
-           {hpctrain::zero3, "zero3 at one rank"}}) {
+  for (const auto& [stage, name] :
+       std::vector<std::pair<hpctrain::ZeroStage, std::string>>{{hpctrain::zero1, "zero1"},
+                                                                {hpctrain::zero2, "zero2"},
+                                                                {hpctrain::zero3, "zero3"},
+                                                                {hpctrain::zero3, "zero3 at one rank"}}) {
     CAPTURE(name);
     const auto sharded = run(stage, name);
     REQUIRE(sharded.size() == replicated.size());

@@ -27,7 +27,8 @@ struct Setup {
     return s;
   }
   std::vector<torch::optim::OptimizerParamGroup> groups(bool amsgrad) const {
-    auto decayed = std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(2e-2).weight_decay(0.1).amsgrad(amsgrad));
+    auto decayed = std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(2e-2).weight_decay(0.1).amsgrad(amsgrad));
     auto plain = std::make_unique<torch::optim::AdamWOptions>(
         torch::optim::AdamWOptions(5e-3).betas({0.8, 0.95}).eps(1e-6).weight_decay(0.0).amsgrad(amsgrad));
     return {torch::optim::OptimizerParamGroup(first, std::move(decayed)),
@@ -59,7 +60,8 @@ void run_steps(Optimizer& optimizer, const std::vector<torch::Tensor>& params, i
 
 }  // namespace
 
-TEST_CASE("FusedAdamW's parameters and state equal torch::optim::AdamW's after 20 steps, with and without AMSGrad", "[optimizer]") {
+TEST_CASE("FusedAdamW's parameters and state equal torch::optim::AdamW's after 20 steps, with and without AMSGrad",
+          "[optimizer]") {
   for (const bool amsgrad : {false, true}) {
     CAPTURE(amsgrad);
     auto reference = Setup::make();
@@ -73,8 +75,10 @@ TEST_CASE("FusedAdamW's parameters and state equal torch::optim::AdamW's after 2
     for (std::size_t i = 0; i < expected.size(); ++i) {
       CAPTURE(i);
       REQUIRE(torch::allclose(got[i], expected[i], 1e-6, 1e-7));
-      const auto& want = static_cast<const torch::optim::AdamWParamState&>(*reference_optimizer.state().at(expected[i].unsafeGetTensorImpl()));
-      const auto& have = static_cast<const torch::optim::AdamWParamState&>(*fused_optimizer.state().at(got[i].unsafeGetTensorImpl()));
+      const auto& want = static_cast<const torch::optim::AdamWParamState&>(
+          *reference_optimizer.state().at(expected[i].unsafeGetTensorImpl()));
+      const auto& have =
+          static_cast<const torch::optim::AdamWParamState&>(*fused_optimizer.state().at(got[i].unsafeGetTensorImpl()));
       REQUIRE(have.step() == want.step());
       REQUIRE(have.step() == (i == 2 ? 13 : 20));  // the third parameter had no gradient on 7 of the 20 steps
       REQUIRE(torch::allclose(have.exp_avg(), want.exp_avg(), 1e-6, 1e-8));
@@ -85,7 +89,9 @@ TEST_CASE("FusedAdamW's parameters and state equal torch::optim::AdamW's after 2
   }
 }
 
-TEST_CASE("A FusedAdamW state saved after 10 steps resumes in torch::optim::AdamW on the same parameters as 20 fused steps", "[optimizer]") {
+TEST_CASE(
+    "A FusedAdamW state saved after 10 steps resumes in torch::optim::AdamW on the same parameters as 20 fused steps",
+    "[optimizer]") {
   auto fused = Setup::make();
   hpctrain::FusedAdamW fused_optimizer(fused.groups(false));
   run_steps(fused_optimizer, fused.all(), 0, 10);
@@ -109,8 +115,9 @@ TEST_CASE("A FusedAdamW state saved after 10 steps resumes in torch::optim::Adam
   }
 }
 
-TEST_CASE("ht::adamw builds the examples' former optimizer: FusedAdamW on the CPU, matrices decayed, biases and 1-D not",
-          "[optimizer]") {
+TEST_CASE(
+    "ht::adamw builds the examples' former optimizer: FusedAdamW on the CPU, matrices decayed, biases and 1-D not",
+    "[optimizer]") {
   torch::manual_seed(3);
   const hpctrain::NamedParameters parameters = {{"linear.weight", torch::randn({4, 3}).requires_grad_()},
                                                 {"linear.bias", torch::randn({4}).requires_grad_()},
@@ -155,7 +162,8 @@ TEST_CASE("ht::adamw builds the examples' former optimizer: FusedAdamW on the CP
     ours->step();
     theirs.step();
   }
-  for (std::size_t i = 0; i < parameters.size(); ++i) REQUIRE(torch::equal(ours_parameters[i].second, theirs_parameters[i].second));
+  for (std::size_t i = 0; i < parameters.size(); ++i)
+    REQUIRE(torch::equal(ours_parameters[i].second, theirs_parameters[i].second));
 
   const auto unfused = hpctrain::adamw(1e-3).fused(false).decay_groups(false)(parameters, knobs);
   CHECK(dynamic_cast<hpctrain::FusedAdamW*>(unfused.get()) == nullptr);

@@ -21,8 +21,12 @@ namespace fs = std::filesystem;
 
 namespace {
 struct SmallNetImpl : torch::nn::Module {
-  torch::nn::Sequential layers{torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 8, 3).padding(1)), torch::nn::BatchNorm2d(8),
-                               torch::nn::ReLU(), torch::nn::MaxPool2d(4), torch::nn::Flatten(), torch::nn::Dropout(0.2),
+  torch::nn::Sequential layers{torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 8, 3).padding(1)),
+                               torch::nn::BatchNorm2d(8),
+                               torch::nn::ReLU(),
+                               torch::nn::MaxPool2d(4),
+                               torch::nn::Flatten(),
+                               torch::nn::Dropout(0.2),
                                torch::nn::Linear(8 * 7 * 7, 10)};
   SmallNetImpl() { register_module("layers", layers); }
   torch::Tensor forward(torch::Tensor x) { return layers->forward(x); }
@@ -67,7 +71,10 @@ SmallNet final_model(const fs::path& run_dir) {
 }
 }  // namespace
 
-TEST_CASE("A run signalled at step 11 stops at the next preemption check (step 20), and resumed ends bit-identical to an uninterrupted run", "[loop]") {
+TEST_CASE(
+    "A run signalled at step 11 stops at the next preemption check (step 20), and resumed ends bit-identical to an "
+    "uninterrupted run",
+    "[loop]") {
   TRAIN_TEST_REQUIRE_FASHION();
   const hpctrain::slurm::World world;  // rank 0 of 1
   const auto straight_dir = train_test::scratch("resume-straight");
@@ -107,7 +114,8 @@ TEST_CASE("A run signalled at step 11 stops at the next preemption check (step 2
   CHECK(hpctrain::detail::parameters_digest(*a) == hpctrain::detail::parameters_digest(*b));
 }
 
-TEST_CASE("A truncated newest checkpoint is skipped with a warning and training resumes from the previous one", "[loop]") {
+TEST_CASE("A truncated newest checkpoint is skipped with a warning and training resumes from the previous one",
+          "[loop]") {
   TRAIN_TEST_REQUIRE_FASHION();
   const auto dir = train_test::scratch("resume-truncated");
   const hpctrain::slurm::World world;
@@ -119,10 +127,12 @@ TEST_CASE("A truncated newest checkpoint is skipped with a warning and training 
   fs::resize_file(newest, fs::file_size(newest) / 2);
 
   std::optional<hpctrain::TrainResult> second;
-  const auto errors = train_test::capture_stderr([&] { second = hpctrain::train(small_training(dir).max_steps(12), world); }, dir / "stderr.txt");
+  const auto errors = train_test::capture_stderr(
+      [&] { second = hpctrain::train(small_training(dir).max_steps(12), world); }, dir / "stderr.txt");
   CHECK(second->resumed_from == std::optional<std::int64_t>(8));
   CHECK(second->steps_completed == 12);
-  CHECK_THAT(errors, Catch::Contains("warning: skipping checkpoint: rank 0: [hpctrain.runtime.checkpoint] " + newest.string() + ": truncated: "));
+  CHECK_THAT(errors, Catch::Contains("warning: skipping checkpoint: rank 0: [hpctrain.runtime.checkpoint] " +
+                                     newest.string() + ": truncated: "));
 }
 
 TEST_CASE("bf16 autocast on CPU engages inside the step, and trains and evaluates to finite numbers", "[loop]") {
@@ -158,7 +168,8 @@ TEST_CASE("max_eval_examples evaluates the first N examples: the loss of a 100-e
     evaluated += batch.size();
     return hpctrain::default_eval_step(context, batch);
   };
-  auto limited = small_training(train_test::scratch("eval-limited")).max_steps(4).max_eval_examples(100).eval_step(counting);
+  auto limited =
+      small_training(train_test::scratch("eval-limited")).max_steps(4).max_eval_examples(100).eval_step(counting);
   const auto first = hpctrain::train(limited, hpctrain::slurm::World{});
   CHECK(evaluated == 100);
   // The same run whose eval set is those 100 examples: the same loss, bit for bit.
@@ -169,33 +180,43 @@ TEST_CASE("max_eval_examples evaluates the first N examples: the loss of a 100-e
   CHECK(*first.eval_loss == *second.eval_loss);
   // A limit above the set's size evaluates all of it; a negative one is a spec error naming the field.
   evaluated = 0;
-  hpctrain::train(small_training(train_test::scratch("eval-over")).max_steps(1).max_eval_examples(5000).eval_step(counting),
-                  hpctrain::slurm::World{});
+  hpctrain::train(
+      small_training(train_test::scratch("eval-over")).max_steps(1).max_eval_examples(5000).eval_step(counting),
+      hpctrain::slurm::World{});
   CHECK(evaluated == 256);
-  CHECK_THROWS_WITH(hpctrain::train(small_training(train_test::scratch("eval-negative")).max_eval_examples(-1), hpctrain::slurm::World{}),
-                    Catch::Contains("[hpctrain.spec.training.max_eval_examples]") && Catch::Contains("must not be negative"));
+  CHECK_THROWS_WITH(
+      hpctrain::train(small_training(train_test::scratch("eval-negative")).max_eval_examples(-1),
+                      hpctrain::slurm::World{}),
+      Catch::Contains("[hpctrain.spec.training.max_eval_examples]") && Catch::Contains("must not be negative"));
 }
 
 TEST_CASE("A batch larger than a rank's share of the data is a spec error naming the batch size", "[loop]") {
   TRAIN_TEST_REQUIRE_FASHION();
-  auto training = small_training(train_test::scratch("too-big")).batch_size(hpctrain::per_rank(1024)).gradient_accumulation(1);
+  auto training =
+      small_training(train_test::scratch("too-big")).batch_size(hpctrain::per_rank(1024)).gradient_accumulation(1);
   try {
     hpctrain::train(training, hpctrain::slurm::World{});
     FAIL("expected a SpecError");
   } catch (const hpctrain::SpecError& error) {
-    CHECK(std::string(error.what()) == "[hpctrain.spec.training.batch_size] training.batch_size = 1024 (per rank): 1024 examples per rank "
-                                       "per step, but each rank gets only 512 examples per epoch of tensors (1 ranks); at most 512 here");
+    CHECK(std::string(error.what()) ==
+          "[hpctrain.spec.training.batch_size] training.batch_size = 1024 (per rank): 1024 examples per rank "
+          "per step, but each rank gets only 512 examples per epoch of tensors (1 ranks); at most 512 here");
   }
   // A global batch is named as such, in the units the user typed.
-  CHECK_THROWS_WITH(hpctrain::train(small_training(train_test::scratch("too-big-global")).batch_size(hpctrain::global(2048)).gradient_accumulation(1),
-                                    hpctrain::slurm::World{}),
-                    Catch::StartsWith("[hpctrain.spec.training.batch_size] training.batch_size = 2048 (global): 2048 examples per rank per "
-                                      "step (1 ranks share it), but each rank gets only 512"));
+  CHECK_THROWS_WITH(
+      hpctrain::train(small_training(train_test::scratch("too-big-global"))
+                          .batch_size(hpctrain::global(2048))
+                          .gradient_accumulation(1),
+                      hpctrain::slurm::World{}),
+      Catch::StartsWith(
+          "[hpctrain.spec.training.batch_size] training.batch_size = 2048 (global): 2048 examples per rank per "
+          "step (1 ranks share it), but each rank gets only 512"));
 }
 
 TEST_CASE("Training knobs forwarded on the command line replace the description's values", "[worker]") {
   const auto described = small_training("unused").batch_size(hpctrain::global(64));
-  const auto knobs = hpctrain::parse_training_knobs(described, {"--epochs", "3", "--max-steps=40", "--batch-size", "16", "--lr", "0.01"});
+  const auto knobs = hpctrain::parse_training_knobs(
+      described, {"--epochs", "3", "--max-steps=40", "--batch-size", "16", "--lr", "0.01"});
   const auto training = hpctrain::with_knobs(described, knobs);
   CHECK(training.epochs() == std::optional<std::int64_t>(3));
   CHECK(training.max_steps() == std::optional<std::int64_t>(40));
@@ -206,7 +227,8 @@ TEST_CASE("Training knobs forwarded on the command line replace the description'
 }
 
 TEST_CASE("A program's own knobs join the built-ins in one table, with their defaults and checks", "[worker]") {
-  const auto described = small_training("unused").knob<std::int64_t>("warmup_steps", 100, "warm-up", hpctrain::non_negative());
+  const auto described =
+      small_training("unused").knob<std::int64_t>("warmup_steps", 100, "warm-up", hpctrain::non_negative());
   const auto table = hpctrain::training_knobs(described);
   CHECK(table.find("epochs") != nullptr);
   CHECK(table.find("warmup_steps") != nullptr);
@@ -220,7 +242,10 @@ TEST_CASE("A program's own knobs join the built-ins in one table, with their def
 TEST_CASE("An invalid or unknown worker argument names the knob", "[worker]") {
   auto [args, message] = GENERATE(table<std::vector<std::string>, std::string>({
       {{"--lr", "-1"}, "[hpctrain.spec.knob] --lr = -1: must be positive"},
-      {{"--epoch", "3"}, "[hpctrain.usage] unknown option --epoch (did you mean --epochs?); the knobs are: --epochs --max-steps --batch-size --lr --sharding --hsdp-group-size --precision --log-every --eval-every --max-eval-examples --eval-batch-size --checkpoint-every --checkpoint-async --export-dtype --export-shard-size --wandb"},
+      {{"--epoch", "3"},
+       "[hpctrain.usage] unknown option --epoch (did you mean --epochs?); the knobs are: --epochs --max-steps "
+       "--batch-size --lr --sharding --hsdp-group-size --precision --log-every --eval-every --max-eval-examples "
+       "--eval-batch-size --checkpoint-every --checkpoint-async --export-dtype --export-shard-size --wandb"},
       {{"--max-steps", "many"}, "[hpctrain.spec.knob] --max-steps = many: expected an integer"},
   }));
   CAPTURE(args);

@@ -25,8 +25,9 @@ std::string error_of(const std::function<void()>& action) {
   return "no error";
 }
 
-hpctrain::metrics::Sums sums_of(const hpctrain::metrics::Metric& metric, const torch::Tensor& output, const hpctrain::data::Batch& batch,
-                                const torch::Tensor& loss, const torch::Tensor& weight) {
+hpctrain::metrics::Sums sums_of(const hpctrain::metrics::Metric& metric, const torch::Tensor& output,
+                                const hpctrain::data::Batch& batch, const torch::Tensor& loss,
+                                const torch::Tensor& weight) {
   return metric.update({output, batch, loss, weight});
 }
 }  // namespace
@@ -78,7 +79,8 @@ TEST_CASE("Token-sequence outputs count every position for accuracy", "[metrics]
 }
 
 TEST_CASE("Weight decay groups leave biases, norms and other 1-D parameters undecayed", "[optimizer]") {
-  torch::nn::Sequential model{torch::nn::Linear(4, 3), torch::nn::LayerNorm(torch::nn::LayerNormOptions({3})), torch::nn::Linear(3, 2)};
+  torch::nn::Sequential model{torch::nn::Linear(4, 3), torch::nn::LayerNorm(torch::nn::LayerNormOptions({3})),
+                              torch::nn::Linear(3, 2)};
   const auto named = hpctrain::detail::named_parameters_of(*model);
   const auto [decayed, not_decayed] = hpctrain::split_for_weight_decay(named);
   CHECK(decayed.size() == 2);      // 0.weight, 2.weight
@@ -123,8 +125,9 @@ TEST_CASE("The optimizer factory takes plain tensors or named parameters", "[opt
   std::vector<std::string> seen;
   const auto by_name = hpctrain::Training().optimizer([&seen](const hpctrain::NamedParameters& parameters) {
     for (const auto& [name, tensor] : parameters) seen.push_back(name);
-    return std::make_unique<torch::optim::SGD>(hpctrain::weight_decay_groups(parameters, torch::optim::SGDOptions(0.1).weight_decay(0.01)),
-                                               torch::optim::SGDOptions(0.1));
+    return std::make_unique<torch::optim::SGD>(
+        hpctrain::weight_decay_groups(parameters, torch::optim::SGDOptions(0.1).weight_decay(0.01)),
+        torch::optim::SGDOptions(0.1));
   });
   CHECK(by_name.make_optimizer(named)->param_groups().size() == 2);
   CHECK(seen == std::vector<std::string>{"weight", "bias"});
@@ -141,7 +144,8 @@ struct RecordingLogger : hpctrain::Logger {
 };
 }  // namespace
 
-TEST_CASE("A user's step, metric and logger run in the Trainer, clipping and token inputs add grad_norm and tokens/s", "[loop]") {
+TEST_CASE("A user's step, metric and logger run in the Trainer, clipping and token inputs add grad_norm and tokens/s",
+          "[loop]") {
   // A bag-of-tokens classifier on a synthetic task whose class is the first token mod 4: integer token
   // inputs (tokens/s), a step that reads an extra field, a metric of its own, a logger of its own.
   torch::manual_seed(0);
@@ -156,29 +160,31 @@ TEST_CASE("A user's step, metric and logger run in the Trainer, clipping and tok
   std::vector<std::string> notes;
   std::set<std::int64_t> micro_steps;
   const hpctrain::metrics::Metric first_class_rate("first_class_rate", [](const hpctrain::metrics::Input& in) {
-    return hpctrain::metrics::Sums{in.output.argmax(-1).eq(0).sum().to(torch::kFloat64), torch::scalar_tensor(static_cast<double>(in.output.size(0)), torch::kFloat64)};
+    return hpctrain::metrics::Sums{in.output.argmax(-1).eq(0).sum().to(torch::kFloat64),
+                                   torch::scalar_tensor(static_cast<double>(in.output.size(0)), torch::kFloat64)};
   });
-  auto training = hpctrain::Training()
-                      .model([] { return std::make_shared<BagImpl>(); })
-                      .optimizer([](auto parameters) { return torch::optim::Adam(parameters, torch::optim::AdamOptions(0.05)); })
-                      .train_data(hpctrain::data::tensors(tokens, labels))
-                      .eval_data(hpctrain::data::tensors(tokens.narrow(0, 0, 64), labels.narrow(0, 0, 64)))
-                      .batch_size(hpctrain::per_rank(32))
-                      .gradient_accumulation(2)
-                      .clip_grad_norm(5.0)
-                      .max_steps(16)
-                      .log_every(8)
-                      .threads(1)
-                      .flops_per_example(1e3)
-                      .peak_flops(1e12)
-                      .step([&](hpctrain::StepContext& context, const hpctrain::data::Batch& batch) {
-                        micro_steps.insert(context.micro_step);
-                        return context.loss(context.forward(batch.inputs), batch.targets);
-                      })
-                      .metric(hpctrain::metrics::accuracy)
-                      .metric(first_class_rate)
-                      .logger([&] { return std::make_unique<RecordingLogger>(&records, &notes); })
-                      .run_dir(train_test::scratch("user-seams"));
+  auto training =
+      hpctrain::Training()
+          .model([] { return std::make_shared<BagImpl>(); })
+          .optimizer([](auto parameters) { return torch::optim::Adam(parameters, torch::optim::AdamOptions(0.05)); })
+          .train_data(hpctrain::data::tensors(tokens, labels))
+          .eval_data(hpctrain::data::tensors(tokens.narrow(0, 0, 64), labels.narrow(0, 0, 64)))
+          .batch_size(hpctrain::per_rank(32))
+          .gradient_accumulation(2)
+          .clip_grad_norm(5.0)
+          .max_steps(16)
+          .log_every(8)
+          .threads(1)
+          .flops_per_example(1e3)
+          .peak_flops(1e12)
+          .step([&](hpctrain::StepContext& context, const hpctrain::data::Batch& batch) {
+            micro_steps.insert(context.micro_step);
+            return context.loss(context.forward(batch.inputs), batch.targets);
+          })
+          .metric(hpctrain::metrics::accuracy)
+          .metric(first_class_rate)
+          .logger([&] { return std::make_unique<RecordingLogger>(&records, &notes); })
+          .run_dir(train_test::scratch("user-seams"));
   const auto result = hpctrain::train(training, hpctrain::slurm::World{});
   CHECK(result.exit_code == hpctrain::exit_ok);
   CHECK(micro_steps == std::set<std::int64_t>{0, 1});
@@ -196,5 +202,6 @@ TEST_CASE("A user's step, metric and logger run in the Trainer, clipping and tok
   REQUIRE(records[2].get("first_class_rate"));
   CHECK(result.eval_metrics.at("first_class_rate") == *records[2].get("first_class_rate"));
   CHECK(*result.eval_accuracy > 0.5);  // chance is 0.25: the task is being learnt
-  CHECK(std::find(notes.begin(), notes.end(), fmt::format("test_accuracy={:.4f}", *result.eval_accuracy)) != notes.end());
+  CHECK(std::find(notes.begin(), notes.end(), fmt::format("test_accuracy={:.4f}", *result.eval_accuracy)) !=
+        notes.end());
 }

@@ -30,13 +30,15 @@ TEST_CASE("Tokens prepared with a vocabulary over 65,536 ids are read back as ui
   options.special_tokens = {{"<|end_of_text|>", 128000}};  // where Llama 3 keeps its specials
   const auto tokenizer = hpctrain::text::load_tiktoken(gpt2_ranks(), options);
   const std::vector<std::filesystem::path> inputs{"/usr/share/games/fortunes/computers"};
-  const auto result = hpctrain::text::prepare_tokens(inputs, tokenizer, dir, hpctrain::text::PrepareOptions().threads(2));
+  const auto result =
+      hpctrain::text::prepare_tokens(inputs, tokenizer, dir, hpctrain::text::PrepareOptions().threads(2));
   REQUIRE(result.token_bytes == 4);
 
   const std::int64_t context = 64;
-  const auto loaded = hpctrain::data::tokens(result.train, context,
-                                             hpctrain::data::TokenFileOptions().fingerprint(tokenizer.fingerprint()).token_bytes(4))
-                          .load();
+  const auto loaded =
+      hpctrain::data::tokens(result.train, context,
+                             hpctrain::data::TokenFileOptions().fingerprint(tokenizer.fingerprint()).token_bytes(4))
+          .load();
   const auto& dataset = dynamic_cast<const hpctrain::data::TokenDataset&>(*loaded);
   CHECK(dataset.tokens() == static_cast<std::int64_t>(result.train_tokens));
   std::vector<std::int64_t> all(static_cast<std::size_t>(dataset.size()));
@@ -46,16 +48,19 @@ TEST_CASE("Tokens prepared with a vocabulary over 65,536 ids are read back as ui
   CHECK(torch::equal(batch.inputs.flatten().slice(0, 1), batch.targets.flatten().slice(0, 0, -1)));
   // The windows decode back to the text: the first document is the first fortune of the file.
   std::vector<hpctrain::text::TokenId> first;
-  for (std::int64_t i = 0; i < context; ++i) first.push_back(static_cast<hpctrain::text::TokenId>(batch.inputs[0][i].item<std::int64_t>()));
+  for (std::int64_t i = 0; i < context; ++i)
+    first.push_back(static_cast<hpctrain::text::TokenId>(batch.inputs[0][i].item<std::int64_t>()));
   const auto text = tokenizer.decode(first);
   CHECK(text.substr(0, 20) == read_text("/usr/share/games/fortunes/computers").substr(0, 20));
 
   CHECK(train_test::run_error([&] {
           hpctrain::data::tokens(result.train, context, hpctrain::data::TokenFileOptions().fingerprint(42)).load();
-        }) == fmt::format("[hpctrain.runtime.text.token_file] {}: made by the tokenizer with fingerprint {:016x}, expected "
-                          "000000000000002a (another tokenizer)",
-                          result.train.string(), tokenizer.fingerprint()));
+        }) ==
+        fmt::format("[hpctrain.runtime.text.token_file] {}: made by the tokenizer with fingerprint {:016x}, expected "
+                    "000000000000002a (another tokenizer)",
+                    result.train.string(), tokenizer.fingerprint()));
   CHECK(train_test::run_error([&] {
           hpctrain::data::tokens(result.train, context, hpctrain::data::TokenFileOptions().token_bytes(2)).load();
-        }) == fmt::format("[hpctrain.runtime.text.token_file] {}: 4 bytes per token, expected 2", result.train.string()));
+        }) ==
+        fmt::format("[hpctrain.runtime.text.token_file] {}: 4 bytes per token, expected 2", result.train.string()));
 }

@@ -55,7 +55,8 @@ inline const std::filesystem::path fashion_dir = "/usr/share/datasets/fashion-mn
 
 /// Empty when Fashion-MNIST is installed, else why a test that needs it is skipped.
 inline std::string fashion_missing() {
-  if (std::filesystem::exists(fashion_dir / "train-images-idx3-ubyte.gz") && std::filesystem::exists(fashion_dir / "t10k-labels-idx1-ubyte.gz"))
+  if (std::filesystem::exists(fashion_dir / "train-images-idx3-ubyte.gz") &&
+      std::filesystem::exists(fashion_dir / "t10k-labels-idx1-ubyte.gz"))
     return {};
   return "skipped: Fashion-MNIST is not installed at " + fashion_dir.string() + " (apt install dataset-fashion-mnist)";
 }
@@ -65,7 +66,8 @@ inline hpctrain::data::Source fashion_subset(const std::string& split, std::int6
   static std::map<std::string, hpctrain::data::TensorDataset> cache;
   if (!cache.count(split)) {
     const std::string dir = fashion_dir.string() + "/";
-    cache[split] = hpctrain::data::load_idx(dir + split + "-images-idx3-ubyte.gz", dir + split + "-labels-idx1-ubyte.gz");
+    cache[split] =
+        hpctrain::data::load_idx(dir + split + "-images-idx3-ubyte.gz", dir + split + "-labels-idx1-ubyte.gz");
   }
   const auto& all = cache[split];
   return hpctrain::data::tensors(all.inputs.narrow(0, 0, count), all.targets.narrow(0, 0, count));
@@ -85,10 +87,10 @@ inline std::string run_error(const std::function<void()>& action) {
 
 /// Skips the rest of a test case, saying why, when Fashion-MNIST is missing (Catch2 v2 has no SKIP: the
 /// reason shows as a warning and the case passes without assertions).
-#define TRAIN_TEST_REQUIRE_FASHION()                       \
-  do {                                                     \
+#define TRAIN_TEST_REQUIRE_FASHION()                                    \
+  do {                                                                  \
     if (const auto why = train_test::fashion_missing(); !why.empty()) { \
-      WARN(why);                                           \
-      return;                                              \
-    }                                                      \
+      WARN(why);                                                        \
+      return;                                                           \
+    }                                                                   \
   } while (false)

@@ -26,8 +26,9 @@ inline void wait_for(ProcessGroup& group, const c10::intrusive_ptr<c10d::Work>& 
     work->wait(group.timeout());
   } catch (const std::exception& e) {
     group.mark_failed();
-    throw RuntimeError(errors::runtime_collective, fmt::format("rank {} of {}: {} failed ({}): {}", group.rank(), group.world_size(),
-                                                 operation, group.describe_timeout(), e.what()));
+    throw RuntimeError(errors::runtime_collective,
+                       fmt::format("rank {} of {}: {} failed ({}): {}", group.rank(), group.world_size(), operation,
+                                   group.describe_timeout(), e.what()));
   }
 }
 
@@ -38,8 +39,8 @@ c10::intrusive_ptr<c10d::Work> start(ProcessGroup& group, std::string_view opera
     return start_operation();
   } catch (const std::exception& e) {
     group.mark_failed();
-    throw RuntimeError(errors::runtime_collective, fmt::format("rank {} of {}: {} failed: {}", group.rank(), group.world_size(),
-                                                 operation, e.what()));
+    throw RuntimeError(errors::runtime_collective, fmt::format("rank {} of {}: {} failed: {}", group.rank(),
+                                                               group.world_size(), operation, e.what()));
   }
 }
 
@@ -126,9 +127,7 @@ inline double all_reduce_sum(ProcessGroup& group, double value) {
 }
 
 /// True on every rank when `value` is true on at least one (ranks agree to stop, checkpoint, requeue).
-inline bool any_rank(ProcessGroup& group, bool value) {
-  return all_reduce_sum(group, value ? 1.0 : 0.0) > 0.0;
-}
+inline bool any_rank(ProcessGroup& group, bool value) { return all_reduce_sum(group, value ? 1.0 : 0.0) > 0.0; }
 
 /// Waits until every rank has reached this point.
 inline void barrier(ProcessGroup& group) {

@@ -27,18 +27,18 @@ namespace hpctrain::dist {
 
 /// The sweep's sizes and repetitions.
 struct AllReduceSweepOptions {
-  std::int64_t min_bytes = 8;             ///< Default: 8 (two floats), nccl-tests' -b 8
-  std::int64_t max_bytes = 64ll << 20;    ///< Default: 64 MiB (default_check_max_bytes picks per backend)
-  int warmup = 5;                         ///< untimed all-reduces per size. Default: 5 (nccl-tests' -w)
-  int iterations = 20;                    ///< timed all-reduces per size. Default: 20 (nccl-tests' -n)
+  std::int64_t min_bytes = 8;           ///< Default: 8 (two floats), nccl-tests' -b 8
+  std::int64_t max_bytes = 64ll << 20;  ///< Default: 64 MiB (default_check_max_bytes picks per backend)
+  int warmup = 5;                       ///< untimed all-reduces per size. Default: 5 (nccl-tests' -w)
+  int iterations = 20;                  ///< timed all-reduces per size. Default: 20 (nccl-tests' -n)
 };
 
 /// One size of the sweep.
 struct AllReduceTiming {
   std::int64_t bytes = 0;
-  std::int64_t count = 0;   ///< float32 elements
-  double seconds = 0;       ///< one all-reduce, mean over ranks
-  std::int64_t wrong = 0;   ///< elements of the check all-reduce with a wrong sum, over all ranks
+  std::int64_t count = 0;  ///< float32 elements
+  double seconds = 0;      ///< one all-reduce, mean over ranks
+  std::int64_t wrong = 0;  ///< elements of the check all-reduce with a wrong sum, over all ranks
   double algbw_gbps() const { return static_cast<double>(bytes) / seconds / 1e9; }
   double busbw_gbps(int world) const { return algbw_gbps() * 2.0 * (world - 1) / world; }
 };
@@ -91,7 +91,8 @@ inline std::vector<AllReduceTiming> all_reduce_sweep(ProcessGroup& group, const 
     for (int i = 0; i < options.warmup; ++i) all_reduce_sum(group, buffer);
     const double seconds = detail::time_all_reduces(group, buffer, options.iterations);
     row.seconds = all_reduce_sum(group, seconds) / group.world_size();
-    row.wrong = static_cast<std::int64_t>(all_reduce_sum(group, static_cast<double>(detail::wrong_elements(group, row.count))));
+    row.wrong =
+        static_cast<std::int64_t>(all_reduce_sum(group, static_cast<double>(detail::wrong_elements(group, row.count))));
     rows.push_back(row);
   }
   return rows;
@@ -109,25 +110,27 @@ inline std::string all_reduce_table(const std::vector<AllReduceTiming>& rows, in
                                     std::optional<double> expected_busbw_gbps) {
   std::string s;
   s += "#                                                              in-place\n";
-  s += fmt::format("#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}\n", "size", "count", "type", "redop",
-                   "root", "time", "algbw", "busbw", "#wrong");
-  s += fmt::format("#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}\n", "(B)", "(elements)", "", "", "",
-                   "(us)", "(GB/s)", "(GB/s)", "");
+  s += fmt::format("#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}\n", "size", "count", "type",
+                   "redop", "root", "time", "algbw", "busbw", "#wrong");
+  s += fmt::format("#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}\n", "(B)", "(elements)", "", "",
+                   "", "(us)", "(GB/s)", "(GB/s)", "");
   double busbw_total = 0, peak = 0;
   std::int64_t wrong = 0, peak_bytes = 0;
   for (const auto& row : rows) {
-    s += fmt::format("{:12}  {:12}  {:>8}  {:>6}  {:6}  {}  {:6.2f}  {:6.2f}  {:6}\n", row.bytes, row.count, "float", "sum",
-                     -1, format_microseconds(row.seconds * 1e6), row.algbw_gbps(), row.busbw_gbps(world), row.wrong);
+    s += fmt::format("{:12}  {:12}  {:>8}  {:>6}  {:6}  {}  {:6.2f}  {:6.2f}  {:6}\n", row.bytes, row.count, "float",
+                     "sum", -1, format_microseconds(row.seconds * 1e6), row.algbw_gbps(), row.busbw_gbps(world),
+                     row.wrong);
     busbw_total += row.busbw_gbps(world);
     wrong += row.wrong;
     if (row.busbw_gbps(world) > peak) peak = row.busbw_gbps(world), peak_bytes = row.bytes;
   }
   s += fmt::format("# Out of bounds values : {} {}\n", wrong, wrong == 0 ? "OK" : "FAILED");
-  s += fmt::format("# Avg bus bandwidth    : {:g}\n", rows.empty() ? 0.0 : busbw_total / static_cast<double>(rows.size()));
+  s += fmt::format("# Avg bus bandwidth    : {:g}\n",
+                   rows.empty() ? 0.0 : busbw_total / static_cast<double>(rows.size()));
   if (!rows.empty())
     s += fmt::format("# Peak bus bandwidth   : {:.2f} GB/s at {} B{}\n", peak, peak_bytes,
-                     expected_busbw_gbps ? fmt::format("; the site expects {:g} GB/s: {:.0f}% of it", *expected_busbw_gbps,
-                                                       100.0 * peak / *expected_busbw_gbps)
+                     expected_busbw_gbps ? fmt::format("; the site expects {:g} GB/s: {:.0f}% of it",
+                                                       *expected_busbw_gbps, 100.0 * peak / *expected_busbw_gbps)
                                          : "");
   return s;
 }
@@ -143,8 +146,8 @@ inline int check_fabric(const slurm::World& world, const Options& options, std::
                     fmt::format("below the smallest message, {} B", sweep.min_bytes));
   const int nodes = world.world_size / std::max(1, world.local_world_size);
   if (world.rank == 0) {
-    fmt::print("# hpctrain --check-fabric: all_reduce over {} rank(s) on {} node(s), {} on {}\n", world.world_size, nodes,
-               group->backend_name(), group->device().str());
+    fmt::print("# hpctrain --check-fabric: all_reduce over {} rank(s) on {} node(s), {} on {}\n", world.world_size,
+               nodes, group->backend_name(), group->device().str());
     fmt::print("# minBytes {} maxBytes {} step: 2(factor) warmup iters: {} iters: {} validation: 1\n", sweep.min_bytes,
                sweep.max_bytes, sweep.warmup, sweep.iterations);
     if (world.world_size == 1) fmt::print("# one rank: no all-reduce to time (--local N, or more tasks)\n");

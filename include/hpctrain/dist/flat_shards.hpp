@@ -41,7 +41,8 @@ class FlatShardLayout {
 
   /// Buckets given explicitly: `groups[b]` lists bucket b's parameters (indices into `numels`) in buffer order
   /// (the fully sharded strategy: one bucket per block).
-  FlatShardLayout(const std::vector<std::int64_t>& numels, int world_size, const std::vector<std::vector<std::size_t>>& groups)
+  FlatShardLayout(const std::vector<std::int64_t>& numels, int world_size,
+                  const std::vector<std::vector<std::size_t>>& groups)
       : world_size_(world_size), numels_(numels) {
     for (const auto& planned : groups) {
       FlatBucket bucket;

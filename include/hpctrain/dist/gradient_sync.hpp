@@ -99,10 +99,13 @@ class BucketLaunchOrder {
   /// gradient before reset() is a RuntimeError naming the parameter (`name`) and the call that resets
   /// (`finish_call`, e.g. "finish()"). With `launch_complete` false nothing is launched here: launch_all() does.
   template <class Launch>
-  void arrive(std::size_t p, const std::string& name, std::string_view finish_call, Launch&& launch, bool launch_complete = true) {
+  void arrive(std::size_t p, const std::string& name, std::string_view finish_call, Launch&& launch,
+              bool launch_complete = true) {
     if (arrived_[p]) {
-      throw RuntimeError(errors::runtime_gradient_sync, fmt::format("parameter '{}' received a gradient twice before {}; call it "
-                                                      "after every synchronised backward", name, finish_call));
+      throw RuntimeError(errors::runtime_gradient_sync,
+                         fmt::format("parameter '{}' received a gradient twice before {}; call it "
+                                     "after every synchronised backward",
+                                     name, finish_call));
     }
     arrived_[p] = true;
     const auto b = bucket_of_[p];
@@ -187,7 +190,8 @@ struct SyncState {
   void on_gradient(std::size_t parameter) {
     std::lock_guard lock(mutex);
     if (!sync) return;
-    order.arrive(parameter, names[parameter], "finish()", [this](std::size_t b) { launch(b); }, overlap);
+    order.arrive(
+        parameter, names[parameter], "finish()", [this](std::size_t b) { launch(b); }, overlap);
   }
 };
 
@@ -286,7 +290,9 @@ class GradientSync {
   /// Number of buckets.
   std::size_t bucket_count() const { return plan_.size(); }
   /// All-reduces launched since construction (instrumentation: shows communication starting during backward).
-  std::size_t launched_bucket_count() const { return state_ && state_->group->world_size() > 1 ? state_->order.launched() : 0; }
+  std::size_t launched_bucket_count() const {
+    return state_ && state_->group->world_size() > 1 ? state_->order.launched() : 0;
+  }
   /// Names of the parameters that received no gradient on this rank in the last synchronised step.
   std::vector<std::string> parameters_without_gradient() const { return state_->without_gradient; }
 

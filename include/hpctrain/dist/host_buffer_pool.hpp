@@ -49,7 +49,9 @@ class HostBufferPool final : public c10::Allocator {
     return {data, new Buffer{this, data, bytes}, &release, c10::Device(c10::DeviceType::CPU)};
   }
 
-  void copy_data(void* destination, const void* source, std::size_t count) const override { std::memcpy(destination, source, count); }
+  void copy_data(void* destination, const void* source, std::size_t count) const override {
+    std::memcpy(destination, source, count);
+  }
 
   /// Bytes mapped now: the buffers in use and the free ones kept.
   std::size_t mapped_bytes() const {

@@ -70,7 +70,8 @@ enum class WaitKind { collective, checkpoint };
 /// One rank's membership in the job: the TCPStore and the c10d backend (Gloo or NCCL).
 class ProcessGroup {
  public:
-  /// Rendezvouses with the other ranks of `world` and builds the backend; throws RuntimeError(errors::runtime_rendezvous).
+  /// Rendezvouses with the other ranks of `world` and builds the backend; throws
+  /// RuntimeError(errors::runtime_rendezvous).
   ProcessGroup(const slurm::World& world, const Options& options);
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
@@ -83,8 +84,9 @@ class ProcessGroup {
   /// it with the same `ranks` and `tag`, and every rank makes its subgroups in the same order (the n-th call of
   /// every rank shares a key space; `tag` names the group within it, e.g. "shard/1"). A subgroup of one rank has
   /// no backend. Same device, timeout and failure flag as this group (a failed collective in either marks both).
-  /// Throws RuntimeError(errors::runtime_rendezvous) when the backend cannot connect, SpecError `[hpctrain.spec.sharding]` for
-  /// a list of ranks that is not ascending, lies outside this group or leaves this rank out.
+  /// Throws RuntimeError(errors::runtime_rendezvous) when the backend cannot connect, SpecError
+  /// `[hpctrain.spec.sharding]` for a list of ranks that is not ascending, lies outside this group or leaves this rank
+  /// out.
   std::shared_ptr<ProcessGroup> subgroup(const std::vector<int>& ranks, const std::string& tag);
 
   /// This process's rank in [0, world_size).
@@ -140,7 +142,7 @@ class ProcessGroup {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> backend_;
   std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices_;  // Gloo's transports, shared with subgroups
-  int subgroups_made_ = 0;  // subgroup() calls so far: each call gets its own key space in the store
+  int subgroups_made_ = 0;                    // subgroup() calls so far: each call gets its own key space in the store
   std::string key_space_ = "hpctrain/group";  // where this group's subgroups put their keys
   std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
 };
@@ -203,8 +205,9 @@ inline std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices(cons
     try {
       devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(interface));
     } catch (const std::exception& e) {
-      throw RuntimeError(errors::runtime_gloo, fmt::format("rank {}: GLOO_SOCKET_IFNAME names interface '{}' that Gloo cannot use: {}",
-                                             world.rank, interface, e.what()));
+      throw RuntimeError(errors::runtime_gloo,
+                         fmt::format("rank {}: GLOO_SOCKET_IFNAME names interface '{}' that Gloo cannot use: {}",
+                                     world.rank, interface, e.what()));
     }
   }
   if (!devices.empty()) return devices;
@@ -213,9 +216,10 @@ inline std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices(cons
   try {
     devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
   } catch (const std::exception& e) {
-    throw RuntimeError(errors::runtime_gloo, fmt::format("rank {}: host '{}' does not resolve to an address Gloo can bind "
-                                           "(set GLOO_SOCKET_IFNAME to the interface to use): {}",
-                                           world.rank, host, e.what()));
+    throw RuntimeError(errors::runtime_gloo,
+                       fmt::format("rank {}: host '{}' does not resolve to an address Gloo can bind "
+                                   "(set GLOO_SOCKET_IFNAME to the interface to use): {}",
+                                   world.rank, host, e.what()));
   }
   return devices;
 }
@@ -227,13 +231,15 @@ inline int cuda_device_index(const slurm::World& world) {
 
 inline void check_world(const slurm::World& world) {
   if (world.world_size < 1 || world.rank < 0 || world.rank >= world.world_size)
-    throw RuntimeError(errors::runtime_rendezvous, fmt::format("rank {} is outside world size {}", world.rank, world.world_size));
+    throw RuntimeError(errors::runtime_rendezvous,
+                       fmt::format("rank {} is outside world size {}", world.rank, world.world_size));
   if (world.world_size > 1 && world.master_addr.empty())
-    throw RuntimeError(errors::runtime_rendezvous, fmt::format("rank {} of {}: no master address (MASTER_ADDR is empty)",
-                                                 world.rank, world.world_size));
+    throw RuntimeError(
+        errors::runtime_rendezvous,
+        fmt::format("rank {} of {}: no master address (MASTER_ADDR is empty)", world.rank, world.world_size));
   if (world.world_size > 1 && (world.master_port < 1 || world.master_port > 65535))
     throw RuntimeError(errors::runtime_rendezvous, fmt::format("rank {} of {}: master port {} is outside 1..65535",
-                                                 world.rank, world.world_size, world.master_port));
+                                                               world.rank, world.world_size, world.master_port));
 }
 
 /// Whether a TCP connection to host:port can be opened within `limit` (connection refused: at once).
@@ -244,7 +250,8 @@ inline bool accepts_connections(const std::string& host, int port, std::chrono::
   if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &addresses) != 0) return false;
   bool connected = false;
   for (auto* address = addresses; address && !connected; address = address->ai_next) {
-    const int fd = ::socket(address->ai_family, address->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, address->ai_protocol);
+    const int fd =
+        ::socket(address->ai_family, address->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, address->ai_protocol);
     if (fd < 0) continue;
     if (::connect(fd, address->ai_addr, address->ai_addrlen) == 0) {
       connected = true;
@@ -284,7 +291,8 @@ inline std::chrono::milliseconds backend_timeout(const Options& options) {
 }
 
 inline std::string seconds_text(std::chrono::milliseconds timeout) {
-  return timeout.count() % 1000 == 0 ? fmt::format("{} s", timeout.count() / 1000) : fmt::format("{} ms", timeout.count());
+  return timeout.count() % 1000 == 0 ? fmt::format("{} s", timeout.count() / 1000)
+                                     : fmt::format("{} ms", timeout.count());
 }
 
 inline const std::string& checkout_prefix() {
@@ -295,8 +303,11 @@ inline const std::string& checkout_prefix() {
 }  // namespace detail
 
 inline ProcessGroup::ProcessGroup(const slurm::World& world, const Options& options)
-    : rank_(world.rank), world_size_(world.world_size), local_rank_(world.local_rank),
-      local_world_size_(world.local_world_size), options_(options) {
+    : rank_(world.rank),
+      world_size_(world.world_size),
+      local_rank_(world.local_rank),
+      local_world_size_(world.local_world_size),
+      options_(options) {
   detail::check_world(world);
   const bool use_cuda = torch::cuda::is_available();
   if (use_cuda) device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(detail::cuda_device_index(world)));
@@ -312,17 +323,19 @@ inline ProcessGroup::ProcessGroup(const slurm::World& world, const Options& opti
   // The limit's name, for the messages: which knob to turn.
   const std::string which = "the rendezvous timeout: HPCTRAIN_RENDEZVOUS_TIMEOUT_S, site file rendezvous_timeout_s";
   if (rank_ != 0 && !detail::wait_until_listening(world.master_addr, world.master_port, rendezvous)) {
-    throw RuntimeError(errors::runtime_rendezvous, fmt::format("rank {} of {} could not rendezvous at {}:{} within {} ms ({}): nothing "
-                                                 "accepted a connection there (is rank 0 running?)",
-                                                 rank_, world_size_, world.master_addr, world.master_port,
-                                                 rendezvous.count(), which));
+    throw RuntimeError(
+        errors::runtime_rendezvous,
+        fmt::format("rank {} of {} could not rendezvous at {}:{} within {} ms ({}): nothing "
+                    "accepted a connection there (is rank 0 running?)",
+                    rank_, world_size_, world.master_addr, world.master_port, rendezvous.count(), which));
   }
   try {
     store_ = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_options);
   } catch (const std::exception& e) {
-    throw RuntimeError(errors::runtime_rendezvous, fmt::format("rank {} of {} could not rendezvous at {}:{} within {} ms ({}): {}", rank_,
-                                                 world_size_, world.master_addr, world.master_port,
-                                                 rendezvous.count(), which, e.what()));
+    throw RuntimeError(
+        errors::runtime_rendezvous,
+        fmt::format("rank {} of {} could not rendezvous at {}:{} within {} ms ({}): {}", rank_, world_size_,
+                    world.master_addr, world.master_port, rendezvous.count(), which, e.what()));
   }
   // Backends get their own key space, so that ours (checkout) cannot collide with theirs.
   try {
@@ -335,8 +348,9 @@ inline ProcessGroup::ProcessGroup(const slurm::World& world, const Options& opti
   } catch (const RuntimeError&) {
     throw;
   } catch (const std::exception& e) {
-    throw RuntimeError(errors::runtime_rendezvous, fmt::format("rank {} of {} could not connect its backend through {}:{}: {}", rank_,
-                                                 world_size_, world.master_addr, world.master_port, e.what()));
+    throw RuntimeError(errors::runtime_rendezvous,
+                       fmt::format("rank {} of {} could not connect its backend through {}:{}: {}", rank_, world_size_,
+                                   world.master_addr, world.master_port, e.what()));
   }
 }
 
@@ -346,10 +360,9 @@ inline void ProcessGroup::connect(const c10::intrusive_ptr<c10d::Store>& store) 
     c10::cuda::set_device(device_.index());
     // On an efa or infiniband site, rank 0 of a job over several nodes has NCCL log the network it chooses, and
     // fails once the communicator exists if that is TCP sockets (job/nccl_network.hpp).
-    const auto network_check =
-        subgroup_ ? std::nullopt
-                  : capture_nccl_network_log(rank_, world_size_ > local_world_size_,
-                                             hpctrain::getenv(env::run_dir).value_or("."));
+    const auto network_check = subgroup_ ? std::nullopt
+                                         : capture_nccl_network_log(rank_, world_size_ > local_world_size_,
+                                                                    hpctrain::getenv(env::run_dir).value_or("."));
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
     nccl_options->timeout = detail::backend_timeout(options_);
     auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank_, world_size_, nccl_options);
@@ -372,17 +385,26 @@ inline void ProcessGroup::connect(const c10::intrusive_ptr<c10d::Store>& store) 
 }
 
 inline ProcessGroup::ProcessGroup(SubgroupTag, const ProcessGroup& parent, int rank, int size)
-    : rank_(rank), world_size_(size), local_rank_(parent.local_rank_), local_world_size_(parent.local_world_size_),
-      subgroup_(true), device_(parent.device_), options_(parent.options_), store_(parent.store_),
-      gloo_devices_(parent.gloo_devices_), failed_(parent.failed_) {}
+    : rank_(rank),
+      world_size_(size),
+      local_rank_(parent.local_rank_),
+      local_world_size_(parent.local_world_size_),
+      subgroup_(true),
+      device_(parent.device_),
+      options_(parent.options_),
+      store_(parent.store_),
+      gloo_devices_(parent.gloo_devices_),
+      failed_(parent.failed_) {}
 
 inline std::shared_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int>& ranks, const std::string& tag) {
   const auto here = std::find(ranks.begin(), ranks.end(), rank_);
-  const bool ascending = std::adjacent_find(ranks.begin(), ranks.end(), [](int a, int b) { return a >= b; }) == ranks.end();
+  const bool ascending =
+      std::adjacent_find(ranks.begin(), ranks.end(), [](int a, int b) { return a >= b; }) == ranks.end();
   if (here == ranks.end() || !ascending || ranks.front() < 0 || ranks.back() >= world_size_)
-    throw SpecError(errors::spec_sharding, fmt::format("subgroup ranks [{}]", fmt::join(ranks, ", ")),
-                    fmt::format("a subgroup of rank {} of {} lists ranks in ascending order within [0, {}), this rank among them",
-                                rank_, world_size_, world_size_));
+    throw SpecError(
+        errors::spec_sharding, fmt::format("subgroup ranks [{}]", fmt::join(ranks, ", ")),
+        fmt::format("a subgroup of rank {} of {} lists ranks in ascending order within [0, {}), this rank among them",
+                    rank_, world_size_, world_size_));
   const int call = subgroups_made_++;
   auto group = std::shared_ptr<ProcessGroup>(
       new ProcessGroup(SubgroupTag{}, *this, static_cast<int>(here - ranks.begin()), static_cast<int>(ranks.size())));
@@ -391,8 +413,9 @@ inline std::shared_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<in
   try {
     group->connect(c10::make_intrusive<c10d::PrefixStore>(group->key_space_ + "/backend", store_));
   } catch (const std::exception& e) {
-    throw RuntimeError(errors::runtime_rendezvous, fmt::format("rank {} of {} could not connect subgroup '{}' (ranks {}): {}", rank_,
-                                                 world_size_, tag, fmt::join(ranks, ", "), e.what()));
+    throw RuntimeError(errors::runtime_rendezvous,
+                       fmt::format("rank {} of {} could not connect subgroup '{}' (ranks {}): {}", rank_, world_size_,
+                                   tag, fmt::join(ranks, ", "), e.what()));
   }
   return group;
 }

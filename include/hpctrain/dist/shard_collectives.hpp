@@ -73,7 +73,8 @@ inline PendingAllGather start_all_gather_in_place(ProcessGroup& group, torch::Te
   if (group.world_size() == 1) return pending;
   const auto n = flat.numel() / group.world_size();
   auto own = flat.narrow(0, group.rank() * n, n);
-  pending.work = detail::start(group, "parameter all_gather", [&] { return group.backend()->_allgather_base(flat, own); });
+  pending.work =
+      detail::start(group, "parameter all_gather", [&] { return group.backend()->_allgather_base(flat, own); });
   pending.pending = true;
   return pending;
 }

@@ -27,9 +27,7 @@
 
 namespace hpctrain::dist {
 
-namespace detail {
-
-}  // namespace detail
+namespace detail {}  // namespace detail
 
 /// Copies the gradients of `bucket`'s parameters into a fresh padded flat buffer (pre-scaled by 1/N: Gloo has
 /// no AVG; a parameter without gradient contributes zeros, the peers may have one), releases them (only the
@@ -37,8 +35,8 @@ namespace detail {
 /// N is the group's size, or `average_over` when positive (hybrid sharding: the whole world, whose other shard
 /// groups' sums are added afterwards).
 inline PendingReduceScatter start_bucket_reduce_scatter(ProcessGroup& group, const FlatBucket& bucket,
-                                                        std::vector<torch::Tensor>& parameters, torch::Tensor gradient_shard,
-                                                        int average_over = 0) {
+                                                        std::vector<torch::Tensor>& parameters,
+                                                        torch::Tensor gradient_shard, int average_over = 0) {
   if (bucket.padded_numel == 0) return {};
   torch::NoGradGuard no_grad;
   auto input = empty_flat_buffer(bucket.padded_numel, gradient_shard.options()).zero_();  // out of the heap on a CPU
@@ -62,12 +60,13 @@ struct ShardedGradientState {
   std::vector<std::string> names;
   std::vector<PendingReduceScatter> reduce_scatters;  // per bucket
   std::vector<torch::Tensor> gradient_shards;         // per bucket: this rank's averaged gradient shard
-  BucketLaunchOrder order;                             // GradientSync's: strictly in bucket order
+  BucketLaunchOrder order;                            // GradientSync's: strictly in bucket order
   bool sync = true;
   std::mutex mutex;
 
   void launch(std::size_t index) {
-    reduce_scatters[index] = start_bucket_reduce_scatter(*group, layout.buckets()[index], parameters, gradient_shards[index]);
+    reduce_scatters[index] =
+        start_bucket_reduce_scatter(*group, layout.buckets()[index], parameters, gradient_shards[index]);
   }
 
   void on_gradient(std::size_t parameter) {

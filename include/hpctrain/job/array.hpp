@@ -19,8 +19,8 @@ namespace hpctrain {
 
 /// A parsed `--array` value.
 struct ArraySpec {
-  std::string text;          ///< as written (what `--array=` gets)
-  std::vector<int> indices;  ///< the task ids, ascending, without repeats
+  std::string text;             ///< as written (what `--array=` gets)
+  std::vector<int> indices;     ///< the task ids, ascending, without repeats
   std::optional<int> throttle;  ///< `%T`: at most T tasks run at once
   /// The highest task id.
   int max_index() const { return indices.empty() ? 0 : indices.back(); }

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>  // fmt::join: only there in the torch wheel's fmt 12
+#include <fmt/ranges.h>       // fmt::join: only there in the torch wheel's fmt 12
 #include <nlohmann/json.hpp>  // the job record (job.json)
 
 #include <hpctrain/error.hpp>
@@ -78,7 +78,8 @@ inline void tasks_from_sacct(const std::string& array_id, std::map<int, ArrayTas
   for (const bool completion_log : {false, true}) {
     std::vector<std::string> command = {"sacct"};
     if (completion_log) command.push_back("-c");
-    for (const auto* arg : {"--noheader", "--parsable2", "--allocations", "--format", "JobID,State,ExitCode,JobIDRaw", "--jobs"})
+    for (const auto* arg :
+         {"--noheader", "--parsable2", "--allocations", "--format", "JobID,State,ExitCode,JobIDRaw", "--jobs"})
       command.push_back(arg);
     command.push_back(array_id);
     const auto accounted = run_process(command);
@@ -146,7 +147,8 @@ inline std::string array_task_log(const SubmittedJob& job, const ArrayRecord& re
     }
     pattern += record.output_pattern[i];
   }
-  return detail::resolve_log_pattern(pattern, job.id, job.name, job.directory.parent_path().parent_path().parent_path().string());
+  return detail::resolve_log_pattern(pattern, job.id, job.name,
+                                     job.directory.parent_path().parent_path().parent_path().string());
 }
 
 /// Throws UsageError unless `task` is one of the array's ids.

@@ -47,9 +47,9 @@ inline std::string render_chain(const Job& job, const RenderContext& context) {
   const auto jobs = chain_jobs(job);
   std::string text;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
-    text += fmt::format("# ---- stage {} of {}: {}{} ----\n", i + 1, jobs.size(), jobs[i].name(),
-                        i == 0 ? "" : fmt::format(", submitted with --dependency=afterok:<job id of {}>",
-                                                  jobs[i - 1].name()));
+    text += fmt::format(
+        "# ---- stage {} of {}: {}{} ----\n", i + 1, jobs.size(), jobs[i].name(),
+        i == 0 ? "" : fmt::format(", submitted with --dependency=afterok:<job id of {}>", jobs[i - 1].name()));
     text += render_sbatch(jobs[i], context);
   }
   return text;
@@ -72,7 +72,8 @@ inline std::vector<SubmittedJob> submit_chain(const Job& job, const RenderContex
   nlohmann::json stages = nlohmann::json::array();
   for (const auto& each : submitted) stages.push_back({{"id", each.id}, {"name", each.name}});
   for (const auto& each : submitted)
-    detail::write_file_atomically(each.directory / chain_record_file, nlohmann::json{{"stages", stages}}.dump(2) + "\n");
+    detail::write_file_atomically(each.directory / chain_record_file,
+                                  nlohmann::json{{"stages", stages}}.dump(2) + "\n");
   return submitted;
 }
 
@@ -84,7 +85,8 @@ inline std::optional<std::vector<ChainStage>> read_chain(const SubmittedJob& job
   if (!text) return std::nullopt;
   const auto record = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   const auto damaged = [&] {
-    return RuntimeError(errors::runtime_job_record, fmt::format("{}: not a chain record (edited or truncated?)", path.string()));
+    return RuntimeError(errors::runtime_job_record,
+                        fmt::format("{}: not a chain record (edited or truncated?)", path.string()));
   };
   if (!record.is_object() || !record.contains("stages") || !record["stages"].is_array()) throw damaged();
   std::vector<ChainStage> stages;
@@ -101,8 +103,8 @@ inline std::optional<std::vector<ChainStage>> read_chain(const SubmittedJob& job
 /// ended without success (Slurm marks only its direct successor DependencyNeverSatisfied; the ones after it
 /// wait on a job that never runs).
 inline std::string format_chain_status(const std::vector<ChainStage>& stages, const std::vector<JobState>& states) {
-  std::string text = fmt::format("chain of {} stages (each starts when the one before completed successfully):\n",
-                                 stages.size());
+  std::string text =
+      fmt::format("chain of {} stages (each starts when the one before completed successfully):\n", stages.size());
   std::optional<std::size_t> failed;
   for (std::size_t i = 0; i < stages.size(); ++i) {
     const auto& state = states.at(i);
@@ -114,9 +116,10 @@ inline std::string format_chain_status(const std::vector<ChainStage>& stages, co
     const bool never = state.detail.find("DependencyNeverSatisfied") != std::string::npos;
     if (pending && i > 0 && (never || failed)) {
       const auto cause = failed.value_or(i - 1);
-      text += fmt::format("    never starts: stage {} ({}, job {}) did not complete successfully; `--cancel` removes "
-                          "the chain's jobs\n",
-                          cause + 1, stages[cause].name, stages[cause].id);
+      text += fmt::format(
+          "    never starts: stage {} ({}, job {}) did not complete successfully; `--cancel` removes "
+          "the chain's jobs\n",
+          cause + 1, stages[cause].name, stages[cause].id);
     } else if (pending && i > 0 && state.detail.find("Dependency") != std::string::npos) {
       text += fmt::format("    waits for stage {} ({}, job {}) to complete\n", i, stages[i - 1].name, stages[i - 1].id);
     }

@@ -61,9 +61,9 @@ struct LoginCommand {
   std::string help;
   // The job layer's second-wave options (add_job_layer_options / apply_job_layer_overrides).
   std::optional<std::string> gpu_syntax, array;
-  std::optional<int> task;  ///< --task N: one task of an array (--logs, --cancel)
-  bool results = false;                ///< --results: the table of the last job's tasks (job/results.hpp)
-  std::optional<std::string> sort_by;  ///< --sort-by METRIC[:max|:min] for --results
+  std::optional<int> task;               ///< --task N: one task of an array (--logs, --cancel)
+  bool results = false;                  ///< --results: the table of the last job's tasks (job/results.hpp)
+  std::optional<std::string> sort_by;    ///< --sort-by METRIC[:max|:min] for --results
   std::optional<double> gpu_memory_gib;  ///< --gpu-memory GIB: one GPU's memory for the plan (else the GPU type's)
   /// `--wandb-sync [RUN_DIR]`: RUN_DIR, or empty for the last submitted job's directory.
   std::optional<std::string> wandb_sync;
@@ -94,7 +94,8 @@ using KnobWorker = std::function<int(const Knobs& knobs)>;
 
 /// Options of arrays, sweeps and site settings, kept apart from the parser's structure.
 inline void add_job_layer_options(CLI::App& app, LoginCommand& command) {
-  app.add_option("--gpu-syntax", command.gpu_syntax, "write GPUs as --gpus-per-node or --gres=gpu:N (gpus-per-node|gres)");
+  app.add_option("--gpu-syntax", command.gpu_syntax,
+                 "write GPUs as --gpus-per-node or --gres=gpu:N (gpus-per-node|gres)");
   app.add_option("--array", command.array, "submit a job array: task ids like 0-15, 1,3,5, 0-30:10, 0-15%4");
   app.add_option("--task", command.task, "with --logs or --cancel of an array: that task only");
   app.add_flag("--results", command.results,
@@ -123,8 +124,9 @@ inline void apply_job_layer_overrides(Job& job, const LoginCommand& command) {
   if (command.array) job.array(*command.array);
   if (command.allow_socket_fallback) job.env(env::allow_socket_fallback, "1");
   if (command.check_fabric)
-    job.env(env::check_fabric,
-            command.check_fabric_max ? std::to_string(parse_bytes(*command.check_fabric_max, "check_fabric_max")) : "0");
+    job.env(env::check_fabric, command.check_fabric_max
+                                   ? std::to_string(parse_bytes(*command.check_fabric_max, "check_fabric_max"))
+                                   : "0");
 }
 
 /// An array's task ids must stay below the cluster's MaxArraySize; where scontrol answers, check it.
@@ -136,7 +138,9 @@ inline void check_array_on_cluster(const Job& job) {
   if (at == std::string::npos) return;
   const auto equals = config.out.find('=', at);
   int max_size = 0;
-  if (equals != std::string::npos && detail::parse_array_number(detail::trim(config.out.substr(equals + 1, config.out.find('\n', equals) - equals - 1)), max_size))
+  if (equals != std::string::npos &&
+      detail::parse_array_number(
+          detail::trim(config.out.substr(equals + 1, config.out.find('\n', equals) - equals - 1)), max_size))
     check_array_against_max_size(*job.array(), max_size);
 }
 
@@ -145,7 +149,8 @@ inline void check_array_on_cluster(const Job& job) {
 /// cores_per_node); nothing where sinfo does not answer.
 inline std::optional<int> cluster_node_cpus(const Job& job, const RenderContext& context) {
   if (job.cpus_per_task() || context.site.cores_per_node || context.sinfo_node_cpus) return context.sinfo_node_cpus;
-  if (job.gpus_per_node_count() == 0 && !job.exclusive() && !fabric_wants_exclusive(context.site.fabric)) return std::nullopt;
+  if (job.gpus_per_node_count() == 0 && !job.exclusive() && !fabric_wants_exclusive(context.site.fabric))
+    return std::nullopt;
   std::vector<std::string> args = {"sinfo", "--noheader", "--format=%c"};
   if (job.partition()) args.push_back("--partition=" + *job.partition());
   try {
@@ -177,8 +182,8 @@ inline std::optional<int> run_array_command(const Job& job, const LoginCommand& 
       return exit_ok;
     case Mode::logs: {
       if (!command.task)
-        throw UsageError(fmt::format("job {} is an array ({}): say which task's log, --logs --task N", last.id,
-                                     record->spec.text));
+        throw UsageError(
+            fmt::format("job {} is an array ({}): say which task's log, --logs --task N", last.id, record->spec.text));
       auto task_job = last;
       task_job.id = fmt::format("{}_{}", last.id, *command.task);
       task_job.output_log = array_task_log(last, *record, *command.task);
@@ -219,19 +224,22 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
   app.add_flag("--follow", command.follow, "with --logs: keep printing until the job ends");
   app.add_flag("--cancel", cancel, "scancel the last submitted job");
   bool plan = false;
-  app.add_flag("--plan", plan, "print what each GPU and node will hold (parameters, gradients, optimizer state, activations) "
-                               "and whether it fits; exit 2 if it does not; touch nothing");
+  app.add_flag("--plan", plan,
+               "print what each GPU and node will hold (parameters, gradients, optimizer state, activations) "
+               "and whether it fits; exit 2 if it does not; touch nothing");
   app.add_option("--gpu-memory", command.gpu_memory_gib,
                  "with --plan, --dry-run or --submit: one GPU's memory in GiB (default: what the GPU type says)")
       ->type_name("GIB");
   app.add_flag("--run", run,
                "inside an allocation (salloc, an interactive job): run the training on it as the batch script "
                "would; under your own srun: train as that step's ranks");
-  app.add_option("--after", command.after, "with --submit or --dry-run: start only after job JOB completed "
-                                           "successfully (--dependency=afterok:JOB; repeatable)")
+  app.add_option("--after", command.after,
+                 "with --submit or --dry-run: start only after job JOB completed "
+                 "successfully (--dependency=afterok:JOB; repeatable)")
       ->allow_extra_args(false)
       ->type_name("JOB");
-  app.add_option("--local", command.local_ranks, "run N ranks on this machine, without Slurm (like torchrun --standalone)");
+  app.add_option("--local", command.local_ranks,
+                 "run N ranks on this machine, without Slurm (like torchrun --standalone)");
   app.add_option("--nodes", command.nodes, "override --nodes");
   app.add_option("--tasks-per-node", command.tasks_per_node, "override --ntasks-per-node");
   app.add_option("--gpus-per-node", command.gpus_per_node, "override --gpus-per-node (4 or a100:4)");
@@ -279,23 +287,25 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
   const int modes = help + dry_run + submit + status + logs + cancel + local + command.results + run + plan +
                     command.wandb_sync.has_value();
   if (modes > 1)
-    throw UsageError(fmt::format("choose one of --dry-run, --submit, --status, --logs, --cancel, --local, --run, --results, --plan{}",
-                                 knobs != nullptr ? ", --wandb-sync" : ""));
+    throw UsageError(fmt::format(
+        "choose one of --dry-run, --submit, --status, --logs, --cancel, --local, --run, --results, --plan{}",
+        knobs != nullptr ? ", --wandb-sync" : ""));
   using Mode = LoginCommand::Mode;
-  command.mode = help ? Mode::help
-                 : dry_run ? Mode::dry_run
-                 : submit  ? Mode::submit
-                 : status  ? Mode::status
-                 : logs    ? Mode::logs
-                 : cancel  ? Mode::cancel
-                 : local   ? Mode::local
-                 : run     ? Mode::run
-                 : command.results ? Mode::results
-                 : plan    ? Mode::plan
+  command.mode = help                 ? Mode::help
+                 : dry_run            ? Mode::dry_run
+                 : submit             ? Mode::submit
+                 : status             ? Mode::status
+                 : logs               ? Mode::logs
+                 : cancel             ? Mode::cancel
+                 : local              ? Mode::local
+                 : run                ? Mode::run
+                 : command.results    ? Mode::results
+                 : plan               ? Mode::plan
                  : command.wandb_sync ? Mode::wandb_sync
-                           : Mode::none;
+                                      : Mode::none;
   if (command.follow && command.mode != Mode::logs) throw UsageError("--follow goes with --logs");
-  if (command.gpu_memory_gib && command.mode != Mode::plan && command.mode != Mode::dry_run && command.mode != Mode::submit)
+  if (command.gpu_memory_gib && command.mode != Mode::plan && command.mode != Mode::dry_run &&
+      command.mode != Mode::submit)
     throw UsageError("--gpu-memory goes with --plan, --dry-run or --submit");
   if (command.gpu_memory_gib && !(*command.gpu_memory_gib > 0))
     throw UsageError(fmt::format("--gpu-memory {}: must be a positive number of GiB", *command.gpu_memory_gib));
@@ -305,10 +315,11 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
     throw UsageError("--resume goes with --submit, --dry-run, --local or --run");
   if (!command.after.empty() && command.mode != Mode::submit && command.mode != Mode::dry_run)
     throw UsageError("--after goes with --submit or --dry-run");
-  if (command.check_fabric && command.mode != Mode::submit && command.mode != Mode::dry_run && command.mode != Mode::local &&
-      command.mode != Mode::run)
+  if (command.check_fabric && command.mode != Mode::submit && command.mode != Mode::dry_run &&
+      command.mode != Mode::local && command.mode != Mode::run)
     throw UsageError("--check-fabric goes with --submit, --run or --local (or --dry-run, to see the script)");
-  if (command.check_fabric_max && !command.check_fabric) throw UsageError("--check-fabric-max goes with --check-fabric");
+  if (command.check_fabric_max && !command.check_fabric)
+    throw UsageError("--check-fabric-max goes with --check-fabric");
   if (command.allow_socket_fallback && command.mode != Mode::submit && command.mode != Mode::dry_run &&
       command.mode != Mode::local && command.mode != Mode::run)
     throw UsageError("--allow-socket-fallback goes with --submit, --run or --local (or --dry-run)");
@@ -318,7 +329,9 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
 
 /// Parses argv (without the worker marker); arguments it does not know are kept in `forwarded` unchecked.
 /// Throws UsageError.
-inline LoginCommand parse_login_command(int argc, char** argv) { return detail::parse_login_command(argc, argv, nullptr); }
+inline LoginCommand parse_login_command(int argc, char** argv) {
+  return detail::parse_login_command(argc, argv, nullptr);
+}
 
 /// Parses argv against `knobs` as well: an unknown argument is a UsageError naming it, an invalid knob value
 /// a SpecError `[hpctrain.spec.knob]` naming the knob, the value and the reason.
@@ -347,8 +360,9 @@ inline std::filesystem::path resume_directory(const std::string& requested, cons
     if (!newest || time > newest_time) newest = entry->path(), newest_time = time;
   }
   if (!newest)
-    throw SpecError(errors::spec_resume, "--resume",
-                    fmt::format("no run of this program under {} has checkpoints; name one: --resume DIR", root.string()));
+    throw SpecError(
+        errors::spec_resume, "--resume",
+        fmt::format("no run of this program under {} has checkpoints; name one: --resume DIR", root.string()));
   return *newest;
 }
 
@@ -373,7 +387,8 @@ inline std::filesystem::path new_local_run_directory(const std::filesystem::path
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
   fs::create_directories(root);
   for (int attempt = 1;; ++attempt) {
-    const auto name = fmt::format("{}{}{}", layout::local_run_prefix, stamp, attempt == 1 ? "" : fmt::format("-{}", attempt));
+    const auto name =
+        fmt::format("{}{}{}", layout::local_run_prefix, stamp, attempt == 1 ? "" : fmt::format("-{}", attempt));
     if (fs::create_directory(root / name)) return root / name;
   }
 }
@@ -425,19 +440,21 @@ namespace detail {
 /// anything is written or queued. A knob both swept and given on the command line is ambiguous: refused.
 inline ResolvedSweep checked_sweep(const Job& job, const LoginCommand& command, const Knobs* knobs) {
   if (command.mode == LoginCommand::Mode::local)
-    throw UsageError("this program sweeps: a sweep runs as a job array, one task per combination; use --submit "
-                     "(or --dry-run to see it)");
+    throw UsageError(
+        "this program sweeps: a sweep runs as a job array, one task per combination; use --submit "
+        "(or --dry-run to see it)");
   if (knobs == nullptr)
-    throw SpecError(errors::spec_sweep, "sweep", "needs the program's knob table to check its values "
-                                                 "(hpctrain::run, or run_job(argc, argv, job, knobs, worker))");
+    throw SpecError(errors::spec_sweep, "sweep",
+                    "needs the program's knob table to check its values "
+                    "(hpctrain::run, or run_job(argc, argv, job, knobs, worker))");
   auto resolved = resolve_sweep(*job.sweep(), *knobs);
   for (const auto& argument : command.forwarded) {
     const auto flag = argument.substr(0, argument.find('='));
     for (const auto& combination : resolved.combinations)
       for (const auto& [knob, value] : combination.values)
         if (knobs->find(knob)->flag() == flag)
-        throw UsageError(fmt::format("{} is swept ({}); leave it off the command line or out of the sweep", flag,
-                                     knob));
+          throw UsageError(
+              fmt::format("{} is swept ({}); leave it off the command line or out of the sweep", flag, knob));
   }
   return resolved;
 }
@@ -480,8 +497,8 @@ inline int run_in_allocation(const Job& job, const RenderContext& context, std::
   if (place == RunPlace::step_task)
     throw UsageError("--run in a task of an srun step trains as that step's rank: run_job handles it");
   if (job.array())
-    throw UsageError(fmt::format("--run: this job is an array ({}): its tasks are separate jobs; use --submit",
-                                 job.array()->text));
+    throw UsageError(
+        fmt::format("--run: this job is an array ({}): its tasks are separate jobs; use --submit", job.array()->text));
   const auto allocation = read_allocation(lookup);
   check_allocation_fits(job, allocation);
   const auto script = render_allocation_script(job, context);
@@ -503,15 +520,16 @@ inline int run_in_allocation(const Job& job, const RenderContext& context, std::
 namespace detail {
 /// The memory plan of a --dry-run (printed to `err` as a section, when the program can plan) or a --submit
 /// (printed only when it does not fit, which refuses the submission: nothing written or queued).
-inline PlanVerdict plan_before_queueing(const Job& job, const LoginCommand& command, const Knobs* knobs, const Planner& planner,
-                                       std::ostream& err, bool print) {
+inline PlanVerdict plan_before_queueing(const Job& job, const LoginCommand& command, const Knobs* knobs,
+                                        const Planner& planner, std::ostream& err, bool print) {
   if (!planner || knobs == nullptr) return PlanVerdict::cannot_plan;
   std::ostringstream text;
   const auto verdict = planner(knobs->with_arguments(command.forwarded), plan_request(job, command), text);
   if (verdict == PlanVerdict::cannot_plan) return verdict;
   if (print || verdict == PlanVerdict::does_not_fit) err << text.str();
   if (verdict == PlanVerdict::does_not_fit && !print)
-    err << "hpctrain: not submitted: the memory plan does not fit (--plan shows it; --gpu-memory GIB states one GPU's memory)\n";
+    err << "hpctrain: not submitted: the memory plan does not fit (--plan shows it; --gpu-memory GIB states one GPU's "
+           "memory)\n";
   return verdict;
 }
 }  // namespace detail
@@ -546,7 +564,8 @@ inline int dry_run_command(const Job& job, const LoginCommand& command, RenderCo
     return exit_ok;
   }
   const auto script = render_sbatch(job, worker_context);
-  if (const auto refusal = cluster_refusal(job, script)) err << "hpctrain: warning: --submit would stop here: " << refusal->what() << "\n";
+  if (const auto refusal = cluster_refusal(job, script))
+    err << "hpctrain: warning: --submit would stop here: " << refusal->what() << "\n";
   out << script;
   return exit_ok;
 }
@@ -557,17 +576,21 @@ inline int submit_command(const Job& job, const LoginCommand& command, RenderCon
   worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
   check_array_on_cluster(job);
   print_job_warnings(job, err);
-  if (plan_before_queueing(job, command, knobs, planner, err, /*print=*/false) == PlanVerdict::does_not_fit) return exit_usage;
+  if (plan_before_queueing(job, command, knobs, planner, err, /*print=*/false) == PlanVerdict::does_not_fit)
+    return exit_usage;
   if (!job.stages().empty()) {
     const auto chain = submit_chain(job, worker_context);
-    out << fmt::format("submitted a chain of {} stages, each after the one before completed successfully:\n", chain.size());
+    out << fmt::format("submitted a chain of {} stages, each after the one before completed successfully:\n",
+                       chain.size());
     for (std::size_t i = 0; i < chain.size(); ++i)
-      out << fmt::format("  stage {} {}: job {}\n    logs: {}\n", i + 1, chain[i].name, chain[i].id, chain[i].output_log);
+      out << fmt::format("  stage {} {}: job {}\n    logs: {}\n", i + 1, chain[i].name, chain[i].id,
+                         chain[i].output_log);
     return exit_ok;
   }
   const auto submitted = submit(job, worker_context);
-  out << fmt::format("submitted job {}\n  logs: {}\n  job directory: {} (also the run directory: checkpoints, metrics)\n",
-                     submitted.id, submitted.output_log, submitted.directory.string());
+  out << fmt::format(
+      "submitted job {}\n  logs: {}\n  job directory: {} (also the run directory: checkpoints, metrics)\n",
+      submitted.id, submitted.output_log, submitted.directory.string());
   return exit_ok;
 }
 
@@ -596,7 +619,8 @@ inline int local_command(const Job& job, const LoginCommand& command, const Rend
   export_job_environment(job, context);  // the preparation and the ranks see the job's environment
   if (const int prepared = prepare_locally(job, context, command.forwarded, err); prepared != exit_ok) return prepared;
   // The ranks run in a new directory of their own: tell them where the preparation left its results.
-  if (job.preparation()) ::setenv(env::prepare_dir, (job_root(job, context) / "local" / layout::prepare_output).c_str(), 1);
+  if (job.preparation())
+    ::setenv(env::prepare_dir, (job_root(job, context) / "local" / layout::prepare_output).c_str(), 1);
   std::vector<std::string> args = {std::string(worker_flag)};
   args.insert(args.end(), worker_context.worker_args.begin(), worker_context.worker_args.end());
   LocalLaunchOptions options;
@@ -606,7 +630,8 @@ inline int local_command(const Job& job, const LoginCommand& command, const Rend
     require(*command.local_ranks >= 1, errors::spec_local, *command.local_ranks, "needs at least 1 rank");
     options.run_directory = new_local_run_directory(job_root(job, context));
   }
-  out << fmt::format("run directory: {}\n", options.run_directory ? options.run_directory->string() : *hpctrain::getenv(env::run_dir))
+  out << fmt::format("run directory: {}\n",
+                     options.run_directory ? options.run_directory->string() : *hpctrain::getenv(env::run_dir))
       << std::flush;
   return launch_local(*command.local_ranks, context.program, args, options);
 }
@@ -641,26 +666,20 @@ inline int cancel_command(const Job& job, const RenderContext& context, std::ost
 /// Runs one login-node command for `job`; prints to `out`/`err`, returns the exit code.
 /// `knobs`: the program's knob table (a sweep is checked with it), or nullptr for a program without one.
 inline int run_login_command(Job job, const LoginCommand& command, const RenderContext& context,
-                             std::ostream& out = std::cout, std::ostream& err = std::cerr,
-                             const Knobs* knobs = nullptr, const Planner& planner = {}) {
+                             std::ostream& out = std::cout, std::ostream& err = std::cerr, const Knobs* knobs = nullptr,
+                             const Planner& planner = {}) {
   using Mode = LoginCommand::Mode;
   try {
     apply_overrides(job, command);
     if (const auto handled = run_array_command(job, command, context, out)) return *handled;
     const auto worker_context = detail::worker_context_for(job, command, context, knobs);
     switch (command.mode) {
-      case Mode::help:
-        out << command.help;
-        return exit_ok;
-      case Mode::none:
-        err << command.help;
-        return exit_usage;
+      case Mode::help: out << command.help; return exit_ok;
+      case Mode::none: err << command.help; return exit_usage;
       case Mode::dry_run: return detail::dry_run_command(job, command, worker_context, out, err, knobs, planner);
       case Mode::submit: return detail::submit_command(job, command, worker_context, out, err, knobs, planner);
       case Mode::status: return detail::status_command(job, context, out);
-      case Mode::logs:
-        print_logs(last_submitted(job, context), out, command.follow);
-        return exit_ok;
+      case Mode::logs: print_logs(last_submitted(job, context), out, command.follow); return exit_ok;
       case Mode::local: return detail::local_command(job, command, context, worker_context, out, err);
       case Mode::plan: return detail::plan_command(job, command, out, err, knobs, planner);
       case Mode::run: {
@@ -669,9 +688,7 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
         print_job_warnings(job, err);
         return run_in_allocation(job, allocation_context, out, err);
       }
-      case Mode::results:
-        out << results_table(last_submitted(job, context), command.sort_by);
-        return exit_ok;
+      case Mode::results: out << results_table(last_submitted(job, context), command.sort_by); return exit_ok;
       case Mode::wandb_sync:
         return wandb_sync(command.wandb_sync->empty() ? last_submitted(job, context).directory
                                                       : std::filesystem::path(*command.wandb_sync),
@@ -694,8 +711,7 @@ inline void prepare_step_task(const Job& job, const LoginCommand& command, const
   const auto job_id = place_lookup("SLURM_JOB_ID").value_or(place_lookup("SLURM_JOBID").value_or("0"));
   if (!hpctrain::getenv(env::run_dir))
     ::setenv(env::run_dir, allocation_run_directory(job, context, job_id).c_str(), 1);
-  if (command.resume)
-    ::setenv(env::resume_from, resume_directory(*command.resume, job_root(job, context)).c_str(), 1);
+  if (command.resume) ::setenv(env::resume_from, resume_directory(*command.resume, job_root(job, context)).c_str(), 1);
   if (job.preparation() && place_lookup("SLURM_PROCID").value_or("0") == "0")
     std::cerr << "hpctrain: --run under your own srun: the ranks train now; the preparation step (Job::prepare) "
                  "runs only from the allocation's shell (`--run` without srun)\n";

@@ -45,9 +45,15 @@ class Pyxis {
                     "a squashfs path must start with / or ./ (pyxis reads anything else as a registry reference)");
   }
   /// Mount the user's home inside (`--[no-]container-mount-home`). Default: true.
-  Pyxis& mount_home(bool on) { mount_home_ = on; return *this; }
+  Pyxis& mount_home(bool on) {
+    mount_home_ = on;
+    return *this;
+  }
   /// `--container-writable` (true) or `--container-readonly` (false). Default: pyxis's own.
-  Pyxis& writable(bool on) { writable_ = on; return *this; }
+  Pyxis& writable(bool on) {
+    writable_ = on;
+    return *this;
+  }
   /// A named container kept between steps of the job (`--container-name`). Default: none.
   Pyxis& name(std::string container_name) {
     detail::require(!container_name.empty() && container_name.find_first_of(" \t\n\r,:") == std::string::npos,
@@ -135,9 +141,9 @@ inline void check_mount_for(const Container& container, const Mount& mount) {
     detail::require(path.find_first_of("\n\r") == std::string::npos, "mount", path,
                     "a mount path cannot hold a newline");
     if (std::holds_alternative<Pyxis>(container) || std::holds_alternative<Apptainer>(container))
-      detail::require(path.find_first_of(",:") == std::string::npos, "mount", path,
-                      fmt::format("{} separates mounts with ',' and fields with ':', so a path cannot hold them",
-                                  runtime));
+      detail::require(
+          path.find_first_of(",:") == std::string::npos, "mount", path,
+          fmt::format("{} separates mounts with ',' and fields with ':', so a path cannot hold them", runtime));
     if (std::holds_alternative<Charliecloud>(container))
       detail::require(path.find(':') == std::string::npos, "mount", path,
                       "ch-run -b separates source and target with ':', so a path cannot hold one");

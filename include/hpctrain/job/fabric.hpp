@@ -51,11 +51,11 @@ inline Fabric parse_fabric(std::string_view text, std::string_view where = "") {
 
 /// The site's network and what it knows of it (site file keys in the comments).
 struct FabricSettings {
-  std::optional<Fabric> fabric;              ///< `fabric`; none: nothing is set or checked
-  std::string source;                        ///< `<file>:<line>` of `fabric`
-  std::optional<std::string> socket_ifname;  ///< `socket_ifname`: NCCL_SOCKET_IFNAME (bootstrap and sockets)
-  std::optional<std::string> ib_hca;         ///< `ib_hca`: NCCL_IB_HCA, the adapters NCCL may use
-  std::optional<double> expected_busbw_gbps; ///< `expected_busbw_gbps`: what --check-fabric compares with
+  std::optional<Fabric> fabric;               ///< `fabric`; none: nothing is set or checked
+  std::string source;                         ///< `<file>:<line>` of `fabric`
+  std::optional<std::string> socket_ifname;   ///< `socket_ifname`: NCCL_SOCKET_IFNAME (bootstrap and sockets)
+  std::optional<std::string> ib_hca;          ///< `ib_hca`: NCCL_IB_HCA, the adapters NCCL may use
+  std::optional<double> expected_busbw_gbps;  ///< `expected_busbw_gbps`: what --check-fabric compares with
 };
 
 /// One variable of a fabric preset and why it is set (a comment in the script).

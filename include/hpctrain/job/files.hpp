@@ -11,8 +11,8 @@
 #include <string>
 #include <string_view>
 
-#include <fcntl.h>   // open/fsync: the data is durable before a rename makes it visible
-#include <ftw.h>     // nftw: see remove_tree
+#include <fcntl.h>  // open/fsync: the data is durable before a rename makes it visible
+#include <ftw.h>    // nftw: see remove_tree
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -76,8 +76,8 @@ class StagedFile {
     std::filesystem::rename(temporary_, target_, error);
     if (error) {
       std::remove(temporary_.c_str());
-      throw RuntimeError(what_, fmt::format("cannot rename {} to {}: {}", temporary_.string(), target_.string(),
-                                            error.message()));
+      throw RuntimeError(
+          what_, fmt::format("cannot rename {} to {}: {}", temporary_.string(), target_.string(), error.message()));
     }
     fsync_path(directory_, O_RDONLY | O_DIRECTORY, what_);
   }
@@ -114,7 +114,8 @@ inline void write_file_atomically(const std::filesystem::path& path, std::string
 /// The whole of `file`, or nothing when it does not exist. RuntimeError `what` naming the file and the reason
 /// (permission, a directory, an I/O error) when it exists but cannot be read. The one place hpctrain reads a
 /// whole file.
-inline std::optional<std::string> read_file_if_present(const std::filesystem::path& file, ErrorId what = errors::runtime_io) {
+inline std::optional<std::string> read_file_if_present(const std::filesystem::path& file,
+                                                       ErrorId what = errors::runtime_io) {
   std::FILE* stream = std::fopen(file.c_str(), "rb");
   if (stream == nullptr) {
     if (errno == ENOENT) return std::nullopt;
@@ -126,7 +127,8 @@ inline std::optional<std::string> read_file_if_present(const std::filesystem::pa
   while ((got = std::fread(buffer, 1, sizeof buffer, stream)) > 0) content.append(buffer, got);
   const int error_number = std::ferror(stream) ? (errno != 0 ? errno : EIO) : 0;
   std::fclose(stream);
-  if (error_number != 0) throw RuntimeError(what, fmt::format("{}: cannot read: {}", file.string(), std::strerror(error_number)));
+  if (error_number != 0)
+    throw RuntimeError(what, fmt::format("{}: cannot read: {}", file.string(), std::strerror(error_number)));
   return content;
 }
 

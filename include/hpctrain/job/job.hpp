@@ -123,8 +123,7 @@ class Job {
     const auto colon = spec.rfind(':');
     long long count = 0;
     if (colon == std::string_view::npos) {
-      detail::require(detail::parse_unsigned(spec, count), "gpus_per_node", spec,
-                      "a GPU type needs a count (a100:4)");
+      detail::require(detail::parse_unsigned(spec, count), "gpus_per_node", spec, "a GPU type needs a count (a100:4)");
       return gpus_per_node(static_cast<int>(count));
     }
     detail::require(detail::parse_unsigned(spec.substr(colon + 1), count), "gpus_per_node", spec,
@@ -189,10 +188,9 @@ class Job {
   /// `--mail-user` and `--mail-type` (BEGIN, END, FAIL, REQUEUE, ALL, TIME_LIMIT_80...).
   Job& mail(std::string user, std::vector<std::string> types) {
     detail::require_directive_value("mail_user", user);
-    static constexpr std::string_view known[] = {"NONE",          "BEGIN",         "END",         "FAIL",
-                                                 "REQUEUE",       "ALL",           "INVALID_DEPEND", "STAGE_OUT",
-                                                 "TIME_LIMIT",    "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50",
-                                                 "ARRAY_TASKS"};
+    static constexpr std::string_view known[] = {
+        "NONE",      "BEGIN",      "END",           "FAIL",          "REQUEUE",       "ALL",        "INVALID_DEPEND",
+        "STAGE_OUT", "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS"};
     detail::require(!types.empty(), "mail_type", "\"\"", "name at least one of BEGIN, END, FAIL, ALL...");
     for (const auto& type : types) {
       bool ok = false;
@@ -305,7 +303,9 @@ class Job {
     return *this;
   }
   /// Make host `source` visible at `target` inside the container.
-  Job& mount(std::string source, std::string target) { return add_mount({std::move(source), std::move(target), false}); }
+  Job& mount(std::string source, std::string target) {
+    return add_mount({std::move(source), std::move(target), false});
+  }
   /// Same, read-only.
   Job& mount(std::string source, std::string target, ReadOnly) {
     return add_mount({std::move(source), std::move(target), true});
@@ -357,8 +357,7 @@ class Job {
   /// Checks what only the whole description can tell; render_sbatch calls it.
   void validate() const {
     if (memory_per_gpu_)
-      detail::require(gpus_ && gpus_->count > 0, "memory_per_gpu", to_slurm(*memory_per_gpu_),
-                      "needs gpus_per_node");
+      detail::require(gpus_ && gpus_->count > 0, "memory_per_gpu", to_slurm(*memory_per_gpu_), "needs gpus_per_node");
     if (requeue_ && time_)
       detail::require(requeue_->grace < *time_, "requeue_on_timeout", fmt::format("{}s", requeue_->grace.count()),
                       fmt::format("the grace must be shorter than the time limit ({})", format_slurm_time(*time_)));
@@ -374,7 +373,9 @@ class Job {
   const std::string& name() const { return name_; }
   int nodes() const { return nodes_; }
   /// The effective tasks per node (the default resolved).
-  int tasks_per_node() const { return tasks_per_node_ ? *tasks_per_node_ : (gpus_ && gpus_->count > 0 ? gpus_->count : 1); }
+  int tasks_per_node() const {
+    return tasks_per_node_ ? *tasks_per_node_ : (gpus_ && gpus_->count > 0 ? gpus_->count : 1);
+  }
   const std::optional<GpuRequest>& gpus() const { return gpus_; }
   int gpus_per_node_count() const { return gpus_ ? gpus_->count : 0; }
   /// The syntax the program chose; empty: the site's default.

@@ -38,9 +38,10 @@ concept KnobType = std::same_as<T, bool> || std::integral<T> || std::floating_po
 
 namespace detail {
 template <class T>
-using stored_knob_t = std::conditional_t<
-    std::same_as<T, bool>, bool,
-    std::conditional_t<std::integral<T>, std::int64_t, std::conditional_t<std::floating_point<T>, double, std::string>>>;
+using stored_knob_t =
+    std::conditional_t<std::same_as<T, bool>, bool,
+                       std::conditional_t<std::integral<T>, std::int64_t,
+                                          std::conditional_t<std::floating_point<T>, double, std::string>>>;
 
 inline std::string_view knob_type_name(const KnobValue& value) {
   constexpr std::string_view names[] = {"an integer", "a number", "true or false", "a text"};
@@ -67,8 +68,8 @@ class KnobCheck {
   KnobCheck() = default;
   /// `ok(value)` decides; `requirement` is the reason an error gives ("must be a power of two").
   template <class Predicate>
-    requires std::predicate<Predicate, const T&>
-  KnobCheck(Predicate ok, std::string requirement = "rejected by the knob's check")  // NOLINT: implicit on purpose
+  requires std::predicate<Predicate, const T&> KnobCheck(
+      Predicate ok, std::string requirement = "rejected by the knob's check")  // NOLINT: implicit on purpose
       : ok_(std::move(ok)), requirement_(std::move(requirement)) {}
 
   /// The requirement when `value` fails the check, else nothing.
@@ -91,8 +92,8 @@ struct NumericBounds {
   bool min_inclusive = true;
   std::string requirement;
   template <class T>
-    requires(std::integral<T> || std::floating_point<T>) && (!std::same_as<T, bool>)
-  operator KnobCheck<T>() const {  // NOLINT: converts where a check is expected
+  requires(std::integral<T> || std::floating_point<T>) &&
+      (!std::same_as<T, bool>)operator KnobCheck<T>() const {  // NOLINT: converts where a check is expected
     const auto bounds = *this;
     return KnobCheck<T>(
         [bounds](const T& value) {
@@ -105,7 +106,9 @@ struct NumericBounds {
 /// Greater than zero.
 inline NumericBounds positive() { return {0, std::numeric_limits<double>::infinity(), false, "must be positive"}; }
 /// Zero or more.
-inline NumericBounds non_negative() { return {0, std::numeric_limits<double>::infinity(), true, "must not be negative"}; }
+inline NumericBounds non_negative() {
+  return {0, std::numeric_limits<double>::infinity(), true, "must not be negative"};
+}
 /// `minimum` or more.
 inline NumericBounds at_least(double minimum) {
   return {minimum, std::numeric_limits<double>::infinity(), true, fmt::format("must be at least {}", minimum)};
@@ -130,16 +133,16 @@ inline std::string knob_name(std::string_view name_or_flag) {
 
 /// One row of the table.
 struct KnobSpec {
-  std::string name;                          ///< snake_case: `warmup_steps`; the flag is `--warmup-steps`
-  std::string help;                          ///< one line for `--help`
-  KnobValue default_value;                   ///< also fixes the type
-  bool has_default = true;                   ///< false: the description decides when the knob is not given
-  std::string requirement;                   ///< the check in words, for `--help`
+  std::string name;         ///< snake_case: `warmup_steps`; the flag is `--warmup-steps`
+  std::string help;         ///< one line for `--help`
+  KnobValue default_value;  ///< also fixes the type
+  bool has_default = true;  ///< false: the description decides when the knob is not given
+  std::string requirement;  ///< the check in words, for `--help`
   std::function<std::optional<std::string>(const KnobValue&)> check;  ///< the requirement when it fails
   /// The text a bare `--name` stands for, for a knob whose value may be left out (`--wandb [PROJECT]`); a
   /// switch's bare flag is `true` without it.
   std::optional<std::string> bare_value;
-  std::string placeholder;                   ///< `--help`'s name for the value (`[PROJECT]`); empty: by type
+  std::string placeholder;  ///< `--help`'s name for the value (`[PROJECT]`); empty: by type
 
   /// `--warmup-steps` for `warmup_steps`.
   std::string flag() const { return knob_flag(name); }
@@ -200,8 +203,7 @@ class Knobs {
   }
   /// Sets knob `name` from a value of its type (validated); a text goes through the text overload above.
   template <KnobType T>
-    requires(!std::convertible_to<T, std::string_view>)
-  Knobs& set(std::string_view name, T value) {
+  requires(!std::convertible_to<T, std::string_view>) Knobs& set(std::string_view name, T value) {
     const KnobSpec& spec = require_known(name);
     KnobValue stored = detail::stored_knob_t<T>(std::move(value));
     if (stored.index() != spec.default_value.index())
@@ -219,7 +221,8 @@ class Knobs {
     const KnobSpec& spec = require_known(name);
     KnobValue stored = detail::stored_knob_t<T>(std::move(value));
     if (stored.index() != spec.default_value.index())
-      throw knob_error(spec, detail::format_knob_value(stored), fmt::format("expected {}", detail::knob_type_name(spec.default_value)));
+      throw knob_error(spec, detail::format_knob_value(stored),
+                       fmt::format("expected {}", detail::knob_type_name(spec.default_value)));
     if (auto failure = spec.check ? spec.check(stored) : std::nullopt)
       throw knob_error(spec, detail::format_knob_value(stored), "its default " + *failure);
     auto& row = *std::find_if(specs_.begin(), specs_.end(), [&](const KnobSpec& r) { return r.name == spec.name; });
@@ -314,15 +317,16 @@ class Knobs {
     if (specs_.empty()) return "";
     std::string text = "Training knobs (checked here before anything is written or queued; read by the workers):\n";
     for (const auto& spec : specs_) {
-      const std::string left =
-          fmt::format("  {} {}", spec.flag(), spec.placeholder.empty() ? placeholder(spec.default_value) : spec.placeholder);
+      const std::string left = fmt::format(
+          "  {} {}", spec.flag(), spec.placeholder.empty() ? placeholder(spec.default_value) : spec.placeholder);
       std::string right = spec.help;
       std::vector<std::string> notes;
       if (spec.has_default) notes.push_back("default: " + detail::format_knob_value(spec.default_value));
       if (!spec.requirement.empty()) notes.push_back(spec.requirement);
       if (!notes.empty()) right += fmt::format(" ({})", fmt::join(notes, "; "));
       // A flag wider than the column gets its own line, its text below it in the column.
-      text += left.size() < 30 ? fmt::format("{:<30}{}\n", left, right) : fmt::format("{}\n{:<30}{}\n", left, "", right);
+      text +=
+          left.size() < 30 ? fmt::format("{:<30}{}\n", left, right) : fmt::format("{}\n{:<30}{}\n", left, "", right);
     }
     return text;
   }
@@ -335,8 +339,7 @@ class Knobs {
                              std::all_of(name.begin(), name.end(), [](char c) {
                                return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
                              });
-    if (!well_formed)
-      throw SpecError(errors::spec_knob, name, "a knob name is snake_case: [a-z][a-z0-9_]*");
+    if (!well_formed) throw SpecError(errors::spec_knob, name, "a knob name is snake_case: [a-z][a-z0-9_]*");
     if (find(name) != nullptr) throw SpecError(errors::spec_knob, name, "is declared twice");
     KnobSpec spec;
     spec.name = std::move(name);
@@ -371,7 +374,8 @@ class Knobs {
 
   static KnobValue parse_as(const KnobSpec& spec, std::string_view text) {
     const auto expected = [&] {
-      return knob_error(spec, text.empty() ? "\"\"" : text, fmt::format("expected {}", detail::knob_type_name(spec.default_value)));
+      return knob_error(spec, text.empty() ? "\"\"" : text,
+                        fmt::format("expected {}", detail::knob_type_name(spec.default_value)));
     };
     switch (spec.default_value.index()) {
       case 0: {
@@ -392,8 +396,7 @@ class Knobs {
         if (text == "true" || text == "1" || text == "yes" || text == "on") return true;
         if (text == "false" || text == "0" || text == "no" || text == "off") return false;
         throw expected();
-      default:
-        return std::string(text);
+      default: return std::string(text);
     }
   }
 
@@ -420,7 +423,8 @@ class Knobs {
       if (ours == "resume") return " (transformers' name; here it is --resume [DIR], given with --submit or --local)";
       if (const KnobSpec* spec = find(ours)) {
         const bool per_rank_note = theirs == "per_device_train_batch_size" || theirs == "train_batch_size";
-        return fmt::format(" (transformers' and TRL's name; here it is {}{}{})", spec->flag(), ours == "precision" ? " bf16" : "",
+        return fmt::format(" (transformers' and TRL's name; here it is {}{}{})", spec->flag(),
+                           ours == "precision" ? " bf16" : "",
                            per_rank_note ? ", whose scope, per rank or global, the program declares" : "");
       }
     }

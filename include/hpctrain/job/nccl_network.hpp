@@ -37,19 +37,19 @@ enum class NcclTransport { socket, infiniband, libfabric, other };
 
 /// NCCL's choice as its log states it.
 struct NcclNetwork {
-  std::string name;             ///< as NCCL names it: "Socket", "IB", "AWS Libfabric"
+  std::string name;  ///< as NCCL names it: "Socket", "IB", "AWS Libfabric"
   NcclTransport transport = NcclTransport::other;
-  std::string provider;         ///< libfabric's provider, when aws-ofi-nccl names it ("efa", "tcp")
-  std::string provider_line;    ///< the line naming it
-  std::string evidence;         ///< the line that decided, from "NCCL INFO" on
-  std::string plugin_failure;   ///< a line saying why the net plugin did not load, if the log has one
-  std::string ib_failure;       ///< "NET/IB : No device found.", if the log has it
+  std::string provider;        ///< libfabric's provider, when aws-ofi-nccl names it ("efa", "tcp")
+  std::string provider_line;   ///< the line naming it
+  std::string evidence;        ///< the line that decided, from "NCCL INFO" on
+  std::string plugin_failure;  ///< a line saying why the net plugin did not load, if the log has one
+  std::string ib_failure;      ///< "NET/IB : No device found.", if the log has it
 
   /// True when the bytes between nodes go over TCP: NCCL's sockets, or libfabric's TCP provider.
   bool uses_sockets() const {
     return transport == NcclTransport::socket ||
-           (transport == NcclTransport::libfabric && (provider == "tcp" || provider.starts_with("tcp;") ||
-                                                     provider == "sockets" || provider == "udp"));
+           (transport == NcclTransport::libfabric &&
+            (provider == "tcp" || provider.starts_with("tcp;") || provider == "sockets" || provider == "udp"));
   }
 };
 
@@ -91,7 +91,7 @@ inline std::optional<NcclNetwork> nccl_network_from_log(std::string_view log) {
       assigned = std::string(text.substr(20, text.size() - 20 - 8)), assigned_line = std::string(text);
     } else if (text.starts_with("NET/OFI ")) {
       const auto at = text.find("elected Provider is ") != std::string_view::npos ? text.find("elected Provider is ")
-                                                                                   : text.find("elected provider is ");
+                                                                                  : text.find("elected provider is ");
       if (at != std::string_view::npos) {
         const auto rest = text.substr(at + 20);
         found.provider = std::string(rest.substr(0, rest.find_first_of(" ,")));
@@ -101,12 +101,13 @@ inline std::optional<NcclNetwork> nccl_network_from_log(std::string_view log) {
     } else if (text.starts_with("NET/IB : Using [") && text.size() > 16 && text[16] >= '0' && text[16] <= '9') {
       device_transport = "IB", device_line = std::string(text);
     } else if (text.starts_with("NET/Socket : Using [") && text.size() > 20 && text[20] >= '0' && text[20] <= '9') {
-      if (!device_transport || *device_transport == "Socket") device_transport = "Socket", device_line = std::string(text);
+      if (!device_transport || *device_transport == "Socket")
+        device_transport = "Socket", device_line = std::string(text);
     } else if (text.starts_with("NET/IB : No device found")) {
       found.ib_failure = std::string(text);
-    } else if (text.starts_with("NET/Plugin") && (text.find("Could not find") != std::string_view::npos ||
-                                                 text.find("dlerror") != std::string_view::npos ||
-                                                 text.find("cannot open") != std::string_view::npos)) {
+    } else if (text.starts_with("NET/Plugin") &&
+               (text.find("Could not find") != std::string_view::npos ||
+                text.find("dlerror") != std::string_view::npos || text.find("cannot open") != std::string_view::npos)) {
       if (found.plugin_failure.empty()) found.plugin_failure = std::string(text);
     }
   }
@@ -122,8 +123,8 @@ inline std::optional<NcclNetwork> nccl_network_from_log(std::string_view log) {
 inline std::optional<std::string> socket_fallback_error(Fabric fabric, const NcclNetwork& network) {
   if (!fabric_needs_check(fabric) || !network.uses_sockets()) return std::nullopt;
   const auto chose = network.provider.empty() ? fmt::format("NCCL chose TCP sockets (`{}`)", network.evidence)
-                                              : fmt::format("NCCL chose libfabric's {} provider (`{}`)", network.provider,
-                                                            network.provider_line);
+                                              : fmt::format("NCCL chose libfabric's {} provider (`{}`)",
+                                                            network.provider, network.provider_line);
   std::string why;
   if (!network.plugin_failure.empty()) why += fmt::format("; `{}`", network.plugin_failure);
   if (!network.ib_failure.empty()) why += fmt::format("; `{}`", network.ib_failure);
@@ -135,9 +136,10 @@ inline std::optional<std::string> socket_fallback_error(Fabric fabric, const Ncc
             "/opt/aws-ofi-nccl/lib) to LD_LIBRARY_PATH with Job::env"
           : "NCCL found no usable InfiniBand adapter: check that the site file's ib_hca (NCCL_IB_HCA) names adapters "
             "`ibv_devices` lists on the compute nodes, and that the container sees /dev/infiniband";
-  return fmt::format("the site's fabric is {} but {}{}, so the job would run many times slower than it should. {}; "
-                     "or run over sockets anyway with --allow-socket-fallback",
-                     to_string(fabric), chose, why, fix);
+  return fmt::format(
+      "the site's fabric is {} but {}{}, so the job would run many times slower than it should. {}; "
+      "or run over sockets anyway with --allow-socket-fallback",
+      to_string(fabric), chose, why, fix);
 }
 
 namespace detail {
@@ -180,7 +182,7 @@ struct NcclNetworkCheck {
 /// check. NCCL reads these variables when it initialises, in this process only: the other ranks and this
 /// rank's standard output keep the user's NCCL_DEBUG.
 inline std::optional<NcclNetworkCheck> capture_nccl_network_log(int rank, bool several_nodes,
-                                                               const std::filesystem::path& run_dir) {
+                                                                const std::filesystem::path& run_dir) {
   if (rank != 0 || !several_nodes) return std::nullopt;
   const auto fabric = detail::fabric_from_environment();
   if (!fabric || !fabric_needs_check(*fabric)) return std::nullopt;
@@ -203,9 +205,10 @@ inline std::optional<NcclNetworkCheck> capture_nccl_network_log(int rank, bool s
 inline std::string check_nccl_network(const NcclNetworkCheck& check) {
   const auto network = nccl_network_from_log(hpctrain::detail::read_file_if_present(check.log).value_or(""));
   if (!network)
-    return fmt::format("hpctrain: warning: cannot tell which network NCCL chose: {} holds no \"Using network\" line "
-                       "(the site's fabric is {}; --check-fabric measures it)",
-                       check.log.string(), to_string(check.fabric));
+    return fmt::format(
+        "hpctrain: warning: cannot tell which network NCCL chose: {} holds no \"Using network\" line "
+        "(the site's fabric is {}; --check-fabric measures it)",
+        check.log.string(), to_string(check.fabric));
   if (const auto error = socket_fallback_error(check.fabric, *network)) {
     if (hpctrain::getenv(env::allow_socket_fallback) != "1") throw RuntimeError(errors::runtime_fabric, *error);
     return fmt::format("hpctrain: warning: {} (allowed by --allow-socket-fallback)", *error);

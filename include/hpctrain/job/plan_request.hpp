@@ -13,7 +13,7 @@ namespace hpctrain {
 
 /// What `--plan` is asked about: the job's geometry and one GPU's memory, when known.
 struct PlanRequest {
-  int world = 1;                    ///< ranks: nodes × tasks per node
+  int world = 1;  ///< ranks: nodes × tasks per node
   int ranks_per_node = 1;
   int gpus_per_node = 0;            ///< 0: a CPU job
   std::optional<double> gpu_bytes;  ///< --gpu-memory, else what the GPU type's name says

@@ -50,7 +50,8 @@ inline std::string resource_request(const Job& job) {
   std::string out = fmt::format("--nodes={} --ntasks-per-node={}", job.nodes(), job.tasks_per_node());
   if (job.cpus_per_task()) out += fmt::format(" --cpus-per-task={}", *job.cpus_per_task());
   if (job.gpus() && job.gpus()->count > 0)
-    out += fmt::format(" --gpus-per-node={}{}", job.gpus()->type.empty() ? "" : job.gpus()->type + ":", job.gpus()->count);
+    out +=
+        fmt::format(" --gpus-per-node={}{}", job.gpus()->type.empty() ? "" : job.gpus()->type + ":", job.gpus()->count);
   if (job.memory()) out += " --mem=" + to_slurm(*job.memory());
   if (job.memory_per_gpu()) out += " --mem-per-gpu=" + to_slurm(*job.memory_per_gpu());
   if (job.partition()) out += " --partition=" + *job.partition();
@@ -63,8 +64,8 @@ inline std::string resource_request(const Job& job) {
 inline SpecError refusal_from_sbatch(const Job& job, std::string_view sbatch_error) {
   const auto has = [&](std::string_view text) { return sbatch_error.find(text) != std::string_view::npos; };
   const auto words = std::string(sbatch_error.substr(0, sbatch_error.find_last_not_of(" \n") + 1));
-  const auto refused = [&](std::string_view field, const std::optional<std::string>& value, std::initializer_list<std::string_view> keys,
-                           std::string_view hint) {
+  const auto refused = [&](std::string_view field, const std::optional<std::string>& value,
+                           std::initializer_list<std::string_view> keys, std::string_view hint) {
     const auto reason = fmt::format("this cluster refuses it (sbatch --test-only: {})\nhint: {}", words, hint);
     for (const auto& [key, given] : job.sbatch_options())  // a raw option replaces the field's directive
       for (const auto wanted : keys)
@@ -72,28 +73,35 @@ inline SpecError refusal_from_sbatch(const Job& job, std::string_view sbatch_err
     return SpecError(field, value.value_or("(the cluster's default)"), reason);
   };
   const auto gpus = job.gpus() && job.gpus()->count > 0
-                        ? std::optional<std::string>(fmt::format("{}{}", job.gpus()->type.empty() ? "" : job.gpus()->type + ":", job.gpus()->count))
+                        ? std::optional<std::string>(fmt::format(
+                              "{}{}", job.gpus()->type.empty() ? "" : job.gpus()->type + ":", job.gpus()->count))
                         : std::nullopt;
   const auto time = job.time() ? std::optional<std::string>(format_slurm_time(*job.time())) : std::nullopt;
   if (has("nvalid partition"))
-    return refused("partition", job.partition(), {"partition", "p"}, "`sinfo -s` lists the partitions you can submit to.");
+    return refused("partition", job.partition(), {"partition", "p"},
+                   "`sinfo -s` lists the partitions you can submit to.");
   if (has("nvalid feature"))
-    return refused("constraint", job.constraint(), {"constraint", "C"}, "`sinfo -o '%P %f'` lists each partition's node features.");
+    return refused("constraint", job.constraint(), {"constraint", "C"},
+                   "`sinfo -o '%P %f'` lists each partition's node features.");
   if (has("nvalid generic resource") || has("nvalid GRES"))
-    return refused("gpus_per_node", gpus, {"gres", "gpus", "gpus-per-node", "G"}, "`sinfo -o '%P %G'` lists each partition's GPUs (GRES).");
+    return refused("gpus_per_node", gpus, {"gres", "gpus", "gpus-per-node", "G"},
+                   "`sinfo -o '%P %G'` lists each partition's GPUs (GRES).");
   if (has("nvalid account"))
     return refused("account", job.account(), {"account", "A"},
                    "`sacctmgr show associations user=$USER format=account,partition` lists your accounts.");
   if (has("nvalid qos"))
-    return refused("qos", job.qos(), {"qos", "q"}, "`sacctmgr show associations user=$USER format=qos` lists your QOS.");
+    return refused("qos", job.qos(), {"qos", "q"},
+                   "`sacctmgr show associations user=$USER format=qos` lists your QOS.");
   if (has("ime limit"))
     return refused("time", time, {"time", "t"}, "`sinfo -o '%P %l'` shows each partition's maximum time.");
   if (has("nvalid reservation") || has("eservation"))
-    return refused("reservation", job.reservation(), {"reservation"}, "`scontrol show reservation` lists the reservations.");
-  return SpecError("resources", resource_request(job),
-                   fmt::format("this cluster refuses it (sbatch --test-only: {})\nhint: `sinfo -o '%P %D %c %G %m'` shows each "
-                               "partition's nodes, CPUs per node, GPUs and memory (MB).",
-                               words));
+    return refused("reservation", job.reservation(), {"reservation"},
+                   "`scontrol show reservation` lists the reservations.");
+  return SpecError(
+      "resources", resource_request(job),
+      fmt::format("this cluster refuses it (sbatch --test-only: {})\nhint: `sinfo -o '%P %D %c %G %m'` shows each "
+                  "partition's nodes, CPUs per node, GPUs and memory (MB).",
+                  words));
 }
 
 /// A file under the temporary directory holding `text`, removed when this goes away.
@@ -134,7 +142,8 @@ inline std::optional<SpecError> cluster_refusal(const Job& job, const std::strin
   const detail::TemporaryScript file(script);
   ProcessResult tested;
   try {
-    tested = run_process({"sbatch", "--test-only", file.path().string()}, {}, "", detail::inherited_slurm_variables(environ));
+    tested = run_process({"sbatch", "--test-only", file.path().string()}, {}, "",
+                         detail::inherited_slurm_variables(environ));
   } catch (const RuntimeError&) {  // no sbatch here
     return std::nullopt;
   }

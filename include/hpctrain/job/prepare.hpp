@@ -31,12 +31,12 @@ inline constexpr std::string_view prepare_done_file = "prepare.done";
 
 /// What a preparation callable knows about its job.
 struct PrepareContext {
-  std::string job_id;                    ///< `SLURM_JOB_ID` (`local` under `--local`)
-  std::string task_id;                   ///< `SLURM_ARRAY_TASK_ID`, empty outside an array
-  int restart_count = 0;                 ///< `SLURM_RESTART_COUNT`: > 0 when a requeued job prepares again
-  std::filesystem::path run_dir;         ///< `HPCTRAIN_RUN_DIR`: the run's directory, shared by the workers
-  std::filesystem::path output_dir;      ///< `<run_dir>/prepare`, created before the call: put results here
-  std::vector<std::string> args;         ///< the arguments forwarded to the workers (training knobs)
+  std::string job_id;                ///< `SLURM_JOB_ID` (`local` under `--local`)
+  std::string task_id;               ///< `SLURM_ARRAY_TASK_ID`, empty outside an array
+  int restart_count = 0;             ///< `SLURM_RESTART_COUNT`: > 0 when a requeued job prepares again
+  std::filesystem::path run_dir;     ///< `HPCTRAIN_RUN_DIR`: the run's directory, shared by the workers
+  std::filesystem::path output_dir;  ///< `<run_dir>/prepare`, created before the call: put results here
+  std::vector<std::string> args;     ///< the arguments forwarded to the workers (training knobs)
 };
 
 /// Runs once per job before the training step; throws to fail the job (its message goes to the log).
@@ -64,7 +64,8 @@ inline PrepareContext prepare_context_from_environment(std::vector<std::string> 
   }
   const auto run_dir = detail::env_or(env::run_dir, "");
   if (run_dir.empty())
-    throw RuntimeError(errors::runtime_prepare, "HPCTRAIN_RUN_DIR is not set: the preparation step runs from the generated script");
+    throw RuntimeError(errors::runtime_prepare,
+                       "HPCTRAIN_RUN_DIR is not set: the preparation step runs from the generated script");
   context.run_dir = run_dir;
   context.output_dir = context.run_dir / layout::prepare_output;
   context.args = std::move(args);
@@ -84,7 +85,8 @@ inline std::optional<std::filesystem::path> prepared_output_dir() {
 /// and maps failures to exit codes (a SpecError or UsageError: 2, anything else: 1) with the message on stderr.
 inline int run_preparation(const PrepareFunction& prepare, const PrepareContext& context) {
   try {
-    if (!prepare) throw RuntimeError(errors::runtime_prepare, "the script asked for a preparation step but the job registers none");
+    if (!prepare)
+      throw RuntimeError(errors::runtime_prepare, "the script asked for a preparation step but the job registers none");
     std::filesystem::create_directories(context.output_dir);
     prepare(context);
     return exit_ok;

@@ -53,14 +53,15 @@ inline int wait_for_exec(pid_t pid, int exec_pipe, const std::string& program) {
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  if (exec_failed) throw RuntimeError(errors::runtime_exec, fmt::format("cannot run {}: {}", program, std::strerror(exec_error)));
+  if (exec_failed)
+    throw RuntimeError(errors::runtime_exec, fmt::format("cannot run {}: {}", program, std::strerror(exec_error)));
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 }  // namespace detail
 
 /// Runs `argv` (looked up in PATH) with `extra_env` added to this process's environment and the variables
-/// named in `removed_env` removed, in `working_directory` when given; collects stdout and stderr. Throws RuntimeError(errors::runtime_exec, ...) when the
-/// program cannot be started.
+/// named in `removed_env` removed, in `working_directory` when given; collects stdout and stderr. Throws
+/// RuntimeError(errors::runtime_exec, ...) when the program cannot be started.
 inline ProcessResult run_process(const std::vector<std::string>& argv,
                                  const std::vector<std::pair<std::string, std::string>>& extra_env = {},
                                  const std::string& working_directory = "",
@@ -77,7 +78,8 @@ inline ProcessResult run_process(const std::vector<std::string>& argv,
     ::dup2(err_pipe[1], STDERR_FILENO);
     for (const auto& name : removed_env) ::unsetenv(name.c_str());
     for (const auto& [name, value] : extra_env) ::setenv(name.c_str(), value.c_str(), 1);
-    if (!working_directory.empty() && ::chdir(working_directory.c_str()) != 0) detail::report_exec_failure(exec_pipe[1], errno);
+    if (!working_directory.empty() && ::chdir(working_directory.c_str()) != 0)
+      detail::report_exec_failure(exec_pipe[1], errno);
     ::execvp(args[0], args.data());
     detail::report_exec_failure(exec_pipe[1], errno);
   }
@@ -97,10 +99,8 @@ inline ProcessResult run_process(const std::vector<std::string>& argv,
       if (fds[i] < 0 || polled[i].revents == 0) continue;
       char buffer[4096];
       const auto n = ::read(fds[i], buffer, sizeof buffer);
-      if (n > 0)
-        sinks[i]->append(buffer, static_cast<std::size_t>(n));
-      else if (n == 0 || errno != EINTR)
-        detail::close_fd(fds[i]);
+      if (n > 0) sinks[i]->append(buffer, static_cast<std::size_t>(n));
+      else if (n == 0 || errno != EINTR) detail::close_fd(fds[i]);
     }
   }
   result.exit_code = detail::wait_for_exec(pid, exec_pipe[0], argv[0]);
@@ -113,7 +113,8 @@ inline ProcessResult run_process(const std::vector<std::string>& argv,
 inline int run_attached(const std::vector<std::string>& argv) {
   if (argv.empty()) throw RuntimeError(errors::runtime_exec, "empty command");
   int exec_pipe[2];
-  if (::pipe2(exec_pipe, O_CLOEXEC) != 0) throw RuntimeError(errors::runtime_exec, fmt::format("pipe: {}", std::strerror(errno)));
+  if (::pipe2(exec_pipe, O_CLOEXEC) != 0)
+    throw RuntimeError(errors::runtime_exec, fmt::format("pipe: {}", std::strerror(errno)));
   const auto args = detail::exec_arguments(argv);
   const pid_t pid = ::fork();
   if (pid < 0) throw RuntimeError(errors::runtime_exec, fmt::format("fork: {}", std::strerror(errno)));

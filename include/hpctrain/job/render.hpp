@@ -33,11 +33,11 @@ namespace hpctrain {
 
 /// Everything a rendering needs besides the Job: fixed by tests, taken from the process otherwise.
 struct RenderContext {
-  std::string program;                     ///< absolute path of the binary the step runs
-  std::vector<std::string> argv;           ///< the login-node invocation, for the header comment
-  std::vector<std::string> worker_args;    ///< forwarded to the workers after the marker
-  std::string workdir;                     ///< absolute; the job's working directory unless Job::chdir
-  std::string generated_at;                ///< header timestamp
+  std::string program;                   ///< absolute path of the binary the step runs
+  std::vector<std::string> argv;         ///< the login-node invocation, for the header comment
+  std::vector<std::string> worker_args;  ///< forwarded to the workers after the marker
+  std::string workdir;                   ///< absolute; the job's working directory unless Job::chdir
+  std::string generated_at;              ///< header timestamp
   /// Looks up the submitting shell's variables (pass_env). Default: std::getenv.
   std::function<std::optional<std::string>(const std::string&)> lookup_env;
   /// The cluster's defaults (job/site.hpp). Default: none (tests); the process's own in current_render_context.
@@ -84,8 +84,8 @@ inline std::string comment_safe(std::string text) {
 inline std::string directory_name(std::string_view name) {
   std::string safe;
   for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-                    c == '-' || c == '.';
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
     safe += ok ? c : '_';
   }
   if (safe.empty() || safe == "." || safe == "..") safe = "job";
@@ -161,10 +161,12 @@ inline std::vector<SiteVariable> site_environment(const Job& job, const SiteSett
   std::vector<SiteVariable> variables;
   for (auto& [name, value, why] : fabric_environment(site.fabric)) variables.push_back({name, value, why});
   if (site.fabric.fabric)
-    variables.push_back({env::fabric, std::string(to_string(*site.fabric.fabric)),
-                         fabric_needs_check(site.fabric.fabric) ? "rank 0 checks that NCCL uses it" : "no check: sockets"});
+    variables.push_back(
+        {env::fabric, std::string(to_string(*site.fabric.fabric)),
+         fabric_needs_check(site.fabric.fabric) ? "rank 0 checks that NCCL uses it" : "no check: sockets"});
   if (site.fabric.expected_busbw_gbps)
-    variables.push_back({env::expected_busbw, fmt::format("{}", *site.fabric.expected_busbw_gbps), "for --check-fabric"});
+    variables.push_back(
+        {env::expected_busbw, fmt::format("{}", *site.fabric.expected_busbw_gbps), "for --check-fabric"});
   const std::pair<const char*, std::optional<int>> timeouts[] = {{env::rendezvous_timeout, site.rendezvous_timeout_s},
                                                                  {env::collective_timeout, site.collective_timeout_s},
                                                                  {env::checkpoint_timeout, site.checkpoint_timeout_s}};
@@ -355,9 +357,7 @@ inline std::string script_setup(const Job& job, const RenderContext& context) {
   bool secret_comment = false;
   for (const auto& var : job.environment()) {
     switch (var.kind) {
-      case EnvKind::literal:
-        s += fmt::format("export {}={}\n", var.name, shell_quote(var.value));
-        break;
+      case EnvKind::literal: s += fmt::format("export {}={}\n", var.name, shell_quote(var.value)); break;
       case EnvKind::pass_through: {
         const auto lookup = context.lookup_env ? context.lookup_env : process_env;
         const auto value = lookup(var.name);
@@ -379,8 +379,8 @@ inline std::string script_setup(const Job& job, const RenderContext& context) {
   if (job.array()) {
     // One run directory per task, inside the array's job directory: `<array id>/<array id>_<task id>`.
     s += "# A job array: every task has its own run directory (and log), and is requeued on its own.\n";
-    s += fmt::format("export {}={}/\"$SLURM_ARRAY_JOB_ID/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}\"\n", env::run_dir,
-                     shell_quote(job_root(job, context).string()));
+    s += fmt::format("export {}={}/\"$SLURM_ARRAY_JOB_ID/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}\"\n",
+                     env::run_dir, shell_quote(job_root(job, context).string()));
     s += "mkdir -p \"$HPCTRAIN_RUN_DIR\"\n";
     if (job.sweep()) s += sweep_block(job, context);
   } else {
@@ -495,17 +495,20 @@ inline std::vector<std::string> job_warnings(const Job& job) {
   // One rank per task, one GPU per rank: fewer tasks than GPUs on a node leaves the rest idle (an example's
   // tasks_per_node(1) copied beside gpus_per_node(8)).
   if (job.gpus_per_node_count() > job.tasks_per_node())
-    warnings.push_back(fmt::format(
-        "{} GPUs per node but {} task(s) per node: hpctrain trains one rank per task on one GPU each, so {} GPU(s) per node "
-        "would stay idle; leave tasks_per_node unset (one task per GPU) or give --tasks-per-node {}",
-        job.gpus_per_node_count(), job.tasks_per_node(), job.gpus_per_node_count() - job.tasks_per_node(), job.gpus_per_node_count()));
+    warnings.push_back(
+        fmt::format("{} GPUs per node but {} task(s) per node: hpctrain trains one rank per task on one GPU each, so "
+                    "{} GPU(s) per node "
+                    "would stay idle; leave tasks_per_node unset (one task per GPU) or give --tasks-per-node {}",
+                    job.gpus_per_node_count(), job.tasks_per_node(), job.gpus_per_node_count() - job.tasks_per_node(),
+                    job.gpus_per_node_count()));
   return warnings;
 }
 
 namespace detail {
 /// The script's first lines: the shebang, what generated it, the program and its arguments, why cpus-per-task
 /// has its value, and the description's warnings (as comments, made safe for one).
-inline std::string script_header(const Job& job, const RenderContext& context, const std::optional<DefaultCpus>& default_cpus) {
+inline std::string script_header(const Job& job, const RenderContext& context,
+                                 const std::optional<DefaultCpus>& default_cpus) {
   std::string s = "#!/bin/bash\n";
   s += fmt::format("# Generated by hpctrain {} at {}.\n", version, context.generated_at);
   s += fmt::format("# program: {}\n", comment_safe(shell_quote(context.program)));
@@ -529,7 +532,8 @@ inline std::string sbatch_directives(const Job& job, const RenderContext& contex
         option_used[i] = true;
         value = options[i].second;
       }
-    s += value.empty() ? fmt::format("#SBATCH --{}\n", key) : fmt::format("#SBATCH --{}={}\n", key, sbatch_quote(value));
+    s +=
+        value.empty() ? fmt::format("#SBATCH --{}\n", key) : fmt::format("#SBATCH --{}={}\n", key, sbatch_quote(value));
   };
   directive("job-name", job.name());
   directive("nodes", std::to_string(job.nodes()));
@@ -562,7 +566,8 @@ inline std::string sbatch_directives(const Job& job, const RenderContext& contex
   if (job.chdir()) directive("chdir", *job.chdir());
   if (!job.dependencies().empty()) {
     std::vector<std::string> parts;
-    for (const auto& [type, id] : job.dependencies()) parts.push_back(fmt::format("{}:{}", dependency_keyword(type), id));
+    for (const auto& [type, id] : job.dependencies())
+      parts.push_back(fmt::format("{}:{}", dependency_keyword(type), id));
     directive("dependency", join(parts, ","));
   }
   if (job.array()) directive("array", job.array()->text);
@@ -581,19 +586,19 @@ inline std::string step_with_requeue(const Job& job, const std::string& step) {
   // A preempted job comes back whether or not it asked for requeue_on_timeout: its workers handle SIGTERM by
   // checkpointing either way (train/preemption.hpp), and a user expects the work to resume, not a FAILED job
   // (without requeue_on_timeout the script used to end with 75, and Slurm did not requeue it).
-  const auto why = job.requeue() ? fmt::format("{} (requeue_on_timeout) or SIGTERM\n# (preemption)", job.requeue_signal())
-                                 : fmt::format("SIGTERM (preemption) or {}\n# (the preemption signal)",
-                                               job.requeue_signal());
+  const auto why = job.requeue()
+                       ? fmt::format("{} (requeue_on_timeout) or SIGTERM\n# (preemption)", job.requeue_signal())
+                       : fmt::format("SIGTERM (preemption) or {}\n# (the preemption signal)", job.requeue_signal());
   s += fmt::format(
-        "# Workers exit with {code} once they checkpointed after {why}; requeue then. srun --kill-on-bad-exit "
-        "reports another code (143) when one rank exits\n"
-        "# first and the others are killed: a rank that checkpointed also creates the marker file, which decides\n"
-        "# as well.\n"
-        "export HPCTRAIN_REQUEUE_MARKER=\"$HPCTRAIN_RUN_DIR/requeue-requested\"\n"
-        "{apptainer_marker}"
-        "rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n",
-        fmt::arg("code", exit_requeue), fmt::arg("why", why),
-        fmt::arg("apptainer_marker", apptainer_env_lines(job, {env::requeue_marker})));
+      "# Workers exit with {code} once they checkpointed after {why}; requeue then. srun --kill-on-bad-exit "
+      "reports another code (143) when one rank exits\n"
+      "# first and the others are killed: a rank that checkpointed also creates the marker file, which decides\n"
+      "# as well.\n"
+      "export HPCTRAIN_REQUEUE_MARKER=\"$HPCTRAIN_RUN_DIR/requeue-requested\"\n"
+      "{apptainer_marker}"
+      "rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n",
+      fmt::arg("code", exit_requeue), fmt::arg("why", why),
+      fmt::arg("apptainer_marker", apptainer_env_lines(job, {env::requeue_marker})));
   // One requeue per stop. Slurm requeues a preempted job itself (PreemptMode=REQUEUE) only when it is still
   // running at the end of GraceTime, and ours are done by then (seen on Slurm 22.05: a job whose step exits
   // within the grace ends COMPLETED, Restarts=0, unless the script requeues it). Should Slurm (or an admin)
@@ -601,7 +606,8 @@ inline std::string step_with_requeue(const Job& job, const std::string& step) {
   // second restart or fail, so the script leaves it to Slurm then.
   s += "hpctrain_requeue() {\n"
        "  local state\n"
-       "  state=$(scontrol --oneliner show job \"$1\" 2>/dev/null | sed -n 's/.* JobState=\\([A-Z_]*\\).*/\\1/p' | head -n 1) || state=\"\"\n"
+       "  state=$(scontrol --oneliner show job \"$1\" 2>/dev/null | sed -n 's/.* JobState=\\([A-Z_]*\\).*/\\1/p' | "
+       "head -n 1) || state=\"\"\n"
        "  if [ -n \"$state\" ] && [ \"$state\" != RUNNING ] && [ \"$state\" != SIGNALING ]; then\n"
        "    echo \"hpctrain: job $1 is $state: Slurm requeues it already; not requeueing it a second time\"\n"
        "    return 0\n"
@@ -610,18 +616,19 @@ inline std::string step_with_requeue(const Job& job, const std::string& step) {
        "}\n";
   s += fmt::format("status=0\n{} || status=$?\n", step);
   s += fmt::format(
-        "if [ \"$status\" -eq {code} ] || [ -e \"$HPCTRAIN_REQUEUE_MARKER\" ]; then\n"
-        "  rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n"
-        "  if [ \"${{SLURM_RESTART_COUNT:-0}}\" -lt {max} ]; then\n"
-        "    echo \"hpctrain: job {target} checkpointed; requeueing (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of {max})\"\n"
-        "    hpctrain_requeue \"{target}\"\n"
-        "    exit 0\n"
-        "  fi\n"
-        "  echo \"hpctrain: job {target} checkpointed but was restarted {max} times already; not requeueing\" >&2\n"
-        "  exit \"$status\"\n"
-        "fi\n",
-        fmt::arg("code", exit_requeue), fmt::arg("max", preemption_restarts(job)),
-        fmt::arg("target", requeue_target(job)));
+      "if [ \"$status\" -eq {code} ] || [ -e \"$HPCTRAIN_REQUEUE_MARKER\" ]; then\n"
+      "  rm -f \"$HPCTRAIN_REQUEUE_MARKER\"\n"
+      "  if [ \"${{SLURM_RESTART_COUNT:-0}}\" -lt {max} ]; then\n"
+      "    echo \"hpctrain: job {target} checkpointed; requeueing (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of "
+      "{max})\"\n"
+      "    hpctrain_requeue \"{target}\"\n"
+      "    exit 0\n"
+      "  fi\n"
+      "  echo \"hpctrain: job {target} checkpointed but was restarted {max} times already; not requeueing\" >&2\n"
+      "  exit \"$status\"\n"
+      "fi\n",
+      fmt::arg("code", exit_requeue), fmt::arg("max", preemption_restarts(job)),
+      fmt::arg("target", requeue_target(job)));
   if (job.max_restarts() > 0)
     s += fmt::format(
         "# max_restarts: a rank failed (any other non-zero status: an error, a signal, a lost node); requeue the\n"
@@ -635,7 +642,8 @@ inline std::string step_with_requeue(const Job& job, const std::string& step) {
         "    hpctrain_requeue \"{target}\"\n"
         "    exit 0\n"
         "  fi\n"
-        "  echo \"hpctrain: job {target}: the step failed (exit $status) after {max} failure restarts; giving up\" >&2\n"
+        "  echo \"hpctrain: job {target}: the step failed (exit $status) after {max} failure restarts; giving up\" "
+        ">&2\n"
         "fi\n",
         fmt::arg("code", exit_requeue), fmt::arg("max", job.max_restarts()), fmt::arg("target", requeue_target(job)));
   s += "exit \"$status\"\n";
@@ -673,9 +681,9 @@ inline std::string render_allocation_script(const Job& described, const RenderCo
                    context.generated_at);
   s += detail::script_setup(job, context);
   auto srun = detail::training_srun_options(job);
-  srun.insert(srun.begin() + 1, {fmt::format("--nodes={}", job.nodes()),
-                                 fmt::format("--ntasks={}", job.nodes() * job.tasks_per_node()),
-                                 fmt::format("--ntasks-per-node={}", job.tasks_per_node())});
+  srun.insert(srun.begin() + 1,
+              {fmt::format("--nodes={}", job.nodes()), fmt::format("--ntasks={}", job.nodes() * job.tasks_per_node()),
+               fmt::format("--ntasks-per-node={}", job.tasks_per_node())});
   const auto step = detail::srun_step(job, context, std::move(srun), worker_flag);
   s += detail::script_before_step(job, context);
   // The workers' marker, as in the batch script (the container flags name it); nothing requeues on it here.

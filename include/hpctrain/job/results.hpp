@@ -27,12 +27,12 @@ namespace hpctrain {
 
 /// One task's row of `--results`.
 struct TaskResult {
-  int task = -1;                 ///< the array task id; -1 for a single job
-  std::string configuration;     ///< a sweep's named configuration, else empty
+  int task = -1;                                           ///< the array task id; -1 for a single job
+  std::string configuration;                               ///< a sweep's named configuration, else empty
   std::vector<std::pair<std::string, std::string>> knobs;  ///< a sweep's knob values for the task
-  std::string state;             ///< as Slurm tells it (COMPLETED, RUNNING, ...)
-  std::optional<std::int64_t> step;  ///< the last step in metrics.jsonl
-  std::map<std::string, double> metrics;  ///< `loss` (last train record), `eval_*` (last eval record)
+  std::string state;                                       ///< as Slurm tells it (COMPLETED, RUNNING, ...)
+  std::optional<std::int64_t> step;                        ///< the last step in metrics.jsonl
+  std::map<std::string, double> metrics;                   ///< `loss` (last train record), `eval_*` (last eval record)
 };
 
 /// How `--results` orders its rows: by `metric`, best first.
@@ -60,10 +60,8 @@ inline std::pair<std::optional<std::int64_t>, std::map<std::string, double>> rea
       step = std::max(step.value_or(0), at->get<std::int64_t>());
     bool eval = false;
     for (const auto& item : record.items()) eval = eval || item.key().starts_with("eval_");
-    if (eval)
-      last_eval = std::move(record);
-    else if (record.contains("loss"))
-      last_train = std::move(record);
+    if (eval) last_eval = std::move(record);
+    else if (record.contains("loss")) last_train = std::move(record);
   }
   if (last_train && (*last_train)["loss"].is_number()) metrics["loss"] = (*last_train)["loss"].get<double>();
   if (last_eval)
@@ -75,8 +73,9 @@ inline std::pair<std::optional<std::int64_t>, std::map<std::string, double>> rea
 
 namespace detail {
 inline bool is_finished_state(std::string_view state) {
-  static const std::set<std::string_view> finished = {"COMPLETED", "FAILED",    "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
-                                                      "NODE_FAIL", "BOOT_FAIL", "DEADLINE",  "PREEMPTED"};
+  static const std::set<std::string_view> finished = {"COMPLETED", "FAILED",        "CANCELLED",
+                                                      "TIMEOUT",   "OUT_OF_MEMORY", "NODE_FAIL",
+                                                      "BOOT_FAIL", "DEADLINE",      "PREEMPTED"};
   return finished.contains(state);
 }
 
@@ -109,8 +108,9 @@ inline ResultOrder result_order(const std::optional<std::string>& sort_by, const
   }
   if (!present.contains(metric) && present.contains("eval_" + metric)) metric = "eval_" + metric;
   if (!present.contains(metric))
-    throw UsageError(fmt::format("--sort-by {}: no task has this metric; they have: {}", *sort_by,
-                                 present.empty() ? "none" : detail::join(std::vector<std::string>(present.begin(), present.end()), ", ")));
+    throw UsageError(fmt::format(
+        "--sort-by {}: no task has this metric; they have: {}", *sort_by,
+        present.empty() ? "none" : detail::join(std::vector<std::string>(present.begin(), present.end()), ", ")));
   order.metric = metric;
   order.higher_is_better = direction.value_or(detail::higher_is_better(metric));
   return order;
@@ -144,7 +144,8 @@ inline std::vector<TaskResult> collect_results(const SubmittedJob& job) {
   const auto record = nlohmann::json::parse(file, nullptr, false);
   if (!record.is_discarded() && record.contains("sweep") && record["sweep"].is_array())
     for (const auto& combination : record["sweep"]) {
-      if (!combination.is_object() || !combination.contains("task") || !combination["task"].is_number_integer()) continue;
+      if (!combination.is_object() || !combination.contains("task") || !combination["task"].is_number_integer())
+        continue;
       auto& [configuration, values] = sweep[combination["task"].get<int>()];
       if (combination.contains("configuration") && combination["configuration"].is_string())
         configuration = combination["configuration"].get<std::string>();
@@ -174,13 +175,15 @@ inline void require_finished_task(const SubmittedJob& job, const std::vector<Tas
   }
   std::vector<std::string> summary;
   for (const auto& [state, n] : counts) summary.push_back(fmt::format("{} {}", n, state));
-  throw UsageError(fmt::format("--results: no task of job {} has finished yet ({}); try again later, --status shows "
-                               "where they are",
-                               job.id, detail::join(summary, ", ")));
+  throw UsageError(
+      fmt::format("--results: no task of job {} has finished yet ({}); try again later, --status shows "
+                  "where they are",
+                  job.id, detail::join(summary, ", ")));
 }
 
 /// The table: a title line, a header and one row per task (best first), columns aligned.
-inline std::string format_results(const SubmittedJob& job, const std::vector<TaskResult>& rows, const ResultOrder& order) {
+inline std::string format_results(const SubmittedJob& job, const std::vector<TaskResult>& rows,
+                                  const ResultOrder& order) {
   std::vector<std::string> knob_names;
   bool configurations = false;
   std::set<std::string> metric_names;
@@ -207,7 +210,8 @@ inline std::string format_results(const SubmittedJob& job, const std::vector<Tas
     std::vector<std::string> cells = {row.task < 0 ? job.id : std::to_string(row.task)};
     if (configurations) cells.push_back(row.configuration.empty() ? "-" : row.configuration);
     for (const auto& knob : knob_names) {
-      const auto at = std::find_if(row.knobs.begin(), row.knobs.end(), [&](const auto& kv) { return kv.first == knob; });
+      const auto at =
+          std::find_if(row.knobs.begin(), row.knobs.end(), [&](const auto& kv) { return kv.first == knob; });
       cells.push_back(at == row.knobs.end() ? "-" : at->second);
     }
     cells.push_back(row.state.empty() ? "UNKNOWN" : row.state);

@@ -37,8 +37,8 @@ class Knob {
 namespace detail {
 /// The type a knob declared with a default of type T holds: `128` an integer, `"Q: "` a text.
 template <class T>
-using declared_knob_t = std::conditional_t<std::is_convertible_v<T, std::string_view> && !std::same_as<T, bool>, std::string,
-                                           stored_knob_t<std::decay_t<T>>>;
+using declared_knob_t = std::conditional_t<std::is_convertible_v<T, std::string_view> && !std::same_as<T, bool>,
+                                           std::string, stored_knob_t<std::decay_t<T>>>;
 
 /// The knobs the program declared with hpctrain::knob while main built its description. hpctrain::run adds them to
 /// its table after the built-ins and Training::knob's. A program runs main again in every worker, so the workers
@@ -64,7 +64,8 @@ Knob<detail::declared_knob_t<T>> knob(std::string name, T default_value, std::st
   auto& table = detail::inline_knobs();
   if (const auto* known = table.find(name)) {
     const auto& mine = declared.specs().front();
-    if (known->help != mine.help || known->default_value != mine.default_value || known->requirement != mine.requirement)
+    if (known->help != mine.help || known->default_value != mine.default_value ||
+        known->requirement != mine.requirement)
       throw SpecError(errors::spec_knob, knob_flag(name),
                       fmt::format("is declared twice: default {}, \"{}\" and default {}, \"{}\"",
                                   detail::format_knob_value(known->default_value), known->help,
@@ -86,14 +87,16 @@ inline KnobName knob(std::string name) { return {std::move(name)}; }
 template <class T>
 class Setting {
  public:
-  Setting(T value) : value_(std::move(value)) {}  // NOLINT: implicit, so that a plain value reads naturally
+  Setting(T value) : value_(std::move(value)) {}           // NOLINT: implicit, so that a plain value reads naturally
   Setting(KnobName knob) : knob_(std::move(knob.name)) {}  // NOLINT
   template <KnobType K>
-    requires(std::is_same_v<K, T> || (std::is_same_v<T, std::filesystem::path> && std::is_same_v<K, std::string>))
-  Setting(const Knob<K>& knob) : knob_(knob.name()) {}  // NOLINT: a knob declared inline
+  requires(std::is_same_v<K, T> || (std::is_same_v<T, std::filesystem::path> && std::is_same_v<K, std::string>))
+      Setting(const Knob<K>& knob)
+      : knob_(knob.name()) {}  // NOLINT: a knob declared inline
   template <class U>
-    requires(std::is_constructible_v<T, U> && !std::is_same_v<std::decay_t<U>, T> && !std::is_same_v<std::decay_t<U>, KnobName>)
-  Setting(U&& value) : value_(T(std::forward<U>(value))) {}  // NOLINT: "/path" for a path
+  requires(std::is_constructible_v<T, U> && !std::is_same_v<std::decay_t<U>, T> &&
+           !std::is_same_v<std::decay_t<U>, KnobName>) Setting(U&& value)
+      : value_(T(std::forward<U>(value))) {}  // NOLINT: "/path" for a path
 
   /// The value for this run: the program's, or the knob's (a SpecError names an empty required string knob).
   T get(const Knobs& knobs) const {
@@ -107,9 +110,7 @@ class Setting {
     }
   }
   /// An optional path: the program's, or the knob's unless the knob is empty (`--tools ""`, its default: none).
-  std::optional<T> get_optional(const Knobs& knobs) const
-    requires std::is_same_v<T, std::filesystem::path>
-  {
+  std::optional<T> get_optional(const Knobs& knobs) const requires std::is_same_v<T, std::filesystem::path> {
     if (!knob_) return *value_;
     auto text = knobs.get<std::string>(*knob_);
     if (text.empty()) return std::nullopt;

@@ -26,10 +26,8 @@ inline std::string shell_quote(std::string_view text) {
   if (detail::is_plain_shell_word(text)) return std::string(text);
   std::string quoted = "'";
   for (char c : text) {
-    if (c == '\'')
-      quoted += "'\\''";
-    else
-      quoted += c;
+    if (c == '\'') quoted += "'\\''";
+    else quoted += c;
   }
   quoted += '\'';
   return quoted;

@@ -34,9 +34,7 @@ enum class GpuSyntax {
 };
 
 /// The spelling used by `--gpu-syntax`, the environment and the site file.
-inline std::string_view to_string(GpuSyntax syntax) {
-  return syntax == GpuSyntax::gres ? "gres" : "gpus-per-node";
-}
+inline std::string_view to_string(GpuSyntax syntax) { return syntax == GpuSyntax::gres ? "gres" : "gpus-per-node"; }
 
 /// Parses `gpus-per-node` or `gres`; throws SpecError(`gpu_syntax`) naming `where` the value came from.
 inline GpuSyntax parse_gpu_syntax(std::string_view text, std::string_view where = "") {
@@ -69,7 +67,8 @@ inline std::string trim_blanks(std::string_view text) {
 }
 
 /// The site file's path by the rule in this header's comment; empty when no home is known.
-inline std::filesystem::path site_config_path(const std::function<std::optional<std::string>(const std::string&)>& env) {
+inline std::filesystem::path site_config_path(
+    const std::function<std::optional<std::string>(const std::string&)>& env) {
   if (auto path = env("HPCTRAIN_SITE_CONFIG"); path && !path->empty()) return *path;
   if (auto config = env("XDG_CONFIG_HOME"); config && !config->empty())
     return std::filesystem::path(*config) / "hpctrain" / "site.conf";
@@ -78,10 +77,10 @@ inline std::filesystem::path site_config_path(const std::function<std::optional<
   return {};
 }
 
-inline constexpr std::string_view site_keys[] = {"gpu_syntax",         "fabric",          "socket_ifname",
-                                                 "ib_hca",             "expected_busbw_gbps", "cores_per_node",
-                                                 "rendezvous_timeout_s", "collective_timeout_s",
-                                                 "checkpoint_timeout_s"};
+inline constexpr std::string_view site_keys[] = {
+    "gpu_syntax",          "fabric",         "socket_ifname",        "ib_hca",
+    "expected_busbw_gbps", "cores_per_node", "rendezvous_timeout_s", "collective_timeout_s",
+    "checkpoint_timeout_s"};
 
 /// A whole number in [1, `max`] for site key `key`; SpecError `[hpctrain.spec.site]` naming it and `where`.
 inline int site_positive_integer(std::string_view key, const std::string& value, int max, std::string_view where) {
@@ -133,10 +132,10 @@ inline void apply_site_setting(SiteSettings& settings, const std::string& key, c
     settings.checkpoint_timeout_s = site_positive_integer(key, value, 86400, where);
   } else {
     const auto closest = closest_name(key, site_keys);
-    throw SpecError(errors::spec_site, fmt::format("site = {}", key),
-                    fmt::format("unknown setting{}; known: {} ({})",
-                                closest ? fmt::format(" (did you mean {}?)", *closest) : "",
-                                fmt::join(site_keys, ", "), where));
+    throw SpecError(
+        errors::spec_site, fmt::format("site = {}", key),
+        fmt::format("unknown setting{}; known: {} ({})", closest ? fmt::format(" (did you mean {}?)", *closest) : "",
+                    fmt::join(site_keys, ", "), where));
   }
 }
 
@@ -149,8 +148,7 @@ inline void read_site_file(const std::filesystem::path& path, SiteSettings& sett
     const auto text = trim_blanks(std::string_view(line).substr(0, line.find('#')));
     if (text.empty()) continue;
     const auto equals = text.find('=');
-    if (equals == std::string::npos)
-      throw SpecError("site", text, fmt::format("expected key = value ({})", where));
+    if (equals == std::string::npos) throw SpecError("site", text, fmt::format("expected key = value ({})", where));
     apply_site_setting(settings, trim_blanks(std::string_view(text).substr(0, equals)),
                        trim_blanks(std::string_view(text).substr(equals + 1)), where);
   }

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>  // fmt::join
+#include <fmt/ranges.h>       // fmt::join
 #include <nlohmann/json.hpp>  // the job record (job.json)
 
 #include <hpctrain/error.hpp>
@@ -74,7 +74,10 @@ inline std::string resolve_log_pattern(std::string_view pattern, const std::stri
     else if (key == 'x') path += name;
     else if (key == 'u') path += std::getenv("USER") ? std::getenv("USER") : "";
     else if (key == '%') path += '%';
-    else { path += '%'; path += key; }
+    else {
+      path += '%';
+      path += key;
+    }
   }
   if (!path.starts_with("/")) path = (std::filesystem::path(workdir) / path).string();
   return path;
@@ -93,10 +96,11 @@ inline std::string explain_sbatch_failure(const std::string& stderr_text) {
   else if (has("node configuration is not available") || has("More processors requested"))
     message += "\nhint: `sinfo -o '%P %D %c %G %m'` shows each partition's nodes, CPUs, GPUs and memory.";
   else if (has("SRV") || has("Could not establish a configuration source"))  // no slurm.conf found at all
-    message += std::getenv("SLURM_CONF") == nullptr
-                   ? "\nhint: SLURM_CONF is not set and this host has no /etc/slurm/slurm.conf: set it to your cluster's "
-                     "slurm.conf (the local test cluster: `eval \"$(scripts/slurm-local env)\"`)."
-                   : fmt::format("\nhint: SLURM_CONF = {}: is that your cluster's slurm.conf?", std::getenv("SLURM_CONF"));
+    message +=
+        std::getenv("SLURM_CONF") == nullptr
+            ? "\nhint: SLURM_CONF is not set and this host has no /etc/slurm/slurm.conf: set it to your cluster's "
+              "slurm.conf (the local test cluster: `eval \"$(scripts/slurm-local env)\"`)."
+            : fmt::format("\nhint: SLURM_CONF = {}: is that your cluster's slurm.conf?", std::getenv("SLURM_CONF"));
   return message;
 }
 
@@ -106,22 +110,26 @@ inline std::string explain_sbatch_failure(const std::string& stderr_text) {
 inline SubmittedJob parse_job_record(std::string_view text, const std::filesystem::path& path) {
   const auto record = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (record.is_discarded())
-    throw RuntimeError(errors::runtime_job_record, fmt::format("{}: not valid JSON (edited or truncated?)", path.string()));
+    throw RuntimeError(errors::runtime_job_record,
+                       fmt::format("{}: not valid JSON (edited or truncated?)", path.string()));
   const auto field = [&](const char* key) {
     const auto found = record.is_object() ? record.find(key) : record.end();
     if (found == record.end() || !found->is_string())
-      throw RuntimeError(errors::runtime_job_record, fmt::format("{}: \"{}\" is missing or not a string", path.string(), key));
+      throw RuntimeError(errors::runtime_job_record,
+                         fmt::format("{}: \"{}\" is missing or not a string", path.string(), key));
     return found->get<std::string>();
   };
   return {field("id"), field("name"), field("directory"), field("output_log"), field("error_log")};
 }
 
 inline nlohmann::json to_json(const SubmittedJob& job) {
-  return {{"id", job.id}, {"name", job.name}, {"directory", job.directory.string()},
-          {"output_log", job.output_log}, {"error_log", job.error_log}};
+  return {{"id", job.id},
+          {"name", job.name},
+          {"directory", job.directory.string()},
+          {"output_log", job.output_log},
+          {"error_log", job.error_log}};
 }
 }  // namespace detail
-
 
 /// Renders `job`, writes it into its job directory and submits it with `sbatch --parsable` (without this
 /// process's SLURM_* variables: detail::inherited_slurm_variables). The script follows the cluster's Slurm
@@ -153,11 +161,11 @@ inline SubmittedJob submit(const Job& job, const RenderContext& given_context) {
   try {
     detail::write_file_atomically(pending / layout::job_script, script);
     // Held until its directory carries its id: the default log path is <root>/<id>/.
-    const auto sbatch = run_process({"sbatch", "--parsable", "--hold", (pending / layout::job_script).string()}, {},
-                                    "", detail::inherited_slurm_variables(environ));
+    const auto sbatch = run_process({"sbatch", "--parsable", "--hold", (pending / layout::job_script).string()}, {}, "",
+                                    detail::inherited_slurm_variables(environ));
     if (sbatch.exit_code != 0)
       throw RuntimeError(errors::runtime_sbatch, fmt::format("sbatch refused the job (exit {}):\n{}", sbatch.exit_code,
-                                               detail::explain_sbatch_failure(sbatch.err)));
+                                                             detail::explain_sbatch_failure(sbatch.err)));
     std::string id = detail::trim(sbatch.out);
     id = id.substr(0, id.find(';'));  // --parsable prints "<id>[;<cluster>]"
     queued_id = id;
@@ -192,7 +200,8 @@ inline SubmittedJob submit(const Job& job, const RenderContext& given_context) {
       for (const auto& combination : resolved.combinations) {
         nlohmann::json values = nlohmann::json::array();
         for (const auto& [knob, value] : combination.values) values.push_back({knob, value});
-        combinations.push_back({{"task", combination.task}, {"configuration", combination.configuration}, {"values", values}});
+        combinations.push_back(
+            {{"task", combination.task}, {"configuration", combination.configuration}, {"values", values}});
       }
     }
     // argv may hold bytes that are not UTF-8: JSON gets U+FFFD for them instead of an exception.
@@ -202,7 +211,8 @@ inline SubmittedJob submit(const Job& job, const RenderContext& given_context) {
 
     const auto release = run_process({"scontrol", "release", id});
     if (release.exit_code != 0)
-      throw RuntimeError(errors::runtime_sbatch, fmt::format("cannot release held job {}: {}", id, detail::trim(release.err)));
+      throw RuntimeError(errors::runtime_sbatch,
+                         fmt::format("cannot release held job {}: {}", id, detail::trim(release.err)));
     return submitted;
   } catch (...) {
     if (queued_id) run_process({"scancel", *queued_id});
@@ -228,8 +238,8 @@ inline SubmittedJob last_submitted(const Job& job, const RenderContext& context)
   std::ifstream last(root / layout::last_job_file);
   std::string id;
   if (!(last >> id))
-    throw RuntimeError(errors::runtime_no_job, fmt::format("no job submitted yet from here ({} has none); use --submit",
-                                             root.string()));
+    throw RuntimeError(errors::runtime_no_job,
+                       fmt::format("no job submitted yet from here ({} has none); use --submit", root.string()));
   const auto path = root / id / layout::job_record;
   const auto text = hpctrain::detail::read_file_if_present(path, errors::runtime_job_record);
   if (!text) throw RuntimeError(errors::runtime_no_job, fmt::format("the record {} is missing", path.string()));
@@ -253,14 +263,16 @@ inline std::string pending_reason_hint(std::string_view reason) {
   reason = reason.substr(0, reason.find(','));  // "(Resources)" or "(ReqNodeNotAvail, UnavailableNodes:n1)"
   if (reason.size() >= 2 && reason.front() == '(') reason = reason.substr(1, reason.find(')') - 1);
   static constexpr std::pair<std::string_view, std::string_view> hints[] = {
-      {"BadConstraints", "no node can ever satisfy the request (GPUs, memory, CPUs or --constraint): compare the job's "
-                         "resources with `sinfo -o '%P %D %c %m %G %f'`, and cancel it"},
+      {"BadConstraints",
+       "no node can ever satisfy the request (GPUs, memory, CPUs or --constraint): compare the job's "
+       "resources with `sinfo -o '%P %D %c %m %G %f'`, and cancel it"},
       {"Resources", "the nodes it needs are busy; it starts when they free up"},
       {"Priority", "jobs of higher priority are ahead of it (`sprio -j <id>` shows why)"},
       {"PartitionTimeLimit", "--time exceeds the partition's limit (`sinfo -o '%P %l'`): it will never start"},
       {"PartitionNodeLimit", "more nodes than the partition allows per job (`scontrol show partition`)"},
-      {"QOSMaxGRESPerUser", "your QOS caps the GPUs you may hold at once: it starts when your other jobs end "
-                            "(`sacctmgr show qos format=name,maxtresperuser`)"},
+      {"QOSMaxGRESPerUser",
+       "your QOS caps the GPUs you may hold at once: it starts when your other jobs end "
+       "(`sacctmgr show qos format=name,maxtresperuser`)"},
       {"QOSMaxJobsPerUserLimit", "your QOS caps how many jobs you may run at once"},
       {"AssocGrpGRES", "your account's GPU limit is reached (`sacctmgr show assoc user=$USER`)"},
       {"AssocMaxJobsLimit", "your account's limit on running jobs is reached"},
@@ -321,7 +333,8 @@ inline JobState state_from_scontrol(const std::string& id, const ProcessResult& 
     return shown.out.substr(begin, shown.out.find(' ', begin) - begin);
   };
   JobState state{id, field("JobState"), "scontrol", fmt::format("exit code {}", field("ExitCode")), ""};
-  if (const auto restarts = field("Restarts"); !restarts.empty() && restarts != "0") state.detail += fmt::format(", {} restart(s)", restarts);
+  if (const auto restarts = field("Restarts"); !restarts.empty() && restarts != "0")
+    state.detail += fmt::format(", {} restart(s)", restarts);
   if (state.state == "PENDING") state.hint = pending_reason_hint(field("Reason"));
   return state;
 }
@@ -338,8 +351,8 @@ inline JobState query_state(const std::string& id) {
   const bool controller_failed = queued.exit_code != 0 && !detail::is_unknown_job_answer(queued);
   if (controller_failed) failures.push_back(detail::failure_of("squeue", queued));
 
-  const std::vector<std::string> sacct_args = {"--noheader", "--parsable2", "--allocations", "--jobs", id,
-                                               "--format", "JobID,State,ExitCode,Elapsed"};
+  const std::vector<std::string> sacct_args = {
+      "--noheader", "--parsable2", "--allocations", "--jobs", id, "--format", "JobID,State,ExitCode,Elapsed"};
   std::vector<std::string> sacct_failures;
   for (const bool completion_log : {false, true}) {
     std::vector<std::string> command = {"sacct"};
@@ -375,8 +388,8 @@ inline JobState query_state(const std::string& id) {
 inline void enroot_import(std::string_view image, std::string_view output_sqsh) {
   const auto result = run_process(enroot_import_command(image, output_sqsh));
   if (result.exit_code != 0)
-    throw RuntimeError(errors::runtime_enroot, fmt::format("enroot import failed (exit {}): {}", result.exit_code,
-                                             detail::trim(result.err)));
+    throw RuntimeError(errors::runtime_enroot,
+                       fmt::format("enroot import failed (exit {}): {}", result.exit_code, detail::trim(result.err)));
 }
 
 /// Cancels job `id` (`scancel`). Throws RuntimeError(errors::runtime_scancel, ...) with scancel's message.

@@ -29,12 +29,12 @@ namespace hpctrain {
 class SweepValue {
  public:
   template <class T>
-    requires(std::integral<T> || std::floating_point<T>) && (!std::same_as<T, bool>)
-  SweepValue(T value) : text_(fmt::format("{}", value)) {}  // NOLINT: implicit, for {3e-4, 1e-3}
+  requires(std::integral<T> || std::floating_point<T>) && (!std::same_as<T, bool>)SweepValue(T value)
+      : text_(fmt::format("{}", value)) {}                     // NOLINT: implicit, for {3e-4, 1e-3}
   SweepValue(bool value) : text_(value ? "true" : "false") {}  // NOLINT
-  SweepValue(const char* value) : text_(value) {}               // NOLINT
-  SweepValue(std::string value) : text_(std::move(value)) {}    // NOLINT
-  SweepValue(std::string_view value) : text_(value) {}          // NOLINT
+  SweepValue(const char* value) : text_(value) {}              // NOLINT
+  SweepValue(std::string value) : text_(std::move(value)) {}   // NOLINT
+  SweepValue(std::string_view value) : text_(value) {}         // NOLINT
   /// The value as the knob table reads it (`0.0003` for 3e-4: fmt's shortest exact form).
   const std::string& text() const { return text_; }
 

@@ -59,8 +59,13 @@ inline bool parse_unsigned(std::string_view text, long long& out) {
 inline std::int64_t parse_bytes(std::string_view text, std::string_view field) {
   std::string_view number = text;
   std::int64_t scale = 1;
-  for (auto [suffix, factor] : {std::pair<std::string_view, std::int64_t>{"KiB", 1 << 10}, {"MiB", 1 << 20},
-                                {"GiB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}}) {
+  for (auto [suffix, factor] : {std::pair<std::string_view, std::int64_t>{"KiB", 1 << 10},
+                                {"MiB", 1 << 20},
+                                {"GiB", 1 << 30},
+                                {"K", 1 << 10},
+                                {"M", 1 << 20},
+                                {"G", 1 << 30},
+                                {"B", 1}}) {
     if (number.size() > suffix.size() && number.ends_with(suffix)) {
       number.remove_suffix(suffix.size()), scale = factor;
       break;
@@ -80,8 +85,8 @@ inline std::chrono::seconds parse_slurm_time(std::string_view text) {
     return SpecError("time", text, "expected D-HH:MM:SS, HH:MM:SS, MM:SS, MM or a number with s/min/h/d");
   };
   long long value = 0;
-  for (auto [suffix, scale] : {std::pair<std::string_view, long long>{"min", 60}, {"s", 1}, {"m", 60}, {"h", 3600},
-                               {"d", 86400}}) {
+  for (auto [suffix, scale] :
+       {std::pair<std::string_view, long long>{"min", 60}, {"s", 1}, {"m", 60}, {"h", 3600}, {"d", 86400}}) {
     if (text.size() > suffix.size() && text.ends_with(suffix) &&
         detail::parse_unsigned(text.substr(0, text.size() - suffix.size()), value))
       return std::chrono::seconds(value * scale);

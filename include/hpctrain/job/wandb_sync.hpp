@@ -31,11 +31,12 @@ inline std::vector<std::filesystem::path> find_offline_wandb_runs(const std::fil
   namespace fs = std::filesystem;
   std::vector<fs::path> runs;
   std::error_code error;
-  for (fs::recursive_directory_iterator it(directory, fs::directory_options::skip_permission_denied, error), end; !error && it != end;
-       it.increment(error)) {
+  for (fs::recursive_directory_iterator it(directory, fs::directory_options::skip_permission_denied, error), end;
+       !error && it != end; it.increment(error)) {
     if (!it->is_directory(error)) continue;
     const auto name = it->path().filename().string();
-    if (name.starts_with(layout::wandb_offline_run_prefix) && it->path().parent_path().filename().string() == layout::wandb) {
+    if (name.starts_with(layout::wandb_offline_run_prefix) &&
+        it->path().parent_path().filename().string() == layout::wandb) {
       runs.push_back(it->path());
       it.disable_recursion_pending();
     } else if (it.depth() >= 3 || name == layout::checkpoints) {
@@ -75,8 +76,9 @@ inline std::vector<std::string> wandb_sync_command(const std::vector<std::filesy
 inline int wandb_sync(const std::filesystem::path& run_directory, std::ostream& out, std::ostream& err) {
   const auto runs = find_offline_wandb_runs(run_directory);
   if (runs.empty())
-    throw RuntimeError(errors::runtime_wandb, fmt::format("no W&B offline run under {} (train with --wandb [PROJECT] to write one)",
-                                                          run_directory.string()));
+    throw RuntimeError(
+        errors::runtime_wandb,
+        fmt::format("no W&B offline run under {} (train with --wandb [PROJECT] to write one)", run_directory.string()));
   const auto argv = wandb_sync_command(runs);
   std::vector<std::string> quoted;
   for (const auto& arg : argv) quoted.push_back(shell_quote(arg));

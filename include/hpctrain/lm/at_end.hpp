@@ -38,7 +38,9 @@ namespace detail {
 /// The model of a finish hook as a causal LM; RuntimeError naming `what` for another module.
 inline models::CausalLM& causal_lm(torch::nn::Module& module, std::string_view what) {
   auto* model = dynamic_cast<models::CausalLM*>(&module);
-  if (model == nullptr) throw RuntimeError(errors::runtime_io, fmt::format("{} needs a models::CausalLM; the model is {}", what, module.name()));
+  if (model == nullptr)
+    throw RuntimeError(errors::runtime_io,
+                       fmt::format("{} needs a models::CausalLM; the model is {}", what, module.name()));
   return *model;
 }
 
@@ -63,7 +65,8 @@ inline models::ExportFormat export_format(const Knobs& knobs, std::optional<torc
 /// (an exception), the temporary directory is removed.
 class StagedDirectory {
  public:
-  explicit StagedDirectory(std::filesystem::path target) : target_(std::filesystem::absolute(std::move(target)).lexically_normal()) {
+  explicit StagedDirectory(std::filesystem::path target)
+      : target_(std::filesystem::absolute(std::move(target)).lexically_normal()) {
     if (!target_.has_filename()) target_ = target_.parent_path();  // "dir/" names dir
     staging_ = sibling(".tmp");
     hpctrain::detail::remove_tree(staging_);  // a crashed export's leftovers, of this pid
@@ -115,11 +118,15 @@ inline std::vector<std::string> export_model(const FinishContext& at_end, const 
   if (at_end.run.lora) {
     at_end.whole_model();
     if (!writes) return {};
-    const auto base = at_end.run.pretrained_dir ? std::filesystem::absolute(*at_end.run.pretrained_dir).string() : std::string();
-    models::save_peft_adapter(model, out, *at_end.run.lora, base, models::hf_names(model), models::stores_transposed_projections(model));
+    const auto base =
+        at_end.run.pretrained_dir ? std::filesystem::absolute(*at_end.run.pretrained_dir).string() : std::string();
+    models::save_peft_adapter(model, out, *at_end.run.lora, base, models::hf_names(model),
+                              models::stores_transposed_projections(model));
     models::merge_lora(model);
     const auto whole = models::whole_unit(model);
-    models::save_pretrained_by_units(model, models::shapes_of(whole), [&](const models::UnitVisitor& visit) { visit(whole); }, out / "merged", format);
+    models::save_pretrained_by_units(
+        model, models::shapes_of(whole), [&](const models::UnitVisitor& visit) { visit(whole); }, out / "merged",
+        format);
     return {"adapter_config.json", "adapter_model.safetensors", "merged/"};
   }
   const auto order = at_end.unit_shapes();
@@ -127,7 +134,8 @@ inline std::vector<std::string> export_model(const FinishContext& at_end, const 
     at_end.visit_units([](const models::NamedUnit&) {});
     return {};
   }
-  return models::save_pretrained_by_units(model, order, [&](const models::UnitVisitor& visit) { at_end.visit_units(visit); }, out, format);
+  return models::save_pretrained_by_units(
+      model, order, [&](const models::UnitVisitor& visit) { at_end.visit_units(visit); }, out, format);
 }
 }  // namespace detail
 
@@ -160,11 +168,14 @@ HPCTRAIN_RUNTIME_INLINE FinishHook sample_at_end(Setting<std::string> prompt, Se
     for (auto id : tokenizer.encode(text)) ids.push_back(static_cast<std::int64_t>(id));
     models::GenerationOptions options;
     options.max_new_tokens = tokens.get(at_end.run.knobs);
-    options.vocabulary = static_cast<std::int64_t>(tokenizer.vocab_size());  // a padded vocabulary's extra ids are no token
-    if (const auto limit = model.max_positions()) options.max_new_tokens = std::min(options.max_new_tokens, *limit - static_cast<std::int64_t>(ids.size()));
+    options.vocabulary =
+        static_cast<std::int64_t>(tokenizer.vocab_size());  // a padded vocabulary's extra ids are no token
+    if (const auto limit = model.max_positions())
+      options.max_new_tokens = std::min(options.max_new_tokens, *limit - static_cast<std::int64_t>(ids.size()));
     if (ids.empty() || options.max_new_tokens <= 0) return;
     const auto generated = models::generate(model, ids, options);
-    fmt::print("sample (greedy): {}{}\n", text, tokenizer.decode(std::vector<text::TokenId>(generated.begin(), generated.end())));
+    fmt::print("sample (greedy): {}{}\n", text,
+               tokenizer.decode(std::vector<text::TokenId>(generated.begin(), generated.end())));
   };
 }
 

@@ -27,7 +27,7 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
                                bool weight_gradient) {
     const auto device_type = hidden.device().type();
     const auto compute = at::autocast::is_autocast_enabled(device_type) ? at::autocast::get_autocast_dtype(device_type)
-                                                                         : weight.scalar_type();
+                                                                        : weight.scalar_type();
     // The casts below are the ones autocast would make; it must not make them again.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto w = weight.to(compute);  // once for every chunk
@@ -63,7 +63,8 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
   /// The gradients computed in forward, scaled in place by the loss's own (1 / count for a mean, 1 /
   /// accumulation) and handed over: no second weight-sized tensor at the backward's peak. A second backward
   /// through the same loss (retain_graph) finds them gone and fails rather than scaling twice.
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
     const auto scaled = [&](const char* name) {
       if (ctx->saved_data.count(name) == 0) return torch::Tensor();
       auto gradient = ctx->saved_data[name].toTensor();
@@ -71,8 +72,8 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
       ctx->saved_data[name] = torch::Tensor();
       return gradient.mul_(grads[0]);
     };
-    return {scaled("grad_hidden"), scaled("grad_weight"), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
-            torch::Tensor()};
+    return {scaled("grad_hidden"), scaled("grad_weight"), torch::Tensor(), torch::Tensor(),
+            torch::Tensor(),       torch::Tensor(),       torch::Tensor()};
   }
 };
 
@@ -82,7 +83,8 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
 /// in fp32, computed `chunk` tokens at a time (hidden [..., H], weight [V, H], targets [...]; `ignore` marks
 /// targets without loss). What lm::token_loss_sum(linear(hidden, weight), targets) gives, without the whole
 /// logits in memory: the most at once is one chunk's [chunk, V] in fp32.
-inline std::pair<torch::Tensor, torch::Tensor> chunked_token_loss_sum(const torch::Tensor& hidden, const torch::Tensor& weight,
+inline std::pair<torch::Tensor, torch::Tensor> chunked_token_loss_sum(const torch::Tensor& hidden,
+                                                                      const torch::Tensor& weight,
                                                                       const torch::Tensor& targets, std::int64_t chunk,
                                                                       std::int64_t ignore = -100) {
   TORCH_CHECK(chunk > 0, "chunked_token_loss_sum: the chunk must hold at least one token; got ", chunk);
@@ -90,7 +92,8 @@ inline std::pair<torch::Tensor, torch::Tensor> chunked_token_loss_sum(const torc
   const auto flat_targets = targets.reshape({-1});
   const bool grad_mode = torch::GradMode::is_enabled();
   auto sum = detail::ChunkedLinearCrossEntropy::apply(flat_hidden, weight, flat_targets, chunk, ignore,
-                                                      grad_mode && hidden.requires_grad(), grad_mode && weight.requires_grad());
+                                                      grad_mode && hidden.requires_grad(),
+                                                      grad_mode && weight.requires_grad());
   return {sum, flat_targets.ne(ignore).sum().to(torch::kFloat32)};
 }
 

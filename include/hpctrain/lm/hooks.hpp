@@ -20,7 +20,8 @@ HPCTRAIN_RUNTIME_INLINE FinishHook hf_export(std::optional<std::filesystem::path
 
 /// At the end, rank 0 prints `sample (greedy): <prompt><continuation>` — `tokens` new tokens (or fewer when
 /// the model's positions run out) decoded with the run's tokenizer.
-HPCTRAIN_RUNTIME_INLINE FinishHook sample_at_end(Setting<std::string> prompt, Setting<std::int64_t> tokens = std::int64_t{40});
+HPCTRAIN_RUNTIME_INLINE FinishHook sample_at_end(Setting<std::string> prompt,
+                                                 Setting<std::int64_t> tokens = std::int64_t{40});
 
 /// At the end, rank 0 prints `<name>=<final evaluation loss>` (four decimals), the line scripts look for.
 HPCTRAIN_RUNTIME_INLINE FinishHook print_eval_loss(std::string name = "val_loss");

@@ -65,7 +65,8 @@ inline void activation_checkpointing_from_knobs(torch::nn::Module& module, const
   const auto text = knobs.get<std::string>("activation_checkpointing");
   const auto recompute = models::parse_recompute(text);
   if (!recompute)
-    throw SpecError(errors::spec_knob, "--activation-checkpointing", fmt::format("{:?}: {}", text, recompute_requirement));
+    throw SpecError(errors::spec_knob, "--activation-checkpointing",
+                    fmt::format("{:?}: {}", text, recompute_requirement));
   auto* model = dynamic_cast<models::CausalLM*>(&module);
   if (model != nullptr) model->set_activation_checkpointing(*recompute);
   else if (*recompute != models::Recompute::none)
@@ -89,20 +90,26 @@ HPCTRAIN_RUNTIME_INLINE Training masked_lm_training();
 #if HPCTRAIN_RUNTIME_DEFINITIONS
 HPCTRAIN_RUNTIME_INLINE Training causal_lm_training() {
   return Training()
-      .loss(token_loss).step(chunked_causal_lm_step).eval_step(token_eval_step).metric(metrics::perplexity)
+      .loss(token_loss)
+      .step(chunked_causal_lm_step)
+      .eval_step(token_eval_step)
+      .metric(metrics::perplexity)
       .memory_plan(plan_memory_of_run)
-      .knob<std::string>("activation_checkpointing", "none",
-                         "recompute transformer blocks in backward instead of keeping their activations: selective "
-                         "keeps the matrix products' outputs and recomputes the rest, full keeps only each block's input",
-                         KnobCheck<std::string>(
-                             [](const std::string& v) { return models::parse_recompute(v).has_value(); },
-                             recompute_requirement))
+      .knob<std::string>(
+          "activation_checkpointing", "none",
+          "recompute transformer blocks in backward instead of keeping their activations: selective "
+          "keeps the matrix products' outputs and recomputes the rest, full keeps only each block's input",
+          KnobCheck<std::string>([](const std::string& v) { return models::parse_recompute(v).has_value(); },
+                                 recompute_requirement))
       .knob_bare_value("activation_checkpointing", "full", "[none|selective|full]")
       .on_model(activation_checkpointing_from_knobs)
-      .knob<std::int64_t>(loss_chunk_knob, 0,
-                          "apply the head and the loss this many tokens at a time: the tokens x vocabulary logits are never whole "
-                          "(0: whole logits)", non_negative())
-      .knob<std::int64_t>("lora_r", 0, "LoRA rank: train adapters of this rank instead of every parameter (0: off)", non_negative())
+      .knob<std::int64_t>(
+          loss_chunk_knob, 0,
+          "apply the head and the loss this many tokens at a time: the tokens x vocabulary logits are never whole "
+          "(0: whole logits)",
+          non_negative())
+      .knob<std::int64_t>("lora_r", 0, "LoRA rank: train adapters of this rank instead of every parameter (0: off)",
+                          non_negative())
       .knob<double>("lora_alpha", 16.0, "LoRA alpha (the adapters are scaled by alpha / r)", positive())
       .knob<double>("lora_dropout", 0.0, "dropout on the LoRA adapters' input", between(0.0, 0.99))
       .knob<std::string>("lora_targets", "q_proj,v_proj", "layers that get adapters, comma-separated (or all-linear)")

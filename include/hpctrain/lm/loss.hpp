@@ -20,7 +20,8 @@ namespace hpctrain::lm {
 inline constexpr std::int64_t ignore_index = -100;
 
 /// {sum of the per-token cross entropy over the counted targets, their count}, in fp32.
-inline std::pair<torch::Tensor, torch::Tensor> token_loss_sum(const torch::Tensor& logits, const torch::Tensor& targets) {
+inline std::pair<torch::Tensor, torch::Tensor> token_loss_sum(const torch::Tensor& logits,
+                                                              const torch::Tensor& targets) {
   const auto flat_targets = targets.reshape({-1});
   const auto sum = torch::nn::functional::cross_entropy(
       logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), flat_targets,
@@ -40,7 +41,8 @@ inline torch::Tensor token_loss(const torch::Tensor& logits, const torch::Tensor
 inline torch::Tensor batch_logits(StepContext& context, const data::Batch& batch) {
   if (!batch.has("document_ids")) return context.forward(batch.inputs);
   auto* model = dynamic_cast<models::CausalLM*>(&context.module);
-  TORCH_CHECK(model != nullptr, "a packed batch needs a models::CausalLM (GPT-2, Llama, ...); the model is ", context.module.name());
+  TORCH_CHECK(model != nullptr, "a packed batch needs a models::CausalLM (GPT-2, Llama, ...); the model is ",
+              context.module.name());
   return model->forward(batch.inputs, models::TokenLayout{batch.field("position_ids"), batch.field("document_ids")});
 }
 
@@ -60,7 +62,8 @@ inline torch::Tensor chunked_causal_lm_step(StepContext& context, const data::Ba
   const auto chunk = context.knobs.get<std::int64_t>(loss_chunk_knob);
   if (chunk == 0) return token_loss_step(context, batch);
   auto* model = dynamic_cast<models::CausalLM*>(&context.module);
-  TORCH_CHECK(model != nullptr, "--loss-chunk-tokens needs a models::CausalLM (GPT-2, Llama, ...); the model is ", context.module.name());
+  TORCH_CHECK(model != nullptr, "--loss-chunk-tokens needs a models::CausalLM (GPT-2, Llama, ...); the model is ",
+              context.module.name());
   std::optional<models::TokenLayout> layout;
   if (batch.has("document_ids")) layout = models::TokenLayout{batch.field("position_ids"), batch.field("document_ids")};
   const auto hidden = model->hidden_states(batch.inputs, layout ? &*layout : nullptr);

@@ -39,8 +39,10 @@ struct MaskedLmTokens {
     MaskedLmTokens tokens;
     auto id = [&](const char* name) -> std::int64_t {
       if (const auto found = tokenizer.token_id(name)) return static_cast<std::int64_t>(*found);
-      throw RuntimeError(errors::runtime_masked_lm, fmt::format("{}: has no {} token; a masked-LM tokenizer needs <s>, </s>, <pad> and <mask> "
-                                                     "(RoBERTa's added tokens)", tokenizer.source(), name));
+      throw RuntimeError(errors::runtime_masked_lm,
+                         fmt::format("{}: has no {} token; a masked-LM tokenizer needs <s>, </s>, <pad> and <mask> "
+                                     "(RoBERTa's added tokens)",
+                                     tokenizer.source(), name));
     };
     tokens.bos = id("<s>"), tokens.eos = id("</s>"), tokens.pad = id("<pad>"), tokens.mask = id("<mask>");
     tokens.vocab_size = static_cast<std::int64_t>(tokenizer.vocab_size());
@@ -55,7 +57,8 @@ struct MaskedLmTokens {
 class MaskedBlocks : public data::Dataset {
  public:
   /// `windows` holds the stream cut into block_length - 2 tokens (data::tokens with that context).
-  MaskedBlocks(std::shared_ptr<const data::TokenDataset> windows, std::int64_t bos, std::int64_t eos, MaskingOptions masking)
+  MaskedBlocks(std::shared_ptr<const data::TokenDataset> windows, std::int64_t bos, std::int64_t eos,
+               MaskingOptions masking)
       : windows_(std::move(windows)), bos_(bos), eos_(eos), masking_(std::move(masking)) {
     masking_.validate();
   }
@@ -64,7 +67,8 @@ class MaskedBlocks : public data::Dataset {
   data::Batch batch_in_epoch(const std::vector<std::int64_t>& indices, std::int64_t epoch) const override {
     const auto body = windows_->batch(indices).inputs;  // [n, block_length - 2]
     const auto n = body.size(0);
-    const auto blocks = torch::cat({torch::full({n, 1}, bos_, torch::kInt64), body, torch::full({n, 1}, eos_, torch::kInt64)}, 1);
+    const auto blocks =
+        torch::cat({torch::full({n, 1}, bos_, torch::kInt64), body, torch::full({n, 1}, eos_, torch::kInt64)}, 1);
     std::vector<torch::Tensor> inputs, labels;
     for (std::int64_t row = 0; row < n; ++row) {
       auto [masked, label] = mask_tokens(blocks[row], masking_, epoch, indices[static_cast<std::size_t>(row)]);
@@ -83,7 +87,9 @@ class MaskedBlocks : public data::Dataset {
 /// The tokenizer the preparation step kept beside its tokens.
 inline text::Tokenizer prepared_tokenizer(const RunContext& run) {
   const auto file = tokenizer_file_in(prepared_tokens_dir(run));
-  if (!file) throw RuntimeError(errors::runtime_masked_lm, fmt::format("{}: holds no tokenizer file (tokenizer.json)", prepared_tokens_dir(run).string()));
+  if (!file)
+    throw RuntimeError(errors::runtime_masked_lm,
+                       fmt::format("{}: holds no tokenizer file (tokenizer.json)", prepared_tokens_dir(run).string()));
   return text::load_tokenizer(*file);
 }
 
@@ -100,10 +106,13 @@ class PreparedMaskedBlocks {
     auto masking = masking_;
     masking.mask_id = tokens.mask, masking.vocab_size = tokens.vocab_size, masking.special_ids = tokens.special;
     const auto path = prepared_tokens_dir(run) / (split_ + ".tokens");
-    return data::Source([=] {
-      auto windows = std::make_shared<data::TokenDataset>(path, length - 2, data::TokenFileOptions().fingerprint(header.fingerprint));
-      return std::make_shared<MaskedBlocks>(std::move(windows), tokens.bos, tokens.eos, masking);
-    }, fmt::format("masked blocks of {} ({} tokens)", path.string(), length));
+    return data::Source(
+        [=] {
+          auto windows = std::make_shared<data::TokenDataset>(path, length - 2,
+                                                              data::TokenFileOptions().fingerprint(header.fingerprint));
+          return std::make_shared<MaskedBlocks>(std::move(windows), tokens.bos, tokens.eos, masking);
+        },
+        fmt::format("masked blocks of {} ({} tokens)", path.string(), length));
   }
 
  private:
@@ -115,16 +124,18 @@ class PreparedMaskedBlocks {
 /// Blocks of `block_length` tokens (a number, or `lm::knob("max_length")`) of the prepared split `split`
 /// ("train" or "val"), masked per epoch as `masking` says (RoBERTa's 15% / 80-10-10 by default; the <mask> id,
 /// the vocabulary and the special tokens come from the prepared tokenizer).
-inline PreparedMaskedBlocks prepared_masked_blocks(std::string split, Setting<std::int64_t> block_length, MaskingOptions masking = {}) {
+inline PreparedMaskedBlocks prepared_masked_blocks(std::string split, Setting<std::int64_t> block_length,
+                                                   MaskingOptions masking = {}) {
   return PreparedMaskedBlocks(std::move(split), std::move(block_length), std::move(masking));
 }
 
 /// Accuracy on the masked positions (the counted targets): how often the arg-max is the original token.
-inline const metrics::Metric masked_accuracy{"masked_accuracy", [](const metrics::Input& in) {
-  const auto targets = in.batch.targets.reshape({-1});
-  const auto counted = targets.ne(ignore_index);
-  const auto hits = in.output.reshape({-1, in.output.size(-1)}).argmax(-1).eq(targets).logical_and(counted);
-  return metrics::Sums{hits.sum().to(torch::kFloat64), counted.sum().to(torch::kFloat64)};
-}};
+inline const metrics::Metric masked_accuracy{
+    "masked_accuracy", [](const metrics::Input& in) {
+      const auto targets = in.batch.targets.reshape({-1});
+      const auto counted = targets.ne(ignore_index);
+      const auto hits = in.output.reshape({-1, in.output.size(-1)}).argmax(-1).eq(targets).logical_and(counted);
+      return metrics::Sums{hits.sum().to(torch::kFloat64), counted.sum().to(torch::kFloat64)};
+    }};
 
 }  // namespace hpctrain::lm

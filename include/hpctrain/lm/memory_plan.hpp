@@ -56,13 +56,13 @@ namespace hpctrain::lm {
 
 /// What the plan reads of a model's config.
 struct ModelShape {
-  std::string family;                  ///< "llama" or "gpt2"
-  std::int64_t parameters = 0;         ///< every parameter
+  std::string family;           ///< "llama" or "gpt2"
+  std::int64_t parameters = 0;  ///< every parameter
   std::int64_t layers = 0, hidden = 0, intermediate = 0, kv_width = 0, vocab = 0;
-  std::int64_t block_parameters = 0;   ///< one transformer block's
-  std::int64_t linear_weights = 0;     ///< every Linear weight (what autocast casts), the head included
-  std::int64_t head_parameters = 0;    ///< the head's weight (vocab · hidden), tied or not
-  bool tied = true;                    ///< the head is the token embedding (then neither is a ZeRO-3 edge)
+  std::int64_t block_parameters = 0;  ///< one transformer block's
+  std::int64_t linear_weights = 0;    ///< every Linear weight (what autocast casts), the head included
+  std::int64_t head_parameters = 0;   ///< the head's weight (vocab · hidden), tied or not
+  bool tied = true;                   ///< the head is the token embedding (then neither is a ZeRO-3 edge)
   /// A Linear of a block: its name (LoRA's targets), its widths, and the group of Linears that read the same
   /// input (in fp32 they save one tensor between them; under autocast each saves its own bf16 cast).
   struct Linear {
@@ -79,8 +79,9 @@ struct ModelShape {
 inline ModelShape model_shape(const models::LlamaConfig& c) {
   const auto h = c.hidden_size, q = c.num_attention_heads * c.head_dimension(), kv = c.kv_heads() * c.head_dimension();
   const auto i = c.intermediate_size;
-  ModelShape shape{"llama", c.parameter_count(), c.num_hidden_layers, h, i, kv, c.vocab_size, 0, 0, c.vocab_size * h, c.tie_word_embeddings, {}, 0, 0};
-  shape.block_linears = {{"q_proj", h, q, 0}, {"k_proj", h, kv, 0}, {"v_proj", h, kv, 0}, {"o_proj", q, h, 1},
+  ModelShape shape{"llama", c.parameter_count(), c.num_hidden_layers,   h,  i, kv, c.vocab_size, 0,
+                   0,       c.vocab_size * h,    c.tie_word_embeddings, {}, 0, 0};
+  shape.block_linears = {{"q_proj", h, q, 0},    {"k_proj", h, kv, 0}, {"v_proj", h, kv, 0},  {"o_proj", q, h, 1},
                          {"gate_proj", h, i, 2}, {"up_proj", h, i, 2}, {"down_proj", i, h, 3}};
   // The input of each RMSNorm (fp32: the residual stream), SDPA's q, k, v and output, SiLU's input and output
   // and up_proj's output (the product's operands).
@@ -95,7 +96,8 @@ inline ModelShape model_shape(const models::LlamaConfig& c) {
 
 inline ModelShape model_shape(const models::GPT2Config& c) {
   const auto h = c.n_embd, f = c.inner();
-  ModelShape shape{"gpt2", c.parameter_count(), c.n_layer, h, f, h, c.vocab_size, 0, 0, c.vocab_size * h, c.tie_word_embeddings, {}, 0, 0};
+  ModelShape shape{"gpt2",           c.parameter_count(),   c.n_layer, h, f, h, c.vocab_size, 0, 0,
+                   c.vocab_size * h, c.tie_word_embeddings, {},        0, 0};
   shape.block_linears = {{"c_attn", h, 3 * h, 0}, {"attn.c_proj", h, h, 1}, {"c_fc", h, f, 2}, {"mlp.c_proj", f, h, 3}};
   // Each LayerNorm's input, SDPA's q, k, v and output, GELU's input.
   shape.other_saved_bf16 = 4 * h + 6 * h + 2 * h + 4 * h + 2 * f;
@@ -110,18 +112,18 @@ inline ModelShape model_shape(const models::GPT2Config& c) {
 /// What the run declares.
 struct PlanInput {
   ModelShape model;
-  std::string strategy = "none";       ///< none (Replicated), zero1, zero2, zero3, hsdp
-  int shard_group = 0;                 ///< hsdp: the ranks a shard group holds (ZeRO-3 within it, replicated across)
-  bool bf16 = false;                   ///< autocast in bf16
+  std::string strategy = "none";  ///< none (Replicated), zero1, zero2, zero3, hsdp
+  int shard_group = 0;            ///< hsdp: the ranks a shard group holds (ZeRO-3 within it, replicated across)
+  bool bf16 = false;              ///< autocast in bf16
   models::Recompute activation_checkpointing = models::Recompute::none;  ///< --activation-checkpointing
-  std::int64_t lora_rank = 0;          ///< 0: every parameter trains
+  std::int64_t lora_rank = 0;                                            ///< 0: every parameter trains
   std::vector<std::string> lora_targets;
   std::int64_t micro_batch = 1, sequence = 1;
   std::int64_t loss_chunk_tokens = 0;  ///< 0: whole logits
   int world = 1, ranks_per_node = 1;
-  bool cpu = false;                    ///< the ranks compute on the host over Gloo (no GPU asked for)
+  bool cpu = false;                                    ///< the ranks compute on the host over Gloo (no GPU asked for)
   std::int64_t runtime_bytes = std::int64_t{1} << 30;  ///< the CUDA context and LibTorch's kernels (stated)
-  std::optional<double> gpu_bytes;     ///< the memory of one GPU, when known
+  std::optional<double> gpu_bytes;                     ///< the memory of one GPU, when known
 };
 
 /// One rank's figures, in bytes.
@@ -129,11 +131,11 @@ struct MemoryPlan {
   std::int64_t trainable = 0;
   double parameters = 0, gradients = 0, optimizer_state = 0, bf16_weights = 0, gathered_unit = 0, activations = 0,
          activations_recomputed = 0, activations_selective = 0, logits = 0, runtime = 0;
-  double in_flight = 0;       ///< ZeRO-3: the units in flight where its backward peaks (above the activations then)
+  double in_flight = 0;        ///< ZeRO-3: the units in flight where its backward peaks (above the activations then)
   double host_heap_slack = 0;  ///< on a CPU: the C allocator's freed memory the step's peak still holds
-  double peak = 0;            ///< per GPU
-  double host_at_load = 0;    ///< per node
-  std::optional<double> gpu;  ///< the GPU's memory, when known
+  double peak = 0;             ///< per GPU
+  double host_at_load = 0;     ///< per node
+  std::optional<double> gpu;   ///< the GPU's memory, when known
 
   bool fits() const { return !gpu || peak <= *gpu; }
 };
@@ -184,7 +186,9 @@ inline std::int64_t selective_bytes_per_token(const PlanInput& in) {
 }
 
 /// Whether each rank reads only its slices of the blocks at load (ZeRO-3 without LoRA: the Trainer's defer_blocks).
-inline bool reads_slices(const PlanInput& in) { return (in.strategy == "zero3" || in.strategy == "hsdp") && in.lora_rank == 0; }
+inline bool reads_slices(const PlanInput& in) {
+  return (in.strategy == "zero3" || in.strategy == "hsdp") && in.lora_rank == 0;
+}
 
 /// Where ZeRO-3's backward peaks: the activations still held then and the units in flight beside them.
 struct BackwardPeak {
@@ -196,7 +200,8 @@ struct BackwardPeak {
 /// logits while the head's runs) are held beside two gathered units, the computing unit's whole gradients, and the
 /// reduce-scatters in flight (two at most: fully_sharded.hpp's max_reduce_scatters_in_flight), each with Gloo's
 /// scratch copy on a CPU. `kept`: every block's activations; `per_layer`: one block's.
-inline BackwardPeak zero3_backward_peak(const PlanInput& in, double kept, double per_layer, double logits, double edge_head) {
+inline BackwardPeak zero3_backward_peak(const PlanInput& in, double kept, double per_layer, double logits,
+                                        double edge_head) {
   const auto& m = in.model;
   const double block = static_cast<double>(m.block_parameters), compute_bytes = in.bf16 ? 2.0 : 4.0;
   const double reduce_copies = in.cpu && in.world > 1 ? 2.0 : 1.0;  // the fp32 input, and Gloo's scratch of it
@@ -208,12 +213,14 @@ inline BackwardPeak zero3_backward_peak(const PlanInput& in, double kept, double
   // Before unit `unit`'s backward: it and `previous` (prefetched) gathered, its gradients whole, two reduce-scatters.
   const auto consider = [&](double activations, double unit, double previous_bytes) {
     double in_flight = 2.0 * compute_bytes * unit + previous_bytes;
-    for (std::size_t r = reducing.size() > 2 ? reducing.size() - 2 : 0; r < reducing.size(); ++r) in_flight += 4.0 * reduce_copies * reducing[r];
+    for (std::size_t r = reducing.size() > 2 ? reducing.size() - 2 : 0; r < reducing.size(); ++r)
+      in_flight += 4.0 * reduce_copies * reducing[r];
     if (activations + in_flight > peak.activations + peak.in_flight) peak = {activations, in_flight};
     reducing.push_back(unit);
   };
   if (edge_head > 0) consider(kept + logits, edge_head, compute_bytes * block);
-  for (double k = 0; k < layers; ++k)  // the bottom block prefetches the embedding (gathered in fp32), when it is a unit
+  for (double k = 0; k < layers;
+       ++k)  // the bottom block prefetches the embedding (gathered in fp32), when it is a unit
     consider(per_layer + others * (layers - 1.0 - k), block, k + 1 < layers ? compute_bytes * block : 4.0 * edge_head);
   return peak;
 }
@@ -239,10 +246,12 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   const double trainable = static_cast<double>(plan.trainable);
   const bool lora = in.lora_rank > 0;
   // ZeRO-3's edges: an untied embedding and head that train (LoRA freezes them: they stay whole).
-  const double head = static_cast<double>(m.head_parameters), edge_head = !m.tied && !lora ? head : 0.0, edges = 2.0 * edge_head;
+  const double head = static_cast<double>(m.head_parameters), edge_head = !m.tied && !lora ? head : 0.0,
+               edges = 2.0 * edge_head;
   // What trains of the blocks and of the rest (LoRA's adapters are all in the blocks).
   const double trainable_blocks = lora ? trainable : blocks, trainable_outside = lora ? 0.0 : outside;
-  plan.parameters = 4.0 * (zero3 ? (blocks + edges) / world + outside - edges : static_cast<double>(m.parameters)) + (lora ? 4.0 * trainable : 0.0);
+  plan.parameters = 4.0 * (zero3 ? (blocks + edges) / world + outside - edges : static_cast<double>(m.parameters)) +
+                    (lora ? 4.0 * trainable : 0.0);
   if (in.strategy == "none" || in.strategy == "zero1") plan.gradients = 4.0 * trainable;
   else if (in.strategy == "zero2") plan.gradients = 4.0 * trainable / world;
   else plan.gradients = 4.0 * ((trainable_blocks + edges) / world + trainable_outside - edges);
@@ -261,7 +270,8 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   plan.activations_selective =
       block_inputs + tokens * static_cast<double>(selective_bytes_per_token(in) * (m.layers - 1)) + per_layer;
   const double kept = kept_activations(in, plan);
-  const double logit_tokens = in.loss_chunk_tokens > 0 ? std::min<double>(tokens, static_cast<double>(in.loss_chunk_tokens)) : tokens;
+  const double logit_tokens =
+      in.loss_chunk_tokens > 0 ? std::min<double>(tokens, static_cast<double>(in.loss_chunk_tokens)) : tokens;
   plan.logits = logit_tokens * static_cast<double>(m.vocab) * (in.bf16 ? 10.0 : 12.0);
   plan.runtime = static_cast<double>(in.runtime_bytes);
   const double resident = plan.parameters + plan.optimizer_state + plan.bf16_weights + plan.runtime;
@@ -282,8 +292,9 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   // and 1.34-1.82 times the transient bytes at --local 1, 2 and 4; counted as once them.
   if (in.cpu) plan.host_heap_slack = transient;
   plan.peak += plan.host_heap_slack;
-  plan.host_at_load = 4.0 * (reads_slices(in) ? outside + static_cast<double>(m.block_parameters) : static_cast<double>(m.parameters)) *
-                      in.ranks_per_node;
+  plan.host_at_load =
+      4.0 * (reads_slices(in) ? outside + static_cast<double>(m.block_parameters) : static_cast<double>(m.parameters)) *
+      in.ranks_per_node;
   plan.gpu = in.gpu_bytes;
   return plan;
 }
@@ -309,9 +320,10 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
   std::string out = fmt::format(
       "memory plan: {} ({} parameters, {} trainable{}), {}, {}, {} rank(s) ({}), micro-batch {} x {} tokens{}\n",
       in.model.family, parameter_count_label(in.model.parameters), parameter_count_label(plan.trainable),
-      in.lora_rank > 0 ? fmt::format(", LoRA r={}", in.lora_rank) : "", in.strategy == "none" ? "replicated" : in.strategy,
-      in.bf16 ? "bf16" : "fp32", in.world, in.strategy == "hsdp" ? fmt::format("{} per node, shard groups of {}", in.ranks_per_node, in.shard_group)
-                                                             : fmt::format("{} per node", in.ranks_per_node),
+      in.lora_rank > 0 ? fmt::format(", LoRA r={}", in.lora_rank) : "",
+      in.strategy == "none" ? "replicated" : in.strategy, in.bf16 ? "bf16" : "fp32", in.world,
+      in.strategy == "hsdp" ? fmt::format("{} per node, shard groups of {}", in.ranks_per_node, in.shard_group)
+                            : fmt::format("{} per node", in.ranks_per_node),
       in.micro_batch, in.sequence,
       in.loss_chunk_tokens > 0 ? fmt::format(", loss in chunks of {}", in.loss_chunk_tokens) : "");
   const auto row = [&](const char* name, double bytes, const std::string& note = {}) {
@@ -323,8 +335,12 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
   row("optimizer state (AdamW)", plan.optimizer_state);
   const bool zero3 = in.strategy == "zero3" || in.strategy == "hsdp";
   if (plan.bf16_weights > 0) row(zero3 ? "bf16 copy of the shard" : "bf16 weights (autocast)", plan.bf16_weights);
-  if (plan.gathered_unit > 0) row("gathered unit", plan.gathered_unit, plan.gathered_unit > (in.bf16 ? 2.0 : 4.0) * static_cast<double>(in.model.block_parameters) ? "the head" : "a block");
-  if (plan.in_flight > 0) row("in flight in backward", plan.in_flight, "gathered units, a unit's gradients, reduce-scatter inputs");
+  if (plan.gathered_unit > 0)
+    row("gathered unit", plan.gathered_unit,
+        plan.gathered_unit > (in.bf16 ? 2.0 : 4.0) * static_cast<double>(in.model.block_parameters) ? "the head"
+                                                                                                    : "a block");
+  if (plan.in_flight > 0)
+    row("in flight in backward", plan.in_flight, "gathered units, a unit's gradients, reduce-scatter inputs");
   const auto alternatives = [&](models::Recompute recompute) {
     std::string others;
     for (const auto other : {models::Recompute::none, models::Recompute::selective, models::Recompute::full}) {
@@ -340,15 +356,20 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
   const char* how = recompute == models::Recompute::none        ? "kept"
                     : recompute == models::Recompute::selective ? "selective: matrix products kept"
                                                                 : "recomputed";
-  row("activations", kept_activations(in, plan), fmt::format("{}; {} (--activation-checkpointing)", how, alternatives(recompute)));
+  row("activations", kept_activations(in, plan),
+      fmt::format("{}; {} (--activation-checkpointing)", how, alternatives(recompute)));
   row("logits", plan.logits);
-  if (plan.host_heap_slack > 0) row("host heap's freed memory", plan.host_heap_slack, "kept by the C allocator: about the step's transient bytes");
+  if (plan.host_heap_slack > 0)
+    row("host heap's freed memory", plan.host_heap_slack, "kept by the C allocator: about the step's transient bytes");
   row("runtime (stated)", plan.runtime, in.cpu ? "LibTorch, Gloo, the data" : "CUDA context and kernels");
-  row("peak", plan.peak, plan.gpu ? fmt::format("of {} per GPU: {}", plan_bytes(*plan.gpu), plan.fits() ? "fits" : "DOES NOT FIT") : "");
-  out += fmt::format("per node at load: at least {} of host memory ({})\n", plan_bytes(plan.host_at_load),
-                     reads_slices(in) ? "each rank builds the parameters outside the blocks and one block at a time, and reads only its "
-                                        "slices of the rest"
-                                      : "each rank builds the whole model in fp32");
+  row("peak", plan.peak,
+      plan.gpu ? fmt::format("of {} per GPU: {}", plan_bytes(*plan.gpu), plan.fits() ? "fits" : "DOES NOT FIT") : "");
+  out += fmt::format(
+      "per node at load: at least {} of host memory ({})\n", plan_bytes(plan.host_at_load),
+      reads_slices(in)
+          ? "each rank builds the parameters outside the blocks and one block at a time, and reads only its "
+            "slices of the rest"
+          : "each rank builds the whole model in fp32");
   return out;
 }
 

@@ -32,11 +32,13 @@ inline std::pair<std::int64_t, std::string> planned_sequence(const Knobs& knobs,
 }  // namespace detail
 
 /// Prints the memory plan of `described` with `knobs` for `request` to `out` and says whether it fits.
-inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& knobs, const PlanRequest& request, std::ostream& out) {
+inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& knobs, const PlanRequest& request,
+                                      std::ostream& out) {
   const auto training = with_knobs(described, knobs);
   const auto directory = training.pretrained_dir(knobs);
   if (!directory) {
-    out << "hpctrain: --plan reads the model's size from its config.json: this program builds its model in code, not with "
+    out << "hpctrain: --plan reads the model's size from its config.json: this program builds its model in code, not "
+           "with "
            "lm::from_pretrained, so there is nothing to read before it is built\n";
     return PlanVerdict::cannot_plan;
   }
@@ -53,7 +55,8 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
     in.model = model_shape(config);
     positions = config.max_position_embeddings;
   } else {
-    out << fmt::format("hpctrain: --plan knows causal language models (gpt2, llama, qwen2, mistral); {} is {:?}\n", file.string(), type);
+    out << fmt::format("hpctrain: --plan knows causal language models (gpt2, llama, qwen2, mistral); {} is {:?}\n",
+                       file.string(), type);
     return PlanVerdict::cannot_plan;
   }
   in.strategy = training.sharding() ? to_string(*training.sharding()) : "none";
@@ -61,7 +64,8 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
     out << fmt::format("hpctrain: {} at one rank trains as replicated: planned as such\n", in.strategy);
     in.strategy = "none";
   }
-  in.bf16 = training.precision() == Precision::bf16 || (training.precision() == Precision::automatic && request.gpus_per_node > 0);
+  in.bf16 = training.precision() == Precision::bf16 ||
+            (training.precision() == Precision::automatic && request.gpus_per_node > 0);
   if (const auto lora = training.lora(knobs)) {
     in.lora_rank = lora->r;
     in.lora_targets = lora->targets;
@@ -76,14 +80,16 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
   in.world = request.world;
   in.ranks_per_node = request.ranks_per_node;
   in.cpu = request.gpus_per_node == 0;
-  if (in.strategy == "hsdp") in.shard_group = training.hsdp_group_size() > 0 ? training.hsdp_group_size() : request.ranks_per_node;
+  if (in.strategy == "hsdp")
+    in.shard_group = training.hsdp_group_size() > 0 ? training.hsdp_group_size() : request.ranks_per_node;
   // The CUDA context and LibTorch's kernels on a GPU; LibTorch's libraries in a CPU process (measured: 0.36 GB).
   in.runtime_bytes = request.gpus_per_node > 0 ? std::int64_t{1} << 30 : std::int64_t{360} << 20;
   in.gpu_bytes = request.gpus_per_node > 0 ? request.gpu_bytes : std::nullopt;
   const auto plan = plan_memory(in);
   out << format_plan(in, plan) << fmt::format("(sequence: {} from {})\n", sequence, from);
   if (!in.gpu_bytes) {
-    if (request.gpus_per_node > 0) out << "the GPU's memory is unknown (its type names none hpctrain knows): --gpu-memory GIB says it\n";
+    if (request.gpus_per_node > 0)
+      out << "the GPU's memory is unknown (its type names none hpctrain knows): --gpu-memory GIB says it\n";
     return PlanVerdict::unknown;
   }
   if (plan.fits()) return PlanVerdict::fits;

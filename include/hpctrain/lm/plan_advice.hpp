@@ -55,8 +55,8 @@ inline std::vector<std::string> stages_sharding_more(const PlanInput& in) {
 inline std::vector<PlanAlternative> cheaper_settings(const PlanInput& in, const PlanLevers& levers) {
   std::vector<std::string> stages{in.strategy};
   for (auto& stage : stages_sharding_more(in)) stages.push_back(std::move(stage));
-  const bool can_chunk = levers.loss_chunk_tokens && in.loss_chunk_tokens == 0 &&
-                         in.micro_batch * in.sequence > planned_loss_chunk_tokens;
+  const bool can_chunk =
+      levers.loss_chunk_tokens && in.loss_chunk_tokens == 0 && in.micro_batch * in.sequence > planned_loss_chunk_tokens;
   std::vector<PlanAlternative> settings;
   // The run's own recomputation, then each that recomputes more (selective before full).
   for (const auto recompute : {models::Recompute::none, models::Recompute::selective, models::Recompute::full}) {

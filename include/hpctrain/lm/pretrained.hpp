@@ -33,7 +33,10 @@ class Pretrained {
  public:
   explicit Pretrained(Setting<std::filesystem::path> directory) : directory_(std::move(directory)) {}
   /// The weights' dtype once loaded. Default: fp32 (the Trainer's master weights; bf16 runs under autocast).
-  Pretrained& dtype(torch::Dtype dtype) { dtype_ = dtype; return *this; }
+  Pretrained& dtype(torch::Dtype dtype) {
+    dtype_ = dtype;
+    return *this;
+  }
 
   /// Loads the model in the worker; rank 0 prints what the config says (and any keys it did not read), so a
   /// user can compare it with the model card.
@@ -60,10 +63,12 @@ HPCTRAIN_RUNTIME_INLINE std::shared_ptr<models::CausalLM> Pretrained::operator()
   if (run.rank == 0) {
     const auto reading = models::read_config_reading(directory);
     fmt::print("hpctrain: {}: {}\n", directory.string(), reading.summary);
-    if (const auto warning = reading.warning(directory / "config.json"); !warning.empty()) fmt::print(stderr, "{}\n", warning);
+    if (const auto warning = reading.warning(directory / "config.json"); !warning.empty())
+      fmt::print(stderr, "{}\n", warning);
   }
   // Under ZeRO-3 the blocks stay empty until each rank reads its own slices of them (models/blocks.hpp).
-  return run.defer_blocks ? models::load_pretrained_deferred(directory, dtype_) : models::load_pretrained(directory, dtype_);
+  return run.defer_blocks ? models::load_pretrained_deferred(directory, dtype_)
+                          : models::load_pretrained(directory, dtype_);
 }
 
 HPCTRAIN_RUNTIME_INLINE ModelInstance Pretrained::model_instance(const RunContext& run) const {
@@ -72,7 +77,8 @@ HPCTRAIN_RUNTIME_INLINE ModelInstance Pretrained::model_instance(const RunContex
 
 HPCTRAIN_RUNTIME_INLINE void Pretrained::check_at_login(const Knobs& knobs) const {
   const auto directory = pretrained_directory(knobs);
-  const auto subject = directory_.knob_name() ? "--" + *directory_.knob_name() + " = " + directory.string() : directory.string();
+  const auto subject =
+      directory_.knob_name() ? "--" + *directory_.knob_name() + " = " + directory.string() : directory.string();
   if (!std::filesystem::is_directory(directory)) throw SpecError(errors::spec_knob, subject, "no such directory");
   if (!std::filesystem::is_regular_file(directory / "config.json"))
     throw SpecError(errors::spec_knob, subject, "has no config.json (not a Hugging Face model directory)");

@@ -57,8 +57,10 @@ inline text::Tokenizer run_tokenizer(const RunContext& run, std::string_view who
   const auto directory = tokenizer_directory(run);
   const auto file = directory ? tokenizer_file_in(*directory) : std::nullopt;
   if (!file)
-    throw RuntimeError(errors::runtime_io, fmt::format("{}: this run has no tokenizer (neither a pretrained directory nor prepared "
-                                                       "tokens{})", who, directory ? ": " + directory->string() + " holds none" : ""));
+    throw RuntimeError(errors::runtime_io,
+                       fmt::format("{}: this run has no tokenizer (neither a pretrained directory nor prepared "
+                                   "tokens{})",
+                                   who, directory ? ": " + directory->string() + " holds none" : ""));
   return text::load_tokenizer(*file);
 }
 

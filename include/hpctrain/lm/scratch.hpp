@@ -20,18 +20,36 @@ class Gpt2FromScratch {
  public:
   explicit Gpt2FromScratch(models::GPT2Config base) : base_(std::move(base)) {}
   /// Transformer blocks. Default: the base config's (12).
-  Gpt2FromScratch& n_layer(Setting<std::int64_t> n) { n_layer_ = std::move(n); return *this; }
+  Gpt2FromScratch& n_layer(Setting<std::int64_t> n) {
+    n_layer_ = std::move(n);
+    return *this;
+  }
   /// Attention heads; must divide n_embd. Default: the base config's (12).
-  Gpt2FromScratch& n_head(Setting<std::int64_t> n) { n_head_ = std::move(n); return *this; }
+  Gpt2FromScratch& n_head(Setting<std::int64_t> n) {
+    n_head_ = std::move(n);
+    return *this;
+  }
   /// Width. Default: the base config's (768).
-  Gpt2FromScratch& n_embd(Setting<std::int64_t> n) { n_embd_ = std::move(n); return *this; }
+  Gpt2FromScratch& n_embd(Setting<std::int64_t> n) {
+    n_embd_ = std::move(n);
+    return *this;
+  }
   /// Longest sequence (learned positions): the training window. Default: the base config's (1024).
-  Gpt2FromScratch& n_positions(Setting<std::int64_t> n) { n_positions_ = std::move(n); return *this; }
+  Gpt2FromScratch& n_positions(Setting<std::int64_t> n) {
+    n_positions_ = std::move(n);
+    return *this;
+  }
   /// Dropout of the embeddings, attention and residuals. Default: the base config's (0.1).
-  Gpt2FromScratch& dropout(Setting<double> p) { dropout_ = std::move(p); return *this; }
+  Gpt2FromScratch& dropout(Setting<double> p) {
+    dropout_ = std::move(p);
+    return *this;
+  }
   /// The vocabulary is rounded up to a multiple of this (padded_vocab_size: GPT-2's 50257 -> 50304 at 64; 1: as
   /// the tokenizer has it). Default: 64.
-  Gpt2FromScratch& pad_vocab_to(Setting<std::int64_t> multiple) { pad_vocab_to_ = std::move(multiple); return *this; }
+  Gpt2FromScratch& pad_vocab_to(Setting<std::int64_t> multiple) {
+    pad_vocab_to_ = std::move(multiple);
+    return *this;
+  }
 
   /// The config for this run's knobs and prepared tokens.
   models::GPT2Config config(const RunContext& run) const {
@@ -62,15 +80,30 @@ class RobertaFromScratch {
  public:
   explicit RobertaFromScratch(models::RobertaConfig base) : base_(std::move(base)) {}
   /// Encoder blocks. Default: the base config's (12).
-  RobertaFromScratch& layers(Setting<std::int64_t> n) { layers_ = std::move(n); return *this; }
+  RobertaFromScratch& layers(Setting<std::int64_t> n) {
+    layers_ = std::move(n);
+    return *this;
+  }
   /// Attention heads; must divide hidden. Default: the base config's (12).
-  RobertaFromScratch& heads(Setting<std::int64_t> n) { heads_ = std::move(n); return *this; }
+  RobertaFromScratch& heads(Setting<std::int64_t> n) {
+    heads_ = std::move(n);
+    return *this;
+  }
   /// Width; the MLP is 4x wider. Default: the base config's (768).
-  RobertaFromScratch& hidden(Setting<std::int64_t> n) { hidden_ = std::move(n); return *this; }
+  RobertaFromScratch& hidden(Setting<std::int64_t> n) {
+    hidden_ = std::move(n);
+    return *this;
+  }
   /// Longest block, <s> and </s> included. Default: the base config's (512).
-  RobertaFromScratch& max_length(Setting<std::int64_t> n) { max_length_ = std::move(n); return *this; }
+  RobertaFromScratch& max_length(Setting<std::int64_t> n) {
+    max_length_ = std::move(n);
+    return *this;
+  }
   /// Dropout of the embeddings, attention and residuals. Default: the base config's (0.1).
-  RobertaFromScratch& dropout(Setting<double> p) { dropout_ = std::move(p); return *this; }
+  RobertaFromScratch& dropout(Setting<double> p) {
+    dropout_ = std::move(p);
+    return *this;
+  }
 
   /// The config for this run's knobs and prepared tokenizer.
   models::RobertaConfig config(const RunContext& run) const {
@@ -96,6 +129,8 @@ class RobertaFromScratch {
 
 /// `.model(lm::roberta_from_scratch().layers(4).hidden(128))`: RoBERTa trained from scratch with masked LM; `base`
 /// gives the fields no setter names. Default: roberta-base's config.
-inline RobertaFromScratch roberta_from_scratch(models::RobertaConfig base = {}) { return RobertaFromScratch(std::move(base)); }
+inline RobertaFromScratch roberta_from_scratch(models::RobertaConfig base = {}) {
+  return RobertaFromScratch(std::move(base));
+}
 
 }  // namespace hpctrain::lm

@@ -46,14 +46,14 @@
 #endif
 
 namespace hpctrain::text {
-struct SftRecipe;            // text/sft_prepare.hpp
-struct SftJsonlOptions;      // text/sft_jsonl.hpp
-class PretrainedTokenizer;   // text/pretrained_tokenizer.hpp
-struct SftExample;           // text/sft_example.hpp
+struct SftRecipe;           // text/sft_prepare.hpp
+struct SftJsonlOptions;     // text/sft_jsonl.hpp
+class PretrainedTokenizer;  // text/pretrained_tokenizer.hpp
+struct SftExample;          // text/sft_example.hpp
 }  // namespace hpctrain::text
 
 namespace hpctrain::lm {
-class SftDataset;            // lm/sft_dataset.hpp
+class SftDataset;  // lm/sft_dataset.hpp
 }  // namespace hpctrain::lm
 
 namespace hpctrain::lm {
@@ -76,14 +76,26 @@ class SftJsonl {
  public:
   explicit SftJsonl(Setting<std::filesystem::path> file) : file_(std::move(file)) {}
   /// Tokens per example (and per packed row). Default: 1024.
-  SftJsonl& max_length(Setting<std::int64_t> tokens) { max_length_ = std::move(tokens); return *this; }
+  SftJsonl& max_length(Setting<std::int64_t> tokens) {
+    max_length_ = std::move(tokens);
+    return *this;
+  }
   /// What to do with longer examples. Default: truncate.
-  SftJsonl& overlong(Overlong what) { overlong_ = what; return *this; }
+  SftJsonl& overlong(Overlong what) {
+    overlong_ = what;
+    return *this;
+  }
   /// Pad each batch to a multiple of `n` tokens, at most max_length (8 or 64 suit a GPU's kernels; transformers'
   /// collators' pad_to_multiple_of). Default: 1, the batch's longest row.
-  SftJsonl& pad_to_multiple_of(Setting<std::int64_t> n) { pad_to_multiple_of_ = std::move(n); return *this; }
+  SftJsonl& pad_to_multiple_of(Setting<std::int64_t> n) {
+    pad_to_multiple_of_ = std::move(n);
+    return *this;
+  }
   /// Pack examples into rows of max_length tokens (best-fit-decreasing). Default: off.
-  SftJsonl& packing(Setting<bool> on = true) { packing_ = std::move(on); return *this; }
+  SftJsonl& packing(Setting<bool> on = true) {
+    packing_ = std::move(on);
+    return *this;
+  }
   /// Keep a deterministic part of the file: Split::train leaves out every `every`-th example, which
   /// Split::validation keeps. Default: all. SpecError `[hpctrain.spec.sft.split]` unless `every` is at least 2
   /// (1 would hold out every example, 0 none of them, by dividing by zero).
@@ -94,24 +106,35 @@ class SftJsonl {
     return *this;
   }
   /// The tokenizer directory. Default: the pretrained model's (lm::from_pretrained).
-  SftJsonl& tokenizer(Setting<std::filesystem::path> directory) { tokenizer_ = std::move(directory); return *this; }
+  SftJsonl& tokenizer(Setting<std::filesystem::path> directory) {
+    tokenizer_ = std::move(directory);
+    return *this;
+  }
   /// A chat template file to use instead of the tokenizer's own (conversational files only).
-  SftJsonl& chat_template(Setting<std::filesystem::path> file) { chat_template_ = std::move(file); return *this; }
+  SftJsonl& chat_template(Setting<std::filesystem::path> file) {
+    chat_template_ = std::move(file);
+    return *this;
+  }
   /// A JSON file holding a list of function schemas, given to the chat template as `tools` with every
   /// conversation that has no "tools" of its own (conversational files only). From a knob (`lm::knob("tools")`),
   /// an empty value means none. Default: none.
-  SftJsonl& tools(Setting<std::filesystem::path> file) { tools_ = std::move(file); return *this; }
+  SftJsonl& tools(Setting<std::filesystem::path> file) {
+    tools_ = std::move(file);
+    return *this;
+  }
 
   /// On the login node: the file exists and every line has the file's shape (SpecError naming file and line);
   /// with the tokenizer's directory (this Training's pretrained model's, or .tokenizer), its chat template parses
   /// and renders the first record, which tokenizes as the worker will (SpecError naming the template, the file
   /// and the line): a template hpctrain cannot render fails here, not on every rank after the queue.
-  HPCTRAIN_RUNTIME_INLINE void check_at_login(const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained = {}) const;
+  HPCTRAIN_RUNTIME_INLINE void check_at_login(const Knobs& knobs,
+                                              const std::optional<std::filesystem::path>& pretrained = {}) const;
 
   /// In the job's preparation step (once, before the ranks): renders, tokenizes, masks and cuts every record of
   /// the file on every CPU of the task into `<prepared_dir>/sft/<digest>.sfttokens`, unless a file of the same
   /// digest is already there; rank 0 of the run maps it. Nothing to do without a tokenizer directory.
-  HPCTRAIN_RUNTIME_INLINE void prepare_in_job(const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained,
+  HPCTRAIN_RUNTIME_INLINE void prepare_in_job(const Knobs& knobs,
+                                              const std::optional<std::filesystem::path>& pretrained,
                                               const std::filesystem::path& prepared_dir) const;
 
   /// In the worker: the job's prepared file when it has the one for these inputs, else reads and tokenizes the
@@ -124,12 +147,14 @@ class SftJsonl {
 
   HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> load(const RunContext& run) const;
   /// The file, tokenizer, template, tools and length rule for these knobs; SpecError when no tokenizer is known.
-  HPCTRAIN_RUNTIME_INLINE text::SftRecipe recipe(const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained) const;
+  HPCTRAIN_RUNTIME_INLINE text::SftRecipe recipe(const Knobs& knobs,
+                                                 const std::optional<std::filesystem::path>& pretrained) const;
   /// The kept records of the job's prepared file `file` (mapped, checked whole, made from `digest` by `tokenizer`).
   HPCTRAIN_RUNTIME_INLINE Kept read_prepared(const std::filesystem::path& file, std::uint64_t digest,
                                              const text::PretrainedTokenizer& tokenizer) const;
   /// The kept records of the file, tokenized here (no preparation step, or one for other inputs).
-  HPCTRAIN_RUNTIME_INLINE Kept tokenize_here(const text::SftRecipe& recipe, const text::PretrainedTokenizer& tokenizer) const;
+  HPCTRAIN_RUNTIME_INLINE Kept tokenize_here(const text::SftRecipe& recipe,
+                                             const text::PretrainedTokenizer& tokenizer) const;
   bool keeps(std::int64_t index) const {
     const bool held_out = index % holdout_every_ == holdout_every_ / 2;
     return split_ == Split::all || (split_ == Split::validation) == held_out;
@@ -138,8 +163,8 @@ class SftJsonl {
   /// How the file is read: the tools file, if any.
   HPCTRAIN_RUNTIME_INLINE text::SftJsonlOptions read_options(const Knobs& knobs) const;
   /// Rows of at most `capacity` input tokens, filled best-fit-decreasing.
-  HPCTRAIN_RUNTIME_INLINE static std::shared_ptr<SftDataset> pack(std::vector<text::SftExample> examples, std::int64_t capacity,
-                                                                  std::int64_t pad);
+  HPCTRAIN_RUNTIME_INLINE static std::shared_ptr<SftDataset> pack(std::vector<text::SftExample> examples,
+                                                                  std::int64_t capacity, std::int64_t pad);
 
   Setting<std::filesystem::path> file_;
   Setting<std::int64_t> max_length_ = std::int64_t{1024};
@@ -173,9 +198,11 @@ HPCTRAIN_RUNTIME_INLINE SftJsonl::Kept SftJsonl::read_prepared(const std::filesy
   const text::SftTokensFile prepared(file);
   const auto& view = prepared.view();
   if (view.header().source_digest != digest || view.header().fingerprint != tokenizer.tokenizer().fingerprint())
-    throw RuntimeError(errors::runtime_text_sft_tokens,
-                       fmt::format("{}: header: made from other inputs (digest {:016x}, tokenizer {:016x}; expected {:016x}, {:016x})", file.string(),
-                                   view.header().source_digest, view.header().fingerprint, digest, tokenizer.tokenizer().fingerprint()));
+    throw RuntimeError(
+        errors::runtime_text_sft_tokens,
+        fmt::format("{}: header: made from other inputs (digest {:016x}, tokenizer {:016x}; expected {:016x}, {:016x})",
+                    file.string(), view.header().source_digest, view.header().fingerprint, digest,
+                    tokenizer.tokenizer().fingerprint()));
   Kept kept;
   for (std::uint64_t r = 0; r < view.records(); ++r) {
     if (!keeps(static_cast<std::int64_t>(r))) continue;
@@ -191,15 +218,16 @@ HPCTRAIN_RUNTIME_INLINE SftJsonl::Kept SftJsonl::read_prepared(const std::filesy
   return kept;
 }
 
-HPCTRAIN_RUNTIME_INLINE SftJsonl::Kept SftJsonl::tokenize_here(const text::SftRecipe& recipe, const text::PretrainedTokenizer& tokenizer) const {
+HPCTRAIN_RUNTIME_INLINE SftJsonl::Kept SftJsonl::tokenize_here(const text::SftRecipe& recipe,
+                                                               const text::PretrainedTokenizer& tokenizer) const {
   const auto renderer = text::sft_renderer(tokenizer, recipe.chat_template);
   Kept kept;
   text::SftJsonlReader reader(recipe.jsonl, text::SftJsonlOptions{recipe.tools});
   text::SftRecord record;
   for (std::int64_t index = 0; reader.next(record); ++index)
     if (keeps(index))
-      kept.add(text::cut_sft_example(text::tokenize_sft(record, tokenizer, renderer ? &*renderer : nullptr), recipe.max_length,
-                                     recipe.drop_overlong));
+      kept.add(text::cut_sft_example(text::tokenize_sft(record, tokenizer, renderer ? &*renderer : nullptr),
+                                     recipe.max_length, recipe.drop_overlong));
   return kept;
 }
 
@@ -209,18 +237,18 @@ HPCTRAIN_RUNTIME_INLINE text::SftJsonlOptions SftJsonl::read_options(const Knobs
   return options;
 }
 
-HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> SftJsonl::pack(std::vector<text::SftExample> examples, std::int64_t capacity,
-                                                                   std::int64_t pad) {
+HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> SftJsonl::pack(std::vector<text::SftExample> examples,
+                                                                   std::int64_t capacity, std::int64_t pad) {
   std::vector<std::size_t> lengths;
   for (const auto& example : examples) lengths.push_back(example.ids.size() - 1);
   auto rows = text::pack_best_fit_decreasing(lengths, static_cast<std::size_t>(capacity));
   return std::make_shared<SftDataset>(std::move(examples), std::move(rows), pad);
 }
 
-HPCTRAIN_RUNTIME_INLINE void SftJsonl::check_at_login(const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained) const {
+HPCTRAIN_RUNTIME_INLINE void SftJsonl::check_at_login(const Knobs& knobs,
+                                                      const std::optional<std::filesystem::path>& pretrained) const {
   const auto file = file_.get(knobs);
-  if (!std::filesystem::is_regular_file(file))
-    throw SpecError(errors::spec_data_jsonl, file.string(), "no such file");
+  if (!std::filesystem::is_regular_file(file)) throw SpecError(errors::spec_data_jsonl, file.string(), "no such file");
   text::validate_sft_jsonl(file, read_options(knobs));
   const auto directory = tokenizer_ ? std::optional(tokenizer_->get(knobs)) : pretrained;
   if (!directory) return;  // the worker says that a tokenizer is needed
@@ -229,7 +257,8 @@ HPCTRAIN_RUNTIME_INLINE void SftJsonl::check_at_login(const Knobs& knobs, const 
   text::SftRecord record;
   if (!reader.next(record)) return;
   try {
-    const auto renderer = text::sft_renderer(tokenizer, chat_template_ ? std::optional(chat_template_->get(knobs)) : std::nullopt);
+    const auto renderer =
+        text::sft_renderer(tokenizer, chat_template_ ? std::optional(chat_template_->get(knobs)) : std::nullopt);
     (void)text::tokenize_sft(record, tokenizer, renderer ? &*renderer : nullptr);
   } catch (const Error& error) {
     throw SpecError(errors::spec_chat_template, fmt::format("{}:{}", file.string(), reader.line()),
@@ -243,12 +272,14 @@ HPCTRAIN_RUNTIME_INLINE data::Source SftJsonl::operator()(const RunContext& run)
   return data::Source([dataset] { return dataset; }, description);
 }
 
-HPCTRAIN_RUNTIME_INLINE text::SftRecipe SftJsonl::recipe(const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained) const {
+HPCTRAIN_RUNTIME_INLINE text::SftRecipe SftJsonl::recipe(const Knobs& knobs,
+                                                         const std::optional<std::filesystem::path>& pretrained) const {
   text::SftRecipe recipe;
   recipe.jsonl = file_.get(knobs);
   const auto directory = tokenizer_ ? std::optional(tokenizer_->get(knobs)) : pretrained;
   if (!directory || directory->empty())
-    throw SpecError(errors::spec_data_jsonl, recipe.jsonl.string(), "needs a tokenizer: lm::from_pretrained(...) or .tokenizer(dir)");
+    throw SpecError(errors::spec_data_jsonl, recipe.jsonl.string(),
+                    "needs a tokenizer: lm::from_pretrained(...) or .tokenizer(dir)");
   recipe.tokenizer_dir = *directory;
   if (chat_template_) recipe.chat_template = chat_template_->get(knobs);
   recipe.tools = read_options(knobs).tools;
@@ -258,7 +289,8 @@ HPCTRAIN_RUNTIME_INLINE text::SftRecipe SftJsonl::recipe(const Knobs& knobs, con
   return recipe;
 }
 
-HPCTRAIN_RUNTIME_INLINE void SftJsonl::prepare_in_job(const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained,
+HPCTRAIN_RUNTIME_INLINE void SftJsonl::prepare_in_job(const Knobs& knobs,
+                                                      const std::optional<std::filesystem::path>& pretrained,
                                                       const std::filesystem::path& prepared_dir) const {
   if (!tokenizer_ && !pretrained) return;  // the ranks say that a tokenizer is needed
   const auto recipe = this->recipe(knobs, pretrained);
@@ -266,11 +298,13 @@ HPCTRAIN_RUNTIME_INLINE void SftJsonl::prepare_in_job(const Knobs& knobs, const 
   const auto digest = text::sft_source_digest(recipe, tokenizer);
   const auto file = text::sft_tokens_path(prepared_dir, digest);
   if (text::sft_tokens_prepared(file, digest, tokenizer)) {
-    fmt::print("hpctrain: {}: already prepared in {} (the same inputs); not preparing again\n", recipe.jsonl.string(), file.string());
+    fmt::print("hpctrain: {}: already prepared in {} (the same inputs); not preparing again\n", recipe.jsonl.string(),
+               file.string());
   } else {
     const auto result = text::prepare_sft_tokens(recipe, file);
-    fmt::print("hpctrain: prepared {}: {} examples, {} tokens in {} ({:.2f} MB/s, {:.0f} examples/s on {} threads)\n", recipe.jsonl.string(),
-               result.records, result.tokens, file.string(), result.megabytes_per_second(), result.examples_per_second(), result.threads);
+    fmt::print("hpctrain: prepared {}: {} examples, {} tokens in {} ({:.2f} MB/s, {:.0f} examples/s on {} threads)\n",
+               recipe.jsonl.string(), result.records, result.tokens, file.string(), result.megabytes_per_second(),
+               result.examples_per_second(), result.threads);
   }
   std::fflush(stdout);
 }
@@ -285,20 +319,25 @@ HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> SftJsonl::load(const RunCont
   std::optional<std::filesystem::path> prepared;
   const auto digest = text::sft_source_digest(recipe, tokenizer);
   if (run.prepared_dir)
-    if (const auto file = text::sft_tokens_path(*run.prepared_dir, digest); std::filesystem::is_regular_file(file)) prepared = file;
+    if (const auto file = text::sft_tokens_path(*run.prepared_dir, digest); std::filesystem::is_regular_file(file))
+      prepared = file;
   auto kept = prepared ? read_prepared(*prepared, digest, tokenizer) : tokenize_here(recipe, tokenizer);
   const auto file = recipe.jsonl;
   if (kept.examples.empty())
-    throw SpecError(errors::spec_data_jsonl, file.string(), fmt::format("no example left to train on ({} read)", kept.seen));
+    throw SpecError(errors::spec_data_jsonl, file.string(),
+                    fmt::format("no example left to train on ({} read)", kept.seen));
   const std::int64_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
   auto dataset = packing_.get(run.knobs) ? pack(std::move(kept.examples), recipe.max_length, pad)
                                          : SftDataset::unpacked(std::move(kept.examples), pad);
   dataset->round_lengths(multiple, recipe.max_length);
   if (run.rank == 0) {
     // The padding the batches carry depends on the batch size: the Trainer reports it (SftDataset::fill).
-    fmt::print("hpctrain: {}: {} examples read ({}), {} truncated and {} dropped at {} tokens, {} without a trained token left out; {} rows{}\n",
-               file.string(), kept.seen, prepared ? "prepared by the job: " + prepared->string() : std::string("tokenized in each rank"),
-               kept.truncated, kept.dropped, recipe.max_length, kept.empty, dataset->size(), dataset->packed() ? " (packed)" : "");
+    fmt::print(
+        "hpctrain: {}: {} examples read ({}), {} truncated and {} dropped at {} tokens, {} without a trained token "
+        "left out; {} rows{}\n",
+        file.string(), kept.seen,
+        prepared ? "prepared by the job: " + prepared->string() : std::string("tokenized in each rank"), kept.truncated,
+        kept.dropped, recipe.max_length, kept.empty, dataset->size(), dataset->packed() ? " (packed)" : "");
     std::fflush(stdout);
   }
   return dataset;
@@ -307,7 +346,8 @@ HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> SftJsonl::load(const RunCont
 HPCTRAIN_RUNTIME_INLINE FinishHook report_response_loss() {
   return FinishHook::unit_by_unit([](const FinishContext& at_end) {  // reads no weight: nothing to gather
     if (at_end.run.rank != 0) return;
-    if (at_end.result.eval_loss_at_start) fmt::print("response_loss_before={:.8g}\n", *at_end.result.eval_loss_at_start);
+    if (at_end.result.eval_loss_at_start)
+      fmt::print("response_loss_before={:.8g}\n", *at_end.result.eval_loss_at_start);
     if (at_end.result.eval_loss) fmt::print("response_loss_after={:.8g}\n", *at_end.result.eval_loss);
   });
 }

@@ -29,7 +29,9 @@ class SftDataset : public data::Dataset {
     return std::make_shared<SftDataset>(std::move(examples), std::move(rows), pad_id);
   }
   std::int64_t size() const override { return static_cast<std::int64_t>(rows_.size()); }
-  bool packed() const { return std::any_of(rows_.begin(), rows_.end(), [](const auto& row) { return row.size() > 1; }); }
+  bool packed() const {
+    return std::any_of(rows_.begin(), rows_.end(), [](const auto& row) { return row.size() > 1; });
+  }
   const std::vector<std::vector<std::size_t>>& rows() const { return rows_; }
   /// Pads each batch to a multiple of `multiple` tokens (tensor cores and fused kernels prefer lengths of 8 or
   /// 64: transformers' collators' pad_to_multiple_of), but not past `limit` tokens unless its longest row is

@@ -28,7 +28,9 @@ inline text::TokenFileHeader prepared_tokens_header(const RunContext& run) {
 }
 
 /// The vocabulary size of the prepared tokens: what the model's embedding must hold.
-inline std::int64_t prepared_vocab_size(const RunContext& run) { return static_cast<std::int64_t>(prepared_tokens_header(run).vocab_size); }
+inline std::int64_t prepared_vocab_size(const RunContext& run) {
+  return static_cast<std::int64_t>(prepared_tokens_header(run).vocab_size);
+}
 
 /// `vocabulary` rounded up to a multiple of `multiple`, for a model trained from scratch (Megatron's
 /// make_vocab_size_divisible_by, nanoGPT's 50304 for GPT-2's 50257): the head's rows and the logits' row
@@ -43,7 +45,8 @@ inline std::int64_t padded_vocab_size(std::int64_t vocabulary, std::int64_t mult
 /// The data factory of `prepared_tokens`.
 class PreparedTokens {
  public:
-  PreparedTokens(std::string split, Setting<std::int64_t> context) : split_(std::move(split)), context_(std::move(context)) {}
+  PreparedTokens(std::string split, Setting<std::int64_t> context)
+      : split_(std::move(split)), context_(std::move(context)) {}
   data::Source operator()(const RunContext& run) const {
     const auto header = prepared_tokens_header(run);  // every split must come from the tokenizer of train.tokens
     return data::tokens(prepared_tokens_dir(run) / (split_ + ".tokens"), context_.get(run.knobs),

@@ -61,7 +61,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       recomputation->rng_state = generator.get_state();
     }
     ctx->save_for_backward({input});
-    ctx->saved_data["recomputation"] = c10::IValue::make_capsule(c10::static_intrusive_pointer_cast<torch::CustomClassHolder>(recomputation));
+    ctx->saved_data["recomputation"] =
+        c10::IValue::make_capsule(c10::static_intrusive_pointer_cast<torch::CustomClassHolder>(recomputation));
     torch::NoGradGuard no_grad;
     call_hook(recomputation->hooks.before_forward);
     torch::Tensor output;
@@ -75,8 +76,10 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     return output;
   }
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
-    auto recomputation = c10::static_intrusive_pointer_cast<Recomputation>(ctx->saved_data["recomputation"].toCapsule());
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto recomputation =
+        c10::static_intrusive_pointer_cast<Recomputation>(ctx->saved_data["recomputation"].toCapsule());
     auto input = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     const auto device_type = input.device().type();
     auto generator = at::globalContext().defaultGenerator(input.device());
@@ -129,13 +132,15 @@ struct BackwardHook : torch::CustomClassHolder {
 
 /// The identity, whose backward calls a hook when the gradient of its output arrives.
 struct OnBackwardFunction : torch::autograd::Function<OnBackwardFunction> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, c10::intrusive_ptr<BackwardHook> hook,
-                               torch::Tensor anchor) {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
+                               c10::intrusive_ptr<BackwardHook> hook, torch::Tensor anchor) {
     (void)anchor;
-    ctx->saved_data["hook"] = c10::IValue::make_capsule(c10::static_intrusive_pointer_cast<torch::CustomClassHolder>(hook));
+    ctx->saved_data["hook"] =
+        c10::IValue::make_capsule(c10::static_intrusive_pointer_cast<torch::CustomClassHolder>(hook));
     return x;  // returned as a view of itself, with this node as its grad_fn
   }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
     c10::static_intrusive_pointer_cast<BackwardHook>(ctx->saved_data["hook"].toCapsule())->hook();
     return {grads[0], torch::Tensor(), torch::Tensor()};
   }
@@ -165,7 +170,8 @@ inline torch::Tensor checkpointed(std::function<torch::Tensor(const torch::Tenso
   recomputation->hooks = std::move(hooks);
   if (recompute == Recompute::selective) recomputation->products = std::make_unique<detail::MatrixProducts>();
   // A fresh leaf per call: autograd then runs backward whenever the block's output is used in a loss.
-  auto anchor = torch::zeros({}, torch::TensorOptions().device(input.device()).requires_grad(torch::GradMode::is_enabled()));
+  auto anchor =
+      torch::zeros({}, torch::TensorOptions().device(input.device()).requires_grad(torch::GradMode::is_enabled()));
   return detail::CheckpointFunction::apply(input, recomputation, anchor);
 }
 

@@ -40,7 +40,8 @@ class KVCache {
 
   /// Stores `keys`/`values` ([batch, kv_heads, T, head_dim]) of `layer` after the cached tokens and returns
   /// every key and value of the layer so far ([batch, kv_heads, length + T, head_dim]).
-  std::pair<torch::Tensor, torch::Tensor> update(std::size_t layer, const torch::Tensor& keys, const torch::Tensor& values) {
+  std::pair<torch::Tensor, torch::Tensor> update(std::size_t layer, const torch::Tensor& keys,
+                                                 const torch::Tensor& values) {
     const auto t = keys.size(2);
     keys_.at(layer).narrow(2, length_, t).copy_(keys);
     values_.at(layer).narrow(2, length_, t).copy_(values);
@@ -53,8 +54,9 @@ class KVCache {
   /// RuntimeError unless `tokens` more positions fit.
   void check_room(std::int64_t tokens) const {
     if (length_ + tokens > capacity_)
-      throw RuntimeError(errors::runtime_generation, fmt::format("the KV cache holds {} positions; {} cached + {} new do not fit",
-                                                   capacity_, length_, tokens));
+      throw RuntimeError(
+          errors::runtime_generation,
+          fmt::format("the KV cache holds {} positions; {} cached + {} new do not fit", capacity_, length_, tokens));
   }
 
  private:
@@ -97,16 +99,22 @@ inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tenso
   const bool grouped = k.size(1) != q.size(1);
   if (packed.cu_seqlens.defined()) {
     // [B, H, T, D] -> [B·T, H, D] in the kernel's dtype (autocast's: this ATen op is not on its lists).
-    const auto dtype = at::autocast::is_autocast_enabled(q.device().type()) ? at::autocast::get_autocast_dtype(q.device().type())
-                                                                            : q.scalar_type();
-    const auto flat = [&](const torch::Tensor& x) { return x.transpose(1, 2).reshape({-1, x.size(1), x.size(3)}).to(dtype); };
-    const auto out = std::get<0>(at::_flash_attention_forward(flat(q), flat(k), flat(v), packed.cu_seqlens, packed.cu_seqlens,
-                                                              packed.max_length, packed.max_length, dropout, /*is_causal=*/true,
-                                                              /*return_debug_mask=*/false));
+    const auto dtype = at::autocast::is_autocast_enabled(q.device().type())
+                           ? at::autocast::get_autocast_dtype(q.device().type())
+                           : q.scalar_type();
+    const auto flat = [&](const torch::Tensor& x) {
+      return x.transpose(1, 2).reshape({-1, x.size(1), x.size(3)}).to(dtype);
+    };
+    const auto out =
+        std::get<0>(at::_flash_attention_forward(flat(q), flat(k), flat(v), packed.cu_seqlens, packed.cu_seqlens,
+                                                 packed.max_length, packed.max_length, dropout, /*is_causal=*/true,
+                                                 /*return_debug_mask=*/false));
     return out.view({q.size(0), q.size(2), q.size(1), q.size(3)}).transpose(1, 2);
   }
-  if (packed.mask.defined()) return torch::scaled_dot_product_attention(q, k, v, packed.mask, dropout, false, std::nullopt, grouped);
-  if (past == 0) return torch::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true, std::nullopt, grouped);
+  if (packed.mask.defined())
+    return torch::scaled_dot_product_attention(q, k, v, packed.mask, dropout, false, std::nullopt, grouped);
+  if (past == 0)
+    return torch::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true, std::nullopt, grouped);
   const auto t = q.size(2);
   if (t == 1) return torch::scaled_dot_product_attention(q, k, v, {}, dropout, false, std::nullopt, grouped);
   auto causal = torch::ones({t, past + t}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).tril(past);
@@ -127,7 +135,8 @@ struct TokenLayout {
 inline torch::Tensor packed_attention_mask(const torch::Tensor& document_ids) {
   const auto t = document_ids.size(1);
   const auto same = document_ids.unsqueeze(2) == document_ids.unsqueeze(1);  // [B, T, T]
-  const auto causal = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(document_ids.device())).tril();
+  const auto causal =
+      torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(document_ids.device())).tril();
   return same.logical_and(causal).unsqueeze(1);
 }
 
@@ -169,7 +178,8 @@ class CausalLM : public torch::nn::Module, public ListsBlocks {
     const std::int64_t past = cache != nullptr ? cache->length() : 0;
     if (cache != nullptr) cache->check_room(t);
     check_sequence(past + t);
-    const auto positions = torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device()));
+    const auto positions =
+        torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device()));
     auto logits = head(body(input_ids, positions, cache, {}));
     if (cache != nullptr) cache->advance(t);
     return logits;
@@ -180,11 +190,14 @@ class CausalLM : public torch::nn::Module, public ListsBlocks {
   }
   /// The logits of `hidden` [..., hidden]: hidden · head_weight()ᵀ, run as the head (ListsBlocks::run_edge).
   torch::Tensor head(const torch::Tensor& hidden) {
-    return run_edge(Edge::head, [this](const torch::Tensor& h) { return torch::linear(h, head_weight()); }, hidden);
+    return run_edge(
+        Edge::head, [this](const torch::Tensor& h) { return torch::linear(h, head_weight()); }, hidden);
   }
   /// `call(hidden)` run as the head: for a loss that applies head_weight() itself (in chunks), so that under the
   /// fully sharded strategy the head's weight is whole during the call and its gradient is reduced after it.
-  torch::Tensor with_head(const torch::Tensor& hidden, const BlockCall& call) { return run_edge(Edge::head, call, hidden); }
+  torch::Tensor with_head(const torch::Tensor& hidden, const BlockCall& call) {
+    return run_edge(Edge::head, call, hidden);
+  }
   /// The hidden states the head reads ([B, T, hidden], after the final norm) of a training forward without
   /// cache, packed when `layout` is given: what a loss takes that applies the head a chunk of tokens at a time,
   /// so that the tokens × vocabulary logits are never whole (lm::chunked_token_loss_sum).
@@ -192,7 +205,8 @@ class CausalLM : public torch::nn::Module, public ListsBlocks {
     const auto t = input_ids.size(1);
     check_sequence(t);
     if (layout != nullptr) return body(input_ids, layout->position_ids, nullptr, layout->document_ids);
-    return body(input_ids, torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device())), nullptr, {});
+    return body(input_ids, torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device())),
+                nullptr, {});
   }
   /// The head's weight [vocabulary, hidden] (the token embedding's when tied): logits = hidden · weightᵀ.
   virtual torch::Tensor head_weight() = 0;

@@ -24,7 +24,8 @@ namespace hpctrain::models::detail {
 inline nlohmann::json read_json_file(const std::filesystem::path& path) {
   auto json = nlohmann::json::parse(hpctrain::detail::read_file(path, errors::runtime_model_config), nullptr,
                                     /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object()) throw RuntimeError(errors::runtime_model_config, fmt::format("{}: not a JSON object", path.string()));
+  if (json.is_discarded() || !json.is_object())
+    throw RuntimeError(errors::runtime_model_config, fmt::format("{}: not a JSON object", path.string()));
   return json;
 }
 
@@ -60,7 +61,8 @@ void read_optional_field(const nlohmann::json& json, std::string_view family, co
 }
 
 /// Token ids (`bos_token_id`, `eos_token_id`) are an integer or a list of integers; hpctrain keeps the first.
-inline void read_token_id(const nlohmann::json& json, std::string_view family, const char* key, std::optional<std::int64_t>& out) {
+inline void read_token_id(const nlohmann::json& json, std::string_view family, const char* key,
+                          std::optional<std::int64_t>& out) {
   const auto it = json.find(key);
   if (it == json.end()) return;
   if (it->is_null()) {
@@ -100,19 +102,70 @@ inline std::string read_dtype(const nlohmann::json& json, std::string_view famil
 
 /// Keys every transformers config may carry that do not change a model's math: PreTrainedConfig's own
 /// (4.x and 5.x), the generation defaults 4.x wrote into config.json, and task heads' labels.
-inline constexpr std::string_view generic_config_keys[] = {
-    "architectures", "model_type", "transformers_version", "dtype", "torch_dtype", "_name_or_path", "_commit_hash",
-    "use_cache", "pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id",
-    "output_attentions", "output_hidden_states", "return_dict", "torchscript", "use_bfloat16", "tf_legacy_loss",
-    "is_encoder_decoder", "is_decoder", "add_cross_attention", "cross_attention_hidden_size", "tie_encoder_decoder",
-    "chunk_size_feed_forward", "pruned_heads", "problem_type", "id2label", "label2id", "finetuning_task",
-    "tokenizer_class", "prefix", "task_specific_params", "max_length", "min_length", "do_sample", "early_stopping",
-    "num_beams", "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p",
-    "repetition_penalty", "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
-    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
-    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
-    "output_router_logits", "classifier_dropout", "initializer_range", "_attn_implementation_autoset",
-    "attn_implementation", "_attn_implementation"};
+inline constexpr std::string_view generic_config_keys[] = {"architectures",
+                                                           "model_type",
+                                                           "transformers_version",
+                                                           "dtype",
+                                                           "torch_dtype",
+                                                           "_name_or_path",
+                                                           "_commit_hash",
+                                                           "use_cache",
+                                                           "pad_token_id",
+                                                           "bos_token_id",
+                                                           "eos_token_id",
+                                                           "sep_token_id",
+                                                           "decoder_start_token_id",
+                                                           "output_attentions",
+                                                           "output_hidden_states",
+                                                           "return_dict",
+                                                           "torchscript",
+                                                           "use_bfloat16",
+                                                           "tf_legacy_loss",
+                                                           "is_encoder_decoder",
+                                                           "is_decoder",
+                                                           "add_cross_attention",
+                                                           "cross_attention_hidden_size",
+                                                           "tie_encoder_decoder",
+                                                           "chunk_size_feed_forward",
+                                                           "pruned_heads",
+                                                           "problem_type",
+                                                           "id2label",
+                                                           "label2id",
+                                                           "finetuning_task",
+                                                           "tokenizer_class",
+                                                           "prefix",
+                                                           "task_specific_params",
+                                                           "max_length",
+                                                           "min_length",
+                                                           "do_sample",
+                                                           "early_stopping",
+                                                           "num_beams",
+                                                           "num_beam_groups",
+                                                           "diversity_penalty",
+                                                           "temperature",
+                                                           "top_k",
+                                                           "top_p",
+                                                           "typical_p",
+                                                           "repetition_penalty",
+                                                           "length_penalty",
+                                                           "no_repeat_ngram_size",
+                                                           "encoder_no_repeat_ngram_size",
+                                                           "bad_words_ids",
+                                                           "num_return_sequences",
+                                                           "output_scores",
+                                                           "return_dict_in_generate",
+                                                           "forced_bos_token_id",
+                                                           "forced_eos_token_id",
+                                                           "remove_invalid_values",
+                                                           "exponential_decay_length_penalty",
+                                                           "suppress_tokens",
+                                                           "begin_suppress_tokens",
+                                                           "output_router_logits",
+                                                           "classifier_dropout",
+                                                           "initializer_range",
+                                                           "_attn_implementation_autoset",
+                                                           "attn_implementation",
+                                                           "_attn_implementation"};
 
 /// The keys of `json` that are neither in `read` (the family's fields) nor generic: transformers keys this
 /// reader does not know. They are reported (one warning line), not refused: a key that changes the math is
@@ -121,8 +174,9 @@ inline std::vector<std::string> unread_keys(const nlohmann::json& json, std::ini
   std::vector<std::string> unread;
   for (const auto& item : json.items()) {
     const auto& key = item.key();
-    const bool known = std::find(read.begin(), read.end(), key) != read.end() ||
-                       std::find(std::begin(generic_config_keys), std::end(generic_config_keys), key) != std::end(generic_config_keys);
+    const bool known =
+        std::find(read.begin(), read.end(), key) != read.end() ||
+        std::find(std::begin(generic_config_keys), std::end(generic_config_keys), key) != std::end(generic_config_keys);
     if (!known) unread.push_back(key);
   }
   return unread;
@@ -130,7 +184,8 @@ inline std::vector<std::string> unread_keys(const nlohmann::json& json, std::ini
 
 /// A field that changes the model's math and that hpctrain does not implement: a SpecError when present with
 /// a value other than one that means "off" (`null` or `false`).
-inline void refuse_unless_off(const nlohmann::json& json, std::string_view family, const char* key, std::string_view what) {
+inline void refuse_unless_off(const nlohmann::json& json, std::string_view family, const char* key,
+                              std::string_view what) {
   const auto it = json.find(key);
   if (it == json.end() || it->is_null() || (it->is_boolean() && !it->get<bool>())) return;
   throw SpecError(field_id(family, key), it->dump(), fmt::format("{} is not implemented by hpctrain", what));

@@ -42,7 +42,9 @@ class DeferredInitialization {
   }
 
   /// Whether `parameter` belongs to a block this scope emptied (its writes are recorded, not made).
-  bool records(const torch::Tensor& parameter) const { return records_->places.count(parameter.unsafeGetTensorImpl()) != 0; }
+  bool records(const torch::Tensor& parameter) const {
+    return records_->places.count(parameter.unsafeGetTensorImpl()) != 0;
+  }
 
   /// Records `parameter ~ N(mean, std)` at the generator's current state, and advances the generator as the draw would.
   void record_normal(const torch::Tensor& parameter, double mean, double std) {
@@ -52,7 +54,9 @@ class DeferredInitialization {
     torch::empty(record.shape.sizes(), torch::TensorOptions(record.shape.dtype())).normal_(mean, std);
   }
   /// Records `parameter = value` (every element).
-  void record_fill(const torch::Tensor& parameter, double value) { records_->of(parameter).writes.push_back({Write::fill, value, 0.0, {}}); }
+  void record_fill(const torch::Tensor& parameter, double value) {
+    records_->of(parameter).writes.push_back({Write::fill, value, 0.0, {}});
+  }
 
   /// The blocks built empty so far, with where their values come from; null when no block was built under this
   /// scope. Every parameter of them must have been written whole (a parameter left at LibTorch's default
@@ -66,12 +70,14 @@ class DeferredInitialization {
         const auto& record = records_->blocks[b][k];
         if (record.writes.empty())
           throw std::logic_error("block " + std::to_string(b) + "'s parameter " + std::to_string(k) +
-                                 " was never initialised: a block built empty must have every parameter written by initialize_normal or init_fill");
+                                 " was never initialised: a block built empty must have every parameter written by "
+                                 "initialize_normal or init_fill");
         shapes.push_back(record.shape);
       }
       deferred->shapes.push_back(std::move(shapes));
     }
-    deferred->read = [records = records_](std::size_t block, std::size_t parameter, std::int64_t offset, torch::Tensor out) {
+    deferred->read = [records = records_](std::size_t block, std::size_t parameter, std::int64_t offset,
+                                          torch::Tensor out) {
       const auto full = records->rebuild(records->blocks.at(block).at(parameter));
       out.copy_(full.view({-1}).narrow(0, offset, out.numel()));
     };
@@ -81,7 +87,7 @@ class DeferredInitialization {
  private:
   struct Write {
     enum Kind { normal, fill } kind;
-    double first = 0, second = 0;  // normal: mean, std; fill: value
+    double first = 0, second = 0;   // normal: mean, std; fill: value
     torch::Tensor generator_state;  // normal: the CPU generator's state just before the draw
   };
   struct Record {
@@ -95,7 +101,8 @@ class DeferredInitialization {
 
     void add_block(torch::nn::Module& block) {
       const auto parameters = block.parameters();
-      for (std::size_t k = 0; k < parameters.size(); ++k) places[parameters[k].unsafeGetTensorImpl()] = {blocks.size(), k};
+      for (std::size_t k = 0; k < parameters.size(); ++k)
+        places[parameters[k].unsafeGetTensorImpl()] = {blocks.size(), k};
       std::vector<Record> records;
       for (auto& shape : empty_block_parameters(block)) records.push_back({std::move(shape), {}});
       blocks.push_back(std::move(records));
@@ -131,7 +138,8 @@ class DeferredInitialization {
 /// `parameter ~ N(mean, std)`; recorded instead when a DeferredInitialization built its block empty.
 inline void init_normal(const torch::Tensor& parameter, double mean, double std) {
   torch::NoGradGuard no_grad;
-  if (auto* scope = DeferredInitialization::current(); scope != nullptr && scope->records(parameter)) return scope->record_normal(parameter, mean, std);
+  if (auto* scope = DeferredInitialization::current(); scope != nullptr && scope->records(parameter))
+    return scope->record_normal(parameter, mean, std);
   auto target = parameter;
   target.normal_(mean, std);
 }
@@ -139,7 +147,8 @@ inline void init_normal(const torch::Tensor& parameter, double mean, double std)
 /// `parameter = value`; recorded instead when a DeferredInitialization built its block empty.
 inline void init_fill(const torch::Tensor& parameter, double value) {
   torch::NoGradGuard no_grad;
-  if (auto* scope = DeferredInitialization::current(); scope != nullptr && scope->records(parameter)) return scope->record_fill(parameter, value);
+  if (auto* scope = DeferredInitialization::current(); scope != nullptr && scope->records(parameter))
+    return scope->record_fill(parameter, value);
   auto target = parameter;
   target.fill_(value);
 }

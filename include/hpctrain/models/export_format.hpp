@@ -46,9 +46,14 @@ inline std::optional<std::uint64_t> parse_shard_size(std::string_view text) {
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
   if (error != std::errc() || end == text.data() || number == 0) return std::nullopt;
   const std::string_view unit(end, static_cast<std::size_t>(text.data() + text.size() - end));
-  const std::pair<std::string_view, std::uint64_t> units[] = {{"", 1},           {"B", 1},           {"KB", 1000},
-                                                              {"MB", 1000000},   {"GB", 1000000000}, {"KiB", 1ull << 10},
-                                                              {"MiB", 1ull << 20}, {"GiB", 1ull << 30}};
+  const std::pair<std::string_view, std::uint64_t> units[] = {{"", 1},
+                                                              {"B", 1},
+                                                              {"KB", 1000},
+                                                              {"MB", 1000000},
+                                                              {"GB", 1000000000},
+                                                              {"KiB", 1ull << 10},
+                                                              {"MiB", 1ull << 20},
+                                                              {"GiB", 1ull << 30}};
   for (const auto& [name, scale] : units)
     if (unit == name) {
       if (number > std::numeric_limits<std::uint64_t>::max() / scale) return std::nullopt;

@@ -38,9 +38,9 @@ struct GenerateCommand {
   std::string prompt_ids;       ///< the prompt as token ids, separated by spaces or commas
   /// The tokenizer file, encoding plainly. Default: the model directory's, as AutoTokenizer(dir) encodes
   std::filesystem::path tokenizer;
-  bool print_ids = false;         ///< print the generated ids rather than their text (always for --prompt-ids)
-  GenerationOptions generation;   ///< --max-new-tokens, --temperature, --top-k, --seed
-  std::string help;               ///< not empty when --help was asked: the text to print
+  bool print_ids = false;        ///< print the generated ids rather than their text (always for --prompt-ids)
+  GenerationOptions generation;  ///< --max-new-tokens, --temperature, --top-k, --seed
+  std::string help;              ///< not empty when --help was asked: the text to print
 };
 
 /// "1 2 3" (or "1,2,3") → ids; a UsageError names the token that is not an id.
@@ -68,8 +68,10 @@ inline std::vector<std::int64_t> parse_token_ids(std::string text) {
 /// The command line `generate ARGS...`; UsageError (exit 2) for bad usage.
 inline GenerateCommand parse_generate_command(int argc, const char* const* argv) {
   GenerateCommand command;
-  CLI::App app{"Continues a prompt with a causal language model (GPT-2, Llama, Qwen2, Mistral) saved in Hugging Face "
-               "format.", "generate"};
+  CLI::App app{
+      "Continues a prompt with a causal language model (GPT-2, Llama, Qwen2, Mistral) saved in Hugging Face "
+      "format.",
+      "generate"};
   app.add_option("--model", command.model, "directory with config.json and model.safetensors (or shards)")
       ->required()
       ->type_name("DIR");

@@ -17,11 +17,11 @@ namespace hpctrain::models {
 
 /// How to continue a prompt.
 struct GenerationOptions {
-  std::int64_t max_new_tokens = 32;        ///< Default: 32
-  std::optional<double> temperature;       ///< sample at this temperature. Default: none (greedy)
-  std::optional<std::int64_t> top_k;       ///< sample among the k likeliest tokens. Default: none (all)
-  std::uint64_t seed = 0;                  ///< seed of the sampling generator. Default: 0
-  bool stop_at_eos = true;                 ///< stop after the config's eos token. Default: true
+  std::int64_t max_new_tokens = 32;   ///< Default: 32
+  std::optional<double> temperature;  ///< sample at this temperature. Default: none (greedy)
+  std::optional<std::int64_t> top_k;  ///< sample among the k likeliest tokens. Default: none (all)
+  std::uint64_t seed = 0;             ///< seed of the sampling generator. Default: 0
+  bool stop_at_eos = true;            ///< stop after the config's eos token. Default: true
   /// generate only ids below this: the tokenizer's vocabulary when the model's is padded (`--pad-vocab-to`:
   /// its extra rows are no token). Default: none (every id of the model)
   std::optional<std::int64_t> vocabulary;
@@ -62,8 +62,9 @@ inline std::vector<std::int64_t> generate(CausalLM& model, const std::vector<std
   if (prompt.empty()) throw SpecError("generation.prompt", "[]", "needs at least one token");
   const auto total = static_cast<std::int64_t>(prompt.size()) + options.max_new_tokens;
   if (const auto limit = model.max_positions(); limit && total > *limit)
-    throw SpecError("generation.max_new_tokens", std::to_string(options.max_new_tokens),
-                    fmt::format("prompt ({} tokens) + new tokens exceed the model's {} positions", prompt.size(), *limit));
+    throw SpecError(
+        "generation.max_new_tokens", std::to_string(options.max_new_tokens),
+        fmt::format("prompt ({} tokens) + new tokens exceed the model's {} positions", prompt.size(), *limit));
   const bool was_training = model.is_training();
   model.eval();
   torch::NoGradGuard no_grad;

@@ -63,7 +63,9 @@ class GPT2MLPImpl : public torch::nn::Module {
     c_proj = register_module("c_proj", torch::nn::Linear(config.inner(), config.n_embd));
     dropout = register_module("dropout", torch::nn::Dropout(config.resid_pdrop));
   }
-  torch::Tensor forward(const torch::Tensor& x) { return dropout(linear(c_proj, torch::gelu(linear(c_fc, x), approximate_))); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return dropout(linear(c_proj, torch::gelu(linear(c_fc, x), approximate_)));
+  }
 
   torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
@@ -113,7 +115,8 @@ inline CheckpointNaming gpt2_naming(const GPT2Config& config, std::string prefix
           },
           [tied = config.tie_word_embeddings](const std::string& hf) {
             const std::string_view name = hf;
-            return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") || (tied && hf == "lm_head.weight");
+            return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") ||
+                   (tied && hf == "lm_head.weight");
           }};
 }
 }  // namespace detail
@@ -132,8 +135,11 @@ class GPT2Impl : public CausalLM, public HuggingFaceLayout {
       BlockConstruction::built(*block_list_.back());  // a loader may empty it before the next is built
       h->push_back(block_list_.back());
     }
-    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config_.n_embd}).eps(config_.layer_norm_epsilon)));
-    if (!config_.tie_word_embeddings) lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config_.n_embd, config_.vocab_size).bias(false)));
+    ln_f = register_module(
+        "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config_.n_embd}).eps(config_.layer_norm_epsilon)));
+    if (!config_.tie_word_embeddings)
+      lm_head = register_module(
+          "lm_head", torch::nn::Linear(torch::nn::LinearOptions(config_.n_embd, config_.vocab_size).bias(false)));
     initialize_weights();
   }
 
@@ -184,17 +190,24 @@ class GPT2Impl : public CausalLM, public HuggingFaceLayout {
  private:
   void check_sequence(std::int64_t length) const override {
     if (length > config_.n_positions)
-      throw RuntimeError(errors::runtime_sequence_length,
-                         fmt::format("GPT-2 sees at most n_positions = {} tokens; got {}", config_.n_positions, length));
+      throw RuntimeError(
+          errors::runtime_sequence_length,
+          fmt::format("GPT-2 sees at most n_positions = {} tokens; got {}", config_.n_positions, length));
   }
 
   torch::Tensor body(const torch::Tensor& input_ids, const torch::Tensor& positions, KVCache* cache,
                      const torch::Tensor& document_ids) override {
-    auto x = drop(run_edge(Edge::embedding, [this](const torch::Tensor& ids) { return wte(ids); }, input_ids) + wpe(positions));
+    auto x = drop(run_edge(
+                      Edge::embedding, [this](const torch::Tensor& ids) { return wte(ids); }, input_ids) +
+                  wpe(positions));
     const auto packed = document_ids.defined() ? packed_attention(document_ids, x) : PackedAttention{};
     for (std::size_t i = 0; i < block_list_.size(); ++i) {
-      x = call_block(i, [block = block_list_[i], cache, packed](const torch::Tensor& input) mutable { return block->forward(input, cache, packed); },
-                     x, cache);
+      x = call_block(
+          i,
+          [block = block_list_[i], cache, packed](const torch::Tensor& input) mutable {
+            return block->forward(input, cache, packed);
+          },
+          x, cache);
     }
     return ln_f(x);
   }

@@ -19,19 +19,20 @@ namespace hpctrain::models {
 /// GPT-2 (Radford et al. 2019): learned positions, pre-LayerNorm blocks, GELU (tanh) MLP, tied embeddings.
 /// Field names are transformers' GPT2Config's; every default is GPT-2 124M's.
 struct GPT2Config {
-  std::int64_t vocab_size = 50257;    ///< Default: 50257
-  std::int64_t n_positions = 1024;    ///< longest sequence (learned positions). Default: 1024
-  std::int64_t n_embd = 768;          ///< width. Default: 768
-  std::int64_t n_layer = 12;          ///< Default: 12
-  std::int64_t n_head = 12;           ///< must divide n_embd. Default: 12
+  std::int64_t vocab_size = 50257;      ///< Default: 50257
+  std::int64_t n_positions = 1024;      ///< longest sequence (learned positions). Default: 1024
+  std::int64_t n_embd = 768;            ///< width. Default: 768
+  std::int64_t n_layer = 12;            ///< Default: 12
+  std::int64_t n_head = 12;             ///< must divide n_embd. Default: 12
   std::optional<std::int64_t> n_inner;  ///< MLP width. Default: none, meaning 4 * n_embd
-  std::string activation_function = "gelu_new";  ///< "gelu_new" / "gelu_pytorch_tanh" (tanh) or "gelu". Default: "gelu_new"
-  double resid_pdrop = 0.1;           ///< Default: 0.1
-  double embd_pdrop = 0.1;            ///< Default: 0.1
-  double attn_pdrop = 0.1;            ///< Default: 0.1
-  double layer_norm_epsilon = 1e-5;   ///< Default: 1e-5
-  double initializer_range = 0.02;    ///< std of the normal init. Default: 0.02
-  bool tie_word_embeddings = true;    ///< the head reuses the token embedding. Default: true
+  std::string activation_function =
+      "gelu_new";                    ///< "gelu_new" / "gelu_pytorch_tanh" (tanh) or "gelu". Default: "gelu_new"
+  double resid_pdrop = 0.1;          ///< Default: 0.1
+  double embd_pdrop = 0.1;           ///< Default: 0.1
+  double attn_pdrop = 0.1;           ///< Default: 0.1
+  double layer_norm_epsilon = 1e-5;  ///< Default: 1e-5
+  double initializer_range = 0.02;   ///< std of the normal init. Default: 0.02
+  bool tie_word_embeddings = true;   ///< the head reuses the token embedding. Default: true
   std::optional<std::int64_t> bos_token_id = 50256;  ///< Default: 50256
   std::optional<std::int64_t> eos_token_id = 50256;  ///< Default: 50256
   /// The weights' dtype the config.json stated (`dtype` or `torch_dtype`). Default: "" (not stated)
@@ -55,7 +56,8 @@ struct GPT2Config {
     require(n_head >= 1, "gpt2.n_head", n_head, "must be at least 1");
     require(n_embd % n_head == 0, "gpt2.n_head", n_head, fmt::format("must divide n_embd = {}", n_embd));
     require(inner() >= 1, "gpt2.n_inner", inner(), "must be at least 1");
-    require(activation_function == "gelu_new" || activation_function == "gelu_pytorch_tanh" || activation_function == "gelu",
+    require(activation_function == "gelu_new" || activation_function == "gelu_pytorch_tanh" ||
+                activation_function == "gelu",
             "gpt2.activation_function", activation_function, "must be \"gelu_new\", \"gelu_pytorch_tanh\" or \"gelu\"");
     for (auto [name, p] : {std::pair{"gpt2.resid_pdrop", resid_pdrop}, std::pair{"gpt2.embd_pdrop", embd_pdrop},
                            std::pair{"gpt2.attn_pdrop", attn_pdrop}})
@@ -85,7 +87,8 @@ struct GPT2Config {
     detail::read_field(json, family, "tie_word_embeddings", c.tie_word_embeddings);
     detail::read_token_id(json, family, "bos_token_id", c.bos_token_id);
     detail::read_token_id(json, family, "eos_token_id", c.eos_token_id);
-    for (const char* unsupported : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"}) {
+    for (const char* unsupported :
+         {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"}) {
       bool on = false;
       detail::read_field(json, family, unsupported, on);
       if (on) throw SpecError(detail::field_id(family, unsupported), "true", "is not supported by hpctrain's GPT-2");
@@ -96,10 +99,28 @@ struct GPT2Config {
     detail::refuse_unless_off(json, family, "quantization_config", "loading quantized weights");
     c.stated_dtype = detail::read_dtype(json, family);
     // n_ctx: 4.x wrote it beside n_positions (5.x no longer does); summary_*: the sequence-classification head's.
-    c.unread_keys = detail::unread_keys(json, {"vocab_size", "n_positions", "n_ctx", "n_embd", "n_layer", "n_head", "n_inner",
-        "activation_function", "resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon", "tie_word_embeddings",
-        "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "scale_attn_weights", "quantization_config",
-        "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout"});
+    c.unread_keys = detail::unread_keys(json, {"vocab_size",
+                                               "n_positions",
+                                               "n_ctx",
+                                               "n_embd",
+                                               "n_layer",
+                                               "n_head",
+                                               "n_inner",
+                                               "activation_function",
+                                               "resid_pdrop",
+                                               "embd_pdrop",
+                                               "attn_pdrop",
+                                               "layer_norm_epsilon",
+                                               "tie_word_embeddings",
+                                               "scale_attn_by_inverse_layer_idx",
+                                               "reorder_and_upcast_attn",
+                                               "scale_attn_weights",
+                                               "quantization_config",
+                                               "summary_type",
+                                               "summary_use_proj",
+                                               "summary_activation",
+                                               "summary_proj_to_labels",
+                                               "summary_first_dropout"});
     c.validate();
     return c;
   }
@@ -139,10 +160,11 @@ struct GPT2Config {
 
   /// What was understood, in one line: the values that shape the math, to compare with the model card.
   std::string summary() const {
-    return fmt::format("gpt2: {} layers, width {}, MLP {}, {} heads of dim {}, {} positions, {}, layer_norm_epsilon {:g}, "
-                       "{} head, vocabulary {}, dtype {}",
-                       n_layer, n_embd, inner(), n_head, head_dim(), n_positions, activation_function, layer_norm_epsilon,
-                       tie_word_embeddings ? "tied" : "untied", vocab_size, stated_dtype.empty() ? "not stated" : stated_dtype);
+    return fmt::format(
+        "gpt2: {} layers, width {}, MLP {}, {} heads of dim {}, {} positions, {}, layer_norm_epsilon {:g}, "
+        "{} head, vocabulary {}, dtype {}",
+        n_layer, n_embd, inner(), n_head, head_dim(), n_positions, activation_function, layer_norm_epsilon,
+        tie_word_embeddings ? "tied" : "untied", vocab_size, stated_dtype.empty() ? "not stated" : stated_dtype);
   }
 
   /// Parameters, counted from the config (equals the module's parameter count).

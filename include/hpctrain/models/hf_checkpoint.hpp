@@ -31,7 +31,9 @@ namespace hpctrain::models {
 
 namespace detail {
 
-inline std::string shape_text(const std::vector<std::int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+inline std::string shape_text(const std::vector<std::int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
 
 /// The file to name for a tensor the checkpoint lacks: the single file, or the index of the shards.
 inline std::string checkpoint_source(const std::filesystem::path& directory) {
@@ -54,9 +56,10 @@ struct WeightTarget {
 /// Every weight `module` needs, each checked against `checkpoint` (present, of the config's shape, a floating
 /// dtype) and every tensor of the checkpoint expected or ignorable: RuntimeError `hpctrain.runtime.safetensors`
 /// naming the file, the tensor and the reason. `full_shape` gives a parameter's shape (a deferred one is empty).
-inline std::vector<WeightTarget> checked_targets(torch::nn::Module& module, const safetensors::Checkpoint& checkpoint,
-                                                 const CheckpointNaming& naming, const std::filesystem::path& directory,
-                                                 const std::function<std::vector<std::int64_t>(const torch::Tensor&)>& full_shape) {
+inline std::vector<WeightTarget> checked_targets(
+    torch::nn::Module& module, const safetensors::Checkpoint& checkpoint, const CheckpointNaming& naming,
+    const std::filesystem::path& directory,
+    const std::function<std::vector<std::int64_t>(const torch::Tensor&)>& full_shape) {
   std::vector<WeightTarget> targets;
   std::set<std::string> expected;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
@@ -73,23 +76,26 @@ inline std::vector<WeightTarget> checked_targets(torch::nn::Module& module, cons
     if (target.transposed) std::swap(shape[0], shape[1]);
     const auto& file = checkpoint.file_of(target.hf).path().string();
     if (info.shape != shape)
-      throw safetensors::format_error(file, target.hf, fmt::format("shape {} but the config needs {}", shape_text(info.shape), shape_text(shape)));
+      throw safetensors::format_error(
+          file, target.hf, fmt::format("shape {} but the config needs {}", shape_text(info.shape), shape_text(shape)));
     const auto dtype = info.dtype;
     if (dtype != safetensors::Dtype::F32 && dtype != safetensors::Dtype::F16 && dtype != safetensors::Dtype::BF16 &&
         dtype != safetensors::Dtype::F64)
-      throw safetensors::format_error(file, target.hf, fmt::format("dtype {} is not a floating type", safetensors::dtype_name(dtype)));
+      throw safetensors::format_error(file, target.hf,
+                                      fmt::format("dtype {} is not a floating type", safetensors::dtype_name(dtype)));
   }
   for (const auto& name : checkpoint.names()) {
     if (!expected.count(name) && !naming.ignorable(name))
-      throw safetensors::format_error(checkpoint.file_of(name).path().string(), name, "unexpected: the config has no such weight");
+      throw safetensors::format_error(checkpoint.file_of(name).path().string(), name,
+                                      "unexpected: the config has no such weight");
   }
   return targets;
 }
 
 /// Elements [offset, offset + out.numel()) of a checkpoint tensor flattened in our layout, into `out`. Only
 /// those bytes of the mapping are read (a transposed GPT-2 projection is read whole: its rows are columns).
-inline void read_slice(const safetensors::Checkpoint& checkpoint, const std::string& hf, bool transposed, std::int64_t offset,
-                       torch::Tensor out) {
+inline void read_slice(const safetensors::Checkpoint& checkpoint, const std::string& hf, bool transposed,
+                       std::int64_t offset, torch::Tensor out) {
   torch::NoGradGuard no_grad;
   const auto stored = checkpoint.tensor(hf);
   const auto flat = transposed ? stored.t().contiguous().view({-1}) : stored.reshape({-1});
@@ -104,7 +110,8 @@ Holder build_with_empty_blocks(const Config& config, torch::Dtype dtype) {
   auto deferred = std::make_shared<DeferredBlocks>();
   Holder model(nullptr);
   {
-    BlockConstruction scope([&](torch::nn::Module& block) { deferred->shapes.push_back(empty_block_parameters(block)); });
+    BlockConstruction scope(
+        [&](torch::nn::Module& block) { deferred->shapes.push_back(empty_block_parameters(block)); });
     model = Holder(config);
   }
   model->to(dtype);
@@ -119,7 +126,8 @@ Holder build_with_empty_blocks(const Config& config, torch::Dtype dtype) {
 /// module's. Nothing is copied when any check fails.
 inline void load_weights(torch::nn::Module& module, const safetensors::Checkpoint& checkpoint,
                          const CheckpointNaming& naming, const std::filesystem::path& directory) {
-  auto targets = detail::checked_targets(module, checkpoint, naming, directory, [](const torch::Tensor& p) { return p.sizes().vec(); });
+  auto targets = detail::checked_targets(module, checkpoint, naming, directory,
+                                         [](const torch::Tensor& p) { return p.sizes().vec(); });
   torch::NoGradGuard no_grad;
   for (auto& target : targets) {
     auto tensor = checkpoint.tensor(target.hf, target.parameter.scalar_type());
@@ -131,13 +139,14 @@ inline void load_weights(torch::nn::Module& module, const safetensors::Checkpoin
 /// is checked now, the parameters outside the blocks are copied, and the blocks' DeferredBlocks read from the
 /// checkpoint (kept mapped) when a strategy asks for its slices or materialize_blocks for all of them.
 template <class Model>
-void load_weights_deferred(Model& model, std::shared_ptr<const safetensors::Checkpoint> checkpoint, const CheckpointNaming& naming,
-                           const std::filesystem::path& directory) {
+void load_weights_deferred(Model& model, std::shared_ptr<const safetensors::Checkpoint> checkpoint,
+                           const CheckpointNaming& naming, const std::filesystem::path& directory) {
   const auto deferred = model.deferred_blocks();
   const auto places = deferred_places(model);
   const auto full_shape = [&](const torch::Tensor& parameter) {
     const auto found = places.find(parameter.unsafeGetTensorImpl());
-    return found == places.end() ? parameter.sizes().vec() : deferred->shapes[found->second.block][found->second.parameter].sizes().vec();
+    return found == places.end() ? parameter.sizes().vec()
+                                 : deferred->shapes[found->second.block][found->second.parameter].sizes().vec();
   };
   auto targets = detail::checked_targets(model, *checkpoint, naming, directory, full_shape);
   struct Source {
@@ -156,7 +165,8 @@ void load_weights_deferred(Model& model, std::shared_ptr<const safetensors::Chec
     auto tensor = checkpoint->tensor(target.hf, target.parameter.scalar_type());
     target.parameter.copy_(target.transposed ? tensor.t() : tensor);
   }
-  deferred->read = [checkpoint, sources = std::move(sources)](std::size_t block, std::size_t parameter, std::int64_t offset, torch::Tensor out) {
+  deferred->read = [checkpoint, sources = std::move(sources)](std::size_t block, std::size_t parameter,
+                                                              std::int64_t offset, torch::Tensor out) {
     const auto& source = sources.at(block).at(parameter);
     detail::read_slice(*checkpoint, source.hf, source.transposed, offset, std::move(out));
   };
@@ -208,17 +218,20 @@ inline Llama load_llama(const std::filesystem::path& directory, torch::Dtype dty
 /// The model a Hugging Face directory holds, by its config's `model_type` ("gpt2", "llama", "qwen2",
 /// "mistral"), its blocks still empty (DeferredBlocks): the fully sharded strategy reads only its own slices of
 /// them; materialize_blocks reads them whole.
-inline std::shared_ptr<CausalLM> load_pretrained_deferred(const std::filesystem::path& directory, torch::Dtype dtype = torch::kFloat32) {
+inline std::shared_ptr<CausalLM> load_pretrained_deferred(const std::filesystem::path& directory,
+                                                          torch::Dtype dtype = torch::kFloat32) {
   const auto json = detail::read_json_file(directory / "config.json");
   const auto type = json.value("model_type", std::string());
   if (type == "gpt2") return load_gpt2_deferred(directory, dtype).ptr();
   if (type == "llama" || type == "qwen2" || type == "mistral") return load_llama_deferred(directory, dtype).ptr();
   throw SpecError("model_type", json.contains("model_type") ? json["model_type"].dump() : "(absent)",
-                  fmt::format("{}: hpctrain reads \"gpt2\", \"llama\", \"qwen2\" and \"mistral\"", (directory / "config.json").string()));
+                  fmt::format("{}: hpctrain reads \"gpt2\", \"llama\", \"qwen2\" and \"mistral\"",
+                              (directory / "config.json").string()));
 }
 
 /// The model a Hugging Face directory holds, whole.
-inline std::shared_ptr<CausalLM> load_pretrained(const std::filesystem::path& directory, torch::Dtype dtype = torch::kFloat32) {
+inline std::shared_ptr<CausalLM> load_pretrained(const std::filesystem::path& directory,
+                                                 torch::Dtype dtype = torch::kFloat32) {
   auto model = load_pretrained_deferred(directory, dtype);
   materialize_blocks(*model);
   return model;
@@ -226,16 +239,18 @@ inline std::shared_ptr<CausalLM> load_pretrained(const std::filesystem::path& di
 
 namespace detail {
 
-inline void save_directory(torch::nn::Module& module, const nlohmann::ordered_json& config, const CheckpointNaming& naming,
-                           const std::filesystem::path& directory, std::uint64_t max_shard_bytes) {
+inline void save_directory(torch::nn::Module& module, const nlohmann::ordered_json& config,
+                           const CheckpointNaming& naming, const std::filesystem::path& directory,
+                           std::uint64_t max_shard_bytes) {
   // A block built empty (DeferredInitialization, a deferred load) has no values to write yet: refused before
   // anything is written rather than exported as zero-sized tensors.
   for (const auto& item : module.named_parameters(/*recurse=*/true))
     if (item.value().numel() == 0)
-      throw RuntimeError(errors::runtime_io,
-                         fmt::format("{}: cannot write {}: it is empty (under --sharding zero3 a model's blocks are built empty and "
-                                     "filled slice by slice when the strategy shards them; lm::hf_export writes the model at the end)",
-                                     directory.string(), item.key()));
+      throw RuntimeError(
+          errors::runtime_io,
+          fmt::format("{}: cannot write {}: it is empty (under --sharding zero3 a model's blocks are built empty and "
+                      "filled slice by slice when the strategy shards them; lm::hf_export writes the model at the end)",
+                      directory.string(), item.key()));
   std::filesystem::create_directories(directory);
   safetensors::NamedTensors tensors;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
@@ -246,7 +261,8 @@ inline void save_directory(torch::nn::Module& module, const nlohmann::ordered_js
   }
   safetensors::save_checkpoint(directory, tensors, max_shard_bytes);
   // config.json last: a directory with a config has its weights.
-  hpctrain::detail::write_file_atomically(directory / "config.json", config.dump(2) + "\n", errors::runtime_safetensors);
+  hpctrain::detail::write_file_atomically(directory / "config.json", config.dump(2) + "\n",
+                                          errors::runtime_safetensors);
 }
 
 }  // namespace detail
@@ -254,9 +270,10 @@ inline void save_directory(torch::nn::Module& module, const nlohmann::ordered_js
 /// `model`'s Hugging Face layout; RuntimeError naming `directory` for a model that has none (a family of your own).
 inline const HuggingFaceLayout& hf_layout(const torch::nn::Module& model, const std::filesystem::path& directory = {}) {
   if (const auto* layout = dynamic_cast<const HuggingFaceLayout*>(&model)) return *layout;
-  throw RuntimeError(errors::runtime_io, fmt::format("{}{}no Hugging Face layout for this model ({}): its family does not implement "
-                                                     "models::HuggingFaceLayout",
-                                                     directory.string(), directory.empty() ? "" : ": ", model.name()));
+  throw RuntimeError(errors::runtime_io,
+                     fmt::format("{}{}no Hugging Face layout for this model ({}): its family does not implement "
+                                 "models::HuggingFaceLayout",
+                                 directory.string(), directory.empty() ? "" : ": ", model.name()));
 }
 
 /// Writes `model` — any family with a Hugging Face layout: GPT-2, Llama, Qwen2, Mistral, RoBERTa, BERT — as a

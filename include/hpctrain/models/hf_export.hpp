@@ -36,7 +36,8 @@ inline std::optional<torch::Dtype> stated_dtype(const torch::nn::Module& model) 
 /// of a LoRA model are not written (save_peft_adapter writes them). Returns the files written.
 inline std::vector<std::string> save_pretrained_by_units(CausalLM& model, const std::vector<ParameterShape>& order,
                                                          const std::function<void(const UnitVisitor&)>& visit_units,
-                                                         const std::filesystem::path& directory, const ExportFormat& format) {
+                                                         const std::filesystem::path& directory,
+                                                         const ExportFormat& format) {
   const auto& layout = hf_layout(model, directory);
   const auto naming = layout.hf_naming();
   auto config = layout.hf_config();
@@ -60,7 +61,8 @@ inline std::vector<std::string> save_pretrained_by_units(CausalLM& model, const 
   });
   writer.finish();
   detail::state_dtype(config, config_dtype_name(format.dtype));
-  hpctrain::detail::write_file_atomically(directory / "config.json", config.dump(2) + "\n", errors::runtime_safetensors);
+  hpctrain::detail::write_file_atomically(directory / "config.json", config.dump(2) + "\n",
+                                          errors::runtime_safetensors);
   std::vector<std::string> files{"config.json"};
   for (const auto& shard : plan.shards) files.push_back(shard.file);
   if (plan.shards.size() > 1) files.emplace_back(safetensors::index_file_name);

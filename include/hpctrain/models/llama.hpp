@@ -82,7 +82,9 @@ inline torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& c
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   explicit LlamaAttentionImpl(const LlamaConfig& config)
-      : heads_(config.num_attention_heads), kv_heads_(config.kv_heads()), head_dim_(config.head_dimension()),
+      : heads_(config.num_attention_heads),
+        kv_heads_(config.kv_heads()),
+        head_dim_(config.head_dimension()),
         dropout_(config.attention_dropout) {
     const auto d = config.hidden_size;
     auto linear = [&](std::int64_t in, std::int64_t out, bool bias) {
@@ -131,7 +133,9 @@ class LlamaMLPImpl : public torch::nn::Module {
     up_proj = register_module("up_proj", linear(config.hidden_size, config.intermediate_size));
     down_proj = register_module("down_proj", linear(config.intermediate_size, config.hidden_size));
   }
-  torch::Tensor forward(const torch::Tensor& x) { return linear(down_proj, torch::silu(linear(gate_proj, x)) * linear(up_proj, x)); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return linear(down_proj, torch::silu(linear(gate_proj, x)) * linear(up_proj, x));
+  }
 
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
@@ -143,12 +147,13 @@ class LlamaBlockImpl : public torch::nn::Module {
   LlamaBlockImpl(const LlamaConfig& config, std::size_t layer) : layer_(layer) {
     input_layernorm = register_module("input_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
     self_attn = register_module("self_attn", LlamaAttention(config));
-    post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
+    post_attention_layernorm =
+        register_module("post_attention_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
     mlp = register_module("mlp", LlamaMLP(config));
   }
 
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, KVCache* cache = nullptr,
-                        const PackedAttention& packed = {}) {
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        KVCache* cache = nullptr, const PackedAttention& packed = {}) {
     auto h = x + self_attn->forward(input_layernorm(x), cos, sin, cache, layer_, packed);
     return h + mlp(post_attention_layernorm(h));
   }
@@ -189,7 +194,8 @@ class LlamaImpl : public CausalLM, public HuggingFaceLayout {
     }
     norm = register_module("norm", RMSNorm(config_.hidden_size, config_.rms_norm_eps));
     if (!config_.tie_word_embeddings)
-      lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config_.hidden_size, config_.vocab_size).bias(false)));
+      lm_head = register_module(
+          "lm_head", torch::nn::Linear(torch::nn::LinearOptions(config_.hidden_size, config_.vocab_size).bias(false)));
     inv_freq_ = rotary_inverse_frequencies(config_);
     initialize_weights();
   }
@@ -235,21 +241,26 @@ class LlamaImpl : public CausalLM, public HuggingFaceLayout {
   /// computed as if the window were not there.
   void check_sequence(std::int64_t length) const override {
     if (config_.sliding_window && length > *config_.sliding_window)
-      throw RuntimeError(errors::runtime_sequence_length,
-                         fmt::format("{} with sliding_window = {}: a sequence of {} tokens would need the window, which hpctrain does "
-                                     "not implement (train or generate at most {} tokens)",
-                                     config_.model_type, *config_.sliding_window, length, *config_.sliding_window));
+      throw RuntimeError(
+          errors::runtime_sequence_length,
+          fmt::format("{} with sliding_window = {}: a sequence of {} tokens would need the window, which hpctrain does "
+                      "not implement (train or generate at most {} tokens)",
+                      config_.model_type, *config_.sliding_window, length, *config_.sliding_window));
   }
 
   torch::Tensor body(const torch::Tensor& input_ids, const torch::Tensor& positions, KVCache* cache,
                      const torch::Tensor& document_ids) override {
-    auto x = run_edge(Edge::embedding, [this](const torch::Tensor& ids) { return embed_tokens(ids); }, input_ids);
+    auto x = run_edge(
+        Edge::embedding, [this](const torch::Tensor& ids) { return embed_tokens(ids); }, input_ids);
     const auto packed = document_ids.defined() ? packed_attention(document_ids, x) : PackedAttention{};
     auto [cos, sin] = rotary_angles(positions, x);
     for (std::size_t i = 0; i < block_list_.size(); ++i) {
-      x = call_block(i, [block = block_list_[i], cos = cos, sin = sin, cache, packed](const torch::Tensor& input) mutable {
-        return block->forward(input, cos, sin, cache, packed);
-      }, x, cache);
+      x = call_block(
+          i,
+          [block = block_list_[i], cos = cos, sin = sin, cache, packed](const torch::Tensor& input) mutable {
+            return block->forward(input, cos, sin, cache, packed);
+          },
+          x, cache);
     }
     return norm(x);
   }

@@ -35,28 +35,29 @@ inline constexpr std::string_view llama_family_types[] = {"llama", "qwen2", "mis
 /// Llama (Touvron et al. 2023; Llama 3, Dubey et al. 2024): RMSNorm, rotary positions, SwiGLU MLP,
 /// grouped-query attention. Field names and defaults are transformers' LlamaConfig's.
 struct LlamaConfig {
-  std::string model_type = "llama";         ///< llama, qwen2 or mistral. Default: "llama"
-  std::int64_t vocab_size = 32000;          ///< Default: 32000
-  std::int64_t hidden_size = 4096;          ///< Default: 4096
-  std::int64_t intermediate_size = 11008;   ///< SwiGLU width. Default: 11008
-  std::int64_t num_hidden_layers = 32;      ///< Default: 32
-  std::int64_t num_attention_heads = 32;    ///< Default: 32
-  std::optional<std::int64_t> num_key_value_heads;  ///< must divide the heads. Default: none, meaning num_attention_heads
-  std::optional<std::int64_t> head_dim;     ///< Default: none, meaning hidden_size / num_attention_heads
+  std::string model_type = "llama";        ///< llama, qwen2 or mistral. Default: "llama"
+  std::int64_t vocab_size = 32000;         ///< Default: 32000
+  std::int64_t hidden_size = 4096;         ///< Default: 4096
+  std::int64_t intermediate_size = 11008;  ///< SwiGLU width. Default: 11008
+  std::int64_t num_hidden_layers = 32;     ///< Default: 32
+  std::int64_t num_attention_heads = 32;   ///< Default: 32
+  std::optional<std::int64_t>
+      num_key_value_heads;                      ///< must divide the heads. Default: none, meaning num_attention_heads
+  std::optional<std::int64_t> head_dim;         ///< Default: none, meaning hidden_size / num_attention_heads
   std::int64_t max_position_embeddings = 2048;  ///< Default: 2048
-  double rms_norm_eps = 1e-6;               ///< Default: 1e-6
-  double rope_theta = 10000.0;              ///< Default: 10000 (Llama 3: 500000)
-  std::optional<RopeScaling> rope_scaling;  ///< Default: none
-  bool attention_bias = false;              ///< biases on q, k, v, o. Default: false
-  bool qkv_bias = false;                    ///< biases on q, k, v only (Qwen2). Default: false
+  double rms_norm_eps = 1e-6;                   ///< Default: 1e-6
+  double rope_theta = 10000.0;                  ///< Default: 10000 (Llama 3: 500000)
+  std::optional<RopeScaling> rope_scaling;      ///< Default: none
+  bool attention_bias = false;                  ///< biases on q, k, v, o. Default: false
+  bool qkv_bias = false;                        ///< biases on q, k, v only (Qwen2). Default: false
   /// Attention sees at most this many previous tokens (Mistral; Qwen2 with use_sliding_window). hpctrain does
   /// not implement the window: a sequence longer than it is refused rather than computed differently.
   std::optional<std::int64_t> sliding_window;
-  bool mlp_bias = false;                    ///< biases on the MLP. Default: false
-  double attention_dropout = 0.0;           ///< Default: 0
-  double initializer_range = 0.02;          ///< Default: 0.02
-  bool tie_word_embeddings = false;         ///< Default: false
-  std::string hidden_act = "silu";          ///< only "silu". Default: "silu"
+  bool mlp_bias = false;                         ///< biases on the MLP. Default: false
+  double attention_dropout = 0.0;                ///< Default: 0
+  double initializer_range = 0.02;               ///< Default: 0.02
+  bool tie_word_embeddings = false;              ///< Default: false
+  std::string hidden_act = "silu";               ///< only "silu". Default: "silu"
   std::optional<std::int64_t> bos_token_id = 1;  ///< Default: 1
   std::optional<std::int64_t> eos_token_id = 2;  ///< Default: 2
   /// The weights' dtype the config.json stated (`dtype` or `torch_dtype`); informative, the safetensors' own
@@ -84,10 +85,12 @@ struct LlamaConfig {
     require(kv_heads() >= 1, "llama.num_key_value_heads", kv_heads(), "must be at least 1");
     require(num_attention_heads % kv_heads() == 0, "llama.num_key_value_heads", kv_heads(),
             fmt::format("must divide num_attention_heads = {}", num_attention_heads));
-    require(max_position_embeddings >= 1, "llama.max_position_embeddings", max_position_embeddings, "must be at least 1");
+    require(max_position_embeddings >= 1, "llama.max_position_embeddings", max_position_embeddings,
+            "must be at least 1");
     require(rms_norm_eps > 0.0, "llama.rms_norm_eps", rms_norm_eps, "must be positive");
     require(rope_theta > 0.0, "llama.rope_theta", rope_theta, "must be positive");
-    require(attention_dropout >= 0.0 && attention_dropout < 1.0, "llama.attention_dropout", attention_dropout, "must be in [0, 1)");
+    require(attention_dropout >= 0.0 && attention_dropout < 1.0, "llama.attention_dropout", attention_dropout,
+            "must be in [0, 1)");
     require(initializer_range > 0.0, "llama.initializer_range", initializer_range, "must be positive");
     require(hidden_act == "silu", "llama.hidden_act", hidden_act, "must be \"silu\" (SwiGLU)");
     if (rope_scaling) {
@@ -114,7 +117,9 @@ struct LlamaConfig {
     if (const auto type = json.find("model_type"); type != json.end()) {
       const bool known = type->is_string() && std::find(std::begin(llama_family_types), std::end(llama_family_types),
                                                         type->get<std::string>()) != std::end(llama_family_types);
-      if (!known) throw SpecError(detail::field_id(family, "model_type"), type->dump(), "this is not a llama, qwen2 or mistral config");
+      if (!known)
+        throw SpecError(detail::field_id(family, "model_type"), type->dump(),
+                        "this is not a llama, qwen2 or mistral config");
       c.model_type = type->get<std::string>();
     }
     c.qkv_bias = c.model_type == "qwen2";
@@ -145,15 +150,38 @@ struct LlamaConfig {
     c.stated_dtype = detail::read_dtype(json, family);
     std::int64_t pretraining_tp = 1;
     detail::read_field(json, family, "pretraining_tp", pretraining_tp);
-    if (pretraining_tp != 1) throw SpecError("llama.pretraining_tp", std::to_string(pretraining_tp), "only 1 is supported");
+    if (pretraining_tp != 1)
+      throw SpecError("llama.pretraining_tp", std::to_string(pretraining_tp), "only 1 is supported");
     read_rope(json, c);
     refuse_unimplemented(json, c);
-    c.unread_keys = detail::unread_keys(json, {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-        "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "rope_theta",
-        "rope_scaling", "rope_parameters", "partial_rotary_factor", "attention_bias", "mlp_bias", "attention_dropout",
-        "tie_word_embeddings", "hidden_act", "pretraining_tp", "use_sliding_window", "sliding_window", "max_window_layers",
-        "layer_types", "attn_logit_softcapping", "final_logit_softcapping", "quantization_config", "use_qk_norm",
-        "attention_chunk_size"});
+    c.unread_keys = detail::unread_keys(json, {"vocab_size",
+                                               "hidden_size",
+                                               "intermediate_size",
+                                               "num_hidden_layers",
+                                               "num_attention_heads",
+                                               "num_key_value_heads",
+                                               "head_dim",
+                                               "max_position_embeddings",
+                                               "rms_norm_eps",
+                                               "rope_theta",
+                                               "rope_scaling",
+                                               "rope_parameters",
+                                               "partial_rotary_factor",
+                                               "attention_bias",
+                                               "mlp_bias",
+                                               "attention_dropout",
+                                               "tie_word_embeddings",
+                                               "hidden_act",
+                                               "pretraining_tp",
+                                               "use_sliding_window",
+                                               "sliding_window",
+                                               "max_window_layers",
+                                               "layer_types",
+                                               "attn_logit_softcapping",
+                                               "final_logit_softcapping",
+                                               "quantization_config",
+                                               "use_qk_norm",
+                                               "attention_chunk_size"});
     c.validate();
     return c;
   }
@@ -161,7 +189,9 @@ struct LlamaConfig {
   /// The `config.json` transformers reads back as a LlamaForCausalLM.
   nlohmann::ordered_json to_json() const {
     nlohmann::ordered_json j;
-    j["architectures"] = {model_type == "qwen2" ? "Qwen2ForCausalLM" : model_type == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM"};
+    j["architectures"] = {model_type == "qwen2"     ? "Qwen2ForCausalLM"
+                          : model_type == "mistral" ? "MistralForCausalLM"
+                                                    : "LlamaForCausalLM"};
     j["model_type"] = model_type;
     j["vocab_size"] = vocab_size;
     j["hidden_size"] = hidden_size;
@@ -213,21 +243,23 @@ struct LlamaConfig {
     if (rope_scaling) {
       const auto& r = *rope_scaling;
       rope += r.rope_type == "llama3"
-                  ? fmt::format(" with llama3 scaling (factor {:g}, low/high freq {:g}/{:g}, original length {})", r.factor,
-                                r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings)
+                  ? fmt::format(" with llama3 scaling (factor {:g}, low/high freq {:g}/{:g}, original length {})",
+                                r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings)
                   : fmt::format(" with linear scaling (factor {:g})", r.factor);
     }
-    return fmt::format("{}: {} layers, hidden {}, MLP {}, {} heads / {} KV heads of dim {}, {}, rms_norm_eps {:g}, {} head, "
-                       "vocabulary {}, {} positions{}{}, dtype {}",
-                       model_type, num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, kv_heads(),
-                       head_dimension(), rope, rms_norm_eps, tie_word_embeddings ? "tied" : "untied", vocab_size,
-                       max_position_embeddings, sliding_window ? fmt::format(", sliding window {}", *sliding_window) : "",
-                       qkv_bias || attention_bias ? ", attention biases" : "", stated_dtype.empty() ? "not stated" : stated_dtype);
+    return fmt::format(
+        "{}: {} layers, hidden {}, MLP {}, {} heads / {} KV heads of dim {}, {}, rms_norm_eps {:g}, {} head, "
+        "vocabulary {}, {} positions{}{}, dtype {}",
+        model_type, num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, kv_heads(),
+        head_dimension(), rope, rms_norm_eps, tie_word_embeddings ? "tied" : "untied", vocab_size,
+        max_position_embeddings, sliding_window ? fmt::format(", sliding window {}", *sliding_window) : "",
+        qkv_bias || attention_bias ? ", attention biases" : "", stated_dtype.empty() ? "not stated" : stated_dtype);
   }
 
   /// Parameters, counted from the config (equals the module's parameter count).
   std::int64_t parameter_count() const {
-    const auto d = hidden_size, hd = head_dimension(), q = num_attention_heads * hd, kv = kv_heads() * hd, f = intermediate_size;
+    const auto d = hidden_size, hd = head_dimension(), q = num_attention_heads * hd, kv = kv_heads() * hd,
+               f = intermediate_size;
     const auto attention = d * q + 2 * d * kv + q * d + (attention_bias ? q + 2 * kv + d : qkv_bias ? q + 2 * kv : 0);
     const auto mlp = 3 * d * f + (mlp_bias ? 2 * f + d : 0);
     const auto per_block = attention + mlp + 2 * d;
@@ -266,13 +298,15 @@ struct LlamaConfig {
     std::string type = "default";
     detail::read_field(json, field, json.contains("rope_type") || !json.contains("type") ? "rope_type" : "type", type);
     if (type != "default" && type != "linear" && type != "llama3")
-      throw SpecError(field + ".rope_type", type, "is not implemented by hpctrain (it implements default, linear and llama3)");
+      throw SpecError(field + ".rope_type", type,
+                      "is not implemented by hpctrain (it implements default, linear and llama3)");
     s.rope_type = type;
     detail::read_optional_field(json, field, "rope_theta", rotary.theta);
     double partial = 1.0;
     detail::read_field(json, field, "partial_rotary_factor", partial);
     if (partial != 1.0)
-      throw SpecError(field + ".partial_rotary_factor", fmt::format("{:g}", partial), "partial rotary embeddings are not implemented by hpctrain");
+      throw SpecError(field + ".partial_rotary_factor", fmt::format("{:g}", partial),
+                      "partial rotary embeddings are not implemented by hpctrain");
     detail::read_field(json, field, "factor", s.factor);
     detail::read_field(json, field, "low_freq_factor", s.low_freq_factor);
     detail::read_field(json, field, "high_freq_factor", s.high_freq_factor);
@@ -284,8 +318,9 @@ struct LlamaConfig {
   static bool same_scaling(const std::optional<RopeScaling>& a, const std::optional<RopeScaling>& b) {
     if (!a || !b) return !a && !b;
     return a->rope_type == b->rope_type && a->factor == b->factor &&
-           (a->rope_type != "llama3" || (a->low_freq_factor == b->low_freq_factor && a->high_freq_factor == b->high_freq_factor &&
-                                         a->original_max_position_embeddings == b->original_max_position_embeddings));
+           (a->rope_type != "llama3" ||
+            (a->low_freq_factor == b->low_freq_factor && a->high_freq_factor == b->high_freq_factor &&
+             a->original_max_position_embeddings == b->original_max_position_embeddings));
   }
 
   /// The rotary settings in either layout: transformers 4's top-level `rope_theta` and `rope_scaling`, 5's
@@ -298,7 +333,8 @@ struct LlamaConfig {
     double partial = 1.0;
     detail::read_field(json, "llama", "partial_rotary_factor", partial);
     if (partial != 1.0)
-      throw SpecError("llama.partial_rotary_factor", fmt::format("{:g}", partial), "partial rotary embeddings are not implemented by hpctrain");
+      throw SpecError("llama.partial_rotary_factor", fmt::format("{:g}", partial),
+                      "partial rotary embeddings are not implemented by hpctrain");
     const auto it = json.find("rope_parameters");
     if (it == json.end() || it->is_null()) {
       c.rope_theta = legacy.theta.value_or(c.rope_theta);
@@ -307,10 +343,13 @@ struct LlamaConfig {
     }
     const auto current = read_rotary_object(*it, "llama.rope_parameters", c.max_position_embeddings);
     if (current.theta && legacy.theta && *current.theta != *legacy.theta)
-      throw SpecError("llama.rope_parameters.rope_theta", fmt::format("{:g} but rope_theta = {:g}", *current.theta, *legacy.theta),
+      throw SpecError("llama.rope_parameters.rope_theta",
+                      fmt::format("{:g} but rope_theta = {:g}", *current.theta, *legacy.theta),
                       "the transformers 5 and 4 layouts of the config disagree");
-    if (json.contains("rope_scaling") && !json["rope_scaling"].is_null() && !same_scaling(current.scaling, legacy.scaling))
-      throw SpecError("llama.rope_parameters", fmt::format("{} but rope_scaling = {}", it->dump(), json["rope_scaling"].dump()),
+    if (json.contains("rope_scaling") && !json["rope_scaling"].is_null() &&
+        !same_scaling(current.scaling, legacy.scaling))
+      throw SpecError("llama.rope_parameters",
+                      fmt::format("{} but rope_scaling = {}", it->dump(), json["rope_scaling"].dump()),
                       "the transformers 5 and 4 layouts of the config disagree");
     c.rope_theta = current.theta.value_or(legacy.theta.value_or(c.rope_theta));
     c.rope_scaling = current.scaling;
@@ -335,8 +374,9 @@ struct LlamaConfig {
       const bool full = type == "full_attention", sliding = type == "sliding_attention";
       if (!full && !(sliding && c.sliding_window))
         throw SpecError("llama.layer_types", type.dump(),
-                        sliding ? "sliding attention without a sliding_window is not implemented by hpctrain"
-                                : "is not implemented by hpctrain (it implements full_attention and sliding_attention)");
+                        sliding
+                            ? "sliding attention without a sliding_window is not implemented by hpctrain"
+                            : "is not implemented by hpctrain (it implements full_attention and sliding_attention)");
     }
     if (static_cast<std::int64_t>(types->size()) != c.num_hidden_layers)
       throw SpecError("llama.layer_types", fmt::format("{} entries", types->size()),

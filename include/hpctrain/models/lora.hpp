@@ -42,7 +42,8 @@ inline std::int64_t apply_lora(torch::nn::Module& model, const LoraConfig& confi
     if (detail::child(*linear, "lora_A")) continue;  // already adapted
     const auto in = linear->weight.size(1), out = linear->weight.size(0);
     const auto options = linear->weight.options();
-    auto a = torch::nn::Linear(torch::nn::LinearOptions(in, config.r).bias(false));  // torch's default: Kaiming-uniform(√5)
+    auto a =
+        torch::nn::Linear(torch::nn::LinearOptions(in, config.r).bias(false));  // torch's default: Kaiming-uniform(√5)
     auto b = torch::nn::Linear(torch::nn::LinearOptions(config.r, out).bias(false));
     {
       torch::NoGradGuard no_grad;
@@ -56,7 +57,8 @@ inline std::int64_t apply_lora(torch::nn::Module& model, const LoraConfig& confi
     count += a->weight.numel() + b->weight.numel();
   }
   if (count == 0)
-    throw SpecError("lora.targets", fmt::format("[{}]", fmt::join(config.targets, ", ")), "no linear layer of the model has such a name");
+    throw SpecError("lora.targets", fmt::format("[{}]", fmt::join(config.targets, ", ")),
+                    "no linear layer of the model has such a name");
   return count;
 }
 
@@ -79,18 +81,20 @@ inline void merge_lora(torch::nn::Module& model) {
 
 /// PEFT's key of adapter parameter `ours` (`layers.0.self_attn.q_proj.lora_A.weight`), given how the family
 /// names the base layer's weight in a Hugging Face checkpoint (`hf_weight_name`).
-inline std::string peft_key(const std::string& ours, const std::function<std::string(const std::string&)>& hf_weight_name) {
+inline std::string peft_key(const std::string& ours,
+                            const std::function<std::string(const std::string&)>& hf_weight_name) {
   const auto at = ours.find(".lora_");
-  const auto layer = ours.substr(0, at);                              // layers.0.self_attn.q_proj
-  const auto hf_layer = hf_weight_name(layer + ".weight");            // model.layers.0.self_attn.q_proj.weight
+  const auto layer = ours.substr(0, at);                    // layers.0.self_attn.q_proj
+  const auto hf_layer = hf_weight_name(layer + ".weight");  // model.layers.0.self_attn.q_proj.weight
   return "base_model.model." + hf_layer.substr(0, hf_layer.size() - 7) + ours.substr(at);  // … .lora_A.weight
 }
 
 /// Writes the adapters of `model` as PEFT does (adapter_model.safetensors + adapter_config.json, atomically).
 /// `hf_weight_name` maps our weight names to the checkpoint's; `fan_in_fan_out` is true for GPT-2 (Conv1D).
-inline void save_peft_adapter(torch::nn::Module& model, const std::filesystem::path& directory, const LoraConfig& config,
-                              const std::string& base_model_name_or_path,
-                              const std::function<std::string(const std::string&)>& hf_weight_name, bool fan_in_fan_out) {
+inline void save_peft_adapter(torch::nn::Module& model, const std::filesystem::path& directory,
+                              const LoraConfig& config, const std::string& base_model_name_or_path,
+                              const std::function<std::string(const std::string&)>& hf_weight_name,
+                              bool fan_in_fan_out) {
   std::filesystem::create_directories(directory);
   safetensors::NamedTensors tensors;
   std::set<std::string> modules;
@@ -129,14 +133,16 @@ inline LoraConfig read_peft_config(const std::filesystem::path& directory) {
     throw RuntimeError(errors::runtime_io, fmt::format("{}: not JSON: {}", file.string(), error.what()));
   }
   if (json.value("peft_type", std::string()) != "LORA")
-    throw SpecError("lora.peft_type", json.value("peft_type", std::string("(absent)")), fmt::format("{}: only LORA adapters are read", file.string()));
+    throw SpecError("lora.peft_type", json.value("peft_type", std::string("(absent)")),
+                    fmt::format("{}: only LORA adapters are read", file.string()));
   LoraConfig config;
   config.r = json.value("r", config.r);
   config.alpha = json.value("lora_alpha", config.alpha);
   config.dropout = json.value("lora_dropout", config.dropout);
   config.use_rslora = json.value("use_rslora", false);
   const auto& targets = json.at("target_modules");
-  config.targets = targets.is_string() ? std::vector<std::string>{targets.get<std::string>()} : targets.get<std::vector<std::string>>();
+  config.targets = targets.is_string() ? std::vector<std::string>{targets.get<std::string>()}
+                                       : targets.get<std::vector<std::string>>();
   return config;
 }
 
@@ -153,8 +159,10 @@ inline LoraConfig load_peft_adapter(torch::nn::Module& model, const std::filesys
     const auto key = peft_key(item.key(), hf_weight_name);
     const auto stored = file.tensor(key);
     if (stored.sizes() != item.value().sizes())
-      throw RuntimeError(errors::runtime_io, fmt::format("{}: {} has shape {}, the model's adapter {}", (directory / "adapter_model.safetensors").string(),
-                                                         key, fmt::join(stored.sizes(), "x"), fmt::join(item.value().sizes(), "x")));
+      throw RuntimeError(
+          errors::runtime_io,
+          fmt::format("{}: {} has shape {}, the model's adapter {}", (directory / "adapter_model.safetensors").string(),
+                      key, fmt::join(stored.sizes(), "x"), fmt::join(item.value().sizes(), "x")));
     item.value().copy_(stored);
   }
   return config;

@@ -12,14 +12,16 @@ namespace hpctrain::models {
 
 /// Which layers get an adapter and how it is scaled (PEFT's LoraConfig fields).
 struct LoraConfig {
-  std::int64_t r = 8;                                         ///< rank. Default: 8
-  double alpha = 16;                                          ///< lora_alpha. Default: 16
-  double dropout = 0.0;                                       ///< lora_dropout on the adapter's input. Default: 0
-  std::vector<std::string> targets{"q_proj", "v_proj"};       ///< layer names, or {"all-linear"}. Default: q_proj, v_proj
-  bool use_rslora = false;                                    ///< scale by alpha/√r. Default: false
+  std::int64_t r = 8;                                    ///< rank. Default: 8
+  double alpha = 16;                                     ///< lora_alpha. Default: 16
+  double dropout = 0.0;                                  ///< lora_dropout on the adapter's input. Default: 0
+  std::vector<std::string> targets{"q_proj", "v_proj"};  ///< layer names, or {"all-linear"}. Default: q_proj, v_proj
+  bool use_rslora = false;                               ///< scale by alpha/√r. Default: false
 
   /// alpha / r, or alpha / √r with rsLoRA.
-  double scaling() const { return use_rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r); }
+  double scaling() const {
+    return use_rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r);
+  }
   /// SpecError `[hpctrain.spec.lora.<field>]` for an invalid value.
   void validate() const {
     using hpctrain::detail::require;

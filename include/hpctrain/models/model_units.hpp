@@ -26,7 +26,8 @@ using UnitVisitor = std::function<void(const NamedUnit&)>;
 /// The parameters of `module` as they are, whole, in one unit (a module that is not sharded).
 inline NamedUnit whole_unit(torch::nn::Module& module) {
   NamedUnit unit;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) unit.emplace_back(item.key(), item.value().detach());
+  for (const auto& item : module.named_parameters(/*recurse=*/true))
+    unit.emplace_back(item.key(), item.value().detach());
   return unit;
 }
 

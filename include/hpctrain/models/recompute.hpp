@@ -17,12 +17,9 @@ enum class Recompute {
 /// "none", "selective" or "full".
 inline const char* recompute_name(Recompute recompute) {
   switch (recompute) {
-    case Recompute::selective:
-      return "selective";
-    case Recompute::full:
-      return "full";
-    default:
-      return "none";
+    case Recompute::selective: return "selective";
+    case Recompute::full: return "full";
+    default: return "none";
   }
 }
 

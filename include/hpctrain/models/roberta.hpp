@@ -36,13 +36,19 @@ class RobertaEmbeddingsImpl : public torch::nn::Module {
  public:
   explicit RobertaEmbeddingsImpl(const RobertaConfig& config) {
     word_embeddings = register_module("word_embeddings", torch::nn::Embedding(config.vocab_size, config.hidden_size));
-    position_embeddings = register_module("position_embeddings", torch::nn::Embedding(config.max_position_embeddings, config.hidden_size));
-    token_type_embeddings = register_module("token_type_embeddings", torch::nn::Embedding(config.type_vocab_size, config.hidden_size));
-    LayerNorm = register_module("LayerNorm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.hidden_size}).eps(config.layer_norm_eps)));
+    position_embeddings = register_module("position_embeddings",
+                                          torch::nn::Embedding(config.max_position_embeddings, config.hidden_size));
+    token_type_embeddings =
+        register_module("token_type_embeddings", torch::nn::Embedding(config.type_vocab_size, config.hidden_size));
+    LayerNorm = register_module(
+        "LayerNorm",
+        torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.hidden_size}).eps(config.layer_norm_eps)));
     dropout = register_module("dropout", torch::nn::Dropout(config.hidden_dropout_prob));
   }
-  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids, const torch::Tensor& token_type_ids) {
-    return dropout(LayerNorm(word_embeddings(input_ids) + position_embeddings(position_ids) + token_type_embeddings(token_type_ids)));
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
+                        const torch::Tensor& token_type_ids) {
+    return dropout(LayerNorm(word_embeddings(input_ids) + position_embeddings(position_ids) +
+                             token_type_embeddings(token_type_ids)));
   }
   torch::nn::Embedding word_embeddings{nullptr}, position_embeddings{nullptr}, token_type_embeddings{nullptr};
   torch::nn::LayerNorm LayerNorm{nullptr};  // NOLINT: transformers' name
@@ -54,7 +60,9 @@ TORCH_MODULE(RobertaEmbeddings);
 class RobertaSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit RobertaSelfAttentionImpl(const RobertaConfig& config)
-      : heads_(config.num_attention_heads), head_dim_(config.head_dim()), dropout_(config.attention_probs_dropout_prob) {
+      : heads_(config.num_attention_heads),
+        head_dim_(config.head_dim()),
+        dropout_(config.attention_probs_dropout_prob) {
     query = register_module("query", torch::nn::Linear(config.hidden_size, config.hidden_size));
     key = register_module("key", torch::nn::Linear(config.hidden_size, config.hidden_size));
     value = register_module("value", torch::nn::Linear(config.hidden_size, config.hidden_size));
@@ -66,8 +74,9 @@ class RobertaSelfAttentionImpl : public torch::nn::Module {
     // An undefined mask must reach SDPA as no mask (nullopt), not as an undefined tensor: under bf16 autocast
     // SDPA checks the mask's dtype and refuses an undefined one.
     const auto mask = keep.defined() ? std::optional<torch::Tensor>(keep) : std::nullopt;
-    auto y = torch::scaled_dot_product_attention(heads(linear(query, x)), heads(linear(key, x)), heads(linear(value, x)), mask,
-                                                 is_training() ? dropout_ : 0.0, /*is_causal=*/false);
+    auto y =
+        torch::scaled_dot_product_attention(heads(linear(query, x)), heads(linear(key, x)), heads(linear(value, x)),
+                                            mask, is_training() ? dropout_ : 0.0, /*is_causal=*/false);
     return y.transpose(1, 2).reshape({b, t, heads_ * head_dim_});
   }
   torch::nn::Linear query{nullptr}, key{nullptr}, value{nullptr};
@@ -83,10 +92,14 @@ class RobertaResidualOutputImpl : public torch::nn::Module {
  public:
   RobertaResidualOutputImpl(std::int64_t in, const RobertaConfig& config) {
     dense = register_module("dense", torch::nn::Linear(in, config.hidden_size));
-    LayerNorm = register_module("LayerNorm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.hidden_size}).eps(config.layer_norm_eps)));
+    LayerNorm = register_module(
+        "LayerNorm",
+        torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.hidden_size}).eps(config.layer_norm_eps)));
     dropout = register_module("dropout", torch::nn::Dropout(config.hidden_dropout_prob));
   }
-  torch::Tensor forward(const torch::Tensor& y, const torch::Tensor& residual) { return LayerNorm(dropout(linear(dense, y)) + residual); }
+  torch::Tensor forward(const torch::Tensor& y, const torch::Tensor& residual) {
+    return LayerNorm(dropout(linear(dense, y)) + residual);
+  }
   torch::nn::Linear dense{nullptr};
   torch::nn::LayerNorm LayerNorm{nullptr};  // NOLINT: transformers' name
   torch::nn::Dropout dropout{nullptr};
@@ -99,7 +112,9 @@ class RobertaAttentionImpl : public torch::nn::Module {
     self_attention = register_module("self", RobertaSelfAttention(config));
     output = register_module("output", RobertaResidualOutput(config.hidden_size, config));
   }
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep) { return output(self_attention(x, keep), x); }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep) {
+    return output(self_attention(x, keep), x);
+  }
   RobertaSelfAttention self_attention{nullptr};
   RobertaResidualOutput output{nullptr};
 };
@@ -146,7 +161,8 @@ class RobertaModelImpl : public torch::nn::Module {
     }
   }
   /// `attention_mask` [B, T] (1 = token, 0 = padding; undefined: all tokens), `token_type_ids` (undefined: 0).
-  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {}, const torch::Tensor& token_type_ids = {}) {
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
+                        const torch::Tensor& token_type_ids = {}) {
     const auto types = token_type_ids.defined() ? token_type_ids : torch::zeros_like(input_ids);
     auto x = embeddings(input_ids, roberta_position_ids(input_ids, config_), types);
     torch::Tensor keep;
@@ -171,14 +187,17 @@ inline CheckpointNaming roberta_naming(const RobertaConfig& config) {
             if (!bert) return {ours, false};
             if (ours.rfind("roberta.", 0) == 0) return {"bert." + ours.substr(8), false};
             if (ours == "lm_head.bias") return {"cls.predictions.bias", false};
-            if (ours.rfind("lm_head.dense.", 0) == 0) return {"cls.predictions.transform.dense." + ours.substr(14), false};
-            if (ours.rfind("lm_head.layer_norm.", 0) == 0) return {"cls.predictions.transform.LayerNorm." + ours.substr(19), false};
+            if (ours.rfind("lm_head.dense.", 0) == 0)
+              return {"cls.predictions.transform.dense." + ours.substr(14), false};
+            if (ours.rfind("lm_head.layer_norm.", 0) == 0)
+              return {"cls.predictions.transform.LayerNorm." + ours.substr(19), false};
             return {ours, false};
           },
           [](const std::string& hf) {  // the tied decoder, position/type id buffers, BERT's pooler
             const std::string_view name = hf;
-            return name.ends_with("decoder.weight") || name.ends_with("decoder.bias") || name.ends_with("position_ids") ||
-                   name.ends_with("token_type_ids") || name.find(".pooler.") != std::string_view::npos;
+            return name.ends_with("decoder.weight") || name.ends_with("decoder.bias") ||
+                   name.ends_with("position_ids") || name.ends_with("token_type_ids") ||
+                   name.find(".pooler.") != std::string_view::npos;
           }};
 }
 }  // namespace detail
@@ -191,13 +210,16 @@ class RobertaForMaskedLMImpl : public torch::nn::Module, public HuggingFaceLayou
     roberta = register_module("roberta", RobertaModel(config_));
     auto head = register_module("lm_head", std::make_shared<torch::nn::Module>());
     head_dense = head->register_module("dense", torch::nn::Linear(config_.hidden_size, config_.hidden_size));
-    head_norm = head->register_module("layer_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config_.hidden_size}).eps(config_.layer_norm_eps)));
+    head_norm = head->register_module(
+        "layer_norm",
+        torch::nn::LayerNorm(torch::nn::LayerNormOptions({config_.hidden_size}).eps(config_.layer_norm_eps)));
     head_bias = head->register_parameter("bias", torch::zeros({config_.vocab_size}));
     initialize_weights();
   }
 
   /// Logits for every position; the decoder is the word embedding (tied, as transformers saves it).
-  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {}, const torch::Tensor& token_type_ids = {}) {
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
+                        const torch::Tensor& token_type_ids = {}) {
     check_length(input_ids.size(1));
     const auto h = roberta(input_ids, attention_mask, token_type_ids);
     const auto transformed = head_norm(torch::gelu(linear(head_dense, h)));
@@ -227,8 +249,10 @@ class RobertaForMaskedLMImpl : public torch::nn::Module, public HuggingFaceLayou
  private:
   void check_length(std::int64_t length) const {
     if (length > config_.max_length())
-      throw RuntimeError(errors::runtime_sequence_length, fmt::format("{} sees at most {} tokens (max_position_embeddings = {}); got {}",
-                                                                 config_.model_type, config_.max_length(), config_.max_position_embeddings, length));
+      throw RuntimeError(
+          errors::runtime_sequence_length,
+          fmt::format("{} sees at most {} tokens (max_position_embeddings = {}); got {}", config_.model_type,
+                      config_.max_length(), config_.max_position_embeddings, length));
   }
   RobertaConfig config_;
 };

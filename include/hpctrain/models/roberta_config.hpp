@@ -17,20 +17,20 @@ namespace hpctrain::models {
 
 /// An encoder of post-LayerNorm blocks with learned positions (Liu et al. 2019; Devlin et al. 2019).
 struct RobertaConfig {
-  std::string model_type = "roberta";       ///< roberta or bert (positions from 0, no padding offset). Default: roberta
-  std::int64_t vocab_size = 50265;          ///< Default: 50265
-  std::int64_t hidden_size = 768;           ///< Default: 768
-  std::int64_t num_hidden_layers = 12;      ///< Default: 12
-  std::int64_t num_attention_heads = 12;    ///< Default: 12
-  std::int64_t intermediate_size = 3072;    ///< Default: 3072
-  std::string hidden_act = "gelu";          ///< only the exact "gelu". Default: "gelu"
-  double hidden_dropout_prob = 0.1;         ///< Default: 0.1
-  double attention_probs_dropout_prob = 0.1;  ///< Default: 0.1
-  std::int64_t max_position_embeddings = 514;  ///< Default: 514 (512 positions + padding_idx + 1)
-  std::int64_t type_vocab_size = 1;         ///< Default: 1 (BERT: 2)
-  double initializer_range = 0.02;          ///< Default: 0.02
-  double layer_norm_eps = 1e-5;             ///< Default: 1e-5 (BERT: 1e-12)
-  std::int64_t pad_token_id = 1;            ///< Default: 1 (BERT: 0)
+  std::string model_type = "roberta";     ///< roberta or bert (positions from 0, no padding offset). Default: roberta
+  std::int64_t vocab_size = 50265;        ///< Default: 50265
+  std::int64_t hidden_size = 768;         ///< Default: 768
+  std::int64_t num_hidden_layers = 12;    ///< Default: 12
+  std::int64_t num_attention_heads = 12;  ///< Default: 12
+  std::int64_t intermediate_size = 3072;  ///< Default: 3072
+  std::string hidden_act = "gelu";        ///< only the exact "gelu". Default: "gelu"
+  double hidden_dropout_prob = 0.1;       ///< Default: 0.1
+  double attention_probs_dropout_prob = 0.1;     ///< Default: 0.1
+  std::int64_t max_position_embeddings = 514;    ///< Default: 514 (512 positions + padding_idx + 1)
+  std::int64_t type_vocab_size = 1;              ///< Default: 1 (BERT: 2)
+  double initializer_range = 0.02;               ///< Default: 0.02
+  double layer_norm_eps = 1e-5;                  ///< Default: 1e-5 (BERT: 1e-12)
+  std::int64_t pad_token_id = 1;                 ///< Default: 1 (BERT: 0)
   std::optional<std::int64_t> bos_token_id = 0;  ///< Default: 0
   std::optional<std::int64_t> eos_token_id = 2;  ///< Default: 2
   /// The weights' dtype the config.json stated (`dtype` or `torch_dtype`). Default: "" (not stated)
@@ -47,12 +47,13 @@ struct RobertaConfig {
   /// Throws SpecError `[hpctrain.spec.roberta.<field>]` naming the first invalid field.
   void validate() const {
     using hpctrain::detail::require;
-    require(model_type == "roberta" || model_type == "bert", "roberta.model_type", model_type, "must be roberta or bert");
+    require(model_type == "roberta" || model_type == "bert", "roberta.model_type", model_type,
+            "must be roberta or bert");
     require(vocab_size >= 1, "roberta.vocab_size", vocab_size, "must be at least 1");
     require(hidden_size >= 1, "roberta.hidden_size", hidden_size, "must be at least 1");
     require(num_hidden_layers >= 1, "roberta.num_hidden_layers", num_hidden_layers, "must be at least 1");
-    require(num_attention_heads >= 1 && hidden_size % num_attention_heads == 0, "roberta.num_attention_heads", num_attention_heads,
-            fmt::format("must divide hidden_size = {}", hidden_size));
+    require(num_attention_heads >= 1 && hidden_size % num_attention_heads == 0, "roberta.num_attention_heads",
+            num_attention_heads, fmt::format("must divide hidden_size = {}", hidden_size));
     require(intermediate_size >= 1, "roberta.intermediate_size", intermediate_size, "must be at least 1");
     require(hidden_act == "gelu", "roberta.hidden_act", hidden_act, "only the exact \"gelu\" is supported");
     require(type_vocab_size >= 1, "roberta.type_vocab_size", type_vocab_size, "must be at least 1");
@@ -90,13 +91,15 @@ struct RobertaConfig {
     detail::read_token_id(json, family, "eos_token_id", c.eos_token_id);
     std::string positions = "absolute";
     detail::read_field(json, family, "position_embedding_type", positions);
-    if (positions != "absolute") throw SpecError("roberta.position_embedding_type", positions, "only \"absolute\" is supported");
+    if (positions != "absolute")
+      throw SpecError("roberta.position_embedding_type", positions, "only \"absolute\" is supported");
     detail::refuse_unless_off(json, family, "quantization_config", "loading quantized weights");
     c.stated_dtype = detail::read_dtype(json, family);
-    c.unread_keys = detail::unread_keys(json, {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-        "intermediate_size", "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
-        "type_vocab_size", "layer_norm_eps", "position_embedding_type", "tie_word_embeddings", "quantization_config",
-        "gradient_checkpointing"});
+    c.unread_keys = detail::unread_keys(
+        json, {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+               "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
+               "type_vocab_size", "layer_norm_eps", "position_embedding_type", "tie_word_embeddings",
+               "quantization_config", "gradient_checkpointing"});
     c.validate();
     return c;
   }
@@ -132,11 +135,12 @@ struct RobertaConfig {
 
   /// What was understood, in one line: the values that shape the math, to compare with the model card.
   std::string summary() const {
-    return fmt::format("{}: {} layers, hidden {}, MLP {}, {} heads of dim {}, {} positions (offset {}), {} token types, "
-                       "layer_norm_eps {:g}, vocabulary {}, dtype {}",
-                       model_type, num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, head_dim(),
-                       max_position_embeddings, position_offset(), type_vocab_size, layer_norm_eps, vocab_size,
-                       stated_dtype.empty() ? "not stated" : stated_dtype);
+    return fmt::format(
+        "{}: {} layers, hidden {}, MLP {}, {} heads of dim {}, {} positions (offset {}), {} token types, "
+        "layer_norm_eps {:g}, vocabulary {}, dtype {}",
+        model_type, num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, head_dim(),
+        max_position_embeddings, position_offset(), type_vocab_size, layer_norm_eps, vocab_size,
+        stated_dtype.empty() ? "not stated" : stated_dtype);
   }
 
   /// Parameters, counted from the config (the tied decoder counts once, as the word embedding).

@@ -1,8 +1,9 @@
 #pragma once
 // safetensors files as LibTorch tensors: a memory-mapped reader (tensors are views of the mapping, copied
 // only when a dtype conversion is asked for or the bytes are misaligned), a writer (atomic: a crash
-// leaves the old file or the new one; sharded directories: safetensors_shards.hpp), and a checkpoint directory that is either one `model.safetensors`
-// or shards listed by `model.safetensors.index.json`. The format itself is parsed in safetensors_format.hpp.
+// leaves the old file or the new one; sharded directories: safetensors_shards.hpp), and a checkpoint directory that is
+// either one `model.safetensors` or shards listed by `model.safetensors.index.json`. The format itself is parsed in
+// safetensors_format.hpp.
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -57,8 +58,8 @@ inline Dtype from_torch(torch::Dtype dtype, std::string_view tensor_name) {
                  Dtype::U64, Dtype::U32, Dtype::U16, Dtype::U8, Dtype::BOOL}) {
     if (to_torch(d) == dtype) return d;
   }
-  throw RuntimeError(errors::runtime_safetensors, fmt::format("tensor {}: dtype {} has no safetensors equivalent", tensor_name,
-                                                c10::toString(dtype)));
+  throw RuntimeError(errors::runtime_safetensors, fmt::format("tensor {}: dtype {} has no safetensors equivalent",
+                                                              tensor_name, c10::toString(dtype)));
 }
 
 namespace detail {
@@ -68,7 +69,9 @@ class Mapping {
  public:
   explicit Mapping(const std::filesystem::path& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw RuntimeError(errors::runtime_safetensors, fmt::format("{}: cannot open: {}", path.string(), std::strerror(errno)));
+    if (fd < 0)
+      throw RuntimeError(errors::runtime_safetensors,
+                         fmt::format("{}: cannot open: {}", path.string(), std::strerror(errno)));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
       ::close(fd);
@@ -81,7 +84,8 @@ class Mapping {
       data_ = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
       if (data_ == MAP_FAILED) {
         ::close(fd);
-        throw RuntimeError(errors::runtime_safetensors, fmt::format("{}: cannot mmap: {}", path.string(), std::strerror(errno)));
+        throw RuntimeError(errors::runtime_safetensors,
+                           fmt::format("{}: cannot mmap: {}", path.string(), std::strerror(errno)));
       }
     }
     ::close(fd);
@@ -99,14 +103,14 @@ class Mapping {
   std::size_t size_ = 0;
 };
 
-
 }  // namespace detail
 
 /// One safetensors file, memory-mapped; its header is validated on opening (parse_header).
 class File {
  public:
   explicit File(std::filesystem::path path)
-      : path_(std::move(path)), mapping_(std::make_shared<detail::Mapping>(path_)),
+      : path_(std::move(path)),
+        mapping_(std::make_shared<detail::Mapping>(path_)),
         header_(parse_header(mapping_->bytes(), path_.string())) {}
 
   const std::filesystem::path& path() const { return path_; }
@@ -127,7 +131,8 @@ class File {
       view = torch::empty(info->shape, options);
     } else {
       auto keep = mapping_;
-      view = torch::from_blob(bytes, info->shape, [keep](void*) {}, options);
+      view = torch::from_blob(
+          bytes, info->shape, [keep](void*) {}, options);
       // Kernels may assume element alignment; the format does not promise it.
       if (reinterpret_cast<std::uintptr_t>(bytes) % element != 0) view = view.clone();
     }
@@ -179,7 +184,8 @@ class Checkpoint {
       return;
     }
     if (!std::filesystem::exists(index))
-      throw RuntimeError(errors::runtime_safetensors, fmt::format("{}: neither {} nor {} is there", directory.string(), single_file_name, index_file_name));
+      throw RuntimeError(errors::runtime_safetensors, fmt::format("{}: neither {} nor {} is there", directory.string(),
+                                                                  single_file_name, index_file_name));
     open_shards(directory, index);
   }
 
@@ -193,7 +199,8 @@ class Checkpoint {
   /// The file that holds `name` (for error messages).
   const File& file_of(std::string_view name) const {
     const auto it = where_.find(std::string(name));
-    if (it == where_.end()) throw RuntimeError(errors::runtime_safetensors, fmt::format("tensor {} is in no file of the checkpoint", name));
+    if (it == where_.end())
+      throw RuntimeError(errors::runtime_safetensors, fmt::format("tensor {} is in no file of the checkpoint", name));
     return *files_[it->second];
   }
   const TensorInfo& info(std::string_view name) const { return *file_of(name).header().find(name); }
@@ -210,18 +217,21 @@ class Checkpoint {
     for (const auto& [name, shard] : json["weight_map"].items()) {
       if (!shard.is_string()) throw format_error(index.string(), name, "the weight_map value is not a file name");
       const auto file = shard.get<std::string>();
-      if (file.find('/') != std::string::npos) throw format_error(index.string(), name, fmt::format("shard \"{}\" is not a plain file name", file));
+      if (file.find('/') != std::string::npos)
+        throw format_error(index.string(), name, fmt::format("shard \"{}\" is not a plain file name", file));
       auto [it, added] = shard_number.emplace(file, files_.size());
       if (added) files_.push_back(std::make_unique<File>(directory / file));
       if (!files_[it->second]->contains(name))
-        throw format_error(files_[it->second]->path().string(), name, fmt::format("listed by {} but not in the shard", index.filename().string()));
+        throw format_error(files_[it->second]->path().string(), name,
+                           fmt::format("listed by {} but not in the shard", index.filename().string()));
       where_[name] = it->second;
     }
     for (const auto& file : files_) {
       for (const auto& info : file->tensors()) {
         const auto it = where_.find(info.name);
         if (it == where_.end() || files_[it->second].get() != file.get())
-          throw format_error(file->path().string(), info.name, fmt::format("in the shard but not listed for it by {}", index.filename().string()));
+          throw format_error(file->path().string(), info.name,
+                             fmt::format("in the shard but not listed for it by {}", index.filename().string()));
       }
     }
   }

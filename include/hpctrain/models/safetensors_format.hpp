@@ -50,18 +50,27 @@ inline std::string_view dtype_name(Dtype dtype) {
 /// Bytes per element.
 inline std::uint64_t dtype_size(Dtype dtype) {
   switch (dtype) {
-    case Dtype::F64: case Dtype::I64: case Dtype::U64: return 8;
-    case Dtype::F32: case Dtype::I32: case Dtype::U32: return 4;
-    case Dtype::F16: case Dtype::BF16: case Dtype::I16: case Dtype::U16: return 2;
-    case Dtype::I8: case Dtype::U8: case Dtype::BOOL: return 1;
+    case Dtype::F64:
+    case Dtype::I64:
+    case Dtype::U64: return 8;
+    case Dtype::F32:
+    case Dtype::I32:
+    case Dtype::U32: return 4;
+    case Dtype::F16:
+    case Dtype::BF16:
+    case Dtype::I16:
+    case Dtype::U16: return 2;
+    case Dtype::I8:
+    case Dtype::U8:
+    case Dtype::BOOL: return 1;
   }
   return 0;
 }
 
 /// The dtype a format name denotes, or nullopt for one hpctrain does not know.
 inline std::optional<Dtype> parse_dtype(std::string_view name) {
-  for (auto dtype : {Dtype::F64, Dtype::F32, Dtype::F16, Dtype::BF16, Dtype::I64, Dtype::I32, Dtype::I16,
-                     Dtype::I8, Dtype::U64, Dtype::U32, Dtype::U16, Dtype::U8, Dtype::BOOL}) {
+  for (auto dtype : {Dtype::F64, Dtype::F32, Dtype::F16, Dtype::BF16, Dtype::I64, Dtype::I32, Dtype::I16, Dtype::I8,
+                     Dtype::U64, Dtype::U32, Dtype::U16, Dtype::U8, Dtype::BOOL}) {
     if (dtype_name(dtype) == name) return dtype;
   }
   return std::nullopt;
@@ -124,7 +133,8 @@ inline TensorInfo parse_entry(std::string_view file, const std::string& name, co
   auto fail = [&](const std::string& reason) { return format_error(file, name, reason); };
   if (!entry.is_object()) throw fail("the header entry is not an object");
   for (const auto& [key, value] : entry.items()) {
-    if (key != "dtype" && key != "shape" && key != "data_offsets") throw fail(fmt::format("unknown header field \"{}\"", key));
+    if (key != "dtype" && key != "shape" && key != "data_offsets")
+      throw fail(fmt::format("unknown header field \"{}\"", key));
   }
   if (!entry.contains("dtype") || !entry["dtype"].is_string()) throw fail("\"dtype\" is missing or not a string");
   if (!entry.contains("shape") || !entry["shape"].is_array()) throw fail("\"shape\" is missing or not an array");
@@ -139,7 +149,8 @@ inline TensorInfo parse_entry(std::string_view file, const std::string& name, co
   // The product of the dimensions must not overflow: a hostile shape would otherwise "match" its size.
   std::uint64_t elements = 1;
   for (const auto& dim : entry["shape"]) {
-    if (!dim.is_number_unsigned()) throw fail(fmt::format("shape {} has a dimension that is not a non-negative integer", entry["shape"].dump()));
+    if (!dim.is_number_unsigned())
+      throw fail(fmt::format("shape {} has a dimension that is not a non-negative integer", entry["shape"].dump()));
     const auto d = dim.get<std::uint64_t>();
     if (d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
         (d != 0 && elements > std::numeric_limits<std::uint64_t>::max() / 8 / d))
@@ -152,7 +163,8 @@ inline TensorInfo parse_entry(std::string_view file, const std::string& name, co
     throw fail(fmt::format("data_offsets {} are not non-negative integers", offsets.dump()));
   info.begin = offsets[0].get<std::uint64_t>();
   info.end = offsets[1].get<std::uint64_t>();
-  if (info.end < info.begin) throw fail(fmt::format("data_offsets [{}, {}] end before they begin", info.begin, info.end));
+  if (info.end < info.begin)
+    throw fail(fmt::format("data_offsets [{}, {}] end before they begin", info.begin, info.end));
   const auto expected = elements * dtype_size(info.dtype);
   if (info.size() != expected)
     throw fail(fmt::format("data_offsets [{}, {}] hold {} bytes but shape {} of {} needs {}", info.begin, info.end,
@@ -166,21 +178,24 @@ inline void check_tiling(std::string_view file, const std::vector<TensorInfo>& t
   const TensorInfo* previous = nullptr;
   for (const auto& tensor : tensors) {
     if (tensor.begin < position)
-      throw format_error(file, tensor.name, fmt::format("data_offsets [{}, {}] overlap tensor {} (which ends at {})",
-                                                        tensor.begin, tensor.end, previous->name, position));
+      throw format_error(file, tensor.name,
+                         fmt::format("data_offsets [{}, {}] overlap tensor {} (which ends at {})", tensor.begin,
+                                     tensor.end, previous->name, position));
     if (tensor.begin > position)
       throw format_error(file, tensor.name,
                          fmt::format("data_offsets [{}, {}] leave a gap of {} bytes after {}", tensor.begin, tensor.end,
                                      tensor.begin - position, previous ? "tensor " + previous->name : "the header"));
     if (tensor.end > data_size)
-      throw format_error(file, tensor.name, fmt::format("data_offsets [{}, {}] run past the end of the data ({} bytes)",
-                                                        tensor.begin, tensor.end, data_size));
+      throw format_error(file, tensor.name,
+                         fmt::format("data_offsets [{}, {}] run past the end of the data ({} bytes)", tensor.begin,
+                                     tensor.end, data_size));
     position = tensor.end;
     previous = &tensor;
   }
   if (position != data_size)
-    throw format_error(file, previous ? previous->name : "",
-                       fmt::format("the data holds {} bytes after the last tensor ends at {}", data_size - position, position));
+    throw format_error(
+        file, previous ? previous->name : "",
+        fmt::format("the data holds {} bytes after the last tensor ends at {}", data_size - position, position));
 }
 
 }  // namespace detail
@@ -190,12 +205,15 @@ inline void check_tiling(std::string_view file, const std::vector<TensorInfo>& t
 /// the file, the tensor and the reason; returns only when every tensor's bytes are in bounds and sized.
 inline Header parse_header(std::string_view bytes, std::string_view file) {
   if (bytes.size() < 8)
-    throw format_error(file, "", fmt::format("the file is {} bytes, shorter than the 8-byte header length", bytes.size()));
+    throw format_error(file, "",
+                       fmt::format("the file is {} bytes, shorter than the 8-byte header length", bytes.size()));
   const auto header_size = detail::read_u64_le(bytes.data());
   if (header_size > bytes.size() - 8)
-    throw format_error(file, "", fmt::format("header length {} runs past the end of the file ({} bytes)", header_size, bytes.size()));
+    throw format_error(
+        file, "", fmt::format("header length {} runs past the end of the file ({} bytes)", header_size, bytes.size()));
   if (header_size > max_header_size)
-    throw format_error(file, "", fmt::format("header length {} exceeds the limit of {} bytes", header_size, max_header_size));
+    throw format_error(file, "",
+                       fmt::format("header length {} exceeds the limit of {} bytes", header_size, max_header_size));
   const auto text = bytes.substr(8, header_size);
   nlohmann::json json = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) throw format_error(file, "", "the header is not valid JSON");
@@ -208,7 +226,8 @@ inline Header parse_header(std::string_view bytes, std::string_view file) {
     if (name == "__metadata__") {
       if (!entry.is_object()) throw format_error(file, "", "__metadata__ is not an object");
       for (const auto& [key, value] : entry.items()) {
-        if (!value.is_string()) throw format_error(file, "", fmt::format("__metadata__ value of \"{}\" is not a string", key));
+        if (!value.is_string())
+          throw format_error(file, "", fmt::format("__metadata__ value of \"{}\" is not a string", key));
         header.metadata[key] = value.get<std::string>();
       }
       continue;
@@ -231,7 +250,8 @@ struct TensorSpec {
 
 /// The bytes that precede the data buffer (length prefix + JSON header, space-padded to a multiple of 8
 /// as the reference writer does so the data stays aligned), with the tensors laid out in the given order.
-inline std::string render_header(const std::vector<TensorSpec>& tensors, const std::map<std::string, std::string>& metadata = {}) {
+inline std::string render_header(const std::vector<TensorSpec>& tensors,
+                                 const std::map<std::string, std::string>& metadata = {}) {
   nlohmann::ordered_json json = nlohmann::ordered_json::object();
   if (!metadata.empty()) json["__metadata__"] = metadata;
   std::uint64_t offset = 0;
@@ -239,7 +259,8 @@ inline std::string render_header(const std::vector<TensorSpec>& tensors, const s
     std::uint64_t elements = 1;
     for (auto d : tensor.shape) elements *= static_cast<std::uint64_t>(d);
     const auto size = elements * dtype_size(tensor.dtype);
-    json[tensor.name] = {{"dtype", dtype_name(tensor.dtype)}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + size}}};
+    json[tensor.name] = {
+        {"dtype", dtype_name(tensor.dtype)}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + size}}};
     offset += size;
   }
   std::string text = json.dump();

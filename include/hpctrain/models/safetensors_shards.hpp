@@ -14,7 +14,6 @@
 #include <utility>
 #include <vector>
 
-
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -41,9 +40,9 @@ struct ShardPlan {
   std::uint64_t total_bytes = 0;
 };
 
-/// Splits `tensors` (in this order) into shards of at most `max_shard_bytes` as transformers' split_torch_state_dict_into_shards
-/// does: a tensor opens a new shard when the current one is not empty and would grow past the limit (a tensor
-/// larger than the limit gets a shard of its own). One shard is `model.safetensors`.
+/// Splits `tensors` (in this order) into shards of at most `max_shard_bytes` as transformers'
+/// split_torch_state_dict_into_shards does: a tensor opens a new shard when the current one is not empty and would grow
+/// past the limit (a tensor larger than the limit gets a shard of its own). One shard is `model.safetensors`.
 inline ShardPlan plan_shards(const std::vector<TensorSpec>& tensors, std::uint64_t max_shard_bytes) {
   ShardPlan plan;
   plan.shards.emplace_back();
@@ -59,8 +58,9 @@ inline ShardPlan plan_shards(const std::vector<TensorSpec>& tensors, std::uint64
     plan.total_bytes += bytes;
   }
   for (std::size_t i = 0; i < plan.shards.size(); ++i)
-    plan.shards[i].file = plan.shards.size() == 1 ? std::string(single_file_name)
-                                                  : fmt::format("model-{:05}-of-{:05}.safetensors", i + 1, plan.shards.size());
+    plan.shards[i].file = plan.shards.size() == 1
+                              ? std::string(single_file_name)
+                              : fmt::format("model-{:05}-of-{:05}.safetensors", i + 1, plan.shards.size());
   return plan;
 }
 
@@ -70,7 +70,8 @@ inline ShardPlan plan_shards(const std::vector<TensorSpec>& tensors, std::uint64
 /// index of missing shards. A tensor out of order, or of another shape, is a RuntimeError naming both.
 class ShardWriter {
  public:
-  ShardWriter(std::filesystem::path directory, ShardPlan plan) : directory_(std::move(directory)), plan_(std::move(plan)) {
+  ShardWriter(std::filesystem::path directory, ShardPlan plan)
+      : directory_(std::move(directory)), plan_(std::move(plan)) {
     std::filesystem::create_directories(directory_);
   }
 
@@ -81,7 +82,8 @@ class ShardWriter {
     const auto& spec = plan_.shards[shard_].tensors[next_];
     if (spec.name != name) throw mismatch(name, fmt::format("the plan's next tensor is {}", spec.name));
     if (tensor.sizes().vec() != spec.shape)
-      throw mismatch(name, fmt::format("shape {} but the plan says {}", fmt::join(tensor.sizes(), "x"), fmt::join(spec.shape, "x")));
+      throw mismatch(name, fmt::format("shape {} but the plan says {}", fmt::join(tensor.sizes(), "x"),
+                                       fmt::join(spec.shape, "x")));
     const auto host = tensor.detach().to(torch::kCPU, to_torch(spec.dtype)).contiguous();
     file_->write(host.data_ptr(), host.nbytes());
     written_bytes_ += host.nbytes();
@@ -94,7 +96,8 @@ class ShardWriter {
       open_shard();
       close_shard();
     }
-    if (shard_ < plan_.shards.size()) throw mismatch(plan_.shards[shard_].tensors[next_].name, "not written: the export ended before it");
+    if (shard_ < plan_.shards.size())
+      throw mismatch(plan_.shards[shard_].tensors[next_].name, "not written: the export ended before it");
     if (plan_.shards.size() == 1) return;
     nlohmann::json weight_map = nlohmann::json::object();  // sorted by name, as transformers writes it
     for (const auto& shard : plan_.shards)
@@ -102,7 +105,8 @@ class ShardWriter {
     nlohmann::ordered_json index;
     index["metadata"] = {{"total_size", plan_.total_bytes}};
     index["weight_map"] = weight_map;
-    hpctrain::detail::write_file_atomically(directory_ / index_file_name, index.dump(2) + "\n", errors::runtime_safetensors);
+    hpctrain::detail::write_file_atomically(directory_ / index_file_name, index.dump(2) + "\n",
+                                            errors::runtime_safetensors);
   }
 
   /// Bytes of tensor data written so far.
@@ -139,7 +143,8 @@ class ShardWriter {
 inline void save_checkpoint(const std::filesystem::path& directory, const NamedTensors& tensors,
                             std::uint64_t max_shard_bytes = std::numeric_limits<std::uint64_t>::max()) {
   std::vector<TensorSpec> specs;
-  for (const auto& [name, tensor] : tensors) specs.push_back({name, from_torch(tensor.scalar_type(), name), tensor.sizes().vec()});
+  for (const auto& [name, tensor] : tensors)
+    specs.push_back({name, from_torch(tensor.scalar_type(), name), tensor.sizes().vec()});
   ShardWriter writer(directory, plan_shards(specs, max_shard_bytes));
   for (const auto& [name, tensor] : tensors) writer.append(name, tensor);
   writer.finish();

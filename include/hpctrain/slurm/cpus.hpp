@@ -28,10 +28,10 @@ inline std::optional<int> affinity_cpu_count() {
 
 /// What decides a rank's intra-op threads besides an explicit count.
 struct CpuView {
-  std::optional<int> affinity;       ///< CPUs in the affinity mask
-  int machine = 1;                   ///< CPUs of the machine (hardware_concurrency)
-  std::optional<int> slurm_allotted; ///< SLURM_CPUS_PER_TASK
-  int local_ranks = 1;               ///< ranks on this node
+  std::optional<int> affinity;        ///< CPUs in the affinity mask
+  int machine = 1;                    ///< CPUs of the machine (hardware_concurrency)
+  std::optional<int> slurm_allotted;  ///< SLURM_CPUS_PER_TASK
+  int local_ranks = 1;                ///< ranks on this node
 };
 
 /// The mask when it is narrower than the machine (the task is bound: its own cores, shared with no one); else

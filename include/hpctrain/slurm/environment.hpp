@@ -98,7 +98,8 @@ inline std::optional<Found> first_set(const EnvironmentLookup& lookup, std::init
 
 /// Expands Slurm's compressed tasks-per-node form: `2(x3),1` gives {2, 2, 2, 1}.
 /// `name` is the variable it came from, for the error message.
-inline std::vector<int> parse_tasks_per_node(std::string_view text, std::string_view name = "SLURM_STEP_TASKS_PER_NODE") {
+inline std::vector<int> parse_tasks_per_node(std::string_view text,
+                                             std::string_view name = "SLURM_STEP_TASKS_PER_NODE") {
   std::vector<int> counts;
   std::size_t i = 0;
   while (i <= text.size()) {
@@ -145,8 +146,9 @@ inline Environment read_slurm_environment(const EnvironmentLookup& lookup = proc
   // The batch script has SLURM_PROCID=0 and the job's SLURM_NTASKS too: taken for rank 0 it would wait for
   // ranks that never come. Only an srun step sets a step id.
   if (proc_id && !step_id) {
-    throw RuntimeError(errors::runtime_slurm_env, "SLURM_PROCID is set but SLURM_STEP_ID is not: this process is a batch script or "
-                                    "an allocation's shell, not a task of an srun step; start it with srun");
+    throw RuntimeError(errors::runtime_slurm_env,
+                       "SLURM_PROCID is set but SLURM_STEP_ID is not: this process is a batch script or "
+                       "an allocation's shell, not a task of an srun step; start it with srun");
   }
 
   std::vector<std::string> missing;
@@ -159,8 +161,8 @@ inline Environment read_slurm_environment(const EnvironmentLookup& lookup = proc
   if (!job_id) missing.emplace_back("SLURM_JOB_ID");
   if (!step_id) missing.emplace_back("SLURM_STEP_ID");
   if (!missing.empty()) {
-    throw RuntimeError(errors::runtime_slurm_env, fmt::format("missing {} (srun sets them for every task of a step)",
-                                                fmt::join(missing, ", ")));
+    throw RuntimeError(errors::runtime_slurm_env,
+                       fmt::format("missing {} (srun sets them for every task of a step)", fmt::join(missing, ", ")));
   }
 
   Environment env;
@@ -178,7 +180,8 @@ inline Environment read_slurm_environment(const EnvironmentLookup& lookup = proc
   env.job_id = job_id->value;
   env.step_id = detail::parse_long(step_id->name, step_id->value);
   env.array_job_id = lookup("SLURM_ARRAY_JOB_ID");
-  if (const auto task = lookup("SLURM_ARRAY_TASK_ID")) env.array_task_id = detail::parse_long("SLURM_ARRAY_TASK_ID", *task);
+  if (const auto task = lookup("SLURM_ARRAY_TASK_ID"))
+    env.array_task_id = detail::parse_long("SLURM_ARRAY_TASK_ID", *task);
   if (const auto restarts = lookup("SLURM_RESTART_COUNT")) {
     env.restart_count = detail::parse_int("SLURM_RESTART_COUNT", *restarts);
   }
@@ -186,7 +189,8 @@ inline Environment read_slurm_environment(const EnvironmentLookup& lookup = proc
   // Contradictions: each message names both sides.
   auto contradiction = [](const std::string& message) { throw RuntimeError(errors::runtime_slurm_env, message); };
   if (env.proc_id >= env.num_tasks) {
-    contradiction(fmt::format("{} = {} is not below {} = {}", proc_id->name, env.proc_id, num_tasks->name, env.num_tasks));
+    contradiction(
+        fmt::format("{} = {} is not below {} = {}", proc_id->name, env.proc_id, num_tasks->name, env.num_tasks));
   }
   if (env.nodes.empty()) contradiction(fmt::format("{} = \"{}\" names no node", nodelist->name, env.nodelist));
   if (env.tasks_per_node.size() != env.nodes.size()) {
@@ -196,8 +200,8 @@ inline Environment read_slurm_environment(const EnvironmentLookup& lookup = proc
   }
   if (const auto step_nodes = lookup("SLURM_STEP_NUM_NODES"); step_nodes && nodelist->name == "SLURM_STEP_NODELIST") {
     if (detail::parse_int("SLURM_STEP_NUM_NODES", *step_nodes, 1) != static_cast<int>(env.nodes.size())) {
-      contradiction(fmt::format("SLURM_STEP_NUM_NODES = {} but SLURM_STEP_NODELIST = \"{}\" has {} nodes",
-                                *step_nodes, env.nodelist, env.nodes.size()));
+      contradiction(fmt::format("SLURM_STEP_NUM_NODES = {} but SLURM_STEP_NODELIST = \"{}\" has {} nodes", *step_nodes,
+                                env.nodelist, env.nodes.size()));
     }
   }
   long total = 0;

@@ -21,7 +21,8 @@ namespace hpctrain::slurm {
 class HostlistError : public RuntimeError {
  public:
   HostlistError(std::string_view expression, std::size_t position, std::string_view reason)
-      : RuntimeError(errors::runtime_hostlist, fmt::format("hostlist \"{}\": {} at position {}", expression, reason, position)),
+      : RuntimeError(errors::runtime_hostlist,
+                     fmt::format("hostlist \"{}\": {} at position {}", expression, reason, position)),
         expression_(expression),
         position_(position) {}
   /// The whole expression that failed to parse.
@@ -36,7 +37,8 @@ class HostlistError : public RuntimeError {
 
 /// Slurm refuses ranges of more than this many hosts (its MAX_RANGE); so do we.
 inline constexpr std::uint64_t max_hosts_per_range = 64 * 1024;
-/// Several bracket groups multiply: an item, and a whole list, may expand to at most this many hosts (no cluster is bigger).
+/// Several bracket groups multiply: an item, and a whole list, may expand to at most this many hosts (no cluster is
+/// bigger).
 inline constexpr std::uint64_t max_hosts_per_item = 1024 * 1024;
 
 namespace detail {
@@ -64,9 +66,9 @@ inline std::vector<NumberRange> parse_bracket(std::string_view expression, std::
       ++i;
     }
     if (i == start) {
-      throw HostlistError(expression, offset + i,
-                          i < body.size() ? fmt::format("expected a number, found '{}'", body[i])
-                                          : std::string("expected a number"));
+      throw HostlistError(
+          expression, offset + i,
+          i < body.size() ? fmt::format("expected a number, found '{}'", body[i]) : std::string("expected a number"));
     }
     width = static_cast<int>(i - start);
   };
@@ -91,7 +93,8 @@ inline std::vector<NumberRange> parse_bracket(std::string_view expression, std::
     }
     ranges.push_back(range);
     if (i == body.size()) return ranges;
-    if (body[i] != ',') throw HostlistError(expression, offset + i, fmt::format("unexpected '{}' in brackets", body[i]));
+    if (body[i] != ',')
+      throw HostlistError(expression, offset + i, fmt::format("unexpected '{}' in brackets", body[i]));
     ++i;
   }
 }
@@ -133,7 +136,8 @@ inline void expand_item(std::string_view expression, std::size_t item_start, std
   // The whole list obeys the same bound: many items of 64k hosts each took gigabytes before
   // (tests/fuzz/corpus/hostlist/items_beyond_any_cluster).
   if (total > max_hosts_per_item - std::min<std::uint64_t>(hosts.size(), max_hosts_per_item)) {
-    throw HostlistError(expression, item_start, fmt::format("the list expands to more than {} hosts", max_hosts_per_item));
+    throw HostlistError(expression, item_start,
+                        fmt::format("the list expands to more than {} hosts", max_hosts_per_item));
   }
   for (const auto& group : groups) {
     std::vector<std::string> names;

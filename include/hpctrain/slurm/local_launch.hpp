@@ -55,15 +55,16 @@ inline int free_local_port() {
                   ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
   const int saved = errno;
   ::close(fd);
-  if (!ok) throw RuntimeError(errors::runtime_local_launch, fmt::format("cannot find a free port: {}", std::strerror(saved)));
+  if (!ok)
+    throw RuntimeError(errors::runtime_local_launch, fmt::format("cannot find a free port: {}", std::strerror(saved)));
   return ntohs(address.sin_port);
 }
 
 // The parent's environment without the variables we set, plus ours.
-inline std::vector<std::string> rank_environment(int rank, int world_size, int master_port, const std::string& run_dir) {
-  static constexpr const char* ours[] = {"RANK",       "LOCAL_RANK",  "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                                         "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", env::local,
-                                         env::run_dir};
+inline std::vector<std::string> rank_environment(int rank, int world_size, int master_port,
+                                                 const std::string& run_dir) {
+  static constexpr const char* ours[] = {"RANK",        "LOCAL_RANK",  "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                         "MASTER_ADDR", "MASTER_PORT", env::local,   env::run_dir};
   std::vector<std::string> variables;
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     const std::string_view variable(*entry);
@@ -104,7 +105,7 @@ inline int exit_code_of(int status) {
 class BlockedSignals {
  public:
   BlockedSignals() {
-    struct sigaction default_action{};
+    struct sigaction default_action {};
     default_action.sa_handler = SIG_DFL;
     ::sigaction(SIGCHLD, &default_action, &previous_sigchld_);
     sigemptyset(&set_);
@@ -122,7 +123,7 @@ class BlockedSignals {
 
  private:
   sigset_t set_{}, previous_{};
-  struct sigaction previous_sigchld_{};
+  struct sigaction previous_sigchld_ {};
 };
 
 struct Child {
@@ -143,7 +144,8 @@ inline int launch_local(int world_size, const std::string& binary, const std::ve
   const int master_port = detail::free_local_port();
   const std::string run_dir =
       options.run_directory ? options.run_directory->string()
-                            : hpctrain::getenv(env::run_dir).value_or((std::filesystem::current_path() / layout::jobs_root / "local").string());
+                            : hpctrain::getenv(env::run_dir)
+                                  .value_or((std::filesystem::current_path() / layout::jobs_root / "local").string());
 
   // Everything the children need is built before fork: after fork only async-signal-safe calls are allowed.
   std::vector<std::string> argv_strings{binary};
@@ -151,13 +153,14 @@ inline int launch_local(int world_size, const std::string& binary, const std::ve
   std::vector<char*> argv = detail::c_strings(argv_strings);
   std::vector<std::vector<std::string>> env_strings;
   std::vector<std::vector<char*>> envs;
-  for (int rank = 0; rank < world_size; ++rank) env_strings.push_back(detail::rank_environment(rank, world_size, master_port, run_dir));
+  for (int rank = 0; rank < world_size; ++rank)
+    env_strings.push_back(detail::rank_environment(rank, world_size, master_port, run_dir));
   for (auto& env : env_strings) envs.push_back(detail::c_strings(env));
 
   const detail::BlockedSignals blocked;
   const pid_t launcher = ::getpid();
   std::vector<detail::Child> children(static_cast<std::size_t>(world_size));
-  std::optional<int> result;            // decided by the first failure or signal
+  std::optional<int> result;  // decided by the first failure or signal
   std::optional<std::string> start_error;
   std::optional<std::chrono::steady_clock::time_point> kill_at;
 
@@ -190,7 +193,7 @@ inline int launch_local(int world_size, const std::string& binary, const std::ve
       // Die with the launcher even when it is SIGKILLed (it is then our only link to the terminal's Ctrl-C).
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (::getppid() != launcher) ::_exit(128 + SIGTERM);
-      struct sigaction default_action{};
+      struct sigaction default_action {};
       default_action.sa_handler = SIG_DFL;
       for (int signal : {SIGCHLD, SIGINT, SIGTERM}) ::sigaction(signal, &default_action, nullptr);
       ::sigprocmask(SIG_SETMASK, &blocked.previous(), nullptr);

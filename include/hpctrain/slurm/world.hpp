@@ -72,8 +72,10 @@ inline World world_from_torchrun_variables(const EnvironmentLookup& lookup) {
   const auto world_size = lookup("WORLD_SIZE");
   if (!rank || !world_size) {
     std::string missing = !rank && !world_size ? "RANK, WORLD_SIZE" : !rank ? "RANK" : "WORLD_SIZE";
-    throw RuntimeError(errors::runtime_slurm_env, fmt::format("missing {} (HPCTRAIN_LOCAL or RANK says the ranks come from "
-                                                "torchrun-style variables)", missing));
+    throw RuntimeError(errors::runtime_slurm_env,
+                       fmt::format("missing {} (HPCTRAIN_LOCAL or RANK says the ranks come from "
+                                   "torchrun-style variables)",
+                                   missing));
   }
   World world;
   world.rank = parse_int("RANK", *rank);
@@ -81,11 +83,13 @@ inline World world_from_torchrun_variables(const EnvironmentLookup& lookup) {
   world.local_rank = world.rank;
   world.local_world_size = world.world_size;
   if (auto local_rank = lookup("LOCAL_RANK")) world.local_rank = parse_int("LOCAL_RANK", *local_rank);
-  if (auto local_size = lookup("LOCAL_WORLD_SIZE")) world.local_world_size = parse_int("LOCAL_WORLD_SIZE", *local_size, 1);
+  if (auto local_size = lookup("LOCAL_WORLD_SIZE"))
+    world.local_world_size = parse_int("LOCAL_WORLD_SIZE", *local_size, 1);
   world.node_rank = world.rank / world.local_world_size;
   if (auto group_rank = lookup("GROUP_RANK")) world.node_rank = parse_int("GROUP_RANK", *group_rank);
   world.job_id = lookup("SLURM_JOB_ID").value_or("local");
-  if (auto restarts = lookup("TORCHELASTIC_RESTART_COUNT")) world.restart_count = parse_int("TORCHELASTIC_RESTART_COUNT", *restarts);
+  if (auto restarts = lookup("TORCHELASTIC_RESTART_COUNT"))
+    world.restart_count = parse_int("TORCHELASTIC_RESTART_COUNT", *restarts);
   world.master_addr = "127.0.0.1";
   world.master_port = default_master_port;
   apply_master_overrides(world, lookup);
@@ -95,13 +99,16 @@ inline World world_from_torchrun_variables(const EnvironmentLookup& lookup) {
     contradiction(fmt::format("RANK = {} is not below WORLD_SIZE = {}", world.rank, world.world_size));
   }
   if (world.local_world_size > world.world_size) {
-    contradiction(fmt::format("LOCAL_WORLD_SIZE = {} exceeds WORLD_SIZE = {}", world.local_world_size, world.world_size));
+    contradiction(
+        fmt::format("LOCAL_WORLD_SIZE = {} exceeds WORLD_SIZE = {}", world.local_world_size, world.world_size));
   }
   if (world.local_rank >= world.local_world_size) {
-    contradiction(fmt::format("LOCAL_RANK = {} is not below LOCAL_WORLD_SIZE = {}", world.local_rank, world.local_world_size));
+    contradiction(
+        fmt::format("LOCAL_RANK = {} is not below LOCAL_WORLD_SIZE = {}", world.local_rank, world.local_world_size));
   }
   if (world.world_size > 1 && (!lookup("MASTER_ADDR") || !lookup("MASTER_PORT"))) {
-    contradiction(fmt::format("WORLD_SIZE = {} needs MASTER_ADDR and MASTER_PORT for the rendezvous", world.world_size));
+    contradiction(
+        fmt::format("WORLD_SIZE = {} needs MASTER_ADDR and MASTER_PORT for the rendezvous", world.world_size));
   }
   return world;
 }

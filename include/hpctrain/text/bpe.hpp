@@ -71,7 +71,8 @@ class PairTable {
     std::vector<Slot> old = std::move(slots_);
     reserve(old.empty() ? 8 : old.size());
     for (const Slot& slot : old)
-      if (slot.key != empty_key) insert(static_cast<TokenId>(slot.key >> 32), static_cast<TokenId>(slot.key), slot.merge);
+      if (slot.key != empty_key)
+        insert(static_cast<TokenId>(slot.key >> 32), static_cast<TokenId>(slot.key), slot.merge);
   }
   std::vector<Slot> slots_;
   std::size_t mask_ = 0;
@@ -87,7 +88,8 @@ struct Part {
 /// Merges `parts` (one per byte, already holding their tokens) in place until no adjacent pair has a merge.
 inline void byte_pair_merge(const PairTable& merges, std::vector<Part>& parts) {
   if (parts.empty()) return;
-  for (std::size_t i = 0; i + 1 < parts.size(); ++i) parts[i].with_next = merges.find(parts[i].token, parts[i + 1].token);
+  for (std::size_t i = 0; i + 1 < parts.size(); ++i)
+    parts[i].with_next = merges.find(parts[i].token, parts[i + 1].token);
   parts.back().with_next = {};
   while (parts.size() > 1) {
     std::size_t best = 0;
@@ -191,7 +193,8 @@ inline std::u32string utf8_code_points(std::string_view text) {
       out += static_cast<char32_t>(((c & 0x0F) << 12) | ((s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F));
       i += 3;
     } else {
-      out += static_cast<char32_t>(((c & 0x07) << 18) | ((s[i + 1] & 0x3F) << 12) | ((s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F));
+      out += static_cast<char32_t>(((c & 0x07) << 18) | ((s[i + 1] & 0x3F) << 12) | ((s[i + 2] & 0x3F) << 6) |
+                                   (s[i + 3] & 0x3F));
       i += 4;
     }
   }

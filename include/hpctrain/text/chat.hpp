@@ -46,6 +46,7 @@ struct RenderedChat {
 /// Renders a conversation with the function schemas it may call (`tools`: a JSON list, or null for none) — a
 /// chat template bound to its special tokens, in lm/; throws on a conversation the template rejects
 /// (raise_exception), naming the reason.
-using ConversationRenderer = std::function<RenderedChat(const std::vector<ChatMessage>& messages, const nlohmann::ordered_json& tools)>;
+using ConversationRenderer =
+    std::function<RenderedChat(const std::vector<ChatMessage>& messages, const nlohmann::ordered_json& tools)>;
 
 }  // namespace hpctrain::text

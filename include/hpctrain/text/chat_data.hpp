@@ -54,7 +54,8 @@ inline std::string content_text(const nlohmann::ordered_json& content, const std
     if (type == part.end()) throw ChatDataError{part_at + ".type", "missing"};
     if (!type->is_string()) throw ChatDataError{part_at + ".type", is_not(*type, "a string")};
     if (*type != "text")
-      throw ChatDataError{part_at + ".type", fmt::format("\"{}\": only text parts can be trained on", type->get<std::string>())};
+      throw ChatDataError{part_at + ".type",
+                          fmt::format("\"{}\": only text parts can be trained on", type->get<std::string>())};
     const auto value = part.find("text");
     if (value == part.end()) throw ChatDataError{part_at + ".text", "missing"};
     if (!value->is_string()) throw ChatDataError{part_at + ".text", is_not(*value, "a string")};
@@ -64,14 +65,18 @@ inline std::string content_text(const nlohmann::ordered_json& content, const std
 }
 
 /// An assistant's tool calls; their ids go to `ids`.
-inline void check_tool_calls(const nlohmann::ordered_json& calls, const std::string& where, std::set<std::string>& ids) {
-  if (!calls.is_array() || calls.empty()) throw ChatDataError{where, calls.is_array() ? "is empty" : is_not(calls, "a list")};
+inline void check_tool_calls(const nlohmann::ordered_json& calls, const std::string& where,
+                             std::set<std::string>& ids) {
+  if (!calls.is_array() || calls.empty())
+    throw ChatDataError{where, calls.is_array() ? "is empty" : is_not(calls, "a list")};
   for (std::size_t k = 0; k < calls.size(); ++k) {
     const auto call_at = fmt::format("{}[{}]", where, k);
     const auto& call = calls[k];
     if (!call.is_object()) throw ChatDataError{call_at, is_not(call, "an object")};
     if (const auto type = call.find("type"); type != call.end() && *type != "function")
-      throw ChatDataError{call_at + ".type", type->is_string() ? fmt::format("\"{}\" is not \"function\"", type->get<std::string>()) : is_not(*type, "a string")};
+      throw ChatDataError{call_at + ".type", type->is_string()
+                                                 ? fmt::format("\"{}\" is not \"function\"", type->get<std::string>())
+                                                 : is_not(*type, "a string")};
     optional_string(call, "id", call_at);
     if (const auto id = call.find("id"); id != call.end()) ids.insert(id->get<std::string>());
     const auto function = call.find("function");
@@ -82,7 +87,8 @@ inline void check_tool_calls(const nlohmann::ordered_json& calls, const std::str
     const auto arguments_at = call_at + ".function.arguments";
     if (arguments == function->end()) throw ChatDataError{arguments_at, "missing"};
     if (arguments->is_string()) {  // OpenAI's shape: the arguments as JSON text, passed on as the text
-      const auto parsed = nlohmann::ordered_json::parse(arguments->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      const auto parsed =
+          nlohmann::ordered_json::parse(arguments->get<std::string>(), nullptr, /*allow_exceptions=*/false);
       if (!parsed.is_object()) throw ChatDataError{arguments_at, "is a string that does not hold a JSON object"};
     } else if (!arguments->is_object()) {
       throw ChatDataError{arguments_at, is_not(*arguments, "an object or a JSON string")};
@@ -129,7 +135,8 @@ inline std::vector<ChatMessage> chat_messages_from_json(const nlohmann::ordered_
     if (role == message.end()) throw ChatDataError{where + ".role", "missing"};
     if (!role->is_string()) throw ChatDataError{where + ".role", detail::is_not(*role, "a string")};
     if (!roles.count(role->get<std::string>()))
-      throw ChatDataError{where + ".role", fmt::format("\"{}\" is none of system, user, assistant, tool", role->get<std::string>())};
+      throw ChatDataError{where + ".role",
+                          fmt::format("\"{}\" is none of system, user, assistant, tool", role->get<std::string>())};
     const auto calls = message.find("tool_calls");
     const bool calling = calls != message.end() && !calls->is_null();
     if (calling) {
@@ -139,13 +146,17 @@ inline std::vector<ChatMessage> chat_messages_from_json(const nlohmann::ordered_
     if (*role == "tool") {
       detail::optional_string(message, "tool_call_id", where);
       detail::optional_string(message, "name", where);
-      if (const auto id = message.find("tool_call_id"); id != message.end() && !call_ids.empty() && !call_ids.count(id->get<std::string>()))
-        throw ChatDataError{where + ".tool_call_id", fmt::format("\"{}\" is the id of no tool call before it", id->get<std::string>())};
+      if (const auto id = message.find("tool_call_id");
+          id != message.end() && !call_ids.empty() && !call_ids.count(id->get<std::string>()))
+        throw ChatDataError{where + ".tool_call_id",
+                            fmt::format("\"{}\" is the id of no tool call before it", id->get<std::string>())};
     }
     const auto content = message.find("content");
     std::string text;
     if (content == message.end() || content->is_null()) {
-      if (!calling) throw ChatDataError{where + ".content", content == message.end() ? "missing" : "is null, and the message calls no tool"};
+      if (!calling)
+        throw ChatDataError{where + ".content",
+                            content == message.end() ? "missing" : "is null, and the message calls no tool"};
     } else {
       text = detail::content_text(*content, where + ".content");
     }

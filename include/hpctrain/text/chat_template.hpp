@@ -42,7 +42,8 @@ class ChatTemplate {
     ChatTemplate parsed;
     parsed.origin_ = std::move(origin);
     parsed.has_generation_ = source.find("generation") != std::string::npos;
-    parsed.nodes_ = std::make_shared<const std::vector<jinja::Node>>(jinja::Parser(jinja::lex(source, parsed.origin_), parsed.origin_).parse());
+    parsed.nodes_ = std::make_shared<const std::vector<jinja::Node>>(
+        jinja::Parser(jinja::lex(source, parsed.origin_), parsed.origin_).parse());
     parsed.has_generation_ = parsed.has_generation_ && contains_generation(*parsed.nodes_);
     return parsed;
   }
@@ -89,10 +90,12 @@ class ChatTemplate {
       std::size_t end = 0;
       while (end < upto.size() && end < out.text.size() && upto[end] == out.text[end]) ++end;
       if (out.text.compare(0, prefix.size(), prefix) != 0 || end <= prefix.size())
-        throw RuntimeError(errors::runtime_chat_template,
-                           fmt::format("{}: the rendering of message {} is not an extension of the conversation before it, so its assistant "
-                                       "tokens cannot be found; add {{% generation %}} markers to the template",
-                                       origin_, i));
+        throw RuntimeError(
+            errors::runtime_chat_template,
+            fmt::format(
+                "{}: the rendering of message {} is not an extension of the conversation before it, so its assistant "
+                "tokens cannot be found; add {{% generation %}} markers to the template",
+                origin_, i));
       out.assistant_spans.emplace_back(prefix.size(), end);
     }
     return out;

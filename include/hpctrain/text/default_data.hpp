@@ -23,12 +23,14 @@ inline constexpr std::string_view fortunes_directory = "/usr/share/games/fortune
 /// indexes) and symbolic links left out. SpecError `[hpctrain.spec.prepare.inputs]` naming the directory.
 inline std::vector<std::filesystem::path> default_corpus() {
   const auto named = hpctrain::getenv(env::corpus);
-  const std::filesystem::path directory = named ? std::filesystem::path(*named) : std::filesystem::path(fortunes_directory);
+  const std::filesystem::path directory =
+      named ? std::filesystem::path(*named) : std::filesystem::path(fortunes_directory);
   if (!std::filesystem::is_directory(directory))
-    throw SpecError(errors::spec_prepare_inputs, directory.string(),
-                    named ? fmt::format("no such directory (from {})", env::corpus)
-                          : fmt::format("no such directory: install Debian's fortunes, or set {} to a directory of text files",
-                                        env::corpus));
+    throw SpecError(
+        errors::spec_prepare_inputs, directory.string(),
+        named ? fmt::format("no such directory (from {})", env::corpus)
+              : fmt::format("no such directory: install Debian's fortunes, or set {} to a directory of text files",
+                            env::corpus));
   return corpus_files(directory, {".dat"});
 }
 

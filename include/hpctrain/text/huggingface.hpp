@@ -22,9 +22,11 @@ namespace hpctrain::text {
 namespace detail {
 
 /// `[hpctrain.runtime.text.tokenizer] <file>: <where>: <reason>`
-[[noreturn]] inline void bad_tokenizer(const std::filesystem::path& file, std::string_view where, std::string_view reason) {
-  throw RuntimeError(errors::runtime_text_tokenizer, where.empty() ? fmt::format("{}: {}", file.string(), reason)
-                                                     : fmt::format("{}: {}: {}", file.string(), where, reason));
+[[noreturn]] inline void bad_tokenizer(const std::filesystem::path& file, std::string_view where,
+                                       std::string_view reason) {
+  throw RuntimeError(errors::runtime_text_tokenizer, where.empty()
+                                                         ? fmt::format("{}: {}", file.string(), reason)
+                                                         : fmt::format("{}: {}: {}", file.string(), where, reason));
 }
 
 /// A byte-level vocabulary entry ("Ġthe") → the bytes it stands for (" the"). Like HF's ByteLevel decoder,
@@ -79,11 +81,14 @@ inline void read_pre_tokenizer(const std::filesystem::path& file, const nlohmann
     if (behavior != "Isolated")
       bad_tokenizer(file, where, fmt::format("Split behavior {:?} is not supported (only \"Isolated\")", behavior));
     if (node.value("invert", false)) bad_tokenizer(file, where, "Split with invert = true is not supported");
-    if (pattern.contains("Regex") && pattern["Regex"].is_string()) set_pattern(pattern["Regex"].get<std::string>(), false);
-    else if (pattern.contains("String") && pattern["String"].is_string()) set_pattern(pattern["String"].get<std::string>(), true);
+    if (pattern.contains("Regex") && pattern["Regex"].is_string())
+      set_pattern(pattern["Regex"].get<std::string>(), false);
+    else if (pattern.contains("String") && pattern["String"].is_string())
+      set_pattern(pattern["String"].get<std::string>(), true);
     else bad_tokenizer(file, where + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
   } else {
-    bad_tokenizer(file, where, fmt::format("pre-tokenizer type {:?} is not supported (ByteLevel, Split, Sequence)", type));
+    bad_tokenizer(file, where,
+                  fmt::format("pre-tokenizer type {:?} is not supported (ByteLevel, Split, Sequence)", type));
   }
 }
 
@@ -112,7 +117,8 @@ inline void read_model(const std::filesystem::path& file, const nlohmann::json& 
   for (const char* field : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"}) {
     const auto it = model_node.find(field);
     if (it != model_node.end() && !it->is_null() && !(it->is_string() && it->get<std::string>().empty()))
-      bad_tokenizer(file, fmt::format("model.{}", field), fmt::format("{} is not supported for a byte-level BPE", it->dump()));
+      bad_tokenizer(file, fmt::format("model.{}", field),
+                    fmt::format("{} is not supported for a byte-level BPE", it->dump()));
   }
   if (model_node.value("byte_fallback", false))
     bad_tokenizer(file, "model.byte_fallback", "byte_fallback (SentencePiece-style BPE) is not supported");
@@ -179,14 +185,16 @@ inline void read_added_tokens(const std::filesystem::path& file, const nlohmann:
   for (std::size_t i = 0; i < added.size(); ++i) {
     const auto& token = added[i];
     const auto where = fmt::format("added_tokens[{}]", i);
-    if (!token.is_object() || !token.contains("id") || !token["id"].is_number_unsigned() || !token.contains("content") ||
-        !token["content"].is_string())
+    if (!token.is_object() || !token.contains("id") || !token["id"].is_number_unsigned() ||
+        !token.contains("content") || !token["content"].is_string())
       bad_tokenizer(file, where, "expected an object with \"id\" and \"content\"");
     for (const char* flag : {"lstrip", "rstrip", "single_word"})
       if (token.value(flag, false))
         bad_tokenizer(file, where, fmt::format("{} = true is not supported for added tokens", flag));
     if (token["id"].get<std::uint64_t>() >= model.bytes_of.size() + added.size() + (std::uint64_t{1} << 20))
-      bad_tokenizer(file, where, fmt::format("id {} leaves more than 2^20 ids unused (ids count tokens from 0)", token["id"].dump()));
+      bad_tokenizer(
+          file, where,
+          fmt::format("id {} leaves more than 2^20 ids unused (ids count tokens from 0)", token["id"].dump()));
     AddedToken entry{token["content"].get<std::string>(), token["id"].get<TokenId>(), token.value("special", false)};
     if (entry.id >= model.bytes_of.size()) model.bytes_of.resize(entry.id + 1);
     model.bytes_of[entry.id] = entry.content;
@@ -216,13 +224,16 @@ inline Tokenizer load_huggingface_tokenizer(const std::filesystem::path& file) {
   std::vector<std::pair<std::string, std::uint64_t>> identity;
   try {
     if (const auto it = root.find("normalizer"); it != root.end() && !it->is_null())
-      detail::bad_tokenizer(file, "normalizer", fmt::format("normalizer {} is not supported (byte-level BPE takes the text as it is)",
-                                                            it->value("type", std::string("?"))));
+      detail::bad_tokenizer(file, "normalizer",
+                            fmt::format("normalizer {} is not supported (byte-level BPE takes the text as it is)",
+                                        it->value("type", std::string("?"))));
     detail::read_model(file, root.contains("model") ? root["model"] : nlohmann::json(), *model, identity);
     detail::PreTokenizerPlan plan;
     detail::read_pre_tokenizer(file, root.value("pre_tokenizer", nlohmann::json()), "pre_tokenizer", plan);
-    if (!plan.byte_level) detail::bad_tokenizer(file, "pre_tokenizer", "no ByteLevel pre-tokenizer: not a byte-level BPE");
-    if (plan.pattern) model->split.emplace(*plan.pattern, RegexDialect::oniguruma, file.string() + ": pre_tokenizer", plan.literal);
+    if (!plan.byte_level)
+      detail::bad_tokenizer(file, "pre_tokenizer", "no ByteLevel pre-tokenizer: not a byte-level BPE");
+    if (plan.pattern)
+      model->split.emplace(*plan.pattern, RegexDialect::oniguruma, file.string() + ": pre_tokenizer", plan.literal);
     model->add_prefix_space = plan.add_prefix_space;
     detail::read_added_tokens(file, root, *model);
   } catch (const nlohmann::json::exception& error) {  // a field of the wrong JSON type

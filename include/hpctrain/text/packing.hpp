@@ -17,7 +17,8 @@ namespace hpctrain::text {
 
 /// Rows of example indices whose lengths sum to at most `capacity`, by best-fit decreasing. SpecError
 /// `[hpctrain.spec.packing.length]` for an example longer than `capacity` (truncate or drop it first).
-inline std::vector<std::vector<std::size_t>> pack_best_fit_decreasing(const std::vector<std::size_t>& lengths, std::size_t capacity) {
+inline std::vector<std::vector<std::size_t>> pack_best_fit_decreasing(const std::vector<std::size_t>& lengths,
+                                                                      std::size_t capacity) {
   std::vector<std::size_t> order(lengths.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return lengths[a] > lengths[b]; });
@@ -25,7 +26,8 @@ inline std::vector<std::vector<std::size_t>> pack_best_fit_decreasing(const std:
   std::multimap<std::size_t, std::size_t> room;  // room left → row, in the order rows were opened
   for (const auto i : order) {
     if (lengths[i] > capacity)
-      throw SpecError("packing.length", fmt::format("{} (example {})", lengths[i], i), fmt::format("exceeds the row capacity {}", capacity));
+      throw SpecError("packing.length", fmt::format("{} (example {})", lengths[i], i),
+                      fmt::format("exceeds the row capacity {}", capacity));
     const auto fit = room.lower_bound(lengths[i]);  // the least room that still holds it: the best fit
     std::size_t row;
     if (fit == room.end()) {
@@ -44,7 +46,8 @@ inline std::vector<std::vector<std::size_t>> pack_best_fit_decreasing(const std:
 }
 
 /// The fraction of a batch's token slots that are padding: rows padded to `capacity` each.
-inline double padding_fraction(const std::vector<std::vector<std::size_t>>& rows, const std::vector<std::size_t>& lengths, std::size_t capacity) {
+inline double padding_fraction(const std::vector<std::vector<std::size_t>>& rows,
+                               const std::vector<std::size_t>& lengths, std::size_t capacity) {
   if (rows.empty() || capacity == 0) return 0.0;
   std::size_t tokens = 0;
   for (const auto& row : rows)

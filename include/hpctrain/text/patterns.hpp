@@ -10,7 +10,8 @@ inline constexpr std::string_view gpt2 =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 /// r50k_base / p50k_base / gpt2 as tiktoken 0.12 writes it (equivalent to `gpt2`, faster).
-inline constexpr std::string_view r50k = R"('(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s)";
+inline constexpr std::string_view r50k =
+    R"('(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s)";
 
 /// cl100k_base (GPT-3.5/4), as tiktoken 0.12 writes it (possessive quantifiers).
 inline constexpr std::string_view cl100k =

@@ -26,7 +26,8 @@ class PostProcessor {
 
   /// From the `post_processor` object of `file` (null: nothing). RuntimeError `[hpctrain.runtime.text.tokenizer]`
   /// naming the file and the JSON path for a kind this reader does not know or a malformed one.
-  static PostProcessor from_json(const nlohmann::json& json, const std::filesystem::path& file, const std::string& path = "post_processor") {
+  static PostProcessor from_json(const nlohmann::json& json, const std::filesystem::path& file,
+                                 const std::string& path = "post_processor") {
     PostProcessor processor;
     if (json.is_null()) return processor;
     if (!json.is_object() || !json.contains("type") || !json["type"].is_string()) fail(file, path, "has no \"type\"");
@@ -59,15 +60,18 @@ class PostProcessor {
           const auto& specials = json.value("special_tokens", nlohmann::json::object());
           if (!specials.contains(name) || !specials[name].contains("ids") || !specials[name]["ids"].is_array())
             fail(file, fmt::format("{}.special_tokens", path), fmt::format("has no ids for {}", name));
-          for (const auto& id : specials[name]["ids"]) (seen_sequence ? processor.after_ : processor.before_).push_back(id.get<TokenId>());
+          for (const auto& id : specials[name]["ids"])
+            (seen_sequence ? processor.after_ : processor.before_).push_back(id.get<TokenId>());
         } else {
           fail(file, fmt::format("{}.single[{}]", path, i), "is neither a Sequence nor a SpecialToken");
         }
       }
       return processor;
     }
-    fail(file, path + ".type", fmt::format("\"{}\" is not a post-processor hpctrain reads (TemplateProcessing, RobertaProcessing, "
-                                           "BertProcessing, ByteLevel, Sequence)", type));
+    fail(file, path + ".type",
+         fmt::format("\"{}\" is not a post-processor hpctrain reads (TemplateProcessing, RobertaProcessing, "
+                     "BertProcessing, ByteLevel, Sequence)",
+                     type));
     return processor;
   }
 
@@ -87,7 +91,8 @@ class PostProcessor {
     detail::bad_tokenizer(file, path, reason);
   }
   /// RobertaProcessing's and BertProcessing's `cls`/`sep`: ["<s>", 0].
-  static TokenId token_of(const nlohmann::json& json, const char* key, const std::filesystem::path& file, const std::string& path) {
+  static TokenId token_of(const nlohmann::json& json, const char* key, const std::filesystem::path& file,
+                          const std::string& path) {
     const auto it = json.find(key);
     if (it == json.end() || !it->is_array() || it->size() != 2 || !(*it)[1].is_number_integer())
       fail(file, fmt::format("{}.{}", path, key), "is not [token, id]");

@@ -5,7 +5,7 @@
 // validation file or the training file by a hash of (seed, its index): a fixed, streaming split that needs
 // no count up front. Documents are followed by the end-of-text token. Outputs are written to temporaries
 // beside them and renamed when complete: a crash leaves the old files or none, never half of one.
-#include <sched.h>   // sched_getaffinity: the CPUs this task may use
+#include <sched.h>  // sched_getaffinity: the CPUs this task may use
 
 #include <algorithm>
 #include <chrono>
@@ -47,7 +47,10 @@ enum class DocumentFormat {
 /// Options of prepare_tokens (plain data, chained setters).
 struct PrepareOptions {
   /// Default: DocumentFormat::fortunes.
-  PrepareOptions& documents(DocumentFormat value) { documents_ = value; return *this; }
+  PrepareOptions& documents(DocumentFormat value) {
+    documents_ = value;
+    return *this;
+  }
   /// Share of documents that go to val.tokens. Default: 0.05.
   PrepareOptions& validation_fraction(double value) {
     hpctrain::detail::require(value >= 0.0 && value < 1.0, "prepare.validation_fraction", value, "must be in [0, 1)");
@@ -55,7 +58,10 @@ struct PrepareOptions {
     return *this;
   }
   /// Seed of the train/validation split. Default: 1337.
-  PrepareOptions& seed(std::uint64_t value) { seed_ = value; return *this; }
+  PrepareOptions& seed(std::uint64_t value) {
+    seed_ = value;
+    return *this;
+  }
   /// Encoding threads. Default: 0, every CPU this task may use (sched_getaffinity, so Slurm's binding counts).
   PrepareOptions& threads(int value) {
     hpctrain::detail::require(value >= 0, "prepare.threads", value, "must be 0 (all cores of the task) or more");
@@ -63,7 +69,10 @@ struct PrepareOptions {
     return *this;
   }
   /// The token that ends each document. Default: "" — the first of <|endoftext|>, <|end_of_text|>, </s>, <eos>.
-  PrepareOptions& end_of_text(std::string value) { end_of_text_ = std::move(value); return *this; }
+  PrepareOptions& end_of_text(std::string value) {
+    end_of_text_ = std::move(value);
+    return *this;
+  }
   /// Bytes of text per unit of work. Default: 4 MiB.
   PrepareOptions& chunk_bytes(std::size_t value) {
     hpctrain::detail::require(value > 0, "prepare.chunk_bytes", value, "must be positive");
@@ -71,7 +80,10 @@ struct PrepareOptions {
     return *this;
   }
   /// Store the ids as uint32 even when they fit uint16 (tests of the wide path). Default: false.
-  PrepareOptions& force_uint32(bool value) { force_uint32_ = value; return *this; }
+  PrepareOptions& force_uint32(bool value) {
+    force_uint32_ = value;
+    return *this;
+  }
 
   DocumentFormat documents_ = DocumentFormat::fortunes;
   double validation_fraction_ = 0.05;
@@ -175,7 +187,8 @@ class DocumentReader {
   }
 
   void end_of_file(Chunk& chunk) {
-    if (stream_.bad()) throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: read error", current_.string()));
+    if (stream_.bad())
+      throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: read error", current_.string()));
     finish_document(chunk);
     stream_.close();
   }
@@ -185,7 +198,8 @@ class DocumentReader {
       chunk.text += line_;
       return finish_document(chunk);
     }
-    if ((format_ == DocumentFormat::fortunes && line_ == "%") || (format_ == DocumentFormat::paragraphs && line_.empty()))
+    if ((format_ == DocumentFormat::fortunes && line_ == "%") ||
+        (format_ == DocumentFormat::paragraphs && line_.empty()))
       return finish_document(chunk);
     chunk.text += line_;
     if (!stream_.eof()) chunk.text += '\n';
@@ -301,7 +315,8 @@ class ChunkEncoders {
         for (std::size_t d = 0; d < chunk.ends.size(); ++d) {
           const std::string_view document(chunk.text.data() + begin, chunk.ends[d] - begin);
           begin = chunk.ends[d];
-          const bool validation = goes_to_validation(options.seed_, chunk.first_document + d, options.validation_fraction_);
+          const bool validation =
+              goes_to_validation(options.seed_, chunk.first_document + d, options.validation_fraction_);
           auto& out = validation ? result.validation : result.train;
           encoder.encode_ordinary(document, out);
           out.push_back(end_of_text);
@@ -333,13 +348,15 @@ class ChunkEncoders {
 inline TokenId end_of_text_id(const Tokenizer& tokenizer, const std::string& named) {
   if (!named.empty()) {
     if (const auto id = tokenizer.token_id(named)) return *id;
-    throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: has no token {:?} to end documents with", tokenizer.source(), named));
+    throw RuntimeError(errors::runtime_text_prepare,
+                       fmt::format("{}: has no token {:?} to end documents with", tokenizer.source(), named));
   }
   for (const char* candidate : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"})
     if (const auto id = tokenizer.token_id(candidate)) return *id;
-  throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: has no end-of-text token (none of <|endoftext|>, <|end_of_text|>, "
-                                                 "</s>, <eos>); name one with PrepareOptions::end_of_text",
-                                                 tokenizer.source()));
+  throw RuntimeError(errors::runtime_text_prepare,
+                     fmt::format("{}: has no end-of-text token (none of <|endoftext|>, <|end_of_text|>, "
+                                 "</s>, <eos>); name one with PrepareOptions::end_of_text",
+                                 tokenizer.source()));
 }
 
 /// A digest of what the outputs are made from (input names, sizes, times; the options), so a step that
@@ -351,7 +368,8 @@ inline std::uint64_t source_digest(std::span<const std::filesystem::path> inputs
     std::error_code error;
     digest.add(std::filesystem::absolute(input).string());
     digest.add_u64(std::filesystem::file_size(input, error));
-    digest.add_u64(static_cast<std::uint64_t>(std::filesystem::last_write_time(input, error).time_since_epoch().count()));
+    digest.add_u64(
+        static_cast<std::uint64_t>(std::filesystem::last_write_time(input, error).time_since_epoch().count()));
   }
   digest.add_u64(static_cast<std::uint64_t>(options.documents_));
   digest.add_u64(static_cast<std::uint64_t>(options.validation_fraction_ * 1e12));
@@ -364,14 +382,16 @@ inline std::uint64_t source_digest(std::span<const std::filesystem::path> inputs
 }  // namespace detail
 
 /// Reads the header of a token file on disk (see text/token_file.hpp).
-inline TokenFileHeader read_token_file_header(const std::filesystem::path& file, const TokenFileExpectation& expect = {}) {
+inline TokenFileHeader read_token_file_header(const std::filesystem::path& file,
+                                              const TokenFileExpectation& expect = {}) {
   std::ifstream in(file, std::ios::binary);
   if (!in) throw RuntimeError(errors::runtime_text_token_file, fmt::format("{}: cannot open", file.string()));
   std::array<char, token_file_header_size> bytes{};
   in.read(bytes.data(), bytes.size());
   std::error_code error;
   const auto size = std::filesystem::file_size(file, error);
-  return parse_token_file_header(std::span<const char>(bytes.data(), static_cast<std::size_t>(in.gcount())), size, file, expect);
+  return parse_token_file_header(std::span<const char>(bytes.data(), static_cast<std::size_t>(in.gcount())), size, file,
+                                 expect);
 }
 
 /// Tokenizes `inputs` into `<out>/train.tokens` and `<out>/val.tokens` (see the top of this file).
@@ -385,7 +405,9 @@ inline PrepareResult prepare_tokens(std::span<const std::filesystem::path> input
       throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: not a readable file", input.string()));
   std::error_code error;
   std::filesystem::create_directories(out, error);
-  if (error) throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: cannot create: {}", out.string(), error.message()));
+  if (error)
+    throw RuntimeError(errors::runtime_text_prepare,
+                       fmt::format("{}: cannot create: {}", out.string(), error.message()));
 
   const TokenId end_of_text = detail::end_of_text_id(tokenizer, options.end_of_text_);
   TokenFileHeader header;

@@ -38,14 +38,17 @@ inline void keep_tokenizer_beside(const std::filesystem::path& tokenizer_file, c
   copy(tokenizer_file);
   if (tokenizer_file.filename() != "tokenizer.json") return;
   for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"})
-    if (std::filesystem::is_regular_file(tokenizer_file.parent_path() / name)) copy(tokenizer_file.parent_path() / name);
+    if (std::filesystem::is_regular_file(tokenizer_file.parent_path() / name))
+      copy(tokenizer_file.parent_path() / name);
 }
 
 /// The regular files of `directory` in name order — symbolic links and files with an extension in
 /// `skip_extensions` left out (fortune's ".dat" indexes and ".u8" links, say): a corpus directory as
 /// prepare_tokens_step takes it. SpecError `[hpctrain.spec.prepare.inputs]` when it is no directory.
-inline std::vector<std::filesystem::path> corpus_files(const std::filesystem::path& directory, const std::vector<std::string>& skip_extensions = {}) {
-  hpctrain::detail::require(std::filesystem::is_directory(directory), "prepare.inputs", directory.string(), "no such directory");
+inline std::vector<std::filesystem::path> corpus_files(const std::filesystem::path& directory,
+                                                       const std::vector<std::string>& skip_extensions = {}) {
+  hpctrain::detail::require(std::filesystem::is_directory(directory), "prepare.inputs", directory.string(),
+                            "no such directory");
   std::vector<std::filesystem::path> files;
   for (const auto& entry : std::filesystem::directory_iterator(directory)) {
     const auto extension = entry.path().extension().string();
@@ -60,32 +63,34 @@ inline std::vector<std::filesystem::path> corpus_files(const std::filesystem::pa
 /// A Job::prepare function that tokenizes `inputs` with the tokenizer in `tokenizer_file` (tokenizer.json or
 /// *.tiktoken). Missing files are a SpecError at once (`[hpctrain.spec.prepare.tokenizer]`,
 /// `[hpctrain.spec.prepare.inputs]`): `--submit` refuses the job before anything is queued.
-inline PrepareFunction prepare_tokens_step(std::vector<std::filesystem::path> inputs, std::filesystem::path tokenizer_file,
-                                           PrepareOptions options = {}) {
-  hpctrain::detail::require(std::filesystem::is_regular_file(tokenizer_file), "prepare.tokenizer", tokenizer_file.string(),
-                            "no such file");
+inline PrepareFunction prepare_tokens_step(std::vector<std::filesystem::path> inputs,
+                                           std::filesystem::path tokenizer_file, PrepareOptions options = {}) {
+  hpctrain::detail::require(std::filesystem::is_regular_file(tokenizer_file), "prepare.tokenizer",
+                            tokenizer_file.string(), "no such file");
   hpctrain::detail::require(!inputs.empty(), "prepare.inputs", "[]", "needs at least one text file");
   for (auto& input : inputs) {
-    hpctrain::detail::require(std::filesystem::is_regular_file(input), "prepare.inputs", input.string(), "no such file");
+    hpctrain::detail::require(std::filesystem::is_regular_file(input), "prepare.inputs", input.string(),
+                              "no such file");
     input = std::filesystem::absolute(input);
   }
   tokenizer_file = std::filesystem::absolute(tokenizer_file);
-  return [inputs = std::move(inputs), tokenizer_file = std::move(tokenizer_file), options](const PrepareContext& context) {
-    const auto tokenizer = load_tokenizer(tokenizer_file);
-    const auto out = context.output_dir / prepared_tokens_subdir;
-    if (tokens_prepared(inputs, tokenizer, out, options)) {
-      keep_tokenizer_beside(tokenizer_file, out);
-      std::printf("hpctrain: %s already holds these tokens; not preparing again\n", out.c_str());
-      return;
-    }
-    const auto result = prepare_tokens(inputs, tokenizer, out, options);
-    keep_tokenizer_beside(tokenizer_file, out);
-    std::printf("hpctrain: prepared %llu training and %llu validation tokens in %s (%.1f MB/s on %d threads)\n",
-                static_cast<unsigned long long>(result.train_tokens),
-                static_cast<unsigned long long>(result.validation_tokens), out.c_str(), result.megabytes_per_second(),
-                result.threads);
-    std::fflush(stdout);
-  };
+  return
+      [inputs = std::move(inputs), tokenizer_file = std::move(tokenizer_file), options](const PrepareContext& context) {
+        const auto tokenizer = load_tokenizer(tokenizer_file);
+        const auto out = context.output_dir / prepared_tokens_subdir;
+        if (tokens_prepared(inputs, tokenizer, out, options)) {
+          keep_tokenizer_beside(tokenizer_file, out);
+          std::printf("hpctrain: %s already holds these tokens; not preparing again\n", out.c_str());
+          return;
+        }
+        const auto result = prepare_tokens(inputs, tokenizer, out, options);
+        keep_tokenizer_beside(tokenizer_file, out);
+        std::printf("hpctrain: prepared %llu training and %llu validation tokens in %s (%.1f MB/s on %d threads)\n",
+                    static_cast<unsigned long long>(result.train_tokens),
+                    static_cast<unsigned long long>(result.validation_tokens), out.c_str(),
+                    result.megabytes_per_second(), result.threads);
+        std::fflush(stdout);
+      };
 }
 
 /// In a worker of a job whose preparation was prepare_tokens_step: the directory holding train.tokens and
@@ -93,7 +98,9 @@ inline PrepareFunction prepare_tokens_step(std::vector<std::filesystem::path> in
 /// local run has its own run directory while the preparation ran once in `hpctrain-jobs/<name>/local`).
 inline std::filesystem::path prepared_tokens_dir() {
   const auto output = prepared_output_dir();
-  if (!output) throw RuntimeError(errors::runtime_text_prepare, "HPCTRAIN_RUN_DIR is not set: prepared tokens exist only inside a job");
+  if (!output)
+    throw RuntimeError(errors::runtime_text_prepare,
+                       "HPCTRAIN_RUN_DIR is not set: prepared tokens exist only inside a job");
   return *output / prepared_tokens_subdir;
 }
 

@@ -39,7 +39,8 @@ inline std::string token_text(const nlohmann::json& config, const char* key) {
   const auto it = config.find(key);
   if (it == config.end() || it->is_null()) return {};
   if (it->is_string()) return it->get<std::string>();
-  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) return (*it)["content"].get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
+    return (*it)["content"].get<std::string>();
   return {};
 }
 }  // namespace detail
@@ -49,7 +50,10 @@ class PretrainedTokenizer {
  public:
   PretrainedTokenizer(Tokenizer tokenizer, PostProcessor post, std::filesystem::path directory, nlohmann::json config,
                       std::optional<std::string> chat_template)
-      : tokenizer_(std::move(tokenizer)), post_(std::move(post)), directory_(std::move(directory)), chat_template_(std::move(chat_template)) {
+      : tokenizer_(std::move(tokenizer)),
+        post_(std::move(post)),
+        directory_(std::move(directory)),
+        chat_template_(std::move(chat_template)) {
     bos_token_ = detail::token_text(config, "bos_token");
     eos_token_ = detail::token_text(config, "eos_token");
     pad_token_ = detail::token_text(config, "pad_token");
@@ -81,7 +85,8 @@ class PretrainedTokenizer {
   /// The files of the directory an export carries along.
   std::vector<std::filesystem::path> files() const {
     std::vector<std::filesystem::path> out;
-    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"})
+    for (const char* name :
+         {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"})
       if (std::filesystem::is_regular_file(directory_ / name)) out.push_back(directory_ / name);
     return out;
   }
@@ -111,8 +116,7 @@ inline PretrainedTokenizer load_pretrained_tokenizer(const std::filesystem::path
     for (const auto& entry : std::filesystem::directory_iterator(directory, error))
       if (entry.path().extension() == ".tiktoken") candidates.push_back(entry.path());
     std::sort(candidates.begin(), candidates.end());
-    if (candidates.empty())
-      detail::bad_tokenizer(directory, "", "holds neither tokenizer.json nor a *.tiktoken file");
+    if (candidates.empty()) detail::bad_tokenizer(directory, "", "holds neither tokenizer.json nor a *.tiktoken file");
     file = candidates.front();
   } else {
     post = PostProcessor::from_json(detail::read_json_or_empty(file).value("post_processor", nlohmann::json()), file);
@@ -128,8 +132,11 @@ inline PretrainedTokenizer load_pretrained_tokenizer(const std::filesystem::path
         if (named.value("name", std::string()) == "default") chat_template = named.value("template", std::string());
     }
   }
-  if (!chat_template) chat_template = hpctrain::detail::read_file_if_present(directory / "chat_template.jinja", errors::runtime_text_tokenizer);
-  return PretrainedTokenizer(std::move(tokenizer), std::move(post), directory, std::move(config), std::move(chat_template));
+  if (!chat_template)
+    chat_template =
+        hpctrain::detail::read_file_if_present(directory / "chat_template.jinja", errors::runtime_text_tokenizer);
+  return PretrainedTokenizer(std::move(tokenizer), std::move(post), directory, std::move(config),
+                             std::move(chat_template));
 }
 
 }  // namespace hpctrain::text

@@ -100,11 +100,12 @@ class Regex {
     if (dialect == RegexDialect::oniguruma) options |= PCRE2_MULTILINE;
     int error = 0;
     PCRE2_SIZE offset = 0;
-    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(rewritten.data()), rewritten.size(), options,
-                                     &error, &offset, nullptr);
+    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(rewritten.data()), rewritten.size(), options, &error,
+                                     &offset, nullptr);
     if (code == nullptr)
-      throw RuntimeError(errors::runtime_text_regex, fmt::format("{}: the pattern {:?} does not compile at offset {}: {}", where,
-                                                   std::string(pattern), offset, detail::pcre2_message(error)));
+      throw RuntimeError(errors::runtime_text_regex,
+                         fmt::format("{}: the pattern {:?} does not compile at offset {}: {}", where,
+                                     std::string(pattern), offset, detail::pcre2_message(error)));
     code_ = std::shared_ptr<pcre2_code>(code, detail::CodeDeleter{});
     jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
   }
@@ -137,13 +138,14 @@ class Matcher {
   /// must be valid UTF-8 (the caller checked it once: PCRE2's own check would rescan it on every call).
   bool find(std::string_view subject, std::size_t start, std::size_t& begin, std::size_t& end) {
     const auto* text = reinterpret_cast<PCRE2_SPTR>(subject.data());
-    const int rc = regex_->jit() ? pcre2_jit_match(regex_->code(), text, subject.size(), start, 0, data_.get(), context_.get())
-                                 : pcre2_match(regex_->code(), text, subject.size(), start, PCRE2_NO_UTF_CHECK,
-                                               data_.get(), context_.get());
+    const int rc =
+        regex_->jit()
+            ? pcre2_jit_match(regex_->code(), text, subject.size(), start, 0, data_.get(), context_.get())
+            : pcre2_match(regex_->code(), text, subject.size(), start, PCRE2_NO_UTF_CHECK, data_.get(), context_.get());
     if (rc == PCRE2_ERROR_NOMATCH) return false;
     if (rc < 0)
-      throw RuntimeError(errors::runtime_text_regex, fmt::format("matching {:?} failed at byte {}: {}", regex_->pattern(), start,
-                                                   detail::pcre2_message(rc)));
+      throw RuntimeError(errors::runtime_text_regex, fmt::format("matching {:?} failed at byte {}: {}",
+                                                                 regex_->pattern(), start, detail::pcre2_message(rc)));
     const PCRE2_SIZE* vector = pcre2_get_ovector_pointer(data_.get());
     begin = vector[0];
     end = vector[1];

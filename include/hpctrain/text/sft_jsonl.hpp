@@ -56,7 +56,8 @@ struct SftJsonlOptions {
 /// Reads an SFT JSONL file one record at a time; blank lines are skipped.
 class SftJsonlReader {
  public:
-  explicit SftJsonlReader(std::filesystem::path file, const SftJsonlOptions& options = {}) : file_(std::move(file)), in_(file_) {
+  explicit SftJsonlReader(std::filesystem::path file, const SftJsonlOptions& options = {})
+      : file_(std::move(file)), in_(file_) {
     if (!in_) throw SpecError(errors::spec_data_jsonl, file_.string(), "cannot open");
     if (options.tools) tools_ = read_tools(*options.tools);
   }
@@ -132,7 +133,8 @@ class SftJsonlReader {
     else if (json.contains("text")) shape = SftShape::text;
     else fail("has none of \"text\", \"prompt\"/\"completion\", \"messages\"");
     if (!shape_) shape_ = shape;
-    if (shape != *shape_) fail(fmt::format("is {} while the file's first line is {}", name_of(shape), name_of(*shape_)));
+    if (shape != *shape_)
+      fail(fmt::format("is {} while the file's first line is {}", name_of(shape), name_of(*shape_)));
 
     SftRecord record;
     record.shape = shape;
@@ -154,7 +156,8 @@ class SftJsonlReader {
       } catch (const ChatDataError& error) {
         fail(error.message());
       }
-      if (std::none_of(record.messages.begin(), record.messages.end(), [](const ChatMessage& m) { return m.role == "assistant"; }))
+      if (std::none_of(record.messages.begin(), record.messages.end(),
+                       [](const ChatMessage& m) { return m.role == "assistant"; }))
         fail("the conversation has no assistant turn to train on");
     }
     return record;
@@ -193,7 +196,8 @@ inline SftFileSummary validate_sft_jsonl(const std::filesystem::path& file, cons
 /// `render` gives, tokenized as it is (the template writes its own special tokens; apply_chat_template adds
 /// none), a token trained when its bytes overlap an assistant span. SpecError naming the line for a
 /// conversational record without a renderer (the model has no chat template).
-inline SftExample tokenize_sft(const SftRecord& record, const PretrainedTokenizer& tokenizer, const ConversationRenderer* render) {
+inline SftExample tokenize_sft(const SftRecord& record, const PretrainedTokenizer& tokenizer,
+                               const ConversationRenderer* render) {
   SftExample example;
   const auto append = [&](const std::vector<TokenId>& ids, bool trained) {
     example.ids.insert(example.ids.end(), ids.begin(), ids.end());
@@ -210,7 +214,8 @@ inline SftExample tokenize_sft(const SftRecord& record, const PretrainedTokenize
   } else {
     if (render == nullptr || !*render)
       throw SpecError(errors::spec_data_jsonl, fmt::format("line {}", record.line),
-                      "a conversation needs the model's chat template, and its tokenizer has none (chat_template in tokenizer_config.json, "
+                      "a conversation needs the model's chat template, and its tokenizer has none (chat_template in "
+                      "tokenizer_config.json, "
                       "or chat_template.jinja)");
     const auto rendered = (*render)(record.messages, record.tools);
     example.ids = tokenizer.encode(rendered.text, false);

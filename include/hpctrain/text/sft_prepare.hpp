@@ -5,7 +5,7 @@
 // digest of what it was made from (`sft_source_digest`), so that a changed file, tokenizer, template, tools
 // file or length rule never finds a stale one. The rules are the ones a rank applies when it tokenizes the file
 // itself (lm/sft.hpp): `tokenize_sft` (TRL's) then `cut_sft_example`, so both give the same examples. Torch-free.
-#include <sched.h>   // sched_getaffinity: the CPUs this task may use
+#include <sched.h>  // sched_getaffinity: the CPUs this task may use
 
 #include <algorithm>
 #include <chrono>
@@ -60,7 +60,8 @@ inline SftCutExample cut_sft_example(SftExample example, std::int64_t max_length
     example.trained.resize(length);
     out.flags = sft_truncated;
   }
-  if (example.ids.size() < 2 || std::none_of(example.trained.begin() + 1, example.trained.end(), [](auto t) { return t != 0; })) {
+  if (example.ids.size() < 2 ||
+      std::none_of(example.trained.begin() + 1, example.trained.end(), [](auto t) { return t != 0; })) {
     out.flags |= sft_untrained;
     return out;
   }
@@ -96,9 +97,10 @@ inline std::optional<ConversationRenderer> sft_renderer(const PretrainedTokenize
   ChatRenderOptions options;
   options.bos_token = tokenizer.bos_token();
   options.eos_token = tokenizer.eos_token();
-  return ConversationRenderer([parsed, options](const std::vector<ChatMessage>& messages, const nlohmann::ordered_json& tools) {
-    return parsed->render_with_assistant_spans(messages, options, tools);
-  });
+  return ConversationRenderer(
+      [parsed, options](const std::vector<ChatMessage>& messages, const nlohmann::ordered_json& tools) {
+        return parsed->render_with_assistant_spans(messages, options, tools);
+      });
 }
 
 /// A digest of everything `recipe` names: the JSONL file's absolute path, size and time (read whole, it would
@@ -110,7 +112,8 @@ inline std::uint64_t sft_source_digest(const SftRecipe& recipe, const Pretrained
   std::error_code error;
   digest.add(std::filesystem::absolute(recipe.jsonl).string());
   digest.add_u64(std::filesystem::file_size(recipe.jsonl, error));
-  digest.add_u64(static_cast<std::uint64_t>(std::filesystem::last_write_time(recipe.jsonl, error).time_since_epoch().count()));
+  digest.add_u64(
+      static_cast<std::uint64_t>(std::filesystem::last_write_time(recipe.jsonl, error).time_since_epoch().count()));
   digest.add_u64(tokenizer.tokenizer().fingerprint());
   for (const auto& file : tokenizer.files()) {
     digest.add(file.filename().string());
@@ -146,7 +149,8 @@ class SftTokensWriter {
     records_.push_back({header_.tokens, static_cast<std::uint32_t>(example.ids.size()), example.flags});
     bytes_.clear();
     for (const auto id : example.ids)
-      for (int k = 0; k < 4; ++k) bytes_.push_back(static_cast<char>((static_cast<std::uint32_t>(id) >> (8 * k)) & 0xFF));
+      for (int k = 0; k < 4; ++k)
+        bytes_.push_back(static_cast<char>((static_cast<std::uint32_t>(id) >> (8 * k)) & 0xFF));
     file_.write(bytes_.data(), bytes_.size());
     trained_.insert(trained_.end(), example.trained.begin(), example.trained.end());
     header_.tokens += example.ids.size();
@@ -192,8 +196,8 @@ struct SftThreadTools {
 };
 
 /// `cut[i]` for every record of `records`, thread t taking records t, t + threads, ...; the first error rethrown.
-inline void cut_in_parallel(const std::vector<SftRecord>& records, std::vector<SftThreadTools>& tools, const SftRecipe& recipe,
-                            std::vector<SftCutExample>& cut) {
+inline void cut_in_parallel(const std::vector<SftRecord>& records, std::vector<SftThreadTools>& tools,
+                            const SftRecipe& recipe, std::vector<SftCutExample>& cut) {
   cut.assign(records.size(), {});
   std::mutex mutex;
   std::exception_ptr error;
@@ -205,8 +209,8 @@ inline void cut_in_parallel(const std::vector<SftRecord>& records, std::vector<S
       for (std::size_t i = t; i < records.size(); i += count) {
         try {
           auto& mine = tools[t];
-          cut[i] = cut_sft_example(tokenize_sft(records[i], mine.tokenizer, mine.render ? &*mine.render : nullptr), recipe.max_length,
-                                   recipe.drop_overlong);
+          cut[i] = cut_sft_example(tokenize_sft(records[i], mine.tokenizer, mine.render ? &*mine.render : nullptr),
+                                   recipe.max_length, recipe.drop_overlong);
         } catch (...) {
           std::lock_guard lock(mutex);
           if (i < error_at) error_at = i, error = std::current_exception();  // the first in file order
@@ -233,11 +237,13 @@ struct SftPrepareResult {
 
 /// Whether `file` exists, is whole and well-formed, and was made from `digest` with this tokenizer: then a
 /// preparation that runs again skips the work.
-inline bool sft_tokens_prepared(const std::filesystem::path& file, std::uint64_t digest, const PretrainedTokenizer& tokenizer) {
+inline bool sft_tokens_prepared(const std::filesystem::path& file, std::uint64_t digest,
+                                const PretrainedTokenizer& tokenizer) {
   if (!std::filesystem::is_regular_file(file)) return false;
   try {
     const SftTokensFile prepared(file);
-    return prepared.view().header().source_digest == digest && prepared.view().header().fingerprint == tokenizer.tokenizer().fingerprint();
+    return prepared.view().header().source_digest == digest &&
+           prepared.view().header().fingerprint == tokenizer.tokenizer().fingerprint();
   } catch (const Error&) {
     return false;  // malformed or half-written by another tool: made again
   }
@@ -256,7 +262,9 @@ inline SftPrepareResult prepare_sft_tokens(const SftRecipe& recipe, const std::f
   result.threads = threads > 0 ? threads : detail::sft_task_cpus();
   std::error_code error;
   std::filesystem::create_directories(out.parent_path(), error);
-  if (error) throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: cannot create: {}", out.parent_path().string(), error.message()));
+  if (error)
+    throw RuntimeError(errors::runtime_text_prepare,
+                       fmt::format("{}: cannot create: {}", out.parent_path().string(), error.message()));
 
   std::vector<detail::SftThreadTools> tools;
   for (int t = 0; t < result.threads; ++t) tools.push_back({tokenizer, sft_renderer(tokenizer, recipe.chat_template)});

@@ -78,10 +78,13 @@ class SftTokensView {
   std::uint64_t records() const { return header_.records; }
   SftTokensRecord record(std::uint64_t r) const {
     const std::span<const char> bytes(records_ + r * sft_tokens_record_size, sft_tokens_record_size);
-    return {detail::get_le<std::uint64_t>(bytes, 0), detail::get_le<std::uint32_t>(bytes, 8), detail::get_le<std::uint32_t>(bytes, 12)};
+    return {detail::get_le<std::uint64_t>(bytes, 0), detail::get_le<std::uint32_t>(bytes, 8),
+            detail::get_le<std::uint32_t>(bytes, 12)};
   }
   /// Id `i` of the file (i < tokens).
-  std::int32_t id(std::uint64_t i) const { return detail::get_le<std::int32_t>(std::span<const char>(ids_ + 4 * i, 4), 0); }
+  std::int32_t id(std::uint64_t i) const {
+    return detail::get_le<std::int32_t>(std::span<const char>(ids_ + 4 * i, 4), 0);
+  }
   /// Whether id `i`'s loss counts.
   std::uint8_t trained(std::uint64_t i) const { return trained_[i]; }
 
@@ -93,7 +96,8 @@ class SftTokensView {
 };
 
 namespace detail {
-[[noreturn]] inline void bad_sft_tokens(const std::filesystem::path& file, std::string_view place, std::string_view reason) {
+[[noreturn]] inline void bad_sft_tokens(const std::filesystem::path& file, std::string_view place,
+                                        std::string_view reason) {
   throw RuntimeError(errors::runtime_text_sft_tokens, fmt::format("{}: {}: {}", file.string(), place, reason));
 }
 }  // namespace detail
@@ -117,11 +121,14 @@ inline std::array<char, sft_tokens_header_size> encode_sft_tokens_header(const S
 /// vocabulary, a mask other than 0 or 1.
 inline SftTokensView parse_sft_tokens(std::span<const char> bytes, const std::filesystem::path& file) {
   if (bytes.size() < sft_tokens_header_size)
-    detail::bad_sft_tokens(file, "header", fmt::format("{} bytes is shorter than the {}-byte header", bytes.size(), sft_tokens_header_size));
+    detail::bad_sft_tokens(
+        file, "header",
+        fmt::format("{} bytes is shorter than the {}-byte header", bytes.size(), sft_tokens_header_size));
   if (std::string_view(bytes.data(), sft_tokens_magic.size()) != sft_tokens_magic)
     detail::bad_sft_tokens(file, "header", "no \"HPCSFTOK\" magic: not a prepared SFT file");
   if (const auto version = detail::get_le<std::uint32_t>(bytes, 8); version != sft_tokens_version)
-    detail::bad_sft_tokens(file, "header", fmt::format("version {} (this hpctrain reads version {})", version, sft_tokens_version));
+    detail::bad_sft_tokens(file, "header",
+                           fmt::format("version {} (this hpctrain reads version {})", version, sft_tokens_version));
   SftTokensHeader header;
   header.records = detail::get_le<std::uint64_t>(bytes, 16);
   header.tokens = detail::get_le<std::uint64_t>(bytes, 24);
@@ -132,8 +139,10 @@ inline SftTokensView parse_sft_tokens(std::span<const char> bytes, const std::fi
   const std::uint64_t payload = bytes.size() - sft_tokens_header_size;
   if (header.tokens > payload / 5 || header.records > payload / sft_tokens_record_size ||
       5 * header.tokens + sft_tokens_record_size * header.records != payload)
-    detail::bad_sft_tokens(file, "header", fmt::format("{} records and {} tokens need 5 × {} + 16 × {} bytes after the header, "
-                                                       "the file holds {}", header.records, header.tokens, header.tokens, header.records, payload));
+    detail::bad_sft_tokens(file, "header",
+                           fmt::format("{} records and {} tokens need 5 × {} + 16 × {} bytes after the header, "
+                                       "the file holds {}",
+                                       header.records, header.tokens, header.tokens, header.records, payload));
   if (header.vocab_size == 0 || header.vocab_size > (std::uint64_t{1} << 31))
     detail::bad_sft_tokens(file, "header", fmt::format("a vocabulary of {} ids (1 to 2^31)", header.vocab_size));
   const char* ids = bytes.data() + sft_tokens_header_size;
@@ -145,15 +154,20 @@ inline SftTokensView parse_sft_tokens(std::span<const char> bytes, const std::fi
   for (std::uint64_t r = 0; r < header.records; ++r) {
     const auto record = view.record(r);
     const auto place = [&] { return fmt::format("record {}", r); };
-    if ((record.flags & ~sft_known_flags) != 0) detail::bad_sft_tokens(file, place(), fmt::format("unknown flags {:#x}", record.flags));
+    if ((record.flags & ~sft_known_flags) != 0)
+      detail::bad_sft_tokens(file, place(), fmt::format("unknown flags {:#x}", record.flags));
     if (record.first != next)
-      detail::bad_sft_tokens(file, place(), fmt::format("starts at id {}, but the records before it end at {}", record.first, next));
+      detail::bad_sft_tokens(file, place(),
+                             fmt::format("starts at id {}, but the records before it end at {}", record.first, next));
     const bool left_out = (record.flags & (sft_dropped | sft_untrained)) != 0;
     if (left_out ? record.count != 0 : record.count < 2)
-      detail::bad_sft_tokens(file, place(), fmt::format("{} ids with flags {:#x} ({})", record.count, record.flags,
-                                                        left_out ? "a record left out keeps none" : "a kept record has at least 2"));
+      detail::bad_sft_tokens(file, place(),
+                             fmt::format("{} ids with flags {:#x} ({})", record.count, record.flags,
+                                         left_out ? "a record left out keeps none" : "a kept record has at least 2"));
     if (record.count > header.tokens - next)
-      detail::bad_sft_tokens(file, place(), fmt::format("{} ids from id {} run past the {} the file holds", record.count, next, header.tokens));
+      detail::bad_sft_tokens(
+          file, place(),
+          fmt::format("{} ids from id {} run past the {} the file holds", record.count, next, header.tokens));
     next += record.count;
   }
   if (next != header.tokens)
@@ -161,7 +175,8 @@ inline SftTokensView parse_sft_tokens(std::span<const char> bytes, const std::fi
   for (std::uint64_t i = 0; i < header.tokens; ++i) {
     const auto id = view.id(i);
     if (id < 0 || static_cast<std::uint64_t>(id) >= header.vocab_size)
-      detail::bad_sft_tokens(file, fmt::format("id {}", i), fmt::format("{} is outside the vocabulary of {}", id, header.vocab_size));
+      detail::bad_sft_tokens(file, fmt::format("id {}", i),
+                             fmt::format("{} is outside the vocabulary of {}", id, header.vocab_size));
     if (trained[i] > 1) detail::bad_sft_tokens(file, fmt::format("mask {}", i), fmt::format("{} (0 or 1)", trained[i]));
   }
   return view;

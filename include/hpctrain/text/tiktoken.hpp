@@ -28,8 +28,11 @@ struct TiktokenOptions {
   /// cl100k_base.
   static TiktokenOptions cl100k() {
     return {std::string(patterns::cl100k),
-            {{"<|endoftext|>", 100257}, {"<|fim_prefix|>", 100258}, {"<|fim_middle|>", 100259},
-             {"<|fim_suffix|>", 100260}, {"<|endofprompt|>", 100276}}};
+            {{"<|endoftext|>", 100257},
+             {"<|fim_prefix|>", 100258},
+             {"<|fim_middle|>", 100259},
+             {"<|fim_suffix|>", 100260},
+             {"<|endofprompt|>", 100276}}};
   }
   /// o200k_base.
   static TiktokenOptions o200k() {
@@ -82,7 +85,8 @@ inline void read_ranks(const std::filesystem::path& file, std::string_view conte
   // Ranks number a file's tokens from 0 (published ranks files are dense): a rank far beyond the file's line
   // count is a defect, and resizing the vocabulary to it took gigabytes (fuzz_tiktoken: rank 4294967294;
   // tests/fuzz/corpus/tiktoken/rank_beyond_the_file). Gaps of up to 2^20 unused ids stay allowed.
-  const auto rank_limit = static_cast<std::size_t>(std::count(content.begin(), content.end(), '\n')) + 1 + (std::size_t{1} << 20);
+  const auto rank_limit =
+      static_cast<std::size_t>(std::count(content.begin(), content.end(), '\n')) + 1 + (std::size_t{1} << 20);
   while (!content.empty()) {
     ++line_number;
     const auto end = content.find('\n');
@@ -105,7 +109,8 @@ inline void read_ranks(const std::filesystem::path& file, std::string_view conte
     if (!model.id_of.emplace(*bytes, rank).second)
       bad_ranks(file, line_number, fmt::format("the token {:?} appears twice", *bytes));
     if (rank >= rank_limit)
-      bad_ranks(file, line_number, fmt::format("rank {} leaves more than 2^20 ids unused (ranks count tokens from 0)", rank));
+      bad_ranks(file, line_number,
+                fmt::format("rank {} leaves more than 2^20 ids unused (ranks count tokens from 0)", rank));
     if (rank >= model.bytes_of.size()) model.bytes_of.resize(rank + 1);
     model.bytes_of[rank] = *bytes;
   }
@@ -130,7 +135,8 @@ inline void derive_merges(BpeModel& model) {
 
 /// Loads a tiktoken ranks file with the pattern and special tokens `options` give. Throws
 /// `[hpctrain.runtime.text.tokenizer]` naming the file and line of a bad line.
-inline Tokenizer load_tiktoken(const std::filesystem::path& file, const TiktokenOptions& options = TiktokenOptions::gpt2()) {
+inline Tokenizer load_tiktoken(const std::filesystem::path& file,
+                               const TiktokenOptions& options = TiktokenOptions::gpt2()) {
   const std::string content = hpctrain::detail::read_file(file, errors::runtime_text_tokenizer);
   auto model = std::make_shared<detail::BpeModel>();
   model->source = file.string();
@@ -138,7 +144,8 @@ inline Tokenizer load_tiktoken(const std::filesystem::path& file, const Tiktoken
   for (int b = 0; b < 256; ++b) {
     const auto it = model->id_of.find(std::string(1, static_cast<char>(b)));
     if (it == model->id_of.end())
-      throw RuntimeError(errors::runtime_text_tokenizer, fmt::format("{}: the single byte 0x{:02X} has no rank: every byte must", file.string(), b));
+      throw RuntimeError(errors::runtime_text_tokenizer,
+                         fmt::format("{}: the single byte 0x{:02X} has no rank: every byte must", file.string(), b));
     model->byte_token[static_cast<std::size_t>(b)] = it->second;
   }
   detail::derive_merges(*model);
@@ -147,8 +154,9 @@ inline Tokenizer load_tiktoken(const std::filesystem::path& file, const Tiktoken
   model->whole_piece_lookup = true;
   for (const auto& [content_of, id] : options.special_tokens) {
     if (id < model->bytes_of.size() && !model->bytes_of[id].empty())
-      throw RuntimeError(errors::runtime_text_tokenizer, fmt::format("{}: special token {:?} has id {}, which is a rank in the file",
-                                                       file.string(), content_of, id));
+      throw RuntimeError(
+          errors::runtime_text_tokenizer,
+          fmt::format("{}: special token {:?} has id {}, which is a rank in the file", file.string(), content_of, id));
     if (id >= model->bytes_of.size()) model->bytes_of.resize(id + 1);
     model->bytes_of[id] = content_of;
     model->added.push_back({content_of, id, true});

@@ -58,7 +58,8 @@ void put_le(std::array<char, token_file_header_size>& out, std::size_t offset, T
 template <class T>
 T get_le(std::span<const char> in, std::size_t offset) {
   T value = 0;
-  for (std::size_t k = 0; k < sizeof(T); ++k) value |= static_cast<T>(static_cast<unsigned char>(in[offset + k])) << (8 * k);
+  for (std::size_t k = 0; k < sizeof(T); ++k)
+    value |= static_cast<T>(static_cast<unsigned char>(in[offset + k])) << (8 * k);
   return value;
 }
 [[noreturn]] inline void bad_token_file(const std::filesystem::path& file, std::string_view reason) {
@@ -90,13 +91,16 @@ inline bool has_token_file_magic(std::span<const char> bytes) {
 /// `[hpctrain.runtime.text.token_file]` naming the file: bad magic, version or width, a size that does
 /// not match the count, ids wider than the width, or a mismatch with `expect`.
 inline TokenFileHeader parse_token_file_header(std::span<const char> bytes, std::uint64_t file_size,
-                                               const std::filesystem::path& file, const TokenFileExpectation& expect = {}) {
+                                               const std::filesystem::path& file,
+                                               const TokenFileExpectation& expect = {}) {
   if (bytes.size() < token_file_header_size || file_size < token_file_header_size)
-    detail::bad_token_file(file, fmt::format("{} bytes is shorter than the {}-byte header", file_size, token_file_header_size));
+    detail::bad_token_file(
+        file, fmt::format("{} bytes is shorter than the {}-byte header", file_size, token_file_header_size));
   if (!has_token_file_magic(bytes)) detail::bad_token_file(file, "no \"HPCTOKEN\" magic: not an hpctrain token file");
   const auto version = detail::get_le<std::uint32_t>(bytes, 8);
   if (version != token_file_version)
-    detail::bad_token_file(file, fmt::format("version {} (this hpctrain reads version {})", version, token_file_version));
+    detail::bad_token_file(file,
+                           fmt::format("version {} (this hpctrain reads version {})", version, token_file_version));
   TokenFileHeader header;
   header.token_bytes = detail::get_le<std::uint32_t>(bytes, 12);
   header.tokens = detail::get_le<std::uint64_t>(bytes, 16);
@@ -107,16 +111,20 @@ inline TokenFileHeader parse_token_file_header(std::span<const char> bytes, std:
   if (header.token_bytes != 2 && header.token_bytes != 4)
     detail::bad_token_file(file, fmt::format("{} bytes per token (2 or 4)", header.token_bytes));
   if (header.token_bytes == 2 && header.vocab_size > 65536)
-    detail::bad_token_file(file, fmt::format("a vocabulary of {} ids does not fit 2 bytes per token", header.vocab_size));
+    detail::bad_token_file(file,
+                           fmt::format("a vocabulary of {} ids does not fit 2 bytes per token", header.vocab_size));
   const std::uint64_t payload = file_size - token_file_header_size;
   if (header.tokens > payload / header.token_bytes || payload != header.tokens * header.token_bytes)
-    detail::bad_token_file(file, fmt::format("the header counts {} tokens of {} bytes but the file holds {} bytes after it",
-                                             header.tokens, header.token_bytes, payload));
+    detail::bad_token_file(
+        file, fmt::format("the header counts {} tokens of {} bytes but the file holds {} bytes after it", header.tokens,
+                          header.token_bytes, payload));
   if (expect.token_bytes && *expect.token_bytes != header.token_bytes)
-    detail::bad_token_file(file, fmt::format("{} bytes per token, expected {}", header.token_bytes, *expect.token_bytes));
+    detail::bad_token_file(file,
+                           fmt::format("{} bytes per token, expected {}", header.token_bytes, *expect.token_bytes));
   if (expect.fingerprint && *expect.fingerprint != header.fingerprint)
-    detail::bad_token_file(file, fmt::format("made by the tokenizer with fingerprint {:016x}, expected {:016x} (another tokenizer)",
-                                             header.fingerprint, *expect.fingerprint));
+    detail::bad_token_file(
+        file, fmt::format("made by the tokenizer with fingerprint {:016x}, expected {:016x} (another tokenizer)",
+                          header.fingerprint, *expect.fingerprint));
   return header;
 }
 

@@ -39,10 +39,10 @@ struct TokenizeCommand {
   std::filesystem::path tokenizer;  ///< tokenizer.json or *.tiktoken
   /// encode: whether special tokens in the text are matched. Default: as the reference (HF yes, tiktoken no)
   std::optional<bool> special;
-  std::filesystem::path out;                  ///< prepare: the directory of train.tokens and val.tokens
-  PrepareOptions prepare;                     ///< prepare: documents, split, threads, end-of-text token
-  std::vector<std::filesystem::path> files;   ///< the inputs; encode and decode read stdin without any
-  std::string help;                           ///< not empty when --help was asked: the text to print
+  std::filesystem::path out;                 ///< prepare: the directory of train.tokens and val.tokens
+  PrepareOptions prepare;                    ///< prepare: documents, split, threads, end-of-text token
+  std::vector<std::filesystem::path> files;  ///< the inputs; encode and decode read stdin without any
+  std::string help;                          ///< not empty when --help was asked: the text to print
 };
 
 /// The usage lines a usage error prints.
@@ -58,22 +58,29 @@ namespace detail {
 inline void add_prepare_options(CLI::App& prepare, TokenizeCommand& command) {
   prepare.add_option("--out", command.out, "directory of train.tokens and val.tokens")->required()->type_name("DIR");
   const std::map<std::string, DocumentFormat> formats{{"fortunes", DocumentFormat::fortunes},
-      {"paragraphs", DocumentFormat::paragraphs}, {"lines", DocumentFormat::lines}, {"file", DocumentFormat::file}};
-  prepare.add_option_function<std::string>("--documents", [&command, formats](const std::string& name) {
-           command.prepare.documents(formats.at(name));
-         }, "how a file is cut into documents (default: fortunes)")
+                                                      {"paragraphs", DocumentFormat::paragraphs},
+                                                      {"lines", DocumentFormat::lines},
+                                                      {"file", DocumentFormat::file}};
+  prepare
+      .add_option_function<std::string>(
+          "--documents", [&command, formats](const std::string& name) { command.prepare.documents(formats.at(name)); },
+          "how a file is cut into documents (default: fortunes)")
       ->check(CLI::IsMember({"fortunes", "paragraphs", "lines", "file"}));
-  prepare.add_option_function<double>("--validation", [&](double fraction) {
-           command.prepare.validation_fraction(fraction);
-         }, "share of the documents that go to val.tokens (default: 0.05)")
+  prepare
+      .add_option_function<double>(
+          "--validation", [&](double fraction) { command.prepare.validation_fraction(fraction); },
+          "share of the documents that go to val.tokens (default: 0.05)")
       ->type_name("FRACTION");
-  prepare.add_option_function<std::uint64_t>("--seed", [&](std::uint64_t seed) { command.prepare.seed(seed); },
-                                             "seed of the train/validation split (default: 1337)");
-  prepare.add_option_function<int>("--threads", [&](int threads) { command.prepare.threads(threads); },
-                                   "encoding threads (default: 0, every CPU of the task)");
-  prepare.add_option_function<std::string>("--end-of-text", [&](const std::string& token) {
-           command.prepare.end_of_text(token);
-         }, "the token after each document (default: <|endoftext|>, <|end_of_text|>, </s> or <eos>)")
+  prepare.add_option_function<std::uint64_t>(
+      "--seed", [&](std::uint64_t seed) { command.prepare.seed(seed); },
+      "seed of the train/validation split (default: 1337)");
+  prepare.add_option_function<int>(
+      "--threads", [&](int threads) { command.prepare.threads(threads); },
+      "encoding threads (default: 0, every CPU of the task)");
+  prepare
+      .add_option_function<std::string>(
+          "--end-of-text", [&](const std::string& token) { command.prepare.end_of_text(token); },
+          "the token after each document (default: <|endoftext|>, <|end_of_text|>, </s> or <eos>)")
       ->type_name("TOKEN");
   prepare.add_option("TEXT_FILE", command.files, "text files")->required()->type_name("PATH");
 }
@@ -138,14 +145,18 @@ inline TokenizeCommand parse_tokenize_command(int argc, const char* const* argv)
     return subcommand;
   };
   auto* encode = add_command("encode", Action::encode, "the ids of each input line (stdin without files)");
-  encode->add_flag_callback("--special", [&] { command.special = true; }, "match special tokens written in the text")
-      ->excludes(encode->add_flag_callback("--no-special", [&] { command.special = false; },
-                                           "encode special tokens as plain text"));
+  encode
+      ->add_flag_callback(
+          "--special", [&] { command.special = true; }, "match special tokens written in the text")
+      ->excludes(encode->add_flag_callback(
+          "--no-special", [&] { command.special = false; }, "encode special tokens as plain text"));
   encode->add_option("TEXT_FILE", command.files, "text files (default: stdin)")->type_name("PATH");
   auto* decode = add_command("decode", Action::decode, "the text of each input line of ids (stdin without files)");
   decode->add_option("IDS_FILE", command.files, "files of space-separated ids (default: stdin)")->type_name("PATH");
-  detail::add_prepare_options(*add_command("prepare", Action::prepare, "DIR/train.tokens and DIR/val.tokens from "
-                                                                       "text files"), command);
+  detail::add_prepare_options(*add_command("prepare", Action::prepare,
+                                           "DIR/train.tokens and DIR/val.tokens from "
+                                           "text files"),
+                              command);
   // CLI11 would answer a misspelt command with "A subcommand is required": name it instead.
   if (const std::string_view first = argc > 1 ? argv[1] : "-";
       !first.starts_with('-') && std::ranges::find(names, first) == names.end())

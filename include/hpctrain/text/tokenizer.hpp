@@ -105,7 +105,8 @@ inline void finish_model(BpeModel& model, std::span<const std::pair<std::string,
     fingerprint.add_u64(value);
   }
   fingerprint.add(model.split ? model.split->pattern() : std::string());
-  fingerprint.add_u64((model.keep_unmatched ? 1 : 0) | (model.add_prefix_space ? 2 : 0) | (model.whole_piece_lookup ? 4 : 0));
+  fingerprint.add_u64((model.keep_unmatched ? 1 : 0) | (model.add_prefix_space ? 2 : 0) |
+                      (model.whole_piece_lookup ? 4 : 0));
   fingerprint.add_u64(model.bytes_of.size());
   for (const auto& bytes : model.bytes_of) fingerprint.add(bytes);
   for (const auto& token : model.added) {
@@ -141,7 +142,8 @@ class Encoder {
         continue;
       }
       const std::string_view run = text.substr(run_start, valid);
-      for (std::size_t position = 0; position < run.size() && matcher->find(run, position, begin, end); position = end) {
+      for (std::size_t position = 0; position < run.size() && matcher->find(run, position, begin, end);
+           position = end) {
         encode_ordinary(text.substr(done, run_start + begin - done), out);
         out.push_back(id_of_added(run.substr(begin, end - begin)));
         done = run_start + end;
@@ -174,8 +176,9 @@ class Encoder {
     std::string out;
     for (const TokenId id : ids) {
       if (id >= model_->bytes_of.size() || (model_->bytes_of[id].empty() && !is_known(id)))
-        throw RuntimeError(errors::runtime_text_decode, fmt::format("{}: token id {} is not in the vocabulary (size {})",
-                                                      model_->source, id, model_->bytes_of.size()));
+        throw RuntimeError(errors::runtime_text_decode,
+                           fmt::format("{}: token id {} is not in the vocabulary (size {})", model_->source, id,
+                                       model_->bytes_of.size()));
       out += model_->bytes_of[id];
     }
     return out;
@@ -250,7 +253,8 @@ class Encoder {
       const TokenId token = model.byte_token[static_cast<unsigned char>(c)];
       if (token != no_token) {
         parts_.push_back({token, {}});
-      } else if (model.unknown != no_token && !(model.fuse_unknown && !parts_.empty() && parts_.back().token == model.unknown)) {
+      } else if (model.unknown != no_token &&
+                 !(model.fuse_unknown && !parts_.empty() && parts_.back().token == model.unknown)) {
         parts_.push_back({model.unknown, {}});
       }  // else HF drops a character its vocabulary lacks (no unk_token)
     }

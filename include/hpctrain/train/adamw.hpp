@@ -24,16 +24,31 @@ class AdamWFactory {
   explicit AdamWFactory(double lr) : lr_(lr) {}
 
   /// Default: {0.9, 0.999}, PyTorch's.
-  AdamWFactory& betas(std::tuple<double, double> betas) { betas_ = betas; return *this; }
+  AdamWFactory& betas(std::tuple<double, double> betas) {
+    betas_ = betas;
+    return *this;
+  }
   /// Default: 1e-8.
-  AdamWFactory& eps(double eps) { eps_ = eps; return *this; }
+  AdamWFactory& eps(double eps) {
+    eps_ = eps;
+    return *this;
+  }
   /// The decoupled weight decay of the decayed group; a value, or a knob (`ht::knob("weight_decay", 0.1, ...)`).
   /// Default: 0.01, PyTorch's.
-  AdamWFactory& weight_decay(Setting<double> decay) { weight_decay_ = std::move(decay); return *this; }
+  AdamWFactory& weight_decay(Setting<double> decay) {
+    weight_decay_ = std::move(decay);
+    return *this;
+  }
   /// Whether biases, norm weights and other 1-D tensors are left undecayed (weight_decay_groups). Default: true.
-  AdamWFactory& decay_groups(bool on) { decay_groups_ = on; return *this; }
+  AdamWFactory& decay_groups(bool on) {
+    decay_groups_ = on;
+    return *this;
+  }
   /// Whether the update runs in ATen's fused kernel where the device has one (CPU, CUDA). Default: true.
-  AdamWFactory& fused(bool on) { fused_ = on; return *this; }
+  AdamWFactory& fused(bool on) {
+    fused_ = on;
+    return *this;
+  }
 
   /// The options of the decayed group for this run's knobs.
   torch::optim::AdamWOptions options(const Knobs& knobs) const {

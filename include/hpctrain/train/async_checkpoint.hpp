@@ -43,7 +43,8 @@ class AsyncCheckpoint {
 
   /// Waits for the save in flight, then stages checkpoint `state.step` in `store`: serialises this rank's archive
   /// (on the ranks that save) and starts writing it in the background.
-  void start(dist::ProcessGroup& group, const CheckpointStore& store, DataParallelStrategy& strategy, const CheckpointState& state) {
+  void start(dist::ProcessGroup& group, const CheckpointStore& store, DataParallelStrategy& strategy,
+             const CheckpointState& state) {
     wait(group);
     const int rank = group.rank();
     const bool writes = rank == 0 || strategy.saves_per_rank();
@@ -55,14 +56,15 @@ class AsyncCheckpoint {
     torch::serialize::OutputArchive archive;
     PieceWriter pieces;
     strategy.save(archive, pieces);
-    writer_ = std::thread([this, &store, step = state.step, rank, bytes = serialize_archive(archive, std::move(pieces))]() mutable {
-      try {
-        file_ = store.write_serialized(step, rank, std::move(bytes));
-      } catch (...) {
-        error_ = std::current_exception();
-      }
-      done_ = true;  // after file_ and error_: whoever sees it set may read them
-    });
+    writer_ = std::thread(
+        [this, &store, step = state.step, rank, bytes = serialize_archive(archive, std::move(pieces))]() mutable {
+          try {
+            file_ = store.write_serialized(step, rank, std::move(bytes));
+          } catch (...) {
+            error_ = std::current_exception();
+          }
+          done_ = true;  // after file_ and error_: whoever sees it set may read them
+        });
   }
 
   /// Whether a save is in flight (the same on every rank).
@@ -107,8 +109,10 @@ class AsyncCheckpoint {
     if ((status == failed).any().item<bool>()) {
       pending_.reset();
       if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-      throw RuntimeError(errors::runtime_checkpoint, fmt::format("checkpoint of step {}: rank {} could not write its archive (its message says why)",
-                                                   pending.state.step, (status == failed).nonzero()[0][0].item<std::int64_t>()));
+      throw RuntimeError(
+          errors::runtime_checkpoint,
+          fmt::format("checkpoint of step {}: rank {} could not write its archive (its message says why)",
+                      pending.state.step, (status == failed).nonzero()[0][0].item<std::int64_t>()));
     }
     if ((status == writing).any().item<bool>()) return;  // not yet: asked again at a later step boundary
     pending_.reset();

@@ -9,12 +9,12 @@
 // (u32), payload size (u64), step (u64), little-endian — then the payload, a LibTorch archive written by
 // the strategy; in format 2 the strategy's pieces follow it (flat tensors read by byte ranges, each chunk
 // with its CRC-32C: train/checkpoint_pieces.hpp), so that a rank resharding reads only what overlaps its
-// new shards. meta.json's CRC-32C covers the whole file. Atomic per checkpoint: the ranks write into `step-N.tmp/`, rank 0 writes `meta.json` last
-// and renames the directory; a crash leaves either the old set or the new one. The newest directory whose
-// meta.json parses and whose files pass the size and CRC checks wins; a torn or corrupt one is skipped
-// with a warning, and the previous one is used. In a run of several ranks no rank reads every archive to
-// decide that: each verifies its share (verify_share: archive i is rank i mod world's, its own at the same
-// world size) and the ranks agree (train/checkpointing.hpp).
+// new shards. meta.json's CRC-32C covers the whole file. Atomic per checkpoint: the ranks write into `step-N.tmp/`,
+// rank 0 writes `meta.json` last and renames the directory; a crash leaves either the old set or the new one. The
+// newest directory whose meta.json parses and whose files pass the size and CRC checks wins; a torn or corrupt one is
+// skipped with a warning, and the previous one is used. In a run of several ranks no rank reads every archive to decide
+// that: each verifies its share (verify_share: archive i is rank i mod world's, its own at the same world size) and the
+// ranks agree (train/checkpointing.hpp).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -39,7 +39,7 @@
 #include <torch/serialize/archive.h>
 
 #include <hpctrain/error.hpp>
-#include <hpctrain/job/files.hpp>  // write_file_atomically, remove_tree
+#include <hpctrain/job/files.hpp>                // write_file_atomically, remove_tree
 #include <hpctrain/train/checkpoint_format.hpp>  // meta.json and the archive header, checked before LibTorch reads
 #include <hpctrain/train/checkpoint_reader.hpp>
 #include <hpctrain/train/checkpoint_pieces.hpp>
@@ -124,7 +124,8 @@ struct SavedCheckpoint {
 
   /// What a strategy's `load` reads: `open(r)` verifies rank r's file (size and CRC against meta.json when read
   /// whole, its own header and the archive's CRC) and returns its archive; `read_piece` reads element ranges of
-  /// its pieces, each chunk checked against its CRC. Both throw RuntimeError(errors::runtime_checkpoint) naming the file.
+  /// its pieces, each chunk checked against its CRC. Both throw RuntimeError(errors::runtime_checkpoint) naming the
+  /// file.
   SavedStrategyState strategy_state() const {
     SavedStrategyState saved;
     saved.world_size = meta.world_size;
@@ -141,7 +142,8 @@ struct SavedCheckpoint {
 class CheckpointStore {
  public:
   /// `directory` is created on the first save; `keep` >= 1.
-  explicit CheckpointStore(std::filesystem::path directory, int keep = 3) : directory_(std::move(directory)), keep_(keep) {
+  explicit CheckpointStore(std::filesystem::path directory, int keep = 3)
+      : directory_(std::move(directory)), keep_(keep) {
     detail::require(keep >= 1, "training.keep_checkpoints", keep, "must be at least 1");
   }
 
@@ -158,7 +160,9 @@ class CheckpointStore {
   }
 
   /// Where the ranks write checkpoint `step` before it is committed.
-  std::filesystem::path staging(std::int64_t step) const { return directory_ / (detail::checkpoint_dir_name(step) + ".tmp"); }
+  std::filesystem::path staging(std::int64_t step) const {
+    return directory_ / (detail::checkpoint_dir_name(step) + ".tmp");
+  }
 
   /// Rank 0, before any rank writes: removes what an interrupted earlier attempt left in the staging directory.
   void prepare(std::int64_t step) const {
@@ -168,7 +172,8 @@ class CheckpointStore {
 
   /// Writes rank `rank`'s archive of checkpoint `step` into the staging directory; returns its entry for meta.json.
   /// `pieces`: the flat tensors written after the archive (DataParallelStrategy::save).
-  CheckpointFile write_rank(std::int64_t step, int rank, torch::serialize::OutputArchive& archive, PieceWriter pieces = {}) const {
+  CheckpointFile write_rank(std::int64_t step, int rank, torch::serialize::OutputArchive& archive,
+                            PieceWriter pieces = {}) const {
     return write_serialized(step, rank, detail::serialize_archive(archive, std::move(pieces)));
   }
 
@@ -190,7 +195,9 @@ class CheckpointStore {
     detail::remove_tree(final_path);
     std::error_code ec;
     std::filesystem::rename(staged, final_path, ec);
-    if (ec) throw RuntimeError(errors::runtime_checkpoint, fmt::format("cannot rename {} to {}: {}", staged.string(), final_path.string(), ec.message()));
+    if (ec)
+      throw RuntimeError(errors::runtime_checkpoint,
+                         fmt::format("cannot rename {} to {}: {}", staged.string(), final_path.string(), ec.message()));
     detail::fsync_directory(directory_);
     prune();
     return final_path;
@@ -216,12 +223,12 @@ class CheckpointStore {
   /// Throws RuntimeError(errors::runtime_checkpoint) naming the file and the defect.
   SavedCheckpoint verify_share(SavedCheckpoint saved, int rank, int world) const {
     const auto own = detail::checkpoint_rank_file(rank);
-    for (std::size_t i = static_cast<std::size_t>(rank); i < saved.meta.files.size(); i += static_cast<std::size_t>(world)) {
+    for (std::size_t i = static_cast<std::size_t>(rank); i < saved.meta.files.size();
+         i += static_cast<std::size_t>(world)) {
       const auto& file = saved.meta.files[i];
       if (file.name == own && world == saved.meta.world_size)
         saved.files->keep(file.name, detail::read_verified_file(saved.directory / file.name, file));
-      else
-        detail::read_checked_archive(saved.directory / file.name, &file);
+      else detail::read_checked_archive(saved.directory / file.name, &file);
     }
     return saved;
   }
@@ -230,7 +237,9 @@ class CheckpointStore {
   SavedCheckpoint read(const std::filesystem::path& directory) const {
     const auto meta_path = directory / "meta.json";
     const auto text = hpctrain::detail::read_file_if_present(meta_path, errors::runtime_checkpoint);
-    if (!text) throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: missing (the checkpoint was not committed)", meta_path.string()));
+    if (!text)
+      throw RuntimeError(errors::runtime_checkpoint,
+                         fmt::format("{}: missing (the checkpoint was not committed)", meta_path.string()));
     SavedCheckpoint saved{directory, detail::parse_checkpoint_meta(*text, meta_path), nullptr};
     saved.files = std::make_shared<detail::CheckpointFiles>(directory, saved.meta.files);
     return saved;

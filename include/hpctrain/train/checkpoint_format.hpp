@@ -51,9 +51,12 @@ struct CheckpointMeta {
 
   nlohmann::json to_json() const {
     nlohmann::json files_json = nlohmann::json::array();
-    for (const auto& file : files) files_json.push_back({{"name", file.name}, {"size", file.size}, {"crc32c", file.crc}});
-    return {{"format", 1}, {"step", state.step}, {"epoch", state.epoch}, {"batch_in_epoch", state.batch_in_epoch},
-            {"seed", state.seed}, {"world_size", world_size}, {"strategy", strategy}, {"files", files_json}};
+    for (const auto& file : files)
+      files_json.push_back({{"name", file.name}, {"size", file.size}, {"crc32c", file.crc}});
+    return {{"format", 1},          {"step", state.step},
+            {"epoch", state.epoch}, {"batch_in_epoch", state.batch_in_epoch},
+            {"seed", state.seed},   {"world_size", world_size},
+            {"strategy", strategy}, {"files", files_json}};
   }
 };
 
@@ -66,7 +69,8 @@ inline constexpr std::int64_t checkpoint_max_world_size = 1 << 20;
 /// plain name inside the checkpoint directory, more files than ranks, a file listed twice).
 inline CheckpointMeta parse_checkpoint_meta(std::string_view text, const std::filesystem::path& path) {
   const auto fail = [&](const std::string& why) {
-    return RuntimeError(errors::runtime_checkpoint, fmt::format("{}: not a valid checkpoint description: {}", path.string(), why));
+    return RuntimeError(errors::runtime_checkpoint,
+                        fmt::format("{}: not a valid checkpoint description: {}", path.string(), why));
   };
   nlohmann::json j;
   try {
@@ -87,7 +91,8 @@ inline CheckpointMeta parse_checkpoint_meta(std::string_view text, const std::fi
     if (value.is_number_unsigned() ? value.get<std::uint64_t>() > static_cast<std::uint64_t>(high)
                                    : value.get<std::int64_t>() < low || value.get<std::int64_t>() > high)
       throw fail(fmt::format("field '{}' is {}, outside [{}, {}]", name, value.dump(), low, high));
-    return value.is_number_unsigned() ? static_cast<std::int64_t>(value.get<std::uint64_t>()) : value.get<std::int64_t>();
+    return value.is_number_unsigned() ? static_cast<std::int64_t>(value.get<std::uint64_t>())
+                                      : value.get<std::int64_t>();
   };
   const auto unsigned_integer = [&](const nlohmann::json& object, const char* name, std::uint64_t high) {
     const auto& value = field(object, name);
@@ -118,13 +123,15 @@ inline CheckpointMeta parse_checkpoint_meta(std::string_view text, const std::fi
     if (!file.is_object()) throw fail(fmt::format("an entry of 'files' is {}, not an object", file.type_name()));
     const auto& name = field(file, "name");
     // A plain name: meta.json must not make the reader open a file outside the checkpoint directory.
-    const bool plain = name.is_string() && !name.get_ref<const std::string&>().empty() &&
-                       name.get_ref<const std::string&>().size() <= 255 &&
-                       name.get_ref<const std::string&>().find_first_of(std::string_view("/\0", 2)) == std::string::npos &&
-                       name != "." && name != "..";
+    const bool plain =
+        name.is_string() && !name.get_ref<const std::string&>().empty() &&
+        name.get_ref<const std::string&>().size() <= 255 &&
+        name.get_ref<const std::string&>().find_first_of(std::string_view("/\0", 2)) == std::string::npos &&
+        name != "." && name != "..";
     if (!plain) throw fail(fmt::format("file name {} is not a plain file name", name.dump()));
     if (!names.insert(name.get<std::string>()).second) throw fail(fmt::format("file {} is listed twice", name.dump()));
-    meta.files.push_back({name.get<std::string>(), unsigned_integer(file, "size", std::numeric_limits<std::uint64_t>::max()),
+    meta.files.push_back({name.get<std::string>(),
+                          unsigned_integer(file, "size", std::numeric_limits<std::uint64_t>::max()),
                           static_cast<std::uint32_t>(unsigned_integer(file, "crc32c", 0xffffffffu))});
   }
   return meta;
@@ -150,8 +157,8 @@ struct CheckpointPayload {
   std::uint32_t format = checkpoint_format;
 };
 
-/// What a checkpoint file's 32-byte header says; throws RuntimeError(errors::runtime_checkpoint) naming `path` and the defect
-/// (truncated, bad magic, unknown format version).
+/// What a checkpoint file's 32-byte header says; throws RuntimeError(errors::runtime_checkpoint) naming `path` and the
+/// defect (truncated, bad magic, unknown format version).
 struct CheckpointHeader {
   std::uint32_t format = checkpoint_format;
   std::uint32_t crc = 0;           ///< of the payload
@@ -159,14 +166,18 @@ struct CheckpointHeader {
   std::uint64_t step = 0;
 
   static CheckpointHeader parse(std::string_view bytes, const std::filesystem::path& path) {
-    auto fail = [&](const std::string& why) { return RuntimeError(errors::runtime_checkpoint, fmt::format("{}: {}", path.string(), why)); };
+    auto fail = [&](const std::string& why) {
+      return RuntimeError(errors::runtime_checkpoint, fmt::format("{}: {}", path.string(), why));
+    };
     if (bytes.size() < checkpoint_header_size)
-      throw fail(fmt::format("truncated: {} bytes, shorter than the {}-byte header", bytes.size(), checkpoint_header_size));
+      throw fail(
+          fmt::format("truncated: {} bytes, shorter than the {}-byte header", bytes.size(), checkpoint_header_size));
     if (std::memcmp(bytes.data(), checkpoint_magic, 8) != 0) throw fail("not an hpctrain checkpoint (bad magic)");
     CheckpointHeader header;
     header.format = read_le<std::uint32_t>(bytes.data() + 8);
     if (header.format != checkpoint_format && header.format != checkpoint_format_with_pieces)
-      throw fail(fmt::format("format version {} is not {} or {}", header.format, checkpoint_format, checkpoint_format_with_pieces));
+      throw fail(fmt::format("format version {} is not {} or {}", header.format, checkpoint_format,
+                             checkpoint_format_with_pieces));
     header.crc = read_le<std::uint32_t>(bytes.data() + 12);
     header.payload_size = read_le<std::uint64_t>(bytes.data() + 16);
     header.step = read_le<std::uint64_t>(bytes.data() + 24);
@@ -175,16 +186,21 @@ struct CheckpointHeader {
 };
 
 /// Checks the header and payload of a checkpoint file's first bytes `bytes` (the whole file for format 1; at least
-/// the header and the payload for format 2, whose pieces region follows); throws RuntimeError(errors::runtime_checkpoint) naming
-/// `path` and the defect (truncated, bad magic, other format version, size or CRC mismatch).
+/// the header and the payload for format 2, whose pieces region follows); throws
+/// RuntimeError(errors::runtime_checkpoint) naming `path` and the defect (truncated, bad magic, other format version,
+/// size or CRC mismatch).
 inline CheckpointPayload verify_checkpoint(std::string_view bytes, const std::filesystem::path& path) {
-  auto fail = [&](const std::string& why) { return RuntimeError(errors::runtime_checkpoint, fmt::format("{}: {}", path.string(), why)); };
+  auto fail = [&](const std::string& why) {
+    return RuntimeError(errors::runtime_checkpoint, fmt::format("{}: {}", path.string(), why));
+  };
   const auto header = CheckpointHeader::parse(bytes, path);
   const auto held = bytes.size() - checkpoint_header_size;
   if (header.format == checkpoint_format ? held != header.payload_size : held < header.payload_size)
-    throw fail(fmt::format("truncated: payload has {} of {} bytes", std::min<std::uint64_t>(held, header.payload_size), header.payload_size));
+    throw fail(fmt::format("truncated: payload has {} of {} bytes", std::min<std::uint64_t>(held, header.payload_size),
+                           header.payload_size));
   const std::string_view payload = bytes.substr(checkpoint_header_size, header.payload_size);
-  if (crc32c(payload.data(), payload.size()) != header.crc) throw fail("corrupt: CRC-32C of the payload does not match");
+  if (crc32c(payload.data(), payload.size()) != header.crc)
+    throw fail("corrupt: CRC-32C of the payload does not match");
   return {payload, header.step, header.format};
 }
 }  // namespace detail

@@ -50,15 +50,19 @@ class PieceWriter {
     const auto found = std::find_if(detail::piece_dtypes().begin(), detail::piece_dtypes().end(),
                                     [&](const auto& entry) { return entry.second == host.scalar_type(); });
     if (found == detail::piece_dtypes().end())
-      throw RuntimeError(errors::runtime_checkpoint, fmt::format("a checkpoint piece of dtype {} cannot be saved (float32, float64, "
-                                                   "bfloat16, float16, int64 and int32 can)", c10::toString(host.scalar_type())));
+      throw RuntimeError(errors::runtime_checkpoint,
+                         fmt::format("a checkpoint piece of dtype {} cannot be saved (float32, float64, "
+                                     "bfloat16, float16, int64 and int32 can)",
+                                     c10::toString(host.scalar_type())));
     const auto offset = static_cast<std::int64_t>(bytes_.size());
     const auto size = static_cast<std::int64_t>(host.nbytes());
     bytes_.append(static_cast<const char*>(host.data_ptr()), static_cast<std::size_t>(size));
     nlohmann::json crcs = nlohmann::json::array();
     for (std::int64_t at = 0; at < size; at += chunk_bytes)
-      crcs.push_back(detail::crc32c(bytes_.data() + offset + at, static_cast<std::size_t>(std::min(chunk_bytes, size - at))));
-    pieces_.push_back({{"dtype", found->first}, {"numel", host.numel()}, {"offset", offset}, {"crc32c", std::move(crcs)}});
+      crcs.push_back(
+          detail::crc32c(bytes_.data() + offset + at, static_cast<std::size_t>(std::min(chunk_bytes, size - at))));
+    pieces_.push_back(
+        {{"dtype", found->first}, {"numel", host.numel()}, {"offset", offset}, {"crc32c", std::move(crcs)}});
     return static_cast<std::int64_t>(pieces_.size()) - 1;
   }
 
@@ -68,7 +72,9 @@ class PieceWriter {
   /// Hands the region's bytes over (to the file's writer), leaving the writer empty of them.
   std::string release_bytes() { return std::move(bytes_); }
   /// The index the checkpoint layer writes into the archive.
-  nlohmann::json index() const { return {{"format", 1}, {"chunk_bytes", chunk_bytes}, {"size", bytes_.size()}, {"pieces", pieces_}}; }
+  nlohmann::json index() const {
+    return {{"format", 1}, {"chunk_bytes", chunk_bytes}, {"size", bytes_.size()}, {"pieces", pieces_}};
+  }
 
  private:
   std::string bytes_;
@@ -93,32 +99,39 @@ struct PieceIndex {
 
   static PieceIndex parse(std::string_view text, std::int64_t region_size, const std::string& file) {
     const auto fail = [&](const std::string& why) {
-      return RuntimeError(errors::runtime_checkpoint, fmt::format("{}: the index of its pieces is malformed: {}", file, why));
+      return RuntimeError(errors::runtime_checkpoint,
+                          fmt::format("{}: the index of its pieces is malformed: {}", file, why));
     };
     PieceIndex index;
     try {
       const auto j = nlohmann::json::parse(text.begin(), text.end());
       if (j.at("format") != 1) throw fail(fmt::format("format {} is not 1", j.at("format").dump()));
       index.chunk_bytes = j.at("chunk_bytes").get<std::int64_t>();
-      if (index.chunk_bytes <= 0 || index.chunk_bytes % 8 != 0) throw fail(fmt::format("chunk_bytes {}", index.chunk_bytes));
+      if (index.chunk_bytes <= 0 || index.chunk_bytes % 8 != 0)
+        throw fail(fmt::format("chunk_bytes {}", index.chunk_bytes));
       const auto described = j.at("size").get<std::int64_t>();
       if (described > region_size)
-        throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: truncated: its pieces region has {} of {} bytes", file, region_size, described));
-      if (described != region_size) throw fail(fmt::format("it describes {} bytes of pieces, the file holds {}", described, region_size));
+        throw RuntimeError(
+            errors::runtime_checkpoint,
+            fmt::format("{}: truncated: its pieces region has {} of {} bytes", file, region_size, described));
+      if (described != region_size)
+        throw fail(fmt::format("it describes {} bytes of pieces, the file holds {}", described, region_size));
       for (const auto& piece : j.at("pieces")) {
         PieceEntry entry;
         const auto dtype = piece.at("dtype").get<std::string>();
-        const auto found = std::find_if(piece_dtypes().begin(), piece_dtypes().end(), [&](const auto& e) { return e.first == dtype; });
+        const auto found =
+            std::find_if(piece_dtypes().begin(), piece_dtypes().end(), [&](const auto& e) { return e.first == dtype; });
         if (found == piece_dtypes().end()) throw fail(fmt::format("piece {}: dtype '{}'", index.pieces.size(), dtype));
         entry.dtype = found->second;
         entry.numel = piece.at("numel").get<std::int64_t>();
         entry.offset = piece.at("offset").get<std::int64_t>();
         // numel first: beyond the region it could overflow the byte count.
-        const bool sane = entry.numel >= 0 && entry.numel <= region_size && entry.offset >= 0 && entry.offset <= region_size;
+        const bool sane =
+            entry.numel >= 0 && entry.numel <= region_size && entry.offset >= 0 && entry.offset <= region_size;
         const auto bytes = sane ? entry.numel * static_cast<std::int64_t>(c10::elementSize(entry.dtype)) : 0;
         if (!sane || bytes > region_size - entry.offset)
-          throw fail(fmt::format("piece {}: {} elements at byte {} lie outside the {} bytes of pieces", index.pieces.size(),
-                                 entry.numel, entry.offset, region_size));
+          throw fail(fmt::format("piece {}: {} elements at byte {} lie outside the {} bytes of pieces",
+                                 index.pieces.size(), entry.numel, entry.offset, region_size));
         entry.crcs = piece.at("crc32c").get<std::vector<std::uint32_t>>();
         if (static_cast<std::int64_t>(entry.crcs.size()) != (bytes + index.chunk_bytes - 1) / index.chunk_bytes)
           throw fail(fmt::format("piece {}: {} CRCs for {} bytes", index.pieces.size(), entry.crcs.size(), bytes));
@@ -131,30 +144,37 @@ struct PieceIndex {
   }
 };
 
-/// Reads `size` bytes at `offset` of the region into `into`; throws RuntimeError(errors::runtime_checkpoint) naming the file.
+/// Reads `size` bytes at `offset` of the region into `into`; throws RuntimeError(errors::runtime_checkpoint) naming the
+/// file.
 using RegionReader = std::function<void(std::int64_t offset, std::int64_t size, void* into)>;
 
 /// Elements [begin, begin + length) of piece `id` of `index`, read through `read` chunk by chunk, each chunk checked
 /// against its CRC-32C; throws RuntimeError(errors::runtime_checkpoint) naming `file`, the piece and the chunk.
-inline torch::Tensor read_piece_range(const PieceIndex& index, const RegionReader& read, std::int64_t id, std::int64_t begin,
-                                      std::int64_t length, const std::string& file) {
+inline torch::Tensor read_piece_range(const PieceIndex& index, const RegionReader& read, std::int64_t id,
+                                      std::int64_t begin, std::int64_t length, const std::string& file) {
   if (id < 0 || id >= static_cast<std::int64_t>(index.pieces.size()))
-    throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: it holds {} pieces, not piece {}", file, index.pieces.size(), id));
+    throw RuntimeError(errors::runtime_checkpoint,
+                       fmt::format("{}: it holds {} pieces, not piece {}", file, index.pieces.size(), id));
   const auto& piece = index.pieces[static_cast<std::size_t>(id)];
   if (begin < 0 || length < 0 || begin + length > piece.numel)
-    throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: piece {} holds {} elements, not [{}, {})", file, id, piece.numel, begin, begin + length));
+    throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: piece {} holds {} elements, not [{}, {})", file, id,
+                                                               piece.numel, begin, begin + length));
   const auto element = static_cast<std::int64_t>(c10::elementSize(piece.dtype));
   const auto piece_bytes = piece.numel * element;
   const auto first_chunk = begin * element / index.chunk_bytes;
-  const auto end_chunk = length == 0 ? first_chunk : ((begin + length) * element + index.chunk_bytes - 1) / index.chunk_bytes;
+  const auto end_chunk =
+      length == 0 ? first_chunk : ((begin + length) * element + index.chunk_bytes - 1) / index.chunk_bytes;
   const auto from = first_chunk * index.chunk_bytes, to = std::min(end_chunk * index.chunk_bytes, piece_bytes);
   auto bytes = torch::empty({std::max<std::int64_t>(to - from, 0)}, torch::kUInt8);
   if (to > from) read(piece.offset + from, to - from, bytes.data_ptr());
   for (auto chunk = first_chunk; chunk < end_chunk; ++chunk) {
-    const auto at = chunk * index.chunk_bytes - from, size = std::min(index.chunk_bytes, piece_bytes - chunk * index.chunk_bytes);
-    if (crc32c(bytes.data_ptr<std::uint8_t>() + at, static_cast<std::size_t>(size)) != piece.crcs[static_cast<std::size_t>(chunk)])
-      throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: corrupt: piece {}, bytes [{}, {}) of its {}: CRC-32C does not match",
-                                                   file, id, chunk * index.chunk_bytes, chunk * index.chunk_bytes + size, piece_bytes));
+    const auto at = chunk * index.chunk_bytes - from,
+               size = std::min(index.chunk_bytes, piece_bytes - chunk * index.chunk_bytes);
+    if (crc32c(bytes.data_ptr<std::uint8_t>() + at, static_cast<std::size_t>(size)) !=
+        piece.crcs[static_cast<std::size_t>(chunk)])
+      throw RuntimeError(errors::runtime_checkpoint,
+                         fmt::format("{}: corrupt: piece {}, bytes [{}, {}) of its {}: CRC-32C does not match", file,
+                                     id, chunk * index.chunk_bytes, chunk * index.chunk_bytes + size, piece_bytes));
   }
   return bytes.view(piece.dtype).narrow(0, begin - from / element, length);
 }

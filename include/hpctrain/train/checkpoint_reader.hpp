@@ -37,12 +37,16 @@ inline std::string checkpoint_rank_file(int rank) { return fmt::format("rank-{:0
 /// The archive key of a format-2 file's pieces index (train/checkpoint_pieces.hpp).
 inline constexpr const char* checkpoint_pieces_key = "hpctrain_pieces";
 
-/// Checks the `bytes` read from `path` against meta.json's entry (size, CRC-32C); throws RuntimeError(errors::runtime_checkpoint)
-/// naming the file and the defect.
-inline void check_against_meta(const std::filesystem::path& path, std::string_view bytes, const CheckpointFile& expected) {
+/// Checks the `bytes` read from `path` against meta.json's entry (size, CRC-32C); throws
+/// RuntimeError(errors::runtime_checkpoint) naming the file and the defect.
+inline void check_against_meta(const std::filesystem::path& path, std::string_view bytes,
+                               const CheckpointFile& expected) {
   if (bytes.size() != expected.size)
-    throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: truncated: {} of {} bytes (meta.json)", path.string(), bytes.size(), expected.size));
-  if (crc32c(bytes) != expected.crc) throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: corrupt: CRC-32C does not match meta.json", path.string()));
+    throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: truncated: {} of {} bytes (meta.json)",
+                                                               path.string(), bytes.size(), expected.size));
+  if (crc32c(bytes) != expected.crc)
+    throw RuntimeError(errors::runtime_checkpoint,
+                       fmt::format("{}: corrupt: CRC-32C does not match meta.json", path.string()));
 }
 
 /// Reads `path` and checks it against meta.json's entry; returns the bytes.
@@ -52,10 +56,12 @@ inline std::string read_verified_file(const std::filesystem::path& path, const C
   return bytes;
 }
 
-/// An open file, closed on scope exit; pread()s byte ranges. Throws RuntimeError(errors::runtime_checkpoint) naming the file.
+/// An open file, closed on scope exit; pread()s byte ranges. Throws RuntimeError(errors::runtime_checkpoint) naming the
+/// file.
 class CheckpointFileHandle {
  public:
-  explicit CheckpointFileHandle(const std::filesystem::path& path) : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+  explicit CheckpointFileHandle(const std::filesystem::path& path)
+      : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
     if (fd_ < 0) throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: cannot open", path.string()));
   }
   CheckpointFileHandle(const CheckpointFileHandle&) = delete;
@@ -64,7 +70,9 @@ class CheckpointFileHandle {
 
   std::uint64_t size() const {
     struct stat status {};
-    if (::fstat(fd_, &status) != 0) throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: cannot stat: {}", path_.string(), std::strerror(errno)));
+    if (::fstat(fd_, &status) != 0)
+      throw RuntimeError(errors::runtime_checkpoint,
+                         fmt::format("{}: cannot stat: {}", path_.string(), std::strerror(errno)));
     return static_cast<std::uint64_t>(status.st_size);
   }
 
@@ -74,9 +82,12 @@ class CheckpointFileHandle {
     for (std::uint64_t done = 0; done < size;) {
       const auto got = ::pread(fd_, to + done, size - done, static_cast<off_t>(offset + done));
       if (got < 0 && errno == EINTR) continue;
-      if (got < 0) throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: cannot read: {}", path_.string(), std::strerror(errno)));
+      if (got < 0)
+        throw RuntimeError(errors::runtime_checkpoint,
+                           fmt::format("{}: cannot read: {}", path_.string(), std::strerror(errno)));
       if (got == 0)
-        throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: truncated: it ends at byte {}, before byte {}", path_.string(), offset + done, offset + size));
+        throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: truncated: it ends at byte {}, before byte {}",
+                                                                   path_.string(), offset + done, offset + size));
       done += static_cast<std::uint64_t>(got);
     }
   }
@@ -89,7 +100,8 @@ class CheckpointFileHandle {
 /// The header and the archive of the checkpoint file `path`, checked: format 1 is read whole (and against meta.json's
 /// `expected` entry, when there is one); format 2 only up to the end of its archive, the file's size checked against
 /// `expected`. Returns those bytes and the file's size.
-inline std::pair<std::string, std::uint64_t> read_checked_archive(const std::filesystem::path& path, const CheckpointFile* expected) {
+inline std::pair<std::string, std::uint64_t> read_checked_archive(const std::filesystem::path& path,
+                                                                  const CheckpointFile* expected) {
   const CheckpointFileHandle file(path);
   const auto size = file.size();
   std::string bytes(std::min<std::uint64_t>(size, checkpoint_header_size), '\0');
@@ -100,10 +112,12 @@ inline std::pair<std::string, std::uint64_t> read_checked_archive(const std::fil
     if (expected != nullptr) check_against_meta(path, bytes, *expected);
   } else {
     if (expected != nullptr && size != expected->size)
-      throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: truncated: {} of {} bytes (meta.json)", path.string(), size, expected->size));
+      throw RuntimeError(errors::runtime_checkpoint,
+                         fmt::format("{}: truncated: {} of {} bytes (meta.json)", path.string(), size, expected->size));
     if (header.payload_size > size - checkpoint_header_size)
-      throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: truncated: payload has {} of {} bytes", path.string(), size - checkpoint_header_size,
-                                                   header.payload_size));
+      throw RuntimeError(errors::runtime_checkpoint,
+                         fmt::format("{}: truncated: payload has {} of {} bytes", path.string(),
+                                     size - checkpoint_header_size, header.payload_size));
     bytes.resize(checkpoint_header_size + header.payload_size);
     file.read(checkpoint_header_size, header.payload_size, bytes.data() + checkpoint_header_size);
   }
@@ -135,9 +149,11 @@ class CheckpointFiles {
     const auto path = directory_ / name;
     const CheckpointFile* expected = nullptr;
     if (listed_) {
-      const auto found = std::find_if(listed_->begin(), listed_->end(), [&](const CheckpointFile& f) { return f.name == name; });
+      const auto found =
+          std::find_if(listed_->begin(), listed_->end(), [&](const CheckpointFile& f) { return f.name == name; });
       if (found == listed_->end())
-        throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: meta.json lists no archive of rank {}", directory_.string(), rank));
+        throw RuntimeError(errors::runtime_checkpoint,
+                           fmt::format("{}: meta.json lists no archive of rank {}", directory_.string(), rank));
       expected = &*found;
     }
     std::string read;
@@ -153,8 +169,10 @@ class CheckpointFiles {
     if (checked.format == checkpoint_format_with_pieces) {
       c10::IValue index;
       if (!archive.try_read(checkpoint_pieces_key, index) || !index.isString())
-        throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: format 2 without the index of its pieces ({})", path.string(), checkpoint_pieces_key));
-      opened.index = PieceIndex::parse(index.toStringRef(), static_cast<std::int64_t>(file_size - opened.region_offset), path.string());
+        throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: format 2 without the index of its pieces ({})",
+                                                                   path.string(), checkpoint_pieces_key));
+      opened.index = PieceIndex::parse(index.toStringRef(), static_cast<std::int64_t>(file_size - opened.region_offset),
+                                       path.string());
     }
     opened_[rank] = std::move(opened);
     return archive;

@@ -53,8 +53,9 @@ inline void save_checkpoint(dist::ProcessGroup& group, const CheckpointStore& st
 /// Whether this rank's share of checkpoint `directory` is valid (its meta.json, and the archives verify_share
 /// gives it); the checkpoint, its own archive's bytes kept, when it is. Rank 0 alone warns about meta.json (every
 /// rank reads the same one), each rank about its own archives.
-inline std::optional<SavedCheckpoint> verify_own_share(const CheckpointStore& store, const std::filesystem::path& directory,
-                                                       int rank, int world, const std::function<void(const std::string&)>& warn) {
+inline std::optional<SavedCheckpoint> verify_own_share(const CheckpointStore& store,
+                                                       const std::filesystem::path& directory, int rank, int world,
+                                                       const std::function<void(const std::string&)>& warn) {
   std::optional<SavedCheckpoint> saved;
   try {
     saved = store.read(directory);
@@ -77,13 +78,17 @@ inline std::optional<SavedCheckpoint> verify_own_share(const CheckpointStore& st
 /// one meta.json and this rank's archives; the one it loads is read once. A strategy that reads parts of the files
 /// itself (ZeRO's pieces at another world size) checks them in `load` and agrees there: its CheckpointRefused, on
 /// every rank, is one more refusal of this checkpoint.
-inline std::optional<CheckpointState> resume_latest(dist::ProcessGroup& group, const CheckpointStore& store, DataParallelStrategy& strategy,
+inline std::optional<CheckpointState> resume_latest(dist::ProcessGroup& group, const CheckpointStore& store,
+                                                    DataParallelStrategy& strategy,
                                                     const std::function<void(const std::string&)>& warn) {
   const int rank = group.rank(), world = group.world_size();
   const auto candidates = rank == 0 ? store.list() : std::vector<std::filesystem::path>{};  // oldest first
   for (std::size_t tried = 0;; ++tried) {
     double proposal = 0;  // rank 0's: a step, or -1 when nothing is left; the others add 0
-    if (rank == 0) proposal = tried < candidates.size() ? static_cast<double>(*checkpoint_step(candidates[candidates.size() - 1 - tried])) : -1.0;
+    if (rank == 0)
+      proposal = tried < candidates.size()
+                     ? static_cast<double>(*checkpoint_step(candidates[candidates.size() - 1 - tried]))
+                     : -1.0;
     proposal = dist::all_reduce_sum(group, proposal);
     if (proposal < 0) return std::nullopt;
     const auto directory = store.directory() / checkpoint_dir_name(static_cast<std::int64_t>(proposal));
@@ -99,7 +104,8 @@ inline std::optional<CheckpointState> resume_latest(dist::ProcessGroup& group, c
       }
     }
     if (rank == 0 && saved)
-      warn(fmt::format("warning: skipping checkpoint: {}: {} of {} ranks found their archives invalid", directory.string(), refusals, world));
+      warn(fmt::format("warning: skipping checkpoint: {}: {} of {} ranks found their archives invalid",
+                       directory.string(), refusals, world));
   }
 }
 

@@ -41,8 +41,8 @@ inline std::uint32_t crc32c_by_table(const unsigned char* bytes, std::size_t siz
 
 #if defined(HPCTRAIN_CRC32C_X86)
 /// CRC-32C by SSE 4.2's instruction, eight bytes at a time. `crc` is the running (inverted) register.
-__attribute__((target("sse4.2"))) inline std::uint32_t crc32c_by_instruction(const unsigned char* bytes, std::size_t size,
-                                                                             std::uint32_t crc) {
+__attribute__((target("sse4.2"))) inline std::uint32_t crc32c_by_instruction(const unsigned char* bytes,
+                                                                             std::size_t size, std::uint32_t crc) {
   std::uint64_t c = crc;
   for (; size >= 8; bytes += 8, size -= 8) {
     std::uint64_t word;
@@ -78,7 +78,8 @@ inline bool crc32c_instruction_available() { return false; }
 /// CRC-32C of `size` bytes, continuing from `crc` (0 to start).
 inline std::uint32_t crc32c(const void* data, std::size_t size, std::uint32_t crc = 0) {
   const auto* bytes = static_cast<const unsigned char*>(data);
-  return ~(crc32c_instruction_available() ? crc32c_by_instruction(bytes, size, ~crc) : crc32c_by_table(bytes, size, ~crc));
+  return ~(crc32c_instruction_available() ? crc32c_by_instruction(bytes, size, ~crc)
+                                          : crc32c_by_table(bytes, size, ~crc));
 }
 
 inline std::uint32_t crc32c(std::string_view bytes) { return crc32c(bytes.data(), bytes.size()); }

@@ -26,9 +26,9 @@ namespace hpctrain {
 
 /// The result of one evaluation, the same on every rank.
 struct Evaluation {
-  double loss = 0;                                         ///< weighted mean loss
-  std::int64_t examples = 0;                               ///< examples evaluated (all ranks)
-  std::vector<std::pair<std::string, double>> metrics;     ///< the Training's metrics, in order
+  double loss = 0;                                      ///< weighted mean loss
+  std::int64_t examples = 0;                            ///< examples evaluated (all ranks)
+  std::vector<std::pair<std::string, double>> metrics;  ///< the Training's metrics, in order
 
   /// The value of metric `name`, if it was computed.
   std::optional<double> metric(const std::string& name) const {
@@ -41,8 +41,8 @@ struct Evaluation {
 namespace detail {
 
 /// Runs `training`'s eval step over `dataset` on every rank; all ranks call it together.
-inline Evaluation evaluate(const Training& training, const ModelInstance& model, const data::Dataset& dataset, dist::ProcessGroup& group,
-                           std::int64_t step, bool forward_is_collective = false) {
+inline Evaluation evaluate(const Training& training, const ModelInstance& model, const data::Dataset& dataset,
+                           dist::ProcessGroup& group, std::int64_t step, bool forward_is_collective = false) {
   const auto device = group.device();
   const auto f64 = torch::TensorOptions(torch::kFloat64).device(device);
   const auto& metrics = training.metrics();
@@ -54,21 +54,27 @@ inline Evaluation evaluate(const Training& training, const ModelInstance& model,
     sums.push_back(torch::zeros({}, f64));
     counts.push_back(torch::zeros({}, f64));
   }
-  const auto examples = training.max_eval_examples() > 0 ? std::min(dataset.size(), training.max_eval_examples()) : dataset.size();
+  const auto examples =
+      training.max_eval_examples() > 0 ? std::min(dataset.size(), training.max_eval_examples()) : dataset.size();
   const auto mine = data::strided_indices(examples, group.world_size(), group.rank());
   const auto batch_size = static_cast<std::size_t>(training.eval_batch_size());
   const auto run = [&](const data::Batch& batch) {
-    StepContext context{*model.module, model.forward, device, training.precision(), group.rank(), group.world_size(), step, 0, 1, training.loss(),
-                        training.knobs()};
+    StepContext context{
+        *model.module,   model.forward,   device, training.precision(), group.rank(), group.world_size(), step, 0, 1,
+        training.loss(), training.knobs()};
     AutocastScope autocast(training.precision(), device);
     return training.eval_step()(context, batch);
   };
   for (std::size_t begin = 0; begin < mine.size(); begin += batch_size) {
     note_training_progress();  // a long evaluation after a preemption SIGTERM is progress, not a rank stuck
     const std::size_t end = std::min(mine.size(), begin + batch_size);
-    const auto batch = dataset.batch(std::vector<std::int64_t>(mine.begin() + static_cast<std::ptrdiff_t>(begin), mine.begin() + static_cast<std::ptrdiff_t>(end))).to(device);
+    const auto batch = dataset
+                           .batch(std::vector<std::int64_t>(mine.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                            mine.begin() + static_cast<std::ptrdiff_t>(end)))
+                           .to(device);
     const EvalOutput out = run(batch);
-    const auto weight = out.weight.defined() ? out.weight.to(f64) : torch::scalar_tensor(static_cast<double>(end - begin), f64);
+    const auto weight =
+        out.weight.defined() ? out.weight.to(f64) : torch::scalar_tensor(static_cast<double>(end - begin), f64);
     loss_sum += out.loss.detach().to(f64) * weight;
     weight_sum += weight;
     for (std::size_t m = 0; m < metrics.size(); ++m) {
@@ -82,7 +88,8 @@ inline Evaluation evaluate(const Training& training, const ModelInstance& model,
   const auto batches = [&](std::size_t indices) { return (indices + batch_size - 1) / batch_size; };
   const auto most = static_cast<std::size_t>((examples + group.world_size() - 1) / group.world_size());
   if (forward_is_collective && examples > 0)
-    for (auto k = batches(mine.size()); k < batches(most); ++k) run(dataset.batch(std::vector<std::int64_t>{0}).to(device));
+    for (auto k = batches(mine.size()); k < batches(most); ++k)
+      run(dataset.batch(std::vector<std::int64_t>{0}).to(device));
   std::vector<torch::Tensor> all{loss_sum, weight_sum, torch::scalar_tensor(static_cast<double>(mine.size()), f64)};
   all.insert(all.end(), sums.begin(), sums.end());
   all.insert(all.end(), counts.begin(), counts.end());

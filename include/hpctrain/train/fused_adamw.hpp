@@ -63,10 +63,12 @@ class FusedAdamW : public torch::optim::AdamW {
     const auto [beta1, beta2] = options.betas();
     for (auto& [key, launch] : launches) {
       // The kernel reads each parameter's step from a float tensor on its device; filled there, no host copy.
-      const auto steps = torch::full({static_cast<std::int64_t>(launch.params.size())}, static_cast<double>(std::get<2>(key)),
-                                     torch::TensorOptions().dtype(torch::kFloat32).device(launch.params.front().device()));
+      const auto steps =
+          torch::full({static_cast<std::int64_t>(launch.params.size())}, static_cast<double>(std::get<2>(key)),
+                      torch::TensorOptions().dtype(torch::kFloat32).device(launch.params.front().device()));
       at::_fused_adamw_(launch.params, launch.grads, launch.exp_avgs, launch.exp_avg_sqs, launch.max_exp_avg_sqs,
-                        steps.unbind(0), options.lr(), beta1, beta2, options.weight_decay(), options.eps(), options.amsgrad(),
+                        steps.unbind(0), options.lr(), beta1, beta2, options.weight_decay(), options.eps(),
+                        options.amsgrad(),
                         /*maximize=*/false);
     }
   }

@@ -46,11 +46,17 @@ class ProgressLogger : public Logger {
     }
     // ETA from the wall time since the previous record (evaluations and checkpoints included: they recur).
     const auto now = clock::now();
-    const double seconds_per_step = r.step > last_step_ ? std::chrono::duration<double>(now - last_time_).count() / static_cast<double>(r.step - last_step_) : 0;
+    const double seconds_per_step = r.step > last_step_ ? std::chrono::duration<double>(now - last_time_).count() /
+                                                              static_cast<double>(r.step - last_step_)
+                                                        : 0;
     last_step_ = r.step;
     last_time_ = now;
-    ProgressReport report{r.step, total_steps_, static_cast<std::int64_t>(r.get("epoch").value_or(0)), r.get("loss").value_or(0),
-                          r.get("lr").value_or(0), r.get("samples_per_s").value_or(0),
+    ProgressReport report{r.step,
+                          total_steps_,
+                          static_cast<std::int64_t>(r.get("epoch").value_or(0)),
+                          r.get("loss").value_or(0),
+                          r.get("lr").value_or(0),
+                          r.get("samples_per_s").value_or(0),
                           seconds_per_step * static_cast<double>(total_steps_ - r.step)};
     std::string extra;
     if (auto tokens = r.get("tokens_per_s")) extra += fmt::format(" {:.0f} tokens/s", *tokens);
@@ -77,10 +83,8 @@ class JsonlLogger : public Logger {
     nlohmann::json record{{"step", r.step}};
     const std::string prefix = r.phase == "eval" ? "eval_" : "";
     for (const auto& [key, value] : r.values) {
-      if (key == "epoch" || key == "examples")
-        record[prefix + key] = static_cast<std::int64_t>(value);
-      else
-        record[prefix + key] = value;
+      if (key == "epoch" || key == "examples") record[prefix + key] = static_cast<std::int64_t>(value);
+      else record[prefix + key] = value;
     }
     writer_->write(record);
   }

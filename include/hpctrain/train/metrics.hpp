@@ -75,7 +75,8 @@ inline Sums top_k_hits(const Input& in, int k) {
   const auto& targets = in.batch.targets;
   const auto logits = in.output.reshape({-1, in.output.size(-1)});
   const auto flat = targets.reshape({-1}).to(torch::kInt64);
-  const auto hits = k == 1 ? logits.argmax(-1).eq(flat) : std::get<1>(logits.topk(k, -1)).eq(flat.unsqueeze(-1)).any(-1);
+  const auto hits =
+      k == 1 ? logits.argmax(-1).eq(flat) : std::get<1>(logits.topk(k, -1)).eq(flat.unsqueeze(-1)).any(-1);
   return {hits.sum().to(torch::kFloat64), count_of(logits, flat.numel())};
 }
 }  // namespace detail
@@ -93,7 +94,9 @@ inline Metric top_k_accuracy(int k) {
 /// per target token (with the eval step's weight = target tokens).
 inline const Metric perplexity{
     "perplexity",
-    [](const Input& in) { return Sums{in.loss.detach().to(torch::kFloat64) * in.weight.to(torch::kFloat64), in.weight.to(torch::kFloat64)}; },
+    [](const Input& in) {
+      return Sums{in.loss.detach().to(torch::kFloat64) * in.weight.to(torch::kFloat64), in.weight.to(torch::kFloat64)};
+    },
     [](double sum, double count) { return std::exp(Metric::mean(sum, count)); }};
 
 }  // namespace metrics

@@ -41,9 +41,9 @@ inline std::int64_t parameter_dimensions(const torch::Tensor& tensor) {
 /// by shape (weight_decay_groups: matrices decay, 1-D tensors do not) decays a piece as its parameter. Without it a
 /// ZeRO run decayed nothing (every piece is 1-D) and left Replicated's loss curve (2e-3 relative in 40 steps of
 /// tests/dist/programs/reshard_training.cpp).
-inline std::unique_ptr<torch::optim::Optimizer> make_optimizer_over_pieces(const OptimizerFactory& make_optimizer,
-                                                                          const NamedParameters& pieces,
-                                                                          const std::vector<std::int64_t>& dimensions) {
+inline std::unique_ptr<torch::optim::Optimizer> make_optimizer_over_pieces(
+    const OptimizerFactory& make_optimizer, const NamedParameters& pieces,
+    const std::vector<std::int64_t>& dimensions) {
   std::unordered_map<const void*, std::int64_t> dims;
   for (std::size_t i = 0; i < pieces.size() && i < dimensions.size(); ++i)
     dims[pieces[i].second.unsafeGetTensorImpl()] = dimensions[i];

@@ -44,7 +44,8 @@ inline bool cpu_has_native_bf16() {
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line;
   while (std::getline(cpuinfo, line))
-    if (line.rfind("flags", 0) == 0) return line.find(" avx512_bf16") != std::string::npos || line.find(" amx_bf16") != std::string::npos;
+    if (line.rfind("flags", 0) == 0)
+      return line.find(" avx512_bf16") != std::string::npos || line.find(" amx_bf16") != std::string::npos;
   return false;
 }
 
@@ -58,7 +59,8 @@ inline Precision resolve_precision(Precision precision, torch::Device device) {
 /// exit, every step, since the cached casts of the weights are stale once the optimizer has stepped.
 class AutocastScope {
  public:
-  AutocastScope(Precision precision, torch::Device device) : device_type_(device.type()), enabled_(precision == Precision::bf16) {
+  AutocastScope(Precision precision, torch::Device device)
+      : device_type_(device.type()), enabled_(precision == Precision::bf16) {
     if (!enabled_) return;
     previous_ = at::autocast::is_autocast_enabled(device_type_);
     at::autocast::set_autocast_dtype(device_type_, at::kBFloat16);

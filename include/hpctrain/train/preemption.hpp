@@ -60,7 +60,8 @@ inline std::chrono::milliseconds termination_stall_timeout() {
   if (const char* text = std::getenv("HPCTRAIN_TERM_STALL_SECONDS")) {
     char* end = nullptr;
     const double seconds = std::strtod(text, &end);
-    if (end != text && *end == '\0' && seconds > 0) return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+    if (end != text && *end == '\0' && seconds > 0)
+      return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
   }
   return std::chrono::seconds(30);
 }
@@ -72,7 +73,8 @@ inline void start_termination_watchdog() {
   if (watch.started.exchange(true)) return;
   std::thread([&watch] {
     using clock = std::chrono::steady_clock;
-    while (!watch.terminated.load(std::memory_order_relaxed)) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    while (!watch.terminated.load(std::memory_order_relaxed))
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
     const auto stall = termination_stall_timeout();
     auto progress = watch.progress.load();
     auto since = clock::now();

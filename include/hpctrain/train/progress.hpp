@@ -30,8 +30,8 @@ struct ProgressReport {
 
 /// The text of a progress line (without the bar).
 inline std::string format_progress(const ProgressReport& r) {
-  return fmt::format("step {}/{} epoch {} loss {:.4f} lr {:.3e} {:.0f} samples/s eta {}", r.step, r.total_steps, r.epoch,
-                     r.loss, r.lr, r.samples_per_second, detail::format_duration(r.eta_seconds));
+  return fmt::format("step {}/{} epoch {} loss {:.4f} lr {:.3e} {:.0f} samples/s eta {}", r.step, r.total_steps,
+                     r.epoch, r.loss, r.lr, r.samples_per_second, detail::format_duration(r.eta_seconds));
 }
 
 /// Prints progress lines to `stream` (stdout by default): a redrawn bar on a TTY, plain lines otherwise.
@@ -47,7 +47,8 @@ class Progress {
     if (tty_) {
       constexpr int width = 24;
       const int filled = r.total_steps > 0 ? static_cast<int>(width * r.step / r.total_steps) : 0;
-      fmt::print(stream_, "\r[{:<{}}] {}{}\x1b[K", std::string(static_cast<std::size_t>(filled), '#'), width, format_progress(r), extra);
+      fmt::print(stream_, "\r[{:<{}}] {}{}\x1b[K", std::string(static_cast<std::size_t>(filled), '#'), width,
+                 format_progress(r), extra);
       pending_newline_ = true;
     } else {
       fmt::print(stream_, "{}{}\n", format_progress(r), extra);

@@ -84,8 +84,9 @@ class Replicated : public DataParallelStrategy {
   }
   /// Reads rank 0's archive: a replicated checkpoint loads at any world size.
   void load(const SavedStrategyState& saved) override {
-    detail::require(saved.strategy == name(), "checkpoint.strategy", saved.strategy,
-                    fmt::format("the checkpoint was written by strategy '{}'; this run uses '{}'", saved.strategy, name()));
+    detail::require(
+        saved.strategy == name(), "checkpoint.strategy", saved.strategy,
+        fmt::format("the checkpoint was written by strategy '{}'; this run uses '{}'", saved.strategy, name()));
     auto archive = saved.open(0);
     torch::serialize::InputArchive model_archive, optimizer_archive;
     archive.read("model", model_archive);

@@ -21,13 +21,13 @@ namespace hpctrain {
 
 /// The run as a worker sees it before training starts.
 struct RunContext {
-  const Knobs& knobs;                                  ///< this run's knob values
-  int rank = 0;                                        ///< this rank
-  int world_size = 1;                                  ///< ranks in the run
-  std::filesystem::path run_dir;                       ///< checkpoints, metrics, exports go below it
-  std::optional<std::filesystem::path> prepared_dir;   ///< Job::prepare's output directory, when the job has one
-  std::optional<std::filesystem::path> pretrained_dir; ///< where the model factory's files are (lm::from_pretrained)
-  std::optional<models::LoraConfig> lora;             ///< the adapters the run trains (Training::lora), if any
+  const Knobs& knobs;                                   ///< this run's knob values
+  int rank = 0;                                         ///< this rank
+  int world_size = 1;                                   ///< ranks in the run
+  std::filesystem::path run_dir;                        ///< checkpoints, metrics, exports go below it
+  std::optional<std::filesystem::path> prepared_dir;    ///< Job::prepare's output directory, when the job has one
+  std::optional<std::filesystem::path> pretrained_dir;  ///< where the model factory's files are (lm::from_pretrained)
+  std::optional<models::LoraConfig> lora;               ///< the adapters the run trains (Training::lora), if any
   /// The strategy reads its own slices of each block (ZeRO-3 without LoRA): a model factory may return blocks
   /// built empty, with ListsBlocks::deferred_blocks (lm::from_pretrained does); the model hooks then see them empty.
   bool defer_blocks = false;
@@ -35,21 +35,23 @@ struct RunContext {
   /// The preparation's output directory; RuntimeError naming `what` needs it when the job has none.
   const std::filesystem::path& require_prepared_dir(std::string_view what) const {
     if (!prepared_dir)
-      throw RuntimeError(errors::runtime_io, fmt::format("{} needs the job's preparation step (Job::prepare), and this run has none "
-                                                         "(HPCTRAIN_RUN_DIR is not set: run it with --local N or --submit)", what));
+      throw RuntimeError(errors::runtime_io,
+                         fmt::format("{} needs the job's preparation step (Job::prepare), and this run has none "
+                                     "(HPCTRAIN_RUN_DIR is not set: run it with --local N or --submit)",
+                                     what));
     return *prepared_dir;
   }
 };
 
 /// How a call of `train` ended.
 struct TrainResult {
-  int exit_code = exit_ok;                   ///< exit_ok, or exit_requeue after a preemption checkpoint
-  std::int64_t steps_completed = 0;          ///< optimizer steps done in total (including before a resume)
-  std::int64_t total_steps = 0;              ///< steps the run is meant to take
-  std::optional<std::int64_t> resumed_from;  ///< step of the checkpoint this call resumed from
-  std::optional<double> eval_loss;           ///< final evaluation, when there is eval data
-  std::optional<double> eval_loss_at_start;  ///< evaluation before the first step (Training::evaluate_at_start)
-  std::optional<double> eval_accuracy;       ///< final accuracy, when requested
+  int exit_code = exit_ok;                     ///< exit_ok, or exit_requeue after a preemption checkpoint
+  std::int64_t steps_completed = 0;            ///< optimizer steps done in total (including before a resume)
+  std::int64_t total_steps = 0;                ///< steps the run is meant to take
+  std::optional<std::int64_t> resumed_from;    ///< step of the checkpoint this call resumed from
+  std::optional<double> eval_loss;             ///< final evaluation, when there is eval data
+  std::optional<double> eval_loss_at_start;    ///< evaluation before the first step (Training::evaluate_at_start)
+  std::optional<double> eval_accuracy;         ///< final accuracy, when requested
   std::map<std::string, double> eval_metrics;  ///< every requested metric of the final evaluation
 };
 
@@ -100,8 +102,9 @@ struct FinishContext {
 class FinishHook {
  public:
   template <class F>
-    requires(!std::is_same_v<std::decay_t<F>, FinishHook> && std::is_invocable_v<const F&, const FinishContext&>)
-  FinishHook(F hook) : call_(std::move(hook)) {}  // NOLINT: implicit, so that a lambda is a hook
+  requires(!std::is_same_v<std::decay_t<F>, FinishHook> && std::is_invocable_v<const F&, const FinishContext&>)
+      FinishHook(F hook)
+      : call_(std::move(hook)) {}  // NOLINT: implicit, so that a lambda is a hook
 
   /// `hook`, run without gathering the whole model first.
   static FinishHook unit_by_unit(std::function<void(const FinishContext&)> hook) {

@@ -33,7 +33,8 @@ struct RunDirectory {
   std::string describe() const {
     if (!resume_from) return fmt::format("run directory {} (a new run)", path.string());
     if (*resume_from == path) return fmt::format("run directory {} (continues its own checkpoints)", path.string());
-    return fmt::format("run directory {} (starts from the newest checkpoint of {})", path.string(), resume_from->string());
+    return fmt::format("run directory {} (starts from the newest checkpoint of {})", path.string(),
+                       resume_from->string());
   }
 };
 

@@ -32,7 +32,8 @@ inline bool digest_requested(const Training& training) {
 
 /// A distinct, reproducible RNG seed per (seed, rank, step) (splitmix64 finaliser).
 inline std::uint64_t step_seed(std::int64_t seed, int rank, std::int64_t step) {
-  std::uint64_t z = static_cast<std::uint64_t>(seed) * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(rank) * 0xBF58476D1CE4E5B9ull +
+  std::uint64_t z = static_cast<std::uint64_t>(seed) * 0x9E3779B97F4A7C15ull +
+                    static_cast<std::uint64_t>(rank) * 0xBF58476D1CE4E5B9ull +
                     static_cast<std::uint64_t>(step) * 0x94D049BB133111EBull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;

@@ -35,21 +35,24 @@ class LrSchedule {
     const std::int64_t decay_steps = total_steps - warmup_steps_;
     if (decay_steps <= 0) return 1.0;
     const double progress = std::min(1.0, static_cast<double>(step - warmup_steps_) / static_cast<double>(decay_steps));
-    const double remaining = decay_ == Decay::cosine ? 0.5 * (1.0 + std::cos(std::numbers::pi * progress)) : 1.0 - progress;
+    const double remaining =
+        decay_ == Decay::cosine ? 0.5 * (1.0 + std::cos(std::numbers::pi * progress)) : 1.0 - progress;
     return final_fraction_ + (1.0 - final_fraction_) * remaining;
   }
 
   /// "constant", "warmup_cosine(<warmup>, <final fraction>)" or "warmup_linear(<warmup>, <final fraction>)".
   std::string describe() const {
     if (decay_ == Decay::none) return "constant";
-    return fmt::format("warmup_{}({}, {})", decay_ == Decay::cosine ? "cosine" : "linear", warmup_steps_, final_fraction_);
+    return fmt::format("warmup_{}({}, {})", decay_ == Decay::cosine ? "cosine" : "linear", warmup_steps_,
+                       final_fraction_);
   }
 
  private:
   enum class Decay { none, cosine, linear };
   static LrSchedule warmup_then(Decay decay, std::int64_t warmup_steps, double final_fraction) {
     detail::require(warmup_steps >= 0, "schedule.warmup_steps", warmup_steps, "must not be negative");
-    detail::require(final_fraction >= 0.0 && final_fraction <= 1.0, "schedule.final_fraction", final_fraction, "must be in [0, 1]");
+    detail::require(final_fraction >= 0.0 && final_fraction <= 1.0, "schedule.final_fraction", final_fraction,
+                    "must be in [0, 1]");
     LrSchedule schedule;
     schedule.decay_ = decay;
     schedule.warmup_steps_ = warmup_steps;
@@ -67,11 +70,13 @@ using ScheduleFromKnobs = std::function<LrSchedule(const Knobs&)>;
 /// LrSchedule::warmup_cosine with its steps and floor as values or knobs:
 /// `.schedule(ht::warmup_cosine(ht::knob("warmup_steps", 30, "linear warmup steps", ht::non_negative()), 0.1))`.
 inline ScheduleFromKnobs warmup_cosine(Setting<std::int64_t> warmup_steps, Setting<double> final_fraction = 0.0) {
-  return [=](const Knobs& knobs) { return LrSchedule::warmup_cosine(warmup_steps.get(knobs), final_fraction.get(knobs)); };
+  return
+      [=](const Knobs& knobs) { return LrSchedule::warmup_cosine(warmup_steps.get(knobs), final_fraction.get(knobs)); };
 }
 /// LrSchedule::warmup_linear with its steps and floor as values or knobs.
 inline ScheduleFromKnobs warmup_linear(Setting<std::int64_t> warmup_steps, Setting<double> final_fraction = 0.0) {
-  return [=](const Knobs& knobs) { return LrSchedule::warmup_linear(warmup_steps.get(knobs), final_fraction.get(knobs)); };
+  return
+      [=](const Knobs& knobs) { return LrSchedule::warmup_linear(warmup_steps.get(knobs), final_fraction.get(knobs)); };
 }
 
 }  // namespace hpctrain

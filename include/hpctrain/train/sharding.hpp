@@ -40,7 +40,9 @@ inline constexpr ZeroStage hsdp = ZeroStage::hsdp;
 inline constexpr std::array<std::string_view, 5> zero_stage_names{"none", "zero1", "zero2", "zero3", "hsdp"};
 
 /// "none", "zero1", "zero2", "zero3" or "hsdp": the knob's spelling (a strategy's name() is "replicated" for none).
-inline std::string to_string(ZeroStage stage) { return std::string(zero_stage_names.at(static_cast<std::size_t>(stage))); }
+inline std::string to_string(ZeroStage stage) {
+  return std::string(zero_stage_names.at(static_cast<std::size_t>(stage)));
+}
 
 /// The stage called `name`, or nothing.
 inline std::optional<ZeroStage> zero_stage_from_name(std::string_view name) {
@@ -65,10 +67,11 @@ inline int hsdp_shard_group_size(int requested, int world_size, int local_world_
   std::vector<int> divisors;
   for (int d = 1; d <= world_size; ++d)
     if (world_size % d == 0) divisors.push_back(d);
-  throw SpecError("sharding", "hsdp",
-                  fmt::format("hsdp_group_size = {}{} does not divide the world of {} ranks: the shard groups tile "
-                              "the world (--hsdp-group-size one of {})",
-                              size, requested > 0 ? "" : " (the ranks per node)", world_size, fmt::join(divisors, ", ")));
+  throw SpecError(
+      "sharding", "hsdp",
+      fmt::format("hsdp_group_size = {}{} does not divide the world of {} ranks: the shard groups tile "
+                  "the world (--hsdp-group-size one of {})",
+                  size, requested > 0 ? "" : " (the ranks per node)", world_size, fmt::join(divisors, ", ")));
 }
 
 }  // namespace hpctrain

@@ -60,12 +60,15 @@ namespace detail {
 /// parameter is its options (`torch::nn::functional::cross_entropy`), called with default options.
 template <class Options>
 LossFunction wrap_loss(torch::Tensor (*function)(const torch::Tensor&, const torch::Tensor&, const Options&)) {
-  return [function](const torch::Tensor& output, const torch::Tensor& target) { return function(output, target, Options{}); };
+  return [function](const torch::Tensor& output, const torch::Tensor& target) {
+    return function(output, target, Options{});
+  };
 }
 template <class F>
-  requires std::invocable<F, const torch::Tensor&, const torch::Tensor&>
-LossFunction wrap_loss(F function) {
-  return [function](const torch::Tensor& output, const torch::Tensor& target) -> torch::Tensor { return function(output, target); };
+requires std::invocable<F, const torch::Tensor&, const torch::Tensor&> LossFunction wrap_loss(F function) {
+  return [function](const torch::Tensor& output, const torch::Tensor& target) -> torch::Tensor {
+    return function(output, target);
+  };
 }
 }  // namespace detail
 
@@ -78,7 +81,8 @@ inline torch::Tensor default_step(StepContext& context, const data::Batch& batch
 inline EvalOutput default_eval_step(StepContext& context, const data::Batch& batch) {
   auto output = context.forward(batch.inputs);
   auto loss = context.loss(output, batch.targets);
-  auto weight = torch::scalar_tensor(static_cast<double>(batch.size()), torch::TensorOptions(torch::kFloat64).device(context.device));
+  auto weight = torch::scalar_tensor(static_cast<double>(batch.size()),
+                                     torch::TensorOptions(torch::kFloat64).device(context.device));
   return {std::move(loss), std::move(output), std::move(weight)};
 }
 

@@ -42,14 +42,14 @@ struct StrategyContext {
 
 /// A checkpoint as a strategy reads it back: written by `world_size` ranks with strategy `strategy`.
 struct SavedStrategyState {
-  int world_size = 1;     ///< ranks of the run that wrote it
-  std::string strategy;   ///< name() of the strategy that wrote it
+  int world_size = 1;    ///< ranks of the run that wrote it
+  std::string strategy;  ///< name() of the strategy that wrote it
   /// Rank `r`'s archive (0 <= r < world_size; only rank 0's when the writer did not save per rank).
   /// Verified (size, CRC) before it is returned; throws RuntimeError(errors::runtime_checkpoint) naming the file.
   std::function<torch::serialize::InputArchive(int rank)> open;
   /// Elements [begin, begin + length) of piece `piece` (PieceWriter::add's id) of rank `r`'s file, read by byte
-  /// range: only the chunks they overlap, each checked against its CRC-32C; throws RuntimeError(errors::runtime_checkpoint)
-  /// naming the file and the piece. Unset for a checkpoint without pieces.
+  /// range: only the chunks they overlap, each checked against its CRC-32C; throws
+  /// RuntimeError(errors::runtime_checkpoint) naming the file and the piece. Unset for a checkpoint without pieces.
   std::function<torch::Tensor(int rank, std::int64_t piece, std::int64_t begin, std::int64_t length)> read_piece;
 };
 
@@ -125,13 +125,17 @@ class DataParallelStrategy {
 
   /// The model's parameters by name with their whole shapes, in the order visit_units hands them out; nothing is
   /// gathered. Default: the module's parameters as they are.
-  virtual std::vector<models::ParameterShape> unit_shapes(torch::nn::Module& module) { return models::shapes_of(models::whole_unit(module)); }
+  virtual std::vector<models::ParameterShape> unit_shapes(torch::nn::Module& module) {
+    return models::shapes_of(models::whole_unit(module));
+  }
 
   /// Calls `visit` with the model's parameters one unit at a time, each whole on every rank during the call and
   /// freed after it (ZeRO-3: a block, an edge, then the parameters it keeps whole), so that a rank never holds more
   /// of the model than it trains with and one unit: what the export reads (lm::hf_export). Default (the parameters
   /// are whole on every rank: replicated, ZeRO-1/2): one unit of the module's parameters as they are, nothing copied.
-  virtual void visit_units(torch::nn::Module& module, const models::UnitVisitor& visit) { visit(models::whole_unit(module)); }
+  virtual void visit_units(torch::nn::Module& module, const models::UnitVisitor& visit) {
+    visit(models::whole_unit(module));
+  }
 
   /// Whether the model's forward issues collectives (ZeRO-3 gathers each unit as it runs): the evaluation then
   /// runs on the sharded model as training does, the same number of forwards on every rank, rather than on a

@@ -70,7 +70,8 @@ class TensorBoardWriter {
     const double now = detail::wall_time_now();
     path_ = directory / fmt::format("events.out.tfevents.{}.{}.{}", static_cast<long>(now), host, getpid());
     file_ = std::fopen(path_.c_str(), "wb");
-    if (file_ == nullptr) throw RuntimeError(errors::runtime_tensorboard, fmt::format("cannot create {}", path_.string()));
+    if (file_ == nullptr)
+      throw RuntimeError(errors::runtime_tensorboard, fmt::format("cannot create {}", path_.string()));
     std::string first = detail::encode_event_header(now, 0);
     detail::put_bytes(first, 3, "brain.Event:2");  // TensorBoard reads files that start with this version
     write_record(first);

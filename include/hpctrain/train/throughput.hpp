@@ -20,15 +20,21 @@ namespace hpctrain::detail {
 /// Tokens in a batch whose inputs are integer sequences (batch × length or more), else 0.
 inline std::int64_t tokens_in(const data::Batch& batch) {
   const auto& inputs = batch.inputs;
-  if (!inputs.defined() || inputs.dim() < 2 || torch::isFloatingType(inputs.scalar_type()) || inputs.scalar_type() == torch::kBool) return 0;
+  if (!inputs.defined() || inputs.dim() < 2 || torch::isFloatingType(inputs.scalar_type()) ||
+      inputs.scalar_type() == torch::kBool)
+    return 0;
   return inputs.numel();
 }
 
 /// Accumulates the steps of one log interval.
 class TrainMeter {
  public:
-  TrainMeter(int world_size, std::int64_t examples_per_step, std::optional<double> flops_per_example, std::optional<double> peak_flops)
-      : world_size_(world_size), examples_per_step_(examples_per_step), flops_per_example_(flops_per_example), peak_flops_(peak_flops) {}
+  TrainMeter(int world_size, std::int64_t examples_per_step, std::optional<double> flops_per_example,
+             std::optional<double> peak_flops)
+      : world_size_(world_size),
+        examples_per_step_(examples_per_step),
+        flops_per_example_(flops_per_example),
+        peak_flops_(peak_flops) {}
 
   /// One optimizer step: its mean loss (0-dim, on the device; not read), the tokens of its batch on this rank.
   void add_step(const torch::Tensor& loss, std::int64_t tokens) {
@@ -40,13 +46,19 @@ class TrainMeter {
   void restart_clock() { start_ = clock::now(); }
 
   /// The interval's record (collective: every rank calls it at the same step); starts the next interval.
-  LogRecord record(dist::ProcessGroup& group, std::int64_t step, std::int64_t epoch, double lr, const torch::Tensor& grad_norm) {
+  LogRecord record(dist::ProcessGroup& group, std::int64_t step, std::int64_t epoch, double lr,
+                   const torch::Tensor& grad_norm) {
     const double seconds = std::chrono::duration<double>(clock::now() - start_).count();
     const auto steps = static_cast<double>(std::max<std::int64_t>(1, steps_));
-    auto loss = running_loss_.defined() ? running_loss_.to(torch::kFloat64).reshape({1}) : torch::zeros({1}, torch::kFloat64);
-    const double mean_loss = dist::all_reduce_sum(group, loss.to(group.device())).item<double>() / steps / group.world_size();
+    auto loss =
+        running_loss_.defined() ? running_loss_.to(torch::kFloat64).reshape({1}) : torch::zeros({1}, torch::kFloat64);
+    const double mean_loss =
+        dist::all_reduce_sum(group, loss.to(group.device())).item<double>() / steps / group.world_size();
     const double samples_per_s = steps * static_cast<double>(examples_per_step_ * world_size_) / seconds;
-    LogRecord record{step, "train", {{"epoch", static_cast<double>(epoch)}, {"loss", mean_loss}, {"lr", lr}, {"samples_per_s", samples_per_s}}};
+    LogRecord record{
+        step,
+        "train",
+        {{"epoch", static_cast<double>(epoch)}, {"loss", mean_loss}, {"lr", lr}, {"samples_per_s", samples_per_s}}};
     if (tokens_ > 0) record.values.emplace_back("tokens_per_s", static_cast<double>(tokens_ * world_size_) / seconds);
     if (grad_norm.defined()) record.values.emplace_back("grad_norm", grad_norm.item<double>());
     if (flops_per_example_ && peak_flops_)

@@ -143,18 +143,21 @@ class Trainer {
     torch::manual_seed(static_cast<std::uint64_t>(training_.seed()));
     strategy_ = make_strategy_for_world(training_, group_->world_size());
     if (lead() && training_.sharding() && sharded_stage_runs_replicated(*training_.sharding(), group_->world_size()))
-      fmt::print("hpctrain: {0} at one rank trains as replicated (sharding over one rank only adds copies and "
-                 "gathers); its checkpoints keep {0}'s format and resume at any world size ({1}=1 shards anyway)\n",
-                 strategy_->name(), env::shard_at_one_rank);
+      fmt::print(
+          "hpctrain: {0} at one rank trains as replicated (sharding over one rank only adds copies and "
+          "gathers); its checkpoints keep {0}'s format and resume at any world size ({1}=1 shards anyway)\n",
+          strategy_->name(), env::shard_at_one_rank);
     run_->defer_blocks = strategy_->reads_deferred_blocks() && !run_->lora;
     make_model();
-    if (auto* lists = dynamic_cast<ListsBlocks*>(model_.module.get()); lists != nullptr && !run_->defer_blocks) materialize_blocks(*lists);
+    if (auto* lists = dynamic_cast<ListsBlocks*>(model_.module.get()); lists != nullptr && !run_->defer_blocks)
+      materialize_blocks(*lists);
     for (const auto& hook : training_.model_hooks()) hook(*model_.module, run_->knobs);
     if (run_->lora) add_lora_adapters();
     model_.module->to(device_);
     strategy_->setup({group_, model_.module, training_.optimizer_factory(), training_.precision()});
     report_peak_memory("model ready");
-    for (auto& group : strategy_->optimizer().param_groups()) base_lrs_.push_back(training_.lr().value_or(group.options().get_lr()));
+    for (auto& group : strategy_->optimizer().param_groups())
+      base_lrs_.push_back(training_.lr().value_or(group.options().get_lr()));
   }
 
   /// The user's model. Where the strategy reads blocks slice by slice (ZeRO-3), a family of models/ built from
@@ -169,9 +172,12 @@ class Trainer {
     model_ = training_.make_model(*run_);
     auto* lists = dynamic_cast<ListsBlocks*>(model_.module.get());
     auto blocks = deferred.blocks();
-    if (blocks == nullptr || lists == nullptr || lists->deferred_blocks()) return;  // not a family, or loaded (from_pretrained)
+    if (blocks == nullptr || lists == nullptr || lists->deferred_blocks())
+      return;  // not a family, or loaded (from_pretrained)
     if (lead())
-      fmt::print("hpctrain: the model's {} blocks were built one at a time; each rank initialises only its shards of them\n", blocks->shapes.size());
+      fmt::print(
+          "hpctrain: the model's {} blocks were built one at a time; each rank initialises only its shards of them\n",
+          blocks->shapes.size());
     lists->set_deferred_blocks(std::move(blocks));
   }
 
@@ -188,7 +194,8 @@ class Trainer {
 
   /// Rank 0 prints the run's peak resident host memory, then the finish hooks' own (the export: VmHWM started again
   /// before them, from what each rank held then), on rank 0 — which writes the export — and the other ranks.
-  void report_run_memory(const torch::Tensor& before_hooks, const torch::Tensor& resident_at_hooks, bool hooks_measured) {
+  void report_run_memory(const torch::Tensor& before_hooks, const torch::Tensor& resident_at_hooks,
+                         bool hooks_measured) {
     const auto hooks = peak_host_memory_of_ranks();
     const auto run = torch::maximum(before_hooks, hooks);
     if (!lead() || run[0].item<double>() <= 0) return;
@@ -204,7 +211,8 @@ class Trainer {
     if (bytes.numel() == 1) return text;
     const auto rest = bytes.narrow(0, 1, bytes.numel() - 1);
     const auto most = rest.argmax().item<std::int64_t>();
-    return text + fmt::format(", the other ranks {:.3f} GiB at most (rank {})", rest[most].item<double>() / (1 << 30), most + 1);
+    return text + fmt::format(", the other ranks {:.3f} GiB at most (rank {})", rest[most].item<double>() / (1 << 30),
+                              most + 1);
   }
 
   /// Every rank's `bytes`, on every rank (collective).
@@ -223,8 +231,9 @@ class Trainer {
     std::int64_t total = 0;
     for (const auto& parameter : model_.module->parameters()) total += parameter.numel();
     if (group_->rank() == 0)
-      fmt::print("hpctrain: LoRA r={} alpha={} on [{}]: {} of {} parameters train ({:.3f}%)\n", run_->lora->r, run_->lora->alpha,
-                 fmt::join(run_->lora->targets, ", "), adapters, total, 100.0 * static_cast<double>(adapters) / static_cast<double>(total));
+      fmt::print("hpctrain: LoRA r={} alpha={} on [{}]: {} of {} parameters train ({:.3f}%)\n", run_->lora->r,
+                 run_->lora->alpha, fmt::join(run_->lora->targets, ", "), adapters, total,
+                 100.0 * static_cast<double>(adapters) / static_cast<double>(total));
   }
 
   void load_data() {
@@ -233,22 +242,26 @@ class Trainer {
     train_set_ = train_source.load();
     if (training_.has_eval_data()) eval_set_ = training_.eval_data(*run_).load();
     micro_batch_ = training_.micro_batch_per_rank(group_->world_size());
-    sampler_.emplace(train_set_->size(), group_->world_size(), group_->rank(), static_cast<std::uint64_t>(training_.seed()));
+    sampler_.emplace(train_set_->size(), group_->world_size(), group_->rank(),
+                     static_cast<std::uint64_t>(training_.seed()));
   }
 
   void plan_steps() {
     const std::int64_t examples_per_step = micro_batch_ * training_.gradient_accumulation();
     steps_per_epoch_ = sampler_->size_per_rank() / examples_per_step;
     if (steps_per_epoch_ == 0) {
-      // In the units the user typed (--batch-size is global or per rank, as the program declares), and the largest that fits.
+      // In the units the user typed (--batch-size is global or per rank, as the program declares), and the largest that
+      // fits.
       const auto world = static_cast<std::int64_t>(group_->world_size()), per_rank = sampler_->size_per_rank();
       const auto typed = training_.batch_size();
       const bool global = typed.scope == BatchScope::global;
-      throw SpecError("training.batch_size", fmt::format("{} ({})", typed.value, global ? "global" : "per rank"),
-                      fmt::format("{} examples per rank per step{}, but each rank gets only {} examples per epoch of {} ({} ranks); "
-                                  "at most {} here",
-                                  examples_per_step, global ? fmt::format(" ({} ranks share it)", world) : "", per_rank,
-                                  train_description_, world, global ? per_rank * world : per_rank));
+      throw SpecError(
+          "training.batch_size", fmt::format("{} ({})", typed.value, global ? "global" : "per rank"),
+          fmt::format(
+              "{} examples per rank per step{}, but each rank gets only {} examples per epoch of {} ({} ranks); "
+              "at most {} here",
+              examples_per_step, global ? fmt::format(" ({} ranks share it)", world) : "", per_rank, train_description_,
+              world, global ? per_rank * world : per_rank));
     }
     total_steps_ = std::numeric_limits<std::int64_t>::max();
     if (training_.epochs()) total_steps_ = *training_.epochs() * steps_per_epoch_;
@@ -264,9 +277,11 @@ class Trainer {
     const std::int64_t per_step = micro_batch_ * training_.gradient_accumulation();
     const auto fill = data::epoch_fill(*train_set_, *sampler_, group_->world_size(), 0, per_step, steps_per_epoch_);
     if (!fill) return;
-    say(fmt::format("hpctrain: padding: {:.1f}% of the token slots of an epoch's batches ({} tokens in {} slots; {} batches of {} rows "
-                    "on each of {} rank(s))",
-                    100.0 * fill->padding(), fill->tokens, fill->slots, steps_per_epoch_, per_step, group_->world_size()));
+    say(fmt::format(
+        "hpctrain: padding: {:.1f}% of the token slots of an epoch's batches ({} tokens in {} slots; {} batches of {} "
+        "rows "
+        "on each of {} rank(s))",
+        100.0 * fill->padding(), fill->tokens, fill->slots, steps_per_epoch_, per_step, group_->world_size()));
   }
 
   /// Rank 0's loggers: progress lines, metrics.jsonl, TensorBoard, W&B when asked, then the Training's own.
@@ -277,7 +292,8 @@ class Trainer {
     loggers_.push_back(std::make_unique<ProgressLogger>(!world_.under_slurm));
     loggers_.push_back(std::make_unique<JsonlLogger>());
     loggers_.push_back(std::make_unique<TensorBoardLogger>());
-    if (training_.wandb()) loggers_.push_back(std::make_unique<WandbLogger>(*training_.wandb(), wandb_config(training_.knobs())));
+    if (training_.wandb())
+      loggers_.push_back(std::make_unique<WandbLogger>(*training_.wandb(), wandb_config(training_.knobs())));
     for (const auto& make : training_.loggers()) loggers_.push_back(make());
   }
 
@@ -293,14 +309,17 @@ class Trainer {
   }
 
   void announce() {
-    const RunInfo info{run_dir_, group_->world_size(), device_.str(), total_steps_, steps_per_epoch_, result_.resumed_from};
+    const RunInfo info{run_dir_,     group_->world_size(), device_.str(),
+                       total_steps_, steps_per_epoch_,     result_.resumed_from};
     for (auto& logger : loggers_) logger->start(info);
     if (result_.resumed_from)
-      say(fmt::format("resumed from {} at step {} (epoch {})", resume_store_->directory().string(), step_, step_ / steps_per_epoch_));
-    say(fmt::format("hpctrain: {} rank(s) on {} ({}), {} threads each, {} examples/step/rank, {} steps/epoch, {} steps, {}, {}",
-                    group_->world_size(), device_.str(), group_->backend_name(), torch::get_num_threads(),
-                    micro_batch_ * training_.gradient_accumulation(), steps_per_epoch_, total_steps_, to_string(training_.precision()),
-                    strategy_->name()));
+      say(fmt::format("resumed from {} at step {} (epoch {})", resume_store_->directory().string(), step_,
+                      step_ / steps_per_epoch_));
+    say(fmt::format(
+        "hpctrain: {} rank(s) on {} ({}), {} threads each, {} examples/step/rank, {} steps/epoch, {} steps, {}, {}",
+        group_->world_size(), device_.str(), group_->backend_name(), torch::get_num_threads(),
+        micro_batch_ * training_.gradient_accumulation(), steps_per_epoch_, total_steps_,
+        to_string(training_.precision()), strategy_->name()));
     meter_->restart_clock();
     model_.module->train();
   }
@@ -312,17 +331,21 @@ class Trainer {
     const std::int64_t epoch_end = std::min(total_steps_, (epoch + 1) * steps_per_epoch_);
     auto indices = std::make_shared<const std::vector<std::int64_t>>(sampler_->indices(epoch));
     const std::int64_t per_step = micro_batch_ * training_.gradient_accumulation();
-    data::Prefetcher batches([this, indices, per_step, epoch](std::int64_t batch_index) {
-      const auto begin = indices->begin() + static_cast<std::ptrdiff_t>(batch_index * per_step);
-      auto batch = train_set_->batch_in_epoch(std::vector<std::int64_t>(begin, begin + static_cast<std::ptrdiff_t>(per_step)), epoch);
-      return pinned_batches() ? batch.pinned() : batch;  // pinned on this thread, off the step's path
-    }, step_ - epoch * steps_per_epoch_, epoch_end - epoch * steps_per_epoch_);
+    data::Prefetcher batches(
+        [this, indices, per_step, epoch](std::int64_t batch_index) {
+          const auto begin = indices->begin() + static_cast<std::ptrdiff_t>(batch_index * per_step);
+          auto batch = train_set_->batch_in_epoch(
+              std::vector<std::int64_t>(begin, begin + static_cast<std::ptrdiff_t>(per_step)), epoch);
+          return pinned_batches() ? batch.pinned() : batch;  // pinned on this thread, off the step's path
+        },
+        step_ - epoch * steps_per_epoch_, epoch_end - epoch * steps_per_epoch_);
     while (step_ < epoch_end) {
       train_step(batches.next());
       after_step();
       note_training_progress();
       if (preemption_agreed()) return false;
-      if (async_save_.in_flight() && step_ % training_.preemption_check_every() == 0) async_save_.poll(*group_);  // commit when written
+      if (async_save_.in_flight() && step_ % training_.preemption_check_every() == 0)
+        async_save_.poll(*group_);  // commit when written
     }
     return true;
   }
@@ -340,8 +363,9 @@ class Trainer {
     for (std::int64_t micro = 0; micro < accumulation; ++micro) {
       const auto part = batch.narrow(micro * micro_batch_, micro_batch_).to(device_, /*non_blocking=*/pinned_batches());
       strategy_->set_sync(micro == accumulation - 1);  // communicate only once per optimizer step
-      StepContext context{*model_.module, model_.forward, device_, training_.precision(), group_->rank(), group_->world_size(),
-                          step_, micro, accumulation, training_.loss(), training_.knobs()};
+      StepContext context{*model_.module,       model_.forward, device_, training_.precision(), group_->rank(),
+                          group_->world_size(), step_,          micro,   accumulation,          training_.loss(),
+                          training_.knobs()};
       torch::Tensor loss;
       {
         AutocastScope autocast(training_.precision(), device_);
@@ -393,8 +417,10 @@ class Trainer {
 
   Evaluation evaluate_and_log() {
     sync_buffers();
-    const auto evaluation = detail::evaluate(training_, model_, *eval_set_, *group_, step_, strategy_->forward_is_collective());
-    LogRecord record{step_, "eval", {{"loss", evaluation.loss}, {"examples", static_cast<double>(evaluation.examples)}}};
+    const auto evaluation =
+        detail::evaluate(training_, model_, *eval_set_, *group_, step_, strategy_->forward_is_collective());
+    LogRecord record{
+        step_, "eval", {{"loss", evaluation.loss}, {"examples", static_cast<double>(evaluation.examples)}}};
     for (const auto& metric : evaluation.metrics) record.values.push_back(metric);
     for (auto& logger : loggers_) logger->log(record);
     return evaluation;
@@ -430,8 +456,10 @@ class Trainer {
     note_preemption_agreed();
     complete_checkpoint();
     // The batch script also requeues when this marker exists, whatever status srun reports.
-    if (const char* marker = std::getenv(env::requeue_marker); marker != nullptr && world_.rank == 0) std::ofstream(marker) << step_ << "\n";
-    say(fmt::format("preempted: checkpointed step {} of {}, exiting with {} for requeue", step_, total_steps_, exit_requeue));
+    if (const char* marker = std::getenv(env::requeue_marker); marker != nullptr && world_.rank == 0)
+      std::ofstream(marker) << step_ << "\n";
+    say(fmt::format("preempted: checkpointed step {} of {}, exiting with {} for requeue", step_, total_steps_,
+                    exit_requeue));
     result_.exit_code = exit_requeue;
     result_.steps_completed = step_;
     return result_;
@@ -455,7 +483,8 @@ class Trainer {
     const auto resident_at_hooks = bytes_of_ranks(detail::resident_bytes());
     // VmHWM from here on: the finish hooks' own peak. On request only: it also resets the ru_maxrss that `time`
     // and getrusage report for the process (bench/export_memory.sh asks).
-    const bool hooks_measured = std::getenv("HPCTRAIN_MEASURE_FINISH_HOOKS") != nullptr && detail::reset_peak_resident();
+    const bool hooks_measured =
+        std::getenv("HPCTRAIN_MEASURE_FINISH_HOOKS") != nullptr && detail::reset_peak_resident();
     run_finish_hooks();
     report_run_memory(before_hooks, resident_at_hooks, hooks_measured);
     for (auto& logger : loggers_) logger->finish();
@@ -508,7 +537,7 @@ class Trainer {
   std::string train_description_;
   std::optional<CheckpointStore> store_;         ///< where this run saves
   std::optional<CheckpointStore> resume_store_;  ///< where it resumes from: its own, or --resume's run
-  detail::AsyncCheckpoint async_save_;           ///< the save in flight under checkpoint_async (after store_: joined first)
+  detail::AsyncCheckpoint async_save_;  ///< the save in flight under checkpoint_async (after store_: joined first)
   std::vector<std::unique_ptr<Logger>> loggers_;
   TrainResult result_;
 };
@@ -519,7 +548,8 @@ class Trainer {
 inline TrainResult train(const Training& training, const slurm::World& world, const dist::Options& options = {}) {
   if (training.precision() == Precision::automatic) {  // resolved for the device this rank will train on
     Training resolved = training;
-    resolved.precision(resolve_precision(Precision::automatic, torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU)));
+    resolved.precision(resolve_precision(
+        Precision::automatic, torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU)));
     return Trainer(resolved, world, options).run();
   }
   return Trainer(training, world, options).run();

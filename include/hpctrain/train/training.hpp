@@ -74,7 +74,10 @@ ModelInstance make_model_instance(Made made) {
   if constexpr (requires { made.ptr(); }) {  // a TORCH_MODULE holder such as torch::nn::Sequential
     auto module = made.ptr();
     return {module, [module](torch::Tensor x) -> torch::Tensor { return module->forward(std::move(x)); }};
-  } else if constexpr (requires { made.get(); made.use_count(); }) {  // std::shared_ptr<SomeModule>
+  } else if constexpr (requires {
+                         made.get();
+                         made.use_count();
+                       }) {  // std::shared_ptr<SomeModule>
     auto module = made;
     return {module, [module](torch::Tensor x) -> torch::Tensor { return module->forward(std::move(x)); }};
   } else {
@@ -90,7 +93,8 @@ decltype(auto) call_with_run(const Factory& factory, const RunContext& run) {
   if constexpr (std::is_invocable_v<const Factory&, const RunContext&>) return factory(run);
   else if constexpr (std::is_invocable_v<const Factory&, const Knobs&>) return factory(run.knobs);
   else {
-    static_assert(std::is_invocable_v<const Factory&>, "the factory takes (), (const hpctrain::Knobs&) or (const hpctrain::RunContext&)");
+    static_assert(std::is_invocable_v<const Factory&>,
+                  "the factory takes (), (const hpctrain::Knobs&) or (const hpctrain::RunContext&)");
     return factory();
   }
 }
@@ -101,16 +105,15 @@ std::function<data::Source(const RunContext&)> data_factory(Factory factory) {
   if constexpr (std::is_convertible_v<Factory, data::Source>)
     return [source = data::Source(std::move(factory))](const RunContext&) { return source; };
   else
-    return [factory = std::move(factory)](const RunContext& run) -> data::Source { return call_with_run(factory, run); };
+    return
+        [factory = std::move(factory)](const RunContext& run) -> data::Source { return call_with_run(factory, run); };
 }
 
 /// An optimizer returned by value, or already in a unique_ptr.
 template <class Made>
 std::unique_ptr<torch::optim::Optimizer> own_optimizer(Made made) {
-  if constexpr (requires { made.release(); })
-    return std::unique_ptr<torch::optim::Optimizer>(std::move(made));
-  else
-    return std::make_unique<Made>(std::move(made));
+  if constexpr (requires { made.release(); }) return std::unique_ptr<torch::optim::Optimizer>(std::move(made));
+  else return std::make_unique<Made>(std::move(made));
 }
 }  // namespace detail
 
@@ -120,7 +123,8 @@ using StrategyFactory = std::function<std::unique_ptr<DataParallelStrategy>()>;
 /// Splits `parameters` for weight decay as LM recipes do: matrices (2-D and up) decay; biases, norm
 /// weights and other 1-D (or 0-D) tensors do not; a sharded strategy's flat piece as its parameter's shape says
 /// (detail::make_optimizer_over_pieces). Returns {decayed, not decayed}.
-inline std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> split_for_weight_decay(const NamedParameters& parameters) {
+inline std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> split_for_weight_decay(
+    const NamedParameters& parameters) {
   std::vector<torch::Tensor> decayed, not_decayed;
   for (const auto& [name, tensor] : parameters) {
     const bool is_bias = name == "bias" || (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0);
@@ -134,7 +138,8 @@ inline std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> split_f
 ///   auto options = torch::optim::AdamWOptions(3e-4).weight_decay(0.1);
 ///   return torch::optim::AdamW(hpctrain::weight_decay_groups(parameters, options), options);
 template <class Options>
-std::vector<torch::optim::OptimizerParamGroup> weight_decay_groups(const NamedParameters& parameters, const Options& options) {
+std::vector<torch::optim::OptimizerParamGroup> weight_decay_groups(const NamedParameters& parameters,
+                                                                   const Options& options) {
   auto [decayed, not_decayed] = split_for_weight_decay(parameters);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   if (!decayed.empty()) groups.emplace_back(std::move(decayed), std::make_unique<Options>(options));
@@ -168,14 +173,22 @@ class Training {
   /// lm::from_pretrained does) tells the rest of the run (`RunContext::pretrained_dir`).
   template <class Factory>
   Training& model(Factory factory) {
-    if constexpr (requires(const Factory& f, const RunContext& run) { { f.model_instance(run) } -> std::same_as<ModelInstance>; })
+    if constexpr (requires(const Factory& f, const RunContext& run) {
+                    { f.model_instance(run) } -> std::same_as<ModelInstance>;
+                  })
       model_ = [factory](const RunContext& run) { return factory.model_instance(run); };  // lm::from_pretrained
     else
-      model_ = [factory](const RunContext& run) { return detail::make_model_instance(detail::call_with_run(factory, run)); };
+      model_ = [factory](const RunContext& run) {
+        return detail::make_model_instance(detail::call_with_run(factory, run));
+      };
     pretrained_dir_ = nullptr;
     add_login_check_of(factory, model_check_);
-    if constexpr (requires(const Factory& f, const Knobs& k) { { f.pretrained_directory(k) } -> std::convertible_to<std::filesystem::path>; })
-      pretrained_dir_ = [factory](const Knobs& knobs) { return std::filesystem::path(factory.pretrained_directory(knobs)); };
+    if constexpr (requires(const Factory& f, const Knobs& k) {
+                    { f.pretrained_directory(k) } -> std::convertible_to<std::filesystem::path>;
+                  })
+      pretrained_dir_ = [factory](const Knobs& knobs) {
+        return std::filesystem::path(factory.pretrained_directory(knobs));
+      };
     return *this;
   }
   /// The optimizer factory, returning any torch::optim optimizer by value (or in a unique_ptr). Either of
@@ -185,7 +198,8 @@ class Training {
   /// second parameter `const hpctrain::Knobs&` gives it the run's knobs.
   template <class Factory>
   Training& optimizer(Factory factory) {
-    optimizer_ = [factory](const NamedParameters& named, const Knobs& knobs) -> std::unique_ptr<torch::optim::Optimizer> {
+    optimizer_ = [factory](const NamedParameters& named,
+                           const Knobs& knobs) -> std::unique_ptr<torch::optim::Optimizer> {
       const auto tensors = [&] {
         std::vector<torch::Tensor> list;
         list.reserve(named.size());
@@ -254,10 +268,16 @@ class Training {
   }
   /// What one micro-step computes: `(StepContext&, const data::Batch&) -> mean loss`. Default: default_step,
   /// `loss(forward(inputs), targets)`.
-  Training& step(StepFunction function) { step_ = std::move(function); return *this; }
+  Training& step(StepFunction function) {
+    step_ = std::move(function);
+    return *this;
+  }
   /// What one evaluation batch computes: `(StepContext&, const data::Batch&) -> EvalOutput`. Default:
   /// default_eval_step, the loss weighted by rows, the output for the metrics.
-  Training& eval_step(EvalStepFunction function) { eval_step_ = std::move(function); return *this; }
+  Training& eval_step(EvalStepFunction function) {
+    eval_step_ = std::move(function);
+    return *this;
+  }
   /// Training data (required): a data::Source, or a factory returning one that takes nothing, the knobs or
   /// the `const RunContext&` (the prepared files, the pretrained directory). A factory with a
   /// `check_at_login(const Knobs&)` member is also checked on the login node (lm::sft_jsonl validates its file).
@@ -279,54 +299,116 @@ class Training {
     return *this;
   }
   /// Batch size per optimizer step, `per_rank(n)` or `global(n)` (required).
-  Training& batch_size(BatchSize size) { batch_size_ = size; return *this; }
+  Training& batch_size(BatchSize size) {
+    batch_size_ = size;
+    return *this;
+  }
   /// Batch size for evaluation, per rank. Default: 1000.
-  Training& eval_batch_size(std::int64_t n) { eval_batch_size_ = n; return *this; }
+  Training& eval_batch_size(std::int64_t n) {
+    eval_batch_size_ = n;
+    return *this;
+  }
   /// Number of passes over the training data. At least one of epochs and max_steps is required; with both,
   /// the run stops at whichever comes first.
-  Training& epochs(std::int64_t n) { epochs_ = n; return *this; }
+  Training& epochs(std::int64_t n) {
+    epochs_ = n;
+    return *this;
+  }
   /// Number of optimizer steps.
-  Training& max_steps(std::int64_t n) { max_steps_ = n; return *this; }
+  Training& max_steps(std::int64_t n) {
+    max_steps_ = n;
+    return *this;
+  }
   /// Base learning rate, replacing the optimizer's own (every group's). Default: the optimizer's.
-  Training& lr(double rate) { lr_ = rate; return *this; }
+  Training& lr(double rate) {
+    lr_ = rate;
+    return *this;
+  }
   /// Learning-rate schedule. Default: LrSchedule::constant().
-  Training& schedule(LrSchedule schedule) { schedule_ = schedule; schedule_from_knobs_ = nullptr; return *this; }
-  /// A schedule made from the run's knobs: `[](const Knobs& k) { return LrSchedule::warmup_cosine(k.get<std::int64_t>("warmup_steps"), 0.1); }`.
-  Training& schedule(std::function<LrSchedule(const Knobs&)> factory) { schedule_from_knobs_ = std::move(factory); return *this; }
+  Training& schedule(LrSchedule schedule) {
+    schedule_ = schedule;
+    schedule_from_knobs_ = nullptr;
+    return *this;
+  }
+  /// A schedule made from the run's knobs: `[](const Knobs& k) { return
+  /// LrSchedule::warmup_cosine(k.get<std::int64_t>("warmup_steps"), 0.1); }`.
+  Training& schedule(std::function<LrSchedule(const Knobs&)> factory) {
+    schedule_from_knobs_ = std::move(factory);
+    return *this;
+  }
   /// Clip the global gradient norm to `max_norm` before each step (train records then carry grad_norm).
   /// Default: no clipping.
-  Training& clip_grad_norm(double max_norm) { clip_grad_norm_ = max_norm; return *this; }
+  Training& clip_grad_norm(double max_norm) {
+    clip_grad_norm_ = max_norm;
+    return *this;
+  }
   /// Micro-batches per optimizer step; gradients are synchronised only on the last. Default: 1.
-  Training& gradient_accumulation(std::int64_t micro_steps) { accumulation_ = micro_steps; return *this; }
+  Training& gradient_accumulation(std::int64_t micro_steps) {
+    accumulation_ = micro_steps;
+    return *this;
+  }
   /// Forward precision. Default: fp32.
-  Training& precision(Precision precision) { precision_ = precision; return *this; }
+  Training& precision(Precision precision) {
+    precision_ = precision;
+    return *this;
+  }
   /// Seed of weights, shuffling and dropout. Default: 0.
-  Training& seed(std::int64_t seed) { seed_ = seed; return *this; }
+  Training& seed(std::int64_t seed) {
+    seed_ = seed;
+    return *this;
+  }
   /// Also evaluate before the first step of a fresh run (not after a resume): the model as it starts, logged at
   /// step 0 and kept in TrainResult::eval_loss_at_start (fine-tuning's "loss before"). Default: off.
-  Training& evaluate_at_start(bool on) { evaluate_at_start_ = on; return *this; }
+  Training& evaluate_at_start(bool on) {
+    evaluate_at_start_ = on;
+    return *this;
+  }
   /// Evaluate every `n` steps (0: only at the end). Default: 0.
-  Training& eval_every(std::int64_t n) { eval_every_ = n; return *this; }
+  Training& eval_every(std::int64_t n) {
+    eval_every_ = n;
+    return *this;
+  }
   /// Evaluate on the first `n` examples of the evaluation data only (0: all of them), like Lightning's
   /// limit_val_batches or transformers' max_eval_samples: a quick look at a long eval set. Default: 0.
-  Training& max_eval_examples(std::int64_t n) { max_eval_examples_ = n; return *this; }
+  Training& max_eval_examples(std::int64_t n) {
+    max_eval_examples_ = n;
+    return *this;
+  }
   /// A train record (progress line, metrics.jsonl, TensorBoard, own loggers) every `n` steps. The running
   /// loss stays on the device in between. Default: 50.
-  Training& log_every(std::int64_t n) { log_every_ = n; return *this; }
+  Training& log_every(std::int64_t n) {
+    log_every_ = n;
+    return *this;
+  }
   /// Checkpoint every `n` steps (0: only on preemption and at the end). Default: 0.
-  Training& checkpoint_every(std::int64_t n) { checkpoint_every_ = n; return *this; }
+  Training& checkpoint_every(std::int64_t n) {
+    checkpoint_every_ = n;
+    return *this;
+  }
   /// Checkpoints kept. Default: 3.
-  Training& keep_checkpoints(int n) { keep_checkpoints_ = n; return *this; }
+  Training& keep_checkpoints(int n) {
+    keep_checkpoints_ = n;
+    return *this;
+  }
   /// Write checkpoints in the background (train/async_checkpoint.hpp): the step boundary only serialises each
   /// rank's archive into host memory; sealing and writing overlap the next steps, and the checkpoint is
   /// committed at a later step boundary. Default: false.
-  Training& checkpoint_async(bool on) { checkpoint_async_ = on; return *this; }
+  Training& checkpoint_async(bool on) {
+    checkpoint_async_ = on;
+    return *this;
+  }
   /// Ask the ranks whether a preemption signal arrived every `n` steps (one small all-reduce; all ranks
   /// stop at the same step). Default: 10.
-  Training& preemption_check_every(std::int64_t n) { preemption_check_every_ = n; return *this; }
+  Training& preemption_check_every(std::int64_t n) {
+    preemption_check_every_ = n;
+    return *this;
+  }
   /// Report `metric` at evaluation besides the loss (metrics::accuracy, metrics::top_k_accuracy(5),
   /// metrics::perplexity, or your own metrics::Metric).
-  Training& metric(metrics::Metric metric) { metrics_.push_back(std::move(metric)); return *this; }
+  Training& metric(metrics::Metric metric) {
+    metrics_.push_back(std::move(metric));
+    return *this;
+  }
   /// Adds a logger: a callable returning a std::unique_ptr to a Logger, made on rank 0 when the run starts
   /// (besides the progress lines, metrics.jsonl and TensorBoard).
   template <class Factory>
@@ -337,47 +419,89 @@ class Training {
   /// Logs the run to Weights & Biases as an offline run under the run directory, for `wandb sync` from the login
   /// node (`--wandb-sync`): `.wandb("fashion")` or `.wandb(ht::Wandb("fashion").entity("team").tags({"baseline"}))`.
   /// The knob `--wandb [PROJECT]` turns it on, changes the project, or (`--wandb off`) turns it off. Default: off.
-  Training& wandb(Wandb settings) { wandb_ = std::move(settings); return *this; }
+  Training& wandb(Wandb settings) {
+    wandb_ = std::move(settings);
+    return *this;
+  }
   /// No W&B run (what `--wandb off` sets).
-  Training& no_wandb() { wandb_.reset(); return *this; }
+  Training& no_wandb() {
+    wandb_.reset();
+    return *this;
+  }
   /// FLOPs of one training example (forward and backward); with peak_flops, train records carry mfu.
-  Training& flops_per_example(double flops) { flops_per_example_ = flops; return *this; }
+  Training& flops_per_example(double flops) {
+    flops_per_example_ = flops;
+    return *this;
+  }
   /// Peak FLOP/s of one rank's device, as you state it (e.g. 989e12 for an H100's dense bf16).
-  Training& peak_flops(double flops) { peak_flops_ = flops; return *this; }
+  Training& peak_flops(double flops) {
+    peak_flops_ = flops;
+    return *this;
+  }
   /// Every rank prints `rank <r> parameters_crc32c=<digest>` at the end (reads the whole model; tests and
   /// reproducibility checks). Also on with HPCTRAIN_REPORT_DIGEST=1. Default: off.
-  Training& report_digest(bool on) { report_digest_ = on; return *this; }
+  Training& report_digest(bool on) {
+    report_digest_ = on;
+    return *this;
+  }
   /// Intra-op CPU threads per rank (0: SLURM_CPUS_PER_TASK, else the cores divided among local ranks). Default: 0.
-  Training& threads(int n) { threads_ = n; return *this; }
+  Training& threads(int n) {
+    threads_ = n;
+    return *this;
+  }
   /// On a CPU device, keep freed host memory for the next step instead of returning it to the kernel
   /// (train/host_memory.hpp): every step frees and allocates the same big tensors, and glibc hands each block
   /// over 32 MB back (munmap), so the next step page-faults it in again, zeroed. A rank's resident memory then
   /// stays at its peak, as under a caching allocator. Default: on; no effect on GPUs or without glibc.
-  Training& keep_freed_memory(bool on) { keep_freed_memory_ = on; return *this; }
+  Training& keep_freed_memory(bool on) {
+    keep_freed_memory_ = on;
+    return *this;
+  }
   /// On a CUDA device, the prefetch thread copies each batch into page-locked (pinned) host memory, and the step
   /// copies it to the GPU without waiting (non_blocking): the copy overlaps the previous step's kernels instead of
   /// stalling the stream, as PyTorch's DataLoader(pin_memory=True) does. Default: off until the GPU suite's
   /// switches.pinned_batches row has measured it (docs/gpu.md); no effect on a CPU device.
-  Training& pin_memory(bool on) { pin_memory_ = on; return *this; }
+  Training& pin_memory(bool on) {
+    pin_memory_ = on;
+    return *this;
+  }
   /// Called on every rank after each optimizer step with the number of steps completed (fault injection in
   /// tests). Default: none.
-  Training& on_step(std::function<void(std::int64_t)> callback) { on_step_ = std::move(callback); return *this; }
+  Training& on_step(std::function<void(std::int64_t)> callback) {
+    on_step_ = std::move(callback);
+    return *this;
+  }
   /// Adds a hook run at the end of a finished run, after the final evaluation, with the whole model (every
   /// strategy gathers it first): `lm::sample_at_end(...)`, or your own `(const hpctrain::FinishContext&)`; a hook
   /// made with FinishHook::unit_by_unit visits the model one unit at a time instead (`lm::hf_export()`). Hooks
   /// run on every rank, in the order added.
-  Training& at_end(FinishHook hook) { finish_hooks_.push_back(std::move(hook)); return *this; }
+  Training& at_end(FinishHook hook) {
+    finish_hooks_.push_back(std::move(hook));
+    return *this;
+  }
   /// What `--plan` prints: the memory each rank will hold and whether it fits (lm::causal_lm_training installs
   /// lm::plan_memory_of_run). Default: none (`--plan` says the program has no plan).
-  Training& memory_plan(TrainingPlanner planner) { planner_ = std::move(planner); return *this; }
+  Training& memory_plan(TrainingPlanner planner) {
+    planner_ = std::move(planner);
+    return *this;
+  }
   /// Adds a hook called on every rank with the made model and the run's knobs, before LoRA, the move to the
   /// device and the strategy: a switch of the model that a knob sets. Hooks run in the order added.
-  Training& on_model(ModelHook hook) { model_hooks_.push_back(std::move(hook)); return *this; }
+  Training& on_model(ModelHook hook) {
+    model_hooks_.push_back(std::move(hook));
+    return *this;
+  }
   /// Adds a check that `hpctrain::run` makes on the login node once the knobs are parsed, before anything is
   /// written or queued: throw SpecError naming the field and the value.
-  Training& login_check(LoginCheck check) { login_checks_.push_back(std::move(check)); return *this; }
+  Training& login_check(LoginCheck check) {
+    login_checks_.push_back(std::move(check));
+    return *this;
+  }
   /// Where checkpoints and metrics go (default: $HPCTRAIN_RUN_DIR, else ./hpctrain-run).
-  Training& run_dir(std::filesystem::path directory) { run_dir_ = std::move(directory); return *this; }
+  Training& run_dir(std::filesystem::path directory) {
+    run_dir_ = std::move(directory);
+    return *this;
+  }
   /// Declares a knob of this program: `--warmup-steps N` on the command line, checked at the login node
   /// before anything is queued, listed by `--help`, read in the worker with `knobs().get<T>(name)`.
   /// `.knob<std::int64_t>("warmup_steps", 100, "steps of linear warm-up", ht::non_negative())`
@@ -393,31 +517,41 @@ class Training {
     return *this;
   }
   /// This run's knob values (replaced by the worker with what the command line gave).
-  Training& knob_values(Knobs values) { knobs_ = std::move(values); return *this; }
+  Training& knob_values(Knobs values) {
+    knobs_ = std::move(values);
+    return *this;
+  }
 
   /// Throws SpecError naming the first invalid field.
   void validate() const {
-    detail::require(static_cast<bool>(model_), "training.model", "none", "a model factory is required: .model([] { return Net(); })");
+    detail::require(static_cast<bool>(model_), "training.model", "none",
+                    "a model factory is required: .model([] { return Net(); })");
     detail::require(static_cast<bool>(optimizer_), "training.optimizer", "none", "an optimizer factory is required");
     detail::require(static_cast<bool>(train_data_), "training.train_data", "none", "training data is required");
     detail::require(static_cast<bool>(step_), "training.step", "none", "the step function must not be empty");
-    detail::require(static_cast<bool>(eval_step_), "training.eval_step", "none", "the evaluation step function must not be empty");
-    detail::require(static_cast<bool>(strategy_), "training.strategy", "none", "the strategy factory must not be empty");
-    detail::require(batch_size_.value > 0, "training.batch_size", batch_size_.value, "must be positive: .batch_size(hpctrain::per_rank(64))");
+    detail::require(static_cast<bool>(eval_step_), "training.eval_step", "none",
+                    "the evaluation step function must not be empty");
+    detail::require(static_cast<bool>(strategy_), "training.strategy", "none",
+                    "the strategy factory must not be empty");
+    detail::require(batch_size_.value > 0, "training.batch_size", batch_size_.value,
+                    "must be positive: .batch_size(hpctrain::per_rank(64))");
     detail::require(eval_batch_size_ > 0, "training.eval_batch_size", eval_batch_size_, "must be positive");
     detail::require(epochs_ || max_steps_, "training.epochs", "none", "set epochs, max_steps or both");
     if (epochs_) detail::require(*epochs_ > 0, "training.epochs", *epochs_, "must be positive");
     if (max_steps_) detail::require(*max_steps_ > 0, "training.max_steps", *max_steps_, "must be positive");
     if (lr_) detail::require(*lr_ > 0, "training.lr", *lr_, "must be positive");
-    if (clip_grad_norm_) detail::require(*clip_grad_norm_ > 0, "training.clip_grad_norm", *clip_grad_norm_, "must be positive");
+    if (clip_grad_norm_)
+      detail::require(*clip_grad_norm_ > 0, "training.clip_grad_norm", *clip_grad_norm_, "must be positive");
     detail::require(accumulation_ >= 1, "training.gradient_accumulation", accumulation_, "must be at least 1");
     detail::require(eval_every_ >= 0, "training.eval_every", eval_every_, "must not be negative");
     detail::require(max_eval_examples_ >= 0, "training.max_eval_examples", max_eval_examples_, "must not be negative");
     detail::require(log_every_ >= 1, "training.log_every", log_every_, "must be at least 1");
     detail::require(checkpoint_every_ >= 0, "training.checkpoint_every", checkpoint_every_, "must not be negative");
     detail::require(keep_checkpoints_ >= 1, "training.keep_checkpoints", keep_checkpoints_, "must be at least 1");
-    detail::require(preemption_check_every_ >= 1, "training.preemption_check_every", preemption_check_every_, "must be at least 1");
-    if (flops_per_example_) detail::require(*flops_per_example_ > 0, "training.flops_per_example", *flops_per_example_, "must be positive");
+    detail::require(preemption_check_every_ >= 1, "training.preemption_check_every", preemption_check_every_,
+                    "must be at least 1");
+    if (flops_per_example_)
+      detail::require(*flops_per_example_ > 0, "training.flops_per_example", *flops_per_example_, "must be positive");
     if (peak_flops_) detail::require(*peak_flops_ > 0, "training.peak_flops", *peak_flops_, "must be positive");
     detail::require(threads_ >= 0, "training.threads", threads_, "must not be negative");
     if (batch_size_.scope == BatchScope::global)
@@ -442,13 +576,17 @@ class Training {
   /// The model, made for `run`.
   ModelInstance make_model(const RunContext& run) const { return model_(run); }
   /// The model, made for rank 0 of 1 with this description's knobs (tests; outside a worker).
-  ModelInstance make_model() const { return model_(RunContext{knobs_, 0, 1, {}, std::nullopt, std::nullopt, std::nullopt}); }
+  ModelInstance make_model() const {
+    return model_(RunContext{knobs_, 0, 1, {}, std::nullopt, std::nullopt, std::nullopt});
+  }
   /// Where the model factory's pretrained files are for `knobs`, when it says (lm::from_pretrained).
   std::optional<std::filesystem::path> pretrained_dir(const Knobs& knobs) const {
     if (!pretrained_dir_) return std::nullopt;
     return pretrained_dir_(knobs);
   }
-  std::unique_ptr<torch::optim::Optimizer> make_optimizer(const NamedParameters& parameters) const { return optimizer_(parameters, knobs_); }
+  std::unique_ptr<torch::optim::Optimizer> make_optimizer(const NamedParameters& parameters) const {
+    return optimizer_(parameters, knobs_);
+  }
   /// The optimizer over unnamed tensors (named "0", "1", ... for the factory).
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& parameters) const {
     NamedParameters named;
@@ -494,7 +632,9 @@ class Training {
   bool checkpoint_async() const { return checkpoint_async_; }
   std::int64_t preemption_check_every() const { return preemption_check_every_; }
   const std::vector<metrics::Metric>& metrics() const { return metrics_; }
-  bool reports(const metrics::Metric& metric) const { return std::find(metrics_.begin(), metrics_.end(), metric) != metrics_.end(); }
+  bool reports(const metrics::Metric& metric) const {
+    return std::find(metrics_.begin(), metrics_.end(), metric) != metrics_.end();
+  }
   const std::vector<LoggerFactory>& loggers() const { return loggers_; }
   /// Where the run goes on W&B, when it is logged there.
   const std::optional<Wandb>& wandb() const { return wandb_; }
@@ -543,12 +683,14 @@ class Training {
     if (layers.empty()) return;  // a family without a list: the worker checks
     for (const auto& target : config->targets) {
       // a dotted name is one layer's path (layers.0.self_attn.q_proj): the worker checks it on the module
-      if (target == "all-linear" || target.find('.') != std::string::npos || std::find(layers.begin(), layers.end(), target) != layers.end())
+      if (target == "all-linear" || target.find('.') != std::string::npos ||
+          std::find(layers.begin(), layers.end(), target) != layers.end())
         continue;
       const auto targets = fmt::format("{}", fmt::join(config->targets, ","));
-      const auto reason = fmt::format("'{}' names no layer of {}: its layers are {}, or all-linear", target, directory->string(),
-                                      fmt::join(layers, ", "));
-      if (knobs.find("lora_targets") != nullptr) throw SpecError(errors::spec_knob, "--lora-targets = " + targets, reason);
+      const auto reason = fmt::format("'{}' names no layer of {}: its layers are {}, or all-linear", target,
+                                      directory->string(), fmt::join(layers, ", "));
+      if (knobs.find("lora_targets") != nullptr)
+        throw SpecError(errors::spec_knob, "--lora-targets = " + targets, reason);
       throw SpecError("lora.targets", targets, reason);
     }
   }
@@ -564,23 +706,28 @@ class Training {
   template <class Factory>
   static void add_login_check_of(const Factory& factory, DataLoginCheck& slot) {
     slot = nullptr;
-    if constexpr (requires(const Factory& f, const Knobs& k, const std::optional<std::filesystem::path>& d) { f.check_at_login(k, d); })
-      slot = [factory](const Knobs& knobs, const std::optional<std::filesystem::path>& directory) { factory.check_at_login(knobs, directory); };
+    if constexpr (requires(const Factory& f, const Knobs& k, const std::optional<std::filesystem::path>& d) {
+                    f.check_at_login(k, d);
+                  })
+      slot = [factory](const Knobs& knobs, const std::optional<std::filesystem::path>& directory) {
+        factory.check_at_login(knobs, directory);
+      };
     else if constexpr (requires(const Factory& f, const Knobs& k) { f.check_at_login(k); })
-      slot = [factory](const Knobs& knobs, const std::optional<std::filesystem::path>&) { factory.check_at_login(knobs); };
+      slot = [factory](const Knobs& knobs, const std::optional<std::filesystem::path>&) {
+        factory.check_at_login(knobs);
+      };
   }
 
   /// A data factory's part of the job's preparation step: knobs, the pretrained model's directory, the step's output.
-  using DataPreparation = std::function<void(const Knobs&, const std::optional<std::filesystem::path>&, const std::filesystem::path&)>;
+  using DataPreparation =
+      std::function<void(const Knobs&, const std::optional<std::filesystem::path>&, const std::filesystem::path&)>;
   template <class Factory>
   static void add_preparation_of(const Factory& factory, DataPreparation& slot) {
     slot = nullptr;
-    if constexpr (requires(const Factory& f, const Knobs& k, const std::optional<std::filesystem::path>& d, const std::filesystem::path& o) {
-                    f.prepare_in_job(k, d, o);
-                  })
-      slot = [factory](const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained, const std::filesystem::path& out) {
-        factory.prepare_in_job(knobs, pretrained, out);
-      };
+    if constexpr (requires(const Factory& f, const Knobs& k, const std::optional<std::filesystem::path>& d,
+                           const std::filesystem::path& o) { f.prepare_in_job(k, d, o); })
+      slot = [factory](const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained,
+                       const std::filesystem::path& out) { factory.prepare_in_job(knobs, pretrained, out); };
   }
 
   std::function<ModelInstance(const RunContext&)> model_;
@@ -589,7 +736,7 @@ class Training {
   StrategyFactory strategy_;  // Replicated (the constructor)
   std::optional<ZeroStage> sharding_;
   int hsdp_group_size_ = 0;
-  LossFunction loss_;         // cross entropy (the constructor)
+  LossFunction loss_;  // cross entropy (the constructor)
   StepFunction step_ = default_step;
   EvalStepFunction eval_step_ = default_eval_step;
   std::function<data::Source(const RunContext&)> train_data_, eval_data_;

@@ -65,24 +65,46 @@ inline std::optional<std::string> wandb_name_problem(std::string_view name) {
 /// project. Throws SpecError `[hpctrain.spec.wandb]` for a name W&B refuses.
 class Wandb {
  public:
-  Wandb(std::string project) : project_(checked("project", std::move(project))) {}  // NOLINT: implicit, `.wandb("fashion")`
-  Wandb(const char* project) : Wandb(std::string(project)) {}                     // NOLINT
+  Wandb(std::string project)
+      : project_(checked("project", std::move(project))) {}    // NOLINT: implicit, `.wandb("fashion")`
+  Wandb(const char* project) : Wandb(std::string(project)) {}  // NOLINT
 
   /// The project (also set by `--wandb PROJECT`).
-  Wandb& project(std::string name) { project_ = checked("project", std::move(name)); return *this; }
+  Wandb& project(std::string name) {
+    project_ = checked("project", std::move(name));
+    return *this;
+  }
   /// The team or user the run belongs to. Default: the default entity of whoever runs `wandb sync`.
-  Wandb& entity(std::string name) { entity_ = checked("entity", std::move(name)); return *this; }
+  Wandb& entity(std::string name) {
+    entity_ = checked("entity", std::move(name));
+    return *this;
+  }
   /// The run's name in the W&B UI. Default: `<job name>-<job id>` (`fashion-12345`; an array task adds its
   /// `_<task>`), else the run directory's name.
-  Wandb& name(std::string name) { name_ = std::move(name); return *this; }
+  Wandb& name(std::string name) {
+    name_ = std::move(name);
+    return *this;
+  }
   /// The group of runs it belongs to. Default: for an array task (a sweep), `<job name>-<job id>`.
-  Wandb& group(std::string name) { group_ = limited("group", std::move(name)); return *this; }
+  Wandb& group(std::string name) {
+    group_ = limited("group", std::move(name));
+    return *this;
+  }
   /// The kind of run ("train", "sft"). Default: none.
-  Wandb& job_type(std::string name) { job_type_ = limited("job_type", std::move(name)); return *this; }
+  Wandb& job_type(std::string name) {
+    job_type_ = limited("job_type", std::move(name));
+    return *this;
+  }
   /// Tags shown beside the run. Default: none.
-  Wandb& tags(std::vector<std::string> tags) { tags_ = std::move(tags); return *this; }
+  Wandb& tags(std::vector<std::string> tags) {
+    tags_ = std::move(tags);
+    return *this;
+  }
   /// A description of the run. Default: none.
-  Wandb& notes(std::string text) { notes_ = std::move(text); return *this; }
+  Wandb& notes(std::string text) {
+    notes_ = std::move(text);
+    return *this;
+  }
 
   const std::string& project() const { return project_; }
   const std::string& entity() const { return entity_; }
@@ -99,7 +121,9 @@ class Wandb {
     return value;
   }
   static std::string limited(std::string_view field, std::string value) {
-    if (value.size() > 128) throw SpecError(errors::spec_wandb, fmt::format("wandb.{} = \"{}\"", field, value), "must be at most 128 characters");
+    if (value.size() > 128)
+      throw SpecError(errors::spec_wandb, fmt::format("wandb.{} = \"{}\"", field, value),
+                      "must be at most 128 characters");
     return value;
   }
 
@@ -130,10 +154,13 @@ inline std::vector<WandbItem> wandb_config(const Knobs& knobs) {
     if (spec.name == "wandb") continue;
     const auto value = knobs.value(spec.name);
     if (!value) continue;
-    items.push_back({spec.name, std::visit([](const auto& v) {
-                                  if constexpr (std::is_same_v<std::decay_t<decltype(v)>, double>) return wandb_number(v);
-                                  else return nlohmann::json(v).dump();
-                                }, *value)});
+    items.push_back({spec.name, std::visit(
+                                    [](const auto& v) {
+                                      if constexpr (std::is_same_v<std::decay_t<decltype(v)>, double>)
+                                        return wandb_number(v);
+                                      else return nlohmann::json(v).dump();
+                                    },
+                                    *value)});
   }
   return items;
 }
@@ -141,11 +168,13 @@ inline std::vector<WandbItem> wandb_config(const Knobs& knobs) {
 namespace detail {
 /// `fashion` and `12345` (or `12345/12346_3`) for a run directory `.../hpctrain-jobs/fashion/12345[/12346_3]`;
 /// nothing for a directory outside that layout.
-inline std::optional<std::pair<std::string, std::filesystem::path>> job_of_run_directory(const std::filesystem::path& run_dir) {
+inline std::optional<std::pair<std::string, std::filesystem::path>> job_of_run_directory(
+    const std::filesystem::path& run_dir) {
   std::filesystem::path below;
   for (auto directory = run_dir.lexically_normal(); directory.has_parent_path() && directory != directory.parent_path();
        directory = directory.parent_path()) {
-    if (directory.parent_path().filename().string() == layout::jobs_root) return std::pair{directory.filename().string(), below};
+    if (directory.parent_path().filename().string() == layout::jobs_root)
+      return std::pair{directory.filename().string(), below};
     below = below.empty() ? directory.filename() : directory.filename() / below;
   }
   return std::nullopt;
@@ -222,7 +251,8 @@ class WandbLogger : public Logger {
     start.group = settings_.group();
     const auto job = detail::job_of_run_directory(info.run_dir);
     if (start.display_name.empty())
-      start.display_name = job ? fmt::format("{}-{}", job->first, job->second.generic_string()) : info.run_dir.filename().string();
+      start.display_name =
+          job ? fmt::format("{}-{}", job->first, job->second.generic_string()) : info.run_dir.filename().string();
     for (auto& c : start.display_name) c = c == '/' ? '-' : c;
     if (start.group.empty() && job && job->second.has_parent_path())  // an array task: its job groups the tasks
       start.group = fmt::format("{}-{}", job->first, job->second.parent_path().generic_string());
@@ -231,9 +261,9 @@ class WandbLogger : public Logger {
     start.tags = settings_.tags();
     start.start_time = started_;
     start.config = config_;
-    nlohmann::json facts{{"world_size", info.world_size}, {"device", info.device}, {"total_steps", info.total_steps},
-                         {"steps_per_epoch", info.steps_per_epoch}, {"run_dir", info.run_dir.string()},
-                         {"version", HPCTRAIN_VERSION_STRING}};
+    nlohmann::json facts{{"world_size", info.world_size},    {"device", info.device},
+                         {"total_steps", info.total_steps},  {"steps_per_epoch", info.steps_per_epoch},
+                         {"run_dir", info.run_dir.string()}, {"version", HPCTRAIN_VERSION_STRING}};
     if (info.resumed_from) facts["resumed_from"] = *info.resumed_from;
     start.config.push_back({"hpctrain", facts.dump()});
     auto environment = detail::wandb_environment(started_);
@@ -306,14 +336,20 @@ class WandbLogger : public Logger {
       return;
     }
     const auto state = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
-    const auto id = state.is_object() && state.contains("run_id") && state["run_id"].is_string() ? state["run_id"].get<std::string>() : "";
-    const bool id_ok = !id.empty() && id.size() <= 64 &&
-                       id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") == std::string::npos;
+    const auto id = state.is_object() && state.contains("run_id") && state["run_id"].is_string()
+                        ? state["run_id"].get<std::string>()
+                        : "";
+    const bool id_ok =
+        !id.empty() && id.size() <= 64 &&
+        id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") == std::string::npos;
     if (!id_ok)
-      throw RuntimeError(errors::runtime_wandb, fmt::format("{} holds no valid run id (letters, digits, - and _); remove it to start a new W&B run",
-                                                            state_file_.string()));
+      throw RuntimeError(
+          errors::runtime_wandb,
+          fmt::format("{} holds no valid run id (letters, digits, - and _); remove it to start a new W&B run",
+                      state_file_.string()));
     run_id_ = id;
-    if (state.contains("last_step") && state["last_step"].is_number_integer()) last_step_ = state["last_step"].get<std::int64_t>();
+    if (state.contains("last_step") && state["last_step"].is_number_integer())
+      last_step_ = state["last_step"].get<std::int64_t>();
   }
 
   /// A hint for the next attempt, replaced by a rename (a crash leaves the old or the new one).
@@ -326,7 +362,8 @@ class WandbLogger : public Logger {
     }
     std::error_code error;
     std::filesystem::rename(temporary, state_file_, error);
-    if (error) throw RuntimeError(errors::runtime_wandb, fmt::format("cannot rename {}: {}", temporary, error.message()));
+    if (error)
+      throw RuntimeError(errors::runtime_wandb, fmt::format("cannot rename {}: {}", temporary, error.message()));
   }
 
   Wandb settings_;

@@ -214,8 +214,8 @@ inline WandbRecordBody exit(int exit_code, std::int64_t runtime_seconds, bool no
 /// flushed as soon as it is written.
 class WandbTransactionLog {
  public:
-  static constexpr std::size_t block_size = 32768;   ///< LEVELDBLOG_BLOCK_LEN
-  static constexpr std::size_t chunk_header = 7;     ///< crc32, length, type
+  static constexpr std::size_t block_size = 32768;  ///< LEVELDBLOG_BLOCK_LEN
+  static constexpr std::size_t chunk_header = 7;    ///< crc32, length, type
   enum ChunkType : std::uint8_t { full = 1, first = 2, middle = 3, last = 4 };
 
   /// Creates `path` (which must not exist) and writes the file header. Throws RuntimeError
@@ -271,7 +271,8 @@ class WandbTransactionLog {
 
  private:
   void write(std::string_view bytes) {
-    if (std::fwrite(bytes.data(), 1, bytes.size(), file_) != bytes.size() || std::fflush(file_) != 0) fail("cannot write");
+    if (std::fwrite(bytes.data(), 1, bytes.size(), file_) != bytes.size() || std::fflush(file_) != 0)
+      fail("cannot write");
     offset_ += bytes.size();
   }
   [[noreturn]] void fail(std::string_view what) const {
@@ -302,7 +303,9 @@ class WandbOfflineRun {
   /// Creates the run's directory under `wandb_dir` (a `-1`, `-2`... suffix when one of that second exists) and
   /// writes the header and run records. Throws RuntimeError `[hpctrain.runtime.wandb]`.
   WandbOfflineRun(const std::filesystem::path& wandb_dir, const WandbRunStart& start, std::string_view producer)
-      : directory_(make_directory(wandb_dir, start)), log_(directory_ / fmt::format("run-{}.wandb", start.run_id)), stream_id_(start.run_id) {
+      : directory_(make_directory(wandb_dir, start)),
+        log_(directory_ / fmt::format("run-{}.wandb", start.run_id)),
+        stream_id_(start.run_id) {
     write(wandb_record::header(producer));
     write(wandb_record::run(start));
   }
@@ -334,14 +337,18 @@ class WandbOfflineRun {
     std::error_code error;
     fs::create_directories(wandb_dir, error);
     for (int attempt = 0; attempt < 1000; ++attempt) {
-      auto directory = wandb_dir / fmt::format("offline-run-{}-{}{}", stamp, start.run_id, attempt == 0 ? "" : fmt::format("-{}", attempt));
+      auto directory = wandb_dir / fmt::format("offline-run-{}-{}{}", stamp, start.run_id,
+                                               attempt == 0 ? "" : fmt::format("-{}", attempt));
       if (fs::create_directory(directory, error)) {
         fs::create_directory(directory / "files", error);
         if (!error) return directory;
       }
-      if (error) throw RuntimeError(errors::runtime_wandb, fmt::format("cannot create {}: {}", directory.string(), error.message()));
+      if (error)
+        throw RuntimeError(errors::runtime_wandb,
+                           fmt::format("cannot create {}: {}", directory.string(), error.message()));
     }
-    throw RuntimeError(errors::runtime_wandb, fmt::format("cannot create an offline run directory under {}", wandb_dir.string()));
+    throw RuntimeError(errors::runtime_wandb,
+                       fmt::format("cannot create an offline run directory under {}", wandb_dir.string()));
   }
 
   void write(const WandbRecordBody& body) {

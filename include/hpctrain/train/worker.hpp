@@ -1,8 +1,8 @@
 #pragma once
 // Worker mode: what one rank runs under srun or `--local N`. The knob table of a Training — the built-ins
-// (--epochs, --max-steps, --batch-size, --lr, --sharding) and the program's own (`Training::knob`) — is the same one the
-// login command checked; the worker reads its forwarded arguments with it, applies them, finds its place in
-// the world from the environment, trains, and maps errors to the exit codes of DESIGN.md.
+// (--epochs, --max-steps, --batch-size, --lr, --sharding) and the program's own (`Training::knob`) — is the same one
+// the login command checked; the worker reads its forwarded arguments with it, applies them, finds its place in the
+// world from the environment, trains, and maps errors to the exit codes of DESIGN.md.
 #include <charconv>
 #include <chrono>
 #include <cstdint>
@@ -33,9 +33,10 @@ namespace hpctrain {
 
 /// The knob table of `training`: the built-ins (--epochs --max-steps --batch-size --lr --sharding --hsdp-group-size
 /// --precision --log-every --eval-every --max-eval-examples --eval-batch-size --checkpoint-every --checkpoint-async
-/// --export-dtype --export-shard-size --wandb), whose defaults are the description's values, then the program's own knobs
-/// (Training::knob's, then those hpctrain::knob declared inline). Throws SpecError when a program knob reuses a built-in's name.
-/// `program` (the job's name) is the W&B project a bare `--wandb` stands for when the Training names none.
+/// --export-dtype --export-shard-size --wandb), whose defaults are the description's values, then the program's own
+/// knobs (Training::knob's, then those hpctrain::knob declared inline). Throws SpecError when a program knob reuses a
+/// built-in's name. `program` (the job's name) is the W&B project a bare `--wandb` stands for when the Training names
+/// none.
 inline Knobs training_knobs(const Training& training, std::string_view program = "hpctrain") {
   Knobs table;
   const auto declare_count = [&](const char* name, std::optional<std::int64_t> value, const char* help) {
@@ -44,7 +45,8 @@ inline Knobs training_knobs(const Training& training, std::string_view program =
   };
   declare_count("epochs", training.epochs(), "passes over the training data");
   declare_count("max_steps", training.max_steps(), "optimizer steps (with epochs: whichever ends first)");
-  declare_count("batch_size", training.batch_size().value > 0 ? std::optional(training.batch_size().value) : std::nullopt,
+  declare_count("batch_size",
+                training.batch_size().value > 0 ? std::optional(training.batch_size().value) : std::nullopt,
                 "examples per optimizer step (per rank or global, as the program declares)");
   if (training.lr()) table.declare<double>("lr", *training.lr(), "base learning rate", positive());
   else table.declare_optional<double>("lr", "base learning rate (default: the optimizer's)", positive());
@@ -55,35 +57,48 @@ inline Knobs training_knobs(const Training& training, std::string_view program =
     table.declare<std::string>("sharding", to_string(*training.sharding()),
                                "data-parallel strategy: none (replicated), zero1, zero2, zero3 or hsdp", stage_name);
   } else {
-    table.declare_optional<std::string>("sharding", "data-parallel strategy: none (replicated), zero1, zero2, zero3 or hsdp "
-                                        "(default: the program's strategy)", stage_name);
+    table.declare_optional<std::string>("sharding",
+                                        "data-parallel strategy: none (replicated), zero1, zero2, zero3 or hsdp "
+                                        "(default: the program's strategy)",
+                                        stage_name);
   }
-  table.declare<std::int64_t>("hsdp_group_size", training.hsdp_group_size(),
-                              "under --sharding hsdp: ranks per shard group, dividing the world (0: the ranks of a node)",
+  table.declare<std::int64_t>(
+      "hsdp_group_size", training.hsdp_group_size(),
+      "under --sharding hsdp: ranks per shard group, dividing the world (0: the ranks of a node)", non_negative());
+  table.declare<std::string>(
+      "precision", std::string(to_string(training.precision())),
+      "forward precision: fp32, bf16, or auto (bf16 on a GPU or a CPU with AVX512-BF16/AMX)",
+      KnobCheck<std::string>([](const std::string& name) { return precision_from_name(name).has_value(); },
+                             "must be fp32, bf16 or auto"));
+  table.declare<std::int64_t>("log_every", training.log_every(),
+                              "steps between train records (progress lines, metrics.jsonl)", positive());
+  table.declare<std::int64_t>("eval_every", training.eval_every(), "steps between evaluations (0: only at the end)",
                               non_negative());
-  table.declare<std::string>("precision", std::string(to_string(training.precision())),
-                             "forward precision: fp32, bf16, or auto (bf16 on a GPU or a CPU with AVX512-BF16/AMX)",
-                             KnobCheck<std::string>([](const std::string& name) { return precision_from_name(name).has_value(); },
-                                                    "must be fp32, bf16 or auto"));
-  table.declare<std::int64_t>("log_every", training.log_every(), "steps between train records (progress lines, metrics.jsonl)", positive());
-  table.declare<std::int64_t>("eval_every", training.eval_every(), "steps between evaluations (0: only at the end)", non_negative());
   table.declare<std::int64_t>("max_eval_examples", training.max_eval_examples(),
                               "evaluate on the first N examples of the evaluation data (0: all)", non_negative());
-  table.declare<std::int64_t>("eval_batch_size", training.eval_batch_size(), "examples per evaluation forward on each rank", positive());
-  table.declare<std::int64_t>("checkpoint_every", training.checkpoint_every(), "steps between checkpoints (0: only at the end)",
-                              non_negative());
-  table.declare<bool>("checkpoint_async", training.checkpoint_async(),
-                      "write checkpoints in the background while the steps go on (the step serialises them into host memory)");
-  table.declare<std::string>("export_dtype", "auto",
-                             "dtype of the weights an export writes: bf16, fp16, fp32, or auto (the pretrained checkpoint's, else bf16)",
-                             KnobCheck<std::string>([](const std::string& name) { return name == "auto" || models::export_dtype_from_name(name); },
-                                                    "must be bf16, fp16, fp32 or auto"));
-  table.declare<std::string>("export_shard_size", "5GB",
-                             "most bytes of a safetensors file an export writes, as transformers' max_shard_size (5GB, 500MB, 2GiB)",
-                             KnobCheck<std::string>([](const std::string& size) { return models::parse_shard_size(size).has_value(); },
-                                                    "must be a positive size: bytes, or a number with KB, MB, GB, KiB, MiB or GiB"));
-  const char* wandb_help = "a W&B offline run in the run directory, project PROJECT (alone: the program's project, else the job's name), uploaded by --wandb-sync; off: none";
-  if (training.wandb()) table.declare<std::string>("wandb", training.wandb()->project(), wandb_help, wandb_project_check());
+  table.declare<std::int64_t>("eval_batch_size", training.eval_batch_size(),
+                              "examples per evaluation forward on each rank", positive());
+  table.declare<std::int64_t>("checkpoint_every", training.checkpoint_every(),
+                              "steps between checkpoints (0: only at the end)", non_negative());
+  table.declare<bool>(
+      "checkpoint_async", training.checkpoint_async(),
+      "write checkpoints in the background while the steps go on (the step serialises them into host memory)");
+  table.declare<std::string>(
+      "export_dtype", "auto",
+      "dtype of the weights an export writes: bf16, fp16, fp32, or auto (the pretrained checkpoint's, else bf16)",
+      KnobCheck<std::string>(
+          [](const std::string& name) { return name == "auto" || models::export_dtype_from_name(name); },
+          "must be bf16, fp16, fp32 or auto"));
+  table.declare<std::string>(
+      "export_shard_size", "5GB",
+      "most bytes of a safetensors file an export writes, as transformers' max_shard_size (5GB, 500MB, 2GiB)",
+      KnobCheck<std::string>([](const std::string& size) { return models::parse_shard_size(size).has_value(); },
+                             "must be a positive size: bytes, or a number with KB, MB, GB, KiB, MiB or GiB"));
+  const char* wandb_help =
+      "a W&B offline run in the run directory, project PROJECT (alone: the program's project, else the job's name), "
+      "uploaded by --wandb-sync; off: none";
+  if (training.wandb())
+    table.declare<std::string>("wandb", training.wandb()->project(), wandb_help, wandb_project_check());
   else table.declare_optional<std::string>("wandb", wandb_help, wandb_project_check());
   table.allow_bare("wandb", training.wandb() ? training.wandb()->project() : wandb_project_name(program), "[PROJECT]");
   table.extend(training.knobs());
@@ -102,11 +117,15 @@ inline Knobs parse_training_knobs(const Training& training, const std::vector<st
 inline Training with_knobs(Training training, const Knobs& knobs) {
   if (auto epochs = knobs.get_if_given<std::int64_t>("epochs")) training.epochs(*epochs);
   if (auto steps = knobs.get_if_given<std::int64_t>("max_steps")) training.max_steps(*steps);
-  if (auto batch = knobs.get_if_given<std::int64_t>("batch_size")) training.batch_size({*batch, training.batch_size().scope});
+  if (auto batch = knobs.get_if_given<std::int64_t>("batch_size"))
+    training.batch_size({*batch, training.batch_size().scope});
   if (auto lr = knobs.get_if_given<double>("lr")) training.lr(*lr);
-  if (auto size = knobs.get_if_given<std::int64_t>("hsdp_group_size")) training.hsdp_group_size(static_cast<int>(*size));
-  if (auto sharding = knobs.get_if_given<std::string>("sharding")) training.sharding(zero_stage_from_name(*sharding).value());
-  if (auto precision = knobs.get_if_given<std::string>("precision")) training.precision(precision_from_name(*precision).value());
+  if (auto size = knobs.get_if_given<std::int64_t>("hsdp_group_size"))
+    training.hsdp_group_size(static_cast<int>(*size));
+  if (auto sharding = knobs.get_if_given<std::string>("sharding"))
+    training.sharding(zero_stage_from_name(*sharding).value());
+  if (auto precision = knobs.get_if_given<std::string>("precision"))
+    training.precision(precision_from_name(*precision).value());
   if (auto every = knobs.get_if_given<std::int64_t>("log_every")) training.log_every(*every);
   if (auto every = knobs.get_if_given<std::int64_t>("eval_every")) training.eval_every(*every);
   if (auto examples = knobs.get_if_given<std::int64_t>("max_eval_examples")) training.max_eval_examples(*examples);
@@ -162,7 +181,8 @@ inline std::optional<std::int64_t> check_fabric_request() {
   std::int64_t bytes = -1;
   const auto [end, error] = std::from_chars(text->data(), text->data() + text->size(), bytes);
   if (error != std::errc() || end != text->data() + text->size() || bytes < 0)
-    throw RuntimeError(errors::runtime_fabric, fmt::format("{}={:?} is not a number of bytes", env::check_fabric, *text));
+    throw RuntimeError(errors::runtime_fabric,
+                       fmt::format("{}={:?} is not a number of bytes", env::check_fabric, *text));
   return bytes;
 }
 
@@ -172,7 +192,8 @@ inline std::optional<double> expected_busbw_from_environment() {
   char* end = nullptr;
   const double gbps = std::strtod(text->c_str(), &end);
   if (end != text->c_str() + text->size() || !(gbps > 0))
-    throw RuntimeError(errors::runtime_fabric, fmt::format("{}={:?} is not a positive number of GB/s", env::expected_busbw, *text));
+    throw RuntimeError(errors::runtime_fabric,
+                       fmt::format("{}={:?} is not a positive number of GB/s", env::expected_busbw, *text));
   return gbps;
 }
 

@@ -58,7 +58,8 @@ dist::GradientSyncOptions small_buckets() {
 
 dist::Options options_from_environment() {
   dist::Options options;
-  if (const char* timeout = std::getenv("HPCTRAIN_DIST_TIMEOUT_MS")) options.timeouts(std::chrono::milliseconds(std::stol(timeout)));
+  if (const char* timeout = std::getenv("HPCTRAIN_DIST_TIMEOUT_MS"))
+    options.timeouts(std::chrono::milliseconds(std::stol(timeout)));
   return options;
 }
 
@@ -91,7 +92,8 @@ int check_gradients(dist::ProcessGroup& group, const std::shared_ptr<dist::Proce
     sync.set_sync(micro == micro_steps - 1);
     const auto rows = group.rank() * per_rank_batch + micro * micro_batch;
     auto loss = torch::nn::functional::cross_entropy(model->forward(inputs.narrow(0, rows, micro_batch)),
-                                                     targets.narrow(0, rows, micro_batch)) / micro_steps;
+                                                     targets.narrow(0, rows, micro_batch)) /
+                micro_steps;
     loss.backward();
   }
   sync.finish();
@@ -181,8 +183,11 @@ int check_no_overlap(const std::shared_ptr<dist::ProcessGroup>& shared) {
   const auto batch = global_batch(shared->world_size(), 0);
   const auto& inputs = batch.first;
   const auto& targets = batch.second;
-  const auto mine = [&](const torch::Tensor& t) { return t.narrow(0, shared->rank() * per_rank_batch, per_rank_batch); };
-  auto gradients_of = [&](torch::nn::Sequential& model, dist::GradientSync& sync, std::size_t& launched_after_backward) {
+  const auto mine = [&](const torch::Tensor& t) {
+    return t.narrow(0, shared->rank() * per_rank_batch, per_rank_batch);
+  };
+  auto gradients_of = [&](torch::nn::Sequential& model, dist::GradientSync& sync,
+                          std::size_t& launched_after_backward) {
     torch::nn::functional::cross_entropy(model->forward(mine(inputs)), mine(targets)).backward();
     launched_after_backward = sync.launched_bucket_count();
     sync.finish();
@@ -208,9 +213,11 @@ int check_no_overlap(const std::shared_ptr<dist::ProcessGroup>& shared) {
   bool equal = expected.size() == got.size();
   for (std::size_t i = 0; equal && i < got.size(); ++i) equal = torch::equal(got[i], expected[i]);
   std::cout << fmt::format("buckets={}\nlaunched_after_backward={}\nlaunched_after_finish={}\ngradients_equal={}\n",
-                           deferred.bucket_count(), deferred_launches, deferred.launched_bucket_count(), equal ? "yes" : "no")
+                           deferred.bucket_count(), deferred_launches, deferred.launched_bucket_count(),
+                           equal ? "yes" : "no")
             << std::flush;
-  return deferred.bucket_count() >= 3 && deferred_launches == 0 && deferred.launched_bucket_count() == deferred.bucket_count() &&
+  return deferred.bucket_count() >= 3 && deferred_launches == 0 &&
+                 deferred.launched_bucket_count() == deferred.bucket_count() &&
                  overlapped_launches == overlapped.bucket_count() && equal
              ? 0
              : 1;
@@ -231,14 +238,15 @@ int check_collectives(dist::ProcessGroup& group) {
   auto transposed = matrix.t();
   dist::all_reduce_sum(group, transposed);
   const double factor = world * (world + 1) / 2.0;
-  expect(torch::equal(matrix, torch::arange(6, torch::kFloat32).view({2, 3}) * factor), "transposed view reduced in place");
+  expect(torch::equal(matrix, torch::arange(6, torch::kFloat32).view({2, 3}) * factor),
+         "transposed view reduced in place");
   // Broadcasts in buckets of at most 64 bytes: several buckets, a tensor larger than one alone (in place), two
   // dtypes, a non-contiguous view; every rank ends with rank 0's values.
-  auto small = torch::full({3}, static_cast<float>(group.rank()));           // 12 bytes
-  auto large = torch::full({40}, static_cast<float>(group.rank()));          // 160 bytes: alone, in place
+  auto small = torch::full({3}, static_cast<float>(group.rank()));   // 12 bytes
+  auto large = torch::full({40}, static_cast<float>(group.rank()));  // 160 bytes: alone, in place
   auto base = torch::full({4, 4}, static_cast<double>(group.rank()));
-  auto view = base.t();                                                      // 128 bytes, not contiguous
-  auto counts = torch::full({5}, static_cast<std::int64_t>(group.rank()));   // another dtype
+  auto view = base.t();                                                     // 128 bytes, not contiguous
+  auto counts = torch::full({5}, static_cast<std::int64_t>(group.rank()));  // another dtype
   dist::detail::broadcast_from_rank0(group, {small, large, view, counts, small.clone()}, 64);
   expect(small.eq(0).all().item<bool>() && large.eq(0).all().item<bool>() && base.eq(0).all().item<bool>() &&
              counts.eq(0).all().item<bool>(),
@@ -265,10 +273,12 @@ int check_subgroups(dist::ProcessGroup& world) {
     auto alone = world.subgroup({rank}, "alone");
     expect(shard_group->rank() == index && shard_group->world_size() == 2, "rank and size in the shard group");
     expect(replica_group->rank() == shard && replica_group->world_size() == 2, "rank and size in the replica group");
-    expect(alone->world_size() == 1 && alone->backend() == nullptr && shard_group->is_subgroup(), "a group of one has no backend");
+    expect(alone->world_size() == 1 && alone->backend() == nullptr && shard_group->is_subgroup(),
+           "a group of one has no backend");
     expect(shard_group->backend_name() == world.backend_name(), "the subgroup's backend is the world's kind");
     // Sums of rank + 1 over each group's members.
-    expect(dist::all_reduce_sum(*shard_group, rank + 1.0) == (2 * shard + 1) + (2 * shard + 2), "sum over the shard group");
+    expect(dist::all_reduce_sum(*shard_group, rank + 1.0) == (2 * shard + 1) + (2 * shard + 2),
+           "sum over the shard group");
     expect(dist::all_reduce_sum(*replica_group, rank + 1.0) == (index + 1) + (index + 3), "sum over the replica group");
     expect(dist::all_reduce_sum(*alone, rank + 1.0) == rank + 1, "sum over a group of one");
     expect(dist::all_reduce_sum(world, 1.0) == 4, "sum over the world beside the subgroups");
@@ -277,7 +287,8 @@ int check_subgroups(dist::ProcessGroup& world) {
     flat.narrow(0, 2 * replica_group->rank(), 2).fill_(static_cast<float>(rank));
     auto gather = dist::start_all_gather_in_place(*replica_group, flat);
     dist::wait(*replica_group, gather);
-    expect(torch::equal(flat, torch::tensor({index, index, index + 2, index + 2}, torch::kFloat32)), "all-gather in the replica group");
+    expect(torch::equal(flat, torch::tensor({index, index, index + 2, index + 2}, torch::kFloat32)),
+           "all-gather in the replica group");
     auto values = torch::full({3}, static_cast<float>(rank));
     dist::detail::broadcast_from_rank0(*shard_group, {values});
     expect(values.eq(static_cast<float>(2 * shard)).all().item<bool>(), "broadcast from the shard group's first rank");
@@ -290,7 +301,9 @@ int check_subgroups(dist::ProcessGroup& world) {
 // Rank 0 uses an extra head, rank 1 does not: rank 1 contributes zeros, both end with half of rank 0's
 // gradient, and rank 1 reports the head's parameters as without gradient.
 struct TwoHeads : torch::nn::Module {
-  TwoHeads() : body(register_module("body", torch::nn::Linear(4, 4))), extra(register_module("extra", torch::nn::Linear(4, 1))) {}
+  TwoHeads()
+      : body(register_module("body", torch::nn::Linear(4, 4))),
+        extra(register_module("extra", torch::nn::Linear(4, 1))) {}
   torch::nn::Linear body, extra;
 };
 

@@ -4,7 +4,7 @@
 // The MLP lists its two hidden layers as blocks, so every `--sharding` stage runs it (zero3 by default).
 #include <hpctrain/hpctrain.hpp>
 #include <hpctrain/models/blocks.hpp>  // ListsBlocks
-#include <torch/torch.h>  // the model's layers (torch::nn)
+#include <torch/torch.h>               // the model's layers (torch::nn)
 
 using namespace std::chrono_literals;
 namespace ht = hpctrain;
@@ -16,8 +16,10 @@ struct MlpImpl : torch::nn::Module, ht::ListsBlocks {
         head(register_module("head", torch::nn::Linear(47, 10))) {}
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() override { return {first.ptr(), second.ptr()}; }
   torch::Tensor forward(torch::Tensor x) {
-    x = run_block(0, [this](const torch::Tensor& in) { return torch::relu(first(in)); }, x);
-    x = run_block(1, [this](const torch::Tensor& in) { return torch::tanh(second(in)); }, x);
+    x = run_block(
+        0, [this](const torch::Tensor& in) { return torch::relu(first(in)); }, x);
+    x = run_block(
+        1, [this](const torch::Tensor& in) { return torch::tanh(second(in)); }, x);
     return head(x);
   }
   torch::nn::Linear first, second, head;

@@ -21,7 +21,8 @@
 //   zero_worker train <zero1|zero2|zero3> <dir> <save_at|-1> <steps> [resume_from_world resume_step]
 //       trains steps [start, steps) on a fixed global batch per step (24 rows split over the ranks),
 //       prints loss_<step>=<hex float>; saves a sharded checkpoint into <dir> after step <save_at>;
-//       resumes from the checkpoint in <dir> written by <resume_from_world> ranks after <resume_step> (ZeRO-3: gathering no block)
+//       resumes from the checkpoint in <dir> written by <resume_from_world> ranks after <resume_step> (ZeRO-3:
+//       gathering no block)
 //   zero_worker lbfgs <zero1|zero2>          a non-elementwise optimizer is refused at setup
 //   zero_worker other-model <zero2> <dir> <world>  resuming a checkpoint of another model is refused
 #include <torch/torch.h>
@@ -70,8 +71,10 @@ struct BlockNetImpl : torch::nn::Module, hpctrain::ListsBlocks {
         head(register_module("4", torch::nn::Linear(17, classes))) {}
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() override { return {first.ptr(), second.ptr()}; }
   torch::Tensor forward(const torch::Tensor& x) {
-    auto h = run_block(0, [this](const torch::Tensor& in) { return torch::tanh(first(in)); }, x);
-    h = run_block(1, [this](const torch::Tensor& in) { return torch::relu(second(in)); }, h);
+    auto h = run_block(
+        0, [this](const torch::Tensor& in) { return torch::tanh(first(in)); }, x);
+    h = run_block(
+        1, [this](const torch::Tensor& in) { return torch::relu(second(in)); }, h);
     return head(h);
   }
   torch::nn::Linear first, second, head;
@@ -98,7 +101,8 @@ dist::GradientSyncOptions small_buckets() {
 /// AdamW with the usual recipe: no weight decay on biases (chosen by name, which shards keep).
 std::unique_ptr<torch::optim::Optimizer> make_adamw(const NamedParameters& named) {
   std::vector<torch::Tensor> decay, no_decay;
-  for (const auto& [name, tensor] : named) (name.find("bias") != std::string::npos ? no_decay : decay).push_back(tensor);
+  for (const auto& [name, tensor] : named)
+    (name.find("bias") != std::string::npos ? no_decay : decay).push_back(tensor);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   auto options = [](double weight_decay) {
     return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(3e-3).weight_decay(weight_decay));
@@ -134,7 +138,8 @@ std::size_t optimizer_state_bytes(const hpctrain::DataParallelStrategy& strategy
 
 dist::Options options_from_environment() {
   dist::Options options;
-  if (const char* timeout = std::getenv("HPCTRAIN_DIST_TIMEOUT_MS")) options.timeouts(std::chrono::milliseconds(std::stol(timeout)));
+  if (const char* timeout = std::getenv("HPCTRAIN_DIST_TIMEOUT_MS"))
+    options.timeouts(std::chrono::milliseconds(std::stol(timeout)));
   return options;
 }
 
@@ -185,13 +190,13 @@ std::unique_ptr<torch::optim::Optimizer> make_sgd(const NamedParameters& named) 
   return std::make_unique<torch::optim::SGD>(tensors, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3));
 }
 
-int check_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage stage, int steps, int accumulation,
-                      const std::string& optimizer_name) {
-  const hpctrain::OptimizerFactory make_optimizer = optimizer_name == "sgd" ? hpctrain::OptimizerFactory(make_sgd)
-                                                                           : hpctrain::OptimizerFactory(make_adamw);
+int check_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage stage, int steps,
+                      int accumulation, const std::string& optimizer_name) {
+  const hpctrain::OptimizerFactory make_optimizer =
+      optimizer_name == "sgd" ? hpctrain::OptimizerFactory(make_sgd) : hpctrain::OptimizerFactory(make_adamw);
   const int rank = group->rank(), world = group->world_size();
   constexpr double max_norm = 0.35;  // about the median gradient norm here: clipping is active on half the steps
-  torch::manual_seed(5 + rank);     // different initialisation per rank: setup's broadcast must fix it
+  torch::manual_seed(5 + rank);      // different initialisation per rank: setup's broadcast must fix it
   auto model = make_model();
   auto reference = make_model();
   {
@@ -238,7 +243,8 @@ int check_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain
     const double relative = ((a - b).abs().max() / b.abs().max()).item<double>();
     worst = std::max(worst, relative);
     if (!(relative <= equivalence_bound)) {
-      std::cerr << fmt::format("rank {}: {} differs from Replicated by {:.3e} relative\n", rank, ours[i].key(), relative);
+      std::cerr << fmt::format("rank {}: {} differs from Replicated by {:.3e} relative\n", rank, ours[i].key(),
+                               relative);
       ok = false;
     }
   }
@@ -269,20 +275,25 @@ int check_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain
       unit_padded += buckets[b].padded_numel;
     }
     const auto& replicas = full->replica_group();
-    std::cout << fmt::format("shard_group_size={}\nreplica_group_size={}\nunit_shard_elements={}\nunit_padded_elements={}\n"
-                             "replica_reduced_bytes_per_shard_element={:g}\n",
-                             full->shard_group()->world_size(), replicas ? replicas->world_size() : 1, unit_shard, unit_padded,
-                             static_cast<double>(full->replica_reduced_bytes()) / static_cast<double>(steps * all_shards));
+    std::cout << fmt::format(
+        "shard_group_size={}\nreplica_group_size={}\nunit_shard_elements={}\nunit_padded_elements={}\n"
+        "replica_reduced_bytes_per_shard_element={:g}\n",
+        full->shard_group()->world_size(), replicas ? replicas->world_size() : 1, unit_shard, unit_padded,
+        static_cast<double>(full->replica_reduced_bytes()) / static_cast<double>(steps * all_shards));
   }
-  std::cout << fmt::format("max_relative_difference={:.3e}\nrelative_difference_bound={:.0e}\nmax_grad_norm_difference={:.3e}\n", worst,
-                           equivalence_bound, worst_norm_difference)
-            << fmt::format("optimizer_state_bytes={}\nreplicated_optimizer_state_bytes={}\n",
-                           optimizer_state_bytes(*strategy), [&] {
-                             std::size_t bytes = 0;
-                             for (auto& [key, state] : optimizer->state()) bytes += hpctrain::detail::state_tensor_bytes(*state);
-                             return bytes;
-                           }())
-            << std::flush;
+  std::cout
+      << fmt::format(
+             "max_relative_difference={:.3e}\nrelative_difference_bound={:.0e}\nmax_grad_norm_difference={:.3e}\n",
+             worst, equivalence_bound, worst_norm_difference)
+      << fmt::format("optimizer_state_bytes={}\nreplicated_optimizer_state_bytes={}\n",
+                     optimizer_state_bytes(*strategy),
+                     [&] {
+                       std::size_t bytes = 0;
+                       for (auto& [key, state] : optimizer->state())
+                         bytes += hpctrain::detail::state_tensor_bytes(*state);
+                       return bytes;
+                     }())
+      << std::flush;
   return ok ? 0 : 1;
 }
 
@@ -291,7 +302,8 @@ int check_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain
 
 fs::path archive_path(const fs::path& directory, int rank) { return directory / fmt::format("rank-{:05d}.hpct", rank); }
 
-void write_archive(const fs::path& path, torch::serialize::OutputArchive& archive, hpctrain::PieceWriter pieces, std::int64_t step) {
+void write_archive(const fs::path& path, torch::serialize::OutputArchive& archive, hpctrain::PieceWriter pieces,
+                   std::int64_t step) {
   auto serialized = hpctrain::detail::serialize_archive(archive, std::move(pieces));
   hpctrain::detail::seal_archive(serialized, step, 0);
   hpctrain::detail::write_sealed(path, serialized);
@@ -299,8 +311,8 @@ void write_archive(const fs::path& path, torch::serialize::OutputArchive& archiv
 
 /// `opened`: the ranks whose archives the load opened, in order; `piece_bytes`: the bytes of the element ranges the
 /// load asked of their pieces.
-hpctrain::SavedStrategyState saved_state(const fs::path& directory, int world, const std::string& strategy, std::vector<int>& opened,
-                                         std::int64_t& piece_bytes) {
+hpctrain::SavedStrategyState saved_state(const fs::path& directory, int world, const std::string& strategy,
+                                         std::vector<int>& opened, std::int64_t& piece_bytes) {
   auto files = std::make_shared<hpctrain::detail::CheckpointFiles>(directory, std::nullopt);
   hpctrain::SavedStrategyState saved{world, strategy, [files, &opened](int rank) {
                                        opened.push_back(rank);
@@ -349,8 +361,7 @@ int train(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage 
     // two moments (8), i.e. 1.5 times its optimizer state.
     std::cout << fmt::format("rank {} piece_bytes_read={}\nrank {} optimizer_state_bytes={}\n", rank, piece_bytes, rank,
                              optimizer_state_bytes(*strategy))
-              << fmt::format("rank {} loaded_digest={:08x}\n", rank, model_digest(*strategy, *model))
-              << std::flush;
+              << fmt::format("rank {} loaded_digest={:08x}\n", rank, model_digest(*strategy, *model)) << std::flush;
   }
   for (int step = start; step < steps; ++step) {
     const double local = strategy_step(*strategy, model, step, rank, world, 2, 0.5);
@@ -412,8 +423,9 @@ std::pair<hpctrain::models::GPT2, hpctrain::models::GPT2> equal_gpt2s(bool tied)
 /// Trains `model` through `strategy` (set up) and `reference` through Replicated (GradientSync + the same SGD),
 /// `steps` steps of `accumulation` micro-batches with clipping, both forwards under `precision`; returns the worst
 /// relative difference of the two gradient norms.
-double train_gpt2_beside_replicated(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::DataParallelStrategy& strategy,
-                                    hpctrain::models::GPT2& model, hpctrain::models::GPT2& reference, int steps, int accumulation,
+double train_gpt2_beside_replicated(const std::shared_ptr<dist::ProcessGroup>& group,
+                                    hpctrain::DataParallelStrategy& strategy, hpctrain::models::GPT2& model,
+                                    hpctrain::models::GPT2& reference, int steps, int accumulation,
                                     hpctrain::Precision precision) {
   const int rank = group->rank(), world = group->world_size();
   constexpr double max_norm = 0.5;
@@ -452,7 +464,8 @@ double train_gpt2_beside_replicated(const std::shared_ptr<dist::ProcessGroup>& g
 }
 
 /// The worst max |ours - theirs| / max |theirs| over the parameters; names each beyond `bound` on stderr.
-double worst_relative_difference(hpctrain::models::GPT2& model, hpctrain::models::GPT2& reference, double bound, int rank, bool& ok) {
+double worst_relative_difference(hpctrain::models::GPT2& model, hpctrain::models::GPT2& reference, double bound,
+                                 int rank, bool& ok) {
   double worst = 0;
   auto ours = model->named_parameters();
   auto theirs = reference->parameters();
@@ -460,7 +473,8 @@ double worst_relative_difference(hpctrain::models::GPT2& model, hpctrain::models
     const double relative = ((ours[i].value() - theirs[i]).abs().max() / theirs[i].abs().max()).item<double>();
     worst = std::max(worst, relative);
     if (!(relative <= bound)) {
-      std::cerr << fmt::format("rank {}: {} differs from Replicated by {:.3e} relative\n", rank, ours[i].key(), relative);
+      std::cerr << fmt::format("rank {}: {} differs from Replicated by {:.3e} relative\n", rank, ours[i].key(),
+                               relative);
       ok = false;
     }
   }
@@ -471,7 +485,8 @@ double worst_relative_difference(hpctrain::models::GPT2& model, hpctrain::models
 /// `gathered_bytes_per_block_element=` and `reduce_scattered_bytes_per_block_element=` lines.
 std::string block_traffic_lines(const hpctrain::FullyShardedStrategy& strategy, int steps, int accumulation) {
   double block_elements = 0;
-  for (std::size_t b = 0; b < strategy.sharded_unit_count(); ++b) block_elements += static_cast<double>(strategy.layout().buckets()[b].padded_numel);
+  for (std::size_t b = 0; b < strategy.sharded_unit_count(); ++b)
+    block_elements += static_cast<double>(strategy.layout().buckets()[b].padded_numel);
   const double per = block_elements * steps * accumulation;
   return fmt::format("gathered_bytes_per_block_element={:g}\nreduce_scattered_bytes_per_block_element={:g}\n",
                      static_cast<double>(strategy.block_traffic().gathered) / per,
@@ -481,8 +496,9 @@ std::string block_traffic_lines(const hpctrain::FullyShardedStrategy& strategy, 
 /// One more forward with grad: with activations kept, every block's gathered buffer is freed after the forward
 /// though autograd still refers to it (no memory held, `held_buffers=` blocks); with recomputation none is held.
 /// Then its backward, and the step's release.
-std::string held_after_forward(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::FullyShardedStrategy& strategy,
-                               hpctrain::models::GPT2& model, hpctrain::Precision precision) {
+std::string held_after_forward(const std::shared_ptr<dist::ProcessGroup>& group,
+                               hpctrain::FullyShardedStrategy& strategy, hpctrain::models::GPT2& model,
+                               hpctrain::Precision precision) {
   strategy.zero_grad();
   hpctrain::AutocastScope autocast(precision, torch::Device(torch::kCPU));
   auto loss = lm_loss(model, token_batch(0, group->rank(), group->world_size(), 0, 1));
@@ -496,7 +512,8 @@ std::string held_after_forward(const std::shared_ptr<dist::ProcessGroup>& group,
 /// Every rank loads rank 0's export with its blocks left empty and a fresh ZeRO-3 reads its own slices of them
 /// (GPT-2's transposed projections, shards padded and straddling parameters at world 3): gathered, the model
 /// equals the one exported, bit for bit.
-bool check_deferred_load(const std::shared_ptr<dist::ProcessGroup>& group, const fs::path& export_dir, hpctrain::models::GPT2& exported) {
+bool check_deferred_load(const std::shared_ptr<dist::ProcessGroup>& group, const fs::path& export_dir,
+                         hpctrain::models::GPT2& exported) {
   dist::all_reduce_sum(*group, 1.0);  // rank 0 has written the export
   auto deferred = hpctrain::models::load_gpt2_deferred(export_dir);
   bool ok = deferred->deferred_blocks() != nullptr && deferred->blocks().front()->parameters().front().numel() == 0;
@@ -507,7 +524,8 @@ bool check_deferred_load(const std::shared_ptr<dist::ProcessGroup>& group, const
   auto expected = exported->named_parameters();
   for (const auto& item : deferred->named_parameters())
     if (!torch::equal(expected[item.key()], item.value())) {
-      std::cerr << fmt::format("rank {}: {} read in slices differs from the exported model's\n", group->rank(), item.key());
+      std::cerr << fmt::format("rank {}: {} read in slices differs from the exported model's\n", group->rank(),
+                               item.key());
       ok = false;
     }
   std::cout << fmt::format("deferred_load_equal={}\n", ok ? 1 : 0);
@@ -527,7 +545,8 @@ void export_by_units(hpctrain::DataParallelStrategy& strategy, hpctrain::models:
   if (full != nullptr) full->reset_peak_gathered_bytes();
   const auto order = strategy.unit_shapes(*model);
   const auto visit = [&](const hpctrain::models::UnitVisitor& visitor) { strategy.visit_units(*model, visitor); };
-  if (rank == 0) hpctrain::models::save_pretrained_by_units(*model, order, visit, directory, {dtype, export_shard_bytes});
+  if (rank == 0)
+    hpctrain::models::save_pretrained_by_units(*model, order, visit, directory, {dtype, export_shard_bytes});
   else visit([](const hpctrain::models::NamedUnit&) {});
   if (full == nullptr) return;
   std::size_t largest = 0, all = 0;
@@ -536,8 +555,9 @@ void export_by_units(hpctrain::DataParallelStrategy& strategy, hpctrain::models:
     largest = std::max(largest, bytes);
     all += bytes;
   }
-  std::cout << fmt::format("export_peak_gathered_bytes={}\nlargest_unit_bytes={}\nall_units_bytes={}\ngathered_after_export={}\n",
-                           full->peak_gathered_bytes(), largest, all, full->gathered_bytes());
+  std::cout << fmt::format(
+      "export_peak_gathered_bytes={}\nlargest_unit_bytes={}\nall_units_bytes={}\ngathered_after_export={}\n",
+      full->peak_gathered_bytes(), largest, all, full->gathered_bytes());
 }
 
 /// Rank 0's exports against the gathered model: the fp32 one loads back equal bit for bit, the bf16 one equals
@@ -557,13 +577,15 @@ bool check_exports(hpctrain::models::GPT2& model, const fs::path& fp32_dir, cons
     }
   }
   std::size_t shards = 0;
-  for (const auto& entry : fs::directory_iterator(fp32_dir)) shards += entry.path().filename().string().starts_with("model-") ? 1 : 0;
+  for (const auto& entry : fs::directory_iterator(fp32_dir))
+    shards += entry.path().filename().string().starts_with("model-") ? 1 : 0;
   std::cout << fmt::format("export_shards={}\n", shards);
   return ok;
 }
 
 int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage stage, int steps,
-                           int accumulation, const fs::path& export_dir, hpctrain::models::Recompute recompute, bool tied) {
+                           int accumulation, const fs::path& export_dir, hpctrain::models::Recompute recompute,
+                           bool tied) {
   const int rank = group->rank();
   auto [model, reference] = equal_gpt2s(tied);
   model->set_activation_checkpointing(recompute);
@@ -573,7 +595,8 @@ int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpc
       train_gpt2_beside_replicated(group, *strategy, model, reference, steps, accumulation, hpctrain::Precision::fp32);
   bool ok = worst_norm_difference < 1e-5;
   if (const auto* full = dynamic_cast<const hpctrain::FullyShardedStrategy*>(strategy.get()))
-    std::cout << block_traffic_lines(*full, steps, accumulation) << fmt::format("sharded_units={}\n", full->sharded_unit_count());
+    std::cout << block_traffic_lines(*full, steps, accumulation)
+              << fmt::format("sharded_units={}\n", full->sharded_unit_count());
   // Exported unit by unit before anything gathers the whole model, in fp32 and in bf16.
   export_by_units(*strategy, model, export_dir, torch::kFloat32, rank);
   export_by_units(*strategy, model, export_dir / "bf16", torch::kBFloat16, rank);
@@ -584,9 +607,11 @@ int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpc
     std::cout << "exported=" << export_dir.string() << "\n";
   }
   if (stage == hpctrain::zero3) ok = check_deferred_load(group, export_dir, model) && ok;
-  std::cout << fmt::format("max_relative_difference={:.3e}\nrelative_difference_bound={:.0e}\nmax_grad_norm_difference={:.3e}\n", worst,
-                           equivalence_bound, worst_norm_difference)
-            << std::flush;
+  std::cout
+      << fmt::format(
+             "max_relative_difference={:.3e}\nrelative_difference_bound={:.0e}\nmax_grad_norm_difference={:.3e}\n",
+             worst, equivalence_bound, worst_norm_difference)
+      << std::flush;
   return ok ? 0 : 1;
 }
 
@@ -600,8 +625,8 @@ int check_gpt2_equivalence(const std::shared_ptr<dist::ProcessGroup>& group, hpc
 /// feeds every block stale weights.
 constexpr double bf16_norm_bound = 1e-2, bf16_parameter_bound = 1e-1;
 
-int check_gpt2_bf16(const std::shared_ptr<dist::ProcessGroup>& group, int steps, int accumulation, hpctrain::models::Recompute recompute,
-                    bool tied) {
+int check_gpt2_bf16(const std::shared_ptr<dist::ProcessGroup>& group, int steps, int accumulation,
+                    hpctrain::models::Recompute recompute, bool tied) {
   const int rank = group->rank();
   auto [model, reference] = equal_gpt2s(tied);
   model->set_activation_checkpointing(recompute);
@@ -615,7 +640,8 @@ int check_gpt2_bf16(const std::shared_ptr<dist::ProcessGroup>& group, int steps,
   std::size_t expected_peak = 0;
   const auto& buckets = strategy.layout().buckets();
   for (std::size_t b = 0; b + 1 < strategy.block_count(); ++b)
-    expected_peak = std::max(expected_peak, 2 * static_cast<std::size_t>(buckets[b].padded_numel + buckets[b + 1].padded_numel));
+    expected_peak =
+        std::max(expected_peak, 2 * static_cast<std::size_t>(buckets[b].padded_numel + buckets[b + 1].padded_numel));
   const auto peak_in_training = strategy.peak_gathered_bytes();  // before the export's fp32 gather of every block
   // At most two reduce-scatters in flight, each holding its unit's fp32 gradient: at most the two largest units'.
   std::vector<std::size_t> unit_bytes;
@@ -627,16 +653,19 @@ int check_gpt2_bf16(const std::shared_ptr<dist::ProcessGroup>& group, int steps,
   strategy.gather_full_model();
   for (const auto& item : model->named_parameters())
     if (item.value().scalar_type() != torch::kFloat32) {
-      std::cerr << fmt::format("rank {}: {} is gathered as {}, not fp32\n", rank, item.key(), c10::toString(item.value().scalar_type()));
+      std::cerr << fmt::format("rank {}: {} is gathered as {}, not fp32\n", rank, item.key(),
+                               c10::toString(item.value().scalar_type()));
       ok = false;
     }
   const double worst = worst_relative_difference(model, reference, bf16_parameter_bound, rank, ok);
-  std::cout << fmt::format("max_relative_difference={:.3e}\nrelative_difference_bound={:.0e}\nmax_grad_norm_difference={:.3e}\n"
-                           "grad_norm_difference_bound={:.0e}\npeak_gathered_bytes={}\nbf16_peak_gathered_bytes={}\nmaster_bytes={}\n"
-                           "peak_reduce_scatter_bytes={}\nreduce_scatter_bytes_bound={}\n{}",
-                           worst, bf16_parameter_bound, worst_norm_difference, bf16_norm_bound, peak_in_training,
-                           expected_peak, strategy.master_bytes(), strategy.peak_reduce_scatter_bytes(), reduce_scatter_bound, traffic + held)
-            << std::flush;
+  std::cout
+      << fmt::format(
+             "max_relative_difference={:.3e}\nrelative_difference_bound={:.0e}\nmax_grad_norm_difference={:.3e}\n"
+             "grad_norm_difference_bound={:.0e}\npeak_gathered_bytes={}\nbf16_peak_gathered_bytes={}\nmaster_bytes={}\n"
+             "peak_reduce_scatter_bytes={}\nreduce_scatter_bytes_bound={}\n{}",
+             worst, bf16_parameter_bound, worst_norm_difference, bf16_norm_bound, peak_in_training, expected_peak,
+             strategy.master_bytes(), strategy.peak_reduce_scatter_bytes(), reduce_scatter_bound, traffic + held)
+      << std::flush;
   return ok ? 0 : 1;
 }
 
@@ -653,10 +682,10 @@ int refuse_lbfgs(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::Zer
   auto model = make_model();
   auto strategy = hpctrain::make_zero_strategy(stage);
   strategy->setup({group, model.ptr(), [](const NamedParameters& named) -> std::unique_ptr<torch::optim::Optimizer> {
-                    std::vector<torch::Tensor> tensors;
-                    for (const auto& item : named) tensors.push_back(item.second);
-                    return std::make_unique<torch::optim::LBFGS>(tensors);
-                  }});
+                     std::vector<torch::Tensor> tensors;
+                     for (const auto& item : named) tensors.push_back(item.second);
+                     return std::make_unique<torch::optim::LBFGS>(tensors);
+                   }});
   std::cout << "accepted LBFGS\n";
   return 0;
 }
@@ -668,10 +697,11 @@ int main(int argc, char** argv) try {
   const std::string mode = argc > 1 ? argv[1] : "";
   auto group = dist::init_process_group(hpctrain::slurm::world_from_environment(), options_from_environment());
   if (mode == "equivalence" && (argc == 5 || argc == 6))
-    return check_equivalence(group, stage_of(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), argc == 6 ? argv[5] : "adamw");
+    return check_equivalence(group, stage_of(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]),
+                             argc == 6 ? argv[5] : "adamw");
   if (mode == "train" && (argc == 6 || argc == 8 || argc == 9))
-    return train(group, stage_of(argv[2]), argv[3], std::stoi(argv[4]), std::stoi(argv[5]), argc >= 8 ? std::stoi(argv[6]) : 0,
-                 argc >= 8 ? std::stoi(argv[7]) : 0, 33, argc == 9 ? argv[8] : "");
+    return train(group, stage_of(argv[2]), argv[3], std::stoi(argv[4]), std::stoi(argv[5]),
+                 argc >= 8 ? std::stoi(argv[6]) : 0, argc >= 8 ? std::stoi(argv[7]) : 0, 33, argc == 9 ? argv[8] : "");
   const auto flag = [&](int from, const char* name) {
     for (int k = from; k < argc; ++k)
       if (std::string(argv[k]) == name) return true;
@@ -683,8 +713,8 @@ int main(int argc, char** argv) try {
     return flag(from, "recompute") ? Recompute::full : flag(from, "selective") ? Recompute::selective : Recompute::none;
   };
   if (mode == "gpt2-equivalence" && argc >= 6 && argc <= 8)
-    return check_gpt2_equivalence(group, stage_of(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), argv[5], recompute_of(6),
-                                  !flag(6, "untied"));
+    return check_gpt2_equivalence(group, stage_of(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), argv[5],
+                                  recompute_of(6), !flag(6, "untied"));
   if (mode == "gpt2-bf16" && argc >= 4 && argc <= 6)
     return check_gpt2_bf16(group, std::stoi(argv[2]), std::stoi(argv[3]), recompute_of(4), !flag(4, "untied"));
   if (mode == "no-blocks" && argc == 2) return refuse_without_blocks(group);
@@ -692,7 +722,8 @@ int main(int argc, char** argv) try {
   if (mode == "other-model" && argc == 5)  // a wider hidden layer than the checkpoint's model
     return train(group, stage_of(argv[2]), argv[3], -1, 12, std::stoi(argv[4]), 5, 34);
   std::cerr << "usage: zero_worker equivalence <stage> <steps> <accumulation> | train <stage> <dir> <save_at> <steps> "
-               "[<resume_world> <resume_step> [<saved_strategy>]] | gpt2-equivalence <stage> <steps> <accumulation> <dir> [recompute|selective] [untied] | "
+               "[<resume_world> <resume_step> [<saved_strategy>]] | gpt2-equivalence <stage> <steps> <accumulation> "
+               "<dir> [recompute|selective] [untied] | "
                "gpt2-bf16 <steps> <accumulation> [recompute|selective] [untied] | "
                "no-blocks | lbfgs <stage> | other-model <stage> <dir> <world>\n";
   return 2;

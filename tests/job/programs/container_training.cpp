@@ -14,7 +14,8 @@ namespace {
 std::string required_env(const char* name) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') {
-    fmt::print(stderr, "container_training: {} is not set (see the comment at the top of container_training.cpp)\n", name);
+    fmt::print(stderr, "container_training: {} is not set (see the comment at the top of container_training.cpp)\n",
+               name);
     std::exit(2);
   }
   return value;
@@ -43,7 +44,11 @@ int main(int argc, char** argv) {
   auto targets = inputs.matmul(torch::randn({16, 4}, generator)).argmax(1);
 
   auto job = ht::Job("container_training")
-                 .nodes(2).tasks_per_node(1).cpus_per_task(1).time(5min).partition("debug")
+                 .nodes(2)
+                 .tasks_per_node(1)
+                 .cpus_per_task(1)
+                 .time(5min)
+                 .partition("debug")
                  .container(ht::Charliecloud(image))
                  .mount("/usr", "/usr")  // the image's /usr is empty: the host's compiler-built libraries
                  .mount(venv, venv);     // LibTorch at the path the binary's RUNPATH names

@@ -105,7 +105,8 @@ int report(const std::vector<std::string>& args) {
       if (rank == args[1]) std::raise(SIGKILL);
       std::this_thread::sleep_for(std::chrono::seconds(120));
     }
-    std::cout << fmt::format("probe rank={} finished restart={}\n", rank, env_or("SLURM_RESTART_COUNT", "0")) << std::flush;
+    std::cout << fmt::format("probe rank={} finished restart={}\n", rank, env_or("SLURM_RESTART_COUNT", "0"))
+              << std::flush;
     return 0;
   }
   // `--wait-for-preemption`: hpctrain's preemption handler (requeue signal and SIGTERM); on the first run every
@@ -122,7 +123,8 @@ int report(const std::vector<std::string>& args) {
       if (rank == "0") std::ofstream(env_or("HPCTRAIN_REQUEUE_MARKER", "/nonexistent/marker")) << "requeue\n";
       return hpctrain::exit_requeue;
     }
-    std::cout << fmt::format("probe rank={} resumed restart={}\n", rank, env_or("SLURM_RESTART_COUNT", "0")) << std::flush;
+    std::cout << fmt::format("probe rank={} resumed restart={}\n", rank, env_or("SLURM_RESTART_COUNT", "0"))
+              << std::flush;
     return 0;
   }
   if (args.size() == 2 && args[0] == "--sleep") std::this_thread::sleep_for(std::chrono::seconds(std::stoi(args[1])));
@@ -157,8 +159,9 @@ int main(int argc, char** argv) {
   // PROBE_SHOW_BATCH_ENV: the batch script itself (not a step) says which step variables it sees: none, unless
   // the submitting process leaked its own (a submission from inside a step, submitit #1782).
   if (std::getenv("PROBE_SHOW_BATCH_ENV"))
-    job.setup("echo \"probe batch SLURM_STEP_NUM_TASKS=${SLURM_STEP_NUM_TASKS:-unset} SLURM_STEP_ID=${SLURM_STEP_ID:-unset} "
-              "SLURM_PTY_PORT=${SLURM_PTY_PORT:-unset}\"");
+    job.setup(
+        "echo \"probe batch SLURM_STEP_NUM_TASKS=${SLURM_STEP_NUM_TASKS:-unset} SLURM_STEP_ID=${SLURM_STEP_ID:-unset} "
+        "SLURM_PTY_PORT=${SLURM_PTY_PORT:-unset}\"");
   if (std::getenv("PROBE_CHAIN")) job.then(ht::Job(env_or("PROBE_NAME", "probe") + "-second").nodes(1).time(5min));
   if (const char* restarts = std::getenv("PROBE_MAX_RESTARTS")) job.max_restarts(std::stoi(restarts));
   if (const char* image = std::getenv("PROBE_CHARLIECLOUD")) {
@@ -173,8 +176,8 @@ int main(int argc, char** argv) {
                                context.job_id, env_or("SLURMD_NODENAME", "?"), env_or("SLURM_STEP_NUM_TASKS", "?"),
                                context.restart_count, context.args.size(), context.run_dir.string())
                 << std::flush;
-      std::ofstream(context.output_dir / "data.txt") << "job " << context.job_id << " restart "
-                                                     << context.restart_count << "\n";
+      std::ofstream(context.output_dir / "data.txt")
+          << "job " << context.job_id << " restart " << context.restart_count << "\n";
     });
   }
   if (std::getenv("PROBE_KNOBS")) {
@@ -203,7 +206,8 @@ int main(int argc, char** argv) {
                 << fmt::format("{{\"step\": 5, \"eval_loss\": {}, \"eval_accuracy\": {}, \"eval_examples\": 100}}\n",
                                eval_loss, 1 - eval_loss / 10);
       }
-      if (const char* seconds = std::getenv("PROBE_SLEEP")) std::this_thread::sleep_for(std::chrono::seconds(std::stoi(seconds)));
+      if (const char* seconds = std::getenv("PROBE_SLEEP"))
+        std::this_thread::sleep_for(std::chrono::seconds(std::stoi(seconds)));
       std::string lines;
       for (const auto& spec : values.specs())
         if (values.given(spec.name)) lines += fmt::format("probe rank={} knob {} given\n", rank, spec.name);

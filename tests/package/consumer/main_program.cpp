@@ -24,7 +24,9 @@ int main(int argc, char** argv) {
                       })
                       .train_data(ht::data::idx("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz",
                                                 "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"))
-                      .batch_size(ht::global(16)).epochs(1).schedule(ht::LrSchedule::warmup_cosine(5, 0.1))
+                      .batch_size(ht::global(16))
+                      .epochs(1)
+                      .schedule(ht::LrSchedule::warmup_cosine(5, 0.1))
                       .at_end(ht::lm::print_eval_loss())
                       .at_end(ht::lm::hf_export());
   return ht::run(argc, argv, job, training);

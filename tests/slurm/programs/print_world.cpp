@@ -84,7 +84,8 @@ int main(int argc, char** argv) {
   }
   if (world.rank == fail_rank) {
     for (int rank = 0; rank < world.world_size; ++rank)
-      while (!write_dir.empty() && !fs::exists(file_of(rank))) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      while (!write_dir.empty() && !fs::exists(file_of(rank)))
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
     return fail_code;
   }
   if (hang)

@@ -3,8 +3,8 @@
 // methods in jinja/methods.hpp), with jinja2 3.1's semantics in transformers' environment, applied to values already
 // evaluated, and the helpers the filters share. The name tables say what is implemented and what jinja2 or
 // Python know beside it: the parser refuses a filter, test or method hpctrain lacks before anything renders,
-// and a name jinja2 itself does not know ("No filter named ...") the same way. Helpers throw PythonError (what jinja2 would raise) or
-// Unsupported; the interpreter adds the line and column. Torch-free.
+// and a name jinja2 itself does not know ("No filter named ...") the same way. Helpers throw PythonError (what jinja2
+// would raise) or Unsupported; the interpreter adds the line and column. Torch-free.
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -42,9 +42,9 @@ struct Args {
 namespace names {
 /// jinja2's other built-in filters: a template using one is refused as unsupported.
 inline const std::set<std::string, std::less<>>& jinja_filters() {
-  static const std::set<std::string, std::less<>> names{"batch", "center", "filesizeformat", "format", "groupby", "pprint", "random",
-                                                        "slice", "striptags", "truncate", "urlencode", "urlize", "wordcount",
-                                                        "wordwrap", "xmlattr"};
+  static const std::set<std::string, std::less<>> names{
+      "batch",     "center",   "filesizeformat", "format", "groupby",   "pprint",   "random", "slice",
+      "striptags", "truncate", "urlencode",      "urlize", "wordcount", "wordwrap", "xmlattr"};
   return names;
 }
 /// The tests hpctrain implements: the table's names.
@@ -57,24 +57,27 @@ inline const std::set<std::string, std::less<>>& jinja_tests() {
 /// dict.update also modify their object, which transformers' sandbox refuses).
 inline const std::set<std::string, std::less<>>& python_methods() {
   static const std::set<std::string, std::less<>> names{
-      "casefold", "center", "encode", "expandtabs", "format", "format_map", "isascii", "isdecimal", "isidentifier", "isnumeric",
-      "isprintable", "istitle", "ljust", "maketrans", "partition", "rindex", "rjust", "rpartition", "swapcase", "translate",
-      "zfill", "append", "clear", "copy", "extend", "insert", "pop", "remove", "reverse", "sort", "fromkeys", "popitem",
-      "setdefault", "update", "cycle", "changed"};
+      "casefold",     "center",     "encode",      "expandtabs", "format",  "format_map", "isascii",   "isdecimal",
+      "isidentifier", "isnumeric",  "isprintable", "istitle",    "ljust",   "maketrans",  "partition", "rindex",
+      "rjust",        "rpartition", "swapcase",    "translate",  "zfill",   "append",     "clear",     "copy",
+      "extend",       "insert",     "pop",         "remove",     "reverse", "sort",       "fromkeys",  "popitem",
+      "setdefault",   "update",     "cycle",       "changed"};
   return names;
 }
 /// Python methods of str (all of them), which `'abc'.name` finds; and of dict and list.
 inline bool python_has_method(const Json& subject, const std::string& name) {
   static const std::set<std::string, std::less<>> str_all{
-      "capitalize", "casefold", "center", "count", "encode", "endswith", "expandtabs", "find", "format", "format_map", "index",
-      "isalnum", "isalpha", "isascii", "isdecimal", "isdigit", "isidentifier", "islower", "isnumeric", "isprintable", "isspace",
-      "istitle", "isupper", "join", "ljust", "lower", "lstrip", "maketrans", "partition", "removeprefix", "removesuffix", "replace",
-      "rfind", "rindex", "rjust", "rpartition", "rsplit", "rstrip", "split", "splitlines", "startswith", "strip", "swapcase",
-      "title", "translate", "upper", "zfill"};
-  static const std::set<std::string, std::less<>> list_all{"append", "clear", "copy", "count", "extend", "index", "insert",
-                                                            "pop", "remove", "reverse", "sort"};
-  static const std::set<std::string, std::less<>> dict_all{"clear", "copy", "fromkeys", "get", "items", "keys", "pop",
-                                                            "popitem", "setdefault", "update", "values"};
+      "capitalize", "casefold",     "center",       "count",   "encode",     "endswith",    "expandtabs",
+      "find",       "format",       "format_map",   "index",   "isalnum",    "isalpha",     "isascii",
+      "isdecimal",  "isdigit",      "isidentifier", "islower", "isnumeric",  "isprintable", "isspace",
+      "istitle",    "isupper",      "join",         "ljust",   "lower",      "lstrip",      "maketrans",
+      "partition",  "removeprefix", "removesuffix", "replace", "rfind",      "rindex",      "rjust",
+      "rpartition", "rsplit",       "rstrip",       "split",   "splitlines", "startswith",  "strip",
+      "swapcase",   "title",        "translate",    "upper",   "zfill"};
+  static const std::set<std::string, std::less<>> list_all{"append", "clear", "copy",   "count",   "extend", "index",
+                                                           "insert", "pop",   "remove", "reverse", "sort"};
+  static const std::set<std::string, std::less<>> dict_all{"clear", "copy",    "fromkeys",   "get",    "items", "keys",
+                                                           "pop",   "popitem", "setdefault", "update", "values"};
   if (subject.is_string()) return str_all.count(name) > 0;
   if (subject.is_array()) return list_all.count(name) > 0;
   if (subject.is_object() && !detail::is_namespace(subject)) return dict_all.count(name) > 0;
@@ -86,7 +89,8 @@ namespace detail {
 
 /// str() as jinja2's filters take it (soft_str): Undefined is "".
 inline std::string soft_str(const Value& value) {
-  if (value.bound_method) throw Unsupported{fmt::format("printing the method '{}' (Python prints its address)", value.why)};
+  if (value.bound_method)
+    throw Unsupported{fmt::format("printing the method '{}' (Python prints its address)", value.why)};
   return value.undefined ? std::string() : python_str(value.json);
 }
 
@@ -116,7 +120,8 @@ inline std::vector<Json> iterate(const Value& value) {
 inline Value member(const Value& subject, const Json& key) {
   const auto& j = subject.json;
   require_defined(subject);  // jinja2's Undefined raises on any attribute or item
-  if (subject.bound_method) return Value::missing(fmt::format("'builtin_function_or_method object' has no attribute {}", python_repr(key)));
+  if (subject.bound_method)
+    return Value::missing(fmt::format("'builtin_function_or_method object' has no attribute {}", python_repr(key)));
   if (j.is_object() && key.is_string()) {
     const auto it = j.find(key.get<std::string>());
     if (it != j.end() && !it->is_binary()) return Value::of(*it);
@@ -164,10 +169,12 @@ inline std::int64_t length_of(const Value& value) {
   throw PythonError{fmt::format("object of type '{}' has no len()", python_type_name(j))};
 }
 
-inline std::string string_argument(const Args& args, std::size_t index, std::string_view name, std::string fallback = {}) {
+inline std::string string_argument(const Args& args, std::size_t index, std::string_view name,
+                                   std::string fallback = {}) {
   const auto* value = args.get(index, name);
   if (!value || value->undefined) return fallback;
-  if (!value->json.is_string()) throw PythonError{fmt::format("'{}' must be a string, not {}", name, python_type_name(value->json))};
+  if (!value->json.is_string())
+    throw PythonError{fmt::format("'{}' must be a string, not {}", name, python_type_name(value->json))};
   return value->json.get<std::string>();
 }
 inline bool bool_argument(const Args& args, std::size_t index, std::string_view name, bool fallback) {
@@ -223,7 +230,8 @@ inline bool sameas_test(const std::string& name, const Value& subject, const Arg
 inline bool divisibleby_test(const std::string& name, const Value& subject, const Args& args) {
   const auto& d = test_argument(name, args).json;
   const auto& j = subject.json;
-  if (!j.is_number_integer() || !d.is_number_integer() || d.get<std::int64_t>() == 0) throw PythonError{"divisibleby needs integers"};
+  if (!j.is_number_integer() || !d.is_number_integer() || d.get<std::int64_t>() == 0)
+    throw PythonError{"divisibleby needs integers"};
   return j.get<std::int64_t>() % d.get<std::int64_t>() == 0;
 }
 inline bool in_test(const std::string& name, const Value& subject, const Args& args) {
@@ -232,7 +240,8 @@ inline bool in_test(const std::string& name, const Value& subject, const Args& a
   const auto& c = container.json;
   const auto& j = subject.json;
   if (c.is_array()) return std::any_of(c.begin(), c.end(), [&](const Json& x) { return python_equal(x, j); });
-  if (c.is_string() && j.is_string()) return c.get_ref<const std::string&>().find(j.get<std::string>()) != std::string::npos;
+  if (c.is_string() && j.is_string())
+    return c.get_ref<const std::string&>().find(j.get<std::string>()) != std::string::npos;
   if (is_mapping(c)) return j.is_string() && c.contains(j.get<std::string>());
   throw PythonError{fmt::format("argument of type '{}' is not iterable", python_type_name(c))};
 }
@@ -251,8 +260,12 @@ inline const std::map<std::string, TestFunction, std::less<>>& test_table() {
       {"none", [](N, V v, A) { return !v.undefined && v.json.is_null(); }},
       {"string", [](N, V v, A) { return !v.undefined && v.json.is_string(); }},
       {"mapping", [](N, V v, A) { return !v.undefined && is_mapping(v.json); }},
-      {"sequence", [](N, V v, A) { return !v.undefined && (v.json.is_array() || v.json.is_string() || is_mapping(v.json)); }},
-      {"iterable", [](N, V v, A) { return v.undefined || v.json.is_array() || v.json.is_string() || is_mapping(v.json); }},  // Undefined iterates
+      {"sequence",
+       [](N, V v, A) { return !v.undefined && (v.json.is_array() || v.json.is_string() || is_mapping(v.json)); }},
+      {"iterable",
+       [](N, V v, A) {
+         return v.undefined || v.json.is_array() || v.json.is_string() || is_mapping(v.json);
+       }},  // Undefined iterates
       {"number", [](N, V v, A) { return !v.undefined && is_python_number(v.json); }},
       {"integer", [](N, V v, A) { return !v.undefined && v.json.is_number_integer(); }},
       {"float", [](N, V v, A) { return !v.undefined && v.json.is_number_float(); }},
@@ -261,12 +274,28 @@ inline const std::map<std::string, TestFunction, std::less<>>& test_table() {
       {"false", [](N, V v, A) { return !v.undefined && v.json.is_boolean() && !v.json.get<bool>(); }},
       {"callable", [](N, V, A) { return false; }},
       {"escaped", [](N, V, A) { return false; }},
-      {"lower", case_test}, {"upper", case_test}, {"odd", parity_test}, {"even", parity_test},
-      {"eq", equal_test}, {"equalto", equal_test}, {"==", equal_test}, {"ne", equal_test}, {"!=", equal_test},
+      {"lower", case_test},
+      {"upper", case_test},
+      {"odd", parity_test},
+      {"even", parity_test},
+      {"eq", equal_test},
+      {"equalto", equal_test},
+      {"==", equal_test},
+      {"ne", equal_test},
+      {"!=", equal_test},
       {"sameas", sameas_test},
-      {"lt", order_test}, {"lessthan", order_test}, {"<", order_test}, {"le", order_test}, {"<=", order_test},
-      {"gt", order_test}, {"greaterthan", order_test}, {">", order_test}, {"ge", order_test}, {">=", order_test},
-      {"divisibleby", divisibleby_test}, {"in", in_test}};
+      {"lt", order_test},
+      {"lessthan", order_test},
+      {"<", order_test},
+      {"le", order_test},
+      {"<=", order_test},
+      {"gt", order_test},
+      {"greaterthan", order_test},
+      {">", order_test},
+      {"ge", order_test},
+      {">=", order_test},
+      {"divisibleby", divisibleby_test},
+      {"in", in_test}};
   return table;
 }
 

@@ -40,7 +40,10 @@ inline Value keeping_markup(const Value& subject, std::string text) {
 /// trim(chars): both ends stripped, Markup kept.
 inline Value trim(const std::string& /*name*/, const Value& subject, const Args& args) {
   const auto* chars = args.get(0, "chars");
-  return keeping_markup(subject, strip_chars(soft_str(subject), chars && chars->json.is_string() ? chars->json.get<std::string>() : " \t\n\r\f\v", true, true));
+  return keeping_markup(
+      subject,
+      strip_chars(soft_str(subject), chars && chars->json.is_string() ? chars->json.get<std::string>() : " \t\n\r\f\v",
+                  true, true));
 }
 
 /// upper, lower, capitalize.
@@ -53,7 +56,8 @@ inline Value title(const std::string& /*name*/, const Value& subject, const Args
   std::string out;
   bool start = true;
   for (const auto& point : code_points(soft_str(subject))) {
-    const bool separator = point.size() == 1 && (std::isspace(static_cast<unsigned char>(point[0])) || std::string_view("-({[<").find(point[0]) != std::string_view::npos);
+    const bool separator = point.size() == 1 && (std::isspace(static_cast<unsigned char>(point[0])) ||
+                                                 std::string_view("-({[<").find(point[0]) != std::string_view::npos);
     out += separator ? point : change_case(point, start ? "upper" : "lower");
     start = separator;
   }
@@ -67,7 +71,8 @@ inline Value replace(const std::string& /*name*/, const Value& subject, const Ar
   const auto text = subject.undefined ? std::string() : python_str(j);
   const auto old_text = soft_str(args.get(0, "old") ? *args.get(0, "old") : Value::missing(""));
   const auto new_text = soft_str(args.get(1, "new") ? *args.get(1, "new") : Value::missing(""));
-  return Value::of(Json(replace_all(text, old_text, new_text, count && count->json.is_number_integer() ? count->json.get<std::int64_t>() : -1)));
+  return Value::of(Json(replace_all(text, old_text, new_text,
+                                    count && count->json.is_number_integer() ? count->json.get<std::int64_t>() : -1)));
 }
 
 /// string: str(), Markup kept.
@@ -96,13 +101,16 @@ inline Value tojson(const std::string& /*name*/, const Value& subject, const Arg
   JsonDumpOptions options;
   if (const auto* a = args.get(0, "ensure_ascii")) options.ensure_ascii = truthy(*a);
   if (const auto* indent = args.get(1, "indent"); indent && !indent->json.is_null()) {
-    if (indent->json.is_number_integer()) options.indent = std::string(static_cast<std::size_t>(std::max<std::int64_t>(0, indent->json.get<std::int64_t>())), ' ');
+    if (indent->json.is_number_integer())
+      options.indent =
+          std::string(static_cast<std::size_t>(std::max<std::int64_t>(0, indent->json.get<std::int64_t>())), ' ');
     else if (indent->json.is_string()) options.indent = indent->json.get<std::string>();
     else throw Unsupported{"tojson with an indent that is neither a number nor a string"};
   }
   if (const auto* separators = args.get(2, "separators"); separators && !separators->json.is_null()) {
     const auto& s = separators->json;
-    if (!s.is_array() || s.size() != 2 || !s[0].is_string() || !s[1].is_string()) throw PythonError{"separators must be a pair of strings"};
+    if (!s.is_array() || s.size() != 2 || !s[0].is_string() || !s[1].is_string())
+      throw PythonError{"separators must be a pair of strings"};
     options.separators = std::pair(s[0].get<std::string>(), s[1].get<std::string>());
   }
   if (const auto* sort_keys = args.get(3, "sort_keys")) options.sort_keys = truthy(*sort_keys);
@@ -146,7 +154,8 @@ inline Value items(const std::string& /*name*/, const Value& subject, const Args
 inline Value dictsort(const std::string& /*name*/, const Value& subject, const Args& args) {
   const auto& j = subject.json;
   require_defined(subject);
-  if (!j.is_object() || is_namespace(j)) throw PythonError{fmt::format("'{}' object has no attribute 'items'", python_type_name(j))};
+  if (!j.is_object() || is_namespace(j))
+    throw PythonError{fmt::format("'{}' object has no attribute 'items'", python_type_name(j))};
   const bool case_sensitive = bool_argument(args, 0, "case_sensitive", false);
   const auto by = string_argument(args, 1, "by", "key");
   if (by != "key" && by != "value") throw PythonError{"You can only sort by either \"key\" or \"value\""};
@@ -212,7 +221,8 @@ inline Value number(const std::string& name, const Value& subject, const Args& /
 inline Value abs(const std::string& /*name*/, const Value& subject, const Args& /*args*/) {
   const auto& j = subject.json;
   if (j.is_number_integer()) return Value::of(Json(std::abs(j.get<std::int64_t>())));
-  if (is_python_number(j)) return Value::of(j.is_boolean() ? Json(j.get<bool>() ? 1 : 0) : Json(std::abs(j.get<double>())));
+  if (is_python_number(j))
+    return Value::of(j.is_boolean() ? Json(j.get<bool>() ? 1 : 0) : Json(std::abs(j.get<double>())));
   throw PythonError{fmt::format("bad operand type for abs(): '{}'", python_type_name(j))};
 }
 
@@ -221,11 +231,14 @@ inline Value round(const std::string& /*name*/, const Value& subject, const Args
   const auto& j = subject.json;
   const auto* precision = args.get(0, "precision");
   const auto method = string_argument(args, 1, "method", "common");
-  if (!is_python_number(j)) throw PythonError{fmt::format("type {} doesn't define __round__ method", python_type_name(j))};
-  const std::int64_t digits = precision && precision->json.is_number_integer() ? precision->json.get<std::int64_t>() : 0;
+  if (!is_python_number(j))
+    throw PythonError{fmt::format("type {} doesn't define __round__ method", python_type_name(j))};
+  const std::int64_t digits =
+      precision && precision->json.is_number_integer() ? precision->json.get<std::int64_t>() : 0;
   if (digits < 0 || digits > 15) throw Unsupported{"round() to a precision outside 0 to 15 digits"};
   if (method == "common") {
-    if (!j.is_number_float()) return Value::of(j.is_boolean() ? Json(j.get<bool>() ? 1 : 0) : j);  // round(int) is the int
+    if (!j.is_number_float())
+      return Value::of(j.is_boolean() ? Json(j.get<bool>() ? 1 : 0) : j);  // round(int) is the int
     // Python's round(): the exact binary value rounded to the nearest decimal, ties to even (printf does the same)
     char buffer[400];
     std::snprintf(buffer, sizeof buffer, "%.*f", static_cast<int>(digits), j.get<double>());
@@ -242,12 +255,14 @@ inline Value indent(const std::string& /*name*/, const Value& subject, const Arg
   const auto* width = args.get(0, "width");
   std::string pad(4, ' ');
   if (width && width->json.is_string()) pad = width->json.get<std::string>();
-  else if (width && width->json.is_number_integer()) pad = std::string(static_cast<std::size_t>(std::max<std::int64_t>(0, width->json.get<std::int64_t>())), ' ');
+  else if (width && width->json.is_number_integer())
+    pad = std::string(static_cast<std::size_t>(std::max<std::int64_t>(0, width->json.get<std::int64_t>())), ' ');
   const bool first = bool_argument(args, 1, "first", false), blank = bool_argument(args, 2, "blank", false);
   std::vector<std::string> lines;
   const auto s = soft_str(subject) + "\n";  // jinja2 appends a newline so that splitlines keeps a trailing empty line
   std::size_t begin = 0;
-  for (std::size_t at; (at = s.find('\n', begin)) != std::string::npos; begin = at + 1) lines.push_back(s.substr(begin, at - begin));
+  for (std::size_t at; (at = s.find('\n', begin)) != std::string::npos; begin = at + 1)
+    lines.push_back(s.substr(begin, at - begin));
   std::string out = lines.front();
   for (std::size_t k = 1; k < lines.size(); ++k) out += "\n" + (blank || !lines[k].empty() ? pad + lines[k] : lines[k]);
   return Value::of(Json(first ? pad + out : out));
@@ -271,7 +286,8 @@ inline Value map(const std::string& /*name*/, const Value& subject, const Args& 
     }
     return Value::of(out);
   }
-  if (args.positional.empty() || !args.positional[0].json.is_string()) throw PythonError{"map requires a filter argument"};
+  if (args.positional.empty() || !args.positional[0].json.is_string())
+    throw PythonError{"map requires a filter argument"};
   const auto filter = args.positional[0].json.get<std::string>();
   if (!filter_table().count(filter)) throw Unsupported{fmt::format("map() with the filter '{}'", filter)};
   Args rest{std::vector<Value>(args.positional.begin() + 1, args.positional.end()), args.keyword};
@@ -287,7 +303,8 @@ inline Value select(const std::string& name, const Value& subject, const Args& a
   std::size_t at = 0;
   std::string attribute;
   if (by_attribute) {
-    if (args.positional.empty() || !args.positional[0].json.is_string()) throw PythonError{"selectattr needs an attribute name"};
+    if (args.positional.empty() || !args.positional[0].json.is_string())
+      throw PythonError{"selectattr needs an attribute name"};
     attribute = args.positional[at++].json.get<std::string>();
   }
   std::string test;
@@ -296,7 +313,9 @@ inline Value select(const std::string& name, const Value& subject, const Args& a
     test = args.positional[at++].json.get<std::string>();
     if (!names::tests().count(test)) throw Unsupported{fmt::format("{}() with the test '{}'", name, test)};
   }
-  Args test_args{std::vector<Value>(args.positional.begin() + static_cast<long>(std::min(at, args.positional.size())), args.positional.end()), {}};
+  Args test_args{std::vector<Value>(args.positional.begin() + static_cast<long>(std::min(at, args.positional.size())),
+                                    args.positional.end()),
+                 {}};
   Json out = Json::array();
   for (const auto& item : iterate(subject)) {
     const auto value = by_attribute ? attribute_path(item, attribute) : Value::of(item);
@@ -352,8 +371,10 @@ inline Value sum(const std::string& /*name*/, const Value& subject, const Args& 
   for (const auto& item : iterate(subject)) {
     const auto value = attribute ? attribute_path(item, soft_str(*attribute)).json : item;
     if (!is_python_number(total) || !is_python_number(value))
-      throw PythonError{fmt::format("unsupported operand type(s) for +: '{}' and '{}'", python_type_name(total), python_type_name(value))};
-    if (total.is_number_integer() && value.is_number_integer()) total = total.get<std::int64_t>() + value.get<std::int64_t>();
+      throw PythonError{fmt::format("unsupported operand type(s) for +: '{}' and '{}'", python_type_name(total),
+                                    python_type_name(value))};
+    if (total.is_number_integer() && value.is_number_integer())
+      total = total.get<std::int64_t>() + value.get<std::int64_t>();
     else total = as_double(total) + as_double(value);
   }
   return Value::of(total);
@@ -362,17 +383,45 @@ inline Value sum(const std::string& /*name*/, const Value& subject, const Args& 
 /// The filters hpctrain implements, by name (aliases share a function, which the name tells apart). The parser
 /// refuses any other name before anything renders.
 inline const std::map<std::string, FilterFunction, std::less<>>& filter_table() {
-  static const std::map<std::string, FilterFunction, std::less<>> table{
-      {"abs", abs},         {"attr", attr},         {"capitalize", change_case_filter}, {"count", length},
-      {"d", default_filter}, {"default", default_filter}, {"dictsort", dictsort},        {"e", escape},
-      {"escape", escape},   {"first", first_or_last}, {"float", number},              {"forceescape", escape},
-      {"indent", indent},   {"int", number},        {"items", items},                   {"join", join},
-      {"last", first_or_last}, {"length", length},  {"list", list},                     {"lower", change_case_filter},
-      {"map", map},         {"max", ordering},      {"min", ordering},                  {"reject", select},
-      {"rejectattr", select}, {"replace", replace}, {"reverse", reverse},               {"round", round},
-      {"safe", safe},       {"select", select},     {"selectattr", select},             {"sort", ordering},
-      {"string", string},   {"sum", sum},           {"title", title},                   {"tojson", tojson},
-      {"trim", trim},       {"unique", ordering},   {"upper", change_case_filter}};
+  static const std::map<std::string, FilterFunction, std::less<>> table{{"abs", abs},
+                                                                        {"attr", attr},
+                                                                        {"capitalize", change_case_filter},
+                                                                        {"count", length},
+                                                                        {"d", default_filter},
+                                                                        {"default", default_filter},
+                                                                        {"dictsort", dictsort},
+                                                                        {"e", escape},
+                                                                        {"escape", escape},
+                                                                        {"first", first_or_last},
+                                                                        {"float", number},
+                                                                        {"forceescape", escape},
+                                                                        {"indent", indent},
+                                                                        {"int", number},
+                                                                        {"items", items},
+                                                                        {"join", join},
+                                                                        {"last", first_or_last},
+                                                                        {"length", length},
+                                                                        {"list", list},
+                                                                        {"lower", change_case_filter},
+                                                                        {"map", map},
+                                                                        {"max", ordering},
+                                                                        {"min", ordering},
+                                                                        {"reject", select},
+                                                                        {"rejectattr", select},
+                                                                        {"replace", replace},
+                                                                        {"reverse", reverse},
+                                                                        {"round", round},
+                                                                        {"safe", safe},
+                                                                        {"select", select},
+                                                                        {"selectattr", select},
+                                                                        {"sort", ordering},
+                                                                        {"string", string},
+                                                                        {"sum", sum},
+                                                                        {"title", title},
+                                                                        {"tojson", tojson},
+                                                                        {"trim", trim},
+                                                                        {"unique", ordering},
+                                                                        {"upper", change_case_filter}};
   return table;
 }
 }  // namespace filters

@@ -54,7 +54,9 @@ class Interpreter {
   [[noreturn]] void fail(Position at, const std::string& reason) const {
     throw RuntimeError(errors::runtime_chat_template, fmt::format("{}:{}:{}: {}", origin_, at.line, at.column, reason));
   }
-  [[noreturn]] void unsupported(Position at, const std::string& what) const { syntax_error(origin_, at, what + " is not supported by hpctrain's chat templates"); }
+  [[noreturn]] void unsupported(Position at, const std::string& what) const {
+    syntax_error(origin_, at, what + " is not supported by hpctrain's chat templates");
+  }
 
   /// Runs `f`, turning what Python would raise into a RuntimeError and what hpctrain lacks into a SpecError,
   /// both naming `at`.
@@ -70,7 +72,8 @@ class Interpreter {
   }
 
   void write(const std::string& text, Position at) {
-    if (out_.size() + text.size() > max_output || (written_ += text.size()) > 4 * max_output) fail(at, "the rendering exceeds 64 MiB");
+    if (out_.size() + text.size() > max_output || (written_ += text.size()) > 4 * max_output)
+      fail(at, "the rendering exceeds 64 MiB");
     out_ += text;
   }
   std::string printed(const Value& value, Position at) {
@@ -195,10 +198,12 @@ class Interpreter {
     } else {
       const auto parts = item.is_string() ? Json(detail::code_points(item.get<std::string>())) : item;
       if (!parts.is_array() || parts.size() != node.targets.size())
-        fail(node.at, parts.is_array() && parts.size() > node.targets.size()
-                          ? fmt::format("too many values to unpack (expected {})", node.targets.size())
-                          : parts.is_array() ? fmt::format("not enough values to unpack (expected {}, got {})", node.targets.size(), parts.size())
-                                             : fmt::format("cannot unpack non-iterable {} object", detail::python_type_name(item)));
+        fail(node.at,
+             parts.is_array() && parts.size() > node.targets.size()
+                 ? fmt::format("too many values to unpack (expected {})", node.targets.size())
+             : parts.is_array()
+                 ? fmt::format("not enough values to unpack (expected {}, got {})", node.targets.size(), parts.size())
+                 : fmt::format("cannot unpack non-iterable {} object", detail::python_type_name(item)));
       for (std::size_t k = 0; k < node.targets.size(); ++k) scope[node.targets[k]] = parts[k];
     }
     return scope;
@@ -217,7 +222,8 @@ class Interpreter {
   /// `subject.name`: a method of the subject's type first (jinja2's getattr), then a key or attribute.
   Value attribute(const Value& subject, const std::string& name, Position at) {
     return guarded(at, [&] {
-      if (!subject.undefined && !subject.bound_method && names::python_has_method(subject.json, name)) return Value::method(subject.json, name);
+      if (!subject.undefined && !subject.bound_method && names::python_has_method(subject.json, name))
+        return Value::method(subject.json, name);
       return detail::member(subject, Json(name));
     });
   }
@@ -239,10 +245,12 @@ class Interpreter {
       case Expr::Kind::item: {
         const auto subject = eval(*e.args[0]);
         const auto key = eval(*e.args[1]);
-        if (key.undefined) return guarded(e.at, [&] {  // an Undefined key finds nothing (its hash matches no key)
-          detail::require_defined(subject);
-          return Value::missing(fmt::format("'{}' has no attribute Undefined", detail::jinja_object_name(subject.json)));
-        });
+        if (key.undefined)
+          return guarded(e.at, [&] {  // an Undefined key finds nothing (its hash matches no key)
+            detail::require_defined(subject);
+            return Value::missing(
+                fmt::format("'{}' has no attribute Undefined", detail::jinja_object_name(subject.json)));
+          });
         return item(subject, key.json, e.at);
       }
       case Expr::Kind::slice: return slice(e);
@@ -255,14 +263,16 @@ class Interpreter {
         Json dict = Json::object();
         for (std::size_t i = 0; i + 1 < e.args.size(); i += 2) {
           const auto key = eval(*e.args[i]);
-          if (!key.json.is_string() || key.undefined) unsupported(e.args[i]->at, "a dictionary key that is not a string");
+          if (!key.json.is_string() || key.undefined)
+            unsupported(e.args[i]->at, "a dictionary key that is not a string");
           dict[key.json.get<std::string>()] = defined(eval(*e.args[i + 1]), e.args[i + 1]->at).json;
         }
         return Value::of(dict);
       }
       case Expr::Kind::ternary: {
         if (detail::truthy(eval(*e.args[1]))) return eval(*e.args[0]);
-        return e.args.size() > 2 ? eval(*e.args[2]) : Value::missing("the inline if's condition was false and it has no else");
+        return e.args.size() > 2 ? eval(*e.args[2])
+                                 : Value::missing("the inline if's condition was false and it has no else");
       }
       case Expr::Kind::unary: {
         const auto value = eval(*e.args[0]);
@@ -270,7 +280,8 @@ class Interpreter {
         return guarded(e.at, [&] {
           detail::require_defined(value);
           const auto& j = value.json;
-          if (!detail::is_python_number(j)) throw PythonError{fmt::format("bad operand type for unary {}: '{}'", e.name, detail::python_type_name(j))};
+          if (!detail::is_python_number(j))
+            throw PythonError{fmt::format("bad operand type for unary {}: '{}'", e.name, detail::python_type_name(j))};
           const auto x = j.is_boolean() ? Json(j.get<bool>() ? 1 : 0) : j;
           if (e.name == "+") return Value::of(x);
           return x.is_number_float() ? Value::of(Json(-x.get<double>())) : Value::of(Json(-x.get<std::int64_t>()));
@@ -297,7 +308,8 @@ class Interpreter {
   Value defined(Value value, Position at) {
     if (value.undefined) unsupported(at, "an undefined value inside a list or dict literal");
     if (value.bound_method) unsupported(at, "a method inside a list or dict literal");
-    if (value.markup) unsupported(at, "a Markup string (from |safe or |escape) kept in a list, a dict or a macro's argument");
+    if (value.markup)
+      unsupported(at, "a Markup string (from |safe or |escape) kept in a list, a dict or a macro's argument");
     return value;
   }
 
@@ -324,13 +336,15 @@ class Interpreter {
     const auto& j = subject.json;
     if (j.is_array()) {
       Json out = Json::array();
-      for (const auto i : detail::slice_indices(static_cast<std::int64_t>(j.size()), start, stop, step)) out.push_back(j[static_cast<std::size_t>(i)]);
+      for (const auto i : detail::slice_indices(static_cast<std::int64_t>(j.size()), start, stop, step))
+        out.push_back(j[static_cast<std::size_t>(i)]);
       return Value::of(out);
     }
     if (j.is_string()) {
       const auto points = detail::code_points(j.get<std::string>());
       std::string out;
-      for (const auto i : detail::slice_indices(static_cast<std::int64_t>(points.size()), start, stop, step)) out += points[static_cast<std::size_t>(i)];
+      for (const auto i : detail::slice_indices(static_cast<std::int64_t>(points.size()), start, stop, step))
+        out += points[static_cast<std::size_t>(i)];
       return Value::of(Json(out));
     }
     fail(e.at, fmt::format("'{}' object is not subscriptable", detail::python_type_name(j)));
@@ -366,10 +380,12 @@ class Interpreter {
         found = false;  // Undefined iterates as empty
       } else if (b.is_string()) {
         if (!a.is_string() || left.undefined)
-          throw PythonError{fmt::format("'in <string>' requires string as left operand, not {}", left.undefined ? "Undefined" : python_type_name(a))};
+          throw PythonError{fmt::format("'in <string>' requires string as left operand, not {}",
+                                        left.undefined ? "Undefined" : python_type_name(a))};
         found = b.get_ref<const std::string&>().find(a.get_ref<const std::string&>()) != std::string::npos;
       } else if (b.is_array()) {
-        found = !left.undefined && std::any_of(b.begin(), b.end(), [&](const Json& x) { return detail::python_equal(x, a); });
+        found = !left.undefined &&
+                std::any_of(b.begin(), b.end(), [&](const Json& x) { return detail::python_equal(x, a); });
       } else if (b.is_object() && !detail::is_namespace(b)) {
         if (a.is_array() || a.is_object()) throw PythonError{fmt::format("unhashable type: '{}'", python_type_name(a))};
         found = !left.undefined && a.is_string() && b.contains(a.get<std::string>());
@@ -386,13 +402,17 @@ class Interpreter {
     }
     const auto type_error = [&] {
       if (op == "+" && (a.is_string() || a.is_array()) && a.type() != b.type())
-        return PythonError{fmt::format("can only concatenate {} (not \"{}\") to {}", python_type_name(a), python_type_name(b), python_type_name(a))};
-      return PythonError{fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, python_type_name(a), python_type_name(b))};
+        return PythonError{fmt::format("can only concatenate {} (not \"{}\") to {}", python_type_name(a),
+                                       python_type_name(b), python_type_name(a))};
+      return PythonError{fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, python_type_name(a),
+                                     python_type_name(b))};
     };
     if (op == "+" && a.is_string() && b.is_string()) {
       if (!left.markup && !right.markup) return Value::of(Json(a.get<std::string>() + b.get<std::string>()));
       // Markup + str (or str + Markup, through Markup.__radd__) escapes the plain side
-      const auto side = [](const Value& v) { return v.markup ? v.json.get<std::string>() : detail::html_escape(v.json.get<std::string>()); };
+      const auto side = [](const Value& v) {
+        return v.markup ? v.json.get<std::string>() : detail::html_escape(v.json.get<std::string>());
+      };
       return Value::safe(side(left) + side(right));
     }
     if (op == "+" && a.is_array() && b.is_array()) {
@@ -401,16 +421,22 @@ class Interpreter {
       return Value::of(out);
     }
     if (detail::is_python_number(a) && detail::is_python_number(b)) {
-      const auto integer = [](const Json& j) -> std::int64_t { return j.is_boolean() ? (j.get<bool>() ? 1 : 0) : j.get<std::int64_t>(); };
+      const auto integer = [](const Json& j) -> std::int64_t {
+        return j.is_boolean() ? (j.get<bool>() ? 1 : 0) : j.get<std::int64_t>();
+      };
       const bool ints = !a.is_number_float() && !b.is_number_float();
       const double x = detail::as_double(a), y = detail::as_double(b);
       if (op == "+") return ints ? Value::of(Json(integer(a) + integer(b))) : Value::of(Json(x + y));
       if (op == "-") return ints ? Value::of(Json(integer(a) - integer(b))) : Value::of(Json(x - y));
       if (op == "*") return ints ? Value::of(Json(integer(a) * integer(b))) : Value::of(Json(x * y));
       if ((op == "/" || op == "//" || op == "%") && y == 0)
-        throw PythonError{op == "/" ? "division by zero" : ints ? "integer division or modulo by zero" : "float modulo"};
+        throw PythonError{op == "/" ? "division by zero"
+                          : ints    ? "integer division or modulo by zero"
+                                    : "float modulo"};
       if (op == "/") return Value::of(Json(x / y));
-      if (op == "//") return ints ? Value::of(Json(static_cast<std::int64_t>(std::floor(x / y)))) : Value::of(Json(std::floor(x / y)));
+      if (op == "//")
+        return ints ? Value::of(Json(static_cast<std::int64_t>(std::floor(x / y))))
+                    : Value::of(Json(std::floor(x / y)));
       if (op == "%") {
         if (ints) {
           const auto m = integer(a) % integer(b);
@@ -449,20 +475,23 @@ class Interpreter {
     }
     if (callee.kind != Expr::Kind::name) unsupported(e.at, "calling this expression");
     const auto& name = callee.name;
-    if (const auto macro = macros_.find(name); macro != macros_.end() && !local(name)) return call_macro(*macro->second, e);
+    if (const auto macro = macros_.find(name); macro != macros_.end() && !local(name))
+      return call_macro(*macro->second, e);
     if (name == "raise_exception") {
       const auto args = arguments(e);
       const auto* message = args.get(0, "message");
-      throw RuntimeError(errors::runtime_chat_template,
-                         fmt::format("{}: the template raised: {}", origin_, message ? printed(*message, e.at) : std::string()));
+      throw RuntimeError(errors::runtime_chat_template, fmt::format("{}: the template raised: {}", origin_,
+                                                                    message ? printed(*message, e.at) : std::string()));
     }
     if (name == "namespace" || name == "dict") {
       const auto args = arguments(e);
       Json out = name == "namespace" ? detail::make_namespace() : Json::object();
-      if (args.positional.size() > 1) fail(e.at, fmt::format("{} expected at most 1 argument, got {}", name, args.positional.size()));
+      if (args.positional.size() > 1)
+        fail(e.at, fmt::format("{} expected at most 1 argument, got {}", name, args.positional.size()));
       if (!args.positional.empty()) {
         const auto& initial = args.positional[0].json;
-        if (!initial.is_object() || detail::is_namespace(initial)) unsupported(e.at, fmt::format("{}() of anything but a dict", name));
+        if (!initial.is_object() || detail::is_namespace(initial))
+          unsupported(e.at, fmt::format("{}() of anything but a dict", name));
         detail::for_each_entry(initial, [&](const std::string& key, const Json& value) { out[key] = value; });
       }
       for (const auto& [key, value] : args.keyword) out[key] = defined(value, e.at).json;
@@ -472,10 +501,12 @@ class Interpreter {
       const auto args = arguments(e);
       std::vector<std::int64_t> values;
       for (const auto& v : args.positional) {
-        if (!v.json.is_number_integer()) fail(e.at, fmt::format("'{}' object cannot be interpreted as an integer", detail::python_type_name(v.json)));
+        if (!v.json.is_number_integer())
+          fail(e.at, fmt::format("'{}' object cannot be interpreted as an integer", detail::python_type_name(v.json)));
         values.push_back(v.json.get<std::int64_t>());
       }
-      if (values.empty() || values.size() > 3) fail(e.at, fmt::format("range expected 1 to 3 arguments, got {}", values.size()));
+      if (values.empty() || values.size() > 3)
+        fail(e.at, fmt::format("range expected 1 to 3 arguments, got {}", values.size()));
       std::int64_t start = 0, stop = values[0], step = 1;
       if (values.size() >= 2) start = values[0], stop = values[1];
       if (values.size() == 3) step = values[2];
@@ -520,7 +551,8 @@ class Interpreter {
     Json scope = Json::object();
     std::vector<bool> given(parameters, false);
     for (std::size_t k = 0; k < args.positional.size(); ++k) {
-      scope[macro.targets[k + 1]] = args.positional[k].undefined ? undefined_marker() : defined(args.positional[k], e.at).json;
+      scope[macro.targets[k + 1]] =
+          args.positional[k].undefined ? undefined_marker() : defined(args.positional[k], e.at).json;
       given[k] = true;
     }
     for (auto& [key, value] : args.keyword) {

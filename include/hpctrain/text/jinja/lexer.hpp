@@ -93,8 +93,10 @@ inline std::string string_literal(std::string_view raw, Position at, const std::
     for (std::size_t k = from; k < from + digits; ++k) {
       const char h = k < raw.size() ? raw[k] : '\0';
       if (!std::isxdigit(static_cast<unsigned char>(h)))
-        syntax_error(origin, at, fmt::format("a truncated \\{}{} escape in a string", raw[from - 1], std::string(digits, 'X')));
-      value = value * 16 + static_cast<std::uint32_t>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : std::tolower(h) - 'a' + 10);
+        syntax_error(origin, at,
+                     fmt::format("a truncated \\{}{} escape in a string", raw[from - 1], std::string(digits, 'X')));
+      value = value * 16 + static_cast<std::uint32_t>(
+                               std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : std::tolower(h) - 'a' + 10);
     }
     return value;
   };
@@ -111,7 +113,9 @@ inline std::string string_literal(std::string_view raw, Position at, const std::
     const char e = raw[++i];
     switch (e) {
       case '\n': break;  // backslash-newline: the literal goes on
-      case '\r': if (i + 1 < raw.size() && raw[i + 1] == '\n') ++i; break;
+      case '\r':
+        if (i + 1 < raw.size() && raw[i + 1] == '\n') ++i;
+        break;
       case 'n': out.push_back('\n'); break;
       case 't': out.push_back('\t'); break;
       case 'r': out.push_back('\r'); break;
@@ -119,9 +123,17 @@ inline std::string string_literal(std::string_view raw, Position at, const std::
       case 'b': out.push_back('\b'); break;
       case 'f': out.push_back('\f'); break;
       case 'v': out.push_back('\v'); break;
-      case '\\': case '\'': case '"': out.push_back(e); break;
-      case 'x': append_utf8(out, hex(i + 1, 2)); i += 2; break;
-      case 'u': append_utf8(out, hex(i + 1, 4)); i += 4; break;
+      case '\\':
+      case '\'':
+      case '"': out.push_back(e); break;
+      case 'x':
+        append_utf8(out, hex(i + 1, 2));
+        i += 2;
+        break;
+      case 'u':
+        append_utf8(out, hex(i + 1, 4));
+        i += 4;
+        break;
       case 'U': {
         const auto code_point = hex(i + 1, 8);
         if (code_point > 0x10FFFF) syntax_error(origin, at, "a \\U escape beyond U+10FFFF in a string");
@@ -129,7 +141,10 @@ inline std::string string_literal(std::string_view raw, Position at, const std::
         i += 8;
         break;
       }
-      case 'N': syntax_error(origin, at, "a \\N{...} escape (a Unicode character name) in a string is not supported by hpctrain's chat templates");
+      case 'N':
+        syntax_error(
+            origin, at,
+            "a \\N{...} escape (a Unicode character name) in a string is not supported by hpctrain's chat templates");
       default:
         if (e >= '0' && e <= '7') {
           std::uint32_t value = static_cast<std::uint32_t>(e - '0');
@@ -146,7 +161,8 @@ inline std::string string_literal(std::string_view raw, Position at, const std::
 }
 
 /// The tokens of a tag's inside, source[begin, end).
-inline std::vector<Token> tokenize(std::string_view source, std::size_t begin, std::size_t end, const std::string& origin) {
+inline std::vector<Token> tokenize(std::string_view source, std::size_t begin, std::size_t end,
+                                   const std::string& origin) {
   std::vector<Token> tokens;
   std::size_t i = begin;
   while (i < end) {
@@ -243,8 +259,9 @@ inline std::vector<Piece> lex(std::string_view original, const std::string& orig
   std::size_t i = 0;
   while (i <= source.size()) {
     std::size_t open = i;
-    while ((open = source.find('{', open)) != std::string_view::npos &&
-           !(open + 1 < source.size() && (source[open + 1] == '{' || source[open + 1] == '%' || source[open + 1] == '#')))
+    while (
+        (open = source.find('{', open)) != std::string_view::npos &&
+        !(open + 1 < source.size() && (source[open + 1] == '{' || source[open + 1] == '%' || source[open + 1] == '#')))
       ++open;
     std::string text(source.substr(i, (open == std::string_view::npos ? source.size() : open) - i));
     if (open == std::string_view::npos) {
@@ -264,15 +281,22 @@ inline std::vector<Piece> lex(std::string_view original, const std::string& orig
     const std::size_t inner_begin = open + 2 + (sign == '-' || sign == '+' ? 1 : 0);
     const auto close_at = detail::tag_close(source, inner_begin, kind);
     if (close_at == std::string_view::npos)
-      syntax_error(origin, detail::position_of(source, open), fmt::format("this tag is never closed with '{}'", kind == '{' ? "}}" : kind == '%' ? "%}" : "#}"));
+      syntax_error(origin, detail::position_of(source, open),
+                   fmt::format("this tag is never closed with '{}'", kind == '{'   ? "}}"
+                                                                     : kind == '%' ? "%}"
+                                                                                   : "#}"));
     const bool strip_after = close_at > inner_begin && source[close_at - 1] == '-';
     if (kind != '#')
-      pieces.push_back({kind == '{' ? Piece::Kind::output : Piece::Kind::statement, {},
-                        detail::tokenize(source, inner_begin, strip_after ? close_at - 1 : close_at, origin), detail::position_of(source, open)});
+      pieces.push_back({kind == '{' ? Piece::Kind::output : Piece::Kind::statement,
+                        {},
+                        detail::tokenize(source, inner_begin, strip_after ? close_at - 1 : close_at, origin),
+                        detail::position_of(source, open)});
     i = close_at + 2;
     std::size_t consumed = 0;  // what the tag's end takes of the text after it
     if (strip_after) {
-      while (i + consumed < source.size() && std::string_view(" \t\r\n\f\v").find(source[i + consumed]) != std::string_view::npos) ++consumed;
+      while (i + consumed < source.size() &&
+             std::string_view(" \t\r\n\f\v").find(source[i + consumed]) != std::string_view::npos)
+        ++consumed;
     } else if (kind != '{') {  // trim_blocks
       if (source.substr(i, 1) == "\n") consumed = 1;
       else if (source.substr(i, 2) == "\r\n") consumed = 2;

@@ -35,7 +35,8 @@ inline std::string string_arg(const std::string& name, const Args& args, std::si
   const auto* value = args.get(index, key);
   if (!value) throw PythonError{fmt::format("{}() missing the argument '{}'", name, key)};
   if (!value->json.is_string())
-    throw PythonError{fmt::format("must be str, not {}", value->undefined ? "Undefined" : python_type_name(value->json))};
+    throw PythonError{
+        fmt::format("must be str, not {}", value->undefined ? "Undefined" : python_type_name(value->json))};
   return value->json.get<std::string>();
 }
 
@@ -54,11 +55,15 @@ inline Value startswith_or_endswith(const std::string& name, const Json& subject
   if (!affix) throw PythonError{fmt::format("{}() takes at least 1 argument (0 given)", name)};
   std::vector<std::string> candidates;
   if (affix->json.is_string()) candidates.push_back(affix->json.get<std::string>());
-  else if (affix->json.is_array() && std::all_of(affix->json.begin(), affix->json.end(), [](const Json& x) { return x.is_string(); }))
+  else if (affix->json.is_array() &&
+           std::all_of(affix->json.begin(), affix->json.end(), [](const Json& x) { return x.is_string(); }))
     for (const auto& x : affix->json) candidates.push_back(x.get<std::string>());
-  else throw PythonError{fmt::format("{} first arg must be str or a tuple of str, not {}", name, python_type_name(affix->json))};
+  else
+    throw PythonError{
+        fmt::format("{} first arg must be str or a tuple of str, not {}", name, python_type_name(affix->json))};
   const bool ok = std::any_of(candidates.begin(), candidates.end(), [&](const std::string& a) {
-    return s.size() >= a.size() && (name == "startswith" ? s.compare(0, a.size(), a) == 0 : s.compare(s.size() - a.size(), a.size(), a) == 0);
+    return s.size() >= a.size() &&
+           (name == "startswith" ? s.compare(0, a.size(), a) == 0 : s.compare(s.size() - a.size(), a.size(), a) == 0);
   });
   return Value::of(Json(ok));
 }
@@ -69,7 +74,8 @@ inline Value remove_affix(const std::string& name, const Json& subject, const Ar
   const auto& j = subject;
   const auto affix = string_arg(name, args, 0, "prefix");
   if (name == "removeprefix" && s.compare(0, affix.size(), affix) == 0) return Value::of(Json(s.substr(affix.size())));
-  if (name == "removesuffix" && !affix.empty() && s.size() >= affix.size() && s.compare(s.size() - affix.size(), affix.size(), affix) == 0)
+  if (name == "removesuffix" && !affix.empty() && s.size() >= affix.size() &&
+      s.compare(s.size() - affix.size(), affix.size(), affix) == 0)
     return Value::of(Json(s.substr(0, s.size() - affix.size())));
   return Value::of(j);
 }
@@ -78,7 +84,8 @@ inline Value remove_affix(const std::string& name, const Json& subject, const Ar
 inline Value replace(const std::string& name, const Json& subject, const Args& args) {
   const auto& s = subject.get_ref<const std::string&>();
   const auto* count = args.get(2, "count");
-  return Value::of(Json(replace_all(s, string_arg(name, args, 0, "old"), string_arg(name, args, 1, "new"), count && count->json.is_number_integer() ? count->json.get<std::int64_t>() : -1)));
+  return Value::of(Json(replace_all(s, string_arg(name, args, 0, "old"), string_arg(name, args, 1, "new"),
+                                    count && count->json.is_number_integer() ? count->json.get<std::int64_t>() : -1)));
 }
 
 /// find, rfind, index, count: positions in code points, as Python counts them.
@@ -107,7 +114,8 @@ inline Value join(const std::string& /*name*/, const Json& subject, const Args& 
   std::string out;
   bool first = true;
   for (const auto& item : iterate(*items)) {
-    if (!item.is_string()) throw PythonError{fmt::format("sequence item: expected str instance, {} found", python_type_name(item))};
+    if (!item.is_string())
+      throw PythonError{fmt::format("sequence item: expected str instance, {} found", python_type_name(item))};
     out += (first ? "" : s) + item.get<std::string>();
     first = false;
   }
@@ -133,12 +141,15 @@ inline Value split(const std::string& name, const Json& subject, const Args& arg
     if (maxsplit < 0 || static_cast<std::size_t>(maxsplit) + 1 >= words.size()) {
       for (const auto& [b, e] : words) parts.push_back(s.substr(b, e - b));
     } else if (name == "split") {
-      for (std::size_t k = 0; k < static_cast<std::size_t>(maxsplit); ++k) parts.push_back(s.substr(words[k].first, words[k].second - words[k].first));
-      parts.push_back(strip_chars(s.substr(words[static_cast<std::size_t>(maxsplit)].first), python_whitespace, false, true));
+      for (std::size_t k = 0; k < static_cast<std::size_t>(maxsplit); ++k)
+        parts.push_back(s.substr(words[k].first, words[k].second - words[k].first));
+      parts.push_back(
+          strip_chars(s.substr(words[static_cast<std::size_t>(maxsplit)].first), python_whitespace, false, true));
     } else {
       const auto first = words.size() - static_cast<std::size_t>(maxsplit);
       parts.push_back(strip_chars(s.substr(0, words[first - 1].second), python_whitespace, true, false));
-      for (std::size_t k = first; k < words.size(); ++k) parts.push_back(s.substr(words[k].first, words[k].second - words[k].first));
+      for (std::size_t k = first; k < words.size(); ++k)
+        parts.push_back(s.substr(words[k].first, words[k].second - words[k].first));
     }
   } else {
     const auto sep = string_arg(name, args, 0, "sep");
@@ -240,14 +251,32 @@ inline Value list_search(const std::string& name, const Json& subject, const Arg
 
 /// str's methods hpctrain implements.
 inline const MethodTable& str_table() {
-  static const MethodTable table{
-      {"capitalize", case_method}, {"count", search}, {"endswith", startswith_or_endswith}, {"find", search},
-      {"index", search}, {"isalnum", character_class}, {"isalpha", character_class}, {"isdigit", character_class},
-      {"islower", character_class}, {"isspace", character_class}, {"isupper", character_class}, {"join", join},
-      {"lower", case_method}, {"lstrip", strip}, {"removeprefix", remove_affix}, {"removesuffix", remove_affix},
-      {"replace", replace}, {"rfind", search}, {"rsplit", split}, {"rstrip", strip}, {"split", split},
-      {"splitlines", splitlines}, {"startswith", startswith_or_endswith}, {"strip", strip}, {"title", case_method},
-      {"upper", case_method}};
+  static const MethodTable table{{"capitalize", case_method},
+                                 {"count", search},
+                                 {"endswith", startswith_or_endswith},
+                                 {"find", search},
+                                 {"index", search},
+                                 {"isalnum", character_class},
+                                 {"isalpha", character_class},
+                                 {"isdigit", character_class},
+                                 {"islower", character_class},
+                                 {"isspace", character_class},
+                                 {"isupper", character_class},
+                                 {"join", join},
+                                 {"lower", case_method},
+                                 {"lstrip", strip},
+                                 {"removeprefix", remove_affix},
+                                 {"removesuffix", remove_affix},
+                                 {"replace", replace},
+                                 {"rfind", search},
+                                 {"rsplit", split},
+                                 {"rstrip", strip},
+                                 {"split", split},
+                                 {"splitlines", splitlines},
+                                 {"startswith", startswith_or_endswith},
+                                 {"strip", strip},
+                                 {"title", case_method},
+                                 {"upper", case_method}};
   return table;
 }
 /// dict's.
@@ -275,21 +304,25 @@ inline Value call_method(const Value& subject, const std::string& name, const Ar
   const auto& j = subject.json;
   require_defined(subject);
   if (subject.markup) {  // Markup's methods return Markup, and some escape their arguments
-    static const std::set<std::string, std::less<>> keep{"strip", "lstrip", "rstrip", "upper", "lower", "title", "capitalize"};
-    static const std::set<std::string, std::less<>> plain{"startswith", "endswith", "find", "rfind", "count", "index", "isalnum", "isalpha",
-                                                          "isdigit", "islower", "isspace", "isupper"};
+    static const std::set<std::string, std::less<>> keep{"strip", "lstrip", "rstrip",    "upper",
+                                                         "lower", "title",  "capitalize"};
+    static const std::set<std::string, std::less<>> plain{"startswith", "endswith", "find",    "rfind",
+                                                          "count",      "index",    "isalnum", "isalpha",
+                                                          "isdigit",    "islower",  "isspace", "isupper"};
     if (keep.count(name)) {
       auto unmarked = subject;
       unmarked.markup = false;
       return Value::safe(call_method(unmarked, name, args).json.get<std::string>());
     }
-    if (!plain.count(name)) throw Unsupported{fmt::format("the method '{}' of a Markup string (from |safe or |escape)", name)};
+    if (!plain.count(name))
+      throw Unsupported{fmt::format("the method '{}' of a Markup string (from |safe or |escape)", name)};
   }
   if (!names::python_has_method(j, name))
     throw PythonError{fmt::format("'{}' has no attribute '{}'", j.is_null() ? "None" : jinja_object_name(j), name)};
   const auto* table = methods::table_of(j);
   const auto it = table != nullptr ? table->find(name) : MethodTable::const_iterator{};
-  if (table == nullptr || it == table->end()) throw Unsupported{fmt::format("the method '{}' of {}", name, python_type_name(j))};
+  if (table == nullptr || it == table->end())
+    throw Unsupported{fmt::format("the method '{}' of {}", name, python_type_name(j))};
   return it->second(name, j, args);
 }
 

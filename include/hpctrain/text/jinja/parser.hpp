@@ -28,11 +28,12 @@ namespace hpctrain::text::jinja {
 struct Expr {
   enum class Kind { literal, name, attribute, item, slice, call, filter, test, unary, binary, ternary, list, dict };
   Kind kind = Kind::literal;
-  Json value;                  ///< literal
-  std::string name;            ///< name, attribute, call (a plain function), filter, test, unary/binary operator
-  std::vector<std::unique_ptr<Expr>> args;  ///< operands; call/filter/test: the subject first (call: callee), then arguments
+  Json value;        ///< literal
+  std::string name;  ///< name, attribute, call (a plain function), filter, test, unary/binary operator
+  std::vector<std::unique_ptr<Expr>>
+      args;  ///< operands; call/filter/test: the subject first (call: callee), then arguments
   std::vector<std::pair<std::string, std::unique_ptr<Expr>>> kwargs;
-  bool negated = false;        ///< `is not`
+  bool negated = false;  ///< `is not`
   Position at;
 };
 using ExprPtr = std::unique_ptr<Expr>;
@@ -41,11 +42,13 @@ using ExprPtr = std::unique_ptr<Expr>;
 struct Node {
   enum class Kind { text, output, if_, for_, set, set_block, generation, break_, continue_, macro, filter_block };
   Kind kind = Kind::text;
-  std::string text;                     ///< text
-  std::vector<ExprPtr> exprs;           ///< output: [value]; if: conditions; for: [iterable, filter?]; set: [value];
-                                        ///< macro: one default per parameter (null: none); filter_block: [the filters]
-  std::vector<std::vector<Node>> bodies;  ///< if: one per condition (+ else); for: [body, else]; set_block/generation/macro/filter_block: [body]
-  std::vector<std::string> targets;     ///< for: loop variables; set: [name] or [namespace, attribute]; macro: [name, parameters...]
+  std::string text;            ///< text
+  std::vector<ExprPtr> exprs;  ///< output: [value]; if: conditions; for: [iterable, filter?]; set: [value];
+                               ///< macro: one default per parameter (null: none); filter_block: [the filters]
+  std::vector<std::vector<Node>>
+      bodies;  ///< if: one per condition (+ else); for: [body, else]; set_block/generation/macro/filter_block: [body]
+  std::vector<std::string>
+      targets;  ///< for: loop variables; set: [name] or [namespace, attribute]; macro: [name, parameters...]
   Position at;
 };
 
@@ -59,7 +62,8 @@ class Parser {
 
   std::vector<Node> parse() {
     auto nodes = block({});
-    if (piece_ < pieces_.size()) error(pieces_[piece_].tokens.front().at, fmt::format("unexpected '{}'", pieces_[piece_].tokens.front().text));
+    if (piece_ < pieces_.size())
+      error(pieces_[piece_].tokens.front().at, fmt::format("unexpected '{}'", pieces_[piece_].tokens.front().text));
     return nodes;
   }
 
@@ -93,7 +97,9 @@ class Parser {
       ++piece_;
       nodes.push_back(statement(piece.at));
     }
-    if (!ends.empty()) error(pieces_.empty() ? Position{} : pieces_.back().at, fmt::format("the template ends before '{{% {} %}}'", ends.back()));
+    if (!ends.empty())
+      error(pieces_.empty() ? Position{} : pieces_.back().at,
+            fmt::format("the template ends before '{{% {} %}}'", ends.back()));
     return nodes;
   }
 
@@ -138,7 +144,8 @@ class Parser {
         next();
         node.exprs.push_back(expression());
       }
-      if (peek().kind == Token::Kind::name && peek().text == "recursive") error(peek().at, "recursive loops are not supported");
+      if (peek().kind == Token::Kind::name && peek().text == "recursive")
+        error(peek().at, "recursive loops are not supported");
       expect_end();
       node.bodies.push_back(block({"else", "endfor"}));
       select_statement();
@@ -154,14 +161,16 @@ class Parser {
     } else if (keyword == "set") {
       node.targets.push_back(name_token());
       if (accept(".")) node.targets.push_back(name_token());
-      if (peek().kind == Token::Kind::op && peek().text == ",") error(peek().at, "unpacking in '{% set %}' is not supported by hpctrain's chat templates");
+      if (peek().kind == Token::Kind::op && peek().text == ",")
+        error(peek().at, "unpacking in '{% set %}' is not supported by hpctrain's chat templates");
       if (accept("=")) {
         node.kind = Node::Kind::set;
         node.exprs.push_back(expression());
         expect_end();
       } else {
         node.kind = Node::Kind::set_block;
-        if (peek().kind == Token::Kind::op && peek().text == "|") error(peek().at, "a filter on '{% set %}' is not supported by hpctrain's chat templates");
+        if (peek().kind == Token::Kind::op && peek().text == "|")
+          error(peek().at, "a filter on '{% set %}' is not supported by hpctrain's chat templates");
         expect_end();
         node.bodies.push_back(captured_block("endset"));
       }
@@ -174,7 +183,8 @@ class Parser {
         node.exprs.push_back(accept("=") ? expression() : nullptr);
         if (!node.exprs.back() && node.exprs.size() > 1 && node.exprs[node.exprs.size() - 2])
           error(peek().at, "a parameter without a default follows one with a default");
-        if (!accept(",") && !(peek().kind == Token::Kind::op && peek().text == ")")) error(peek().at, "expected ',' or ')'");
+        if (!accept(",") && !(peek().kind == Token::Kind::op && peek().text == ")"))
+          error(peek().at, "expected ',' or ')'");
       }
       expect_end();
       node.bodies.push_back(captured_block("endmacro"));
@@ -190,7 +200,10 @@ class Parser {
       expect_end();
       node.bodies.push_back(captured_block("endfilter"));
     } else if (keyword == "generation") {
-      if (capturing_ > 0) error(tokens_->front().at, "'{% generation %}' inside a macro, a set block or a filter block is not supported by hpctrain's chat templates");
+      if (capturing_ > 0)
+        error(tokens_->front().at,
+              "'{% generation %}' inside a macro, a set block or a filter block is not supported by hpctrain's chat "
+              "templates");
       node.kind = Node::Kind::generation;
       expect_end();
       node.bodies.push_back(block({"endgeneration"}));
@@ -246,8 +259,13 @@ class Parser {
 
   /// Precedence levels: or, and, not, comparison, ~, + -, * / // %.
   ExprPtr binary_chain(int level) {
-    static const std::vector<std::vector<std::string>> levels{{"or"}, {"and"}, {"not"}, {"==", "!=", "<", "<=", ">", ">=", "in", "not in"},
-                                                              {"~"}, {"+", "-"}, {"*", "/", "//", "%"}};
+    static const std::vector<std::vector<std::string>> levels{{"or"},
+                                                              {"and"},
+                                                              {"not"},
+                                                              {"==", "!=", "<", "<=", ">", ">=", "in", "not in"},
+                                                              {"~"},
+                                                              {"+", "-"},
+                                                              {"*", "/", "//", "%"}};
     if (level == static_cast<int>(levels.size())) return unary();
     if (levels[level].front() == "not") {
       if (peek().kind == Token::Kind::name && peek().text == "not") {
@@ -264,7 +282,9 @@ class Parser {
       const auto& token = peek();
       for (const auto& candidate : levels[level]) {
         if (candidate == "not in") {
-          if (token.kind == Token::Kind::name && token.text == "not" && at_ + 1 < tokens_->size() && (*tokens_)[at_ + 1].text == "in") op = candidate;
+          if (token.kind == Token::Kind::name && token.text == "not" && at_ + 1 < tokens_->size() &&
+              (*tokens_)[at_ + 1].text == "in")
+            op = candidate;
         } else if ((token.kind == Token::Kind::op || token.kind == Token::Kind::name) && token.text == candidate) {
           op = candidate;
         }
@@ -316,8 +336,9 @@ class Parser {
         const auto test_at = peek().at;
         node->name = name_token();
         if (!names::tests().count(node->name))
-          error(test_at, names::jinja_tests().count(node->name) ? fmt::format("the test '{}' is not supported by hpctrain's chat templates", node->name)
-                                                                : fmt::format("no test named '{}' (jinja2 refuses it too)", node->name));
+          error(test_at, names::jinja_tests().count(node->name)
+                             ? fmt::format("the test '{}' is not supported by hpctrain's chat templates", node->name)
+                             : fmt::format("no test named '{}' (jinja2 refuses it too)", node->name));
         node->args.push_back(std::move(value));
         if (peek().kind == Token::Kind::op && peek().text == "(") arguments(*node);
         else if (starts_primary()) node->args.push_back(primary());  // `is divisibleby 3`, `is equalto 'x'`
@@ -333,28 +354,33 @@ class Parser {
     auto node = make(Expr::Kind::filter, peek().at);
     node->name = name_token();
     if (!names::filters().count(node->name))
-      error(node->at, names::jinja_filters().count(node->name) ? fmt::format("the filter '{}' is not supported by hpctrain's chat templates", node->name)
-                                                               : fmt::format("no filter named '{}' (jinja2 refuses it too)", node->name));
+      error(node->at, names::jinja_filters().count(node->name)
+                          ? fmt::format("the filter '{}' is not supported by hpctrain's chat templates", node->name)
+                          : fmt::format("no filter named '{}' (jinja2 refuses it too)", node->name));
     node->args.push_back(std::move(value));
     if (peek().kind == Token::Kind::op && peek().text == "(") arguments(*node);
     // A filter or test named by a string literal (map('upper'), selectattr('x', 'equalto', 1)) is checked too.
     const std::size_t named = node->name == "map" || node->name == "select" || node->name == "reject" ? 1
-                              : node->name == "selectattr" || node->name == "rejectattr"               ? 2
-                                                                                                       : 0;
-    if (named && node->args.size() > named && node->args[named]->kind == Expr::Kind::literal && node->args[named]->value.is_string()) {
+                              : node->name == "selectattr" || node->name == "rejectattr"              ? 2
+                                                                                                      : 0;
+    if (named && node->args.size() > named && node->args[named]->kind == Expr::Kind::literal &&
+        node->args[named]->value.is_string()) {
       const auto which = node->args[named]->value.get<std::string>();
       const bool known = node->name == "map" ? names::filters().count(which) > 0 : names::tests().count(which) > 0;
-      if (!known) error(node->args[named]->at, fmt::format("{}() with the {} '{}' is not supported by hpctrain's chat templates", node->name,
-                                                           node->name == "map" ? "filter" : "test", which));
+      if (!known)
+        error(node->args[named]->at, fmt::format("{}() with the {} '{}' is not supported by hpctrain's chat templates",
+                                                 node->name, node->name == "map" ? "filter" : "test", which));
     }
     return node;
   }
 
   /// A call's callee: a method hpctrain lacks, or a jinja2 global it lacks, is refused here.
   void check_callee(const Expr& callee) const {
-    if (callee.kind == Expr::Kind::attribute && !names::implemented_method(callee.name) && names::python_methods().count(callee.name))
+    if (callee.kind == Expr::Kind::attribute && !names::implemented_method(callee.name) &&
+        names::python_methods().count(callee.name))
       error(callee.at, fmt::format("the method '{}' is not supported by hpctrain's chat templates", callee.name));
-    if (callee.kind == Expr::Kind::name && (callee.name == "lipsum" || callee.name == "cycler" || callee.name == "joiner"))
+    if (callee.kind == Expr::Kind::name &&
+        (callee.name == "lipsum" || callee.name == "cycler" || callee.name == "joiner"))
       error(callee.at, fmt::format("the function '{}' is not supported by hpctrain's chat templates", callee.name));
   }
 
@@ -394,15 +420,17 @@ class Parser {
       } else {
         node.args.push_back(expression());
       }
-      if (!accept(",") && !(peek().kind == Token::Kind::op && peek().text == ")")) error(peek().at, "expected ',' or ')'");
+      if (!accept(",") && !(peek().kind == Token::Kind::op && peek().text == ")"))
+        error(peek().at, "expected ',' or ')'");
     }
   }
 
   bool starts_primary() const {
     const auto& token = peek();
-    return token.kind == Token::Kind::string || token.kind == Token::Kind::integer || token.kind == Token::Kind::number ||
-           (token.kind == Token::Kind::name && token.text != "and" && token.text != "or" && token.text != "else" && token.text != "if" &&
-            token.text != "in" && token.text != "not" && token.text != "is");
+    return token.kind == Token::Kind::string || token.kind == Token::Kind::integer ||
+           token.kind == Token::Kind::number ||
+           (token.kind == Token::Kind::name && token.text != "and" && token.text != "or" && token.text != "else" &&
+            token.text != "if" && token.text != "in" && token.text != "not" && token.text != "is");
   }
 
   ExprPtr primary() {
@@ -420,7 +448,8 @@ class Parser {
         std::int64_t value = 0;
         const auto [end, failure] = std::from_chars(token.text.data(), token.text.data() + token.text.size(), value);
         if (failure != std::errc{} || end != token.text.data() + token.text.size())
-          error(token.at, "the integer " + token.text.substr(0, 40) + (token.text.size() > 40 ? "..." : "") + " does not fit 64 bits");
+          error(token.at, "the integer " + token.text.substr(0, 40) + (token.text.size() > 40 ? "..." : "") +
+                              " does not fit 64 bits");
         node->value = value;
         return node;
       }
@@ -448,7 +477,8 @@ class Parser {
             list->args.push_back(std::move(inner));
             while (!accept(")")) {
               list->args.push_back(expression());
-              if (!accept(",") && !(peek().kind == Token::Kind::op && peek().text == ")")) error(peek().at, "expected ',' or ')'");
+              if (!accept(",") && !(peek().kind == Token::Kind::op && peek().text == ")"))
+                error(peek().at, "expected ',' or ')'");
             }
             return list;
           }
@@ -459,7 +489,8 @@ class Parser {
           auto list = make(Expr::Kind::list, token.at);
           while (!accept("]")) {
             list->args.push_back(expression());
-            if (!accept(",") && !(peek().kind == Token::Kind::op && peek().text == "]")) error(peek().at, "expected ',' or ']'");
+            if (!accept(",") && !(peek().kind == Token::Kind::op && peek().text == "]"))
+              error(peek().at, "expected ',' or ']'");
           }
           return list;
         }
@@ -469,13 +500,13 @@ class Parser {
             dict->args.push_back(expression());
             expect_op(":");
             dict->args.push_back(expression());
-            if (!accept(",") && !(peek().kind == Token::Kind::op && peek().text == "}")) error(peek().at, "expected ',' or '}'");
+            if (!accept(",") && !(peek().kind == Token::Kind::op && peek().text == "}"))
+              error(peek().at, "expected ',' or '}'");
           }
           return dict;
         }
         break;
-      default:
-        error(token.at, "the expression ends too early");
+      default: error(token.at, "the expression ends too early");
     }
     error(token.at, fmt::format("unexpected '{}'", token.text));
   }
@@ -521,7 +552,8 @@ class Parser {
   struct Depth {
     explicit Depth(Parser& parser) : parser_(parser) {
       if (++parser_.depth_ > 150)
-        parser_.error(parser_.tokens_ && parser_.at_ < parser_.tokens_->size() ? parser_.peek().at : Position{}, "nested too deeply");
+        parser_.error(parser_.tokens_ && parser_.at_ < parser_.tokens_->size() ? parser_.peek().at : Position{},
+                      "nested too deeply");
     }
     ~Depth() { --parser_.depth_; }
     Parser& parser_;

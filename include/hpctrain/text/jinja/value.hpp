@@ -40,7 +40,9 @@ struct Value {
   static Value of(Json json) { return {std::move(json), false, {}, false, false}; }
   static Value none() { return {Json(nullptr), false, {}, false, false}; }
   static Value missing(std::string why) { return {Json(nullptr), true, std::move(why), false, false}; }
-  static Value method(Json subject, std::string name) { return {std::move(subject), false, std::move(name), true, false}; }
+  static Value method(Json subject, std::string name) {
+    return {std::move(subject), false, std::move(name), true, false};
+  }
   static Value safe(std::string text) { return {Json(std::move(text)), false, {}, false, true}; }
 };
 
@@ -114,8 +116,8 @@ inline bool is_ascii(std::string_view s) {
 }
 
 /// Python's slice of a sequence of `size` elements: the indices taken.
-inline std::vector<std::int64_t> slice_indices(std::int64_t size, std::optional<std::int64_t> start, std::optional<std::int64_t> stop,
-                                               std::optional<std::int64_t> step) {
+inline std::vector<std::int64_t> slice_indices(std::int64_t size, std::optional<std::int64_t> start,
+                                               std::optional<std::int64_t> stop, std::optional<std::int64_t> step) {
   const std::int64_t s = step.value_or(1);
   std::vector<std::int64_t> out;
   if (s == 0) return out;
@@ -161,7 +163,8 @@ inline std::string python_type_name(const Json& json) {
   switch (json.type()) {
     case Json::value_t::null: return "NoneType";
     case Json::value_t::boolean: return "bool";
-    case Json::value_t::number_integer: case Json::value_t::number_unsigned: return "int";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned: return "int";
     case Json::value_t::number_float: return "float";
     case Json::value_t::string: return "str";
     case Json::value_t::array: return "list";
@@ -212,8 +215,9 @@ inline std::string python_repr(const Json& json) {
 /// sort_keys).
 struct JsonDumpOptions {
   bool ensure_ascii = false;
-  std::optional<std::string> indent;                           ///< the text of one level; none: one line
-  std::optional<std::pair<std::string, std::string>> separators;  ///< (item, key); default (", ", ": "), or (",", ": ") with indent
+  std::optional<std::string> indent;  ///< the text of one level; none: one line
+  std::optional<std::pair<std::string, std::string>>
+      separators;  ///< (item, key); default (", ", ": "), or (",", ": ") with indent
   bool sort_keys = false;
 };
 
@@ -234,12 +238,12 @@ inline std::string json_dumps(const Json& json, const JsonDumpOptions& options, 
       if (std::isinf(x)) return x > 0 ? "Infinity" : "-Infinity";
       return python_float(x);
     }
-    case Json::value_t::string:
-      return json.dump(-1, ' ', options.ensure_ascii, Json::error_handler_t::replace);
+    case Json::value_t::string: return json.dump(-1, ' ', options.ensure_ascii, Json::error_handler_t::replace);
     case Json::value_t::array: {
       if (json.empty()) return "[]";
       std::string out = "[";
-      for (std::size_t i = 0; i < json.size(); ++i) out += (i ? item_separator : "") + newline(level + 1) + json_dumps(json[i], options, level + 1);
+      for (std::size_t i = 0; i < json.size(); ++i)
+        out += (i ? item_separator : "") + newline(level + 1) + json_dumps(json[i], options, level + 1);
       return out + newline(level) + "]";
     }
     case Json::value_t::object: {
@@ -247,10 +251,13 @@ inline std::string json_dumps(const Json& json, const JsonDumpOptions& options, 
       if (json.empty()) return "{}";
       std::vector<std::pair<std::string, const Json*>> entries;
       for_each_entry(json, [&](const std::string& key, const Json& value) { entries.emplace_back(key, &value); });
-      if (options.sort_keys) std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      if (options.sort_keys)
+        std::stable_sort(entries.begin(), entries.end(),
+                         [](const auto& a, const auto& b) { return a.first < b.first; });
       std::string out = "{";
       for (std::size_t i = 0; i < entries.size(); ++i)
-        out += (i ? item_separator : "") + newline(level + 1) + Json(entries[i].first).dump(-1, ' ', options.ensure_ascii, Json::error_handler_t::replace) +
+        out += (i ? item_separator : "") + newline(level + 1) +
+               Json(entries[i].first).dump(-1, ' ', options.ensure_ascii, Json::error_handler_t::replace) +
                key_separator + json_dumps(*entries[i].second, options, level + 1);
       return out + newline(level) + "}";
     }
@@ -270,7 +277,8 @@ inline bool truthy(const Value& value) {
     case Json::value_t::number_integer:
     case Json::value_t::number_unsigned: return j.get<std::int64_t>() != 0;
     case Json::value_t::number_float: return j.get<double>() != 0.0;
-    case Json::value_t::string: return !j.get_ref<const std::string&>().empty();  // json::empty() is false for any string
+    case Json::value_t::string:
+      return !j.get_ref<const std::string&>().empty();  // json::empty() is false for any string
     case Json::value_t::array: return !j.empty();
     case Json::value_t::object: return is_namespace(j) || !j.empty();  // a namespace is an object: always true
     default: return false;
@@ -285,7 +293,9 @@ inline double as_double(const Json& j) { return j.is_boolean() ? (j.get<bool>() 
 inline bool python_equal(const Json& a, const Json& b) {
   if (is_python_number(a) && is_python_number(b)) {
     if (a.is_number_float() || b.is_number_float()) return as_double(a) == as_double(b);
-    const auto integer = [](const Json& j) -> std::int64_t { return j.is_boolean() ? (j.get<bool>() ? 1 : 0) : j.get<std::int64_t>(); };
+    const auto integer = [](const Json& j) -> std::int64_t {
+      return j.is_boolean() ? (j.get<bool>() ? 1 : 0) : j.get<std::int64_t>();
+    };
     return integer(a) == integer(b);
   }
   if (a.type() != b.type()) return false;
@@ -322,14 +332,17 @@ inline int python_compare(const Json& a, const Json& b, const char* op) {
       if (!python_equal(a[i], b[i])) return python_compare(a[i], b[i], op);
     return a.size() < b.size() ? -1 : a.size() > b.size() ? 1 : 0;
   }
-  throw PythonError{fmt::format("'{}' not supported between instances of '{}' and '{}'", op, python_type_name(a), python_type_name(b))};
+  throw PythonError{fmt::format("'{}' not supported between instances of '{}' and '{}'", op, python_type_name(a),
+                                python_type_name(b))};
 }
 
 // ---- string helpers --------------------------------------------------------------------------------------
 inline std::string strip_chars(const std::string& s, const std::string& chars, bool left, bool right) {
   std::size_t b = 0, e = s.size();
-  if (left) while (b < e && chars.find(s[b]) != std::string::npos) ++b;
-  if (right) while (e > b && chars.find(s[e - 1]) != std::string::npos) --e;
+  if (left)
+    while (b < e && chars.find(s[b]) != std::string::npos) ++b;
+  if (right)
+    while (e > b && chars.find(s[e - 1]) != std::string::npos) --e;
   return s.substr(b, e - b);
 }
 
@@ -367,15 +380,16 @@ inline std::optional<CodePointCase> code_point_case(std::uint32_t c) {
     if (c >= 'a' && c <= 'z') return CodePointCase{c - 32, c, true};
     return caseless();
   }
-  if (c == 0xB5) return CodePointCase{0x39C, c, true};                              // micro sign: upper is Greek Mu
-  if (c == 0xDF || c == 0x130 || c == 0x131 || c == 0x149 || c == 0x17F || c == 0x3A3 || c == 0x3C2) return std::nullopt;  // ß→SS, İ, ı, ŉ, ſ, final sigma
+  if (c == 0xB5) return CodePointCase{0x39C, c, true};  // micro sign: upper is Greek Mu
+  if (c == 0xDF || c == 0x130 || c == 0x131 || c == 0x149 || c == 0x17F || c == 0x3A3 || c == 0x3C2)
+    return std::nullopt;  // ß→SS, İ, ı, ŉ, ſ, final sigma
   if (c >= 0xA0 && c <= 0xBF) return caseless();
   if (c == 0xD7 || c == 0xF7) return caseless();
   if (c >= 0xC0 && c <= 0xDE) return CodePointCase{c, c + 32, true};
   if (c >= 0xE0 && c <= 0xFE) return CodePointCase{c - 32, c, true};
   if (c == 0xFF) return CodePointCase{0x178, c, true};
   if (c == 0x178) return CodePointCase{c, 0xFF, true};
-  if (c == 0x138) return CodePointCase{c, c, true};                                 // kra: lower case, no upper form
+  if (c == 0x138) return CodePointCase{c, c, true};  // kra: lower case, no upper form
   const auto pair = [&](bool upper_is_even) {
     const bool upper = (c % 2 == 0) == upper_is_even;
     return upper ? CodePointCase{c, c + 1, true} : CodePointCase{c - 1, c, true};
@@ -389,8 +403,8 @@ inline std::optional<CodePointCase> code_point_case(std::uint32_t c) {
   if (c >= 0x400 && c <= 0x40F) return CodePointCase{c, c + 80, true};
   if (c >= 0x450 && c <= 0x45F) return CodePointCase{c - 80, c, true};
   const std::pair<std::uint32_t, std::uint32_t> blocks[] = {
-      {0x2000, 0x20FF}, {0x2190, 0x245F}, {0x2500, 0x2BFF}, {0x2E80, 0xA4CF}, {0xAC00, 0xD7FF}, {0xF900, 0xFAFF},
-      {0xFE30, 0xFE4F}, {0xFF01, 0xFF20}, {0x1F000, 0x1FAFF}, {0x20000, 0x3FFFF}};
+      {0x2000, 0x20FF}, {0x2190, 0x245F}, {0x2500, 0x2BFF}, {0x2E80, 0xA4CF},   {0xAC00, 0xD7FF},
+      {0xF900, 0xFAFF}, {0xFE30, 0xFE4F}, {0xFF01, 0xFF20}, {0x1F000, 0x1FAFF}, {0x20000, 0x3FFFF}};
   for (const auto& [first, last] : blocks)
     if (c >= first && c <= last) return caseless();
   return std::nullopt;
@@ -435,7 +449,9 @@ inline std::string change_case(const std::string& s, const std::string& how) {
   for (const auto& point : code_points(s)) {
     const auto c = decode_utf8(point);
     const auto info = code_point_case(c);
-    if (!info) throw Unsupported{fmt::format("{}() of text with the character U+{:04X} (no case table for it in hpctrain)", how, c)};
+    if (!info)
+      throw Unsupported{
+          fmt::format("{}() of text with the character U+{:04X} (no case table for it in hpctrain)", how, c)};
     bool to_upper = how == "upper";
     if (how == "title") to_upper = !previous_cased;
     if (how == "capitalize") to_upper = first;

@@ -29,7 +29,8 @@ inline std::string read_possibly_gzipped(const std::filesystem::path& path) {
   int status = Z_OK;
   const std::string error = got < 0 ? gzerror(file, &status) : "";
   gzclose(file);
-  if (got < 0) throw RuntimeError(errors::runtime_data_idx, fmt::format("{}: corrupt gzip stream ({})", path.string(), error));
+  if (got < 0)
+    throw RuntimeError(errors::runtime_data_idx, fmt::format("{}: corrupt gzip stream ({})", path.string(), error));
   return bytes;
 }
 }  // namespace detail
@@ -57,8 +58,9 @@ inline TensorDataset load_idx(const std::filesystem::path& images, const std::fi
   IdxArray image_array = read_idx(images, 3);
   IdxArray label_array = read_idx(labels, 1);
   if (image_array.dims[0] != label_array.dims[0])
-    throw RuntimeError(errors::runtime_data_idx, fmt::format("{} holds {} images but {} holds {} labels", images.string(),
-                                               image_array.dims[0], labels.string(), label_array.dims[0]));
+    throw RuntimeError(errors::runtime_data_idx,
+                       fmt::format("{} holds {} images but {} holds {} labels", images.string(), image_array.dims[0],
+                                   labels.string(), label_array.dims[0]));
   TensorDataset dataset;
   dataset.inputs = image_array.values.to(torch::kFloat32).div_(255.0).unsqueeze(1).contiguous();
   dataset.targets = label_array.values.to(torch::kInt64);
@@ -67,7 +69,8 @@ inline TensorDataset load_idx(const std::filesystem::path& images, const std::fi
 
 /// A data source over an IDX image/label pair (MNIST, Fashion-MNIST, ...), read when the worker starts.
 inline Source idx(std::filesystem::path images, std::filesystem::path labels) {
-  return Source([images, labels] { return load_idx(images, labels); }, fmt::format("idx({}, {})", images.string(), labels.string()));
+  return Source([images, labels] { return load_idx(images, labels); },
+                fmt::format("idx({}, {})", images.string(), labels.string()));
 }
 
 }  // namespace hpctrain::data

@@ -25,7 +25,9 @@ struct IdxLayout {
 /// Checks `bytes` (a whole IDX file, decompressed) for unsigned bytes (type 0x08) in `expected_rank`
 /// dimensions; throws `[hpctrain.runtime.data.idx] <path>: <why>` if the magic number, rank or size is wrong.
 inline IdxLayout parse_idx_layout(std::string_view bytes, int expected_rank, const std::filesystem::path& path) {
-  auto fail = [&](const std::string& why) { return RuntimeError(errors::runtime_data_idx, fmt::format("{}: {}", path.string(), why)); };
+  auto fail = [&](const std::string& why) {
+    return RuntimeError(errors::runtime_data_idx, fmt::format("{}: {}", path.string(), why));
+  };
   if (bytes.size() < 4) throw fail(fmt::format("{} bytes is too short for an IDX header", bytes.size()));
   const auto* raw = reinterpret_cast<const unsigned char*>(bytes.data());
   if (raw[0] != 0 || raw[1] != 0)
@@ -47,15 +49,16 @@ inline IdxLayout parse_idx_layout(std::string_view bytes, int expected_rank, con
   layout.count = 1;
   for (int d = 0; d < expected_rank; ++d) {
     const unsigned char* p = raw + 4 + 4 * d;  // dimensions are big-endian uint32
-    const std::uint32_t dim = (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
+    const std::uint32_t dim =
+        (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
     layout.dims.push_back(dim);
     if (dim != 0 && nonzero > (std::uint64_t{1} << 62) / dim) too_big = true;
     if (dim != 0) nonzero *= dim;
     layout.count *= dim;  // may wrap once too_big: only reported, never used
   }
   if (too_big || data_bytes != layout.count)
-    throw fail(fmt::format("holds {} data bytes, but its dimensions {} need {}", data_bytes, fmt::join(layout.dims, "x"),
-                           too_big ? std::string("more") : std::to_string(layout.count)));
+    throw fail(fmt::format("holds {} data bytes, but its dimensions {} need {}", data_bytes,
+                           fmt::join(layout.dims, "x"), too_big ? std::string("more") : std::to_string(layout.count)));
   return layout;
 }
 

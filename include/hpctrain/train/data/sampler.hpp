@@ -28,14 +28,17 @@ class DistributedSampler {
   std::int64_t size_per_rank() const { return dataset_size_ / world_size_; }
 
   /// The same sampler as rank `rank` holds it.
-  DistributedSampler for_rank(int rank) const { return DistributedSampler(dataset_size_, world_size_, rank, seed_, shuffle_); }
+  DistributedSampler for_rank(int rank) const {
+    return DistributedSampler(dataset_size_, world_size_, rank, seed_, shuffle_);
+  }
 
   /// This rank's indices for `epoch` (a pure function of seed, epoch, rank and world size).
   std::vector<std::int64_t> indices(std::int64_t epoch) const {
     torch::Tensor order;
     if (shuffle_) {
       // A private generator: the permutation must not depend on (or disturb) the global torch RNG.
-      auto generator = at::detail::createCPUGenerator(seed_ + 0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(epoch + 1));
+      auto generator =
+          at::detail::createCPUGenerator(seed_ + 0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(epoch + 1));
       order = torch::randperm(dataset_size_, generator, torch::kInt64);
     } else {
       order = torch::arange(dataset_size_, torch::kInt64);

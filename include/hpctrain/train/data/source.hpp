@@ -37,7 +37,8 @@ struct Batch {
     if (const auto found = fields.find(name); found != fields.end()) return found->second;
     std::string present;
     for (const auto& [key, value] : fields) present += (present.empty() ? "" : ", ") + key;
-    throw RuntimeError(errors::runtime_batch_field, fmt::format("the batch has no field '{}' (fields: {})", name, present.empty() ? "none" : present));
+    throw RuntimeError(errors::runtime_batch_field, fmt::format("the batch has no field '{}' (fields: {})", name,
+                                                                present.empty() ? "none" : present));
   }
   /// Whether the batch carries field `name`.
   bool has(std::string_view name) const { return fields.find(name) != fields.end(); }
@@ -91,7 +92,9 @@ class Dataset {
   /// The examples at `indices` as training epoch `epoch` sees them: the Trainer asks this way, so a dataset
   /// whose examples change per epoch (masked-LM masking) draws from (epoch, index) and resumes exactly.
   /// Default: the same examples every epoch.
-  virtual Batch batch_in_epoch(const std::vector<std::int64_t>& indices, std::int64_t /*epoch*/) const { return batch(indices); }
+  virtual Batch batch_in_epoch(const std::vector<std::int64_t>& indices, std::int64_t /*epoch*/) const {
+    return batch(indices);
+  }
   /// The tokens and slots `batch(indices)` would carry, without making it: a dataset of variable-length rows
   /// answers (the Trainer reports the padding of an epoch's batches); fixed-size examples have none to report.
   virtual std::optional<BatchFill> fill(const std::vector<std::int64_t>& /*indices*/) const { return std::nullopt; }
@@ -142,10 +145,12 @@ class Source {
   Source(Loader loader, std::string description) : description_(std::move(description)) {
     load_ = [loader = std::move(loader)]() -> std::shared_ptr<const Dataset> {
       auto loaded = loader();
-      if constexpr (requires { loaded.get(); loaded.use_count(); })
+      if constexpr (requires {
+                      loaded.get();
+                      loaded.use_count();
+                    })
         return loaded;
-      else
-        return std::make_shared<decltype(loaded)>(std::move(loaded));
+      else return std::make_shared<decltype(loaded)>(std::move(loaded));
     };
   }
   /// Whether a source was given.
@@ -163,10 +168,12 @@ class Source {
 /// Wraps a user's `torch::data` dataset (e.g. `torch::data::datasets::MNIST`); made in the worker by `factory`.
 template <class Factory>
 Source from_torch(Factory factory, std::string description = "torch::data dataset") {
-  return Source([factory] {
-    using TorchDataset = decltype(factory());
-    return std::make_shared<detail::TorchDatasetAdapter<TorchDataset>>(factory());
-  }, std::move(description));
+  return Source(
+      [factory] {
+        using TorchDataset = decltype(factory());
+        return std::make_shared<detail::TorchDatasetAdapter<TorchDataset>>(factory());
+      },
+      std::move(description));
 }
 
 /// Wraps in-memory tensors: inputs, targets and named fields that each batch carries (`batch.field(name)`); every
@@ -181,13 +188,15 @@ inline Source tensors(torch::Tensor inputs, torch::Tensor targets,
     hpctrain::detail::require(field.dim() > 0 && field.size(0) == rows, errors::spec_data_tensors,
                               fmt::format("field {} [{}]", name, field.dim() > 0 ? field.size(0) : 0),
                               fmt::format("must have one row per example, as the inputs: {}", rows));
-  return Source([inputs, targets, fields] {
-    TensorDataset dataset;
-    dataset.inputs = inputs;
-    dataset.targets = targets;
-    dataset.fields = fields;
-    return dataset;
-  }, "tensors");
+  return Source(
+      [inputs, targets, fields] {
+        TensorDataset dataset;
+        dataset.inputs = inputs;
+        dataset.targets = targets;
+        dataset.fields = fields;
+        return dataset;
+      },
+      "tensors");
 }
 
 }  // namespace hpctrain::data

@@ -30,7 +30,10 @@ namespace hpctrain::data {
 /// How to read a token file (plain data, chained setters).
 struct TokenFileOptions {
   /// Refuse a file made by a tokenizer with another fingerprint (Tokenizer::fingerprint()). Default: any.
-  TokenFileOptions& fingerprint(std::uint64_t value) { expect.fingerprint = value; return *this; }
+  TokenFileOptions& fingerprint(std::uint64_t value) {
+    expect.fingerprint = value;
+    return *this;
+  }
   /// Refuse a file whose ids are not `bytes` wide (2 or 4). Default: either.
   TokenFileOptions& token_bytes(std::uint32_t value) {
     hpctrain::detail::require(value == 2 || value == 4, "tokens.token_bytes", value, "must be 2 or 4");
@@ -38,7 +41,10 @@ struct TokenFileOptions {
     return *this;
   }
   /// Read a headerless nanoGPT `.bin` (flat little-endian uint16). Default: false.
-  TokenFileOptions& raw_uint16(bool value = true) { raw_uint16_ = value; return *this; }
+  TokenFileOptions& raw_uint16(bool value = true) {
+    raw_uint16_ = value;
+    return *this;
+  }
 
   text::TokenFileExpectation expect;
   bool raw_uint16_ = false;
@@ -59,7 +65,8 @@ class TokenDataset : public Dataset {
     bytes_ = static_cast<std::size_t>(info.st_size);
     if (bytes_ > 0) mapping_ = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
     ::close(fd);  // the mapping keeps the file open
-    if (bytes_ > 0 && mapping_ == MAP_FAILED) throw RuntimeError(errors::runtime_data_tokens, fmt::format("{}: cannot mmap", path.string()));
+    if (bytes_ > 0 && mapping_ == MAP_FAILED)
+      throw RuntimeError(errors::runtime_data_tokens, fmt::format("{}: cannot mmap", path.string()));
     try {
       read_layout(path, options);
     } catch (...) {
@@ -110,21 +117,24 @@ class TokenDataset : public Dataset {
       tokens_ = static_cast<std::int64_t>(header_->tokens);
     } else if (options.raw_uint16_) {
       if (bytes_ % 2 != 0)
-        throw RuntimeError(errors::runtime_data_tokens, fmt::format("{}: {} bytes is not a uint16 token file", path.string(), bytes_));
+        throw RuntimeError(errors::runtime_data_tokens,
+                           fmt::format("{}: {} bytes is not a uint16 token file", path.string(), bytes_));
       if (options.expect.token_bytes.value_or(2) != 2)
-        throw RuntimeError(errors::runtime_data_tokens, fmt::format("{}: a raw .bin holds uint16 ids, expected {} bytes per token",
-                                                      path.string(), *options.expect.token_bytes));
+        throw RuntimeError(errors::runtime_data_tokens,
+                           fmt::format("{}: a raw .bin holds uint16 ids, expected {} bytes per token", path.string(),
+                                       *options.expect.token_bytes));
       data_ = bytes.data();
       token_bytes_ = 2;
       tokens_ = static_cast<std::int64_t>(bytes_ / 2);
     } else {
-      throw RuntimeError(errors::runtime_data_tokens, fmt::format("{}: no \"HPCTOKEN\" header (not made by prepare_tokens); "
-                                                    "for a raw nanoGPT uint16 .bin pass TokenFileOptions().raw_uint16()",
-                                                    path.string()));
+      throw RuntimeError(errors::runtime_data_tokens,
+                         fmt::format("{}: no \"HPCTOKEN\" header (not made by prepare_tokens); "
+                                     "for a raw nanoGPT uint16 .bin pass TokenFileOptions().raw_uint16()",
+                                     path.string()));
     }
     if (tokens_ < context_ + 1)
-      throw RuntimeError(errors::runtime_data_tokens, fmt::format("{}: {} tokens, fewer than context + 1 = {}", path.string(), tokens_,
-                                                    context_ + 1));
+      throw RuntimeError(errors::runtime_data_tokens, fmt::format("{}: {} tokens, fewer than context + 1 = {}",
+                                                                  path.string(), tokens_, context_ + 1));
   }
   void unmap() {
     if (mapping_ != MAP_FAILED) ::munmap(mapping_, bytes_);

@@ -152,7 +152,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
     lists_->set_block_runner([this](std::size_t index, const BlockCall& call, const torch::Tensor& input) {
       return run_block(index, call, input);
     });
-    lists_->set_edge_runner([this](Edge edge, const BlockCall& call, const torch::Tensor& input) { return run_edge(edge, call, input); });
+    lists_->set_edge_runner(
+        [this](Edge edge, const BlockCall& call, const torch::Tensor& input) { return run_edge(edge, call, input); });
   }
 
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
@@ -190,7 +191,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
       for (auto& reduction : across_replicas) dist::wait(*replicas_, reduction);
     for (auto& piece : pieces_) {
       auto shard = units_[piece.bucket].gradient_shard.narrow(0, piece.place.shard_offset, piece.place.length);
-      piece.master.mutable_grad() = shard.scalar_type() == piece.master.scalar_type() ? shard : shard.to(piece.master.scalar_type());
+      piece.master.mutable_grad() =
+          shard.scalar_type() == piece.master.scalar_type() ? shard : shard.to(piece.master.scalar_type());
     }
   }
 
@@ -209,7 +211,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
         units_[piece.bucket].shard.narrow(0, piece.place.shard_offset, piece.place.length).copy_(piece.master);
     for (auto& unit : units_) unit.compute_shard = torch::Tensor();  // the shards changed: cast again when gathered
     std::vector<dist::PendingAllGather> gathers;
-    for (std::size_t b = sharded_units_; b < units_.size(); ++b) gathers.push_back(dist::start_all_gather_in_place(*group_, units_[b].flat));
+    for (std::size_t b = sharded_units_; b < units_.size(); ++b)
+      gathers.push_back(dist::start_all_gather_in_place(*group_, units_[b].flat));
     for (auto& gather : gathers) dist::wait(*group_, gather);
   }
 
@@ -240,7 +243,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
     for (auto& unit : units_) unit.compute_shard = torch::Tensor();
     // The parameters kept whole: the other ranks' parts, as after a step.
     std::vector<dist::PendingAllGather> gathers;
-    for (std::size_t b = sharded_units_; b < units_.size(); ++b) gathers.push_back(dist::start_all_gather_in_place(*group_, units_[b].flat));
+    for (std::size_t b = sharded_units_; b < units_.size(); ++b)
+      gathers.push_back(dist::start_all_gather_in_place(*group_, units_[b].flat));
     for (auto& gather : gathers) dist::wait(*group_, gather);
   }
 
@@ -323,7 +327,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
   /// Bytes of parameters this rank holds between steps: its block shards and the whole other parameters.
   std::size_t resident_parameter_bytes() const {
     std::size_t bytes = 0;
-    for (std::size_t b = 0; b < units_.size(); ++b) bytes += b < sharded_units_ ? units_[b].shard.nbytes() : units_[b].flat.nbytes();
+    for (std::size_t b = 0; b < units_.size(); ++b)
+      bytes += b < sharded_units_ ? units_[b].shard.nbytes() : units_[b].flat.nbytes();
     return bytes;
   }
   /// Most bytes of gathered blocks (and edges) held at once since setup (current + prefetched).
@@ -347,7 +352,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
   /// Blocks whose gathered buffer autograd still refers to for a backward to come (activations kept), and the
   /// bytes those buffers hold meanwhile (none: freed until the block's backward gathers it again).
   std::size_t held_buffers() const {
-    return static_cast<std::size_t>(std::count_if(units_.begin(), units_.end(), [](const Unit& unit) { return static_cast<bool>(unit.held); }));
+    return static_cast<std::size_t>(
+        std::count_if(units_.begin(), units_.end(), [](const Unit& unit) { return static_cast<bool>(unit.held); }));
   }
   std::size_t held_bytes() const {
     std::size_t bytes = 0;
@@ -374,7 +380,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
     dist::PendingReduceScatter reduce_scatter;
     bool gathered = false;
     bool gradient_accumulated = false;  // gradient_shard holds this step's sum so far (reduce-scatters per micro-batch)
-    bool sent = false;  // its gradients' reduce-scatter started since the last synchronised backward ended (finished or not)
+    bool sent =
+        false;  // its gradients' reduce-scatter started since the last synchronised backward ended (finished or not)
   };
 
   /// The module's parameters outside the sharded units, whole on every rank, in named_parameters order.
@@ -441,7 +448,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
   /// The full shape of a parameter: its own, or its deferred block's record of it.
   c10::IntArrayRef full_shape(const torch::Tensor& parameter) const {
     const auto found = deferred_places_.find(parameter.unsafeGetTensorImpl());
-    return found == deferred_places_.end() ? parameter.sizes() : deferred_->shapes[found->second.block][found->second.parameter].sizes();
+    return found == deferred_places_.end() ? parameter.sizes()
+                                           : deferred_->shapes[found->second.block][found->second.parameter].sizes();
   }
 
   void collect_trainable_parameters() {
@@ -449,7 +457,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
       if (!item.value().requires_grad()) continue;
       names_.push_back(item.key());
       parameters_.push_back(item.value());
-      full_shapes_.push_back(torch::empty(full_shape(item.value()), item.value().options().device(torch::kMeta).requires_grad(false)));
+      full_shapes_.push_back(
+          torch::empty(full_shape(item.value()), item.value().options().device(torch::kMeta).requires_grad(false)));
     }
   }
 
@@ -471,12 +480,14 @@ class FullyShardedStrategy : public DataParallelStrategy {
         if (unit_of[found->second] != -1)
           throw SpecError("sharding", "zero3",
                           fmt::format("parameter '{}' belongs to unit {} and unit {} (the blocks, then the edges): a "
-                                      "parameter can live in one unit only", names_[found->second], unit_of[found->second], b));
+                                      "parameter can live in one unit only",
+                                      names_[found->second], unit_of[found->second], b));
         if (!group.empty() && parameters_[group.front()].scalar_type() != parameter.scalar_type())
-          throw SpecError("sharding", "zero3",
-                          fmt::format("block {} mixes parameter dtypes ('{}' is {}, '{}' {}); a block is one flat bucket",
-                                      b, names_[group.front()], c10::toString(parameters_[group.front()].scalar_type()),
-                                      names_[found->second], c10::toString(parameter.scalar_type())));
+          throw SpecError(
+              "sharding", "zero3",
+              fmt::format("block {} mixes parameter dtypes ('{}' is {}, '{}' {}); a block is one flat bucket", b,
+                          names_[group.front()], c10::toString(parameters_[group.front()].scalar_type()),
+                          names_[found->second], c10::toString(parameter.scalar_type())));
         unit_of[found->second] = static_cast<int>(b);
         group.push_back(found->second);
       }
@@ -505,7 +516,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
     layout_ = dist::FlatShardLayout(numels, group_->world_size(), groups);
     bucket_of_.assign(parameters_.size(), {0, 0});
     for (std::size_t b = 0; b < layout_.buckets().size(); ++b)
-      for (std::size_t k = 0; k < layout_.buckets()[b].parameters.size(); ++k) bucket_of_[layout_.buckets()[b].parameters[k]] = {b, k};
+      for (std::size_t k = 0; k < layout_.buckets()[b].parameters.size(); ++k)
+        bucket_of_[layout_.buckets()[b].parameters[k]] = {b, k};
   }
 
   /// Copies every parameter into its unit's flat bucket; keeps this rank's shard; block parameters are
@@ -517,8 +529,9 @@ class FullyShardedStrategy : public DataParallelStrategy {
     for (std::size_t b = 0; b < units_.size(); ++b) {
       const auto& bucket = layout_.buckets()[b];
       auto& unit = units_[b];
-      const auto options = bucket.parameters.empty() ? torch::TensorOptions(torch::kFloat32).device(group_->device())
-                                                     : parameters_[bucket.parameters.front()].options().requires_grad(false);
+      const auto options = bucket.parameters.empty()
+                               ? torch::TensorOptions(torch::kFloat32).device(group_->device())
+                               : parameters_[bucket.parameters.front()].options().requires_grad(false);
       if (b < model_blocks_ && deferred_) {
         unit.gradient_shard = torch::zeros({bucket.shard_numel}, options);
         unit.shard = torch::zeros({bucket.shard_numel}, options);
@@ -609,7 +622,9 @@ class FullyShardedStrategy : public DataParallelStrategy {
     const auto& bucket = layout_.buckets()[b];
     for (std::size_t k = 0; k < bucket.parameters.size(); ++k) {
       auto& parameter = parameters_[bucket.parameters[k]];
-      parameter.set_data(units_[b].flat.narrow(0, bucket.offsets[k], layout_.numel(bucket.parameters[k])).view(full_shapes_[bucket.parameters[k]].sizes()));
+      parameter.set_data(units_[b]
+                             .flat.narrow(0, bucket.offsets[k], layout_.numel(bucket.parameters[k]))
+                             .view(full_shapes_[bucket.parameters[k]].sizes()));
     }
   }
 
@@ -619,7 +634,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
   /// The embedding edge stays fp32: its lookup copies rows, exact in fp32, and it is gathered only at the step's
   /// two ends, where few activations are held.
   bool computes_in_bf16(std::size_t b) const {
-    return bf16_blocks_ && b < sharded_units_ && b != edge_unit(Edge::embedding) && units_[b].shard.scalar_type() == torch::kFloat32;
+    return bf16_blocks_ && b < sharded_units_ && b != edge_unit(Edge::embedding) &&
+           units_[b].shard.scalar_type() == torch::kFloat32;
   }
 
   void start_gather(std::size_t b, bool for_compute = true) {
@@ -632,9 +648,11 @@ class FullyShardedStrategy : public DataParallelStrategy {
     // Gathered again for backward, a block whose activations were kept refills the buffer they refer to.
     const bool refill = for_compute && unit.held && unit.held.unsafeGetStorageImpl()->nbytes() == 0 &&
                         torch::elementSize(source.scalar_type()) * numel > 0;
-    unit.flat = refill ? refill_storage(unit.held, numel, source.options()) : dist::empty_flat_buffer(numel, source.options());
+    unit.flat =
+        refill ? refill_storage(unit.held, numel, source.options()) : dist::empty_flat_buffer(numel, source.options());
     own_slice(b).copy_(source);
-    if (unit.flat.numel() > 0) unit.gather = dist::start_all_gather_in_place(*group_, unit.flat);  // a frozen block: nothing
+    if (unit.flat.numel() > 0)
+      unit.gather = dist::start_all_gather_in_place(*group_, unit.flat);  // a frozen block: nothing
     if (for_compute) block_traffic_.gathered += unit.flat.nbytes();
     gathered_bytes_ += unit.flat.nbytes();
     peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
@@ -696,9 +714,11 @@ class FullyShardedStrategy : public DataParallelStrategy {
   }
 
   /// A flat buffer of `numel` elements over `storage`, its memory allocated again.
-  static torch::Tensor refill_storage(const c10::Storage& storage, std::int64_t numel, const torch::TensorOptions& options) {
+  static torch::Tensor refill_storage(const c10::Storage& storage, std::int64_t numel,
+                                      const torch::TensorOptions& options) {
     auto* impl = storage.unsafeGetStorageImpl();
-    const auto bytes = static_cast<std::size_t>(numel) * torch::elementSize(torch::typeMetaToScalarType(options.dtype()));
+    const auto bytes =
+        static_cast<std::size_t>(numel) * torch::elementSize(torch::typeMetaToScalarType(options.dtype()));
     impl->set_data_ptr_noswap(impl->allocator()->allocate(bytes));
     impl->set_nbytes(bytes);
     return torch::empty({0}, options).set_(storage, 0, {numel}, {1});
@@ -826,9 +846,11 @@ class FullyShardedStrategy : public DataParallelStrategy {
   void start_gradient_reduce_scatter(std::size_t b) {
     auto& unit = units_[b];
     finish_gradient_reduce_scatter(b);  // the previous micro-batch's, when still in flight
-    while (reducing_.size() >= max_reduce_scatters_in_flight) finish_gradient_reduce_scatter(reducing_.front());  // before allocating
+    while (reducing_.size() >= max_reduce_scatters_in_flight)
+      finish_gradient_reduce_scatter(reducing_.front());  // before allocating
     auto output = unit.gradient_accumulated ? torch::empty_like(unit.gradient_shard) : unit.gradient_shard;
-    unit.reduce_scatter = dist::start_bucket_reduce_scatter(*group_, layout_.buckets()[b], parameters_, output, world_->world_size());
+    unit.reduce_scatter =
+        dist::start_bucket_reduce_scatter(*group_, layout_.buckets()[b], parameters_, output, world_->world_size());
     unit.sent = true;
     if (!unit.reduce_scatter.pending()) return;
     if (b < sharded_units_) block_traffic_.reduce_scattered += unit.reduce_scatter.input.nbytes();
@@ -860,7 +882,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
   dist::GradientSyncOptions buckets_;
   bool prefetch_next_block_ = true;
   bool hybrid_ = false;
-  int hybrid_group_size_ = 0;  // 0: the ranks of a node
+  int hybrid_group_size_ = 0;                     // 0: the ranks of a node
   std::shared_ptr<dist::ProcessGroup> world_;     // every rank: setup's broadcast, the checkpoint's archive names
   std::shared_ptr<dist::ProcessGroup> group_;     // the shard group: the world under ZeRO-3
   std::shared_ptr<dist::ProcessGroup> replicas_;  // hybrid: the replica group (null: none)
@@ -872,16 +894,16 @@ class FullyShardedStrategy : public DataParallelStrategy {
   std::vector<std::shared_ptr<torch::nn::Module>> edge_modules_;  // by Edge: the model's edges (null: none)
   std::vector<std::string> names_;
   std::vector<torch::Tensor> parameters_;
-  std::vector<torch::Tensor> full_shapes_;  // meta tensors: each parameter's full shape and dtype
+  std::vector<torch::Tensor> full_shapes_;    // meta tensors: each parameter's full shape and dtype
   std::shared_ptr<DeferredBlocks> deferred_;  // during setup, when the model's blocks were built empty
   std::unordered_map<const void*, DeferredPlace> deferred_places_;  // during setup: where each deferred parameter sits
   dist::FlatShardLayout layout_;
   std::vector<std::pair<std::size_t, std::size_t>> bucket_of_;  // parameter -> (bucket, place in the bucket)
-  std::size_t model_blocks_ = 0;   // units 0 .. model_blocks_ - 1: the model's blocks
+  std::size_t model_blocks_ = 0;                                // units 0 .. model_blocks_ - 1: the model's blocks
   std::size_t sharded_units_ = 0;  // then its edges that train, up to sharded_units_: gathered around their use
   std::array<std::size_t, 2> edge_units_{no_unit, no_unit};  // by Edge
-  std::vector<std::size_t> forward_order_;  // the sharded units in the order forward runs them
-  std::vector<std::size_t> place_in_order_;  // each sharded unit's place in forward_order_
+  std::vector<std::size_t> forward_order_;                   // the sharded units in the order forward runs them
+  std::vector<std::size_t> place_in_order_;                  // each sharded unit's place in forward_order_
   std::vector<Unit> units_;
   std::vector<Piece> pieces_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
@@ -889,7 +911,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
   bool pinned_ = false;
   bool bf16_blocks_ = false;  // Precision::bf16: blocks gathered and computed in bf16 (computes_in_bf16)
   std::size_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
-  std::deque<std::size_t> reducing_;  // units whose reduce-scatter is in flight, oldest first
+  std::deque<std::size_t> reducing_;                          // units whose reduce-scatter is in flight, oldest first
   std::size_t reducing_bytes_ = 0, peak_reducing_bytes_ = 0;  // their inputs' bytes
   BlockTraffic block_traffic_;
 };

@@ -1,7 +1,7 @@
 #pragma once
 // The strategy of a ZeRO stage: Replicated for `none`, ZeroStrategy for zero1/zero2, FullyShardedStrategy for
-// zero3 (and, with shard groups of `hsdp_group_size` ranks replicated across, for hsdp). What `Training::sharding(stage)`, `--sharding NAME` and `training.strategy(hpctrain::sharded(stage))`
-// make on every rank.
+// zero3 (and, with shard groups of `hsdp_group_size` ranks replicated across, for hsdp). What
+// `Training::sharding(stage)`, `--sharding NAME` and `training.strategy(hpctrain::sharded(stage))` make on every rank.
 #include <memory>
 
 #include <hpctrain/dist/gradient_sync.hpp>

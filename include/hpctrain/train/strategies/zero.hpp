@@ -61,7 +61,8 @@ inline void require_elementwise(const torch::optim::Optimizer& optimizer, ZeroSt
 /// the global L2 norm over all ranks' pieces is at most `max_norm`: one all-reduce of one fp64 number (the
 /// sum of squares). Returns the norm before clipping, 0-dim fp32, as torch::nn::utils::clip_grad_norm_ on
 /// the replicated model (the same clip_coefficient as Replicated).
-inline torch::Tensor clip_sharded_grad_norm(dist::ProcessGroup& group, const std::vector<torch::Tensor>& masters, double max_norm) {
+inline torch::Tensor clip_sharded_grad_norm(dist::ProcessGroup& group, const std::vector<torch::Tensor>& masters,
+                                            double max_norm) {
   torch::NoGradGuard no_grad;
   auto squares = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64).device(group.device()));
   for (const auto& master : masters)
@@ -84,7 +85,8 @@ std::vector<torch::Tensor> masters_of(const Pieces& pieces) {
 
 /// Bytes of `optimizer`'s state (every tensor) for the masters of `pieces`, and of the masters themselves.
 template <class Pieces>
-std::pair<std::size_t, std::size_t> state_and_master_bytes(const torch::optim::Optimizer& optimizer, const Pieces& pieces) {
+std::pair<std::size_t, std::size_t> state_and_master_bytes(const torch::optim::Optimizer& optimizer,
+                                                           const Pieces& pieces) {
   std::size_t state = 0, masters = 0;
   for (const auto& piece : pieces) {
     masters += piece.master.nbytes();
@@ -150,7 +152,8 @@ class ZeroStrategy : public DataParallelStrategy {
     if (reduce_scatter_) {
       reduce_scatter_->finish();
       for (auto& piece : pieces_) {
-        auto shard = reduce_scatter_->gradient_shard(piece.bucket).narrow(0, piece.place.shard_offset, piece.place.length);
+        auto shard =
+            reduce_scatter_->gradient_shard(piece.bucket).narrow(0, piece.place.shard_offset, piece.place.length);
         set_master_gradient(piece, shard);
       }
       return;
@@ -309,7 +312,7 @@ class ZeroStrategy : public DataParallelStrategy {
   std::vector<torch::Tensor> flat_buckets_;
   std::vector<Piece> pieces_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  std::unique_ptr<dist::GradientSync> all_reduce_;         // ZeRO-1
+  std::unique_ptr<dist::GradientSync> all_reduce_;          // ZeRO-1
   std::unique_ptr<dist::ShardedGradients> reduce_scatter_;  // ZeRO-2
 };
 

@@ -137,8 +137,11 @@ inline void save_zero_shard(torch::serialize::OutputArchive& archive, PieceWrite
   index["pieces"] = nlohmann::json::array();
   for (std::size_t i = 0; i < view.pieces.size(); ++i) {
     const auto& piece = view.pieces[i];
-    nlohmann::json entry{{"parameter", view.names[piece.place.parameter]}, {"begin", piece.place.begin},
-                         {"length", piece.place.length}, {"values", pieces.add(piece.master)}, {"state", nlohmann::json::object()}};
+    nlohmann::json entry{{"parameter", view.names[piece.place.parameter]},
+                         {"begin", piece.place.begin},
+                         {"length", piece.place.length},
+                         {"values", pieces.add(piece.master)},
+                         {"state", nlohmann::json::object()}};
     const auto found = view.optimizer.state().find(piece.master.unsafeGetTensorImpl());
     if (found != view.optimizer.state().end()) {  // else not stepped yet (or SGD without momentum)
       torch::serialize::OutputArchive per_parameter(archive.compilation_unit());
@@ -185,10 +188,12 @@ struct SavedPiece {
 /// Reads saved ranks' files into this rank's staged pieces (nothing restored until install()).
 class ShardReader {
  public:
-  ShardReader(const SavedStrategyState& saved, ZeroShardView& view) : saved_(saved), view_(view), staged_(view.pieces.size()) {
+  ShardReader(const SavedStrategyState& saved, ZeroShardView& view)
+      : saved_(saved), view_(view), staged_(view.pieces.size()) {
     for (std::size_t i = 0; i < view.names.size(); ++i) parameter_of_[view.names[i]] = i;
     for (std::size_t i = 0; i < view.pieces.size(); ++i)
-      staged_[i].values = torch::empty({view.pieces[i].place.length}, view.pieces[i].master.options().device(torch::kCPU));
+      staged_[i].values =
+          torch::empty({view.pieces[i].place.length}, view.pieces[i].master.options().device(torch::kCPU));
   }
 
   /// Reads rank `rank`'s overlap with this rank's pieces. `own`: the archive must hold exactly this rank's pieces
@@ -213,14 +218,18 @@ class ShardReader {
       const auto& place = view_.pieces[i].place;
       const auto& staged = staged_[i];
       if (staged.values_covered != place.length)
-        throw RuntimeError(errors::runtime_checkpoint, fmt::format("sharded checkpoint of {} ranks: the archives hold {} of the {} elements of this "
-                                                     "rank's piece [{}, {}) of parameter '{}' (a rank's archive is missing pieces)",
-                                                     saved_.world_size, staged.values_covered, place.length, place.begin,
-                                                     place.begin + place.length, view_.names[place.parameter]));
+        throw RuntimeError(
+            errors::runtime_checkpoint,
+            fmt::format("sharded checkpoint of {} ranks: the archives hold {} of the {} elements of this "
+                        "rank's piece [{}, {}) of parameter '{}' (a rank's archive is missing pieces)",
+                        saved_.world_size, staged.values_covered, place.length, place.begin, place.begin + place.length,
+                        view_.names[place.parameter]));
       if (staged.state_covered != 0 && staged.state_covered != place.length)
-        throw RuntimeError(errors::runtime_checkpoint, fmt::format("sharded checkpoint of {} ranks: optimizer state covers {} of the {} "
-                                                     "elements of this rank's piece of parameter '{}'",
-                                                     saved_.world_size, staged.state_covered, place.length, view_.names[place.parameter]));
+        throw RuntimeError(
+            errors::runtime_checkpoint,
+            fmt::format("sharded checkpoint of {} ranks: optimizer state covers {} of the {} "
+                        "elements of this rank's piece of parameter '{}'",
+                        saved_.world_size, staged.state_covered, place.length, view_.names[place.parameter]));
     }
   }
 
@@ -230,7 +239,12 @@ class ShardReader {
     for (std::size_t i = 0; i < view_.pieces.size(); ++i) {
       const auto& place = view_.pieces[i].place;
       if (view_.write_values) view_.write_values(place.parameter, place.begin, staged_[i].values);
-      else view_.parameters[place.parameter].detach().reshape({-1}).narrow(0, place.begin, place.length).copy_(staged_[i].values);
+      else
+        view_.parameters[place.parameter]
+            .detach()
+            .reshape({-1})
+            .narrow(0, place.begin, place.length)
+            .copy_(staged_[i].values);
       install_state(i);
     }
     std::size_t k = 0;
@@ -242,16 +256,18 @@ class ShardReader {
   nlohmann::json read_index(torch::serialize::InputArchive& archive, int rank) {
     c10::IValue text;
     if (!archive.try_read("zero_index", text) || !text.isString()) {
-      throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: no zero_index (the archive was not written by a ZeRO strategy)",
-                                                   archive_name(rank)));
+      throw RuntimeError(
+          errors::runtime_checkpoint,
+          fmt::format("{}: no zero_index (the archive was not written by a ZeRO strategy)", archive_name(rank)));
     }
     nlohmann::json index;
     try {
       index = nlohmann::json::parse(text.toStringRef());
       const auto expect = [&](const char* field, const nlohmann::json& value) {
         if (index.at(field) != value)
-          throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: zero_index field '{}' is {}, expected {}", archive_name(rank),
-                                                       field, index.at(field).dump(), value.dump()));
+          throw RuntimeError(errors::runtime_checkpoint,
+                             fmt::format("{}: zero_index field '{}' is {}, expected {}", archive_name(rank), field,
+                                         index.at(field).dump(), value.dump()));
       };
       if (index.at("format") != 1) expect("format", zero_checkpoint_format);
       expect("rank", rank);
@@ -259,7 +275,8 @@ class ShardReader {
       (void)index.at("parameters").size();
       (void)index.at("pieces").size();
     } catch (const nlohmann::json::exception& e) {
-      throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: zero_index is malformed: {}", archive_name(rank), e.what()));
+      throw RuntimeError(errors::runtime_checkpoint,
+                         fmt::format("{}: zero_index is malformed: {}", archive_name(rank), e.what()));
     }
     return index;
   }
@@ -278,8 +295,8 @@ class ShardReader {
       const auto ours = view_.parameters[p].sizes().vec();
       if (name != view_.names[p] || shape != ours) {
         throw SpecError("checkpoint.parameters", archive_name(rank),
-                        fmt::format("the checkpoint is of another model: its parameter {} is {}, this model's is {}",
-                                    p, describe(name, shape), describe(view_.names[p], ours)));
+                        fmt::format("the checkpoint is of another model: its parameter {} is {}, this model's is {}", p,
+                                    describe(name, shape), describe(view_.names[p], ours)));
       }
     }
     if (saved.size() != view_.parameters.size()) {
@@ -296,17 +313,20 @@ class ShardReader {
     for (std::size_t j = 0; same && j < pieces.size(); ++j) {
       const auto& place = view_.pieces[j].place;
       same = pieces[j].at("parameter").get<std::string>() == view_.names[place.parameter] &&
-             pieces[j].at("begin").get<std::int64_t>() == place.begin && pieces[j].at("length").get<std::int64_t>() == place.length;
+             pieces[j].at("begin").get<std::int64_t>() == place.begin &&
+             pieces[j].at("length").get<std::int64_t>() == place.length;
     }
     if (!same)
-      throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: its {} pieces are not this rank's {} at the same world size ({}) and "
-                                                   "strategy: the shard layout changed (bucket sizes?)",
-                                                   archive_name(rank), pieces.size(), view_.pieces.size(), saved_.world_size));
+      throw RuntimeError(errors::runtime_checkpoint,
+                         fmt::format("{}: its {} pieces are not this rank's {} at the same world size ({}) and "
+                                     "strategy: the shard layout changed (bucket sizes?)",
+                                     archive_name(rank), pieces.size(), view_.pieces.size(), saved_.world_size));
   }
 
   /// Saved piece `j` of rank `rank`: checked, with readers of its values and state (format 2: element ranges of the
   /// pieces region; format 1: the archive's whole tensors).
-  SavedPiece saved_piece(torch::serialize::InputArchive& archive, const nlohmann::json& index, int rank, std::size_t j) {
+  SavedPiece saved_piece(torch::serialize::InputArchive& archive, const nlohmann::json& index, int rank,
+                         std::size_t j) {
     const auto& entry = index.at("pieces")[j];
     SavedPiece piece;
     const auto name = entry.at("parameter").get<std::string>();
@@ -315,30 +335,39 @@ class ShardReader {
     piece.length = entry.at("length").get<std::int64_t>();
     const auto where = fmt::format("{}: piece {} of parameter '{}'", archive_name(rank), j, name);
     if (piece.begin < 0 || piece.length <= 0 || piece.begin + piece.length > view_.parameters[piece.parameter].numel())
-      throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: elements [{}, {}) lie outside its {} elements", where, piece.begin,
-                                                   piece.begin + piece.length, view_.parameters[piece.parameter].numel()));
+      throw RuntimeError(errors::runtime_checkpoint,
+                         fmt::format("{}: elements [{}, {}) lie outside its {} elements", where, piece.begin,
+                                     piece.begin + piece.length, view_.parameters[piece.parameter].numel()));
     torch::serialize::InputArchive state;
     const bool has_archive_state = archive.try_read(fmt::format("zero_state_{}", j), state);
     if (index.at("format") == 1) {  // the piece and its whole state inside the archive
       torch::Tensor values;
       if (!archive.try_read(fmt::format("zero_piece_{}", j), values) || values.numel() != piece.length)
-        throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: zero_piece_{} is missing or not {} elements", where, j, piece.length));
-      piece.values = [values = values.reshape({-1})](std::int64_t from, std::int64_t count) { return values.narrow(0, from, count); };
+        throw RuntimeError(errors::runtime_checkpoint,
+                           fmt::format("{}: zero_piece_{} is missing or not {} elements", where, j, piece.length));
+      piece.values = [values = values.reshape({-1})](std::int64_t from, std::int64_t count) {
+        return values.narrow(0, from, count);
+      };
       if (!has_archive_state) return piece;
       piece.has_state = true;
       for (const auto& key : state.keys()) {
         c10::IValue value;
         state.read(key, value);
         if (elementwise_entry(value, piece.length))
-          piece.elementwise[key] = [tensor = value.toTensor()](std::int64_t from, std::int64_t count) { return tensor.narrow(0, from, count); };
-        else
-          piece.per_parameter[key] = value;
+          piece.elementwise[key] = [tensor = value.toTensor()](std::int64_t from, std::int64_t count) {
+            return tensor.narrow(0, from, count);
+          };
+        else piece.per_parameter[key] = value;
       }
       return piece;
     }
     const auto range = [&](const nlohmann::json& id, const std::string& what) {
-      if (!id.is_number_integer()) throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: its {} is {}, not a piece id", where, what, id.dump()));
-      if (!saved_.read_piece) throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: the checkpoint's files have no pieces region", where));
+      if (!id.is_number_integer())
+        throw RuntimeError(errors::runtime_checkpoint,
+                           fmt::format("{}: its {} is {}, not a piece id", where, what, id.dump()));
+      if (!saved_.read_piece)
+        throw RuntimeError(errors::runtime_checkpoint,
+                           fmt::format("{}: the checkpoint's files have no pieces region", where));
       return [read = saved_.read_piece, rank, id = id.get<std::int64_t>()](std::int64_t from, std::int64_t count) {
         return read(rank, id, from, count);  // beyond the stored piece's elements: refused, naming the file
       };
@@ -378,12 +407,13 @@ class ShardReader {
     buffers_.clear();
     for (const auto& buffer : view_.model.named_buffers()) {
       if (k >= names.size() || names[k].get<std::string>() != buffer.key())
-        throw SpecError("checkpoint.buffers", archive_name(0),
-                        fmt::format("the checkpoint is of another model: it has no buffer '{}' at position {}",
-                                    buffer.key(), k));
+        throw SpecError(
+            "checkpoint.buffers", archive_name(0),
+            fmt::format("the checkpoint is of another model: it has no buffer '{}' at position {}", buffer.key(), k));
       torch::Tensor value;
       if (!archive.try_read(fmt::format("zero_buffer_{}", k), value, /*is_buffer=*/true))
-        throw RuntimeError(errors::runtime_checkpoint, fmt::format("{}: zero_buffer_{} ('{}') is missing", archive_name(0), k, buffer.key()));
+        throw RuntimeError(errors::runtime_checkpoint,
+                           fmt::format("{}: zero_buffer_{} ('{}') is missing", archive_name(0), k, buffer.key()));
       buffers_.push_back(value);
       ++k;
     }
@@ -422,13 +452,15 @@ class ShardReader {
 /// what it keeps whole from every rank's pieces (an all-gather, as after a step).
 inline void load_zero_shards(const SavedStrategyState& saved, ZeroShardView view) {
   if (saved.strategy != "zero1" && saved.strategy != "zero2" && saved.strategy != "zero3" && saved.strategy != "hsdp") {
-    throw SpecError("checkpoint.strategy", saved.strategy,
-                    fmt::format("this run shards with {}, which resumes checkpoints written by zero1, zero2, zero3 or hsdp (at "
-                                "any world size); resume it with the strategy that wrote it",
-                                view.strategy));
+    throw SpecError(
+        "checkpoint.strategy", saved.strategy,
+        fmt::format("this run shards with {}, which resumes checkpoints written by zero1, zero2, zero3 or hsdp (at "
+                    "any world size); resume it with the strategy that wrote it",
+                    view.strategy));
   }
   if (saved.world_size < 1 || !saved.open)
-    throw RuntimeError(errors::runtime_checkpoint, fmt::format("sharded checkpoint with world size {} and no archives", saved.world_size));
+    throw RuntimeError(errors::runtime_checkpoint,
+                       fmt::format("sharded checkpoint with world size {} and no archives", saved.world_size));
   ShardReader reader(saved, view);
   std::optional<RuntimeError> refused;
   try {
@@ -444,11 +476,14 @@ inline void load_zero_shards(const SavedStrategyState& saved, ZeroShardView view
   } catch (const RuntimeError& error) {
     refused = error;
   }
-  const double refusals = view.group.world_size() > 1 ? dist::all_reduce_sum(view.group, refused ? 1.0 : 0.0) : (refused ? 1.0 : 0.0);
+  const double refusals =
+      view.group.world_size() > 1 ? dist::all_reduce_sum(view.group, refused ? 1.0 : 0.0) : (refused ? 1.0 : 0.0);
   if (refusals > 0) {
     if (refused) throw CheckpointRefused(*refused, /*found_here=*/true);
-    throw CheckpointRefused(RuntimeError(errors::runtime_checkpoint, fmt::format("{} of {} ranks found the checkpoint's pieces they read invalid "
-                                                                   "(their messages name the files)", refusals, view.group.world_size())),
+    throw CheckpointRefused(RuntimeError(errors::runtime_checkpoint,
+                                         fmt::format("{} of {} ranks found the checkpoint's pieces they read invalid "
+                                                     "(their messages name the files)",
+                                                     refusals, view.group.world_size())),
                             /*found_here=*/false);
   }
   reader.install();
