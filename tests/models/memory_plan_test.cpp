@@ -211,8 +211,9 @@ TEST_CASE("The memory plan counts what each --activation-checkpointing setting k
   CHECK(lm::selective_bytes_per_token(in) == 4 * (768 + 2 * 256 + 768 + 2 * 2048 + 768));
 }
 
-TEST_CASE("--plan's advice is the cheapest setting that fits: the chunked loss, then more sharding, then recomputation",
-          "[models][plan]") {
+TEST_CASE(
+    "The advice of --plan is the cheapest setting that fits: the chunked loss, then more sharding, then recomputation",
+    "[models][plan]") {
   const lm::PlanLevers both{true, true};
   // What a setting is, by its flags (each setting's plan is plan_memory's of its input: nothing else is counted).
   const auto flags = [](const lm::PlanAlternative& setting) {
