@@ -5,6 +5,8 @@
 //   llama.full        every parameter trains: Replicated at world 1 (no sharding: at one rank ZeRO only adds
 //                     work), no recomputation, bf16 autocast, hpctrain::FusedAdamW: what the Trainer runs at
 //                     world 1, and what transformers' row (scripts/gpu-check: llama.eager, llama.compile) runs
+//   llama.full.selective  the same with selective recomputation (--activation-checkpointing selective: each block
+//                     runs again in backward, its projections' outputs replayed): what fitting in less memory costs
 //   llama.full.zero3  the same under ZeRO-3 (fp32 shards, each block gathered while it runs and recomputed in
 //                     backward, which is activation checkpointing): what a model that does not fit pays
 //   llama.lora        LoRA r=16, alpha 32 on q_proj and v_proj, the base frozen (fp32), Replicated, no
@@ -206,6 +208,8 @@ inline int run_llama_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& g
   };
   row("llama.full", "full fine-tuning, Replicated, no recomputation", hpctrain::ZeroStage::none, true,
       [](hm::Llama&) {});
+  row("llama.full.selective", "full fine-tuning, Replicated, selective recomputation", hpctrain::ZeroStage::none, true,
+      [](hm::Llama& model) { model->set_activation_checkpointing(hm::Recompute::selective); });
   row("llama.full.zero3", "full fine-tuning, ZeRO-3 + checkpointing", hpctrain::ZeroStage::zero3, true,
       [](hm::Llama& model) { model->set_activation_checkpointing(true); });
   row("llama.full.zero3.keep", "full fine-tuning, ZeRO-3 keeping activations", hpctrain::ZeroStage::zero3, true,
