@@ -696,6 +696,9 @@ int main(int argc, char** argv) try {
   torch::set_num_threads(1);  // several ranks on two cores
   const std::string mode = argc > 1 ? argv[1] : "";
   auto group = dist::init_process_group(hpctrain::slurm::world_from_environment(), options_from_environment());
+  // Every rank connected before any goes on: a mode that refuses at setup exits at once, and rank 0's exit takes
+  // the rendezvous store with it, which a rank still connecting needs (it then failed with exit 1, not the refusal).
+  dist::barrier(*group);
   if (mode == "equivalence" && (argc == 5 || argc == 6))
     return check_equivalence(group, stage_of(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]),
                              argc == 6 ? argv[5] : "adamw");
