@@ -10,19 +10,19 @@
 #include <cstdint>
 #include <iostream>
 #include <memory>
-#include <set>
 #include <string>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <torch/cuda.h>
-#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #include <hpctrain/models/gpt2.hpp>
 #include <hpctrain/train/fused_adamw.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/replicated.hpp>
+
+#include "gpu_suite/profile.hpp"
 
 namespace hm = hpctrain::models;
 
@@ -46,22 +46,6 @@ hm::GPT2Config preset(const std::string& name) {
 
 void synchronize(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize();
-}
-
-/// Runs `steps` calls of `step` under the Kineto profiler (CPU ops and, on CUDA, kernels) and saves a
-/// Chrome trace at `path`: where a step's time goes, beside torch.profiler's trace of bench/model_peer.py.
-template <typename Step>
-void profile(const std::string& path, const torch::Device& device, int steps, Step&& step) {
-  namespace kineto = torch::autograd::profiler;
-  using torch::profiler::impl::ActivityType;
-  const kineto::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
-  std::set<ActivityType> activities{ActivityType::CPU};
-  if (device.is_cuda()) activities.insert(ActivityType::CUDA);
-  kineto::prepareProfiler(config, activities);
-  kineto::enableProfiler(config, activities);
-  for (int i = 0; i < steps; ++i) step();
-  synchronize(device);
-  kineto::disableProfiler()->save(path);
 }
 
 }  // namespace
@@ -140,6 +124,6 @@ int main(int argc, char** argv) {
              optimizer_name, device_name, preset_name, config.vocab_size, batch, seq, steps, precision, tokens_per_s,
              1e3 * seconds / static_cast<double>(steps), flops, mfu, loss.item<double>())
       << std::endl;
-  if (!profile_path.empty()) profile(profile_path, device, 3, step);
+  if (!profile_path.empty()) hpctrain_gpu_suite::profile(profile_path, device, 3, step);
   return 0;
 }

@@ -20,6 +20,8 @@ KINDS = [  # first match wins; names of cuBLAS/CUTLASS, flash/efficient attentio
     ("layer norm", r"layer_norm|LayerNorm"),
     ("softmax / cross entropy", r"softmax|nll_loss|cross_entropy|log_softmax"),
     ("gelu", r"gelu|GeluCUDA"),
+    ("silu", r"silu"),
+    ("rms norm", r"rms_norm|RmsNorm"),
     ("reduction / norm", r"reduce_kernel|norm_kernel|Reduce"),
     ("copy / cast", r"copy|Memcpy|Memset|to_copy|direct_copy|CatArray|transpose"),
     ("embedding", r"embedding|index|gather|scatter"),

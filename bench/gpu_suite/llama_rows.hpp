@@ -41,6 +41,7 @@
 #include <hpctrain/train/strategies/sharded.hpp>
 
 #include "device_memory.hpp"
+#include "profile.hpp"
 #include "report.hpp"
 
 namespace hpctrain_gpu_suite {
@@ -101,7 +102,8 @@ inline std::unique_ptr<torch::optim::Optimizer> adamw(const hpctrain::NamedParam
 /// Trains `model` with `strategy` on random tokens: warmup steps, then timed steps. The peak memory counts
 /// from the model's move to the device: weights, gradients, optimizer state and activations.
 inline Measurement train(const std::shared_ptr<hpctrain::dist::ProcessGroup>& group, hpctrain::models::Llama model,
-                         std::unique_ptr<hpctrain::DataParallelStrategy> strategy, bool cuda) {
+                         std::unique_ptr<hpctrain::DataParallelStrategy> strategy, bool cuda,
+                         const std::string& trace = "") {
   const auto device = group->device();
   const auto size = sizes(cuda);
   const auto precision = hpctrain::resolve_precision(hpctrain::auto_precision, device);
@@ -142,6 +144,7 @@ inline Measurement train(const std::shared_ptr<hpctrain::dist::ProcessGroup>& gr
   measurement.peak_bytes = peak_memory_bytes(device);
   measurement.loss = loss.item<double>();
   std::tie(measurement.optimizer_state_bytes, measurement.gradient_bytes) = state_and_gradient_bytes(*strategy, model);
+  if (!trace.empty()) profile(trace, device, 3, step);  // after the figures, so they are the same without it
   return measurement;
 }
 
@@ -198,7 +201,7 @@ inline int run_llama_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& g
       torch::manual_seed(0);
       hm::Llama model(config);
       prepare(model);
-      const auto measured = llama_rows::train(group, model, hpctrain::make_zero_strategy(stage), cuda);
+      const auto measured = llama_rows::train(group, model, hpctrain::make_zero_strategy(stage), cuda, trace_path(id));
       result = llama_rows::row_of(id, label, measured, group->device(), config, with_mfu);
     } catch (const std::exception& e) {
       result = failed_row(id, label, e.what());
