@@ -61,10 +61,13 @@ int run_dist_rank(bool cuda) {
 int main(int argc, char** argv) try {
   CLI::App app{"hpctrain's GPU suite: one group of rows per run, JSON lines on stdout (scripts/gpu-check runs it)"};
   std::string group, device_name = "cuda";
+  std::vector<std::string> rows;
   app.add_option("group", group, "dist, llama, packed or switches")
       ->required()
       ->check(CLI::IsMember({"dist", "llama", "packed", "switches"}));
   app.add_option("--device", device_name, "cuda (default) or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
+  app.add_option("--rows", rows, "llama: only these rows (ids, comma-separated), for a short call on a lent GPU")
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
 
   // Before anything initialises CUDA: with the GPUs hidden, the process group and the models see a CPU node.
@@ -78,7 +81,8 @@ int main(int argc, char** argv) try {
   if (group == "dist") {
     failures = std::getenv("RANK") != nullptr ? run_dist_rank(device.is_cuda()) : run_dist(device, device_name);
   } else if (group == "llama") {
-    failures = suite::run_llama_rows(hpctrain::dist::init_process_group(hpctrain::slurm::World{}), device.is_cuda());
+    failures =
+        suite::run_llama_rows(hpctrain::dist::init_process_group(hpctrain::slurm::World{}), device.is_cuda(), rows);
   } else if (group == "packed") {
     failures = suite::run_packed_rows(device);
   } else {

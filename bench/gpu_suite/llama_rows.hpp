@@ -5,6 +5,8 @@
 //   llama.full        every parameter trains: Replicated at world 1 (no sharding: at one rank ZeRO only adds
 //                     work), no recomputation, bf16 autocast, hpctrain::FusedAdamW: what the Trainer runs at
 //                     world 1, and what transformers' row (scripts/gpu-check: llama.eager, llama.compile) runs
+//   llama.full.unfused  the same with q, k, v and gate, up as separate products (models/fused_projections.hpp),
+//                     as transformers computes them: what fusing them gains, in the same call
 //   llama.full.selective  the same with selective recomputation (--activation-checkpointing selective: each block
 //                     runs again in backward, its projections' outputs replayed): what fitting in less memory costs
 //   llama.full.zero3  the same under ZeRO-3 (fp32 shards, each block gathered while it runs and recomputed in
@@ -19,6 +21,7 @@
 // LoRA saves against full fine-tuning, at any size and on any device; ZeRO-3's fp32 shards are the parameters), and for
 // the full rows MFU (6N + attention, models/llama_config.hpp; recomputation not counted, as usual). On the CPU
 // the model is a tiny one of the same shape family: the row checks that the code runs, not its speed.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -26,6 +29,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <torch/cuda.h>
@@ -185,7 +189,10 @@ inline Row row_of(const std::string& id, const std::string& label, const Measure
 }  // namespace llama_rows
 
 /// The fine-tuning rows, one after the other in this process (world 1).
-inline int run_llama_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& group, bool cuda) {
+/// `only`, when not empty, names the rows to run (the others are not printed: gpu-check's table then lists them as
+/// missing).
+inline int run_llama_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& group, bool cuda,
+                          const std::vector<std::string>& only = {}) {
   namespace hm = hpctrain::models;
   const auto config = llama_rows::model_config(cuda);
   const auto size = llama_rows::sizes(cuda);
@@ -195,6 +202,7 @@ inline int run_llama_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& g
   // One row: a fresh model (seed 0), `prepare`d (LoRA, checkpointing), trained with `stage`.
   const auto row = [&](const char* id, const std::string& what, hpctrain::ZeroStage stage, bool with_mfu,
                        auto prepare) {
+    if (!only.empty() && std::find(only.begin(), only.end(), id) == only.end()) return;
     const auto label = fmt::format("Llama {}: {}", shape, what);
     Row result;
     try {
@@ -211,6 +219,12 @@ inline int run_llama_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& g
   };
   row("llama.full", "full fine-tuning, Replicated, no recomputation", hpctrain::ZeroStage::none, true,
       [](hm::Llama&) {});
+  {  // the same with one product per projection (q, k, v and gate, up unfused), as transformers computes them
+    hm::set_fused_projections(hm::FusedProjections::never);
+    row("llama.full.unfused", "full fine-tuning, Replicated, no recomputation, projections unfused",
+        hpctrain::ZeroStage::none, true, [](hm::Llama&) {});
+    hm::set_fused_projections(hm::FusedProjections::under_autocast);
+  }
   row("llama.full.selective", "full fine-tuning, Replicated, selective recomputation", hpctrain::ZeroStage::none, true,
       [](hm::Llama& model) { model->set_activation_checkpointing(hm::Recompute::selective); });
   row("llama.full.zero3", "full fine-tuning, ZeRO-3 + checkpointing", hpctrain::ZeroStage::zero3, true,

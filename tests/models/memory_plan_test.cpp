@@ -61,8 +61,9 @@ TEST_CASE("The memory plan (--plan) peaks within 10% of the H200's measured peak
   const double measured_lora = 20.42 * gib;
   WARN("llama.lora: planned " << lora.peak / gib << " GiB, measured 20.42 GiB");
   CHECK(std::abs(lora.peak - measured_lora) <= 0.10 * measured_lora);
-  // A frozen Linear keeps no input: LoRA's activations are below full fine-tuning's.
-  CHECK(lora.activations < 0.75 * full.activations);
+  // A frozen Linear keeps no input: LoRA's activations are below full fine-tuning's (0.81 of them: o, gate, up and
+  // down keep nothing, but q and v, adapted, keep a bf16 cast each where full fine-tuning's fused q/k/v keeps one).
+  CHECK(lora.activations < 0.85 * full.activations);
 
   // ZeRO-3 at world 1 (the row recomputes its blocks): its gradient shards (4 bytes a parameter at world 1, kept
   // between steps) are resident from the first step, beside the activations; before they were counted, the plan

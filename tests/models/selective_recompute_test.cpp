@@ -4,21 +4,20 @@
 // under autocast; and its recomputation runs no matrix product a second time (counted at ATen's kernels).
 #include <catch2/catch.hpp>
 
-#include <atomic>
 #include <cmath>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include <ATen/record_function.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <hpctrain/models/lora.hpp>
 #include <hpctrain/models/models.hpp>
 #include <hpctrain/train/precision.hpp>
+
+#include "matrix_kernel_count.hpp"
 
 namespace hm = hpctrain::models;
 
@@ -140,39 +139,12 @@ void add_adapters(torch::nn::Module& model) {
     if (item.key().find(".lora_B.") != std::string::npos) item.value().normal_(0.0, 0.1);
 }
 
-/// Counts ATen's matrix-product kernels (mm, addmm, bmm, baddbmm) while alive. The composite ops that reach them
-/// (linear, matmul) are not counted: each lands in one kernel call.
-class MatrixKernelCount {
- public:
-  MatrixKernelCount() {
-    count() = 0;
-    handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&on_start).scopes({at::RecordScope::FUNCTION}));
-  }
-  ~MatrixKernelCount() { at::removeCallback(handle_); }
-  MatrixKernelCount(const MatrixKernelCount&) = delete;
-  MatrixKernelCount& operator=(const MatrixKernelCount&) = delete;
-  long value() const { return count(); }
-
- private:
-  static std::atomic<long>& count() {
-    static std::atomic<long> n{0};
-    return n;
-  }
-  static std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& function) {
-    const char* name = function.name();
-    for (const char* kernel : {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
-      if (std::strcmp(name, kernel) == 0) ++count();
-    return nullptr;
-  }
-  at::CallbackHandle handle_;
-};
-
 /// The matrix-product kernels one training step of `model` runs under `recompute` (fp32, no dropout: the attention
 /// then runs CPU's flash kernel, which calls no ATen product).
 long matrix_kernels_of_a_step(hm::CausalLM& model, hm::Recompute recompute) {
   torch::manual_seed(7);
   const auto ids = torch::randint(vocabulary, {batch, sequence + 1}, torch::kLong);
-  MatrixKernelCount count;
+  models_test::MatrixKernelCount count;
   (void)step(model, recompute, ids, hpctrain::Precision::fp32);
   return count.value();
 }

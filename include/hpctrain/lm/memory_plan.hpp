@@ -20,7 +20,8 @@
 //                   CPU over Gloo (world > 1) each of those also has Gloo's all-reduce scratch of its size (Gloo
 //                   reduce-scatters as an all-reduce). Measured on the CPU: 6 units beside the block's gradients.
 //   activations     what autograd keeps for backward, counted tensor by tensor from the families' code (per
-//                   token and layer, full fine-tuning: Llama 24·h + 4·kv + 8·i bytes under bf16 autocast,
+//                   token and layer, full fine-tuning: Llama 18·h + 4·kv + 8·i bytes under bf16 autocast (24·h + ... with
+//                   the projections of one input unfused, models/fused_projections.hpp),
 //                   28·h + 8·kv + 16·i in fp32; GPT-2 38·h and 68·h; a frozen Linear keeps no input), or with
 //                   recomputation (--activation-checkpointing full, under ZeRO-3 too) each block's input plus one
 //                   block's worth, or with selective recomputation each block's input and its matrix products'
@@ -48,6 +49,7 @@
 
 #include <fmt/format.h>
 
+#include <hpctrain/models/fused_projections_mode.hpp>
 #include <hpctrain/models/gpt2_config.hpp>
 #include <hpctrain/models/llama_config.hpp>
 #include <hpctrain/models/recompute.hpp>
@@ -64,7 +66,8 @@ struct ModelShape {
   std::int64_t head_parameters = 0;   ///< the head's weight (vocab · hidden), tied or not
   bool tied = true;                   ///< the head is the token embedding (then neither is a ZeRO-3 edge)
   /// A Linear of a block: its name (LoRA's targets), its widths, and the group of Linears that read the same
-  /// input (in fp32 they save one tensor between them; under autocast each saves its own bf16 cast).
+  /// input (in fp32 they save one tensor between them; under autocast one bf16 cast when they run as one product,
+  /// models/fused_projections.hpp, else each its own).
   struct Linear {
     std::string name;
     std::int64_t in = 0, out = 0;
@@ -161,13 +164,23 @@ inline std::int64_t trainable_parameters(const PlanInput& in) {
 inline std::int64_t activation_bytes_per_token(const PlanInput& in) {
   const auto& m = in.model;
   std::int64_t bytes = in.bf16 ? m.other_saved_bf16 : m.other_saved_fp32;
+  // A group of Linears reading one input runs as one product under autocast unless one of them carries an adapter
+  // (models/fused_projections.hpp): then the group keeps one bf16 cast, else each Linear its own.
+  const auto fused = [&](int group) {
+    if (models::fused_projections() == models::FusedProjections::never) return false;
+    for (const auto& linear : m.block_linears)
+      if (linear.group == group && in.lora_rank > 0 && lora_targets(in, linear)) return false;
+    return true;
+  };
   std::vector<int> groups_saved;
   for (const auto& linear : m.block_linears) {
     if (in.lora_rank > 0 && !lora_targets(in, linear)) continue;
-    if (in.bf16) bytes += 2 * linear.in;  // its own bf16 cast
-    else if (std::find(groups_saved.begin(), groups_saved.end(), linear.group) == groups_saved.end()) {
+    const bool shared = !in.bf16 || fused(linear.group);  // fp32: one tensor, the input itself
+    if (!shared) {
+      bytes += 2 * linear.in;  // its own bf16 cast
+    } else if (std::find(groups_saved.begin(), groups_saved.end(), linear.group) == groups_saved.end()) {
       groups_saved.push_back(linear.group);
-      bytes += 4 * linear.in;
+      bytes += (in.bf16 ? 2 : 4) * linear.in;
     }
   }
   return bytes;

@@ -17,10 +17,12 @@
 
 #include <hpctrain/models/activation_checkpoint.hpp>
 #include <hpctrain/models/causal_lm.hpp>
+#include <hpctrain/models/fused_projections.hpp>
 #include <hpctrain/models/hf_layout.hpp>
 #include <hpctrain/models/initialization.hpp>
 #include <hpctrain/models/lora_layer.hpp>
 #include <hpctrain/models/llama_config.hpp>
+#include <hpctrain/models/rotary.hpp>
 
 namespace hpctrain::models {
 
@@ -71,13 +73,6 @@ inline torch::Tensor rotary_inverse_frequencies(const LlamaConfig& config) {
   return torch::where(medium, smoothed, scaled);
 }
 
-/// Rotates `x` [B, H, T, D] by the angles whose cos and sin are given ([T, D]).
-inline torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  const auto half = x.size(-1) / 2;
-  auto rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  return x * cos + rotated * sin;
-}
-
 /// Grouped-query attention: num_attention_heads query heads share num_key_value_heads key/value heads.
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
@@ -100,9 +95,10 @@ class LlamaAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, KVCache* cache,
                         std::size_t layer, const PackedAttention& packed = {}) {
     const auto b = x.size(0), t = x.size(1);
-    auto q = linear(q_proj, x).view({b, t, heads_, head_dim_}).transpose(1, 2);
-    auto k = linear(k_proj, x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
-    auto v = linear(v_proj, x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+    const auto qkv = linears({&q_proj, &k_proj, &v_proj}, x);  // one product under autocast
+    auto q = qkv[0].reshape({b, t, heads_, head_dim_}).transpose(1, 2);
+    auto k = qkv[1].reshape({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+    auto v = qkv[2].reshape({b, t, kv_heads_, head_dim_}).transpose(1, 2);
     q = apply_rotary(q, cos, sin);
     k = apply_rotary(k, cos, sin);
     std::int64_t past = 0;
@@ -134,7 +130,8 @@ class LlamaMLPImpl : public torch::nn::Module {
     down_proj = register_module("down_proj", linear(config.intermediate_size, config.hidden_size));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    return linear(down_proj, torch::silu(linear(gate_proj, x)) * linear(up_proj, x));
+    const auto gate_up = linears({&gate_proj, &up_proj}, x);  // one product under autocast
+    return linear(down_proj, torch::silu(gate_up[0]) * gate_up[1]);
   }
 
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};

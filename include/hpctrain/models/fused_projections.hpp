@@ -1,0 +1,79 @@
+#pragma once
+// Projections of one input as one matrix product: a Llama block's q, k and v read the same normalised hidden
+// state, and so do its gate and up projections. Called one by one (transformers' eager LlamaForCausalLM does),
+// each call casts that input to bf16 under autocast again, each keeps its own cast copy for backward, and backward
+// computes three input gradients in bf16, casts each to fp32 and adds them. Fused (Megatron's linear_qkv, the
+// gate-up product of vLLM and Liger), the input is cast once and kept once, the weights are concatenated (their
+// bf16 casts: a copy of a fraction of the weights' bytes) and backward computes one input gradient, summed
+// over all three products in the matrix product's fp32 accumulator. The small k and v products (256 columns at
+// TinyLlama's shape) join the large one instead of running as kernels of their own.
+//
+// The parameters stay as they are (q_proj.weight, k_proj.weight, ...: Hugging Face's names, the optimizer's and
+// the checkpoints' tensors); only the forward changes. By default only under autocast, where the weights' casts
+// are made anyway; without it the concatenation would be a copy of the fp32 weights kept for backward.
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include <hpctrain/models/fused_projections_mode.hpp>
+#include <hpctrain/models/lora_layer.hpp>
+
+namespace hpctrain::models {
+
+namespace detail {
+/// Whether `layers` of input `x` run as one product: the switch allows it, no layer carries a LoRA adapter (an
+/// adapter is its layer's own product, models::linear), and all have a bias or none has.
+inline bool fuse_projections(const std::vector<torch::nn::Linear*>& layers, const torch::Tensor& x) {
+  const auto mode = fused_projections();
+  if (mode == FusedProjections::never || layers.size() < 2) return false;
+  if (mode == FusedProjections::under_autocast && !at::autocast::is_autocast_enabled(x.device().type())) return false;
+  const bool bias = (*layers.front())->bias.defined();
+  for (auto* layer : layers)
+    if (!(*layer)->named_children().is_empty() || (*layer)->bias.defined() != bias) return false;
+  return true;
+}
+
+/// `t` in autocast's dtype for a product on `device` (unchanged without autocast). Not autocast's cached cast:
+/// the cast is concatenated at once, and a cached one would stay alive beside the concatenation until the
+/// autocast region ends.
+inline torch::Tensor cast_for_product(const torch::Tensor& t, c10::DeviceType device) {
+  if (!at::autocast::is_autocast_enabled(device)) return t;
+  return t.to(at::autocast::get_autocast_dtype(device));
+}
+}  // namespace detail
+
+/// `{linear(*layers[0], x), linear(*layers[1], x), ...}` (models::linear, LoRA included), as one matrix product
+/// when detail::fuse_projections allows: the outputs are then views of one tensor, split along the last dimension.
+inline std::vector<torch::Tensor> linears(std::initializer_list<torch::nn::Linear*> list, const torch::Tensor& x) {
+  const std::vector<torch::nn::Linear*> layers(list);
+  std::vector<torch::Tensor> outputs;
+  if (!detail::fuse_projections(layers, x)) {
+    for (auto* layer : layers) outputs.push_back(linear(*layer, x));
+    return outputs;
+  }
+  const auto device = x.device().type();
+  std::vector<torch::Tensor> weights, biases;
+  std::vector<std::int64_t> widths;
+  for (auto* layer : layers) {
+    weights.push_back(detail::cast_for_product((*layer)->weight, device));
+    if ((*layer)->bias.defined()) biases.push_back(detail::cast_for_product((*layer)->bias, device));
+    widths.push_back((*layer)->weight.size(0));
+  }
+  const auto weight = torch::cat(weights);
+  const auto bias = biases.empty() ? torch::Tensor() : torch::cat(biases);
+  using detail::MatrixProducts;
+  torch::Tensor y;
+  if (auto* replaying = MatrixProducts::active(MatrixProducts::Phase::replay)) {
+    y = detail::replayed_linear(x, weight, bias, {}, {}, {}, 0.0, replaying->replay_next().output);
+  } else {
+    y = torch::linear(x, weight, bias);
+    if (auto* recording = MatrixProducts::active(MatrixProducts::Phase::record)) recording->record(y, {});
+  }
+  // split_with_sizes, not narrow: its backward is one concatenation of the parts' gradients, where narrow's
+  // writes each part into a zero-filled tensor of the whole width and adds them.
+  return y.split_with_sizes(widths, -1);
+}
+
+}  // namespace hpctrain::models
