@@ -20,8 +20,8 @@
 //                   CPU over Gloo (world > 1) each of those also has Gloo's all-reduce scratch of its size (Gloo
 //                   reduce-scatters as an all-reduce). Measured on the CPU: 6 units beside the block's gradients.
 //   activations     what autograd keeps for backward, counted tensor by tensor from the families' code (per
-//                   token and layer, full fine-tuning: Llama 18·h + 4·kv + 8·i bytes under bf16 autocast (24·h + ... with
-//                   the projections of one input unfused, models/fused_projections.hpp),
+//                   token and layer, full fine-tuning: Llama 18·h + 4·kv + 8·i bytes under bf16 autocast
+//                   (24·h + ... with the projections of one input unfused, models/fused_projections.hpp),
 //                   28·h + 8·kv + 16·i in fp32; GPT-2 38·h and 68·h; a frozen Linear keeps no input), or with
 //                   recomputation (--activation-checkpointing full, under ZeRO-3 too) each block's input plus one
 //                   block's worth, or with selective recomputation each block's input and its matrix products'
