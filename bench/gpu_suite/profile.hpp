@@ -3,6 +3,7 @@
 // step's time goes, beside torch.profiler's traces of the Python peers (bench/model_peer.py, bench/llama_peer.py),
 // summed side by side by bench/trace_summary.py.
 #include <cstdlib>
+#include <filesystem>
 #include <set>
 #include <string>
 
@@ -24,6 +25,9 @@ void profile(const std::string& path, const torch::Device& device, int steps, St
   kineto::enableProfiler(config, activities);
   for (int i = 0; i < steps; ++i) step();
   if (device.is_cuda()) torch::cuda::synchronize();
+  // The folder is made here: Kineto's save only logs a failed open (the first traced GPU call lost its traces so).
+  const auto folder = std::filesystem::path(path).parent_path();
+  if (!folder.empty()) std::filesystem::create_directories(folder);
   kineto::disableProfiler()->save(path);
 }
 

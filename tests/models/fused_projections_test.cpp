@@ -155,6 +155,25 @@ TEST_CASE(
   WARN(fmt::format("bf16 input: gradient {:.2e} from the exact one (autograd's formulation: {:.2e})", ours, autograds));
   CHECK(ours <= std::ldexp(1.0, -8));
   CHECK(ours <= autograds * 1.0001);
+
+  // Under autocast the output is written in bf16 (what attention would cast it to), in x's layout; the gradient
+  // arriving in bf16 gives what the fp32 output's path gives for the same upstream values.
+  const auto strided_x = torch::randn({2, 16, 3, 8}).to(torch::kBFloat16).transpose(1, 2);  // [B, H, T, D] view
+  auto cast_x = strided_x.detach().requires_grad_(true);
+  auto plain_x = strided_x.detach().clone().requires_grad_(true);
+  torch::Tensor cast_y;
+  {
+    hpctrain::AutocastScope autocast(hpctrain::Precision::bf16, torch::Device(torch::kCPU));
+    cast_y = hm::apply_rotary(cast_x, cos, sin);
+  }
+  const auto plain_y = hm::apply_rotary(plain_x, cos, sin);
+  CHECK(cast_y.scalar_type() == torch::kBFloat16);
+  CHECK(cast_y.strides() == strided_x.strides());
+  CHECK(torch::equal(cast_y, plain_y.detach().to(torch::kBFloat16)));
+  const auto bf16_upstream = upstream.to(torch::kBFloat16);
+  cast_y.backward(bf16_upstream);
+  plain_y.backward(bf16_upstream.to(torch::kFloat32));
+  CHECK(torch::equal(cast_x.grad(), plain_x.grad()));
 }
 
 TEST_CASE(

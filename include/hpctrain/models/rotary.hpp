@@ -6,8 +6,9 @@
 // into a zero-filled tensor of x's size with the part copied in, and adds three tensors, each rounded to x's
 // dtype first: eight passes over memory where three do. Here backward is its closed form,
 // dx = g·cos + rotate_halfᵀ(g·sin) with rotate_halfᵀ(u) = [u₂, -u₁] (rotation by the opposite angle), computed in
-// g's dtype and rounded to x's once. In fp32 it equals autograd's exactly (each element is the same sum of two
-// products); under bf16 it rounds once where autograd rounds three times (tests/models/rotary_test.cpp).
+// g's dtype and rounded to x's once: in fp32 within one rounding of autograd's (a fused multiply-add where autograd
+// rounds twice), under bf16 closer to the exact gradient (tests/models/fused_projections_test.cpp).
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 namespace hpctrain::models {
@@ -30,6 +31,14 @@ struct Rotary : torch::autograd::Function<Rotary> {
                                const torch::Tensor& sin) {
     ctx->save_for_backward({cos, sin});
     ctx->saved_data["dtype"] = x.scalar_type();
+    // Under autocast a bf16 x times fp32 angles would make an fp32 result that attention casts back to bf16 (a
+    // kernel each way, and one more for the gradient): written in x's dtype here instead, by the same kernel that
+    // computes it in fp32, it is the same bf16 tensor attention would have made. x's layout is kept.
+    const auto device = x.device().type();
+    if (at::autocast::is_autocast_enabled(device) && x.scalar_type() == at::autocast::get_autocast_dtype(device)) {
+      auto y = at::empty_like(x);
+      return at::addcmul_out(y, x * cos, rotate_half(x), sin);
+    }
     return torch::addcmul(x * cos, rotate_half(x), sin);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
