@@ -7,6 +7,7 @@
 #    hsdp, and a 2-rank zero3 run's resumes at `--local 1` under zero3, each continuing the uninterrupted run's loss
 #    curve within reshard_training_test.sh's bound (1e-5 relative: the same fp32 sums split over another number of
 #    ranks and micro-batches);
+#  - `--sharding none` resumes those checkpoints at one and two ranks, and zero3 at one rank resumes a replicated one;
 #  - HPCTRAIN_SHARD_AT_ONE_RANK=1 runs zero3's own strategy at one rank (no note): within the same bound of
 #    Replicated's losses, and its checkpoint (FSDP's flat pieces) resumes at one rank as replicated.
 # Usage: one_rank_training_test.sh <reshard_training binary>
@@ -69,6 +70,20 @@ compare two-replicated two 1e-5 || fail "zero3 at --local 2 leaves Replicated's 
 ! grep -qF "$note" two.log || fail "zero3 at --local 2 printed the note"
 resume two-to-one two 1 zero3
 compare two two-to-one 1e-5 || fail "zero3 at --local 2 resumed at --local 1 leaves its loss curve"
+
+# hsdp at one rank trains as Replicated whatever its group size: --hsdp-group-size 2 is not refused there.
+train hsdp-one 1 hsdp --hsdp-group-size 2
+grep -qF "hpctrain: hsdp $note" hsdp-one.log || fail "hsdp --hsdp-group-size 2 at --local 1 did not train as replicated"
+compare replicated hsdp-one 0 || fail "hsdp at --local 1 did not train Replicated's losses exactly"
+
+# --sharding none resumes a sharded checkpoint (every rank reads every piece): one rank's at two, two ranks' at one.
+resume one-to-none one 2 none
+compare one one-to-none 1e-5 || fail "zero3 at --local 1 resumed at --local 2 under --sharding none leaves its loss curve"
+resume two-to-none two 1 none
+compare two two-to-none 1e-5 || fail "zero3 at --local 2 resumed at --local 1 under --sharding none leaves its loss curve"
+# And at one rank a sharded stage (Replicated under the stage's name) resumes a replicated checkpoint.
+resume replicated-to-zero3 replicated 1 zero3
+compare replicated replicated-to-zero3 0 || fail "a replicated checkpoint resumed by zero3 at --local 1 leaves its loss curve"
 
 # Forced: zero3's own strategy at one rank, whose checkpoint (FSDP's flat pieces) resumes as replicated.
 HPCTRAIN_SHARD_AT_ONE_RANK=1 train forced 1 zero3

@@ -16,65 +16,19 @@
 #include <hpctrain/models/models.hpp>
 #include <hpctrain/train/precision.hpp>
 
-#include "matrix_kernel_count.hpp"
+#include "block_step_support.hpp"
 
 namespace hm = hpctrain::models;
 
 namespace fused_projections_test {
 
-constexpr std::int64_t vocabulary = 97, batch = 2, sequence = 16;
-
-hm::LlamaConfig llama(bool qkv_bias) {
-  hm::LlamaConfig config;
-  config.vocab_size = vocabulary;
-  config.hidden_size = 32;
-  config.intermediate_size = 64;
-  config.num_hidden_layers = 2;
-  config.num_attention_heads = 4;
-  config.num_key_value_heads = 2;  // grouped-query attention: q 32 wide, k and v 16
-  config.qkv_bias = qkv_bias;      // Qwen2's layout
-  config.tie_word_embeddings = false;
-  return config;
-}
+using namespace block_step;
 
 /// Sets the fusion mode while alive; the default comes back after.
 struct FusionMode {
   explicit FusionMode(hm::FusedProjections mode) { hm::set_fused_projections(mode); }
   ~FusionMode() { hm::set_fused_projections(hm::FusedProjections::under_autocast); }
 };
-
-double relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
-  const auto x = a.to(torch::kFloat64), y = b.to(torch::kFloat64);
-  return (x - y).norm().item<double>() / std::max(y.norm().item<double>(), 1e-30);
-}
-
-struct Step {
-  double loss = 0;
-  long products = 0;  ///< matrix-product kernels, forward and backward
-  std::vector<std::pair<std::string, torch::Tensor>> gradients;
-};
-
-Step step(hm::CausalLM& model, const torch::Tensor& ids, hpctrain::Precision precision,
-          hm::Recompute recompute = hm::Recompute::none) {
-  models_test::MatrixKernelCount products;
-  model.train();
-  model.set_activation_checkpointing(recompute);
-  model.zero_grad();
-  torch::Tensor loss;
-  {
-    hpctrain::AutocastScope autocast(precision, torch::Device(torch::kCPU));
-    const auto logits = model.forward(ids.narrow(1, 0, sequence));
-    loss = torch::nn::functional::cross_entropy(logits.reshape({-1, vocabulary}).to(torch::kFloat32),
-                                                ids.narrow(1, 1, sequence).reshape({-1}));
-  }
-  loss.backward();
-  Step out;
-  out.products = products.value();
-  out.loss = loss.item<double>();
-  for (const auto& item : model.named_parameters())
-    if (item.value().requires_grad()) out.gradients.emplace_back(item.key(), item.value().grad().clone());
-  return out;
-}
 
 /// Every gradient of `b` within `bound` of `a`'s (relative L2 per tensor); returns the worst.
 double worst_gradient_difference(const Step& a, const Step& b, double bound, const std::string& what) {
@@ -90,14 +44,6 @@ double worst_gradient_difference(const Step& a, const Step& b, double bound, con
   }
   return worst;
 }
-
-/// A fused product sums the same terms as the separate ones in another blocking: reassociation, √n·2^-24 per
-/// product for sums of n ≤ 64 terms, through the head and up to 4 products a block on a gradient's way (as
-/// selective_recompute_test derives it): 9 · 8 · 2^-24 = 4.3e-6.
-const double fp32_bound = 9 * std::sqrt(64.0) * std::ldexp(1.0, -24);
-/// Under bf16 each product's output is rounded to 8 bits: a reordered sum may round the other way, and the input
-/// gradient of q, k and v is now rounded once where three rounded parts were added; 9 products at 2^-8 each.
-const double bf16_bound = 9 * std::ldexp(1.0, -8);
 
 /// transformers' rotary embedding as autograd differentiates it.
 torch::Tensor rotary_as_transformers(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
@@ -182,7 +128,7 @@ TEST_CASE(
     "[models][fused]") {
   for (const bool bias : {false, true}) {
     torch::manual_seed(3);
-    hm::Llama model(llama(bias));
+    hm::Llama model(tiny_llama(0.0, bias));
     torch::manual_seed(7);
     const auto ids = torch::randint(vocabulary, {batch, sequence + 1}, torch::kLong);
     Step separate, fused;
@@ -210,7 +156,7 @@ TEST_CASE(
     "and selective recomputation replays the fused product",
     "[models][fused][bf16]") {
   torch::manual_seed(5);
-  hm::Llama model(llama(false));
+  hm::Llama model(tiny_llama(0.0));
   torch::manual_seed(9);
   const auto ids = torch::randint(vocabulary, {batch, sequence + 1}, torch::kLong);
   Step separate;
@@ -234,10 +180,10 @@ TEST_CASE(
                   loss, worst, replayed, bf16_bound));
 }
 
-TEST_CASE("Projections of one input where one carries a LoRA adapter stay separate; gate and up are still fused",
+TEST_CASE("Projections of one input where one carries a LoRA adapter stay separate, while gate and up are still fused",
           "[models][fused][lora]") {
   torch::manual_seed(11);
-  hm::Llama model(llama(false));
+  hm::Llama model(tiny_llama(0.0));
   hm::LoraConfig lora;
   lora.r = 4;
   lora.targets = {"q_proj", "v_proj"};

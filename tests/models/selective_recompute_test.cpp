@@ -17,26 +17,13 @@
 #include <hpctrain/models/models.hpp>
 #include <hpctrain/train/precision.hpp>
 
-#include "matrix_kernel_count.hpp"
+#include "block_step_support.hpp"
 
 namespace hm = hpctrain::models;
 
 namespace selective_recompute_test {
 
-constexpr std::int64_t vocabulary = 97, batch = 2, sequence = 16;
-
-hm::LlamaConfig llama(double dropout) {
-  hm::LlamaConfig config;
-  config.vocab_size = vocabulary;
-  config.hidden_size = 32;
-  config.intermediate_size = 64;
-  config.num_hidden_layers = 2;
-  config.num_attention_heads = 4;
-  config.num_key_value_heads = 2;  // grouped-query attention
-  config.attention_dropout = dropout;
-  config.tie_word_embeddings = false;
-  return config;
-}
+using namespace block_step;
 
 hm::GPT2Config gpt2(double dropout) {
   hm::GPT2Config config;
@@ -49,61 +36,15 @@ hm::GPT2Config gpt2(double dropout) {
   return config;
 }
 
-/// The widest sum in these models' products and their gradients: the width 64 (the MLP) and the 2 x 16 tokens.
-constexpr double widest_sum = 64;
-/// The products a gradient passes through on its way from the loss to the first block's weights: the head, and per
-/// block at most 4 (o_proj or c_proj, then v/q/k; down, then gate/up; the attention between).
-constexpr double chain = 1 + 2 * 4;
-
-/// selective's gradients against none's: the same products of the same operands, summed in other orders (the
-/// weight gradient as gᵀ·x where autograd computes (xᵀ·g)ᵀ, other kernels for other shapes). A reordered sum of n
-/// fp32 terms moves by at most about √n·2^-24 relative, and the differences of the products a gradient goes
-/// through add up: chain · √64 · 2^-24 = 4.3e-6 (measured values are printed beside it).
-const double fp32_bound = chain * std::sqrt(widest_sum) * std::ldexp(1.0, -24);
-/// Under bf16 autocast each product's result is rounded to bf16 (2^-8 relative): a reordered sum may round the
-/// other way, and that moves the gradients downstream by as much, chain times at most.
-const double bf16_bound = chain * std::ldexp(1.0, -8);
-
-double relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
-  const auto x = a.to(torch::kFloat64), y = b.to(torch::kFloat64);
-  return (x - y).norm().item<double>() / std::max(y.norm().item<double>(), 1e-30);
-}
-
-struct Step {
-  double loss = 0;
-  std::vector<std::pair<std::string, torch::Tensor>> gradients;  ///< of every parameter that trains
-};
-
-/// One training forward and backward of `model` under `recompute` from the same random state (dropout).
-Step step(hm::CausalLM& model, hm::Recompute recompute, const torch::Tensor& ids, hpctrain::Precision precision) {
-  model.train();
-  model.set_activation_checkpointing(recompute);
-  model.zero_grad();
-  torch::manual_seed(1234);
-  torch::Tensor loss;
-  {
-    hpctrain::AutocastScope autocast(precision, torch::Device(torch::kCPU));
-    const auto logits = model.forward(ids.narrow(1, 0, sequence));
-    loss = torch::nn::functional::cross_entropy(logits.reshape({-1, vocabulary}).to(torch::kFloat32),
-                                                ids.narrow(1, 1, sequence).reshape({-1}));
-  }
-  loss.backward();
-  Step out;
-  out.loss = loss.item<double>();
-  for (const auto& item : model.named_parameters())
-    if (item.value().requires_grad()) out.gradients.emplace_back(item.key(), item.value().grad().clone());
-  return out;
-}
-
 /// selective's loss equals none's (its forward computes the same), and each gradient is within `bound` of none's and
 /// of full's; the worst measured difference is printed.
 void check_against_none_and_full(hm::CausalLM& model, const std::string& what, hpctrain::Precision precision,
                                  double bound) {
   torch::manual_seed(7);
   const auto ids = torch::randint(vocabulary, {batch, sequence + 1}, torch::kLong);
-  const auto none = step(model, hm::Recompute::none, ids, precision);
-  const auto full = step(model, hm::Recompute::full, ids, precision);
-  const auto selective = step(model, hm::Recompute::selective, ids, precision);
+  const auto none = step(model, ids, precision, hm::Recompute::none);
+  const auto full = step(model, ids, precision, hm::Recompute::full);
+  const auto selective = step(model, ids, precision, hm::Recompute::selective);
   CHECK(selective.loss == none.loss);
   CHECK(full.loss == none.loss);
   REQUIRE(selective.gradients.size() == none.gradients.size());
@@ -144,9 +85,7 @@ void add_adapters(torch::nn::Module& model) {
 long matrix_kernels_of_a_step(hm::CausalLM& model, hm::Recompute recompute) {
   torch::manual_seed(7);
   const auto ids = torch::randint(vocabulary, {batch, sequence + 1}, torch::kLong);
-  models_test::MatrixKernelCount count;
-  (void)step(model, recompute, ids, hpctrain::Precision::fp32);
-  return count.value();
+  return step(model, ids, hpctrain::Precision::fp32, recompute).products;
 }
 
 }  // namespace selective_recompute_test
@@ -158,7 +97,7 @@ TEST_CASE(
     "with dropout, fp32",
     "[models][checkpointing][selective]") {
   torch::manual_seed(3);
-  hm::Llama llama_model(llama(0.1));
+  hm::Llama llama_model(tiny_llama(0.1));
   check_against_none_and_full(*llama_model, "Llama (GQA, attention dropout 0.1)", hpctrain::Precision::fp32,
                               fp32_bound);
   hm::GPT2 gpt2_model(gpt2(0.1));
@@ -169,7 +108,7 @@ TEST_CASE(
     "Selective recomputation with LoRA on every projection, adapter dropout replayed, gives the adapters' gradients",
     "[models][checkpointing][selective][lora]") {
   torch::manual_seed(5);
-  hm::Llama llama_model(llama(0.1));
+  hm::Llama llama_model(tiny_llama(0.1));
   add_adapters(*llama_model);
   check_against_none_and_full(*llama_model, "Llama + LoRA (all-linear, dropout 0.2)", hpctrain::Precision::fp32,
                               fp32_bound);
@@ -182,7 +121,7 @@ TEST_CASE(
 TEST_CASE("Selective recomputation under bf16 autocast gives none's loss and gradients within bf16's rounding",
           "[models][checkpointing][selective][bf16]") {
   torch::manual_seed(9);
-  hm::Llama llama_model(llama(0.1));
+  hm::Llama llama_model(tiny_llama(0.1));
   check_against_none_and_full(*llama_model, "Llama, bf16 autocast", hpctrain::Precision::bf16, bf16_bound);
   hm::GPT2 gpt2_model(gpt2(0.1));
   add_adapters(*gpt2_model);
@@ -194,7 +133,7 @@ TEST_CASE(
     "every activation, and full recomputation runs every block's projections once more",
     "[models][checkpointing][selective]") {
   torch::manual_seed(11);
-  hm::Llama llama_model(llama(0.0));
+  hm::Llama llama_model(tiny_llama(0.0));
   hm::GPT2 gpt2_model(gpt2(0.0));
   // Llama's 7 projections a block (no bias: matmul, one mm each), GPT-2's 4 (with bias: one addmm each).
   const std::vector<std::pair<hm::CausalLM*, long>> models{{llama_model.get(), 2 * 7}, {gpt2_model.get(), 2 * 4}};

@@ -388,15 +388,16 @@ TEST_CASE(
                           region.size() - 8, region.size()));
 }
 
-TEST_CASE("Replicated refuses a checkpoint written by another strategy, naming the field", "[checkpoint]") {
-  hpctrain::Replicated replicated;
-  hpctrain::SavedStrategyState saved{2, "zero2", [](int) -> torch::serialize::InputArchive {
+TEST_CASE("Replicated refuses a checkpoint written by a strategy it does not read, naming the field", "[checkpoint]") {
+  hpctrain::Replicated replicated;  // (a sharded stage's checkpoint it reads: tests/dist/one_rank_training_test.sh)
+  hpctrain::SavedStrategyState saved{2, "pipeline", [](int) -> torch::serialize::InputArchive {
                                        FAIL("must not open");
                                        return {};
                                      }};
   CHECK(train_test::run_error([&] { replicated.load(saved); }) ==
-        "[hpctrain.spec.checkpoint.strategy] checkpoint.strategy = zero2: the checkpoint was written by strategy "
-        "'zero2'; this run uses 'replicated'");
+        "[hpctrain.spec.checkpoint.strategy] checkpoint.strategy = pipeline: the checkpoint was written by strategy "
+        "'pipeline'; this run uses 'replicated', which resumes replicated checkpoints and the sharded stages' (zero1, "
+        "zero2, zero3, hsdp)");
 }
 
 TEST_CASE("TensorBoard's own reader reads back our event file", "[tensorboard]") {

@@ -24,6 +24,7 @@
 #include <hpctrain/error_ids.hpp>
 #include <hpctrain/job/closest_name.hpp>
 #include <hpctrain/job/fabric.hpp>
+#include <hpctrain/job/trim.hpp>
 
 namespace hpctrain {
 
@@ -59,13 +60,6 @@ struct SiteSettings {
 };
 
 namespace detail {
-inline std::string trim_blanks(std::string_view text) {
-  const auto first = text.find_first_not_of(" \t\r");
-  if (first == std::string_view::npos) return "";
-  const auto last = text.find_last_not_of(" \t\r");
-  return std::string(text.substr(first, last - first + 1));
-}
-
 /// The site file's path by the rule in this header's comment; empty when no home is known.
 inline std::filesystem::path site_config_path(
     const std::function<std::optional<std::string>(const std::string&)>& env) {
@@ -145,12 +139,12 @@ inline void read_site_file(const std::filesystem::path& path, SiteSettings& sett
   std::string line;
   for (int number = 1; std::getline(file, line); ++number) {
     const auto where = fmt::format("{}:{}", path.string(), number);
-    const auto text = trim_blanks(std::string_view(line).substr(0, line.find('#')));
+    const auto text = trim(std::string_view(line).substr(0, line.find('#')));
     if (text.empty()) continue;
     const auto equals = text.find('=');
     if (equals == std::string::npos) throw SpecError("site", text, fmt::format("expected key = value ({})", where));
-    apply_site_setting(settings, trim_blanks(std::string_view(text).substr(0, equals)),
-                       trim_blanks(std::string_view(text).substr(equals + 1)), where);
+    apply_site_setting(settings, trim(std::string_view(text).substr(0, equals)),
+                       trim(std::string_view(text).substr(equals + 1)), where);
   }
 }
 }  // namespace detail

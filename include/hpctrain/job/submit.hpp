@@ -27,6 +27,7 @@
 #include <hpctrain/job/preflight.hpp>
 #include <hpctrain/job/process.hpp>
 #include <hpctrain/job/render.hpp>
+#include <hpctrain/job/trim.hpp>
 #include <hpctrain/names.hpp>
 
 extern char** environ;  // the SLURM_* variables sbatch must not inherit
@@ -53,13 +54,6 @@ struct JobState {
 };
 
 namespace detail {
-inline std::string trim(std::string_view text) {
-  const auto first = text.find_first_not_of(" \t\r\n");
-  if (first == std::string_view::npos) return "";
-  const auto last = text.find_last_not_of(" \t\r\n");
-  return std::string(text.substr(first, last - first + 1));
-}
-
 /// Resolves the filename patterns of an --output value that do not depend on the node (%j, %x, %u, %%).
 inline std::string resolve_log_pattern(std::string_view pattern, const std::string& id, const std::string& name,
                                        const std::string& workdir) {

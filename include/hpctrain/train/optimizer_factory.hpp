@@ -53,6 +53,23 @@ inline std::unique_ptr<torch::optim::Optimizer> make_optimizer_over_pieces(
   } scope(&dims);
   return make_optimizer(pieces);
 }
+
+/// The same for a sharded strategy's `pieces` (each with `place.parameter`, the index of its parameter in `names`, and
+/// `master`, the flat tensor the optimizer steps): each piece named as its parameter, with the dimensions
+/// `dimensions_of(parameter index)` gives.
+template <typename Pieces, typename DimensionsOf>
+std::unique_ptr<torch::optim::Optimizer> make_optimizer_over_pieces(const OptimizerFactory& make_optimizer,
+                                                                    const Pieces& pieces,
+                                                                    const std::vector<std::string>& names,
+                                                                    DimensionsOf dimensions_of) {
+  NamedParameters named;
+  std::vector<std::int64_t> dimensions;
+  for (const auto& piece : pieces) {
+    named.emplace_back(names[piece.place.parameter], piece.master);
+    dimensions.push_back(dimensions_of(piece.place.parameter));
+  }
+  return make_optimizer_over_pieces(make_optimizer, named, dimensions);
+}
 }  // namespace detail
 
 }  // namespace hpctrain

@@ -14,6 +14,7 @@
 
 #include <hpctrain/dist/gradient_sync.hpp>
 #include <hpctrain/error.hpp>
+#include <hpctrain/train/strategies/zero_checkpoint.hpp>
 #include <hpctrain/train/strategy.hpp>
 
 namespace hpctrain {
@@ -62,6 +63,7 @@ class Replicated : public DataParallelStrategy {
   /// makes the optimizer over every parameter.
   void setup(StrategyContext context) override {
     model_ = context.model;
+    group_ = context.group;
     sync_ = std::make_unique<dist::GradientSync>(context.group, *model_, options_);
     parameters_ = model_->parameters();
     optimizer_ = context.make_optimizer(detail::named_parameters_of(*model_));
@@ -82,11 +84,26 @@ class Replicated : public DataParallelStrategy {
     archive.write("model", model_archive);
     archive.write("optimizer", optimizer_archive);
   }
-  /// Reads rank 0's archive: a replicated checkpoint loads at any world size.
+  /// Reads rank 0's archive: a replicated checkpoint loads at any world size. A sharded stage's checkpoint (zero1,
+  /// zero2, zero3, hsdp, of any world size) loads too: every rank reads every saved piece's overlap with its whole
+  /// parameters, as a sharded stage at one rank does (train/strategies/one_rank.hpp).
   void load(const SavedStrategyState& saved) override {
-    detail::require(
-        saved.strategy == name(), "checkpoint.strategy", saved.strategy,
-        fmt::format("the checkpoint was written by strategy '{}'; this run uses '{}'", saved.strategy, name()));
+    if (detail::is_sharded_checkpoint(saved.strategy)) {
+      std::vector<std::string> names;
+      std::vector<torch::Tensor> trainable;
+      for (const auto& [parameter_name, parameter] : detail::named_parameters_of(*model_)) {
+        names.push_back(parameter_name);
+        trainable.push_back(parameter);
+      }
+      detail::load_zero_shards(saved,
+                               detail::whole_parameter_view(name(), *group_, *model_, names, trainable, *optimizer_));
+      return;
+    }
+    // "replicated", not name(): a sharded stage at one rank (ShardedAtOneRank) is this strategy under its stage's name
+    detail::require(saved.strategy == "replicated", "checkpoint.strategy", saved.strategy,
+                    fmt::format("the checkpoint was written by strategy '{}'; this run uses '{}', which resumes "
+                                "replicated checkpoints and the sharded stages' (zero1, zero2, zero3, hsdp)",
+                                saved.strategy, name()));
     auto archive = saved.open(0);
     torch::serialize::InputArchive model_archive, optimizer_archive;
     archive.read("model", model_archive);
@@ -101,6 +118,7 @@ class Replicated : public DataParallelStrategy {
  private:
   dist::GradientSyncOptions options_;
   std::shared_ptr<torch::nn::Module> model_;
+  std::shared_ptr<dist::ProcessGroup> group_;
   std::unique_ptr<dist::GradientSync> sync_;
   std::vector<torch::Tensor> parameters_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;

@@ -220,7 +220,8 @@ inline int run_worker(const Training& training, const Knobs& knobs) {
     const auto options = detail::dist_options_from_environment();
     if (const auto max_bytes = detail::check_fabric_request())  // --check-fabric: measure, do not train
       return dist::check_fabric(world, options, *max_bytes, detail::expected_busbw_from_environment());
-    if (configured.sharding() == hsdp)  // refused alike on every rank, before any rank connects
+    // Refused alike on every rank, before any rank connects; at one rank hsdp trains as Replicated (no groups).
+    if (configured.sharding() == hsdp && !sharded_stage_runs_replicated(ZeroStage::hsdp, world.world_size))
       hsdp_shard_group_size(configured.hsdp_group_size(), world.world_size, world.local_world_size);
     detail::delay_rank0_for_tests(rank);
     return train(configured, world, options).exit_code;

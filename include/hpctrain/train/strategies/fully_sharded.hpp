@@ -146,7 +146,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
     build_master_shards();
     deferred_.reset();  // the checkpoint's mapping goes with it
     deferred_places_.clear();
-    optimizer_ = detail::make_optimizer_over_pieces(context.make_optimizer, named_masters(), master_dimensions());
+    optimizer_ = detail::make_optimizer_over_pieces(context.make_optimizer, pieces_, names_,
+                                                    [this](std::size_t p) { return full_shapes_[p].dim(); });
     if (!optimizer_) throw SpecError("optimizer", "null", "the optimizer factory returned no optimizer");
     detail::require_elementwise(*optimizer_, hybrid_ ? ZeroStage::hsdp : ZeroStage::zero3);
     lists_->set_block_runner([this](std::size_t index, const BlockCall& call, const torch::Tensor& input) {
@@ -598,19 +599,6 @@ class FullyShardedStrategy : public DataParallelStrategy {
         pieces_.push_back(std::move(piece));
       }
     }
-  }
-
-  NamedParameters named_masters() const {
-    NamedParameters named;
-    for (const auto& piece : pieces_) named.emplace_back(names_[piece.place.parameter], piece.master);
-    return named;
-  }
-
-  /// The dimensions of each piece's parameter, in named_masters' order (what weight decay by shape reads).
-  std::vector<std::int64_t> master_dimensions() const {
-    std::vector<std::int64_t> dimensions;
-    for (const auto& piece : pieces_) dimensions.push_back(full_shapes_[piece.place.parameter].dim());
-    return dimensions;
   }
 
   torch::Tensor own_slice(std::size_t b) const {

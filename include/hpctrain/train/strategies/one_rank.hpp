@@ -6,8 +6,9 @@
 //
 // What users rely on is kept: its checkpoints are the stage's sharded format (zero_checkpoint.hpp) with one piece
 // per trainable parameter, the whole of it, so that they resume at any world size under zero1, zero2, zero3 or
-// hsdp (whose loads read any layout of pieces), and it resumes theirs (its load reads every saved rank's overlap
-// with each whole parameter). A checkpoint's strategy is the stage's name, as is name() in the logs.
+// hsdp (whose loads read any layout of pieces), and it resumes theirs (Replicated's load reads every saved rank's
+// overlap with each whole parameter) and Replicated's own. A checkpoint's strategy is the stage's name, as is name() in
+// the logs.
 //
 // Memory per rank, in bytes per trainable parameter with Adam: Replicated's, 4 (parameter) + 4 (gradient) + 8
 // (moments); collectives: none at one rank. HPCTRAIN_SHARD_AT_ONE_RANK=1 makes the stage's own strategy instead
@@ -53,16 +54,12 @@ class ShardedAtOneRank : public Replicated {
     detail::save_zero_shard(archive, pieces, shard_view());
   }
 
-  /// Reads a zero1/zero2/zero3/hsdp checkpoint of any world size: every saved piece's overlap with each parameter.
-  void load(const SavedStrategyState& saved) override { detail::load_zero_shards(saved, shard_view()); }
+  // load: Replicated's, which reads a zero1/zero2/zero3/hsdp checkpoint of any world size (every saved piece's
+  // overlap with each whole parameter) and a replicated one.
 
  private:
-  /// One piece per trainable parameter, the whole of it; the parameter itself is what the optimizer steps.
   detail::ZeroShardView shard_view() {
-    detail::ZeroShardView view{name(), *group_, *model_, names_, parameters_, optimizer(), {}, {}};
-    for (std::size_t p = 0; p < parameters_.size(); ++p)
-      view.pieces.push_back({dist::ShardPiece{p, 0, parameters_[p].numel(), 0}, parameters_[p]});
-    return view;
+    return detail::whole_parameter_view(name(), *group_, *model_, names_, parameters_, optimizer());
   }
 
   ZeroStage stage_;

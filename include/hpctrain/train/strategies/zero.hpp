@@ -126,7 +126,8 @@ class ZeroStrategy : public DataParallelStrategy {
     }
     build_flat_buckets();
     build_master_shards();
-    optimizer_ = detail::make_optimizer_over_pieces(context.make_optimizer, named_masters(), master_dimensions());
+    optimizer_ = detail::make_optimizer_over_pieces(context.make_optimizer, pieces_, names_,
+                                                    [this](std::size_t p) { return parameters_[p].dim(); });
     if (!optimizer_) throw SpecError("optimizer", "null", "the optimizer factory returned no optimizer");
     detail::require_elementwise(*optimizer_, options_.stage);
     if (options_.stage == ZeroStage::zero2)
@@ -258,19 +259,6 @@ class ZeroStrategy : public DataParallelStrategy {
         pieces_.push_back(std::move(piece));
       }
     }
-  }
-
-  NamedParameters named_masters() const {
-    NamedParameters named;
-    for (const auto& piece : pieces_) named.emplace_back(names_[piece.place.parameter], piece.master);
-    return named;
-  }
-
-  /// The dimensions of each piece's parameter, in named_masters' order (what weight decay by shape reads).
-  std::vector<std::int64_t> master_dimensions() const {
-    std::vector<std::int64_t> dimensions;
-    for (const auto& piece : pieces_) dimensions.push_back(parameters_[piece.place.parameter].dim());
-    return dimensions;
   }
 
   torch::Tensor parameter_part(const Piece& piece) const {

@@ -78,6 +78,23 @@ struct ZeroShardView {
 
 inline std::string archive_name(int rank) { return fmt::format("rank-{:05d}", rank); }
 
+/// Whether a checkpoint's strategy wrote this format (the sharded stages; ShardedAtOneRank writes its stage's name).
+inline bool is_sharded_checkpoint(const std::string& strategy) {
+  return strategy == "zero1" || strategy == "zero2" || strategy == "zero3" || strategy == "hsdp";
+}
+
+/// The view of a run that keeps every trainable parameter whole (ShardedAtOneRank; Replicated reading a sharded
+/// checkpoint): one piece per parameter, the whole of it, which the optimizer steps itself.
+inline ZeroShardView whole_parameter_view(std::string strategy, dist::ProcessGroup& group, torch::nn::Module& model,
+                                          const std::vector<std::string>& names,
+                                          const std::vector<torch::Tensor>& parameters,
+                                          torch::optim::Optimizer& optimizer) {
+  ZeroShardView view{std::move(strategy), group, model, names, parameters, optimizer, {}, {}};
+  for (std::size_t p = 0; p < parameters.size(); ++p)
+    view.pieces.push_back({dist::ShardPiece{p, 0, parameters[p].numel(), 0}, parameters[p]});
+  return view;
+}
+
 /// A fresh, empty per-parameter state of `optimizer`'s type (to fill from a checkpoint).
 inline std::unique_ptr<torch::optim::OptimizerParamState> make_param_state(const torch::optim::Optimizer& optimizer) {
   using namespace torch::optim;
@@ -451,7 +468,7 @@ class ShardReader {
 /// anything is restored (CheckpointRefused on every rank when any read invalid bytes). The strategy then makes whole
 /// what it keeps whole from every rank's pieces (an all-gather, as after a step).
 inline void load_zero_shards(const SavedStrategyState& saved, ZeroShardView view) {
-  if (saved.strategy != "zero1" && saved.strategy != "zero2" && saved.strategy != "zero3" && saved.strategy != "hsdp") {
+  if (!is_sharded_checkpoint(saved.strategy)) {
     throw SpecError(
         "checkpoint.strategy", saved.strategy,
         fmt::format("this run shards with {}, which resumes checkpoints written by zero1, zero2, zero3 or hsdp (at "
