@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <map>
 
 namespace {
@@ -243,6 +245,93 @@ TEST_CASE("A sharded checkpoint resumed at another world size reads on each rank
     WARN(fmt::format("rank {} read {} bytes of pieces, holding {} bytes of optimizer state", rank, read, state));
     REQUIRE(2 * read == 3 * state);
   }
+}
+
+namespace {
+
+/// Copies the 2 rank files of `from` into `to` and rewrites them there as zero_index format 1 (zero_worker format1:
+/// the pieces inside the archive, as the writer before the pieces region laid them out; rank 1's file with `defect`).
+void copy_as_format1(const ShardDirectory& from, const ShardDirectory& to, const std::string& defect = "") {
+  fs::create_directories(to.string());
+  for (int rank = 0; rank < 2; ++rank) fs::copy_file(from.shard(rank), to.shard(rank));
+  std::vector<std::string> arguments{"format1", to.string()};
+  if (!defect.empty()) arguments.push_back(defect);
+  Ranks converting(2, arguments, 60s, zero_worker);
+  require_all_succeed(converting, 2);
+  for (int rank = 0; rank < 2; ++rank) {  // the header's format (u32 after the magic): 1, no pieces region
+    std::ifstream file(to.shard(rank), std::ios::binary);
+    char header[12] = {};
+    file.read(header, sizeof header);
+    std::uint32_t format = 0;
+    std::memcpy(&format, header + 8, 4);
+    REQUIRE(format == 1);
+  }
+}
+
+/// Resumes at `world` with `stage` from the checkpoint 2 ranks of `saved_stage` wrote after step 5 into `directory`.
+std::vector<std::string> resume_outputs(const std::string& stage, int world, const std::string& saved_stage,
+                                        const ShardDirectory& directory) {
+  Ranks ranks(world, {"train", stage, directory.string(), "-1", "12", "2", "5", saved_stage}, 120s, zero_worker);
+  require_all_succeed(ranks, world);
+  std::vector<std::string> outputs;
+  for (int rank = 0; rank < world; ++rank) outputs.push_back(ranks.output(rank));
+  return outputs;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "A sharded checkpoint of zero_index format 1 (its pieces inside the archive) resumes bit for bit with ZeRO-2 "
+    "and ZeRO-3, at the same and at another world size",
+    "[dist][zero][checkpoint]") {
+  const auto [stage, world] =
+      GENERATE(table<std::string, int>({{"zero2", 2}, {"zero2", 3}, {"zero3", 2}, {"zero3", 4}}));
+  CAPTURE(stage, world);
+  ShardDirectory format2, format1;
+  Ranks saving(2, {"train", stage, format2.string(), "5", "6"}, 120s, zero_worker);
+  require_all_succeed(saving, 2);
+  copy_as_format1(format2, format1);
+  // The same checkpoint read in both formats by `world` ranks: the current format's load is the reference.
+  const auto old = resume_outputs(stage, world, stage, format1), current = resume_outputs(stage, world, stage, format2);
+  const auto saved_digest = value_of(saving.output(0), "rank 0 saved_digest");
+  REQUIRE(saved_digest.has_value());
+  for (int rank = 0; rank < world; ++rank) {
+    CAPTURE(rank, old[rank]);
+    // The parameters as saved, bit for bit (a CRC-32C of the whole model's bytes, ZeRO-3's gathered).
+    REQUIRE(value_of(old[rank], fmt::format("rank {} loaded_digest", rank)).value_or("missing") == *saved_digest);
+    // The optimizer state (each of this rank's pieces' step and moments, by their bytes): at the same world size the
+    // saving rank's own; at any, what the current format's load restores from the same checkpoint.
+    // (Absent digests print as different words: they never compare equal.)
+    const auto state = value_of(old[rank], fmt::format("rank {} loaded_state_digest", rank)).value_or("missing");
+    REQUIRE(state == value_of(current[rank], fmt::format("rank {} loaded_state_digest", rank)).value_or("absent"));
+    if (world == 2)
+      REQUIRE(state ==
+              value_of(saving.output(rank), fmt::format("rank {} saved_state_digest", rank)).value_or("absent"));
+  }
+  // And training goes on the same: rank 0's losses of steps 6..11 equal bit for bit.
+  REQUIRE(losses(old[0]).size() == 6);
+  REQUIRE(losses(old[0]) == losses(current[0]));
+}
+
+TEST_CASE(
+    "A format-1 sharded checkpoint missing a piece, or holding one of the wrong length, is refused naming the "
+    "file and the piece",
+    "[dist][zero][errors]") {
+  const auto defect = GENERATE(std::string("missing-piece"), std::string("short-piece"));
+  CAPTURE(defect);
+  ShardDirectory format2, format1;
+  train_and_save("zero2", 2, format2);
+  copy_as_format1(format2, format1, defect);
+  Ranks ranks(2, {"train", "zero2", format1.string(), "-1", "12", "2", "5"}, 60s, zero_worker);
+  const auto codes = run_ranks(ranks, 2);
+  CAPTURE(ranks.errors(0), ranks.errors(1));
+  REQUIRE(codes == std::vector<int>{1, 1});
+  REQUIRE_THAT(ranks.errors(1), Catch::Matchers::StartsWith("[hpctrain.runtime.checkpoint] rank-00001: piece 1 of "
+                                                            "parameter '") &&
+                                    Catch::Matchers::Contains("': zero_piece_1 is missing or not "));
+  REQUIRE_THAT(ranks.errors(0),
+               Catch::Matchers::StartsWith("[hpctrain.runtime.checkpoint] 1 of 2 ranks found the checkpoint's "
+                                           "pieces they read invalid (their messages name the files)"));
 }
 
 TEST_CASE("Hybrid sharding trains a GPT-2 like Replicated at world 4 in shard groups of 2", "[dist][zero][hsdp]") {

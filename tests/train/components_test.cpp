@@ -380,6 +380,18 @@ TEST_CASE(
           hpctrain::detail::read_piece_range(index, read, 1, values.numel() - 1, 2, "f.hpct");
         }) == fmt::format("[hpctrain.runtime.checkpoint] f.hpct: piece 1 holds {} elements, not [{}, {})",
                           values.numel(), values.numel() - 1, values.numel() + 1));
+  // No elements, even at the piece's end (past its first chunk's start): an empty tensor, no bytes read.
+  bytes_read = 0;
+  CHECK(hpctrain::detail::read_piece_range(index, read, 1, values.numel(), 0, "f.hpct").numel() == 0);
+  CHECK(bytes_read == 0);
+  // Every number of the index is an integer in range before it is used: 8.5 is not read as 8.
+  auto edited = writer.index();
+  edited["chunk_bytes"] = 8.5;
+  CHECK(train_test::run_error([&] {
+          hpctrain::detail::PieceIndex::parse(edited.dump(), static_cast<std::int64_t>(region.size()), "f.hpct");
+        }) ==
+        "[hpctrain.runtime.checkpoint] f.hpct: the index of its pieces is malformed: chunk_bytes is 8.5, not an "
+        "integer in [8, 9223372036854775807]");
   // An index that describes more bytes than the file holds after its archive: the file was cut short.
   CHECK(train_test::run_error([&] {
           hpctrain::detail::PieceIndex::parse(writer.index().dump(), static_cast<std::int64_t>(region.size()) - 8,

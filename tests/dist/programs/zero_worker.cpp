@@ -25,6 +25,9 @@
 //       gathering no block)
 //   zero_worker lbfgs <zero1|zero2>          a non-elementwise optimizer is refused at setup
 //   zero_worker other-model <zero2> <dir> <world>  resuming a checkpoint of another model is refused
+//   zero_worker format1 <dir> [missing-piece|short-piece]  each rank rewrites its file of the checkpoint in <dir> as
+//       zero_index format 1 (the pieces inside the archive), as the writer before the pieces region laid it out;
+//       rank 1 leaves its piece 1 out or writes it one element short
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -34,11 +37,13 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include <hpctrain/dist/dist.hpp>
 #include <hpctrain/job/files.hpp>
@@ -332,6 +337,31 @@ std::uint32_t model_digest(hpctrain::DataParallelStrategy& strategy, torch::nn::
   return hpctrain::detail::parameters_digest(model);
 }
 
+/// CRC-32C of this rank's optimizer state: every state entry of every parameter the optimizer steps (this rank's
+/// masters), in the order of its parameter groups, tensors by their bytes. Two ranks holding the same pieces hold
+/// the same state exactly when their digests agree.
+std::uint32_t optimizer_digest(hpctrain::DataParallelStrategy& strategy) {
+  auto& optimizer = strategy.optimizer();
+  std::string bytes;
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& parameter : group.params()) {
+      const auto found = optimizer.state().find(parameter.unsafeGetTensorImpl());
+      if (found == optimizer.state().end()) continue;
+      for (const auto& [key, value] : hpctrain::detail::state_entries(*found->second)) {
+        bytes += key;
+        if (value.isTensor() && value.toTensor().defined()) {
+          const auto tensor = value.toTensor().contiguous().to(torch::kCPU);
+          bytes.append(static_cast<const char*>(tensor.data_ptr()), tensor.nbytes());
+        } else {
+          bytes += value.isInt()      ? std::to_string(value.toInt())
+                   : value.isDouble() ? fmt::format("{:a}", value.toDouble())
+                                      : std::string(value.tagKind());
+        }
+      }
+    }
+  return hpctrain::detail::crc32c(bytes);
+}
+
 /// `saved_strategy`: the name() of the strategy that wrote the checkpoint resumed from (ZeRO-2 and ZeRO-3 read
 /// each other's).
 int train(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage stage, const fs::path& directory,
@@ -361,7 +391,8 @@ int train(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage 
     // two moments (8), i.e. 1.5 times its optimizer state.
     std::cout << fmt::format("rank {} piece_bytes_read={}\nrank {} optimizer_state_bytes={}\n", rank, piece_bytes, rank,
                              optimizer_state_bytes(*strategy))
-              << fmt::format("rank {} loaded_digest={:08x}\n", rank, model_digest(*strategy, *model)) << std::flush;
+              << fmt::format("rank {} loaded_digest={:08x}\n", rank, model_digest(*strategy, *model))
+              << fmt::format("rank {} loaded_state_digest={:08x}\n", rank, optimizer_digest(*strategy)) << std::flush;
   }
   for (int step = start; step < steps; ++step) {
     const double local = strategy_step(*strategy, model, step, rank, world, 2, 0.5);
@@ -374,10 +405,59 @@ int train(const std::shared_ptr<dist::ProcessGroup>& group, hpctrain::ZeroStage 
       strategy->save(archive, pieces);
       write_archive(archive_path(directory, rank), archive, std::move(pieces), step);
       dist::barrier(*group);
-      std::cout << fmt::format("rank {} saved_digest={:08x}\n", rank, model_digest(*strategy, *model)) << std::flush;
+      std::cout << fmt::format("rank {} saved_digest={:08x}\n", rank, model_digest(*strategy, *model))
+                << fmt::format("rank {} saved_state_digest={:08x}\n", rank, optimizer_digest(*strategy)) << std::flush;
     }
   }
   return 0;
+}
+
+// --- zero_index format 1, as save_zero_shard wrote it before the pieces region (before 2026-11-26, commit 64b072d):
+// a format-1 file (header and archive, nothing after it) whose archive holds zero_index (format 1: no piece ids),
+// then for each piece i zero_piece_<i> (its fp32 master, flat) and, once stepped, zero_state_<i> (the optimizer's
+// OptimizerParamState::serialize of it: Adam's step and both moments, whole), then rank 0's zero_buffer_<k>. ---
+
+/// Rewrites rank `rank`'s format-2 file in `directory` as the format-1 writer laid it out, from the same bytes: the
+/// pieces' values and elementwise state read back from the pieces region, the per-parameter state from the archive.
+/// `defect`: "missing-piece" leaves zero_piece_1 out, "short-piece" writes it one element short.
+void rewrite_as_format1(const fs::path& directory, int rank, const std::string& defect) {
+  hpctrain::detail::CheckpointFiles files(directory, std::nullopt);
+  auto saved = files.open(rank);
+  c10::IValue text;
+  saved.read("zero_index", text);
+  const auto index = nlohmann::json::parse(text.toStringRef());
+  // The old index (shard_index): no piece ids, no has_state.
+  nlohmann::json old = index;
+  old["format"] = 1;
+  for (auto& piece : old["pieces"])
+    piece = {{"parameter", piece["parameter"]}, {"begin", piece["begin"]}, {"length", piece["length"]}};
+  torch::serialize::OutputArchive archive;
+  archive.write("zero_index", c10::IValue(old.dump()));
+  const auto& pieces = index.at("pieces");
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const auto length = pieces[i].at("length").get<std::int64_t>();
+    auto values = files.read_piece(rank, pieces[i].at("values").get<std::int64_t>(), 0, length);
+    if (i == 1 && defect == "short-piece") values = values.narrow(0, 0, length - 1);
+    if (!(i == 1 && defect == "missing-piece")) archive.write(fmt::format("zero_piece_{}", i), values);
+    if (!pieces[i].value("has_state", false)) continue;
+    torch::serialize::OutputArchive state(archive.compilation_unit());
+    torch::serialize::InputArchive per_parameter;
+    saved.read(fmt::format("zero_state_{}", i), per_parameter);
+    for (const auto& key : per_parameter.keys()) {
+      c10::IValue value;
+      per_parameter.read(key, value);
+      state.write(key, value);
+    }
+    for (const auto& [key, id] : pieces[i].at("state").items())
+      state.write(key, c10::IValue(files.read_piece(rank, id.get<std::int64_t>(), 0, length)));
+    archive.write(fmt::format("zero_state_{}", i), state);
+  }
+  for (std::size_t k = 0; k < index.at("buffers").size(); ++k) {
+    torch::Tensor buffer;
+    saved.read(fmt::format("zero_buffer_{}", k), buffer, /*is_buffer=*/true);
+    archive.write(fmt::format("zero_buffer_{}", k), buffer, /*is_buffer=*/true);
+  }
+  write_archive(archive_path(directory, rank), archive, {}, 5);  // no pieces: a format-1 file
 }
 
 // --- a small GPT-2 (tied embeddings, dropout on): the blocks of a real model, exported from a sharded run ----
@@ -722,13 +802,18 @@ int main(int argc, char** argv) try {
     return check_gpt2_bf16(group, std::stoi(argv[2]), std::stoi(argv[3]), recompute_of(4), !flag(4, "untied"));
   if (mode == "no-blocks" && argc == 2) return refuse_without_blocks(group);
   if (mode == "lbfgs" && argc == 3) return refuse_lbfgs(group, stage_of(argv[2]));
+  if (mode == "format1" && (argc == 3 || argc == 4)) {  // each rank rewrites its own file
+    rewrite_as_format1(argv[2], group->rank(), argc == 4 && group->rank() == 1 ? argv[3] : "");  // rank 1's defect
+    return 0;
+  }
   if (mode == "other-model" && argc == 5)  // a wider hidden layer than the checkpoint's model
     return train(group, stage_of(argv[2]), argv[3], -1, 12, std::stoi(argv[4]), 5, 34);
-  std::cerr << "usage: zero_worker equivalence <stage> <steps> <accumulation> | train <stage> <dir> <save_at> <steps> "
-               "[<resume_world> <resume_step> [<saved_strategy>]] | gpt2-equivalence <stage> <steps> <accumulation> "
-               "<dir> [recompute|selective] [untied] | "
-               "gpt2-bf16 <steps> <accumulation> [recompute|selective] [untied] | "
-               "no-blocks | lbfgs <stage> | other-model <stage> <dir> <world>\n";
+  std::cerr
+      << "usage: zero_worker equivalence <stage> <steps> <accumulation> | train <stage> <dir> <save_at> <steps> "
+         "[<resume_world> <resume_step> [<saved_strategy>]] | gpt2-equivalence <stage> <steps> <accumulation> "
+         "<dir> [recompute|selective] [untied] | "
+         "gpt2-bf16 <steps> <accumulation> [recompute|selective] [untied] | "
+         "no-blocks | lbfgs <stage> | other-model <stage> <dir> <world> | format1 <dir> [missing-piece|short-piece]\n";
   return 2;
 } catch (const hpctrain::SpecError& e) {
   std::cerr << e.what() << "\n";
