@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include <hpctrain/dist/dist.hpp>
 
 namespace dist = hpctrain::dist;
@@ -62,35 +64,34 @@ TEST_CASE("At world size 1 GradientSync leaves gradients exactly as backward com
   CHECK(sync.bucket_count() == 1);
 }
 
-TEST_CASE("A rank that finds no rendezvous server fails naming host, port and rank", "[dist][rendezvous]") {
+namespace {
+/// init_process_group as rank `rank` of `world` alone on a free port fails within the 1500 ms rendezvous timeout of
+/// `options`, with the message that names the rank, the address and the timeout's two settings.
+void check_rendezvous_refused(int rank, int world, dist::Options options) {
   const int port = hpctrain::detail::free_local_port();
-  dist::Options options;
-  options.timeouts(std::chrono::minutes(10));
-  options.rendezvous_timeout = std::chrono::milliseconds(1500);  // the one that governs a rendezvous
-  const std::string expected =
-      "[hpctrain.runtime.rendezvous] rank 1 of 2 could not rendezvous at 127.0.0.1:" + std::to_string(port) +
-      " within 1500 ms (the rendezvous timeout: "
-      "HPCTRAIN_RENDEZVOUS_TIMEOUT_S, site file rendezvous_timeout_s): ";
+  const std::string expected = fmt::format(
+      "[hpctrain.runtime.rendezvous] rank {} of {} could not rendezvous at 127.0.0.1:{} within 1500 ms (the "
+      "rendezvous timeout: HPCTRAIN_RENDEZVOUS_TIMEOUT_S, site file rendezvous_timeout_s): ",
+      rank, world, port);
   REQUIRE_THROWS_MATCHES(
-      dist::init_process_group(world_of(1, 2, port), options), hpctrain::RuntimeError,
+      dist::init_process_group(world_of(rank, world, port), options), hpctrain::RuntimeError,
       Catch::Matchers::Predicate<hpctrain::RuntimeError>(
           [&](const hpctrain::RuntimeError& e) { return std::string(e.what()).rfind(expected, 0) == 0; },
           "message starts with: " + expected));
 }
+}  // namespace
+
+TEST_CASE("A rank that finds no rendezvous server fails naming host, port and rank", "[dist][rendezvous]") {
+  dist::Options options;
+  options.timeouts(std::chrono::minutes(10));
+  options.rendezvous_timeout = std::chrono::milliseconds(1500);  // the one that governs a rendezvous
+  check_rendezvous_refused(1, 2, options);
+}
 
 TEST_CASE("Rank 0 gives up when the other ranks never arrive, naming itself", "[dist][rendezvous]") {
-  const int port = hpctrain::detail::free_local_port();
   dist::Options options;
   options.timeouts(std::chrono::milliseconds(1500));
-  const std::string expected =
-      "[hpctrain.runtime.rendezvous] rank 0 of 3 could not rendezvous at 127.0.0.1:" + std::to_string(port) +
-      " within 1500 ms (the rendezvous timeout: "
-      "HPCTRAIN_RENDEZVOUS_TIMEOUT_S, site file rendezvous_timeout_s): ";
-  REQUIRE_THROWS_MATCHES(
-      dist::init_process_group(world_of(0, 3, port), options), hpctrain::RuntimeError,
-      Catch::Matchers::Predicate<hpctrain::RuntimeError>(
-          [&](const hpctrain::RuntimeError& e) { return std::string(e.what()).rfind(expected, 0) == 0; },
-          "message starts with: " + expected));
+  check_rendezvous_refused(0, 3, options);
 }
 
 TEST_CASE(
