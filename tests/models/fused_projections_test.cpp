@@ -115,11 +115,23 @@ TEST_CASE(
   const auto plain_y = hm::apply_rotary(plain_x, cos, sin);
   CHECK(cast_y.scalar_type() == torch::kBFloat16);
   CHECK(cast_y.strides() == strided_x.strides());
-  CHECK(torch::equal(cast_y, plain_y.detach().to(torch::kBFloat16)));
+  // Both round the same sum to bf16: equal here, but another CPU's kernel for a bf16 output may fuse the multiply-add
+  // differently (one fp32 rounding, 2^-22 of the terms' magnitudes as above), and a value that near a bf16 tie
+  // may round the other way: one bf16 step, 2^-8 of the magnitudes.
+  const auto bf16_step = [&](const torch::Tensor& ours, const torch::Tensor& reference, const torch::Tensor& scale) {
+    return ((ours.to(torch::kFloat32) - reference.to(torch::kFloat32)).abs() <= scale * std::ldexp(1.0, -8))
+        .all()
+        .item<bool>();
+  };
+  const auto reference_y = plain_y.detach().to(torch::kBFloat16);
+  CHECK(bf16_step(cast_y, reference_y, magnitudes(strided_x.to(torch::kFloat32))));
   const auto bf16_upstream = upstream.to(torch::kBFloat16);
   cast_y.backward(bf16_upstream);
   plain_y.backward(bf16_upstream.to(torch::kFloat32));
-  CHECK(torch::equal(cast_x.grad(), plain_x.grad()));
+  CHECK(bf16_step(cast_x.grad(), plain_x.grad(), magnitudes(bf16_upstream.to(torch::kFloat32))));
+  WARN(fmt::format("under autocast: bf16 output {} elements of {} off the fp32 path's rounding, input gradient {}",
+                   cast_y.ne(reference_y).sum().item<long>(), cast_y.numel(),
+                   cast_x.grad().ne(plain_x.grad()).sum().item<long>()));
 }
 
 TEST_CASE(
