@@ -7,6 +7,8 @@
 //                     world 1, and what transformers' row (scripts/gpu-check: llama.eager, llama.compile) runs
 //   llama.full.unfused  the same with q, k, v and gate, up as separate products (models/fused_projections.hpp),
 //                     as transformers computes them: what fusing them gains, in the same call
+//   llama.full.rounded  the same with autograd's casts of the gradients (bf16 products, a cast kernel each;
+//                     models/mixed_precision_products.hpp off), as transformers computes them
 //   llama.full.selective  the same with selective recomputation (--activation-checkpointing selective: each block
 //                     runs again in backward, its projections' outputs replayed): what fitting in less memory costs
 //   llama.full.zero3  the same under ZeRO-3 (fp32 shards, each block gathered while it runs and recomputed in
@@ -224,6 +226,12 @@ inline int run_llama_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& g
     row("llama.full.unfused", "full fine-tuning, Replicated, no recomputation, projections unfused",
         hpctrain::ZeroStage::none, true, [](hm::Llama&) {});
     hm::set_fused_projections(hm::FusedProjections::under_autocast);
+  }
+  {  // the same with autograd's casts of the gradients (bf16 products, then a cast kernel each), as transformers
+    hm::set_fp32_product_gradients(false);
+    row("llama.full.rounded", "full fine-tuning, Replicated, no recomputation, gradients cast from bf16",
+        hpctrain::ZeroStage::none, true, [](hm::Llama&) {});
+    hm::set_fp32_product_gradients(true);
   }
   row("llama.full.selective", "full fine-tuning, Replicated, selective recomputation", hpctrain::ZeroStage::none, true,
       [](hm::Llama& model) { model->set_activation_checkpointing(hm::Recompute::selective); });

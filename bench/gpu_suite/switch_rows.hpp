@@ -11,6 +11,11 @@
 //                            Replicated and of ZeRO-3 (forward, backward, finish_gradients, clip_grad_norm,
 //                            FusedAdamW) under CUDA's sync debug mode "error" (torch.cuda.set_sync_debug_mode),
 //                            which throws at any synchronising CUDA call. Needs CUDA; skipped on the CPU.
+//   switches.wide_products   a weight gradient's product at TinyLlama's MLP shape (8192 tokens, 5632 x 2048) as
+//                            autograd computes it under autocast (a bf16 product, then a cast to fp32) against
+//                            models::detail::product_into (cuBLAS with bf16 operands and an fp32 result, the
+//                            default of models/mixed_precision_products.hpp): ms per product, and each one's error
+//                            against the fp32 product of the same bf16 values.
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -22,6 +27,7 @@
 
 #include <hpctrain/lm/chunked_loss.hpp>
 #include <hpctrain/lm/loss.hpp>
+#include <hpctrain/models/mixed_precision_products.hpp>
 #include <hpctrain/train/fused_adamw.hpp>
 #include <hpctrain/train/precision.hpp>
 
@@ -109,23 +115,31 @@ inline Row fused_adamw_row(const torch::Device& device) {
   return row;
 }
 
-/// Milliseconds per iteration of: batch to the device, then a step's worth of matmuls that read it.
-inline double ms_per_iteration(const torch::Tensor& host_batch, bool non_blocking, const torch::Device& device,
-                               int iterations) {
-  const auto weight = torch::randn({4096, 4096}, torch::TensorOptions().device(device).dtype(torch::kBFloat16));
-  auto work = torch::randn({8192, 4096}, torch::TensorOptions().device(device).dtype(torch::kBFloat16));
-  auto run = [&] {
-    const auto batch = host_batch.to(device, non_blocking);
-    auto x = work;
-    for (int layer = 0; layer < 4; ++layer) x = torch::matmul(x, weight);
-    return batch.sum() + x.sum();
-  };
+/// Milliseconds per call of `run` on `device` (one call first, to warm up; then the mean of `iterations`, the device's
+/// queued work included).
+template <typename Run>
+double ms_per_call(Run run, const torch::Device& device, int iterations) {
   (void)run();
   synchronize(device);
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < iterations; ++i) (void)run();
   synchronize(device);
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / iterations;
+}
+
+/// Milliseconds per iteration of: batch to the device, then a step's worth of matmuls that read it.
+inline double ms_per_iteration(const torch::Tensor& host_batch, bool non_blocking, const torch::Device& device,
+                               int iterations) {
+  const auto weight = torch::randn({4096, 4096}, torch::TensorOptions().device(device).dtype(torch::kBFloat16));
+  auto work = torch::randn({8192, 4096}, torch::TensorOptions().device(device).dtype(torch::kBFloat16));
+  return ms_per_call(
+      [&] {
+        const auto batch = host_batch.to(device, non_blocking);
+        auto x = work;
+        for (int layer = 0; layer < 4; ++layer) x = torch::matmul(x, weight);
+        return batch.sum() + x.sum();
+      },
+      device, iterations);
 }
 
 inline Row pinned_batches_row(const torch::Device& device) {
@@ -309,6 +323,47 @@ inline Row no_host_sync_row(const torch::Device& device) {
   return row;
 }
 
+inline Row wide_products_row(const torch::Device& device) {
+  const bool cuda = device.is_cuda();
+  const std::int64_t tokens = cuda ? 8192 : 256, out = cuda ? 5632 : 96, in = cuda ? 2048 : 64;
+  const auto bf16 = torch::TensorOptions().device(device).dtype(torch::kBFloat16);
+  const auto g = torch::randn({tokens, out}, bf16), x = torch::randn({tokens, in}, bf16);
+  const auto rounded = [&] { return g.t().mm(x).to(torch::kFloat32); };
+  const auto wide = [&] { return hpctrain::models::detail::product_into(g.t(), x, torch::kFloat32); };
+  const int iterations = cuda ? 50 : 3;
+  const double rounded_ms = ms_per_call(rounded, device, iterations);
+  const double wide_ms = ms_per_call(wide, device, iterations);
+  // The reference: the same bf16 values widened, summed in fp64. The wide product sums `tokens` exact products in
+  // fp32: within about √tokens · 2^-24 relative (a reordered sum's error); the rounded one is further off by its
+  // rounding to bf16, about 2^-9 relative.
+  const auto exact = g.t().to(torch::kFloat64).mm(x.to(torch::kFloat64));
+  const auto error = [&](const torch::Tensor& t) {
+    return (t.to(torch::kFloat64) - exact).norm().item<double>() / exact.norm().item<double>();
+  };
+  const double wide_error = error(wide()), rounded_error = error(rounded());
+  const double bound = 4 * std::sqrt(static_cast<double>(tokens)) * std::ldexp(1.0, -24);
+  Row row{"switches.wide_products", "weight gradient product: bf16 + cast (autograd) vs fp32 result (cuBLAS)",
+          Status::pass, "", nlohmann::json::object()};
+  row.status = wide_error <= bound ? Status::pass : Status::fail;
+  row.result = fmt::format(
+      "{:.3f} ms -> {:.3f} ms per product ({:.2f}x) at {}x{}x{}{}; error {:.1e} -> {:.1e} (bound {:.1e})", rounded_ms,
+      wide_ms, rounded_ms / wide_ms, out, tokens, in,
+      cuda ? (hpctrain::models::detail::cuda_has_wide_product(device) ? ", cuBLAS fp32 result"
+                                                                      : ", no fp32-result product: widened operands")
+           : "",
+      rounded_error, wide_error, bound);
+  row.figures = {{"rounded_ms", rounded_ms},
+                 {"wide_ms", wide_ms},
+                 {"speedup", rounded_ms / wide_ms},
+                 {"rounded_error", rounded_error},
+                 {"wide_error", wide_error},
+                 {"bound", bound},
+                 {"tokens", tokens},
+                 {"out_features", out},
+                 {"in_features", in}};
+  return row;
+}
+
 }  // namespace switch_rows
 
 /// Group "switches": every row, each in its own try so that one failure keeps the others.
@@ -334,6 +389,8 @@ inline int run_switch_rows(const torch::Device& device) {
   guarded("switches.no_host_sync",
           "no host synchronisation in a step: DDP and ZeRO-3, bf16, under CUDA's sync debug mode",
           [&] { return switch_rows::no_host_sync_row(device); });
+  guarded("switches.wide_products", "weight gradient product: bf16 + cast (autograd) vs fp32 result (cuBLAS)",
+          [&] { return switch_rows::wide_products_row(device); });
   return failures;
 }
 

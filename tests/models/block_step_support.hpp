@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include <hpctrain/models/lora.hpp>
 #include <hpctrain/models/models.hpp>
 #include <hpctrain/train/precision.hpp>
 
@@ -54,36 +56,69 @@ inline const double fp32_bound = chain * std::sqrt(widest_sum) * std::ldexp(1.0,
 /// other way, and that moves the gradients downstream by as much, chain times at most.
 inline const double bf16_bound = chain * std::ldexp(1.0, -8);
 
+/// tiny_llama with LoRA r=4 on q_proj and v_proj (the base frozen), its B matrices random (PEFT starts them at 0,
+/// which would leave A without a gradient), from the seed `seed`.
+inline hm::Llama tiny_llama_with_lora(std::uint64_t seed) {
+  torch::manual_seed(seed);
+  hm::Llama model(tiny_llama(0.0));
+  hm::LoraConfig lora;
+  lora.r = 4;
+  lora.targets = {"q_proj", "v_proj"};
+  hm::apply_lora(*model, lora);
+  torch::NoGradGuard no_grad;
+  for (auto& item : model->named_parameters())
+    if (item.key().find(".lora_B.") != std::string::npos) item.value().normal_(0.0, 0.1);
+  return model;
+}
+
 inline double relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
   const auto x = a.to(torch::kFloat64), y = b.to(torch::kFloat64);
   return (x - y).norm().item<double>() / std::max(y.norm().item<double>(), 1e-30);
 }
 
-/// Counts ATen's matrix-product kernels (mm, addmm, bmm, baddbmm) while alive, through a global RecordFunction
-/// callback. The composite ops that reach them (linear, matmul) are not counted: each lands in one kernel call.
-class MatrixKernelCount {
+/// Counts the calls of the ops or autograd nodes named `names` in `scope` while alive, through a global
+/// RecordFunction callback (several may be alive at once).
+class OpCount {
  public:
-  MatrixKernelCount() {
-    count() = 0;
-    handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&on_start).scopes({at::RecordScope::FUNCTION}));
+  OpCount(std::vector<std::string> names, at::RecordScope scope) : names_(std::move(names)) {
+    std::lock_guard<std::mutex> lock(mutex());
+    live().push_back(this);
+    handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&on_start).scopes({scope}));
   }
-  ~MatrixKernelCount() { at::removeCallback(handle_); }
-  MatrixKernelCount(const MatrixKernelCount&) = delete;
-  MatrixKernelCount& operator=(const MatrixKernelCount&) = delete;
-  long value() const { return count(); }
+  ~OpCount() {
+    at::removeCallback(handle_);
+    std::lock_guard<std::mutex> lock(mutex());
+    live().erase(std::find(live().begin(), live().end(), this));
+  }
+  OpCount(const OpCount&) = delete;
+  OpCount& operator=(const OpCount&) = delete;
+  long value() const { return count_; }
 
  private:
-  static std::atomic<long>& count() {
-    static std::atomic<long> n{0};
-    return n;
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::vector<OpCount*>& live() {
+    static std::vector<OpCount*> counts;
+    return counts;
   }
   static std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& function) {
-    const char* name = function.name();
-    for (const char* kernel : {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
-      if (std::strcmp(name, kernel) == 0) ++count();
+    std::lock_guard<std::mutex> lock(mutex());
+    for (auto* counter : live())
+      if (std::find(counter->names_.begin(), counter->names_.end(), function.name()) != counter->names_.end())
+        ++counter->count_;
     return nullptr;
   }
+  std::vector<std::string> names_;
+  std::atomic<long> count_{0};
   at::CallbackHandle handle_;
+};
+
+/// ATen's matrix-product kernels (mm, addmm, bmm, baddbmm) while alive. The composite ops that reach them (linear,
+/// matmul) are not counted: each lands in one kernel call.
+struct MatrixKernelCount : OpCount {
+  MatrixKernelCount() : OpCount({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}, at::RecordScope::FUNCTION) {}
 };
 
 struct Step {

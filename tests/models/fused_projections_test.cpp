@@ -12,7 +12,6 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include <hpctrain/models/lora.hpp>
 #include <hpctrain/models/models.hpp>
 #include <hpctrain/train/precision.hpp>
 
@@ -194,17 +193,7 @@ TEST_CASE(
 
 TEST_CASE("Projections of one input where one carries a LoRA adapter stay separate, while gate and up are still fused",
           "[models][fused][lora]") {
-  torch::manual_seed(11);
-  hm::Llama model(tiny_llama(0.0));
-  hm::LoraConfig lora;
-  lora.r = 4;
-  lora.targets = {"q_proj", "v_proj"};
-  hm::apply_lora(*model, lora);
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& item : model->named_parameters())
-      if (item.key().find(".lora_B.") != std::string::npos) item.value().normal_(0.0, 0.1);
-  }
+  auto model = tiny_llama_with_lora(11);
   torch::manual_seed(13);
   const auto ids = torch::randint(vocabulary, {batch, sequence + 1}, torch::kLong);
   Step separate, fused;

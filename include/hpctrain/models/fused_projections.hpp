@@ -3,9 +3,9 @@
 // state, and so do its gate and up projections. Called one by one (transformers' eager LlamaForCausalLM does),
 // each call casts that input to bf16 under autocast again, each keeps its own cast copy for backward, and backward
 // computes three input gradients in bf16, casts each to fp32 and adds them. Fused (Megatron's linear_qkv, the
-// gate-up product of vLLM and Liger), the input is cast once and kept once, the weights are concatenated (their
-// bf16 casts: a copy of a fraction of the weights' bytes) and backward computes one input gradient, summed
-// over all three products in the matrix product's fp32 accumulator. The small k and v products (256 columns at
+// gate-up product of vLLM and Liger), the input is cast once and kept once, the weights are cast into one buffer
+// (models::projection) and backward computes one input gradient, summed over all three products in the matrix
+// product's fp32 accumulator. The small k and v products (256 columns at
 // TinyLlama's shape) join the large one instead of running as kernels of their own.
 //
 // The parameters stay as they are (q_proj.weight, k_proj.weight, ...: Hugging Face's names, the optimizer's and
@@ -35,13 +35,6 @@ inline bool fuse_projections(const std::vector<torch::nn::Linear*>& layers, cons
   return true;
 }
 
-/// `t` in autocast's dtype for a product on `device` (unchanged without autocast). Not autocast's cached cast:
-/// the cast is concatenated at once, and a cached one would stay alive beside the concatenation until the
-/// autocast region ends.
-inline torch::Tensor cast_for_product(const torch::Tensor& t, c10::DeviceType device) {
-  if (!at::autocast::is_autocast_enabled(device)) return t;
-  return t.to(at::autocast::get_autocast_dtype(device));
-}
 }  // namespace detail
 
 /// `{linear(*layers[0], x), linear(*layers[1], x), ...}` (models::linear, LoRA included), as one matrix product
@@ -53,22 +46,19 @@ inline std::vector<torch::Tensor> linears(std::initializer_list<torch::nn::Linea
     for (auto* layer : layers) outputs.push_back(linear(*layer, x));
     return outputs;
   }
-  const auto device = x.device().type();
   std::vector<torch::Tensor> weights, biases;
   std::vector<std::int64_t> widths;
   for (auto* layer : layers) {
-    weights.push_back(detail::cast_for_product((*layer)->weight, device));
-    if ((*layer)->bias.defined()) biases.push_back(detail::cast_for_product((*layer)->bias, device));
+    weights.push_back((*layer)->weight);
+    if ((*layer)->bias.defined()) biases.push_back((*layer)->bias);
     widths.push_back((*layer)->weight.size(0));
   }
-  const auto weight = torch::cat(weights);
-  const auto bias = biases.empty() ? torch::Tensor() : torch::cat(biases);
   using detail::MatrixProducts;
   torch::Tensor y;
   if (auto* replaying = MatrixProducts::active(MatrixProducts::Phase::replay)) {
-    y = detail::replayed_linear(x, weight, bias, {}, {}, {}, 0.0, replaying->replay_next().output);
+    y = projection(x, weights, biases, replaying->replay_next().output);
   } else {
-    y = torch::linear(x, weight, bias);
+    y = projection(x, weights, biases);
     if (auto* recording = MatrixProducts::active(MatrixProducts::Phase::record)) recording->record(y, {});
   }
   // split_with_sizes, not narrow: its backward is one concatenation of the parts' gradients, where narrow's

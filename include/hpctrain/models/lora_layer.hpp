@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <hpctrain/models/mixed_precision_products.hpp>
 #include <hpctrain/models/selective_recompute.hpp>
 
 namespace hpctrain::models {
@@ -41,8 +42,9 @@ inline std::shared_ptr<torch::nn::Module> child(const torch::nn::Module& module,
 /// computes matmul, then `+= bias`, which autocast leaves in fp32, so a bf16 output plus an fp32 bias went
 /// through ATen's mixed-dtype elementwise kernel (6 ms of a 60 ms GPT-2 124M step on an H100, docs/gpu.md);
 /// at::linear adds the bias in the matrix product's epilogue. (The adapter's A and B have no bias: at::linear
-/// is the matmul F::linear computes for them.) In a block under selective recomputation the products are
-/// recorded in its forward and replayed in its recomputation (models/selective_recompute.hpp).
+/// is the matmul F::linear computes for them.) Under autocast the layer's own product writes its gradients in
+/// fp32 (models/mixed_precision_products.hpp). In a block under selective recomputation the products are recorded
+/// in its forward and replayed in its recomputation (models/selective_recompute.hpp).
 inline torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) {
   using detail::MatrixProducts;
   std::shared_ptr<torch::nn::LinearImpl> a, b;
@@ -53,17 +55,18 @@ inline torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) {
     scale = std::dynamic_pointer_cast<LoraScaleImpl>(detail::child(*layer, detail::lora_scale_child));
   }
   const bool adapted = a && b && scale;
+  const auto biases = layer->bias.defined() ? at::TensorList(layer->bias) : at::TensorList();
   if (auto* replaying = MatrixProducts::active(MatrixProducts::Phase::replay)) {
     auto recorded = replaying->replay_next();
+    if (!adapted) return projection(x, layer->weight, biases, std::move(recorded.output));
     torch::Tensor middle;
-    if (adapted)  // the adapter's dropout runs again (its random state replayed), its product does not
-      middle = detail::replayed_linear(scale->input(x), a->weight, a->bias, {}, {}, {}, 0.0,
-                                       std::move(recorded.adapter_middle));
-    return detail::replayed_linear(x, layer->weight, layer->bias, middle, adapted ? b->weight : torch::Tensor(),
-                                   adapted ? b->bias : torch::Tensor(), adapted ? scale->scaling() : 0.0,
+    // the adapter's dropout runs again (its random state replayed), its product does not
+    middle = detail::replayed_linear(scale->input(x), a->weight, a->bias, {}, {}, {}, 0.0,
+                                     std::move(recorded.adapter_middle));
+    return detail::replayed_linear(x, layer->weight, layer->bias, middle, b->weight, b->bias, scale->scaling(),
                                    std::move(recorded.output));
   }
-  auto y = torch::linear(x, layer->weight, layer->bias);
+  auto y = projection(x, layer->weight, biases);
   torch::Tensor middle;
   if (adapted) {
     middle = torch::linear(scale->input(x), a->weight, a->bias);

@@ -23,6 +23,7 @@
 // The attention kernel's output is not kept: replaying SDPA means calling a backend's own forward/backward pair
 // (flash, efficient, math, CPU flash) with its saved statistics and random state, one per backend.
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -158,13 +159,11 @@ inline torch::Tensor autocast_for_linear(const torch::Tensor& t, c10::DeviceType
   return at::autocast::cached_cast(at::autocast::get_autocast_dtype(device_type), t, device_type);
 }
 
-/// The recorded `output` of linear(x, weight, bias) [+ scale · linear(middle, ...)], checked against the shapes the
-/// recomputation brings, as the node of ReplayedLinear.
-inline torch::Tensor replayed_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                                     const torch::Tensor& middle, const torch::Tensor& adapter_weight,
-                                     const torch::Tensor& adapter_bias, double scale, torch::Tensor output) {
+/// Refuses a recorded `output` that is not the shape of a product of `x` with `rows` output features: the
+/// recomputation does not compute what the forward did.
+inline void check_replayed_shape(const torch::Tensor& x, std::int64_t rows, const torch::Tensor& output) {
   auto leading = x.sizes().vec();
-  leading.back() = weight.size(0);
+  leading.back() = rows;
   if (!output.defined() || output.sizes() != torch::IntArrayRef(leading))
     throw RuntimeError(
         errors::runtime_recompute,
@@ -172,6 +171,14 @@ inline torch::Tensor replayed_linear(const torch::Tensor& x, const torch::Tensor
                     "the block must compute the same in both runs",
                     fmt::join(leading, "x"),
                     output.defined() ? fmt::format("{}", fmt::join(output.sizes(), "x")) : "none"));
+}
+
+/// The recorded `output` of linear(x, weight, bias) [+ scale · linear(middle, ...)], checked against the shapes the
+/// recomputation brings, as the node of ReplayedLinear.
+inline torch::Tensor replayed_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                                     const torch::Tensor& middle, const torch::Tensor& adapter_weight,
+                                     const torch::Tensor& adapter_bias, double scale, torch::Tensor output) {
+  check_replayed_shape(x, weight.size(0), output);
   const auto device = x.device().type();
   const auto cast = [device](const torch::Tensor& t) -> std::optional<torch::Tensor> {
     if (!t.defined()) return std::nullopt;
