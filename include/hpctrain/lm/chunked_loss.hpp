@@ -5,14 +5,20 @@
 // again for their gradient). The forward computes each chunk's loss and, when gradients are wanted, its
 // gradients with respect to the hidden states and the head's weight right away (the gradient of the logits
 // is softmax − one-hot, which needs nothing else), so backward only scales them: no logits are kept or
-// recomputed. The numbers are today's whole-logits path's (lm/loss.hpp): the head's product in autocast's
-// dtype (else the weight's), rounded there, the softmax and the loss in fp32, the gradients' products in the
-// same dtype as autograd's would be; equal in fp32 within reassociation (tests/models/lm_step_test.cpp).
+// recomputed. The operands are the whole-logits path's (lm/loss.hpp): the head's product takes them in
+// autocast's dtype (else the weight's), the softmax and the loss run in fp32, the gradients' products take the
+// logits' gradient in the operands' dtype. Unlike that path, every product writes its result in fp32 straight away
+// (models::detail::product_into: cuBLAS's fp32 result on CUDA), so the logits and the gradients are not rounded to
+// bf16, and no cast kernel reads the logits to widen them. The loss's weight of a row (1, or 0 for an ignored
+// target) scales that row of the [chunk, width] gradients instead of the [chunk, vocabulary] one: a pass over the
+// chunk's logits fewer. Equal in fp32 within reassociation (tests/models/lm_step_test.cpp).
 #include <cstdint>
 #include <utility>
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
+
+#include <hpctrain/models/mixed_precision_products.hpp>
 
 namespace hpctrain::lm {
 
@@ -43,17 +49,21 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
       const auto t = targets.narrow(0, start, rows);
       const auto counted = t.ne(ignore);
       const auto safe = t.masked_fill(counted.logical_not(), 0).unsqueeze(1);
-      // [rows, V]: the logits rounded in `compute`, as the whole path's; their log-softmax in fp32 (one kernel
-      // reads them in `compute` and writes fp32).
-      auto log_p = torch::log_softmax(torch::mm(h, w.t()), 1, torch::kFloat32);
+      // [rows, V]: the logits in fp32 from the product, and their log-softmax.
+      auto log_p = torch::log_softmax(models::detail::product_into(h, w.t(), torch::kFloat32), 1);
       const auto weights = counted.to(torch::kFloat32).unsqueeze(1);
       loss.sub_((log_p.gather(1, safe) * weights).sum());
       if (!with_gradients) continue;
-      // dloss/dz = softmax(z) - onehot(target), on counted rows only; log_p's memory becomes the gradient.
-      log_p.exp_().scatter_add_(1, safe, -weights).mul_(weights);
+      // dloss/dz = weight · (softmax(z) - onehot(target)); log_p's memory becomes softmax - onehot, and the rows'
+      // weights (0 or 1: exact) scale the [rows, H] factors and results instead.
+      log_p.exp_().scatter_add_(1, safe, torch::full_like(weights, -1.0));
       const auto g = log_p.to(compute);
-      if (hidden_gradient) grad_hidden.narrow(0, start, rows).copy_(torch::mm(g, w));
-      if (weight_gradient) grad_weight.add_(torch::mm(g.t(), h));
+      if (hidden_gradient) {
+        auto rows_gradient = grad_hidden.narrow(0, start, rows);
+        torch::mul_out(rows_gradient, models::detail::product_into(g, w, hidden.scalar_type()), weights);
+      }
+      if (weight_gradient)
+        grad_weight.add_(models::detail::product_into(g.t(), h * weights.to(compute), torch::kFloat32));
     }
     if (hidden_gradient) ctx->saved_data["grad_hidden"] = grad_hidden;
     if (weight_gradient) ctx->saved_data["grad_weight"] = grad_weight.to(weight.scalar_type());
