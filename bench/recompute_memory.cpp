@@ -1,6 +1,7 @@
 // The host memory one training step of a Llama holds under --activation-checkpointing none, selective or full, on
 // the CPU (bytes, not time), beside what --plan (lm/memory_plan.hpp) counts for the same run. One mode a process:
 //   hpctrain_recompute_memory none|selective|full [--layers 14 --hidden 768 --batch 4 --seq 512 --threads 2]
+//                             [--fused-projections under_autocast|always|never]
 // Big blocks are served by mmap and given back on free (glibc's mmap threshold fixed at 64 kB), so the resident set
 // follows the live tensors; after a first step (the gradients then exist and are accumulated into), the peak
 // (VmHWM, reset through /proc/self/clear_refs) of the second step above the resident set before it is the step's
@@ -39,7 +40,12 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch);
   app.add_option("--seq", seq);
   app.add_option("--threads", threads);
+  std::string fused = "under_autocast";  // fp32 here: `always` fuses (and copies the weights), the others do not
+  app.add_option("--fused-projections", fused)->check(CLI::IsMember({"under_autocast", "always", "never"}));
   CLI11_PARSE(app, argc, argv);
+  hm::set_fused_projections(fused == "always"  ? hm::FusedProjections::always
+                            : fused == "never" ? hm::FusedProjections::never
+                                               : hm::FusedProjections::under_autocast);
 #if defined(__GLIBC__)
   mallopt(M_MMAP_THRESHOLD, 64 * 1024);  // fixed: glibc's dynamic threshold would keep freed big blocks in the heap
 #endif
@@ -82,8 +88,8 @@ int main(int argc, char** argv) {
   const double kept = hpctrain::lm::kept_activations(in, plan);
   const double planned = kept + plan.logits;  // the forward's end: the transient peak
   const auto measured = peak - before;
-  std::cout << fmt::format(R"({{"mode": "{}", "parameters": {}, "batch": {}, "seq": {}, )", mode,
-                           config.parameter_count(), batch, seq)
+  std::cout << fmt::format(R"({{"mode": "{}", "fused_projections": "{}", "parameters": {}, "batch": {}, "seq": {}, )",
+                           mode, fused, config.parameter_count(), batch, seq)
             << fmt::format(R"("step_peak_bytes": {}, "resident_before": {}, "planned_activations": {:.0f}, )", measured,
                            before, kept)
             << fmt::format(R"("planned_logits": {:.0f}, "planned_transient": {:.0f}, "plan_over_measured": {:.3f}, )",

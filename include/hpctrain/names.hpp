@@ -42,9 +42,6 @@ inline constexpr const char* collective_timeout = "HPCTRAIN_COLLECTIVE_TIMEOUT_S
 /// Seconds the ranks wait for each other around a checkpoint's writing (its files on a slow file system)
 /// (default 300). Site file `checkpoint_timeout_s`.
 inline constexpr const char* checkpoint_timeout = "HPCTRAIN_CHECKPOINT_TIMEOUT_S";
-/// Test hook of the fault-injection tests (tests/faults): rank 0 sleeps this many seconds before the
-/// rendezvous, as a rank 0 slow to start would (a slow node, a slow file system loading the binary).
-inline constexpr const char* test_delay_rank0 = "HPCTRAIN_TEST_DELAY_RANK0_S";
 /// A directory of text files the examples train on instead of Debian's fortunes (text::default_corpus).
 inline constexpr const char* corpus = "HPCTRAIN_CORPUS";
 /// GPT-2's tokenizer file elsewhere than ~/.cache/hpctrain/gpt2.tiktoken (text::gpt2_tokenizer).

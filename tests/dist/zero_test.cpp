@@ -326,8 +326,9 @@ TEST_CASE(
   const auto codes = run_ranks(ranks, 2);
   CAPTURE(ranks.errors(0), ranks.errors(1));
   REQUIRE(codes == std::vector<int>{1, 1});
-  REQUIRE_THAT(ranks.errors(1), Catch::Matchers::StartsWith("[hpctrain.runtime.checkpoint] rank-00001: piece 1 of "
-                                                            "parameter '") &&
+  // The file's path, as the other checkpoint refusals name it, and the piece.
+  REQUIRE_THAT(ranks.errors(1), Catch::Matchers::StartsWith("[hpctrain.runtime.checkpoint] " +
+                                                            format1.shard(1).string() + ": piece 1 of parameter '") &&
                                     Catch::Matchers::Contains("': zero_piece_1 is missing or not "));
   REQUIRE_THAT(ranks.errors(0),
                Catch::Matchers::StartsWith("[hpctrain.runtime.checkpoint] 1 of 2 ranks found the checkpoint's "
@@ -388,7 +389,7 @@ TEST_CASE("A sharded checkpoint with a missing, corrupt or misplaced shard is re
   }
   SECTION("another rank's shard in its place") {
     fs::copy_file(shard0, shard1, fs::copy_options::overwrite_existing);
-    expected = "[hpctrain.runtime.checkpoint] rank-00001: zero_index field 'rank' is 0, expected 1";
+    expected = "[hpctrain.runtime.checkpoint] " + shard1.string() + ": zero_index field 'rank' is 0, expected 1";
   }
   SECTION("a flipped byte in a piece") {  // the file's last byte: the last piece's, after the archive
     const auto size = fs::file_size(shard1);
@@ -426,12 +427,11 @@ TEST_CASE("Resuming a sharded checkpoint of another model is refused, naming the
     CAPTURE(rank, ranks.errors(rank));
     REQUIRE(codes[rank] == 2);
     // Each rank reads its own archive (the same world size), and names it.
-    REQUIRE_THAT(ranks.errors(rank),
-                 Catch::Matchers::StartsWith(
-                     fmt::format("[hpctrain.spec.checkpoint.parameters] checkpoint.parameters = rank-{:05d}: the "
-                                 "checkpoint is of another model: its parameter 0 is '0.weight' [33, 16], "
-                                 "this model's is '0.weight' [34, 16]",
-                                 rank)));
+    REQUIRE_THAT(ranks.errors(rank), Catch::Matchers::StartsWith(fmt::format(
+                                         "[hpctrain.spec.checkpoint.parameters] checkpoint.parameters = {}: the "
+                                         "checkpoint is of another model: its parameter 0 is '0.weight' [33, 16], "
+                                         "this model's is '0.weight' [34, 16]",
+                                         directory.shard(rank).string())));
   }
 }
 

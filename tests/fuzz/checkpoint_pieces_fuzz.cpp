@@ -62,7 +62,7 @@ extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t siz
     accepted = true;
   });
   if (!accepted) return 0;
-  FUZZ_CHECK(index.chunk_bytes > 0 && index.chunk_bytes % 8 == 0);
+  FUZZ_CHECK(index.chunk_bytes > 0 && index.chunk_bytes <= d::max_chunk_bytes && index.chunk_bytes % 8 == 0);
   const auto pieces = static_cast<std::int64_t>(index.pieces.size());
   for (std::int64_t id = 0; id < pieces; ++id) {
     const auto& piece = index.pieces[static_cast<std::size_t>(id)];

@@ -42,6 +42,20 @@ lm::PlanInput suite_row(const std::string& strategy) {
   return in;
 }
 
+/// bench/recompute_memory's run: a 94.4M Llama (14 layers of width 768, MLP 2048, 12 heads, 4 KV heads, vocabulary
+/// 4096, untied), fp32, batch 4 x 512, without the runtime (its figure is one step's memory above the resident set).
+lm::PlanInput recompute_memory_run() {
+  hm::LlamaConfig config;
+  config.vocab_size = 4096, config.hidden_size = 768, config.intermediate_size = 2048, config.num_hidden_layers = 14;
+  config.num_attention_heads = 12, config.num_key_value_heads = 4, config.tie_word_embeddings = false;
+  lm::PlanInput in;
+  in.model = lm::model_shape(config);
+  in.micro_batch = 4;
+  in.sequence = 512;
+  in.runtime_bytes = 0;
+  return in;
+}
+
 constexpr double gib = 1024.0 * 1024.0 * 1024.0;
 
 }  // namespace
@@ -190,14 +204,7 @@ TEST_CASE("The memory plan counts what each --activation-checkpointing setting k
   // bench/recompute_memory's Llama (94.4M parameters: 14 layers of width 768, MLP 2048, 12 heads, 4 KV heads,
   // vocabulary 4096, untied), fp32, batch 4 x 512, one step's peak host memory above the resident set before it
   // (VmHWM, big blocks mmapped), measured on the 2-core AMD EPYC on 2026-11-27: the activations kept and the logits.
-  hm::LlamaConfig config;
-  config.vocab_size = 4096, config.hidden_size = 768, config.intermediate_size = 2048, config.num_hidden_layers = 14;
-  config.num_attention_heads = 12, config.num_key_value_heads = 4, config.tie_word_embeddings = false;
-  lm::PlanInput in;
-  in.model = lm::model_shape(config);
-  in.micro_batch = 4;
-  in.sequence = 512;
-  in.runtime_bytes = 0;
+  auto in = recompute_memory_run();
   const std::array<std::pair<hm::Recompute, double>, 3> measured{{{hm::Recompute::none, 1857970176.0},
                                                                   {hm::Recompute::selective, 1034969088.0},
                                                                   {hm::Recompute::full, 283783168.0}}};
@@ -216,6 +223,38 @@ TEST_CASE("The memory plan counts what each --activation-checkpointing setting k
   // Selective keeps each block's input and its 7 projections' outputs: 4 bytes x (768 + 768 + 2 x 256 + 768 + 2 x 2048
   // + 768) a token and layer in fp32.
   CHECK(lm::selective_bytes_per_token(in) == 4 * (768 + 2 * 256 + 768 + 2 * 2048 + 768));
+}
+
+TEST_CASE("The memory plan counts the fp32 weights that fused projections copy each forward, within 10% of a CPU step",
+          "[models][plan]") {
+  // bench/recompute_memory's Llama, fp32, batch 4 x 512, no recomputation, measured on the 2-core AMD EPYC on
+  // 2026-11-27 (hpctrain_recompute_memory none --fused-projections always|under_autocast): under
+  // FusedProjections::always q/k/v and gate/up run as one product each in fp32 too, and each layer keeps the
+  // concatenation of their fp32 weights (a fresh tensor each forward) and, through v (a view of it), the whole
+  // q/k/v product. Unfused (the default in fp32), neither.
+  struct FusionMode {  // the switch is process-wide: back to the default whatever the checks do
+    explicit FusionMode(hm::FusedProjections mode) { hm::set_fused_projections(mode); }
+    ~FusionMode() { hm::set_fused_projections(hm::FusedProjections::under_autocast); }
+  };
+  auto in = recompute_memory_run();
+  const std::array<std::pair<hm::FusedProjections, double>, 2> measured{
+      {{hm::FusedProjections::under_autocast, 1858129920.0}, {hm::FusedProjections::always, 2207248384.0}}};
+  for (const auto& [mode, bytes] : measured) {
+    const FusionMode fusion(mode);
+    const auto plan = lm::plan_memory(in);
+    const double planned = plan.activations + plan.logits;
+    WARN((mode == hm::FusedProjections::always ? "always" : "under_autocast")
+         << ": planned " << planned / 1e6 << " MB, measured " << bytes / 1e6 << " MB (ratio " << planned / bytes
+         << ")");
+    CHECK(std::abs(planned - bytes) <= 0.10 * bytes);
+    // The weights: q, k, v (768 + 2 x 256 rows) and gate, up (2 x 2048 rows) of 768 columns, 4 bytes each, a layer.
+    CHECK(lm::fused_weight_bytes_per_layer(in) ==
+          (mode == hm::FusedProjections::always ? 4 * (768 + 2 * 256 + 2 * 2048) * 768 : 0));
+  }
+  // Under bf16 autocast the concatenation is of the weights' bf16 casts, which the bf16 weights already count.
+  in.bf16 = true;
+  const FusionMode fusion(hm::FusedProjections::always);
+  CHECK(lm::fused_weight_bytes_per_layer(in) == 0);
 }
 
 TEST_CASE(

@@ -391,7 +391,31 @@ TEST_CASE(
           hpctrain::detail::PieceIndex::parse(edited.dump(), static_cast<std::int64_t>(region.size()), "f.hpct");
         }) ==
         "[hpctrain.runtime.checkpoint] f.hpct: the index of its pieces is malformed: chunk_bytes is 8.5, not an "
-        "integer in [8, 9223372036854775807]");
+        "integer in [8, 67108864]");
+  // chunk_bytes is capped at 64 MiB (max_chunk_bytes: a read holds at most one chunk beyond its range on each side).
+  // At the cap, with CRCs of chunks that long, the index is read, and a read of one element reads its whole piece
+  // (3 MiB + 20 bytes, one chunk); a multiple of 8 past the cap is refused like any field out of range.
+  constexpr auto cap = hpctrain::detail::max_chunk_bytes;
+  region = writer.bytes();  // without the flipped byte
+  edited = writer.index();
+  edited["chunk_bytes"] = cap;
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto& piece = index.pieces[i];
+    edited["pieces"][i]["crc32c"] = {
+        hpctrain::detail::crc32c(region.data() + piece.offset, static_cast<std::size_t>(piece.bytes()))};
+  }
+  const auto capped =
+      hpctrain::detail::PieceIndex::parse(edited.dump(), static_cast<std::int64_t>(region.size()), "f.hpct");
+  bytes_read = 0;
+  CHECK(torch::equal(hpctrain::detail::read_piece_range(capped, read, 1, 7, 1, "f.hpct"), values.narrow(0, 7, 1)));
+  WARN(fmt::format("one element at chunk_bytes {}: read {} bytes (the piece's {})", cap, bytes_read, values.nbytes()));
+  CHECK(bytes_read == static_cast<std::int64_t>(values.nbytes()));
+  edited["chunk_bytes"] = cap + 8;
+  CHECK(train_test::run_error([&] {
+          hpctrain::detail::PieceIndex::parse(edited.dump(), static_cast<std::int64_t>(region.size()), "f.hpct");
+        }) ==
+        "[hpctrain.runtime.checkpoint] f.hpct: the index of its pieces is malformed: chunk_bytes is 67108872, not an "
+        "integer in [8, 67108864]");
   // An index that describes more bytes than the file holds after its archive: the file was cut short.
   CHECK(train_test::run_error([&] {
           hpctrain::detail::PieceIndex::parse(writer.index().dump(), static_cast<std::int64_t>(region.size()) - 8,

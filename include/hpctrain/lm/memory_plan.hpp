@@ -20,9 +20,12 @@
 //                   CPU over Gloo (world > 1) each of those also has Gloo's all-reduce scratch of its size (Gloo
 //                   reduce-scatters as an all-reduce). Measured on the CPU: 6 units beside the block's gradients.
 //   activations     what autograd keeps for backward, counted tensor by tensor from the families' code (per
-//                   token and layer, full fine-tuning: Llama 18·h + 4·kv + 8·i bytes under bf16 autocast
-//                   (24·h + ... with the projections of one input unfused, models/fused_projections.hpp),
-//                   28·h + 8·kv + 16·i in fp32; GPT-2 38·h and 68·h; a frozen Linear keeps no input), or with
+//                   token and layer, full fine-tuning: Llama 20·h + 6·kv + 8·i bytes under bf16 autocast (v,
+//                   which attention keeps, a view of the fused q/k/v product, keeps all of it; 24·h + 4·kv + 8·i
+//                   with the projections of one input unfused, models/fused_projections.hpp), 28·h + 8·kv + 16·i
+//                   in fp32 (fused under FusedProjections::always: 32·h + 12·kv + 16·i, and the concatenated fp32
+//                   weights of the fused groups, 4·(q + 2·kv + 2·i)·h bytes a layer whatever the tokens); GPT-2
+//                   38·h and 68·h; a frozen Linear keeps no input), or with
 //                   recomputation (--activation-checkpointing full, under ZeRO-3 too) each block's input plus one
 //                   block's worth, or with selective recomputation each block's input and its matrix products'
 //                   outputs (Llama q + 2·kv + h + 2·i + h elements a token, GPT-2 3·h + h + 4·h + h; LoRA's rank-r
@@ -77,6 +80,10 @@ struct ModelShape {
   /// Bytes per token and layer that autograd keeps besides the Linears' inputs (norm inputs, attention's
   /// q, k, v and output, the MLP's activation), under bf16 autocast and in fp32.
   std::int64_t other_saved_bf16 = 0, other_saved_fp32 = 0;
+  /// Elements per token and layer that attention keeps beyond those when group 0 (q, k, v) runs as one product:
+  /// v, which attention keeps, is then a view of the whole product (Llama: q + kv more than v alone; GPT-2's
+  /// c_attn is one Linear whose whole output other_saved already counts).
+  std::int64_t fused_qkv_view_extra = 0;
 };
 
 inline ModelShape model_shape(const models::LlamaConfig& c) {
@@ -90,6 +97,7 @@ inline ModelShape model_shape(const models::LlamaConfig& c) {
   // and up_proj's output (the product's operands).
   shape.other_saved_bf16 = 4 * h + 2 * q + 4 * kv + 2 * q + 4 * h + 6 * i;
   shape.other_saved_fp32 = 4 * h + 4 * q + 8 * kv + 4 * q + 4 * h + 12 * i;
+  shape.fused_qkv_view_extra = q + kv;
   const auto outside = c.vocab_size * h * (c.tie_word_embeddings ? 1 : 2) + h;
   shape.block_parameters = (shape.parameters - outside) / c.num_hidden_layers;
   for (const auto& linear : shape.block_linears) shape.linear_weights += linear.in * linear.out;
@@ -159,30 +167,49 @@ inline std::int64_t trainable_parameters(const PlanInput& in) {
   return per_layer * in.model.layers;
 }
 
+/// Whether the Linears of `group` run as one product (models/fused_projections.hpp): the switch allows it at this
+/// precision (FusedProjections::under_autocast: under bf16 autocast only), the group has two Linears or more, and
+/// none of them carries a LoRA adapter.
+inline bool group_fuses(const PlanInput& in, int group) {
+  const auto mode = models::fused_projections();
+  if (mode == models::FusedProjections::never || (!in.bf16 && mode != models::FusedProjections::always)) return false;
+  const auto& linears = in.model.block_linears;
+  const auto members = std::count_if(linears.begin(), linears.end(), [&](const auto& l) { return l.group == group; });
+  return members >= 2 && std::none_of(linears.begin(), linears.end(), [&](const ModelShape::Linear& l) {
+           return l.group == group && in.lora_rank > 0 && lora_targets(in, l);
+         });
+}
+
 /// Bytes autograd keeps per token and layer: the family's other saved tensors, plus the input of every Linear
 /// whose weight trains or that carries an adapter (a frozen Linear needs only its weight for backward).
 inline std::int64_t activation_bytes_per_token(const PlanInput& in) {
   const auto& m = in.model;
+  const std::int64_t element = in.bf16 ? 2 : 4;
   std::int64_t bytes = in.bf16 ? m.other_saved_bf16 : m.other_saved_fp32;
-  // A group of Linears reading one input runs as one product under autocast unless one of them carries an adapter
-  // (models/fused_projections.hpp): then the group keeps one bf16 cast, else each Linear its own.
-  const auto fused = [&](int group) {
-    if (models::fused_projections() == models::FusedProjections::never) return false;
-    for (const auto& linear : m.block_linears)
-      if (linear.group == group && in.lora_rank > 0 && lora_targets(in, linear)) return false;
-    return true;
-  };
   std::vector<int> groups_saved;
   for (const auto& linear : m.block_linears) {
     if (in.lora_rank > 0 && !lora_targets(in, linear)) continue;
-    const bool shared = !in.bf16 || fused(linear.group);  // fp32: one tensor, the input itself
+    // fp32: one tensor, the input itself; under autocast one bf16 cast for a fused group, else each Linear its own.
+    const bool shared = !in.bf16 || group_fuses(in, linear.group);
     if (!shared) {
-      bytes += 2 * linear.in;  // its own bf16 cast
+      bytes += 2 * linear.in;
     } else if (std::find(groups_saved.begin(), groups_saved.end(), linear.group) == groups_saved.end()) {
       groups_saved.push_back(linear.group);
-      bytes += (in.bf16 ? 2 : 4) * linear.in;
+      bytes += element * linear.in;
     }
   }
+  if (group_fuses(in, 0)) bytes += element * m.fused_qkv_view_extra;
+  return bytes;
+}
+
+/// Bytes a layer keeps whatever its tokens: in fp32 under FusedProjections::always, the concatenation of each fused
+/// group's weights (models/fused_projections.hpp: a fresh fp32 tensor each forward, which the product keeps for its
+/// input's gradient). Under autocast the concatenation is of the weights' bf16 casts, counted as the bf16 weights.
+inline std::int64_t fused_weight_bytes_per_layer(const PlanInput& in) {
+  if (in.bf16) return 0;
+  std::int64_t bytes = 0;
+  for (const auto& linear : in.model.block_linears)
+    if (group_fuses(in, linear.group)) bytes += 4 * linear.in * linear.out;
   return bytes;
 }
 
@@ -275,7 +302,8 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   if (zero3 && in.bf16) plan.bf16_weights = 2.0 * (blocks + edge_head) / world + (m.tied ? 2.0 * head : 0.0);
   else if (in.bf16) plan.bf16_weights = 2.0 * static_cast<double>(m.linear_weights);
   const double tokens = static_cast<double>(in.micro_batch * in.sequence);
-  const double per_layer = tokens * static_cast<double>(activation_bytes_per_token(in));
+  const double per_layer = tokens * static_cast<double>(activation_bytes_per_token(in)) +
+                           static_cast<double>(fused_weight_bytes_per_layer(in));
   plan.activations = per_layer * static_cast<double>(m.layers);
   const double block_inputs = tokens * 4.0 * static_cast<double>(m.hidden * m.layers);
   plan.activations_recomputed = block_inputs + per_layer;

@@ -113,6 +113,20 @@ inline void fsync_directory(const std::filesystem::path& directory) {
     ::close(fd);
   }
 }
+/// `files` as a strategy's load reads them (SavedCheckpoint::strategy_state), written by `world_size` ranks with
+/// `strategy`: its messages name the files.
+inline SavedStrategyState saved_strategy_state(std::shared_ptr<CheckpointFiles> files, int world_size,
+                                               std::string strategy) {
+  SavedStrategyState saved;
+  saved.world_size = world_size;
+  saved.strategy = std::move(strategy);
+  saved.open = [files](int rank) { return files->open(rank); };
+  saved.read_piece = [files](int rank, std::int64_t piece, std::int64_t begin, std::int64_t length) {
+    return files->read_piece(rank, piece, begin, length);
+  };
+  saved.file = [files](int rank) { return files->path(rank).string(); };
+  return saved;
+}
 }  // namespace detail
 
 /// A committed checkpoint directory and its meta.json.
@@ -127,14 +141,7 @@ struct SavedCheckpoint {
   /// its pieces, each chunk checked against its CRC. Both throw RuntimeError(errors::runtime_checkpoint) naming the
   /// file.
   SavedStrategyState strategy_state() const {
-    SavedStrategyState saved;
-    saved.world_size = meta.world_size;
-    saved.strategy = meta.strategy;
-    saved.open = [files = files](int rank) { return files->open(rank); };
-    saved.read_piece = [files = files](int rank, std::int64_t piece, std::int64_t begin, std::int64_t length) {
-      return files->read_piece(rank, piece, begin, length);
-    };
-    return saved;
+    return detail::saved_strategy_state(files, meta.world_size, meta.strategy);
   }
 };
 

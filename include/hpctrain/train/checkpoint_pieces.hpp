@@ -41,6 +41,7 @@ class PieceWriter {
  public:
   /// Bytes covered by one CRC-32C: what a read of a few elements costs at most beyond them, on each side.
   static constexpr std::int64_t chunk_bytes = std::int64_t{1} << 20;
+  static_assert(chunk_bytes <= detail::max_chunk_bytes, "the readers refuse a larger chunk");
 
   /// Appends a copy of `tensor`'s elements, flattened (on a GPU, the device-to-host copy: the snapshot a save takes,
   /// after which training may change the tensor); returns its id in this rank's file.

@@ -42,6 +42,13 @@ struct PieceEntry {
   std::int64_t bytes() const { return numel * element_bytes; }
 };
 
+/// The largest chunk an index may name. A read of an element range holds the whole chunks it overlaps: at most one
+/// chunk more than the range on each side (never more than the piece, itself within the file). So a chunk_bytes of
+/// 2^62 allocates no more than the file holds, but turns a resharding rank's read of a few elements into a read and a
+/// CRC of its whole piece, up to gigabytes per rank. Capped at 64 MiB (64 times the writer's 1 MiB,
+/// PieceWriter::chunk_bytes): a range read then holds at most 128 MiB beyond what it asked for.
+inline constexpr std::int64_t max_chunk_bytes = std::int64_t{64} << 20;
+
 /// ceil(a / b) for a >= 0, b > 0, without the overflow of (a + b - 1) / b.
 inline std::int64_t chunks_of(std::int64_t a, std::int64_t b) { return a == 0 ? 0 : (a - 1) / b + 1; }
 
@@ -81,7 +88,7 @@ struct PieceIndex {
       const auto j = nlohmann::json::parse(text.begin(), text.end());
       if (!j.is_object()) throw fail(fmt::format("a JSON object expected, not {}", j.type_name()));
       if (j.at("format") != 1) throw fail(fmt::format("format {} is not 1", j.at("format").dump()));
-      index.chunk_bytes = integer(j, "chunk_bytes", "", 8, max);
+      index.chunk_bytes = integer(j, "chunk_bytes", "", 8, max_chunk_bytes);
       if (index.chunk_bytes % 8 != 0)
         throw fail(fmt::format("chunk_bytes {} is not a multiple of 8", index.chunk_bytes));
       const auto described = integer(j, "size", "", 0, max);

@@ -143,10 +143,13 @@ class CheckpointFiles {
   /// Bytes of file `name`, already checked whole against meta.json.
   void keep(const std::string& name, std::string bytes) { kept_[name] = std::move(bytes); }
 
+  /// Rank `rank`'s file.
+  std::filesystem::path path(int rank) const { return directory_ / checkpoint_rank_file(rank); }
+
   /// Rank `rank`'s archive, checked; throws RuntimeError(errors::runtime_checkpoint) naming the file and the defect.
   torch::serialize::InputArchive open(int rank) {
     const auto name = checkpoint_rank_file(rank);
-    const auto path = directory_ / name;
+    const auto path = this->path(rank);
     const CheckpointFile* expected = nullptr;
     if (listed_) {
       const auto found =

@@ -51,6 +51,8 @@ struct SavedStrategyState {
   /// range: only the chunks they overlap, each checked against its CRC-32C; throws
   /// RuntimeError(errors::runtime_checkpoint) naming the file and the piece. Unset for a checkpoint without pieces.
   std::function<torch::Tensor(int rank, std::int64_t piece, std::int64_t begin, std::int64_t length)> read_piece;
+  /// Rank `r`'s file as messages name it (its path). Unset: messages name the archive (`rank-<r>`).
+  std::function<std::string(int rank)> file;
 };
 
 /// Thrown by a strategy's `load` on every rank, before anything is restored, when some rank found a part of the

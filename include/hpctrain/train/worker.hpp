@@ -12,7 +12,6 @@
 #include <optional>
 #include <string>
 #include <system_error>
-#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -197,15 +196,6 @@ inline std::optional<double> expected_busbw_from_environment() {
   return gbps;
 }
 
-/// The fault tests' hook (HPCTRAIN_TEST_DELAY_RANK0_S): rank 0 starts late, as on a slow node.
-inline void delay_rank0_for_tests(int rank) {
-  if (rank != 0) return;
-  if (auto seconds = seconds_from_environment(env::test_delay_rank0); seconds && *seconds > 0) {
-    fmt::print("hpctrain: {}: rank 0 sleeps {} s before the rendezvous\n", env::test_delay_rank0, *seconds);
-    std::fflush(stdout);
-    std::this_thread::sleep_for(std::chrono::seconds(*seconds));
-  }
-}
 }  // namespace detail
 
 /// One rank: applies the knobs, trains, returns exit_ok, exit_requeue, exit_usage or exit_failure.
@@ -223,7 +213,6 @@ inline int run_worker(const Training& training, const Knobs& knobs) {
     // Refused alike on every rank, before any rank connects; at one rank hsdp trains as Replicated (no groups).
     if (configured.sharding() == hsdp && !sharded_stage_runs_replicated(ZeroStage::hsdp, world.world_size))
       hsdp_shard_group_size(configured.hsdp_group_size(), world.world_size, world.local_world_size);
-    detail::delay_rank0_for_tests(rank);
     return train(configured, world, options).exit_code;
   } catch (const std::exception& error) {  // hpctrain's errors, and c10::Error from LibTorch
     fmt::print(stderr, "rank {}: {}\n", rank, error.what());

@@ -318,13 +318,15 @@ void write_archive(const fs::path& path, torch::serialize::OutputArchive& archiv
 /// load asked of their pieces.
 hpctrain::SavedStrategyState saved_state(const fs::path& directory, int world, const std::string& strategy,
                                          std::vector<int>& opened, std::int64_t& piece_bytes) {
-  auto files = std::make_shared<hpctrain::detail::CheckpointFiles>(directory, std::nullopt);
-  hpctrain::SavedStrategyState saved{world, strategy, [files, &opened](int rank) {
-                                       opened.push_back(rank);
-                                       return files->open(rank);
-                                     }};
-  saved.read_piece = [files, &piece_bytes](int rank, std::int64_t piece, std::int64_t begin, std::int64_t length) {
-    auto values = files->read_piece(rank, piece, begin, length);
+  auto saved = hpctrain::detail::saved_strategy_state(
+      std::make_shared<hpctrain::detail::CheckpointFiles>(directory, std::nullopt), world, strategy);
+  saved.open = [open = saved.open, &opened](int rank) {
+    opened.push_back(rank);
+    return open(rank);
+  };
+  saved.read_piece = [read = saved.read_piece, &piece_bytes](int rank, std::int64_t piece, std::int64_t begin,
+                                                             std::int64_t length) {
+    auto values = read(rank, piece, begin, length);
     piece_bytes += static_cast<std::int64_t>(values.nbytes());
     return values;
   };

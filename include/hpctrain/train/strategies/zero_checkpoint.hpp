@@ -270,12 +270,15 @@ class ShardReader {
   }
 
  private:
+  /// Rank `rank`'s file as the messages name it (its path; the archive's name where the checkpoint has no files).
+  std::string file_name(int rank) const { return saved_.file ? saved_.file(rank) : archive_name(rank); }
+
   nlohmann::json read_index(torch::serialize::InputArchive& archive, int rank) {
     c10::IValue text;
     if (!archive.try_read("zero_index", text) || !text.isString()) {
       throw RuntimeError(
           errors::runtime_checkpoint,
-          fmt::format("{}: no zero_index (the archive was not written by a ZeRO strategy)", archive_name(rank)));
+          fmt::format("{}: no zero_index (the archive was not written by a ZeRO strategy)", file_name(rank)));
     }
     nlohmann::json index;
     try {
@@ -283,7 +286,7 @@ class ShardReader {
       const auto expect = [&](const char* field, const nlohmann::json& value) {
         if (index.at(field) != value)
           throw RuntimeError(errors::runtime_checkpoint,
-                             fmt::format("{}: zero_index field '{}' is {}, expected {}", archive_name(rank), field,
+                             fmt::format("{}: zero_index field '{}' is {}, expected {}", file_name(rank), field,
                                          index.at(field).dump(), value.dump()));
       };
       if (index.at("format") != 1) expect("format", zero_checkpoint_format);
@@ -293,7 +296,7 @@ class ShardReader {
       (void)index.at("pieces").size();
     } catch (const nlohmann::json::exception& e) {
       throw RuntimeError(errors::runtime_checkpoint,
-                         fmt::format("{}: zero_index is malformed: {}", archive_name(rank), e.what()));
+                         fmt::format("{}: zero_index is malformed: {}", file_name(rank), e.what()));
     }
     return index;
   }
@@ -311,13 +314,13 @@ class ShardReader {
       const auto shape = saved[p].at("shape").get<std::vector<std::int64_t>>();
       const auto ours = view_.parameters[p].sizes().vec();
       if (name != view_.names[p] || shape != ours) {
-        throw SpecError("checkpoint.parameters", archive_name(rank),
+        throw SpecError("checkpoint.parameters", file_name(rank),
                         fmt::format("the checkpoint is of another model: its parameter {} is {}, this model's is {}", p,
                                     describe(name, shape), describe(view_.names[p], ours)));
       }
     }
     if (saved.size() != view_.parameters.size()) {
-      throw SpecError("checkpoint.parameters", archive_name(rank),
+      throw SpecError("checkpoint.parameters", file_name(rank),
                       fmt::format("the checkpoint is of another model: it has {} trainable parameters, this model {}",
                                   saved.size(), view_.parameters.size()));
     }
@@ -337,7 +340,7 @@ class ShardReader {
       throw RuntimeError(errors::runtime_checkpoint,
                          fmt::format("{}: its {} pieces are not this rank's {} at the same world size ({}) and "
                                      "strategy: the shard layout changed (bucket sizes?)",
-                                     archive_name(rank), pieces.size(), view_.pieces.size(), saved_.world_size));
+                                     file_name(rank), pieces.size(), view_.pieces.size(), saved_.world_size));
   }
 
   /// Saved piece `j` of rank `rank`: checked, with readers of its values and state (format 2: element ranges of the
@@ -350,7 +353,7 @@ class ShardReader {
     piece.parameter = parameter_of_.at(name);  // check_same_model: every saved name is ours
     piece.begin = entry.at("begin").get<std::int64_t>();
     piece.length = entry.at("length").get<std::int64_t>();
-    const auto where = fmt::format("{}: piece {} of parameter '{}'", archive_name(rank), j, name);
+    const auto where = fmt::format("{}: piece {} of parameter '{}'", file_name(rank), j, name);
     if (piece.begin < 0 || piece.length <= 0 || piece.begin + piece.length > view_.parameters[piece.parameter].numel())
       throw RuntimeError(errors::runtime_checkpoint,
                          fmt::format("{}: elements [{}, {}) lie outside its {} elements", where, piece.begin,
@@ -425,12 +428,12 @@ class ShardReader {
     for (const auto& buffer : view_.model.named_buffers()) {
       if (k >= names.size() || names[k].get<std::string>() != buffer.key())
         throw SpecError(
-            "checkpoint.buffers", archive_name(0),
+            "checkpoint.buffers", file_name(0),
             fmt::format("the checkpoint is of another model: it has no buffer '{}' at position {}", buffer.key(), k));
       torch::Tensor value;
       if (!archive.try_read(fmt::format("zero_buffer_{}", k), value, /*is_buffer=*/true))
         throw RuntimeError(errors::runtime_checkpoint,
-                           fmt::format("{}: zero_buffer_{} ('{}') is missing", archive_name(0), k, buffer.key()));
+                           fmt::format("{}: zero_buffer_{} ('{}') is missing", file_name(0), k, buffer.key()));
       buffers_.push_back(value);
       ++k;
     }
