@@ -20,11 +20,11 @@
 //                   CPU over Gloo (world > 1) each of those also has Gloo's all-reduce scratch of its size (Gloo
 //                   reduce-scatters as an all-reduce). Measured on the CPU: 6 units beside the block's gradients.
 //   activations     what autograd keeps for backward, counted tensor by tensor from the families' code (per
-//                   token and layer, full fine-tuning: Llama 20·h + 6·kv + 8·i bytes under bf16 autocast (v,
-//                   which attention keeps, a view of the fused q/k/v product, keeps all of it; 24·h + 4·kv + 8·i
-//                   with the projections of one input unfused, models/fused_projections.hpp), 28·h + 8·kv + 16·i
-//                   in fp32 (fused under FusedProjections::always: 32·h + 12·kv + 16·i, and the concatenated fp32
-//                   weights of the fused groups, 4·(q + 2·kv + 2·i)·h bytes a layer whatever the tokens); GPT-2
+//                   token and layer, full fine-tuning: Llama 18·h + 4·kv + 8·i bytes under bf16 autocast (24·h +
+//                   4·kv + 8·i with the projections of one input unfused, models/fused_projections.hpp; v is
+//                   copied out of the fused q/k/v product, which attention would otherwise keep whole through it),
+//                   28·h + 8·kv + 16·i in fp32 (fused under FusedProjections::always, the same and the concatenated
+//                   fp32 weights of the fused groups, 4·(q + 2·kv + 2·i)·h bytes a layer whatever the tokens); GPT-2
 //                   38·h and 68·h; a frozen Linear keeps no input), or with
 //                   recomputation (--activation-checkpointing full, under ZeRO-3 too) each block's input plus one
 //                   block's worth, or with selective recomputation each block's input and its matrix products'
@@ -80,10 +80,6 @@ struct ModelShape {
   /// Bytes per token and layer that autograd keeps besides the Linears' inputs (norm inputs, attention's
   /// q, k, v and output, the MLP's activation), under bf16 autocast and in fp32.
   std::int64_t other_saved_bf16 = 0, other_saved_fp32 = 0;
-  /// Elements per token and layer that attention keeps beyond those when group 0 (q, k, v) runs as one product:
-  /// v, which attention keeps, is then a view of the whole product (Llama: q + kv more than v alone; GPT-2's
-  /// c_attn is one Linear whose whole output other_saved already counts).
-  std::int64_t fused_qkv_view_extra = 0;
 };
 
 inline ModelShape model_shape(const models::LlamaConfig& c) {
@@ -97,7 +93,6 @@ inline ModelShape model_shape(const models::LlamaConfig& c) {
   // and up_proj's output (the product's operands).
   shape.other_saved_bf16 = 4 * h + 2 * q + 4 * kv + 2 * q + 4 * h + 6 * i;
   shape.other_saved_fp32 = 4 * h + 4 * q + 8 * kv + 4 * q + 4 * h + 12 * i;
-  shape.fused_qkv_view_extra = q + kv;
   const auto outside = c.vocab_size * h * (c.tie_word_embeddings ? 1 : 2) + h;
   shape.block_parameters = (shape.parameters - outside) / c.num_hidden_layers;
   for (const auto& linear : shape.block_linears) shape.linear_weights += linear.in * linear.out;
@@ -198,7 +193,6 @@ inline std::int64_t activation_bytes_per_token(const PlanInput& in) {
       bytes += element * linear.in;
     }
   }
-  if (group_fuses(in, 0)) bytes += element * m.fused_qkv_view_extra;
   return bytes;
 }
 

@@ -98,7 +98,10 @@ class LlamaAttentionImpl : public torch::nn::Module {
     const auto qkv = linears({&q_proj, &k_proj, &v_proj}, x);  // one product under autocast
     auto q = qkv[0].reshape({b, t, heads_, head_dim_}).transpose(1, 2);
     auto k = qkv[1].reshape({b, t, kv_heads_, head_dim_}).transpose(1, 2);
-    auto v = qkv[2].reshape({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+    // v copied out of a fused product's output (a no-op for v_proj's own): attention keeps v for backward, and as a
+    // view v would keep the whole q/k/v output alive (q and k are new tensors after rotary), q + kv more elements a
+    // token and layer for kv's copy.
+    auto v = qkv[2].contiguous().reshape({b, t, kv_heads_, head_dim_}).transpose(1, 2);
     q = apply_rotary(q, cos, sin);
     k = apply_rotary(k, cos, sin);
     std::int64_t past = 0;
