@@ -14,6 +14,7 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/models/activation_checkpoint.hpp>
 #include <hpctrain/models/blocks.hpp>
+#include <hpctrain/models/mixed_precision_products.hpp>
 
 namespace hpctrain::models {
 
@@ -191,7 +192,7 @@ class CausalLM : public torch::nn::Module, public ListsBlocks {
   /// The logits of `hidden` [..., hidden]: hidden · head_weight()ᵀ, run as the head (ListsBlocks::run_edge).
   torch::Tensor head(const torch::Tensor& hidden) {
     return run_edge(
-        Edge::head, [this](const torch::Tensor& h) { return torch::linear(h, head_weight()); }, hidden);
+        Edge::head, [this](const torch::Tensor& h) { return head_projection(h, head_weight()); }, hidden);
   }
   /// `call(hidden)` run as the head: for a loss that applies head_weight() itself (in chunks), so that under the
   /// fully sharded strategy the head's weight is whole during the call and its gradient is reduced after it.

@@ -18,6 +18,10 @@
 // (models/fused_projections.hpp) cast their weights straight into one buffer (no concatenation kernel) and get
 // their gradients as row ranges of one fp32 product.
 //
+// A causal language model's head (models::head_projection) goes through the same node with its logits written in
+// fp32 by the product: the loss widens them anyway, so autocast's bf16 logits and the loss's cast, a pass over
+// tokens × vocabulary, are gone (and the logits are not rounded to bf16 first).
+//
 // On by default wherever autocast casts fp32 parameters; set_fp32_product_gradients(false) brings back
 // autograd's casts (bf16-rounded gradients, as transformers' eager model computes them).
 #include <cstdint>
@@ -62,6 +66,8 @@ inline bool cuda_has_wide_product(const torch::Device& device) {
 /// a · b (both in one narrow dtype) with its result in `dtype`, summed in fp32 and never rounded to the narrow
 /// dtype: cuBLAS writes it so on CUDA; elsewhere the operands are widened first, which is exact.
 inline torch::Tensor product_into(const torch::Tensor& a, const torch::Tensor& b, c10::ScalarType dtype) {
+  // Autocast must not narrow the operands again (this runs inside autograd nodes' forwards, under autocast).
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   if (a.scalar_type() == dtype) return at::mm(a, b);
   if (a.is_cuda() && cuda_has_wide_product(a.device())) return at::mm(a, b, dtype);
   return at::mm(a.to(dtype), b.to(dtype));
@@ -87,10 +93,12 @@ inline torch::Tensor cast_stacked(at::TensorList tensors, c10::ScalarType dtype)
 /// writes the input's and the parameters' gradients in their own dtypes straight from the products
 /// (product_into). Slots of the node's inputs: x, then the weights, then the biases (none, or one per weight).
 /// In a selective block's recomputation the product's output recorded by the forward is `recorded`: returned as
-/// it is, the product not computed again (models/selective_recompute.hpp).
+/// it is, the product not computed again (models/selective_recompute.hpp). `wide_output` (no biases): y itself in
+/// the parameters' dtype, straight from the product (a head's logits, which the loss widens anyway).
 struct MixedPrecisionLinear : torch::autograd::Function<MixedPrecisionLinear> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, at::TensorList weights,
-                               at::TensorList biases, c10::ScalarType dtype, RecordedOutput recorded) {
+                               at::TensorList biases, c10::ScalarType dtype, RecordedOutput recorded,
+                               bool wide_output) {
     const auto narrow_x = x.to(dtype);
     const auto weight = cast_stacked(weights, dtype);
     const auto bias = biases.empty() ? torch::Tensor() : cast_stacked(biases, dtype);
@@ -102,14 +110,15 @@ struct MixedPrecisionLinear : torch::autograd::Function<MixedPrecisionLinear> {
     ctx->saved_data["rows"] = rows;
     ctx->saved_data["biases"] = static_cast<std::int64_t>(biases.size());
     if (recorded.tensor.defined()) return std::move(recorded.tensor);
-    return at::linear(narrow_x, weight, bias);
+    if (!wide_output) return at::linear(narrow_x, weight, bias);
+    TORCH_CHECK(biases.empty(), "MixedPrecisionLinear: a wide output takes no bias");
+    auto shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    return product_into(narrow_x.reshape({-1, x.size(-1)}), weight.t(), weights[0].scalar_type()).view(shape);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    // Autocast must not narrow the fp32 products of product_into's fallback again (the engine may carry the
-    // forward's autocast state into backward).
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto saved = ctx->get_saved_variables();
     const auto& narrow_x = saved[0];
     const auto& weight = saved[1];
@@ -118,9 +127,11 @@ struct MixedPrecisionLinear : torch::autograd::Function<MixedPrecisionLinear> {
     const auto x_dtype = static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     const auto parameter_dtype = static_cast<c10::ScalarType>(ctx->saved_data["parameter_dtype"].toInt());
 
-    torch::autograd::variable_list out(1 + rows.size() + biases + 2);  // + the dtype and the recorded output
+    // + the dtype, the recorded output and wide_output: no gradient
+    torch::autograd::variable_list out(1 + rows.size() + biases + 3);
     if (!grads[0].defined()) return out;
-    const auto g = grads[0].reshape({-1, grads[0].size(-1)});
+    // A wide output's gradient is narrowed for the products, as autograd's cast of the output would have.
+    const auto g = grads[0].reshape({-1, grads[0].size(-1)}).to(weight.scalar_type());
     if (ctx->needs_input_grad(0)) out[0] = product_into(g, weight, x_dtype).view(narrow_x.sizes());
     bool any_weight = false, any_bias = false;
     for (std::size_t i = 0; i < rows.size(); ++i) {
@@ -175,7 +186,7 @@ inline torch::Tensor projection(const torch::Tensor& x, at::TensorList weights, 
   }
   if (detail::mixed_precision_product(x, weights, biases))
     return detail::MixedPrecisionLinear::apply(x, weights, biases, at::autocast::get_autocast_dtype(device),
-                                               detail::RecordedOutput{std::move(recorded)});
+                                               detail::RecordedOutput{std::move(recorded)}, false);
   torch::Tensor weight, bias;
   if (weights.size() == 1) {
     weight = weights[0];
@@ -192,6 +203,17 @@ inline torch::Tensor projection(const torch::Tensor& x, at::TensorList weights, 
   }
   if (recorded.defined()) return detail::replayed_linear(x, weight, bias, {}, {}, {}, 0.0, std::move(recorded));
   return torch::linear(x, weight, bias);
+}
+
+/// hidden · weightᵀ for a model's head (weight [vocabulary, hidden]): under autocast with an fp32 weight the logits
+/// come in fp32 straight from the product, where autocast's product would round them to bf16 and the loss's cast
+/// (lm/loss.hpp) would widen them again in a pass of its own over tokens × vocabulary; the weight's gradient in
+/// fp32 as the projections'. Else at::linear.
+inline torch::Tensor head_projection(const torch::Tensor& hidden, const torch::Tensor& weight) {
+  if (!detail::mixed_precision_product(hidden, weight, {})) return torch::linear(hidden, weight);
+  return detail::MixedPrecisionLinear::apply(hidden, at::TensorList(weight), at::TensorList(),
+                                             at::autocast::get_autocast_dtype(hidden.device().type()),
+                                             detail::RecordedOutput{}, true);
 }
 
 }  // namespace hpctrain::models
