@@ -37,33 +37,47 @@ inline bool fuse_projections(const std::vector<torch::nn::Linear*>& layers, cons
 
 }  // namespace detail
 
-/// `{linear(*layers[0], x), linear(*layers[1], x), ...}` (models::linear, LoRA included), as one matrix product
-/// when detail::fuse_projections allows: the outputs are then views of one tensor, split along the last dimension.
-inline std::vector<torch::Tensor> linears(std::initializer_list<torch::nn::Linear*> list, const torch::Tensor& x) {
+/// What linears() computed: `joined`, the one product's output with the layers' outputs side by side along the last
+/// dimension, when they ran as one (detail::fuse_projections), else undefined and `parts` holds each layer's output.
+struct ProjectionOutputs {
+  torch::Tensor joined;
+  std::vector<torch::Tensor> parts;
+};
+
+/// The outputs of `layers` of input `x`, as one matrix product when detail::fuse_projections allows (then only
+/// `joined`, for a function that takes the outputs together, models::swiglu), else one models::linear each.
+inline ProjectionOutputs joined_linears(std::initializer_list<torch::nn::Linear*> list, const torch::Tensor& x) {
   const std::vector<torch::nn::Linear*> layers(list);
-  std::vector<torch::Tensor> outputs;
+  ProjectionOutputs outputs;
   if (!detail::fuse_projections(layers, x)) {
-    for (auto* layer : layers) outputs.push_back(linear(*layer, x));
+    for (auto* layer : layers) outputs.parts.push_back(linear(*layer, x));
     return outputs;
   }
   std::vector<torch::Tensor> weights, biases;
-  std::vector<std::int64_t> widths;
   for (auto* layer : layers) {
     weights.push_back((*layer)->weight);
     if ((*layer)->bias.defined()) biases.push_back((*layer)->bias);
-    widths.push_back((*layer)->weight.size(0));
   }
   using detail::MatrixProducts;
-  torch::Tensor y;
   if (auto* replaying = MatrixProducts::active(MatrixProducts::Phase::replay)) {
-    y = projection(x, weights, biases, replaying->replay_next().output);
+    outputs.joined = projection(x, weights, biases, replaying->replay_next().output);
   } else {
-    y = projection(x, weights, biases);
-    if (auto* recording = MatrixProducts::active(MatrixProducts::Phase::record)) recording->record(y, {});
+    outputs.joined = projection(x, weights, biases);
+    if (auto* recording = MatrixProducts::active(MatrixProducts::Phase::record)) recording->record(outputs.joined, {});
   }
+  return outputs;
+}
+
+/// `{linear(*layers[0], x), linear(*layers[1], x), ...}` (models::linear, LoRA included), as one matrix product
+/// when detail::fuse_projections allows: the outputs are then views of one tensor, split along the last dimension.
+inline std::vector<torch::Tensor> linears(std::initializer_list<torch::nn::Linear*> list, const torch::Tensor& x) {
+  auto outputs = joined_linears(list, x);
+  if (!outputs.joined.defined()) return std::move(outputs.parts);
+  std::vector<std::int64_t> widths;
+  for (auto* layer : list) widths.push_back((*layer)->weight.size(0));
   // split_with_sizes, not narrow: its backward is one concatenation of the parts' gradients, where narrow's
   // writes each part into a zero-filled tensor of the whole width and adds them.
-  return y.split_with_sizes(widths, -1);
+  return outputs.joined.split_with_sizes(widths, -1);
 }
 
 }  // namespace hpctrain::models

@@ -23,6 +23,7 @@
 #include <hpctrain/models/lora_layer.hpp>
 #include <hpctrain/models/llama_config.hpp>
 #include <hpctrain/models/rotary.hpp>
+#include <hpctrain/models/swiglu.hpp>
 
 namespace hpctrain::models {
 
@@ -121,7 +122,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaAttention);
 
-/// SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x)).
+/// SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x)), the elementwise part one node (models/swiglu.hpp).
 class LlamaMLPImpl : public torch::nn::Module {
  public:
   explicit LlamaMLPImpl(const LlamaConfig& config) {
@@ -133,8 +134,9 @@ class LlamaMLPImpl : public torch::nn::Module {
     down_proj = register_module("down_proj", linear(config.intermediate_size, config.hidden_size));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    const auto gate_up = linears({&gate_proj, &up_proj}, x);  // one product under autocast
-    return linear(down_proj, torch::silu(gate_up[0]) * gate_up[1]);
+    const auto gate_up = joined_linears({&gate_proj, &up_proj}, x);  // one product under autocast
+    return linear(down_proj,
+                  gate_up.joined.defined() ? swiglu(gate_up.joined) : swiglu(gate_up.parts[0], gate_up.parts[1]));
   }
 
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};

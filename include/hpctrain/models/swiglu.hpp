@@ -1,0 +1,219 @@
+#pragma once
+// SwiGLU's elementwise part, silu(gate) · up (Shazeer 2020; Llama's, Qwen2's and Mistral's MLP), as one autograd
+// node.
+//
+// Autograd's two operations keep three tensors of the MLP's width for backward: silu's input (gate), its output
+// (mul's left operand) and up; their backward writes gate's and up's gradients as tensors of their own, which the
+// fused gate/up product (models/fused_projections.hpp) then concatenates. SwiGLU keeps gate and up only and
+// computes silu(gate) again in backward (one pass over memory it reads anyway): 2 bytes a token, layer and MLP
+// column fewer under bf16 (0.96 GiB at TinyLlama's shape, 8 x 1024 tokens, 22 layers of 5632), 4 in fp32. Given
+// the fused product's output whole, it writes both gradients into the halves of one tensor: no concatenation.
+// On the CPU (and wherever no kernel is compiled at run time) its operations are autograd's, in the same order:
+// the output and the gradients are bit for bit autograd's.
+//
+// On CUDA the forward and the backward are one kernel each, compiled at run time by ATen's jiterator (NVRTC, as
+// torch.cuda.jiterator): silu(g)·u in fp32 registers, rounded once, where autograd's silu writes a rounded bf16
+// result that mul reads back; backward reads g, u and the output's gradient once and writes both gradients, where
+// autograd runs four kernels (two products, silu's backward, the concatenation). The jiterator is found in the
+// running process (libtorch_cuda), not linked: a LibTorch without it, or a kernel that fails to compile or to match
+// the composite operations on a small probe, leaves the composite path. set_fused_swiglu_kernels(false) keeps the
+// composite path on CUDA too (the GPU suite's switches.fused_swiglu times both).
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#if __has_include(<dlfcn.h>)
+#include <dlfcn.h>
+#endif
+
+#include <c10/util/SmallVector.h>
+#include <torch/torch.h>
+
+namespace hpctrain::models {
+
+namespace detail {
+inline bool& fused_swiglu_kernels_switch() {
+  static bool on = true;
+  return on;
+}
+}  // namespace detail
+
+/// Whether SwiGLU runs as runtime-compiled CUDA kernels where they are available (process-wide; default on).
+inline void set_fused_swiglu_kernels(bool on) { detail::fused_swiglu_kernels_switch() = on; }
+inline bool fused_swiglu_kernels() { return detail::fused_swiglu_kernels_switch(); }
+
+namespace detail {
+
+/// ATen's jiterator entry point (ATen/cuda/jiterator.h, exported by libtorch_cuda), or nullptr: looked up in the
+/// running process, so that a program built against a LibTorch without CUDA, or not linked to libtorch_cuda,
+/// still builds and runs the composite path.
+using JiteratorLaunch = c10::SmallVector<at::Tensor> (*)(const std::string& code, const std::string& kernel_name,
+                                                         int outputs, const c10::SmallVector<at::Tensor>& inputs,
+                                                         const c10::SmallVector<at::Scalar>& extra_arguments,
+                                                         bool return_by_reference);
+inline JiteratorLaunch jiterator() {
+  static const JiteratorLaunch launch = [] {
+#if __has_include(<dlfcn.h>)
+    return reinterpret_cast<JiteratorLaunch>(
+        dlsym(RTLD_DEFAULT,
+              "_ZN2at4cuda22CompileAndLaunchKernelERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEES8_iRKN3c1011"
+              "SmallVectorINS_6TensorELj6EEERKNSA_INS9_6ScalarELj1EEEb"));
+#else
+    return JiteratorLaunch{nullptr};
+#endif
+  }();
+  return launch;
+}
+
+// The kernels' sources: T is the inputs' dtype (bf16, fp16 or fp32), the arithmetic fp32.
+inline const std::string swiglu_forward_code = R"(
+template <typename T> T hpctrain_swiglu_forward(T gate, T up) {
+  const float g = static_cast<float>(gate);
+  return static_cast<T>(g / (1.0f + expf(-g)) * static_cast<float>(up));
+})";
+// One output [.., 2, width] from inputs broadcast over its middle dimension: `first` is 1 at gate's half, 0 at up's.
+inline const std::string swiglu_backward_code = R"(
+template <typename T> T hpctrain_swiglu_backward(T gate, T up, T grad, T first) {
+  const float g = static_cast<float>(gate), s = 1.0f / (1.0f + expf(-g)), d = static_cast<float>(grad);
+  if (static_cast<float>(first) != 0.0f) return static_cast<T>(d * static_cast<float>(up) * s * (1.0f + g * (1.0f - s)));
+  return static_cast<T>(d * g * s);
+})";
+
+/// silu(gate) · up by the runtime-compiled kernel: [.., width] of the inputs' shape.
+inline torch::Tensor swiglu_forward_kernel(const torch::Tensor& gate, const torch::Tensor& up) {
+  return jiterator()(swiglu_forward_code, "hpctrain_swiglu_forward", 1, {gate, up}, {}, false)[0];
+}
+
+/// Both gradients by the runtime-compiled kernel, side by side: [.., 2 · width], gate's half first.
+inline torch::Tensor swiglu_backward_kernel(const torch::Tensor& gate, const torch::Tensor& up,
+                                            const torch::Tensor& grad) {
+  auto shape = gate.sizes().vec();
+  const auto width = shape.back();
+  shape.back() = 1;
+  shape.push_back(width);  // [.., 1, width]: the inputs broadcast over the output's halves
+  const auto first = torch::arange(1, -1, -1, gate.options()).view({2, 1});
+  auto both = jiterator()(swiglu_backward_code, "hpctrain_swiglu_backward", 1,
+                          {gate.unsqueeze(-2), up.unsqueeze(-2), grad.unsqueeze(-2), first}, {}, false)[0];
+  shape.pop_back();
+  shape.back() = 2 * width;
+  return both.reshape(shape);  // [.., 2, width] is contiguous: a view
+}
+
+/// The composite operations, autograd's: silu(gate) · up.
+inline torch::Tensor swiglu_forward_composite(const torch::Tensor& gate, const torch::Tensor& up) {
+  return at::silu(gate).mul_(up);
+}
+
+/// The composite backward, autograd's operations in its order, into `gate_grad` and `up_grad` (views of one
+/// tensor, or tensors of their own).
+inline void swiglu_backward_composite(const torch::Tensor& gate, const torch::Tensor& up, const torch::Tensor& grad,
+                                      torch::Tensor gate_grad, torch::Tensor up_grad) {
+  at::silu_out(up_grad, gate).mul_(grad);  // d up = grad · silu(gate)
+  at::mul_out(gate_grad, grad, up);
+  at::silu_backward_out(gate_grad, gate_grad, gate);  // d gate = silu'(gate) · (grad · up)
+}
+
+/// Whether the runtime-compiled kernels run on `device`: the switch is on, the jiterator is in the process, and on
+/// a small bf16 probe (asked once per process) they compile and agree with the composite path within bf16's
+/// rounding of the one result each writes.
+inline bool swiglu_kernels(const torch::Device& device) {
+  if (!device.is_cuda() || !fused_swiglu_kernels() || jiterator() == nullptr) return false;
+  static const bool agree = [&] {
+    try {
+      torch::NoGradGuard no_grad;
+      const auto options = torch::TensorOptions().dtype(torch::kBFloat16).device(device);
+      const auto gate = torch::randn({64, 256}, options), up = torch::randn({64, 256}, options),
+                 grad = torch::randn({64, 256}, options);
+      const auto close = [](const torch::Tensor& fused, const torch::Tensor& composite) {
+        // each result rounded once (fused) or twice (composite) to bf16: 2^-8 relative apart at most, with room
+        return fused.sizes() == composite.sizes() &&
+               (fused.to(torch::kFloat32) - composite.to(torch::kFloat32))
+                   .abs()
+                   .le(composite.to(torch::kFloat32).abs().mul(std::ldexp(1.0, -6)).add(1e-3))
+                   .all()
+                   .item<bool>();
+      };
+      auto gate_grad = torch::empty_like(gate), up_grad = torch::empty_like(up);
+      swiglu_backward_composite(gate, up, grad, gate_grad, up_grad);
+      return close(swiglu_forward_kernel(gate, up), swiglu_forward_composite(gate, up)) &&
+             close(swiglu_backward_kernel(gate, up, grad), torch::cat({gate_grad, up_grad}, -1));
+    } catch (const std::exception&) {
+      return false;
+    }
+  }();
+  return agree;
+}
+
+/// silu(gate) · up with `inputs` gate and up (two tensors of one shape) or one tensor [.., 2 · width] with gate's
+/// half first (a fused gate/up product's output). Keeps its inputs only; backward writes each input's gradient.
+struct SwiGLU : torch::autograd::Function<SwiGLU> {
+  static std::pair<torch::Tensor, torch::Tensor> halves(const torch::Tensor& joined) {
+    const auto width = joined.size(-1) / 2;
+    return {joined.narrow(-1, 0, width), joined.narrow(-1, width, width)};
+  }
+  static std::pair<torch::Tensor, torch::Tensor> gate_and_up(at::TensorList inputs) {
+    return inputs.size() == 1 ? halves(inputs[0]) : std::pair{inputs[0], inputs[1]};
+  }
+
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs) {
+    ctx->save_for_backward(inputs.vec());
+    const auto [gate, up] = gate_and_up(inputs);
+    return swiglu_kernels(gate.device()) ? swiglu_forward_kernel(gate, up) : swiglu_forward_composite(gate, up);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const bool joined = saved.size() == 1;
+    const auto [gate, up] = gate_and_up(saved);
+    torch::autograd::variable_list out(saved.size());
+    const auto& grad = grads[0];
+    if (!grad.defined()) return out;
+    if (swiglu_kernels(gate.device())) {
+      auto both = swiglu_backward_kernel(gate, up, grad);
+      if (joined) {
+        out[0] = std::move(both);
+      } else {
+        std::tie(out[0], out[1]) = halves(both);
+      }
+    } else if (joined) {  // both gradients into the halves of one tensor: no concatenation
+      out[0] = torch::empty_like(saved[0], at::MemoryFormat::Contiguous);
+      const auto [gate_grad, up_grad] = halves(out[0]);
+      swiglu_backward_composite(gate, up, grad, gate_grad, up_grad);
+    } else {
+      out[0] = torch::empty_like(gate, at::MemoryFormat::Contiguous);
+      out[1] = torch::empty_like(up, at::MemoryFormat::Contiguous);
+      swiglu_backward_composite(gate, up, grad, out[0], out[1]);
+    }
+    return out;
+  }
+};
+
+}  // namespace detail
+
+/// silu(gate) · up, gate and up of one shape.
+inline torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up) {
+  TORCH_CHECK(gate.sizes() == up.sizes(), "swiglu: gate ", gate.sizes(), " and up ", up.sizes(), " differ in shape");
+  if (!torch::GradMode::is_enabled() || !(gate.requires_grad() || up.requires_grad())) {
+    return detail::swiglu_kernels(gate.device()) ? detail::swiglu_forward_kernel(gate, up)
+                                                 : detail::swiglu_forward_composite(gate, up);
+  }
+  return detail::SwiGLU::apply(at::TensorList({gate, up}));
+}
+
+/// silu(gate) · up of a fused gate/up product's output [.., 2 · width], gate's half first; the gradients come back
+/// as one tensor of its shape.
+inline torch::Tensor swiglu(const torch::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, "swiglu: a joined gate/up tensor has an even last ",
+              "dimension, not ", gate_up.sizes());
+  if (!torch::GradMode::is_enabled() || !gate_up.requires_grad()) {
+    const auto [gate, up] = detail::SwiGLU::halves(gate_up);
+    return detail::swiglu_kernels(gate.device()) ? detail::swiglu_forward_kernel(gate, up)
+                                                 : detail::swiglu_forward_composite(gate, up);
+  }
+  return detail::SwiGLU::apply(at::TensorList(gate_up));
+}
+
+}  // namespace hpctrain::models
