@@ -16,6 +16,10 @@
 //                            models::detail::product_into (cuBLAS with bf16 operands and an fp32 result, the
 //                            default of models/mixed_precision_products.hpp): ms per product, and each one's error
 //                            against the fp32 product of the same bf16 values.
+//   switches.fused_swiglu    SwiGLU's elementwise part at TinyLlama's MLP shape (8192 tokens, 5632 columns, bf16),
+//                            forward and backward, as autograd computes it (silu, mul, the halves' concatenated
+//                            gradients) against models::swiglu (on CUDA one runtime-compiled kernel each way,
+//                            models/swiglu.hpp): ms per call, which path ran, the output's and gradient's distance.
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -28,6 +32,7 @@
 #include <hpctrain/lm/chunked_loss.hpp>
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/models/mixed_precision_products.hpp>
+#include <hpctrain/models/swiglu.hpp>
 #include <hpctrain/train/fused_adamw.hpp>
 #include <hpctrain/train/precision.hpp>
 
@@ -364,6 +369,65 @@ inline Row wide_products_row(const torch::Device& device) {
   return row;
 }
 
+/// One forward and backward of silu(gate) · up over a fused gate/up output: autograd's operations or models::swiglu.
+struct SwigluRun {
+  torch::Tensor output, gradient;
+};
+inline SwigluRun swiglu_run(const torch::Tensor& gate_up_values, const torch::Tensor& upstream, bool node) {
+  auto gate_up = gate_up_values.detach().requires_grad_(true);
+  const auto width = gate_up.size(-1) / 2;
+  torch::Tensor output;
+  if (node) {
+    output = hpctrain::models::swiglu(gate_up);
+  } else {
+    const auto halves = gate_up.split_with_sizes({width, width}, -1);
+    output = torch::silu(halves[0]) * halves[1];
+  }
+  output.backward(upstream);
+  return {output.detach(), gate_up.grad()};
+}
+
+inline Row fused_swiglu_row(const torch::Device& device) {
+  const bool cuda = device.is_cuda();
+  const std::int64_t tokens = cuda ? 8192 : 512, width = cuda ? 5632 : 256;
+  torch::manual_seed(11);
+  const auto bf16 = torch::TensorOptions().device(device).dtype(torch::kBFloat16);
+  const auto gate_up = torch::randn({tokens, 2 * width}, bf16), upstream = torch::randn({tokens, width}, bf16);
+  const int iterations = cuda ? 50 : 3;
+  const double autograd_ms =
+      ms_per_call([&] { return swiglu_run(gate_up, upstream, false).gradient; }, device, iterations);
+  const double node_ms = ms_per_call([&] { return swiglu_run(gate_up, upstream, true).gradient; }, device, iterations);
+  const auto autograd = swiglu_run(gate_up, upstream, false), node = swiglu_run(gate_up, upstream, true);
+  const bool kernels = hpctrain::models::detail::swiglu_kernels(device);
+  // The composite path is autograd's operations: equal. The kernels round each result once where autograd rounds
+  // silu's output to bf16 first: within a few of bf16's 2^-8 relative steps, 2^-6 in norm with room.
+  const double bound = kernels ? std::ldexp(1.0, -6) : 0.0;
+  const double output_error = relative_error({node.output}, {autograd.output}),
+               gradient_error = relative_error({node.gradient}, {autograd.gradient});
+  Row row{"switches.fused_swiglu", "", Status::pass, "", nlohmann::json::object()};
+  row.label =
+      fmt::format("SwiGLU forward + backward, {} tokens x {} columns, bf16: autograd vs models::swiglu", tokens, width);
+  row.status = output_error <= bound && gradient_error <= bound ? Status::pass : Status::fail;
+  row.result = fmt::format(
+      "{:.3f} ms -> {:.3f} ms ({:.2f}x), {}; output {:.1e}, gradient {:.1e} from autograd's (bound {:.1e})",
+      autograd_ms, node_ms, autograd_ms / node_ms,
+      kernels ? "runtime-compiled kernels"
+              : (cuda ? (hpctrain::models::detail::jiterator() == nullptr ? "composite: no jiterator in the process"
+                                                                          : "composite: the kernels' probe failed")
+                      : "composite (no runtime-compiled kernels on the CPU)"),
+      output_error, gradient_error, bound);
+  row.figures = {{"autograd_ms", autograd_ms},
+                 {"node_ms", node_ms},
+                 {"speedup", autograd_ms / node_ms},
+                 {"kernels", kernels},
+                 {"output_error", output_error},
+                 {"gradient_error", gradient_error},
+                 {"bound", bound},
+                 {"tokens", tokens},
+                 {"width", width}};
+  return row;
+}
+
 }  // namespace switch_rows
 
 /// Group "switches": every row, each in its own try so that one failure keeps the others.
@@ -391,6 +455,8 @@ inline int run_switch_rows(const torch::Device& device) {
           [&] { return switch_rows::no_host_sync_row(device); });
   guarded("switches.wide_products", "weight gradient product: bf16 + cast (autograd) vs fp32 result (cuBLAS)",
           [&] { return switch_rows::wide_products_row(device); });
+  guarded("switches.fused_swiglu", "SwiGLU forward + backward: autograd vs models::swiglu",
+          [&] { return switch_rows::fused_swiglu_row(device); });
   return failures;
 }
 

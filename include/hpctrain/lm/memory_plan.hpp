@@ -89,10 +89,10 @@ inline ModelShape model_shape(const models::LlamaConfig& c) {
                    0,       c.vocab_size * h,    c.tie_word_embeddings, {}, 0, 0};
   shape.block_linears = {{"q_proj", h, q, 0},    {"k_proj", h, kv, 0}, {"v_proj", h, kv, 0},  {"o_proj", q, h, 1},
                          {"gate_proj", h, i, 2}, {"up_proj", h, i, 2}, {"down_proj", i, h, 3}};
-  // The input of each RMSNorm (fp32: the residual stream), SDPA's q, k, v and output, SiLU's input and output
-  // and up_proj's output (the product's operands).
-  shape.other_saved_bf16 = 4 * h + 2 * q + 4 * kv + 2 * q + 4 * h + 6 * i;
-  shape.other_saved_fp32 = 4 * h + 4 * q + 8 * kv + 4 * q + 4 * h + 12 * i;
+  // The input of each RMSNorm (fp32: the residual stream), SDPA's q, k, v and output, and gate_proj's and
+  // up_proj's outputs (models::swiglu keeps those two only, and computes silu(gate) again in backward).
+  shape.other_saved_bf16 = 4 * h + 2 * q + 4 * kv + 2 * q + 4 * h + 4 * i;
+  shape.other_saved_fp32 = 4 * h + 4 * q + 8 * kv + 4 * q + 4 * h + 8 * i;
   const auto outside = c.vocab_size * h * (c.tie_word_embeddings ? 1 : 2) + h;
   shape.block_parameters = (shape.parameters - outside) / c.num_hidden_layers;
   for (const auto& linear : shape.block_linears) shape.linear_weights += linear.in * linear.out;
