@@ -60,43 +60,60 @@ constexpr double gib = 1024.0 * 1024.0 * 1024.0;
 
 }  // namespace
 
+/// The plan's peak for the code the H200 measured (e64c2ab, 2026-11-27's first session): its projections ran unfused
+/// (FusedProjections::never reproduces that), and autograd's SwiGLU kept silu's output too, 2·i bytes a token under
+/// bf16 in each of `layers_kept` layers (models/swiglu.hpp keeps gate and up only). Until the next GPU run measures
+/// the code as it is.
+double peak_as_measured(const lm::PlanInput& in, std::int64_t layers_kept) {
+  struct Unfused {  // the switch is process-wide: back to the default whatever the checks do
+    Unfused() { hm::set_fused_projections(hm::FusedProjections::never); }
+    ~Unfused() { hm::set_fused_projections(hm::FusedProjections::under_autocast); }
+  } unfused;
+  const double silu_output = 2.0 * static_cast<double>(in.model.intermediate * in.micro_batch * in.sequence);
+  return lm::plan_memory(in).peak + silu_output * static_cast<double>(layers_kept);
+}
+
 TEST_CASE("The memory plan (--plan) peaks within 10% of the H200's measured peaks of the suite's Llama rows",
           "[models][plan]") {
+  const auto layers = tinyllama().num_hidden_layers;
   const auto full = lm::plan_memory(suite_row("none"));
+  const double full_peak = peak_as_measured(suite_row("none"), layers);
   const double measured_full = 32.63 * gib;  // llama.full: Replicated, no recomputation
-  WARN("llama.full: planned " << full.peak / gib << " GiB, measured 32.63 GiB");
-  CHECK(std::abs(full.peak - measured_full) <= 0.10 * measured_full);
+  WARN("llama.full: planned " << full_peak / gib << " GiB for the code measured (" << full.peak / gib
+                              << " now), measured 32.63 GiB");
+  CHECK(std::abs(full_peak - measured_full) <= 0.10 * measured_full);
 
   auto lora_input = suite_row("none");
   lora_input.lora_rank = 16;
   lora_input.lora_targets = {"q_proj", "v_proj"};
   const auto lora = lm::plan_memory(lora_input);
   CHECK(lora.trainable == 2252800);  // what the row's model counted (2.3M)
-  const double measured_lora = 20.42 * gib;
-  WARN("llama.lora: planned " << lora.peak / gib << " GiB, measured 20.42 GiB");
-  CHECK(std::abs(lora.peak - measured_lora) <= 0.10 * measured_lora);
-  // A frozen Linear keeps no input: LoRA's activations are below full fine-tuning's (0.81 of them: o, gate, up and
-  // down keep nothing, but q and v, adapted, keep a bf16 cast each where full fine-tuning's fused q/k/v keeps one).
+  const double measured_lora = 20.42 * gib, lora_peak = peak_as_measured(lora_input, layers);
+  WARN("llama.lora: planned " << lora_peak / gib << " GiB for the code measured (" << lora.peak / gib
+                              << " now), measured 20.42 GiB");
+  CHECK(std::abs(lora_peak - measured_lora) <= 0.10 * measured_lora);
+  // A frozen Linear keeps no input: LoRA's activations are below full fine-tuning's (a fraction of them: o, gate, up
+  // and down keep nothing, but q and v, adapted, keep a bf16 cast each where full fine-tuning's fused q/k/v keeps one).
   CHECK(lora.activations < 0.85 * full.activations);
 
-  // ZeRO-3 at world 1 (the row recomputes its blocks): its gradient shards (4 bytes a parameter at world 1, kept
-  // between steps) are resident from the first step, beside the activations; before they were counted, the plan
-  // was 4 GiB below both rows.
+  // ZeRO-3 at world 1 (the row recomputes its blocks, one block's activations alive at a time): its gradient shards
+  // (4 bytes a parameter at world 1, kept between steps) are resident from the first step, beside the activations;
+  // before they were counted, the plan was 4 GiB below both rows.
   auto zero3_input = suite_row("zero3");
   zero3_input.activation_checkpointing = hpctrain::models::Recompute::full;
-  const auto zero3 = lm::plan_memory(zero3_input);
-  WARN("llama.full.zero3: planned " << zero3.peak / gib << " GiB, measured 23.11 GiB");
-  CHECK(std::abs(zero3.peak - 23.11 * gib) <= 0.10 * 23.11 * gib);
+  const double zero3_peak = peak_as_measured(zero3_input, 1);
+  WARN("llama.full.zero3: planned " << zero3_peak / gib << " GiB for the code measured, measured 23.11 GiB");
+  CHECK(std::abs(zero3_peak - 23.11 * gib) <= 0.10 * 23.11 * gib);
   // Keeping activations (the default since 2026-11-26), measured on the H200 at 36.04 GiB.
-  const auto keep = lm::plan_memory(suite_row("zero3"));
-  WARN("llama.full.zero3.keep: planned " << keep.peak / gib << " GiB, measured 36.04 GiB");
-  CHECK(std::abs(keep.peak - 36.04 * gib) <= 0.10 * 36.04 * gib);
+  const double keep_peak = peak_as_measured(suite_row("zero3"), layers);
+  WARN("llama.full.zero3.keep: planned " << keep_peak / gib << " GiB for the code measured, measured 36.04 GiB");
+  CHECK(std::abs(keep_peak - 36.04 * gib) <= 0.10 * 36.04 * gib);
   // Selective recomputation, Replicated: its first GPU run (2026-11-27) measured 24.21 GiB.
   auto selective_input = suite_row("none");
   selective_input.activation_checkpointing = hpctrain::models::Recompute::selective;
-  const auto selective = lm::plan_memory(selective_input);
-  WARN("llama.full.selective: planned " << selective.peak / gib << " GiB, measured 24.21 GiB");
-  CHECK(std::abs(selective.peak - 24.21 * gib) <= 0.10 * 24.21 * gib);
+  const double selective_peak = peak_as_measured(selective_input, 1);
+  WARN("llama.full.selective: planned " << selective_peak / gib << " GiB for the code measured, measured 24.21 GiB");
+  CHECK(std::abs(selective_peak - 24.21 * gib) <= 0.10 * 24.21 * gib);
 }
 
 TEST_CASE("The memory plan of ZeRO-3 on the CPU counts what the heap holds in use where backward peaks",
@@ -205,9 +222,9 @@ TEST_CASE("The memory plan counts what each --activation-checkpointing setting k
   // vocabulary 4096, untied), fp32, batch 4 x 512, one step's peak host memory above the resident set before it
   // (VmHWM, big blocks mmapped), measured on the 2-core AMD EPYC on 2026-11-27: the activations kept and the logits.
   auto in = recompute_memory_run();
-  const std::array<std::pair<hm::Recompute, double>, 3> measured{{{hm::Recompute::none, 1857970176.0},
-                                                                  {hm::Recompute::selective, 1034969088.0},
-                                                                  {hm::Recompute::full, 283783168.0}}};
+  const std::array<std::pair<hm::Recompute, double>, 3> measured{{{hm::Recompute::none, 1623203840.0},
+                                                                  {hm::Recompute::selective, 1034686464.0},
+                                                                  {hm::Recompute::full, 266817536.0}}};
   double previous = 0;
   for (const auto& [recompute, bytes] : measured) {
     in.activation_checkpointing = recompute;
@@ -237,7 +254,7 @@ TEST_CASE("The memory plan counts the fp32 weights that fused projections copy e
   };
   auto in = recompute_memory_run();
   const std::array<std::pair<hm::FusedProjections, double>, 2> measured{
-      {{hm::FusedProjections::under_autocast, 1858129920.0}, {hm::FusedProjections::always, 2089615360.0}}};
+      {{hm::FusedProjections::under_autocast, 1623203840.0}, {hm::FusedProjections::always, 1854373888.0}}};
   for (const auto& [mode, bytes] : measured) {
     const FusionMode fusion(mode);
     const auto plan = lm::plan_memory(in);

@@ -19,7 +19,7 @@
 // Why keep products and recompute the rest: the products are the block's FLOPs (a Llama block: 2·tokens·params),
 // the elementwise work is a few passes over memory; and the kept outputs are fewer bytes than what a block without
 // recomputation keeps (Llama 1.1B under bf16: q, k, v, o, gate, up, down are 35.8 kB a token and layer against
-// 95.2 kB kept without recomputation; the norms' inputs, SiLU's and rotary's operands are what is dropped).
+// 71.7 kB kept without recomputation; the norms' inputs, SwiGLU's and rotary's operands are what is dropped).
 // The attention kernel's output is not kept: replaying SDPA means calling a backend's own forward/backward pair
 // (flash, efficient, math, CPU flash) with its saved statistics and random state, one per backend.
 #include <cstddef>

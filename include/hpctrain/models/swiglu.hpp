@@ -6,7 +6,7 @@
 // (mul's left operand) and up; their backward writes gate's and up's gradients as tensors of their own, which the
 // fused gate/up product (models/fused_projections.hpp) then concatenates. SwiGLU keeps gate and up only and
 // computes silu(gate) again in backward (one pass over memory it reads anyway): 2 bytes a token, layer and MLP
-// column fewer under bf16 (0.96 GiB at TinyLlama's shape, 8 x 1024 tokens, 22 layers of 5632), 4 in fp32. Given
+// column fewer under bf16 (1.89 GiB at TinyLlama's shape, 8 x 1024 tokens, 22 layers of 5632), 4 in fp32. Given
 // the fused product's output whole, it writes both gradients into the halves of one tensor: no concatenation.
 // On the CPU (and wherever no kernel is compiled at run time) its operations are autograd's, in the same order:
 // the output and the gradients are bit for bit autograd's.
