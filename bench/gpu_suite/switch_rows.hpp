@@ -20,6 +20,9 @@
 //                            forward and backward, as autograd computes it (silu, mul, the halves' concatenated
 //                            gradients) against models::swiglu (on CUDA one runtime-compiled kernel each way,
 //                            models/swiglu.hpp): ms per call, which path ran, the output's and gradient's distance.
+//   switches.fused_rotary    rotary embeddings of TinyLlama's queries (8 x 1024 tokens, 32 heads of 64, bf16 under
+//                            autocast), forward and backward: the composite operations against the runtime-compiled
+//                            kernels (models/rotary.hpp): ms per call, which path ran, the distance.
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -32,6 +35,7 @@
 #include <hpctrain/lm/chunked_loss.hpp>
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/models/mixed_precision_products.hpp>
+#include <hpctrain/models/rotary.hpp>
 #include <hpctrain/models/swiglu.hpp>
 #include <hpctrain/train/fused_adamw.hpp>
 #include <hpctrain/train/precision.hpp>
@@ -369,6 +373,15 @@ inline Row wide_products_row(const torch::Device& device) {
   return row;
 }
 
+/// Which path a runtime-compiled kernel's row ran, and why not the kernel.
+inline std::string kernel_path(bool kernels, const torch::Device& device) {
+  if (kernels) return "runtime-compiled kernels";
+  if (!device.is_cuda()) return "composite (no runtime-compiled kernels on the CPU)";
+  if (hpctrain::models::detail::jiterator() == nullptr) return "composite: no jiterator in the process";
+  if (!hpctrain::models::runtime_kernels()) return "composite: switched off";
+  return "composite: the kernels' probe failed";
+}
+
 /// One forward and backward of silu(gate) · up over a fused gate/up output: autograd's operations or models::swiglu.
 struct SwigluRun {
   torch::Tensor output, gradient;
@@ -410,12 +423,7 @@ inline Row fused_swiglu_row(const torch::Device& device) {
   row.status = output_error <= bound && gradient_error <= bound ? Status::pass : Status::fail;
   row.result = fmt::format(
       "{:.3f} ms -> {:.3f} ms ({:.2f}x), {}; output {:.1e}, gradient {:.1e} from autograd's (bound {:.1e})",
-      autograd_ms, node_ms, autograd_ms / node_ms,
-      kernels ? "runtime-compiled kernels"
-              : (cuda ? (hpctrain::models::detail::jiterator() == nullptr ? "composite: no jiterator in the process"
-                                                                          : "composite: the kernels' probe failed")
-                      : "composite (no runtime-compiled kernels on the CPU)"),
-      output_error, gradient_error, bound);
+      autograd_ms, node_ms, autograd_ms / node_ms, kernel_path(kernels, device), output_error, gradient_error, bound);
   row.figures = {{"autograd_ms", autograd_ms},
                  {"node_ms", node_ms},
                  {"speedup", autograd_ms / node_ms},
@@ -425,6 +433,70 @@ inline Row fused_swiglu_row(const torch::Device& device) {
                  {"bound", bound},
                  {"tokens", tokens},
                  {"width", width}};
+  return row;
+}
+
+/// One forward and backward of rotary embeddings over q-shaped x under bf16 autocast, with the runtime-compiled
+/// kernels allowed (`kernels`) or not.
+struct RotaryRun {
+  torch::Tensor output, gradient;
+};
+inline RotaryRun rotary_run(const torch::Tensor& x_values, const torch::Tensor& cos, const torch::Tensor& sin,
+                            const torch::Tensor& upstream, bool kernels) {
+  struct Switch {  // process-wide: back to the default after
+    explicit Switch(bool on) { hpctrain::models::set_runtime_kernels(on); }
+    ~Switch() { hpctrain::models::set_runtime_kernels(true); }
+  } kernel_switch(kernels);
+  auto x = x_values.detach().requires_grad_(true);
+  torch::Tensor output;
+  {
+    hpctrain::AutocastScope autocast(hpctrain::Precision::bf16, x.device());
+    output = hpctrain::models::apply_rotary(x, hpctrain::models::rotary_angles(cos, sin, x.device()));
+  }
+  output.backward(upstream);
+  return {output.detach(), x.grad()};
+}
+
+inline Row fused_rotary_row(const torch::Device& device) {
+  const bool cuda = device.is_cuda();
+  const std::int64_t batch = cuda ? 8 : 2, tokens = cuda ? 1024 : 128, heads = cuda ? 32 : 4, dim = 64;
+  torch::manual_seed(13);
+  const auto options = torch::TensorOptions().device(device);
+  // q as the fused product leaves it: [B, T, H, D] transposed to [B, H, T, D]
+  const auto x = torch::randn({batch, tokens, heads, dim}, options.dtype(torch::kBFloat16)).transpose(1, 2);
+  const auto upstream = torch::randn({batch, heads, tokens, dim}, options.dtype(torch::kBFloat16));
+  const auto frequencies = torch::pow(10000.0, -torch::arange(0, dim, 2, options) / double(dim));
+  const auto half_angles = torch::arange(tokens, options).unsqueeze(-1) * frequencies;
+  const auto angles = torch::cat({half_angles, half_angles}, -1);
+  const auto cos = angles.cos(), sin = angles.sin();
+  const int iterations = cuda ? 50 : 3;
+  const double composite_ms =
+      ms_per_call([&] { return rotary_run(x, cos, sin, upstream, false).gradient; }, device, iterations);
+  const double kernel_ms =
+      ms_per_call([&] { return rotary_run(x, cos, sin, upstream, true).gradient; }, device, iterations);
+  const auto composite = rotary_run(x, cos, sin, upstream, false), fused = rotary_run(x, cos, sin, upstream, true);
+  const bool kernels = hpctrain::models::detail::rotary_kernels(x);
+  // One bf16 rounding of the same fp32 sums (the angles as bf16 pairs, 2^-17): within 2^-6 in norm with room.
+  const double bound = kernels ? std::ldexp(1.0, -6) : 0.0;
+  const double output_error = relative_error({fused.output}, {composite.output}),
+               gradient_error = relative_error({fused.gradient}, {composite.gradient});
+  Row row{"switches.fused_rotary", "", Status::pass, "", nlohmann::json::object()};
+  row.label = fmt::format(
+      "rotary forward + backward, {} x {} tokens, {} heads of {}, bf16: composite vs runtime-compiled kernels", batch,
+      tokens, heads, dim);
+  row.status = output_error <= bound && gradient_error <= bound ? Status::pass : Status::fail;
+  row.result = fmt::format("{:.3f} ms -> {:.3f} ms ({:.2f}x), {}; output {:.1e}, gradient {:.1e} (bound {:.1e})",
+                           composite_ms, kernel_ms, composite_ms / kernel_ms, kernel_path(kernels, device),
+                           output_error, gradient_error, bound);
+  row.figures = {{"composite_ms", composite_ms},
+                 {"kernel_ms", kernel_ms},
+                 {"speedup", composite_ms / kernel_ms},
+                 {"kernels", kernels},
+                 {"output_error", output_error},
+                 {"gradient_error", gradient_error},
+                 {"bound", bound},
+                 {"tokens", batch * tokens},
+                 {"heads", heads}};
   return row;
 }
 
@@ -457,6 +529,8 @@ inline int run_switch_rows(const torch::Device& device) {
           [&] { return switch_rows::wide_products_row(device); });
   guarded("switches.fused_swiglu", "SwiGLU forward + backward: autograd vs models::swiglu",
           [&] { return switch_rows::fused_swiglu_row(device); });
+  guarded("switches.fused_rotary", "rotary forward + backward: composite vs runtime-compiled kernels",
+          [&] { return switch_rows::fused_rotary_row(device); });
   return failures;
 }
 

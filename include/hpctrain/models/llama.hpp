@@ -93,8 +93,8 @@ class LlamaAttentionImpl : public torch::nn::Module {
     o_proj = register_module("o_proj", linear(heads_ * head_dim_, d, config.attention_bias));
   }
 
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, KVCache* cache,
-                        std::size_t layer, const PackedAttention& packed = {}) {
+  torch::Tensor forward(const torch::Tensor& x, const RotaryAngles& angles, KVCache* cache, std::size_t layer,
+                        const PackedAttention& packed = {}) {
     const auto b = x.size(0), t = x.size(1);
     const auto qkv = linears({&q_proj, &k_proj, &v_proj}, x);  // one product under autocast
     auto q = qkv[0].reshape({b, t, heads_, head_dim_}).transpose(1, 2);
@@ -103,8 +103,8 @@ class LlamaAttentionImpl : public torch::nn::Module {
     // view v would keep the whole q/k/v output alive (q and k are new tensors after rotary), q + kv more elements a
     // token and layer for kv's copy.
     auto v = qkv[2].contiguous().reshape({b, t, kv_heads_, head_dim_}).transpose(1, 2);
-    q = apply_rotary(q, cos, sin);
-    k = apply_rotary(k, cos, sin);
+    q = apply_rotary(q, angles);
+    k = apply_rotary(k, angles);
     std::int64_t past = 0;
     if (cache != nullptr) {
       past = cache->length();
@@ -154,9 +154,9 @@ class LlamaBlockImpl : public torch::nn::Module {
     mlp = register_module("mlp", LlamaMLP(config));
   }
 
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        KVCache* cache = nullptr, const PackedAttention& packed = {}) {
-    auto h = x + self_attn->forward(input_layernorm(x), cos, sin, cache, layer_, packed);
+  torch::Tensor forward(const torch::Tensor& x, const RotaryAngles& angles, KVCache* cache = nullptr,
+                        const PackedAttention& packed = {}) {
+    auto h = x + self_attn->forward(input_layernorm(x), angles, cache, layer_, packed);
     return h + mlp(post_attention_layernorm(h));
   }
 
@@ -255,27 +255,27 @@ class LlamaImpl : public CausalLM, public HuggingFaceLayout {
     auto x = run_edge(
         Edge::embedding, [this](const torch::Tensor& ids) { return embed_tokens(ids); }, input_ids);
     const auto packed = document_ids.defined() ? packed_attention(document_ids, x) : PackedAttention{};
-    auto [cos, sin] = rotary_angles(positions, x);
+    const auto angles = rotary_angles_of(positions, x);
     for (std::size_t i = 0; i < block_list_.size(); ++i) {
       x = call_block(
           i,
-          [block = block_list_[i], cos = cos, sin = sin, cache, packed](const torch::Tensor& input) mutable {
-            return block->forward(input, cos, sin, cache, packed);
+          [block = block_list_[i], angles, cache, packed](const torch::Tensor& input) mutable {
+            return block->forward(input, angles, cache, packed);
           },
           x, cache);
     }
     return norm(x);
   }
 
-  /// cos and sin of the rotary angles of `positions`: [T, head_dim] for positions [T], [B, 1, T, head_dim] for
-  /// per-row positions [B, T] (packed rows), in x's dtype. The frequencies stay fp32 (a plain member, not a
-  /// buffer, so that casting the module leaves them alone).
-  std::pair<torch::Tensor, torch::Tensor> rotary_angles(const torch::Tensor& positions, const torch::Tensor& x) {
+  /// The rotary angles of `positions` (models::RotaryAngles): cos and sin [T, head_dim] for positions [T],
+  /// [B, 1, T, head_dim] for per-row positions [B, T] (packed rows), in x's dtype. The frequencies stay fp32 (a
+  /// plain member, not a buffer, so that casting the module leaves them alone).
+  RotaryAngles rotary_angles_of(const torch::Tensor& positions, const torch::Tensor& x) {
     if (inv_freq_.device() != x.device()) inv_freq_ = inv_freq_.to(x.device());
     auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq_;  // [..., T, head_dim / 2]
     auto angles = torch::cat({freqs, freqs}, -1);
     if (angles.dim() == 3) angles = angles.unsqueeze(1);  // [B, 1, T, D]: broadcast over heads
-    return {angles.cos().to(x.scalar_type()), angles.sin().to(x.scalar_type())};
+    return rotary_angles(angles.cos().to(x.scalar_type()), angles.sin().to(x.scalar_type()), x.device());
   }
 
   LlamaConfig config_;

@@ -11,61 +11,24 @@
 // On the CPU (and wherever no kernel is compiled at run time) its operations are autograd's, in the same order:
 // the output and the gradients are bit for bit autograd's.
 //
-// On CUDA the forward and the backward are one kernel each, compiled at run time by ATen's jiterator (NVRTC, as
-// torch.cuda.jiterator): silu(g)·u in fp32 registers, rounded once, where autograd's silu writes a rounded bf16
-// result that mul reads back; backward reads g, u and the output's gradient once and writes both gradients, where
-// autograd runs four kernels (two products, silu's backward, the concatenation). The jiterator is found in the
-// running process (libtorch_cuda), not linked: a LibTorch without it, or a kernel that fails to compile or to match
-// the composite operations on a small probe, leaves the composite path. set_fused_swiglu_kernels(false) keeps the
-// composite path on CUDA too (the GPU suite's switches.fused_swiglu times both).
+// On CUDA the forward and the backward are one kernel each, compiled at run time (models/runtime_kernels.hpp):
+// silu(g)·u in fp32 registers, rounded once, where autograd's silu writes a rounded bf16 result that mul reads back;
+// backward reads g, u and the output's gradient once and writes both gradients, where autograd runs four kernels
+// (two products, silu's backward, the concatenation). Probed once against the composite path; the GPU suite's
+// switches.fused_swiglu times both.
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <tuple>
 #include <utility>
 
-#if __has_include(<dlfcn.h>)
-#include <dlfcn.h>
-#endif
-
-#include <c10/util/SmallVector.h>
 #include <torch/torch.h>
+
+#include <hpctrain/models/runtime_kernels.hpp>
 
 namespace hpctrain::models {
 
 namespace detail {
-inline bool& fused_swiglu_kernels_switch() {
-  static bool on = true;
-  return on;
-}
-}  // namespace detail
-
-/// Whether SwiGLU runs as runtime-compiled CUDA kernels where they are available (process-wide; default on).
-inline void set_fused_swiglu_kernels(bool on) { detail::fused_swiglu_kernels_switch() = on; }
-inline bool fused_swiglu_kernels() { return detail::fused_swiglu_kernels_switch(); }
-
-namespace detail {
-
-/// ATen's jiterator entry point (ATen/cuda/jiterator.h, exported by libtorch_cuda), or nullptr: looked up in the
-/// running process, so that a program built against a LibTorch without CUDA, or not linked to libtorch_cuda,
-/// still builds and runs the composite path.
-using JiteratorLaunch = c10::SmallVector<at::Tensor> (*)(const std::string& code, const std::string& kernel_name,
-                                                         int outputs, const c10::SmallVector<at::Tensor>& inputs,
-                                                         const c10::SmallVector<at::Scalar>& extra_arguments,
-                                                         bool return_by_reference);
-inline JiteratorLaunch jiterator() {
-  static const JiteratorLaunch launch = [] {
-#if __has_include(<dlfcn.h>)
-    return reinterpret_cast<JiteratorLaunch>(
-        dlsym(RTLD_DEFAULT,
-              "_ZN2at4cuda22CompileAndLaunchKernelERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEES8_iRKN3c1011"
-              "SmallVectorINS_6TensorELj6EEERKNSA_INS9_6ScalarELj1EEEb"));
-#else
-    return JiteratorLaunch{nullptr};
-#endif
-  }();
-  return launch;
-}
 
 // The kernels' sources: T is the inputs' dtype (bf16, fp16 or fp32), the arithmetic fp32.
 inline const std::string swiglu_forward_code = R"(
@@ -83,7 +46,7 @@ template <typename T> T hpctrain_swiglu_backward(T gate, T up, T grad, T first) 
 
 /// silu(gate) · up by the runtime-compiled kernel: [.., width] of the inputs' shape.
 inline torch::Tensor swiglu_forward_kernel(const torch::Tensor& gate, const torch::Tensor& up) {
-  return jiterator()(swiglu_forward_code, "hpctrain_swiglu_forward", 1, {gate, up}, {}, false)[0];
+  return runtime_kernel(swiglu_forward_code, "hpctrain_swiglu_forward", {gate, up});
 }
 
 /// Both gradients by the runtime-compiled kernel, side by side: [.., 2 · width], gate's half first.
@@ -93,9 +56,9 @@ inline torch::Tensor swiglu_backward_kernel(const torch::Tensor& gate, const tor
   const auto width = shape.back();
   shape.back() = 1;
   shape.push_back(width);  // [.., 1, width]: the inputs broadcast over the output's halves
-  const auto first = torch::arange(1, -1, -1, gate.options()).view({2, 1});
-  auto both = jiterator()(swiglu_backward_code, "hpctrain_swiglu_backward", 1,
-                          {gate.unsqueeze(-2), up.unsqueeze(-2), grad.unsqueeze(-2), first}, {}, false)[0];
+  auto both =
+      runtime_kernel(swiglu_backward_code, "hpctrain_swiglu_backward",
+                     {gate.unsqueeze(-2), up.unsqueeze(-2), grad.unsqueeze(-2), first_half_selector(gate.options())});
   shape.pop_back();
   shape.back() = 2 * width;
   return both.reshape(shape);  // [.., 2, width] is contiguous: a view
@@ -115,30 +78,20 @@ inline void swiglu_backward_composite(const torch::Tensor& gate, const torch::Te
   at::silu_backward_out(gate_grad, gate_grad, gate);  // d gate = silu'(gate) · (grad · up)
 }
 
-/// Whether the runtime-compiled kernels run on `device`: the switch is on, the jiterator is in the process, and on
-/// a small bf16 probe (asked once per process) they compile and agree with the composite path within bf16's
-/// rounding of the one result each writes.
+/// Whether the runtime-compiled kernels run on `device`: runtime_kernels_possible, and on a small bf16 probe (asked
+/// once per process) they compile and agree with the composite path.
 inline bool swiglu_kernels(const torch::Device& device) {
-  if (!device.is_cuda() || !fused_swiglu_kernels() || jiterator() == nullptr) return false;
+  if (!runtime_kernels_possible(device)) return false;
   static const bool agree = [&] {
     try {
       torch::NoGradGuard no_grad;
       const auto options = torch::TensorOptions().dtype(torch::kBFloat16).device(device);
       const auto gate = torch::randn({64, 256}, options), up = torch::randn({64, 256}, options),
                  grad = torch::randn({64, 256}, options);
-      const auto close = [](const torch::Tensor& fused, const torch::Tensor& composite) {
-        // each result rounded once (fused) or twice (composite) to bf16: 2^-8 relative apart at most, with room
-        return fused.sizes() == composite.sizes() &&
-               (fused.to(torch::kFloat32) - composite.to(torch::kFloat32))
-                   .abs()
-                   .le(composite.to(torch::kFloat32).abs().mul(std::ldexp(1.0, -6)).add(1e-3))
-                   .all()
-                   .item<bool>();
-      };
       auto gate_grad = torch::empty_like(gate), up_grad = torch::empty_like(up);
       swiglu_backward_composite(gate, up, grad, gate_grad, up_grad);
-      return close(swiglu_forward_kernel(gate, up), swiglu_forward_composite(gate, up)) &&
-             close(swiglu_backward_kernel(gate, up, grad), torch::cat({gate_grad, up_grad}, -1));
+      return close_to_composite(swiglu_forward_kernel(gate, up), swiglu_forward_composite(gate, up)) &&
+             close_to_composite(swiglu_backward_kernel(gate, up, grad), torch::cat({gate_grad, up_grad}, -1));
     } catch (const std::exception&) {
       return false;
     }
