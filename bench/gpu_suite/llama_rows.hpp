@@ -9,6 +9,8 @@
 //                     as transformers computes them: what fusing them gains, in the same call
 //   llama.full.rounded  the same with autograd's casts of the gradients (bf16 products, a cast kernel each;
 //                     models/mixed_precision_products.hpp off), as transformers computes them
+//   llama.full.composite  the same with LibTorch's operations for SwiGLU and rotary (set_runtime_kernels(false)):
+//                     what the runtime-compiled kernels (models/runtime_kernels.hpp) gain
 //   llama.full.selective  the same with selective recomputation (--activation-checkpointing selective: each block
 //                     runs again in backward, its projections' outputs replayed): what fitting in less memory costs
 //   llama.full.zero3  the same under ZeRO-3 (fp32 shards, each block gathered while it runs and recomputed in
@@ -232,6 +234,12 @@ inline int run_llama_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& g
     row("llama.full.rounded", "full fine-tuning, Replicated, no recomputation, gradients cast from bf16",
         hpctrain::ZeroStage::none, true, [](hm::Llama&) {});
     hm::set_fp32_product_gradients(true);
+  }
+  {  // the same with LibTorch's operations where runtime-compiled kernels would run (SwiGLU, rotary)
+    hm::set_runtime_kernels(false);
+    row("llama.full.composite", "full fine-tuning, Replicated, no recomputation, no runtime-compiled kernels",
+        hpctrain::ZeroStage::none, true, [](hm::Llama&) {});
+    hm::set_runtime_kernels(true);
   }
   row("llama.full.selective", "full fine-tuning, Replicated, selective recomputation", hpctrain::ZeroStage::none, true,
       [](hm::Llama& model) { model->set_activation_checkpointing(hm::Recompute::selective); });

@@ -475,7 +475,7 @@ inline Row fused_rotary_row(const torch::Device& device) {
   const double kernel_ms =
       ms_per_call([&] { return rotary_run(x, cos, sin, upstream, true).gradient; }, device, iterations);
   const auto composite = rotary_run(x, cos, sin, upstream, false), fused = rotary_run(x, cos, sin, upstream, true);
-  const bool kernels = hpctrain::models::detail::rotary_kernels(x);
+  const bool kernels = hpctrain::models::detail::rotary_kernels(x.device(), x.scalar_type());
   // One bf16 rounding of the same fp32 sums (the angles as bf16 pairs, 2^-17): within 2^-6 in norm with room.
   const double bound = kernels ? std::ldexp(1.0, -6) : 0.0;
   const double output_error = relative_error({fused.output}, {composite.output}),

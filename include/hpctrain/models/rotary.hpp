@@ -93,12 +93,11 @@ inline torch::Tensor rotary_composite(const torch::Tensor& x, const torch::Tenso
   return torch::addcmul(x * cos, rotate_half(x), sin);
 }
 
-/// Whether the rotary kernels run for x on its device: runtime_kernels_possible, x in bf16 or fp16, and on a small
+/// Whether the rotary kernels run for x of `dtype` on `device`: runtime_kernels_possible, bf16 or fp16, and on a small
 /// probe (asked once per process) they compile and agree with the composite path both ways.
-inline bool rotary_kernels(const torch::Tensor& x) {
-  if (!runtime_kernels_possible(x.device()) || (x.scalar_type() != torch::kBFloat16 && x.scalar_type() != torch::kHalf))
-    return false;
-  static const bool agree = [device = x.device()] {
+inline bool rotary_kernels(const torch::Device& device, c10::ScalarType dtype) {
+  if (!runtime_kernels_possible(device) || (dtype != torch::kBFloat16 && dtype != torch::kHalf)) return false;
+  static const bool agree = [device] {
     try {
       torch::NoGradGuard no_grad;
       const auto options = torch::TensorOptions().device(device);
@@ -132,7 +131,8 @@ struct Rotary : torch::autograd::Function<Rotary> {
     const bool narrow_output =
         at::autocast::is_autocast_enabled(device) && x.scalar_type() == at::autocast::get_autocast_dtype(device);
     ctx->saved_data["dtype"] = x.scalar_type();
-    if (narrow_output && kernel.pairs.defined() && kernel.pairs.scalar_type() == x.scalar_type() && rotary_kernels(x)) {
+    if (narrow_output && kernel.pairs.defined() && kernel.pairs.scalar_type() == x.scalar_type() &&
+        rotary_kernels(x.device(), x.scalar_type())) {
       ctx->save_for_backward({kernel.pairs});
       return rotary_kernel(x, kernel.pairs, false);
     }
@@ -163,9 +163,9 @@ struct RotaryAngles {
 inline RotaryAngles rotary_angles(torch::Tensor cos, torch::Tensor sin, const torch::Device& device) {
   RotaryAngles angles{std::move(cos), std::move(sin), {}};
   const auto type = device.type();
-  if (detail::runtime_kernels_possible(device) && at::autocast::is_autocast_enabled(type)) {
+  if (at::autocast::is_autocast_enabled(type)) {
     const auto narrow = at::autocast::get_autocast_dtype(type);
-    if (narrow == torch::kBFloat16 || narrow == torch::kHalf)
+    if (detail::rotary_kernels(device, narrow))
       angles.kernel.pairs = detail::rotary_kernel_angles(angles.cos, angles.sin, narrow);
   }
   return angles;
