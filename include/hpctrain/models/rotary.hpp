@@ -16,6 +16,7 @@
 // whose sum is the fp32 value to about 2^-17 (RotaryAngles, made once per forward), and its sums run in fp32:
 // within one bf16 rounding of the composite path's result.
 #include <cmath>
+#include <exception>
 #include <string>
 
 #include <ATen/autocast_mode.h>

@@ -10,6 +10,7 @@
 // kernel's user probes it once on a small input against its composite path (models/swiglu.hpp,
 // models/rotary.hpp), so that a kernel that fails to compile or to agree is never used.
 // set_runtime_kernels(false) keeps the composite paths on CUDA too (the GPU suite times both).
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <mutex>

@@ -18,6 +18,7 @@
 // switches.fused_swiglu times both.
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <tuple>
 #include <utility>
