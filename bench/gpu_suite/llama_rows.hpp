@@ -44,6 +44,7 @@
 #include <hpctrain/lm/memory_plan.hpp>
 #include <hpctrain/models/llama.hpp>
 #include <hpctrain/models/lora.hpp>
+#include <hpctrain/models/scoped_switch.hpp>
 #include <hpctrain/train/fused_adamw.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/strategies/sharded.hpp>
@@ -224,22 +225,19 @@ inline int run_llama_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& g
   row("llama.full", "full fine-tuning, Replicated, no recomputation", hpctrain::ZeroStage::none, true,
       [](hm::Llama&) {});
   {  // the same with one product per projection (q, k, v and gate, up unfused), as transformers computes them
-    hm::set_fused_projections(hm::FusedProjections::never);
+    const hm::ScopedSwitch unfused(hm::set_fused_projections, hm::fused_projections, hm::FusedProjections::never);
     row("llama.full.unfused", "full fine-tuning, Replicated, no recomputation, projections unfused",
         hpctrain::ZeroStage::none, true, [](hm::Llama&) {});
-    hm::set_fused_projections(hm::FusedProjections::under_autocast);
   }
   {  // the same with autograd's casts of the gradients (bf16 products, then a cast kernel each), as transformers
-    hm::set_fp32_product_gradients(false);
+    const hm::ScopedSwitch rounded(hm::set_fp32_product_gradients, hm::fp32_product_gradients, false);
     row("llama.full.rounded", "full fine-tuning, Replicated, no recomputation, gradients cast from bf16",
         hpctrain::ZeroStage::none, true, [](hm::Llama&) {});
-    hm::set_fp32_product_gradients(true);
   }
   {  // the same with LibTorch's operations where runtime-compiled kernels would run (SwiGLU, rotary)
-    hm::set_runtime_kernels(false);
+    const hm::ScopedSwitch composite(hm::set_runtime_kernels, hm::runtime_kernels, false);
     row("llama.full.composite", "full fine-tuning, Replicated, no recomputation, no runtime-compiled kernels",
         hpctrain::ZeroStage::none, true, [](hm::Llama&) {});
-    hm::set_runtime_kernels(true);
   }
   row("llama.full.selective", "full fine-tuning, Replicated, selective recomputation", hpctrain::ZeroStage::none, true,
       [](hm::Llama& model) { model->set_activation_checkpointing(hm::Recompute::selective); });

@@ -36,6 +36,7 @@
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/models/mixed_precision_products.hpp>
 #include <hpctrain/models/rotary.hpp>
+#include <hpctrain/models/scoped_switch.hpp>
 #include <hpctrain/models/swiglu.hpp>
 #include <hpctrain/train/fused_adamw.hpp>
 #include <hpctrain/train/precision.hpp>
@@ -400,6 +401,91 @@ inline SwigluRun swiglu_run(const torch::Tensor& gate_up_values, const torch::Te
   return {output.detach(), gate_up.grad()};
 }
 
+/// GB/s that `run` moves, at `bytes` read and written per call.
+template <typename Run>
+double gb_per_s(Run run, double bytes, const torch::Device& device, int iterations) {
+  return bytes / (ms_per_call(run, device, iterations) * 1e6);
+}
+
+/// A candidate for SwiGLU's backward: both gradients as two outputs of one runtime-compiled kernel (jiterator's
+/// multi-output form), no broadcast and no selector: what a rewrite would gain is what this measures.
+inline const std::string swiglu_two_output_code = R"(
+template <typename T> void hpctrain_swiglu_backward_pair(T gate, T up, T grad, T& gate_grad, T& up_grad) {
+  const float g = static_cast<float>(gate), s = 1.0f / (1.0f + expf(-g)), d = static_cast<float>(grad);
+  gate_grad = static_cast<T>(d * static_cast<float>(up) * s * (1.0f + g * (1.0f - s)));
+  up_grad = static_cast<T>(d * g * s);
+})";
+
+/// Where the runtime-compiled SwiGLU kernels stand against the memory's speed (docs/gpu.md, 2026-11-27: the backward
+/// measured at 18% of it in a Llama step): GB/s of each kernel alone over the fused product's halves (strided views,
+/// as the model calls them) and over contiguous copies, of the two-output candidate, and of a copy of gate/up as the
+/// reference. Only where the kernels run; an error is reported, not thrown (the row's comparison stands).
+inline nlohmann::json swiglu_kernel_bandwidth(const torch::Tensor& gate_up, const torch::Tensor& upstream,
+                                              const torch::Device& device, int iterations) {
+  namespace models = hpctrain::models::detail;
+  nlohmann::json out = nlohmann::json::object();
+  try {
+    const auto width = upstream.size(-1);
+    const auto gate = gate_up.narrow(-1, 0, width), up = gate_up.narrow(-1, width, width);
+    const auto gate_contiguous = gate.contiguous(), up_contiguous = up.contiguous();
+    const double half = static_cast<double>(upstream.numel() * upstream.element_size());
+    out["copy_gbps"] = gb_per_s([&] { return gate_up.clone(); }, 4 * half, device, iterations);
+    out["forward_gbps"] =
+        gb_per_s([&] { return models::swiglu_forward_kernel(gate, up); }, 3 * half, device, iterations);
+    out["forward_contiguous_gbps"] = gb_per_s(
+        [&] { return models::swiglu_forward_kernel(gate_contiguous, up_contiguous); }, 3 * half, device, iterations);
+    out["backward_gbps"] =
+        gb_per_s([&] { return models::swiglu_backward_kernel(gate, up, upstream); }, 5 * half, device, iterations);
+    out["backward_contiguous_gbps"] =
+        gb_per_s([&] { return models::swiglu_backward_kernel(gate_contiguous, up_contiguous, upstream); }, 5 * half,
+                 device, iterations);
+    const auto pair = [&](const torch::Tensor& g, const torch::Tensor& u) {
+      return models::jiterator()(swiglu_two_output_code, "hpctrain_swiglu_backward_pair", 2, {g, u, upstream}, {},
+                                 false)[0];
+    };
+    out["backward_pair_gbps"] = gb_per_s([&] { return pair(gate, up); }, 5 * half, device, iterations);
+    out["backward_pair_contiguous_gbps"] =
+        gb_per_s([&] { return pair(gate_contiguous, up_contiguous); }, 5 * half, device, iterations);
+  } catch (const std::exception& e) {
+    out["error"] = e.what();
+  }
+  return out;
+}
+
+/// The same for the rotary kernels over q as the fused product leaves it (a transposed view) and contiguous, with
+/// a copy of x as the reference: x read and the result written, the angles' pairs (small, cached) not counted.
+inline nlohmann::json rotary_kernel_bandwidth(const torch::Tensor& x, const torch::Tensor& cos,
+                                              const torch::Tensor& sin, const torch::Device& device, int iterations) {
+  namespace models = hpctrain::models::detail;
+  nlohmann::json out = nlohmann::json::object();
+  try {
+    const auto pairs = models::rotary_kernel_angles(cos, sin, x.scalar_type());
+    const auto x_contiguous = x.contiguous();
+    const double bytes = 2.0 * static_cast<double>(x.numel() * x.element_size());
+    out["copy_gbps"] = gb_per_s([&] { return x_contiguous.clone(); }, bytes, device, iterations);
+    out["forward_gbps"] = gb_per_s([&] { return models::rotary_kernel(x, pairs, false); }, bytes, device, iterations);
+    out["forward_contiguous_gbps"] =
+        gb_per_s([&] { return models::rotary_kernel(x_contiguous, pairs, false); }, bytes, device, iterations);
+    out["backward_contiguous_gbps"] =
+        gb_per_s([&] { return models::rotary_kernel(x_contiguous, pairs, true); }, bytes, device, iterations);
+  } catch (const std::exception& e) {
+    out["error"] = e.what();
+  }
+  return out;
+}
+
+/// The figures of a kernel_bandwidth object as one short text ("copy 4100, forward 1700 GB/s, ..."), or why none.
+inline std::string bandwidth_text(const nlohmann::json& figures) {
+  if (figures.contains("error")) return "bandwidth not measured: " + figures["error"].get<std::string>();
+  std::string text;
+  for (const auto& item : figures.items()) {
+    const auto& name = item.key();
+    text += fmt::format("{}{} {:.0f}", text.empty() ? "" : ", ", name.substr(0, name.size() - 5),
+                        item.value().get<double>());
+  }
+  return text + " GB/s";
+}
+
 inline Row fused_swiglu_row(const torch::Device& device) {
   const bool cuda = device.is_cuda();
   const std::int64_t tokens = cuda ? 8192 : 512, width = cuda ? 5632 : 256;
@@ -433,6 +519,10 @@ inline Row fused_swiglu_row(const torch::Device& device) {
                  {"bound", bound},
                  {"tokens", tokens},
                  {"width", width}};
+  if (kernels) {
+    row.figures["bandwidth"] = swiglu_kernel_bandwidth(gate_up, upstream, device, iterations);
+    row.result += "; kernels alone: " + bandwidth_text(row.figures["bandwidth"]);
+  }
   return row;
 }
 
@@ -443,10 +533,8 @@ struct RotaryRun {
 };
 inline RotaryRun rotary_run(const torch::Tensor& x_values, const torch::Tensor& cos, const torch::Tensor& sin,
                             const torch::Tensor& upstream, bool kernels) {
-  struct Switch {  // process-wide: back to the default after
-    explicit Switch(bool on) { hpctrain::models::set_runtime_kernels(on); }
-    ~Switch() { hpctrain::models::set_runtime_kernels(true); }
-  } kernel_switch(kernels);
+  const hpctrain::models::ScopedSwitch kernel_switch(hpctrain::models::set_runtime_kernels,
+                                                     hpctrain::models::runtime_kernels, kernels);
   auto x = x_values.detach().requires_grad_(true);
   torch::Tensor output;
   {
@@ -497,6 +585,10 @@ inline Row fused_rotary_row(const torch::Device& device) {
                  {"bound", bound},
                  {"tokens", batch * tokens},
                  {"heads", heads}};
+  if (kernels) {
+    row.figures["bandwidth"] = rotary_kernel_bandwidth(x, cos, sin, device, iterations);
+    row.result += "; kernels alone: " + bandwidth_text(row.figures["bandwidth"]);
+  }
   return row;
 }
 

@@ -13,6 +13,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
@@ -23,6 +27,16 @@
 namespace block_step {
 
 namespace hm = hpctrain::models;
+
+/// Bytes the C allocator hands out now, every arena and every mmapped block (glibc), or -1 elsewhere.
+inline std::int64_t heap_in_use() {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
+  const auto info = mallinfo2();
+  return static_cast<std::int64_t>(info.uordblks + info.hblkhd);
+#else
+  return -1;
+#endif
+}
 
 constexpr std::int64_t vocabulary = 97, batch = 2, sequence = 16;
 

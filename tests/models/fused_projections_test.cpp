@@ -23,10 +23,10 @@ namespace fused_projections_test {
 
 using namespace block_step;
 
-/// Sets the fusion mode while alive; the default comes back after.
-struct FusionMode {
-  explicit FusionMode(hm::FusedProjections mode) { hm::set_fused_projections(mode); }
-  ~FusionMode() { hm::set_fused_projections(hm::FusedProjections::under_autocast); }
+/// The fusion mode set while alive; what it was comes back after.
+struct FusionMode : hm::ScopedSwitch<hm::FusedProjections> {
+  explicit FusionMode(hm::FusedProjections mode)
+      : ScopedSwitch(hm::set_fused_projections, hm::fused_projections, mode) {}
 };
 
 /// Every gradient of `b` within `bound` of `a`'s (relative L2 per tensor); returns the worst.

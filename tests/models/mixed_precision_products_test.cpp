@@ -24,10 +24,9 @@ namespace mixed_precision_products_test {
 
 using namespace block_step;
 
-/// Sets the switch while alive; the default (on) comes back after.
-struct ProductGradients {
-  explicit ProductGradients(bool on) { hm::set_fp32_product_gradients(on); }
-  ~ProductGradients() { hm::set_fp32_product_gradients(true); }
+/// The fp32 product gradients switched while alive (autograd's casts with `on` false).
+struct ProductGradients : hm::ScopedSwitch<bool> {
+  explicit ProductGradients(bool on) : ScopedSwitch(hm::set_fp32_product_gradients, hm::fp32_product_gradients, on) {}
 };
 
 /// Autograd's cast nodes (ToCopyBackward0) run by backward while alive.
@@ -141,7 +140,7 @@ TEST_CASE(
       const std::string what = fmt::format("{}, {}", bias ? "Qwen2 layout" : "Llama",
                                            fusion == hm::FusedProjections::never ? "separate" : "fused");
       CAPTURE(what);
-      hm::set_fused_projections(fusion);
+      const hm::ScopedSwitch fused(hm::set_fused_projections, hm::fused_projections, fusion);
       torch::manual_seed(21);
       hm::Llama model(tiny_llama(0.0, bias));
       torch::manual_seed(22);
@@ -161,7 +160,6 @@ TEST_CASE(
       }
       selective = step(*model, ids, hpctrain::Precision::bf16, hm::Recompute::selective);
       const auto exact = step(*model, ids, hpctrain::Precision::fp32);
-      hm::set_fused_projections(hm::FusedProjections::under_autocast);
       // Per block, the 7 weights' casts, the normalised inputs' (once per fused group, or once per projection of
       // q, k, v, gate, up: autocast caches only leaves' casts), and Qwen2's 3 biases'; then the head's weight, its
       // input and its logits' widening for the loss (models::head_projection writes them in fp32).
@@ -228,6 +226,46 @@ TEST_CASE("Under LoRA the frozen base products give the input's gradient in fp32
   CHECK(replayed <= bf16_bound);  // an adapted layer's replay (ReplayedLinear) keeps autograd's casts
   WARN(fmt::format("LoRA, bf16: adapters' gradients {:.2e} from the rounded ones, selective {:.2e}; bound {:.2e}",
                    worst, replayed, bf16_bound));
+}
+
+TEST_CASE(
+    "A projection under bf16 autocast keeps the input's cast only for a weight that trains, and the weights' cast "
+    "only for an input that wants its gradient",
+    "[models][bf16][products][lora]") {
+  // 4096 tokens of width 256 (x's cast: 2 MiB) through a 128 x 256 weight (its cast: 64 KiB): far apart, and each
+  // far above the allocator's bookkeeping.
+  const std::int64_t tokens = 4096, in = 256, out = 128;
+  const auto x_cast = tokens * in * 2, weight_cast = out * in * 2;
+  struct Case {
+    bool x_trains, weight_trains;
+    std::int64_t expected;
+  };
+  for (const auto& c :
+       {Case{true, false, weight_cast}, Case{false, true, x_cast}, Case{true, true, x_cast + weight_cast}}) {
+    CAPTURE(c.x_trains, c.weight_trains);
+    torch::manual_seed(5);
+    const auto x = torch::randn({8, tokens / 8, in}).requires_grad_(c.x_trains);
+    const auto weight = torch::randn({out, in}).requires_grad_(c.weight_trains);
+    torch::Tensor y;
+    std::int64_t kept = 0;
+    {
+      hpctrain::AutocastScope autocast(hpctrain::Precision::bf16, torch::Device(torch::kCPU));
+      hm::projection(x, weight, {}).sum().backward();  // first-call allocations (dispatch, threads) before measuring
+      x.mutable_grad() = torch::Tensor();
+      weight.mutable_grad() = torch::Tensor();
+      const auto before = block_step::heap_in_use();
+      y = hm::projection(x, weight, {});
+      kept = block_step::heap_in_use() - before - y.numel() * y.element_size();
+    }
+    WARN(fmt::format("x {}, weight {}: kept {} bytes beyond the output (expected {})", c.x_trains ? "trains" : "frozen",
+                     c.weight_trains ? "trains" : "frozen", kept, c.expected));
+    if (block_step::heap_in_use() >= 0) CHECK(std::abs(kept - c.expected) < weight_cast / 2);
+    y.sum().backward();  // the gradients that are asked for, of the right shapes
+    CHECK(x.grad().defined() == c.x_trains);
+    CHECK(weight.grad().defined() == c.weight_trains);
+    if (c.x_trains) CHECK(x.grad().sizes() == x.sizes());
+    if (c.weight_trains) CHECK(weight.grad().sizes() == weight.sizes());
+  }
 }
 
 }  // namespace mixed_precision_products_test

@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <hpctrain/models/rotary.hpp>
+#include <hpctrain/models/scoped_switch.hpp>
 #include <hpctrain/models/swiglu.hpp>
 
 namespace hm = hpctrain::models;
@@ -83,9 +84,11 @@ TEST_CASE("Without CUDA no runtime-compiled kernel runs, and the switch is proce
   CHECK_FALSE(hm::detail::swiglu_kernels(cpu));
   CHECK_FALSE(hm::detail::rotary_kernels(cpu, torch::kBFloat16));
   CHECK(hm::runtime_kernels());
-  hm::set_runtime_kernels(false);
-  CHECK_FALSE(hm::runtime_kernels());
-  hm::set_runtime_kernels(true);
+  {
+    const hm::ScopedSwitch off(hm::set_runtime_kernels, hm::runtime_kernels, false);
+    CHECK_FALSE(hm::runtime_kernels());
+  }
+  CHECK(hm::runtime_kernels());
   // Without kernels the angles carry no pairs: nothing is made that no kernel reads.
   const auto angles = hm::rotary_angles(torch::ones({2, 4}), torch::zeros({2, 4}), cpu);
   CHECK_FALSE(angles.kernel.pairs.defined());

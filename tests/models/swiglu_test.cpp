@@ -11,10 +11,6 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
-
 #include <hpctrain/models/swiglu.hpp>
 
 #include "block_step_support.hpp"
@@ -22,16 +18,6 @@
 namespace hm = hpctrain::models;
 
 namespace swiglu_test {
-
-/// Bytes the C allocator hands out now, every arena and every mmapped block (glibc), or -1 elsewhere.
-std::int64_t heap_in_use() {
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
-  const auto info = mallinfo2();
-  return static_cast<std::int64_t>(info.uordblks + info.hblkhd);
-#else
-  return -1;
-#endif
-}
 
 /// One forward and backward through `f` of a leaf [batch, tokens, 2 · width] (gate's half first), handed to `f`
 /// whole or as its two halves (split_with_sizes, as models::linears does).
@@ -44,11 +30,11 @@ struct Run {
 template <typename F>
 Run run(const torch::Tensor& gate_up_values, const torch::Tensor& upstream, F f) {
   auto gate_up = gate_up_values.clone().requires_grad_(true);
-  const auto before = heap_in_use();
+  const auto before = block_step::heap_in_use();
   auto output = f(gate_up);
   const auto output_bytes = static_cast<std::int64_t>(output.numel() * output.element_size());
   Run out;
-  out.kept = heap_in_use() - before - output_bytes;
+  out.kept = block_step::heap_in_use() - before - output_bytes;
   {
     block_step::OpCount cats({"aten::cat"}, at::RecordScope::FUNCTION);
     output.backward(upstream);
@@ -90,7 +76,7 @@ TEST_CASE(
     const auto half = batch * tokens * width * static_cast<std::int64_t>(gate_up.element_size());
     WARN(fmt::format("{}: kept beyond the output: autograd {} bytes, joined {}, separate {} (a half is {})", name,
                      autograd.kept, joined.kept, separate.kept, half));
-    if (heap_in_use() >= 0) {
+    if (block_step::heap_in_use() >= 0) {
       CHECK(std::abs(autograd.kept - half) < half / 16);
       CHECK(std::abs(joined.kept) < half / 16);
       CHECK(std::abs(separate.kept) < half / 16);

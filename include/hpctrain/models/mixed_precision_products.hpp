@@ -104,8 +104,17 @@ struct MixedPrecisionLinear : torch::autograd::Function<MixedPrecisionLinear> {
     const auto bias = biases.empty() ? torch::Tensor() : cast_stacked(biases, dtype);
     std::vector<std::int64_t> rows;
     for (const auto& w : weights) rows.push_back(w.size(0));
-    ctx->save_for_backward({narrow_x, weight});
+    // Each operand is kept only for the gradient that needs it: x's cast for the weights', the weights' cast for
+    // x's. Under LoRA the frozen base products keep no input: when they kept it, TinyLlama's LoRA row at 8 x 1024
+    // peaked 5.2 GiB above the plan on an H200 (31,744 bytes a token and layer, docs/gpu.md).
+    bool parameter_gradient = false;
+    for (const auto& list : {weights, biases})
+      for (const auto& t : list) parameter_gradient = parameter_gradient || t.requires_grad();
+    ctx->save_for_backward(
+        {parameter_gradient ? narrow_x : torch::Tensor(), x.requires_grad() ? weight : torch::Tensor()});
+    ctx->saved_data["x_shape"] = x.sizes().vec();
     ctx->saved_data["x_dtype"] = static_cast<std::int64_t>(x.scalar_type());
+    ctx->saved_data["dtype"] = static_cast<std::int64_t>(dtype);
     ctx->saved_data["parameter_dtype"] = static_cast<std::int64_t>(weights[0].scalar_type());
     ctx->saved_data["rows"] = rows;
     ctx->saved_data["biases"] = static_cast<std::int64_t>(biases.size());
@@ -125,14 +134,16 @@ struct MixedPrecisionLinear : torch::autograd::Function<MixedPrecisionLinear> {
     const auto rows = ctx->saved_data["rows"].toIntVector();
     const auto biases = static_cast<std::size_t>(ctx->saved_data["biases"].toInt());
     const auto x_dtype = static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    const auto narrow = static_cast<c10::ScalarType>(ctx->saved_data["dtype"].toInt());
     const auto parameter_dtype = static_cast<c10::ScalarType>(ctx->saved_data["parameter_dtype"].toInt());
 
     // + the dtype, the recorded output and wide_output: no gradient
     torch::autograd::variable_list out(1 + rows.size() + biases + 3);
     if (!grads[0].defined()) return out;
     // A wide output's gradient is narrowed for the products, as autograd's cast of the output would have.
-    const auto g = grads[0].reshape({-1, grads[0].size(-1)}).to(weight.scalar_type());
-    if (ctx->needs_input_grad(0)) out[0] = product_into(g, weight, x_dtype).view(narrow_x.sizes());
+    const auto g = grads[0].reshape({-1, grads[0].size(-1)}).to(narrow);
+    if (ctx->needs_input_grad(0))
+      out[0] = product_into(g, weight, x_dtype).view(ctx->saved_data["x_shape"].toIntVector());
     bool any_weight = false, any_bias = false;
     for (std::size_t i = 0; i < rows.size(); ++i) {
       any_weight = any_weight || ctx->needs_input_grad(1 + i);

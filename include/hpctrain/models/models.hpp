@@ -23,3 +23,4 @@
 #include <hpctrain/models/safetensors.hpp>
 #include <hpctrain/models/safetensors_format.hpp>
 #include <hpctrain/models/safetensors_shards.hpp>
+#include <hpctrain/models/scoped_switch.hpp>

@@ -16,7 +16,6 @@
 // whose sum is the fp32 value to about 2^-17 (RotaryAngles, made once per forward), and its sums run in fp32:
 // within one bf16 rounding of the composite path's result.
 #include <cmath>
-#include <exception>
 #include <string>
 
 #include <ATen/autocast_mode.h>
@@ -98,21 +97,16 @@ inline torch::Tensor rotary_composite(const torch::Tensor& x, const torch::Tenso
 /// probe (asked once per process) they compile and agree with the composite path both ways.
 inline bool rotary_kernels(const torch::Device& device, c10::ScalarType dtype) {
   if (!runtime_kernels_possible(device) || (dtype != torch::kBFloat16 && dtype != torch::kHalf)) return false;
-  static const bool agree = [device] {
-    try {
-      torch::NoGradGuard no_grad;
-      const auto options = torch::TensorOptions().device(device);
-      const auto x = torch::randn({2, 16, 4, 64}, options.dtype(torch::kBFloat16)).transpose(1, 2);  // q's layout
-      const auto angles = torch::arange(16, options).unsqueeze(-1) * torch::rand({64}, options);
-      const auto cos = angles.cos(), sin = angles.sin();
-      const auto pairs = rotary_kernel_angles(cos, sin, torch::kBFloat16);
-      const auto backward = rotate_half_transposed(x * sin) + x * cos;
-      return close_to_composite(rotary_kernel(x, pairs, false), rotary_composite(x, cos, sin, true)) &&
-             close_to_composite(rotary_kernel(x, pairs, true), backward.to(torch::kBFloat16));
-    } catch (const std::exception&) {
-      return false;
-    }
-  }();
+  static const bool agree = kernels_agree([device] {
+    const auto options = torch::TensorOptions().device(device);
+    const auto x = torch::randn({2, 16, 4, 64}, options.dtype(torch::kBFloat16)).transpose(1, 2);  // q's layout
+    const auto angles = torch::arange(16, options).unsqueeze(-1) * torch::rand({64}, options);
+    const auto cos = angles.cos(), sin = angles.sin();
+    const auto pairs = rotary_kernel_angles(cos, sin, torch::kBFloat16);
+    const auto backward = rotate_half_transposed(x * sin) + x * cos;
+    return close_to_composite(rotary_kernel(x, pairs, false), rotary_composite(x, cos, sin, true)) &&
+           close_to_composite(rotary_kernel(x, pairs, true), backward.to(torch::kBFloat16));
+  });
   return agree;
 }
 

@@ -12,6 +12,7 @@
 // set_runtime_kernels(false) keeps the composite paths on CUDA too (the GPU suite times both).
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <string>
@@ -83,6 +84,19 @@ inline const torch::Tensor& first_half_selector(const torch::TensorOptions& opti
   auto& selector = (*selectors)[key];
   if (!selector.defined()) selector = torch::arange(1, -1, -1, options).view({2, 1});
   return selector;
+}
+
+/// What a kernel family's probe answers: `probe` (the kernels against their composite path on a small input, under
+/// NoGradGuard), false where it throws (a kernel that does not compile, a launch that fails). Callers keep the answer
+/// in a function-local static: asked once per process.
+template <typename Probe>
+bool kernels_agree(Probe probe) {
+  try {
+    torch::NoGradGuard no_grad;
+    return probe();
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 /// Whether `fused` is within a few of bf16's rounding steps of `composite` everywhere (a probe's comparison: the

@@ -18,7 +18,6 @@
 // switches.fused_swiglu times both.
 #include <cmath>
 #include <cstdint>
-#include <exception>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -83,20 +82,15 @@ inline void swiglu_backward_composite(const torch::Tensor& gate, const torch::Te
 /// once per process) they compile and agree with the composite path.
 inline bool swiglu_kernels(const torch::Device& device) {
   if (!runtime_kernels_possible(device)) return false;
-  static const bool agree = [&] {
-    try {
-      torch::NoGradGuard no_grad;
-      const auto options = torch::TensorOptions().dtype(torch::kBFloat16).device(device);
-      const auto gate = torch::randn({64, 256}, options), up = torch::randn({64, 256}, options),
-                 grad = torch::randn({64, 256}, options);
-      auto gate_grad = torch::empty_like(gate), up_grad = torch::empty_like(up);
-      swiglu_backward_composite(gate, up, grad, gate_grad, up_grad);
-      return close_to_composite(swiglu_forward_kernel(gate, up), swiglu_forward_composite(gate, up)) &&
-             close_to_composite(swiglu_backward_kernel(gate, up, grad), torch::cat({gate_grad, up_grad}, -1));
-    } catch (const std::exception&) {
-      return false;
-    }
-  }();
+  static const bool agree = kernels_agree([&] {
+    const auto options = torch::TensorOptions().dtype(torch::kBFloat16).device(device);
+    const auto gate = torch::randn({64, 256}, options), up = torch::randn({64, 256}, options),
+               grad = torch::randn({64, 256}, options);
+    auto gate_grad = torch::empty_like(gate), up_grad = torch::empty_like(up);
+    swiglu_backward_composite(gate, up, grad, gate_grad, up_grad);
+    return close_to_composite(swiglu_forward_kernel(gate, up), swiglu_forward_composite(gate, up)) &&
+           close_to_composite(swiglu_backward_kernel(gate, up, grad), torch::cat({gate_grad, up_grad}, -1));
+  });
   return agree;
 }
 
