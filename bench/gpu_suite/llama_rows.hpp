@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -47,6 +48,7 @@
 #include <hpctrain/models/scoped_switch.hpp>
 #include <hpctrain/train/fused_adamw.hpp>
 #include <hpctrain/train/precision.hpp>
+#include <hpctrain/train/step_graph.hpp>
 #include <hpctrain/train/strategies/sharded.hpp>
 
 #include "device_memory.hpp"
@@ -85,6 +87,7 @@ struct Measurement {
   std::int64_t trainable = 0;
   std::int64_t optimizer_state_bytes = 0;  // AdamW's moments on this rank
   std::int64_t gradient_bytes = 0;         // gradients (ZeRO-3: the gradient shards) kept between steps
+  std::int64_t replays = 0;                // steps replayed from the step graph (--cuda-graphs)
 };
 
 /// The optimizer state and gradient bytes `strategy` holds on this rank after a step.
@@ -109,10 +112,12 @@ inline std::unique_ptr<torch::optim::Optimizer> adamw(const hpctrain::NamedParam
 }
 
 /// Trains `model` with `strategy` on random tokens: warmup steps, then timed steps. The peak memory counts
-/// from the model's move to the device: weights, gradients, optimizer state and activations.
+/// from the model's move to the device: weights, gradients, optimizer state and activations. `graphs`: each step
+/// through the Trainer's step graph (`--cuda-graphs`: captured after its warm-up steps, which the row's warmup
+/// steps cover, then replayed).
 inline Measurement train(const std::shared_ptr<hpctrain::dist::ProcessGroup>& group, hpctrain::models::Llama model,
                          std::unique_ptr<hpctrain::DataParallelStrategy> strategy, bool cuda,
-                         const std::string& trace = "") {
+                         const std::string& trace = "", bool graphs = false) {
   const auto device = group->device();
   const auto size = sizes(cuda);
   const auto precision = hpctrain::resolve_precision(hpctrain::auto_precision, device);
@@ -126,24 +131,32 @@ inline Measurement train(const std::shared_ptr<hpctrain::dist::ProcessGroup>& gr
   torch::manual_seed(2);
   const auto tokens = torch::randint(model->config().vocab_size, {size.batch, size.sequence + 1},
                                      torch::TensorOptions().dtype(torch::kLong).device(device));
-  const auto inputs = tokens.narrow(1, 0, size.sequence), targets = tokens.narrow(1, 1, size.sequence);
-  torch::Tensor loss;
-  auto step = [&] {
+  const hpctrain::data::Batch batch(tokens.narrow(1, 0, size.sequence), tokens.narrow(1, 1, size.sequence));
+  // The Trainer's step on the device (train/trainer.hpp's step_on_device at one micro-batch).
+  const auto device_step = [&](const hpctrain::data::Batch& on_device) {
     strategy->zero_grad();
     strategy->set_sync(true);
+    torch::Tensor step_loss;
     {
       hpctrain::AutocastScope autocast(precision, device);
-      loss = hpctrain::lm::token_loss(model->forward(inputs), targets);
+      step_loss = hpctrain::lm::token_loss(model->forward(on_device.inputs), on_device.targets);
     }
-    loss.backward();
+    step_loss.backward();
     strategy->finish_gradients();
-    strategy->clip_grad_norm(1.0);
+    auto norm = strategy->clip_grad_norm(1.0);
     strategy->step();
+    return hpctrain::detail::StepOutputs{step_loss.detach(), std::move(norm)};
   };
+  std::optional<hpctrain::detail::StepGraph> graph;
+  if (graphs) graph.emplace(device, dynamic_cast<hpctrain::FusedAdamW&>(strategy->optimizer()));
+  torch::Tensor loss;
+  auto step = [&] { loss = graph ? graph->run(batch, false, device_step).loss : device_step(batch).loss; };
   auto synchronize = [&] {
     if (device.is_cuda()) torch::cuda::synchronize();
   };
-  for (std::int64_t i = 0; i < size.warmup; ++i) step();
+  // Under graphs, the step graph's own warm-up steps and its capture come before the timed steps.
+  const auto warmup = graphs ? std::max(size.warmup, hpctrain::detail::StepGraph::warmup_steps + 1) : size.warmup;
+  for (std::int64_t i = 0; i < warmup; ++i) step();
   synchronize();
   const auto start = std::chrono::steady_clock::now();
   for (std::int64_t i = 0; i < size.steps; ++i) step();
@@ -152,6 +165,7 @@ inline Measurement train(const std::shared_ptr<hpctrain::dist::ProcessGroup>& gr
   measurement.tokens_per_s = static_cast<double>(size.batch * size.sequence * size.steps) / seconds;
   measurement.peak_bytes = peak_memory_bytes(device);
   measurement.loss = loss.item<double>();
+  if (graph) measurement.replays = graph->replays();
   std::tie(measurement.optimizer_state_bytes, measurement.gradient_bytes) = state_and_gradient_bytes(*strategy, model);
   if (!trace.empty()) profile(trace, device, 3, step);  // after the figures, so they are the same without it
   return measurement;
@@ -178,6 +192,10 @@ inline Row row_of(const std::string& id, const std::string& label, const Measure
   row.figures["gradient_bytes"] = m.gradient_bytes;
   row.figures["parameters"] = config.parameter_count();
   row.figures["loss"] = m.loss;
+  if (m.replays > 0) {
+    row.figures["replays"] = m.replays;
+    row.result += fmt::format(", {} steps replayed from the CUDA graph", m.replays);
+  }
   if (with_mfu) {
     const double mfu = m.tokens_per_s * hpctrain::models::flops_per_token(config, sizes(device.is_cuda()).sequence) /
                        (peak_tflops * 1e12);
@@ -205,16 +223,21 @@ inline int run_llama_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& g
                                  size.batch, size.sequence);
   int failures = 0;
   // One row: a fresh model (seed 0), `prepare`d (LoRA, checkpointing), trained with `stage`.
-  const auto row = [&](const char* id, const std::string& what, hpctrain::ZeroStage stage, bool with_mfu,
-                       auto prepare) {
+  const auto row = [&](const char* id, const std::string& what, hpctrain::ZeroStage stage, bool with_mfu, auto prepare,
+                       bool graphs = false) {
     if (!only.empty() && std::find(only.begin(), only.end(), id) == only.end()) return;
     const auto label = fmt::format("Llama {}: {}", shape, what);
+    if (graphs && !cuda) {
+      print(Row{id, label, Status::skip, "skipped: a CUDA graph captures a GPU's step", nlohmann::json::object()});
+      return;
+    }
     Row result;
     try {
       torch::manual_seed(0);
       hm::Llama model(config);
       prepare(model);
-      const auto measured = llama_rows::train(group, model, hpctrain::make_zero_strategy(stage), cuda, trace_path(id));
+      const auto measured =
+          llama_rows::train(group, model, hpctrain::make_zero_strategy(stage), cuda, trace_path(id), graphs);
       result = llama_rows::row_of(id, label, measured, group->device(), config, with_mfu);
     } catch (const std::exception& e) {
       result = failed_row(id, label, e.what());
@@ -245,14 +268,20 @@ inline int run_llama_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& g
       [](hm::Llama& model) { model->set_activation_checkpointing(true); });
   row("llama.full.zero3.keep", "full fine-tuning, ZeRO-3 keeping activations", hpctrain::ZeroStage::zero3, true,
       [](hm::Llama&) {});
-  row("llama.lora", "LoRA r=16 q_proj,v_proj, no recomputation", hpctrain::ZeroStage::none, false,
-      [](hm::Llama& model) {
-        hm::LoraConfig lora;
-        lora.r = 16;
-        lora.alpha = 32;
-        lora.targets = {"q_proj", "v_proj"};
-        hm::apply_lora(*model, lora);
-      });
+  const auto with_lora = [](hm::Llama& model) {
+    hm::LoraConfig lora;
+    lora.r = 16;
+    lora.alpha = 32;
+    lora.targets = {"q_proj", "v_proj"};
+    hm::apply_lora(*model, lora);
+  };
+  row("llama.lora", "LoRA r=16 q_proj,v_proj, no recomputation", hpctrain::ZeroStage::none, false, with_lora);
+  // The step captured in a CUDA graph and replayed (--cuda-graphs): what the launches between kernels cost.
+  row(
+      "llama.full.graphs", "full fine-tuning, Replicated, no recomputation, the step in a CUDA graph",
+      hpctrain::ZeroStage::none, true, [](hm::Llama&) {}, true);
+  row("llama.lora.graphs", "LoRA r=16 q_proj,v_proj, no recomputation, the step in a CUDA graph",
+      hpctrain::ZeroStage::none, false, with_lora, true);
   return failures;
 }
 

@@ -101,6 +101,7 @@ inline constexpr ErrorId runtime_status{"hpctrain.runtime.status"};
 inline constexpr ErrorId runtime_hostlist{"hpctrain.runtime.hostlist"};
 inline constexpr ErrorId runtime_local_launch{"hpctrain.runtime.local_launch"};
 inline constexpr ErrorId runtime_cuda_device{"hpctrain.runtime.cuda_device"};
+inline constexpr ErrorId runtime_cuda_graph{"hpctrain.runtime.cuda_graph"};
 inline constexpr ErrorId runtime_resolve{"hpctrain.runtime.resolve"};
 inline constexpr ErrorId runtime_slurm_env{"hpctrain.runtime.slurm_env"};
 
@@ -133,6 +134,7 @@ inline constexpr ErrorId spec_tokens_context{"hpctrain.spec.tokens.context"};
 inline constexpr ErrorId spec_training_batch_size{"hpctrain.spec.training.batch_size"};
 inline constexpr ErrorId spec_training_checkpoint_every{"hpctrain.spec.training.checkpoint_every"};
 inline constexpr ErrorId spec_training_clip_grad_norm{"hpctrain.spec.training.clip_grad_norm"};
+inline constexpr ErrorId spec_training_cuda_graphs{"hpctrain.spec.training.cuda_graphs"};
 inline constexpr ErrorId spec_training_epochs{"hpctrain.spec.training.epochs"};
 inline constexpr ErrorId spec_training_eval_batch_size{"hpctrain.spec.training.eval_batch_size"};
 inline constexpr ErrorId spec_training_eval_every{"hpctrain.spec.training.eval_every"};

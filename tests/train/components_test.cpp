@@ -31,6 +31,7 @@
 #include <hpctrain/train/progress.hpp>
 #include <hpctrain/train/replicated.hpp>
 #include <hpctrain/train/schedule.hpp>
+#include <hpctrain/train/step_graph.hpp>
 #include <hpctrain/train/tensorboard.hpp>
 #include <hpctrain/train/training.hpp>
 
@@ -583,4 +584,32 @@ TEST_CASE("A user's torch::data dataset serves stacked batches through data::fro
   const auto batch = dataset->batch({5, 2});
   CHECK(torch::equal(batch.inputs, torch::tensor({{5.0}, {2.0}})));
   CHECK(torch::equal(batch.targets, torch::tensor({{25.0}, {4.0}})));
+}
+
+TEST_CASE(
+    "The step graph replays only a batch of the captured layout, and copies every tensor of it into the "
+    "graph's",
+    "[graph]") {
+  using hpctrain::data::Batch;
+  const auto ids = [](std::int64_t rows, std::int64_t columns) {
+    return torch::arange(rows * columns, torch::kLong).reshape({rows, columns});
+  };
+  Batch captured(ids(4, 8), ids(4, 8) + 1, {{"loss_mask", torch::ones({4, 8}, torch::kBool)}});
+  CHECK(hpctrain::detail::same_layout(
+      captured, Batch(ids(4, 8) * 3, ids(4, 8), {{"loss_mask", torch::zeros({4, 8}, torch::kBool)}})));
+  CHECK_FALSE(hpctrain::detail::same_layout(
+      captured, Batch(ids(3, 8), ids(3, 8), {{"loss_mask", torch::ones({3, 8}, torch::kBool)}})));
+  CHECK_FALSE(hpctrain::detail::same_layout(captured, Batch(ids(4, 8), ids(4, 8))));  // a field missing
+  CHECK_FALSE(hpctrain::detail::same_layout(
+      captured, Batch(ids(4, 8), ids(4, 8), {{"other", torch::ones({4, 8}, torch::kBool)}})));
+  CHECK_FALSE(hpctrain::detail::same_layout(
+      captured, Batch(ids(4, 8).to(torch::kInt), ids(4, 8), {{"loss_mask", torch::ones({4, 8}, torch::kBool)}})));
+
+  const Batch next(ids(4, 8) * 5, ids(4, 8) * 7, {{"loss_mask", torch::zeros({4, 8}, torch::kBool)}});
+  const auto* where = captured.inputs.data_ptr();
+  hpctrain::detail::copy_batch(captured, next, /*non_blocking=*/false);
+  CHECK(captured.inputs.data_ptr() == where);  // into the graph's own tensors: a replay reads them there
+  CHECK(torch::equal(captured.inputs, next.inputs));
+  CHECK(torch::equal(captured.targets, next.targets));
+  CHECK(torch::equal(captured.fields.at("loss_mask"), next.fields.at("loss_mask")));
 }

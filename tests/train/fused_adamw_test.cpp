@@ -169,3 +169,75 @@ TEST_CASE(
   CHECK(dynamic_cast<hpctrain::FusedAdamW*>(unfused.get()) == nullptr);
   CHECK(unfused->param_groups().size() == 1);
 }
+
+TEST_CASE(
+    "FusedAdamW with its counts and learning rates on the device equals its host-count steps, through a "
+    "schedule, a parameter that skips steps and a resume",
+    "[optimizer]") {
+  for (const bool amsgrad : {false, true}) {
+    CAPTURE(amsgrad);
+    auto host = Setup::make();
+    auto device = Setup::make();
+    hpctrain::FusedAdamW host_optimizer(host.groups(amsgrad));
+    hpctrain::FusedAdamW device_optimizer(device.groups(amsgrad));
+    device_optimizer.keep_counters_on_device();
+    REQUIRE(device_optimizer.counters_on_device());
+    // A schedule: every step sets each group's learning rate, which the device's tensors must follow.
+    auto schedule = [](hpctrain::FusedAdamW& optimizer, int step) {
+      for (auto& group : optimizer.param_groups()) {
+        auto& options = static_cast<torch::optim::AdamWOptions&>(group.options());
+        options.lr((step == 0 ? 1.0 : 0.9) * options.lr());
+      }
+    };
+    for (int step = 0; step < 20; ++step) {
+      for (auto* side : {&host_optimizer, &device_optimizer}) schedule(*side, step);
+      set_gradients(host.all(), step);
+      host_optimizer.step();
+      set_gradients(device.all(), step);
+      device_optimizer.step();
+      if (step == 9) {
+        // A checkpoint of the host counts, loaded back: the device's counts are made again from the host's.
+        std::stringstream archive;
+        torch::save(device_optimizer, archive);
+        torch::load(device_optimizer, archive);
+      }
+    }
+    for (std::size_t i = 0; i < host.all().size(); ++i) {
+      CAPTURE(i);
+      // The CPU kernel reads a tensor learning rate as the double it holds: the same arithmetic, bit for bit.
+      REQUIRE(torch::equal(device.all()[i], host.all()[i]));
+      const auto& have = static_cast<const torch::optim::AdamWParamState&>(
+          *device_optimizer.state().at(device.all()[i].unsafeGetTensorImpl()));
+      REQUIRE(have.step() == (i == 2 ? 13 : 20));
+    }
+  }
+}
+
+TEST_CASE("FusedAdamW refuses to make a parameter's state inside a capture, and counts a replayed step on the host",
+          "[optimizer]") {
+  auto s = Setup::make();
+  hpctrain::FusedAdamW optimizer(s.groups(false));
+  optimizer.keep_counters_on_device();
+  set_gradients(s.all(), 1);
+  optimizer.set_capturing(true);  // no step yet: the first would make the state, which a replay would make again
+  REQUIRE_THROWS_WITH(optimizer.step(), Catch::Contains("every parameter must have stepped once before the capture"));
+  optimizer.set_capturing(false);
+
+  auto fresh = Setup::make();
+  hpctrain::FusedAdamW counted(fresh.groups(false));
+  counted.keep_counters_on_device();
+  set_gradients(fresh.all(), 1);
+  counted.step();                 // outside a capture: the state is made
+  set_gradients(fresh.all(), 3);  // the third parameter has no gradient: the "captured" step leaves it out
+  counted.set_capturing(true);
+  counted.step();
+  counted.set_capturing(false);
+  counted.count_replayed_step();
+  counted.count_replayed_step();
+  const auto step_of = [&](std::size_t i) {
+    return static_cast<const torch::optim::AdamWParamState&>(*counted.state().at(fresh.all()[i].unsafeGetTensorImpl()))
+        .step();
+  };
+  CHECK(step_of(0) == 4);  // one eager step, the captured one, two replays
+  CHECK(step_of(2) == 1);  // not in the captured step
+}

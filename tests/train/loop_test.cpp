@@ -213,6 +213,16 @@ TEST_CASE("A batch larger than a rank's share of the data is a spec error naming
           "step (1 ranks share it), but each rank gets only 512"));
 }
 
+TEST_CASE("CUDA graphs (--cuda-graphs) on the CPU are refused before the run starts, naming the device", "[loop]") {
+  TRAIN_TEST_REQUIRE_FASHION();
+  const auto run_dir = train_test::scratch("cuda-graphs-on-cpu");
+  CHECK_THROWS_WITH(hpctrain::train(small_training(run_dir).cuda_graphs(true), hpctrain::slurm::World{}),
+                    "[hpctrain.spec.training.cuda_graphs] training.cuda_graphs = on, with the device cpu: a CUDA graph "
+                    "captures a GPU's step; this run trains on the CPU");
+  CHECK_FALSE(fs::exists(run_dir / "checkpoints"));  // refused before anything was written
+  CHECK_FALSE(fs::exists(run_dir / "metrics.jsonl"));
+}
+
 TEST_CASE("Training knobs forwarded on the command line replace the description's values", "[worker]") {
   const auto described = small_training("unused").batch_size(hpctrain::global(64));
   const auto knobs = hpctrain::parse_training_knobs(
@@ -245,7 +255,8 @@ TEST_CASE("An invalid or unknown worker argument names the knob", "[worker]") {
       {{"--epoch", "3"},
        "[hpctrain.usage] unknown option --epoch (did you mean --epochs?); the knobs are: --epochs --max-steps "
        "--batch-size --lr --sharding --hsdp-group-size --precision --log-every --eval-every --max-eval-examples "
-       "--eval-batch-size --checkpoint-every --checkpoint-async --export-dtype --export-shard-size --wandb"},
+       "--eval-batch-size --checkpoint-every --checkpoint-async --cuda-graphs --export-dtype --export-shard-size "
+       "--wandb"},
       {{"--max-steps", "many"}, "[hpctrain.spec.knob] --max-steps = many: expected an integer"},
   }));
   CAPTURE(args);

@@ -52,6 +52,7 @@
 #include <hpctrain/train/run_directory.hpp>
 #include <hpctrain/train/run_setup.hpp>
 #include <hpctrain/train/step.hpp>
+#include <hpctrain/train/step_graph.hpp>
 #include <hpctrain/train/strategies/one_rank.hpp>
 #include <hpctrain/train/strategy.hpp>
 #include <hpctrain/train/throughput.hpp>
@@ -107,6 +108,7 @@ class Trainer {
     torch::set_num_threads(detail::resolve_threads(training_, world_));
     group_ = dist::init_process_group(world_, options_);
     device_ = group_->device();
+    if (training_.cuda_graphs()) refuse_uncapturable_runs();
     if (training_.keep_freed_memory() && device_.is_cpu()) detail::keep_freed_host_memory();
   }
 
@@ -158,6 +160,29 @@ class Trainer {
     report_peak_memory("model ready");
     for (auto& group : strategy_->optimizer().param_groups())
       base_lrs_.push_back(training_.lr().value_or(group.options().get_lr()));
+    if (training_.cuda_graphs()) make_step_graph();
+  }
+
+  /// `--cuda-graphs` where no step can be captured: refused before the run starts, naming why.
+  void refuse_uncapturable_runs() const {
+    const auto refuse = [](bool ok, const std::string& value, const char* reason) {
+      detail::require(ok, errors::spec_training_cuda_graphs, value, reason);
+    };
+    refuse(detail::step_graphs_built, "on, in a program built without CUDA graphs",
+           "this program was built against a LibTorch without CUDA");
+    refuse(device_.is_cuda(), fmt::format("on, with the device {}", device_.str()),
+           "a CUDA graph captures a GPU's step; this run trains on the CPU");
+    refuse(group_->world_size() == 1, fmt::format("on, with {} ranks", group_->world_size()),
+           "the step is captured at one rank only (its collectives are not captured)");
+  }
+
+  /// The step graph over the run's optimizer, which must be FusedAdamW: it keeps its counts on the device.
+  void make_step_graph() {
+    auto* fused = dynamic_cast<FusedAdamW*>(&strategy_->optimizer());
+    detail::require(fused != nullptr, errors::spec_training_cuda_graphs, "on, with an optimizer other than FusedAdamW",
+                    "a captured step needs hpctrain::FusedAdamW (ht::adamw's default), which keeps its step counts "
+                    "and learning rates on the device");
+    step_graph_.emplace(device_, *fused);
   }
 
   /// The user's model. Where the strategy reads blocks slice by slice (ZeRO-3), a family of models/ built from
@@ -353,15 +378,26 @@ class Trainer {
   /// Training::pin_memory on a CUDA device: batches come pinned from the prefetcher and move without a wait.
   bool pinned_batches() const { return training_.pin_memory() && device_.is_cuda(); }
 
-  /// One optimizer step: the step function per micro-batch, gradients through the strategy, clip, step.
+  /// One optimizer step: the batch's step on the device (captured in the step graph, under --cuda-graphs).
   void train_step(const data::Batch& batch) {
     set_learning_rates();
     torch::manual_seed(detail::step_seed(training_.seed(), group_->rank(), step_));
+    const auto outputs = step_graph_ ? step_graph_->run(batch, pinned_batches(),
+                                                        [this](const data::Batch& b) { return step_on_device(b); })
+                                     : step_on_device(batch.to(device_, /*non_blocking=*/pinned_batches()));
+    if (outputs.grad_norm.defined()) grad_norm_ = outputs.grad_norm;
+    ++step_;
+    meter_->add_step(outputs.loss, detail::tokens_in(batch));
+  }
+
+  /// The step on a batch on the device: the step function per micro-batch, gradients through the strategy,
+  /// clip, the optimizer's update. Reads nothing on the host: a CUDA graph may capture it.
+  detail::StepOutputs step_on_device(const data::Batch& batch) {
     strategy_->zero_grad();
     const std::int64_t accumulation = training_.gradient_accumulation();
-    torch::Tensor step_loss;
+    detail::StepOutputs outputs;
     for (std::int64_t micro = 0; micro < accumulation; ++micro) {
-      const auto part = batch.narrow(micro * micro_batch_, micro_batch_).to(device_, /*non_blocking=*/pinned_batches());
+      const auto part = batch.narrow(micro * micro_batch_, micro_batch_);
       strategy_->set_sync(micro == accumulation - 1);  // communicate only once per optimizer step
       StepContext context{*model_.module,       model_.forward, device_, training_.precision(), group_->rank(),
                           group_->world_size(), step_,          micro,   accumulation,          training_.loss(),
@@ -373,13 +409,12 @@ class Trainer {
       }
       (loss / static_cast<double>(accumulation)).backward();
       const auto contribution = loss.detach().to(torch::kFloat32) / static_cast<double>(accumulation);
-      step_loss = step_loss.defined() ? step_loss + contribution : contribution;
+      outputs.loss = outputs.loss.defined() ? outputs.loss + contribution : contribution;
     }
     strategy_->finish_gradients();
-    if (training_.clip_grad_norm()) grad_norm_ = strategy_->clip_grad_norm(*training_.clip_grad_norm());
+    if (training_.clip_grad_norm()) outputs.grad_norm = strategy_->clip_grad_norm(*training_.clip_grad_norm());
     strategy_->step();
-    ++step_;
-    meter_->add_step(step_loss, detail::tokens_in(batch));
+    return outputs;
   }
 
   void set_learning_rates() {
@@ -467,6 +502,9 @@ class Trainer {
 
   TrainResult finish() {
     report_peak_memory("steps done");
+    if (step_graph_)
+      say(fmt::format("cuda graphs: {} steps replayed, {} uncaptured for a batch of other shapes",
+                      step_graph_->replays(), step_graph_->other_layouts()));
     complete_checkpoint();
     result_.steps_completed = step_;
     if (detail::digest_requested(training_)) report_digest();
@@ -532,6 +570,7 @@ class Trainer {
   std::int64_t micro_batch_ = 0, steps_per_epoch_ = 0, total_steps_ = 0, step_ = 0, last_checkpoint_step_ = -1;
   std::optional<detail::TrainMeter> meter_;
   torch::Tensor grad_norm_;
+  std::optional<detail::StepGraph> step_graph_;  ///< under --cuda-graphs
   std::filesystem::path run_dir_, resume_from_;
   std::optional<RunContext> run_;
   std::string train_description_;

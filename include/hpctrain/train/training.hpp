@@ -465,6 +465,14 @@ class Training {
     pin_memory_ = on;
     return *this;
   }
+  /// On a CUDA device at one rank, the whole step (forward, backward, clipping, the optimizer) is captured once in
+  /// a CUDA graph and replayed every step: one launch instead of a step's ~1,000, for batches of fixed shapes (a
+  /// batch of other shapes runs uncaptured). Needs FusedAdamW (ht::adamw's default) and a step that reads no
+  /// tensor on the host (train/step_graph.hpp). `--cuda-graphs`. Default: off.
+  Training& cuda_graphs(bool on) {
+    cuda_graphs_ = on;
+    return *this;
+  }
   /// Called on every rank after each optimizer step with the number of steps completed (fault injection in
   /// tests). Default: none.
   Training& on_step(std::function<void(std::int64_t)> callback) {
@@ -644,6 +652,7 @@ class Training {
   int threads() const { return threads_; }
   bool keep_freed_memory() const { return keep_freed_memory_; }
   bool pin_memory() const { return pin_memory_; }
+  bool cuda_graphs() const { return cuda_graphs_; }
   const std::optional<std::filesystem::path>& run_dir() const { return run_dir_; }
   /// The program's knobs: declared with `knob`; in the worker, with this run's values (built-ins included).
   const Knobs& knobs() const { return knobs_; }
@@ -770,6 +779,7 @@ class Training {
   int threads_ = 0;
   bool keep_freed_memory_ = true;
   bool pin_memory_ = false;
+  bool cuda_graphs_ = false;
   std::optional<std::filesystem::path> run_dir_;
   Knobs knobs_;
   std::function<void(std::int64_t)> on_step_;

@@ -82,6 +82,8 @@ inline Knobs training_knobs(const Training& training, std::string_view program =
   table.declare<bool>(
       "checkpoint_async", training.checkpoint_async(),
       "write checkpoints in the background while the steps go on (the step serialises them into host memory)");
+  table.declare<bool>("cuda_graphs", training.cuda_graphs(),
+                      "capture the whole step in a CUDA graph and replay it (one GPU, batches of fixed shapes)");
   table.declare<std::string>(
       "export_dtype", "auto",
       "dtype of the weights an export writes: bf16, fp16, fp32, or auto (the pretrained checkpoint's, else bf16)",
@@ -131,6 +133,7 @@ inline Training with_knobs(Training training, const Knobs& knobs) {
   if (auto examples = knobs.get_if_given<std::int64_t>("eval_batch_size")) training.eval_batch_size(*examples);
   if (auto every = knobs.get_if_given<std::int64_t>("checkpoint_every")) training.checkpoint_every(*every);
   if (auto async = knobs.get_if_given<bool>("checkpoint_async")) training.checkpoint_async(*async);
+  if (auto graphs = knobs.get_if_given<bool>("cuda_graphs")) training.cuda_graphs(*graphs);
   if (auto project = knobs.get_if_given<std::string>("wandb")) {
     if (project->empty() || *project == "off") training.no_wandb();
     else training.wandb(training.wandb() ? Wandb(*training.wandb()).project(*project) : Wandb(*project));
