@@ -23,8 +23,10 @@
 //   switches.fused_rotary    rotary embeddings of TinyLlama's queries (8 x 1024 tokens, 32 heads of 64, bf16 under
 //                            autocast), forward and backward: the composite operations against the runtime-compiled
 //                            kernels (models/rotary.hpp): ms per call, which path ran, the distance.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -375,7 +377,8 @@ inline Row wide_products_row(const torch::Device& device) {
 }
 
 /// Which path a runtime-compiled kernel's row ran, and why not the kernel.
-inline std::string kernel_path(bool kernels, const torch::Device& device) {
+inline std::string kernel_path(bool kernels, const torch::Device& device, bool rows = false) {
+  if (rows) return "row kernels (NVRTC)";
   if (kernels) return "runtime-compiled kernels";
   if (!device.is_cuda()) return "composite (no runtime-compiled kernels on the CPU)";
   if (hpctrain::models::detail::jiterator() == nullptr) return "composite: no jiterator in the process";
@@ -407,6 +410,18 @@ double gb_per_s(Run run, double bytes, const torch::Device& device, int iteratio
   return bytes / (ms_per_call(run, device, iterations) * 1e6);
 }
 
+/// Sets out[key] to what `measure` returns, or notes under out["errors"][key] the first line of why it threw (one
+/// figure's failure keeps the others).
+template <typename Measure>
+void figure(nlohmann::json& out, const std::string& key, Measure measure) {
+  try {
+    out[key] = measure();
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    out["errors"][key] = what.substr(0, std::min<std::size_t>(what.find('\n'), 160));
+  }
+}
+
 /// A candidate for SwiGLU's backward: both gradients as two outputs of one runtime-compiled kernel (jiterator's
 /// multi-output form), no broadcast and no selector: what a rewrite would gain is what this measures.
 inline const std::string swiglu_two_output_code = R"(
@@ -424,31 +439,46 @@ inline nlohmann::json swiglu_kernel_bandwidth(const torch::Tensor& gate_up, cons
                                               const torch::Device& device, int iterations) {
   namespace models = hpctrain::models::detail;
   nlohmann::json out = nlohmann::json::object();
-  try {
-    const auto width = upstream.size(-1);
-    const auto gate = gate_up.narrow(-1, 0, width), up = gate_up.narrow(-1, width, width);
-    const auto gate_contiguous = gate.contiguous(), up_contiguous = up.contiguous();
-    const double half = static_cast<double>(upstream.numel() * upstream.element_size());
-    out["copy_gbps"] = gb_per_s([&] { return gate_up.clone(); }, 4 * half, device, iterations);
-    out["forward_gbps"] =
-        gb_per_s([&] { return models::swiglu_forward_kernel(gate, up); }, 3 * half, device, iterations);
-    out["forward_contiguous_gbps"] = gb_per_s(
-        [&] { return models::swiglu_forward_kernel(gate_contiguous, up_contiguous); }, 3 * half, device, iterations);
-    out["backward_gbps"] =
-        gb_per_s([&] { return models::swiglu_backward_kernel(gate, up, upstream); }, 5 * half, device, iterations);
-    out["backward_contiguous_gbps"] =
-        gb_per_s([&] { return models::swiglu_backward_kernel(gate_contiguous, up_contiguous, upstream); }, 5 * half,
-                 device, iterations);
-    const auto pair = [&](const torch::Tensor& g, const torch::Tensor& u) {
-      return models::jiterator()(swiglu_two_output_code, "hpctrain_swiglu_backward_pair", 2, {g, u, upstream}, {},
-                                 false)[0];
-    };
-    out["backward_pair_gbps"] = gb_per_s([&] { return pair(gate, up); }, 5 * half, device, iterations);
-    out["backward_pair_contiguous_gbps"] =
-        gb_per_s([&] { return pair(gate_contiguous, up_contiguous); }, 5 * half, device, iterations);
-  } catch (const std::exception& e) {
-    out["error"] = e.what();
-  }
+  const auto width = upstream.size(-1);
+  const auto gate = gate_up.narrow(-1, 0, width), up = gate_up.narrow(-1, width, width);
+  const auto gate_contiguous = gate.contiguous(), up_contiguous = up.contiguous();
+  const double half = static_cast<double>(upstream.numel() * upstream.element_size());
+  figure(out, "copy_gbps", [&] { return gb_per_s([&] { return gate_up.clone(); }, 4 * half, device, iterations); });
+  figure(out, "forward_gbps", [&] {
+    return gb_per_s([&] { return models::swiglu_forward_kernel(gate, up); }, 3 * half, device, iterations);
+  });
+  figure(out, "forward_contiguous_gbps", [&] {
+    return gb_per_s([&] { return models::swiglu_forward_kernel(gate_contiguous, up_contiguous); }, 3 * half, device,
+                    iterations);
+  });
+  figure(out, "backward_gbps", [&] {
+    return gb_per_s([&] { return models::swiglu_backward_kernel(gate, up, upstream); }, 5 * half, device, iterations);
+  });
+  figure(out, "backward_contiguous_gbps", [&] {
+    return gb_per_s([&] { return models::swiglu_backward_kernel(gate_contiguous, up_contiguous, upstream); }, 5 * half,
+                    device, iterations);
+  });
+  // jiterator's multi-output form returns its outputs by reference
+  const auto pair = [&](const torch::Tensor& g, const torch::Tensor& u) {
+    return models::jiterator()(swiglu_two_output_code, "hpctrain_swiglu_backward_pair", 2, {g, u, upstream}, {},
+                               true)[0];
+  };
+  figure(out, "backward_pair_gbps",
+         [&] { return gb_per_s([&] { return pair(gate, up); }, 5 * half, device, iterations); });
+  figure(out, "backward_pair_contiguous_gbps",
+         [&] { return gb_per_s([&] { return pair(gate_contiguous, up_contiguous); }, 5 * half, device, iterations); });
+  // The row kernels over the fused product's halves, as the model calls them
+  figure(out, "rows_forward_gbps",
+         [&] { return gb_per_s([&] { return models::swiglu_forward_rows(gate, up); }, 3 * half, device, iterations); });
+  const auto both = torch::empty_like(gate_up);
+  figure(out, "rows_backward_gbps", [&] {
+    return gb_per_s(
+        [&] {
+          models::swiglu_backward_rows(gate, up, upstream, both.narrow(-1, 0, width), both.narrow(-1, width, width));
+          return both;
+        },
+        5 * half, device, iterations);
+  });
   return out;
 }
 
@@ -458,32 +488,44 @@ inline nlohmann::json rotary_kernel_bandwidth(const torch::Tensor& x, const torc
                                               const torch::Tensor& sin, const torch::Device& device, int iterations) {
   namespace models = hpctrain::models::detail;
   nlohmann::json out = nlohmann::json::object();
-  try {
-    const auto pairs = models::rotary_kernel_angles(cos, sin, x.scalar_type());
-    const auto x_contiguous = x.contiguous();
-    const double bytes = 2.0 * static_cast<double>(x.numel() * x.element_size());
-    out["copy_gbps"] = gb_per_s([&] { return x_contiguous.clone(); }, bytes, device, iterations);
-    out["forward_gbps"] = gb_per_s([&] { return models::rotary_kernel(x, pairs, false); }, bytes, device, iterations);
-    out["forward_contiguous_gbps"] =
-        gb_per_s([&] { return models::rotary_kernel(x_contiguous, pairs, false); }, bytes, device, iterations);
-    out["backward_contiguous_gbps"] =
-        gb_per_s([&] { return models::rotary_kernel(x_contiguous, pairs, true); }, bytes, device, iterations);
-  } catch (const std::exception& e) {
-    out["error"] = e.what();
-  }
+  const auto x_contiguous = x.contiguous();
+  const double bytes = 2.0 * static_cast<double>(x.numel() * x.element_size());
+  figure(out, "copy_gbps", [&] { return gb_per_s([&] { return x_contiguous.clone(); }, bytes, device, iterations); });
+  const auto pairs = models::rotary_kernel_angles(cos, sin, x.scalar_type());
+  figure(out, "forward_gbps",
+         [&] { return gb_per_s([&] { return models::rotary_kernel(x, pairs, false); }, bytes, device, iterations); });
+  figure(out, "forward_contiguous_gbps", [&] {
+    return gb_per_s([&] { return models::rotary_kernel(x_contiguous, pairs, false); }, bytes, device, iterations);
+  });
+  figure(out, "backward_contiguous_gbps", [&] {
+    return gb_per_s([&] { return models::rotary_kernel(x_contiguous, pairs, true); }, bytes, device, iterations);
+  });
+  figure(out, "rows_forward_gbps",
+         [&] { return gb_per_s([&] { return models::rotary_rows(x, cos, sin, false); }, bytes, device, iterations); });
+  figure(out, "rows_backward_gbps",
+         [&] { return gb_per_s([&] { return models::rotary_rows(x, cos, sin, true); }, bytes, device, iterations); });
+  figure(out, "rows_forward_contiguous_gbps", [&] {
+    return gb_per_s([&] { return models::rotary_rows(x_contiguous, cos, sin, false); }, bytes, device, iterations);
+  });
   return out;
 }
 
 /// The figures of a kernel_bandwidth object as one short text ("copy 4100, forward 1700 GB/s, ..."), or why none.
 inline std::string bandwidth_text(const nlohmann::json& figures) {
-  if (figures.contains("error")) return "bandwidth not measured: " + figures["error"].get<std::string>();
   std::string text;
   for (const auto& item : figures.items()) {
     const auto& name = item.key();
+    if (!item.value().is_number()) continue;
     text += fmt::format("{}{} {:.0f}", text.empty() ? "" : ", ", name.substr(0, name.size() - 5),
                         item.value().get<double>());
   }
-  return text + " GB/s";
+  text += " GB/s";
+  if (figures.contains("errors")) {
+    for (const auto& item : figures["errors"].items()) {
+      text += fmt::format("; {} not measured: {}", item.key(), item.value().get<std::string>());
+    }
+  }
+  return text;
 }
 
 inline Row fused_swiglu_row(const torch::Device& device) {
@@ -497,7 +539,10 @@ inline Row fused_swiglu_row(const torch::Device& device) {
       ms_per_call([&] { return swiglu_run(gate_up, upstream, false).gradient; }, device, iterations);
   const double node_ms = ms_per_call([&] { return swiglu_run(gate_up, upstream, true).gradient; }, device, iterations);
   const auto autograd = swiglu_run(gate_up, upstream, false), node = swiglu_run(gate_up, upstream, true);
-  const bool kernels = hpctrain::models::detail::swiglu_kernels(device);
+  const auto width_of = upstream.size(-1);
+  const bool rows = hpctrain::models::detail::swiglu_rows_usable(
+      {gate_up.narrow(-1, 0, width_of), gate_up.narrow(-1, width_of, width_of), upstream});
+  const bool kernels = rows || hpctrain::models::detail::swiglu_kernels(device);
   // The composite path is autograd's operations: equal. The kernels round each result once where autograd rounds
   // silu's output to bf16 first: within a few of bf16's 2^-8 relative steps, 2^-6 in norm with room.
   const double bound = kernels ? std::ldexp(1.0, -6) : 0.0;
@@ -507,13 +552,15 @@ inline Row fused_swiglu_row(const torch::Device& device) {
   row.label =
       fmt::format("SwiGLU forward + backward, {} tokens x {} columns, bf16: autograd vs models::swiglu", tokens, width);
   row.status = output_error <= bound && gradient_error <= bound ? Status::pass : Status::fail;
-  row.result = fmt::format(
-      "{:.3f} ms -> {:.3f} ms ({:.2f}x), {}; output {:.1e}, gradient {:.1e} from autograd's (bound {:.1e})",
-      autograd_ms, node_ms, autograd_ms / node_ms, kernel_path(kernels, device), output_error, gradient_error, bound);
+  row.result =
+      fmt::format("{:.3f} ms -> {:.3f} ms ({:.2f}x), {}; output {:.1e}, gradient {:.1e} from autograd's (bound {:.1e})",
+                  autograd_ms, node_ms, autograd_ms / node_ms, kernel_path(kernels, device, rows), output_error,
+                  gradient_error, bound);
   row.figures = {{"autograd_ms", autograd_ms},
                  {"node_ms", node_ms},
                  {"speedup", autograd_ms / node_ms},
                  {"kernels", kernels},
+                 {"row_kernels", rows},
                  {"output_error", output_error},
                  {"gradient_error", gradient_error},
                  {"bound", bound},
@@ -563,7 +610,8 @@ inline Row fused_rotary_row(const torch::Device& device) {
   const double kernel_ms =
       ms_per_call([&] { return rotary_run(x, cos, sin, upstream, true).gradient; }, device, iterations);
   const auto composite = rotary_run(x, cos, sin, upstream, false), fused = rotary_run(x, cos, sin, upstream, true);
-  const bool kernels = hpctrain::models::detail::rotary_kernels(x.device(), x.scalar_type());
+  const bool rows = hpctrain::models::detail::rotary_rows_usable(x, cos, sin);
+  const bool kernels = rows || hpctrain::models::detail::rotary_kernels(x.device(), x.scalar_type());
   // One bf16 rounding of the same fp32 sums (the angles as bf16 pairs, 2^-17): within 2^-6 in norm with room.
   const double bound = kernels ? std::ldexp(1.0, -6) : 0.0;
   const double output_error = relative_error({fused.output}, {composite.output}),
@@ -574,12 +622,13 @@ inline Row fused_rotary_row(const torch::Device& device) {
       tokens, heads, dim);
   row.status = output_error <= bound && gradient_error <= bound ? Status::pass : Status::fail;
   row.result = fmt::format("{:.3f} ms -> {:.3f} ms ({:.2f}x), {}; output {:.1e}, gradient {:.1e} (bound {:.1e})",
-                           composite_ms, kernel_ms, composite_ms / kernel_ms, kernel_path(kernels, device),
+                           composite_ms, kernel_ms, composite_ms / kernel_ms, kernel_path(kernels, device, rows),
                            output_error, gradient_error, bound);
   row.figures = {{"composite_ms", composite_ms},
                  {"kernel_ms", kernel_ms},
                  {"speedup", composite_ms / kernel_ms},
                  {"kernels", kernels},
+                 {"row_kernels", rows},
                  {"output_error", output_error},
                  {"gradient_error", gradient_error},
                  {"bound", bound},

@@ -6,10 +6,15 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <hpctrain/models/nvrtc_kernels.hpp>
 #include <hpctrain/models/rotary.hpp>
 #include <hpctrain/models/scoped_switch.hpp>
 #include <hpctrain/models/swiglu.hpp>
@@ -92,4 +97,66 @@ TEST_CASE("Without CUDA no runtime-compiled kernel runs, and the switch is proce
   // Without kernels the angles carry no pairs: nothing is made that no kernel reads.
   const auto angles = hm::rotary_angles(torch::ones({2, 4}), torch::zeros({2, 4}), cpu);
   CHECK_FALSE(angles.kernel.pairs.defined());
+}
+
+TEST_CASE(
+    "The row kernels' sources compile with NVRTC for sm_80 and sm_90, bf16 and fp16; one that does not names "
+    "NVRTC's log",
+    "[models][rotary][swiglu]") {
+#if HPCTRAIN_NVRTC_KERNELS
+  // No driver here: LibTorch's libcaffe2_nvrtc.so (which needs libcuda) cannot load, so the test loads NVRTC itself,
+  // from the CUDA wheel beside torch/lib (scripts/setup's) or the CUDA toolkit.
+  const auto torch_cpu = hm::detail::loaded_library_path("libtorch_cpu.so");
+  REQUIRE_FALSE(torch_cpu.empty());
+  const auto major = std::to_string(CUDA_VERSION / 1000);
+  const std::vector<std::string> candidates{
+      torch_cpu.substr(0, torch_cpu.rfind('/')) + "/../../nvidia/cu" + major + "/lib/libnvrtc.so." + major,
+      "/usr/local/cuda/lib64/libnvrtc.so"};
+  void* library = nullptr;
+  for (const auto& candidate : candidates) {
+    if (library == nullptr && std::filesystem::exists(candidate)) library = dlopen(candidate.c_str(), RTLD_NOW);
+  }
+  INFO("NVRTC looked for at " << candidates[0] << " and " << candidates[1]);
+  REQUIRE(library != nullptr);
+  const auto api = hm::detail::find_nvrtc_api();
+  REQUIRE(api.compiler());
+  const std::vector<std::pair<std::string, std::string>> sources{{"swiglu", hm::detail::swiglu_row_code},
+                                                                 {"rotary", hm::detail::rotary_row_code}};
+  for (const auto& [name, source] : sources) {
+    for (const int fp16 : {0, 1}) {
+      for (const int architecture : {80, 90}) {
+        INFO(name << ", HPCTRAIN_FP16=" << fp16 << ", sm_" << architecture);
+        const auto cubin =
+            hm::detail::nvrtc_compile(api, hm::detail::row_kernel_preamble + source, name, architecture / 10,
+                                      architecture % 10, {"HPCTRAIN_FP16=" + std::to_string(fp16)});
+        CHECK(cubin.size() > 1000);
+        CHECK(cubin.compare(0, 4,
+                            "\x7f"
+                            "ELF") == 0);  // a CUBIN is an ELF image
+      }
+    }
+  }
+  CHECK_THROWS_WITH(
+      hm::detail::nvrtc_compile(api, "broken(", "broken_source", 9, 0, {}),
+      Catch::Contains("NVRTC could not compile broken_source for sm_90") && Catch::Contains("broken_source(1): error"));
+#else
+  WARN("built without CUDA's and NVRTC's headers: the row kernels are not compiled in");
+#endif
+}
+
+TEST_CASE(
+    "Operands reach the row kernels as rows with a stride: a fused product's halves do, a transposed view does "
+    "not, and the CPU never runs them",
+    "[models][rotary][swiglu]") {
+  const auto joined = torch::zeros({2, 5, 16});
+  CHECK(hm::detail::row_stride(joined) == 16);
+  CHECK(hm::detail::row_stride(joined.narrow(-1, 8, 8)) == 16);     // up's half of [B, T, 2 · width]
+  CHECK(hm::detail::row_stride(joined[0].narrow(0, 1, 3)) == 16);   // a slice of one batch row's tokens
+  CHECK(hm::detail::row_stride(joined.narrow(1, 1, 3)) == -1);      // slices of two: rows of two strides
+  CHECK(hm::detail::row_stride(joined.transpose(1, 2)) == -1);      // a last dimension that is not contiguous
+  CHECK(hm::detail::row_stride(joined[0][0]) == 16);                // one row
+  CHECK(hm::detail::row_stride(torch::zeros({4, 3, 1, 8})) == -1);  // a middle size of 1: not asked to collapse
+  CHECK_FALSE(hm::detail::row_kernels_possible(torch::Device(torch::kCPU), torch::kBFloat16, true));
+  CHECK_FALSE(hm::detail::swiglu_rows_usable({joined, joined}));
+  CHECK_FALSE(hm::detail::rotary_rows_usable(torch::zeros({1, 2, 4, 8}), torch::ones({4, 8}), torch::ones({4, 8})));
 }
