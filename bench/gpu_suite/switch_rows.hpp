@@ -471,6 +471,17 @@ inline nlohmann::json swiglu_kernel_bandwidth(const torch::Tensor& gate_up, cons
   figure(out, "rows_forward_gbps",
          [&] { return gb_per_s([&] { return models::swiglu_forward_rows(gate, up); }, 3 * half, device, iterations); });
   const auto both = torch::empty_like(gate_up);
+  // and their distance from the composite operations (what the probe compares)
+  figure(out, "rows_forward_error", [&] {
+    return relative_error({models::swiglu_forward_rows(gate, up)}, {models::swiglu_forward_composite(gate, up)});
+  });
+  figure(out, "rows_backward_error", [&] {
+    auto expected = torch::empty_like(gate_up);
+    models::swiglu_backward_composite(gate, up, upstream, expected.narrow(-1, 0, width),
+                                      expected.narrow(-1, width, width));
+    models::swiglu_backward_rows(gate, up, upstream, both.narrow(-1, 0, width), both.narrow(-1, width, width));
+    return relative_error({both}, {expected});
+  });
   figure(out, "rows_backward_gbps", [&] {
     return gb_per_s(
         [&] {
@@ -504,6 +515,13 @@ inline nlohmann::json rotary_kernel_bandwidth(const torch::Tensor& x, const torc
          [&] { return gb_per_s([&] { return models::rotary_rows(x, cos, sin, false); }, bytes, device, iterations); });
   figure(out, "rows_backward_gbps",
          [&] { return gb_per_s([&] { return models::rotary_rows(x, cos, sin, true); }, bytes, device, iterations); });
+  figure(out, "rows_forward_error", [&] {
+    return relative_error({models::rotary_rows(x, cos, sin, false)}, {models::rotary_composite(x, cos, sin, true)});
+  });
+  figure(out, "rows_backward_error", [&] {
+    const auto expected = (models::rotate_half_transposed(x * sin) + x * cos).to(x.scalar_type());
+    return relative_error({models::rotary_rows(x, cos, sin, true)}, {expected});
+  });
   figure(out, "rows_forward_contiguous_gbps", [&] {
     return gb_per_s([&] { return models::rotary_rows(x_contiguous, cos, sin, false); }, bytes, device, iterations);
   });
@@ -512,14 +530,18 @@ inline nlohmann::json rotary_kernel_bandwidth(const torch::Tensor& x, const torc
 
 /// The figures of a kernel_bandwidth object as one short text ("copy 4100, forward 1700 GB/s, ..."), or why none.
 inline std::string bandwidth_text(const nlohmann::json& figures) {
-  std::string text;
+  std::string text, distances;
   for (const auto& item : figures.items()) {
     const auto& name = item.key();
     if (!item.value().is_number()) continue;
-    text += fmt::format("{}{} {:.0f}", text.empty() ? "" : ", ", name.substr(0, name.size() - 5),
-                        item.value().get<double>());
+    const auto suffix = name.rfind('_');
+    if (name.substr(suffix) == "_gbps") {
+      text += fmt::format("{}{} {:.0f}", text.empty() ? "" : ", ", name.substr(0, suffix), item.value().get<double>());
+    } else {  // a distance from the composite path
+      distances += fmt::format(", {} {:.1e}", name, item.value().get<double>());
+    }
   }
-  text += " GB/s";
+  text += " GB/s" + distances;
   if (figures.contains("errors")) {
     for (const auto& item : figures["errors"].items()) {
       text += fmt::format("; {} not measured: {}", item.key(), item.value().get<std::string>());
