@@ -377,12 +377,12 @@ inline Row wide_products_row(const torch::Device& device) {
 }
 
 /// Which path a runtime-compiled kernel's row ran, and why not the kernel.
-inline std::string kernel_path(bool kernels, const torch::Device& device, bool rows = false) {
-  if (rows) return "row kernels (NVRTC)";
-  if (kernels) return "runtime-compiled kernels";
+inline std::string kernel_path(bool kernels, const torch::Device& device) {
+  if (kernels) return "row kernels (NVRTC)";
   if (!device.is_cuda()) return "composite (no runtime-compiled kernels on the CPU)";
-  if (hpctrain::models::detail::jiterator() == nullptr) return "composite: no jiterator in the process";
   if (!hpctrain::models::runtime_kernels()) return "composite: switched off";
+  if (!hpctrain::models::detail::row_kernels_possible(device, torch::kBFloat16))
+    return "composite: NVRTC or the CUDA driver not found in the process";
   return "composite: the kernels' probe failed";
 }
 
@@ -422,56 +422,25 @@ void figure(nlohmann::json& out, const std::string& key, Measure measure) {
   }
 }
 
-/// A candidate for SwiGLU's backward: both gradients as two outputs of one runtime-compiled kernel (jiterator's
-/// multi-output form), no broadcast and no selector: what a rewrite would gain is what this measures.
-inline const std::string swiglu_two_output_code = R"(
-template <typename T> void hpctrain_swiglu_backward_pair(T gate, T up, T grad, T& gate_grad, T& up_grad) {
-  const float g = static_cast<float>(gate), s = 1.0f / (1.0f + expf(-g)), d = static_cast<float>(grad);
-  gate_grad = static_cast<T>(d * static_cast<float>(up) * s * (1.0f + g * (1.0f - s)));
-  up_grad = static_cast<T>(d * g * s);
-})";
-
-/// Where the runtime-compiled SwiGLU kernels stand against the memory's speed (docs/gpu.md, 2026-11-27: the backward
-/// measured at 18% of it in a Llama step): GB/s of each kernel alone over the fused product's halves (strided views,
-/// as the model calls them) and over contiguous copies, of the two-output candidate, and of a copy of gate/up as the
-/// reference. Only where the kernels run; an error is reported, not thrown (the row's comparison stands).
+/// Where the SwiGLU row kernels stand against the memory's speed: GB/s of each alone over the fused product's halves
+/// (strided views, as the model calls them), beside a copy of gate/up, and their distance from the composite
+/// operations (what the probe compares). Only where the kernels run; a figure that throws is noted, not thrown.
 inline nlohmann::json swiglu_kernel_bandwidth(const torch::Tensor& gate_up, const torch::Tensor& upstream,
                                               const torch::Device& device, int iterations) {
   namespace models = hpctrain::models::detail;
   nlohmann::json out = nlohmann::json::object();
   const auto width = upstream.size(-1);
   const auto gate = gate_up.narrow(-1, 0, width), up = gate_up.narrow(-1, width, width);
-  const auto gate_contiguous = gate.contiguous(), up_contiguous = up.contiguous();
   const double half = static_cast<double>(upstream.numel() * upstream.element_size());
-  figure(out, "copy_gbps", [&] { return gb_per_s([&] { return gate_up.clone(); }, 4 * half, device, iterations); });
-  figure(out, "forward_gbps", [&] {
-    return gb_per_s([&] { return models::swiglu_forward_kernel(gate, up); }, 3 * half, device, iterations);
-  });
-  figure(out, "forward_contiguous_gbps", [&] {
-    return gb_per_s([&] { return models::swiglu_forward_kernel(gate_contiguous, up_contiguous); }, 3 * half, device,
-                    iterations);
-  });
-  figure(out, "backward_gbps", [&] {
-    return gb_per_s([&] { return models::swiglu_backward_kernel(gate, up, upstream); }, 5 * half, device, iterations);
-  });
-  figure(out, "backward_contiguous_gbps", [&] {
-    return gb_per_s([&] { return models::swiglu_backward_kernel(gate_contiguous, up_contiguous, upstream); }, 5 * half,
-                    device, iterations);
-  });
-  // jiterator's multi-output form returns its outputs by reference
-  const auto pair = [&](const torch::Tensor& g, const torch::Tensor& u) {
-    return models::jiterator()(swiglu_two_output_code, "hpctrain_swiglu_backward_pair", 2, {g, u, upstream}, {},
-                               true)[0];
+  const auto both = torch::empty_like(gate_up);
+  const auto backward = [&] {
+    models::swiglu_backward_rows(gate, up, upstream, both.narrow(-1, 0, width), both.narrow(-1, width, width));
+    return both;
   };
-  figure(out, "backward_pair_gbps",
-         [&] { return gb_per_s([&] { return pair(gate, up); }, 5 * half, device, iterations); });
-  figure(out, "backward_pair_contiguous_gbps",
-         [&] { return gb_per_s([&] { return pair(gate_contiguous, up_contiguous); }, 5 * half, device, iterations); });
-  // The row kernels over the fused product's halves, as the model calls them
+  figure(out, "copy_gbps", [&] { return gb_per_s([&] { return gate_up.clone(); }, 4 * half, device, iterations); });
   figure(out, "rows_forward_gbps",
          [&] { return gb_per_s([&] { return models::swiglu_forward_rows(gate, up); }, 3 * half, device, iterations); });
-  const auto both = torch::empty_like(gate_up);
-  // and their distance from the composite operations (what the probe compares)
+  figure(out, "rows_backward_gbps", [&] { return gb_per_s(backward, 5 * half, device, iterations); });
   figure(out, "rows_forward_error", [&] {
     return relative_error({models::swiglu_forward_rows(gate, up)}, {models::swiglu_forward_composite(gate, up)});
   });
@@ -479,22 +448,13 @@ inline nlohmann::json swiglu_kernel_bandwidth(const torch::Tensor& gate_up, cons
     auto expected = torch::empty_like(gate_up);
     models::swiglu_backward_composite(gate, up, upstream, expected.narrow(-1, 0, width),
                                       expected.narrow(-1, width, width));
-    models::swiglu_backward_rows(gate, up, upstream, both.narrow(-1, 0, width), both.narrow(-1, width, width));
-    return relative_error({both}, {expected});
-  });
-  figure(out, "rows_backward_gbps", [&] {
-    return gb_per_s(
-        [&] {
-          models::swiglu_backward_rows(gate, up, upstream, both.narrow(-1, 0, width), both.narrow(-1, width, width));
-          return both;
-        },
-        5 * half, device, iterations);
+    return relative_error({backward()}, {expected});
   });
   return out;
 }
 
-/// The same for the rotary kernels over q as the fused product leaves it (a transposed view) and contiguous, with
-/// a copy of x as the reference: x read and the result written, the angles' pairs (small, cached) not counted.
+/// The same for the rotary row kernel over q as the fused product leaves it (a transposed view) and contiguous,
+/// beside a copy of x: x read and the result written, the angles (small, cached) not counted.
 inline nlohmann::json rotary_kernel_bandwidth(const torch::Tensor& x, const torch::Tensor& cos,
                                               const torch::Tensor& sin, const torch::Device& device, int iterations) {
   namespace models = hpctrain::models::detail;
@@ -502,28 +462,19 @@ inline nlohmann::json rotary_kernel_bandwidth(const torch::Tensor& x, const torc
   const auto x_contiguous = x.contiguous();
   const double bytes = 2.0 * static_cast<double>(x.numel() * x.element_size());
   figure(out, "copy_gbps", [&] { return gb_per_s([&] { return x_contiguous.clone(); }, bytes, device, iterations); });
-  const auto pairs = models::rotary_kernel_angles(cos, sin, x.scalar_type());
-  figure(out, "forward_gbps",
-         [&] { return gb_per_s([&] { return models::rotary_kernel(x, pairs, false); }, bytes, device, iterations); });
-  figure(out, "forward_contiguous_gbps", [&] {
-    return gb_per_s([&] { return models::rotary_kernel(x_contiguous, pairs, false); }, bytes, device, iterations);
-  });
-  figure(out, "backward_contiguous_gbps", [&] {
-    return gb_per_s([&] { return models::rotary_kernel(x_contiguous, pairs, true); }, bytes, device, iterations);
-  });
   figure(out, "rows_forward_gbps",
          [&] { return gb_per_s([&] { return models::rotary_rows(x, cos, sin, false); }, bytes, device, iterations); });
   figure(out, "rows_backward_gbps",
          [&] { return gb_per_s([&] { return models::rotary_rows(x, cos, sin, true); }, bytes, device, iterations); });
+  figure(out, "rows_forward_contiguous_gbps", [&] {
+    return gb_per_s([&] { return models::rotary_rows(x_contiguous, cos, sin, false); }, bytes, device, iterations);
+  });
   figure(out, "rows_forward_error", [&] {
     return relative_error({models::rotary_rows(x, cos, sin, false)}, {models::rotary_composite(x, cos, sin, true)});
   });
   figure(out, "rows_backward_error", [&] {
     const auto expected = (models::rotate_half_transposed(x * sin) + x * cos).to(x.scalar_type());
     return relative_error({models::rotary_rows(x, cos, sin, true)}, {expected});
-  });
-  figure(out, "rows_forward_contiguous_gbps", [&] {
-    return gb_per_s([&] { return models::rotary_rows(x_contiguous, cos, sin, false); }, bytes, device, iterations);
   });
   return out;
 }
@@ -562,9 +513,8 @@ inline Row fused_swiglu_row(const torch::Device& device) {
   const double node_ms = ms_per_call([&] { return swiglu_run(gate_up, upstream, true).gradient; }, device, iterations);
   const auto autograd = swiglu_run(gate_up, upstream, false), node = swiglu_run(gate_up, upstream, true);
   const auto width_of = upstream.size(-1);
-  const bool rows = hpctrain::models::detail::swiglu_rows_usable(
+  const bool kernels = hpctrain::models::detail::swiglu_rows_usable(
       {gate_up.narrow(-1, 0, width_of), gate_up.narrow(-1, width_of, width_of), upstream});
-  const bool kernels = rows || hpctrain::models::detail::swiglu_kernels(device);
   // The composite path is autograd's operations: equal. The kernels round each result once where autograd rounds
   // silu's output to bf16 first: within a few of bf16's 2^-8 relative steps, 2^-6 in norm with room.
   const double bound = kernels ? std::ldexp(1.0, -6) : 0.0;
@@ -574,15 +524,13 @@ inline Row fused_swiglu_row(const torch::Device& device) {
   row.label =
       fmt::format("SwiGLU forward + backward, {} tokens x {} columns, bf16: autograd vs models::swiglu", tokens, width);
   row.status = output_error <= bound && gradient_error <= bound ? Status::pass : Status::fail;
-  row.result =
-      fmt::format("{:.3f} ms -> {:.3f} ms ({:.2f}x), {}; output {:.1e}, gradient {:.1e} from autograd's (bound {:.1e})",
-                  autograd_ms, node_ms, autograd_ms / node_ms, kernel_path(kernels, device, rows), output_error,
-                  gradient_error, bound);
+  row.result = fmt::format(
+      "{:.3f} ms -> {:.3f} ms ({:.2f}x), {}; output {:.1e}, gradient {:.1e} from autograd's (bound {:.1e})",
+      autograd_ms, node_ms, autograd_ms / node_ms, kernel_path(kernels, device), output_error, gradient_error, bound);
   row.figures = {{"autograd_ms", autograd_ms},
                  {"node_ms", node_ms},
                  {"speedup", autograd_ms / node_ms},
                  {"kernels", kernels},
-                 {"row_kernels", rows},
                  {"output_error", output_error},
                  {"gradient_error", gradient_error},
                  {"bound", bound},
@@ -608,7 +556,7 @@ inline RotaryRun rotary_run(const torch::Tensor& x_values, const torch::Tensor& 
   torch::Tensor output;
   {
     hpctrain::AutocastScope autocast(hpctrain::Precision::bf16, x.device());
-    output = hpctrain::models::apply_rotary(x, hpctrain::models::rotary_angles(cos, sin, x.device()));
+    output = hpctrain::models::apply_rotary(x, cos, sin);
   }
   output.backward(upstream);
   return {output.detach(), x.grad()};
@@ -632,9 +580,8 @@ inline Row fused_rotary_row(const torch::Device& device) {
   const double kernel_ms =
       ms_per_call([&] { return rotary_run(x, cos, sin, upstream, true).gradient; }, device, iterations);
   const auto composite = rotary_run(x, cos, sin, upstream, false), fused = rotary_run(x, cos, sin, upstream, true);
-  const bool rows = hpctrain::models::detail::rotary_rows_usable(x, cos, sin);
-  const bool kernels = rows || hpctrain::models::detail::rotary_kernels(x.device(), x.scalar_type());
-  // One bf16 rounding of the same fp32 sums (the angles as bf16 pairs, 2^-17): within 2^-6 in norm with room.
+  const bool kernels = hpctrain::models::detail::rotary_rows_usable(x, cos, sin);
+  // One bf16 rounding of the same fp32 sums: within 2^-6 in norm with room.
   const double bound = kernels ? std::ldexp(1.0, -6) : 0.0;
   const double output_error = relative_error({fused.output}, {composite.output}),
                gradient_error = relative_error({fused.gradient}, {composite.gradient});
@@ -644,13 +591,12 @@ inline Row fused_rotary_row(const torch::Device& device) {
       tokens, heads, dim);
   row.status = output_error <= bound && gradient_error <= bound ? Status::pass : Status::fail;
   row.result = fmt::format("{:.3f} ms -> {:.3f} ms ({:.2f}x), {}; output {:.1e}, gradient {:.1e} (bound {:.1e})",
-                           composite_ms, kernel_ms, composite_ms / kernel_ms, kernel_path(kernels, device, rows),
+                           composite_ms, kernel_ms, composite_ms / kernel_ms, kernel_path(kernels, device),
                            output_error, gradient_error, bound);
   row.figures = {{"composite_ms", composite_ms},
                  {"kernel_ms", kernel_ms},
                  {"speedup", composite_ms / kernel_ms},
                  {"kernels", kernels},
-                 {"row_kernels", rows},
                  {"output_error", output_error},
                  {"gradient_error", gradient_error},
                  {"bound", bound},

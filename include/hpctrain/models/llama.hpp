@@ -275,7 +275,7 @@ class LlamaImpl : public CausalLM, public HuggingFaceLayout {
     auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq_;  // [..., T, head_dim / 2]
     auto angles = torch::cat({freqs, freqs}, -1);
     if (angles.dim() == 3) angles = angles.unsqueeze(1);  // [B, 1, T, D]: broadcast over heads
-    return rotary_angles(angles.cos().to(x.scalar_type()), angles.sin().to(x.scalar_type()), x.device());
+    return {angles.cos().to(x.scalar_type()), angles.sin().to(x.scalar_type())};
   }
 
   LlamaConfig config_;

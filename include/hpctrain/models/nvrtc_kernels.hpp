@@ -1,16 +1,17 @@
 #pragma once
 // Hand-written CUDA kernels compiled at run time (NVRTC) and launched through the driver API on the current stream:
-// the kernels that read and write rows themselves (SwiGLU over the fused gate/up product's halves, rotary
-// embeddings over q's and k's heads), where ATen's jiterator (models/runtime_kernels.hpp) launches a
-// TensorIterator that pays an offset calculation per operand and element: the GPU suite measured its rotary
-// kernels at 12% of a copy's bandwidth over contiguous operands as over views (docs/gpu.md).
+// kernels that read and write rows themselves (SwiGLU over the fused gate/up product's halves, rotary embeddings over
+// q's and k's heads). ATen's jiterator, which ran them before, launches a TensorIterator that pays an offset
+// calculation per operand and element and loses its vectorised path on any view or broadcast: on an H200 its
+// rotary kernels moved 12% of a copy's bandwidth and its SwiGLU backward 23%; these move 40% and 100%
+// (docs/gpu.md, 2026-11-27).
 //
-// Nothing is linked: NVRTC and the driver are looked up in the running process, through the library LibTorch
-// loads for its own runtime compilation (libcaffe2_nvrtc.so beside libtorch_cuda.so, which depends on both), or a
-// libnvrtc already loaded. A program built against a LibTorch without CUDA, or run where either is missing, gets
-// no kernels and its users keep their other paths; each user probes its kernels once against its composite path.
-// A source is compiled once per device and element type (bf16 or fp16) for the device's architecture; a kernel
-// that fails to compile or launch raises a std::runtime_error naming NVRTC's log or the driver's reason.
+// Nothing is linked: NVRTC and the driver are looked up in the running process, through the library LibTorch loads
+// for its own runtime compilation (libcaffe2_nvrtc.so beside libtorch_cuda.so, which depends on both), or a libnvrtc
+// already loaded. A program built against a LibTorch without CUDA, or run where either is missing, gets no kernels
+// and its users keep their composite paths; each user probes its kernels once (models/runtime_kernels.hpp). A
+// source is compiled once per device and element type (bf16 or fp16) for the device's architecture; a kernel that
+// fails to compile or launch raises a std::runtime_error naming NVRTC's log or the driver's reason.
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -23,6 +24,8 @@
 #include <vector>
 
 #include <torch/types.h>
+
+#include <hpctrain/models/runtime_kernels.hpp>
 
 #if __has_include(<cuda.h>) && __has_include(<nvrtc.h>) && __has_include(<c10/cuda/CUDAStream.h>) && \
     __has_include(<dlfcn.h>) && __has_include(<link.h>)
@@ -244,7 +247,7 @@ class RowKernels {
     check_driver(api, api.ctx_get_current(&context), "cuCtxGetCurrent");
     CUdevice handle = 0;
     check_driver(api, api.device_get(&handle, device.index()), "cuDeviceGet");
-    if (context == nullptr) {  // as ATen's jiterator does: the runtime's primary context, made current
+    if (context == nullptr) {  // as ATen's runtime compilation does: the runtime's primary context, made current
       check_driver(api, api.primary_ctx_retain(&context, handle), "cuDevicePrimaryCtxRetain");
       check_driver(api, api.ctx_set_current(context), "cuCtxSetCurrent");
     }
@@ -270,13 +273,13 @@ class RowKernels {
 
 /// Whether row kernels may run on `device` for elements of `dtype`: built with CUDA's headers, a CUDA device, the
 /// runtime-kernel switch on (models/runtime_kernels.hpp), bf16 or fp16, NVRTC and the driver found.
-inline bool row_kernels_possible(const torch::Device& device, c10::ScalarType dtype, bool switch_on) {
+inline bool row_kernels_possible(const torch::Device& device, c10::ScalarType dtype) {
 #if HPCTRAIN_NVRTC_KERNELS
-  if (!device.is_cuda() || !switch_on || (dtype != torch::kBFloat16 && dtype != torch::kHalf)) return false;
+  if (!device.is_cuda() || !runtime_kernels() || (dtype != torch::kBFloat16 && dtype != torch::kHalf)) return false;
   const auto& api = nvrtc_api();
   return api.compiler() && api.driver();
 #else
-  (void)device, (void)dtype, (void)switch_on;
+  (void)device, (void)dtype;
   return false;
 #endif
 }

@@ -11,11 +11,13 @@
 // On the CPU (and wherever no kernel is compiled at run time) its operations are autograd's, in the same order:
 // the output and the gradients are bit for bit autograd's.
 //
-// On CUDA the forward and the backward are one kernel each, compiled at run time (models/runtime_kernels.hpp):
-// silu(g)·u in fp32 registers, rounded once, where autograd's silu writes a rounded bf16 result that mul reads back;
-// backward reads g, u and the output's gradient once and writes both gradients, where autograd runs four kernels
-// (two products, silu's backward, the concatenation). Probed once against the composite path; the GPU suite's
-// switches.fused_swiglu times both.
+// On CUDA the forward and the backward are one hand-written kernel each, compiled at run time
+// (models/nvrtc_kernels.hpp): silu(g)·u in fp32 registers, rounded once, where autograd's silu writes a rounded bf16
+// result that mul reads back; backward reads g, u and the output's gradient once and writes both gradients, where
+// autograd runs four kernels (two products, silu's backward, the concatenation). They read the fused product's
+// halves where they lie, 16 bytes per access: on an H200 the backward moves 4.2 TB/s (a copy's speed; ATen's
+// jiterator, which they replaced, 0.95) and the pair runs 3.5x autograd's (docs/gpu.md, 2026-11-27). Probed once
+// against the composite path; the GPU suite's switches.fused_swiglu times both.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -35,23 +37,9 @@ namespace hpctrain::models {
 
 namespace detail {
 
-// The kernels' sources: T is the inputs' dtype (bf16, fp16 or fp32), the arithmetic fp32.
-inline const std::string swiglu_forward_code = R"(
-template <typename T> T hpctrain_swiglu_forward(T gate, T up) {
-  const float g = static_cast<float>(gate);
-  return static_cast<T>(g / (1.0f + expf(-g)) * static_cast<float>(up));
-})";
-// One output [.., 2, width] from inputs broadcast over its middle dimension: `first` is 1 at gate's half, 0 at up's.
-inline const std::string swiglu_backward_code = R"(
-template <typename T> T hpctrain_swiglu_backward(T gate, T up, T grad, T first) {
-  const float g = static_cast<float>(gate), s = 1.0f / (1.0f + expf(-g)), d = static_cast<float>(grad);
-  if (static_cast<float>(first) != 0.0f) return static_cast<T>(d * static_cast<float>(up) * s * (1.0f + g * (1.0f - s)));
-  return static_cast<T>(d * g * s);
-})";
-
 // The row kernels (models/nvrtc_kernels.hpp): each thread V consecutive columns of a row (8: one 16-byte access per
 // operand, where every row of every operand starts 16-byte aligned), each operand with its own row stride, so the
-// fused product's halves are read where they lie. The arithmetic is the jiterator kernels'.
+// fused product's halves are read where they lie.
 inline const std::string swiglu_row_code = R"(
 #define ROWS_LOOP                                                                                      \
   const long long per_row = width / V, total = rows * per_row;                                        \
@@ -161,26 +149,6 @@ inline void swiglu_backward_rows(const torch::Tensor& gate, const torch::Tensor&
   launch_swiglu_rows("backward", {gate, up, grad, gate_grad, up_grad});
 }
 
-/// silu(gate) · up by the runtime-compiled kernel: [.., width] of the inputs' shape.
-inline torch::Tensor swiglu_forward_kernel(const torch::Tensor& gate, const torch::Tensor& up) {
-  return runtime_kernel(swiglu_forward_code, "hpctrain_swiglu_forward", {gate, up});
-}
-
-/// Both gradients by the runtime-compiled kernel, side by side: [.., 2 · width], gate's half first.
-inline torch::Tensor swiglu_backward_kernel(const torch::Tensor& gate, const torch::Tensor& up,
-                                            const torch::Tensor& grad) {
-  auto shape = gate.sizes().vec();
-  const auto width = shape.back();
-  shape.back() = 1;
-  shape.push_back(width);  // [.., 1, width]: the inputs broadcast over the output's halves
-  auto both =
-      runtime_kernel(swiglu_backward_code, "hpctrain_swiglu_backward",
-                     {gate.unsqueeze(-2), up.unsqueeze(-2), grad.unsqueeze(-2), first_half_selector(gate.options())});
-  shape.pop_back();
-  shape.back() = 2 * width;
-  return both.reshape(shape);  // [.., 2, width] is contiguous: a view
-}
-
 /// The composite operations, autograd's: silu(gate) · up.
 inline torch::Tensor swiglu_forward_composite(const torch::Tensor& gate, const torch::Tensor& up) {
   return at::silu(gate).mul_(up);
@@ -193,22 +161,6 @@ inline void swiglu_backward_composite(const torch::Tensor& gate, const torch::Te
   at::silu_out(up_grad, gate).mul_(grad);  // d up = grad · silu(gate)
   at::mul_out(gate_grad, grad, up);
   at::silu_backward_out(gate_grad, gate_grad, gate);  // d gate = silu'(gate) · (grad · up)
-}
-
-/// Whether the runtime-compiled kernels run on `device`: runtime_kernels_possible, and on a small bf16 probe (asked
-/// once per process) they compile and agree with the composite path.
-inline bool swiglu_kernels(const torch::Device& device) {
-  if (!runtime_kernels_possible(device)) return false;
-  static const bool agree = kernels_agree([&] {
-    const auto options = torch::TensorOptions().dtype(torch::kBFloat16).device(device);
-    const auto gate = torch::randn({64, 256}, options), up = torch::randn({64, 256}, options),
-               grad = torch::randn({64, 256}, options);
-    auto gate_grad = torch::empty_like(gate), up_grad = torch::empty_like(up);
-    swiglu_backward_composite(gate, up, grad, gate_grad, up_grad);
-    return close_to_composite(swiglu_forward_kernel(gate, up), swiglu_forward_composite(gate, up)) &&
-           close_to_composite(swiglu_backward_kernel(gate, up, grad), torch::cat({gate_grad, up_grad}, -1));
-  });
-  return agree;
 }
 
 /// Whether the row kernels agree with the composite path for `dtype` on `device` (a small probe over a joined
@@ -243,7 +195,7 @@ inline bool swiglu_row_kernels_agree(const torch::Device& device, c10::ScalarTyp
 /// and the probe passed.
 inline bool swiglu_rows_usable(std::initializer_list<torch::Tensor> operands) {
   const auto& first = *operands.begin();
-  if (!row_kernels_possible(first.device(), first.scalar_type(), runtime_kernels())) return false;
+  if (!row_kernels_possible(first.device(), first.scalar_type())) return false;
   for (const auto& operand : operands) {
     if (operand.scalar_type() != first.scalar_type() || operand.sizes() != first.sizes() || row_stride(operand) < 0)
       return false;
@@ -251,10 +203,9 @@ inline bool swiglu_rows_usable(std::initializer_list<torch::Tensor> operands) {
   return swiglu_row_kernels_agree(first.device(), first.scalar_type());
 }
 
-/// silu(gate) · up on the fastest path there is: the row kernel, the jiterator's, the composite operations.
+/// silu(gate) · up by the row kernel where it runs, else by the composite operations.
 inline torch::Tensor swiglu_forward_fastest(const torch::Tensor& gate, const torch::Tensor& up) {
-  if (swiglu_rows_usable({gate, up})) return swiglu_forward_rows(gate, up);
-  return swiglu_kernels(gate.device()) ? swiglu_forward_kernel(gate, up) : swiglu_forward_composite(gate, up);
+  return swiglu_rows_usable({gate, up}) ? swiglu_forward_rows(gate, up) : swiglu_forward_composite(gate, up);
 }
 
 /// silu(gate) · up with `inputs` gate and up (two tensors of one shape) or one tensor [.., 2 · width] with gate's
@@ -282,26 +233,14 @@ struct SwiGLU : torch::autograd::Function<SwiGLU> {
     torch::autograd::variable_list out(saved.size());
     const auto& grad = grads[0];
     if (!grad.defined()) return out;
+    // Joined: both gradients into the halves of one tensor, no concatenation.
+    out[0] = torch::empty_like(saved[0], at::MemoryFormat::Contiguous);
+    if (!joined) out[1] = torch::empty_like(up, at::MemoryFormat::Contiguous);
+    const auto [gate_grad, up_grad] = joined ? halves(out[0]) : std::pair{out[0], out[1]};
     if (swiglu_rows_usable({gate, up, grad})) {
-      out[0] = torch::empty_like(saved[0], at::MemoryFormat::Contiguous);
-      if (!joined) out[1] = torch::empty_like(up, at::MemoryFormat::Contiguous);
-      const auto [gate_grad, up_grad] = joined ? halves(out[0]) : std::pair{out[0], out[1]};
       swiglu_backward_rows(gate, up, grad, gate_grad, up_grad);
-    } else if (swiglu_kernels(gate.device())) {
-      auto both = swiglu_backward_kernel(gate, up, grad);
-      if (joined) {
-        out[0] = std::move(both);
-      } else {
-        std::tie(out[0], out[1]) = halves(both);
-      }
-    } else if (joined) {  // both gradients into the halves of one tensor: no concatenation
-      out[0] = torch::empty_like(saved[0], at::MemoryFormat::Contiguous);
-      const auto [gate_grad, up_grad] = halves(out[0]);
-      swiglu_backward_composite(gate, up, grad, gate_grad, up_grad);
     } else {
-      out[0] = torch::empty_like(gate, at::MemoryFormat::Contiguous);
-      out[1] = torch::empty_like(up, at::MemoryFormat::Contiguous);
-      swiglu_backward_composite(gate, up, grad, out[0], out[1]);
+      swiglu_backward_composite(gate, up, grad, gate_grad, up_grad);
     }
     return out;
   }
