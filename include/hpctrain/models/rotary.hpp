@@ -114,28 +114,20 @@ inline torch::Tensor rotary_composite(const torch::Tensor& x, const torch::Tenso
 /// Whether the rotary row kernel agrees with the composite path for `dtype` on `device`, both ways, over q's layout
 /// and a contiguous x (a small probe, asked once per process and dtype).
 inline bool rotary_row_kernels_agree(const torch::Device& device, c10::ScalarType dtype) {
-  const auto probe = [&] {
-    return kernels_agree([&] {
-      const auto options = torch::TensorOptions().device(device);
-      const auto angles = torch::arange(16, options).unsqueeze(-1) * torch::rand({64}, options);
-      const auto cos = angles.cos(), sin = angles.sin();
-      const auto q = torch::randn({2, 16, 4, 64}, options.dtype(dtype)).transpose(1, 2);
-      for (const auto& x : {q, q.contiguous()}) {
-        const auto backward = rotate_half_transposed(x * sin) + x * cos;
-        if (!close_to_composite(rotary_rows(x, cos, sin, false), rotary_composite(x, cos, sin, true)) ||
-            !close_to_composite(rotary_rows(x, cos, sin, true), backward.to(dtype))) {
-          return false;
-        }
+  return kernels_agree(dtype, [&] {
+    const auto options = torch::TensorOptions().device(device);
+    const auto angles = torch::arange(16, options).unsqueeze(-1) * torch::rand({64}, options);
+    const auto cos = angles.cos(), sin = angles.sin();
+    const auto q = torch::randn({2, 16, 4, 64}, options.dtype(dtype)).transpose(1, 2);
+    for (const auto& x : {q, q.contiguous()}) {
+      const auto backward = rotate_half_transposed(x * sin) + x * cos;
+      if (!close_to_composite(rotary_rows(x, cos, sin, false), rotary_composite(x, cos, sin, true)) ||
+          !close_to_composite(rotary_rows(x, cos, sin, true), backward.to(dtype))) {
+        return false;
       }
-      return true;
-    });
-  };
-  if (dtype == torch::kHalf) {
-    static const bool fp16 = probe();
-    return fp16;
-  }
-  static const bool bf16 = probe();
-  return bf16;
+    }
+    return true;
+  });
 }
 
 /// Whether the rotary row kernel runs for x with these angles: row_kernels_possible, x [B, H, T, D] with an even D of

@@ -25,17 +25,26 @@ inline bool runtime_kernels() { return detail::runtime_kernels_switch(); }
 
 namespace detail {
 
-/// What a kernel family's probe answers: `probe` (the kernels against their composite path on a small input, under
-/// NoGradGuard), false where it throws (a kernel that does not compile, a launch that fails). Callers keep the answer
-/// in a function-local static: asked once per process.
+/// What a kernel family's probe answers for elements of `dtype` (bf16 or fp16), asked once per process and dtype:
+/// `probe` (the kernels against their composite path on a small input, under NoGradGuard), false where it throws (a
+/// kernel that does not compile, a launch that fails). Each caller's lambda is a type of its own, so each family
+/// keeps its own answers.
 template <typename Probe>
-bool kernels_agree(Probe probe) {
-  try {
-    torch::NoGradGuard no_grad;
-    return probe();
-  } catch (const std::exception&) {
-    return false;
+bool kernels_agree(c10::ScalarType dtype, Probe probe) {
+  const auto ask = [&] {
+    try {
+      torch::NoGradGuard no_grad;
+      return probe();
+    } catch (const std::exception&) {
+      return false;
+    }
+  };
+  if (dtype == torch::kHalf) {
+    static const bool fp16 = ask();
+    return fp16;
   }
+  static const bool bf16 = ask();
+  return bf16;
 }
 
 /// Whether `fused` is within a few of bf16's rounding steps of `composite` everywhere (a probe's comparison: the

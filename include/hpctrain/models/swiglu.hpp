@@ -166,29 +166,21 @@ inline void swiglu_backward_composite(const torch::Tensor& gate, const torch::Te
 /// Whether the row kernels agree with the composite path for `dtype` on `device` (a small probe over a joined
 /// product's halves, 8 columns a thread and 1; asked once per process and dtype).
 inline bool swiglu_row_kernels_agree(const torch::Device& device, c10::ScalarType dtype) {
-  const auto probe = [&] {
-    return kernels_agree([&] {
-      const auto options = torch::TensorOptions().dtype(dtype).device(device);
-      for (const std::int64_t width : {256, 100}) {
-        const auto joined = torch::randn({64, 2 * width}, options), grad = torch::randn({64, width}, options);
-        const auto gate = joined.narrow(-1, 0, width), up = joined.narrow(-1, width, width);
-        auto expected = torch::empty_like(joined), both = torch::empty_like(joined);
-        swiglu_backward_composite(gate, up, grad, expected.narrow(-1, 0, width), expected.narrow(-1, width, width));
-        swiglu_backward_rows(gate, up, grad, both.narrow(-1, 0, width), both.narrow(-1, width, width));
-        if (!close_to_composite(swiglu_forward_rows(gate, up), swiglu_forward_composite(gate, up)) ||
-            !close_to_composite(both, expected)) {
-          return false;
-        }
+  return kernels_agree(dtype, [&] {
+    const auto options = torch::TensorOptions().dtype(dtype).device(device);
+    for (const std::int64_t width : {256, 100}) {
+      const auto joined = torch::randn({64, 2 * width}, options), grad = torch::randn({64, width}, options);
+      const auto gate = joined.narrow(-1, 0, width), up = joined.narrow(-1, width, width);
+      auto expected = torch::empty_like(joined), both = torch::empty_like(joined);
+      swiglu_backward_composite(gate, up, grad, expected.narrow(-1, 0, width), expected.narrow(-1, width, width));
+      swiglu_backward_rows(gate, up, grad, both.narrow(-1, 0, width), both.narrow(-1, width, width));
+      if (!close_to_composite(swiglu_forward_rows(gate, up), swiglu_forward_composite(gate, up)) ||
+          !close_to_composite(both, expected)) {
+        return false;
       }
-      return true;
-    });
-  };
-  if (dtype == torch::kHalf) {
-    static const bool fp16 = probe();
-    return fp16;
-  }
-  static const bool bf16 = probe();
-  return bf16;
+    }
+    return true;
+  });
 }
 
 /// Whether the row kernels run over `operands`: row_kernels_possible, one dtype and shape, each viewable as rows,
