@@ -30,7 +30,7 @@ TEST_CASE("Without CUDA no runtime-compiled kernel runs, and the switch is proce
 }
 
 TEST_CASE(
-    "The row kernels' sources compile with NVRTC for sm_80 and sm_90, bf16 and fp16; one that does not names "
+    "The row kernels' sources compile with NVRTC for sm_80 and sm_90, bf16 and fp16, and one that does not names "
     "NVRTC's log",
     "[models][rotary][swiglu]") {
 #if HPCTRAIN_NVRTC_KERNELS
