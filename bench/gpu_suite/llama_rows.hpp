@@ -132,14 +132,15 @@ inline Measurement train(const std::shared_ptr<hpctrain::dist::ProcessGroup>& gr
   const auto tokens = torch::randint(model->config().vocab_size, {size.batch, size.sequence + 1},
                                      torch::TensorOptions().dtype(torch::kLong).device(device));
   const hpctrain::data::Batch batch(tokens.narrow(1, 0, size.sequence), tokens.narrow(1, 1, size.sequence));
-  // The Trainer's step on the device (train/trainer.hpp's step_on_device at one micro-batch).
+  // The Trainer's step on the device (train/trainer.hpp's step_on_device at one micro-batch, causal_lm_training's
+  // loss).
   const auto device_step = [&](const hpctrain::data::Batch& on_device) {
     strategy->zero_grad();
     strategy->set_sync(true);
     torch::Tensor step_loss;
     {
       hpctrain::AutocastScope autocast(precision, device);
-      step_loss = hpctrain::lm::token_loss(model->forward(on_device.inputs), on_device.targets);
+      step_loss = hpctrain::lm::causal_lm_loss(*model, on_device.inputs, on_device.targets);
     }
     step_loss.backward();
     strategy->finish_gradients();

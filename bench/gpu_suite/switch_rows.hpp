@@ -36,6 +36,7 @@
 
 #include <hpctrain/lm/chunked_loss.hpp>
 #include <hpctrain/lm/loss.hpp>
+#include <hpctrain/models/cross_entropy_rows.hpp>
 #include <hpctrain/models/mixed_precision_products.hpp>
 #include <hpctrain/models/rotary.hpp>
 #include <hpctrain/models/scoped_switch.hpp>
@@ -454,7 +455,8 @@ inline nlohmann::json swiglu_kernel_bandwidth(const torch::Tensor& gate_up, cons
 }
 
 /// The same for the rotary row kernel over q as the fused product leaves it (a transposed view) and contiguous,
-/// beside a copy of x: x read and the result written, the angles (small, cached) not counted.
+/// beside a copy of x: x read and the result written, the angles (small, cached) not counted; the kernel of one pair a
+/// thread apart, and whether four pairs a thread passed their probe (`four_pairs`: what the others ran).
 inline nlohmann::json rotary_kernel_bandwidth(const torch::Tensor& x, const torch::Tensor& cos,
                                               const torch::Tensor& sin, const torch::Device& device, int iterations) {
   namespace models = hpctrain::models::detail;
@@ -469,6 +471,12 @@ inline nlohmann::json rotary_kernel_bandwidth(const torch::Tensor& x, const torc
   figure(out, "rows_forward_contiguous_gbps", [&] {
     return gb_per_s([&] { return models::rotary_rows(x_contiguous, cos, sin, false); }, bytes, device, iterations);
   });
+  // The kernel of one pair a thread beside the fastest (four pairs a thread where its probe passed).
+  figure(out, "one_pair_forward_gbps", [&] {
+    return gb_per_s([&] { return models::rotary_rows(x, cos, sin, false, models::RotaryPairs::one); }, bytes, device,
+                    iterations);
+  });
+  out["four_pairs"] = models::rotary_four_pairs_agree(device, x.scalar_type());
   figure(out, "rows_forward_error", [&] {
     return relative_error({models::rotary_rows(x, cos, sin, false)}, {models::rotary_composite(x, cos, sin, true)});
   });
@@ -604,8 +612,68 @@ inline Row fused_rotary_row(const torch::Device& device) {
                  {"heads", heads}};
   if (kernels) {
     row.figures["bandwidth"] = rotary_kernel_bandwidth(x, cos, sin, device, iterations);
-    row.result += "; kernels alone: " + bandwidth_text(row.figures["bandwidth"]);
+    row.result +=
+        "; kernels alone: " + bandwidth_text(row.figures["bandwidth"]) +
+        (row.figures["bandwidth"].value("four_pairs", false) ? "; four pairs a thread"
+                                                             : "; one pair a thread (four failed their probe)");
   }
+  return row;
+}
+
+/// switches.cross_entropy_rows: GPT-2 124M's head and loss at its step (16 x 1024 tokens of width 768, vocabulary
+/// 50,304, bf16 autocast; on the CPU 512 tokens of width 64), every seventh target ignored: the whole logits through
+/// ATen's operations (the Trainer's step before the row kernel) against all the tokens as one chunk of
+/// lm::chunked_token_loss_sum (lm::causal_lm_loss's choice on CUDA), with the cross-entropy row kernel and with the
+/// composite operations: equal loss and gradients, ms per forward + backward, the memory each adds at its peak.
+inline Row cross_entropy_rows_row(const torch::Device& device) {
+  const bool cuda = device.is_cuda();
+  const std::int64_t tokens = cuda ? 16384 : 512, width = cuda ? 768 : 64, vocabulary = 50304;
+  const auto precision = hpctrain::resolve_precision(hpctrain::auto_precision, device);
+  torch::manual_seed(6);
+  const auto options = torch::TensorOptions().device(device);
+  const auto weight = (torch::randn({vocabulary, width}, options) * 0.02).requires_grad_();
+  const auto hidden = torch::randn({tokens, width}, options).requires_grad_();
+  auto targets = torch::randint(vocabulary, {tokens}, options.dtype(torch::kInt64));
+  targets.index_put_({torch::arange(0, tokens, 7, options.dtype(torch::kInt64))}, hpctrain::lm::ignore_index);
+  const int repeats = cuda ? 5 : 1;
+  const bool kernel = hpctrain::models::detail::cross_entropy_rows_usable(device, torch::kBFloat16);
+  const auto whole = head_loss_run(hidden, weight, targets, 0, precision, repeats);
+  const auto one_chunk = head_loss_run(hidden, weight, targets, tokens, precision, repeats);
+  HeadLossRun composite;
+  {
+    const hpctrain::models::ScopedSwitch off(hpctrain::models::set_runtime_kernels, hpctrain::models::runtime_kernels,
+                                             false);
+    composite = head_loss_run(hidden, weight, targets, tokens, precision, repeats);
+  }
+  const double tolerance = tolerance_for(precision);
+  const double loss_error = relative_error(one_chunk.loss, whole.loss);
+  const double gradient_error = relative_error(one_chunk.gradients, whole.gradients);
+  const double composite_error = relative_error(composite.gradients, whole.gradients);
+  const auto gib = [](std::int64_t bytes) { return static_cast<double>(bytes) / double(1 << 30); };
+  Row row{"switches.cross_entropy_rows", "", Status::pass, "", nlohmann::json::object()};
+  row.label =
+      fmt::format("head + loss, {} tokens x vocabulary {} (width {}, {}): whole logits vs one chunk, composite and {}",
+                  tokens, vocabulary, width, hpctrain::to_string(precision), kernel_path(kernel, device));
+  row.status = loss_error <= tolerance && gradient_error <= tolerance && composite_error <= tolerance ? Status::pass
+                                                                                                      : Status::fail;
+  row.result = fmt::format(
+      "whole {:.2f} ms (+{:.2f} GiB); one chunk: composite {:.2f} ms, {} {:.2f} ms ({:.2f}x whole, +{:.2f} GiB); "
+      "loss {}, gradients {} (composite {})",
+      whole.ms, gib(whole.peak_added), composite.ms, kernel ? "row kernel" : "again composite", one_chunk.ms,
+      whole.ms / one_chunk.ms, gib(one_chunk.peak_added), within(loss_error, tolerance),
+      within(gradient_error, tolerance), within(composite_error, tolerance));
+  row.figures = {{"whole_ms", whole.ms},
+                 {"one_chunk_ms", one_chunk.ms},
+                 {"composite_ms", composite.ms},
+                 {"kernel", kernel},
+                 {"whole_peak_added_bytes", whole.peak_added},
+                 {"one_chunk_peak_added_bytes", one_chunk.peak_added},
+                 {"loss_error", loss_error},
+                 {"gradient_error", gradient_error},
+                 {"composite_gradient_error", composite_error},
+                 {"tokens", tokens},
+                 {"vocabulary", vocabulary},
+                 {"width", width}};
   return row;
 }
 
@@ -631,6 +699,8 @@ inline int run_switch_rows(const torch::Device& device) {
           [&] { return switch_rows::pinned_batches_row(device); });
   guarded("switches.chunked_loss", "head + loss: whole logits vs chunks (--loss-chunk-tokens)",
           [&] { return switch_rows::chunked_loss_row(device); });
+  guarded("switches.cross_entropy_rows", "head + loss: whole logits vs one chunk with the cross-entropy row kernel",
+          [&] { return switch_rows::cross_entropy_rows_row(device); });
   guarded("switches.no_host_sync",
           "no host synchronisation in a step: DDP and ZeRO-3, bf16, under CUDA's sync debug mode",
           [&] { return switch_rows::no_host_sync_row(device); });

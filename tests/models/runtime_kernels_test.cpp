@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include <hpctrain/models/cross_entropy_rows.hpp>
 #include <hpctrain/models/nvrtc_kernels.hpp>
 #include <hpctrain/models/rotary.hpp>
 #include <hpctrain/models/scoped_switch.hpp>
@@ -21,6 +22,7 @@ namespace hm = hpctrain::models;
 TEST_CASE("Without CUDA no runtime-compiled kernel runs, and the switch is process-wide", "[models][rotary][swiglu]") {
   const torch::Device cpu(torch::kCPU);
   CHECK_FALSE(hm::detail::row_kernels_possible(cpu, torch::kBFloat16));
+  CHECK_FALSE(hm::detail::cross_entropy_rows_usable(cpu, torch::kBFloat16));
   CHECK(hm::runtime_kernels());
   {
     const hm::ScopedSwitch off(hm::set_runtime_kernels, hm::runtime_kernels, false);
@@ -32,7 +34,7 @@ TEST_CASE("Without CUDA no runtime-compiled kernel runs, and the switch is proce
 TEST_CASE(
     "The row kernels' sources compile with NVRTC for sm_80 and sm_90, bf16 and fp16, and one that does not names "
     "NVRTC's log",
-    "[models][rotary][swiglu]") {
+    "[models][rotary][swiglu][cross_entropy]") {
 #if HPCTRAIN_NVRTC_KERNELS
   // No driver here: LibTorch's libcaffe2_nvrtc.so (which needs libcuda) cannot load, so the test loads NVRTC itself,
   // from the CUDA wheel beside torch/lib (scripts/setup's) or the CUDA toolkit.
@@ -51,7 +53,8 @@ TEST_CASE(
   const auto api = hm::detail::find_nvrtc_api();
   REQUIRE(api.compiler());
   const std::vector<std::pair<std::string, std::string>> sources{{"swiglu", hm::detail::swiglu_row_code},
-                                                                 {"rotary", hm::detail::rotary_row_code}};
+                                                                 {"rotary", hm::detail::rotary_row_code},
+                                                                 {"cross_entropy", hm::detail::cross_entropy_row_code}};
   for (const auto& [name, source] : sources) {
     for (const int fp16 : {0, 1}) {
       for (const int architecture : {80, 90}) {

@@ -11,13 +11,17 @@
 // (models::detail::product_into: cuBLAS's fp32 result on CUDA), so the logits and the gradients are not rounded to
 // bf16, and no cast kernel reads the logits to widen them. The loss's weight of a row (1, or 0 for an ignored
 // target) scales that row of the [chunk, width] gradients instead of the [chunk, vocabulary] one: a pass over the
-// chunk's logits fewer. Equal in fp32 within reassociation (tests/models/lm_step_test.cpp).
+// chunk's logits fewer. On CUDA with bf16 or fp16 products, one row kernel computes a chunk's loss and its logits'
+// gradient (models/cross_entropy_rows.hpp: two reads of the logits and one write of the gradient, where the
+// operations make five passes), and zeroes the ignored rows itself. Equal in fp32 within reassociation
+// (tests/models/lm_step_test.cpp).
 #include <cstdint>
 #include <utility>
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include <hpctrain/models/cross_entropy_rows.hpp>
 #include <hpctrain/models/mixed_precision_products.hpp>
 
 namespace hpctrain::lm {
@@ -42,29 +46,32 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
     const bool with_gradients = hidden_gradient || weight_gradient;
     torch::Tensor grad_hidden, grad_weight;
     if (hidden_gradient) grad_hidden = torch::empty_like(hidden);
-    if (weight_gradient) grad_weight = torch::zeros_like(weight, weight.options().dtype(torch::kFloat32));
     for (std::int64_t start = 0; start < n; start += chunk) {
       const auto rows = std::min(chunk, n - start);
       const auto h = hidden.narrow(0, start, rows).to(compute);
-      const auto t = targets.narrow(0, start, rows);
-      const auto counted = t.ne(ignore);
-      const auto safe = t.masked_fill(counted.logical_not(), 0).unsqueeze(1);
-      // [rows, V]: the logits in fp32 from the product, and their log-softmax.
-      auto log_p = torch::log_softmax(models::detail::product_into(h, w.t(), torch::kFloat32), 1);
-      const auto weights = counted.to(torch::kFloat32).unsqueeze(1);
-      loss.sub_((log_p.gather(1, safe) * weights).sum());
+      // [rows, V]: the logits in fp32 from the product, their loss, and dloss/dz = softmax(z) - onehot(target).
+      const auto part =
+          models::detail::cross_entropy_fastest(models::detail::product_into(h, w.t(), torch::kFloat32),
+                                                targets.narrow(0, start, rows), ignore, compute, with_gradients);
+      loss.add_(part.loss);
       if (!with_gradients) continue;
-      // dloss/dz = weight · (softmax(z) - onehot(target)); log_p's memory becomes softmax - onehot, and the rows'
-      // weights (0 or 1: exact) scale the [rows, H] factors and results instead.
-      log_p.exp_().scatter_add_(1, safe, torch::full_like(weights, -1.0));
-      const auto g = log_p.to(compute);
+      // Where the gradient's ignored rows are not zeroed, the rows' weights (0 or 1: exact) scale the [rows, H]
+      // factors and results instead.
+      const auto& g = part.gradient;
+      const bool weighted = part.row_weights.defined();
       if (hidden_gradient) {
         auto rows_gradient = grad_hidden.narrow(0, start, rows);
-        torch::mul_out(rows_gradient, models::detail::product_into(g, w, hidden.scalar_type()), weights);
+        const auto product = models::detail::product_into(g, w, hidden.scalar_type());
+        if (weighted) torch::mul_out(rows_gradient, product, part.row_weights);
+        else rows_gradient.copy_(product);
       }
-      if (weight_gradient)
-        grad_weight.add_(models::detail::product_into(g.t(), h * weights.to(compute), torch::kFloat32));
+      if (weight_gradient) {
+        auto product =
+            models::detail::product_into(g.t(), weighted ? h * part.row_weights.to(compute) : h, torch::kFloat32);
+        grad_weight = grad_weight.defined() ? grad_weight.add_(product) : std::move(product);
+      }
     }
+    if (weight_gradient && !grad_weight.defined()) grad_weight = torch::zeros_like(weight, torch::kFloat32);  // no rows
     if (hidden_gradient) ctx->saved_data["grad_hidden"] = grad_hidden;
     if (weight_gradient) ctx->saved_data["grad_weight"] = grad_weight.to(weight.scalar_type());
     return loss;

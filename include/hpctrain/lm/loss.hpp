@@ -3,13 +3,16 @@
 // targets that count (Hugging Face's -100 marks the others: padding, prompts, non-assistant turns), in fp32
 // whatever the forward precision; the step, which runs packed rows through the model's packed forward; and an
 // evaluation weighted by counted tokens, so val_loss and perplexity are per token.
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <utility>
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <hpctrain/lm/chunked_loss.hpp>
+#include <hpctrain/models/cross_entropy_rows.hpp>
 #include <hpctrain/models/causal_lm.hpp>
 #include <hpctrain/train/data/source.hpp>
 #include <hpctrain/train/step.hpp>
@@ -52,28 +55,51 @@ inline torch::Tensor token_loss_step(StepContext& context, const data::Batch& ba
   return token_loss(batch_logits(context, batch), batch.targets);
 }
 
-/// The knob of causal_lm_training that applies the head and the loss a chunk of tokens at a time.
-inline constexpr const char* loss_chunk_knob = "loss_chunk_tokens";
+/// Whether the head and the loss of all a batch's tokens run fastest as one chunk of lm/chunked_loss.hpp: where the
+/// cross-entropy row kernel runs for the head's products (models/cross_entropy_rows.hpp: on CUDA, in bf16 or fp16),
+/// which computes the loss and the logits' gradient in one pass where the whole logits' operations make five.
+inline bool whole_head_as_one_chunk(models::CausalLM& model, const torch::Device& device) {
+  const auto compute = at::autocast::is_autocast_enabled(device.type())
+                           ? at::autocast::get_autocast_dtype(device.type())
+                           : model.head_weight().scalar_type();
+  return models::detail::cross_entropy_rows_usable(device, compute);
+}
 
-/// The step of causal_lm_training: token_loss_step, or with `--loss-chunk-tokens N` (N > 0) the model's hidden
-/// states through the head and the loss N tokens at a time (lm/chunked_loss.hpp): the same loss and gradients
-/// without the whole tokens × vocabulary logits in memory.
-inline torch::Tensor chunked_causal_lm_step(StepContext& context, const data::Batch& batch) {
-  const auto chunk = context.knobs.get<std::int64_t>(loss_chunk_knob);
-  if (chunk == 0) return token_loss_step(context, batch);
-  auto* model = dynamic_cast<models::CausalLM*>(&context.module);
-  TORCH_CHECK(model != nullptr, "--loss-chunk-tokens needs a models::CausalLM (GPT-2, Llama, ...); the model is ",
-              context.module.name());
-  std::optional<models::TokenLayout> layout;
-  if (batch.has("document_ids")) layout = models::TokenLayout{batch.field("position_ids"), batch.field("document_ids")};
-  const auto hidden = model->hidden_states(batch.inputs, layout ? &*layout : nullptr);
+/// The mean loss per counted target of a causal language model's batch (`layout`: packed rows) with the head and
+/// the loss applied `chunk` tokens at a time (lm/chunked_loss.hpp), or with `chunk` 0 all at once: as one chunk
+/// where whole_head_as_one_chunk, else through the whole logits (token_loss). What the Trainer's step computes.
+inline torch::Tensor causal_lm_loss(models::CausalLM& model, const torch::Tensor& inputs, const torch::Tensor& targets,
+                                    const models::TokenLayout* layout = nullptr, std::int64_t chunk = 0) {
+  if (chunk == 0 && !whole_head_as_one_chunk(model, inputs.device())) {
+    return token_loss(layout ? model.forward(inputs, *layout) : model.forward(inputs), targets);
+  }
+  if (chunk == 0) chunk = std::max<std::int64_t>(targets.numel(), 1);
+  const auto hidden = model.hidden_states(inputs, layout);
   torch::Tensor count;
-  const auto sum = model->with_head(hidden, [&](const torch::Tensor& h) {
-    auto [chunk_sum, chunk_count] = chunked_token_loss_sum(h, model->head_weight(), batch.targets, chunk, ignore_index);
+  const auto sum = model.with_head(hidden, [&](const torch::Tensor& h) {
+    auto [chunk_sum, chunk_count] = chunked_token_loss_sum(h, model.head_weight(), targets, chunk, ignore_index);
     count = chunk_count;
     return chunk_sum;
   });
   return sum / count.clamp_min(1);
+}
+
+/// The knob of causal_lm_training that applies the head and the loss a chunk of tokens at a time.
+inline constexpr const char* loss_chunk_knob = "loss_chunk_tokens";
+
+/// The step of causal_lm_training: causal_lm_loss with `--loss-chunk-tokens N` (0, the default: the whole tokens at
+/// once; N > 0: the head and the loss N tokens at a time, the same loss and gradients without the whole tokens ×
+/// vocabulary logits in memory). With N 0, token_loss_step where the whole head is not one chunk.
+inline torch::Tensor chunked_causal_lm_step(StepContext& context, const data::Batch& batch) {
+  const auto chunk = context.knobs.get<std::int64_t>(loss_chunk_knob);
+  auto* model = dynamic_cast<models::CausalLM*>(&context.module);
+  if (chunk == 0 && (model == nullptr || !whole_head_as_one_chunk(*model, batch.inputs.device())))
+    return token_loss_step(context, batch);
+  TORCH_CHECK(model != nullptr, "--loss-chunk-tokens needs a models::CausalLM (GPT-2, Llama, ...); the model is ",
+              context.module.name());
+  std::optional<models::TokenLayout> layout;
+  if (batch.has("document_ids")) layout = models::TokenLayout{batch.field("position_ids"), batch.field("document_ids")};
+  return causal_lm_loss(*model, batch.inputs, batch.targets, layout ? &*layout : nullptr, chunk);
 }
 
 /// The evaluation: the batch's mean loss weighted by its counted targets, so the run's val_loss is the mean

@@ -145,8 +145,7 @@ inline NvrtcApi find_nvrtc_api() {
   find(api.error_string, "nvrtcGetErrorString");
   find(api.ctx_get_current, "cuCtxGetCurrent");
   find(api.ctx_set_current, "cuCtxSetCurrent");
-  find(api.primary_ctx_retain, "cuDevicePrimaryCtxRetain_v2");
-  if (!api.primary_ctx_retain) find(api.primary_ctx_retain, "cuDevicePrimaryCtxRetain");
+  find(api.primary_ctx_retain, "cuDevicePrimaryCtxRetain");
   find(api.device_get, "cuDeviceGet");
   find(api.device_get_attribute, "cuDeviceGetAttribute");
   find(api.module_load_data, "cuModuleLoadData");

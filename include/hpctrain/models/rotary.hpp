@@ -11,9 +11,11 @@
 //
 // On CUDA under autocast each direction is one hand-written kernel compiled at run time (models/nvrtc_kernels.hpp),
 // where the composite operations run four (a product, a negation, a concatenation, a multiply-add; five backward with
-// the cast): each thread reads a pair (j, j + D/2) of x through its strides and the fp32 angles as they are, and
-// writes the pair of y rounded once: within one bf16 rounding of the composite path's result. On an H200 it moves
-// 1.4 TB/s, 3.3x ATen's jiterator over broadcast halves, which it replaced (docs/gpu.md, 2026-11-27).
+// the cast): each thread reads pairs (j, j + D/2) of x through its strides and the fp32 angles as they are, and
+// writes the pairs of y rounded once: within one bf16 rounding of the composite path's result. On an H200 the kernel
+// of one pair a thread moved 1.4 TB/s, 3.3x ATen's jiterator over broadcast halves, which it replaced (docs/gpu.md,
+// 2026-11-27), and 40% of a copy's bandwidth: one memory access per 2-byte element. Where the rows allow it four
+// pairs a thread read 8 bytes of x per access (not measured yet).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -44,40 +46,74 @@ inline torch::Tensor rotate_half_transposed(const torch::Tensor& u) {
   return torch::cat({u.narrow(-1, half, half), -u.narrow(-1, 0, half)}, -1);
 }
 
-// The row kernel (models/nvrtc_kernels.hpp): a block of `half` x rows-per-block threads over one head of one batch
-// row (blockIdx.y, blockIdx.z) and that many tokens; each thread reads the pair (j, j + D/2) of x and of the fp32
-// angles through their strides and writes the pair of y: no index arithmetic beyond the strides, the angles read
-// as they are. Forward y₁ = x₁c₁ - x₂s₁, y₂ = x₂c₂ + x₁s₂; backward (x the gradient)
-// dx₁ = g₁c₁ + g₂s₂, dx₂ = g₂c₂ - g₁s₁.
+// The row kernels (models/nvrtc_kernels.hpp): a block of `half / V` x rows-per-block threads over one head of one
+// batch row (blockIdx.y, blockIdx.z) and that many tokens; each thread reads V pairs (j, j + D/2) of x and of the
+// fp32 angles through their strides and writes V pairs of y: no index arithmetic beyond the strides, the angles read
+// as they are. V = 1 reads every element apart (any strides); V = 4 reads 4 consecutive elements of each half in one
+// access (8 bytes of x, 16 of each angle), where every last dimension is contiguous and every row aligned to it: a
+// quarter of the memory instructions per byte. Forward y₁ = x₁c₁ - x₂s₁, y₂ = x₂c₂ + x₁s₂; backward (x the
+// gradient) dx₁ = g₁c₁ + g₂s₂, dx₂ = g₂c₂ - g₁s₁.
 inline const std::string rotary_row_code = R"(
-extern "C" __global__ void hpctrain_rotary_rows(const elem* x, elem* y, const float* cos, const float* sin,
-    int backward, long long half, long long tokens, long long xb, long long xh, long long xt, long long xd,
-    long long yb, long long yh, long long yt, long long yd, long long cb, long long ch, long long ct, long long cd,
-    long long sb, long long sh, long long st, long long sd) {
-  const long long j = threadIdx.x, t = blockIdx.x * (long long)blockDim.y + threadIdx.y;
-  if (j >= half || t >= tokens) return;
-  const long long h = blockIdx.y, b = blockIdx.z;
-  const elem* xr = x + b * xb + h * xh + t * xt;
-  const float* cr = cos + b * cb + h * ch + t * ct;
-  const float* sr = sin + b * sb + h * sh + t * st;
+#define ROTARY_ARGUMENTS                                                                                          \
+    const elem* x, elem* y, const float* cos, const float* sin, int backward, long long half, long long tokens,     \
+    long long xb, long long xh, long long xt, long long xd, long long yb, long long yh, long long yt, long long yd, \
+    long long cb, long long ch, long long ct, long long cd, long long sb, long long sh, long long st, long long sd
+#define ROTARY_ROW_POINTERS(V)                                                                                     \
+  const long long j = threadIdx.x * (long long)V, t = blockIdx.x * (long long)blockDim.y + threadIdx.y;           \
+  if (j >= half || t >= tokens) return;                                                                            \
+  const long long h = blockIdx.y, b = blockIdx.z;                                                                 \
+  const elem* xr = x + b * xb + h * xh + t * xt;                                                                   \
+  const float* cr = cos + b * cb + h * ch + t * ct;                                                                \
+  const float* sr = sin + b * sb + h * sh + t * st;                                                                \
+  elem* yr = y + b * yb + h * yh + t * yt;
+extern "C" __global__ void hpctrain_rotary_rows(ROTARY_ARGUMENTS) {
+  ROTARY_ROW_POINTERS(1)
   const float x1 = to_float(xr[j * xd]), x2 = to_float(xr[(j + half) * xd]);
   const float c1 = cr[j * cd], c2 = cr[(j + half) * cd], s1 = sr[j * sd], s2 = sr[(j + half) * sd];
-  elem* yr = y + b * yb + h * yh + t * yt;
   yr[j * yd] = from_float(backward ? x1 * c1 + x2 * s2 : x1 * c1 - x2 * s1);
   yr[(j + half) * yd] = from_float(backward ? x2 * c2 - x1 * s1 : x2 * c2 + x1 * s2);
+}
+extern "C" __global__ void hpctrain_rotary_rows_4(ROTARY_ARGUMENTS) {
+  ROTARY_ROW_POINTERS(4)
+  const Pack<4> a = *reinterpret_cast<const Pack<4>*>(xr + j), z = *reinterpret_cast<const Pack<4>*>(xr + j + half);
+  const float4 c1 = *reinterpret_cast<const float4*>(cr + j), c2 = *reinterpret_cast<const float4*>(cr + j + half);
+  const float4 s1 = *reinterpret_cast<const float4*>(sr + j), s2 = *reinterpret_cast<const float4*>(sr + j + half);
+  const float cos1[4] = {c1.x, c1.y, c1.z, c1.w}, cos2[4] = {c2.x, c2.y, c2.z, c2.w};
+  const float sin1[4] = {s1.x, s1.y, s1.z, s1.w}, sin2[4] = {s2.x, s2.y, s2.z, s2.w};
+  Pack<4> first, second;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float x1 = to_float(a.v[k]), x2 = to_float(z.v[k]);
+    first.v[k] = from_float(backward ? x1 * cos1[k] + x2 * sin2[k] : x1 * cos1[k] - x2 * sin1[k]);
+    second.v[k] = from_float(backward ? x2 * cos2[k] - x1 * sin1[k] : x2 * cos2[k] + x1 * sin2[k]);
+  }
+  *reinterpret_cast<Pack<4>*>(yr + j) = first;
+  *reinterpret_cast<Pack<4>*>(yr + j + half) = second;
 })";
+
+/// Which rotary row kernel runs: 4 pairs a thread where the operands allow it and its probe passed, else 1
+/// (`fastest`); or one of them, for the probes.
+enum class RotaryPairs { fastest, one, four };
+
+#if HPCTRAIN_NVRTC_KERNELS
+inline RowKernels& rotary_row_kernels() {
+  static auto* kernels = new RowKernels("hpctrain_rotary", rotary_row_code);  // kept for the process
+  return *kernels;
+}
+#endif
 
 /// The rotary row kernel over x (or a gradient) [B, H, T, D] with fp32 `cos` and `sin` broadcastable to it: [B, H,
 /// T, D] in x's dtype, its dimensions in x's order in memory where x's heads lie inside its tokens (q and k as the
 /// fused product leaves them), else contiguous.
+inline bool rotary_four_pairs_agree(const torch::Device& device, c10::ScalarType dtype);
+
 inline torch::Tensor rotary_rows(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                                 bool backward) {
+                                 bool backward, RotaryPairs pairs = RotaryPairs::fastest) {
   const auto batch = x.size(0), heads = x.size(1), tokens = x.size(2), dim = x.size(3);
   auto y = x.stride(1) < x.stride(2) ? torch::empty({batch, tokens, heads, dim}, x.options()).transpose(1, 2)
                                      : torch::empty({batch, heads, tokens, dim}, x.options());
   if (x.numel() == 0) return y;
 #if HPCTRAIN_NVRTC_KERNELS
-  static auto* kernels = new RowKernels("hpctrain_rotary", rotary_row_code);  // kept for the process
   const auto c = cos.expand(x.sizes()), s = sin.expand(x.sizes());
   void *x_data = x.data_ptr(), *y_data = y.data_ptr(), *c_data = c.data_ptr(), *s_data = s.data_ptr();
   int backward_flag = backward ? 1 : 0;
@@ -88,13 +124,27 @@ inline torch::Tensor rotary_rows(const torch::Tensor& x, const torch::Tensor& co
   }
   std::vector<void*> arguments{&x_data, &y_data, &c_data, &s_data, &backward_flag, &half, &token_count};
   for (auto& stride : strides) arguments.push_back(&stride);
-  const auto rows_per_block = std::max<std::int64_t>(1, 256 / half);
-  kernels->launch(x.device(), x.scalar_type(), "hpctrain_rotary_rows",
-                  {static_cast<unsigned>((tokens + rows_per_block - 1) / rows_per_block), static_cast<unsigned>(heads),
-                   static_cast<unsigned>(batch)},
-                  {static_cast<unsigned>(half), static_cast<unsigned>(rows_per_block), 1}, std::move(arguments));
+  // Four pairs a thread: every last dimension contiguous, every row and half 4 elements aligned (8 bytes of x and
+  // y, 16 of the angles).
+  bool four = pairs != RotaryPairs::one && half % 4 == 0;
+  for (int operand = 0; operand < 4; ++operand) {
+    four = four && strides[4 * operand + 3] == 1 && strides[4 * operand] % 4 == 0 &&
+           strides[4 * operand + 1] % 4 == 0 && strides[4 * operand + 2] % 4 == 0;
+  }
+  four = four && reinterpret_cast<std::uintptr_t>(x_data) % 8 == 0 &&
+         reinterpret_cast<std::uintptr_t>(y_data) % 8 == 0 && reinterpret_cast<std::uintptr_t>(c_data) % 16 == 0 &&
+         reinterpret_cast<std::uintptr_t>(s_data) % 16 == 0;
+  if (pairs == RotaryPairs::four && !four) throw std::runtime_error("rotary_rows: four pairs a thread do not fit x");
+  if (pairs == RotaryPairs::fastest) four = four && rotary_four_pairs_agree(x.device(), x.scalar_type());
+  const std::int64_t vector = four ? 4 : 1, threads = half / vector;
+  const auto rows_per_block = std::max<std::int64_t>(1, 256 / threads);
+  rotary_row_kernels().launch(x.device(), x.scalar_type(), four ? "hpctrain_rotary_rows_4" : "hpctrain_rotary_rows",
+                              {static_cast<unsigned>((tokens + rows_per_block - 1) / rows_per_block),
+                               static_cast<unsigned>(heads), static_cast<unsigned>(batch)},
+                              {static_cast<unsigned>(threads), static_cast<unsigned>(rows_per_block), 1},
+                              std::move(arguments));
 #else
-  (void)cos, (void)sin, (void)backward;
+  (void)cos, (void)sin, (void)backward, (void)pairs;
   throw std::runtime_error("built without NVRTC's and CUDA's headers: no row kernels");
 #endif
   return y;
@@ -111,23 +161,33 @@ inline torch::Tensor rotary_composite(const torch::Tensor& x, const torch::Tenso
   return torch::addcmul(x * cos, rotate_half(x), sin);
 }
 
-/// Whether the rotary row kernel agrees with the composite path for `dtype` on `device`, both ways, over q's layout
-/// and a contiguous x (a small probe, asked once per process and dtype).
-inline bool rotary_row_kernels_agree(const torch::Device& device, c10::ScalarType dtype) {
-  return kernels_agree(dtype, [&] {
-    const auto options = torch::TensorOptions().device(device);
-    const auto angles = torch::arange(16, options).unsqueeze(-1) * torch::rand({64}, options);
-    const auto cos = angles.cos(), sin = angles.sin();
-    const auto q = torch::randn({2, 16, 4, 64}, options.dtype(dtype)).transpose(1, 2);
-    for (const auto& x : {q, q.contiguous()}) {
-      const auto backward = rotate_half_transposed(x * sin) + x * cos;
-      if (!close_to_composite(rotary_rows(x, cos, sin, false), rotary_composite(x, cos, sin, true)) ||
-          !close_to_composite(rotary_rows(x, cos, sin, true), backward.to(dtype))) {
-        return false;
-      }
+/// Whether the rotary row kernel of `pairs` agrees with the composite path for `dtype` on `device`, both ways, over
+/// q's layout and a contiguous x (a small probe).
+inline bool rotary_pairs_agree(const torch::Device& device, c10::ScalarType dtype, RotaryPairs pairs) {
+  const auto options = torch::TensorOptions().device(device);
+  const auto angles = torch::arange(16, options).unsqueeze(-1) * torch::rand({64}, options);
+  const auto cos = angles.cos(), sin = angles.sin();
+  const auto q = torch::randn({2, 16, 4, 64}, options.dtype(dtype)).transpose(1, 2);
+  for (const auto& x : {q, q.contiguous()}) {
+    const auto backward = rotate_half_transposed(x * sin) + x * cos;
+    if (!close_to_composite(rotary_rows(x, cos, sin, false, pairs), rotary_composite(x, cos, sin, true)) ||
+        !close_to_composite(rotary_rows(x, cos, sin, true, pairs), backward.to(dtype))) {
+      return false;
     }
-    return true;
-  });
+  }
+  return true;
+}
+
+/// Whether the rotary row kernel (a pair a thread) agrees with the composite path for `dtype` on `device`: asked
+/// once per process and dtype.
+inline bool rotary_row_kernels_agree(const torch::Device& device, c10::ScalarType dtype) {
+  return kernels_agree(dtype, [&] { return rotary_pairs_agree(device, dtype, RotaryPairs::one); });
+}
+
+/// Whether the kernel of four pairs a thread agrees too: asked once per process and dtype, apart, so that a kernel
+/// that fails leaves the other.
+inline bool rotary_four_pairs_agree(const torch::Device& device, c10::ScalarType dtype) {
+  return kernels_agree(dtype, [&] { return rotary_pairs_agree(device, dtype, RotaryPairs::four); });
 }
 
 /// Whether the rotary row kernel runs for x with these angles: row_kernels_possible, x [B, H, T, D] with an even D of
