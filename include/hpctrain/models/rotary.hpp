@@ -102,11 +102,11 @@ inline RowKernels& rotary_row_kernels() {
 }
 #endif
 
+inline bool rotary_four_pairs_agree(const torch::Device& device, c10::ScalarType dtype);  // below
+
 /// The rotary row kernel over x (or a gradient) [B, H, T, D] with fp32 `cos` and `sin` broadcastable to it: [B, H,
 /// T, D] in x's dtype, its dimensions in x's order in memory where x's heads lie inside its tokens (q and k as the
-/// fused product leaves them), else contiguous.
-inline bool rotary_four_pairs_agree(const torch::Device& device, c10::ScalarType dtype);
-
+/// fused product leaves them), else contiguous. `pairs`: the kernel (RotaryPairs; the probes name one).
 inline torch::Tensor rotary_rows(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                                  bool backward, RotaryPairs pairs = RotaryPairs::fastest) {
   const auto batch = x.size(0), heads = x.size(1), tokens = x.size(2), dim = x.size(3);
