@@ -28,6 +28,11 @@ namespace hpctrain::lm {
 
 namespace detail {
 
+/// The dtype of the head's products on `device`: autocast's where it is on, else the weight's.
+inline c10::ScalarType head_product_dtype(const torch::Device& device, c10::ScalarType weight) {
+  return at::autocast::is_autocast_enabled(device.type()) ? at::autocast::get_autocast_dtype(device.type()) : weight;
+}
+
 struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossEntropy> {
   /// hidden [N, H], weight [V, H], targets [N] (`ignore` where no loss counts): the summed loss (fp32, 0-dim).
   /// `hidden_gradient`, `weight_gradient`: whether autograd will want each (decided before the call: inside,
@@ -35,9 +40,7 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor hidden, torch::Tensor weight,
                                torch::Tensor targets, std::int64_t chunk, std::int64_t ignore, bool hidden_gradient,
                                bool weight_gradient) {
-    const auto device_type = hidden.device().type();
-    const auto compute = at::autocast::is_autocast_enabled(device_type) ? at::autocast::get_autocast_dtype(device_type)
-                                                                        : weight.scalar_type();
+    const auto compute = head_product_dtype(hidden.device(), weight.scalar_type());
     // The casts below are the ones autocast would make; it must not make them again.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto w = weight.to(compute);  // once for every chunk

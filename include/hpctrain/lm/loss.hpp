@@ -8,7 +8,6 @@
 #include <optional>
 #include <utility>
 
-#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <hpctrain/lm/chunked_loss.hpp>
@@ -59,10 +58,8 @@ inline torch::Tensor token_loss_step(StepContext& context, const data::Batch& ba
 /// cross-entropy row kernel runs for the head's products (models/cross_entropy_rows.hpp: on CUDA, in bf16 or fp16),
 /// which computes the loss and the logits' gradient in one pass where the whole logits' operations make five.
 inline bool whole_head_as_one_chunk(models::CausalLM& model, const torch::Device& device) {
-  const auto compute = at::autocast::is_autocast_enabled(device.type())
-                           ? at::autocast::get_autocast_dtype(device.type())
-                           : model.head_weight().scalar_type();
-  return models::detail::cross_entropy_rows_usable(device, compute);
+  return models::detail::cross_entropy_rows_usable(
+      device, detail::head_product_dtype(device, model.head_weight().scalar_type()));
 }
 
 /// The mean loss per counted target of a causal language model's batch (`layout`: packed rows) with the head and
@@ -91,10 +88,13 @@ inline constexpr const char* loss_chunk_knob = "loss_chunk_tokens";
 /// once; N > 0: the head and the loss N tokens at a time, the same loss and gradients without the whole tokens ×
 /// vocabulary logits in memory). With N 0, token_loss_step where the whole head is not one chunk.
 inline torch::Tensor chunked_causal_lm_step(StepContext& context, const data::Batch& batch) {
-  const auto chunk = context.knobs.get<std::int64_t>(loss_chunk_knob);
+  auto chunk = context.knobs.get<std::int64_t>(loss_chunk_knob);
   auto* model = dynamic_cast<models::CausalLM*>(&context.module);
-  if (chunk == 0 && (model == nullptr || !whole_head_as_one_chunk(*model, batch.inputs.device())))
-    return token_loss_step(context, batch);
+  if (chunk == 0) {  // decided here once, so that causal_lm_loss gets a chunk and does not ask again
+    if (model == nullptr || !whole_head_as_one_chunk(*model, batch.inputs.device()))
+      return token_loss_step(context, batch);
+    chunk = std::max<std::int64_t>(batch.targets.numel(), 1);
+  }
   TORCH_CHECK(model != nullptr, "--loss-chunk-tokens needs a models::CausalLM (GPT-2, Llama, ...); the model is ",
               context.module.name());
   std::optional<models::TokenLayout> layout;
