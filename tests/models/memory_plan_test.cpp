@@ -63,14 +63,26 @@ constexpr double gib = 1024.0 * 1024.0 * 1024.0;
 TEST_CASE("The memory plan (--plan) peaks within 10% of the H200's measured peaks of the suite's Llama rows",
           "[models][plan]") {
   // Measured on 2026-11-27 (docs/gpu.md, "The GPU step after the rewrites"): 478fe06, LoRA with its frozen
-  // products keeping no input (the same day's fix, models/mixed_precision_products.hpp).
-  const auto check = [](const char* row, const lm::PlanInput& in, double measured_gib) {
+  // products keeping no input (the same day's fix, models/mixed_precision_products.hpp), the head's loss through
+  // ATen's operations (the plan told so: cross_entropy_kernel false). On 2026-11-28 ("The cross-entropy kernel"):
+  // 3ed6e7f, the loss through the row kernel, all the tokens one chunk.
+  const auto check = [](const char* row, lm::PlanInput in, double measured_gib, bool kernel = false) {
+    in.cross_entropy_kernel = kernel;
     const double planned = lm::plan_memory(in).peak, measured = measured_gib * gib;
     WARN(row << ": planned " << planned / gib << " GiB, measured " << measured_gib << " GiB");
     CHECK(std::abs(planned - measured) <= 0.10 * measured);
   };
   const auto full = lm::plan_memory(suite_row("none"));
   check("llama.full (Replicated, no recomputation)", suite_row("none"), 28.68);
+  check("llama.full, the loss through the row kernel", suite_row("none"), 27.34, true);
+  // The kernel's fp32 logits and bf16 gradient, 6 bytes a logit, against ATen's 10 (8192 tokens x 32000).
+  auto without_kernel = suite_row("none");
+  without_kernel.cross_entropy_kernel = false;
+  CHECK(full.logits == 6.0 * 8192 * 32000);
+  CHECK(lm::plan_memory(without_kernel).logits == 10.0 * 8192 * 32000);
+  auto on_cpu = suite_row("none");
+  on_cpu.cpu = true;  // no kernel on the host
+  CHECK(lm::plan_memory(on_cpu).logits == 10.0 * 8192 * 32000);
 
   auto lora_input = suite_row("none");
   lora_input.lora_rank = 16;
@@ -78,6 +90,7 @@ TEST_CASE("The memory plan (--plan) peaks within 10% of the H200's measured peak
   const auto lora = lm::plan_memory(lora_input);
   CHECK(lora.trainable == 2252800);  // what the row's model counted (2.3M)
   check("llama.lora", lora_input, 18.52);
+  check("llama.lora.graphs, the loss through the row kernel", lora_input, 17.34, true);
   // A frozen Linear keeps no input: LoRA's activations are below full fine-tuning's (a fraction of them: o, gate, up
   // and down keep nothing, but q and v, adapted, keep a bf16 cast each where full fine-tuning's fused q/k/v keeps one).
   CHECK(lora.activations < 0.85 * full.activations);
@@ -279,6 +292,7 @@ TEST_CASE(
 
   SECTION("at one rank: no sharding to try, the chunked loss first, then recomputation") {
     auto in = suite_row("none");  // the H200's Replicated row: 28.68 GiB measured
+    in.cross_entropy_kernel = false;  // as then: 10 bytes a logit, which the figures below are of
     std::vector<std::string> order;
     for (const auto& setting : lm::cheaper_settings(in, both)) order.push_back(flags(setting));
     CHECK(order == std::vector<std::string>{"--loss-chunk-tokens 2048", "--activation-checkpointing selective",

@@ -31,7 +31,9 @@
 //                   outputs (Llama q + 2·kv + h + 2·i + h elements a token, GPT-2 3·h + h + 4·h + h; LoRA's rank-r
 //                   middles besides; 2 bytes each under bf16 autocast, 4 in fp32) plus one block's worth
 //   logits          the head's output, its fp32 copy and its gradient (10 bytes per token and vocabulary entry
-//                   in bf16, 12 in fp32), or one chunk's (--loss-chunk-tokens)
+//                   in bf16, 12 in fp32), or one chunk's (--loss-chunk-tokens); on a GPU in bf16, 6 (the fp32
+//                   logits and their bf16 gradient: the row kernel of models/cross_entropy_rows.hpp, which takes
+//                   all the tokens as one chunk at --loss-chunk-tokens 0; 5.9 measured on an H200)
 //   host heap       on a CPU only: the C allocator's freed chunks the peak still holds, about the step's transient
 //                   bytes (plan_memory says what was measured)
 //
@@ -126,6 +128,9 @@ struct PlanInput {
   std::vector<std::string> lora_targets;
   std::int64_t micro_batch = 1, sequence = 1;
   std::int64_t loss_chunk_tokens = 0;  ///< 0: whole logits
+  /// The head's loss through the row kernel of models/cross_entropy_rows.hpp where it runs (a GPU, bf16), as the
+  /// Trainer's step takes it; false: through ATen's operations (as before it, or where its probe fails).
+  bool cross_entropy_kernel = true;
   int world = 1, ranks_per_node = 1;
   bool cpu = false;                                    ///< the ranks compute on the host over Gloo (no GPU asked for)
   std::int64_t runtime_bytes = std::int64_t{1} << 30;  ///< the CUDA context and LibTorch's kernels (stated)
@@ -268,6 +273,14 @@ inline double kept_activations(const PlanInput& in, const MemoryPlan& plan) {
   }
 }
 
+/// Bytes a logit costs at the head's peak: on a GPU in bf16 the row kernel's fp32 logits and bf16 gradient
+/// (switches.cross_entropy_rows, 2026-11-28 on an H200: 5.9 a logit above the step's other memory), elsewhere
+/// ATen's operations' (bf16 output, fp32 copy, fp32 gradient: 10; fp32: 12).
+inline double logit_bytes(const PlanInput& in) {
+  if (in.bf16 && !in.cpu && in.cross_entropy_kernel) return 6.0;
+  return in.bf16 ? 10.0 : 12.0;
+}
+
 inline MemoryPlan plan_memory(const PlanInput& in) {
   const auto& m = in.model;
   // hsdp is ZeRO-3 within its shard group: the model states are sharded over the group only.
@@ -307,7 +320,7 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   const double kept = kept_activations(in, plan);
   const double logit_tokens =
       in.loss_chunk_tokens > 0 ? std::min<double>(tokens, static_cast<double>(in.loss_chunk_tokens)) : tokens;
-  plan.logits = logit_tokens * static_cast<double>(m.vocab) * (in.bf16 ? 10.0 : 12.0);
+  plan.logits = logit_tokens * static_cast<double>(m.vocab) * logit_bytes(in);
   plan.runtime = static_cast<double>(in.runtime_bytes);
   const double resident = plan.parameters + plan.optimizer_state + plan.bf16_weights + plan.runtime;
   double transient = 0;  // what the step allocates and frees again, at its peak
