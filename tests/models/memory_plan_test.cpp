@@ -291,7 +291,7 @@ TEST_CASE(
   };
 
   SECTION("at one rank: no sharding to try, the chunked loss first, then recomputation") {
-    auto in = suite_row("none");  // the H200's Replicated row: 28.68 GiB measured
+    auto in = suite_row("none");      // the H200's Replicated row: 28.68 GiB measured
     in.cross_entropy_kernel = false;  // as then: 10 bytes a logit, which the figures below are of
     std::vector<std::string> order;
     for (const auto& setting : lm::cheaper_settings(in, both)) order.push_back(flags(setting));
