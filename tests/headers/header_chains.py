@@ -28,7 +28,7 @@ import sys
 INCLUDE = re.compile(r"^\s*#\s*include\s*<(hpctrain/[^>]+)>")
 CONDITION_OPEN = re.compile(r"^\s*#\s*if")
 CONDITION_CLOSE = re.compile(r"^\s*#\s*endif")
-# Lines that are not code: blank, comments, #pragma, #include (what the CMake check list calls code, less #if).
+# Lines that cannot change what a later #include declares or means: blank, comments, #pragma and #include.
 NOT_CODE = re.compile(r"^\s*($|//|/\*|\*|#\s*(pragma|include)\b)")
 
 
