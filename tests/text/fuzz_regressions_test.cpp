@@ -1,8 +1,14 @@
 // Regression tests for what the fuzz targets of tests/fuzz found in the text layer; each test is named
 // after what broke, and its input also lives in the target's corpus (tests/fuzz/corpus/<target>/).
+#include <string>
+#include <tuple>
+
 #include <catch2/catch.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <hpctrain/text/chat_template.hpp>
+#include <hpctrain/text/post_processor.hpp>
 #include <hpctrain/text/tiktoken.hpp>
 
 #include "text_test_support.hpp"
@@ -43,4 +49,32 @@ TEST_CASE("A template's integer beyond 64 bits is a syntax error naming the plac
       "9223372036854775807");
   CHECK(hpctrain::text::ChatTemplate::parse("{{ '1e999'|int }} {{ '1e999'|float > 1 }}", "t")
             .render(nlohmann::json::array(), options) == "0 True");
+}
+
+TEST_CASE(
+    "A post-processor's id beyond 32 bits, negative or fractional, or a piece of the wrong type, is refused "
+    "naming the JSON path",
+    "[fuzz_regression]") {
+  const auto file = text_test::scratch("bad-post-processor-ids") / "tokenizer.json";
+  using Row = std::tuple<std::string, std::string>;
+  auto [json, where] = GENERATE(table<std::string, std::string>({
+      // 46 digits read as a double: converting it to an id was undefined (fuzz_sft_jsonl, CI's smoke run).
+      Row{R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}}, {"Sequence": {"id": "A"}}],
+              "special_tokens": {"<s>": {"ids": [7777777777777777777777777777777777777777777771]}}})",
+          R"(post_processor.special_tokens["<s>"].ids[0])"},
+      Row{R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}}],
+              "special_tokens": {"<s>": {"ids": [1, 4294967296]}}})",
+          R"(post_processor.special_tokens["<s>"].ids[1])"},
+      Row{R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": 5}}]})",
+          "post_processor.single[0].SpecialToken"},
+      Row{R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}}], "special_tokens": 3})",
+          "post_processor.special_tokens"},
+      Row{R"({"type": "Sequence", "processors": {"a": 1}})", "post_processor.processors"},
+      Row{R"({"type": "RobertaProcessing", "cls": ["<s>", -1], "sep": ["</s>", 2]})", "post_processor.cls[1]"},
+      Row{R"({"type": "BertProcessing", "cls": ["[CLS]", 101], "sep": ["[SEP]", 1.5]})", "post_processor.sep[1]"},
+  }));
+  CAPTURE(json);
+  CHECK_THROWS_WITH(
+      hpctrain::text::PostProcessor::from_json(nlohmann::json::parse(json), file),
+      Catch::StartsWith("[hpctrain.runtime.text.tokenizer]") && Contains(file.string()) && Contains(where));
 }

@@ -34,7 +34,8 @@ class PostProcessor {
     const auto type = json["type"].get<std::string>();
     if (type == "ByteLevel") return processor;  // offsets only
     if (type == "Sequence") {
-      const auto& members = json.value("processors", nlohmann::json::array());
+      const auto members = json.value("processors", nlohmann::json::array());
+      if (!members.is_array()) fail(file, path + ".processors", "is not an array");
       for (std::size_t i = 0; i < members.size(); ++i) {
         auto member = from_json(members[i], file, fmt::format("{}.processors[{}]", path, i));
         processor.before_.insert(processor.before_.end(), member.before_.begin(), member.before_.end());
@@ -48,22 +49,29 @@ class PostProcessor {
       return processor;
     }
     if (type == "TemplateProcessing") {
-      const auto& single = json.value("single", nlohmann::json::array());
+      const auto single = json.value("single", nlohmann::json::array());
       if (!single.is_array()) fail(file, path + ".single", "is not an array");
+      const auto specials = json.value("special_tokens", nlohmann::json::object());
       bool seen_sequence = false;
       for (std::size_t i = 0; i < single.size(); ++i) {
         const auto& piece = single[i];
-        if (piece.contains("Sequence")) {
+        const auto where = fmt::format("{}.single[{}]", path, i);
+        if (piece.is_object() && piece.contains("Sequence")) {
           seen_sequence = true;
-        } else if (piece.contains("SpecialToken")) {
-          const auto name = piece["SpecialToken"].value("id", std::string());
-          const auto& specials = json.value("special_tokens", nlohmann::json::object());
-          if (!specials.contains(name) || !specials[name].contains("ids") || !specials[name]["ids"].is_array())
+        } else if (piece.is_object() && piece.contains("SpecialToken")) {
+          const auto& special = piece["SpecialToken"];
+          if (!special.is_object() || !special.contains("id") || !special["id"].is_string())
+            fail(file, where + ".SpecialToken", "has no \"id\" string");
+          const auto name = special["id"].get<std::string>();
+          if (!specials.is_object() || !specials.contains(name) || !specials[name].is_object() ||
+              !specials[name].contains("ids") || !specials[name]["ids"].is_array())
             fail(file, fmt::format("{}.special_tokens", path), fmt::format("has no ids for {}", name));
-          for (const auto& id : specials[name]["ids"])
-            (seen_sequence ? processor.after_ : processor.before_).push_back(id.get<TokenId>());
+          const auto& ids = specials[name]["ids"];
+          for (std::size_t k = 0; k < ids.size(); ++k)
+            (seen_sequence ? processor.after_ : processor.before_)
+                .push_back(token_id(ids[k], file, fmt::format("{}.special_tokens[{:?}].ids[{}]", path, name, k)));
         } else {
-          fail(file, fmt::format("{}.single[{}]", path, i), "is neither a Sequence nor a SpecialToken");
+          fail(file, where, "is neither a Sequence nor a SpecialToken");
         }
       }
       return processor;
@@ -94,9 +102,16 @@ class PostProcessor {
   static TokenId token_of(const nlohmann::json& json, const char* key, const std::filesystem::path& file,
                           const std::string& path) {
     const auto it = json.find(key);
-    if (it == json.end() || !it->is_array() || it->size() != 2 || !(*it)[1].is_number_integer())
+    if (it == json.end() || !it->is_array() || it->size() != 2)
       fail(file, fmt::format("{}.{}", path, key), "is not [token, id]");
-    return (*it)[1].get<TokenId>();
+    return token_id((*it)[1], file, fmt::format("{}.{}[1]", path, key));
+  }
+  /// An id as nlohmann read it: an unsigned integer below no_token. A number beyond 64 bits reads as a double,
+  /// whose conversion to an integer would be undefined; a negative one would wrap.
+  static TokenId token_id(const nlohmann::json& id, const std::filesystem::path& file, const std::string& path) {
+    if (!id.is_number_unsigned() || id.get<std::uint64_t>() >= no_token)
+      fail(file, path, fmt::format("{} is not a token id", id.dump()));
+    return static_cast<TokenId>(id.get<std::uint64_t>());
   }
 
   std::vector<TokenId> before_, after_;
