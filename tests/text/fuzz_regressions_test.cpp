@@ -51,6 +51,28 @@ TEST_CASE("A template's integer beyond 64 bits is a syntax error naming the plac
             .render(nlohmann::json::array(), options) == "0 True");
 }
 
+TEST_CASE("A template's indent beyond memory is refused, and repeating nothing any number of times is nothing",
+          "[fuzz_regression]") {
+  // Reading the renderer after fuzz_sft_jsonl's finding: indent(99999999999) and tojson(indent=99999999999) asked
+  // for 100 GB of spaces (AddressSanitizer: out of memory); "" * 99999999999 looped forever growing nothing, and
+  // "a" * 99999999999 took 50 s (ASan, -O0) to reach the 64 MiB bound a byte at a time.
+  hpctrain::text::ChatRenderOptions options;
+  const auto render = [&](const std::string& source) {
+    return hpctrain::text::ChatTemplate::parse(source, "t").render(nlohmann::json::array(), options);
+  };
+  for (const auto* source : {"{{ 'a\nb'|indent(99999999999) }}", "{{ {'a': 1}|tojson(indent=99999999999) }}",
+                             "{{ 'a' * 99999999999 }}", "{{ ([1] * 99999999999)|length }}"}) {
+    CAPTURE(source);
+    CHECK_THROWS_WITH(render(source), Catch::StartsWith("[hpctrain.") &&
+                                          (Contains("exceeds 64 MiB") || Contains("the list is too long")));
+  }
+  CHECK(render("[{{ '' * 99999999999 }}] {{ ([] * 99999999999)|length }}") == "[] 0");
+  // Repetition still repeats (jinja2: 'ab' * 3, [1, 2] * 2, and nothing for a count of 0 or below).
+  CHECK(render("{{ 'ab' * 3 }} {{ [1, 2] * 2 }} [{{ 'x' * 0 }}{{ 'x' * -2 }}] {{ ('abc' * 5)|length }}") ==
+        "ababab [1, 2, 1, 2] [] 15");
+  CHECK(render("{{ 'a\nb'|indent(3) }}|{{ {'a': 1}|tojson(indent=2) }}") == "a\n   b|{\n  \"a\": 1\n}");
+}
+
 TEST_CASE(
     "A post-processor's id beyond 32 bits, negative or fractional, or a piece of the wrong type, is refused "
     "naming the JSON path",

@@ -101,9 +101,7 @@ inline Value tojson(const std::string& /*name*/, const Value& subject, const Arg
   JsonDumpOptions options;
   if (const auto* a = args.get(0, "ensure_ascii")) options.ensure_ascii = truthy(*a);
   if (const auto* indent = args.get(1, "indent"); indent && !indent->json.is_null()) {
-    if (indent->json.is_number_integer())
-      options.indent =
-          std::string(static_cast<std::size_t>(std::max<std::int64_t>(0, indent->json.get<std::int64_t>())), ' ');
+    if (indent->json.is_number_integer()) options.indent = spaces(indent->json.get<std::int64_t>());
     else if (indent->json.is_string()) options.indent = indent->json.get<std::string>();
     else throw Unsupported{"tojson with an indent that is neither a number nor a string"};
   }
@@ -255,8 +253,7 @@ inline Value indent(const std::string& /*name*/, const Value& subject, const Arg
   const auto* width = args.get(0, "width");
   std::string pad(4, ' ');
   if (width && width->json.is_string()) pad = width->json.get<std::string>();
-  else if (width && width->json.is_number_integer())
-    pad = std::string(static_cast<std::size_t>(std::max<std::int64_t>(0, width->json.get<std::int64_t>())), ' ');
+  else if (width && width->json.is_number_integer()) pad = spaces(width->json.get<std::int64_t>());
   const bool first = bool_argument(args, 1, "first", false), blank = bool_argument(args, 2, "blank", false);
   std::vector<std::string> lines;
   const auto s = soft_str(subject) + "\n";  // jinja2 appends a newline so that splitlines keeps a trailing empty line

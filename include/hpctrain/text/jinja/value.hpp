@@ -55,6 +55,18 @@ struct Unsupported {
   std::string what;
 };
 
+/// The most bytes a rendering may write into one buffer (Interpreter::max_output): a chat template is a few
+/// kilobytes of text around a conversation, and a template that asks for more is refused rather than allowed to
+/// take the machine's memory.
+inline constexpr std::size_t max_rendering_bytes = 64u << 20;
+
+/// `width` spaces, for indent and tojson's indent; a PythonError beyond max_rendering_bytes, where jinja2 would
+/// try to allocate them (indent(99999999999) is 100 GB).
+inline std::string spaces(std::int64_t width) {
+  if (width > static_cast<std::int64_t>(max_rendering_bytes)) throw PythonError{"the rendering exceeds 64 MiB"};
+  return std::string(static_cast<std::size_t>(std::max<std::int64_t>(0, width)), ' ');
+}
+
 namespace detail {
 
 // ---- namespace() ---------------------------------------------------------------------------------------
