@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include <hpctrain/train/crc32c.hpp>
+#include <hpctrain/checksums.hpp>
 
 namespace {
 template <class Crc>

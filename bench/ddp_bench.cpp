@@ -19,7 +19,7 @@
 #include <hpctrain/dist/dist.hpp>
 #include <hpctrain/slurm/local_launch.hpp>
 #include <hpctrain/slurm/world.hpp>
-#include <hpctrain/train/replicated.hpp>
+#include <hpctrain/train/strategies/replicated.hpp>
 
 namespace {
 

@@ -15,7 +15,7 @@ python="${HPCTRAIN_PYTHON:-$HOME/.cache/hpctrain/venv/bin/python}"
 work="$(mktemp -d /tmp/export-memory.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
 cd "$work"
-oracle() { "$python" "$here/tests/models/sft_oracle.py" "$@"; }
+oracle() { "$python" "$here/tests/lm/sft_oracle.py" "$@"; }
 oracle make "$work" /usr/share/games/fortunes > make.log 2>&1 || { cat make.log; exit 1; }
 oracle make-sharded "$work" "${LAYERS:-14}" 1024 2816 > make-sharded.log 2>&1 || { cat make-sharded.log; exit 1; }
 parameters="$(sed -n 's/^\([0-9]*\) parameters in bf16.*/\1/p' make-sharded.log)"

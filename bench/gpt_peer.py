@@ -4,7 +4,7 @@ hpctrain's DistributedSampler), the same AdamW with weight-decay groups, warmup 
 clipping. Two uses:
 
   gpt_peer.py reference --init DIR --tokens FILE [...]   (tests/models: the loss-curve oracle) one process,
-      starting from the step-0 weights in DIR (examples/gpt's export: tests/models/loss_curve.py), prints a JSON line
+      starting from the step-0 weights in DIR (examples/gpt's export: tests/lm/loss_curve.py), prints a JSON line
       {"losses": [...]} with the mean training loss of each step over the whole global batch.
   torchrun --nproc-per-node 2 gpt_peer.py ddp --tokens FILE [...]   (bench/gpt_vs_torchrun) DDP over Gloo,
       rank 0 prints a JSON line with tokens/s of the timed steps. With --init DIR it starts from those weights,

@@ -18,9 +18,9 @@
 #include <torch/torch.h>
 
 #include <hpctrain/models/gpt2.hpp>
-#include <hpctrain/train/fused_adamw.hpp>
+#include <hpctrain/train/optim/fused_adamw.hpp>
 #include <hpctrain/train/precision.hpp>
-#include <hpctrain/train/replicated.hpp>
+#include <hpctrain/train/strategies/replicated.hpp>
 
 #include "gpu_suite/profile.hpp"
 

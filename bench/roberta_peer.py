@@ -4,7 +4,7 @@ files grouped as lm::prepared_masked_blocks groups them: <s>, max_length - 2 tok
 (seed, epoch, block, position, stream) written again here from the specification in lm/masked_lm.hpp — with the
 same AdamW (β 0.9/0.98, ε 1e-6, weight-decay groups), warmup + linear decay and clipping. Two uses:
 
-  tests/models/roberta_loss_curve_test.py imports mask_block, rank_blocks and lr_factor (the loss-curve oracle);
+  tests/lm/roberta_loss_curve_test.py imports mask_block, rank_blocks and lr_factor (the loss-curve oracle);
   torchrun --nproc-per-node 2 roberta_peer.py ddp --tokens FILE --vocab V [...]   (bench/roberta_vs_torchrun)
       DDP over Gloo; rank 0 prints a JSON line with tokens/s of the timed steps. The blocks are masked before
       the clock starts (hpctrain masks in its prefetch thread, off the step's path; a Python user would mask in

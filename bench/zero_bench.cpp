@@ -23,9 +23,9 @@
 #include <fmt/format.h>
 
 #include <hpctrain/dist/dist.hpp>
+#include <hpctrain/models/blocks.hpp>
 #include <hpctrain/slurm/local_launch.hpp>
 #include <hpctrain/slurm/world.hpp>
-#include <hpctrain/models/blocks.hpp>
 #include <hpctrain/train/strategies/sharded.hpp>
 
 namespace {

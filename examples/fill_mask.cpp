@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
-#include <hpctrain/models/fill_mask.hpp>
+#include <hpctrain/models/generation/fill_mask.hpp>
 #include <hpctrain/text/pretrained_tokenizer.hpp>
 #include <hpctrain/text/utf8.hpp>
 

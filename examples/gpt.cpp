@@ -2,8 +2,8 @@
 // or `./gpt --submit` (2 nodes). The job's preparation tokenizes the corpus once (GPT-2's BPE, 5% held out); at
 // the end rank 0 prints val_loss=, a greedy sample, and exports the model + tokenizer to <run dir>/export.
 #include <hpctrain/hpctrain.hpp>
-#include <hpctrain/lm/tokens.hpp>             // lm::prepared_tokens, prepared_vocab_size
 #include <hpctrain/lm/scratch.hpp>            // lm::gpt2_from_scratch
+#include <hpctrain/lm/tokens.hpp>             // lm::prepared_tokens, prepared_vocab_size
 #include <hpctrain/text/default_data.hpp>     // text::prepare_tokens_step, default_corpus, gpt2_tokenizer
 using namespace std::chrono_literals;
 namespace ht = hpctrain;

@@ -39,8 +39,8 @@
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/models/gpt2.hpp>
 #include <hpctrain/train/precision.hpp>
-#include <hpctrain/train/replicated.hpp>
 #include <hpctrain/train/strategies/fully_sharded.hpp>
+#include <hpctrain/train/strategies/replicated.hpp>
 #include <hpctrain/train/strategies/sharded.hpp>
 
 #include "compare.hpp"

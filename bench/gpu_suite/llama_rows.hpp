@@ -5,12 +5,12 @@
 //   llama.full        every parameter trains: Replicated at world 1 (no sharding: at one rank ZeRO only adds
 //                     work), no recomputation, bf16 autocast, hpctrain::FusedAdamW: what the Trainer runs at
 //                     world 1, and what transformers' row (scripts/gpu-check: llama.eager, llama.compile) runs
-//   llama.full.unfused  the same with q, k, v and gate, up as separate products (models/fused_projections.hpp),
+//   llama.full.unfused  the same with q, k, v and gate, up as separate products (models/kernels/fused_projections.hpp),
 //                     as transformers computes them: what fusing them gains, in the same call
 //   llama.full.rounded  the same with autograd's casts of the gradients (bf16 products, a cast kernel each;
-//                     models/mixed_precision_products.hpp off), as transformers computes them
+//                     models/kernels/mixed_precision_products.hpp off), as transformers computes them
 //   llama.full.composite  the same with LibTorch's operations for SwiGLU and rotary (set_runtime_kernels(false)):
-//                     what the runtime-compiled kernels (models/runtime_kernels.hpp) gain
+//                     what the runtime-compiled kernels (models/kernels/runtime_kernels.hpp) gain
 //   llama.full.selective  the same with selective recomputation (--activation-checkpointing selective: each block
 //                     runs again in backward, its projections' outputs replayed): what fitting in less memory costs
 //   llama.full.zero3  the same under ZeRO-3 (fp32 shards, each block gathered while it runs and recomputed in
@@ -43,10 +43,10 @@
 #include <hpctrain/dist/dist.hpp>
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/lm/memory_plan.hpp>
+#include <hpctrain/models/kernels/scoped_switch.hpp>
 #include <hpctrain/models/llama.hpp>
-#include <hpctrain/models/lora.hpp>
-#include <hpctrain/models/scoped_switch.hpp>
-#include <hpctrain/train/fused_adamw.hpp>
+#include <hpctrain/models/lora/lora.hpp>
+#include <hpctrain/train/optim/fused_adamw.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/step_graph.hpp>
 #include <hpctrain/train/strategies/sharded.hpp>

@@ -5,7 +5,7 @@
 // Both see the same tokens and count the same targets, so the summed loss and its gradients must agree.
 // On CUDA the paths take different kernels: padded rows SDPA's flash (causal, no mask), packed rows in bf16
 // the variable-length flash kernel (cu_seqlens, models::packed_attention) and, with it switched off, SDPA with
-// the boolean mask (which rules flash out): what this row checks beyond tests/models/lm_test.cpp's CPU
+// the boolean mask (which rules flash out): what this row checks beyond tests/lm/lm_test.cpp's CPU
 // comparison. Each path's backend and its time are in the row.
 #include <algorithm>
 #include <chrono>

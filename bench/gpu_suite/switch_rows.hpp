@@ -14,15 +14,16 @@
 //   switches.wide_products   a weight gradient's product at TinyLlama's MLP shape (8192 tokens, 5632 x 2048) as
 //                            autograd computes it under autocast (a bf16 product, then a cast to fp32) against
 //                            models::detail::product_into (cuBLAS with bf16 operands and an fp32 result, the
-//                            default of models/mixed_precision_products.hpp): ms per product, and each one's error
-//                            against the fp32 product of the same bf16 values.
+//                            default of models/kernels/mixed_precision_products.hpp): ms per product, and each one's
+//                            error against the fp32 product of the same bf16 values.
 //   switches.fused_swiglu    SwiGLU's elementwise part at TinyLlama's MLP shape (8192 tokens, 5632 columns, bf16),
 //                            forward and backward, as autograd computes it (silu, mul, the halves' concatenated
 //                            gradients) against models::swiglu (on CUDA one runtime-compiled kernel each way,
-//                            models/swiglu.hpp): ms per call, which path ran, the output's and gradient's distance.
+//                            models/kernels/swiglu.hpp): ms per call, which path ran, the output's and gradient's
+//                            distance.
 //   switches.fused_rotary    rotary embeddings of TinyLlama's queries (8 x 1024 tokens, 32 heads of 64, bf16 under
 //                            autocast), forward and backward: the composite operations against the runtime-compiled
-//                            kernels (models/rotary.hpp): ms per call, which path ran, the distance.
+//                            kernels (models/kernels/rotary.hpp): ms per call, which path ran, the distance.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -36,18 +37,18 @@
 
 #include <hpctrain/lm/chunked_loss.hpp>
 #include <hpctrain/lm/loss.hpp>
-#include <hpctrain/models/cross_entropy_rows.hpp>
-#include <hpctrain/models/mixed_precision_products.hpp>
-#include <hpctrain/models/rotary.hpp>
-#include <hpctrain/models/scoped_switch.hpp>
-#include <hpctrain/models/swiglu.hpp>
-#include <hpctrain/train/fused_adamw.hpp>
+#include <hpctrain/models/kernels/cross_entropy_rows.hpp>
+#include <hpctrain/models/kernels/mixed_precision_products.hpp>
+#include <hpctrain/models/kernels/rotary.hpp>
+#include <hpctrain/models/kernels/scoped_switch.hpp>
+#include <hpctrain/models/kernels/swiglu.hpp>
+#include <hpctrain/train/optim/fused_adamw.hpp>
 #include <hpctrain/train/precision.hpp>
 
 #include <hpctrain/dist/dist.hpp>
 #include <hpctrain/slurm/world.hpp>
-#include <hpctrain/train/replicated.hpp>
 #include <hpctrain/train/strategies/fully_sharded.hpp>
+#include <hpctrain/train/strategies/replicated.hpp>
 
 #include "compare.hpp"
 #include "device_memory.hpp"

@@ -77,7 +77,8 @@ class RuntimeError : public Error {
   RuntimeError(ErrorId id, const std::string& message) : Error(id, message) {}
 
  protected:
-  /// `cause`'s id with another message: a subclass that raises an error again (train/strategy.hpp's CheckpointRefused).
+  /// `cause`'s id with another message: a subclass that raises an error again (train/strategies/strategy.hpp's
+  /// CheckpointRefused).
   RuntimeError(const Error& cause, const std::string& message) : Error(cause.id(), message) {}
 };
 
@@ -104,9 +105,9 @@ inline int exit_code_of(const std::exception& error) noexcept {
   return ours != nullptr ? ours->exit_code() : exit_failure;
 }
 
-/// Runs `body` — a tool's work once its command line is parsed (models/generate_tool.hpp, examples/fill_mask.cpp) —
-/// and keeps the command-line contract for what it throws: the message on stderr, then its exit_code_of. Programs
-/// built on hpctrain::run get this from run().
+/// Runs `body` — a tool's work once its command line is parsed (models/generation/generate_tool.hpp,
+/// examples/fill_mask.cpp) — and keeps the command-line contract for what it throws: the message on stderr, then its
+/// exit_code_of. Programs built on hpctrain::run get this from run().
 template <class Body>
 int with_exit_codes(Body&& body) {
   try {

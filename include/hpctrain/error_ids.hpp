@@ -85,7 +85,7 @@ inline constexpr ErrorId spec_tasks_per_node{"hpctrain.spec.tasks_per_node"};
 inline constexpr ErrorId spec_then{"hpctrain.spec.then"};
 inline constexpr ErrorId spec_time{"hpctrain.spec.time"};
 
-// --- job layer at run time (job/submit.hpp, job/process.hpp, job/files.hpp, job/container.hpp) ---
+// --- job layer at run time (job/submit.hpp, job/process.hpp, files.hpp, job/container.hpp) ---
 inline constexpr ErrorId runtime_prepare{"hpctrain.runtime.prepare"};
 inline constexpr ErrorId runtime_enroot{"hpctrain.runtime.enroot"};
 inline constexpr ErrorId runtime_exec{"hpctrain.runtime.exec"};
@@ -112,7 +112,7 @@ inline constexpr ErrorId runtime_gradient_sync{"hpctrain.runtime.gradient_sync"}
 inline constexpr ErrorId runtime_rendezvous{"hpctrain.runtime.rendezvous"};
 inline constexpr ErrorId runtime_fabric{"hpctrain.runtime.fabric"};
 
-// --- training description (train/training.hpp, train/schedule.hpp, train/data/) ---
+// --- training description (train/training.hpp, train/optim/schedule.hpp, train/data/) ---
 inline constexpr ErrorId spec_checkpoint_buffers{"hpctrain.spec.checkpoint.buffers"};
 inline constexpr ErrorId spec_checkpoint_parameters{"hpctrain.spec.checkpoint.parameters"};
 inline constexpr ErrorId spec_checkpoint_strategy{"hpctrain.spec.checkpoint.strategy"};

@@ -24,14 +24,14 @@
 #include <hpctrain/job/setting.hpp>
 #include <hpctrain/job/units.hpp>
 
-#include <hpctrain/train/adamw.hpp>
 #include <hpctrain/train/data/idx.hpp>
 #include <hpctrain/train/data/source.hpp>
-#include <hpctrain/train/fused_adamw.hpp>
 #include <hpctrain/train/losses.hpp>
 #include <hpctrain/train/metrics.hpp>
+#include <hpctrain/train/optim/adamw.hpp>
+#include <hpctrain/train/optim/fused_adamw.hpp>
+#include <hpctrain/train/optim/schedule.hpp>
 #include <hpctrain/train/precision.hpp>
-#include <hpctrain/train/schedule.hpp>
 #include <hpctrain/train/step.hpp>
 #include <hpctrain/train/training.hpp>
 
@@ -63,37 +63,37 @@
 #include <hpctrain/dist/gradient_sync.hpp>
 #include <hpctrain/dist/process_group.hpp>
 
-#include <hpctrain/train/checkpoint.hpp>
-#include <hpctrain/train/checkpointing.hpp>
+#include <hpctrain/train/checkpoint/checkpoint.hpp>
+#include <hpctrain/train/checkpoint/checkpointing.hpp>
+#include <hpctrain/train/checkpoint/digest.hpp>
 #include <hpctrain/train/data/idx.hpp>
 #include <hpctrain/train/data/prefetch.hpp>
 #include <hpctrain/train/data/sampler.hpp>
 #include <hpctrain/train/data/source.hpp>
 #include <hpctrain/train/data/tokens.hpp>
-#include <hpctrain/train/digest.hpp>
 #include <hpctrain/train/evaluation.hpp>
-#include <hpctrain/train/adamw.hpp>
-#include <hpctrain/train/fused_adamw.hpp>
-#include <hpctrain/train/loggers.hpp>
+#include <hpctrain/train/loggers/loggers.hpp>
+#include <hpctrain/train/loggers/tensorboard.hpp>
 #include <hpctrain/train/losses.hpp>
 #include <hpctrain/train/metrics.hpp>
+#include <hpctrain/train/optim/adamw.hpp>
+#include <hpctrain/train/optim/fused_adamw.hpp>
+#include <hpctrain/train/optim/schedule.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/preemption.hpp>
 #include <hpctrain/train/progress.hpp>
-#include <hpctrain/train/replicated.hpp>
-#include <hpctrain/train/run_setup.hpp>
 #include <hpctrain/train/run_directory.hpp>
-#include <hpctrain/train/schedule.hpp>
+#include <hpctrain/train/run_setup.hpp>
 #include <hpctrain/train/step.hpp>
-#include <hpctrain/train/strategy.hpp>
-#include <hpctrain/train/tensorboard.hpp>
+#include <hpctrain/train/strategies/replicated.hpp>
+#include <hpctrain/train/strategies/strategy.hpp>
 #include <hpctrain/train/throughput.hpp>
 #include <hpctrain/train/trainer.hpp>
 #include <hpctrain/train/training.hpp>
 #include <hpctrain/train/worker.hpp>
 
-#include <hpctrain/models/models.hpp>
 #include <hpctrain/lm/lm.hpp>
+#include <hpctrain/models/models.hpp>
 #include <hpctrain/text/default_data.hpp>
 
 #include <hpctrain/run.hpp>

@@ -91,7 +91,7 @@ inline constexpr std::string_view job_record = "job.json";
 /// Inside a run directory: the checkpoints a run resumes from.
 inline constexpr std::string_view checkpoints = "checkpoints";
 /// Inside a run directory: W&B's offline runs (`wandb/offline-run-<time>-<id>/`, what `wandb sync` uploads),
-/// written by the W&B logger (train/wandb.hpp) and found by `--wandb-sync` (job/wandb_sync.hpp).
+/// written by the W&B logger (train/loggers/wandb.hpp) and found by `--wandb-sync` (job/wandb_sync.hpp).
 inline constexpr std::string_view wandb = "wandb";
 /// The prefix of an offline run's directory, as wandb names it.
 inline constexpr std::string_view wandb_offline_run_prefix = "offline-run-";

@@ -1,11 +1,11 @@
-// Fuzzes the checkpoint header check (train/checkpoint_format.hpp) that runs on every checkpoint file
+// Fuzzes the checkpoint header check (train/checkpoint/checkpoint_format.hpp) that runs on every checkpoint file
 // before LibTorch's reader sees its payload (format 1: the payload is the rest; format 2: pieces may follow). The first
 // input byte chooses whether the target repairs the CRC field, so that the fuzzer also explores the inputs that pass
 // the checksum (the torn and edited files that a real CRC would catch are in the other half).
 #include <cstring>
 #include <string>
 
-#include <hpctrain/train/checkpoint_format.hpp>
+#include <hpctrain/train/checkpoint/checkpoint_format.hpp>
 
 #include "fuzz_support.hpp"
 

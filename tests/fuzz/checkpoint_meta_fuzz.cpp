@@ -1,11 +1,11 @@
-// Fuzzes the reader of a checkpoint's meta.json (train/checkpoint_format.hpp), which decides which
+// Fuzzes the reader of a checkpoint's meta.json (train/checkpoint/checkpoint_format.hpp), which decides which
 // checkpoint a run resumes from and which archive files it opens: any bytes either parse into a description
 // whose fields are in range and whose files are plain names inside the checkpoint directory, or are refused
 // with `[hpctrain.runtime.checkpoint]` naming the file. What parses writes back (to_json) and reads again
 // to the same description.
 #include <string>
 
-#include <hpctrain/train/checkpoint_format.hpp>
+#include <hpctrain/train/checkpoint/checkpoint_format.hpp>
 
 #include "fuzz_support.hpp"
 

@@ -1,9 +1,9 @@
 // Fuzzes the index of a checkpoint file's pieces region and the checked reads of its pieces
-// (train/checkpoint_pieces_index.hpp), which every sharded resume runs on files another run wrote. The input is the
-// index (JSON text, which holds no NUL byte) up to its first NUL byte, and the region after it (no NUL: all index, an
-// empty region). An accepted index describes pieces inside the region; then every piece is read whole, by its first
-// and last element, from its middle, and by ranges that must be refused (beyond its end, negative, overflowing): a
-// read returns exactly the region's bytes at the piece's offset, or is refused with `[hpctrain.runtime.checkpoint]`,
+// (train/checkpoint/checkpoint_pieces_index.hpp), which every sharded resume runs on files another run wrote. The input
+// is the index (JSON text, which holds no NUL byte) up to its first NUL byte, and the region after it (no NUL: all
+// index, an empty region). An accepted index describes pieces inside the region; then every piece is read whole, by its
+// first and last element, from its middle, and by ranges that must be refused (beyond its end, negative, overflowing):
+// a read returns exactly the region's bytes at the piece's offset, or is refused with `[hpctrain.runtime.checkpoint]`,
 // and never asks the region for a byte outside it.
 #include <cstdint>
 #include <cstring>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include <hpctrain/train/checkpoint_pieces_index.hpp>
+#include <hpctrain/train/checkpoint/checkpoint_pieces_index.hpp>
 
 #include "fuzz_support.hpp"
 

@@ -1,7 +1,7 @@
-// Fuzzes the safetensors header parser (models/safetensors_format.hpp) that every Hugging Face checkpoint
+// Fuzzes the safetensors header parser (models/hf/safetensors_format.hpp) that every Hugging Face checkpoint
 // import runs before LibTorch sees a byte. An accepted header's tensors tile the data buffer exactly, each
 // sized shape × dtype, all inside the file.
-#include <hpctrain/models/safetensors_format.hpp>
+#include <hpctrain/models/hf/safetensors_format.hpp>
 
 #include "fuzz_support.hpp"
 

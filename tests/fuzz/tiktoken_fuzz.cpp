@@ -1,8 +1,6 @@
 // Fuzzes the tiktoken ranks reader (text/tiktoken.hpp): one `<base64 bytes> <rank>` per line, GPT-2's
 // pattern and specials. An accepted file gives a tokenizer that encodes and decodes a short text without
 // failing. The input goes through a file in /dev/shm, as the loader takes a path.
-#include <unistd.h>
-
 #include <fstream>
 #include <string>
 
@@ -11,7 +9,7 @@
 #include "fuzz_support.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t size) {
-  static const std::string path = "/dev/shm/hpctrain-fuzz-ranks-" + std::to_string(::getpid()) + ".tiktoken";
+  static const std::string path = hpctrain::fuzz::scratch_file("input.tiktoken");
   std::ofstream(path, std::ios::binary | std::ios::trunc)
       .write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   hpctrain::fuzz::expect_clean_rejection([&] {

@@ -1,5 +1,5 @@
-// ht::FileLogger (train/logger.hpp), the base of a logger that writes one file of the run directory: a fresh run
-// writes the header, a requeued or resumed run (the same directory, started again) appends without it, and a file
+// ht::FileLogger (train/loggers/logger.hpp), the base of a logger that writes one file of the run directory: a fresh
+// run writes the header, a requeued or resumed run (the same directory, started again) appends without it, and a file
 // that cannot be opened is an error naming it.
 #include <cstdlib>
 #include <filesystem>
@@ -7,8 +7,8 @@
 
 #include <catch2/catch.hpp>
 
-#include <hpctrain/job/files.hpp>
-#include <hpctrain/train/logger.hpp>
+#include <hpctrain/files.hpp>
+#include <hpctrain/train/loggers/logger.hpp>
 
 namespace {
 

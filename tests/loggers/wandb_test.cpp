@@ -1,6 +1,6 @@
-// The W&B offline run writer (train/wandb_records.hpp), the W&B logger (train/wandb.hpp), the `--wandb [PROJECT]`
-// knob and `--wandb-sync` (job/wandb_sync.hpp). The oracle is wandb's own reader of .wandb files (wandb 0.29's
-// datastore.py and wandb_internal_pb2, through tests/loggers/wandb_oracle.py): a case whose oracle python lacks
+// The W&B offline run writer (train/loggers/wandb_records.hpp), the W&B logger (train/loggers/wandb.hpp), the `--wandb
+// [PROJECT]` knob and `--wandb-sync` (job/wandb_sync.hpp). The oracle is wandb's own reader of .wandb files (wandb
+// 0.29's datastore.py and wandb_internal_pb2, through tests/loggers/wandb_oracle.py): a case whose oracle python lacks
 // wandb is skipped with a warning, never passed.
 #include <cmath>
 #include <csignal>
@@ -21,12 +21,12 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <hpctrain/files.hpp>
 #include <hpctrain/job/cli.hpp>
-#include <hpctrain/job/files.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/wandb_sync.hpp>
-#include <hpctrain/train/wandb.hpp>
-#include <hpctrain/train/wandb_records.hpp>
+#include <hpctrain/train/loggers/wandb.hpp>
+#include <hpctrain/train/loggers/wandb_records.hpp>
 #include <test_support.hpp>
 
 namespace fs = std::filesystem;

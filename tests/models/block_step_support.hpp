@@ -20,7 +20,7 @@
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
-#include <hpctrain/models/lora.hpp>
+#include <hpctrain/models/lora/lora.hpp>
 #include <hpctrain/models/models.hpp>
 #include <hpctrain/train/precision.hpp>
 

@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include <hpctrain/models/pretrained_config.hpp>
+#include <hpctrain/models/hf/pretrained_config.hpp>
 
 #include "models_test_support.hpp"
 

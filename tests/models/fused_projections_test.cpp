@@ -1,7 +1,7 @@
 // The GPU step's rewrites of a Llama block, checked against the block as transformers computes it (CPU): rotary
-// embeddings with their closed-form backward (models/rotary.hpp) and the projections of one input as one matrix
-// product (models/fused_projections.hpp), with grouped-query attention, with Qwen2's q/k/v biases, under selective
-// recomputation and under bf16 autocast.
+// embeddings with their closed-form backward (models/kernels/rotary.hpp) and the projections of one input as one matrix
+// product (models/kernels/fused_projections.hpp), with grouped-query attention, with Qwen2's q/k/v biases, under
+// selective recomputation and under bf16 autocast.
 #include <catch2/catch.hpp>
 
 #include <cmath>

@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include <hpctrain/models/lora.hpp>
+#include <hpctrain/models/lora/lora.hpp>
 #include <hpctrain/models/models.hpp>
 
 #include "models_test_support.hpp"

@@ -1,7 +1,7 @@
-// The projections' gradients written in fp32 by the products under autocast (models/mixed_precision_products.hpp),
-// checked on the CPU: against the exact gradients of the same bf16 operands (fp64), against autograd's casts
-// (the switch off), in a Llama step (the cast nodes it removes, fused and separate projections, Qwen2's biases,
-// selective recomputation, LoRA).
+// The projections' gradients written in fp32 by the products under autocast
+// (models/kernels/mixed_precision_products.hpp), checked on the CPU: against the exact gradients of the same bf16
+// operands (fp64), against autograd's casts (the switch off), in a Llama step (the cast nodes it removes, fused and
+// separate projections, Qwen2's biases, selective recomputation, LoRA).
 #include <catch2/catch.hpp>
 
 #include <cmath>

@@ -10,7 +10,7 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
-#include <hpctrain/job/files.hpp>  // detail::remove_tree (std::filesystem::remove_all crashes under libtorch)
+#include <hpctrain/files.hpp>  // detail::remove_tree (std::filesystem::remove_all crashes under libtorch)
 
 namespace models_test {
 

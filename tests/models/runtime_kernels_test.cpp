@@ -11,11 +11,11 @@
 
 #include <torch/torch.h>
 
-#include <hpctrain/models/cross_entropy_rows.hpp>
-#include <hpctrain/models/nvrtc_kernels.hpp>
-#include <hpctrain/models/rotary.hpp>
-#include <hpctrain/models/scoped_switch.hpp>
-#include <hpctrain/models/swiglu.hpp>
+#include <hpctrain/models/kernels/cross_entropy_rows.hpp>
+#include <hpctrain/models/kernels/nvrtc_kernels.hpp>
+#include <hpctrain/models/kernels/rotary.hpp>
+#include <hpctrain/models/kernels/scoped_switch.hpp>
+#include <hpctrain/models/kernels/swiglu.hpp>
 
 namespace hm = hpctrain::models;
 

@@ -13,7 +13,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include <hpctrain/models/lora.hpp>
+#include <hpctrain/models/lora/lora.hpp>
 #include <hpctrain/models/models.hpp>
 #include <hpctrain/train/precision.hpp>
 

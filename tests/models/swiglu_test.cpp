@@ -1,5 +1,5 @@
-// SwiGLU's node (models/swiglu.hpp) on the CPU, against autograd's silu(gate) · up: the same output and gradients
-// bit for bit (the composite path runs autograd's operations), one tensor of the MLP's width fewer kept for
+// SwiGLU's node (models/kernels/swiglu.hpp) on the CPU, against autograd's silu(gate) · up: the same output and
+// gradients bit for bit (the composite path runs autograd's operations), one tensor of the MLP's width fewer kept for
 // backward (the heap in use while the graph lives), and no concatenation of the gradients of a fused gate/up
 // product's halves.
 #include <catch2/catch.hpp>
@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include <hpctrain/models/swiglu.hpp>
+#include <hpctrain/models/kernels/swiglu.hpp>
 
 #include "block_step_support.hpp"
 

@@ -21,18 +21,18 @@
 
 #include <nlohmann/json.hpp>
 
-#include <hpctrain/train/checkpoint.hpp>
-#include <hpctrain/train/checkpoint_pieces.hpp>
-#include <hpctrain/train/crc32c.hpp>
+#include <hpctrain/checksums.hpp>
+#include <hpctrain/train/checkpoint/checkpoint.hpp>
+#include <hpctrain/train/checkpoint/checkpoint_pieces.hpp>
 #include <hpctrain/train/data/idx.hpp>
 #include <hpctrain/train/data/prefetch.hpp>
 #include <hpctrain/train/data/sampler.hpp>
 #include <hpctrain/train/data/tokens.hpp>
+#include <hpctrain/train/loggers/tensorboard.hpp>
+#include <hpctrain/train/optim/schedule.hpp>
 #include <hpctrain/train/progress.hpp>
-#include <hpctrain/train/replicated.hpp>
-#include <hpctrain/train/schedule.hpp>
 #include <hpctrain/train/step_graph.hpp>
-#include <hpctrain/train/tensorboard.hpp>
+#include <hpctrain/train/strategies/replicated.hpp>
 #include <hpctrain/train/training.hpp>
 
 namespace fs = std::filesystem;

@@ -9,8 +9,8 @@
 #include <torch/torch.h>
 
 #include <hpctrain/job/setting.hpp>
-#include <hpctrain/train/adamw.hpp>
-#include <hpctrain/train/fused_adamw.hpp>
+#include <hpctrain/train/optim/adamw.hpp>
+#include <hpctrain/train/optim/fused_adamw.hpp>
 
 namespace {
 

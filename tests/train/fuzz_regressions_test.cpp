@@ -13,7 +13,7 @@
 #include <functional>
 #include <vector>
 
-#include <hpctrain/train/checkpoint.hpp>
+#include <hpctrain/train/checkpoint/checkpoint.hpp>
 #include <hpctrain/train/data/idx.hpp>
 
 using Catch::Matchers::Contains;

@@ -13,7 +13,7 @@
 #include <map>
 #include <string>
 
-#include <hpctrain/job/files.hpp>  // detail::remove_tree (std::filesystem::remove_all crashes under libtorch)
+#include <hpctrain/files.hpp>  // detail::remove_tree (std::filesystem::remove_all crashes under libtorch)
 #include <hpctrain/train/data/idx.hpp>
 #include <hpctrain/train/data/source.hpp>
 

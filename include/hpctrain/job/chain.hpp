@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>  // chain.json
 
 #include <hpctrain/error.hpp>
-#include <hpctrain/job/files.hpp>
+#include <hpctrain/files.hpp>
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/render.hpp>
 #include <hpctrain/job/submit.hpp>

@@ -28,18 +28,18 @@
 #include <hpctrain/job/array_commands.hpp>
 #include <hpctrain/job/chain.hpp>
 #include <hpctrain/job/job.hpp>
-#include <hpctrain/job/plan_request.hpp>
 #include <hpctrain/job/knobs.hpp>
+#include <hpctrain/job/plan_request.hpp>
 #include <hpctrain/job/prepare.hpp>
-#include <hpctrain/slurm/cpus.hpp>
-#include <hpctrain/slurm/local_launch.hpp>
 #include <hpctrain/job/render.hpp>
-#include <hpctrain/job/spec_error_exit.hpp>  // installed before main: a wrong setter exits 2
 #include <hpctrain/job/results.hpp>
+#include <hpctrain/job/spec_error_exit.hpp>  // installed before main: a wrong setter exits 2
 #include <hpctrain/job/submit.hpp>
 #include <hpctrain/job/units.hpp>
 #include <hpctrain/job/wandb_sync.hpp>
 #include <hpctrain/names.hpp>
+#include <hpctrain/slurm/cpus.hpp>
+#include <hpctrain/slurm/local_launch.hpp>
 
 namespace hpctrain {
 

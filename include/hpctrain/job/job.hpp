@@ -15,12 +15,12 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/array.hpp>
-#include <hpctrain/job/sweep.hpp>
 #include <hpctrain/job/container.hpp>
 #include <hpctrain/job/prepare.hpp>
 #include <hpctrain/job/shell.hpp>
 #include <hpctrain/job/site.hpp>
 #include <hpctrain/job/spec_error_exit.hpp>  // install_spec_error_exit(): a SpecError escaping main exits 2
+#include <hpctrain/job/sweep.hpp>
 #include <hpctrain/job/units.hpp>
 
 namespace hpctrain {

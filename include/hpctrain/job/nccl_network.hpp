@@ -26,8 +26,8 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
+#include <hpctrain/files.hpp>
 #include <hpctrain/job/fabric.hpp>
-#include <hpctrain/job/files.hpp>
 #include <hpctrain/names.hpp>
 
 namespace hpctrain {

@@ -22,7 +22,7 @@
 #include <nlohmann/json.hpp>  // the job record (job.json)
 
 #include <hpctrain/error.hpp>
-#include <hpctrain/job/files.hpp>
+#include <hpctrain/files.hpp>
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/preflight.hpp>
 #include <hpctrain/job/process.hpp>

@@ -21,14 +21,14 @@
 
 #include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/error.hpp>
-#include <hpctrain/job/files.hpp>
+#include <hpctrain/files.hpp>
 #include <hpctrain/lm/hooks.hpp>
 #include <hpctrain/lm/run_tokenizer.hpp>
 #include <hpctrain/lm/setting.hpp>
-#include <hpctrain/models/generation.hpp>
-#include <hpctrain/models/hf_checkpoint.hpp>
-#include <hpctrain/models/hf_export.hpp>
-#include <hpctrain/models/lora.hpp>
+#include <hpctrain/models/generation/generation.hpp>
+#include <hpctrain/models/hf/hf_checkpoint.hpp>
+#include <hpctrain/models/hf/hf_export.hpp>
+#include <hpctrain/models/lora/lora.hpp>
 #include <hpctrain/models/roberta.hpp>
 #include <hpctrain/train/run_context.hpp>
 

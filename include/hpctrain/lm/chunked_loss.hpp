@@ -12,17 +12,17 @@
 // bf16, and no cast kernel reads the logits to widen them. The loss's weight of a row (1, or 0 for an ignored
 // target) scales that row of the [chunk, width] gradients instead of the [chunk, vocabulary] one: a pass over the
 // chunk's logits fewer. On CUDA with bf16 or fp16 products, one row kernel computes a chunk's loss and its logits'
-// gradient (models/cross_entropy_rows.hpp: two reads of the logits and one write of the gradient, where the
+// gradient (models/kernels/cross_entropy_rows.hpp: two reads of the logits and one write of the gradient, where the
 // operations make five passes), and zeroes the ignored rows itself. Equal in fp32 within reassociation
-// (tests/models/lm_step_test.cpp).
+// (tests/lm/lm_step_test.cpp).
 #include <cstdint>
 #include <utility>
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
-#include <hpctrain/models/cross_entropy_rows.hpp>
-#include <hpctrain/models/mixed_precision_products.hpp>
+#include <hpctrain/models/kernels/cross_entropy_rows.hpp>
+#include <hpctrain/models/kernels/mixed_precision_products.hpp>
 
 namespace hpctrain::lm {
 

@@ -6,8 +6,8 @@
 #include <hpctrain/lm/hooks.hpp>
 #include <hpctrain/lm/pretrained.hpp>
 #include <hpctrain/lm/setting.hpp>
-#include <hpctrain/models/lora_config.hpp>
-#include <hpctrain/models/recompute.hpp>
+#include <hpctrain/models/lora/lora_config.hpp>
+#include <hpctrain/models/recompute/recompute.hpp>
 #include <hpctrain/train/metrics.hpp>
 #include <hpctrain/train/training.hpp>
 #if HPCTRAIN_RUNTIME_DEFINITIONS
@@ -20,7 +20,7 @@
 #include <hpctrain/lm/scratch.hpp>
 #include <hpctrain/lm/sft_dataset.hpp>
 #include <hpctrain/lm/tokens.hpp>
-#include <hpctrain/models/lora.hpp>
+#include <hpctrain/models/lora/lora.hpp>
 #endif
 
 #include <optional>
@@ -88,8 +88,19 @@ HPCTRAIN_RUNTIME_INLINE Training causal_lm_training();
 HPCTRAIN_RUNTIME_INLINE Training masked_lm_training();
 
 #if HPCTRAIN_RUNTIME_DEFINITIONS
+namespace detail {
+/// A language model's step loss: the mean over every counted token of the global batch (token_loss_count), with the
+/// knob that asks for the mean of the micro-batches' means instead.
+inline Training with_token_weighted_loss(Training training) {
+  return training.loss_count(token_loss_count)
+      .knob<bool>(micro_batch_mean_knob, false,
+                  "weigh every micro-batch's mean loss alike, on every rank, instead of every counted token of the "
+                  "global batch alike (the loss then depends on how the batch is split into ranks and micro-batches)");
+}
+}  // namespace detail
+
 HPCTRAIN_RUNTIME_INLINE Training causal_lm_training() {
-  return Training()
+  return detail::with_token_weighted_loss(Training())
       .loss(token_loss)
       .step(chunked_causal_lm_step)
       .eval_step(token_eval_step)
@@ -118,7 +129,11 @@ HPCTRAIN_RUNTIME_INLINE Training causal_lm_training() {
 }
 
 HPCTRAIN_RUNTIME_INLINE Training masked_lm_training() {
-  return Training().loss(token_loss).step(token_loss_step).eval_step(token_eval_step).metric(masked_accuracy);
+  return detail::with_token_weighted_loss(Training())
+      .loss(token_loss)
+      .step(token_loss_step)
+      .eval_step(token_eval_step)
+      .metric(masked_accuracy);
 }
 #endif  // HPCTRAIN_RUNTIME_DEFINITIONS
 

@@ -11,8 +11,8 @@
 #include <torch/torch.h>
 
 #include <hpctrain/lm/chunked_loss.hpp>
-#include <hpctrain/models/cross_entropy_rows.hpp>
 #include <hpctrain/models/causal_lm.hpp>
+#include <hpctrain/models/kernels/cross_entropy_rows.hpp>
 #include <hpctrain/train/data/source.hpp>
 #include <hpctrain/train/step.hpp>
 
@@ -48,15 +48,30 @@ inline torch::Tensor batch_logits(StepContext& context, const data::Batch& batch
   return model->forward(batch.inputs, models::TokenLayout{batch.field("position_ids"), batch.field("document_ids")});
 }
 
-/// The step: the mean loss over the micro-batch's counted targets (each rank its own; the strategy averages
-/// the gradients over ranks, as TRL's per-device mean does).
+/// The knob of causal_lm_training and masked_lm_training that weighs each micro-batch's mean loss alike (the mean
+/// of the micro-batches' means: TRL's `average_tokens_across_devices=False` with gradient accumulation before
+/// transformers 4.46). Off by default: a step's loss is the mean over every counted token of its global batch.
+inline constexpr const char* micro_batch_mean_knob = "micro_batch_mean_loss";
+
+/// A micro-batch's counted targets (0-dim int64): what token_loss_step's mean is over.
+inline torch::Tensor counted_targets(const data::Batch& batch) { return batch.targets.ne(ignore_index).sum(); }
+
+/// The loss count of the language-model trainings (Training::loss_count): the counted targets, so that the Trainer
+/// weighs micro-batches and ranks by their tokens; none under `--micro-batch-mean-loss`.
+inline torch::Tensor token_loss_count(StepContext& context, const data::Batch& batch) {
+  if (context.knobs.get<bool>(micro_batch_mean_knob)) return {};
+  return counted_targets(batch);
+}
+
+/// The step: the mean loss over the micro-batch's counted targets (the Trainer weighs it by their share of the
+/// global batch's through token_loss_count).
 inline torch::Tensor token_loss_step(StepContext& context, const data::Batch& batch) {
   return token_loss(batch_logits(context, batch), batch.targets);
 }
 
 /// Whether the head and the loss of all a batch's tokens run fastest as one chunk of lm/chunked_loss.hpp: where the
-/// cross-entropy row kernel runs for the head's products (models/cross_entropy_rows.hpp: on CUDA, in bf16 or fp16),
-/// which computes the loss and the logits' gradient in one pass where the whole logits' operations make five.
+/// cross-entropy row kernel runs for the head's products (models/kernels/cross_entropy_rows.hpp: on CUDA, in bf16 or
+/// fp16), which computes the loss and the logits' gradient in one pass where the whole logits' operations make five.
 inline bool whole_head_as_one_chunk(models::CausalLM& model, const torch::Device& device) {
   return models::detail::cross_entropy_rows_usable(
       device, detail::head_product_dtype(device, model.head_weight().scalar_type()));

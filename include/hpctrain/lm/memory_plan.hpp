@@ -21,7 +21,7 @@
 //                   reduce-scatters as an all-reduce). Measured on the CPU: 6 units beside the block's gradients.
 //   activations     what autograd keeps for backward, counted tensor by tensor from the families' code (per
 //                   token and layer, full fine-tuning: Llama 18·h + 4·kv + 8·i bytes under bf16 autocast (24·h +
-//                   4·kv + 8·i with the projections of one input unfused, models/fused_projections.hpp; v is
+//                   4·kv + 8·i with the projections of one input unfused, models/kernels/fused_projections.hpp; v is
 //                   copied out of the fused q/k/v product, which attention would otherwise keep whole through it),
 //                   28·h + 8·kv + 16·i in fp32 (fused under FusedProjections::always, the same and the concatenated
 //                   fp32 weights of the fused groups, 4·(q + 2·kv + 2·i)·h bytes a layer whatever the tokens); GPT-2
@@ -32,8 +32,8 @@
 //                   middles besides; 2 bytes each under bf16 autocast, 4 in fp32) plus one block's worth
 //   logits          the head's output, its fp32 copy and its gradient (10 bytes per token and vocabulary entry
 //                   in bf16, 12 in fp32), or one chunk's (--loss-chunk-tokens); on a GPU in bf16, 6 (the fp32
-//                   logits and their bf16 gradient: the row kernel of models/cross_entropy_rows.hpp, which takes
-//                   all the tokens as one chunk at --loss-chunk-tokens 0; 5.9 measured on an H200)
+//                   logits and their bf16 gradient: the row kernel of models/kernels/cross_entropy_rows.hpp, which
+//                   takes all the tokens as one chunk at --loss-chunk-tokens 0; 5.9 measured on an H200)
 //   host heap       on a CPU only: the C allocator's freed chunks the peak still holds, about the step's transient
 //                   bytes (plan_memory says what was measured)
 //
@@ -54,10 +54,10 @@
 
 #include <fmt/format.h>
 
-#include <hpctrain/models/fused_projections_mode.hpp>
 #include <hpctrain/models/gpt2_config.hpp>
+#include <hpctrain/models/kernels/fused_projections_mode.hpp>
 #include <hpctrain/models/llama_config.hpp>
-#include <hpctrain/models/recompute.hpp>
+#include <hpctrain/models/recompute/recompute.hpp>
 
 namespace hpctrain::lm {
 
@@ -72,7 +72,7 @@ struct ModelShape {
   bool tied = true;                   ///< the head is the token embedding (then neither is a ZeRO-3 edge)
   /// A Linear of a block: its name (LoRA's targets), its widths, and the group of Linears that read the same
   /// input (in fp32 they save one tensor between them; under autocast one bf16 cast when they run as one product,
-  /// models/fused_projections.hpp, else each its own).
+  /// models/kernels/fused_projections.hpp, else each its own).
   struct Linear {
     std::string name;
     std::int64_t in = 0, out = 0;
@@ -128,8 +128,8 @@ struct PlanInput {
   std::vector<std::string> lora_targets;
   std::int64_t micro_batch = 1, sequence = 1;
   std::int64_t loss_chunk_tokens = 0;  ///< 0: whole logits
-  /// The head's loss through the row kernel of models/cross_entropy_rows.hpp where it runs (a GPU, bf16), as the
-  /// Trainer's step takes it; false: through ATen's operations (as before it, or where its probe fails).
+  /// The head's loss through the row kernel of models/kernels/cross_entropy_rows.hpp where it runs (a GPU, bf16), as
+  /// the Trainer's step takes it; false: through ATen's operations (as before it, or where its probe fails).
   bool cross_entropy_kernel = true;
   int world = 1, ranks_per_node = 1;
   bool cpu = false;                                    ///< the ranks compute on the host over Gloo (no GPU asked for)
@@ -167,8 +167,8 @@ inline std::int64_t trainable_parameters(const PlanInput& in) {
   return per_layer * in.model.layers;
 }
 
-/// Whether the Linears of `group` run as one product (models/fused_projections.hpp): the switch allows it at this
-/// precision (FusedProjections::under_autocast: under bf16 autocast only), the group has two Linears or more, and
+/// Whether the Linears of `group` run as one product (models/kernels/fused_projections.hpp): the switch allows it at
+/// this precision (FusedProjections::under_autocast: under bf16 autocast only), the group has two Linears or more, and
 /// none of them carries a LoRA adapter.
 inline bool group_fuses(const PlanInput& in, int group) {
   const auto mode = models::fused_projections();
@@ -202,8 +202,8 @@ inline std::int64_t activation_bytes_per_token(const PlanInput& in) {
 }
 
 /// Bytes a layer keeps whatever its tokens: in fp32 under FusedProjections::always, the concatenation of each fused
-/// group's weights (models/fused_projections.hpp: a fresh fp32 tensor each forward, which the product keeps for its
-/// input's gradient). Under autocast the concatenation is of the weights' bf16 casts, counted as the bf16 weights.
+/// group's weights (models/kernels/fused_projections.hpp: a fresh fp32 tensor each forward, which the product keeps for
+/// its input's gradient). Under autocast the concatenation is of the weights' bf16 casts, counted as the bf16 weights.
 inline std::int64_t fused_weight_bytes_per_layer(const PlanInput& in) {
   if (in.bf16) return 0;
   std::int64_t bytes = 0;
@@ -213,7 +213,7 @@ inline std::int64_t fused_weight_bytes_per_layer(const PlanInput& in) {
 }
 
 /// Bytes a selectively recomputed block keeps per token besides its input: the outputs of its matrix products
-/// (models/selective_recompute.hpp), in the compute dtype, and the rank-r middle of every adapter.
+/// (models/recompute/selective_recompute.hpp), in the compute dtype, and the rank-r middle of every adapter.
 inline std::int64_t selective_bytes_per_token(const PlanInput& in) {
   const std::int64_t element = in.bf16 ? 2 : 4;
   std::int64_t bytes = 0;

@@ -14,8 +14,9 @@
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/lm/memory_plan.hpp>
 #include <hpctrain/lm/plan_advice.hpp>
-#include <hpctrain/models/config_json.hpp>
-#include <hpctrain/train/sharding.hpp>
+#include <hpctrain/models/hf/config_json.hpp>
+#include <hpctrain/models/llama_config.hpp>
+#include <hpctrain/train/strategies/sharding.hpp>
 #include <hpctrain/train/training.hpp>
 #include <hpctrain/train/worker.hpp>
 
@@ -50,7 +51,7 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
     const auto config = models::detail::read_config_file<models::GPT2Config>(file);
     in.model = model_shape(config);
     positions = config.n_positions;
-  } else if (type == "llama" || type == "qwen2" || type == "mistral") {
+  } else if (models::is_llama_family(type)) {
     const auto config = models::detail::read_config_file<models::LlamaConfig>(file);
     in.model = model_shape(config);
     positions = config.max_position_embeddings;

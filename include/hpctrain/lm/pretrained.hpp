@@ -18,8 +18,8 @@
 #include <hpctrain/train/run_context.hpp>
 #include <hpctrain/train/training.hpp>
 #if HPCTRAIN_RUNTIME_DEFINITIONS  // the families and the checkpoint reader: the runtime's (compiled_runtime.hpp)
-#include <hpctrain/models/hf_checkpoint.hpp>
-#include <hpctrain/models/pretrained_config.hpp>
+#include <hpctrain/models/hf/hf_checkpoint.hpp>
+#include <hpctrain/models/hf/pretrained_config.hpp>
 #endif
 
 namespace hpctrain::models {

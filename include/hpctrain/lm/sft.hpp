@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,12 +35,13 @@
 // Reading, rendering and tokenizing the file: the runtime's (compiled_runtime.hpp), not a program's description.
 #include <torch/torch.h>
 
-#include <hpctrain/lm/run_tokenizer.hpp>
 #include <hpctrain/lm/loss.hpp>
+#include <hpctrain/lm/run_tokenizer.hpp>
 #include <hpctrain/lm/sft_dataset.hpp>
 #include <hpctrain/text/chat_template.hpp>
 #include <hpctrain/text/packing.hpp>
 #include <hpctrain/text/pretrained_tokenizer.hpp>
+#include <hpctrain/text/sft_checks.hpp>
 #include <hpctrain/text/sft_jsonl.hpp>
 #include <hpctrain/text/sft_prepare.hpp>
 #include <hpctrain/text/sft_tokens.hpp>
@@ -245,6 +247,37 @@ HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> SftJsonl::pack(std::vector<t
   return std::make_shared<SftDataset>(std::move(examples), std::move(rows), pad);
 }
 
+namespace detail {
+/// The login node's data checks (text/sft_checks.hpp) on the rest of a sample whose `first` example is read.
+inline void check_sft_sample(const std::filesystem::path& file, text::SftJsonlReader& reader, std::size_t first_line,
+                             const text::SftExample& first, const text::PretrainedTokenizer& tokenizer,
+                             const text::ConversationRenderer* renderer, std::int64_t max_length, bool drop_overlong) {
+  constexpr std::int64_t login_sample_records = 1000;  // ~1 s of rendering and tokenizing
+  // The first login_sample_records examples, and on until one has a trained token: a file without any must not
+  // queue a job, and one with them is found at once. The preparation step checks every example.
+  const auto tokens = text::SftCheckTokens::of(tokenizer);
+  text::SftDataReport report;
+  const auto add = [&](const text::SftExample& example, std::size_t line) {
+    report.add(text::cut_sft_example(example, max_length, drop_overlong), line, tokens);
+  };
+  add(first, first_line);
+  text::SftRecord record;
+  while ((report.examples < login_sample_records || report.trained == 0) && reader.next(record)) {
+    try {
+      add(text::tokenize_sft(record, tokenizer, renderer), record.line);
+    } catch (const Error& error) {
+      throw SpecError(errors::spec_chat_template, fmt::format("{}:{}", file.string(), record.line),
+                      fmt::format("the record does not render: {}", error.what()));
+    }
+  }
+  text::refuse_sft_mistakes(report, file, tokenizer, /*whole=*/report.trained == 0);
+  // Once a line: the training and the evaluation split of one file are checked alike.
+  static std::set<std::string> warned;
+  for (const auto& line : text::sft_warnings(report, file, tokenizer, tokens))
+    if (warned.insert(line).second) fmt::print(stderr, "{}\n", line);
+}
+}  // namespace detail
+
 HPCTRAIN_RUNTIME_INLINE void SftJsonl::check_at_login(const Knobs& knobs,
                                                       const std::optional<std::filesystem::path>& pretrained) const {
   const auto file = file_.get(knobs);
@@ -256,14 +289,17 @@ HPCTRAIN_RUNTIME_INLINE void SftJsonl::check_at_login(const Knobs& knobs,
   text::SftJsonlReader reader(file, read_options(knobs));
   text::SftRecord record;
   if (!reader.next(record)) return;
+  std::optional<text::ConversationRenderer> renderer;
+  text::SftExample first;
   try {
-    const auto renderer =
-        text::sft_renderer(tokenizer, chat_template_ ? std::optional(chat_template_->get(knobs)) : std::nullopt);
-    (void)text::tokenize_sft(record, tokenizer, renderer ? &*renderer : nullptr);
+    renderer = text::sft_renderer(tokenizer, chat_template_ ? std::optional(chat_template_->get(knobs)) : std::nullopt);
+    first = text::tokenize_sft(record, tokenizer, renderer ? &*renderer : nullptr);
   } catch (const Error& error) {
     throw SpecError(errors::spec_chat_template, fmt::format("{}:{}", file.string(), reader.line()),
                     fmt::format("the first record does not render: {}", error.what()));
   }
+  detail::check_sft_sample(file, reader, record.line, first, tokenizer, renderer ? &*renderer : nullptr,
+                           max_length_.get(knobs), overlong_ == Overlong::drop);
 }
 
 HPCTRAIN_RUNTIME_INLINE data::Source SftJsonl::operator()(const RunContext& run) const {
@@ -302,9 +338,16 @@ HPCTRAIN_RUNTIME_INLINE void SftJsonl::prepare_in_job(const Knobs& knobs,
                file.string());
   } else {
     const auto result = text::prepare_sft_tokens(recipe, file);
-    fmt::print("hpctrain: prepared {}: {} examples, {} tokens in {} ({:.2f} MB/s, {:.0f} examples/s on {} threads)\n",
-               recipe.jsonl.string(), result.records, result.tokens, file.string(), result.megabytes_per_second(),
-               result.examples_per_second(), result.threads);
+    const auto& checks = result.checks;
+    fmt::print(
+        "hpctrain: prepared {}: {} examples, {} tokens in {} ({:.2f} MB/s, {:.0f} examples/s on {} threads); "
+        "checks: {} with a trained token, {} doubled BOS, {} ends of turn outside the loss, {} turns ending in "
+        "text\n",
+        recipe.jsonl.string(), result.records, result.tokens, file.string(), result.megabytes_per_second(),
+        result.examples_per_second(), result.threads, checks.trained, checks.doubled_bos, checks.untrained_end_of_turn,
+        checks.open_turns);
+    for (const auto& line : text::sft_warnings(checks, recipe.jsonl, tokenizer, text::SftCheckTokens::of(tokenizer)))
+      fmt::print("{}\n", line);
   }
   std::fflush(stdout);
 }

@@ -40,7 +40,7 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
-#include <hpctrain/models/recompute.hpp>
+#include <hpctrain/models/recompute/recompute.hpp>
 
 namespace hpctrain {
 
@@ -107,7 +107,8 @@ class ListsBlocks {
   void set_edge_runner(EdgeRunner runner) { edge_runner_ = std::move(runner); }
   /// Recompute each block in backward instead of keeping its activations (training only): the model's own
   /// forward checkpoints its blocks, and the fully sharded strategy gathers a block again for its recomputation.
-  /// Selective keeps the outputs of the blocks' matrix products and recomputes only the rest (models/recompute.hpp).
+  /// Selective keeps the outputs of the blocks' matrix products and recomputes only the rest
+  /// (models/recompute/recompute.hpp).
   void set_activation_checkpointing(models::Recompute recompute) { activation_checkpointing_ = recompute; }
   /// `true`: every block recomputed whole (Recompute::full); `false`: none.
   void set_activation_checkpointing(bool on) {

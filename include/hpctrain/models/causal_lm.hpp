@@ -12,9 +12,9 @@
 #include <torch/torch.h>
 
 #include <hpctrain/error.hpp>
-#include <hpctrain/models/activation_checkpoint.hpp>
 #include <hpctrain/models/blocks.hpp>
-#include <hpctrain/models/mixed_precision_products.hpp>
+#include <hpctrain/models/kernels/mixed_precision_products.hpp>
+#include <hpctrain/models/recompute/activation_checkpoint.hpp>
 
 namespace hpctrain::models {
 

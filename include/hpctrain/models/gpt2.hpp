@@ -2,7 +2,7 @@
 // The GPT-2 family as a LibTorch module, shaped like nanoGPT's model.py: token + learned position
 // embeddings, n_layer pre-LayerNorm blocks (x + attn(ln_1(x)), then x + mlp(ln_2(x))), a final LayerNorm and
 // a head tied to the token embedding. Module names follow transformers' GPT2LMHeadModel without its
-// `transformer.` prefix, so checkpoint names map one to one (models/hf_checkpoint.hpp).
+// `transformer.` prefix, so checkpoint names map one to one (models/hf/hf_checkpoint.hpp).
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -12,12 +12,12 @@
 
 #include <torch/torch.h>
 
-#include <hpctrain/models/activation_checkpoint.hpp>
 #include <hpctrain/models/causal_lm.hpp>
-#include <hpctrain/models/hf_layout.hpp>
-#include <hpctrain/models/initialization.hpp>
-#include <hpctrain/models/lora_layer.hpp>
 #include <hpctrain/models/gpt2_config.hpp>
+#include <hpctrain/models/hf/hf_layout.hpp>
+#include <hpctrain/models/initialization.hpp>
+#include <hpctrain/models/lora/lora_layer.hpp>
+#include <hpctrain/models/recompute/activation_checkpoint.hpp>
 
 namespace hpctrain::models {
 

@@ -4,7 +4,7 @@
 // positions (rope_theta, optional Llama 3 scaling), grouped-query attention and a SwiGLU MLP, then a final
 // RMSNorm and the head. Rotary embeddings turn the two halves of each head against each other
 // ("rotate_half"), the layout of Hugging Face checkpoints. Module names follow transformers'
-// LlamaForCausalLM without its `model.` prefix (models/hf_checkpoint.hpp maps them).
+// LlamaForCausalLM without its `model.` prefix (models/hf/hf_checkpoint.hpp maps them).
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -15,15 +15,15 @@
 
 #include <torch/torch.h>
 
-#include <hpctrain/models/activation_checkpoint.hpp>
 #include <hpctrain/models/causal_lm.hpp>
-#include <hpctrain/models/fused_projections.hpp>
-#include <hpctrain/models/hf_layout.hpp>
+#include <hpctrain/models/hf/hf_layout.hpp>
 #include <hpctrain/models/initialization.hpp>
-#include <hpctrain/models/lora_layer.hpp>
+#include <hpctrain/models/kernels/fused_projections.hpp>
+#include <hpctrain/models/kernels/rotary.hpp>
+#include <hpctrain/models/kernels/swiglu.hpp>
 #include <hpctrain/models/llama_config.hpp>
-#include <hpctrain/models/rotary.hpp>
-#include <hpctrain/models/swiglu.hpp>
+#include <hpctrain/models/lora/lora_layer.hpp>
+#include <hpctrain/models/recompute/activation_checkpoint.hpp>
 
 namespace hpctrain::models {
 
@@ -31,7 +31,7 @@ namespace hpctrain::models {
 /// An fp32 input with fp32 weights, what training under autocast gives (the residual stream stays fp32:
 /// embedding plus bf16 projections promotes), goes through at::rms_norm, which on CUDA is one fused kernel
 /// each way (`_fused_rms_norm`) instead of six elementwise and reduction kernels; on the CPU it computes the
-/// same in fp32 (equal within reassociation, tests/models/lm_test.cpp). Other dtypes keep transformers'
+/// same in fp32 (equal within reassociation, tests/lm/lm_test.cpp). Other dtypes keep transformers'
 /// order (normalise in fp32, cast to the input's dtype, then scale), which the fused kernel does not.
 class RMSNormImpl : public torch::nn::Module {
  public:
@@ -122,7 +122,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaAttention);
 
-/// SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x)), the elementwise part one node (models/swiglu.hpp).
+/// SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x)), the elementwise part one node (models/kernels/swiglu.hpp).
 class LlamaMLPImpl : public torch::nn::Module {
  public:
   explicit LlamaMLPImpl(const LlamaConfig& config) {

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <hpctrain/error.hpp>
-#include <hpctrain/models/config_json.hpp>
+#include <hpctrain/models/hf/config_json.hpp>
 
 namespace hpctrain::models {
 
@@ -31,6 +31,12 @@ struct RopeScaling {
 /// ways — Qwen2 (biases on q, k and v but not o; its own rope theta; an optional sliding window) and Mistral
 /// (Llama-shaped, with a sliding window).
 inline constexpr std::string_view llama_family_types[] = {"llama", "qwen2", "mistral"};
+
+/// Whether a config.json's `model_type` is one of the Llama family's (llama_family_types): the one list.
+inline bool is_llama_family(std::string_view model_type) {
+  return std::find(std::begin(llama_family_types), std::end(llama_family_types), model_type) !=
+         std::end(llama_family_types);
+}
 
 /// Llama (Touvron et al. 2023; Llama 3, Dubey et al. 2024): RMSNorm, rotary positions, SwiGLU MLP,
 /// grouped-query attention. Field names and defaults are transformers' LlamaConfig's.
@@ -115,8 +121,7 @@ struct LlamaConfig {
     constexpr std::string_view family = "llama";
     LlamaConfig c;
     if (const auto type = json.find("model_type"); type != json.end()) {
-      const bool known = type->is_string() && std::find(std::begin(llama_family_types), std::end(llama_family_types),
-                                                        type->get<std::string>()) != std::end(llama_family_types);
+      const bool known = type->is_string() && is_llama_family(type->get<std::string>());
       if (!known)
         throw SpecError(detail::field_id(family, "model_type"), type->dump(),
                         "this is not a llama, qwen2 or mistral config");

@@ -16,8 +16,8 @@
 
 #include <torch/torch.h>
 
-#include <hpctrain/models/hf_checkpoint.hpp>
-#include <hpctrain/models/hf_layout.hpp>
+#include <hpctrain/models/hf/hf_checkpoint.hpp>
+#include <hpctrain/models/hf/hf_layout.hpp>
 #include <hpctrain/models/initialization.hpp>
 #include <hpctrain/models/roberta_config.hpp>
 

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <hpctrain/error.hpp>
-#include <hpctrain/models/config_json.hpp>
+#include <hpctrain/models/hf/config_json.hpp>
 
 namespace hpctrain::models {
 

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <hpctrain/error.hpp>
-#include <hpctrain/job/files.hpp>
+#include <hpctrain/files.hpp>
 #include <hpctrain/text/patterns.hpp>
 #include <hpctrain/text/tokenizer.hpp>
 

@@ -26,7 +26,7 @@
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
-#include <hpctrain/job/files.hpp>
+#include <hpctrain/files.hpp>
 #include <hpctrain/text/token_file.hpp>
 #include <hpctrain/text/tokenizer.hpp>
 

@@ -17,7 +17,7 @@
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
-#include <hpctrain/job/files.hpp>
+#include <hpctrain/files.hpp>
 #include <hpctrain/job/prepare.hpp>
 #include <hpctrain/text/prepare.hpp>
 #include <hpctrain/text/tiktoken.hpp>

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <hpctrain/error.hpp>
-#include <hpctrain/job/files.hpp>
+#include <hpctrain/files.hpp>
 #include <hpctrain/text/post_processor.hpp>
 #include <hpctrain/text/tiktoken.hpp>
 #include <hpctrain/text/tokenizer.hpp>

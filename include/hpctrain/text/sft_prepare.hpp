@@ -25,11 +25,12 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
-#include <hpctrain/job/files.hpp>
+#include <hpctrain/files.hpp>
 #include <hpctrain/text/bpe.hpp>
 #include <hpctrain/text/chat.hpp>
 #include <hpctrain/text/chat_template.hpp>
 #include <hpctrain/text/pretrained_tokenizer.hpp>
+#include <hpctrain/text/sft_checks.hpp>
 #include <hpctrain/text/sft_jsonl.hpp>
 #include <hpctrain/text/sft_tokens.hpp>
 
@@ -230,6 +231,7 @@ struct SftPrepareResult {
   std::uint64_t records = 0, tokens = 0, input_bytes = 0;
   int threads = 1;
   double seconds = 0;
+  SftDataReport checks;  ///< the data checks over every example (text/sft_checks.hpp)
   /// Input megabytes (10^6 bytes) per second.
   double megabytes_per_second() const { return seconds > 0 ? static_cast<double>(input_bytes) / 1e6 / seconds : 0; }
   double examples_per_second() const { return seconds > 0 ? static_cast<double>(records) / seconds : 0; }
@@ -251,8 +253,9 @@ inline bool sft_tokens_prepared(const std::filesystem::path& file, std::uint64_t
 
 /// Tokenizes every record of `recipe.jsonl` into the prepared file `out` on `threads` threads (0: every CPU of
 /// this task), `batch_per_thread` records a thread at a time. SpecError naming the file and line for a bad
-/// record (as the login check says), RuntimeError `[hpctrain.runtime.text.prepare]` when it cannot be written;
-/// `out` is never left half-written.
+/// record (as the login check says) and for the data mistakes text/sft_checks.hpp refuses (the result's `checks`
+/// hold the counts), RuntimeError `[hpctrain.runtime.text.prepare]` when it cannot be written; `out` is never left
+/// half-written.
 inline SftPrepareResult prepare_sft_tokens(const SftRecipe& recipe, const std::filesystem::path& out, int threads = 0,
                                            std::size_t batch_per_thread = 64) {
   const auto start = std::chrono::steady_clock::now();
@@ -268,6 +271,7 @@ inline SftPrepareResult prepare_sft_tokens(const SftRecipe& recipe, const std::f
 
   std::vector<detail::SftThreadTools> tools;
   for (int t = 0; t < result.threads; ++t) tools.push_back({tokenizer, sft_renderer(tokenizer, recipe.chat_template)});
+  const auto check_tokens = SftCheckTokens::of(tokenizer);
   SftTokensHeader header;
   header.vocab_size = tokenizer.tokenizer().vocab_size();
   header.fingerprint = tokenizer.tokenizer().fingerprint();
@@ -282,8 +286,11 @@ inline SftPrepareResult prepare_sft_tokens(const SftRecipe& recipe, const std::f
     SftRecord record;
     while (records.size() < per_batch && (more = reader.next(record))) records.push_back(std::move(record));
     detail::cut_in_parallel(records, tools, recipe, cut);
+    for (std::size_t i = 0; i < cut.size(); ++i) result.checks.add(cut[i], records[i].line, check_tokens);
     for (const auto& example : cut) writer.append(example);
   }
+  // Before the commit: a file whose examples the checks refuse is never left prepared.
+  refuse_sft_mistakes(result.checks, recipe.jsonl, tokenizer, /*whole=*/true);
   result.records = writer.header().records;
   result.tokens = writer.header().tokens;
   writer.commit();

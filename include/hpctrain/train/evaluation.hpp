@@ -14,11 +14,11 @@
 
 #include <hpctrain/dist/collectives.hpp>
 #include <hpctrain/dist/process_group.hpp>
-#include <hpctrain/train/preemption.hpp>  // note_training_progress
 #include <hpctrain/train/data/sampler.hpp>
 #include <hpctrain/train/data/source.hpp>
 #include <hpctrain/train/metrics.hpp>
 #include <hpctrain/train/precision.hpp>
+#include <hpctrain/train/preemption.hpp>  // note_training_progress
 #include <hpctrain/train/step.hpp>
 #include <hpctrain/train/training.hpp>
 

@@ -14,7 +14,7 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/knobs.hpp>
-#include <hpctrain/models/lora_config.hpp>
+#include <hpctrain/models/lora/lora_config.hpp>
 #include <hpctrain/models/model_units.hpp>
 
 namespace hpctrain {
@@ -55,7 +55,7 @@ struct TrainResult {
   std::map<std::string, double> eval_metrics;  ///< every requested metric of the final evaluation
 };
 
-/// The model as the Trainer's strategy hands it to the hooks at the end (train/strategy.hpp's visit_units).
+/// The model as the Trainer's strategy hands it to the hooks at the end (train/strategies/strategy.hpp's visit_units).
 class FinishModel {
  public:
   virtual ~FinishModel() = default;

@@ -45,6 +45,14 @@ struct StepContext {
 /// host). The Trainer divides it by the accumulation and calls backward.
 using StepFunction = std::function<torch::Tensor(StepContext&, const data::Batch&)>;
 
+/// What a micro-batch's loss is a mean over: `(StepContext&, const data::Batch&) -> 0-dim count` (a language model's
+/// counted targets), or an undefined tensor for "weigh this step's micro-batches alike". With a count the Trainer
+/// weighs each micro-batch's mean by its share of the whole global batch's count, on every rank (docs/seams.md: the
+/// loss of a step), so the step's loss and gradients are the mean over every counted item however the global batch
+/// is split into ranks, micro-batches and accumulation steps. Without one (the default), each micro-batch's mean
+/// weighs 1 / accumulation and the ranks' gradients are averaged: the mean of the micro-batches' means.
+using LossCountFunction = std::function<torch::Tensor(StepContext&, const data::Batch&)>;
+
 /// What one evaluation batch gives the metrics.
 struct EvalOutput {
   torch::Tensor loss;    ///< mean loss of the batch (0-dim)

@@ -29,7 +29,7 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/train/data/source.hpp>
-#include <hpctrain/train/fused_adamw.hpp>
+#include <hpctrain/train/optim/fused_adamw.hpp>
 
 #if __has_include(<ATen/cuda/CUDAGraph.h>) && __has_include(<cuda_runtime_api.h>)
 #include <ATen/cuda/CUDAGraph.h>

@@ -13,7 +13,7 @@
 #include <hpctrain/dist/collectives.hpp>
 #include <hpctrain/dist/process_group.hpp>
 #include <hpctrain/train/data/source.hpp>
-#include <hpctrain/train/loggers.hpp>
+#include <hpctrain/train/loggers/loggers.hpp>
 
 namespace hpctrain::detail {
 

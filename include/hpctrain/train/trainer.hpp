@@ -34,18 +34,18 @@
 #include <hpctrain/job/prepare.hpp>
 #include <hpctrain/models/blocks.hpp>
 #include <hpctrain/models/deferred_initialization.hpp>
-#include <hpctrain/models/lora.hpp>
+#include <hpctrain/models/lora/lora.hpp>
 #include <hpctrain/slurm/world.hpp>
-#include <hpctrain/train/async_checkpoint.hpp>
-#include <hpctrain/train/checkpoint.hpp>
-#include <hpctrain/train/checkpointing.hpp>
+#include <hpctrain/train/checkpoint/async_checkpoint.hpp>
+#include <hpctrain/train/checkpoint/checkpoint.hpp>
+#include <hpctrain/train/checkpoint/checkpointing.hpp>
+#include <hpctrain/train/checkpoint/digest.hpp>
 #include <hpctrain/train/data/prefetch.hpp>
 #include <hpctrain/train/data/sampler.hpp>
-#include <hpctrain/train/digest.hpp>
 #include <hpctrain/train/evaluation.hpp>
 #include <hpctrain/train/host_memory.hpp>
-#include <hpctrain/train/loggers.hpp>
-#include <hpctrain/train/wandb.hpp>
+#include <hpctrain/train/loggers/loggers.hpp>
+#include <hpctrain/train/loggers/wandb.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/preemption.hpp>
 #include <hpctrain/train/run_context.hpp>
@@ -54,7 +54,7 @@
 #include <hpctrain/train/step.hpp>
 #include <hpctrain/train/step_graph.hpp>
 #include <hpctrain/train/strategies/one_rank.hpp>
-#include <hpctrain/train/strategy.hpp>
+#include <hpctrain/train/strategies/strategy.hpp>
 #include <hpctrain/train/throughput.hpp>
 #include <hpctrain/train/training.hpp>
 
@@ -395,26 +395,68 @@ class Trainer {
   detail::StepOutputs step_on_device(const data::Batch& batch) {
     strategy_->zero_grad();
     const std::int64_t accumulation = training_.gradient_accumulation();
+    std::vector<data::Batch> parts;
+    for (std::int64_t micro = 0; micro < accumulation; ++micro)
+      parts.push_back(batch.narrow(micro * micro_batch_, micro_batch_));
+    const auto weights = loss_weights(parts);
     detail::StepOutputs outputs;
     for (std::int64_t micro = 0; micro < accumulation; ++micro) {
-      const auto part = batch.narrow(micro * micro_batch_, micro_batch_);
       strategy_->set_sync(micro == accumulation - 1);  // communicate only once per optimizer step
-      StepContext context{*model_.module,       model_.forward, device_, training_.precision(), group_->rank(),
-                          group_->world_size(), step_,          micro,   accumulation,          training_.loss(),
-                          training_.knobs()};
+      auto context = step_context(micro);
       torch::Tensor loss;
       {
         AutocastScope autocast(training_.precision(), device_);
-        loss = training_.step()(context, part);
+        loss = training_.step()(context, parts[static_cast<std::size_t>(micro)]);
       }
-      (loss / static_cast<double>(accumulation)).backward();
-      const auto contribution = loss.detach().to(torch::kFloat32) / static_cast<double>(accumulation);
+      // Without a loss count each micro-batch's mean weighs 1 / accumulation (and the strategy averages the ranks).
+      const auto weighted =
+          weights.empty() ? loss / static_cast<double>(accumulation) : loss * weights[static_cast<std::size_t>(micro)];
+      weighted.backward();
+      const auto contribution = weights.empty() ? loss.detach().to(torch::kFloat32) / static_cast<double>(accumulation)
+                                                : weighted.detach().to(torch::kFloat32);
       outputs.loss = outputs.loss.defined() ? outputs.loss + contribution : contribution;
     }
     strategy_->finish_gradients();
     if (training_.clip_grad_norm()) outputs.grad_norm = strategy_->clip_grad_norm(*training_.clip_grad_norm());
     strategy_->step();
     return outputs;
+  }
+
+  StepContext step_context(std::int64_t micro) {
+    return StepContext{*model_.module,
+                       model_.forward,
+                       device_,
+                       training_.precision(),
+                       group_->rank(),
+                       group_->world_size(),
+                       step_,
+                       micro,
+                       training_.gradient_accumulation(),
+                       training_.loss(),
+                       training_.knobs()};
+  }
+
+  /// Each micro-batch's weight in the step's loss when the Training counts what a loss is a mean over
+  /// (Training::loss_count): its count times the world size over the global batch's count, so that with the
+  /// strategy's mean over ranks the step's loss and gradients are the sum over every counted item of the global
+  /// batch divided by their number, whatever the split into ranks x micro-batches x accumulation steps (transformers'
+  /// num_items_in_batch with average_tokens_across_devices). The count is all-reduced once a step, on the device,
+  /// before the first forward: no host synchronisation. Empty without a count (the micro-batches weigh alike).
+  std::vector<torch::Tensor> loss_weights(const std::vector<data::Batch>& parts) {
+    if (!training_.loss_count()) return {};
+    std::vector<torch::Tensor> counts;
+    for (std::size_t micro = 0; micro < parts.size(); ++micro) {
+      auto context = step_context(static_cast<std::int64_t>(micro));
+      auto count = training_.loss_count()(context, parts[micro]);
+      if (!count.defined()) return {};
+      counts.push_back(count.to(device_, torch::kFloat32).reshape({}));
+    }
+    auto total = torch::stack(counts).sum().reshape({1});
+    dist::all_reduce_sum(*group_, total);  // in place, one element
+    const auto per_item = static_cast<double>(group_->world_size()) / total.clamp_min(1).reshape({});
+    std::vector<torch::Tensor> weights;
+    for (const auto& count : counts) weights.push_back(count * per_item);
+    return weights;
   }
 
   void set_learning_rates() {

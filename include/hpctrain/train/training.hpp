@@ -21,32 +21,32 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/plan_request.hpp>
-#include <hpctrain/models/lora_config.hpp>
-#include <hpctrain/models/pretrained_config.hpp>
+#include <hpctrain/models/hf/pretrained_config.hpp>
+#include <hpctrain/models/lora/lora_config.hpp>
 #include <hpctrain/train/data/source.hpp>
-#include <hpctrain/train/logger.hpp>
+#include <hpctrain/train/loggers/logger.hpp>
+#include <hpctrain/train/loggers/wandb.hpp>
 #include <hpctrain/train/metrics.hpp>
-#include <hpctrain/train/optimizer_factory.hpp>
+#include <hpctrain/train/optim/optimizer_factory.hpp>
+#include <hpctrain/train/optim/schedule.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/run_context.hpp>
-#include <hpctrain/train/schedule.hpp>
-#include <hpctrain/train/sharding.hpp>
 #include <hpctrain/train/step.hpp>
-#include <hpctrain/train/wandb.hpp>
+#include <hpctrain/train/strategies/sharding.hpp>
 #if HPCTRAIN_RUNTIME_DEFINITIONS
 // The defaults (Replicated, cross entropy) and the sharded strategies behind sharding(): where the runtime is
 // compiled apart, a program's description names the strategy seam only (compiled_runtime.hpp).
 #include <torch/nn/functional/loss.h>
 
-#include <hpctrain/train/loggers.hpp>
-#include <hpctrain/train/replicated.hpp>
+#include <hpctrain/train/loggers/loggers.hpp>
+#include <hpctrain/train/strategies/replicated.hpp>
 #include <hpctrain/train/strategies/sharded.hpp>
-#include <hpctrain/train/strategy.hpp>
+#include <hpctrain/train/strategies/strategy.hpp>
 #endif
 
 namespace hpctrain {
 
-class DataParallelStrategy;  // train/strategy.hpp
+class DataParallelStrategy;  // train/strategies/strategy.hpp
 
 /// Whether a batch size counts examples per rank or across all ranks.
 enum class BatchScope { per_rank, global };
@@ -221,7 +221,7 @@ class Training {
     };
     return *this;
   }
-  /// Train LoRA adapters instead of the whole model (models/lora.hpp): applied to the model right after its
+  /// Train LoRA adapters instead of the whole model (models/lora/lora.hpp): applied to the model right after its
   /// factory, every other parameter frozen; only the adapters reach the optimizer, the gradients and the
   /// strategy's buckets and shards. Default: none (every parameter trains). Where the description declares the
   /// LoRA knobs (lm::causal_lm_training: --lora-r and friends), `config` becomes their defaults instead: `--help`
@@ -270,6 +270,13 @@ class Training {
   /// `loss(forward(inputs), targets)`.
   Training& step(StepFunction function) {
     step_ = std::move(function);
+    return *this;
+  }
+  /// What each micro-batch's mean loss is a mean over (step.hpp's LossCountFunction): the Trainer then weighs the
+  /// micro-batches by their counts over the global batch's. lm::causal_lm_training and lm::masked_lm_training
+  /// count the targets that take a loss. Default: none, every micro-batch's mean weighs the same.
+  Training& loss_count(LossCountFunction function) {
+    loss_count_ = std::move(function);
     return *this;
   }
   /// What one evaluation batch computes: `(StepContext&, const data::Batch&) -> EvalOutput`. Default:
@@ -390,9 +397,9 @@ class Training {
     keep_checkpoints_ = n;
     return *this;
   }
-  /// Write checkpoints in the background (train/async_checkpoint.hpp): the step boundary only serialises each
-  /// rank's archive into host memory; sealing and writing overlap the next steps, and the checkpoint is
-  /// committed at a later step boundary. Default: false.
+  /// Write checkpoints in the background (train/checkpoint/async_checkpoint.hpp): the step boundary only serialises
+  /// each rank's archive into host memory; sealing and writing overlap the next steps, and the checkpoint is committed
+  /// at a later step boundary. Default: false.
   Training& checkpoint_async(bool on) {
     checkpoint_async_ = on;
     return *this;
@@ -613,6 +620,7 @@ class Training {
   const LossFunction& loss() const { return loss_; }
   const StepFunction& step() const { return step_; }
   const EvalStepFunction& eval_step() const { return eval_step_; }
+  const LossCountFunction& loss_count() const { return loss_count_; }
   /// The training data for `run` (not loaded yet).
   data::Source train_data(const RunContext& run) const { return train_data_(run); }
   /// Whether the description has evaluation data.
@@ -748,6 +756,7 @@ class Training {
   LossFunction loss_;  // cross entropy (the constructor)
   StepFunction step_ = default_step;
   EvalStepFunction eval_step_ = default_eval_step;
+  LossCountFunction loss_count_;
   std::function<data::Source(const RunContext&)> train_data_, eval_data_;
   LoginCheck model_check_;
   DataLoginCheck train_check_, eval_check_;

@@ -21,7 +21,7 @@
 #include <hpctrain/error_ids.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/setting.hpp>  // the knobs declared inline
-#include <hpctrain/models/export_format.hpp>
+#include <hpctrain/models/hf/export_format.hpp>
 #include <hpctrain/names.hpp>
 #include <hpctrain/slurm/world.hpp>
 #include <hpctrain/train/run_directory.hpp>
@@ -47,6 +47,9 @@ inline Knobs training_knobs(const Training& training, std::string_view program =
   declare_count("batch_size",
                 training.batch_size().value > 0 ? std::optional(training.batch_size().value) : std::nullopt,
                 "examples per optimizer step (per rank or global, as the program declares)");
+  table.declare<std::int64_t>("gradient_accumulation", training.gradient_accumulation(),
+                              "micro-batches per optimizer step: each rank's batch is run in this many slices",
+                              positive());
   if (training.lr()) table.declare<double>("lr", *training.lr(), "base learning rate", positive());
   else table.declare_optional<double>("lr", "base learning rate (default: the optimizer's)", positive());
   const KnobCheck<std::string> stage_name(
@@ -120,6 +123,7 @@ inline Training with_knobs(Training training, const Knobs& knobs) {
   if (auto steps = knobs.get_if_given<std::int64_t>("max_steps")) training.max_steps(*steps);
   if (auto batch = knobs.get_if_given<std::int64_t>("batch_size"))
     training.batch_size({*batch, training.batch_size().scope});
+  if (auto micro = knobs.get_if_given<std::int64_t>("gradient_accumulation")) training.gradient_accumulation(*micro);
   if (auto lr = knobs.get_if_given<double>("lr")) training.lr(*lr);
   if (auto size = knobs.get_if_given<std::int64_t>("hsdp_group_size"))
     training.hsdp_group_size(static_cast<int>(*size));

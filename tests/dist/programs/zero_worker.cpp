@@ -45,15 +45,15 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <hpctrain/checksums.hpp>
 #include <hpctrain/dist/dist.hpp>
-#include <hpctrain/job/files.hpp>
-#include <hpctrain/slurm/world.hpp>
-#include <hpctrain/train/checkpoint.hpp>
-#include <hpctrain/train/crc32c.hpp>
-#include <hpctrain/train/digest.hpp>
+#include <hpctrain/files.hpp>
 #include <hpctrain/models/gpt2.hpp>
-#include <hpctrain/models/hf_checkpoint.hpp>
-#include <hpctrain/models/hf_export.hpp>
+#include <hpctrain/models/hf/hf_checkpoint.hpp>
+#include <hpctrain/models/hf/hf_export.hpp>
+#include <hpctrain/slurm/world.hpp>
+#include <hpctrain/train/checkpoint/checkpoint.hpp>
+#include <hpctrain/train/checkpoint/digest.hpp>
 #include <hpctrain/train/strategies/sharded.hpp>
 
 namespace dist = hpctrain::dist;

@@ -18,8 +18,8 @@
 
 #include <hpctrain/text/jinja/builtins.hpp>
 #include <hpctrain/text/jinja/filters.hpp>
-#include <hpctrain/text/jinja/methods.hpp>
 #include <hpctrain/text/jinja/lexer.hpp>
+#include <hpctrain/text/jinja/methods.hpp>
 #include <hpctrain/text/jinja/value.hpp>
 
 namespace hpctrain::text::jinja {

@@ -1,11 +1,11 @@
 #pragma once
 // ZeRO-3 / fully sharded parameters (FSDP-style) as an implementation of the data-parallel strategy seam
-// (train/strategy.hpp). The model lists its blocks (hpctrain::ListsBlocks, models/blocks.hpp); each block is a
-// *unit*: one flat bucket of its trainable parameters, padded and split evenly over the ranks, of which a rank
-// keeps only its shard between uses. A model's edges (its untied token embedding and head, ListsBlocks::edge)
-// are units too, gathered around their calls like blocks (as torchtitan wraps `tok_embeddings` and `output`).
-// The other parameters (position embeddings, final norm, a tied head) are kept whole and handled as ZeRO-2
-// handles every parameter (sharded gradients and optimizer state, all-gather after the step).
+// (train/strategies/strategy.hpp). The model lists its blocks (hpctrain::ListsBlocks, models/blocks.hpp); each block is
+// a *unit*: one flat bucket of its trainable parameters, padded and split evenly over the ranks, of which a rank keeps
+// only its shard between uses. A model's edges (its untied token embedding and head, ListsBlocks::edge) are units too,
+// gathered around their calls like blocks (as torchtitan wraps `tok_embeddings` and `output`). The other parameters
+// (position embeddings, final norm, a tied head) are kept whole and handled as ZeRO-2 handles every parameter (sharded
+// gradients and optimizer state, all-gather after the step).
 //
 // LibTorch modules have no forward hooks: the strategy installs a block runner (ListsBlocks::set_block_runner)
 // that wraps every block call. By default activations are kept, as FSDP2 keeps them:
@@ -19,13 +19,13 @@
 //                gradients into its gradient shard (async) and frees the buffer
 //
 // With activation checkpointing (ListsBlocks::set_activation_checkpointing, --activation-checkpointing) each
-// block is instead a checkpointed call (models/activation_checkpoint.hpp): run without a graph and freed in
+// block is instead a checkpointed call (models/recompute/activation_checkpoint.hpp): run without a graph and freed in
 // forward, gathered again and recomputed with grad in backward (a third more compute for the activations'
 // memory; selective keeps the block's matrix products from the forward and recomputes only the elementwise
-// work, models/selective_recompute.hpp). On the non-final micro-batches of an accumulation (set_sync(false)) the
-// full gradients accumulate locally, as FSDP's no_sync.
-// Clipping, the optimizer step on fp32 masters and the checkpoint format are ZeRO-2's (zero.hpp,
-// zero_checkpoint.hpp): ZeRO-2 and ZeRO-3 checkpoints reshard into each other, at any world size.
+// work, models/recompute/selective_recompute.hpp). On the non-final micro-batches of an accumulation (set_sync(false))
+// the full gradients accumulate locally, as FSDP's no_sync. Clipping, the optimizer step on fp32 masters and the
+// checkpoint format are ZeRO-2's (zero.hpp, zero_checkpoint.hpp): ZeRO-2 and ZeRO-3 checkpoints reshard into each
+// other, at any world size.
 //
 // Loading: a model whose blocks were built empty (models/blocks.hpp's DeferredBlocks: lm::from_pretrained under
 // ZeRO-3, DeepSpeed's zero.Init and FSDP's meta-device model do the same) is never whole on any rank: setup
@@ -87,14 +87,14 @@
 #include <hpctrain/dist/sharded_gradients.hpp>
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
-#include <hpctrain/models/activation_checkpoint.hpp>
 #include <hpctrain/models/blocks.hpp>
-#include <hpctrain/train/strategies/zero.hpp>
-#include <hpctrain/train/strategies/zero_checkpoint.hpp>
+#include <hpctrain/models/recompute/activation_checkpoint.hpp>
 #include <hpctrain/train/host_memory.hpp>
 #include <hpctrain/train/precision.hpp>
-#include <hpctrain/train/sharding.hpp>
-#include <hpctrain/train/strategy.hpp>
+#include <hpctrain/train/strategies/sharding.hpp>
+#include <hpctrain/train/strategies/strategy.hpp>
+#include <hpctrain/train/strategies/zero.hpp>
+#include <hpctrain/train/strategies/zero_checkpoint.hpp>
 
 namespace hpctrain {
 

@@ -19,11 +19,11 @@
 #include <vector>
 
 #include <hpctrain/dist/gradient_sync.hpp>
-#include <hpctrain/train/replicated.hpp>
-#include <hpctrain/train/sharding.hpp>
+#include <hpctrain/train/strategies/replicated.hpp>
+#include <hpctrain/train/strategies/sharding.hpp>
+#include <hpctrain/train/strategies/strategy.hpp>
 #include <hpctrain/train/strategies/zero.hpp>  // require_elementwise
 #include <hpctrain/train/strategies/zero_checkpoint.hpp>
-#include <hpctrain/train/strategy.hpp>
 #include <hpctrain/train/training.hpp>
 
 namespace hpctrain {

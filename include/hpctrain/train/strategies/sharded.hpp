@@ -5,11 +5,11 @@
 #include <memory>
 
 #include <hpctrain/dist/gradient_sync.hpp>
-#include <hpctrain/train/replicated.hpp>
-#include <hpctrain/train/sharding.hpp>
 #include <hpctrain/train/strategies/fully_sharded.hpp>
+#include <hpctrain/train/strategies/replicated.hpp>
+#include <hpctrain/train/strategies/sharding.hpp>
+#include <hpctrain/train/strategies/strategy.hpp>
 #include <hpctrain/train/strategies/zero.hpp>
-#include <hpctrain/train/strategy.hpp>
 
 namespace hpctrain {
 

@@ -1,6 +1,6 @@
 #pragma once
 // ZeRO-1 and ZeRO-2 (Rajbhandari et al., 2020) as implementations of the data-parallel strategy seam
-// (train/strategy.hpp). Both keep the full parameters on every rank and shard the optimizer: the trainable
+// (train/strategies/strategy.hpp). Both keep the full parameters on every rank and shard the optimizer: the trainable
 // parameters are laid out in flat buckets (dist/flat_shards.hpp), each split evenly over the ranks, and each
 // rank's optimizer sees only its shard — one fp32 "master" tensor per parameter piece, named after its
 // parameter. After the optimizer step every bucket is all-gathered in place: the module's parameters are
@@ -25,13 +25,13 @@
 #include <hpctrain/dist/collectives.hpp>
 #include <hpctrain/dist/flat_shards.hpp>
 #include <hpctrain/dist/gradient_sync.hpp>
-#include <hpctrain/dist/sharded_gradients.hpp>
 #include <hpctrain/dist/shard_collectives.hpp>
+#include <hpctrain/dist/sharded_gradients.hpp>
 #include <hpctrain/error.hpp>
-#include <hpctrain/train/replicated.hpp>
-#include <hpctrain/train/sharding.hpp>
+#include <hpctrain/train/strategies/replicated.hpp>
+#include <hpctrain/train/strategies/sharding.hpp>
+#include <hpctrain/train/strategies/strategy.hpp>
 #include <hpctrain/train/strategies/zero_checkpoint.hpp>
-#include <hpctrain/train/strategy.hpp>
 
 namespace hpctrain {
 

@@ -10,8 +10,8 @@
 //                    optimizer's own OptimizerParamState::serialize writes it
 //   zero_buffer_<k>  rank 0 only: the module's k-th buffer (BatchNorm statistics; rank 0's, as Replicated)
 //
-// and after it the pieces region (train/checkpoint_pieces.hpp): each piece's values (the fp32 master shard, flat)
-// and each of its elementwise state tensors (exp_avg, exp_avg_sq, ...), read back by element ranges, each chunk
+// and after it the pieces region (train/checkpoint/checkpoint_pieces.hpp): each piece's values (the fp32 master shard,
+// flat) and each of its elementwise state tensors (exp_avg, exp_avg_sq, ...), read back by element ranges, each chunk
 // checked against its CRC-32C.
 //
 // Load, at any world size: each rank reads, of every saved piece, only the elements that overlap the pieces it owns
@@ -49,7 +49,7 @@
 #include <hpctrain/dist/flat_shards.hpp>
 #include <hpctrain/dist/process_group.hpp>
 #include <hpctrain/error.hpp>
-#include <hpctrain/train/strategy.hpp>
+#include <hpctrain/train/strategies/strategy.hpp>
 
 namespace hpctrain::detail {
 

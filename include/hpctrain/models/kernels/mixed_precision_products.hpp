@@ -1,0 +1,230 @@
+#pragma once
+// A projection's matrix product under autocast with its gradients written in the parameters' dtype by the products
+// themselves (Megatron's gradient_accumulation_fusion does the same for the weight gradient).
+//
+// Under autocast an fp32 weight and an fp32 input are cast to bf16 for the product, and autograd differentiates the
+// casts: backward computes the weight gradient gᵀ·x and the input gradient g·W in bf16, then a cast kernel each
+// turns them into fp32 (the weight's for its fp32 .grad, the input's for the fp32 residual stream). Those casts
+// read and write every weight gradient and every normalised hidden state's gradient once more per step, in the
+// slowest copy kernel of the Llama step's trace (ATen's dtype-converting copy: 10.9 ms of 154 on an H200,
+// docs/gpu.md); and the products' results are rounded to bf16 on the way.
+//
+// Here the casts happen inside one autograd node, MixedPrecisionLinear, whose backward asks the product for its
+// result in the dtype the gradient must have: on CUDA one cuBLAS product with bf16 operands and an fp32 result
+// (at::mm's out_dtype), elsewhere the same sums as an fp32 product of the bf16 values (exact: a bf16 value is an
+// fp32 value). No cast kernel runs for the weights' or the inputs' gradients, and neither is rounded to bf16:
+// what an fp32 accumulator summed is what the optimizer and the residual stream receive. The forward is
+// autocast's, bit for bit (the same casts, the same product); projections fused into one product
+// (models/kernels/fused_projections.hpp) cast their weights straight into one buffer (no concatenation kernel) and get
+// their gradients as row ranges of one fp32 product.
+//
+// A causal language model's head (models::head_projection) goes through the same node with its logits written in
+// fp32 by the product: the loss widens them anyway, so autocast's bf16 logits and the loss's cast, a pass over
+// tokens × vocabulary, are gone (and the logits are not rounded to bf16 first).
+//
+// On by default wherever autocast casts fp32 parameters; set_fp32_product_gradients(false) brings back
+// autograd's casts (bf16-rounded gradients, as transformers' eager model computes them).
+#include <cstdint>
+#include <vector>
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/torch.h>
+
+#include <hpctrain/models/recompute/selective_recompute.hpp>
+
+namespace hpctrain::models {
+
+namespace detail {
+inline bool& fp32_product_gradients_switch() {
+  static bool on = true;
+  return on;
+}
+}  // namespace detail
+
+/// Whether projections under autocast compute their gradients in the parameters' dtype in the products (process-wide;
+/// default on). Off: autograd casts bf16 gradients, as transformers' eager model.
+inline void set_fp32_product_gradients(bool on) { detail::fp32_product_gradients_switch() = on; }
+inline bool fp32_product_gradients() { return detail::fp32_product_gradients_switch(); }
+
+namespace detail {
+
+/// Whether this CUDA build computes a bf16 product into an fp32 result (at::mm's out_dtype, PyTorch 2.8 on):
+/// asked once, on a 2x2 product, so that a build without it falls back to the fp32 product instead of failing.
+inline bool cuda_has_wide_product(const torch::Device& device) {
+  static const bool has = [&] {
+    try {
+      const auto one = torch::ones({2, 2}, torch::TensorOptions().dtype(torch::kBFloat16).device(device));
+      return at::mm(one, one, torch::kFloat32).scalar_type() == torch::kFloat32;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }();
+  return has;
+}
+
+/// a · b (both in one narrow dtype) with its result in `dtype`, summed in fp32 and never rounded to the narrow
+/// dtype: cuBLAS writes it so on CUDA; elsewhere the operands are widened first, which is exact.
+inline torch::Tensor product_into(const torch::Tensor& a, const torch::Tensor& b, c10::ScalarType dtype) {
+  // Autocast must not narrow the operands again (this runs inside autograd nodes' forwards, under autocast).
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  if (a.scalar_type() == dtype) return at::mm(a, b);
+  if (a.is_cuda() && cuda_has_wide_product(a.device())) return at::mm(a, b, dtype);
+  return at::mm(a.to(dtype), b.to(dtype));
+}
+
+/// `tensors` (equal but for their first dimension) cast to `dtype` into one tensor, stacked along the first
+/// dimension: one cast kernel each, no concatenation.
+inline torch::Tensor cast_stacked(at::TensorList tensors, c10::ScalarType dtype) {
+  if (tensors.size() == 1) return tensors[0].to(dtype);
+  auto shape = tensors[0].sizes().vec();
+  shape[0] = 0;
+  for (const auto& t : tensors) shape[0] += t.size(0);
+  auto out = torch::empty(shape, tensors[0].options().dtype(dtype));
+  std::int64_t row = 0;
+  for (const auto& t : tensors) {
+    out.narrow(0, row, t.size(0)).copy_(t);
+    row += t.size(0);
+  }
+  return out;
+}
+
+/// y = x·[W₁; W₂; …]ᵀ + [b₁; b₂; …] with x and the weights cast to `dtype` (autocast's), as one product; backward
+/// writes the input's and the parameters' gradients in their own dtypes straight from the products
+/// (product_into). Slots of the node's inputs: x, then the weights, then the biases (none, or one per weight).
+/// In a selective block's recomputation the product's output recorded by the forward is `recorded`: returned as
+/// it is, the product not computed again (models/recompute/selective_recompute.hpp). `wide_output` (no biases): y
+/// itself in the parameters' dtype, straight from the product (a head's logits, which the loss widens anyway).
+struct MixedPrecisionLinear : torch::autograd::Function<MixedPrecisionLinear> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, at::TensorList weights,
+                               at::TensorList biases, c10::ScalarType dtype, RecordedOutput recorded,
+                               bool wide_output) {
+    const auto narrow_x = x.to(dtype);
+    const auto weight = cast_stacked(weights, dtype);
+    const auto bias = biases.empty() ? torch::Tensor() : cast_stacked(biases, dtype);
+    std::vector<std::int64_t> rows;
+    for (const auto& w : weights) rows.push_back(w.size(0));
+    // Each operand is kept only for the gradient that needs it: x's cast for the weights', the weights' cast for
+    // x's. Under LoRA the frozen base products keep no input: when they kept it, TinyLlama's LoRA row at 8 x 1024
+    // peaked 5.2 GiB above the plan on an H200 (31,744 bytes a token and layer, docs/gpu.md).
+    bool parameter_gradient = false;
+    for (const auto& list : {weights, biases})
+      for (const auto& t : list) parameter_gradient = parameter_gradient || t.requires_grad();
+    ctx->save_for_backward(
+        {parameter_gradient ? narrow_x : torch::Tensor(), x.requires_grad() ? weight : torch::Tensor()});
+    ctx->saved_data["x_shape"] = x.sizes().vec();
+    ctx->saved_data["x_dtype"] = static_cast<std::int64_t>(x.scalar_type());
+    ctx->saved_data["dtype"] = static_cast<std::int64_t>(dtype);
+    ctx->saved_data["parameter_dtype"] = static_cast<std::int64_t>(weights[0].scalar_type());
+    ctx->saved_data["rows"] = rows;
+    ctx->saved_data["biases"] = static_cast<std::int64_t>(biases.size());
+    if (recorded.tensor.defined()) return std::move(recorded.tensor);
+    if (!wide_output) return at::linear(narrow_x, weight, bias);
+    TORCH_CHECK(biases.empty(), "MixedPrecisionLinear: a wide output takes no bias");
+    auto shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    return product_into(narrow_x.reshape({-1, x.size(-1)}), weight.t(), weights[0].scalar_type()).view(shape);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& narrow_x = saved[0];
+    const auto& weight = saved[1];
+    const auto rows = ctx->saved_data["rows"].toIntVector();
+    const auto biases = static_cast<std::size_t>(ctx->saved_data["biases"].toInt());
+    const auto x_dtype = static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    const auto narrow = static_cast<c10::ScalarType>(ctx->saved_data["dtype"].toInt());
+    const auto parameter_dtype = static_cast<c10::ScalarType>(ctx->saved_data["parameter_dtype"].toInt());
+
+    // + the dtype, the recorded output and wide_output: no gradient
+    torch::autograd::variable_list out(1 + rows.size() + biases + 3);
+    if (!grads[0].defined()) return out;
+    // A wide output's gradient is narrowed for the products, as autograd's cast of the output would have.
+    const auto g = grads[0].reshape({-1, grads[0].size(-1)}).to(narrow);
+    if (ctx->needs_input_grad(0))
+      out[0] = product_into(g, weight, x_dtype).view(ctx->saved_data["x_shape"].toIntVector());
+    bool any_weight = false, any_bias = false;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      any_weight = any_weight || ctx->needs_input_grad(1 + i);
+      if (i < biases) any_bias = any_bias || ctx->needs_input_grad(1 + rows.size() + i);
+    }
+    if (any_weight) {
+      const auto parts =
+          product_into(g.t(), narrow_x.reshape({-1, narrow_x.size(-1)}), parameter_dtype).split_with_sizes(rows, 0);
+      for (std::size_t i = 0; i < rows.size(); ++i)
+        if (ctx->needs_input_grad(1 + i)) out[1 + i] = parts[i];
+    }
+    if (any_bias) {
+      const auto parts = g.sum(0, /*keepdim=*/false, parameter_dtype).split_with_sizes(rows, 0);
+      for (std::size_t i = 0; i < biases; ++i)
+        if (ctx->needs_input_grad(1 + rows.size() + i)) out[1 + rows.size() + i] = parts[i];
+    }
+    return out;
+  }
+};
+
+/// Whether `x` · `weights` (+ `biases`) runs as a MixedPrecisionLinear: the switch is on, autocast is on for x's
+/// device and casts the parameters (fp32 ones, all of one dtype), and a gradient is wanted.
+inline bool mixed_precision_product(const torch::Tensor& x, at::TensorList weights, at::TensorList biases) {
+  const auto device = x.device().type();
+  if (!fp32_product_gradients() || !at::autocast::is_autocast_enabled(device) || !torch::GradMode::is_enabled())
+    return false;
+  const auto narrow = at::autocast::get_autocast_dtype(device);
+  const auto dtype = weights[0].scalar_type();
+  if (dtype == narrow || !at::isFloatingType(dtype) || !at::isFloatingType(x.scalar_type())) return false;
+  bool wants_gradient = x.requires_grad();
+  for (const auto& list : {weights, biases})
+    for (const auto& t : list) {
+      if (t.scalar_type() != dtype) return false;
+      wants_gradient = wants_gradient || t.requires_grad();
+    }
+  return wants_gradient;
+}
+
+}  // namespace detail
+
+/// x · [W₁; W₂; …]ᵀ + [b₁; b₂; …] (`biases` empty, or one per weight) as one matrix product: a MixedPrecisionLinear
+/// where detail::mixed_precision_product allows, else autocast's casts of each and at::linear. `recorded`, in a
+/// selective block's recomputation, is the output its forward recorded for this product (replayed, not computed).
+inline torch::Tensor projection(const torch::Tensor& x, at::TensorList weights, at::TensorList biases,
+                                torch::Tensor recorded = {}) {
+  const auto device = x.device().type();
+  if (recorded.defined()) {
+    std::int64_t rows = 0;
+    for (const auto& w : weights) rows += w.size(0);
+    detail::check_replayed_shape(x, rows, recorded);
+  }
+  if (detail::mixed_precision_product(x, weights, biases))
+    return detail::MixedPrecisionLinear::apply(x, weights, biases, at::autocast::get_autocast_dtype(device),
+                                               detail::RecordedOutput{std::move(recorded)}, false);
+  torch::Tensor weight, bias;
+  if (weights.size() == 1) {
+    weight = weights[0];
+    if (!biases.empty()) bias = biases[0];
+  } else {  // the casts autocast would make, concatenated (a cached cast would stay alive beside the concatenation)
+    const auto cast = [device](const torch::Tensor& t) {
+      return at::autocast::is_autocast_enabled(device) ? t.to(at::autocast::get_autocast_dtype(device)) : t;
+    };
+    std::vector<torch::Tensor> w, b;
+    for (const auto& t : weights) w.push_back(cast(t));
+    for (const auto& t : biases) b.push_back(cast(t));
+    weight = torch::cat(w);
+    if (!b.empty()) bias = torch::cat(b);
+  }
+  if (recorded.defined()) return detail::replayed_linear(x, weight, bias, {}, {}, {}, 0.0, std::move(recorded));
+  return torch::linear(x, weight, bias);
+}
+
+/// hidden · weightᵀ for a model's head (weight [vocabulary, hidden]): under autocast with an fp32 weight the logits
+/// come in fp32 straight from the product, where autocast's product would round them to bf16 and the loss's cast
+/// (lm/loss.hpp) would widen them again in a pass of its own over tokens × vocabulary; the weight's gradient in
+/// fp32 as the projections'. Else at::linear.
+inline torch::Tensor head_projection(const torch::Tensor& hidden, const torch::Tensor& weight) {
+  if (!detail::mixed_precision_product(hidden, weight, {})) return torch::linear(hidden, weight);
+  return detail::MixedPrecisionLinear::apply(hidden, at::TensorList(weight), at::TensorList(),
+                                             at::autocast::get_autocast_dtype(hidden.device().type()),
+                                             detail::RecordedOutput{}, true);
+}
+
+}  // namespace hpctrain::models

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# examples/sft end to end, checked by transformers (tests/lm/sft_oracle.py):
+#  - the start: a small random Llama (a config no other test uses) saved by transformers, with a byte-level BPE
+#    trained on the fortunes, BOS added by its post-processor and a chat template of its own; the data: a JSONL
+#    file of conversations (system prompts, two turns, quotes, non-ASCII) that no other test reads;
+#  - a JSONL file with line 7 broken: --submit exits 2 naming the file and line 7, nothing written or queued;
+#    a missing --from or --data exits 2 naming the knob;
+#  - sft --local 2 --max-steps 20 lowers the assistant-token loss; response_loss_before equals transformers'
+#    masked loss on the same rendered conversations (apply_chat_template's assistant mask), and
+#    response_loss_after equals it on the export, which transformers loads (1e-4 relative, fp32);
+#  - --packing gives the same loss before training as padding; build/examples/generate continues a prompt;
+#  - tool-calling conversations (a tools column, tool_calls, tool results) with a template that renders them: the
+#    masked loss before training equals transformers' (apply_chat_template with tools, its assistant mask).
+# Usage: sft_test.sh <sft binary> <generate binary>
+set -euo pipefail
+source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
+fail_tail=40
+sft="$(realpath "$1")"
+generate="$(realpath "$2")"
+here="$(cd "$(dirname "$0")" && pwd)"
+transformers_test_setup sft-test
+oracle() { "$python" "$here/sft_oracle.py" "$@"; }
+value() { sed -n "s/^$1=\([^ ]*\).*/\1/p" "$2" | tail -1; }
+close() { awk -v x="$1" -v y="$2" 'BEGIN { d = x - y; if (d < 0) d = -d; exit !(d <= 1e-4 * (y < 0 ? -y : y)) }'; }
+
+oracle make "$work" "$fortunes" || fail "the oracle could not make the start model"
+# refused NAME PATTERN ARGS...: sft ARGS, run in bad/, exits 2 with PATTERN in its output, and writes nothing.
+refused() {
+  local name="$1" pattern="$2" status=0
+  shift 2
+  (cd bad && "$sft" "$@") > "$name.log" 2>&1 || status=$?
+  [ "$status" = 2 ] || fail "$name: exit status $status, not 2"
+  grep -q -- "$pattern" "$name.log" || fail "$name: the message does not match: $pattern"
+  [ ! -e bad/hpctrain-jobs ] || fail "$name: something was written"
+}
+
+# Bad input: exit 2 before anything is written or queued.
+mkdir -p bad
+refused "a broken line 7" 'broken.jsonl:7: ' --from ../llama --data ../broken.jsonl --submit
+for args in "--data ../conversations.jsonl" "--from ../llama"; do
+  status=0
+  # shellcheck disable=SC2086  # two words each
+  (cd bad && "$sft" $args --local 2) > bad.log 2>&1 || status=$?
+  [ "$status" = 2 ] || fail "with only $args: exit status $status, not 2"
+  grep -q '\[hpctrain.spec.knob\] --' bad.log || fail "with only $args: the message does not name the missing knob"
+  [ ! -e bad/hpctrain-jobs ] || fail "with only $args: something was written"
+done
+
+# A rotary setting hpctrain does not implement (transformers 5's layout): exit 2 at --dry-run, naming the file and
+# the field, before anything is written.
+mkdir -p yarn && cp llama/* yarn/
+"$python" - yarn/config.json <<'PY' || fail "could not write the yarn config"
+import json, sys
+config = json.load(open(sys.argv[1]))
+config.pop("rope_theta", None), config.pop("rope_scaling", None)
+config["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": 128}
+json.dump(config, open(sys.argv[1], "w"))
+PY
+refused "rope_type yarn" '\[hpctrain.spec.llama.rope_parameters.rope_type\] .*yarn/config.json: llama.rope_parameters.rope_type = yarn' \
+  --from ../yarn --data ../conversations.jsonl --dry-run
+
+# A chat template hpctrain cannot render: exit 2 at --dry-run naming the template error and the record, nothing written.
+mkdir -p badtemplate && cp llama/* badtemplate/
+"$python" - badtemplate <<'PY' || fail "could not write the bad template"
+import json, os, sys
+directory = sys.argv[1]
+template = "{{ messages | no_such_filter }}"
+if os.path.exists(os.path.join(directory, "chat_template.jinja")):
+    open(os.path.join(directory, "chat_template.jinja"), "w").write(template)
+config_path = os.path.join(directory, "tokenizer_config.json")
+config = json.load(open(config_path))
+if "chat_template" in config or not os.path.exists(os.path.join(directory, "chat_template.jinja")):
+    config["chat_template"] = template
+json.dump(config, open(config_path, "w"))
+PY
+refused "an unrenderable chat template" '\[hpctrain.spec.chat_template\] .*conversations.jsonl:1: the first record does not render: .*no_such_filter' \
+  --from ../badtemplate --data ../conversations.jsonl --dry-run
+
+# --tools FILE: a file that is not a JSON list of function schemas exits 2 at --dry-run naming it, nothing written.
+echo '{"type": "function"}' > badtools.json
+refused "a tools file that is no list" '\[hpctrain.spec.data.jsonl\] \.\./badtools.json: ' \
+  --from ../llama --data ../conversations.jsonl --tools ../badtools.json --dry-run
+
+# --plan: the memory each rank will hold, from config.json alone, nothing written; a GPU too small for it exits 2
+# naming the figure.
+(cd bad && "$sft" --from ../llama --data ../conversations.jsonl --plan --gpus-per-node 1) > plan.log 2>&1 ||
+  fail "--plan: exit status $?"
+grep -q "^memory plan: llama" plan.log && grep -q "^  peak " plan.log && grep -q "^per node at load" plan.log ||
+  fail "--plan printed no plan"
+refused "plan on a GPU of 1 MiB" "the plan does not fit: .* per GPU against 1.0 MiB" \
+  --from ../llama --data ../conversations.jsonl --plan --gpus-per-node 1 --gpu-memory 0.001
+# The same plan refuses a --submit (nothing written or queued) and is a section of --dry-run.
+refused "submit on a GPU of 1 MiB" "not submitted: the memory plan does not fit" \
+  --from ../llama --data ../conversations.jsonl --submit --gpus-per-node 1 --gpu-memory 0.001
+(cd bad && "$sft" --from ../llama --data ../conversations.jsonl --dry-run --gpus-per-node 1 --gpu-memory 80) > plan-dry.log 2>&1 ||
+  fail "--dry-run with a plan: exit status $?"
+grep -q "^memory plan: llama" plan-dry.log && grep -q "per GPU: fits" plan-dry.log && grep -q "^#SBATCH" plan-dry.log ||
+  fail "--dry-run: no plan section beside the script"
+[ ! -e bad/hpctrain-jobs ] || fail "--plan wrote something"
+
+# Train: 2 ranks, 20 steps.
+HPCTRAIN_RUN_DIR="$work/run" "$sft" --from llama --data conversations.jsonl --local 2 --max-steps 20 --lr 1e-3 --max-length 256 \
+  > run.log 2>&1 || fail "sft exited $?"
+grep -q '^hpctrain: 2 rank(s) on cpu (gloo)' run.log || fail "not 2 Gloo ranks"
+grep -q "^hpctrain: llama: llama: [0-9]* layers, .*rope theta" run.log || fail "no line saying what the config was understood as"
+grep -q "^hpctrain: padding: [0-9.]*% of the token slots of an epoch's batches ([0-9]* tokens in [0-9]* slots; 10 batches of 8 rows on each of 2 rank(s))" run.log ||
+  fail "no line saying what padding the batches carry"
+before="$(value response_loss_before run.log)"
+after="$(value response_loss_after run.log)"
+[ -n "$before" ] && [ -n "$after" ] || fail "no response_loss_before/after"
+awk -v b="$before" -v a="$after" 'BEGIN { exit !(a < b - 0.2) }' || fail "the response loss did not fall: $before -> $after"
+for f in config.json model.safetensors tokenizer.json tokenizer_config.json chat_template.jinja; do
+  [ -f "run/export/$f" ] || fail "the export has no $f"
+done
+expected_before="$(oracle loss llama conversations.jsonl 256 2>/dev/null)" || fail "transformers could not compute the start model's loss"
+close "$before" "$expected_before" || fail "response_loss_before=$before but transformers says $expected_before"
+expected_after="$(oracle loss run/export conversations.jsonl 256 2>/dev/null)" || fail "transformers could not load the export"
+close "$after" "$expected_after" || fail "response_loss_after=$after but transformers says $expected_after"
+
+# Packing: the same examples in packed rows give the same loss.
+HPCTRAIN_RUN_DIR="$work/packed" "$sft" --from llama --data conversations.jsonl --local 2 --max-steps 1 --max-length 256 --packing \
+  > packed.log 2>&1 || fail "sft --packing exited $?"
+grep -q 'rows (packed)' packed.log || fail "--packing packed no row"
+packed_before="$(value response_loss_before packed.log)"
+close "$packed_before" "$before" || fail "--packing: response_loss_before=$packed_before, padded $before"
+
+# Tool calling in TRL's shape (a "tools" column, assistant tool_calls, tool results): the loss on the assistant's
+# turns, its calls included and the tool results excluded, equals transformers' on the same tokens (1e-4, fp32).
+oracle make-tools "$work" "$here/../data/chat_templates/chatml-tools-generation.jinja" > make-tools.log 2>&1 ||
+  fail "the oracle could not make the tool-calling model and data"
+HPCTRAIN_RUN_DIR="$work/tools" "$sft" --from llama-tools --data tools.jsonl --local 2 --max-steps 1 --max-length 256 \
+  > tools.log 2>&1 || fail "sft on tool-calling conversations exited $?"
+tools_before="$(value response_loss_before tools.log)"
+expected_tools="$(oracle loss llama-tools tools.jsonl 256 2>/dev/null)" || fail "transformers could not compute the tool-calling loss"
+close "$tools_before" "$expected_tools" || fail "tool calling: response_loss_before=$tools_before but transformers says $expected_tools"
+
+# LoRA: only the adapters train; the export is a PEFT adapter (PeftModel loads it) and the merged model.
+HPCTRAIN_RUN_DIR="$work/lora" "$sft" --from llama --data conversations.jsonl --local 2 --max-steps 10 --lr 1e-2 --max-length 256 \
+  --lora-r 8 --lora-alpha 16 --lora-targets q_proj,v_proj,down_proj > lora.log 2>&1 || fail "sft --lora-r 8 exited $?"
+grep -q '^hpctrain: LoRA r=8 alpha=16 on \[q_proj, v_proj, down_proj\]: [0-9]* of [0-9]* parameters train' lora.log || fail "the log does not say what LoRA trains"
+[ -f lora/export/adapter_model.safetensors ] && [ -f lora/export/adapter_config.json ] && [ -f lora/export/merged/config.json ] \
+  || fail "no PEFT adapter and merged model in lora/export"
+oracle peft-check llama lora/export || fail "PEFT's view of our adapter differs from our merged export"
+
+"$generate" --model run/export --prompt $'[USER] What is the difference?\n[BOT] ' --max-new-tokens 8 > generated.txt 2>&1 || fail "generate exited $?"
+echo "PASS: response loss $before -> $after (transformers: $expected_before -> $expected_after); packed $packed_before; tool calling $tools_before (transformers: $expected_tools)"
