@@ -8,7 +8,8 @@
 #  - a template that ends turns in text (no end-of-turn token): a warning with the count, once, exit 0;
 #  - a template that ends turns with another special token than EOS: one warning naming both, exit 0;
 #  - no trained token in the whole file (every answer cut by --max-length): exit 2 before anything is queued;
-#  - the oracle's own data and template: no refusal, no warning.
+#  - the oracle's own data and template: no refusal, no warning;
+#  - --show-example N prints record N with its trained text marked, its ids and its mask, once.
 # Usage: sft_checks_test.sh <sft binary>
 set -euo pipefail
 source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
@@ -93,4 +94,13 @@ warned "EOS differs" "warning: the tokenizer's EOS is \"<|end|>\" (0) but the ch
 
 refused "no trained token" '\[hpctrain.spec.data.jsonl\] .*conversations.jsonl: no example has a trained token ([0-9]* read)' \
   --from ../llama --data ../conversations.jsonl --max-length 8
-echo "ok: every data mistake refused or warned at --dry-run"
+# --show-example N: record N as the model sees it, the trained text marked, its ids and its mask.
+dry show --from ../llama --data ../conversations.jsonl --show-example 2
+[ "$status" = 0 ] || fail "--show-example 2: exit status $status"
+grep -q '^example 2 (../conversations.jsonl:2): [0-9]* tokens, [0-9]* trained' show.log || fail "--show-example: no header line"
+grep -q '⟦.*<|end|>⟧' show.log || fail "--show-example: no trained span ending with the EOS"
+grep -q '^ids:  1 ' show.log && grep -q '^mask: 0 ' show.log || fail "--show-example: no ids or mask line"
+[ "$(grep -c '^example 2' show.log)" = 1 ] || fail "--show-example printed the example more than once"
+refused "show beyond the file" '\[hpctrain.spec.knob\] --show-example = 100000: ' --from ../llama --data ../conversations.jsonl \
+  --show-example 100000
+echo "ok: every data mistake refused or warned at --dry-run, and --show-example shows an example"

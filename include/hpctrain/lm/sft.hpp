@@ -25,6 +25,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/error.hpp>
@@ -176,6 +177,12 @@ class SftJsonl {
   Split split_ = Split::all;
   std::int64_t holdout_every_ = 16;
   std::optional<Setting<std::filesystem::path>> tokenizer_, chat_template_, tools_;
+  /// `--show-example N`: every program that reads SFT JSONL can show an example as the model sees it.
+  Knob<std::int64_t> show_example_ =
+      knob("show_example", std::int64_t{0},
+           "with --dry-run: print record N of the data file (1: the first) as the model sees it, the trained text "
+           "marked, its ids and its loss mask (0: none)",
+           non_negative());
 };
 
 /// SFT examples from the JSONL file `file` (a path, or `lm::knob("data")`).
@@ -276,6 +283,39 @@ inline void check_sft_sample(const std::filesystem::path& file, text::SftJsonlRe
   for (const auto& line : text::sft_warnings(report, file, tokenizer, tokens))
     if (warned.insert(line).second) fmt::print(stderr, "{}\n", line);
 }
+
+/// `--show-example N`: record N of `file` as the model sees it — its text with the trained spans between ⟦ and ⟧,
+/// its ids and its loss mask (1: trained), after the length rule — printed once however many splits read the file.
+inline void show_sft_example(const std::filesystem::path& file, const text::SftJsonlOptions& options, std::int64_t n,
+                             const text::PretrainedTokenizer& tokenizer, const text::ConversationRenderer* renderer,
+                             std::int64_t max_length) {
+  static std::set<std::string> shown;
+  if (!shown.insert(fmt::format("{}:{}", file.string(), n)).second) return;
+  text::SftJsonlReader reader(file, options);
+  text::SftRecord record;
+  for (std::int64_t index = 0; index < n; ++index)
+    if (!reader.next(record))
+      throw SpecError(errors::spec_knob, fmt::format("--show-example = {}", n),
+                      fmt::format("{} holds {} records", file.string(), index));
+  const auto example = text::tokenize_sft(record, tokenizer, renderer);
+  const auto kept = std::min<std::size_t>(example.ids.size(), static_cast<std::size_t>(max_length));
+  std::string text;
+  std::int64_t trained = 0;
+  for (std::size_t i = 0; i < kept;) {
+    std::size_t end = i;
+    while (end < kept && example.trained[end] == example.trained[i]) ++end;
+    const auto piece = tokenizer.decode(std::span<const text::TokenId>(example.ids.data() + i, end - i));
+    if (example.trained[i]) trained += static_cast<std::int64_t>(end - i);
+    text += example.trained[i] ? fmt::format("⟦{}⟧", piece) : piece;
+    i = end;
+  }
+  fmt::print("example {} ({}:{}): {} tokens{}, {} trained (⟦...⟧)\n{}\nids:  {}\nmask: {}\n", n, file.string(),
+             record.line, kept,
+             kept < example.ids.size() ? fmt::format(" of {} (--max-length)", example.ids.size()) : "", trained, text,
+             fmt::join(example.ids.begin(), example.ids.begin() + static_cast<std::ptrdiff_t>(kept), " "),
+             fmt::join(example.trained.begin(), example.trained.begin() + static_cast<std::ptrdiff_t>(kept), " "));
+  std::fflush(stdout);
+}
 }  // namespace detail
 
 HPCTRAIN_RUNTIME_INLINE void SftJsonl::check_at_login(const Knobs& knobs,
@@ -300,6 +340,9 @@ HPCTRAIN_RUNTIME_INLINE void SftJsonl::check_at_login(const Knobs& knobs,
   }
   detail::check_sft_sample(file, reader, record.line, first, tokenizer, renderer ? &*renderer : nullptr,
                            max_length_.get(knobs), overlong_ == Overlong::drop);
+  if (const auto n = show_example_(knobs); n > 0)
+    detail::show_sft_example(file, read_options(knobs), n, tokenizer, renderer ? &*renderer : nullptr,
+                             max_length_.get(knobs));
 }
 
 HPCTRAIN_RUNTIME_INLINE data::Source SftJsonl::operator()(const RunContext& run) const {

@@ -14,11 +14,16 @@ int main(int argc, char** argv) {
           .optimizer([](std::vector<torch::Tensor> parameters) {
             return torch::optim::SGD(std::move(parameters), torch::optim::SGDOptions(1.0));
           })
-          .train_data(ht::lm::sft_jsonl(ht::knob("data", "", "JSONL file of conversations"))
-                          .max_length(ht::knob("max_length", 256, "tokens per example, per packed row", ht::at_least(8)))
-                          .packing(ht::knob("packing", false, "pack examples into rows of --max-length tokens"))
-                          .split(ht::lm::Split::train))
-          .batch_size(ht::global(32)).max_steps(1).seed(1).log_every(1).checkpoint_every(0)
+          .train_data(
+              ht::lm::sft_jsonl(ht::knob("data", "", "JSONL file of conversations"))
+                  .max_length(ht::knob("max_length", 256, "tokens per example, per packed row", ht::at_least(8)))
+                  .packing(ht::knob("packing", false, "pack examples into rows of --max-length tokens"))
+                  .split(ht::lm::Split::train))
+          .batch_size(ht::global(32))
+          .max_steps(1)
+          .seed(1)
+          .log_every(1)
+          .checkpoint_every(0)
           .at_end(ht::lm::hf_export());
   return ht::run(argc, argv, job, training);
 }
