@@ -254,7 +254,8 @@ TEST_CASE("An invalid or unknown worker argument names the knob", "[worker]") {
       {{"--lr", "-1"}, "[hpctrain.spec.knob] --lr = -1: must be positive"},
       {{"--epoch", "3"},
        "[hpctrain.usage] unknown option --epoch (did you mean --epochs?); the knobs are: --epochs --max-steps "
-       "--batch-size --gradient-accumulation --lr --sharding --hsdp-group-size --precision --log-every --eval-every "
+       "--batch-size --gradient-accumulation --lr --sharding --hsdp-group-size --precision --reduce-dtype --log-every "
+       "--eval-every "
        "--max-eval-examples "
        "--eval-batch-size --checkpoint-every --checkpoint-async --cuda-graphs --export-dtype --export-shard-size "
        "--wandb"},

@@ -20,22 +20,27 @@ namespace hpctrain::dist {
 /// A reduce-scatter in flight: `output` holds this rank's slice of the sum once wait() returns.
 struct PendingReduceScatter {
   c10::intrusive_ptr<c10d::Work> work;
-  torch::Tensor input;   ///< padded flat input (world_size · output.numel() elements); freed by wait()
-  torch::Tensor output;  ///< this rank's shard of the sum
-  bool sliced = false;   ///< fallback: `input` is all-reduced in place, the slice is copied at wait()
+  torch::Tensor input;    ///< padded flat input (world_size · output.numel() elements); freed by wait()
+  torch::Tensor output;   ///< this rank's shard of the sum
+  bool sliced = false;    ///< fallback: `input` is all-reduced in place, the slice is copied at wait()
+  torch::Tensor reduced;  ///< the collective's output when `input`'s dtype is not `output`'s: converted at wait()
 
   bool pending() const { return input.defined(); }
 };
 
 /// Starts summing `input` (flat, world_size · output.numel() elements) over all ranks into this rank's
-/// `output`, the slice [rank · n, (rank + 1) · n) of the sum.
+/// `output`, the slice [rank · n, (rank + 1) · n) of the sum. The sum is taken in `input`'s dtype (a bf16 input: a
+/// bf16 reduction, FSDP2's reduce_dtype) and converted into `output`'s at wait().
 inline PendingReduceScatter start_reduce_scatter(ProcessGroup& group, torch::Tensor input, torch::Tensor output) {
-  PendingReduceScatter pending{nullptr, std::move(input), std::move(output), false};
+  PendingReduceScatter pending{nullptr, std::move(input), std::move(output), false, {}};
   if (group.world_size() == 1) return pending;
+  const bool converts = pending.input.scalar_type() != pending.output.scalar_type();
+  if (converts) pending.reduced = torch::empty(pending.output.sizes(), pending.input.options());
   try {
-    pending.work = group.backend()->_reduce_scatter_base(pending.output, pending.input);
+    pending.work = group.backend()->_reduce_scatter_base(converts ? pending.reduced : pending.output, pending.input);
   } catch (const c10::Error&) {
     // The backend has no flat reduce-scatter: all-reduce + slice (the peers take the same path: same backend).
+    pending.reduced = torch::Tensor();
     std::vector<torch::Tensor> tensors{pending.input};
     pending.work = detail::start(group, "gradient reduce_scatter", [&] { return group.backend()->allreduce(tensors); });
     pending.sliced = true;
@@ -54,10 +59,13 @@ inline void wait(ProcessGroup& group, PendingReduceScatter& pending) {
     if (pending.sliced) {
       const auto n = pending.output.numel();
       pending.output.copy_(pending.input.narrow(0, group.rank() * n, n));
+    } else if (pending.reduced.defined()) {
+      pending.output.copy_(pending.reduced);
     }
   }
   pending.work.reset();
   pending.input = torch::Tensor();
+  pending.reduced = torch::Tensor();
 }
 
 /// An all-gather in flight into a flat buffer.

@@ -33,13 +33,16 @@ namespace detail {}  // namespace detail
 /// no AVG; a parameter without gradient contributes zeros, the peers may have one), releases them (only the
 /// shard survives), and starts reduce-scattering the buffer into `gradient_shard`. Nothing for an empty bucket.
 /// N is the group's size, or `average_over` when positive (hybrid sharding: the whole world, whose other shard
-/// groups' sums are added afterwards).
+/// groups' sums are added afterwards). The sum is taken in `reduce_dtype` (the input buffer's; kUndefined: the
+/// gradient shard's) and converted into the shard's dtype when it is done.
 inline PendingReduceScatter start_bucket_reduce_scatter(ProcessGroup& group, const FlatBucket& bucket,
                                                         std::vector<torch::Tensor>& parameters,
-                                                        torch::Tensor gradient_shard, int average_over = 0) {
+                                                        torch::Tensor gradient_shard, int average_over = 0,
+                                                        torch::ScalarType reduce_dtype = c10::ScalarType::Undefined) {
   if (bucket.padded_numel == 0) return {};
   torch::NoGradGuard no_grad;
-  auto input = empty_flat_buffer(bucket.padded_numel, gradient_shard.options()).zero_();  // out of the heap on a CPU
+  const auto dtype = reduce_dtype == c10::ScalarType::Undefined ? gradient_shard.scalar_type() : reduce_dtype;
+  auto input = empty_flat_buffer(bucket.padded_numel, gradient_shard.options().dtype(dtype)).zero_();  // CPU: heap
   for (std::size_t k = 0; k < bucket.parameters.size(); ++k) {
     auto& parameter = parameters[bucket.parameters[k]];
     if (!parameter.grad().defined()) continue;
@@ -60,13 +63,15 @@ struct ShardedGradientState {
   std::vector<std::string> names;
   std::vector<PendingReduceScatter> reduce_scatters;  // per bucket
   std::vector<torch::Tensor> gradient_shards;         // per bucket: this rank's averaged gradient shard
-  BucketLaunchOrder order;                            // GradientSync's: strictly in bucket order
+  torch::ScalarType reduce_dtype =
+      c10::ScalarType::Undefined;  // what the reduce-scatters sum in (undefined: the shards')
+  BucketLaunchOrder order;         // GradientSync's: strictly in bucket order
   bool sync = true;
   std::mutex mutex;
 
   void launch(std::size_t index) {
-    reduce_scatters[index] =
-        start_bucket_reduce_scatter(*group, layout.buckets()[index], parameters, gradient_shards[index]);
+    reduce_scatters[index] = start_bucket_reduce_scatter(*group, layout.buckets()[index], parameters,
+                                                         gradient_shards[index], 0, reduce_dtype);
   }
 
   void on_gradient(std::size_t parameter) {
@@ -83,10 +88,12 @@ class ShardedGradients {
  public:
   /// `parameters` in the layout's order; installs the hooks (also at world size 1, where the
   /// reduce-scatter is a copy: the shard is the whole bucket).
+  /// `reduce_dtype`: what the reduce-scatters sum in (kUndefined: the parameters' dtype).
   ShardedGradients(std::shared_ptr<ProcessGroup> group, FlatShardLayout layout, std::vector<torch::Tensor> parameters,
-                   std::vector<std::string> names)
+                   std::vector<std::string> names, torch::ScalarType reduce_dtype = c10::ScalarType::Undefined)
       : state_(std::make_shared<detail::ShardedGradientState>()) {
     auto& state = *state_;
+    state.reduce_dtype = reduce_dtype;
     state.group = std::move(group);
     state.layout = std::move(layout);
     state.parameters = std::move(parameters);

@@ -103,19 +103,17 @@ class StagedDirectory {
 /// LoRA, the adapter as PEFT writes it (adapter_config.json, adapter_model.safetensors; PeftModel.from_pretrained
 /// loads it over the base), then the merged model in `merged/` (what merge_and_unload gives), from the whole model:
 /// LoRA's base weights are frozen, so every rank holds them whole anyway. Any other model with a Hugging Face layout
-/// (a masked LM: RoBERTa, BERT) is gathered whole and written in its own dtype, one file (encoders are small).
+/// (a masked LM: RoBERTa, BERT) is visited unit by unit too, by default in its own dtype (--export-dtype auto).
 inline std::vector<std::string> export_model(const FinishContext& at_end, const std::filesystem::path& out) {
   const bool writes = at_end.run.rank == 0;
   models::hf_layout(at_end.module, out);  // every rank refuses a model without one, before any gather
   auto* causal = dynamic_cast<models::CausalLM*>(&at_end.module);
-  if (causal == nullptr) {
-    at_end.whole_model();
-    if (writes) models::save_pretrained(at_end.module, out);
-    return {"config.json", "model.safetensors"};
-  }
-  auto& model = *causal;
-  const auto format = export_format(at_end.run.knobs, models::stated_dtype(model));
-  if (at_end.run.lora) {
+  // auto: the checkpoint's dtype, else bf16 for a causal LM and the parameters' own dtype for an encoder (small).
+  auto stated = models::stated_dtype(at_end.module);
+  if (causal == nullptr && !stated) stated = at_end.module.parameters().front().scalar_type();
+  const auto format = export_format(at_end.run.knobs, stated);
+  if (causal != nullptr && at_end.run.lora) {
+    auto& model = *causal;
     at_end.whole_model();
     if (!writes) return {};
     const auto base =
@@ -135,7 +133,7 @@ inline std::vector<std::string> export_model(const FinishContext& at_end, const 
     return {};
   }
   return models::save_pretrained_by_units(
-      model, order, [&](const models::UnitVisitor& visit) { at_end.visit_units(visit); }, out, format);
+      at_end.module, order, [&](const models::UnitVisitor& visit) { at_end.visit_units(visit); }, out, format);
 }
 }  // namespace detail
 
@@ -159,8 +157,10 @@ HPCTRAIN_RUNTIME_INLINE FinishHook hf_export(std::optional<std::filesystem::path
 }
 
 HPCTRAIN_RUNTIME_INLINE FinishHook sample_at_end(Setting<std::string> prompt, Setting<std::int64_t> tokens) {
-  return [prompt, tokens](const FinishContext& at_end) {
-    if (at_end.run.rank != 0) return;
+  // Unit by unit: under ZeRO-3/HSDP every rank runs the same greedy generation, each block gathered while it runs
+  // (never the whole model on a rank); otherwise rank 0 alone. Rank 0 prints it.
+  return FinishHook::unit_by_unit([prompt, tokens](const FinishContext& at_end) {
+    if (at_end.run.rank != 0 && !at_end.forward_is_collective()) return;
     auto& model = detail::causal_lm(at_end.module, "sample_at_end");
     const auto tokenizer = run_tokenizer(at_end.run, "sample_at_end");
     const auto text = prompt.get(at_end.run.knobs);
@@ -174,9 +174,10 @@ HPCTRAIN_RUNTIME_INLINE FinishHook sample_at_end(Setting<std::string> prompt, Se
       options.max_new_tokens = std::min(options.max_new_tokens, *limit - static_cast<std::int64_t>(ids.size()));
     if (ids.empty() || options.max_new_tokens <= 0) return;
     const auto generated = models::generate(model, ids, options);
+    if (at_end.run.rank != 0) return;
     fmt::print("sample (greedy): {}{}\n", text,
                tokenizer.decode(std::vector<text::TokenId>(generated.begin(), generated.end())));
-  };
+  });
 }
 
 HPCTRAIN_RUNTIME_INLINE FinishHook print_eval_loss(std::string name) {

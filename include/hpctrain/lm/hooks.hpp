@@ -19,7 +19,8 @@ namespace hpctrain::lm {
 HPCTRAIN_RUNTIME_INLINE FinishHook hf_export(std::optional<std::filesystem::path> directory = std::nullopt);
 
 /// At the end, rank 0 prints `sample (greedy): <prompt><continuation>` — `tokens` new tokens (or fewer when
-/// the model's positions run out) decoded with the run's tokenizer.
+/// the model's positions run out) decoded with the run's tokenizer, computed in the run's precision. Under
+/// ZeRO-3/HSDP every rank generates alongside, each block gathered while it runs: no rank holds the whole model.
 HPCTRAIN_RUNTIME_INLINE FinishHook sample_at_end(Setting<std::string> prompt,
                                                  Setting<std::int64_t> tokens = std::int64_t{40});
 

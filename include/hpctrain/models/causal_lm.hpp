@@ -46,7 +46,10 @@ class KVCache {
     const auto t = keys.size(2);
     keys_.at(layer).narrow(2, length_, t).copy_(keys);
     values_.at(layer).narrow(2, length_, t).copy_(values);
-    return {keys_[layer].narrow(2, 0, length_ + t), values_[layer].narrow(2, 0, length_ + t)};
+    // In the new keys' dtype: a block computing in bf16 over fp32 parameters (ZeRO-3 under bf16) reads its
+    // cache in bf16, though the cache was made in the parameters' dtype.
+    return {keys_[layer].narrow(2, 0, length_ + t).to(keys.scalar_type()),
+            values_[layer].narrow(2, 0, length_ + t).to(values.scalar_type())};
   }
 
   /// Called by the model once every layer has stored `tokens` new positions.

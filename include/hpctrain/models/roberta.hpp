@@ -16,9 +16,11 @@
 
 #include <torch/torch.h>
 
+#include <hpctrain/models/blocks.hpp>
 #include <hpctrain/models/hf/hf_checkpoint.hpp>
 #include <hpctrain/models/hf/hf_layout.hpp>
 #include <hpctrain/models/initialization.hpp>
+#include <hpctrain/models/recompute/activation_checkpoint.hpp>
 #include <hpctrain/models/roberta_config.hpp>
 
 namespace hpctrain::models {
@@ -163,13 +165,21 @@ class RobertaModelImpl : public torch::nn::Module {
   /// `attention_mask` [B, T] (1 = token, 0 = padding; undefined: all tokens), `token_type_ids` (undefined: 0).
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
                         const torch::Tensor& token_type_ids = {}) {
-    const auto types = token_type_ids.defined() ? token_type_ids : torch::zeros_like(input_ids);
-    auto x = embeddings(input_ids, roberta_position_ids(input_ids, config_), types);
-    torch::Tensor keep;
-    if (attention_mask.defined()) keep = attention_mask.to(torch::kBool).unsqueeze(1).unsqueeze(2);  // [B, 1, 1, T]
+    auto x = embed(input_ids, token_type_ids);
+    const auto keep = keep_mask(attention_mask);
     for (auto& block : layers_) x = block(x, keep);
     return x;
   }
+  /// The embeddings of `input_ids` (positions counted past the padding, types 0 when undefined).
+  torch::Tensor embed(const torch::Tensor& input_ids, const torch::Tensor& token_type_ids) {
+    const auto types = token_type_ids.defined() ? token_type_ids : torch::zeros_like(input_ids);
+    return embeddings(input_ids, roberta_position_ids(input_ids, config_), types);
+  }
+  /// The attention's key mask [B, 1, 1, T] of a padding mask [B, T] (undefined: every token attends).
+  static torch::Tensor keep_mask(const torch::Tensor& attention_mask) {
+    return attention_mask.defined() ? attention_mask.to(torch::kBool).unsqueeze(1).unsqueeze(2) : torch::Tensor();
+  }
+  const std::vector<RobertaLayer>& layers() const { return layers_; }
   RobertaEmbeddings embeddings{nullptr};
   torch::nn::ModuleList layer{nullptr};
 
@@ -203,7 +213,9 @@ inline CheckpointNaming roberta_naming(const RobertaConfig& config) {
 }  // namespace detail
 
 /// RoBERTa with its masked-LM head: ids [B, T] (and a padding mask) → logits [B, T, vocab_size].
-class RobertaForMaskedLMImpl : public torch::nn::Module, public HuggingFaceLayout {
+/// Its encoder layers are its blocks (ListsBlocks: ZeRO-3 gathers one at a time; activation checkpointing recomputes
+/// them); the head is tied to the word embedding, so the model has no edges.
+class RobertaForMaskedLMImpl : public torch::nn::Module, public HuggingFaceLayout, public ListsBlocks {
  public:
   explicit RobertaForMaskedLMImpl(RobertaConfig config) : config_(std::move(config)) {
     config_.validate();
@@ -221,7 +233,12 @@ class RobertaForMaskedLMImpl : public torch::nn::Module, public HuggingFaceLayou
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
                         const torch::Tensor& token_type_ids = {}) {
     check_length(input_ids.size(1));
-    const auto h = roberta(input_ids, attention_mask, token_type_ids);
+    auto h = roberta->embed(input_ids, token_type_ids);
+    const auto keep = RobertaModelImpl::keep_mask(attention_mask);
+    const auto& layers = roberta->layers();
+    for (std::size_t i = 0; i < layers.size(); ++i)
+      h = call_block(
+          i, [layer = layers[i], keep](const torch::Tensor& x) mutable { return layer->forward(x, keep); }, h);
     const auto transformed = head_norm(torch::gelu(linear(head_dense, h)));
     return torch::linear(transformed, roberta->embeddings->word_embeddings->weight, head_bias);
   }
@@ -236,6 +253,11 @@ class RobertaForMaskedLMImpl : public torch::nn::Module, public HuggingFaceLayou
     head_bias.zero_();
   }
 
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() override {
+    std::vector<std::shared_ptr<torch::nn::Module>> out;
+    for (const auto& layer : roberta->layers()) out.push_back(layer.ptr());
+    return out;
+  }
   const RobertaConfig& config() const { return config_; }
   nlohmann::ordered_json hf_config() const override { return config_.to_json(); }
   CheckpointNaming hf_naming() const override { return detail::roberta_naming(config_); }
@@ -247,6 +269,15 @@ class RobertaForMaskedLMImpl : public torch::nn::Module, public HuggingFaceLayou
   torch::Tensor head_bias;
 
  private:
+  /// Block `index` on `x`: through the strategy's runner when one is installed, else checkpointed when activation
+  /// checkpointing is on in a training forward, else directly (CausalLM::call_block's rule).
+  torch::Tensor call_block(std::size_t index, const BlockCall& call, const torch::Tensor& x) {
+    if (has_block_runner()) return run_block(index, call, x);
+    const auto recompute = activation_checkpointing();
+    if (recompute != Recompute::none && is_training() && torch::GradMode::is_enabled())
+      return checkpointed(call, x, {}, recompute);
+    return call(x);
+  }
   void check_length(std::int64_t length) const {
     if (length > config_.max_length())
       throw RuntimeError(

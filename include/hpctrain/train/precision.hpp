@@ -7,7 +7,10 @@
 #include <string_view>
 
 #include <ATen/autocast_mode.h>
+#include <fmt/format.h>
 #include <torch/types.h>
+
+#include <hpctrain/error.hpp>
 
 namespace hpctrain {
 
@@ -37,6 +40,36 @@ inline std::optional<Precision> precision_from_name(std::string_view name) {
   if (name == "bf16") return Precision::bf16;
   if (name == "auto") return Precision::automatic;
   return std::nullopt;
+}
+
+/// The dtype the sharded strategies reduce gradients in (FSDP2's MixedPrecisionPolicy reduce_dtype): the reduce-scatter
+/// of zero2/zero3/hsdp and hsdp's all-reduce across replicas. bf16 halves the bytes of the reductions; each rank's
+/// contribution and the partial sums are rounded to bf16 (8 significant bits). Gradients accumulated across
+/// micro-batches and the shards the optimizer steps stay fp32 either way.
+enum class ReduceDtype { fp32, bf16 };
+
+/// "fp32" or "bf16".
+inline std::string_view to_string(ReduceDtype dtype) { return dtype == ReduceDtype::bf16 ? "bf16" : "fp32"; }
+
+/// The reduce dtype named `name` ("fp32", "bf16"), or nothing.
+inline std::optional<ReduceDtype> reduce_dtype_from_name(std::string_view name) {
+  if (name == "fp32") return ReduceDtype::fp32;
+  if (name == "bf16") return ReduceDtype::bf16;
+  return std::nullopt;
+}
+
+/// The scalar type a reduction in `dtype` runs in.
+inline torch::ScalarType scalar_type_of(ReduceDtype dtype) {
+  return dtype == ReduceDtype::bf16 ? torch::kBFloat16 : torch::kFloat32;
+}
+
+/// SpecError for a strategy that reduces gradients in fp32 only, asked for `dtype` by Training::reduce_dtype.
+inline void require_fp32_reduce(ReduceDtype dtype, const std::string& strategy) {
+  if (dtype == ReduceDtype::fp32) return;
+  throw SpecError("reduce_dtype", std::string(to_string(dtype)),
+                  fmt::format("{} all-reduces gradients in fp32 only; a bf16 reduction is zero2's, zero3's and hsdp's "
+                              "(--sharding zero2|zero3|hsdp)",
+                              strategy));
 }
 
 /// Whether this CPU runs bf16 matrix products natively (AVX512-BF16 or AMX): there CPU autocast pays off.

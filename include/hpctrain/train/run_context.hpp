@@ -66,6 +66,9 @@ class FinishModel {
   virtual void visit_units(const models::UnitVisitor& visit) = 0;
   /// Collective: makes the module hold the whole model (on every rank, until the run ends).
   virtual void gather_whole() = 0;
+  /// Whether a forward of the module is collective (ZeRO-3, HSDP: each block gathered while it runs): every rank
+  /// then runs the same forwards, in the same order.
+  virtual bool forward_is_collective() const = 0;
 };
 
 /// What a hook at the end of a finished run sees: the model, the run and its result. Hooks run on every rank;
@@ -88,6 +91,9 @@ struct FinishContext {
     if (model != nullptr) model->visit_units(visit);
     else visit(models::whole_unit(module));
   }
+  /// Whether a forward of `module` is collective (FinishModel::forward_is_collective): a hook that computes
+  /// with it unit by unit (lm::sample_at_end) then runs it on every rank alike.
+  bool forward_is_collective() const { return model != nullptr && model->forward_is_collective(); }
   /// Collective: `module`, whole.
   torch::nn::Module& whole_model() const {
     if (model != nullptr) model->gather_whole();

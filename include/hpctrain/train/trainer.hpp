@@ -64,18 +64,24 @@ namespace detail {
 /// The model as the hooks at the end see it through the run's strategy (FinishContext::model).
 class StrategyModel : public FinishModel {
  public:
-  StrategyModel(DataParallelStrategy& strategy, torch::nn::Module& module) : strategy_(strategy), module_(module) {}
+  StrategyModel(DataParallelStrategy& strategy, torch::nn::Module& module, bool lead)
+      : strategy_(strategy), module_(module), lead_(lead) {}
   std::vector<models::ParameterShape> unit_shapes() override { return strategy_.unit_shapes(module_); }
   void visit_units(const models::UnitVisitor& visit) override { strategy_.visit_units(module_, visit); }
   void gather_whole() override {
     if (whole_) return;
+    // Said, since at 8B this is 32 GB on every GPU: a hook added as a plain callable reads `module` whole.
+    if (lead_ && strategy_.forward_is_collective())
+      fmt::print("hpctrain: a hook at the end reads the module whole: the whole model gathered on every rank\n");
     strategy_.gather_full_model();
     whole_ = true;
   }
+  bool forward_is_collective() const override { return !whole_ && strategy_.forward_is_collective(); }
 
  private:
   DataParallelStrategy& strategy_;
   torch::nn::Module& module_;
+  bool lead_;
   bool whole_ = false;
 };
 }  // namespace detail
@@ -156,7 +162,8 @@ class Trainer {
     for (const auto& hook : training_.model_hooks()) hook(*model_.module, run_->knobs);
     if (run_->lora) add_lora_adapters();
     model_.module->to(device_);
-    strategy_->setup({group_, model_.module, training_.optimizer_factory(), training_.precision()});
+    strategy_->setup(
+        {group_, model_.module, training_.optimizer_factory(), training_.precision(), training_.reduce_dtype()});
     report_peak_memory("model ready");
     for (auto& group : strategy_->optimizer().param_groups())
       base_lrs_.push_back(training_.lr().value_or(group.options().get_lr()));
@@ -577,7 +584,9 @@ class Trainer {
   void run_finish_hooks() {
     if (training_.finish_hooks().empty()) return;
     model_.module->eval();
-    detail::StrategyModel model(*strategy_, *model_.module);
+    // In the run's precision, as evaluation computes: a block that trains in bf16 under ZeRO-3 is gathered in bf16.
+    AutocastScope autocast(training_.precision(), device_);
+    detail::StrategyModel model(*strategy_, *model_.module, lead());
     const FinishContext context{*model_.module, *run_, result_, &model};
     for (const auto& hook : training_.finish_hooks()) {
       if (hook.needs_whole_model()) model.gather_whole();
@@ -586,10 +595,11 @@ class Trainer {
     std::fflush(stdout);
   }
 
-  /// Every rank states its own digest: replicas that drifted apart show here (tests compare them).
+  /// Every rank states its own digest: replicas that drifted apart show here (tests compare them). Computed unit by
+  /// unit (ZeRO-3: one block gathered at a time), never whole on a rank.
   void report_digest() {
-    strategy_->gather_full_model();
-    const auto digest = detail::parameters_digest(*model_.module);
+    const auto digest = detail::parameters_digest(
+        *model_.module, [&](const models::UnitVisitor& visit) { strategy_->visit_units(*model_.module, visit); });
     std::cout << fmt::format("rank {} parameters_crc32c={:08x}\n", world_.rank, digest) << std::flush;
     say(fmt::format("parameters_crc32c={:08x}", digest));
   }

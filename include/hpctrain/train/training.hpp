@@ -250,6 +250,7 @@ class Training {
   Training& strategy(Factory factory) {
     strategy_ = [factory]() -> std::unique_ptr<DataParallelStrategy> { return factory(); };
     sharding_.reset();
+    own_strategy_ = true;
     return *this;
   }
   /// Shortcut for the strategy of a ZeRO stage: `.sharding(hpctrain::zero2)` is
@@ -357,6 +358,13 @@ class Training {
   /// Forward precision. Default: fp32.
   Training& precision(Precision precision) {
     precision_ = precision;
+    return *this;
+  }
+  /// The dtype zero2, zero3 and hsdp reduce gradients in (FSDP2's reduce_dtype; train/precision.hpp's ReduceDtype):
+  /// bf16 halves the bytes of the reduce-scatters and of hsdp's all-reduce across replicas. The other strategies
+  /// all-reduce in fp32: the worker refuses bf16 for them, naming the strategy. Default: fp32 (torchtitan's).
+  Training& reduce_dtype(ReduceDtype dtype) {
+    reduce_dtype_ = dtype;
     return *this;
   }
   /// Seed of weights, shuffling and dropout. Default: 0.
@@ -638,6 +646,7 @@ class Training {
   std::optional<double> clip_grad_norm() const { return clip_grad_norm_; }
   std::int64_t gradient_accumulation() const { return accumulation_; }
   Precision precision() const { return precision_; }
+  ReduceDtype reduce_dtype() const { return reduce_dtype_; }
   std::int64_t seed() const { return seed_; }
   std::int64_t eval_every() const { return eval_every_; }
   std::int64_t max_eval_examples() const { return max_eval_examples_; }
@@ -687,9 +696,22 @@ class Training {
     if (train_check_) train_check_(knobs, pretrained_dir(knobs));
     if (eval_check_) eval_check_(knobs, pretrained_dir(knobs));
     for (const auto& check : login_checks_) check(knobs);
+    check_reduce_dtype_at_login(knobs);
   }
 
  private:
+  /// A bf16 reduction asked of a stage that all-reduces in fp32 (none, zero1) fails here, not on the workers after
+  /// the queue; an own strategy() refuses it itself (require_fp32_reduce) when it cannot.
+  void check_reduce_dtype_at_login(const Knobs& knobs) const {
+    const auto dtype = knobs.get_if_given<std::string>("reduce_dtype");
+    if (!dtype || reduce_dtype_from_name(*dtype) != ReduceDtype::bf16) return;
+    auto stage = sharding_;
+    if (const auto given = knobs.get_if_given<std::string>("sharding")) stage = zero_stage_from_name(*given);
+    if (!stage && own_strategy_) return;
+    const auto named = stage.value_or(ZeroStage::none);
+    if (named == ZeroStage::none || named == ZeroStage::zero1)
+      require_fp32_reduce(ReduceDtype::bf16, named == ZeroStage::none ? "replicated (--sharding none)" : "zero1");
+  }
   /// LoRA targets against the layers of the pretrained model's family (from its config.json, no weights): a
   /// name that matches no layer would fail every rank after the queue.
   void check_lora_targets_at_login(const Knobs& knobs) const {
@@ -752,6 +774,7 @@ class Training {
   std::function<std::unique_ptr<torch::optim::Optimizer>(const NamedParameters&, const Knobs&)> optimizer_;
   StrategyFactory strategy_;  // Replicated (the constructor)
   std::optional<ZeroStage> sharding_;
+  bool own_strategy_ = false;  ///< strategy() was given (sharding() also sets one: it says which stage)
   int hsdp_group_size_ = 0;
   LossFunction loss_;  // cross entropy (the constructor)
   StepFunction step_ = default_step;
@@ -774,6 +797,7 @@ class Training {
   std::function<LrSchedule(const Knobs&)> schedule_from_knobs_;
   std::int64_t accumulation_ = 1;
   Precision precision_ = Precision::fp32;
+  ReduceDtype reduce_dtype_ = ReduceDtype::fp32;
   std::int64_t seed_ = 0;
   std::int64_t eval_every_ = 0, log_every_ = 50, checkpoint_every_ = 0, preemption_check_every_ = 10;
   std::int64_t max_eval_examples_ = 0;

@@ -72,6 +72,11 @@ inline Knobs training_knobs(const Training& training, std::string_view program =
       "forward precision: fp32, bf16, or auto (bf16 on a GPU or a CPU with AVX512-BF16/AMX)",
       KnobCheck<std::string>([](const std::string& name) { return precision_from_name(name).has_value(); },
                              "must be fp32, bf16 or auto"));
+  table.declare<std::string>(
+      "reduce_dtype", std::string(to_string(training.reduce_dtype())),
+      "dtype gradients are reduced in under --sharding zero2, zero3 and hsdp: fp32, or bf16 (half the bytes)",
+      KnobCheck<std::string>([](const std::string& name) { return reduce_dtype_from_name(name).has_value(); },
+                             "must be fp32 or bf16"));
   table.declare<std::int64_t>("log_every", training.log_every(),
                               "steps between train records (progress lines, metrics.jsonl)", positive());
   table.declare<std::int64_t>("eval_every", training.eval_every(), "steps between evaluations (0: only at the end)",
@@ -131,6 +136,8 @@ inline Training with_knobs(Training training, const Knobs& knobs) {
     training.sharding(zero_stage_from_name(*sharding).value());
   if (auto precision = knobs.get_if_given<std::string>("precision"))
     training.precision(precision_from_name(*precision).value());
+  if (auto dtype = knobs.get_if_given<std::string>("reduce_dtype"))
+    training.reduce_dtype(reduce_dtype_from_name(*dtype).value());
   if (auto every = knobs.get_if_given<std::int64_t>("log_every")) training.log_every(*every);
   if (auto every = knobs.get_if_given<std::int64_t>("eval_every")) training.eval_every(*every);
   if (auto examples = knobs.get_if_given<std::int64_t>("max_eval_examples")) training.max_eval_examples(*examples);

@@ -1,9 +1,9 @@
 #pragma once
-// A causal LM written as a Hugging Face directory from its parameters as they arrive, one unit (a block, an edge, a
-// group of small parameters) at a time: the shards are planned first from the parameters' names and whole shapes
-// (no value needed), then each tensor is converted to the export's dtype and appended to its shard as its unit
-// arrives. A sharded model is never whole on any rank: a strategy gathers one unit, the writer appends it, the unit
-// is freed (train/strategies/strategy.hpp's visit_units). Names and transposes as save_pretrained writes them.
+// A model (a causal or masked LM) written as a Hugging Face directory from its parameters as they arrive, one unit (a
+// block, an edge, a group of small parameters) at a time: the shards are planned first from the parameters' names and
+// whole shapes (no value needed), then each tensor is converted to the export's dtype and appended to its shard as its
+// unit arrives. A sharded model is never whole on any rank: a strategy gathers one unit, the writer appends it, the
+// unit is freed (train/strategies/strategy.hpp's visit_units). Names and transposes as save_pretrained writes them.
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -34,7 +34,8 @@ inline std::optional<torch::Dtype> stated_dtype(const torch::nn::Module& model) 
 /// shards are planned from `order` (every parameter's name and whole shape, in the order the units give them), then
 /// `visit_units` is called once with a visitor that appends each parameter of each unit to its shard. The adapters
 /// of a LoRA model are not written (save_peft_adapter writes them). Returns the files written.
-inline std::vector<std::string> save_pretrained_by_units(CausalLM& model, const std::vector<ParameterShape>& order,
+inline std::vector<std::string> save_pretrained_by_units(torch::nn::Module& model,
+                                                         const std::vector<ParameterShape>& order,
                                                          const std::function<void(const UnitVisitor&)>& visit_units,
                                                          const std::filesystem::path& directory,
                                                          const ExportFormat& format) {

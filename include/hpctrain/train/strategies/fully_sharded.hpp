@@ -32,12 +32,13 @@
 // reads each block's shard slice by slice from its source (each rank only its own part of the checkpoint), and
 // broadcasts nothing of the blocks, since every rank reads the same bytes.
 //
-// Mixed precision as FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) does it: under
+// Mixed precision as FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32 or bf16) does it: under
 // Precision::bf16 a block's fp32 shard is cast to bf16 once per step, the blocks are all-gathered and computed in
 // bf16 (half the bytes gathered and held; autocast keeps no cast copy of them) on bf16 inputs (the block's
 // output goes back to its input's dtype), their bf16 gradients are
-// reduce-scattered in fp32 into the fp32 gradient shard, once per micro-batch (summed there: gradients never
-// accumulate in bf16), and the fp32 shard stays what the optimizer steps. The export's and the finish hooks'
+// reduce-scattered in the reduce dtype (StrategyContext::reduce_dtype, --reduce-dtype: fp32 by default, bf16 for
+// half the bytes) into the fp32 gradient shard, once per micro-batch (summed there: gradients never accumulate in
+// bf16), and the fp32 shard stays what the optimizer steps. The export's and the finish hooks'
 // gathers (visit_units, gather_full_model) stay fp32. Parameters outside the blocks run under autocast as before.
 //
 // Memory per rank, in bytes per trainable parameter of the blocks, over N ranks, fp32 parameters and Adam:
@@ -57,12 +58,13 @@
 // world is split into shard groups of S consecutive ranks (a node's, by default) and everything above happens
 // within the rank's shard group, N = S: the layout, the gathers, the reduce-scatters, clipping's sum of squares
 // (replicas hold equal shards), the step and the all-gather of the parameters outside the units. The replica group
-// (the ranks with this rank's index in every shard group, W/S of them) adds one collective per step: after the
-// reduce-scatters, in finish_gradients, each unit's gradient shard is all-reduced across it, in unit order,
-// overlapping the later units' reduce-scatters. The reduce-scatter's input is pre-scaled by 1/W, so that sum is
-// the average over all W ranks. Setup's broadcast of the module goes over the whole world. Checkpoints are the
-// format above at world size W: the ranks of the first shard group write the pieces, the others archives
-// without pieces, so zero1/2/3 and hsdp at any world size reshard from and into them.
+// (the ranks with this rank's index in every shard group, W/S of them) adds one collective per unit and step: as
+// a unit's last reduce-scatter of the step finishes (during backward), its gradient shard starts being all-reduced
+// across it (in the reduce dtype), overlapping the rest of backward as FSDP2's HSDP does; finish_gradients waits.
+// The reduce-scatter's input is pre-scaled by 1/W, so that sum is the average over all W ranks. Setup's broadcast of
+// the module goes over the whole world. Checkpoints are the format above at world size W: the ranks of the first shard
+// group write the pieces, the others archives without pieces, so zero1/2/3 and hsdp at any world size reshard from and
+// into them.
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -137,6 +139,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     make_groups();
     model_ = std::move(context.model);
     bf16_blocks_ = context.precision == Precision::bf16;
+    reduce_dtype_ = scalar_type_of(context.reduce_dtype);
     find_blocks();
     take_deferred_blocks();
     dist::broadcast_module(*world_, *model_);  // deferred blocks are empty here: every rank reads the same bytes
@@ -179,17 +182,10 @@ class FullyShardedStrategy : public DataParallelStrategy {
     for (std::size_t b = 0; b < units_.size(); ++b)
       if (!units_[b].sent && !(computes_in_bf16(b) && units_[b].gradient_accumulated)) start_gradient_reduce_scatter(b);
     for (auto& unit : units_) unit.sent = false;
-    // Hybrid: each shard, once reduced within the shard group, is summed across the replicas (pre-scaled by 1/W:
-    // the world's average), while the later units' reduce-scatters finish.
-    std::vector<dist::PendingAllReduce> across_replicas(units_.size());
-    for (std::size_t b = 0; b < units_.size(); ++b) {
-      finish_gradient_reduce_scatter(b);
-      if (!replicas_) continue;
-      across_replicas[b] = dist::start_all_reduce_in_place(*replicas_, units_[b].gradient_shard);
-      replica_reduced_bytes_ += across_replicas[b].pending ? units_[b].gradient_shard.nbytes() : 0;
-    }
-    if (replicas_)
-      for (auto& reduction : across_replicas) dist::wait(*replicas_, reduction);
+    // Hybrid: a unit's all-reduce across the replicas started when its reduce-scatter finished (during backward for
+    // the blocks, finish_gradient_reduce_scatter); here the last ones start, then every one is waited for.
+    for (std::size_t b = 0; b < units_.size(); ++b) finish_gradient_reduce_scatter(b);
+    for (std::size_t b = 0; b < units_.size(); ++b) finish_replica_reduction(b);
     for (auto& piece : pieces_) {
       auto shard = units_[piece.bucket].gradient_shard.narrow(0, piece.place.shard_offset, piece.place.length);
       piece.master.mutable_grad() =
@@ -379,6 +375,9 @@ class FullyShardedStrategy : public DataParallelStrategy {
     c10::Storage held;             // kept activations: the freed gathered buffer autograd still refers to (empty)
     dist::PendingAllGather gather;
     dist::PendingReduceScatter reduce_scatter;
+    bool reduce_scatter_ends_step = false;   // the reduce-scatter in flight carries the step's last micro-batch
+    dist::PendingAllReduce across_replicas;  // hybrid: the gradient shard summed across the replica group
+    torch::Tensor replica_buffer;            // a bf16 reduction across replicas: the shard in bf16 while it is summed
     bool gathered = false;
     bool gradient_accumulated = false;  // gradient_shard holds this step's sum so far (reduce-scatters per micro-batch)
     bool sent =
@@ -750,9 +749,15 @@ class FullyShardedStrategy : public DataParallelStrategy {
   /// A block computing in bf16 takes a bf16 input (FSDP2's cast_forward_inputs: the CPU's layer_norm refuses an
   /// fp32 input with bf16 weights) and gives back the input's dtype, so the stream between blocks keeps it. An
   /// edge's call is left to autocast: the head's logits stay in the dtype it computes them in.
+  /// A block gathered in its shard's precision (the whole model pinned by gather_full_model) runs as it is: what
+  /// was gathered is read when the call runs (a checkpointed block is gathered inside it).
   BlockCall computing(std::size_t unit, const BlockCall& call) const {
     if (unit >= model_blocks_ || !computes_in_bf16(unit)) return call;
-    return [call](const torch::Tensor& x) { return call(x.to(torch::kBFloat16)).to(x.scalar_type()); };
+    return [this, unit, call](const torch::Tensor& x) {
+      const auto& flat = units_[unit].flat;
+      if (flat.defined() && flat.scalar_type() != torch::kBFloat16) return call(x);
+      return call(x.to(torch::kBFloat16)).to(x.scalar_type());
+    };
   }
 
   /// Unit `unit` run once, its activations kept for backward (FSDP's default): gathered for the forward and
@@ -837,8 +842,9 @@ class FullyShardedStrategy : public DataParallelStrategy {
     while (reducing_.size() >= max_reduce_scatters_in_flight)
       finish_gradient_reduce_scatter(reducing_.front());  // before allocating
     auto output = unit.gradient_accumulated ? torch::empty_like(unit.gradient_shard) : unit.gradient_shard;
-    unit.reduce_scatter =
-        dist::start_bucket_reduce_scatter(*group_, layout_.buckets()[b], parameters_, output, world_->world_size());
+    unit.reduce_scatter = dist::start_bucket_reduce_scatter(*group_, layout_.buckets()[b], parameters_, output,
+                                                            world_->world_size(), reduce_dtype_);
+    unit.reduce_scatter_ends_step = sync_;
     unit.sent = true;
     if (!unit.reduce_scatter.pending()) return;
     if (b < sharded_units_) block_traffic_.reduce_scattered += unit.reduce_scatter.input.nbytes();
@@ -847,7 +853,9 @@ class FullyShardedStrategy : public DataParallelStrategy {
     peak_reducing_bytes_ = std::max(peak_reducing_bytes_, reducing_bytes_);
   }
 
-  /// Waits for unit b's reduce-scatter, if one is in flight, and sums it into the gradient shard.
+  /// Waits for unit b's reduce-scatter, if one is in flight, and sums it into the gradient shard. Hybrid: the step's
+  /// last one then starts the shard's all-reduce across the replicas (FSDP2's HSDP: each unit's as its
+  /// reduce-scatter ends, overlapping the rest of backward).
   void finish_gradient_reduce_scatter(std::size_t b) {
     auto& unit = units_[b];
     if (!unit.reduce_scatter.pending()) return;
@@ -858,6 +866,31 @@ class FullyShardedStrategy : public DataParallelStrategy {
     if (!unit.reduce_scatter.output.is_same(unit.gradient_shard)) unit.gradient_shard.add_(unit.reduce_scatter.output);
     unit.reduce_scatter.output = torch::Tensor();
     unit.gradient_accumulated = true;
+    if (replicas_ && unit.reduce_scatter_ends_step) start_replica_reduction(b);
+  }
+
+  /// Starts summing unit b's gradient shard across the replicas (pre-scaled by 1/W: the world's average), in the
+  /// reduce dtype: a bf16 copy of the fp32 shard, summed and converted back by finish_replica_reduction.
+  void start_replica_reduction(std::size_t b) {
+    auto& unit = units_[b];
+    torch::NoGradGuard no_grad;
+    const bool converts = unit.gradient_shard.scalar_type() != reduce_dtype_;
+    unit.replica_buffer = converts ? unit.gradient_shard.to(reduce_dtype_) : torch::Tensor();
+    const auto& summed = converts ? unit.replica_buffer : unit.gradient_shard;
+    unit.across_replicas = dist::start_all_reduce_in_place(*replicas_, summed);
+    if (unit.across_replicas.pending) replica_reduced_bytes_ += summed.nbytes();
+  }
+
+  /// Waits for unit b's all-reduce across the replicas, if one is in flight (or starts it: a unit whose
+  /// reduce-scatter ended before the step's last micro-batch had none started).
+  void finish_replica_reduction(std::size_t b) {
+    if (!replicas_) return;
+    auto& unit = units_[b];
+    if (!unit.across_replicas.pending && !unit.replica_buffer.defined()) start_replica_reduction(b);
+    dist::wait(*replicas_, unit.across_replicas);
+    torch::NoGradGuard no_grad;
+    if (unit.replica_buffer.defined()) unit.gradient_shard.copy_(unit.replica_buffer);
+    unit.replica_buffer = torch::Tensor();
   }
 
   detail::ZeroShardView shard_view(const std::vector<torch::Tensor>& parameters) {
@@ -898,6 +931,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
   bool sync_ = true;
   bool pinned_ = false;
   bool bf16_blocks_ = false;  // Precision::bf16: blocks gathered and computed in bf16 (computes_in_bf16)
+  torch::ScalarType reduce_dtype_ = torch::kFloat32;  // what the reduce-scatters and the replicas' all-reduces sum in
   std::size_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
   std::deque<std::size_t> reducing_;                          // units whose reduce-scatter is in flight, oldest first
   std::size_t reducing_bytes_ = 0, peak_reducing_bytes_ = 0;  // their inputs' bytes

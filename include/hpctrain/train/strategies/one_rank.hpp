@@ -40,6 +40,8 @@ class ShardedAtOneRank : public Replicated {
   void setup(StrategyContext context) override {
     group_ = context.group;
     model_ = context.model;
+    context.reduce_dtype =
+        ReduceDtype::fp32;  // one rank reduces nothing: the stage's bf16 reduction costs nothing here
     Replicated::setup(std::move(context));
     detail::require_elementwise(optimizer(), stage_);  // as the stage refuses LBFGS: its checkpoint is per element
     for (const auto& [name, parameter] : detail::named_parameters_of(*model_)) {

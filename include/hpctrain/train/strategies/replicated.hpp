@@ -62,6 +62,7 @@ class Replicated : public DataParallelStrategy {
   /// Broadcasts rank 0's parameters and buffers (once, in GradientSync), installs the gradient hooks and
   /// makes the optimizer over every parameter.
   void setup(StrategyContext context) override {
+    require_fp32_reduce(context.reduce_dtype, name());
     model_ = context.model;
     group_ = context.group;
     sync_ = std::make_unique<dist::GradientSync>(context.group, *model_, options_);

@@ -38,6 +38,8 @@ struct StrategyContext {
   std::shared_ptr<torch::nn::Module> model;   ///< the user's module, already on group->device(), built after seeding
   OptimizerFactory make_optimizer;            ///< the Training's optimizer factory
   Precision precision = Precision::fp32;      ///< forward precision (bf16: strategies keep fp32 master state)
+  /// The dtype gradients are reduced in; a strategy that reduces only in fp32 refuses bf16 (require_fp32_reduce).
+  ReduceDtype reduce_dtype = ReduceDtype::fp32;
 };
 
 /// A checkpoint as a strategy reads it back: written by `world_size` ranks with strategy `strategy`.

@@ -119,6 +119,8 @@ class ZeroStrategy : public DataParallelStrategy {
     group_ = std::move(context.group);
     model_ = std::move(context.model);
     collect_trainable_parameters();
+    if (options_.stage == ZeroStage::zero1) require_fp32_reduce(context.reduce_dtype, name());
+    reduce_dtype_ = scalar_type_of(context.reduce_dtype);
     if (options_.stage == ZeroStage::zero1) {
       all_reduce_ = std::make_unique<dist::GradientSync>(group_, *model_, options_.buckets);  // broadcasts
     } else {
@@ -131,7 +133,7 @@ class ZeroStrategy : public DataParallelStrategy {
     if (!optimizer_) throw SpecError("optimizer", "null", "the optimizer factory returned no optimizer");
     detail::require_elementwise(*optimizer_, options_.stage);
     if (options_.stage == ZeroStage::zero2)
-      reduce_scatter_ = std::make_unique<dist::ShardedGradients>(group_, layout_, parameters_, names_);
+      reduce_scatter_ = std::make_unique<dist::ShardedGradients>(group_, layout_, parameters_, names_, reduce_dtype_);
   }
 
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
@@ -302,6 +304,7 @@ class ZeroStrategy : public DataParallelStrategy {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<dist::GradientSync> all_reduce_;          // ZeRO-1
   std::unique_ptr<dist::ShardedGradients> reduce_scatter_;  // ZeRO-2
+  torch::ScalarType reduce_dtype_ = torch::kFloat32;        // ZeRO-2: what the reduce-scatters sum in
 };
 
 }  // namespace hpctrain
