@@ -118,6 +118,7 @@ inline constexpr ErrorId spec_checkpoint_parameters{"hpctrain.spec.checkpoint.pa
 inline constexpr ErrorId spec_checkpoint_strategy{"hpctrain.spec.checkpoint.strategy"};
 inline constexpr ErrorId spec_metrics_top_k_accuracy{"hpctrain.spec.metrics.top_k_accuracy"};
 inline constexpr ErrorId spec_optimizer{"hpctrain.spec.optimizer"};
+inline constexpr ErrorId spec_reduce_dtype{"hpctrain.spec.reduce_dtype"};
 inline constexpr ErrorId spec_sharding{"hpctrain.spec.sharding"};
 inline constexpr ErrorId spec_data_tensors{"hpctrain.spec.data.tensors"};
 inline constexpr ErrorId spec_tokens_token_bytes{"hpctrain.spec.tokens.token_bytes"};

@@ -90,6 +90,19 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("A rank waiting on a collective a peer joins 2 s late sleeps: it does not burn a core while it waits",
+          "[dist][wait]") {
+  // Issue 54: a wait that polls the host (c10d's Work::wait with a timeout on NCCL does) holds a core the whole
+  // time. Gloo's wait blocks; the ratio of CPU to wall seconds is what is checked, not a duration.
+  Ranks ranks(2, {"idle-wait"});
+  require_both_succeed(ranks);
+  const auto wall = std::stod(value_of(ranks.output(0), "wait_wall_s").value());
+  const auto cpu = std::stod(value_of(ranks.output(0), "wait_cpu_s").value());
+  CAPTURE(wall, cpu);
+  REQUIRE(wall >= 1.0);       // it did wait for the late peer
+  REQUIRE(cpu < 0.2 * wall);  // and slept meanwhile (a polling wait: about 1.0)
+}
+
 TEST_CASE("A parameter one rank does not use is averaged with zeros and reported on that rank",
           "[dist][gradient_sync]") {
   Ranks ranks(2, {"unused"});

@@ -44,6 +44,13 @@ expect_exit_2() {  # expected message (fixed string), then the command
 }
 expect_exit_2 "[hpctrain.spec.knob] --seq-len = 0: must be positive" "$gpt" --dry-run --seq-len 0
 expect_exit_2 "[hpctrain.spec.knob] --dropout = 2: must be between 0 and 0.99" "$roberta" --dry-run --dropout 2
+expect_exit_2 "[hpctrain.spec.knob] --reduce-dtype = fp16: must be fp32 or bf16" "$gpt" --dry-run --reduce-dtype fp16
+expect_exit_2 "[hpctrain.spec.reduce_dtype] reduce_dtype = bf16: replicated (--sharding none) all-reduces gradients in fp32 only" \
+  "$gpt" --dry-run --reduce-dtype bf16
+expect_exit_2 "[hpctrain.spec.reduce_dtype] reduce_dtype = bf16: zero1 all-reduces gradients in fp32 only" \
+  "$roberta" --dry-run --sharding zero1 --reduce-dtype bf16
+"$gpt" --dry-run --sharding zero2 --reduce-dtype bf16 > out.txt 2> err.txt || fail "gpt --sharding zero2 --reduce-dtype bf16 --dry-run: $(cat err.txt)"
+rm -f out.txt err.txt
 expect_exit_2 "[hpctrain.spec.prepare.tokenizer] /nonexistent/gpt2.tiktoken: no such file (from HPCTRAIN_GPT_TOKENIZER)" \
   env HPCTRAIN_GPT_TOKENIZER=/nonexistent/gpt2.tiktoken "$gpt" --dry-run
 expect_exit_2 "HOME is not set; set HPCTRAIN_ROBERTA_TOKENIZER to the tokenizer file" env -u HOME "$roberta" --dry-run

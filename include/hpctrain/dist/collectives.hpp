@@ -19,11 +19,17 @@ namespace hpctrain::dist {
 
 namespace detail {
 
-/// Waits for `work` up to the group's current timeout; a failure (a peer died, the timeout passed) becomes
-/// RuntimeError naming this rank, the operation and the timeout that governed the wait.
+/// Waits for `work` (Gloo: up to the group's current timeout; NCCL: stream-ordered, the watchdog's timeout); a
+/// failure (a peer died, the timeout passed) becomes RuntimeError naming this rank, the operation and the timeout
+/// that governed the wait.
 inline void wait_for(ProcessGroup& group, const c10::intrusive_ptr<c10d::Work>& work, std::string_view operation) {
   try {
-    work->wait(group.timeout());
+    // NCCL: stream-ordered. Without a timeout the wait only makes the current stream wait on the collective's
+    // event and the host runs on (prefetching the next blocks); with one, c10d polls the host until the
+    // collective ends, a host stall at every wait. The backend's watchdog enforces its timeout there
+    // (backend_timeout). Gloo's collectives run on the host: its wait blocks (no spinning) up to ours.
+    if (group.device().is_cuda()) work->wait();
+    else work->wait(group.timeout());
   } catch (const std::exception& e) {
     group.mark_failed();
     throw RuntimeError(errors::runtime_collective,

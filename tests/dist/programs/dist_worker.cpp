@@ -7,13 +7,18 @@
 //   dist_worker forever                  trains until killed (a peer's death must end it non-zero)
 //   dist_worker collectives              all_reduce_sum, any_rank, barrier across ranks
 //   dist_worker unused                   a parameter only rank 0 uses: averaged with rank 1's zeros, reported
+//   dist_worker idle-wait                rank 1 joins an all-reduce 2 s late; rank 0 prints the wall and CPU seconds
+//                                        its wait took (a wait that polls would burn a core meanwhile)
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -339,6 +344,30 @@ int train_forever(dist::ProcessGroup& group, const std::shared_ptr<dist::Process
   }
 }
 
+/// This process's CPU seconds so far, every thread's (Gloo's transport threads included).
+double process_cpu_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+}
+
+int check_idle_wait(dist::ProcessGroup& group) {
+  auto tensor = torch::ones({1024});
+  if (group.rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(2));
+  const auto wall_start = std::chrono::steady_clock::now();
+  const auto cpu_start = process_cpu_seconds();
+  auto reduction = dist::start_all_reduce_in_place(group, tensor);
+  dist::wait(group, reduction);
+  const auto cpu = process_cpu_seconds() - cpu_start;
+  const auto wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  if (tensor[0].item<float>() != static_cast<float>(group.world_size())) {
+    std::cerr << "the all-reduce summed to " << tensor[0].item<float>() << "\n";
+    return 1;
+  }
+  if (group.rank() == 0) std::cout << fmt::format("wait_wall_s={:.3f}\nwait_cpu_s={:.3f}\n", wall, cpu) << std::flush;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -352,6 +381,7 @@ int main(int argc, char** argv) try {
   if (mode == "forever") return train_forever(*group, group);
   if (mode == "collectives") return check_collectives(*group);
   if (mode == "unused") return check_unused(*group, group);
+  if (mode == "idle-wait") return check_idle_wait(*group);
   if (mode == "subgroups" && group->world_size() == 4) return check_subgroups(*group);
   std::cerr << "usage: dist_worker gradients <micro_steps> | steps <n> | overlap | forever\n";
   return 2;
