@@ -5,6 +5,7 @@
 // stable id, `[hpctrain.spec.<field>]` or `[hpctrain.runtime.<what>]`, listed in docs/errors.md.
 #include <cstdio>
 #include <exception>
+#include <ostream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -98,8 +99,9 @@ void require(bool ok, ErrorId id, const T& value, std::string_view reason) {
 
 /// The one place an exception becomes an exit code: its own (`Error::exit_code`: 2 for a SpecError or
 /// UsageError, 1 for a RuntimeError), and exit_failure for any other exception (LibTorch's c10::Error, std::).
-/// Every catch that ends a program, a command or a rank asks it: with_exit_codes, the login commands
-/// (job/cli.hpp), run(), the workers (train/worker.hpp) and the terminate handler (job/spec_error_exit.hpp).
+/// Every catch that ends a program, a command or a rank asks it: with_exit_codes (the login commands and the
+/// worker dispatch, job/cli.hpp), run(), the workers (train/worker.hpp) and the terminate handler
+/// (job/spec_error_exit.hpp).
 inline int exit_code_of(const std::exception& error) noexcept {
   const auto* ours = dynamic_cast<const Error*>(&error);
   return ours != nullptr ? ours->exit_code() : exit_failure;
@@ -114,6 +116,17 @@ int with_exit_codes(Body&& body) {
     return body();
   } catch (const std::exception& error) {
     std::fprintf(stderr, "%s\n", error.what());
+    return exit_code_of(error);
+  }
+}
+
+/// The same, the message written to `err` (the login commands print to the streams they are given).
+template <class Body>
+int with_exit_codes(std::ostream& err, Body&& body) {
+  try {
+    return body();
+  } catch (const std::exception& error) {
+    err << error.what() << "\n";
     return exit_code_of(error);
   }
 }

@@ -14,6 +14,10 @@ namespace hpctrain {
 /// (DESIGN.md: an explicit marker, never a guess from SLURM_* variables).
 inline constexpr std::string_view worker_flag = "--hpctrain-worker";
 
+/// `--resume DIR`, first among the workers' arguments when a run starts from another's checkpoints
+/// (job/run_placement.hpp).
+inline constexpr std::string_view resume_flag = "--resume";
+
 /// True when argv carries the worker marker as its first argument.
 inline bool is_worker_invocation(int argc, char** argv) { return argc >= 2 && argv[1] == worker_flag; }
 
@@ -30,9 +34,6 @@ inline constexpr const char* local = "HPCTRAIN_LOCAL";
 /// The signal Slurm sends before a preemption or the time limit when it is not SIGUSR2 (Job::requeue_signal):
 /// exported by the script, read by the workers' preemption handler (train/preemption.hpp).
 inline constexpr const char* preempt_signal = "HPCTRAIN_PREEMPT_SIGNAL";
-/// A run directory whose newest checkpoint a new run starts from (`--resume DIR`); set by the worker
-/// from its `--resume` argument, read where the run directory is resolved (train/run_directory.hpp).
-inline constexpr const char* resume_from = "HPCTRAIN_RESUME_FROM";
 /// Seconds a rendezvous waits for the other ranks before failing (default 300, dist::Options). Read by the
 /// worker; the site file (`rendezvous_timeout_s`), or the submitting shell (sbatch passes it on), sets it.
 inline constexpr const char* rendezvous_timeout = "HPCTRAIN_RENDEZVOUS_TIMEOUT_S";

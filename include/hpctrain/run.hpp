@@ -10,6 +10,7 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/knobs.hpp>
+#include <hpctrain/job/run_placement.hpp>
 #include <hpctrain/train/training.hpp>
 #if HPCTRAIN_RUNTIME_DEFINITIONS  // the command line and the worker: not parsed by a program that links the runtime
 #include <hpctrain/job/cli.hpp>
@@ -31,9 +32,8 @@ inline Job with_data_preparation(const Job& job, const Training& training, const
   Job prepared = job;
   prepared.prepare([own = job.preparation(), &training, knobs](const PrepareContext& context) {
     if (own) own(context);
-    auto args = context.args;
-    if (args.size() >= 2 && args[0] == "--resume") args.erase(args.begin(), args.begin() + 2);
-    training.prepare_data(knobs.with_arguments(args), context.output_dir);
+    RunPlacement resumed;  // the preparation reads the knobs only
+    training.prepare_data(knobs.with_arguments(take_resume(context.args, resumed)), context.output_dir);
   });
   return prepared;
 }
@@ -54,7 +54,9 @@ HPCTRAIN_RUNTIME_INLINE int run(int argc, char** argv, const Job& job, const Tra
     };
   return run_job(
       argc, argv, detail::with_data_preparation(job, training, knobs), knobs,
-      [&training](const Knobs& values) { return run_worker(training, values); },
+      [&training](const Knobs& values, const RunPlacement& placement) {
+        return run_worker(training, values, placement);
+      },
       [&training](const Knobs& values) { training.check_at_login(values); }, planner);
 }
 #endif

@@ -10,7 +10,7 @@ source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/slurm_test_suppo
 probe="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/chain-test.XXXXXX")"
 cd "$work"
-unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
+unset HPCTRAIN_RUN_DIR
 export PROBE_NODES=2
 
 # squeue's reason for job $1, waiting (at most a minute) until it is $2.

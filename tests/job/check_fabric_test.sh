@@ -10,7 +10,7 @@ source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_suppo
 binary="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/check-fabric-test.XXXXXX")"
 cd "$work"
-unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
+unset HPCTRAIN_RUN_DIR
 job=""
 trap '[ -n "$job" ] && scancel "$job" 2>/dev/null || true' EXIT
 

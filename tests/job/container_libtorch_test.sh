@@ -21,7 +21,7 @@ venv="$(libtorch_venv "$binary")" || fail "no LibTorch in the RUNPATH of $binary
 export USER="${USER:-$(id -un)}"  # ch-run requires it; sbatch passes it on to the job
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/container-libtorch-test.XXXXXX")"
 cd "$work"
-unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
+unset HPCTRAIN_RUN_DIR
 program_dir="$(dirname "$binary")"
 slurm_etc="$(dirname "${SLURM_CONF:-/etc/slurm/slurm.conf}")"
 charliecloud_image "$work/image" "$venv" "$program_dir" "$work" "$slurm_etc" /run/munge

@@ -10,7 +10,7 @@ fail_tail=20
 binary="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/fashion-mnist-cli-test.XXXXXX")"
 cd "$work"
-unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
+unset HPCTRAIN_RUN_DIR
 
 # Jobs (any user's) whose working directory is $1: squeue's %Z.
 jobs_in() { squeue --noheader --format '%i %Z' | awk -v dir="$1" '$2 == dir { print $1 }'; }

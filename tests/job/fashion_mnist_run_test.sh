@@ -8,7 +8,7 @@ source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_suppo
 binary="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/fashion-mnist-run-test.XXXXXX")"
 cd "$work"
-unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
+unset HPCTRAIN_RUN_DIR
 
 status=0
 salloc --quiet --nodes=2 --partition=debug --time=10 bash -c "\"$binary\" --run --max-steps 5 --max-eval-examples 1000" > five.log 2>&1 ||

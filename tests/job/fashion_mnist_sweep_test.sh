@@ -10,7 +10,7 @@ source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_suppo
 binary="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/fashion-mnist-sweep-test.XXXXXX")"
 cd "$work"
-unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
+unset HPCTRAIN_RUN_DIR
 root="$work/hpctrain-jobs/fashion_mnist"
 
 # --- the array directive and per-task paths -----------------------------------------------------------

@@ -9,7 +9,7 @@ hello="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/hello-job-test.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 cd "$work"
-unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM GREETING
+unset HPCTRAIN_RUN_DIR GREETING
 
 "$hello" --local 2 one two >local.log 2>&1 || fail "--local 2 exited $?"
 for rank in 0 1; do

@@ -27,11 +27,11 @@ std::vector<fs::path> entries(const fs::path& dir) {
   return found;
 }
 
-/// The probe with HPCTRAIN_RUN_DIR and HPCTRAIN_RESUME_FROM removed from its environment (the test's own
+/// The probe with HPCTRAIN_RUN_DIR removed from its environment (the test's own
 /// environment may carry them).
 ht::ProcessResult run_knob_probe(const fs::path& dir, std::vector<std::string> args,
                                  std::vector<std::pair<std::string, std::string>> env = knob_probe) {
-  args.insert(args.begin(), {"env", "-u", "HPCTRAIN_RUN_DIR", "-u", "HPCTRAIN_RESUME_FROM", job_test::probe()});
+  args.insert(args.begin(), {"env", "-u", "HPCTRAIN_RUN_DIR", job_test::probe()});
   return ht::run_process(args, env, dir.string());
 }
 }  // namespace

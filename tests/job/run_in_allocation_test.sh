@@ -11,7 +11,7 @@ source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_suppo
 probe="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/run-in-allocation-test.XXXXXX")"
 cd "$work"
-unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
+unset HPCTRAIN_RUN_DIR
 export PROBE_NODES=2 PROBE_NAME=alloc-probe
 salloc_here() { salloc --quiet --partition=debug --time=5 "$@"; }
 

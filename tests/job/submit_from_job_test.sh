@@ -10,7 +10,7 @@ fail_logs='*.log hpctrain-jobs/*/*/*.out'
 probe="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/submit-from-job-test.XXXXXX")"
 cd "$work"
-unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
+unset HPCTRAIN_RUN_DIR
 
 # The control: what a submission that passes its environment on leaks.
 salloc --quiet --nodes=1 --partition=debug --time=5 srun --ntasks=1 \

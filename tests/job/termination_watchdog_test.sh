@@ -12,7 +12,7 @@ on_fail='[ -z "${rank1:-}" ] || kill -KILL "$rank1" 2>/dev/null'
 binary="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/termination-watchdog-test.XXXXXX")"
 cd "$work"
-unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
+unset HPCTRAIN_RUN_DIR
 export HPCTRAIN_TERM_STALL_SECONDS=3
 
 "$binary" --local 2 --max-steps 100000 --max-eval-examples 1000 > run.log 2>&1 &

@@ -18,7 +18,7 @@ tokenizer="$HOME/.cache/hpctrain/roberta-fortunes/tokenizer.json"
 [ -f "$tokenizer" ] || { echo "SKIP: no RoBERTa tokenizer at $tokenizer (scripts/setup makes it)"; exit 77; }
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/roberta-example-test.XXXXXX")"
 cd "$work"
-unset HPCTRAIN_RUN_DIR HPCTRAIN_RESUME_FROM
+unset HPCTRAIN_RUN_DIR
 
 small=(--layers 2 --hidden 64 --heads 2 --max-length 64 --warmup-steps 5 --eval-every 30 --log-every 5)
 HPCTRAIN_RUN_DIR="$work/run" "$roberta" --local 2 --max-steps 60 --lr 2e-3 "${small[@]}" > run.log 2>&1 || fail "roberta --local 2 exited $?"

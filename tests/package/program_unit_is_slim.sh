@@ -17,7 +17,7 @@ if ! grep -q 'hpctrain/train/training\.hpp' "$depfile"; then
   echo "$build/$object: no dependencies naming hpctrain/train/training.hpp (was the consumer built?)"
   exit 1
 fi
-machinery='torch/torch\.h|hpctrain/train/(trainer|worker|checkpoint/checkpoint|loggers/loggers)\.hpp|hpctrain/train/strategies/(replicated|fully_sharded|one_rank|sharded|zero|zero_checkpoint)\.hpp|hpctrain/job/cli\.hpp|hpctrain/text/|hpctrain/dist/|hpctrain/models/(lora/lora|causal_lm|hf/hf_checkpoint|models)\.hpp|hpctrain/lm/(at_end|plan|sft_dataset|loss)\.hpp'
+machinery='torch/torch\.h|hpctrain/train/(trainer|worker|checkpoint/checkpoint|loggers/loggers)\.hpp|hpctrain/train/strategies/(replicated|fully_sharded|one_rank|sharded|zero|zero_checkpoint)\.hpp|hpctrain/job/(cli|cli_options|login_commands|local_run|allocation_run)\.hpp|hpctrain/text/|hpctrain/dist/|hpctrain/models/(lora/lora|causal_lm|hf/hf_checkpoint|models)\.hpp|hpctrain/lm/(at_end|plan|sft_dataset|loss)\.hpp'
 found=$(grep -oE "$machinery" "$depfile" | sort -u || true)
 echo "$(grep -oE 'hpctrain/[a-z_/]+\.hpp' "$depfile" | sort -u | wc -l) hpctrain headers parsed by the program's unit"
 if [ -n "$found" ]; then

@@ -249,6 +249,23 @@ TEST_CASE("A program's own knobs join the built-ins in one table, with their def
                     "[hpctrain.spec.knob] lr: is declared twice (a built-in knob has this name)");
 }
 
+TEST_CASE("Every built-in knob given on the command line reaches the worker's Training", "[worker]") {
+  // One row per built-in (train/builtin_knobs.hpp): a row checked at login but not applied on the workers would
+  // train with the description's value silently. Each row's example is given alone, as a worker receives it.
+  const auto described = small_training("unused");
+  const auto table = hpctrain::training_knobs(described);
+  for (const auto& row : hpctrain::builtin_knobs()) {
+    CAPTURE(row.name);
+    REQUIRE(table.find(row.name) != nullptr);
+    CHECK((row.apply != nullptr) != (row.reader != nullptr));  // applied here, or read by a named reader
+    const auto flag = table.find(row.name)->flag();
+    const auto configured = hpctrain::with_knobs(described, table.with_arguments({flag + "=" + row.example}));
+    CHECK(row.read_back(configured, row.name) == row.example);
+    CHECK(row.read_back(hpctrain::with_knobs(described, table.with_arguments({})), row.name) != row.example);
+  }
+  CHECK(table.specs().size() == hpctrain::builtin_knobs().size());  // small_training declares no knob of its own
+}
+
 TEST_CASE("An invalid or unknown worker argument names the knob", "[worker]") {
   auto [args, message] = GENERATE(table<std::vector<std::string>, std::string>({
       {{"--lr", "-1"}, "[hpctrain.spec.knob] --lr = -1: must be positive"},

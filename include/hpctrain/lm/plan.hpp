@@ -16,9 +16,9 @@
 #include <hpctrain/lm/plan_advice.hpp>
 #include <hpctrain/models/hf/config_json.hpp>
 #include <hpctrain/models/llama_config.hpp>
+#include <hpctrain/train/builtin_knobs.hpp>
 #include <hpctrain/train/strategies/sharding.hpp>
 #include <hpctrain/train/training.hpp>
-#include <hpctrain/train/worker.hpp>
 
 namespace hpctrain::lm {
 

@@ -5,8 +5,8 @@
 // `--local` to a new `hpctrain-jobs/<name>/local-<time>` per run. A run resumes
 //   - from its own directory when that already holds checkpoints: a requeued job, or a directory the user
 //     named again (Training::run_dir, HPCTRAIN_RUN_DIR) — it is the same run;
-//   - else from the directory `--resume [DIR]` chose (HPCTRAIN_RESUME_FROM), writing into its own new one, so
-//     that DIR stays as it was;
+//   - else from the directory `--resume [DIR]` chose (RunPlacement::resume_from, job/run_placement.hpp), writing
+//     into its own new one, so that DIR stays as it was;
 //   - else not at all.
 // Torch-free: the trainer calls `resolve_run_directory` once at setup.
 #include <filesystem>
@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/run_placement.hpp>
 #include <hpctrain/names.hpp>
 
 namespace hpctrain {
@@ -38,22 +39,25 @@ struct RunDirectory {
   }
 };
 
-/// The run directory for a description's `configured` one (Training::run_dir, when set), else
-/// $HPCTRAIN_RUN_DIR, else `<cwd>/hpctrain-run`; resuming as the header comment says. Throws RuntimeError
-/// `[hpctrain.runtime.run_directory]` when HPCTRAIN_RESUME_FROM names a directory without checkpoints.
-inline RunDirectory resolve_run_directory(const std::optional<std::filesystem::path>& configured) {
+/// The run directory for a description's `configured` one (Training::run_dir, when set), else the one the login
+/// side placed the rank in, else $HPCTRAIN_RUN_DIR (its launcher's), else `<cwd>/hpctrain-run`; resuming as the
+/// header comment says. Throws RuntimeError `[hpctrain.runtime.run_directory]` when `--resume` names a directory
+/// without checkpoints.
+inline RunDirectory resolve_run_directory(const std::optional<std::filesystem::path>& configured,
+                                          const RunPlacement& placement = {}) {
   RunDirectory run;
   if (configured) run.path = *configured;
+  else if (placement.run_dir) run.path = *placement.run_dir;
   else if (auto from_launcher = hpctrain::getenv(env::run_dir)) run.path = *from_launcher;
   else run.path = std::filesystem::current_path() / layout::default_run;
   if (layout::has_checkpoints(run.path)) {
     run.resume_from = run.path;
-  } else if (auto requested = hpctrain::getenv(env::resume_from)) {
+  } else if (const auto& requested = placement.resume_from) {
     if (!layout::has_checkpoints(*requested))
       throw RuntimeError(errors::runtime_run_directory,
-                         fmt::format("--resume {}: {} holds no checkpoint", *requested,
-                                     (std::filesystem::path(*requested) / layout::checkpoints).string()));
-    run.resume_from = std::filesystem::path(*requested);
+                         fmt::format("--resume {}: {} holds no checkpoint", requested->string(),
+                                     (*requested / layout::checkpoints).string()));
+    run.resume_from = *requested;
   }
   return run;
 }

@@ -89,8 +89,9 @@ class StrategyModel : public FinishModel {
 /// One rank's training run. `run()` once.
 class Trainer {
  public:
-  Trainer(const Training& training, const slurm::World& world, const dist::Options& options = {})
-      : training_(training), world_(world), options_(options) {}
+  Trainer(const Training& training, const slurm::World& world, const dist::Options& options = {},
+          RunPlacement placement = {})
+      : training_(training), world_(world), options_(options), placement_(std::move(placement)) {}
 
   /// Trains to the end (exit_ok) or to an agreed preemption (exit_requeue, after a checkpoint).
   TrainResult run() {
@@ -137,7 +138,8 @@ class Trainer {
 
   /// What the factories and the hooks at the end are told: knobs, place in the world, directories.
   void describe_run() {
-    const auto run = resolve_run_directory(training_.run_dir());  // which directory; resume from where (--resume)
+    const auto run =
+        resolve_run_directory(training_.run_dir(), placement_);  // which directory; resume from where (--resume)
     run_dir_ = run.path;
     resume_from_ = run.checkpoints_to_resume();
     run_.emplace(RunContext{training_.knobs(), group_->rank(), group_->world_size(), run_dir_, prepared_output_dir(),
@@ -612,6 +614,7 @@ class Trainer {
   const Training& training_;
   slurm::World world_;
   dist::Options options_;
+  RunPlacement placement_;  ///< --resume's directory; the run directory when the login side chose it
   std::shared_ptr<dist::ProcessGroup> group_;
   torch::Device device_{torch::kCPU};
   ModelInstance model_;
@@ -636,14 +639,16 @@ class Trainer {
 /// Trains `training` as rank `world.rank` of `world.world_size`; returns exit_requeue (after a checkpoint) if a
 /// preemption signal arrived, else exit_ok after the last step, a final checkpoint and evaluation. Rank 0
 /// prints `test_<metric>=<value>` last for every requested metric.
-inline TrainResult train(const Training& training, const slurm::World& world, const dist::Options& options = {}) {
+/// `placement`: where the login side put the run (`--resume`'s directory), as the worker was told.
+inline TrainResult train(const Training& training, const slurm::World& world, const dist::Options& options = {},
+                         const RunPlacement& placement = {}) {
   if (training.precision() == Precision::automatic) {  // resolved for the device this rank will train on
     Training resolved = training;
     resolved.precision(resolve_precision(
         Precision::automatic, torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU)));
-    return Trainer(resolved, world, options).run();
+    return Trainer(resolved, world, options, placement).run();
   }
-  return Trainer(training, world, options).run();
+  return Trainer(training, world, options, placement).run();
 }
 
 }  // namespace hpctrain

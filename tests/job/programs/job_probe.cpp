@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
       if (kind == "bad") job.sweep(ht::Sweep().grid("lr", {0.001, 0.002, -0.5}).grid("warmup_steps", {0, 10, 20}));
       if (kind == "undeclared") job.sweep(ht::Sweep().grid("warmup_step", {1, 2}));
     }
-    return ht::run_job(argc, argv, job, knobs, [](const ht::Knobs& values) {
+    return ht::run_job(argc, argv, job, knobs, [](const ht::Knobs& values, const ht::RunPlacement& placement) {
       const auto rank = env_or("SLURM_PROCID", env_or("RANK", "?").c_str());
       if (std::getenv("PROBE_SWEEP") && rank == "0") {
         const double lr = values.get<double>("lr");
@@ -213,7 +213,8 @@ int main(int argc, char** argv) {
         if (values.given(spec.name)) lines += fmt::format("probe rank={} knob {} given\n", rank, spec.name);
       lines += fmt::format("probe rank={} lr={} warmup_steps={} compile={} run_dir={} resume_from={}\n", rank,
                            values.get<double>("lr"), values.get<int>("warmup_steps"), values.get<bool>("compile"),
-                           env_or("HPCTRAIN_RUN_DIR", "-"), env_or("HPCTRAIN_RESUME_FROM", "-"));
+                           placement.run_dir ? placement.run_dir->string() : env_or("HPCTRAIN_RUN_DIR", "-"),
+                           placement.resume_from ? placement.resume_from->string() : "-");
       std::cout << lines << std::flush;
       return 0;
     });

@@ -1,0 +1,99 @@
+#pragma once
+// `--local N`: the job's preparation in this process, then N ranks on this machine (slurm/local_launch.hpp),
+// each run in a directory of its own, with the job's environment as the sbatch script would export it.
+#include <cstdlib>  // setenv: the job's environment, for the processes --local starts
+#include <ctime>
+#include <filesystem>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <hpctrain/error.hpp>
+#include <hpctrain/files.hpp>
+#include <hpctrain/job/cli_options.hpp>
+#include <hpctrain/job/job.hpp>
+#include <hpctrain/job/prepare.hpp>
+#include <hpctrain/job/render.hpp>
+#include <hpctrain/job/submit.hpp>
+#include <hpctrain/names.hpp>
+#include <hpctrain/slurm/local_launch.hpp>
+
+namespace hpctrain {
+
+namespace detail {
+/// The job's literal environment (Job::env, --env), exported in this process for what --local starts, as the
+/// sbatch script exports it (render.hpp), after the site's (site_environment): the job's values win over this
+/// shell's. pass_env and secret_env names are this shell's own already.
+inline void export_job_environment(const Job& job, const RenderContext& context) {
+  for (const auto& variable : site_environment(job, context.site))  // the site's first, as in the script
+    ::setenv(variable.name.c_str(), variable.value.c_str(), variable.shell_wins ? 0 : 1);
+  for (const auto& var : job.environment())
+    if (var.kind == EnvKind::literal) ::setenv(var.name.c_str(), var.value.c_str(), 1);
+}
+
+/// A new directory `<root>/local-<UTC time>[-<n>]` for one `--local` run (created here, so two runs started
+/// in the same second do not share one).
+inline std::filesystem::path new_local_run_directory(const std::filesystem::path& root) {
+  namespace fs = std::filesystem;
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
+  fs::create_directories(root);
+  for (int attempt = 1;; ++attempt) {
+    const auto name =
+        fmt::format("{}{}{}", layout::local_run_prefix, stamp, attempt == 1 ? "" : fmt::format("-{}", attempt));
+    if (fs::create_directory(root / name)) return root / name;
+  }
+}
+}  // namespace detail
+
+/// `--local N` with Job::prepare: the preparation runs first, in this process, with the run directory
+/// `hpctrain-jobs/<name>/local` (job id `local`); it is skipped when that directory says it completed.
+inline int prepare_locally(const Job& job, const RenderContext& context, const std::vector<std::string>& args,
+                           std::ostream& err) {
+  if (!job.preparation()) return exit_ok;
+  PrepareContext prepare;
+  prepare.job_id = "local";
+  prepare.run_dir = job_root(job, context) / "local";
+  prepare.output_dir = prepare.run_dir / layout::prepare_output;
+  prepare.args = args;
+  const auto done = prepare.run_dir / prepare_done_file;
+  if (std::filesystem::exists(done)) {
+    err << fmt::format("hpctrain: preparation already done ({}); skipping it\n", done.string());
+    return exit_ok;
+  }
+  const int status = run_preparation(job.preparation(), prepare);
+  if (status == exit_ok) detail::write_file_atomically(done, "");
+  return status;
+}
+
+namespace detail {
+/// --local N: the preparation here, then N ranks on this machine, each run in a directory of its own.
+inline int local_command(const Job& job, const LoginCommand& command, const RenderContext& context,
+                         const RenderContext& worker_context, std::ostream& out, std::ostream& err) {
+  export_job_environment(job, context);  // the preparation and the ranks see the job's environment
+  if (const int prepared = prepare_locally(job, context, command.forwarded, err); prepared != exit_ok) return prepared;
+  // The ranks run in a new directory of their own: tell them where the preparation left its results.
+  if (job.preparation())
+    ::setenv(env::prepare_dir, (job_root(job, context) / "local" / layout::prepare_output).c_str(), 1);
+  std::vector<std::string> args = {std::string(worker_flag)};
+  args.insert(args.end(), worker_context.worker_args.begin(), worker_context.worker_args.end());
+  LocalLaunchOptions options;
+  // Each run its own directory, so a second run trains again instead of finding the first one's checkpoints; a
+  // directory named in HPCTRAIN_RUN_DIR is the user's choice and is kept.
+  if (!hpctrain::getenv(env::run_dir)) {
+    require(*command.local_ranks >= 1, errors::spec_local, *command.local_ranks, "needs at least 1 rank");
+    options.run_directory = new_local_run_directory(job_root(job, context));
+  }
+  out << fmt::format("run directory: {}\n",
+                     options.run_directory ? options.run_directory->string() : *hpctrain::getenv(env::run_dir))
+      << std::flush;
+  return launch_local(*command.local_ranks, context.program, args, options);
+}
+}  // namespace detail
+
+}  // namespace hpctrain
