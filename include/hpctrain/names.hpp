@@ -68,12 +68,28 @@ inline constexpr const char* check_fabric = "HPCTRAIN_CHECK_FABRIC_MAX_BYTES";
 /// 1: a sharded stage at one rank runs its own strategy instead of training as Replicated (ShardedAtOneRank,
 /// train/strategies/one_rank.hpp): what measures ZeRO-3's path on one GPU.
 inline constexpr const char* shard_at_one_rank = "HPCTRAIN_SHARD_AT_ONE_RANK";
+/// 1: every rank prints its parameters' digest at the end, as Training::report_digest(true) does (for a binary
+/// one did not write; sbatch passes it on).
+inline constexpr const char* report_digest = "HPCTRAIN_REPORT_DIGEST";
+/// Seconds after a SIGTERM without a completed step before the termination watchdog ends a rank (default 30).
+inline constexpr const char* term_stall_seconds = "HPCTRAIN_TERM_STALL_SECONDS";
+/// Set: the Trainer restarts each rank's peak-memory count before the hooks at the end, so that `time` reports
+/// theirs (bench/export_memory.sh).
+inline constexpr const char* measure_finish_hooks = "HPCTRAIN_MEASURE_FINISH_HOOKS";
+/// The site file's path (job/site.hpp), else `~/.config/hpctrain/site.toml`.
+inline constexpr const char* site_config = "HPCTRAIN_SITE_CONFIG";
+/// How a GPU request is written, `gpus-per-node` or `gres` (job/site.hpp), over the site file's.
+inline constexpr const char* gpu_syntax = "HPCTRAIN_GPU_SYNTAX";
 }  // namespace env
 
-/// The one getenv: the value of `name`, or nothing when it is unset or empty.
-inline std::optional<std::string> getenv(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return std::nullopt;
+/// Whether a variable set to the empty string counts as set (`kept`: pass_env and secret_env, which export what
+/// the shell has, empty or not) or as unset (`unset`: every setting).
+enum class EmptyValue { unset, kept };
+
+/// The one reader of the process's environment: the value of `name`, or nothing when it is unset (or empty).
+inline std::optional<std::string> getenv(const std::string& name, EmptyValue empty = EmptyValue::unset) {
+  const char* value = std::getenv(name.c_str());
+  if (value == nullptr || (*value == '\0' && empty == EmptyValue::unset)) return std::nullopt;
   return std::string(value);
 }
 

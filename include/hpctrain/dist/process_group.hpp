@@ -41,6 +41,7 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
+#include <hpctrain/names.hpp>
 #include <hpctrain/slurm/devices.hpp>
 #include <hpctrain/slurm/world.hpp>
 
@@ -170,11 +171,6 @@ inline std::shared_ptr<ProcessGroup> init_process_group(const slurm::World& worl
 
 namespace detail {
 
-inline std::string environment_or(const char* name, const std::string& fallback) {
-  const char* value = std::getenv(name);
-  return value && *value ? std::string(value) : fallback;
-}
-
 inline std::string this_hostname() {
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
@@ -200,7 +196,7 @@ inline std::vector<std::string> split_commas(const std::string& text) {
 /// hosts whose name resolves to an unbindable address (common on laptops and in containers) still work.
 inline std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices(const slurm::World& world) {
   std::vector<std::shared_ptr<::gloo::transport::Device>> devices;
-  const auto interfaces = split_commas(environment_or("GLOO_SOCKET_IFNAME", ""));
+  const auto interfaces = split_commas(hpctrain::getenv("GLOO_SOCKET_IFNAME").value_or(""));
   for (const auto& interface : interfaces) {
     try {
       devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(interface));

@@ -77,12 +77,11 @@ inline int local_command(const Job& job, const LoginCommand& command, const Rend
                          const RenderContext& worker_context, std::ostream& out, std::ostream& err) {
   export_job_environment(job, context);  // the preparation and the ranks see the job's environment
   if (const int prepared = prepare_locally(job, context, command.forwarded, err); prepared != exit_ok) return prepared;
-  // The ranks run in a new directory of their own: tell them where the preparation left its results.
-  if (job.preparation())
-    ::setenv(env::prepare_dir, (job_root(job, context) / "local" / layout::prepare_output).c_str(), 1);
   std::vector<std::string> args = {std::string(worker_flag)};
   args.insert(args.end(), worker_context.worker_args.begin(), worker_context.worker_args.end());
   LocalLaunchOptions options;
+  // The ranks run in a new directory of their own: tell them where the preparation left its results.
+  if (job.preparation()) options.prepare_directory = job_root(job, context) / "local" / layout::prepare_output;
   // Each run its own directory, so a second run trains again instead of finding the first one's checkpoints; a
   // directory named in HPCTRAIN_RUN_DIR is the user's choice and is kept.
   if (!hpctrain::getenv(env::run_dir)) {

@@ -24,6 +24,7 @@
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/process.hpp>
 #include <hpctrain/job/units.hpp>
+#include <hpctrain/names.hpp>
 
 extern char** environ;
 
@@ -108,8 +109,7 @@ inline SpecError refusal_from_sbatch(const Job& job, std::string_view sbatch_err
 class TemporaryScript {
  public:
   explicit TemporaryScript(const std::string& text) {
-    const char* tmp = std::getenv("TMPDIR");
-    path_ = std::filesystem::path(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") / "hpctrain-test-only-XXXXXX";
+    path_ = std::filesystem::path(hpctrain::getenv("TMPDIR").value_or("/tmp")) / "hpctrain-test-only-XXXXXX";
     std::string name = path_.string();
     const int fd = ::mkstemp(name.data());
     if (fd < 0) throw RuntimeError(errors::runtime_io, fmt::format("cannot create {}: {}", name, std::strerror(errno)));

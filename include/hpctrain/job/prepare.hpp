@@ -46,10 +46,7 @@ using PrepareFunction = std::function<void(const PrepareContext&)>;
 inline bool is_prepare_invocation(int argc, char** argv) { return argc >= 2 && argv[1] == prepare_flag; }
 
 namespace detail {
-inline std::string env_or(const char* name, std::string fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0' ? std::string(value) : fallback;
-}
+inline std::string env_or(const char* name, std::string fallback) { return hpctrain::getenv(name).value_or(fallback); }
 }  // namespace detail
 
 /// The context of a preparation step from the environment the script gives it.

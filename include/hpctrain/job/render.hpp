@@ -54,10 +54,9 @@ struct RenderContext {
 };
 
 namespace detail {
+/// This process's environment as pass_env reads it: a variable set to the empty string is passed on empty.
 inline std::optional<std::string> process_env(const std::string& name) {
-  const char* value = std::getenv(name.c_str());
-  if (value == nullptr) return std::nullopt;
-  return std::string(value);
+  return hpctrain::getenv(name, EmptyValue::kept);
 }
 
 inline std::string utc_now() {

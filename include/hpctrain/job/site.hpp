@@ -25,6 +25,7 @@
 #include <hpctrain/job/closest_name.hpp>
 #include <hpctrain/job/fabric.hpp>
 #include <hpctrain/job/trim.hpp>
+#include <hpctrain/names.hpp>
 
 namespace hpctrain {
 
@@ -63,7 +64,7 @@ namespace detail {
 /// The site file's path by the rule in this header's comment; empty when no home is known.
 inline std::filesystem::path site_config_path(
     const std::function<std::optional<std::string>(const std::string&)>& env) {
-  if (auto path = env("HPCTRAIN_SITE_CONFIG"); path && !path->empty()) return *path;
+  if (auto path = env(hpctrain::env::site_config); path && !path->empty()) return *path;
   if (auto config = env("XDG_CONFIG_HOME"); config && !config->empty())
     return std::filesystem::path(*config) / "hpctrain" / "site.conf";
   if (auto home = env("HOME"); home && !home->empty())
@@ -153,9 +154,9 @@ inline void read_site_file(const std::filesystem::path& path, SiteSettings& sett
 inline SiteSettings load_site_settings(const std::function<std::optional<std::string>(const std::string&)>& env) {
   SiteSettings settings;
   if (const auto path = detail::site_config_path(env); !path.empty()) detail::read_site_file(path, settings);
-  if (auto syntax = env("HPCTRAIN_GPU_SYNTAX"); syntax && !syntax->empty()) {
-    settings.gpu_syntax = parse_gpu_syntax(*syntax, "HPCTRAIN_GPU_SYNTAX");
-    settings.gpu_syntax_source = "HPCTRAIN_GPU_SYNTAX";
+  if (auto syntax = env(hpctrain::env::gpu_syntax); syntax && !syntax->empty()) {
+    settings.gpu_syntax = parse_gpu_syntax(*syntax, hpctrain::env::gpu_syntax);
+    settings.gpu_syntax_source = hpctrain::env::gpu_syntax;
   }
   return settings;
 }

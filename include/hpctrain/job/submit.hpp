@@ -66,7 +66,7 @@ inline std::string resolve_log_pattern(std::string_view pattern, const std::stri
     const char key = pattern[++i];
     if (key == 'j' || key == 'J' || key == 'A') path += id;
     else if (key == 'x') path += name;
-    else if (key == 'u') path += std::getenv("USER") ? std::getenv("USER") : "";
+    else if (key == 'u') path += hpctrain::getenv("USER", EmptyValue::kept).value_or("");
     else if (key == '%') path += '%';
     else {
       path += '%';
@@ -91,10 +91,11 @@ inline std::string explain_sbatch_failure(const std::string& stderr_text) {
     message += "\nhint: `sinfo -o '%P %D %c %G %m'` shows each partition's nodes, CPUs, GPUs and memory.";
   else if (has("SRV") || has("Could not establish a configuration source"))  // no slurm.conf found at all
     message +=
-        std::getenv("SLURM_CONF") == nullptr
+        !hpctrain::getenv("SLURM_CONF", EmptyValue::kept)
             ? "\nhint: SLURM_CONF is not set and this host has no /etc/slurm/slurm.conf: set it to your cluster's "
               "slurm.conf (the local test cluster: `eval \"$(scripts/slurm-local env)\"`)."
-            : fmt::format("\nhint: SLURM_CONF = {}: is that your cluster's slurm.conf?", std::getenv("SLURM_CONF"));
+            : fmt::format("\nhint: SLURM_CONF = {}: is that your cluster's slurm.conf?",
+                          *hpctrain::getenv("SLURM_CONF", EmptyValue::kept));
   return message;
 }
 
@@ -137,7 +138,7 @@ inline SubmittedJob submit(const Job& job, const RenderContext& given_context) {
   const std::string script = render_sbatch(job, context);
   for (const auto& var : job.environment())
     if (var.kind == EnvKind::secret)
-      detail::require(std::getenv(var.name.c_str()) != nullptr, "env", var.name,
+      detail::require(hpctrain::getenv(var.name, EmptyValue::kept).has_value(), "env", var.name,
                       "secret_env needs the variable set in the submitting environment");
   if (auto refusal = cluster_refusal(job, script)) throw *refusal;
 

@@ -15,6 +15,8 @@
 #include <string_view>
 #include <thread>
 
+#include <hpctrain/names.hpp>
+
 namespace hpctrain::slurm {
 
 /// CPUs in this process's affinity mask (sched_getaffinity; what `nproc` prints), or nothing when unreadable.
@@ -47,8 +49,8 @@ inline CpuView this_process_cpus(int local_ranks) {
   CpuView cpus;
   cpus.affinity = affinity_cpu_count();
   cpus.machine = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (const char* allotted = std::getenv("SLURM_CPUS_PER_TASK"); allotted != nullptr && std::atoi(allotted) > 0)
-    cpus.slurm_allotted = std::atoi(allotted);
+  if (const auto allotted = hpctrain::getenv("SLURM_CPUS_PER_TASK"); allotted && std::atoi(allotted->c_str()) > 0)
+    cpus.slurm_allotted = std::atoi(allotted->c_str());
   cpus.local_ranks = local_ranks;
   return cpus;
 }

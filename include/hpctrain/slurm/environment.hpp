@@ -17,6 +17,7 @@
 #include <fmt/ranges.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/names.hpp>
 #include <hpctrain/slurm/hostlist.hpp>
 
 namespace hpctrain::slurm {
@@ -24,12 +25,8 @@ namespace hpctrain::slurm {
 /// Looks up one environment variable; std::nullopt when it is unset (an empty value counts as unset).
 using EnvironmentLookup = std::function<std::optional<std::string>(const std::string&)>;
 
-/// The process's own environment (std::getenv).
-inline std::optional<std::string> process_environment(const std::string& name) {
-  const char* value = std::getenv(name.c_str());
-  if (value == nullptr || *value == '\0') return std::nullopt;
-  return std::string(value);
-}
+/// The process's own environment (hpctrain::getenv).
+inline std::optional<std::string> process_environment(const std::string& name) { return hpctrain::getenv(name); }
 
 /// One task's view of its Slurm step (srun sets these for every task).
 struct Environment {

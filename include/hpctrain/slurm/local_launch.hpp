@@ -38,6 +38,9 @@ struct LocalLaunchOptions {
   /// The ranks' HPCTRAIN_RUN_DIR. Default: the launcher's HPCTRAIN_RUN_DIR, else `<cwd>/hpctrain-jobs/local`.
   /// (The login command gives every `--local` run a new one.)
   std::optional<std::filesystem::path> run_directory;
+  /// The ranks' HPCTRAIN_PREPARE_DIR: where the job's preparation left its results (job/prepare.hpp). Default:
+  /// the launcher's own, if any.
+  std::optional<std::filesystem::path> prepare_directory;
 };
 
 namespace detail {
@@ -61,17 +64,18 @@ inline int free_local_port() {
 }
 
 // The parent's environment without the variables we set, plus ours.
-inline std::vector<std::string> rank_environment(int rank, int world_size, int master_port,
-                                                 const std::string& run_dir) {
+inline std::vector<std::string> rank_environment(int rank, int world_size, int master_port, const std::string& run_dir,
+                                                 const std::optional<std::filesystem::path>& prepare_dir) {
   static constexpr const char* ours[] = {"RANK",        "LOCAL_RANK",  "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                          "MASTER_ADDR", "MASTER_PORT", env::local,   env::run_dir};
+  const auto replaced_too = [&](std::string_view name) { return prepare_dir && name == env::prepare_dir; };
   std::vector<std::string> variables;
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     const std::string_view variable(*entry);
     const auto name = variable.substr(0, variable.find('='));
     bool replaced = false;
     for (const char* own : ours) replaced = replaced || name == own;
-    if (!replaced) variables.emplace_back(variable);
+    if (!replaced && !replaced_too(name)) variables.emplace_back(variable);
   }
   variables.push_back(fmt::format("RANK={}", rank));
   variables.push_back(fmt::format("LOCAL_RANK={}", rank));
@@ -82,6 +86,7 @@ inline std::vector<std::string> rank_environment(int rank, int world_size, int m
   variables.push_back(fmt::format("MASTER_PORT={}", master_port));
   variables.push_back(fmt::format("{}=1", env::local));
   variables.push_back(fmt::format("{}={}", env::run_dir, run_dir));
+  if (prepare_dir) variables.push_back(fmt::format("{}={}", env::prepare_dir, prepare_dir->string()));
   return variables;
 }
 
@@ -154,7 +159,7 @@ inline int launch_local(int world_size, const std::string& binary, const std::ve
   std::vector<std::vector<std::string>> env_strings;
   std::vector<std::vector<char*>> envs;
   for (int rank = 0; rank < world_size; ++rank)
-    env_strings.push_back(detail::rank_environment(rank, world_size, master_port, run_dir));
+    env_strings.push_back(detail::rank_environment(rank, world_size, master_port, run_dir, options.prepare_directory));
   for (auto& env : env_strings) envs.push_back(detail::c_strings(env));
 
   const detail::BlockedSignals blocked;

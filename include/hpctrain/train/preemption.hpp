@@ -57,10 +57,10 @@ inline void on_termination_signal(int) {
 
 /// The stall bound: `HPCTRAIN_TERM_STALL_SECONDS`, else 30 s.
 inline std::chrono::milliseconds termination_stall_timeout() {
-  if (const char* text = std::getenv("HPCTRAIN_TERM_STALL_SECONDS")) {
+  if (const auto text = hpctrain::getenv(env::term_stall_seconds)) {
     char* end = nullptr;
-    const double seconds = std::strtod(text, &end);
-    if (end != text && *end == '\0' && seconds > 0)
+    const double seconds = std::strtod(text->c_str(), &end);
+    if (end != text->c_str() && *end == '\0' && seconds > 0)
       return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
   }
   return std::chrono::seconds(30);
@@ -85,12 +85,12 @@ inline void start_termination_watchdog() {
         progress = now_progress;
         since = clock::now();
       } else if (clock::now() - since >= stall) {
-        const char* rank = std::getenv("SLURM_PROCID") ? std::getenv("SLURM_PROCID") : std::getenv("RANK");
+        const auto rank = hpctrain::getenv("SLURM_PROCID").value_or(hpctrain::getenv("RANK").value_or("?"));
         std::fprintf(stderr,
                      "rank %s: SIGTERM, then no step completed for %lld ms and the ranks did not agree to checkpoint: "
                      "a peer is gone (srun tears the step down after a failed rank); exiting 143 without a "
                      "checkpoint\n",
-                     rank ? rank : "?", static_cast<long long>(stall.count()));
+                     rank.c_str(), static_cast<long long>(stall.count()));
         std::fflush(stderr);
         std::_Exit(128 + SIGTERM);
       }
@@ -122,8 +122,8 @@ inline int signal_from_name(std::string_view name) {
 
 /// The requeue signal the script names (HPCTRAIN_PREEMPT_SIGNAL), else SIGUSR2.
 inline int preemption_signal_from_environment() {
-  const char* name = std::getenv(env::preempt_signal);
-  return name != nullptr ? signal_from_name(name) : SIGUSR2;
+  const auto name = hpctrain::getenv(env::preempt_signal);
+  return name ? signal_from_name(*name) : SIGUSR2;
 }
 
 /// Installs the handler for `signal_number` (idempotent) and clears the flag.

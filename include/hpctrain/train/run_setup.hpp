@@ -10,6 +10,7 @@
 #include <string_view>
 #include <thread>
 
+#include <hpctrain/names.hpp>
 #include <hpctrain/slurm/cpus.hpp>
 #include <hpctrain/slurm/world.hpp>
 #include <hpctrain/train/training.hpp>
@@ -24,10 +25,9 @@ inline int resolve_threads(const Training& training, const slurm::World& world) 
 }
 
 /// Whether ranks print their parameter digest at the end: Training::report_digest, or HPCTRAIN_REPORT_DIGEST=1
-/// (how tests turn it on for a binary they did not write, also through sbatch, which passes the environment on).
+/// (for a binary one did not write, also through sbatch, which passes the environment on).
 inline bool digest_requested(const Training& training) {
-  const char* value = std::getenv("HPCTRAIN_REPORT_DIGEST");
-  return training.report_digest() || (value != nullptr && std::string_view(value) == "1");
+  return training.report_digest() || hpctrain::getenv(env::report_digest) == "1";
 }
 
 /// A distinct, reproducible RNG seed per (seed, rank, step) (splitmix64 finaliser).

@@ -542,8 +542,8 @@ class Trainer {
     note_preemption_agreed();
     complete_checkpoint();
     // The batch script also requeues when this marker exists, whatever status srun reports.
-    if (const char* marker = std::getenv(env::requeue_marker); marker != nullptr && world_.rank == 0)
-      std::ofstream(marker) << step_ << "\n";
+    if (const auto marker = hpctrain::getenv(env::requeue_marker); marker && world_.rank == 0)
+      std::ofstream(*marker) << step_ << "\n";
     say(fmt::format("preempted: checkpointed step {} of {}, exiting with {} for requeue", step_, total_steps_,
                     exit_requeue));
     result_.exit_code = exit_requeue;
@@ -573,7 +573,7 @@ class Trainer {
     // VmHWM from here on: the finish hooks' own peak. On request only: it also resets the ru_maxrss that `time`
     // and getrusage report for the process (bench/export_memory.sh asks).
     const bool hooks_measured =
-        std::getenv("HPCTRAIN_MEASURE_FINISH_HOOKS") != nullptr && detail::reset_peak_resident();
+        hpctrain::getenv(env::measure_finish_hooks).has_value() && detail::reset_peak_resident();
     run_finish_hooks();
     report_run_memory(before_hooks, resident_at_hooks, hooks_measured);
     for (auto& logger : loggers_) logger->finish();
