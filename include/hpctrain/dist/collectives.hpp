@@ -13,6 +13,7 @@
 #include <torch/types.h>
 
 #include <hpctrain/dist/process_group.hpp>
+#include <hpctrain/dist/traffic.hpp>
 #include <hpctrain/error.hpp>
 
 namespace hpctrain::dist {
@@ -65,6 +66,8 @@ inline void broadcast_bucket(ProcessGroup& group, const std::vector<torch::Tenso
     for (const auto& tensor : tensors) flat_views.push_back(tensor.detach().reshape({-1}));
     buffer.push_back(torch::cat(flat_views).to(group.device()));
   }
+  count_collective(Collective::broadcast,
+                   buffer.front().numel() * static_cast<std::int64_t>(buffer.front().element_size()));
   auto work = start(group, "broadcast", [&] { return group.backend()->broadcast(buffer, options); });
   wait_for(group, work, "broadcast");
   if (in_place) return;
@@ -119,6 +122,8 @@ inline torch::Tensor all_reduce_sum(ProcessGroup& group, torch::Tensor tensor) {
   // c10d wants dense contiguous tensors on the backend's device; reduce a copy otherwise.
   const bool direct = tensor.is_contiguous() && tensor.device() == group.device();
   std::vector<torch::Tensor> buffer{direct ? tensor : tensor.contiguous().to(group.device())};
+  count_collective(Collective::all_reduce,
+                   buffer.front().numel() * static_cast<std::int64_t>(buffer.front().element_size()));
   auto work = detail::start(group, "all_reduce", [&] { return group.backend()->allreduce(buffer); });
   detail::wait_for(group, work, "all_reduce");
   if (!direct) tensor.copy_(buffer[0]);

@@ -25,6 +25,7 @@
 #include <hpctrain/dist/collectives.hpp>
 #include <hpctrain/dist/gradient_hooks.hpp>
 #include <hpctrain/dist/process_group.hpp>
+#include <hpctrain/dist/traffic.hpp>
 #include <hpctrain/error.hpp>
 
 namespace hpctrain::dist {
@@ -184,6 +185,8 @@ struct SyncState {
     }
     bucket.buffer.mul_(1.0 / group->world_size());
     std::vector<torch::Tensor> tensors{bucket.buffer};
+    count_collective(Collective::all_reduce,
+                     bucket.buffer.numel() * static_cast<std::int64_t>(bucket.buffer.element_size()));
     bucket.work = start(*group, "gradient all_reduce", [&] { return group->backend()->allreduce(tensors); });
   }
 

@@ -30,6 +30,7 @@
 
 #include <hpctrain/dist/collectives.hpp>
 #include <hpctrain/dist/process_group.hpp>
+#include <hpctrain/dist/traffic.hpp>
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/prepare.hpp>
 #include <hpctrain/models/blocks.hpp>
@@ -134,6 +135,8 @@ class Trainer {
       model_.module->train();
       meter_->restart_clock();
     }
+    traffic_at_start_ = dist::traffic_so_far();  // what the steps put on the fabric is counted from here
+    step_at_start_ = step_;
   }
 
   /// What the factories and the hooks at the end are told: knobs, place in the world, directories.
@@ -237,6 +240,21 @@ class Trainer {
     if (hooks_measured && !training_.finish_hooks().empty())
       fmt::print("hpctrain: finish hooks: peak host memory {}; resident at their start {}\n", memory_by_rank(hooks),
                  memory_by_rank(resident_at_hooks));
+  }
+
+  /// Rank 0 prints the payload of its collectives per step (dist/traffic.hpp) since the first step of this process:
+  /// what the strategy moves, beside FSDP2's per-parameter figures (evaluations and checkpoints between steps are
+  /// included; --eval-every 0 --checkpoint-every 0 leave the steps alone).
+  void report_traffic() {
+    const auto steps = step_ - step_at_start_;
+    if (!lead() || steps <= 0 || group_->world_size() == 1) return;
+    const auto since = dist::traffic_so_far() - traffic_at_start_;
+    std::string kinds;
+    for (std::size_t k = 0; k < since.calls.size(); ++k)
+      if (since.calls[k] > 0)
+        kinds += fmt::format(" {}={} bytes ({:.1f} calls)", dist::collective_names[k], since.bytes[k] / steps,
+                             static_cast<double>(since.calls[k]) / static_cast<double>(steps));
+    fmt::print("hpctrain: collectives per step on rank 0 over {} steps:{}\n", steps, kinds);
   }
 
   /// "X GiB on rank 0, the other ranks Y GiB at most (rank r)".
@@ -553,6 +571,7 @@ class Trainer {
 
   TrainResult finish() {
     report_peak_memory("steps done");
+    report_traffic();
     if (step_graph_)
       say(fmt::format("cuda graphs: {} steps replayed, {} uncaptured for a batch of other shapes",
                       step_graph_->replays(), step_graph_->other_layouts()));
@@ -614,7 +633,9 @@ class Trainer {
   const Training& training_;
   slurm::World world_;
   dist::Options options_;
-  RunPlacement placement_;  ///< --resume's directory; the run directory when the login side chose it
+  RunPlacement placement_;
+  dist::TrafficCount traffic_at_start_;  ///< the collectives before the first step (loading, evaluation at start)
+  std::int64_t step_at_start_ = 0;       ///< --resume's directory; the run directory when the login side chose it
   std::shared_ptr<dist::ProcessGroup> group_;
   torch::Device device_{torch::kCPU};
   ModelInstance model_;
