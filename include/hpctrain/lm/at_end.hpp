@@ -100,10 +100,11 @@ class StagedDirectory {
 
 /// Writes the run's model into `out` as hf_export does (rank 0; every rank takes part in the gathers); the files
 /// written. A causal LM is visited unit by unit (never whole on any rank) and written in the export's format. With
-/// LoRA, the adapter as PEFT writes it (adapter_config.json, adapter_model.safetensors; PeftModel.from_pretrained
-/// loads it over the base), then the merged model in `merged/` (what merge_and_unload gives), from the whole model:
-/// LoRA's base weights are frozen, so every rank holds them whole anyway. Any other model with a Hugging Face layout
-/// (a masked LM: RoBERTa, BERT) is visited unit by unit too, by default in its own dtype (--export-dtype auto).
+/// LoRA, the merged model in `merged/` (what merge_and_unload gives), each unit merged as it passes
+/// (models::merged_unit), then the adapter as PEFT writes it (adapter_config.json, adapter_model.safetensors;
+/// PeftModel.from_pretrained loads it over the base) from the adapters collected on the way (r · (in + out) a layer).
+/// Any other model with a Hugging Face layout (a masked LM: RoBERTa, BERT) is visited unit by unit too, by default
+/// in its own dtype (--export-dtype auto).
 inline std::vector<std::string> export_model(const FinishContext& at_end, const std::filesystem::path& out) {
   const bool writes = at_end.run.rank == 0;
   models::hf_layout(at_end.module, out);  // every rank refuses a model without one, before any gather
@@ -112,22 +113,29 @@ inline std::vector<std::string> export_model(const FinishContext& at_end, const 
   auto stated = models::stated_dtype(at_end.module);
   if (causal == nullptr && !stated) stated = at_end.module.parameters().front().scalar_type();
   const auto format = export_format(at_end.run.knobs, stated);
+  const auto order = at_end.unit_shapes();
   if (causal != nullptr && at_end.run.lora) {
     auto& model = *causal;
-    at_end.whole_model();
-    if (!writes) return {};
+    if (!writes) {
+      at_end.visit_units([](const models::NamedUnit&) {});
+      return {};
+    }
+    const auto scalings = models::lora_scalings(model);
+    models::NamedUnit adapters;
+    const auto merging = [&](const models::UnitVisitor& write) {
+      at_end.visit_units([&](const models::NamedUnit& unit) {
+        for (const auto& [name, tensor] : unit)
+          if (models::is_lora_parameter(name)) adapters.emplace_back(name, tensor.to(torch::kFloat32, false, true));
+        write(models::merged_unit(unit, scalings));
+      });
+    };
+    models::save_pretrained_by_units(model, order, merging, out / "merged", format);
     const auto base =
         at_end.run.pretrained_dir ? std::filesystem::absolute(*at_end.run.pretrained_dir).string() : std::string();
-    models::save_peft_adapter(model, out, *at_end.run.lora, base, models::hf_names(model),
+    models::save_peft_adapter(adapters, out, *at_end.run.lora, base, models::hf_names(model),
                               models::stores_transposed_projections(model));
-    models::merge_lora(model);
-    const auto whole = models::whole_unit(model);
-    models::save_pretrained_by_units(
-        model, models::shapes_of(whole), [&](const models::UnitVisitor& visit) { visit(whole); }, out / "merged",
-        format);
     return {"adapter_config.json", "adapter_model.safetensors", "merged/"};
   }
-  const auto order = at_end.unit_shapes();
   if (!writes) {
     at_end.visit_units([](const models::NamedUnit&) {});
     return {};

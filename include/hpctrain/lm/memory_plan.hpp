@@ -224,14 +224,19 @@ inline std::int64_t selective_bytes_per_token(const PlanInput& in) {
   return bytes;
 }
 
-/// Whether each rank reads only its slices of the blocks at load (ZeRO-3 without LoRA: the Trainer's defer_blocks).
-inline bool reads_slices(const PlanInput& in) {
-  return (in.strategy == "zero3" || in.strategy == "hsdp") && in.lora_rank == 0;
-}
+/// Whether each rank reads only its slices of the blocks at load (ZeRO-3 and HSDP: the Trainer's defer_blocks).
+inline bool reads_slices(const PlanInput& in) { return in.strategy == "zero3" || in.strategy == "hsdp"; }
 
 /// Where ZeRO-3's backward peaks: the activations still held then and the units in flight beside them.
 struct BackwardPeak {
   double activations = 0, in_flight = 0;
+};
+
+/// ZeRO-3's units as its backward holds them: bytes a block (the head) holds gathered, and the elements whose gradients
+/// it computes and reduce-scatters (all of them in full fine-tuning; LoRA's adapters only); the embedding's bytes
+/// gathered again at backward's end (none when frozen: nothing reads it there).
+struct Zero3Units {
+  double block_gathered = 0, block_trained = 0, head_gathered = 0, head_trained = 0, embedding_in_backward = 0;
 };
 
 /// ZeRO-3's backward, unit by unit from the head (the header's "in flight"): before the backward of the k-th unit
@@ -240,27 +245,27 @@ struct BackwardPeak {
 /// reduce-scatters in flight (two at most: fully_sharded.hpp's max_reduce_scatters_in_flight), each with Gloo's
 /// scratch copy on a CPU. `kept`: every block's activations; `per_layer`: one block's.
 inline BackwardPeak zero3_backward_peak(const PlanInput& in, double kept, double per_layer, double logits,
-                                        double edge_head) {
+                                        const Zero3Units& units) {
   const auto& m = in.model;
-  const double block = static_cast<double>(m.block_parameters), compute_bytes = in.bf16 ? 2.0 : 4.0;
+  const double compute_bytes = in.bf16 ? 2.0 : 4.0;
   const double reduce_copies = in.cpu && in.world > 1 ? 2.0 : 1.0;  // the fp32 input, and Gloo's scratch of it
   const double layers = static_cast<double>(m.layers);
   // The other blocks' activations are what `kept` holds beyond one block's (recomputation: their inputs).
   const double others = std::max(0.0, kept - per_layer) / std::max(1.0, layers - 1.0);
   BackwardPeak peak;
   std::vector<double> reducing;  // the parameters of the units whose reduce-scatter started, oldest first
-  // Before unit `unit`'s backward: it and `previous` (prefetched) gathered, its gradients whole, two reduce-scatters.
-  const auto consider = [&](double activations, double unit, double previous_bytes) {
-    double in_flight = 2.0 * compute_bytes * unit + previous_bytes;
+  // Before a unit's backward: it and the previous one (prefetched) gathered, its gradients whole, two reduce-scatters.
+  const auto consider = [&](double activations, double gathered, double trained, double previous_bytes) {
+    double in_flight = gathered + compute_bytes * trained + previous_bytes;
     for (std::size_t r = reducing.size() > 2 ? reducing.size() - 2 : 0; r < reducing.size(); ++r)
       in_flight += 4.0 * reduce_copies * reducing[r];
     if (activations + in_flight > peak.activations + peak.in_flight) peak = {activations, in_flight};
-    reducing.push_back(unit);
+    reducing.push_back(trained);
   };
-  if (edge_head > 0) consider(kept + logits, edge_head, compute_bytes * block);
-  for (double k = 0; k < layers;
-       ++k)  // the bottom block prefetches the embedding (gathered in fp32), when it is a unit
-    consider(per_layer + others * (layers - 1.0 - k), block, k + 1 < layers ? compute_bytes * block : 4.0 * edge_head);
+  if (units.head_gathered > 0) consider(kept + logits, units.head_gathered, units.head_trained, units.block_gathered);
+  for (double k = 0; k < layers; ++k)  // the bottom block prefetches the embedding, when backward gathers it
+    consider(per_layer + others * (layers - 1.0 - k), units.block_gathered, units.block_trained,
+             k + 1 < layers ? units.block_gathered : units.embedding_in_backward);
   return peak;
 }
 
@@ -292,21 +297,33 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   plan.trainable = trainable_parameters(in);
   const double trainable = static_cast<double>(plan.trainable);
   const bool lora = in.lora_rank > 0;
-  // ZeRO-3's edges: an untied embedding and head that train (LoRA freezes them: they stay whole).
-  const double head = static_cast<double>(m.head_parameters), edge_head = !m.tied && !lora ? head : 0.0,
-               edges = 2.0 * edge_head;
-  // What trains of the blocks and of the rest (LoRA's adapters are all in the blocks).
-  const double trainable_blocks = lora ? trainable : blocks, trainable_outside = lora ? 0.0 : outside;
-  plan.parameters = 4.0 * (zero3 ? (blocks + edges) / world + outside - edges : static_cast<double>(m.parameters)) +
-                    (lora ? 4.0 * trainable : 0.0);
+  const double compute_bytes = in.bf16 ? 2.0 : 4.0, block = static_cast<double>(m.block_parameters);
+  // ZeRO-3's edges: an untied embedding and head, units whether they train or not (LoRA's, frozen, in fp32).
+  const double head = static_cast<double>(m.head_parameters), edge_head = !m.tied ? head : 0.0, edges = 2.0 * edge_head;
+  // What trains of the blocks, the edges and the rest (LoRA's adapters are all in the blocks).
+  const double trainable_blocks = lora ? trainable : blocks, trainable_outside = lora ? 0.0 : outside - edges,
+               trained_edges = lora ? 0.0 : edges;
+  if (zero3 && lora)  // the frozen base sharded (the blocks' in the compute dtype), the adapters' fp32 shards
+    plan.parameters = (compute_bytes * blocks + 4.0 * edges + 4.0 * trainable) / world + 4.0 * (outside - edges);
+  else
+    plan.parameters = 4.0 * (zero3 ? (blocks + edges) / world + outside - edges : static_cast<double>(m.parameters)) +
+                      (lora ? 4.0 * trainable : 0.0);
   if (in.strategy == "none" || in.strategy == "zero1") plan.gradients = 4.0 * trainable;
   else if (in.strategy == "zero2") plan.gradients = 4.0 * trainable / world;
-  else plan.gradients = 4.0 * ((trainable_blocks + edges) / world + trainable_outside - edges);
+  else plan.gradients = 4.0 * ((trainable_blocks + trained_edges) / world + trainable_outside);
   plan.optimizer_state = 8.0 * (in.strategy == "none" ? trainable : trainable / world);
-  // ZeRO-3 in bf16 keeps a bf16 copy of its shard of the blocks and the head (cast once per step) and gathers
-  // one unit at a time from it; autocast casts a tied head (outside the units) for each forward.
-  if (zero3) plan.gathered_unit = (in.bf16 ? 2.0 : 4.0) * std::max(static_cast<double>(m.block_parameters), edge_head);
-  if (zero3 && in.bf16) plan.bf16_weights = 2.0 * (blocks + edge_head) / world + (m.tied ? 2.0 * head : 0.0);
+  // ZeRO-3 in bf16 keeps a bf16 copy of its shard of what trains in the blocks and the head (cast once per step) and
+  // gathers one unit at a time from it; autocast casts a tied head (outside the units) for each forward, and LoRA's
+  // frozen fp32 head (a unit) once gathered.
+  Zero3Units units;
+  units.block_gathered = compute_bytes * (lora ? block + trainable / static_cast<double>(m.layers) : block);
+  units.block_trained = lora ? trainable / static_cast<double>(m.layers) : block;
+  units.head_gathered = lora ? 6.0 * edge_head : compute_bytes * edge_head;
+  units.head_trained = lora ? 0.0 : edge_head;
+  units.embedding_in_backward = lora ? 0.0 : 4.0 * edge_head;
+  if (zero3) plan.gathered_unit = std::max(units.block_gathered, units.head_gathered);
+  if (zero3 && in.bf16)
+    plan.bf16_weights = 2.0 * (lora ? trainable : blocks + edge_head) / world + (m.tied ? 2.0 * head : 0.0);
   else if (in.bf16) plan.bf16_weights = 2.0 * static_cast<double>(m.linear_weights);
   const double tokens = static_cast<double>(in.micro_batch * in.sequence);
   const double per_layer = tokens * static_cast<double>(activation_bytes_per_token(in)) +
@@ -325,7 +342,7 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   const double resident = plan.parameters + plan.optimizer_state + plan.bf16_weights + plan.runtime;
   double transient = 0;  // what the step allocates and frees again, at its peak
   if (zero3) {
-    const auto backward = zero3_backward_peak(in, kept, per_layer, plan.logits, edge_head);
+    const auto backward = zero3_backward_peak(in, kept, per_layer, plan.logits, units);
     plan.in_flight = backward.in_flight;
     transient = std::max(kept + plan.logits + plan.gathered_unit, backward.activations + backward.in_flight);
     plan.peak = resident + plan.gradients + transient;
@@ -378,15 +395,18 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
     out += fmt::format("  {:<28} {:>12}{}\n", name, plan_bytes(bytes), note.empty() ? "" : "  " + note);
   };
   out += in.cpu ? "per rank (host memory):\n" : "per GPU:\n";
-  row("parameters (fp32)", plan.parameters);
+  const bool zero3 = in.strategy == "zero3" || in.strategy == "hsdp";
+  row(zero3 && in.lora_rank > 0 ? "parameters" : "parameters (fp32)", plan.parameters,
+      zero3 && in.lora_rank > 0
+          ? fmt::format("the frozen base sharded, its blocks in {}; the adapters in fp32", in.bf16 ? "bf16" : "fp32")
+          : "");
   row("gradients (fp32)", plan.gradients);
   row("optimizer state (AdamW)", plan.optimizer_state);
-  const bool zero3 = in.strategy == "zero3" || in.strategy == "hsdp";
   if (plan.bf16_weights > 0) row(zero3 ? "bf16 copy of the shard" : "bf16 weights (autocast)", plan.bf16_weights);
   if (plan.gathered_unit > 0)
     row("gathered unit", plan.gathered_unit,
-        plan.gathered_unit > (in.bf16 ? 2.0 : 4.0) * static_cast<double>(in.model.block_parameters) ? "the head"
-                                                                                                    : "a block");
+        plan.gathered_unit > (in.bf16 ? 2.0 : 4.0) * static_cast<double>(in.model.block_parameters) * 1.01 ? "the head"
+                                                                                                           : "a block");
   if (plan.in_flight > 0)
     row("in flight in backward", plan.in_flight, "gathered units, a unit's gradients, reduce-scatter inputs");
   const auto alternatives = [&](models::Recompute recompute) {

@@ -55,6 +55,12 @@ enum class Edge { embedding, head };
 /// Runs `edge` of a module on `input` (a strategy's wrapper around the call).
 using EdgeRunner = std::function<torch::Tensor(Edge edge, const BlockCall& call, const torch::Tensor& input)>;
 
+/// Where a parameter of the deferred blocks sits: its block and its place in the block's parameters() (the indices
+/// of DeferredBlocks::shapes and ::read).
+struct DeferredPlace {
+  std::size_t block = 0, parameter = 0;
+};
+
 /// The blocks of a model whose parameters are still empty, and where their values come from.
 struct DeferredBlocks {
   /// For each block, in blocks() order: its parameters in registration order (parameters()), each as a meta
@@ -63,6 +69,10 @@ struct DeferredBlocks {
   /// Writes elements [offset, offset + out.numel()) of block `block`'s parameter `parameter`, flattened in
   /// row-major order, into `out` (converted to out's dtype and device).
   std::function<void(std::size_t block, std::size_t parameter, std::int64_t offset, torch::Tensor out)> read;
+  /// Each deferred parameter's place, by its TensorImpl, recorded when the blocks are handed to their model
+  /// (ListsBlocks::set_deferred_blocks): a parameter added to a block later (LoRA's adapters, built whole) has none,
+  /// and the blocks' parameters() may then list it among the deferred ones without moving their places.
+  std::unordered_map<const void*, DeferredPlace> places;
 };
 
 /// While alive on this thread, every block a family of models/ builds is handed to `on_block` as soon as it is
@@ -117,7 +127,17 @@ class ListsBlocks {
   models::Recompute activation_checkpointing() const { return activation_checkpointing_; }
   /// The blocks' deferred values, when the blocks were built empty (null once they are materialized or sharded).
   const std::shared_ptr<DeferredBlocks>& deferred_blocks() const { return deferred_blocks_; }
-  void set_deferred_blocks(std::shared_ptr<DeferredBlocks> deferred) { deferred_blocks_ = std::move(deferred); }
+  /// Records where each of the blocks' parameters sits (DeferredBlocks::places) when not recorded yet.
+  void set_deferred_blocks(std::shared_ptr<DeferredBlocks> deferred) {
+    deferred_blocks_ = std::move(deferred);
+    if (!deferred_blocks_ || !deferred_blocks_->places.empty()) return;
+    const auto listed = blocks();
+    for (std::size_t b = 0; b < listed.size(); ++b) {
+      const auto parameters = listed[b]->parameters();
+      for (std::size_t k = 0; k < parameters.size(); ++k)
+        deferred_blocks_->places[parameters[k].unsafeGetTensorImpl()] = {b, k};
+    }
+  }
 
  protected:
   /// `call(input)`, through the installed runner if any. `index` is the block's place in blocks().
@@ -136,20 +156,25 @@ class ListsBlocks {
   std::shared_ptr<DeferredBlocks> deferred_blocks_;
 };
 
-/// Where each parameter of the deferred blocks sits, by its TensorImpl: its block and its place in the block's
-/// parameters() (the indices of DeferredBlocks::shapes and ::read). Empty when the blocks are not deferred.
-struct DeferredPlace {
-  std::size_t block = 0, parameter = 0;
-};
-inline std::unordered_map<const void*, DeferredPlace> deferred_places(ListsBlocks& lists) {
-  std::unordered_map<const void*, DeferredPlace> places;
-  if (!lists.deferred_blocks()) return places;
-  const auto blocks = lists.blocks();
-  for (std::size_t b = 0; b < blocks.size(); ++b) {
-    const auto parameters = blocks[b]->parameters();
-    for (std::size_t k = 0; k < parameters.size(); ++k) places[parameters[k].unsafeGetTensorImpl()] = {b, k};
+/// Where each parameter of the deferred blocks sits, by its TensorImpl (DeferredBlocks::places). Empty when the blocks
+/// are not deferred.
+inline std::unordered_map<const void*, DeferredPlace> deferred_places(const ListsBlocks& lists) {
+  return lists.deferred_blocks() ? lists.deferred_blocks()->places : std::unordered_map<const void*, DeferredPlace>{};
+}
+
+/// Elements of `module`'s parameters, those of its deferred blocks (still empty) at their full shapes.
+inline std::int64_t parameter_count(torch::nn::Module& module) {
+  const auto* lists = dynamic_cast<const ListsBlocks*>(&module);
+  const auto deferred = lists != nullptr ? lists->deferred_blocks() : nullptr;
+  std::int64_t count = 0;
+  for (const auto& parameter : module.parameters()) {
+    count += parameter.numel();  // 0 while empty
+    if (!deferred) continue;
+    const auto found = deferred->places.find(parameter.unsafeGetTensorImpl());
+    if (found != deferred->places.end())
+      count += deferred->shapes[found->second.block][found->second.parameter].numel();
   }
-  return places;
+  return count;
 }
 
 /// Empties every parameter of a block just built (its storage goes back to the allocator, its options stay) and
@@ -176,14 +201,15 @@ inline void materialize_blocks(ListsBlocks& lists) {
   if (!deferred) return;
   const auto blocks = lists.blocks();
   torch::NoGradGuard no_grad;
-  for (std::size_t b = 0; b < blocks.size(); ++b) {
-    auto parameters = blocks[b]->parameters();
-    for (std::size_t k = 0; k < parameters.size(); ++k) {
-      auto full = torch::empty(deferred->shapes[b][k].sizes(), parameters[k].options().requires_grad(false));
+  for (const auto& block : blocks)
+    for (auto& parameter : block->parameters()) {
+      const auto found = deferred->places.find(parameter.unsafeGetTensorImpl());
+      if (found == deferred->places.end()) continue;  // added after loading (an adapter): whole already
+      const auto [b, k] = found->second;
+      auto full = torch::empty(deferred->shapes[b][k].sizes(), parameter.options().requires_grad(false));
       deferred->read(b, k, 0, full.view({-1}));
-      parameters[k].set_data(full);
+      parameter.set_data(full);
     }
-  }
   lists.set_deferred_blocks(nullptr);
 }
 

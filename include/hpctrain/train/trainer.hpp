@@ -160,7 +160,7 @@ class Trainer {
           "hpctrain: {0} at one rank trains as replicated (sharding over one rank only adds copies and "
           "gathers); its checkpoints keep {0}'s format and resume at any world size ({1}=1 shards anyway)\n",
           strategy_->name(), env::shard_at_one_rank);
-    run_->defer_blocks = strategy_->reads_deferred_blocks() && !run_->lora;
+    run_->defer_blocks = strategy_->reads_deferred_blocks();
     make_model();
     if (auto* lists = dynamic_cast<ListsBlocks*>(model_.module.get()); lists != nullptr && !run_->defer_blocks)
       materialize_blocks(*lists);
@@ -280,8 +280,7 @@ class Trainer {
   /// LoRA: adapters on the targeted layers, everything else frozen (before the strategy sees the parameters).
   void add_lora_adapters() {
     const auto adapters = models::apply_lora(*model_.module, *run_->lora);
-    std::int64_t total = 0;
-    for (const auto& parameter : model_.module->parameters()) total += parameter.numel();
+    const auto total = parameter_count(*model_.module);
     if (group_->rank() == 0)
       fmt::print("hpctrain: LoRA r={} alpha={} on [{}]: {} of {} parameters train ({:.3f}%)\n", run_->lora->r,
                  run_->lora->alpha, fmt::join(run_->lora->targets, ", "), adapters, total,

@@ -24,7 +24,9 @@ namespace hpctrain::models {
 
 namespace detail {
 /// Whether `layers` of input `x` run as one product: the switch allows it, no layer carries a LoRA adapter (an
-/// adapter is its layer's own product, models::linear), and all have a bias or none has.
+/// adapter is its layer's own product, models::linear), none is a frozen weight held in a reduced precision already
+/// (LoRA's base under ZeRO-3 in bf16: the joined weights would be a copy kept for backward, where apart each product
+/// keeps a view of its own weight and no cast is made), and all have a bias or none has.
 inline bool fuse_projections(const std::vector<torch::nn::Linear*>& layers, const torch::Tensor& x) {
   const auto mode = fused_projections();
   if (mode == FusedProjections::never || layers.size() < 2) return false;
@@ -32,6 +34,8 @@ inline bool fuse_projections(const std::vector<torch::nn::Linear*>& layers, cons
   const bool bias = (*layers.front())->bias.defined();
   for (auto* layer : layers)
     if (!(*layer)->named_children().is_empty() || (*layer)->bias.defined() != bias) return false;
+  for (auto* layer : layers)
+    if (!(*layer)->weight.requires_grad() && (*layer)->weight.scalar_type() != torch::kFloat32) return false;
   return true;
 }
 

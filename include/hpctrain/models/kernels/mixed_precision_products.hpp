@@ -165,21 +165,24 @@ struct MixedPrecisionLinear : torch::autograd::Function<MixedPrecisionLinear> {
 };
 
 /// Whether `x` · `weights` (+ `biases`) runs as a MixedPrecisionLinear: the switch is on, autocast is on for x's
-/// device and casts the parameters (fp32 ones, all of one dtype), and a gradient is wanted.
+/// device, the parameters are of one floating dtype, and a gradient is wanted; parameters that autocast casts (fp32
+/// ones), or frozen ones held in autocast's dtype already (LoRA's base sharded in bf16), for which the node keeps
+/// no input (autograd's product would keep it for a weight gradient nobody wants).
 inline bool mixed_precision_product(const torch::Tensor& x, at::TensorList weights, at::TensorList biases) {
   const auto device = x.device().type();
   if (!fp32_product_gradients() || !at::autocast::is_autocast_enabled(device) || !torch::GradMode::is_enabled())
     return false;
   const auto narrow = at::autocast::get_autocast_dtype(device);
   const auto dtype = weights[0].scalar_type();
-  if (dtype == narrow || !at::isFloatingType(dtype) || !at::isFloatingType(x.scalar_type())) return false;
-  bool wants_gradient = x.requires_grad();
+  if (!at::isFloatingType(dtype) || !at::isFloatingType(x.scalar_type())) return false;
+  bool parameter_gradient = false;
   for (const auto& list : {weights, biases})
     for (const auto& t : list) {
       if (t.scalar_type() != dtype) return false;
-      wants_gradient = wants_gradient || t.requires_grad();
+      parameter_gradient = parameter_gradient || t.requires_grad();
     }
-  return wants_gradient;
+  if (dtype == narrow) return !parameter_gradient && x.requires_grad();
+  return parameter_gradient || x.requires_grad();
 }
 
 }  // namespace detail

@@ -9,6 +9,7 @@
 // (`base_model.model.<HF module>.lora_A.weight`) and adapter_config.json; `merge_lora` folds B·A into W.
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <functional>
 #include <cstdint>
 #include <filesystem>
@@ -27,6 +28,7 @@
 #include <hpctrain/models/hf/safetensors.hpp>
 #include <hpctrain/models/lora/lora_config.hpp>
 #include <hpctrain/models/lora/lora_layer.hpp>
+#include <hpctrain/models/model_units.hpp>
 
 namespace hpctrain::models {
 
@@ -40,7 +42,9 @@ inline std::int64_t apply_lora(torch::nn::Module& model, const LoraConfig& confi
     auto* linear = item.value()->as<torch::nn::Linear>();
     if (linear == nullptr || !is_lora_target(item.key(), config)) continue;
     if (detail::child(*linear, "lora_A")) continue;  // already adapted
-    const auto in = linear->weight.size(1), out = linear->weight.size(0);
+    // From the layer's options, not its weight: a block built empty (deferred, models/blocks.hpp) has a 0-element
+    // weight until the strategy reads its slices.
+    const auto in = linear->options.in_features(), out = linear->options.out_features();
     const auto options = linear->weight.options();
     auto a =
         torch::nn::Linear(torch::nn::LinearOptions(in, config.r).bias(false));  // torch's default: Kaiming-uniform(√5)
@@ -62,8 +66,8 @@ inline std::int64_t apply_lora(torch::nn::Module& model, const LoraConfig& confi
   return count;
 }
 
-/// Folds every adapter into its layer (W += s · B A) and removes it: the model is a plain one again, which
-/// save_pretrained writes as a full Hugging Face model (PEFT's merge_and_unload).
+/// Folds every adapter into its layer (W += s · B A; a reduced-precision W becomes fp32) and removes it: the model is a
+/// plain one again, which save_pretrained writes as a full Hugging Face model (PEFT's merge_and_unload).
 inline void merge_lora(torch::nn::Module& model) {
   torch::NoGradGuard no_grad;
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
@@ -72,11 +76,46 @@ inline void merge_lora(torch::nn::Module& model) {
     auto a = std::dynamic_pointer_cast<torch::nn::LinearImpl>(detail::child(*linear, "lora_A"));
     auto b = std::dynamic_pointer_cast<torch::nn::LinearImpl>(detail::child(*linear, "lora_B"));
     auto scale = std::dynamic_pointer_cast<LoraScaleImpl>(detail::child(*linear, detail::lora_scale_child));
-    linear->weight.add_(torch::matmul(b->weight, a->weight).to(linear->weight.dtype()) * scale->scaling());
+    const auto update = torch::matmul(b->weight, a->weight) * scale->scaling();
+    // A base held in bf16 (sharded under zero3/hsdp) is merged in fp32, where its values are exact: the export then
+    // rounds once, to the dtype it writes.
+    if (linear->weight.scalar_type() == torch::kFloat32) linear->weight.add_(update);
+    else linear->weight.set_data(linear->weight.to(torch::kFloat32) + update.to(torch::kFloat32));
     linear->unregister_module("lora_A");
     linear->unregister_module("lora_B");
     linear->unregister_module(detail::lora_scale_child);
   }
+}
+
+/// The scale s of every adapted layer of `model`, by the layer's name (`layers.0.self_attn.q_proj`).
+inline std::map<std::string, double> lora_scalings(torch::nn::Module& model) {
+  std::map<std::string, double> scalings;
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    if (auto scale = std::dynamic_pointer_cast<LoraScaleImpl>(detail::child(*item.value(), detail::lora_scale_child)))
+      scalings[item.key()] = scale->scaling();
+  return scalings;
+}
+
+/// `unit` as merge_lora leaves the model, one unit at a time: each adapted layer's weight merged (W + s · B A, in fp32,
+/// where a bf16 W is exact: the writer rounds once), the adapters left out, every other parameter as it is. The
+/// export of a sharded model merges what each gathered unit holds, never the whole model on a rank.
+inline NamedUnit merged_unit(const NamedUnit& unit, const std::map<std::string, double>& scalings) {
+  torch::NoGradGuard no_grad;
+  std::map<std::string, torch::Tensor> by_name(unit.begin(), unit.end());
+  NamedUnit merged;
+  for (const auto& [name, tensor] : unit) {
+    if (is_lora_parameter(name)) continue;
+    const auto layer = name.ends_with(".weight") ? name.substr(0, name.size() - 7) : std::string();
+    const auto scaling = scalings.find(layer);
+    const auto a = by_name.find(layer + ".lora_A.weight"), b = by_name.find(layer + ".lora_B.weight");
+    if (layer.empty() || scaling == scalings.end() || a == by_name.end() || b == by_name.end()) {
+      merged.emplace_back(name, tensor);
+      continue;
+    }
+    const auto update = torch::matmul(b->second.to(torch::kFloat32), a->second.to(torch::kFloat32));
+    merged.emplace_back(name, tensor.to(torch::kFloat32) + update * scaling->second);
+  }
+  return merged;
 }
 
 /// PEFT's key of adapter parameter `ours` (`layers.0.self_attn.q_proj.lora_A.weight`), given how the family
@@ -89,19 +128,20 @@ inline std::string peft_key(const std::string& ours,
   return "base_model.model." + hf_layer.substr(0, hf_layer.size() - 7) + ours.substr(at);  // … .lora_A.weight
 }
 
-/// Writes the adapters of `model` as PEFT does (adapter_model.safetensors + adapter_config.json, atomically).
-/// `hf_weight_name` maps our weight names to the checkpoint's; `fan_in_fan_out` is true for GPT-2 (Conv1D).
-inline void save_peft_adapter(torch::nn::Module& model, const std::filesystem::path& directory,
+/// Writes `adapters` (a model's adapter parameters by our names, whole) as PEFT does (adapter_model.safetensors +
+/// adapter_config.json, atomically). `hf_weight_name` maps our weight names to the checkpoint's; `fan_in_fan_out` is
+/// true for GPT-2 (Conv1D).
+inline void save_peft_adapter(const NamedUnit& adapters, const std::filesystem::path& directory,
                               const LoraConfig& config, const std::string& base_model_name_or_path,
                               const std::function<std::string(const std::string&)>& hf_weight_name,
                               bool fan_in_fan_out) {
   std::filesystem::create_directories(directory);
   safetensors::NamedTensors tensors;
   std::set<std::string> modules;
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    if (!is_lora_parameter(item.key())) continue;
-    tensors.emplace_back(peft_key(item.key(), hf_weight_name), item.value().detach().to(torch::kFloat32).contiguous());
-    const auto layer = item.key().substr(0, item.key().find(".lora_"));
+  for (const auto& [name, value] : adapters) {
+    if (!is_lora_parameter(name)) continue;
+    tensors.emplace_back(peft_key(name, hf_weight_name), value.detach().to(torch::kFloat32).contiguous());
+    const auto layer = name.substr(0, name.find(".lora_"));
     modules.insert(layer.substr(layer.rfind('.') + 1));
   }
   safetensors::save_file(directory / "adapter_model.safetensors", tensors);
@@ -119,6 +159,14 @@ inline void save_peft_adapter(torch::nn::Module& model, const std::filesystem::p
                               {"init_lora_weights", true},
                               {"modules_to_save", nullptr}};
   hpctrain::detail::write_file_atomically(directory / "adapter_config.json", json.dump(2) + "\n");
+}
+
+/// Writes the adapters of `model` (whole on this rank) as PEFT does: save_peft_adapter of its adapter parameters.
+inline void save_peft_adapter(torch::nn::Module& model, const std::filesystem::path& directory,
+                              const LoraConfig& config, const std::string& base_model_name_or_path,
+                              const std::function<std::string(const std::string&)>& hf_weight_name,
+                              bool fan_in_fan_out) {
+  save_peft_adapter(whole_unit(model), directory, config, base_model_name_or_path, hf_weight_name, fan_in_fan_out);
 }
 
 /// The LoraConfig of a PEFT adapter directory's adapter_config.json.

@@ -27,6 +27,14 @@
 // checkpoint format are ZeRO-2's (zero.hpp, zero_checkpoint.hpp): ZeRO-2 and ZeRO-3 checkpoints reshard into each
 // other, at any world size.
 //
+// Frozen parameters (LoRA's base weights, FSDP2 shards them like any other): a unit's frozen parameters are a second
+// flat bucket of it, sharded, gathered and freed with its trainable one (their own all-gather, same group), never
+// reduced, stepped or checkpointed (the checkpoint holds what trains; the base is read again from its source). A
+// block's are held in bf16 under Precision::bf16, the dtype it computes in (a bf16 checkpoint's own: no fp32 copy,
+// no master); the edges' (embedding, head) keep their dtype, as the embedding's lookup and the head's fp32 logits
+// want. An edge with nothing that trains is a unit for its frozen weights alone; a frozen embedding (its input the
+// ids) is gathered, run and freed in forward only, as nothing in backward reads it.
+//
 // Loading: a model whose blocks were built empty (models/blocks.hpp's DeferredBlocks: lm::from_pretrained under
 // ZeRO-3, DeepSpeed's zero.Init and FSDP's meta-device model do the same) is never whole on any rank: setup
 // reads each block's shard slice by slice from its source (each rank only its own part of the checkpoint), and
@@ -70,6 +78,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <typeinfo>
 #include <unordered_map>
@@ -143,10 +152,11 @@ class FullyShardedStrategy : public DataParallelStrategy {
     find_blocks();
     take_deferred_blocks();
     dist::broadcast_module(*world_, *model_);  // deferred blocks are empty here: every rank reads the same bytes
-    collect_trainable_parameters();
+    collect_parameters();
     build_layout();
     build_units();
     build_master_shards();
+    build_frozen_parts();
     deferred_.reset();  // the checkpoint's mapping goes with it
     deferred_places_.clear();
     optimizer_ = detail::make_optimizer_over_pieces(context.make_optimizer, pieces_, names_,
@@ -260,12 +270,15 @@ class FullyShardedStrategy : public DataParallelStrategy {
     pinned_ = true;
   }
 
-  /// The sharded units (blocks, then edges) in layout order, then the parameters every rank keeps whole (the
-  /// other buckets, frozen parameters) as one unit.
+  /// The sharded units (blocks, then edges) in layout order, each its trainable then its frozen parameters, then the
+  /// parameters every rank keeps whole (the other buckets, frozen parameters outside the units) as one unit.
   std::vector<models::ParameterShape> unit_shapes(torch::nn::Module& module) override {
     std::vector<models::ParameterShape> shapes;
-    for (std::size_t b = 0; b < sharded_units_; ++b)
+    for (std::size_t b = 0; b < sharded_units_; ++b) {
       for (auto p : layout_.buckets()[b].parameters) shapes.push_back({names_[p], full_shapes_[p].sizes().vec()});
+      for (auto p : frozen_layout_.buckets()[b].parameters)
+        shapes.push_back({frozen_names_[p], frozen_shapes_[p].sizes().vec()});
+    }
     for (auto& shape : models::shapes_of(parameters_kept_whole(module))) shapes.push_back(std::move(shape));
     return shapes;
   }
@@ -283,6 +296,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
       }
       models::NamedUnit unit;
       for (auto p : layout_.buckets()[b].parameters) unit.emplace_back(names_[p], parameters_[p].detach());
+      for (auto p : frozen_layout_.buckets()[b].parameters) unit.emplace_back(frozen_names_[p], frozen_[p].detach());
       visit(unit);
       unit.clear();
       if (whole) continue;
@@ -325,7 +339,14 @@ class FullyShardedStrategy : public DataParallelStrategy {
   std::size_t resident_parameter_bytes() const {
     std::size_t bytes = 0;
     for (std::size_t b = 0; b < units_.size(); ++b)
-      bytes += b < sharded_units_ ? units_[b].shard.nbytes() : units_[b].flat.nbytes();
+      bytes +=
+          b < sharded_units_ ? units_[b].shard.nbytes() + units_[b].frozen.shard.nbytes() : units_[b].flat.nbytes();
+    return bytes;
+  }
+  /// Bytes of frozen shards this rank holds between uses (LoRA's base, sharded), and their dtype's element size.
+  std::size_t frozen_shard_bytes() const {
+    std::size_t bytes = 0;
+    for (const auto& unit : units_) bytes += unit.frozen.shard.nbytes();
     return bytes;
   }
   /// Most bytes of gathered blocks (and edges) held at once since setup (current + prefetched).
@@ -336,8 +357,9 @@ class FullyShardedStrategy : public DataParallelStrategy {
   /// outputs (each rank receives all but its own slice) and the reduce-scatters' flat inputs (each rank sends
   /// all but the slice it keeps). Per block element and micro-batch: fp32 4 + 4 gathered (forward and the
   /// recomputation in backward) and 4 reduce-scattered; bf16 2 + 2 and 4.
+  /// frozen_gathered: the units' frozen parameters' all-gathers (LoRA's base), apart.
   struct BlockTraffic {
-    std::size_t gathered = 0, reduce_scattered = 0;
+    std::size_t gathered = 0, reduce_scattered = 0, frozen_gathered = 0;
   };
   BlockTraffic block_traffic() const { return block_traffic_; }
   /// Hybrid: bytes of gradient shards all-reduced across the replica group since setup (each unit's shard once
@@ -354,8 +376,10 @@ class FullyShardedStrategy : public DataParallelStrategy {
   }
   std::size_t held_bytes() const {
     std::size_t bytes = 0;
-    for (const auto& unit : units_)
+    for (const auto& unit : units_) {
       if (unit.held) bytes += unit.held.nbytes();
+      if (unit.frozen.held) bytes += unit.frozen.held.nbytes();
+    }
     return bytes;
   }
 
@@ -364,6 +388,14 @@ class FullyShardedStrategy : public DataParallelStrategy {
     dist::ShardPiece place;
     std::size_t bucket = 0;
     torch::Tensor master;
+  };
+
+  /// A unit's frozen parameters as one flat bucket (frozen_layout_'s bucket of the unit), gathered beside its
+  /// trainable one: this rank's shard, the whole buffer while gathered, the freed buffer autograd still refers to.
+  struct FrozenPart {
+    torch::Tensor shard, flat;
+    c10::Storage held;
+    dist::PendingAllGather gather;
   };
 
   /// One bucket: a block (b < model_blocks_), an edge (b < sharded_units_) or a group of the other parameters.
@@ -382,6 +414,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     bool gradient_accumulated = false;  // gradient_shard holds this step's sum so far (reduce-scatters per micro-batch)
     bool sent =
         false;  // its gradients' reduce-scatter started since the last synchronised backward ended (finished or not)
+    FrozenPart frozen;  // a sharded unit's frozen parameters (none: shard undefined)
   };
 
   /// The module's parameters outside the sharded units, whole on every rank, in named_parameters order.
@@ -389,6 +422,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     std::unordered_set<const void*> sharded;
     for (std::size_t b = 0; b < sharded_units_; ++b)
       for (auto p : layout_.buckets()[b].parameters) sharded.insert(parameters_[p].unsafeGetTensorImpl());
+    for (const auto& parameter : frozen_) sharded.insert(parameter.unsafeGetTensorImpl());
     models::NamedUnit unit;
     for (const auto& item : module.named_parameters(/*recurse=*/true))
       if (!sharded.count(item.value().unsafeGetTensorImpl())) unit.emplace_back(item.key(), item.value().detach());
@@ -430,16 +464,10 @@ class FullyShardedStrategy : public DataParallelStrategy {
     }
   }
 
-  /// A model built with empty blocks (models/blocks.hpp's DeferredBlocks) has each rank read its own slices
-  /// (build_units). A frozen parameter in a deferred block stays whole, so such a model is materialized first.
+  /// A model built with empty blocks (models/blocks.hpp's DeferredBlocks) has each rank read its own slices of the
+  /// blocks' trainable and frozen parameters (build_units, build_frozen_parts).
   void take_deferred_blocks() {
     if (!lists_->deferred_blocks()) return;
-    for (const auto& block : block_modules_)
-      for (const auto& parameter : block->parameters())
-        if (!parameter.requires_grad()) {
-          materialize_blocks(*lists_);
-          return;
-        }
     deferred_places_ = deferred_places(*lists_);
     deferred_ = lists_->deferred_blocks();
     lists_->set_deferred_blocks(nullptr);
@@ -452,9 +480,13 @@ class FullyShardedStrategy : public DataParallelStrategy {
                                            : deferred_->shapes[found->second.block][found->second.parameter].sizes();
   }
 
-  void collect_trainable_parameters() {
+  /// The trainable parameters, in named_parameters order; the frozen ones' names, for those the units take.
+  void collect_parameters() {
     for (const auto& item : model_->named_parameters()) {
-      if (!item.value().requires_grad()) continue;
+      if (!item.value().requires_grad()) {
+        frozen_name_of_[item.value().unsafeGetTensorImpl()] = item.key();
+        continue;
+      }
       names_.push_back(item.key());
       parameters_.push_back(item.value());
       full_shapes_.push_back(
@@ -468,15 +500,22 @@ class FullyShardedStrategy : public DataParallelStrategy {
     std::unordered_map<const void*, std::size_t> index_of;
     for (std::size_t i = 0; i < parameters_.size(); ++i) index_of[parameters_[i].unsafeGetTensorImpl()] = i;
     std::vector<int> unit_of(parameters_.size(), -1);
-    std::vector<std::vector<std::size_t>> groups;
+    std::vector<std::vector<std::size_t>> groups, frozen_groups;
     auto modules = block_modules_;
-    for (const auto& edge : edge_modules_)
-      if (edge) modules.push_back(edge);
+    std::vector<std::size_t> edge_of_module(modules.size(), no_unit);
+    for (std::size_t e = 0; e < edge_modules_.size(); ++e)
+      if (edge_modules_[e]) {
+        modules.push_back(edge_modules_[e]);
+        edge_of_module.push_back(e);
+      }
     for (std::size_t b = 0; b < modules.size(); ++b) {
-      std::vector<std::size_t> group;
+      std::vector<std::size_t> group, frozen;
       for (const auto& parameter : modules[b]->parameters()) {
         const auto found = index_of.find(parameter.unsafeGetTensorImpl());
-        if (found == index_of.end()) continue;  // frozen: not sharded, stays whole
+        if (found == index_of.end()) {
+          if (const auto index = take_frozen(parameter, groups.size())) frozen.push_back(*index);
+          continue;
+        }
         if (unit_of[found->second] != -1)
           throw SpecError("sharding", "zero3",
                           fmt::format("parameter '{}' belongs to unit {} and unit {} (the blocks, then the edges): a "
@@ -492,12 +531,17 @@ class FullyShardedStrategy : public DataParallelStrategy {
         group.push_back(found->second);
       }
       std::sort(group.begin(), group.end());
-      if (b >= block_modules_.size() && group.empty()) continue;  // a frozen edge (LoRA) stays whole
+      if (b >= block_modules_.size() && group.empty() && frozen.empty()) continue;  // an edge with no parameter
+      if (edge_of_module[b] != no_unit) edge_units_[edge_of_module[b]] = groups.size();
       groups.push_back(std::move(group));
+      frozen_groups.push_back(std::move(frozen));
     }
     model_blocks_ = block_modules_.size();
     sharded_units_ = groups.size();
-    order_units(groups);
+    order_units();
+    std::vector<std::int64_t> frozen_numels;
+    for (const auto& shape : frozen_shapes_) frozen_numels.push_back(shape.numel());
+    frozen_layout_ = dist::FlatShardLayout(frozen_numels, group_->world_size(), frozen_groups);
     std::vector<std::size_t> others;
     std::vector<dist::detail::ParameterShape> shapes;
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
@@ -535,7 +579,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
       if (b < model_blocks_ && deferred_) {
         unit.gradient_shard = torch::zeros({bucket.shard_numel}, options);
         unit.shard = torch::zeros({bucket.shard_numel}, options);
-        read_own_slices(b, unit.shard);
+        read_own_slices(layout_, parameters_, b, unit.shard);
+        for (auto p : bucket.parameters) parameters_[p].set_data(torch::empty({0}, options));  // an adapter was whole
         continue;
       }
       auto flat = torch::zeros({bucket.padded_numel}, options);
@@ -574,15 +619,59 @@ class FullyShardedStrategy : public DataParallelStrategy {
     if (lo < hi) units_[b].shard.narrow(0, lo - shard_begin, hi - lo).copy_(values.narrow(0, lo - first, hi - lo));
   }
 
-  /// This rank's elements of deferred block b, each parameter's overlap with the shard read from its source.
-  void read_own_slices(std::size_t b, torch::Tensor& shard) {
-    const auto& bucket = layout_.buckets()[b];
+  /// This rank's elements of bucket b of `layout` (over `parameters`), each parameter's overlap with the shard read
+  /// from its deferred source, or copied from the parameter itself where it is whole (an adapter added after loading,
+  /// a model built whole), converted to the shard's dtype.
+  void read_own_slices(const dist::FlatShardLayout& layout, const std::vector<torch::Tensor>& parameters, std::size_t b,
+                       const torch::Tensor& shard) const {
+    torch::NoGradGuard no_grad;
+    const auto& bucket = layout.buckets()[b];
     const auto begin = static_cast<std::int64_t>(group_->rank()) * bucket.shard_numel, end = begin + bucket.shard_numel;
     for (std::size_t k = 0; k < bucket.parameters.size(); ++k) {
-      const auto& place = deferred_places_.at(parameters_[bucket.parameters[k]].unsafeGetTensorImpl());
-      const auto first = bucket.offsets[k], last = first + layout_.numel(bucket.parameters[k]);
+      const auto& parameter = parameters[bucket.parameters[k]];
+      const auto first = bucket.offsets[k], last = first + layout.numel(bucket.parameters[k]);
       const auto lo = std::max(first, begin), hi = std::min(last, end);
-      if (lo < hi) deferred_->read(place.block, place.parameter, lo - first, shard.narrow(0, lo - begin, hi - lo));
+      if (lo >= hi) continue;
+      const auto found = deferred_places_.find(parameter.unsafeGetTensorImpl());
+      auto out = shard.narrow(0, lo - begin, hi - lo);
+      if (found != deferred_places_.end())
+        deferred_->read(found->second.block, found->second.parameter, lo - first, out);
+      else out.copy_(parameter.detach().reshape({-1}).narrow(0, lo - first, hi - lo));
+    }
+  }
+
+  /// Frozen parameter `parameter` of the unit to come (`unit`) taken into frozen_ (its index), or nullopt when another
+  /// unit took it already (a weight shared between modules is gathered once).
+  std::optional<std::size_t> take_frozen(const torch::Tensor& parameter, std::size_t unit) {
+    const auto* impl = parameter.unsafeGetTensorImpl();
+    const auto name = frozen_name_of_.find(impl);
+    if (name == frozen_name_of_.end() || !frozen_taken_.insert(impl).second) return std::nullopt;
+    const auto dtype = frozen_dtype(unit, parameter.scalar_type());
+    frozen_names_.push_back(name->second);
+    frozen_.push_back(parameter);
+    frozen_shapes_.push_back(torch::empty(full_shape(parameter), torch::TensorOptions(torch::kMeta).dtype(dtype)));
+    return frozen_.size() - 1;
+  }
+
+  /// The dtype unit `unit` holds its frozen parameters in: a block's in bf16 under Precision::bf16 (what it computes
+  /// in), the rest in their own.
+  torch::ScalarType frozen_dtype(std::size_t unit, torch::ScalarType own) const {
+    return bf16_blocks_ && unit < block_modules_.size() && own == torch::kFloat32 ? torch::kBFloat16 : own;
+  }
+
+  /// Each sharded unit's frozen parameters: this rank's shard read (from the checkpoint, or the whole parameter,
+  /// which is then freed), the parameters left empty until gathered.
+  void build_frozen_parts() {
+    torch::NoGradGuard no_grad;
+    for (std::size_t b = 0; b < sharded_units_; ++b) {
+      const auto& bucket = frozen_layout_.buckets()[b];
+      if (bucket.parameters.empty()) continue;
+      auto& part = units_[b].frozen;
+      const auto options =
+          torch::TensorOptions(frozen_shapes_[bucket.parameters.front()].scalar_type()).device(group_->device());
+      part.shard = torch::zeros({bucket.shard_numel}, options);
+      read_own_slices(frozen_layout_, frozen_, b, part.shard);
+      for (auto p : bucket.parameters) frozen_[p].set_data(torch::empty({0}, options));
     }
   }
 
@@ -639,10 +728,26 @@ class FullyShardedStrategy : public DataParallelStrategy {
         refill ? refill_storage(unit.held, numel, source.options()) : dist::empty_flat_buffer(numel, source.options());
     own_slice(b).copy_(source);
     if (unit.flat.numel() > 0)
-      unit.gather = dist::start_all_gather_in_place(*group_, unit.flat);  // a frozen block: nothing
+      unit.gather = dist::start_all_gather_in_place(*group_, unit.flat);  // nothing trains in it: nothing
     if (for_compute) block_traffic_.gathered += unit.flat.nbytes();
     gathered_bytes_ += unit.flat.nbytes();
+    start_frozen_gather(b, for_compute);
     peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
+  }
+
+  /// Starts gathering unit b's frozen parameters (as start_gather does its trainable ones, in the dtype they are held
+  /// in).
+  void start_frozen_gather(std::size_t b, bool for_compute) {
+    auto& part = units_[b].frozen;
+    if (!part.shard.defined()) return;
+    const auto& bucket = frozen_layout_.buckets()[b];
+    const bool refill = for_compute && part.held && part.held.unsafeGetStorageImpl()->nbytes() == 0;
+    part.flat = refill ? refill_storage(part.held, bucket.padded_numel, part.shard.options())
+                       : dist::empty_flat_buffer(bucket.padded_numel, part.shard.options());
+    part.flat.narrow(0, group_->rank() * bucket.shard_numel, bucket.shard_numel).copy_(part.shard);
+    part.gather = dist::start_all_gather_in_place(*group_, part.flat);
+    if (for_compute) block_traffic_.frozen_gathered += part.flat.nbytes();
+    gathered_bytes_ += part.flat.nbytes();
   }
 
   void finish_gather(std::size_t b) {
@@ -650,6 +755,15 @@ class FullyShardedStrategy : public DataParallelStrategy {
     if (unit.gathered) return;
     dist::wait(*group_, unit.gather);
     point_parameters_at(b);
+    if (unit.frozen.shard.defined()) {
+      dist::wait(*group_, unit.frozen.gather);
+      const auto& bucket = frozen_layout_.buckets()[b];
+      for (std::size_t k = 0; k < bucket.parameters.size(); ++k) {
+        const auto p = bucket.parameters[k];
+        frozen_[p].set_data(
+            unit.frozen.flat.narrow(0, bucket.offsets[k], frozen_layout_.numel(p)).view(frozen_shapes_[p].sizes()));
+      }
+    }
     unit.gathered = true;
   }
 
@@ -673,6 +787,12 @@ class FullyShardedStrategy : public DataParallelStrategy {
     for (auto p : bucket.parameters) parameters_[p].set_data(torch::empty({0}, unit.shard.options()));
     gathered_bytes_ -= unit.flat.nbytes();
     unit.flat = torch::Tensor();
+    if (unit.frozen.flat.defined()) {
+      for (auto p : frozen_layout_.buckets()[b].parameters)
+        frozen_[p].set_data(torch::empty({0}, unit.frozen.shard.options()));
+      gathered_bytes_ -= unit.frozen.flat.nbytes();
+      unit.frozen.flat = torch::Tensor();
+    }
     unit.gathered = false;
   }
 
@@ -693,11 +813,18 @@ class FullyShardedStrategy : public DataParallelStrategy {
     auto& unit = units_[b];
     if (pinned_ || !unit.gathered) return;
     auto storage = unit.flat.storage();
+    auto frozen = unit.frozen.flat.defined() ? unit.frozen.flat.storage() : c10::Storage();
     release(b);
+    unit.held = emptied(std::move(storage));
+    if (frozen) unit.frozen.held = emptied(std::move(frozen));
+  }
+
+  /// `storage` with its memory given back (0 bytes), for refill_storage to allocate again.
+  static c10::Storage emptied(c10::Storage storage) {
     auto* impl = storage.unsafeGetStorageImpl();
     impl->set_data_ptr_noswap(impl->allocator()->allocate(0));
     impl->set_nbytes(0);
-    unit.held = std::move(storage);
+    return storage;
   }
 
   /// A flat buffer of `numel` elements over `storage`, its memory allocated again.
@@ -712,7 +839,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
   }
 
   /// After block b's backward (or at the step): nothing refers to its held buffer any more.
-  void forget_held(std::size_t b) { units_[b].held = c10::Storage(); }
+  void forget_held(std::size_t b) { units_[b].held = units_[b].frozen.held = c10::Storage(); }
 
   // ---- the block and edge runners ----------------------------------------------------------------------
   torch::Tensor run_block(std::size_t index, const BlockCall& call, const torch::Tensor& input) {
@@ -771,7 +898,10 @@ class FullyShardedStrategy : public DataParallelStrategy {
     acquire(unit);
     prefetch(next_unit(unit));
     const auto call = computing(unit, block_call);
-    if (!torch::GradMode::is_enabled()) {
+    // Nothing of a unit that does not train (a frozen embedding on the ids) is read in backward: run as in evaluation.
+    const bool backward_reads_it =
+        !layout_.buckets()[unit].parameters.empty() || (input.is_floating_point() && input.requires_grad());
+    if (!torch::GradMode::is_enabled() || !backward_reads_it) {
       auto output = call(input);
       release(unit);
       return output;
@@ -795,26 +925,15 @@ class FullyShardedStrategy : public DataParallelStrategy {
   /// The unit of `edge`, or no_unit.
   std::size_t edge_unit(Edge edge) const { return edge_units_[static_cast<std::size_t>(edge)]; }
 
-  /// The sharded units in the order forward runs them (the embedding, the blocks, the head), from the layout's
-  /// groups: the blocks first, then each edge that trains.
-  void order_units(const std::vector<std::vector<std::size_t>>& groups) {
-    std::size_t next = model_blocks_;
-    for (std::size_t e = 0; e < edge_modules_.size(); ++e)
-      if (edge_modules_[e] && next < groups.size() && next < sharded_units_ && !groups[next].empty() &&
-          is_in_module(groups[next].front(), *edge_modules_[e]))
-        edge_units_[e] = next++;
+  /// The sharded units in the order forward runs them: the embedding, the blocks, the head (build_layout found the
+  /// edges' units).
+  void order_units() {
     forward_order_.clear();
     if (edge_unit(Edge::embedding) != no_unit) forward_order_.push_back(edge_unit(Edge::embedding));
     for (std::size_t b = 0; b < model_blocks_; ++b) forward_order_.push_back(b);
     if (edge_unit(Edge::head) != no_unit) forward_order_.push_back(edge_unit(Edge::head));
     place_in_order_.assign(sharded_units_, 0);
     for (std::size_t k = 0; k < forward_order_.size(); ++k) place_in_order_[forward_order_[k]] = k;
-  }
-
-  bool is_in_module(std::size_t parameter, torch::nn::Module& module) const {
-    for (const auto& candidate : module.parameters())
-      if (candidate.unsafeGetTensorImpl() == parameters_[parameter].unsafeGetTensorImpl()) return true;
-    return false;
   }
 
   /// The unit forward runs after (before) `unit`, or no_unit.
@@ -915,7 +1034,13 @@ class FullyShardedStrategy : public DataParallelStrategy {
   std::vector<std::shared_ptr<torch::nn::Module>> edge_modules_;  // by Edge: the model's edges (null: none)
   std::vector<std::string> names_;
   std::vector<torch::Tensor> parameters_;
-  std::vector<torch::Tensor> full_shapes_;    // meta tensors: each parameter's full shape and dtype
+  std::vector<torch::Tensor> full_shapes_;  // meta tensors: each parameter's full shape and dtype
+  std::vector<std::string> frozen_names_;   // the units' frozen parameters (frozen_layout_'s), as the three above
+  std::vector<torch::Tensor> frozen_;
+  std::vector<torch::Tensor> frozen_shapes_;                     // meta tensors in the dtype the units hold them in
+  std::unordered_map<const void*, std::string> frozen_name_of_;  // every frozen parameter of the model, by TensorImpl
+  std::unordered_set<const void*> frozen_taken_;                 // those a unit took
+  dist::FlatShardLayout frozen_layout_;                          // one bucket per sharded unit: its frozen parameters
   std::shared_ptr<DeferredBlocks> deferred_;  // during setup, when the model's blocks were built empty
   std::unordered_map<const void*, DeferredPlace> deferred_places_;  // during setup: where each deferred parameter sits
   dist::FlatShardLayout layout_;
