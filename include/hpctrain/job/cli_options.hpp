@@ -16,6 +16,7 @@
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/plan_request.hpp>
+#include <hpctrain/job/site.hpp>
 #include <hpctrain/job/units.hpp>
 #include <hpctrain/names.hpp>
 
@@ -53,15 +54,18 @@ struct LoginCommand {
   bool allow_socket_fallback = false;
 };
 
-/// The geometry `job` asks for, with `command`'s overrides applied, and one GPU's memory: --gpu-memory, else
-/// the GPU type's.
-inline PlanRequest plan_request(const Job& job, const LoginCommand& command) {
+/// The geometry `job` asks for, with `command`'s overrides applied, one GPU's memory (--gpu-memory, else the GPU
+/// type's), its type, and the site's fabric between nodes.
+inline PlanRequest plan_request(const Job& job, const LoginCommand& command, const SiteSettings& site) {
   PlanRequest request;
   request.ranks_per_node = job.tasks_per_node();
   request.world = job.nodes() * request.ranks_per_node;
   request.gpus_per_node = job.gpus_per_node_count();
+  if (job.gpus()) request.gpu_type = job.gpus()->type;
   if (command.gpu_memory_gib) request.gpu_bytes = *command.gpu_memory_gib * 1024.0 * 1024.0 * 1024.0;
-  else if (job.gpus() && !job.gpus()->type.empty()) request.gpu_bytes = gpu_memory_of_type(job.gpus()->type);
+  else if (!request.gpu_type.empty()) request.gpu_bytes = gpu_memory_of_type(request.gpu_type);
+  if (site.fabric.fabric) request.fabric = std::string(fabric_names[static_cast<std::size_t>(*site.fabric.fabric)]);
+  request.expected_busbw_gbps = site.fabric.expected_busbw_gbps;
   return request;
 }
 

@@ -132,11 +132,11 @@ inline ResolvedSweep checked_sweep(const Job& job, const LoginCommand& command, 
 namespace detail {
 /// The memory plan of a --dry-run (printed to `err` as a section, when the program can plan) or a --submit
 /// (printed only when it does not fit, which refuses the submission: nothing written or queued).
-inline PlanVerdict plan_before_queueing(const Job& job, const LoginCommand& command, const Knobs* knobs,
-                                        const Planner& planner, std::ostream& err, bool print) {
+inline PlanVerdict plan_before_queueing(const Job& job, const LoginCommand& command, const SiteSettings& site,
+                                        const Knobs* knobs, const Planner& planner, std::ostream& err, bool print) {
   if (!planner || knobs == nullptr) return PlanVerdict::cannot_plan;
   std::ostringstream text;
-  const auto verdict = planner(knobs->with_arguments(command.forwarded), plan_request(job, command), text);
+  const auto verdict = planner(knobs->with_arguments(command.forwarded), plan_request(job, command, site), text);
   if (verdict == PlanVerdict::cannot_plan) return verdict;
   if (print || verdict == PlanVerdict::does_not_fit) err << text.str();
   if (verdict == PlanVerdict::does_not_fit && !print)
@@ -170,7 +170,7 @@ inline int dry_run_command(const Job& job, const LoginCommand& command, RenderCo
   worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
   check_array_on_cluster(job);
   print_job_warnings(job, err);
-  plan_before_queueing(job, command, knobs, planner, err, /*print=*/true);
+  plan_before_queueing(job, command, worker_context.site, knobs, planner, err, /*print=*/true);
   if (!job.stages().empty()) {
     out << render_chain(job, worker_context);
     return exit_ok;
@@ -188,7 +188,8 @@ inline int submit_command(const Job& job, const LoginCommand& command, RenderCon
   worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
   check_array_on_cluster(job);
   print_job_warnings(job, err);
-  if (plan_before_queueing(job, command, knobs, planner, err, /*print=*/false) == PlanVerdict::does_not_fit)
+  if (plan_before_queueing(job, command, worker_context.site, knobs, planner, err, /*print=*/false) ==
+      PlanVerdict::does_not_fit)
     return exit_usage;
   if (!job.stages().empty()) {
     const auto chain = submit_chain(job, worker_context);
@@ -226,13 +227,13 @@ inline int status_command(const Job& job, const RenderContext& context, std::ost
 }
 
 /// --plan: the memory plan of the program's Training at the job's geometry; exit 2 when it does not fit.
-inline int plan_command(const Job& job, const LoginCommand& command, std::ostream& out, std::ostream& err,
-                        const Knobs* knobs, const Planner& planner) {
+inline int plan_command(const Job& job, const LoginCommand& command, const SiteSettings& site, std::ostream& out,
+                        std::ostream& err, const Knobs* knobs, const Planner& planner) {
   if (!planner || knobs == nullptr) {
     err << "hpctrain: --plan: this program declares no memory plan (a Training from lm::causal_lm_training has one)\n";
     return exit_usage;
   }
-  const auto verdict = planner(knobs->with_arguments(command.forwarded), plan_request(job, command), out);
+  const auto verdict = planner(knobs->with_arguments(command.forwarded), plan_request(job, command, site), out);
   return verdict == PlanVerdict::fits || verdict == PlanVerdict::unknown ? exit_ok : exit_usage;
 }
 
@@ -270,7 +271,7 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
       case Mode::status: return detail::status_command(job, context, out);
       case Mode::logs: print_logs(last_submitted(job, context), out, command.follow); return exit_ok;
       case Mode::local: return detail::local_command(job, command, context, worker_context, out, err);
-      case Mode::plan: return detail::plan_command(job, command, out, err, knobs, planner);
+      case Mode::plan: return detail::plan_command(job, command, context.site, out, err, knobs, planner);
       case Mode::run: {
         auto allocation_context = worker_context;
         allocation_context.sinfo_node_cpus = cluster_node_cpus(job, allocation_context);

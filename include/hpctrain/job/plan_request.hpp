@@ -15,8 +15,11 @@ namespace hpctrain {
 struct PlanRequest {
   int world = 1;  ///< ranks: nodes × tasks per node
   int ranks_per_node = 1;
-  int gpus_per_node = 0;            ///< 0: a CPU job
-  std::optional<double> gpu_bytes;  ///< --gpu-memory, else what the GPU type's name says
+  int gpus_per_node = 0;                      ///< 0: a CPU job
+  std::optional<double> gpu_bytes;            ///< --gpu-memory, else what the GPU type's name says
+  std::string gpu_type;                       ///< the Slurm GPU type the job asks for ("h100"), empty when none
+  std::optional<std::string> fabric;          ///< the site's fabric between nodes (efa, infiniband, ethernet)
+  std::optional<double> expected_busbw_gbps;  ///< the site's stated bus bandwidth between nodes
 };
 /// What a plan concluded.
 enum class PlanVerdict {

@@ -2,7 +2,8 @@
 // `--plan` for a language-model Training (lm::causal_lm_training installs it): the model's shape from the
 // config.json of its `from_pretrained` directory (no weights read), the strategy, precision, LoRA, batch and
 // sequence the run declares with this command line's knobs, at the job's geometry; the accounting is
-// lm/memory_plan.hpp's. The verdict says whether the peak fits one GPU's memory (--gpu-memory, or the GPU type's).
+// lm/memory_plan.hpp's, and on GPUs of a known type the step's time (lm/step_time.hpp) with the fastest sharded
+// settings that fit. The verdict says whether the peak fits one GPU's memory (--gpu-memory, or the GPU type's).
 #include <cstdint>
 #include <ostream>
 #include <string>
@@ -14,6 +15,7 @@
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/lm/memory_plan.hpp>
 #include <hpctrain/lm/plan_advice.hpp>
+#include <hpctrain/lm/step_time.hpp>
 #include <hpctrain/models/hf/config_json.hpp>
 #include <hpctrain/models/llama_config.hpp>
 #include <hpctrain/train/builtin_knobs.hpp>
@@ -88,6 +90,14 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
   in.gpu_bytes = request.gpus_per_node > 0 ? request.gpu_bytes : std::nullopt;
   const auto plan = plan_memory(in);
   out << format_plan(in, plan) << fmt::format("(sequence: {} from {})\n", sequence, from);
+  if (const auto gpu = request.gpus_per_node > 0 ? gpu_speed_of_type(request.gpu_type) : std::nullopt) {
+    const auto fabric = fabric_speed(request.fabric, request.expected_busbw_gbps);
+    out << format_step_time(in, plan_step_time(in, *gpu, fabric, training.reduce_dtype() == ReduceDtype::bf16), *gpu,
+                            fabric);
+    if (in.gpu_bytes) out << format_step_advice(fastest_fitting_settings(in, *gpu, fabric, *in.gpu_bytes));
+  } else if (request.gpus_per_node > 0) {
+    out << "step time: the GPU type names none hpctrain knows the speed of (h100, h200, a100, l40, a10)\n";
+  }
   if (!in.gpu_bytes) {
     if (request.gpus_per_node > 0)
       out << "the GPU's memory is unknown (its type names none hpctrain knows): --gpu-memory GIB says it\n";
