@@ -386,7 +386,7 @@ lm::PlanInput step_row(bool seventy, const std::string& strategy, int nodes, std
 }
 }  // namespace
 
-TEST_CASE("--plan's step time: compute at the stated MFU, each collective at its link, and what overlaps",
+TEST_CASE("The step time of --plan: compute at the stated MFU, each collective at its link, and what overlaps",
           "[models][plan]") {
   const auto h100 = *lm::gpu_speed_of_type("h100");
   const auto efa = lm::fabric_speed(std::string("efa"), std::nullopt);
