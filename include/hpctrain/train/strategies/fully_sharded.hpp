@@ -343,12 +343,6 @@ class FullyShardedStrategy : public DataParallelStrategy {
           b < sharded_units_ ? units_[b].shard.nbytes() + units_[b].frozen.shard.nbytes() : units_[b].flat.nbytes();
     return bytes;
   }
-  /// Bytes of frozen shards this rank holds between uses (LoRA's base, sharded), and their dtype's element size.
-  std::size_t frozen_shard_bytes() const {
-    std::size_t bytes = 0;
-    for (const auto& unit : units_) bytes += unit.frozen.shard.nbytes();
-    return bytes;
-  }
   /// Most bytes of gathered blocks (and edges) held at once since setup (current + prefetched).
   std::size_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
   /// The most bytes of gradients held at once by reduce-scatters in flight (their padded fp32 inputs).
