@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Through the real Trainer (reshard_training: an MLP whose loss curve does not depend on the world size): a sharded
 # stage at one rank trains as Replicated, and its checkpoints still reshard both ways.
-#  - `--local 1 --sharding zero3` prints the note, and its losses are Replicated's (`--sharding none`), bit for bit:
-#    the same strategy runs them;
+#  - `--local 1 --sharding zero3` prints the note, and its losses are Replicated's (`--sharding none`): the same
+#    strategy runs them, so they agree within `same` (1e-6 relative), not bit for bit: on the CI's machine two runs of
+#    one program once left each other by 2.2e-7 at step 40 (an ulp or two of MKL's fp32 GEMM, whose sums may
+#    follow the data's alignment and the threads MKL picks; MKL_CBWR and MKL_DYNAMIC below pin what they can);
+#    the note says which strategy ran;
 #  - its checkpoint at step 20 (zero3's format: one piece per parameter) resumes at `--local 2` under zero3, zero2 and
 #    hsdp, and a 2-rank zero3 run's resumes at `--local 1` under zero3, each continuing the uninterrupted run's loss
 #    curve within reshard_training_test.sh's bound (1e-5 relative: the same fp32 sums split over another number of
@@ -17,6 +20,10 @@ binary="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/one-rank-training-test.XXXXXX")"
 cd "$work"
 note="at one rank trains as replicated"
+same=1e-6
+# Run-to-run reproducibility of MKL's kernels (Intel's "conditional numerical reproducibility"): the code path of
+# this CPU, independent of the data's alignment, with the number of threads set rather than picked per call.
+export MKL_CBWR=AUTO,STRICT MKL_DYNAMIC=FALSE
 
 train() {  # train NAME WORLD STAGE [ARG...]: 40 steps, a checkpoint every 10
   local name="$1" world="$2" stage="$3"
@@ -53,7 +60,7 @@ train replicated 1 none
 train one 1 zero3
 grep -qF "hpctrain: zero3 $note" one.log || fail "zero3 at --local 1 did not say that it trains as replicated"
 ! grep -qF "$note" replicated.log || fail "--sharding none printed the note"
-compare replicated one 0 || fail "zero3 at --local 1 did not train Replicated's losses exactly"
+compare replicated one "$same" || fail "zero3 at --local 1 did not train Replicated's losses (within $same)"
 [ -f one/checkpoints/step-0000000020/rank-00000.hpct ] || fail "no checkpoint at step 20 at --local 1"
 grep -q '"strategy": *"zero3"' one/checkpoints/step-0000000020/meta.json || fail "the checkpoint at --local 1 is not zero3's"
 
@@ -74,7 +81,7 @@ compare two two-to-one 1e-5 || fail "zero3 at --local 2 resumed at --local 1 lea
 # hsdp at one rank trains as Replicated whatever its group size: --hsdp-group-size 2 is not refused there.
 train hsdp-one 1 hsdp --hsdp-group-size 2
 grep -qF "hpctrain: hsdp $note" hsdp-one.log || fail "hsdp --hsdp-group-size 2 at --local 1 did not train as replicated"
-compare replicated hsdp-one 0 || fail "hsdp at --local 1 did not train Replicated's losses exactly"
+compare replicated hsdp-one "$same" || fail "hsdp at --local 1 did not train Replicated's losses (within $same)"
 
 # --sharding none resumes a sharded checkpoint (every rank reads every piece): one rank's at two, two ranks' at one.
 resume one-to-none one 2 none
@@ -83,7 +90,7 @@ resume two-to-none two 1 none
 compare two two-to-none 1e-5 || fail "zero3 at --local 2 resumed at --local 1 under --sharding none leaves its loss curve"
 # And at one rank a sharded stage (Replicated under the stage's name) resumes a replicated checkpoint.
 resume replicated-to-zero3 replicated 1 zero3
-compare replicated replicated-to-zero3 0 || fail "a replicated checkpoint resumed by zero3 at --local 1 leaves its loss curve"
+compare replicated replicated-to-zero3 "$same" || fail "a replicated checkpoint resumed by zero3 at --local 1 leaves its loss curve"
 
 # Forced: zero3's own strategy at one rank, whose checkpoint (FSDP's flat pieces) resumes as replicated.
 HPCTRAIN_SHARD_AT_ONE_RANK=1 train forced 1 zero3
