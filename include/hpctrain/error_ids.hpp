@@ -48,6 +48,7 @@ inline constexpr ErrorId spec_requeue_signal{"hpctrain.spec.requeue_signal"};
 inline constexpr ErrorId spec_site{"hpctrain.spec.site"};
 inline constexpr ErrorId spec_fabric{"hpctrain.spec.fabric"};
 inline constexpr ErrorId spec_check_fabric_max{"hpctrain.spec.check_fabric_max"};
+inline constexpr ErrorId spec_simulated_link{"hpctrain.spec.simulated_link"};
 inline constexpr ErrorId spec_sweep{"hpctrain.spec.sweep"};
 inline constexpr ErrorId spec_account{"hpctrain.spec.account"};
 inline constexpr ErrorId spec_container_command{"hpctrain.spec.container.command"};

@@ -65,6 +65,13 @@ inline constexpr const char* allow_socket_fallback = "HPCTRAIN_ALLOW_SOCKET_FALL
 inline constexpr const char* expected_busbw = "HPCTRAIN_EXPECTED_BUSBW_GBPS";
 /// Set by `--check-fabric`: the workers run an all-reduce sweep up to this many bytes instead of training.
 inline constexpr const char* check_fabric = "HPCTRAIN_CHECK_FABRIC_MAX_BYTES";
+/// Test-only: every rank's collectives cross a simulated link of this many GB/s of bus bandwidth, one after another
+/// (dist/simulated_link.hpp), and --plan of a CPU job states its step time at that link: what checks the plan's step
+/// time on a machine without a cluster's links.
+inline constexpr const char* simulated_link = "HPCTRAIN_SIMULATED_LINK_GBPS";
+/// Test-only, with simulated_link: the TFLOP/s this CPU reaches on the planned model (measured at one rank), which
+/// --plan of a CPU job computes at.
+inline constexpr const char* plan_cpu_tflops = "HPCTRAIN_PLAN_CPU_TFLOPS";
 /// 1: a sharded stage at one rank runs its own strategy instead of training as Replicated (ShardedAtOneRank,
 /// train/strategies/one_rank.hpp): what measures ZeRO-3's path on one GPU.
 inline constexpr const char* shard_at_one_rank = "HPCTRAIN_SHARD_AT_ONE_RANK";

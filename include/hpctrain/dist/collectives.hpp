@@ -13,6 +13,7 @@
 #include <torch/types.h>
 
 #include <hpctrain/dist/process_group.hpp>
+#include <hpctrain/dist/simulated_link.hpp>
 #include <hpctrain/dist/traffic.hpp>
 #include <hpctrain/error.hpp>
 
@@ -31,6 +32,7 @@ inline void wait_for(ProcessGroup& group, const c10::intrusive_ptr<c10d::Work>& 
     // (backend_timeout). Gloo's collectives run on the host: its wait blocks (no spinning) up to ours.
     if (group.device().is_cuda()) work->wait();
     else work->wait(group.timeout());
+    if (auto* link = simulated_link()) link->wait(work.get());
   } catch (const std::exception& e) {
     group.mark_failed();
     throw RuntimeError(errors::runtime_collective,
@@ -51,6 +53,15 @@ c10::intrusive_ptr<c10d::Work> start(ProcessGroup& group, std::string_view opera
   }
 }
 
+/// Counts a collective of `kind` over a payload of `bytes` that has just started (dist/traffic.hpp), and queues it on
+/// the simulated link where a test asks for one (dist/simulated_link.hpp).
+inline void note_started(ProcessGroup& group, const c10::intrusive_ptr<c10d::Work>& work, Collective kind,
+                         std::size_t payload) {
+  const auto bytes = static_cast<std::int64_t>(payload);
+  count_collective(kind, bytes);
+  if (auto* link = simulated_link()) link->started(work.get(), kind, bytes, group.world_size());
+}
+
 /// Rank 0's values of `tensors` (one dtype) broadcast through one flat buffer, copied back into each.
 inline void broadcast_bucket(ProcessGroup& group, const std::vector<torch::Tensor>& tensors) {
   c10d::BroadcastOptions options;
@@ -66,9 +77,8 @@ inline void broadcast_bucket(ProcessGroup& group, const std::vector<torch::Tenso
     for (const auto& tensor : tensors) flat_views.push_back(tensor.detach().reshape({-1}));
     buffer.push_back(torch::cat(flat_views).to(group.device()));
   }
-  count_collective(Collective::broadcast,
-                   buffer.front().numel() * static_cast<std::int64_t>(buffer.front().element_size()));
   auto work = start(group, "broadcast", [&] { return group.backend()->broadcast(buffer, options); });
+  note_started(group, work, Collective::broadcast, buffer.front().nbytes());
   wait_for(group, work, "broadcast");
   if (in_place) return;
   std::int64_t offset = 0;
@@ -122,9 +132,8 @@ inline torch::Tensor all_reduce_sum(ProcessGroup& group, torch::Tensor tensor) {
   // c10d wants dense contiguous tensors on the backend's device; reduce a copy otherwise.
   const bool direct = tensor.is_contiguous() && tensor.device() == group.device();
   std::vector<torch::Tensor> buffer{direct ? tensor : tensor.contiguous().to(group.device())};
-  count_collective(Collective::all_reduce,
-                   buffer.front().numel() * static_cast<std::int64_t>(buffer.front().element_size()));
   auto work = detail::start(group, "all_reduce", [&] { return group.backend()->allreduce(buffer); });
+  detail::note_started(group, work, Collective::all_reduce, buffer.front().nbytes());
   detail::wait_for(group, work, "all_reduce");
   if (!direct) tensor.copy_(buffer[0]);
   return tensor;

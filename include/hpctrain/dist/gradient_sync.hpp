@@ -185,9 +185,8 @@ struct SyncState {
     }
     bucket.buffer.mul_(1.0 / group->world_size());
     std::vector<torch::Tensor> tensors{bucket.buffer};
-    count_collective(Collective::all_reduce,
-                     bucket.buffer.numel() * static_cast<std::int64_t>(bucket.buffer.element_size()));
     bucket.work = start(*group, "gradient all_reduce", [&] { return group->backend()->allreduce(tensors); });
+    note_started(*group, bucket.work, Collective::all_reduce, bucket.buffer.nbytes());
   }
 
   void on_gradient(std::size_t parameter) {

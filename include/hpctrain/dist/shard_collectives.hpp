@@ -37,8 +37,6 @@ inline PendingReduceScatter start_reduce_scatter(ProcessGroup& group, torch::Ten
   if (group.world_size() == 1) return pending;
   const bool converts = pending.input.scalar_type() != pending.output.scalar_type();
   if (converts) pending.reduced = torch::empty(pending.output.sizes(), pending.input.options());
-  count_collective(Collective::reduce_scatter,
-                   pending.input.numel() * static_cast<std::int64_t>(pending.input.element_size()));
   try {
     pending.work = group.backend()->_reduce_scatter_base(converts ? pending.reduced : pending.output, pending.input);
   } catch (const c10::Error&) {
@@ -48,6 +46,7 @@ inline PendingReduceScatter start_reduce_scatter(ProcessGroup& group, torch::Ten
     pending.work = detail::start(group, "gradient reduce_scatter", [&] { return group.backend()->allreduce(tensors); });
     pending.sliced = true;
   }
+  detail::note_started(group, pending.work, Collective::reduce_scatter, pending.input.nbytes());
   return pending;
 }
 
@@ -84,9 +83,9 @@ inline PendingAllGather start_all_gather_in_place(ProcessGroup& group, torch::Te
   if (group.world_size() == 1) return pending;
   const auto n = flat.numel() / group.world_size();
   auto own = flat.narrow(0, group.rank() * n, n);
-  count_collective(Collective::all_gather, flat.numel() * static_cast<std::int64_t>(flat.element_size()));
   pending.work =
       detail::start(group, "parameter all_gather", [&] { return group.backend()->_allgather_base(flat, own); });
+  detail::note_started(group, pending.work, Collective::all_gather, flat.nbytes());
   pending.pending = true;
   return pending;
 }
@@ -110,9 +109,10 @@ struct PendingAllReduce {
 inline PendingAllReduce start_all_reduce_in_place(ProcessGroup& group, torch::Tensor tensor) {
   PendingAllReduce pending;
   if (group.world_size() == 1 || tensor.numel() == 0) return pending;
-  count_collective(Collective::all_reduce, tensor.numel() * static_cast<std::int64_t>(tensor.element_size()));
+  const auto bytes = tensor.nbytes();
   std::vector<torch::Tensor> tensors{std::move(tensor)};
   pending.work = detail::start(group, "gradient all_reduce", [&] { return group.backend()->allreduce(tensors); });
+  detail::note_started(group, pending.work, Collective::all_reduce, bytes);
   pending.pending = true;
   return pending;
 }

@@ -15,6 +15,7 @@
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/lm/memory_plan.hpp>
 #include <hpctrain/lm/plan_advice.hpp>
+#include <hpctrain/dist/simulated_link.hpp>
 #include <hpctrain/lm/step_time.hpp>
 #include <hpctrain/models/hf/config_json.hpp>
 #include <hpctrain/models/llama_config.hpp>
@@ -31,6 +32,22 @@ inline std::pair<std::int64_t, std::string> planned_sequence(const Knobs& knobs,
   for (const char* name : {"max_length", "seq_len"})
     if (const auto* spec = knobs.find(name)) return {knobs.get<std::int64_t>(name), spec->flag()};
   return {positions, "the model's positions"};
+}
+
+/// The speeds the step time is planned at: the GPU type's and the fabric's; on a CPU job, the ones a test states (the
+/// TFLOP/s HPCTRAIN_PLAN_CPU_TFLOPS says this CPU reaches, every link the simulated one of
+/// HPCTRAIN_SIMULATED_LINK_GBPS: dist/simulated_link.hpp), else none.
+inline std::optional<std::pair<GpuSpeed, FabricSpeed>> step_speeds(const PlanRequest& request) {
+  if (request.gpus_per_node > 0) {
+    const auto gpu = gpu_speed_of_type(request.gpu_type);
+    if (!gpu) return std::nullopt;
+    return std::pair{*gpu, fabric_speed(request.fabric, request.expected_busbw_gbps)};
+  }
+  const auto link = dist::simulated_link_busbw();
+  const auto tflops = dist::positive_number_of(env::plan_cpu_tflops, "TFLOP/s");
+  if (!link || !tflops) return std::nullopt;
+  return std::pair{GpuSpeed{*tflops * 1e12, 1.0, *link, "this CPU"},
+                   FabricSpeed{*link, "the simulated link of HPCTRAIN_SIMULATED_LINK_GBPS"}};
 }
 }  // namespace detail
 
@@ -90,11 +107,11 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
   in.gpu_bytes = request.gpus_per_node > 0 ? request.gpu_bytes : std::nullopt;
   const auto plan = plan_memory(in);
   out << format_plan(in, plan) << fmt::format("(sequence: {} from {})\n", sequence, from);
-  if (const auto gpu = request.gpus_per_node > 0 ? gpu_speed_of_type(request.gpu_type) : std::nullopt) {
-    const auto fabric = fabric_speed(request.fabric, request.expected_busbw_gbps);
-    out << format_step_time(in, plan_step_time(in, *gpu, fabric, training.reduce_dtype() == ReduceDtype::bf16), *gpu,
+  if (const auto speeds = detail::step_speeds(request)) {
+    const auto& [gpu, fabric] = *speeds;
+    out << format_step_time(in, plan_step_time(in, gpu, fabric, training.reduce_dtype() == ReduceDtype::bf16), gpu,
                             fabric);
-    if (in.gpu_bytes) out << format_step_advice(fastest_fitting_settings(in, *gpu, fabric, *in.gpu_bytes));
+    if (in.gpu_bytes) out << format_step_advice(fastest_fitting_settings(in, gpu, fabric, *in.gpu_bytes));
   } else if (request.gpus_per_node > 0) {
     out << "step time: the GPU type names none hpctrain knows the speed of (h100, h200, a100, l40, a10)\n";
   }

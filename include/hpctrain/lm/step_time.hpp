@@ -3,12 +3,11 @@
 // on the job's GPUs and fabric, and how much of the sharded strategies' communication the compute hides. Torch-free
 // arithmetic on the plan's input; what it assumes is stated, never measured here:
 //
-//   compute      torchtitan's count of a step's FLOPs a token (6 · trained-or-frozen parameters' products + 12 · layers
-//   ·
-//                hidden · sequence for attention; LoRA's frozen weights need no weight gradient: 4 instead of 6),
-//                plus what recomputation runs again, at the GPU type's dense bf16 peak times a stated MFU
-//                (GpuSpeed: 0.40, what torchtitan reports for Llama 3.1 8B on H100s, 33-39%, rounded up for a
-//                step without its Python)
+//   compute      torchtitan's count of a step's FLOPs a token (6 · trained-or-frozen parameters' products
+//                + 12 · layers · hidden · sequence for attention; LoRA's frozen weights need no weight gradient: 4
+//                instead of 6), plus what recomputation runs again, at the GPU type's dense bf16 peak times a stated
+//                MFU (GpuSpeed: 0.40, what torchtitan reports for Llama 3.1 8B on H100s, 33-39%, rounded up for a step
+//                without its Python)
 //   collectives  nccl-tests' bus bandwidth: an all-gather or reduce-scatter of a buffer of B bytes over n ranks
 //                takes B (n-1)/n / busbw, an all-reduce 2 B (n-1)/n / busbw; a group within a node runs at the
 //                node's NVLink figure, a group across nodes at the fabric's (LinkSpeeds: the site's
@@ -154,13 +153,13 @@ inline StepTime plan_step_time(const PlanInput& in, const GpuSpeed& gpu, const F
 /// The plan's lines about the step: "step: 1.23 s a micro-batch of 2 x 8192 tokens ...".
 inline std::string format_step_time(const PlanInput& in, const StepTime& time, const GpuSpeed& gpu,
                                     const FabricSpeed& fabric) {
+  const auto speeds =
+      fmt::format("{} at {:.4g} TFLOP/s x {:.0f}% MFU, NVLink {:.4g} GB/s, between nodes {:.4g} GB/s from {}", gpu.name,
+                  gpu.peak_flops / 1e12, gpu.mfu * 100.0, gpu.nvlink_busbw / 1e9, fabric.busbw / 1e9, fabric.source);
   return fmt::format(
-      "step time (stated speeds: {} at {:.0f} TFLOP/s x {:.0f}% MFU, NVLink {:.0f} GB/s, between nodes {:.0f} GB/s "
-      "from "
-      "{}):\n  {:.3f} s a micro-batch of {} x {} tokens: compute {:.3f} s, communication {:.3f} s of which {:.3f} s "
-      "exposed; {:.0f} tokens/s per GPU\n",
-      gpu.name, gpu.peak_flops / 1e12, gpu.mfu * 100.0, gpu.nvlink_busbw / 1e9, fabric.busbw / 1e9, fabric.source,
-      time.step, in.micro_batch, in.sequence, time.compute, time.communication, time.exposed,
+      "step time (stated speeds: {}):\n  {:.4g} s a micro-batch of {} x {} tokens: compute {:.4g} s, communication "
+      "{:.4g} s of which {:.4g} s exposed; {:.0f} tokens/s per GPU\n",
+      speeds, time.step, in.micro_batch, in.sequence, time.compute, time.communication, time.exposed,
       time.tokens_per_gpu_per_second);
 }
 
