@@ -1,11 +1,11 @@
 #pragma once
 // What this process puts on the fabric, counted where each collective starts (detail::note_started in
-// dist/collectives.hpp, called there and by dist/shard_collectives.hpp and dist/gradient_sync.hpp): per kind, the calls and their payload — the whole buffer
-// the collective works on (an all-gather's gathered flat, a reduce-scatter's input, an all-reduce's or a
-// broadcast's tensor). That is the size FSDP2's per-parameter figures count (2 + 2 + 4 bytes a parameter a step:
-// bf16 all-gathers in forward and backward, an fp32 reduce-scatter); a ring sends (W-1)/W of an all-gather's or a
-// reduce-scatter's payload from each rank and 2(W-1)/W of an all-reduce's. Torch-free; the Trainer prints the
-// steps' share (docs/distributed.md, "Bytes on the fabric").
+// dist/collectives.hpp, called there and by dist/shard_collectives.hpp and dist/gradient_sync.hpp): per kind, the
+// calls and their payload — the whole buffer the collective works on (an all-gather's gathered flat, a
+// reduce-scatter's input, an all-reduce's or a broadcast's tensor). That is the size FSDP2's per-parameter figures
+// count (2 + 2 + 4 bytes a parameter a step: bf16 all-gathers in forward and backward, an fp32 reduce-scatter); a
+// ring sends (W-1)/W of an all-gather's or a reduce-scatter's payload from each rank and 2(W-1)/W of an
+// all-reduce's. Torch-free; the Trainer prints the steps' share (docs/distributed.md, "Bytes on the fabric").
 #include <array>
 #include <atomic>
 #include <cstddef>
