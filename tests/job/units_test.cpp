@@ -49,3 +49,24 @@ TEST_CASE("A malformed command-line time limit is a spec error naming time", "[u
                                        ": expected D-HH:MM:SS, HH:MM:SS, MM:SS, MM or a number with s/min/h/d");
   }
 }
+
+TEST_CASE(
+    "One GPU's memory on the command line (--gpu-memory) reads GB as GPUs are sold, GiB and TiB as binary, and a bare "
+    "number as GiB",
+    "[units]") {
+  auto [text, bytes, bare] = GENERATE(table<std::string, double, bool>({{"80GB", 80e9, false},
+                                                                        {"74.5GiB", 74.5 * 1073741824.0, false},
+                                                                        {"1TB", 1e12, false},
+                                                                        {"1TiB", 1099511627776.0, false},
+                                                                        {"80", 80 * 1073741824.0, true},
+                                                                        {"0.5", 536870912.0, true}}));
+  CAPTURE(text);
+  const auto memory = hpctrain::parse_gpu_memory(text);
+  REQUIRE(memory);
+  CHECK(memory->bytes == bytes);
+  CHECK(memory->bare == bare);
+  for (const char* bad : {"", "GB", "0", "-80GB", "80XB", "80 GB", "eighty", "80GBs", "nan", "inf"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(hpctrain::parse_gpu_memory(bad));
+  }
+}

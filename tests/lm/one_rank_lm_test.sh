@@ -99,5 +99,21 @@ status=0
 [ "$status" = 2 ] || log=small.log fail "--plan on a GPU of $gpu GiB: exit $status, not 2"
 grep -q "^hpctrain: fits with --loss-chunk-tokens 2048: $chunked GiB of $gpu GiB per GPU" small.log ||
   log=small.log fail "--plan on a GPU of $gpu GiB did not name the chunked loss ($chunked GiB)"
+# --gpu-memory takes units: 80GB is 74.5 GiB, as GPUs are sold; a bare 80 is GiB and the plan says so; a bad size
+# exits 2 naming it. Eight GPUs a node with the plan's one task a node: --plan warns that 7 would stay idle, as
+# --dry-run does.
+"$sft" "${plan[@]}" --gpu-memory 80GB > sold.log 2>&1 || log=sold.log fail "--plan --gpu-memory 80GB: exit $?"
+grep -q "of 74.51 GiB per GPU" sold.log || log=sold.log fail "--gpu-memory 80GB was not planned as 74.51 GiB"
+grep -q "^hpctrain: --gpu-memory 80 read as 80 GiB (85.9 GB); 80GB states a GPU sold as 80 GB" plan.log ||
+  log=plan.log fail "--plan did not say that a bare --gpu-memory 80 is GiB"
+! grep -q "read as" sold.log || log=sold.log fail "--gpu-memory 80GB was said to be read as GiB"
+status=0
+"$sft" "${plan[@]}" --gpu-memory 80XB > bad-size.log 2>&1 || status=$?
+[ "$status" = 2 ] && grep -q "\--gpu-memory 80XB: expected one GPU's memory" bad-size.log ||
+  log=bad-size.log fail "--gpu-memory 80XB: exit $status, or no message naming it"
+"$sft" --from sharded --data conversations.jsonl --plan --nodes 1 --tasks-per-node 1 --gpus-per-node 8 --max-length 2048 \
+  --gpu-memory 80GB > idle.log 2>&1 || true
+grep -q "^hpctrain: warning: 8 GPUs per node but 1 task(s) per node: .* 7 GPU(s) per node would stay idle" idle.log ||
+  log=idle.log fail "--plan with 8 GPUs a node and 1 task did not warn of 7 idle GPUs"
 cd / && rm -rf "${work:?}"
 echo "PASS: exports of the same weights equal bit for bit; LoRA loaded across the strategies:$lora_report --plan: $peak GiB, fits with the chunked loss ($chunked GiB) on $gpu GiB"

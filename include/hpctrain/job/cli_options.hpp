@@ -16,6 +16,7 @@
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/plan_request.hpp>
+#include <hpctrain/job/units.hpp>
 #include <hpctrain/job/site.hpp>
 #include <hpctrain/job/units.hpp>
 #include <hpctrain/names.hpp>
@@ -40,10 +41,11 @@ struct LoginCommand {
   std::string help;
   // The job layer's second-wave options (add_job_layer_options / apply_job_layer_overrides).
   std::optional<std::string> gpu_syntax, array;
-  std::optional<int> task;               ///< --task N: one task of an array (--logs, --cancel)
-  bool results = false;                  ///< --results: the table of the last job's tasks (job/results.hpp)
-  std::optional<std::string> sort_by;    ///< --sort-by METRIC[:max|:min] for --results
-  std::optional<double> gpu_memory_gib;  ///< --gpu-memory GIB: one GPU's memory for the plan (else the GPU type's)
+  std::optional<int> task;             ///< --task N: one task of an array (--logs, --cancel)
+  bool results = false;                ///< --results: the table of the last job's tasks (job/results.hpp)
+  std::optional<std::string> sort_by;  ///< --sort-by METRIC[:max|:min] for --results
+  /// --gpu-memory SIZE: one GPU's memory for the plan (else the GPU type's), checked by parse_gpu_memory.
+  std::optional<std::string> gpu_memory;
   /// `--wandb-sync [RUN_DIR]`: RUN_DIR, or empty for the last submitted job's directory.
   std::optional<std::string> wandb_sync;
   /// `--check-fabric`: the workers run an all-reduce sweep instead of training; `--check-fabric-max SIZE` its
@@ -54,6 +56,14 @@ struct LoginCommand {
   bool allow_socket_fallback = false;
 };
 
+/// What the plan says of `--gpu-memory N` without a unit: read as GiB, which an H100's "80 GB" is not.
+inline std::string gpu_memory_note(const LoginCommand& command) {
+  const auto memory = command.gpu_memory ? parse_gpu_memory(*command.gpu_memory) : std::nullopt;
+  if (!memory || !memory->bare) return "";
+  return fmt::format("hpctrain: --gpu-memory {0} read as {0} GiB ({1:.1f} GB); {0}GB states a GPU sold as {0} GB\n",
+                     *command.gpu_memory, memory->bytes / 1e9);
+}
+
 /// The geometry `job` asks for, with `command`'s overrides applied, one GPU's memory (--gpu-memory, else the GPU
 /// type's), its type, and the site's fabric between nodes.
 inline PlanRequest plan_request(const Job& job, const LoginCommand& command, const SiteSettings& site) {
@@ -62,7 +72,7 @@ inline PlanRequest plan_request(const Job& job, const LoginCommand& command, con
   request.world = job.nodes() * request.ranks_per_node;
   request.gpus_per_node = job.gpus_per_node_count();
   if (job.gpus()) request.gpu_type = job.gpus()->type;
-  if (command.gpu_memory_gib) request.gpu_bytes = *command.gpu_memory_gib * 1024.0 * 1024.0 * 1024.0;
+  if (command.gpu_memory) request.gpu_bytes = parse_gpu_memory(*command.gpu_memory).value().bytes;
   else if (!request.gpu_type.empty()) request.gpu_bytes = gpu_memory_of_type(request.gpu_type);
   if (site.fabric.fabric) request.fabric = std::string(fabric_names[static_cast<std::size_t>(*site.fabric.fabric)]);
   request.expected_busbw_gbps = site.fabric.expected_busbw_gbps;
@@ -128,9 +138,10 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
   app.add_flag("--plan", plan,
                "print what each GPU and node will hold (parameters, gradients, optimizer state, activations) "
                "and whether it fits; exit 2 if it does not; touch nothing");
-  app.add_option("--gpu-memory", command.gpu_memory_gib,
-                 "with --plan, --dry-run or --submit: one GPU's memory in GiB (default: what the GPU type says)")
-      ->type_name("GIB");
+  app.add_option("--gpu-memory", command.gpu_memory,
+                 "with --plan, --dry-run or --submit: one GPU's memory, 80GB (as GPUs are sold), 74.5GiB, or a bare "
+                 "number of GiB (default: what the GPU type says)")
+      ->type_name("SIZE");
   app.add_flag("--run", run,
                "inside an allocation (salloc, an interactive job): run the training on it as the batch script "
                "would; under your own srun: train as that step's ranks");
@@ -205,11 +216,13 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
                  : command.wandb_sync ? Mode::wandb_sync
                                       : Mode::none;
   if (command.follow && command.mode != Mode::logs) throw UsageError("--follow goes with --logs");
-  if (command.gpu_memory_gib && command.mode != Mode::plan && command.mode != Mode::dry_run &&
-      command.mode != Mode::submit)
+  if (command.gpu_memory && command.mode != Mode::plan && command.mode != Mode::dry_run && command.mode != Mode::submit)
     throw UsageError("--gpu-memory goes with --plan, --dry-run or --submit");
-  if (command.gpu_memory_gib && !(*command.gpu_memory_gib > 0))
-    throw UsageError(fmt::format("--gpu-memory {}: must be a positive number of GiB", *command.gpu_memory_gib));
+  if (command.gpu_memory && !parse_gpu_memory(*command.gpu_memory))
+    throw UsageError(
+        fmt::format("--gpu-memory {}: expected one GPU's memory above 0: 80GB (decimal, as GPUs are "
+                    "sold), 74.5GiB, or a bare number of GiB",
+                    *command.gpu_memory));
   if (command.sort_by && command.mode != Mode::results) throw UsageError("--sort-by goes with --results");
   if (command.resume && command.mode != Mode::submit && command.mode != Mode::dry_run && command.mode != Mode::local &&
       command.mode != Mode::run)

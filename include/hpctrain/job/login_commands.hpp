@@ -136,11 +136,12 @@ inline PlanVerdict plan_before_queueing(const Job& job, const LoginCommand& comm
                                         const Knobs* knobs, const Planner& planner, std::ostream& err, bool print) {
   if (!planner || knobs == nullptr) return PlanVerdict::cannot_plan;
   std::ostringstream text;
+  text << gpu_memory_note(command);
   const auto verdict = planner(knobs->with_arguments(command.forwarded), plan_request(job, command, site), text);
   if (verdict == PlanVerdict::cannot_plan) return verdict;
   if (print || verdict == PlanVerdict::does_not_fit) err << text.str();
   if (verdict == PlanVerdict::does_not_fit && !print)
-    err << "hpctrain: not submitted: the memory plan does not fit (--plan shows it; --gpu-memory GIB states one GPU's "
+    err << "hpctrain: not submitted: the memory plan does not fit (--plan shows it; --gpu-memory SIZE states one GPU's "
            "memory)\n";
   return verdict;
 }
@@ -233,6 +234,8 @@ inline int plan_command(const Job& job, const LoginCommand& command, const SiteS
     err << "hpctrain: --plan: this program declares no memory plan (a Training from lm::causal_lm_training has one)\n";
     return exit_usage;
   }
+  print_job_warnings(job, err);  // as --dry-run does: GPUs a node would leave idle, above all
+  out << gpu_memory_note(command);
   const auto verdict = planner(knobs->with_arguments(command.forwarded), plan_request(job, command, site), out);
   return verdict == PlanVerdict::fits || verdict == PlanVerdict::unknown ? exit_ok : exit_usage;
 }

@@ -1,10 +1,14 @@
 #pragma once
 // Memory sizes and time limits as Slurm reads them: `64_GiB` becomes `--mem=64G`, `2h` becomes
 // `--time=0-02:00:00` (D-HH:MM:SS, the one format every Slurm release accepts without ambiguity).
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 
 #include <fmt/format.h>
@@ -76,6 +80,33 @@ inline std::int64_t parse_bytes(std::string_view text, std::string_view field) {
     throw SpecError(field, text.empty() ? std::string_view("\"\"") : text,
                     "expected a positive number of bytes, with K, M, G (KiB, MiB, GiB) or none");
   return static_cast<std::int64_t>(value) * scale;
+}
+
+/// One GPU's memory as `--gpu-memory` reads it.
+struct GpuMemory {
+  double bytes = 0;
+  bool bare = false;  ///< a number without a unit: GiB, what --gpu-memory read before it took units
+};
+
+/// Parses one GPU's memory: a number with GB or TB (decimal, as GPUs are sold: an H100's `80GB` is 74.5 GiB), with
+/// GiB or TiB (binary), or bare (GiB). Nothing when malformed or not above 0.
+inline std::optional<GpuMemory> parse_gpu_memory(std::string_view text) {
+  double scale = 1024.0 * 1024.0 * 1024.0;
+  bool bare = true;
+  for (auto [suffix, factor] : {std::pair<std::string_view, double>{"GiB", 1024.0 * 1024.0 * 1024.0},
+                                {"TiB", 1024.0 * 1024.0 * 1024.0 * 1024.0},
+                                {"GB", 1e9},
+                                {"TB", 1e12}}) {
+    if (text.size() > suffix.size() && text.ends_with(suffix)) {
+      text.remove_suffix(suffix.size()), scale = factor, bare = false;
+      break;
+    }
+  }
+  double value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size() || !(value > 0) || !std::isfinite(value))
+    return std::nullopt;
+  return GpuMemory{value * scale, bare};
 }
 
 /// Parses a command-line time limit: Slurm's forms (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`,

@@ -117,7 +117,8 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
   }
   if (!in.gpu_bytes) {
     if (request.gpus_per_node > 0)
-      out << "the GPU's memory is unknown (its type names none hpctrain knows): --gpu-memory GIB says it\n";
+      out << "the GPU's memory is unknown (its type names none hpctrain knows): --gpu-memory SIZE (80GB, 74.5GiB) says "
+             "it\n";
     return PlanVerdict::unknown;
   }
   if (plan.fits()) return PlanVerdict::fits;
