@@ -39,7 +39,7 @@ struct LossCurve : ht::FileLogger {
 // [end snippet]
 
 int main(int argc, char** argv) {
-  auto job = ht::Job("custom_training").nodes(2).tasks_per_node(1).cpus_per_task(1).time(10min).partition("debug");
+  auto job = ht::Job("custom_training").nodes(2).cpus_per_task(1).time(10min).partition("debug");
   auto training = ht::Training()
       .model([] { return torch::nn::Sequential(torch::nn::Embedding(vocab, 32), torch::nn::Linear(32, vocab)); })
       .optimizer(ht::adamw(1e-2).weight_decay(0.01)).train_data(masked_sequences).eval_data(masked_sequences)

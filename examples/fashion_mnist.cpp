@@ -29,7 +29,7 @@ TORCH_MODULE(Net);
 
 int main(int argc, char** argv) {
   const std::string data = "/usr/share/datasets/fashion-mnist/";  // Debian's dataset-fashion-mnist
-  auto job = ht::Job("fashion_mnist").nodes(2).tasks_per_node(1).cpus_per_task(1).time(30min).partition("debug")
+  auto job = ht::Job("fashion_mnist").nodes(2).cpus_per_task(1).time(30min).partition("debug")
                  .requeue_on_timeout(1min);  // USR2 a minute before the limit: checkpoint, requeue, resume
   auto training = ht::Training()
       .model([] { return Net(); }).loss(torch::nn::functional::cross_entropy)

@@ -10,7 +10,7 @@ namespace ht = hpctrain;
 
 int main(int argc, char** argv) {
   const auto seq_len = ht::knob("seq_len", 128, "tokens per training window (the model's n_positions)", ht::positive());
-  auto job = ht::Job("gpt").nodes(2).tasks_per_node(1).cpus_per_task(1).time(30min).partition("debug")
+  auto job = ht::Job("gpt").nodes(2).cpus_per_task(1).time(30min).partition("debug")
                  .requeue_on_timeout(1min)
                  .prepare(ht::text::prepare_tokens_step(ht::text::default_corpus(), ht::text::gpt2_tokenizer(),
                                                         ht::text::PrepareOptions().validation_fraction(0.05)));

@@ -14,7 +14,7 @@ namespace ht = hpctrain;
 
 int main(int argc, char** argv) {
   const auto max_length = ht::knob("max_length", 128, "tokens per block, <s> and </s> included", ht::positive());
-  auto job = ht::Job("roberta").nodes(2).tasks_per_node(1).cpus_per_task(1).time(30min).partition("debug")
+  auto job = ht::Job("roberta").nodes(2).cpus_per_task(1).time(30min).partition("debug")
                  .requeue_on_timeout(1min)
                  .prepare(ht::text::prepare_tokens_step(ht::text::default_corpus(), ht::text::roberta_tokenizer(),
                                                         ht::text::PrepareOptions().validation_fraction(0.05)));

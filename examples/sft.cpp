@@ -20,7 +20,7 @@ ht::lm::SftJsonl examples(ht::lm::Split part) {  // every 16th example of the fi
 }
 
 int main(int argc, char** argv) {
-  auto job = ht::Job("sft").nodes(2).tasks_per_node(1).cpus_per_task(1).time(30min).partition("debug")
+  auto job = ht::Job("sft").nodes(2).cpus_per_task(1).time(30min).partition("debug")
                  .requeue_on_timeout(1min);
   auto training = ht::lm::causal_lm_training()
       .model(ht::lm::from_pretrained(

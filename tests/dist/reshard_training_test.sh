@@ -2,7 +2,8 @@
 # Through the real Trainer: a run checkpointed at `--local 4` resumes at `--local 3 --resume DIR`, resharding
 # its ZeRO checkpoint, and its loss curve continues the uninterrupted 4-rank run's within fp32 tolerance.
 # Usage: reshard_training_test.sh <reshard_training binary> <sharding stage> [<stage of the resumed run>]
-# hsdp runs in 2 shard groups of 2 ranks (--hsdp-group-size 2); its checkpoint resumes as any stage.
+# hsdp runs in 2 shard groups of 2 ranks (--hsdp-group-size 2); its checkpoint resumes as any stage, and at the same
+# world and groups (each rank reading the first group's file at its place) with the uninterrupted run's losses exactly.
 set -euo pipefail
 source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
 binary="$(realpath "$1")"
@@ -32,6 +33,20 @@ if [ "$stage" = hsdp ]; then  # the second shard group (ranks 2, 3) replicates t
 fi
 mkdir -p first/checkpoints
 cp -r whole/checkpoints/step-0000000020 first/checkpoints/
+if [ "$stage" = hsdp ]; then  # the same world and shard groups: each rank reads the first group's file at its place
+  HPCTRAIN_RUN_DIR="$work/same" "$binary" --local 4 --max-steps 40 "${first_knobs[@]}" --resume "$work/first" > same.log 2>&1 ||
+    fail "hsdp resumed at --local 4: exit $?"
+  grep -q "^resumed from $work/first/checkpoints at step 20 " same.log || fail "the hsdp run at 4 ranks did not resume at step 20"
+  python3 - whole/metrics.jsonl same/metrics.jsonl <<'PY' || fail "hsdp resumed at the same world leaves the uninterrupted run's losses"
+import json, sys
+curve = lambda path: {r["step"]: r["loss"] for r in map(json.loads, open(path)) if "loss" in r}
+whole, same = curve(sys.argv[1]), curve(sys.argv[2])
+assert sorted(same) == list(range(21, 41)), sorted(same)
+differing = [s for s in same if same[s] != whole[s]]
+print(f"hsdp resumed at 4 ranks: steps 21-40 equal the uninterrupted run's bit for bit: {not differing} {differing[:3]}")
+sys.exit(1 if differing else 0)
+PY
+fi
 HPCTRAIN_RUN_DIR="$work/second" "$binary" --local 3 --max-steps 40 --sharding "$resumed_stage" --resume "$work/first" > second.log 2>&1 ||
   fail "second half at 3 ranks: exit $?"
 grep -q "^resumed from $work/first/checkpoints at step 20 " second.log || fail "the 3-rank run did not resume at step 20"

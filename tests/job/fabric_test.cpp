@@ -123,7 +123,7 @@ TEST_CASE("The site file's fabric keys are read, checked, and a typo names the c
   const auto site = site_from(dir,
                               "fabric = efa  # p5\nsocket_ifname = ^docker,lo\nexpected_busbw_gbps = 42.5\n"
                               "cores_per_node = 96\nrendezvous_timeout_s = 600\ncollective_timeout_s = 900\n"
-                              "checkpoint_timeout_s = 1800\n");
+                              "checkpoint_timeout_s = 1800\ncheckpoint_write_gbps = 3.5\n");
   CHECK(site.fabric.fabric == ht::Fabric::efa);
   CHECK(site.fabric.source == (dir / "site.conf").string() + ":1");
   CHECK(site.fabric.socket_ifname == "^docker,lo");
@@ -132,6 +132,7 @@ TEST_CASE("The site file's fabric keys are read, checked, and a typo names the c
   CHECK(site.rendezvous_timeout_s == 600);
   CHECK(site.collective_timeout_s == 900);
   CHECK(site.checkpoint_timeout_s == 1800);
+  CHECK(site.checkpoint_write_gbps == 3.5);
   CHECK(site_from(dir, "fabric = infiniband\nib_hca = mlx5_0,mlx5_1\n").fabric.ib_hca == "mlx5_0,mlx5_1");
 
   const auto where = (dir / "site.conf").string() + ":1";
@@ -145,12 +146,14 @@ TEST_CASE("The site file's fabric keys are read, checked, and a typo names the c
       {"fabrc = efa\n",
        "[hpctrain.spec.site] site = fabrc: unknown setting (did you mean fabric?); known: gpu_syntax, "
        "fabric, socket_ifname, ib_hca, expected_busbw_gbps, cores_per_node, rendezvous_timeout_s, "
-       "collective_timeout_s, checkpoint_timeout_s (" +
+       "collective_timeout_s, checkpoint_timeout_s, checkpoint_write_gbps (" +
            where + ")"},
       {"socket_ifname = eth0 eth1\n",
        "[hpctrain.spec.site] socket_ifname = eth0 eth1: expected one word (" + where + ")"},
       {"expected_busbw_gbps = fast\n",
        "[hpctrain.spec.site] expected_busbw_gbps = fast: expected a positive number of GB/s (" + where + ")"},
+      {"checkpoint_write_gbps = 0\n",
+       "[hpctrain.spec.site] checkpoint_write_gbps = 0: expected a positive number of GB/s (" + where + ")"},
       {"cores_per_node = 0\n",
        "[hpctrain.spec.site] cores_per_node = 0: expected a whole number in [1, 65536] (" + where + ")"},
       {"rendezvous_timeout_s = 5min\n",

@@ -2,7 +2,8 @@
 # Issue 8's checks on the real example, as a new user types them:
 #   --submit with an invalid or unknown knob exits 2 naming it, writes nothing and queues nothing;
 #   --local 2 --max-steps 20 run twice in one directory trains twice (a new run directory each time);
-#   --local 2 --resume continues the newest run from its checkpoint, in a directory of its own.
+#   --local 2 --resume continues the newest run from its checkpoint, in a directory of its own;
+#   --dry-run --gpus-per-node 8 runs 8 tasks a node (the example leaves tasks_per_node to follow the GPUs).
 # Usage: fashion_mnist_cli_test.sh <fashion_mnist binary>
 set -euo pipefail
 source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
@@ -14,6 +15,11 @@ unset HPCTRAIN_RUN_DIR
 
 # Jobs (any user's) whose working directory is $1: squeue's %Z.
 jobs_in() { squeue --noheader --format '%i %Z' | awk -v dir="$1" '$2 == dir { print $1 }'; }
+
+# The example's geometry follows the GPUs: --gpus-per-node 8 gives 8 tasks a node (one rank per GPU), none idle.
+"$binary" --dry-run --gpus-per-node 8 > gpus.sh 2> gpus.err || { log=gpus.err; fail "--dry-run --gpus-per-node 8 exited $?"; }
+grep -qx -- "#SBATCH --ntasks-per-node=8" gpus.sh || fail "--dry-run --gpus-per-node 8: $(grep -m1 ntasks gpus.sh), not 8 tasks a node"
+! grep -q "would stay idle" gpus.err || fail "--dry-run --gpus-per-node 8 warns of idle GPUs: $(grep -m1 idle gpus.err)"
 
 mkdir refused
 for case in "--lr -1|[hpctrain.spec.knob] --lr = -1: must be positive" \

@@ -2,7 +2,10 @@
 // training ranks, leaves its output for them, is skipped by a requeued job, and a failing one fails the
 // job before any rank starts.
 #include <filesystem>
+#include <string>
+#include <vector>
 
+#include <hpctrain/job/cli_options.hpp>
 #include <hpctrain/job/process.hpp>
 #include <hpctrain/job/render.hpp>
 
@@ -31,6 +34,34 @@ TEST_CASE("The preparation step renders as its own one-task srun step before the
   CHECK(script.find("if [ -e \"$HPCTRAIN_RUN_DIR/prepare.done\" ]; then\n") != std::string::npos);
   CHECK(script.find("  touch \"$HPCTRAIN_RUN_DIR/prepare.done\"\n") != std::string::npos);
   CHECK(ht::render_sbatch(ht::Job("plain"), context).find("hpctrain-prepare") == std::string::npos);
+}
+
+TEST_CASE("The CPUs a task gets from the command line reach the #SBATCH line and both srun steps", "[prepare][cli]") {
+  auto context = job_test::fixed_context();
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"train", "--dry-run", "--cpus-per-task", "24"},
+        std::vector<std::string>{"train", "--dry-run", "--sbatch", "cpus-per-task=24"}}) {
+    CAPTURE(args);
+    std::vector<char*> argv;
+    for (const auto& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+    const auto command = ht::parse_login_command(static_cast<int>(argv.size()), argv.data());
+    auto job = ht::Job("prep").nodes(2).cpus_per_task(1).prepare([](const ht::PrepareContext&) {});
+    ht::apply_overrides(job, command);
+    const auto script = ht::render_sbatch(job, context);
+    CHECK(script.find("#SBATCH --cpus-per-task=24\n") != std::string::npos);
+    std::size_t steps = 0;
+    for (auto at = script.find("  --cpus-per-task=24 \\\n"); at != std::string::npos;
+         at = script.find("  --cpus-per-task=24 \\\n", at + 1))
+      ++steps;
+    CHECK(steps == 2);  // the preparation step and the training step
+    CHECK(script.find("cpus-per-task=1") == std::string::npos);
+  }
+  std::vector<std::string> bad = {"train", "--dry-run", "--sbatch", "cpus-per-task=many"};
+  std::vector<char*> argv;
+  for (auto& arg : bad) argv.push_back(arg.data());
+  auto job = ht::Job("prep");
+  CHECK_THROWS_WITH(ht::apply_overrides(job, ht::parse_login_command(static_cast<int>(argv.size()), argv.data())),
+                    Catch::Matchers::Contains("--sbatch cpus-per-task=many: expected a whole number of CPUs"));
 }
 
 TEST_CASE("An empty preparation callable is refused", "[prepare]") {

@@ -10,6 +10,7 @@
 #include <utility>
 #include <string>
 
+#include <hpctrain/lm/checkpoint_plan.hpp>
 #include <hpctrain/lm/memory_plan.hpp>
 #include <hpctrain/lm/plan_advice.hpp>
 #include <hpctrain/lm/step_time.hpp>
@@ -442,4 +443,48 @@ TEST_CASE("The step time of --plan: compute at the stated MFU, each collective a
       CHECK(fp32_reduce.step >= fp32_reduce.compute);
       CHECK(bf16_reduce.step <= fp32_reduce.step);
     }
+}
+
+TEST_CASE("The checkpoint's bytes a rank, a node and in all, and the grace requeue_on_timeout needs to write it",
+          "[models][plan]") {
+  // Llama 3.1 70B's public config: 70.55B parameters, 12 bytes each in a sharded checkpoint (fp32 master, AdamW's
+  // two moments) make 847 GB, 13.2 GB a rank of 64 and 106 GB a node of 8 (the figures the issue read from the code).
+  lm::PlanInput in;
+  in.model = lm::model_shape(llama31(/*seventy=*/true));
+  in.strategy = "zero3";
+  in.world = 64;
+  in.ranks_per_node = 8;
+  CHECK_THAT(static_cast<double>(in.model.parameters), Catch::Matchers::WithinRel(70.55e9, 0.001));
+  auto plan = lm::plan_checkpoint(in, 2.0);
+  CHECK_THAT(plan.total, Catch::Matchers::WithinRel(12.0 * static_cast<double>(in.model.parameters), 1e-12));
+  CHECK_THAT(plan.per_rank, Catch::Matchers::WithinRel(plan.total / 64, 1e-12));
+  CHECK_THAT(plan.per_node, Catch::Matchers::WithinRel(plan.total / 8, 1e-12));
+  CHECK_THAT(plan.seconds, Catch::Matchers::WithinRel(plan.per_node / 2e9, 1e-12));
+  CHECK_THAT(lm::format_checkpoint_plan(in, plan, "stated"),
+             Catch::Matchers::StartsWith("checkpoint: 13.2 GB a rank, 105.8 GB a node, 846.6 GB in all"));
+  // HSDP: the first shard group writes every element, so its node writes the whole checkpoint.
+  in.strategy = "hsdp";
+  in.shard_group = 8;
+  plan = lm::plan_checkpoint(in, 2.0);
+  CHECK_THAT(plan.per_node, Catch::Matchers::WithinRel(plan.total, 1e-12));
+  CHECK_THAT(plan.per_rank, Catch::Matchers::WithinRel(plan.total / 8, 1e-12));
+  // Replicated: rank 0 writes the fp32 model and the moments of what trains (LoRA: the adapters only).
+  in.strategy = "none";
+  in.lora_rank = 16;
+  in.lora_targets = {"q_proj", "v_proj"};
+  plan = lm::plan_checkpoint(in, 2.0);
+  const double adapters = static_cast<double>(lm::trainable_parameters(in));
+  CHECK(adapters == 80.0 * 16 * ((8192 + 8192) + (8192 + 1024)));
+  CHECK(plan.total == 4.0 * static_cast<double>(in.model.parameters) + 8.0 * adapters);
+  CHECK(plan.per_rank == plan.total);
+  // The grace: the steps until every rank has seen the signal and the busiest node's write.
+  const lm::GraceNeed short_grace{60, 10 * 4.5, 52.9, true};
+  CHECK_THAT(lm::grace_warning(short_grace, 10),
+             Catch::Matchers::StartsWith("hpctrain: warning: requeue_on_timeout's grace of 60 s is shorter than 10 "
+                                         "step(s) until the ranks see the signal (45 s, preemption_check_every) plus "
+                                         "writing the checkpoint (53 s)"));
+  CHECK_THAT(lm::grace_warning(short_grace, 10), Catch::Matchers::Contains("give it at least 118 s"));
+  CHECK(lm::grace_warning({120, 10 * 4.5, 52.9, true}, 10).empty());
+  CHECK_THAT(lm::grace_warning({30, 0, 52.9, false}, 10),
+             Catch::Matchers::Contains("grace of 30 s is shorter than writing the checkpoint (53 s)"));
 }

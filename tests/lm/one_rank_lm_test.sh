@@ -7,7 +7,8 @@
 #  - LoRA: a LoRA run's checkpoint (the adapters only, as under zero3) loads under zero3's own strategy and the other
 #    way, with the held-out loss of the run that saved it; and the run exports a PEFT adapter that PEFT loads onto
 #    the base model with our merged model's logits (sft_oracle.py peft-check);
-#  - --plan at one rank plans Replicated, saying so, and names the cheapest setting that fits.
+#  - --plan at one rank plans Replicated, saying so, and names the cheapest setting that fits; --dry-run of 70B on 64
+#    H100s prints the checkpoint's size and warns that requeue_on_timeout(1min) cannot hold its save.
 # Usage: one_rank_lm_test.sh <sft binary>
 set -euo pipefail
 source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
@@ -115,5 +116,25 @@ status=0
   --gpu-memory 80GB > idle.log 2>&1 || true
 grep -q "^hpctrain: warning: 8 GPUs per node but 1 task(s) per node: .* 7 GPU(s) per node would stay idle" idle.log ||
   log=idle.log fail "--plan with 8 GPUs a node and 1 task did not warn of 7 idle GPUs"
+# --dry-run of Llama 3.1 70B's shape (a config.json alone: the plan reads no weights) on 8 nodes of 8 H100 under zero3, with
+# the example's requeue_on_timeout(1min): the checkpoint's 847 GB (13.2 GB a rank, 106 GB a node) and a warning that the
+# grace cannot hold the steps until the ranks see the signal and the write.
+mkdir -p llama70b
+python3 - sharded/config.json llama70b/config.json <<'PY'
+import json, sys
+config = json.load(open(sys.argv[1]))
+config.update(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+              num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False, head_dim=128)
+json.dump(config, open(sys.argv[2], "w"))
+PY
+for file in sharded/*; do  # the tokenizer and chat template: not the weights
+  case "$file" in *.safetensors | *.safetensors.index.json | */config.json) ;; *) cp "$file" llama70b/ ;; esac
+done
+"$sft" --from llama70b --data conversations.jsonl --dry-run --nodes 8 --tasks-per-node 8 --gpus-per-node h100:8 \
+  --sharding zero3 --max-length 4096 --batch-size 64 --gpu-memory 80GB > dry-70b.log 2>&1 || log=dry-70b.log fail "--dry-run of 70B: exit $?"
+grep -q "^checkpoint: 13.2 GB a rank, 105.8 GB a node, 846.6 GB in all" dry-70b.log ||
+  log=dry-70b.log fail "--dry-run of 70B on 64 GPUs did not print the checkpoint's size"
+grep -q "^hpctrain: warning: requeue_on_timeout's grace of 60 s is shorter than 10 step(s)" dry-70b.log ||
+  log=dry-70b.log fail "--dry-run of 70B with a grace of 60 s did not warn that the save cannot fit in it"
 cd / && rm -rf "${work:?}"
 echo "PASS: exports of the same weights equal bit for bit; LoRA loaded across the strategies:$lora_report --plan: $peak GiB, fits with the chunked loss ($chunked GiB) on $gpu GiB"

@@ -21,6 +21,8 @@
 #    and the bf16 file pages it reads (2), all over W ranks, plus the one block built whole at a time (4 bytes a
 #    parameter of a block). Before sharded loading every rank built the whole model and cut its shard from it:
 #    1.70, 1.26 and 1.11 GiB at --local 1, 2 and 4 against the bounds 1.47, 0.93 and 0.67.
+#  - --plan's checkpoint line (12 bytes a trained parameter, 1/W a rank): the largest rank file and the sum of the zero3
+#    run at --local 4 within 2% of its figures "a rank" and "in all".
 # LoRA r 16 in bf16 (stated: --precision auto differs between the CPUs), 2 steps:
 #  - at --local 1 the run trains as replicated, the whole base on its rank in fp32; under zero3 at --local 4 the frozen
 #    base is sharded like the blocks and held in bf16 (2 bytes a parameter over 4, against 4 whole): a rank's peak once
@@ -60,6 +62,8 @@ run() {  # run NAME WORLD SHARDING [--from DIR] [ARG...]: one step; the start mo
   HPCTRAIN_RUN_DIR="$work/$name" "$sft" --from "$from" --data conversations.jsonl --local "$world" --sharding "$sharding" \
     --max-steps 1 --max-length 64 "$@" > "$name.log" 2>&1 || fail "$name: sft exited $?"
   [ -n "$(peak "$name.log")" ] || fail "$name: no 'model ready: peak host memory' line"
+  stat -c %s "$work/$name"/checkpoints/step-*/rank-*.hpct | sort -n | awk '{ s += $1; m = $1 } END { print m, s }' \
+    > "$name.checkpoint-bytes"  # the largest rank file and the sum, for --plan's checkpoint line
   rm -rf "${work:?}/$name/checkpoints" "${work:?}/$name/export"  # 1.5 GB a run, and nothing here reads them
   [ "$from" = sharded ] || return 0
   local start
@@ -78,6 +82,21 @@ close "$(first_loss zero3-4)" "$(first_loss zero2-4)" 1e-6 ||
 close "$(last_eval_loss zero3-4)" "$(last_eval_loss zero2-4)" 1e-6 ||
   fail "the held-out loss after the step at --local 4 is $(last_eval_loss zero3-4) under zero3 (sharded), $(last_eval_loss zero2-4) under zero2"
 
+# --plan's checkpoint (12 bytes a trained parameter, every element once, 1/4 a rank) against the files the run wrote:
+# the archives' own index, buffers and CRCs are well under 1%; bound 2%.
+"$sft" --from sharded --plan --nodes 1 --tasks-per-node 4 --sharding zero3 --max-length 64 > zero3-plan.log 2>&1 || true
+checkpoint_line="$(grep -m1 '^checkpoint: ' zero3-plan.log)" || log=zero3-plan.log fail "--plan printed no checkpoint line"
+# planned_bytes "a rank"|"in all": that figure of the line in bytes
+planned_bytes() { sed -n "s/.* \([0-9.]*\) \([MGT]\)B $1.*/\1 \2/p" <<< "$checkpoint_line" |
+  awk '{ print $1 * ($2 == "M" ? 1e6 : $2 == "G" ? 1e9 : 1e12) }'; }
+read -r largest_file all_files < zero3-4.checkpoint-bytes
+for pair in "a rank:$largest_file" "in all:$all_files"; do
+  planned="$(planned_bytes "${pair%%:*}")" measured="${pair#*:}"
+  [ -n "$planned" ] || fail "no '${pair%%:*}' figure in --plan's checkpoint line: $checkpoint_line"
+  close "$planned" "$measured" 0.02 ||
+    fail "--plan says ${pair%%:*} $planned bytes of checkpoint, the zero3 run at --local 4 wrote $measured: $checkpoint_line"
+done
+
 run baseline-4 4 zero3 --from llama
 block=$(( parameters / 8 ))  # 8 blocks, and the embedding and head are 1.7% of the model
 report="peak host memory per rank, GiB (baseline $(peak baseline-4.log)):"
@@ -87,6 +106,7 @@ for world in 1 2 4; do
     fail "--local $world peaks at $(peak "zero3-$world.log") GiB a rank (baseline $(peak baseline-4.log)): more than its 1/$world of the weights"
   report="$report --local $world $(peak "zero3-$world.log")"
 done
+report="$report; checkpoint at --local 4: largest rank file $largest_file bytes, all $all_files, planned '$checkpoint_line'"
 report="$report; zero2 --local 4 $(peak zero2-4.log); start loss against transformers:$start_differences (bound 1e-5)"
 report="$report; held-out loss after the step, sharded against zero2's: $(difference "$(last_eval_loss zero3-4)" "$(last_eval_loss zero2-4)") (bound 1e-6)"
 report="$report; first loss against zero2's: $(difference "$(first_loss zero3-4)" "$(first_loss zero2-4)") (bound 1e-6)"

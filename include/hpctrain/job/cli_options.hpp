@@ -4,6 +4,7 @@
 // the job layer's options, parsed into a LoginCommand. With a knob table (job/knobs.hpp) every other argument must
 // be a valid knob — checked here, before anything is written or queued — and is forwarded to the workers; without
 // one (a torch-free program with its own worker protocol) other arguments are forwarded unchecked.
+#include <charconv>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -28,7 +29,7 @@ struct LoginCommand {
   enum class Mode { none, help, dry_run, submit, status, logs, cancel, local, results, run, plan, wandb_sync };
   Mode mode = Mode::none;
   bool follow = false;
-  std::optional<int> nodes, tasks_per_node, local_ranks;
+  std::optional<int> nodes, tasks_per_node, cpus_per_task, local_ranks;
   std::optional<std::string> gpus_per_node, time, partition, account;
   std::vector<std::string> env;     ///< K=V
   std::vector<std::string> sbatch;  ///< KEY=VALUE or KEY
@@ -76,6 +77,8 @@ inline PlanRequest plan_request(const Job& job, const LoginCommand& command, con
   else if (!request.gpu_type.empty()) request.gpu_bytes = gpu_memory_of_type(request.gpu_type);
   if (site.fabric.fabric) request.fabric = std::string(fabric_names[static_cast<std::size_t>(*site.fabric.fabric)]);
   request.expected_busbw_gbps = site.fabric.expected_busbw_gbps;
+  request.checkpoint_write_gbps = site.checkpoint_write_gbps;
+  if (job.requeue()) request.requeue_grace_s = static_cast<double>(job.requeue()->grace.count());
   return request;
 }
 
@@ -155,6 +158,8 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
   app.add_option("--nodes", command.nodes, "override --nodes");
   app.add_option("--tasks-per-node", command.tasks_per_node, "override --ntasks-per-node");
   app.add_option("--gpus-per-node", command.gpus_per_node, "override --gpus-per-node (4 or a100:4)");
+  app.add_option("--cpus-per-task", command.cpus_per_task,
+                 "override --cpus-per-task: the #SBATCH line and every srun step (and so the threads a rank uses)");
   app.add_option("--time", command.time, "override --time (D-HH:MM:SS, HH:MM:SS, MM, 90min, 2h)");
   app.add_option("--partition", command.partition, "override --partition");
   app.add_option("--account", command.account, "override --account");
@@ -253,10 +258,22 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs& knob
   return detail::parse_login_command(argc, argv, &knobs);
 }
 
+namespace detail {
+/// The whole number of `--sbatch KEY=VALUE`; a UsageError naming the option otherwise.
+inline int sbatch_count(const std::string& option, const std::string& value) {
+  int count = 0;
+  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), count);
+  if (value.empty() || error != std::errc() || end != value.data() + value.size())
+    throw UsageError(fmt::format("--sbatch {}: expected a whole number of CPUs", option));
+  return count;
+}
+}  // namespace detail
+
 /// Applies the command-line overrides to `job` (the setters validate: SpecError names the field).
 inline void apply_overrides(Job& job, const LoginCommand& command) {
   if (command.nodes) job.nodes(*command.nodes);
   if (command.tasks_per_node) job.tasks_per_node(*command.tasks_per_node);
+  if (command.cpus_per_task) job.cpus_per_task(*command.cpus_per_task);
   if (command.gpus_per_node) job.gpus_per_node(std::string_view(*command.gpus_per_node));
   if (command.time) job.time(parse_slurm_time(*command.time));
   if (command.partition) job.partition(*command.partition);
@@ -268,7 +285,10 @@ inline void apply_overrides(Job& job, const LoginCommand& command) {
   }
   for (const auto& option : command.sbatch) {
     const auto equals = option.find('=');
-    job.sbatch_option(option.substr(0, equals), equals == std::string::npos ? "" : option.substr(equals + 1));
+    const auto key = option.substr(0, equals), value = equals == std::string::npos ? "" : option.substr(equals + 1);
+    // The CPUs of a task govern the srun steps too: as --cpus-per-task, not an #SBATCH line the steps would not follow.
+    if (key == "cpus-per-task" || key == "c") job.cpus_per_task(detail::sbatch_count(option, value));
+    else job.sbatch_option(key, value);
   }
   for (const auto& id : command.after) job.after(id, After::ok);
   apply_job_layer_overrides(job, command);

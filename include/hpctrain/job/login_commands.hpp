@@ -130,6 +130,13 @@ inline ResolvedSweep checked_sweep(const Job& job, const LoginCommand& command, 
 }  // namespace detail
 
 namespace detail {
+/// The plan's warnings (its lines that begin `hpctrain: warning:`), for a --submit that does not print the plan.
+inline void print_plan_warnings(const std::string& plan, std::ostream& err) {
+  std::istringstream lines(plan);
+  for (std::string line; std::getline(lines, line);)
+    if (line.starts_with("hpctrain: warning:")) err << line << "\n";
+}
+
 /// The memory plan of a --dry-run (printed to `err` as a section, when the program can plan) or a --submit
 /// (printed only when it does not fit, which refuses the submission: nothing written or queued).
 inline PlanVerdict plan_before_queueing(const Job& job, const LoginCommand& command, const SiteSettings& site,
@@ -140,6 +147,7 @@ inline PlanVerdict plan_before_queueing(const Job& job, const LoginCommand& comm
   const auto verdict = planner(knobs->with_arguments(command.forwarded), plan_request(job, command, site), text);
   if (verdict == PlanVerdict::cannot_plan) return verdict;
   if (print || verdict == PlanVerdict::does_not_fit) err << text.str();
+  else print_plan_warnings(text.str(), err);
   if (verdict == PlanVerdict::does_not_fit && !print)
     err << "hpctrain: not submitted: the memory plan does not fit (--plan shows it; --gpu-memory SIZE states one GPU's "
            "memory)\n";

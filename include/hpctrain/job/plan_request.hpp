@@ -15,11 +15,13 @@ namespace hpctrain {
 struct PlanRequest {
   int world = 1;  ///< ranks: nodes × tasks per node
   int ranks_per_node = 1;
-  int gpus_per_node = 0;                      ///< 0: a CPU job
-  std::optional<double> gpu_bytes;            ///< --gpu-memory, else what the GPU type's name says
-  std::string gpu_type;                       ///< the Slurm GPU type the job asks for ("h100"), empty when none
-  std::optional<std::string> fabric;          ///< the site's fabric between nodes (efa, infiniband, ethernet)
-  std::optional<double> expected_busbw_gbps;  ///< the site's stated bus bandwidth between nodes
+  int gpus_per_node = 0;                        ///< 0: a CPU job
+  std::optional<double> gpu_bytes;              ///< --gpu-memory, else what the GPU type's name says
+  std::string gpu_type;                         ///< the Slurm GPU type the job asks for ("h100"), empty when none
+  std::optional<std::string> fabric;            ///< the site's fabric between nodes (efa, infiniband, ethernet)
+  std::optional<double> expected_busbw_gbps;    ///< the site's stated bus bandwidth between nodes
+  std::optional<double> checkpoint_write_gbps;  ///< the site's write bandwidth of one node to the checkpoints' disk
+  std::optional<double> requeue_grace_s;        ///< requeue_on_timeout's grace, when the job has one
 };
 /// What a plan concluded.
 enum class PlanVerdict {
@@ -28,7 +30,8 @@ enum class PlanVerdict {
   does_not_fit,  ///< the peak exceeds one GPU's memory: --plan exits 2, --submit refuses
   cannot_plan,   ///< the program's model cannot be sized before it is built (the stream says why)
 };
-/// A program's memory plan (Training::memory_plan): prints it to the stream and says what it concluded.
+/// A program's memory plan (Training::memory_plan): prints it to the stream and says what it concluded. Its lines that
+/// begin `hpctrain: warning:` are warnings --submit prints even when it does not print the plan.
 using Planner = std::function<PlanVerdict(const Knobs& knobs, const PlanRequest& request, std::ostream& out)>;
 
 /// The memory of one GPU of a Slurm GPU type, in bytes, when its name says it (GB as sold): h200 141, h100 80

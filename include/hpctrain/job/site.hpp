@@ -8,7 +8,8 @@
 // `$HOME/.config/hpctrain/site.conf`; lines `key = value`, `#` starts a comment. Keys: `gpu_syntax`; the network
 // between nodes, `fabric` (efa, infiniband, ethernet: job/fabric.hpp), `socket_ifname`, `ib_hca`,
 // `expected_busbw_gbps`; `cores_per_node` (the default cpus_per_task of jobs on whole nodes or GPUs); and the
-// workers' timeouts in seconds, `rendezvous_timeout_s`, `collective_timeout_s`, `checkpoint_timeout_s`.
+// workers' timeouts in seconds, `rendezvous_timeout_s`, `collective_timeout_s`, `checkpoint_timeout_s`; and
+// `checkpoint_write_gbps`, the GB/s one node writes to the checkpoints' file system (--plan's time to write one).
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -58,6 +59,8 @@ struct SiteSettings {
   std::optional<int> cores_per_node;
   /// The workers' timeouts in whole seconds, exported by the script (the submitting shell's values win).
   std::optional<int> rendezvous_timeout_s, collective_timeout_s, checkpoint_timeout_s;
+  /// GB/s one node writes to the checkpoints' file system: --plan's time to write a checkpoint.
+  std::optional<double> checkpoint_write_gbps;
 };
 
 namespace detail {
@@ -72,10 +75,21 @@ inline std::filesystem::path site_config_path(
   return {};
 }
 
-inline constexpr std::string_view site_keys[] = {
-    "gpu_syntax",          "fabric",         "socket_ifname",        "ib_hca",
-    "expected_busbw_gbps", "cores_per_node", "rendezvous_timeout_s", "collective_timeout_s",
-    "checkpoint_timeout_s"};
+inline constexpr std::string_view site_keys[] = {"gpu_syntax",           "fabric",
+                                                 "socket_ifname",        "ib_hca",
+                                                 "expected_busbw_gbps",  "cores_per_node",
+                                                 "rendezvous_timeout_s", "collective_timeout_s",
+                                                 "checkpoint_timeout_s", "checkpoint_write_gbps"};
+
+/// A positive number of GB/s for site key `key`; SpecError `[hpctrain.spec.site]` naming it and `where`.
+inline double site_gbps(const std::string& key, const std::string& value, const std::string& where) {
+  char* end = nullptr;
+  const double gbps = std::strtod(value.c_str(), &end);
+  if (value.empty() || end != value.c_str() + value.size() || !(gbps > 0) || gbps > 1e6)
+    throw SpecError(errors::spec_site, fmt::format("{} = {}", key, value),
+                    fmt::format("expected a positive number of GB/s ({})", where));
+  return gbps;
+}
 
 /// A whole number in [1, `max`] for site key `key`; SpecError `[hpctrain.spec.site]` naming it and `where`.
 inline int site_positive_integer(std::string_view key, const std::string& value, int max, std::string_view where) {
@@ -111,12 +125,9 @@ inline void apply_site_setting(SiteSettings& settings, const std::string& key, c
   } else if (key == "ib_hca") {
     settings.fabric.ib_hca = word();
   } else if (key == "expected_busbw_gbps") {
-    char* end = nullptr;
-    const double gbps = std::strtod(value.c_str(), &end);
-    if (value.empty() || end != value.c_str() + value.size() || !(gbps > 0) || gbps > 1e6)
-      throw SpecError(errors::spec_site, fmt::format("{} = {}", key, value),
-                      fmt::format("expected a positive number of GB/s ({})", where));
-    settings.fabric.expected_busbw_gbps = gbps;
+    settings.fabric.expected_busbw_gbps = site_gbps(key, value, where);
+  } else if (key == "checkpoint_write_gbps") {
+    settings.checkpoint_write_gbps = site_gbps(key, value, where);
   } else if (key == "cores_per_node") {
     settings.cores_per_node = site_positive_integer(key, value, 1 << 16, where);
   } else if (key == "rendezvous_timeout_s") {

@@ -12,6 +12,7 @@
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/plan_request.hpp>
+#include <hpctrain/lm/checkpoint_plan.hpp>
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/lm/memory_plan.hpp>
 #include <hpctrain/lm/plan_advice.hpp>
@@ -48,6 +49,24 @@ inline std::optional<std::pair<GpuSpeed, FabricSpeed>> step_speeds(const PlanReq
   if (!link || !tflops) return std::nullopt;
   return std::pair{GpuSpeed{*tflops * 1e12, 1.0, *link, "this CPU"},
                    FabricSpeed{*link, "the simulated link of HPCTRAIN_SIMULATED_LINK_GBPS"}};
+}
+
+/// The checkpoint's size and write time, and the grace warning when requeue_on_timeout's is too short for the
+/// steps until the ranks see the signal (`step_seconds` each, when planned) and the write.
+inline std::string checkpoint_lines(const PlanInput& in, const PlanRequest& request, std::optional<double> step_seconds,
+                                    std::int64_t check_every) {
+  const auto gbps = request.checkpoint_write_gbps.value_or(default_checkpoint_write_gbps);
+  const auto checkpoint = plan_checkpoint(in, gbps);
+  auto text = format_checkpoint_plan(in, checkpoint,
+                                     request.checkpoint_write_gbps
+                                         ? "the site file's checkpoint_write_gbps"
+                                         : "the default; the site file's checkpoint_write_gbps states the site's");
+  if (request.requeue_grace_s) {
+    GraceNeed need{*request.requeue_grace_s, step_seconds.value_or(0.0) * static_cast<double>(check_every),
+                   checkpoint.seconds, step_seconds.has_value()};
+    text += grace_warning(need, check_every);
+  }
+  return text;
 }
 }  // namespace detail
 
@@ -107,14 +126,17 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
   in.gpu_bytes = request.gpus_per_node > 0 ? request.gpu_bytes : std::nullopt;
   const auto plan = plan_memory(in);
   out << format_plan(in, plan) << fmt::format("(sequence: {} from {})\n", sequence, from);
+  std::optional<double> step_seconds;  // one optimizer step's
   if (const auto speeds = detail::step_speeds(request)) {
     const auto& [gpu, fabric] = *speeds;
-    out << format_step_time(in, plan_step_time(in, gpu, fabric, training.reduce_dtype() == ReduceDtype::bf16), gpu,
-                            fabric);
+    const auto time = plan_step_time(in, gpu, fabric, training.reduce_dtype() == ReduceDtype::bf16);
+    step_seconds = time.step * static_cast<double>(training.gradient_accumulation());
+    out << format_step_time(in, time, gpu, fabric);
     if (in.gpu_bytes) out << format_step_advice(fastest_fitting_settings(in, gpu, fabric, *in.gpu_bytes));
   } else if (request.gpus_per_node > 0) {
     out << "step time: the GPU type names none hpctrain knows the speed of (h100, h200, a100, l40, a10)\n";
   }
+  out << detail::checkpoint_lines(in, request, step_seconds, training.preemption_check_every());
   if (!in.gpu_bytes) {
     if (request.gpus_per_node > 0)
       out << "the GPU's memory is unknown (its type names none hpctrain knows): --gpu-memory SIZE (80GB, 74.5GiB) says "

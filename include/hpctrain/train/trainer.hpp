@@ -532,16 +532,23 @@ class Trainer {
   void save_checkpoint() {
     if (step_ == last_checkpoint_step_) return;
     sync_buffers();  // rank 0's buffers on every rank, as after a resume
-    const CheckpointState state{step_, step_ / steps_per_epoch_, step_ % steps_per_epoch_, training_.seed()};
+    const auto state = checkpoint_state();
     if (training_.checkpoint_async()) async_save_.start(*group_, *store_, *strategy_, state);
     else detail::save_checkpoint(*group_, *store_, *strategy_, state);
     last_checkpoint_step_ = step_;
   }
 
-  /// The last checkpoint committed: waits for an asynchronous save in flight (a writer's failure fails the run here).
+  /// The last checkpoint committed: waits for an asynchronous save in flight; a final save that failed there (its
+  /// ranks warned) is retried once, synchronously, and a failure of that one fails the run.
   void complete_checkpoint() {
     save_checkpoint();
-    async_save_.wait(*group_);
+    if (async_save_.wait(*group_)) return;
+    say(fmt::format("retrying the checkpoint of step {} synchronously", step_));
+    detail::save_checkpoint(*group_, *store_, *strategy_, checkpoint_state());
+  }
+
+  CheckpointState checkpoint_state() const {
+    return {step_, step_ / steps_per_epoch_, step_ % steps_per_epoch_, training_.seed()};
   }
 
   /// Buffers such as batch norm's running statistics are updated from each rank's own batches; evaluate and
@@ -651,7 +658,8 @@ class Trainer {
   std::string train_description_;
   std::optional<CheckpointStore> store_;         ///< where this run saves
   std::optional<CheckpointStore> resume_store_;  ///< where it resumes from: its own, or --resume's run
-  detail::AsyncCheckpoint async_save_;  ///< the save in flight under checkpoint_async (after store_: joined first)
+  /// The save in flight under checkpoint_async (after store_: joined first); every rank prints its own warnings.
+  detail::AsyncCheckpoint async_save_{[](const std::string& warning) { fmt::print(stderr, "{}\n", warning); }};
   std::vector<std::unique_ptr<Logger>> loggers_;
   TrainResult result_;
 };

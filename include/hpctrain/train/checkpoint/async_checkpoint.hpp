@@ -9,17 +9,23 @@
 // the directory, exactly as a synchronous save. Until then the checkpoint is only a `.tmp` directory, which
 // `latest()` never accepts: a crash mid-save resumes from the previous one.
 //
-// One save at a time: the next start, the end of training and the preemption path wait for the one in flight.
-// A writer's failure (a full disk, a quota) fails the run at that wait, on every rank, naming the file.
+// One save at a time: the next start, the end of training and the preemption path wait for the one in flight,
+// under the checkpoint timeout as a synchronous save's ranks wait for each other's files (a slow file system is
+// not a hung collective). A writer's failure (a full disk, a quota) does not fail the run: the failed rank says
+// why, rank 0 says that the previous checkpoint stays the newest, the staging directory is removed and training
+// goes on; the Trainer retries a failed final save once, synchronously, and only that failure fails the run.
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <hpctrain/dist/collectives.hpp>
@@ -33,7 +39,9 @@ namespace hpctrain::detail {
 /// The save in flight, if any, on one rank; every call is collective and made at the same step on every rank.
 class AsyncCheckpoint {
  public:
-  AsyncCheckpoint() = default;
+  using Warn = std::function<void(const std::string&)>;
+  /// `warn` prints a warning line (every rank calls it with its own).
+  explicit AsyncCheckpoint(Warn warn) : warn_(std::move(warn)) {}
   AsyncCheckpoint(const AsyncCheckpoint&) = delete;
   AsyncCheckpoint& operator=(const AsyncCheckpoint&) = delete;
   /// A run that fails with a save in flight lets the writer finish its file (never committed) before it goes.
@@ -75,12 +83,15 @@ class AsyncCheckpoint {
     if (pending_) agree(group);
   }
 
-  /// Waits for the save in flight and commits it; returns when it is committed, on every rank.
-  void wait(dist::ProcessGroup& group) {
-    if (!pending_) return;
+  /// Waits for the save in flight and commits it; returns, on every rank, whether it was committed (true also when
+  /// none was in flight), false when a writer failed (warned, the staging directory removed).
+  bool wait(dist::ProcessGroup& group) {
+    if (!pending_) return true;
+    const dist::CheckpointWaits waits(group);  // the ranks wait for each other's writers: the checkpoint timeout
     if (writer_.joinable()) writer_.join();
-    agree(group);
+    const bool committed = agree(group) == Outcome::committed;
     dist::barrier(group);  // no rank moves on (or exits) before the checkpoint is committed
+    return committed;
   }
 
  private:
@@ -91,10 +102,11 @@ class AsyncCheckpoint {
     bool per_rank;
   };
   enum Status : std::int64_t { writing = 0, written = 1, failed = 2 };
+  enum class Outcome { writing, committed, failed };
 
-  /// One all-reduce of every rank's (size, CRC, status); rank 0 commits once all are written. Throws on every
-  /// rank when any writer failed: the failed rank its own error (naming the file), the others naming the rank.
-  void agree(dist::ProcessGroup& group) {
+  /// One all-reduce of every rank's (size, CRC, status); rank 0 commits once all are written. When a writer failed,
+  /// on every rank: abandon() and Outcome::failed.
+  Outcome agree(dist::ProcessGroup& group) {
     const int rank = group.rank(), world = group.world_size();
     if (done_ && writer_.joinable()) writer_.join();
     auto records = torch::zeros({world, 3}, torch::kInt64);
@@ -107,21 +119,45 @@ class AsyncCheckpoint {
     const auto status = records.select(1, 2);
     const auto pending = *pending_;
     if ((status == failed).any().item<bool>()) {
-      pending_.reset();
-      if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-      throw RuntimeError(
-          errors::runtime_checkpoint,
-          fmt::format("checkpoint of step {}: rank {} could not write its archive (its message says why)",
-                      pending.state.step, (status == failed).nonzero()[0][0].item<std::int64_t>()));
+      abandon(group, (status == failed).nonzero().select(1, 0));
+      return Outcome::failed;
     }
-    if ((status == writing).any().item<bool>()) return;  // not yet: asked again at a later step boundary
+    if ((status == writing).any().item<bool>()) return Outcome::writing;  // asked again at a later step boundary
     pending_.reset();
-    if (rank != 0) return;
+    if (rank != 0) return Outcome::committed;
     CheckpointMeta meta{pending.state, world, pending.strategy, {}};
     for (int r = 0; r < (pending.per_rank ? world : 1); ++r)
       meta.files.push_back({checkpoint_rank_file(r), static_cast<std::uint64_t>(records[r][0].item<std::int64_t>()),
                             static_cast<std::uint32_t>(records[r][1].item<std::int64_t>())});
     pending.store->commit(meta);
+    return Outcome::committed;
+  }
+
+  /// A save some writer failed: each failed rank warns with its own reason, rank 0 names the ranks; once every
+  /// writer has stopped, rank 0 removes the staging directory (a full disk gets its space back for the next save).
+  void abandon(dist::ProcessGroup& group, const torch::Tensor& failed_ranks) {
+    const auto pending = *std::exchange(pending_, std::nullopt);
+    const auto step = pending.state.step;
+    if (error_) {
+      try {
+        std::rethrow_exception(std::exchange(error_, nullptr));
+      } catch (const std::exception& error) {
+        warn_(fmt::format("warning: rank {}: the checkpoint of step {} was not written: {}", group.rank(), step,
+                          error.what()));
+      }
+    }
+    if (group.rank() == 0) {
+      std::vector<std::int64_t> ranks(failed_ranks.data_ptr<std::int64_t>(),
+                                      failed_ranks.data_ptr<std::int64_t>() + failed_ranks.numel());
+      warn_(
+          fmt::format("warning: checkpoint of step {} not saved (rank(s) {} could not write; their lines say why): "
+                      "the previous checkpoint stays the newest, training goes on",
+                      step, fmt::join(ranks, ", ")));
+    }
+    const dist::CheckpointWaits waits(group);  // the other writers finish their files first
+    if (writer_.joinable()) writer_.join();
+    dist::barrier(group);
+    if (group.rank() == 0) detail::remove_tree(pending.store->staging(step));
   }
 
   std::optional<Pending> pending_;
@@ -129,6 +165,7 @@ class AsyncCheckpoint {
   std::atomic<bool> done_{true};
   std::exception_ptr error_;
   CheckpointFile file_;
+  Warn warn_;
 };
 
 }  // namespace hpctrain::detail

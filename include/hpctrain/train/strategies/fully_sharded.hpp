@@ -1008,7 +1008,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
 
   detail::ZeroShardView shard_view(const std::vector<torch::Tensor>& parameters) {
     // The world's rank and size: the index names the archive of this rank among all of them.
-    detail::ZeroShardView view{name(), *world_, *model_, names_, parameters, *optimizer_, {}, {}};
+    detail::ZeroShardView view{name(), *world_, *model_, names_, parameters, *optimizer_, {}, 0, {}};
+    if (hybrid_) view.shard_group = group_->world_size();
     for (const auto& piece : pieces_) view.pieces.push_back({piece.place, piece.master});
     return view;
   }

@@ -288,7 +288,7 @@ class ZeroStrategy : public DataParallelStrategy {
   }
 
   detail::ZeroShardView shard_view() {
-    detail::ZeroShardView view{name(), *group_, *model_, names_, parameters_, *optimizer_, {}, {}};
+    detail::ZeroShardView view{name(), *group_, *model_, names_, parameters_, *optimizer_, {}, 0, {}};
     for (const auto& piece : pieces_) view.pieces.push_back({piece.place, piece.master});
     return view;
   }

@@ -16,7 +16,9 @@
 //
 // Load, at any world size: each rank reads, of every saved piece, only the elements that overlap the pieces it owns
 // now (values and elementwise state; the per-parameter state from the archive), into memory first. At the same world
-// size and strategy (not hsdp) the pieces coincide and each rank opens its own file alone; otherwise it opens every
+// size and strategy the pieces coincide and each rank opens its own file alone (under hsdp with the same shard groups,
+// the file of the first shard group's rank at its place, which wrote the pieces its replicas did not); otherwise it
+// opens every
 // saved rank's archive (small: the index, the per-parameter state, rank 0's buffers) and reads its overlap of their
 // pieces. The ranks then agree that every rank read valid bytes (one all-reduce; any refusal: CheckpointRefused on
 // every rank, nothing restored, and the Trainer tries the next older checkpoint) before anything is restored: the
@@ -71,6 +73,8 @@ struct ZeroShardView {
   const std::vector<torch::Tensor>& parameters;
   torch::optim::Optimizer& optimizer;
   std::vector<ZeroPieceRef> pieces;
+  /// Hybrid sharding: the ranks of a shard group (consecutive ranks; the first group's write the pieces); 0 otherwise.
+  int shard_group = 0;
   /// On load, where a saved piece's values go: elements [begin, begin + values.numel()) of parameter p, all within
   /// one of this rank's pieces. Unset: into `parameters[p]` (ZeRO-1/2); ZeRO-3 writes into its shards.
   std::function<void(std::size_t parameter, std::int64_t begin, const torch::Tensor& values)> write_values;
@@ -89,7 +93,7 @@ inline ZeroShardView whole_parameter_view(std::string strategy, dist::ProcessGro
                                           const std::vector<std::string>& names,
                                           const std::vector<torch::Tensor>& parameters,
                                           torch::optim::Optimizer& optimizer) {
-  ZeroShardView view{std::move(strategy), group, model, names, parameters, optimizer, {}, {}};
+  ZeroShardView view{std::move(strategy), group, model, names, parameters, optimizer, {}, 0, {}};
   for (std::size_t p = 0; p < parameters.size(); ++p)
     view.pieces.push_back({dist::ShardPiece{p, 0, parameters[p].numel(), 0}, parameters[p]});
   return view;
@@ -148,6 +152,7 @@ inline void save_zero_shard(torch::serialize::OutputArchive& archive, PieceWrite
   index["strategy"] = view.strategy;
   index["world_size"] = view.group.world_size();
   index["rank"] = view.group.rank();
+  if (view.shard_group > 0) index["shard_group"] = view.shard_group;  // where an hsdp resume finds its own pieces
   index["parameters"] = nlohmann::json::array();
   for (std::size_t i = 0; i < view.parameters.size(); ++i)
     index["parameters"].push_back({{"name", view.names[i]}, {"shape", view.parameters[i].sizes().vec()}});
@@ -215,18 +220,20 @@ class ShardReader {
 
   /// Reads rank `rank`'s overlap with this rank's pieces. `own`: the archive must hold exactly this rank's pieces
   /// (the same world size and strategy).
-  void read_rank(int rank, bool own = false) {
+  void read_rank(int rank) {
+    auto archive = saved_.open(rank);
+    read_pieces(archive, read_index(archive, rank), rank, /*own=*/false);
+  }
+
+  /// Reads rank `rank`'s file as holding exactly this rank's pieces (own_pieces_file); false, having read nothing
+  /// more than its index, when the index says its hsdp shard groups were not this run's (then every file's overlap is
+  /// read instead).
+  bool read_own(int rank) {
     auto archive = saved_.open(rank);
     const auto index = read_index(archive, rank);
-    check_same_model(index, rank);
-    if (own) check_own_pieces(index, rank);
-    torch::NoGradGuard no_grad;
-    const auto& pieces = index.at("pieces");
-    for (std::size_t j = 0; j < pieces.size(); ++j) {
-      const auto saved = saved_piece(archive, index, rank, j);
-      for (std::size_t i = 0; i < view_.pieces.size(); ++i) read_overlap(saved, i);
-    }
-    if (rank == 0) read_buffers(archive, index);
+    if (view_.shard_group > 0 && index.value("shard_group", 0) != view_.shard_group) return false;
+    read_pieces(archive, index, rank, /*own=*/true);
+    return true;
   }
 
   /// Checks that the saved pieces covered every element of this rank's pieces once (and their state, if any).
@@ -270,6 +277,18 @@ class ShardReader {
   }
 
  private:
+  void read_pieces(torch::serialize::InputArchive& archive, const nlohmann::json& index, int rank, bool own) {
+    check_same_model(index, rank);
+    if (own) check_own_pieces(index, rank);
+    torch::NoGradGuard no_grad;
+    const auto& pieces = index.at("pieces");
+    for (std::size_t j = 0; j < pieces.size(); ++j) {
+      const auto saved = saved_piece(archive, index, rank, j);
+      for (std::size_t i = 0; i < view_.pieces.size(); ++i) read_overlap(saved, i);
+    }
+    if (rank == 0) read_buffers(archive, index);
+  }
+
   /// Rank `rank`'s file as the messages name it (its path; the archive's name where the checkpoint has no files).
   std::string file_name(int rank) const { return saved_.file ? saved_.file(rank) : archive_name(rank); }
 
@@ -465,6 +484,17 @@ class ShardReader {
   std::vector<torch::Tensor> buffers_;
 };
 
+/// The rank whose file holds exactly this rank's pieces, when one may: at the same world size and strategy, its own
+/// (ZeRO), or under hsdp the file of the rank in the first shard group at its place, which wrote the pieces its
+/// replicas did not (if the saved shard groups were this run's). nullopt: every file's overlap is read.
+inline std::optional<int> own_pieces_file(const SavedStrategyState& saved, const ZeroShardView& view) {
+  const int rank = view.group.rank(), world = view.group.world_size();
+  if (saved.world_size != world || saved.strategy != view.strategy || world == 1) return std::nullopt;
+  if (view.strategy != "hsdp") return rank;
+  if (view.shard_group <= 0) return std::nullopt;
+  return rank % view.shard_group;  // ShardReader::read_own checks the saved groups in the file's index
+}
+
 /// Restores this rank's pieces (values and optimizer state) and the buffers from a sharded checkpoint written by
 /// ZeRO-1, ZeRO-2, ZeRO-3 or hybrid sharding (whose replicas other than the first write archives without pieces),
 /// at any world size; collective. Each rank reads only its overlap (the header's comment); the ranks agree before
@@ -486,12 +516,9 @@ inline void load_zero_shards(const SavedStrategyState& saved, ZeroShardView view
   try {
     // At one rank the general path reads the same one archive, and takes any layout of its pieces (FSDP's flat
     // buckets, or ShardedAtOneRank's whole parameters).
-    if (saved.world_size == view.group.world_size() && saved.strategy == view.strategy && view.strategy != "hsdp" &&
-        view.group.world_size() > 1) {
-      reader.read_rank(view.group.rank(), /*own=*/true);  // the pieces coincide
-    } else {
+    const auto own = own_pieces_file(saved, view);
+    if (!own || !reader.read_own(*own))  // where the pieces coincide, one file; else every file's overlap
       for (int rank = 0; rank < saved.world_size; ++rank) reader.read_rank(rank);
-    }
     reader.check_covered();
   } catch (const RuntimeError& error) {
     refused = error;
