@@ -3,7 +3,7 @@
 # its ZeRO checkpoint, and its loss curve continues the uninterrupted 4-rank run's within fp32 tolerance.
 # Usage: reshard_training_test.sh <reshard_training binary> <sharding stage> [<stage of the resumed run>]
 # hsdp runs in 2 shard groups of 2 ranks (--hsdp-group-size 2); its checkpoint resumes as any stage, and at the same
-# world and groups (each rank reading the first group's file at its place) with the uninterrupted run's losses exactly.
+# world and groups (each rank reading the first group's file at its place) with the uninterrupted run's losses (1e-6).
 set -euo pipefail
 source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
 binary="$(realpath "$1")"
@@ -42,9 +42,10 @@ import json, sys
 curve = lambda path: {r["step"]: r["loss"] for r in map(json.loads, open(path)) if "loss" in r}
 whole, same = curve(sys.argv[1]), curve(sys.argv[2])
 assert sorted(same) == list(range(21, 41)), sorted(same)
-differing = [s for s in same if same[s] != whole[s]]
-print(f"hsdp resumed at 4 ranks: steps 21-40 equal the uninterrupted run's bit for bit: {not differing} {differing[:3]}")
-sys.exit(1 if differing else 0)
+# Equal bit for bit here; 1e-6 relative leaves room for a BLAS whose sums differ between two processes (the CI's once did).
+worst = max(abs(same[s] - whole[s]) / abs(whole[s]) for s in same)
+print(f"hsdp resumed at 4 ranks: steps 21-40 against the uninterrupted run: worst relative difference {worst:.2e}")
+sys.exit(0 if worst <= 1e-6 else 1)
 PY
 fi
 HPCTRAIN_RUN_DIR="$work/second" "$binary" --local 3 --max-steps 40 --sharding "$resumed_stage" --resume "$work/first" > second.log 2>&1 ||
