@@ -16,10 +16,10 @@
 #    the same fp32 losses summed in batches of 2 against 16, so only matmul blocking and the order of the sums
 #    differ (a few ulps of fp32, ~1e-7 relative); bound 1e-6, measured 2.0e-8;
 #  - memory: each rank's peak resident memory once the model is ready ("model ready: peak host memory") is at most
-#    the same run's on the tiny model of `make` (LibTorch, Gloo, the data: the baseline) plus what a rank must hold
-#    of the weights, with a quarter for room: the fp32 shard and its gradient shard (4 + 4 bytes a parameter)
-#    and the bf16 file pages it reads (2), all over W ranks, plus the one block built whole at a time (4 bytes a
-#    parameter of a block). Before sharded loading every rank built the whole model and cut its shard from it:
+#    a run's on the tiny model of `make` (LibTorch, Gloo, the data: the baseline, the LoRA one below) plus what a
+#    rank must hold of the weights, with a quarter for room: the fp32 shard and its gradient shard (4 + 4 bytes a
+#    parameter) and the bf16 file pages it reads (2), all over W ranks, plus the one block built whole at a time
+#    (4 bytes a parameter of a block). Before sharded loading every rank built the whole model and cut its shard from it:
 #    1.70, 1.26 and 1.11 GiB at --local 1, 2 and 4 against the bounds 1.47, 0.93 and 0.67.
 #  - --plan's checkpoint line (12 bytes a trained parameter, 1/W a rank): the largest rank file and the sum of the zero3
 #    run at --local 4 within 2% of its figures "a rank" and "in all".
@@ -97,19 +97,6 @@ for pair in "a rank:$largest_file" "in all:$all_files"; do
     fail "--plan says ${pair%%:*} $planned bytes of checkpoint, the zero3 run at --local 4 wrote $measured: $checkpoint_line"
 done
 
-run baseline-4 4 zero3 --from llama
-block=$(( parameters / 8 ))  # 8 blocks, and the embedding and head are 1.7% of the model
-report="peak host memory per rank, GiB (baseline $(peak baseline-4.log)):"
-for world in 1 2 4; do
-  awk -v peak="$(peak "zero3-$world.log")" -v base="$(peak baseline-4.log)" -v n="$parameters" -v b="$block" -v w="$world" \
-    'BEGIN { exit !(peak <= base + 1.25 * (10 * n / w + 4 * b) / 2^30) }' ||
-    fail "--local $world peaks at $(peak "zero3-$world.log") GiB a rank (baseline $(peak baseline-4.log)): more than its 1/$world of the weights"
-  report="$report --local $world $(peak "zero3-$world.log")"
-done
-report="$report; checkpoint at --local 4: largest rank file $largest_file bytes, all $all_files, planned '$checkpoint_line'"
-report="$report; zero2 --local 4 $(peak zero2-4.log); start loss against transformers:$start_differences (bound 1e-5)"
-report="$report; held-out loss after the step, sharded against zero2's: $(difference "$(last_eval_loss zero3-4)" "$(last_eval_loss zero2-4)") (bound 1e-6)"
-report="$report; first loss against zero2's: $(difference "$(first_loss zero3-4)" "$(first_loss zero2-4)") (bound 1e-6)"
 lora=(--data conversations.jsonl --sharding zero3 --lora-r 16 --lora-targets q_proj,v_proj --precision bf16 --max-steps 2
   --max-length 64 --eval-every 0 --max-eval-examples 16 --checkpoint-every 0 --export-dtype fp32)
 done_peak() { sed -n 's/^hpctrain: steps done: peak host memory \([0-9.]*\) GiB.*/\1/p' "$1"; }
@@ -117,7 +104,22 @@ lora_run() {  # lora_run NAME WORLD MODEL
   HPCTRAIN_RUN_DIR="$work/$1" "$sft" --from "$3" --local "$2" "${lora[@]}" > "$1.log" 2>&1 || fail "$1: sft exited $?"
   [ -n "$(done_peak "$1.log")" ] || fail "$1: no 'steps done: peak host memory' line"
 }
+# The baseline, both of the model ready and of the steps done: the tiny model of `make`, LoRA under zero3 at --local 4
+# (its weights are a few MB: what a rank holds is LibTorch, Gloo and the data).
 lora_run lora-base-4 4 llama
+[ -n "$(peak lora-base-4.log)" ] || fail "lora-base-4: no 'model ready: peak host memory' line"
+block=$(( parameters / 8 ))  # 8 blocks, and the embedding and head are 1.7% of the model
+report="peak host memory per rank, GiB (baseline $(peak lora-base-4.log)):"
+for world in 1 2 4; do
+  awk -v peak="$(peak "zero3-$world.log")" -v base="$(peak lora-base-4.log)" -v n="$parameters" -v b="$block" -v w="$world" \
+    'BEGIN { exit !(peak <= base + 1.25 * (10 * n / w + 4 * b) / 2^30) }' ||
+    fail "--local $world peaks at $(peak "zero3-$world.log") GiB a rank (baseline $(peak lora-base-4.log)): more than its 1/$world of the weights"
+  report="$report --local $world $(peak "zero3-$world.log")"
+done
+report="$report; checkpoint at --local 4: largest rank file $largest_file bytes, all $all_files, planned '$checkpoint_line'"
+report="$report; zero2 --local 4 $(peak zero2-4.log); start loss against transformers:$start_differences (bound 1e-5)"
+report="$report; held-out loss after the step, sharded against zero2's: $(difference "$(last_eval_loss zero3-4)" "$(last_eval_loss zero2-4)") (bound 1e-6)"
+report="$report; first loss against zero2's: $(difference "$(first_loss zero3-4)" "$(first_loss zero2-4)") (bound 1e-6)"
 lora_run lora-1 1 sharded
 lora_run lora-4 4 sharded
 "$python" "$here/sft_oracle.py" peft-check sharded lora-4/export > lora-peft.log 2>&1 ||

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# The uninterrupted run both preemption tests compare with (tests/train/requeue_test.sh and
-# tests/job/preemption_training_test.sh): Fashion-MNIST, 2 local ranks, 150 steps. A ctest fixture, so that it
-# trains once, beside other tests, instead of twice inside the Slurm lock. Writes "<steps> <parameters_crc32c>"
+# The uninterrupted run the preemption test compares with (tests/train/requeue_test.sh): Fashion-MNIST, 2 local
+# ranks, 150 steps. A ctest fixture, so that it trains beside other tests, not inside the Slurm lock. Writes "<steps> <parameters_crc32c>"
 # to <dir>/reference (atomically: a reader never sees half a line).
 #   Usage: fashion_mnist_reference.sh <fashion_mnist binary> <dir>
 set -euo pipefail
