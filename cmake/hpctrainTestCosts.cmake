@@ -5,6 +5,10 @@
 # they were declared, which leaves the long Slurm tests, which take turns, for the end.
 # Included at the end of each CMakeLists.txt that adds tests: set_tests_properties reaches only its own
 # directory's tests (before CMake 3.28). A name holding ';' cannot be listed (a CMake list separator).
+file(READ ${PROJECT_SOURCE_DIR}/tests/test_costs.txt _hpctrain_costs)
+if(_hpctrain_costs MATCHES ";")  # its cost would be silently dropped, and the test started last
+  message(FATAL_ERROR "tests/test_costs.txt: a test named with ';' cannot be given a cost: rename it")
+endif()
 file(STRINGS ${PROJECT_SOURCE_DIR}/tests/test_costs.txt _hpctrain_cost_lines)
 get_property(_hpctrain_directory_tests DIRECTORY PROPERTY TESTS)
 foreach(_line IN LISTS _hpctrain_cost_lines)

@@ -15,7 +15,7 @@ source "$(dirname "$(realpath "$0")")/fault_support.sh"   # before the cd: $0 ma
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/slow-checkpoint-test.XXXXXX")"
 cd "$work"
 knobs=(--local 2 --sharding zero2 --precision bf16 --max-eval-examples 500)  # stated: auto differs between CPUs
-delay_s=20 collective_s=8
+delay_s=14 collective_s=6
 committed() { (cd "$1/checkpoints" && ls -d step-* 2>/dev/null | sed 's/^step-0*//' | tr '\n' ' '); }
 # run <name> <slow-disk settings...> -- <arguments>: the binary with rank 1's archive behind the slow disk
 run() {
