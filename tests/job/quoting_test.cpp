@@ -1,12 +1,15 @@
 // Every user string is shell-quoted: adversarial strings go through render -> bash -> the worker and
 // must arrive byte-identical in its argv and environment, with nothing executed on the way.
 #include <filesystem>
+#include <map>
 #include <random>
 
 #include <hpctrain/job/job.hpp>
+#include <hpctrain/job/local_run.hpp>
 #include <hpctrain/job/process.hpp>
 #include <hpctrain/job/render.hpp>
 #include <hpctrain/job/shell.hpp>
+#include <hpctrain/names.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -135,4 +138,57 @@ TEST_CASE("Adversarial strings reach the worker byte-identical through render an
   }
   CHECK(values.count(fmt::format("arg{}", strings.size())) == 0);
   CHECK_FALSE(std::filesystem::exists(canary));
+}
+
+TEST_CASE(
+    "prepend_env and append_env add an entry to a path list where the job runs, through render and bash, and "
+    "in --local's environment",
+    "[quoting]") {
+  const auto dir = job_test::scratch_dir("path-entries");
+  const auto canary = (dir / "CANARY").string();
+  const std::string entry = "/opt/a b/'lib'$(touch " + canary + ")";  // a directory name is any bytes but NUL
+  auto job = ht::Job("paths")
+                 .prepend_env("PROBE_UNSET", entry)
+                 .prepend_env("PROBE_SET", entry)
+                 .append_env("PROBE_APPENDED", entry)
+                 .append_env("PROBE_EMPTY", entry);
+  // Where the job runs, PROBE_SET and PROBE_APPENDED hold a path list, PROBE_EMPTY is empty, PROBE_UNSET unset
+  // (under set -u: the script must not fail on it).
+  const std::vector<std::pair<std::string, std::string>> node_env = {
+      {"SLURM_JOB_ID", "4242"}, {"PROBE_SET", "/usr/lib:/lib"}, {"PROBE_APPENDED", "/usr/bin"}, {"PROBE_EMPTY", ""}};
+  const std::map<std::string, std::string> expected = {{"PROBE_UNSET", entry},
+                                                       {"PROBE_SET", entry + ":/usr/lib:/lib"},
+                                                       {"PROBE_APPENDED", "/usr/bin:" + entry},
+                                                       {"PROBE_EMPTY", entry}};
+  SECTION("the sbatch script") {
+    auto context = job_test::fixed_context();
+    context.program = job_test::probe();
+    const auto script_path = dir / "job.sbatch";
+    job_test::write_file(script_path, ht::render_sbatch(job, context));
+    const auto result =
+        ht::run_process({"bash", "-c", "srun() { while [[ $1 == --* ]]; do shift; done; \"$@\"; }; source \"$1\"",
+                         "bash", script_path.string()},
+                        node_env, dir.string(), {"PROBE_UNSET"});
+    CAPTURE(result.err);
+    REQUIRE(result.exit_code == 0);
+    const auto values = reported(result.out);
+    for (const auto& [name, value] : expected) {
+      CAPTURE(name, value);
+      CHECK(values.at(name) == job_test::hex(value));
+    }
+  }
+  SECTION("--local: the entries added to this process's environment, as the script adds them") {
+    for (const auto& [name, value] : node_env) ::setenv(name.c_str(), value.c_str(), 1);
+    ::unsetenv("PROBE_UNSET");
+    ht::detail::export_job_environment(job, job_test::fixed_context());
+    for (const auto& [name, value] : expected) {
+      CAPTURE(name, value);
+      CHECK(ht::getenv(name, ht::EmptyValue::kept).value_or("<unset>") == value);
+      ::unsetenv(name.c_str());
+    }
+  }
+  CHECK_FALSE(std::filesystem::exists(canary));
+  // An empty entry would add the current directory to the list: refused, naming the call and the variable.
+  CHECK_THROWS_WITH(ht::Job("paths").prepend_env("LD_LIBRARY_PATH", ""),
+                    Catch::Contains("prepend_env") && Catch::Contains("LD_LIBRARY_PATH"));
 }

@@ -92,6 +92,16 @@ refused "plan on a GPU of 1 MiB" "the plan does not fit: .* per GPU against 1.0 
 # The same plan refuses a --submit (nothing written or queued) and is a section of --dry-run.
 refused "submit on a GPU of 1 MiB" "not submitted: the memory plan does not fit" \
   --from ../llama --data ../conversations.jsonl --submit --gpus-per-node 1 --gpu-memory 0.001
+# A GPU job whose plan cannot know one GPU's memory (no GPU type, or one hpctrain does not know) is not queued
+# unchecked: --submit exits 2 asking for --gpu-memory, and --dry-run says that --submit would stop.
+refused "submit on a GPU of no type" "not submitted: the memory plan cannot check the job against one GPU's memory (the job names no GPU type; a100:8 would name one): state it with --gpu-memory SIZE" \
+  --from ../llama --data ../conversations.jsonl --submit --gpus-per-node 1
+refused "submit on an unknown GPU type" "its GPU type 'v100' names none hpctrain knows): state it with --gpu-memory SIZE" \
+  --from ../llama --data ../conversations.jsonl --submit --gpus-per-node v100:1
+(cd bad && "$sft" --from ../llama --data ../conversations.jsonl --dry-run --gpus-per-node v100:1) > dry-unknown.log 2>&1 ||
+  log=dry-unknown.log fail "--dry-run on an unknown GPU type: exit status $?"
+grep -q "^hpctrain: warning: --submit would stop here: the memory plan cannot check the job" dry-unknown.log ||
+  log=dry-unknown.log fail "--dry-run on an unknown GPU type does not say that --submit would stop"
 (cd bad && "$sft" --from ../llama --data ../conversations.jsonl --dry-run --gpus-per-node 1 --gpu-memory 80) > plan-dry.log 2>&1 ||
   fail "--dry-run with a plan: exit status $?"
 grep -q "^memory plan: llama" plan-dry.log && grep -q "per GPU: fits" plan-dry.log && grep -q "^#SBATCH" plan-dry.log ||

@@ -36,6 +36,8 @@ enum class EnvKind {
   literal,       ///< `export NAME=value` in the script
   pass_through,  ///< the submitting shell's value, written into the script at render time
   secret,        ///< travels in sbatch's environment only; the script checks it arrived, never holds it
+  prepend,       ///< the value before the variable's own, ':' between (a path list: LD_LIBRARY_PATH, PATH)
+  append,        ///< the value after the variable's own, ':' between
 };
 
 /// One environment variable of the job.
@@ -250,6 +252,16 @@ class Job {
     env_.push_back({std::move(name), std::move(value), EnvKind::literal});
     return *this;
   }
+  /// `entry` put before what the variable holds where the job runs, ':' between (the entry alone where it is unset
+  /// or empty): a library or program directory that must win over the node's, `prepend_env("LD_LIBRARY_PATH",
+  /// "/opt/amazon/efa/lib")`, without replacing the path list the node's modules and the site set up.
+  Job& prepend_env(std::string name, std::string entry) {
+    return add_path_entry(std::move(name), std::move(entry), EnvKind::prepend);
+  }
+  /// `entry` put after what the variable holds where the job runs, ':' between (the entry alone where it is unset).
+  Job& append_env(std::string name, std::string entry) {
+    return add_path_entry(std::move(name), std::move(entry), EnvKind::append);
+  }
   /// Pass the submitting shell's value of `name` (read when the script is rendered).
   Job& pass_env(std::string name) {
     check_env(name, "");
@@ -431,6 +443,14 @@ class Job {
   Job& add_mount(Mount m) {
     detail::check_mount_for(container_, m);
     mounts_.push_back(std::move(m));
+    return *this;
+  }
+  Job& add_path_entry(std::string name, std::string entry, EnvKind kind) {
+    check_env(name, entry);
+    detail::require(!entry.empty(), "env", name,
+                    fmt::format("{}: the entry is empty (an empty entry of a path list is the current directory)",
+                                kind == EnvKind::prepend ? "prepend_env" : "append_env"));
+    env_.push_back({std::move(name), std::move(entry), kind});
     return *this;
   }
   static void check_env(std::string_view name, std::string_view value) {

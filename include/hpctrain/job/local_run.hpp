@@ -23,14 +23,21 @@
 namespace hpctrain {
 
 namespace detail {
-/// The job's literal environment (Job::env, --env), exported in this process for what --local starts, as the
-/// sbatch script exports it (render.hpp), after the site's (site_environment): the job's values win over this
-/// shell's. pass_env and secret_env names are this shell's own already.
+/// The job's literal environment (Job::env, --env) and its path entries (prepend_env, append_env), exported in
+/// this process for what --local starts, as the sbatch script exports them (render.hpp), after the site's
+/// (site_environment): the job's values win over this shell's. pass_env and secret_env names are this shell's
+/// own already.
 inline void export_job_environment(const Job& job, const RenderContext& context) {
   for (const auto& variable : site_environment(job, context.site))  // the site's first, as in the script
     ::setenv(variable.name.c_str(), variable.value.c_str(), variable.shell_wins ? 0 : 1);
-  for (const auto& var : job.environment())
+  for (const auto& var : job.environment()) {
+    const auto now = hpctrain::getenv(var.name).value_or("");
     if (var.kind == EnvKind::literal) ::setenv(var.name.c_str(), var.value.c_str(), 1);
+    else if (var.kind == EnvKind::prepend)
+      ::setenv(var.name.c_str(), (now.empty() ? var.value : var.value + ":" + now).c_str(), 1);
+    else if (var.kind == EnvKind::append)
+      ::setenv(var.name.c_str(), (now.empty() ? var.value : now + ":" + var.value).c_str(), 1);
+  }
 }
 
 /// A new directory `<root>/local-<UTC time>[-<n>]` for one `--local` run (created here, so two runs started

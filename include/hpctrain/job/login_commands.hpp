@@ -137,20 +137,35 @@ inline void print_plan_warnings(const std::string& plan, std::ostream& err) {
     if (line.starts_with("hpctrain: warning:")) err << line << "\n";
 }
 
+/// Why a --submit of this plan's verdict is refused, if it is: a plan that does not fit, and a GPU job's plan that
+/// cannot know one GPU's memory (its type names none hpctrain knows, or none is asked for): queued, that job would be
+/// checked by nothing until it runs out of memory on the nodes. --gpu-memory SIZE states the memory.
+inline std::optional<std::string> submission_refusal(PlanVerdict verdict, const PlanRequest& request) {
+  if (verdict == PlanVerdict::does_not_fit)
+    return "the memory plan does not fit (--plan shows it; --gpu-memory SIZE states one GPU's memory)";
+  if (verdict != PlanVerdict::unknown || request.gpus_per_node == 0) return std::nullopt;
+  return fmt::format(
+      "the memory plan cannot check the job against one GPU's memory ({}): state it with --gpu-memory "
+      "SIZE (80GB, 74.5GiB)",
+      request.gpu_type.empty() ? "the job names no GPU type; a100:8 would name one"
+                               : fmt::format("its GPU type '{}' names none hpctrain knows", request.gpu_type));
+}
+
 /// The memory plan of a --dry-run (printed to `err` as a section, when the program can plan) or a --submit
-/// (printed only when it does not fit, which refuses the submission: nothing written or queued).
+/// (printed only when it refuses the submission: nothing written or queued; else its warnings).
 inline PlanVerdict plan_before_queueing(const Job& job, const LoginCommand& command, const SiteSettings& site,
                                         const Knobs* knobs, const Planner& planner, std::ostream& err, bool print) {
   if (!planner || knobs == nullptr) return PlanVerdict::cannot_plan;
   std::ostringstream text;
   text << gpu_memory_note(command);
-  const auto verdict = planner(knobs->with_arguments(command.forwarded), plan_request(job, command, site), text);
+  const auto request = plan_request(job, command, site);
+  const auto verdict = planner(knobs->with_arguments(command.forwarded), request, text);
   if (verdict == PlanVerdict::cannot_plan) return verdict;
-  if (print || verdict == PlanVerdict::does_not_fit) err << text.str();
+  const auto refusal = submission_refusal(verdict, request);
+  if (print || refusal) err << text.str();
   else print_plan_warnings(text.str(), err);
-  if (verdict == PlanVerdict::does_not_fit && !print)
-    err << "hpctrain: not submitted: the memory plan does not fit (--plan shows it; --gpu-memory SIZE states one GPU's "
-           "memory)\n";
+  if (refusal)
+    err << (print ? "hpctrain: warning: --submit would stop here: " : "hpctrain: not submitted: ") << *refusal << "\n";
   return verdict;
 }
 }  // namespace detail
@@ -191,15 +206,15 @@ inline int dry_run_command(const Job& job, const LoginCommand& command, RenderCo
   return exit_ok;
 }
 
-/// --submit: the job (or the chain of its stages) queued, unless the memory plan says it cannot fit.
+/// --submit: the job (or the chain of its stages) queued, unless the memory plan says it cannot fit or, for a GPU
+/// job, cannot know one GPU's memory.
 inline int submit_command(const Job& job, const LoginCommand& command, RenderContext worker_context, std::ostream& out,
                           std::ostream& err, const Knobs* knobs, const Planner& planner) {
   worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
   check_array_on_cluster(job);
   print_job_warnings(job, err);
-  if (plan_before_queueing(job, command, worker_context.site, knobs, planner, err, /*print=*/false) ==
-      PlanVerdict::does_not_fit)
-    return exit_usage;
+  const auto verdict = plan_before_queueing(job, command, worker_context.site, knobs, planner, err, /*print=*/false);
+  if (submission_refusal(verdict, plan_request(job, command, worker_context.site))) return exit_usage;
   if (!job.stages().empty()) {
     const auto chain = submit_chain(job, worker_context);
     out << fmt::format("submitted a chain of {} stages, each after the one before completed successfully:\n",

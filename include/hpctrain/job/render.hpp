@@ -171,9 +171,10 @@ inline std::vector<SiteVariable> site_environment(const Job& job, const SiteSett
                                                                  {env::checkpoint_timeout, site.checkpoint_timeout_s}};
   for (const auto& [name, seconds] : timeouts)
     if (seconds) variables.push_back({name, std::to_string(*seconds), "seconds", true});
-  std::erase_if(variables, [&](const SiteVariable& variable) {
-    return std::any_of(job.environment().begin(), job.environment().end(),
-                       [&](const EnvVar& own) { return own.name == variable.name; });
+  std::erase_if(variables, [&](const SiteVariable& variable) {  // the job's own value replaces the site's
+    return std::any_of(job.environment().begin(), job.environment().end(), [&](const EnvVar& own) {
+      return own.name == variable.name && own.kind != EnvKind::prepend && own.kind != EnvKind::append;
+    });
   });
   return variables;
 }
@@ -364,6 +365,12 @@ inline std::string script_setup(const Job& job, const RenderContext& context) {
         s += fmt::format("export {}={}  # from the submitting shell\n", var.name, shell_quote(*value));
         break;
       }
+      case EnvKind::prepend:  // ${NAME:+...}: nothing where NAME is unset or empty, and no error under set -u
+        s += fmt::format("export {0}={1}\"${{{0}:+:${0}}}\"\n", var.name, shell_quote(var.value));
+        break;
+      case EnvKind::append:
+        s += fmt::format("export {0}=\"${{{0}:+${0}:}}\"{1}\n", var.name, shell_quote(var.value));
+        break;
       case EnvKind::secret:
         if (!secret_comment) s += "# Secrets travel in sbatch's environment, never in this file.\n";
         secret_comment = true;
