@@ -2,6 +2,7 @@
 // The one call a user's main makes: checks the training description and its knob table, then dispatches on
 // the mode — login-node commands (--dry-run, --submit, --status, ...) through job/, worker mode to the
 // training loop. The knob table travels from here into the job layer, which never sees a Training.
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #if HPCTRAIN_RUNTIME_DEFINITIONS  // the command line and the worker: not parsed by a program that links the runtime
 #include <hpctrain/job/cli.hpp>
 #include <hpctrain/job/spec_error_exit.hpp>
+#include <hpctrain/train/batch_fit.hpp>
 #include <hpctrain/train/worker.hpp>
 #endif
 
@@ -57,7 +59,8 @@ HPCTRAIN_RUNTIME_INLINE int run(int argc, char** argv, const Job& job, const Tra
       [&training](const Knobs& values, const RunPlacement& placement) {
         return run_worker(training, values, placement);
       },
-      [&training](const Knobs& values) { training.check_at_login(values); }, planner);
+      [&training](const Knobs& values, std::optional<int> world) { check_training_at_login(training, values, world); },
+      planner);
 }
 #endif
 

@@ -8,7 +8,8 @@
 #    way, with the held-out loss of the run that saved it; and the run exports a PEFT adapter that PEFT loads onto
 #    the base model with our merged model's logits (sft_oracle.py peft-check);
 #  - --plan at one rank plans Replicated, saying so, and names the cheapest setting that fits; --dry-run of 70B on 64
-#    H100s prints the checkpoint's size and warns that requeue_on_timeout(1min) cannot hold its save.
+#    H100s prints the checkpoint's size and warns that requeue_on_timeout(1min) cannot hold its save; under a site
+#    file's short_grace = refuse, --submit of it exits 2 (nothing written or queued) and so does --plan.
 # Usage: one_rank_lm_test.sh <sft binary>
 set -euo pipefail
 source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
@@ -136,5 +137,24 @@ grep -q "^checkpoint: 13.2 GB a rank, 105.8 GB a node, 846.6 GB in all" dry-70b.
   log=dry-70b.log fail "--dry-run of 70B on 64 GPUs did not print the checkpoint's size"
 grep -q "^hpctrain: warning: requeue_on_timeout's grace of 60 s is shorter than 10 step(s)" dry-70b.log ||
   log=dry-70b.log fail "--dry-run of 70B with a grace of 60 s did not warn that the save cannot fit in it"
+# A site whose file says short_grace = refuse: --submit of the same job exits 2, nothing written or queued; --plan
+# exits 2; a value other than warn or refuse is refused naming the file and line.
+seventy=(--from "$work/llama70b" --data "$work/conversations.jsonl" --nodes 8 --tasks-per-node 8 --gpus-per-node h100:8 --sharding zero3
+  --max-length 4096 --batch-size 64 --gpu-memory 80GB --activation-checkpointing full)
+mkdir -p strict && printf 'checkpoint_write_gbps = 2\nshort_grace = refuse\n' > strict/site.conf
+status=0
+(cd strict && HPCTRAIN_SITE_CONFIG="$work/strict/site.conf" "$sft" "${seventy[@]}" --submit) \
+  > submit-70b.log 2>&1 || status=$?
+[ "$status" = 2 ] && grep -q "^hpctrain: not submitted: requeue_on_timeout's grace cannot hold a save .* short_grace = refuse" \
+  submit-70b.log || log=submit-70b.log fail "--submit of 70B under short_grace = refuse: exit $status, not 2 with the reason"
+[ ! -e strict/hpctrain-jobs ] || fail "--submit under short_grace = refuse wrote something"
+status=0
+HPCTRAIN_SITE_CONFIG="$work/strict/site.conf" "$sft" "${seventy[@]}" --plan > plan-70b.log 2>&1 || status=$?
+[ "$status" = 2 ] || log=plan-70b.log fail "--plan of 70B under short_grace = refuse: exit $status, not 2"
+printf 'short_grace = sometimes\n' > strict/site.conf
+status=0
+HPCTRAIN_SITE_CONFIG="$work/strict/site.conf" "$sft" "${seventy[@]}" --plan > plan-bad-site.log 2>&1 || status=$?
+[ "$status" = 2 ] && grep -q "\[hpctrain.spec.site\] short_grace = sometimes: expected warn or refuse (.*strict/site.conf:1)" \
+  plan-bad-site.log || log=plan-bad-site.log fail "short_grace = sometimes: exit $status, not 2 naming the line"
 cd / && rm -rf "${work:?}"
 echo "PASS: exports of the same weights equal bit for bit; LoRA loaded across the strategies:$lora_report --plan: $peak GiB, fits with the chunked loss ($chunked GiB) on $gpu GiB"

@@ -4,7 +4,8 @@
 #    trained on the fortunes, BOS added by its post-processor and a chat template of its own; the data: a JSONL
 #    file of conversations (system prompts, two turns, quotes, non-ASCII) that no other test reads;
 #  - a JSONL file with line 7 broken: --submit exits 2 naming the file and line 7, nothing written or queued;
-#    a missing --from or --data exits 2 naming the knob;
+#    a missing --from or --data exits 2 naming the knob, and so do a --from without tokenizer files and a batch
+#    larger than an epoch of the data (read at login);
 #  - sft --local 2 --max-steps 20 lowers the assistant-token loss; response_loss_before equals transformers'
 #    masked loss on the same rendered conversations (apply_chat_template's assistant mask), and
 #    response_loss_after equals it on the export, which transformers loads (1e-4 relative, fp32);
@@ -45,6 +46,27 @@ for args in "--data ../conversations.jsonl" "--from ../llama"; do
   grep -q '\[hpctrain.spec.knob\] --' bad.log || fail "with only $args: the message does not name the missing knob"
   [ ! -e bad/hpctrain-jobs ] || fail "with only $args: something was written"
 done
+
+# A --from directory without tokenizer files fails at login (exit 2, nothing written), not on the compute nodes.
+mkdir -p notokenizer && cp llama/config.json llama/model.safetensors notokenizer/
+refused "a model without a tokenizer" '\[hpctrain.spec.tokenizer\] .*notokenizer: .*holds neither tokenizer.json nor a \*.tiktoken file' \
+  --from ../notokenizer --data ../conversations.jsonl --dry-run
+# A batch larger than an epoch of each rank's data, read at login (the training split: 171 of the file's 182
+# records, every 16th held out): refused in the units typed, naming the largest that fits. The job's 2 nodes give
+# each rank at most 85 records (170 fits, 172 does not); --nodes 4 at most 42 (168); --local 2 as 2 nodes. A global
+# batch that does not divide by the ranks fails there too.
+refused "a batch larger than the data" '\[hpctrain.spec.knob\] --batch-size = 100000 (global): 100000 examples per rank per step (1 ranks share it), but each rank gets at most 171 examples per epoch of .*conversations.jsonl (171 of its 182 records in this split, counted at login) (1 ranks); at most 171 here' \
+  --from ../llama --data ../conversations.jsonl --dry-run --batch-size 100000 --nodes 1
+refused "a batch past 2 ranks' records" 'but each rank gets at most 85 examples .* (2 ranks); at most 170 here' \
+  --from ../llama --data ../conversations.jsonl --dry-run --batch-size 172
+refused "a batch too large for 4 nodes" '(4 ranks); at most 168 here' \
+  --from ../llama --data ../conversations.jsonl --submit --batch-size 172 --nodes 4
+refused "a batch too large for --local 2" '(2 ranks); at most 170 here' \
+  --from ../llama --data ../conversations.jsonl --local 2 --batch-size 172
+refused "a batch that does not divide" 'batch_size = 15: a global batch must divide by world size × gradient_accumulation (2)' \
+  --from ../llama --data ../conversations.jsonl --local 2 --batch-size 15
+(cd bad && "$sft" --from ../llama --data ../conversations.jsonl --dry-run --batch-size 170) > batch-fits.log 2>&1 ||
+  log=batch-fits.log fail "--dry-run with a batch of 170 on 2 ranks (85 records each at most): exit status $?"
 
 # A rotary setting hpctrain does not implement (transformers 5's layout): exit 2 at --dry-run, naming the file and
 # the field, before anything is written.

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,9 @@ using Worker = std::function<int(const std::vector<std::string>& args)>;
 /// The code run under srun for a program with a knob table: the table holding this run's values, and where the
 /// run lives (`--resume`'s directory; the run directory when the login side chose it in this process).
 using KnobWorker = std::function<int(const Knobs& knobs, const RunPlacement& placement)>;
+/// A program's checks on the login node: the knob table holding the command's values, and the ranks the command
+/// starts when it says (none under --run, whose allocation says, or for a chain of stages).
+using KnobLoginCheck = std::function<void(const Knobs& knobs, std::optional<int> world)>;
 
 namespace detail {
 /// Set during static initialisation, before the user's main builds its description: in a program that can call
@@ -61,10 +65,11 @@ inline int run_job(int argc, char** argv, const Job& job, const Worker& worker) 
 /// The same for a program with a knob table: the login command refuses an unknown or invalid knob (exit 2,
 /// nothing written or queued), `--help` lists the knobs, and `worker` gets the table with this run's values
 /// (the worker's arguments are read with the same table; a bad one exits 2 on every rank).
-/// `login_check`, when given, sees the knob values of a --dry-run, --submit or --local before anything is written
-/// or queued (Training::login_check: a data file visible here is validated); a SpecError from it exits 2.
+/// `login_check`, when given, sees the knob values of a --dry-run, --submit, --local or --run and the ranks it
+/// starts (login_world) before anything is written or queued (Training::check_at_login: a data file visible here is
+/// validated, the batch checked against it); a SpecError from it exits 2.
 inline int run_job(int argc, char** argv, const Job& job, const Knobs& knobs, const KnobWorker& worker,
-                   const std::function<void(const Knobs&)>& login_check = {}, const Planner& planner = {}) {
+                   const KnobLoginCheck& login_check = {}, const Planner& planner = {}) {
   if (is_prepare_invocation(argc, argv)) return detail::run_preparation_step(job, argc, argv);
   if (is_worker_invocation(argc, argv))
     return with_exit_codes([&] {
@@ -78,7 +83,7 @@ inline int run_job(int argc, char** argv, const Job& job, const Knobs& knobs, co
     using Mode = LoginCommand::Mode;
     if (login_check && (command.mode == Mode::dry_run || command.mode == Mode::submit || command.mode == Mode::local ||
                         command.mode == Mode::run))
-      login_check(knobs.with_arguments(command.forwarded));
+      login_check(knobs.with_arguments(command.forwarded), login_world(job, command));
     if (command.mode == Mode::run && run_place() == RunPlace::step_task)
       return worker(knobs.with_arguments(command.forwarded), detail::step_task_placement(job, command, context));
     return run_login_command(job, command, context, std::cout, std::cerr, &knobs, planner);

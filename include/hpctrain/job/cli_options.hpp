@@ -79,6 +79,7 @@ inline PlanRequest plan_request(const Job& job, const LoginCommand& command, con
   request.expected_busbw_gbps = site.fabric.expected_busbw_gbps;
   request.checkpoint_write_gbps = site.checkpoint_write_gbps;
   if (job.requeue()) request.requeue_grace_s = static_cast<double>(job.requeue()->grace.count());
+  request.refuse_short_grace = site.refuse_short_grace;
   return request;
 }
 
@@ -268,6 +269,19 @@ inline int sbatch_count(const std::string& option, const std::string& value) {
   return count;
 }
 }  // namespace detail
+
+/// The ranks a --local, --dry-run or --submit of `job` starts, for the login checks: --local's count, else nodes ×
+/// tasks a node with the command's overrides (a GPU count without tasks gives a task a GPU). None for --run (its
+/// allocation says) and for a chain (each stage has its own).
+inline std::optional<int> login_world(Job job, const LoginCommand& command) {
+  using Mode = LoginCommand::Mode;
+  if (command.mode == Mode::local) return command.local_ranks;
+  if (command.mode == Mode::run || !job.stages().empty()) return std::nullopt;
+  if (command.nodes) job.nodes(*command.nodes);
+  if (command.tasks_per_node) job.tasks_per_node(*command.tasks_per_node);
+  if (command.gpus_per_node) job.gpus_per_node(std::string_view(*command.gpus_per_node));
+  return job.nodes() * job.tasks_per_node();
+}
 
 /// Applies the command-line overrides to `job` (the setters validate: SpecError names the field).
 inline void apply_overrides(Job& job, const LoginCommand& command) {

@@ -31,12 +31,18 @@ inline void export_job_environment(const Job& job, const RenderContext& context)
   for (const auto& variable : site_environment(job, context.site))  // the site's first, as in the script
     ::setenv(variable.name.c_str(), variable.value.c_str(), variable.shell_wins ? 0 : 1);
   for (const auto& var : job.environment()) {
-    const auto now = hpctrain::getenv(var.name).value_or("");
-    if (var.kind == EnvKind::literal) ::setenv(var.name.c_str(), var.value.c_str(), 1);
-    else if (var.kind == EnvKind::prepend)
-      ::setenv(var.name.c_str(), (now.empty() ? var.value : var.value + ":" + now).c_str(), 1);
-    else if (var.kind == EnvKind::append)
-      ::setenv(var.name.c_str(), (now.empty() ? var.value : now + ":" + var.value).c_str(), 1);
+    if (var.kind == EnvKind::literal) {
+      ::setenv(var.name.c_str(), var.value.c_str(), 1);
+      continue;
+    }
+    const auto now = hpctrain::getenv(var.name).value_or("");  // a path list: the entry joins what is there
+    const bool first = var.kind == EnvKind::prepend;
+    ::setenv(var.name.c_str(),
+             (now.empty() ? var.value
+              : first     ? var.value + ":" + now
+                          : now + ":" + var.value)
+                 .c_str(),
+             1);
   }
 }
 

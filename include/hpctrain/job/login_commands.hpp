@@ -137,12 +137,16 @@ inline void print_plan_warnings(const std::string& plan, std::ostream& err) {
     if (line.starts_with("hpctrain: warning:")) err << line << "\n";
 }
 
-/// Why a --submit of this plan's verdict is refused, if it is: a plan that does not fit, and a GPU job's plan that
+/// Why a --submit of this plan's verdict is refused, if it is: a plan that does not fit, a requeue grace too short for
+/// a save where the site refuses one (short_grace = refuse), and a GPU job's plan that
 /// cannot know one GPU's memory (its type names none hpctrain knows, or none is asked for): queued, that job would be
 /// checked by nothing until it runs out of memory on the nodes. --gpu-memory SIZE states the memory.
 inline std::optional<std::string> submission_refusal(PlanVerdict verdict, const PlanRequest& request) {
   if (verdict == PlanVerdict::does_not_fit)
     return "the memory plan does not fit (--plan shows it; --gpu-memory SIZE states one GPU's memory)";
+  if (verdict == PlanVerdict::short_grace)
+    return "requeue_on_timeout's grace cannot hold a save (the warning above says what it needs), and the site "
+           "file says short_grace = refuse";
   if (verdict != PlanVerdict::unknown || request.gpus_per_node == 0) return std::nullopt;
   return fmt::format(
       "the memory plan cannot check the job against one GPU's memory ({}): state it with --gpu-memory "
@@ -152,21 +156,22 @@ inline std::optional<std::string> submission_refusal(PlanVerdict verdict, const 
 }
 
 /// The memory plan of a --dry-run (printed to `err` as a section, when the program can plan) or a --submit
-/// (printed only when it refuses the submission: nothing written or queued; else its warnings).
-inline PlanVerdict plan_before_queueing(const Job& job, const LoginCommand& command, const SiteSettings& site,
-                                        const Knobs* knobs, const Planner& planner, std::ostream& err, bool print) {
-  if (!planner || knobs == nullptr) return PlanVerdict::cannot_plan;
+/// (printed only when it refuses the submission: nothing written or queued; else its warnings). Whether --submit
+/// stops here (submission_refusal; a --dry-run says so as a warning).
+inline bool plan_stops_submission(const Job& job, const LoginCommand& command, const SiteSettings& site,
+                                  const Knobs* knobs, const Planner& planner, std::ostream& err, bool print) {
+  if (!planner || knobs == nullptr) return false;
   std::ostringstream text;
   text << gpu_memory_note(command);
   const auto request = plan_request(job, command, site);
   const auto verdict = planner(knobs->with_arguments(command.forwarded), request, text);
-  if (verdict == PlanVerdict::cannot_plan) return verdict;
+  if (verdict == PlanVerdict::cannot_plan) return false;
   const auto refusal = submission_refusal(verdict, request);
   if (print || refusal) err << text.str();
   else print_plan_warnings(text.str(), err);
   if (refusal)
     err << (print ? "hpctrain: warning: --submit would stop here: " : "hpctrain: not submitted: ") << *refusal << "\n";
-  return verdict;
+  return refusal.has_value();
 }
 }  // namespace detail
 
@@ -194,7 +199,7 @@ inline int dry_run_command(const Job& job, const LoginCommand& command, RenderCo
   worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
   check_array_on_cluster(job);
   print_job_warnings(job, err);
-  plan_before_queueing(job, command, worker_context.site, knobs, planner, err, /*print=*/true);
+  plan_stops_submission(job, command, worker_context.site, knobs, planner, err, /*print=*/true);
   if (!job.stages().empty()) {
     out << render_chain(job, worker_context);
     return exit_ok;
@@ -213,8 +218,7 @@ inline int submit_command(const Job& job, const LoginCommand& command, RenderCon
   worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
   check_array_on_cluster(job);
   print_job_warnings(job, err);
-  const auto verdict = plan_before_queueing(job, command, worker_context.site, knobs, planner, err, /*print=*/false);
-  if (submission_refusal(verdict, plan_request(job, command, worker_context.site))) return exit_usage;
+  if (plan_stops_submission(job, command, worker_context.site, knobs, planner, err, /*print=*/false)) return exit_usage;
   if (!job.stages().empty()) {
     const auto chain = submit_chain(job, worker_context);
     out << fmt::format("submitted a chain of {} stages, each after the one before completed successfully:\n",

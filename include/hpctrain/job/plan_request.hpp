@@ -22,6 +22,7 @@ struct PlanRequest {
   std::optional<double> expected_busbw_gbps;    ///< the site's stated bus bandwidth between nodes
   std::optional<double> checkpoint_write_gbps;  ///< the site's write bandwidth of one node to the checkpoints' disk
   std::optional<double> requeue_grace_s;        ///< requeue_on_timeout's grace, when the job has one
+  bool refuse_short_grace = false;              ///< the site file's `short_grace = refuse`
 };
 /// What a plan concluded.
 enum class PlanVerdict {
@@ -29,6 +30,7 @@ enum class PlanVerdict {
   unknown,       ///< planned, but one GPU's memory is not known (a CPU job, a GPU type hpctrain does not know)
   does_not_fit,  ///< the peak exceeds one GPU's memory: --plan exits 2, --submit refuses
   cannot_plan,   ///< the program's model cannot be sized before it is built (the stream says why)
+  short_grace,   ///< requeue_on_timeout's grace cannot hold a save, and the site refuses such jobs (short_grace)
 };
 /// A program's memory plan (Training::memory_plan): prints it to the stream and says what it concluded. Its lines that
 /// begin `hpctrain: warning:` are warnings --submit prints even when it does not print the plan.

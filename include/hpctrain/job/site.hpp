@@ -9,7 +9,8 @@
 // between nodes, `fabric` (efa, infiniband, ethernet: job/fabric.hpp), `socket_ifname`, `ib_hca`,
 // `expected_busbw_gbps`; `cores_per_node` (the default cpus_per_task of jobs on whole nodes or GPUs); and the
 // workers' timeouts in seconds, `rendezvous_timeout_s`, `collective_timeout_s`, `checkpoint_timeout_s`; and
-// `checkpoint_write_gbps`, the GB/s one node writes to the checkpoints' file system (--plan's time to write one).
+// `checkpoint_write_gbps`, the GB/s one node writes to the checkpoints' file system (--plan's time to write one), and
+// `short_grace` (warn, refuse: what --submit does with a requeue_on_timeout grace shorter than a save needs).
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -61,6 +62,9 @@ struct SiteSettings {
   std::optional<int> rendezvous_timeout_s, collective_timeout_s, checkpoint_timeout_s;
   /// GB/s one node writes to the checkpoints' file system: --plan's time to write a checkpoint.
   std::optional<double> checkpoint_write_gbps;
+  /// `short_grace = refuse`: --submit refuses a job whose requeue grace is shorter than the plan's save needs
+  /// (default `warn`: it warns and queues).
+  bool refuse_short_grace = false;
 };
 
 namespace detail {
@@ -79,7 +83,8 @@ inline constexpr std::string_view site_keys[] = {"gpu_syntax",           "fabric
                                                  "socket_ifname",        "ib_hca",
                                                  "expected_busbw_gbps",  "cores_per_node",
                                                  "rendezvous_timeout_s", "collective_timeout_s",
-                                                 "checkpoint_timeout_s", "checkpoint_write_gbps"};
+                                                 "checkpoint_timeout_s", "checkpoint_write_gbps",
+                                                 "short_grace"};
 
 /// A positive number of GB/s for site key `key`; SpecError `[hpctrain.spec.site]` naming it and `where`.
 inline double site_gbps(const std::string& key, const std::string& value, const std::string& where) {
@@ -128,6 +133,11 @@ inline void apply_site_setting(SiteSettings& settings, const std::string& key, c
     settings.fabric.expected_busbw_gbps = site_gbps(key, value, where);
   } else if (key == "checkpoint_write_gbps") {
     settings.checkpoint_write_gbps = site_gbps(key, value, where);
+  } else if (key == "short_grace") {
+    if (value != "warn" && value != "refuse")
+      throw SpecError(errors::spec_site, fmt::format("{} = {}", key, value.empty() ? "\"\"" : value),
+                      fmt::format("expected warn or refuse ({})", where));
+    settings.refuse_short_grace = value == "refuse";
   } else if (key == "cores_per_node") {
     settings.cores_per_node = site_positive_integer(key, value, 1 << 16, where);
   } else if (key == "rendezvous_timeout_s") {

@@ -51,22 +51,30 @@ inline std::optional<std::pair<GpuSpeed, FabricSpeed>> step_speeds(const PlanReq
                    FabricSpeed{*link, "the simulated link of HPCTRAIN_SIMULATED_LINK_GBPS"}};
 }
 
-/// The checkpoint's size and write time, and the grace warning when requeue_on_timeout's is too short for the
-/// steps until the ranks see the signal (`step_seconds` each, when planned) and the write.
-inline std::string checkpoint_lines(const PlanInput& in, const PlanRequest& request, std::optional<double> step_seconds,
-                                    std::int64_t check_every) {
+/// The plan's checkpoint lines: the checkpoint's size and write time, and the grace warning when
+/// requeue_on_timeout's is too short for the steps until the ranks see the signal (`step_seconds` each, when
+/// planned) and the write (grace_too_short says so: the site may refuse such a job).
+struct CheckpointLines {
+  std::string text;
+  bool grace_too_short = false;
+};
+inline CheckpointLines checkpoint_lines(const PlanInput& in, const PlanRequest& request,
+                                        std::optional<double> step_seconds, std::int64_t check_every) {
   const auto gbps = request.checkpoint_write_gbps.value_or(default_checkpoint_write_gbps);
   const auto checkpoint = plan_checkpoint(in, gbps);
-  auto text = format_checkpoint_plan(in, checkpoint,
-                                     request.checkpoint_write_gbps
-                                         ? "the site file's checkpoint_write_gbps"
-                                         : "the default; the site file's checkpoint_write_gbps states the site's");
+  CheckpointLines lines{format_checkpoint_plan(in, checkpoint,
+                                               request.checkpoint_write_gbps
+                                                   ? "the site file's checkpoint_write_gbps"
+                                                   : "the default; the site file's checkpoint_write_gbps states the "
+                                                     "site's")};
   if (request.requeue_grace_s) {
     GraceNeed need{*request.requeue_grace_s, step_seconds.value_or(0.0) * static_cast<double>(check_every),
                    checkpoint.seconds, step_seconds.has_value()};
-    text += grace_warning(need, check_every);
+    const auto warning = grace_warning(need, check_every);
+    lines.text += warning;
+    lines.grace_too_short = !warning.empty();
   }
-  return text;
+  return lines;
 }
 }  // namespace detail
 
@@ -136,14 +144,16 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
   } else if (request.gpus_per_node > 0) {
     out << "step time: the GPU type names none hpctrain knows the speed of (h100, h200, a100, l40, a10)\n";
   }
-  out << detail::checkpoint_lines(in, request, step_seconds, training.preemption_check_every());
+  const auto checkpoint = detail::checkpoint_lines(in, request, step_seconds, training.preemption_check_every());
+  out << checkpoint.text;
+  const bool refuse_grace = request.refuse_short_grace && checkpoint.grace_too_short;
   if (!in.gpu_bytes) {
     if (request.gpus_per_node > 0)
       out << "the GPU's memory is unknown (its type names none hpctrain knows): --gpu-memory SIZE (80GB, 74.5GiB) says "
              "it\n";
-    return PlanVerdict::unknown;
+    return refuse_grace ? PlanVerdict::short_grace : PlanVerdict::unknown;
   }
-  if (plan.fits()) return PlanVerdict::fits;
+  if (plan.fits()) return refuse_grace ? PlanVerdict::short_grace : PlanVerdict::fits;
   out << fmt::format("hpctrain: the plan does not fit: {} per GPU against {}\n", plan_bytes(plan.peak),
                      plan_bytes(*plan.gpu));
   out << plan_advice(in, {knobs.find("activation_checkpointing") != nullptr, knobs.find(loss_chunk_knob) != nullptr});

@@ -21,6 +21,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -130,8 +131,9 @@ class SftJsonl {
   /// with the tokenizer's directory (this Training's pretrained model's, or .tokenizer), its chat template parses
   /// and renders the first record, which tokenizes as the worker will (SpecError naming the template, the file
   /// and the line): a template hpctrain cannot render fails here, not on every rank after the queue.
-  HPCTRAIN_RUNTIME_INLINE void check_at_login(const Knobs& knobs,
-                                              const std::optional<std::filesystem::path>& pretrained = {}) const;
+  /// Returns the records of this split, an upper bound of its rows (the batch is checked against it there).
+  HPCTRAIN_RUNTIME_INLINE std::optional<DataSizeAtLogin> check_at_login(
+      const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained = {}) const;
 
   /// In the job's preparation step (once, before the ranks): renders, tokenizes, masks and cuts every record of
   /// the file on every CPU of the task into `<prepared_dir>/sft/<digest>.sfttokens`, unless a file of the same
@@ -255,6 +257,19 @@ HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> SftJsonl::pack(std::vector<t
 }
 
 namespace detail {
+/// The data's tokenizer read on the login node: a directory without one (or with a broken one) is the job's
+/// description at fault, refused before the queue (exit 2), not on every rank after it.
+inline text::PretrainedTokenizer login_tokenizer(const std::filesystem::path& directory) {
+  try {
+    return text::load_pretrained_tokenizer(directory);
+  } catch (const SpecError&) {
+    throw;
+  } catch (const Error& error) {  // its message names the file and the place; without its runtime id
+    throw SpecError(errors::spec_tokenizer, std::string_view(error.what()).substr(error.id().size() + 3),
+                    "the SFT data is tokenized with this tokenizer (the model directory's, or .tokenizer(dir)'s)");
+  }
+}
+
 /// The login node's data checks (text/sft_checks.hpp) on the rest of a sample whose `first` example is read.
 inline void check_sft_sample(const std::filesystem::path& file, text::SftJsonlReader& reader, std::size_t first_line,
                              const text::SftExample& first, const text::PretrainedTokenizer& tokenizer,
@@ -318,17 +333,23 @@ inline void show_sft_example(const std::filesystem::path& file, const text::SftJ
 }
 }  // namespace detail
 
-HPCTRAIN_RUNTIME_INLINE void SftJsonl::check_at_login(const Knobs& knobs,
-                                                      const std::optional<std::filesystem::path>& pretrained) const {
+HPCTRAIN_RUNTIME_INLINE std::optional<DataSizeAtLogin> SftJsonl::check_at_login(
+    const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained) const {
   const auto file = file_.get(knobs);
   if (!std::filesystem::is_regular_file(file)) throw SpecError(errors::spec_data_jsonl, file.string(), "no such file");
-  text::validate_sft_jsonl(file, read_options(knobs));
+  const auto records = static_cast<std::int64_t>(text::validate_sft_jsonl(file, read_options(knobs)).examples);
+  std::int64_t kept = 0;
+  for (std::int64_t index = 0; index < records; ++index) kept += keeps(index) ? 1 : 0;
+  const DataSizeAtLogin size{kept, kept == records
+                                       ? fmt::format("{} ({} records, counted at login)", file.string(), records)
+                                       : fmt::format("{} ({} of its {} records in this split, counted at login)",
+                                                     file.string(), kept, records)};
   const auto directory = tokenizer_ ? std::optional(tokenizer_->get(knobs)) : pretrained;
-  if (!directory) return;  // the worker says that a tokenizer is needed
-  const auto tokenizer = text::load_pretrained_tokenizer(*directory);
+  if (!directory) return size;  // the worker says that a tokenizer is needed
+  const auto tokenizer = detail::login_tokenizer(*directory);
   text::SftJsonlReader reader(file, read_options(knobs));
   text::SftRecord record;
-  if (!reader.next(record)) return;
+  if (!reader.next(record)) return size;
   std::optional<text::ConversationRenderer> renderer;
   text::SftExample first;
   try {
@@ -343,6 +364,7 @@ HPCTRAIN_RUNTIME_INLINE void SftJsonl::check_at_login(const Knobs& knobs,
   if (const auto n = show_example_(knobs); n > 0)
     detail::show_sft_example(file, read_options(knobs), n, tokenizer, renderer ? &*renderer : nullptr,
                              max_length_.get(knobs));
+  return size;
 }
 
 HPCTRAIN_RUNTIME_INLINE data::Source SftJsonl::operator()(const RunContext& run) const {

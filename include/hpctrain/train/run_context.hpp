@@ -131,6 +131,13 @@ class FinishHook {
 /// A check on the login node once the knobs are parsed, before anything is written or queued (a data file
 /// that is visible there is validated); throws SpecError naming the field and the value.
 using LoginCheck = std::function<void(const Knobs&)>;
+/// What a data factory's login check read of its data's size: at most `examples` examples (fewer rows may reach the
+/// ranks: examples dropped, or packed together), in `what` (the file and its split). The batch is checked against it
+/// there: a batch larger than an epoch would fail every rank after the queue.
+struct DataSizeAtLogin {
+  std::int64_t examples = 0;
+  std::string what;
+};
 /// Called on every rank with the model its factory made and the run's knobs, before LoRA, the move to the
 /// device and the strategy (lm::causal_lm_training's --activation-checkpointing is one).
 using ModelHook = std::function<void(torch::nn::Module&, const Knobs&)>;

@@ -37,6 +37,7 @@
 #include <hpctrain/models/deferred_initialization.hpp>
 #include <hpctrain/models/lora/lora.hpp>
 #include <hpctrain/slurm/world.hpp>
+#include <hpctrain/train/batch_fit.hpp>
 #include <hpctrain/train/checkpoint/async_checkpoint.hpp>
 #include <hpctrain/train/checkpoint/checkpoint.hpp>
 #include <hpctrain/train/checkpoint/checkpointing.hpp>
@@ -300,20 +301,9 @@ class Trainer {
   void plan_steps() {
     const std::int64_t examples_per_step = micro_batch_ * training_.gradient_accumulation();
     steps_per_epoch_ = sampler_->size_per_rank() / examples_per_step;
-    if (steps_per_epoch_ == 0) {
-      // In the units the user typed (--batch-size is global or per rank, as the program declares), and the largest that
-      // fits.
-      const auto world = static_cast<std::int64_t>(group_->world_size()), per_rank = sampler_->size_per_rank();
-      const auto typed = training_.batch_size();
-      const bool global = typed.scope == BatchScope::global;
-      throw SpecError(
-          "training.batch_size", fmt::format("{} ({})", typed.value, global ? "global" : "per rank"),
-          fmt::format(
-              "{} examples per rank per step{}, but each rank gets only {} examples per epoch of {} ({} ranks); "
-              "at most {} here",
-              examples_per_step, global ? fmt::format(" ({} ranks share it)", world) : "", per_rank, train_description_,
-              world, global ? per_rank * world : per_rank));
-    }
+    if (steps_per_epoch_ == 0)
+      require_batch_within_epoch(training_.batch_size(), examples_per_step, sampler_->size_per_rank(),
+                                 group_->world_size(), train_description_, "only");
     total_steps_ = std::numeric_limits<std::int64_t>::max();
     if (training_.epochs()) total_steps_ = *training_.epochs() * steps_per_epoch_;
     if (training_.max_steps()) total_steps_ = std::min(total_steps_, *training_.max_steps());

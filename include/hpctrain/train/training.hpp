@@ -288,9 +288,11 @@ class Training {
   }
   /// Training data (required): a data::Source, or a factory returning one that takes nothing, the knobs or
   /// the `const RunContext&` (the prepared files, the pretrained directory). A factory with a
-  /// `check_at_login(const Knobs&)` member is also checked on the login node (lm::sft_jsonl validates its file).
-  /// A factory with a `prepare_in_job(const Knobs&, pretrained directory, prepared directory)` member has its
-  /// part in the job's preparation step (lm::sft_jsonl tokenizes its file there once): `run` adds the step.
+  /// `check_at_login(const Knobs&)` member is also checked on the login node (lm::sft_jsonl validates its file); one
+  /// that returns std::optional<DataSizeAtLogin> has the batch checked against that size there
+  /// (check_training_at_login). A factory with a `prepare_in_job(const Knobs&, pretrained directory, prepared
+  /// directory)` member has its part in the job's preparation step (lm::sft_jsonl tokenizes its file there once): `run`
+  /// adds the step.
   template <class Factory>
   Training& train_data(Factory factory) {
     add_login_check_of(factory, train_check_);
@@ -689,14 +691,17 @@ class Training {
     if (train_preparation_) train_preparation_(knobs, pretrained_dir(knobs), prepared_dir);
     if (eval_preparation_) eval_preparation_(knobs, pretrained_dir(knobs), prepared_dir);
   }
-  /// Runs every login check (those of the model and data factories, then login_check's) with `knobs`.
-  void check_at_login(const Knobs& knobs) const {
+  /// Runs every login check (those of the model and data factories, then login_check's) with `knobs`; returns the
+  /// training data's size when its factory read it there (check_training_at_login checks the batch against it).
+  std::optional<DataSizeAtLogin> check_at_login(const Knobs& knobs) const {
     if (model_check_) model_check_(knobs);
     check_lora_targets_at_login(knobs);
-    if (train_check_) train_check_(knobs, pretrained_dir(knobs));
+    std::optional<DataSizeAtLogin> train_size;
+    if (train_check_) train_size = train_check_(knobs, pretrained_dir(knobs));
     if (eval_check_) eval_check_(knobs, pretrained_dir(knobs));
     for (const auto& check : login_checks_) check(knobs);
     check_reduce_dtype_at_login(knobs);
+    return train_size;
   }
 
  private:
@@ -740,8 +745,15 @@ class Training {
     if constexpr (requires(const Factory& f, const Knobs& k) { f.check_at_login(k); })
       slot = [factory](const Knobs& knobs) { factory.check_at_login(knobs); };
   }
-  /// A data factory's login check, told the pretrained model's directory when it takes one (the tokenizer's).
-  using DataLoginCheck = std::function<void(const Knobs&, const std::optional<std::filesystem::path>&)>;
+  /// A data factory's login check, told the pretrained model's directory when it takes one (the tokenizer's); it
+  /// may return the size it read (std::optional<DataSizeAtLogin>).
+  using DataLoginCheck =
+      std::function<std::optional<DataSizeAtLogin>(const Knobs&, const std::optional<std::filesystem::path>&)>;
+  template <class Result>
+  static std::optional<DataSizeAtLogin> size_read(Result&& result) {
+    if constexpr (std::is_convertible_v<Result, std::optional<DataSizeAtLogin>>) return std::forward<Result>(result);
+    else return std::nullopt;
+  }
   template <class Factory>
   static void add_login_check_of(const Factory& factory, DataLoginCheck& slot) {
     slot = nullptr;
@@ -749,11 +761,21 @@ class Training {
                     f.check_at_login(k, d);
                   })
       slot = [factory](const Knobs& knobs, const std::optional<std::filesystem::path>& directory) {
-        factory.check_at_login(knobs, directory);
+        if constexpr (std::is_void_v<decltype(factory.check_at_login(knobs, directory))>) {
+          factory.check_at_login(knobs, directory);
+          return std::optional<DataSizeAtLogin>();
+        } else {
+          return size_read(factory.check_at_login(knobs, directory));
+        }
       };
     else if constexpr (requires(const Factory& f, const Knobs& k) { f.check_at_login(k); })
       slot = [factory](const Knobs& knobs, const std::optional<std::filesystem::path>&) {
-        factory.check_at_login(knobs);
+        if constexpr (std::is_void_v<decltype(factory.check_at_login(knobs))>) {
+          factory.check_at_login(knobs);
+          return std::optional<DataSizeAtLogin>();
+        } else {
+          return size_read(factory.check_at_login(knobs));
+        }
       };
   }
 
