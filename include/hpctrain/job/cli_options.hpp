@@ -270,13 +270,13 @@ inline int sbatch_count(const std::string& option, const std::string& value) {
 }
 }  // namespace detail
 
-/// The ranks a --local, --dry-run or --submit of `job` starts, for the login checks: --local's count, else nodes ×
-/// tasks a node with the command's overrides (a GPU count without tasks gives a task a GPU). None for --run (its
-/// allocation says) and for a chain (each stage has its own).
+/// The ranks a --local, --dry-run or --submit of `job` starts to train, for the login checks: --local's count, else
+/// nodes × tasks a node with the command's overrides (a GPU count without tasks gives a task a GPU). None for --run
+/// (its allocation says), for a chain (each stage has its own) and for --check-fabric (its ranks do not train).
 inline std::optional<int> login_world(Job job, const LoginCommand& command) {
   using Mode = LoginCommand::Mode;
+  if (command.check_fabric || command.mode == Mode::run || !job.stages().empty()) return std::nullopt;
   if (command.mode == Mode::local) return command.local_ranks;
-  if (command.mode == Mode::run || !job.stages().empty()) return std::nullopt;
   if (command.nodes) job.nodes(*command.nodes);
   if (command.tasks_per_node) job.tasks_per_node(*command.tasks_per_node);
   if (command.gpus_per_node) job.gpus_per_node(std::string_view(*command.gpus_per_node));
