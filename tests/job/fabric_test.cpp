@@ -146,7 +146,7 @@ TEST_CASE("The site file's fabric keys are read, checked, and a typo names the c
       {"fabrc = efa\n",
        "[hpctrain.spec.site] site = fabrc: unknown setting (did you mean fabric?); known: gpu_syntax, "
        "fabric, socket_ifname, ib_hca, expected_busbw_gbps, cores_per_node, rendezvous_timeout_s, "
-       "collective_timeout_s, checkpoint_timeout_s, checkpoint_write_gbps (" +
+       "collective_timeout_s, checkpoint_timeout_s, checkpoint_write_gbps, short_grace (" +
            where + ")"},
       {"socket_ifname = eth0 eth1\n",
        "[hpctrain.spec.site] socket_ifname = eth0 eth1: expected one word (" + where + ")"},
@@ -154,6 +154,8 @@ TEST_CASE("The site file's fabric keys are read, checked, and a typo names the c
        "[hpctrain.spec.site] expected_busbw_gbps = fast: expected a positive number of GB/s (" + where + ")"},
       {"checkpoint_write_gbps = 0\n",
        "[hpctrain.spec.site] checkpoint_write_gbps = 0: expected a positive number of GB/s (" + where + ")"},
+      {"short_grace = sometimes\n",
+       "[hpctrain.spec.site] short_grace = sometimes: expected warn or refuse (" + where + ")"},
       {"cores_per_node = 0\n",
        "[hpctrain.spec.site] cores_per_node = 0: expected a whole number in [1, 65536] (" + where + ")"},
       {"rendezvous_timeout_s = 5min\n",

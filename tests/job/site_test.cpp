@@ -73,10 +73,11 @@ TEST_CASE("A bad GPU syntax names the value and where it came from", "[site]") {
   job_test::write_file(dir / "site.conf", "gpu_sintax = gres\n");
   CHECK_THROWS_WITH(
       ht::load_site_settings(lookup({{"HPCTRAIN_SITE_CONFIG", (dir / "site.conf").string()}})),
-      fmt::format("[hpctrain.spec.site] site = gpu_sintax: unknown setting (did you mean gpu_syntax?); "
-                  "known: gpu_syntax, fabric, socket_ifname, ib_hca, expected_busbw_gbps, cores_per_node, "
-                  "rendezvous_timeout_s, collective_timeout_s, checkpoint_timeout_s, checkpoint_write_gbps ({}:1)",
-                  (dir / "site.conf").string()));
+      fmt::format(
+          "[hpctrain.spec.site] site = gpu_sintax: unknown setting (did you mean gpu_syntax?); "
+          "known: gpu_syntax, fabric, socket_ifname, ib_hca, expected_busbw_gbps, cores_per_node, "
+          "rendezvous_timeout_s, collective_timeout_s, checkpoint_timeout_s, checkpoint_write_gbps, short_grace ({}:1)",
+          (dir / "site.conf").string()));
   CHECK_THROWS_WITH(ht::load_site_settings(lookup({{"HPCTRAIN_GPU_SYNTAX", "GRES"}})),
                     "[hpctrain.spec.gpu_syntax] gpu_syntax = GRES: expected gpus-per-node or gres (from "
                     "HPCTRAIN_GPU_SYNTAX)");
