@@ -65,6 +65,9 @@ inline constexpr const char* allow_socket_fallback = "HPCTRAIN_ALLOW_SOCKET_FALL
 inline constexpr const char* expected_busbw = "HPCTRAIN_EXPECTED_BUSBW_GBPS";
 /// Set by `--check-fabric`: the workers run an all-reduce sweep up to this many bytes instead of training.
 inline constexpr const char* check_fabric = "HPCTRAIN_CHECK_FABRIC_MAX_BYTES";
+/// Set by `--check-fabric-min-fraction F`: the check exits 1 when the slowest group across nodes reaches less than F
+/// of the fabric's bus bandwidth (the site's expected_busbw_gbps, else the preset's: job/fabric.hpp).
+inline constexpr const char* check_fabric_min_fraction = "HPCTRAIN_CHECK_FABRIC_MIN_FRACTION";
 /// Test-only: every rank's collectives cross a simulated link of this many GB/s of bus bandwidth, one after another
 /// (dist/simulated_link.hpp), and --plan of a CPU job states its step time at that link: what checks the plan's step
 /// time on a machine without a cluster's links.

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <vector>
 
 namespace {
 
@@ -51,7 +52,7 @@ std::map<int, std::string> losses(const std::string& output) {
   return found;
 }
 
-/// A scratch directory for checkpoint shards, removed file by file (libtorch's remove_all crashes).
+/// A scratch directory for checkpoint shards, removed file by file, deepest first (libtorch's remove_all crashes).
 class ShardDirectory {
  public:
   ShardDirectory()
@@ -59,7 +60,10 @@ class ShardDirectory {
               ("hpctrain-zero-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++))) {}
   ~ShardDirectory() {
     std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(path_, ec)) ::unlink(entry.path().c_str());
+    std::vector<fs::path> inside;  // a run's checkpoint holds folders (bf16/): all of it, then the folder itself
+    for (const auto& entry : fs::recursive_directory_iterator(path_, ec)) inside.push_back(entry.path());
+    for (auto path = inside.rbegin(); path != inside.rend(); ++path)
+      if (::unlink(path->c_str()) != 0) ::rmdir(path->c_str());
     ::rmdir(path_.c_str());
   }
   std::string string() const { return path_.string(); }

@@ -1,46 +1,55 @@
 #pragma once
-// `--check-fabric`: instead of training, the job's own ranks time all-reduces of 8 B up to a maximum, doubling,
-// and rank 0 prints them as nccl-tests' all_reduce_perf does (in place, float32, sum), with the fabric's expected
-// bus bandwidth where the site file states one. The same binary, geometry, environment and container as the
-// training: what it measures is what the training's gradient all-reduces will get.
-//
-// As nccl-tests defines them: algbw = size / time; busbw = algbw * 2(n-1)/n for an all-reduce of n ranks (each
-// rank sends and receives 2(n-1)/n of the buffer in a ring), comparable across world sizes and with the link's
-// speed. The time is the mean over ranks of one all-reduce's time, of `iterations` issued back to back after
-// `warmup` (nccl-tests' -n 20 -w 5). #wrong counts elements of a separate check all-reduce (rank r contributes
-// r + 1) that differ from n(n+1)/2, summed over ranks.
+// `--check-fabric`: instead of training, the job's own ranks time the collectives the strategies run over the same
+// binary, geometry, environment and container as the training: all-reduce (Replicated's gradients, HSDP's replica
+// reduction), all-gather (ZeRO-3's parameters) and reduce-scatter (its gradients), through the step's own calls
+// (dist/shard_collectives.hpp: over Gloo a reduce-scatter is an all-reduce and a slice, as the step gets it). Two
+// parts, printed by rank 0 (dist/fabric_report.hpp):
+//  1. over the whole world, each collective from 8 B up to a maximum, doubling, as nccl-tests' <kind>_perf prints
+//     it (in place, float32; nccl-tests' -b 8 -e MAX -f 2 -w 5 -n 20);
+//  2. on more than one node, in HSDP's groups at the largest message, every group at once as the step runs them:
+//     within each node and across nodes (a rail: the k-th rank of every node), naming the slowest node against the
+//     median node, and the slowest group across nodes against the fabric's figure (job/fabric.hpp), which
+//     --check-fabric-min-fraction turns into a failure.
+// A time is the mean over a group's ranks of one collective's, of `iterations` issued back to back after `warmup`.
+// #wrong counts elements of a separate check collective (rank r contributes r + 1) whose result is wrong, summed
+// over ranks.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <torch/cuda.h>
 #include <torch/types.h>
 
 #include <hpctrain/dist/collectives.hpp>
+#include <hpctrain/dist/fabric_report.hpp>
 #include <hpctrain/dist/process_group.hpp>
+#include <hpctrain/dist/shard_collectives.hpp>
+#include <hpctrain/job/fabric.hpp>
+#include <hpctrain/slurm/environment.hpp>
 
 namespace hpctrain::dist {
 
 /// The sweep's sizes and repetitions.
-struct AllReduceSweepOptions {
+struct SweepOptions {
   std::int64_t min_bytes = 8;           ///< Default: 8 (two floats), nccl-tests' -b 8
   std::int64_t max_bytes = 64ll << 20;  ///< Default: 64 MiB (default_check_max_bytes picks per backend)
-  int warmup = 5;                       ///< untimed all-reduces per size. Default: 5 (nccl-tests' -w)
-  int iterations = 20;                  ///< timed all-reduces per size. Default: 20 (nccl-tests' -n)
+  int warmup = 5;                       ///< untimed collectives per size. Default: 5 (nccl-tests' -w)
+  int iterations = 20;                  ///< timed collectives per size. Default: 20 (nccl-tests' -n)
 };
 
-/// One size of the sweep.
-struct AllReduceTiming {
-  std::int64_t bytes = 0;
-  std::int64_t count = 0;  ///< float32 elements
-  double seconds = 0;      ///< one all-reduce, mean over ranks
-  std::int64_t wrong = 0;  ///< elements of the check all-reduce with a wrong sum, over all ranks
-  double algbw_gbps() const { return static_cast<double>(bytes) / seconds / 1e9; }
-  double busbw_gbps(int world) const { return algbw_gbps() * 2.0 * (world - 1) / world; }
+/// What the login command asked for (train/worker.hpp reads it from the job's environment).
+struct FabricCheckRequest {
+  std::int64_t max_bytes = 0;          ///< --check-fabric-max; 0: the backend's default
+  FabricBandwidth between_nodes;       ///< the fabric's figure between nodes (the site's, else its preset's)
+  std::optional<double> min_fraction;  ///< --check-fabric-min-fraction
 };
 
 /// The default largest message: 1 GiB over NCCL (nccl-tests' usual -e 1G), 64 MiB over Gloo, whose CPU
@@ -54,113 +63,190 @@ inline void synchronize_device(const ProcessGroup& group) {
   if (group.device().is_cuda()) torch::cuda::synchronize(group.device().index());
 }
 
-/// Elements of a check all-reduce whose sum is wrong on this rank.
-inline std::int64_t wrong_elements(ProcessGroup& group, std::int64_t count) {
-  auto check = torch::full({count}, static_cast<float>(group.rank() + 1),
-                           torch::TensorOptions().dtype(torch::kFloat32).device(group.device()));
-  all_reduce_sum(group, check);
-  const float expected = static_cast<float>(group.world_size()) * static_cast<float>(group.world_size() + 1) / 2.0f;
-  return check.ne(expected).sum().item<std::int64_t>();
+using PendingCollective = std::variant<PendingAllReduce, PendingAllGather, PendingReduceScatter>;
+
+/// Starts `kind` in place on `buffer` (a reduce-scatter into `slice`, this rank's share), as the step does.
+inline PendingCollective start_collective(ProcessGroup& group, Collective kind, const torch::Tensor& buffer,
+                                          const torch::Tensor& slice) {
+  if (kind == Collective::all_gather) return start_all_gather_in_place(group, buffer);
+  if (kind == Collective::reduce_scatter) return start_reduce_scatter(group, buffer, slice);
+  return start_all_reduce_in_place(group, buffer);
 }
 
-/// Mean seconds of one all-reduce of `buffer`, over `iterations` issued back to back (this rank's).
-inline double time_all_reduces(ProcessGroup& group, torch::Tensor buffer, int iterations) {
-  std::vector<torch::Tensor> tensors{buffer};
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+inline void finish(ProcessGroup& group, PendingCollective& pending) {
+  std::visit([&](auto& started) { wait(group, started); }, pending);
+}
+
+inline torch::TensorOptions float_on(const ProcessGroup& group) {
+  return torch::TensorOptions().dtype(torch::kFloat32).device(group.device());
+}
+
+/// Elements whose result is wrong on this rank, of `kind` over `count` elements where rank r contributes r + 1.
+inline std::int64_t wrong_elements(ProcessGroup& group, Collective kind, std::int64_t count) {
+  const int n = group.world_size(), rank = group.rank();
+  const auto slice_count = count / n;
+  const float sum = static_cast<float>(n) * static_cast<float>(n + 1) / 2.0f;
+  auto buffer = torch::full({count}, static_cast<float>(rank + 1), float_on(group));
+  auto slice = torch::zeros({slice_count}, float_on(group));
+  if (kind == Collective::all_gather) {
+    buffer.zero_();
+    buffer.narrow(0, rank * slice_count, slice_count).fill_(static_cast<float>(rank + 1));
+  }
+  auto pending = start_collective(group, kind, buffer, slice);
+  finish(group, pending);
+  if (kind == Collective::all_gather)  // slice i holds rank i's i + 1
+    return buffer.ne(torch::arange(1, n + 1, float_on(group)).repeat_interleave(slice_count))
+        .sum()
+        .item<std::int64_t>();
+  return (kind == Collective::reduce_scatter ? slice : buffer).ne(sum).sum().item<std::int64_t>();
+}
+
+/// Mean seconds of one `kind` on `buffer`, over `iterations` issued back to back (this rank's).
+inline double time_back_to_back(ProcessGroup& group, Collective kind, const torch::Tensor& buffer,
+                                const torch::Tensor& slice, int iterations) {
+  std::vector<PendingCollective> pending;
   dist::barrier(group);
   synchronize_device(group);
   const auto began = std::chrono::steady_clock::now();
-  for (int i = 0; i < iterations; ++i)
-    works.push_back(start(group, "all_reduce", [&] { return group.backend()->allreduce(tensors); }));
-  for (auto& work : works) wait_for(group, work, "all_reduce");
+  for (int i = 0; i < iterations; ++i) pending.push_back(start_collective(group, kind, buffer, slice));
+  for (auto& started : pending) finish(group, started);
   synchronize_device(group);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() / iterations;
 }
+
+/// One size of one collective over `group`: warm-up, the timed ones (their mean over the group's ranks), the check.
+inline CollectiveTiming time_collective(ProcessGroup& group, Collective kind, std::int64_t count,
+                                        const SweepOptions& options) {
+  const int n = group.world_size();
+  // Zeros: the timed sums stay zeros, however many run (rank + 1 would overflow past 2^128).
+  auto buffer = torch::zeros({count}, float_on(group));
+  auto slice = torch::zeros({count / n}, float_on(group));
+  for (int i = 0; i < options.warmup; ++i) {
+    auto pending = start_collective(group, kind, buffer, slice);
+    finish(group, pending);
+  }
+  CollectiveTiming row;
+  row.count = count;
+  row.seconds = all_reduce_sum(group, time_back_to_back(group, kind, buffer, slice, options.iterations)) / n;
+  row.wrong = static_cast<std::int64_t>(all_reduce_sum(group, static_cast<double>(wrong_elements(group, kind, count))));
+  return row;
+}
 }  // namespace detail
 
-/// Times all-reduces from `min_bytes` to `max_bytes`, doubling; collective (every rank calls it alike).
-inline std::vector<AllReduceTiming> all_reduce_sweep(ProcessGroup& group, const AllReduceSweepOptions& options) {
-  std::vector<AllReduceTiming> rows;
+/// Times `kind` from `min_bytes` to `max_bytes`, doubling; collective (every rank of `group` calls it alike).
+inline std::vector<CollectiveTiming> collective_sweep(ProcessGroup& group, Collective kind,
+                                                      const SweepOptions& options) {
+  std::vector<CollectiveTiming> rows;
   if (group.world_size() == 1) return rows;
-  for (std::int64_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 2) {
-    AllReduceTiming row;
-    row.bytes = bytes;
-    row.count = bytes / static_cast<std::int64_t>(sizeof(float));
-    // Zeros: the timed sums stay zeros, however many iterations run (rank + 1 would overflow past 2^128).
-    auto buffer = torch::zeros({row.count}, torch::TensorOptions().dtype(torch::kFloat32).device(group.device()));
-    for (int i = 0; i < options.warmup; ++i) all_reduce_sum(group, buffer);
-    const double seconds = detail::time_all_reduces(group, buffer, options.iterations);
-    row.seconds = all_reduce_sum(group, seconds) / group.world_size();
-    row.wrong =
-        static_cast<std::int64_t>(all_reduce_sum(group, static_cast<double>(detail::wrong_elements(group, row.count))));
-    rows.push_back(row);
-  }
+  for (std::int64_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 2)
+    if (const auto count = fabric_elements(kind, bytes, group.world_size()); count > 0)
+      rows.push_back(detail::time_collective(group, kind, count, options));
   return rows;
 }
 
-/// nccl-tests' time column: two decimals below 100 us, one below 10 ms, none above.
-inline std::string format_microseconds(double microseconds) {
-  if (microseconds >= 10000.0) return fmt::format("{:7.0f}", microseconds);
-  if (microseconds >= 100.0) return fmt::format("{:7.1f}", microseconds);
-  return fmt::format("{:7.2f}", microseconds);
+namespace detail {
+/// The node index of every rank, as every rank learns it (a sum of one-hot slots).
+inline std::vector<int> node_of_every_rank(ProcessGroup& world, int node_rank) {
+  auto slots = torch::zeros({world.world_size()}, torch::TensorOptions().dtype(torch::kFloat64));
+  slots[world.rank()] = static_cast<double>(node_rank);
+  all_reduce_sum(world, slots);
+  std::vector<int> nodes;
+  for (std::int64_t r = 0; r < world.world_size(); ++r) nodes.push_back(static_cast<int>(slots[r].item<double>()));
+  return nodes;
 }
 
-/// The table as all_reduce_perf prints its in-place half, then the totals (and the site's expectation).
-inline std::string all_reduce_table(const std::vector<AllReduceTiming>& rows, int world,
-                                    std::optional<double> expected_busbw_gbps) {
-  std::string s;
-  s += "#                                                              in-place\n";
-  s += fmt::format("#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}\n", "size", "count", "type",
-                   "redop", "root", "time", "algbw", "busbw", "#wrong");
-  s += fmt::format("#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}\n", "(B)", "(elements)", "", "",
-                   "", "(us)", "(GB/s)", "(GB/s)", "");
-  double busbw_total = 0, peak = 0;
-  std::int64_t wrong = 0, peak_bytes = 0;
-  for (const auto& row : rows) {
-    s += fmt::format("{:12}  {:12}  {:>8}  {:>6}  {:6}  {}  {:6.2f}  {:6.2f}  {:6}\n", row.bytes, row.count, "float",
-                     "sum", -1, format_microseconds(row.seconds * 1e6), row.algbw_gbps(), row.busbw_gbps(world),
-                     row.wrong);
-    busbw_total += row.busbw_gbps(world);
-    wrong += row.wrong;
-    if (row.busbw_gbps(world) > peak) peak = row.busbw_gbps(world), peak_bytes = row.bytes;
+/// The nodes' names in node order: Slurm's node list, else this host's name (--local: one node).
+inline std::vector<std::string> node_names(const slurm::World& world, std::size_t nodes) {
+  std::vector<std::string> names;
+  if (world.under_slurm) names = slurm::read_slurm_environment().nodes;
+  if (names.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    names.emplace_back(host);
   }
-  s += fmt::format("# Out of bounds values : {} {}\n", wrong, wrong == 0 ? "OK" : "FAILED");
-  s += fmt::format("# Avg bus bandwidth    : {:g}\n",
-                   rows.empty() ? 0.0 : busbw_total / static_cast<double>(rows.size()));
-  if (!rows.empty())
-    s += fmt::format("# Peak bus bandwidth   : {:.2f} GB/s at {} B{}\n", peak, peak_bytes,
-                     expected_busbw_gbps ? fmt::format("; the site expects {:g} GB/s: {:.0f}% of it",
-                                                       *expected_busbw_gbps, 100.0 * peak / *expected_busbw_gbps)
-                                         : "");
-  return s;
+  while (names.size() < nodes) names.push_back(fmt::format("node {}", names.size()));
+  return names;
 }
 
-/// The whole check on one rank: rendezvous, sweep, rank 0 prints. Returns 0, or 1 when a sum was wrong.
-inline int check_fabric(const slurm::World& world, const Options& options, std::int64_t max_bytes,
-                        std::optional<double> expected_busbw_gbps) {
+/// Every group of `members` (one list per group) times the three collectives at `bytes` at once; rank 0 gets each
+/// group's bus bandwidth (the group's lowest rank reports it) and the wrong elements are added to `wrong`.
+inline std::vector<GroupBusbw> time_groups(ProcessGroup& world, const std::vector<std::vector<int>>& members,
+                                           std::size_t own, const std::string& tag, std::int64_t bytes,
+                                           const SweepOptions& options, std::int64_t& wrong) {
+  const auto& ranks = members[own];
+  // Every rank makes its subgroup here, in the same order (ProcessGroup::subgroup); a group of all ranks is the world.
+  std::shared_ptr<ProcessGroup> subgroup;
+  if (static_cast<int>(ranks.size()) < world.world_size())
+    subgroup = world.subgroup(ranks, fmt::format("check-fabric/{}/{}", tag, own));
+  ProcessGroup& group = subgroup ? *subgroup : world;
+  auto figures = torch::zeros({static_cast<std::int64_t>(members.size()), 4}, torch::kFloat64);
+  if (ranks.size() > 1) {
+    for (std::size_t k = 0; k < fabric_collectives.size(); ++k) {
+      const auto kind = fabric_collectives[k];
+      const auto count = fabric_elements(kind, bytes, group.world_size());
+      if (count == 0) continue;
+      const auto row = time_collective(group, kind, count, options);
+      if (ranks.front() == world.rank()) {
+        figures[static_cast<std::int64_t>(own)][static_cast<std::int64_t>(k)] =
+            row.busbw_gbps(kind, group.world_size());
+        figures[static_cast<std::int64_t>(own)][3] += static_cast<double>(row.wrong);
+      }
+    }
+  }
+  all_reduce_sum(world, figures);
+  std::vector<GroupBusbw> busbw(members.size());
+  for (std::size_t g = 0; g < members.size(); ++g) {
+    for (std::size_t k = 0; k < 3; ++k)
+      busbw[g][k] = figures[static_cast<std::int64_t>(g)][static_cast<std::int64_t>(k)].item<double>();
+    wrong += static_cast<std::int64_t>(figures[static_cast<std::int64_t>(g)][3].item<double>());
+  }
+  return busbw;
+}
+}  // namespace detail
+
+/// The whole check on one rank: rendezvous, the world's sweeps, HSDP's groups on more than one node; rank 0 prints.
+/// Returns 0, or 1 when a result was wrong or the fabric fell below --check-fabric-min-fraction.
+inline int check_fabric(const slurm::World& world, const Options& options, const FabricCheckRequest& request) {
   auto group = init_process_group(world, options);
-  AllReduceSweepOptions sweep;
-  sweep.max_bytes = max_bytes > 0 ? max_bytes : default_check_max_bytes(*group);
+  SweepOptions sweep;
+  sweep.max_bytes = request.max_bytes > 0 ? request.max_bytes : default_check_max_bytes(*group);
   if (sweep.max_bytes < sweep.min_bytes)
     throw SpecError(errors::spec_check_fabric_max, fmt::format("--check-fabric-max {}", sweep.max_bytes),
                     fmt::format("below the smallest message, {} B", sweep.min_bytes));
-  const int nodes = world.world_size / std::max(1, world.local_world_size);
-  if (world.rank == 0) {
-    fmt::print("# hpctrain --check-fabric: all_reduce over {} rank(s) on {} node(s), {} on {}\n", world.world_size,
-               nodes, group->backend_name(), group->device().str());
-    fmt::print("# minBytes {} maxBytes {} step: 2(factor) warmup iters: {} iters: {} validation: 1\n", sweep.min_bytes,
-               sweep.max_bytes, sweep.warmup, sweep.iterations);
-    if (world.world_size == 1) fmt::print("# one rank: no all-reduce to time (--local N, or more tasks)\n");
+  const auto groups = fabric_groups(detail::node_of_every_rank(*group, world.node_rank));
+  const auto print = [&](const std::string& text) {
+    if (world.rank != 0) return;
+    fmt::print("{}", text);
     std::fflush(stdout);
-  }
-  const auto rows = all_reduce_sweep(*group, sweep);
+  };
+  print(
+      fmt::format("# hpctrain --check-fabric: all_reduce, all_gather and reduce_scatter over {} rank(s) on {} "
+                  "node(s), {} on {}\n",
+                  world.world_size, groups.nodes.size(), group->backend_name(), group->device().str()));
+  print(fmt::format("# minBytes {} maxBytes {} step: 2(factor) warmup iters: {} iters: {} validation: 1\n",
+                    sweep.min_bytes, sweep.max_bytes, sweep.warmup, sweep.iterations));
+  if (world.world_size == 1) print("# one rank: no collective to time (--local N, or more tasks)\n");
   std::int64_t wrong = 0;
-  for (const auto& row : rows) wrong += row.wrong;
-  if (world.rank == 0 && world.world_size > 1) {
-    fmt::print("{}", all_reduce_table(rows, world.world_size, expected_busbw_gbps));
-    std::fflush(stdout);
+  const auto site = request.between_nodes.stated_by_site ? std::optional(request.between_nodes.gbps) : std::nullopt;
+  for (const auto kind : fabric_collectives) {
+    const auto rows = collective_sweep(*group, kind, sweep);
+    for (const auto& row : rows) wrong += row.wrong;
+    if (world.world_size > 1) print(sweep_table(kind, rows, world.world_size, site));
   }
-  return wrong == 0 ? 0 : 1;
+  bool slow = false;
+  if (groups.nodes.size() > 1) {
+    const auto node = static_cast<std::size_t>(groups.node_of(world.rank));
+    const auto rail = static_cast<std::size_t>(groups.rail_of(world.rank));
+    const auto nodes = detail::time_groups(*group, groups.nodes, node, "node", sweep.max_bytes, sweep, wrong);
+    const auto rails = detail::time_groups(*group, groups.rails, rail, "rail", sweep.max_bytes, sweep, wrong);
+    print(groups_table(groups, detail::node_names(world, groups.nodes.size()), nodes, rails, sweep.max_bytes));
+    const auto verdict = between_nodes_verdict(rails, request.between_nodes, request.min_fraction);
+    print(verdict.text);
+    slow = verdict.failed;
+  } else if (request.min_fraction) {
+    print(between_nodes_verdict({}, request.between_nodes, request.min_fraction).text);
+  }
+  return wrong == 0 && !slow ? 0 : 1;
 }
 
 }  // namespace hpctrain::dist

@@ -31,7 +31,8 @@ using Worker = std::function<int(const std::vector<std::string>& args)>;
 /// run lives (`--resume`'s directory; the run directory when the login side chose it in this process).
 using KnobWorker = std::function<int(const Knobs& knobs, const RunPlacement& placement)>;
 /// A program's checks on the login node: the knob table holding the command's values, and the ranks the command
-/// starts when it says (none under --run, whose allocation says, or for a chain of stages).
+/// starts when it says (none under --run, whose allocation says, for a chain of stages, or for --check-fabric,
+/// whose ranks do not train).
 using KnobLoginCheck = std::function<void(const Knobs& knobs, std::optional<int> world)>;
 
 namespace detail {

@@ -53,6 +53,8 @@ struct LoginCommand {
   /// largest message (default: 1 GiB over NCCL, 64 MiB over Gloo).
   bool check_fabric = false;
   std::optional<std::string> check_fabric_max;
+  /// `--check-fabric-min-fraction F`: exit 1 below F of the fabric's bus bandwidth between nodes.
+  std::optional<double> check_fabric_min_fraction;
   /// `--allow-socket-fallback`: NCCL over TCP sockets on an efa or infiniband site warns instead of failing.
   bool allow_socket_fallback = false;
 };
@@ -99,11 +101,17 @@ inline void add_job_layer_options(CLI::App& app, LoginCommand& command) {
 /// Options of the network checks (job/fabric.hpp, job/nccl_network.hpp).
 inline void add_fabric_options(CLI::App& app, LoginCommand& command) {
   app.add_flag("--check-fabric", command.check_fabric,
-               "with --submit, --run or --local: instead of training, time all-reduces of 8 B up to --check-fabric-max "
-               "over the job's ranks and print size, time, algbw and busbw as nccl-tests' all_reduce_perf does");
+               "with --submit, --run or --local: instead of training, time all-reduce, all-gather and reduce-scatter "
+               "of 8 B up to --check-fabric-max over the job's ranks, as nccl-tests prints them, and on several nodes "
+               "HSDP's groups within and across nodes, naming the slowest node");
   app.add_option("--check-fabric-max", command.check_fabric_max,
                  "with --check-fabric: the largest message (default 1G over NCCL, 64M over Gloo; K, M, G)")
       ->type_name("SIZE");
+  app.add_option("--check-fabric-min-fraction", command.check_fabric_min_fraction,
+                 "with --check-fabric: exit 1 when the slowest group across nodes reaches less than this fraction "
+                 "(0 to 1) of the fabric's bus bandwidth (the site file's expected_busbw_gbps, else its fabric "
+                 "preset's)")
+      ->type_name("F");
   app.add_flag("--allow-socket-fallback", command.allow_socket_fallback,
                "run even when NCCL fell back to TCP sockets on a site whose fabric is efa or infiniband");
 }
@@ -118,6 +126,8 @@ inline void apply_job_layer_overrides(Job& job, const LoginCommand& command) {
     job.env(env::check_fabric, command.check_fabric_max
                                    ? std::to_string(parse_bytes(*command.check_fabric_max, "check_fabric_max"))
                                    : "0");
+  if (command.check_fabric_min_fraction)
+    job.env(env::check_fabric_min_fraction, fmt::format("{}", *command.check_fabric_min_fraction));
 }
 
 namespace detail {
@@ -240,6 +250,13 @@ inline LoginCommand parse_login_command(int argc, char** argv, const Knobs* knob
     throw UsageError("--check-fabric goes with --submit, --run or --local (or --dry-run, to see the script)");
   if (command.check_fabric_max && !command.check_fabric)
     throw UsageError("--check-fabric-max goes with --check-fabric");
+  if (command.check_fabric_min_fraction && !command.check_fabric)
+    throw UsageError("--check-fabric-min-fraction goes with --check-fabric");
+  if (const auto fraction = command.check_fabric_min_fraction; fraction && !(*fraction > 0 && *fraction <= 1))
+    throw UsageError(
+        fmt::format("--check-fabric-min-fraction {}: expected a fraction above 0 and at most 1 of the "
+                    "fabric's bus bandwidth",
+                    *fraction));
   if (command.allow_socket_fallback && command.mode != Mode::submit && command.mode != Mode::dry_run &&
       command.mode != Mode::local && command.mode != Mode::run)
     throw UsageError("--allow-socket-fallback goes with --submit, --run or --local (or --dry-run)");
@@ -270,6 +287,13 @@ inline int sbatch_count(const std::string& option, const std::string& value) {
 }
 }  // namespace detail
 
+/// The overrides that set the ranks: --nodes, --tasks-per-node and --gpus-per-node (which sets the tasks a node).
+inline void apply_geometry_overrides(Job& job, const LoginCommand& command) {
+  if (command.nodes) job.nodes(*command.nodes);
+  if (command.tasks_per_node) job.tasks_per_node(*command.tasks_per_node);
+  if (command.gpus_per_node) job.gpus_per_node(std::string_view(*command.gpus_per_node));
+}
+
 /// The ranks a --local, --dry-run or --submit of `job` starts to train, for the login checks: --local's count, else
 /// nodes × tasks a node with the command's overrides (a GPU count without tasks gives a task a GPU). None for --run
 /// (its allocation says), for a chain (each stage has its own) and for --check-fabric (its ranks do not train).
@@ -277,18 +301,14 @@ inline std::optional<int> login_world(Job job, const LoginCommand& command) {
   using Mode = LoginCommand::Mode;
   if (command.check_fabric || command.mode == Mode::run || !job.stages().empty()) return std::nullopt;
   if (command.mode == Mode::local) return command.local_ranks;
-  if (command.nodes) job.nodes(*command.nodes);
-  if (command.tasks_per_node) job.tasks_per_node(*command.tasks_per_node);
-  if (command.gpus_per_node) job.gpus_per_node(std::string_view(*command.gpus_per_node));
+  apply_geometry_overrides(job, command);
   return job.nodes() * job.tasks_per_node();
 }
 
 /// Applies the command-line overrides to `job` (the setters validate: SpecError names the field).
 inline void apply_overrides(Job& job, const LoginCommand& command) {
-  if (command.nodes) job.nodes(*command.nodes);
-  if (command.tasks_per_node) job.tasks_per_node(*command.tasks_per_node);
+  apply_geometry_overrides(job, command);
   if (command.cpus_per_task) job.cpus_per_task(*command.cpus_per_task);
-  if (command.gpus_per_node) job.gpus_per_node(std::string_view(*command.gpus_per_node));
   if (command.time) job.time(parse_slurm_time(*command.time));
   if (command.partition) job.partition(*command.partition);
   if (command.account) job.account(*command.account);

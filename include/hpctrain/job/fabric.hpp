@@ -58,6 +58,25 @@ struct FabricSettings {
   std::optional<double> expected_busbw_gbps;  ///< `expected_busbw_gbps`: what --check-fabric compares with
 };
 
+/// The bus bandwidth a GPU gets between nodes (nccl-tests' busbw), in GB/s, and where the figure comes from.
+struct FabricBandwidth {
+  double gbps = 0;
+  std::string source;
+  bool stated_by_site = false;  ///< the site file's expected_busbw_gbps, not a preset's figure
+};
+
+/// The fabric's bus bandwidth between nodes: the site's expected_busbw_gbps when it states one; else the preset's:
+/// efa and infiniband 45 GB/s a GPU (400 Gb/s a GPU, as p5 instances and NDR InfiniBand give, at nccl-tests' usual
+/// ~90%), ethernet 3 GB/s (a 200 Gb/s node link shared by 8 GPUs); no fabric stated: 45 assumed. `--plan`'s step time
+/// and `--check-fabric-min-fraction` both hold the fabric to this figure.
+inline FabricBandwidth fabric_bandwidth(std::optional<Fabric> fabric, std::optional<double> expected_busbw_gbps) {
+  if (expected_busbw_gbps) return {*expected_busbw_gbps, "the site's expected_busbw_gbps", true};
+  if (fabric == Fabric::efa || fabric == Fabric::infiniband)
+    return {45, fmt::format("the {} preset: 400 Gb/s a GPU", to_string(*fabric))};
+  if (fabric == Fabric::ethernet) return {3, "the ethernet preset: 200 Gb/s a node shared by 8 GPUs"};
+  return {45, "no fabric stated: 400 Gb/s a GPU assumed"};
+}
+
 /// One variable of a fabric preset and why it is set (a comment in the script).
 struct FabricVariable {
   std::string name;

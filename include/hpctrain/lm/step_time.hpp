@@ -29,6 +29,7 @@
 
 #include <fmt/format.h>
 
+#include <hpctrain/job/fabric.hpp>
 #include <hpctrain/lm/memory_plan.hpp>
 
 namespace hpctrain::lm {
@@ -60,14 +61,11 @@ struct FabricSpeed {
   std::string source;
 };
 
-/// The fabric's speed between nodes: the site's expected_busbw_gbps when stated; else the preset's: efa and infiniband
-/// 45 GB/s a GPU (400 Gb/s a GPU, as p5 instances and NDR InfiniBand give, at nccl-tests' usual ~90%), ethernet
-/// 3 GB/s (a 200 Gb/s node link shared by 8 GPUs).
+/// The fabric's speed between nodes (job/fabric.hpp's fabric_bandwidth: the site's figure, else the preset's).
 inline FabricSpeed fabric_speed(const std::optional<std::string>& fabric, std::optional<double> expected_busbw_gbps) {
-  if (expected_busbw_gbps) return {*expected_busbw_gbps * 1e9, "the site's expected_busbw_gbps"};
-  if (fabric == "efa" || fabric == "infiniband") return {45e9, fmt::format("the {} preset: 400 Gb/s a GPU", *fabric)};
-  if (fabric == "ethernet") return {3e9, "the ethernet preset: 200 Gb/s a node shared by 8 GPUs"};
-  return {45e9, "no fabric stated: 400 Gb/s a GPU assumed"};
+  const auto bandwidth =
+      fabric_bandwidth(fabric ? std::optional(parse_fabric(*fabric)) : std::nullopt, expected_busbw_gbps);
+  return {bandwidth.gbps * 1e9, bandwidth.source};
 }
 
 /// One micro-batch's step as the plan predicts it, in seconds.

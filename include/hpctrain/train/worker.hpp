@@ -11,6 +11,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include <hpctrain/dist/fabric_check.hpp>
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
+#include <hpctrain/job/fabric.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/run_placement.hpp>
 #include <hpctrain/names.hpp>
@@ -62,28 +64,33 @@ inline dist::Options dist_options_from_environment() {
   return options;
 }
 
-/// `--check-fabric`'s request (HPCTRAIN_CHECK_FABRIC_MAX_BYTES: the largest message, 0 for the backend's
-/// default) and the site's expected bus bandwidth (HPCTRAIN_EXPECTED_BUSBW_GBPS), both set by the login command.
-inline std::optional<std::int64_t> check_fabric_request() {
-  const auto text = hpctrain::getenv(env::check_fabric);
-  if (!text) return std::nullopt;
-  std::int64_t bytes = -1;
-  const auto [end, error] = std::from_chars(text->data(), text->data() + text->size(), bytes);
-  if (error != std::errc() || end != text->data() + text->size() || bytes < 0)
-    throw RuntimeError(errors::runtime_fabric,
-                       fmt::format("{}={:?} is not a number of bytes", env::check_fabric, *text));
-  return bytes;
-}
-
-inline std::optional<double> expected_busbw_from_environment() {
-  const auto text = hpctrain::getenv(env::expected_busbw);
+/// A positive number from the environment variable `name` (`what` it measures, for the error), or none when unset.
+inline std::optional<double> positive_from_environment(const char* name, std::string_view what) {
+  const auto text = hpctrain::getenv(name);
   if (!text) return std::nullopt;
   char* end = nullptr;
-  const double gbps = std::strtod(text->c_str(), &end);
-  if (end != text->c_str() + text->size() || !(gbps > 0))
+  const double value = std::strtod(text->c_str(), &end);
+  if (end != text->c_str() + text->size() || !(value > 0))
+    throw RuntimeError(errors::runtime_fabric, fmt::format("{}={:?} is not a positive {}", name, *text, what));
+  return value;
+}
+
+/// `--check-fabric`'s request, as the login command exported it: HPCTRAIN_CHECK_FABRIC_MAX_BYTES (the largest
+/// message, 0 for the backend's default), the fabric's figure between nodes (the site's HPCTRAIN_EXPECTED_BUSBW_GBPS,
+/// else the preset of HPCTRAIN_FABRIC) and HPCTRAIN_CHECK_FABRIC_MIN_FRACTION. None: train.
+inline std::optional<dist::FabricCheckRequest> check_fabric_request() {
+  const auto text = hpctrain::getenv(env::check_fabric);
+  if (!text) return std::nullopt;
+  dist::FabricCheckRequest request;
+  const auto [end, error] = std::from_chars(text->data(), text->data() + text->size(), request.max_bytes);
+  if (error != std::errc() || end != text->data() + text->size() || request.max_bytes < 0)
     throw RuntimeError(errors::runtime_fabric,
-                       fmt::format("{}={:?} is not a positive number of GB/s", env::expected_busbw, *text));
-  return gbps;
+                       fmt::format("{}={:?} is not a number of bytes", env::check_fabric, *text));
+  const auto fabric = hpctrain::getenv(env::fabric);
+  request.between_nodes = fabric_bandwidth(fabric ? std::optional(parse_fabric(*fabric, env::fabric)) : std::nullopt,
+                                           positive_from_environment(env::expected_busbw, "number of GB/s"));
+  request.min_fraction = positive_from_environment(env::check_fabric_min_fraction, "fraction");
+  return request;
 }
 
 }  // namespace detail
@@ -99,8 +106,8 @@ inline int run_worker(const Training& training, const Knobs& knobs, const RunPla
     if (rank == 0) fmt::print("hpctrain: {}\n", resolve_run_directory(configured.run_dir(), placement).describe());
     std::fflush(stdout);
     const auto options = detail::dist_options_from_environment();
-    if (const auto max_bytes = detail::check_fabric_request())  // --check-fabric: measure, do not train
-      return dist::check_fabric(world, options, *max_bytes, detail::expected_busbw_from_environment());
+    if (const auto request = detail::check_fabric_request())  // --check-fabric: measure, do not train
+      return dist::check_fabric(world, options, *request);
     // Refused alike on every rank, before any rank connects; at one rank hsdp trains as Replicated (no groups).
     if (configured.sharding() == hsdp && !sharded_stage_runs_replicated(ZeroStage::hsdp, world.world_size))
       hsdp_shard_group_size(configured.hsdp_group_size(), world.world_size, world.local_world_size);
