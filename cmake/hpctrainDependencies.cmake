@@ -63,3 +63,43 @@ if(NOT DEFINED HPCTRAIN_WITH_TORCH OR HPCTRAIN_WITH_TORCH)
     message(FATAL_ERROR "hpctrain: gloo headers not found (install libgloo-dev; see docs/libtorch.md)")
   endif()
 endif()
+
+# Apache Arrow and Parquet, for hpctrain::datasets (Hugging Face datasets on disk, datasets/): a system Arrow's
+# CMake config where a site has one, else the pyarrow wheel's libraries and headers (as the torch wheel carries
+# LibTorch), found through the same pythons. Optional: without them there is no hpctrain::datasets, and a program
+# given a Parquet file says it was built without Arrow (docs/datasets.md).
+if((NOT DEFINED HPCTRAIN_WITH_DATASETS OR HPCTRAIN_WITH_DATASETS) AND NOT TARGET hpctrain_arrow_libraries)
+  find_package(Parquet CONFIG QUIET)
+  if(Parquet_FOUND AND TARGET Parquet::parquet_shared)
+    add_library(hpctrain_arrow_libraries INTERFACE IMPORTED GLOBAL)
+    set_target_properties(hpctrain_arrow_libraries PROPERTIES INTERFACE_LINK_LIBRARIES "Parquet::parquet_shared")
+  else()
+    set(_hpctrain_pythons "${HPCTRAIN_PYTHON}" "$ENV{HPCTRAIN_PYTHON}" "$ENV{HOME}/.cache/hpctrain/venv/bin/python" python3)
+    foreach(_py IN LISTS _hpctrain_pythons)
+      if(NOT _py)
+        continue()
+      endif()
+      execute_process(COMMAND "${_py}" -c "import pyarrow; print(pyarrow.get_include()); print(pyarrow.get_library_dirs()[0])"
+        OUTPUT_VARIABLE _pyarrow OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _rc ERROR_QUIET)
+      if(NOT _rc EQUAL 0)
+        continue()
+      endif()
+      string(REPLACE "\n" ";" _pyarrow "${_pyarrow}")
+      list(GET _pyarrow 0 _pyarrow_include)
+      list(GET _pyarrow 1 _pyarrow_lib)
+      # The wheel ships versioned names only (libarrow.so.2600): link those files themselves.
+      file(GLOB _arrow_lib "${_pyarrow_lib}/libarrow.so.[0-9]*")
+      file(GLOB _parquet_lib "${_pyarrow_lib}/libparquet.so.[0-9]*")
+      list(SORT _arrow_lib)
+      list(SORT _parquet_lib)
+      if(_arrow_lib AND _parquet_lib AND EXISTS "${_pyarrow_include}/parquet/arrow/reader.h")
+        list(GET _arrow_lib 0 _arrow_lib)
+        list(GET _parquet_lib 0 _parquet_lib)
+        add_library(hpctrain_arrow_libraries INTERFACE IMPORTED GLOBAL)
+        set_target_properties(hpctrain_arrow_libraries PROPERTIES
+          INTERFACE_INCLUDE_DIRECTORIES "${_pyarrow_include}" INTERFACE_LINK_LIBRARIES "${_parquet_lib};${_arrow_lib}")
+        break()
+      endif()
+    endforeach()
+  endif()
+endif()

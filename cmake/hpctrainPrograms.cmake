@@ -16,11 +16,15 @@ option(HPCTRAIN_PROGRAMS_IN_ONE_TU "Compile the torch programs (examples, test w
 # the program; in the shared unit they apply to the whole unit (its headers come first, before any program),
 # so they name what only that program reads.
 function(hpctrain_torch_program target source)
-  cmake_parse_arguments(PARSE_ARGV 2 ARG "" "" "DEFINITIONS")
+  cmake_parse_arguments(PARSE_ARGV 2 ARG "DATASETS" "" "DEFINITIONS")
+  set(datasets "")
+  if(ARG_DATASETS)  # its own link, not the shared unit's: the other programs do not link Arrow
+    set(datasets hpctrain::datasets)
+  endif()
   get_filename_component(source "${source}" ABSOLUTE)
   if(NOT HPCTRAIN_PROGRAMS_IN_ONE_TU)
     add_executable(${target} ${source})
-    target_link_libraries(${target} PRIVATE hpctrain::runtime)
+    target_link_libraries(${target} PRIVATE hpctrain::runtime ${datasets})
     target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Werror=return-type)
     target_compile_definitions(${target} PRIVATE ${ARG_DEFINITIONS})
     return()
@@ -32,7 +36,7 @@ namespace hpctrain_program_${target} { int main(int argc, char** argv); }
 int main(int argc, char** argv) { return hpctrain_program_${target}::main(argc, argv); }
 ")
   add_executable(${target} ${main})
-  target_link_libraries(${target} PRIVATE hpctrain_torch_programs)
+  target_link_libraries(${target} PRIVATE hpctrain_torch_programs ${datasets})
   set_property(GLOBAL APPEND PROPERTY HPCTRAIN_PROGRAM_TARGETS ${target})
   set_property(GLOBAL APPEND PROPERTY HPCTRAIN_PROGRAM_SOURCES ${source})
   set_property(GLOBAL APPEND PROPERTY HPCTRAIN_PROGRAM_DEFINITIONS ${ARG_DEFINITIONS})

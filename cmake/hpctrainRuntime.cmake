@@ -4,7 +4,7 @@
 #
 #   hpctrain::runtime                      a static library of that unit; linking it defines
 #                                          HPCTRAIN_SEPARATE_RUNTIME for the program (hpctrain::hpctrain with it)
-#   hpctrain_add_program(<target> <source>...)
+#   hpctrain_add_program(<target> [DATASETS] <source>...)
 #                                          an executable of the sources linking hpctrain::runtime: its files
 #                                          compile their own code, not the Trainer's (docs/libtorch.md: figures)
 
@@ -21,9 +21,18 @@ function(hpctrain_add_runtime_library source)
   add_library(hpctrain::runtime ALIAS hpctrain_runtime)
 endfunction()
 
-# hpctrain_add_program(<target> <source>...): an executable whose sources see the runtime's entry points
-# declared only, linked with hpctrain::runtime where they are compiled.
+# hpctrain_add_program(<target> [DATASETS] <source>...): an executable whose sources see the runtime's entry points
+# declared only, linked with hpctrain::runtime where they are compiled; DATASETS links hpctrain::datasets too
+# (its data may be Parquet or Arrow: docs/datasets.md).
 function(hpctrain_add_program target)
-  add_executable(${target} ${ARGN})
+  cmake_parse_arguments(PARSE_ARGV 1 ARG "DATASETS" "" "")
+  add_executable(${target} ${ARG_UNPARSED_ARGUMENTS})
   target_link_libraries(${target} PRIVATE hpctrain::runtime)
+  if(ARG_DATASETS)
+    if(NOT TARGET hpctrain::datasets)
+      message(FATAL_ERROR "hpctrain_add_program(${target} DATASETS): hpctrain::datasets needs Apache Arrow, found "
+                          "neither a system Arrow (ArrowConfig.cmake) nor the pyarrow wheel (docs/datasets.md)")
+    endif()
+    target_link_libraries(${target} PRIVATE hpctrain::datasets)
+  endif()
 endfunction()

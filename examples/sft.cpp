@@ -1,6 +1,7 @@
-// Supervised fine-tuning: a Hugging Face model fine-tuned data-parallel on a JSONL file in
-// TRL's shapes — {"text"}, {"prompt", "completion"} or conversational {"messages"} rendered with the model's
-// chat template — with the loss on the response tokens only, then exported in Hugging Face format again.
+// Supervised fine-tuning: a Hugging Face model fine-tuned data-parallel on a JSONL file (or a Hugging Face
+// dataset on disk: Parquet shards, a save_to_disk folder) in TRL's shapes — {"text"}, {"prompt", "completion"}
+// or conversational {"messages"} rendered with the model's chat template — with the loss on the response
+// tokens only, then exported in Hugging Face format again.
 //   ./sft --from DIR --data FILE.jsonl --local 2 [--packing] [--max-length 256] [--tools tools.json]  (--submit:
 //   2 nodes)
 //   examples/data/fortunes_qa.jsonl: the fortunes corpus's Q/A pairs as conversations.
@@ -12,7 +13,7 @@ using namespace std::chrono_literals;
 namespace ht = hpctrain;
 
 ht::lm::SftJsonl examples(ht::lm::Split part) {  // every 16th example of the file is held out for validation
-  return ht::lm::sft_jsonl(ht::knob("data", "", R"(JSONL file: {"text"}, {"prompt", "completion"} or {"messages"})"))
+  return ht::lm::sft_jsonl(ht::knob("data", "", "JSONL file, Parquet file or dataset directory: TRL's shapes"))
       .max_length(ht::knob("max_length", 256, "tokens per example (longer ones cut), per packed row", ht::at_least(8)))
       .packing(ht::knob("packing", false, "pack examples into rows of --max-length tokens (attention within each)"))
       .tools(ht::knob("tools", "", "JSON file of function schemas the chat template gets with every conversation"))

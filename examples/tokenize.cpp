@@ -5,8 +5,10 @@
 //   tokenize decode  --tokenizer FILE [IDS_FILE...]
 //       the reverse: each line of ids becomes the text it stands for
 //   tokenize prepare --tokenizer FILE --out DIR [--documents fortunes|paragraphs|lines|file]
-//                    [--validation FRACTION] [--seed N] [--threads N] [--end-of-text TOKEN] TEXT_FILE...
-//       writes DIR/train.tokens and DIR/val.tokens; prints token counts and MB/s
+//                    [--validation FRACTION] [--seed N] [--threads N] [--end-of-text TOKEN]
+//                    [--text-column NAME] TEXT_FILE...
+//       writes DIR/train.tokens and DIR/val.tokens; prints token counts and MB/s (--text-column: the inputs are
+//       datasets — JSONL, Parquet, a directory of shards, a save_to_disk folder — each row's NAME a document)
 //   tokenize COMMAND --help
 //
 // FILE is a Hugging Face tokenizer.json, or a tiktoken ranks file (`*.tiktoken`; cl100k/o200k in the name

@@ -6,7 +6,10 @@ HPCTRAIN_TORCH_VERSION=2.11.0
 # 0.29.0 is the last release that ships its Python reader of .wandb files (wandb/sdk/internal/datastore.py); later ones
 # read them only inside wandb-core, during an upload. datasets: the peer of the SFT preparation's benchmark
 # (bench/sft_prepare_bench, `datasets.map`); 4.8.5 keeps huggingface_hub below 1.0, as transformers 4.57 needs.
-HPCTRAIN_PIP_PACKAGES="torch==${HPCTRAIN_TORCH_VERSION} numpy tensorboard transformers==4.57.1 safetensors==0.6.2 tokenizers==0.22.1 tiktoken==0.12.0 jinja2==3.1.6 peft==0.17.1 wandb==0.29.0 datasets==4.8.5"
+# pyarrow is not only an oracle: its wheel carries Apache Arrow's C++ libraries and headers (libarrow, libparquet),
+# which hpctrain::datasets links as LibTorch comes from the torch wheel (docs/datasets.md); datasets writes with it.
+HPCTRAIN_PYARROW_VERSION=26.0.1
+HPCTRAIN_PIP_PACKAGES="torch==${HPCTRAIN_TORCH_VERSION} pyarrow==${HPCTRAIN_PYARROW_VERSION} numpy tensorboard transformers==4.57.1 safetensors==0.6.2 tokenizers==0.22.1 tiktoken==0.12.0 jinja2==3.1.6 peft==0.17.1 wandb==0.29.0 datasets==4.8.5"
 # The second oracle leg: transformers 5 writes config.json in another layout (rope_parameters, dtype), so the model,
 # PEFT and tokenizer oracles run again under it. Its venv sees the first one's packages (torch, numpy, ...) through a
 # .pth file and holds only what differs; huggingface_hub and tokenizers are the versions transformers 5.24 requires.

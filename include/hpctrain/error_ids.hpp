@@ -32,6 +32,8 @@ inline constexpr ErrorId usage{"hpctrain.usage"};
 inline constexpr ErrorId spec_knob{"hpctrain.spec.knob"};
 // --- SFT data (text/sft_jsonl.hpp, lm/sft.hpp) ---
 inline constexpr ErrorId spec_data_jsonl{"hpctrain.spec.data.jsonl"};
+// --- Hugging Face datasets on disk (text/rows.hpp, datasets/) ---
+inline constexpr ErrorId spec_data_dataset{"hpctrain.spec.data.dataset"};
 inline constexpr ErrorId spec_tokenizer{"hpctrain.spec.tokenizer"};
 // --- chat templates (text/chat_template.hpp, text/jinja/) ---
 inline constexpr ErrorId spec_chat_template{"hpctrain.spec.chat_template"};

@@ -15,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t siz
   static const std::string path = hpctrain::fuzz::scratch_file("input.jsonl");
   std::ofstream(path, std::ios::binary | std::ios::trunc)
       .write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-  hpctrain::fuzz::expect_clean_rejection([&] { (void)hpctrain::text::validate_sft_jsonl(path); });
+  hpctrain::fuzz::expect_clean_rejection([&] { (void)hpctrain::text::validate_sft_data(path); });
   const auto json = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(data), size), nullptr,
                                           /*allow_exceptions=*/false);
   if (!json.is_discarded())

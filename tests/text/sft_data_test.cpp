@@ -91,7 +91,7 @@ TEST_CASE("SFT JSONL: a bad line is an error naming the file and the line", "[te
   }));
   CAPTURE(content);
   const auto file = write_file(dir / "data.jsonl", content);
-  CHECK_THROWS_WITH(tx::validate_sft_jsonl(file),
+  CHECK_THROWS_WITH(tx::validate_sft_data(file),
                     Catch::StartsWith("[hpctrain.spec.data.jsonl] " + file.string() + message));
 }
 
@@ -102,10 +102,10 @@ TEST_CASE("SFT JSONL: the three shapes, streamed", "[text][sft]") {
       "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"u\"}, "
       "{\"role\": \"assistant\", \"content\": \"a\"}]}\n\n{\"messages\": [{\"role\": \"assistant\", \"content\": "
       "\"x\"}]}\n");
-  const auto summary = tx::validate_sft_jsonl(file);
+  const auto summary = tx::validate_sft_data(file);
   CHECK(summary.examples == 2);
   CHECK(summary.shape == tx::SftShape::conversational);
-  tx::SftJsonlReader reader(file);
+  tx::SftReader reader(file);
   tx::SftRecord record;
   REQUIRE(reader.next(record));
   CHECK(record.messages.size() == 3);
@@ -209,7 +209,7 @@ TEST_CASE("SFT JSONL: a malformed tool call, tool message, content part or tools
   }));
   CAPTURE(content);
   const auto file = write_file(dir / "data.jsonl", content);
-  CHECK_THROWS_WITH(tx::validate_sft_jsonl(file),
+  CHECK_THROWS_WITH(tx::validate_sft_data(file),
                     Catch::StartsWith("[hpctrain.spec.data.jsonl] " + file.string() + message));
 }
 
@@ -227,7 +227,7 @@ TEST_CASE("SFT JSONL: tool calls reach the template as the line wrote them, with
       write_file(dir / "tools.json",
                  R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])");
 
-  tx::SftJsonlReader reader(file, tx::SftJsonlOptions{tools_file});
+  tx::SftReader reader(file, tx::SftJsonlOptions{tools_file});
   tx::SftRecord record;
   REQUIRE(reader.next(record));
   REQUIRE(record.messages.size() == 4);
@@ -240,16 +240,16 @@ TEST_CASE("SFT JSONL: tool calls reach the template as the line wrote them, with
   REQUIRE(reader.next(record));
   CHECK(record.tools[0]["function"]["name"] == "own");  // the line's own
   CHECK_FALSE(reader.next(record));
-  tx::SftJsonlReader without(file);
+  tx::SftReader without(file);
   REQUIRE(without.next(record));
   CHECK(record.tools.is_null());
 
-  CHECK_THROWS_WITH(tx::SftJsonlReader(file, tx::SftJsonlOptions{dir / "missing.json"}),
+  CHECK_THROWS_WITH(tx::SftReader(file, tx::SftJsonlOptions{dir / "missing.json"}),
                     Catch::StartsWith("[hpctrain.spec.data.jsonl] " + (dir / "missing.json").string() +
                                       ": cannot open the tools file"));
   const auto bad_tools = write_file(dir / "bad.json", R"([{"type": "function", "function": {}}])");
   CHECK_THROWS_WITH(
-      tx::validate_sft_jsonl(file, tx::SftJsonlOptions{bad_tools}),
+      tx::validate_sft_data(file, tx::SftJsonlOptions{bad_tools}),
       Catch::StartsWith("[hpctrain.spec.data.jsonl] " + bad_tools.string() + ": tools[0].function.name: missing"));
 }
 
@@ -298,7 +298,7 @@ TEST_CASE(
                                                               const nlohmann::ordered_json& tools) {
       return parsed->render_with_assistant_spans(messages, options, tools);
     };
-    tx::SftJsonlReader reader(file, tx::SftJsonlOptions{tools_file});
+    tx::SftReader reader(file, tx::SftJsonlOptions{tools_file});
     tx::SftRecord record;
     for (std::size_t k = 0; reader.next(record); ++k) {
       CAPTURE(k);

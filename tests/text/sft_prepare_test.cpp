@@ -76,7 +76,7 @@ struct SftFixture {
   std::vector<tx::SftCutExample> in_process() const {
     const auto tokenizer = tx::load_pretrained_tokenizer(recipe.tokenizer_dir);
     const auto render = tx::sft_renderer(tokenizer, recipe.chat_template);
-    tx::SftJsonlReader reader(recipe.jsonl, tx::SftJsonlOptions{recipe.tools});
+    tx::SftReader reader(recipe.jsonl, tx::SftJsonlOptions{recipe.tools});
     std::vector<tx::SftCutExample> out;
     for (tx::SftRecord record; reader.next(record);)
       out.push_back(

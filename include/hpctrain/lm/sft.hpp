@@ -233,7 +233,7 @@ HPCTRAIN_RUNTIME_INLINE SftJsonl::Kept SftJsonl::tokenize_here(const text::SftRe
                                                                const text::PretrainedTokenizer& tokenizer) const {
   const auto renderer = text::sft_renderer(tokenizer, recipe.chat_template);
   Kept kept;
-  text::SftJsonlReader reader(recipe.jsonl, text::SftJsonlOptions{recipe.tools});
+  text::SftReader reader(recipe.jsonl, text::SftJsonlOptions{recipe.tools});
   text::SftRecord record;
   for (std::int64_t index = 0; reader.next(record); ++index)
     if (keeps(index))
@@ -271,7 +271,7 @@ inline text::PretrainedTokenizer login_tokenizer(const std::filesystem::path& di
 }
 
 /// The login node's data checks (text/sft_checks.hpp) on the rest of a sample whose `first` example is read.
-inline void check_sft_sample(const std::filesystem::path& file, text::SftJsonlReader& reader, std::size_t first_line,
+inline void check_sft_sample(const std::filesystem::path& file, text::SftReader& reader, std::size_t first_line,
                              const text::SftExample& first, const text::PretrainedTokenizer& tokenizer,
                              const text::ConversationRenderer* renderer, std::int64_t max_length, bool drop_overlong) {
   constexpr std::int64_t login_sample_records = 1000;  // ~1 s of rendering and tokenizing
@@ -306,7 +306,7 @@ inline void show_sft_example(const std::filesystem::path& file, const text::SftJ
                              std::int64_t max_length) {
   static std::set<std::string> shown;
   if (!shown.insert(fmt::format("{}:{}", file.string(), n)).second) return;
-  text::SftJsonlReader reader(file, options);
+  text::SftReader reader(file, options);
   text::SftRecord record;
   for (std::int64_t index = 0; index < n; ++index)
     if (!reader.next(record))
@@ -336,8 +336,9 @@ inline void show_sft_example(const std::filesystem::path& file, const text::SftJ
 HPCTRAIN_RUNTIME_INLINE std::optional<DataSizeAtLogin> SftJsonl::check_at_login(
     const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained) const {
   const auto file = file_.get(knobs);
-  if (!std::filesystem::is_regular_file(file)) throw SpecError(errors::spec_data_jsonl, file.string(), "no such file");
-  const auto records = static_cast<std::int64_t>(text::validate_sft_jsonl(file, read_options(knobs)).examples);
+  if (!std::filesystem::exists(file))
+    throw SpecError(errors::spec_data_jsonl, file.string(), "no such file or directory");
+  const auto records = static_cast<std::int64_t>(text::validate_sft_data(file, read_options(knobs)).examples);
   std::int64_t kept = 0;
   for (std::int64_t index = 0; index < records; ++index) kept += keeps(index) ? 1 : 0;
   const DataSizeAtLogin size{kept, kept == records
@@ -347,7 +348,7 @@ HPCTRAIN_RUNTIME_INLINE std::optional<DataSizeAtLogin> SftJsonl::check_at_login(
   const auto directory = tokenizer_ ? std::optional(tokenizer_->get(knobs)) : pretrained;
   if (!directory) return size;  // the worker says that a tokenizer is needed
   const auto tokenizer = detail::login_tokenizer(*directory);
-  text::SftJsonlReader reader(file, read_options(knobs));
+  text::SftReader reader(file, read_options(knobs));
   text::SftRecord record;
   if (!reader.next(record)) return size;
   std::optional<text::ConversationRenderer> renderer;

@@ -1,5 +1,6 @@
 #pragma once
-// Text files in, token files out: `prepare_tokens` streams the inputs, cuts them into documents, encodes
+// Text files (or a dataset's text column: PrepareOptions::text_column) in, token files out: `prepare_tokens` streams
+// the inputs, cuts them into documents, encodes
 // chunks of documents on every core of the task (one Encoder per thread), and writes `train.tokens` and
 // `val.tokens` (text/token_file.hpp) in input order, whatever the thread count. Each document goes to the
 // validation file or the training file by a hash of (seed, its index): a fixed, streaming split that needs
@@ -16,6 +17,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -24,9 +26,11 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/files.hpp>
+#include <hpctrain/text/rows.hpp>
 #include <hpctrain/text/token_file.hpp>
 #include <hpctrain/text/tokenizer.hpp>
 
@@ -79,6 +83,13 @@ struct PrepareOptions {
     chunk_bytes_ = value;
     return *this;
   }
+  /// Read each input as a dataset's rows (text/rows.hpp: a JSONL file, or a Parquet file, a directory of shards or
+  /// a save_to_disk folder where the program links hpctrain::datasets), each row's `column` one document (a null
+  /// or empty one none), instead of a text file cut by documents(). Default: "" (text files).
+  PrepareOptions& text_column(std::string value) {
+    text_column_ = std::move(value);
+    return *this;
+  }
   /// Store the ids as uint32 even when they fit uint16 (tests of the wide path). Default: false.
   PrepareOptions& force_uint32(bool value) {
     force_uint32_ = value;
@@ -91,6 +102,7 @@ struct PrepareOptions {
   int threads_ = 0;
   std::string end_of_text_;
   std::size_t chunk_bytes_ = std::size_t{4} << 20;
+  std::string text_column_;
   bool force_uint32_ = false;
 };
 
@@ -140,11 +152,15 @@ struct EncodedChunk {
   std::uint64_t train_documents = 0, validation_documents = 0;
 };
 
-/// Reads input files line by line and hands out chunks of whole documents.
+/// Reads input files line by line (or a dataset's text column row by row) and hands out chunks of whole documents.
 class DocumentReader {
  public:
-  DocumentReader(std::span<const std::filesystem::path> inputs, DocumentFormat format, std::size_t chunk_bytes)
-      : inputs_(inputs.begin(), inputs.end()), format_(format), chunk_bytes_(chunk_bytes) {}
+  DocumentReader(std::span<const std::filesystem::path> inputs, DocumentFormat format, std::size_t chunk_bytes,
+                 std::string text_column = "")
+      : inputs_(inputs.begin(), inputs.end()),
+        format_(format),
+        chunk_bytes_(chunk_bytes),
+        text_column_(std::move(text_column)) {}
 
   /// The next chunk of whole documents (at least chunk_bytes of text unless the inputs end); false when
   /// the inputs are exhausted. A document never spans two files.
@@ -155,6 +171,11 @@ class DocumentReader {
     for (;;) {
       const bool open = chunk.text.size() > open_document_start(chunk);
       if (!open && chunk.text.size() >= chunk_bytes_) break;
+      if (!text_column_.empty()) {
+        if (!rows_ && !open_next_rows()) break;
+        read_row(chunk);
+        continue;
+      }
       if (!stream_.is_open() && !open_next()) break;
       if (format_ == DocumentFormat::file) {
         const auto before = chunk.text.size();
@@ -184,6 +205,31 @@ class DocumentReader {
     stream_.open(current_, std::ios::binary);
     if (!stream_) throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: cannot open", current_.string()));
     return true;
+  }
+
+  bool open_next_rows() {
+    if (next_input_ >= inputs_.size()) return false;
+    rows_ = open_rows(inputs_[next_input_++], {text_column_});
+    return true;
+  }
+
+  /// A row's text column as one document; the end of the dataset closes it. A null or empty value is no document.
+  void read_row(Chunk& chunk) {
+    if (!rows_->next(row_)) {
+      rows_.reset();
+      return;
+    }
+    const auto value = row_.find(text_column_);
+    if (value == row_.end())
+      throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: no column '{}'", rows_->where(), text_column_));
+    if (value->is_null()) return;
+    if (!value->is_string())
+      throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: column '{}' is {}, not text", rows_->where(),
+                                                                   text_column_, value->type_name()));
+    const auto& text = value->get_ref<const std::string&>();
+    chunk.text += text;
+    bytes_ += text.size();
+    finish_document(chunk);
   }
 
   void end_of_file(Chunk& chunk) {
@@ -217,9 +263,12 @@ class DocumentReader {
   DocumentFormat format_;
   std::size_t chunk_bytes_;
   std::size_t next_input_ = 0;
+  std::string text_column_;
   std::filesystem::path current_;
   std::ifstream stream_;
   std::string line_;
+  std::unique_ptr<RowSource> rows_;
+  nlohmann::ordered_json row_;
   std::uint64_t documents_ = 0;
   std::uint64_t bytes_ = 0;
 };
@@ -367,11 +416,15 @@ inline std::uint64_t source_digest(std::span<const std::filesystem::path> inputs
   for (const auto& input : inputs) {
     std::error_code error;
     digest.add(std::filesystem::absolute(input).string());
-    digest.add_u64(std::filesystem::file_size(input, error));
-    digest.add_u64(
-        static_cast<std::uint64_t>(std::filesystem::last_write_time(input, error).time_since_epoch().count()));
+    for (const auto& file : files_on_disk(input)) {  // a text file, or a dataset's files
+      if (file != input) digest.add(std::filesystem::relative(file, input).string());
+      digest.add_u64(std::filesystem::file_size(file, error));
+      digest.add_u64(
+          static_cast<std::uint64_t>(std::filesystem::last_write_time(file, error).time_since_epoch().count()));
+    }
   }
   digest.add_u64(static_cast<std::uint64_t>(options.documents_));
+  if (!options.text_column_.empty()) digest.add("text column " + options.text_column_);
   digest.add_u64(static_cast<std::uint64_t>(options.validation_fraction_ * 1e12));
   digest.add_u64(options.seed_);
   digest.add_u64(end_of_text);
@@ -401,7 +454,7 @@ inline PrepareResult prepare_tokens(std::span<const std::filesystem::path> input
                                     const std::filesystem::path& out, const PrepareOptions& options = {}) {
   const auto start = std::chrono::steady_clock::now();
   for (const auto& input : inputs)
-    if (!std::filesystem::is_regular_file(input))
+    if (options.text_column_.empty() ? !std::filesystem::is_regular_file(input) : !std::filesystem::exists(input))
       throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: not a readable file", input.string()));
   std::error_code error;
   std::filesystem::create_directories(out, error);
@@ -424,7 +477,7 @@ inline PrepareResult prepare_tokens(std::span<const std::filesystem::path> input
   result.threads = options.threads_ > 0 ? options.threads_ : detail::task_cpus();
 
   detail::TokenFileWriter train(result.train, header), validation(result.validation, header);
-  detail::DocumentReader reader(inputs, options.documents_, options.chunk_bytes_);
+  detail::DocumentReader reader(inputs, options.documents_, options.chunk_bytes_, options.text_column_);
   {
     detail::ChunkEncoders encoders(tokenizer, result.threads, end_of_text, options);
     auto write = [&](detail::EncodedChunk encoded) {

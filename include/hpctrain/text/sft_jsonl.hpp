@@ -1,6 +1,7 @@
 #pragma once
-// Supervised fine-tuning data as TRL reads it from JSONL, one example a line, in one of three shapes chosen by
-// the keys of the file's first line (every line must have that shape):
+// Supervised fine-tuning data as TRL reads it, one example a line of a JSONL file (or a row of a Hugging Face
+// dataset on disk, text/rows.hpp), in one of three shapes chosen by the keys of the first line (every line must
+// have that shape):
 //   {"text": "..."}                                        language modelling: the loss on every token
 //   {"prompt": "...", "completion": "..."}                 the loss on the completion
 //   {"messages": [{"role": "user", "content": "..."}, ...]}  conversational: the loss on the assistant turns
@@ -9,12 +10,14 @@
 // a whole file's schemas can come from a JSON file instead (SftJsonlOptions::tools). Messages reach the chat
 // template as the line wrote them, key order included.
 // Streamed and validated line by line: every error names the file and the line (SpecError
-// `[hpctrain.spec.data.jsonl]`, "FILE:LINE: reason"), so a login node refuses a broken file before anything is
-// queued. `tokenize_sft` turns a record into ids and a per-token "trained" flag by TRL's rules. Torch-free.
+// `[hpctrain.spec.data.jsonl]`, "FILE:LINE: reason"; a dataset's `[hpctrain.spec.data.dataset]`, "FILE: row group
+// G, row R: reason"), so a login node refuses a broken file before anything is queued. `tokenize_sft` turns a record
+// into ids and a per-token "trained" flag by TRL's rules. Torch-free.
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -28,6 +31,7 @@
 #include <hpctrain/text/chat.hpp>
 #include <hpctrain/text/chat_data.hpp>
 #include <hpctrain/text/pretrained_tokenizer.hpp>
+#include <hpctrain/text/rows.hpp>
 #include <hpctrain/text/sft_example.hpp>
 
 namespace hpctrain::text {
@@ -53,35 +57,38 @@ struct SftJsonlOptions {
   std::optional<std::filesystem::path> tools;
 };
 
-/// Reads an SFT JSONL file one record at a time; blank lines are skipped.
-class SftJsonlReader {
+/// The columns an SFT record is made of; a dataset's other columns are not read.
+inline const std::vector<std::string>& sft_columns() {
+  static const std::vector<std::string> columns{"text", "prompt", "completion", "messages", "tools"};
+  return columns;
+}
+
+/// Reads SFT data one record at a time: a JSONL file (blank lines skipped), or a Hugging Face dataset on disk
+/// where the program links hpctrain::datasets (text/rows.hpp), each row read as the line of the same keys.
+class SftReader {
  public:
-  explicit SftJsonlReader(std::filesystem::path file, const SftJsonlOptions& options = {})
-      : file_(std::move(file)), in_(file_) {
-    if (!in_) throw SpecError(errors::spec_data_jsonl, file_.string(), "cannot open");
+  explicit SftReader(std::filesystem::path file, const SftJsonlOptions& options = {})
+      : file_(std::move(file)), rows_(open_rows(file_, sft_columns())) {
     if (options.tools) tools_ = read_tools(*options.tools);
   }
 
-  /// The next record; false at the end. SpecError naming the file and the line for a malformed one.
+  /// The next record; false at the end. SpecError naming the file and the line (the row) for a malformed one.
   bool next(SftRecord& record) {
-    std::string text;
-    while (std::getline(in_, text)) {
-      ++line_;
-      if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
-      record = parse(text);
+    nlohmann::ordered_json row;
+    if (rows_->next(row)) {
+      record = parse(row);
       return true;
     }
-    if (in_.bad()) fail("cannot read further");
-    if (!shape_) throw SpecError(errors::spec_data_jsonl, file_.string(), "holds no example");
+    if (!shape_) throw SpecError(rows_->error_id(), file_.string(), "holds no example");
     return false;
   }
   const std::filesystem::path& file() const { return file_; }
-  /// The line of the record next() returned last (1-based).
-  std::int64_t line() const { return line_; }
+  /// The line (a dataset's row) of the record next() returned last (1-based).
+  std::int64_t line() const { return rows_->row(); }
 
  private:
   [[noreturn]] void fail(const std::string& reason) const {
-    throw SpecError(errors::spec_data_jsonl, fmt::format("{}:{}", file_.string(), line_), reason);
+    throw SpecError(rows_->error_id(), rows_->where(), reason);
   }
 
   static const char* name_of(SftShape shape) {
@@ -119,14 +126,7 @@ class SftJsonlReader {
     return tools;
   }
 
-  SftRecord parse(const std::string& text) {
-    nlohmann::ordered_json json;
-    try {
-      json = nlohmann::ordered_json::parse(text);
-    } catch (const nlohmann::json::exception& error) {  // parse_error, or out_of_range for a number too large
-      fail(fmt::format("not JSON ({})", error.what()));
-    }
-    if (!json.is_object()) fail(fmt::format("a line must be a JSON object, not {}", json.type_name()));
+  SftRecord parse(const nlohmann::ordered_json& json) {
     SftShape shape;
     if (json.contains("messages")) shape = SftShape::conversational;
     else if (json.contains("prompt") || json.contains("completion")) shape = SftShape::prompt_completion;
@@ -138,7 +138,7 @@ class SftJsonlReader {
 
     SftRecord record;
     record.shape = shape;
-    record.line = line_;
+    record.line = static_cast<std::size_t>(rows_->row());
     if (shape == SftShape::text) {
       record.text = string_field(json, "text", false);
     } else if (shape == SftShape::prompt_completion) {
@@ -146,7 +146,7 @@ class SftJsonlReader {
       record.completion = string_field(json, "completion", false);
     } else {
       try {
-        record.messages = chat_messages_from_json(json["messages"]);
+        record.messages = chat_messages_from_json(json.at("messages"));
         if (const auto tools = json.find("tools"); tools != json.end() && !tools->is_null()) {
           check_tools(*tools, "tools");
           record.tools = *tools;
@@ -164,13 +164,12 @@ class SftJsonlReader {
   }
 
   std::filesystem::path file_;
-  std::ifstream in_;
-  std::size_t line_ = 0;
+  std::unique_ptr<RowSource> rows_;
   std::optional<SftShape> shape_;
   nlohmann::ordered_json tools_;  // the file's tools (SftJsonlOptions::tools), null for none
 };
 
-/// What validate_sft_jsonl found.
+/// What validate_sft_data found.
 struct SftFileSummary {
   SftShape shape = SftShape::text;
   std::size_t examples = 0;
@@ -178,8 +177,8 @@ struct SftFileSummary {
 
 /// Reads the whole of `file` line by line (never all at once), checking every line; SpecError naming the
 /// first bad line.
-inline SftFileSummary validate_sft_jsonl(const std::filesystem::path& file, const SftJsonlOptions& options = {}) {
-  SftJsonlReader reader(file, options);
+inline SftFileSummary validate_sft_data(const std::filesystem::path& file, const SftJsonlOptions& options = {}) {
+  SftReader reader(file, options);
   SftRecord record;
   SftFileSummary summary;
   while (reader.next(record)) {

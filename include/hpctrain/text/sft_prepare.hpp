@@ -104,7 +104,7 @@ inline std::optional<ConversationRenderer> sft_renderer(const PretrainedTokenize
       });
 }
 
-/// A digest of everything `recipe` names: the JSONL file's absolute path, size and time (read whole, it would
+/// A digest of everything `recipe` names: the data's absolute path, its files' sizes and times (read whole, it would
 /// cost every rank a pass over the file), the bytes of the tokenizer's files, of the template and tools files,
 /// and the length rule. The prepared file is named by it and carries it.
 inline std::uint64_t sft_source_digest(const SftRecipe& recipe, const PretrainedTokenizer& tokenizer) {
@@ -112,9 +112,12 @@ inline std::uint64_t sft_source_digest(const SftRecipe& recipe, const Pretrained
   digest.add("hpctrain prepared SFT v1");
   std::error_code error;
   digest.add(std::filesystem::absolute(recipe.jsonl).string());
-  digest.add_u64(std::filesystem::file_size(recipe.jsonl, error));
-  digest.add_u64(
-      static_cast<std::uint64_t>(std::filesystem::last_write_time(recipe.jsonl, error).time_since_epoch().count()));
+  for (const auto& file : files_on_disk(recipe.jsonl)) {  // a JSONL file, or a dataset's files
+    if (file != recipe.jsonl) digest.add(std::filesystem::relative(file, recipe.jsonl).string());
+    digest.add_u64(std::filesystem::file_size(file, error));
+    digest.add_u64(
+        static_cast<std::uint64_t>(std::filesystem::last_write_time(file, error).time_since_epoch().count()));
+  }
   digest.add_u64(tokenizer.tokenizer().fingerprint());
   for (const auto& file : tokenizer.files()) {
     digest.add(file.filename().string());
@@ -277,7 +280,7 @@ inline SftPrepareResult prepare_sft_tokens(const SftRecipe& recipe, const std::f
   header.fingerprint = tokenizer.tokenizer().fingerprint();
   header.source_digest = sft_source_digest(recipe, tokenizer);
   detail::SftTokensWriter writer(out, header);
-  SftJsonlReader reader(recipe.jsonl, SftJsonlOptions{recipe.tools});
+  SftReader reader(recipe.jsonl, SftJsonlOptions{recipe.tools});
   std::vector<SftRecord> records;
   std::vector<SftCutExample> cut;
   const auto per_batch = static_cast<std::size_t>(result.threads) * std::max<std::size_t>(batch_per_thread, 1);
@@ -294,7 +297,7 @@ inline SftPrepareResult prepare_sft_tokens(const SftRecipe& recipe, const std::f
   result.records = writer.header().records;
   result.tokens = writer.header().tokens;
   writer.commit();
-  result.input_bytes = std::filesystem::file_size(recipe.jsonl, error);
+  for (const auto& file : files_on_disk(recipe.jsonl)) result.input_bytes += std::filesystem::file_size(file, error);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

@@ -5,8 +5,11 @@
 //   tokenize decode  --tokenizer FILE [IDS_FILE...]
 //       the reverse: each line of ids becomes the text it stands for
 //   tokenize prepare --tokenizer FILE --out DIR [--documents fortunes|paragraphs|lines|file]
-//                    [--validation FRACTION] [--seed N] [--threads N] [--end-of-text TOKEN] TEXT_FILE...
-//       writes DIR/train.tokens and DIR/val.tokens; prints token counts and MB/s
+//                    [--validation FRACTION] [--seed N] [--threads N] [--end-of-text TOKEN]
+//                    [--text-column NAME] TEXT_FILE...
+//       writes DIR/train.tokens and DIR/val.tokens; prints token counts and MB/s. With --text-column the inputs are
+//       datasets (JSONL; Parquet or save_to_disk folders where hpctrain::datasets is linked, as examples/tokenize
+//       links it), each row's column NAME a document
 // FILE is a Hugging Face tokenizer.json, or a tiktoken ranks file (`*.tiktoken`; cl100k/o200k in the name choose
 // their pattern and specials, else GPT-2's). Special tokens are recognised as the reference does by default: always
 // for tokenizer.json (HF), never for ranks (tiktoken's encode_ordinary). Bad usage exits 2 with the usage; an
@@ -50,7 +53,8 @@ inline constexpr const char* tokenize_usage =
     "usage: tokenize encode  --tokenizer FILE [--special | --no-special] [TEXT_FILE...]\n"
     "       tokenize decode  --tokenizer FILE [IDS_FILE...]\n"
     "       tokenize prepare --tokenizer FILE --out DIR [--documents fortunes|paragraphs|lines|file]\n"
-    "                        [--validation FRACTION] [--seed N] [--threads N] [--end-of-text TOKEN] TEXT_FILE...\n";
+    "                        [--validation FRACTION] [--seed N] [--threads N] [--end-of-text TOKEN]\n"
+    "                        [--text-column NAME] TEXT_FILE...\n";
 
 namespace detail {
 
@@ -74,6 +78,10 @@ inline void add_prepare_options(CLI::App& prepare, TokenizeCommand& command) {
   prepare.add_option_function<std::uint64_t>(
       "--seed", [&](std::uint64_t seed) { command.prepare.seed(seed); },
       "seed of the train/validation split (default: 1337)");
+  prepare.add_option_function<std::string>(
+      "--text-column", [&](const std::string& name) { command.prepare.text_column(name); },
+      "read the inputs as datasets (JSONL, Parquet, a directory of shards, a save_to_disk folder), each row's column "
+      "NAME a document");
   prepare.add_option_function<int>(
       "--threads", [&](int threads) { command.prepare.threads(threads); },
       "encoding threads (default: 0, every CPU of the task)");
