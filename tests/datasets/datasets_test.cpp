@@ -161,6 +161,12 @@ TEST_CASE("datasets: a truncated or corrupt file, a wrong column type and a bad 
                                                     (bad / "unassisted.parquet").string() +
                                                     ", row group 1, row 2: the conversation has no assistant turn to "
                                                     "train on");
+  // A string column that is not UTF-8 (pyarrow writes what it is given; the fuzz target found it escaping as
+  // nlohmann's type_error when a row was dumped): each part is validated before a value of it is read.
+  const auto not_utf8 = text_test::source_dir() / "tests/fuzz/corpus/dataset_rows/text_not_utf8.parquet";
+  CHECK_THAT(error_of(not_utf8), Catch::StartsWith("[hpctrain.spec.data.dataset] " + not_utf8.string() +
+                                                   ", row group 0: column 'text': ") &&
+                                     Catch::Contains("UTF8"));
   CHECK(error_of(dir / "none.parquet") ==
         "[hpctrain.spec.data.dataset] " + (dir / "none.parquet").string() + ": no such file or directory");
   std::filesystem::create_directories(dir / "empty");
