@@ -10,7 +10,7 @@
 // a whole file's schemas can come from a JSON file instead (SftJsonlOptions::tools). Messages reach the chat
 // template as the line wrote them, key order included.
 // Streamed and validated line by line: every error names the file and the line (SpecError
-// `[hpctrain.spec.data.jsonl]`, "FILE:LINE: reason"; a dataset's `[hpctrain.spec.data.dataset]`, "FILE: row group
+// `[hpctrain.spec.data.jsonl]`, "FILE:LINE: reason"; a dataset's `[hpctrain.spec.data.dataset]`, "FILE, row group
 // G, row R: reason"), so a login node refuses a broken file before anything is queued. `tokenize_sft` turns a record
 // into ids and a per-token "trained" flag by TRL's rules. Torch-free.
 #include <algorithm>
