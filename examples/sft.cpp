@@ -13,7 +13,8 @@ using namespace std::chrono_literals;
 namespace ht = hpctrain;
 
 ht::lm::SftJsonl examples(ht::lm::Split part) {  // every 16th example of the file is held out for validation
-  return ht::lm::sft_jsonl(ht::knob("data", "", "JSONL file, Parquet file or dataset directory: TRL's shapes"))
+  return ht::lm::sft_jsonl(ht::knob("data", "", "JSONL file, Parquet file or dataset directory (TRL's shapes), or "
+                                                "several mixed by weight: a.parquet:0.7,b.jsonl:0.3"))
       .max_length(ht::knob("max_length", 256, "tokens per example (longer ones cut), per packed row", ht::at_least(8)))
       .packing(ht::knob("packing", false, "pack examples into rows of --max-length tokens (attention within each)"))
       .tools(ht::knob("tools", "", "JSON file of function schemas the chat template gets with every conversation"))

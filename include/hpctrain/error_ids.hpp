@@ -34,6 +34,8 @@ inline constexpr ErrorId spec_knob{"hpctrain.spec.knob"};
 inline constexpr ErrorId spec_data_jsonl{"hpctrain.spec.data.jsonl"};
 // --- Hugging Face datasets on disk (text/rows.hpp, datasets/) ---
 inline constexpr ErrorId spec_data_dataset{"hpctrain.spec.data.dataset"};
+// --- several data sources mixed by weight (text/data_mix.hpp, train/data/mix.hpp) ---
+inline constexpr ErrorId spec_data_mix{"hpctrain.spec.data.mix"};
 inline constexpr ErrorId spec_tokenizer{"hpctrain.spec.tokenizer"};
 // --- chat templates (text/chat_template.hpp, text/jinja/) ---
 inline constexpr ErrorId spec_chat_template{"hpctrain.spec.chat_template"};

@@ -8,8 +8,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <set>
+#include <string>
 #include <vector>
 
 #include <hpctrain/lm/lm.hpp>
@@ -19,6 +21,7 @@
 #include <hpctrain/lm/sft_dataset.hpp>
 #include <hpctrain/models/models.hpp>
 #include <hpctrain/text/prepare.hpp>
+#include <hpctrain/train/data/mix.hpp>
 #include <hpctrain/train/data/sampler.hpp>
 
 #include "../models/models_test_support.hpp"
@@ -285,6 +288,65 @@ TEST_CASE(
   // Another length is another file: the ranks tokenize it themselves until the step prepares it.
   const auto other = lm::sft_jsonl(jsonl).tokenizer(tokenizers / "llama3").chat_template(chat_template).max_length(97);
   CHECK(other(in_job).load()->size() > 0);
+}
+
+TEST_CASE(
+    "Two SFT sources given with weights in the program: the training split mixes them by weight, each slot one of "
+    "their examples, and the held-out split keeps each source's examples once",
+    "[lm][sft][mix]") {
+  const auto dir = models_test::scratch("sft-mix");
+  const auto tokenizers = dir / "tokenizers";
+  std::filesystem::create_directories(tokenizers);
+  models_test::run_python("../text/pretrained_oracle.py", fmt::format("make '{}'", tokenizers.string()),
+                          dir / "make.log");
+  const auto source_dir = std::filesystem::path(std::getenv("HPCTRAIN_SOURCE_DIR"));
+  const auto chat_template = source_dir / "tests/data/chat_templates/chatml-generation.jinja";
+  const auto qa = source_dir / "examples/data/fortunes_qa.jsonl";
+  const auto few = dir / "few.jsonl";  // the first 40 conversations
+  {
+    std::ifstream in(qa);
+    std::ofstream out(few);
+    std::string line;
+    for (int i = 0; i < 40 && std::getline(in, line); ++i) out << line << "\n";
+  }
+  hpctrain::Knobs knobs;
+  knobs.declare<std::int64_t>("show_example", 0, "a program's built-in knob, read by the login check");
+  const auto configured = [&](lm::SftJsonl source, lm::Split split) {
+    return source.tokenizer(tokenizers / "llama3").chat_template(chat_template).max_length(96).split(split);
+  };
+  hpctrain::RunContext run{knobs, 0, 1, dir / "run", std::nullopt, std::nullopt, std::nullopt};
+  run.seed = 5;
+  const auto alone_qa = configured(lm::sft_jsonl(qa), lm::Split::train)(run).load();
+  const auto alone_few = configured(lm::sft_jsonl(few), lm::Split::train)(run).load();
+  const auto mixed_source = configured(lm::sft_jsonl({{qa, 3.0}, {few, 1.0}}), lm::Split::train);
+  const auto mixed = mixed_source(run).load();
+  REQUIRE(mixed->mixture() != nullptr);
+  const auto& plan = mixed->mixture()->plan();
+  REQUIRE(plan.parts().size() == 2);
+  CHECK(plan.parts()[0].rows == alone_qa->size());
+  CHECK(plan.parts()[1].rows == alone_few->size());
+  CHECK(mixed->size() == alone_qa->size() + alone_few->size());
+  CHECK(plan.per_epoch()[0] == (3 * mixed->size() + 2) / 4);  // 3/4 of the slots, rounded to the nearest
+  // Every slot of an epoch is the example its source holds at that row.
+  for (std::int64_t slot = 0; slot < mixed->size(); slot += 7) {
+    CAPTURE(slot);
+    const auto row = plan.row(2, slot);
+    const bool first = row < alone_qa->size();
+    const auto expected = first ? alone_qa->batch({row}) : alone_few->batch({row - alone_qa->size()});
+    const auto got = mixed->batch_in_epoch({slot}, 2);
+    CHECK(got.inputs.equal(expected.inputs));
+    CHECK(got.targets.equal(expected.targets));
+  }
+  // The login check reads both; the size it gives is the slots of an epoch.
+  const auto at_login = mixed_source.check_at_login(knobs);
+  REQUIRE(at_login);
+  CHECK(at_login->examples >= mixed->size());  // records kept by the split, before the length rule
+  CHECK_THAT(at_login->what, Catch::Contains("2 sources"));
+  // Held out: each source's examples once, concatenated.
+  const auto held_out = configured(lm::sft_jsonl({{qa, 3.0}, {few, 1.0}}), lm::Split::validation)(run).load();
+  CHECK(held_out->mixture() == nullptr);
+  CHECK(held_out->size() == configured(lm::sft_jsonl(qa), lm::Split::validation)(run).load()->size() +
+                                configured(lm::sft_jsonl(few), lm::Split::validation)(run).load()->size());
 }
 
 TEST_CASE("A packed GPT-2 row gives the loss and gradients of its examples alone (fp32, 1e-5)", "[lm]") {

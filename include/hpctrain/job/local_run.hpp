@@ -65,7 +65,8 @@ inline std::filesystem::path new_local_run_directory(const std::filesystem::path
 }  // namespace detail
 
 /// `--local N` with Job::prepare: the preparation runs first, in this process, with the run directory
-/// `hpctrain-jobs/<name>/local` (job id `local`); it is skipped when that directory says it completed.
+/// `hpctrain-jobs/<name>/local` (job id `local`); it is skipped when that directory says it completed with the same
+/// arguments (its marker holds them: another `--data` prepares again).
 inline int prepare_locally(const Job& job, const RenderContext& context, const std::vector<std::string>& args,
                            std::ostream& err) {
   if (!job.preparation()) return exit_ok;
@@ -75,12 +76,14 @@ inline int prepare_locally(const Job& job, const RenderContext& context, const s
   prepare.output_dir = prepare.run_dir / layout::prepare_output;
   prepare.args = args;
   const auto done = prepare.run_dir / prepare_done_file;
-  if (std::filesystem::exists(done)) {
+  std::string arguments;
+  for (const auto& arg : args) arguments += arg + "\n";
+  if (const auto marker = detail::read_file_if_present(done, errors::runtime_io); marker && *marker == arguments) {
     err << fmt::format("hpctrain: preparation already done ({}); skipping it\n", done.string());
     return exit_ok;
   }
   const int status = run_preparation(job.preparation(), prepare);
-  if (status == exit_ok) detail::write_file_atomically(done, "");
+  if (status == exit_ok) detail::write_file_atomically(done, arguments);
   return status;
 }
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <set>
@@ -31,6 +32,7 @@
 #include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/error.hpp>
 #include <hpctrain/lm/setting.hpp>
+#include <hpctrain/text/data_mix.hpp>
 #include <hpctrain/train/data/source.hpp>
 #include <hpctrain/train/run_context.hpp>
 #if HPCTRAIN_RUNTIME_DEFINITIONS
@@ -47,6 +49,7 @@
 #include <hpctrain/text/sft_jsonl.hpp>
 #include <hpctrain/text/sft_prepare.hpp>
 #include <hpctrain/text/sft_tokens.hpp>
+#include <hpctrain/train/data/mix.hpp>
 #endif
 
 namespace hpctrain::text {
@@ -75,10 +78,16 @@ enum class Split {
   validation,  ///< every `holdout_every`-th example
 };
 
-/// The data factory of `sft_jsonl`: options as chained setters (each a value or `lm::knob(...)`).
+/// The data factory of `sft_jsonl`: options as chained setters (each a value or `lm::knob(...)`). The file may be
+/// several sources mixed by weight, `a.parquet:0.7,b.jsonl:0.3` (text/data_mix.hpp): each is read, checked,
+/// prepared and cut alike; the training split samples them by weight with the run's seed (train/data/mix.hpp), the
+/// validation split holds each source's held-out examples once.
 class SftJsonl {
  public:
   explicit SftJsonl(Setting<std::filesystem::path> file) : file_(std::move(file)) {}
+  /// Several sources mixed by weight, given in the program: `{{"a.parquet", 0.7}, {"b.jsonl", 0.3}}`.
+  explicit SftJsonl(std::vector<text::WeightedData> sources)
+      : file_(std::filesystem::path(text::data_mix_string(sources))), listed_(std::move(sources)) {}
   /// Tokens per example (and per packed row). Default: 1024.
   SftJsonl& max_length(Setting<std::int64_t> tokens) {
     max_length_ = std::move(tokens);
@@ -150,9 +159,19 @@ class SftJsonl {
   /// The examples this source keeps, and what happened to the others.
   struct Kept;  // the examples this split keeps, and what was cut
 
-  HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> load(const RunContext& run) const;
-  /// The file, tokenizer, template, tools and length rule for these knobs; SpecError when no tokenizer is known.
-  HPCTRAIN_RUNTIME_INLINE text::SftRecipe recipe(const Knobs& knobs,
+  /// The data's sources: the ones listed in the program, else those the file setting names (text/data_mix.hpp).
+  HPCTRAIN_RUNTIME_INLINE std::vector<text::WeightedData> sources(const Knobs& knobs) const;
+  HPCTRAIN_RUNTIME_INLINE std::shared_ptr<const data::Dataset> load(const RunContext& run) const;
+  /// One source's examples in rows (packed or one each), said by rank 0.
+  HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> load_source(const RunContext& run,
+                                                                  const std::filesystem::path& file) const;
+  /// One source's login checks; the examples it keeps.
+  HPCTRAIN_RUNTIME_INLINE DataSizeAtLogin check_source_at_login(const Knobs& knobs, const std::filesystem::path& file,
+                                                                const std::optional<std::filesystem::path>& pretrained,
+                                                                bool first) const;
+  /// The source `file`, tokenizer, template, tools and length rule for these knobs; SpecError when no tokenizer is
+  /// known.
+  HPCTRAIN_RUNTIME_INLINE text::SftRecipe recipe(const Knobs& knobs, const std::filesystem::path& file,
                                                  const std::optional<std::filesystem::path>& pretrained) const;
   /// The kept records of the job's prepared file `file` (mapped, checked whole, made from `digest` by `tokenizer`).
   HPCTRAIN_RUNTIME_INLINE Kept read_prepared(const std::filesystem::path& file, std::uint64_t digest,
@@ -172,6 +191,7 @@ class SftJsonl {
                                                                   std::int64_t capacity, std::int64_t pad);
 
   Setting<std::filesystem::path> file_;
+  std::optional<std::vector<text::WeightedData>> listed_;
   Setting<std::int64_t> max_length_ = std::int64_t{1024};
   Overlong overlong_ = Overlong::truncate;
   Setting<bool> packing_ = false;
@@ -187,8 +207,11 @@ class SftJsonl {
            non_negative());
 };
 
-/// SFT examples from the JSONL file `file` (a path, or `lm::knob("data")`).
+/// SFT examples from the JSONL file `file` (a path, or `lm::knob("data")`), a Hugging Face dataset on disk
+/// (docs/datasets.md), or several of them mixed by weight (`a.parquet:0.7,b.jsonl:0.3`).
 inline SftJsonl sft_jsonl(Setting<std::filesystem::path> file) { return SftJsonl(std::move(file)); }
+/// SFT examples from several sources mixed by weight: `lm::sft_jsonl({{"a.parquet", 0.7}, {"b.jsonl", 0.3}})`.
+inline SftJsonl sft_jsonl(std::vector<text::WeightedData> sources) { return SftJsonl(std::move(sources)); }
 
 #if HPCTRAIN_RUNTIME_DEFINITIONS
 struct SftJsonl::Kept {
@@ -333,9 +356,28 @@ inline void show_sft_example(const std::filesystem::path& file, const text::SftJ
 }
 }  // namespace detail
 
+HPCTRAIN_RUNTIME_INLINE std::vector<text::WeightedData> SftJsonl::sources(const Knobs& knobs) const {
+  return listed_ ? *listed_ : text::parse_data_mix(file_.get(knobs).string());
+}
+
 HPCTRAIN_RUNTIME_INLINE std::optional<DataSizeAtLogin> SftJsonl::check_at_login(
     const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained) const {
-  const auto file = file_.get(knobs);
+  const auto sources = this->sources(knobs);
+  if (sources.size() == 1) return check_source_at_login(knobs, sources.front().path, pretrained, true);
+  // A mix: its epoch holds as many examples as its sources together (train/data/mix.hpp).
+  DataSizeAtLogin size;
+  for (const auto& source : sources) {
+    const auto part = check_source_at_login(knobs, source.path, pretrained, &source == &sources.front());
+    size.examples += part.examples;
+    size.what += (size.what.empty() ? "" : "; ") + part.what;
+  }
+  size.what = fmt::format("{} sources, {} examples an epoch: {}", sources.size(), size.examples, size.what);
+  return size;
+}
+
+HPCTRAIN_RUNTIME_INLINE DataSizeAtLogin
+SftJsonl::check_source_at_login(const Knobs& knobs, const std::filesystem::path& file,
+                                const std::optional<std::filesystem::path>& pretrained, bool first) const {
   if (!std::filesystem::exists(file))
     throw SpecError(errors::spec_data_jsonl, file.string(), "no such file or directory");
   const auto records = static_cast<std::int64_t>(text::validate_sft_data(file, read_options(knobs)).examples);
@@ -352,17 +394,17 @@ HPCTRAIN_RUNTIME_INLINE std::optional<DataSizeAtLogin> SftJsonl::check_at_login(
   text::SftRecord record;
   if (!reader.next(record)) return size;
   std::optional<text::ConversationRenderer> renderer;
-  text::SftExample first;
+  text::SftExample example;
   try {
     renderer = text::sft_renderer(tokenizer, chat_template_ ? std::optional(chat_template_->get(knobs)) : std::nullopt);
-    first = text::tokenize_sft(record, tokenizer, renderer ? &*renderer : nullptr);
+    example = text::tokenize_sft(record, tokenizer, renderer ? &*renderer : nullptr);
   } catch (const Error& error) {
     throw SpecError(errors::spec_chat_template, fmt::format("{}:{}", file.string(), reader.line()),
                     fmt::format("the first record does not render: {}", error.what()));
   }
-  detail::check_sft_sample(file, reader, record.line, first, tokenizer, renderer ? &*renderer : nullptr,
+  detail::check_sft_sample(file, reader, record.line, example, tokenizer, renderer ? &*renderer : nullptr,
                            max_length_.get(knobs), overlong_ == Overlong::drop);
-  if (const auto n = show_example_(knobs); n > 0)
+  if (const auto n = show_example_(knobs); n > 0 && first)  // of the first source
     detail::show_sft_example(file, read_options(knobs), n, tokenizer, renderer ? &*renderer : nullptr,
                              max_length_.get(knobs));
   return size;
@@ -374,10 +416,10 @@ HPCTRAIN_RUNTIME_INLINE data::Source SftJsonl::operator()(const RunContext& run)
   return data::Source([dataset] { return dataset; }, description);
 }
 
-HPCTRAIN_RUNTIME_INLINE text::SftRecipe SftJsonl::recipe(const Knobs& knobs,
+HPCTRAIN_RUNTIME_INLINE text::SftRecipe SftJsonl::recipe(const Knobs& knobs, const std::filesystem::path& file,
                                                          const std::optional<std::filesystem::path>& pretrained) const {
   text::SftRecipe recipe;
-  recipe.jsonl = file_.get(knobs);
+  recipe.jsonl = file;
   const auto directory = tokenizer_ ? std::optional(tokenizer_->get(knobs)) : pretrained;
   if (!directory || directory->empty())
     throw SpecError(errors::spec_data_jsonl, recipe.jsonl.string(),
@@ -395,14 +437,16 @@ HPCTRAIN_RUNTIME_INLINE void SftJsonl::prepare_in_job(const Knobs& knobs,
                                                       const std::optional<std::filesystem::path>& pretrained,
                                                       const std::filesystem::path& prepared_dir) const {
   if (!tokenizer_ && !pretrained) return;  // the ranks say that a tokenizer is needed
-  const auto recipe = this->recipe(knobs, pretrained);
-  const auto tokenizer = text::load_pretrained_tokenizer(recipe.tokenizer_dir);
-  const auto digest = text::sft_source_digest(recipe, tokenizer);
-  const auto file = text::sft_tokens_path(prepared_dir, digest);
-  if (text::sft_tokens_prepared(file, digest, tokenizer)) {
-    fmt::print("hpctrain: {}: already prepared in {} (the same inputs); not preparing again\n", recipe.jsonl.string(),
-               file.string());
-  } else {
+  for (const auto& source : sources(knobs)) {
+    const auto recipe = this->recipe(knobs, source.path, pretrained);
+    const auto tokenizer = text::load_pretrained_tokenizer(recipe.tokenizer_dir);
+    const auto digest = text::sft_source_digest(recipe, tokenizer);
+    const auto file = text::sft_tokens_path(prepared_dir, digest);
+    if (text::sft_tokens_prepared(file, digest, tokenizer)) {
+      fmt::print("hpctrain: {}: already prepared in {} (the same inputs); not preparing again\n", recipe.jsonl.string(),
+                 file.string());
+      continue;
+    }
     const auto result = text::prepare_sft_tokens(recipe, file);
     const auto& checks = result.checks;
     fmt::print(
@@ -418,8 +462,36 @@ HPCTRAIN_RUNTIME_INLINE void SftJsonl::prepare_in_job(const Knobs& knobs,
   std::fflush(stdout);
 }
 
-HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> SftJsonl::load(const RunContext& run) const {
-  const auto recipe = this->recipe(run.knobs, tokenizer_ ? std::nullopt : tokenizer_directory(run));
+HPCTRAIN_RUNTIME_INLINE std::shared_ptr<const data::Dataset> SftJsonl::load(const RunContext& run) const {
+  const auto sources = this->sources(run.knobs);
+  if (sources.size() == 1) return load_source(run, sources.front().path);
+  // The sources' rows one after the other, in one dataset: a batch may take rows of several.
+  std::vector<text::SftExample> examples;
+  std::vector<std::vector<std::size_t>> rows;
+  std::vector<data::MixPart> parts;
+  std::shared_ptr<SftDataset> part;
+  for (const auto& source : sources) {
+    part = load_source(run, source.path);
+    const auto offset = examples.size();
+    for (auto row : part->rows()) {
+      for (auto& e : row) e += offset;
+      rows.push_back(std::move(row));
+    }
+    auto own = part->release_examples();
+    examples.insert(examples.end(), std::make_move_iterator(own.begin()), std::make_move_iterator(own.end()));
+    parts.push_back({source.path.string(), part->size(), source.weight.value_or(static_cast<double>(part->size()))});
+  }
+  // One tokenizer and one length rule for every source: the last one's padding is every one's.
+  auto dataset = std::make_shared<SftDataset>(std::move(examples), std::move(rows), part->pad_id());
+  dataset->round_lengths(part->length_rounding().first, part->length_rounding().second);
+  // Without weights the sources are concatenated; the held-out split keeps each source's examples once.
+  if (!sources.front().weight || split_ == Split::validation) return dataset;
+  return std::make_shared<data::MixedDataset>(dataset, std::move(parts), static_cast<std::uint64_t>(run.seed));
+}
+
+HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> SftJsonl::load_source(const RunContext& run,
+                                                                          const std::filesystem::path& file) const {
+  const auto recipe = this->recipe(run.knobs, file, tokenizer_ ? std::nullopt : tokenizer_directory(run));
   const auto tokenizer = text::load_pretrained_tokenizer(recipe.tokenizer_dir);
   const auto multiple = pad_to_multiple_of_.get(run.knobs);
   hpctrain::detail::require(multiple >= 1, "sft.pad_to_multiple_of", multiple, "must be at least 1");
@@ -428,10 +500,9 @@ HPCTRAIN_RUNTIME_INLINE std::shared_ptr<SftDataset> SftJsonl::load(const RunCont
   std::optional<std::filesystem::path> prepared;
   const auto digest = text::sft_source_digest(recipe, tokenizer);
   if (run.prepared_dir)
-    if (const auto file = text::sft_tokens_path(*run.prepared_dir, digest); std::filesystem::is_regular_file(file))
-      prepared = file;
+    if (const auto path = text::sft_tokens_path(*run.prepared_dir, digest); std::filesystem::is_regular_file(path))
+      prepared = path;
   auto kept = prepared ? read_prepared(*prepared, digest, tokenizer) : tokenize_here(recipe, tokenizer);
-  const auto file = recipe.jsonl;
   if (kept.examples.empty())
     throw SpecError(errors::spec_data_jsonl, file.string(),
                     fmt::format("no example left to train on ({} read)", kept.seen));

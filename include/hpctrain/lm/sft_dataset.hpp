@@ -33,6 +33,11 @@ class SftDataset : public data::Dataset {
     return std::any_of(rows_.begin(), rows_.end(), [](const auto& row) { return row.size() > 1; });
   }
   const std::vector<std::vector<std::size_t>>& rows() const { return rows_; }
+  /// The examples, moved out: the dataset is spent (lm/sft.hpp joins several sources' into one).
+  std::vector<text::SftExample> release_examples() { return std::move(examples_); }
+  std::int64_t pad_id() const { return pad_id_; }
+  /// round_lengths's multiple and limit.
+  std::pair<std::int64_t, std::int64_t> length_rounding() const { return {multiple_, limit_}; }
   /// Pads each batch to a multiple of `multiple` tokens (tensor cores and fused kernels prefer lengths of 8 or
   /// 64: transformers' collators' pad_to_multiple_of), but not past `limit` tokens unless its longest row is
   /// longer. 1: the longest row's length.

@@ -31,6 +31,7 @@ struct RunContext {
   /// The strategy reads its own slices of each block (ZeRO-3 without LoRA): a model factory may return blocks
   /// built empty, with ListsBlocks::deferred_blocks (lm::from_pretrained does); the model hooks then see them empty.
   bool defer_blocks = false;
+  std::int64_t seed = 0;  ///< the run's seed (Training::seed): data that draws at random (a mix) draws with it
 
   /// The preparation's output directory; RuntimeError naming `what` needs it when the job has none.
   const std::filesystem::path& require_prepared_dir(std::string_view what) const {

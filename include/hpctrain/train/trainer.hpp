@@ -42,6 +42,7 @@
 #include <hpctrain/train/checkpoint/checkpoint.hpp>
 #include <hpctrain/train/checkpoint/checkpointing.hpp>
 #include <hpctrain/train/checkpoint/digest.hpp>
+#include <hpctrain/train/data/mix.hpp>
 #include <hpctrain/train/data/prefetch.hpp>
 #include <hpctrain/train/data/sampler.hpp>
 #include <hpctrain/train/evaluation.hpp>
@@ -148,6 +149,7 @@ class Trainer {
     resume_from_ = run.checkpoints_to_resume();
     run_.emplace(RunContext{training_.knobs(), group_->rank(), group_->world_size(), run_dir_, prepared_output_dir(),
                             training_.pretrained_dir(training_.knobs()), training_.lora(training_.knobs())});
+    run_->seed = training_.seed();
   }
 
   /// Seeded model on the device; the strategy makes the replicas equal (one broadcast) and the optimizer. A
@@ -346,6 +348,62 @@ class Trainer {
       step_ = state->step;
       last_checkpoint_step_ = step_;
       result_.resumed_from = step_;
+      if (lead()) check_data_positions(state->data_sources);
+    }
+  }
+
+  /// A mixed training set's sources and each one's position after `step` steps (train/data/mix.hpp).
+  std::vector<SourcePosition> data_positions(std::int64_t step) const {
+    const auto* mix = train_set_->mixture();
+    if (!mix) return {};
+    const std::int64_t per_step = micro_batch_ * training_.gradient_accumulation();
+    const auto epoch = step / steps_per_epoch_;
+    std::vector<std::int64_t> consumed;  // every rank's batches of this epoch so far
+    for (int rank = 0; rank < group_->world_size(); ++rank) {
+      const auto indices = sampler_->for_rank(rank).indices(epoch);
+      consumed.insert(consumed.end(), indices.begin(),
+                      indices.begin() + static_cast<std::ptrdiff_t>((step % steps_per_epoch_) * per_step));
+    }
+    const auto positions = mix->plan().positions(epoch, consumed);
+    std::vector<SourcePosition> out;
+    for (std::size_t i = 0; i < positions.size(); ++i) {
+      const auto& part = mix->plan().parts()[i];
+      out.push_back({part.name, part.rows, part.weight, positions[i]});
+    }
+    return out;
+  }
+
+  /// Rank 0 at a resume: the checkpoint's sources at the positions this data gives at its step, else a warning
+  /// (the mix changed: the run goes on, no longer the sequence the checkpointed run would have read).
+  void check_data_positions(const std::vector<SourcePosition>& saved) {
+    const auto now = data_positions(step_);
+    if (saved.empty() || saved == now) return;
+    const auto list = [](const std::vector<SourcePosition>& sources) {
+      std::string out;
+      for (const auto& s : sources)
+        out += fmt::format("{}{} ({} rows, weight {}, position {})", out.empty() ? "" : ", ", s.name, s.rows, s.weight,
+                           s.position);
+      return out.empty() ? std::string("one source") : out;
+    };
+    fmt::print(stderr,
+               "hpctrain: warning: the training data's mix differs from the checkpoint's: it read {}; the data now "
+               "gives {} at step {}. The run goes on with the new mix, not the sequence of examples the checkpointed "
+               "run would have read.\n",
+               list(saved), list(now), step_);
+  }
+
+  /// Rank 0 names a mix's sources: its rows and weight, its slots an epoch and the passes over it the run takes.
+  void announce_mix() {
+    const auto* mix = train_set_->mixture();
+    if (!mix || !lead()) return;
+    const auto at_end = data_positions(total_steps_);
+    for (std::size_t i = 0; i < at_end.size(); ++i) {
+      const auto& source = at_end[i];
+      say(
+          fmt::format("hpctrain: data mix: {}: {} rows, weight {:.4g}: {} of an epoch's {} examples; the run's {} "
+                      "steps read {:.2f} passes over it",
+                      source.name, source.rows, source.weight, mix->plan().per_epoch()[i], mix->plan().slots(),
+                      total_steps_, static_cast<double>(source.position) / static_cast<double>(source.rows)));
     }
   }
 
@@ -361,6 +419,7 @@ class Trainer {
         group_->world_size(), device_.str(), group_->backend_name(), torch::get_num_threads(),
         micro_batch_ * training_.gradient_accumulation(), steps_per_epoch_, total_steps_,
         to_string(training_.precision()), strategy_->name()));
+    announce_mix();
     meter_->restart_clock();
     model_.module->train();
   }
@@ -538,7 +597,8 @@ class Trainer {
   }
 
   CheckpointState checkpoint_state() const {
-    return {step_, step_ / steps_per_epoch_, step_ % steps_per_epoch_, training_.seed()};
+    return {step_, step_ / steps_per_epoch_, step_ % steps_per_epoch_, training_.seed(),
+            lead() ? data_positions(step_) : std::vector<SourcePosition>{}};
   }
 
   /// Buffers such as batch norm's running statistics are updated from each rank's own batches; evaluate and

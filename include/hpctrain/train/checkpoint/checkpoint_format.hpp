@@ -27,12 +27,24 @@
 
 namespace hpctrain {
 
+/// A source of a training set mixed by weight (train/data/mix.hpp) and how far the run has read it.
+struct SourcePosition {
+  std::string name;
+  std::int64_t rows = 0;  ///< the rows it holds
+  double weight = 0;      ///< its weight in the mix
+  /// Its draws so far: whole epochs' slots, then the slots of this epoch read (train/data/mix.hpp); past `rows`
+  /// once it repeats.
+  std::int64_t position = 0;
+  bool operator==(const SourcePosition&) const = default;
+};
+
 /// Where a run stands, saved in meta.json.
 struct CheckpointState {
-  std::int64_t step = 0;            ///< optimizer steps completed
-  std::int64_t epoch = 0;           ///< epoch of the next step
-  std::int64_t batch_in_epoch = 0;  ///< sampler position: batches of `epoch` already consumed
-  std::int64_t seed = 0;            ///< the run's seed (RNG streams derive from seed, rank and step)
+  std::int64_t step = 0;                     ///< optimizer steps completed
+  std::int64_t epoch = 0;                    ///< epoch of the next step
+  std::int64_t batch_in_epoch = 0;           ///< sampler position: batches of `epoch` already consumed
+  std::int64_t seed = 0;                     ///< the run's seed (RNG streams derive from seed, rank and step)
+  std::vector<SourcePosition> data_sources;  ///< a mixed training set's sources (none for one source)
 };
 
 /// One archive of a checkpoint, as meta.json lists it.
@@ -53,10 +65,14 @@ struct CheckpointMeta {
     nlohmann::json files_json = nlohmann::json::array();
     for (const auto& file : files)
       files_json.push_back({{"name", file.name}, {"size", file.size}, {"crc32c", file.crc}});
-    return {{"format", 1},          {"step", state.step},
-            {"epoch", state.epoch}, {"batch_in_epoch", state.batch_in_epoch},
-            {"seed", state.seed},   {"world_size", world_size},
-            {"strategy", strategy}, {"files", files_json}};
+    nlohmann::json out = {{"format", 1},          {"step", state.step},
+                          {"epoch", state.epoch}, {"batch_in_epoch", state.batch_in_epoch},
+                          {"seed", state.seed},   {"world_size", world_size},
+                          {"strategy", strategy}, {"files", files_json}};
+    for (const auto& source : state.data_sources)
+      out["data_sources"].push_back(
+          {{"name", source.name}, {"rows", source.rows}, {"weight", source.weight}, {"position", source.position}});
+    return out;
   }
 };
 
@@ -110,6 +126,19 @@ inline CheckpointMeta parse_checkpoint_meta(std::string_view text, const std::fi
   meta.state.batch_in_epoch = integer(j, "batch_in_epoch", 0, int64_max);
   meta.state.seed = integer(j, "seed", std::numeric_limits<std::int64_t>::min(), int64_max);
   meta.world_size = static_cast<int>(integer(j, "world_size", 1, checkpoint_max_world_size));
+  if (const auto sources = j.find("data_sources"); sources != j.end()) {  // only a mixed training set's
+    if (!sources->is_array()) throw fail(fmt::format("field 'data_sources' is {}, not an array", sources->type_name()));
+    for (const auto& source : *sources) {
+      if (!source.is_object())
+        throw fail(fmt::format("an entry of 'data_sources' is {}, not an object", source.type_name()));
+      const auto& name = field(source, "name");
+      const auto& weight = field(source, "weight");
+      if (!name.is_string()) throw fail(fmt::format("a data source's name is {}, not a string", name.dump()));
+      if (!weight.is_number()) throw fail(fmt::format("a data source's weight is {}, not a number", weight.dump()));
+      meta.state.data_sources.push_back({name.get<std::string>(), integer(source, "rows", 0, int64_max),
+                                         weight.get<double>(), integer(source, "position", 0, int64_max)});
+    }
+  }
   const auto& strategy = field(j, "strategy");
   if (!strategy.is_string() || strategy.get_ref<const std::string&>().empty())
     throw fail(fmt::format("field 'strategy' is {}, not a strategy's name", strategy.dump()));

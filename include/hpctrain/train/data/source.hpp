@@ -81,6 +81,8 @@ struct BatchFill {
   }
 };
 
+class MixedDataset;  // train/data/mix.hpp
+
 /// Random access to examples by index; `batch` must be a pure function of the indices (exact resume).
 class Dataset {
  public:
@@ -98,6 +100,8 @@ class Dataset {
   /// The tokens and slots `batch(indices)` would carry, without making it: a dataset of variable-length rows
   /// answers (the Trainer reports the padding of an epoch's batches); fixed-size examples have none to report.
   virtual std::optional<BatchFill> fill(const std::vector<std::int64_t>& /*indices*/) const { return std::nullopt; }
+  /// The mix of sources this dataset is, if it is one (the Trainer reports and checkpoints each source's position).
+  virtual const MixedDataset* mixture() const { return nullptr; }
 };
 
 /// A dataset held in tensors (first dimension = example): inputs, targets and named fields ("loss_mask", ...).
