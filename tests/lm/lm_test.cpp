@@ -32,6 +32,22 @@ namespace text = hpctrain::text;
 
 namespace {
 
+/// What the SFT source tests read: pretrained_oracle.py's tokenizer directories made below `dir` (llama3: a BPE of
+/// 400 ids), a chat template with generation markers, and the fortunes' Q/A conversations (at 96 tokens some are
+/// cut, some left without a trained token).
+struct SftInputs {
+  std::filesystem::path tokenizers, chat_template, conversations;
+};
+SftInputs sft_inputs(const std::filesystem::path& dir) {
+  const auto tokenizers = dir / "tokenizers";
+  std::filesystem::create_directories(tokenizers);
+  models_test::run_python("../text/pretrained_oracle.py", fmt::format("make '{}'", tokenizers.string()),
+                          dir / "make.log");
+  const auto source_dir = std::filesystem::path(std::getenv("HPCTRAIN_SOURCE_DIR"));
+  return {tokenizers, source_dir / "tests/data/chat_templates/chatml-generation.jinja",
+          source_dir / "examples/data/fortunes_qa.jsonl"};
+}
+
 hm::GPT2 small_gpt2() {
   hm::GPT2Config config;
   config.vocab_size = 97;
@@ -238,15 +254,7 @@ TEST_CASE(
     "both splits",
     "[lm][sft]") {
   const auto dir = models_test::scratch("sft-prepared-rows");
-  // pretrained_oracle.py's llama3 tokenizer (a BPE of 400 ids) and a template with generation markers.
-  const auto tokenizers = dir / "tokenizers";
-  std::filesystem::create_directories(tokenizers);
-  models_test::run_python("../text/pretrained_oracle.py", fmt::format("make '{}'", tokenizers.string()),
-                          dir / "make.log");
-  const auto source_dir = std::filesystem::path(std::getenv("HPCTRAIN_SOURCE_DIR"));
-  const auto chat_template = source_dir / "tests/data/chat_templates/chatml-generation.jinja";
-  // The fortunes' Q/A conversations: at 96 tokens some are cut, some left without a trained token.
-  const auto jsonl = source_dir / "examples/data/fortunes_qa.jsonl";
+  const auto [tokenizers, chat_template, jsonl] = sft_inputs(dir);
   hpctrain::Knobs knobs;
   knobs.declare<bool>("packing", false, "pack");
   const auto prepared_dir = dir / "prepare";
@@ -295,13 +303,7 @@ TEST_CASE(
     "their examples, and the held-out split keeps each source's examples once",
     "[lm][sft][mix]") {
   const auto dir = models_test::scratch("sft-mix");
-  const auto tokenizers = dir / "tokenizers";
-  std::filesystem::create_directories(tokenizers);
-  models_test::run_python("../text/pretrained_oracle.py", fmt::format("make '{}'", tokenizers.string()),
-                          dir / "make.log");
-  const auto source_dir = std::filesystem::path(std::getenv("HPCTRAIN_SOURCE_DIR"));
-  const auto chat_template = source_dir / "tests/data/chat_templates/chatml-generation.jinja";
-  const auto qa = source_dir / "examples/data/fortunes_qa.jsonl";
+  const auto [tokenizers, chat_template, qa] = sft_inputs(dir);
   const auto few = dir / "few.jsonl";  // the first 40 conversations
   {
     std::ifstream in(qa);

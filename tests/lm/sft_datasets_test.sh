@@ -104,15 +104,7 @@ PY
 whole_digest="$(value parameters_crc32c mix-whole.log)"
 [ -n "$whole_digest" ] || fail "no parameters digest from the mixed run"
 
-log=mix-preempted.log
-HPCTRAIN_RUN_DIR="$work/mix-resumed" "$sft" "${args[@]}" "${mix[@]}" --local 1 > mix-preempted.log 2>&1 &
-launcher=$!
-on_fail="kill $launcher 2>/dev/null"
-wait_for "grep -q '\"step\":7[,}]' mix-resumed/metrics.jsonl 2>/dev/null" 300 0.1 || fail "no step 7 in metrics.jsonl"
-kill -TERM "$launcher"
-wait "$launcher" || true
-on_fail=""
-stopped_at="$(sed -n 's/^preempted: checkpointed step \([0-9]*\) .*/\1/p' mix-preempted.log | head -1)"
+preempt_at_step 7 mix-resumed mix-preempted.log env HPCTRAIN_RUN_DIR="$work/mix-resumed" "$sft" "${args[@]}" "${mix[@]}" --local 1
 [ -n "$stopped_at" ] && [ "$stopped_at" -lt 30 ] || fail "the mixed run was not preempted before its end"
 log=mix-resumed.log
 HPCTRAIN_RUN_DIR="$work/mix-resumed" "$sft" "${args[@]}" "${mix[@]}" --local 1 > mix-resumed.log 2>&1 ||

@@ -34,6 +34,24 @@ wait_for() {
   done
 }
 
+# preempt_at_step STEP RUN_DIR LOG COMMAND...: COMMAND (a launcher: `env HPCTRAIN_RUN_DIR=DIR PROGRAM --local N ...`) in
+# the background, its output in LOG (what fail shows meanwhile); once RUN_DIR/metrics.jsonl logs step STEP, SIGTERM
+# (a preemption) to it, and waits for it. Sets $stopped_at to the step its preemption checkpointed (empty: it was not
+# preempted).
+preempt_at_step() {
+  local step=$1 run_dir=$2 log=$3 launcher
+  shift 3
+  "$@" > "$log" 2>&1 &
+  launcher=$!
+  on_fail="kill $launcher 2>/dev/null"
+  wait_for "grep -q '\"step\":$step[,}]' '$run_dir/metrics.jsonl' 2>/dev/null" 300 0.1 ||
+    fail "no step $step in $run_dir/metrics.jsonl"
+  kill -TERM "$launcher"
+  wait "$launcher" || true
+  on_fail=""
+  stopped_at="$(sed -n 's/^preempted: checkpointed step \([0-9]*\) .*/\1/p' "$log" | head -1)"
+}
+
 # transformers_test_setup NAME: the oracle Python ($python: HPCTRAIN_PYTHON, else the venv scripts/setup makes) with
 # transformers and tokenizers, and the fortunes corpus ($fortunes), or exit 77 (skipped); then a fresh work
 # directory ($work, NAME.XXXXXX under the build tree) to cd into.

@@ -45,15 +45,7 @@ done
 ls -d async/checkpoints/*.tmp 2>/dev/null && fail "an asynchronous save left a staging directory"
 
 echo "== 2. SIGTERM (a preemption) with asynchronous saves, then the resume"
-log=preempted.log
-HPCTRAIN_RUN_DIR="$work/preempted" "$binary" "${knobs[@]}" --checkpoint-async > preempted.log 2>&1 &
-launcher=$!
-on_fail="kill $launcher 2>/dev/null"
-wait_for "grep -q '\"step\":25[,}]' preempted/metrics.jsonl 2>/dev/null" 300 0.1 || fail "no step 25 in metrics.jsonl"
-kill -TERM "$launcher"
-wait "$launcher" || true
-on_fail=""
-stopped_at="$(sed -n 's/^preempted: checkpointed step \([0-9]*\) .*/\1/p' preempted.log | head -1)"
+preempt_at_step 25 preempted preempted.log env HPCTRAIN_RUN_DIR="$work/preempted" "$binary" "${knobs[@]}" --checkpoint-async
 [ -n "$stopped_at" ] || fail "the run was not preempted"
 [ "$stopped_at" -lt "$steps" ] || fail "preempted at the last step: nothing to resume"
 [ -d "preempted/checkpoints/step-$(printf %010d "$stopped_at")" ] || fail "the preemption's checkpoint of step $stopped_at is not committed"

@@ -25,14 +25,8 @@ set +e; "$binary" --dry-run --wandb team/project > bad.log 2>&1; status=$?; set 
 grep -q 'hpctrain.spec.knob.*--wandb = team/project: must be a W&B project name' bad.log || fail "no knob error for team/project"
 
 echo "== attempt 1: SIGTERM (a preemption) once step 20 is logged"
-HPCTRAIN_RUN_DIR="$work/run" "$binary" --local 1 "${knobs[@]}" > first.log 2>&1 &
-launcher=$!
-on_fail="kill $launcher 2>/dev/null"
-wait_for "grep -q '\"step\":20' run/metrics.jsonl 2>/dev/null" 120 0.2 || fail "no step 20 in metrics.jsonl"
-kill -TERM "$launcher"
-wait "$launcher" || true
-on_fail=""
-grep -q '^preempted: checkpointed step' first.log || fail "attempt 1 was not preempted"
+preempt_at_step 20 run first.log env HPCTRAIN_RUN_DIR="$work/run" "$binary" --local 1 "${knobs[@]}"
+[ -n "$stopped_at" ] || fail "attempt 1 was not preempted"
 grep -q '^step 80/80' first.log && fail "attempt 1 ran to the end before SIGTERM: nothing to resume"
 
 echo "== attempt 2: the same run directory resumes and finishes"
