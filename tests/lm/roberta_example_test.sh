@@ -3,7 +3,8 @@
 #  - roberta --local 2 (a small encoder, 60 steps) prepares the fortunes once with the RoBERTa tokenizer, trains
 #    two ranks on masked blocks, evaluates (val_loss, masked_accuracy) and exports a Hugging Face directory;
 #    val_loss ends below the loss of a uniform guess (ln of the vocabulary) by a clear margin;
-#  - a second run in the same place prepares nothing again;
+#  - a second run in the same place (other arguments: its preparation runs again) finds the tokens and prepares
+#    nothing again;
 #  - transformers loads the export, and pipeline("fill-mask") on it gives the ids and probabilities that
 #    build/examples/fill_mask prints (tests/lm/fill_mask_oracle.py);
 #  - fill_mask on a text without <mask> exits 2 naming --text.
@@ -37,7 +38,8 @@ for file in config.json model.safetensors tokenizer.json tokenizer_config.json s
 done
 
 HPCTRAIN_RUN_DIR="$work/again" "$roberta" --local 1 --max-steps 1 "${small[@]}" > again.log 2>&1 || fail "the second run exited $?"
-grep -q '^hpctrain: preparation already done' again.log || fail "the second run prepared the tokens again"
+grep -q '^hpctrain: .*/prepare/tokens already holds these tokens; not preparing again' again.log &&
+  ! grep -q '^hpctrain: prepared [0-9]* training' again.log || fail "the second run prepared the tokens again"
 
 "$python" "$here/fill_mask_oracle.py" "$export_dir" "$fill_mask" > oracle.log 2>&1 || fail "fill_mask differs from transformers: $(tail -3 oracle.log)"
 cat oracle.log

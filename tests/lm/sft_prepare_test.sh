@@ -7,8 +7,8 @@
 # and the three start from the same examples: response_loss_before (the held-out responses' loss before any
 # step) is the same number to the last printed digit on two ranks, --local and --submit, and within fp32's
 # summation order on the one rank of the plain run. A second `--local` run with another
-# --max-length (the local preparation is done once) finds no prepared file for its inputs and tokenizes in its
-# ranks: a prepared file is never taken for other inputs.
+# --max-length runs the preparation again (its arguments changed), which prepares a file of its own for those
+# inputs, and its ranks read that one: a prepared file is never taken for other inputs.
 # Usage: sft_prepare_test.sh <sft binary>
 set -euo pipefail
 source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
@@ -55,10 +55,14 @@ grep -q "^hpctrain: prepared conversations.jsonl: 182 examples, .* in $work/hpct
 submit_before="$(value response_loss_before "$log")"
 [ "$submit_before" = "$local_before" ] || fail "response_loss_before: $submit_before under --submit, $local_before under --local"
 
-# Another --max-length under --local: the local preparation is done already, and its file is for 256 tokens.
+# Another --max-length under --local: other arguments, so the preparation runs again; the 256-token file stays
+# for its own inputs and a 128-token file is prepared beside it, which the ranks read.
 HPCTRAIN_RUN_DIR="$work/other" "$sft" --from llama --data conversations.jsonl --max-steps 1 --max-length 128 --local 1 > other.log 2>&1 ||
   fail "sft --max-length 128 exited $?"
-grep -q '^hpctrain: preparation already done' other.log || fail "the second --local run prepared again"
-[ "$(grep -c '^hpctrain: conversations.jsonl: .* examples read (tokenized in each rank), [0-9]* truncated and 0 dropped at 128 tokens' other.log)" = 2 ] ||
-  fail "--max-length 128: the ranks did not tokenize for their own inputs"
+! grep -q '^hpctrain: preparation already done' other.log || fail "the --local run with other arguments skipped the preparation"
+file_256="$(sed -n 's/^hpctrain: prepared conversations.jsonl: .* tokens in \([^ ]*\) .*/\1/p' local.log)"
+file_128="$(sed -n 's/^hpctrain: prepared conversations.jsonl: .* tokens in \([^ ]*\) .*/\1/p' other.log)"
+[ -n "$file_128" ] && [ "$file_128" != "$file_256" ] || fail "--max-length 128: no file of its own prepared ($file_128)"
+[ "$(grep -cF "examples read (prepared by the job: $file_128), " other.log)" = 2 ] ||
+  fail "--max-length 128: the ranks did not read the file prepared for their inputs"
 echo "PASS: response_loss_before=$local_before from --local's prepared file, without a job, and under --submit (job $job)"
