@@ -1,10 +1,11 @@
-// A small GPT-2 pretrained from scratch on the fortunes corpus, data-parallel: `./gpt --local 2 --max-steps 30`
-// or `./gpt --submit` (2 nodes). The job's preparation tokenizes the corpus once (GPT-2's BPE, 5% held out); at
-// the end rank 0 prints val_loss=, a greedy sample, and exports the model + tokenizer to <run dir>/export.
+// A small GPT-2 pretrained from scratch on the fortunes corpus (or --data: text files, a Parquet dataset's
+// --text-column), data-parallel: `./gpt --local 2 --max-steps 30` or `./gpt --submit` (2 nodes). The job's
+// preparation tokenizes the corpus once (GPT-2's BPE, 5% held out); at the end rank 0 prints val_loss=, a greedy
+// sample, and exports the model + tokenizer to <run dir>/export.
 #include <hpctrain/hpctrain.hpp>
 #include <hpctrain/lm/scratch.hpp>            // lm::gpt2_from_scratch
 #include <hpctrain/lm/tokens.hpp>             // lm::prepared_tokens, prepared_vocab_size
-#include <hpctrain/text/default_data.hpp>     // text::prepare_tokens_step, default_corpus, gpt2_tokenizer
+#include <hpctrain/text/default_data.hpp>     // text::prepare_tokens_step, corpus_knobs, gpt2_tokenizer
 using namespace std::chrono_literals;
 namespace ht = hpctrain;
 
@@ -12,7 +13,7 @@ int main(int argc, char** argv) {
   const auto seq_len = ht::knob("seq_len", 128, "tokens per training window (the model's n_positions)", ht::positive());
   auto job = ht::Job("gpt").nodes(2).cpus_per_task(1).time(30min).partition("debug")
                  .requeue_on_timeout(1min)
-                 .prepare(ht::text::prepare_tokens_step(ht::text::default_corpus(), ht::text::gpt2_tokenizer(),
+                 .prepare(ht::text::prepare_tokens_step(ht::text::corpus_knobs(), ht::text::gpt2_tokenizer(),
                                                         ht::text::PrepareOptions().validation_fraction(0.05)));
   auto training = ht::lm::causal_lm_training()
       .model(ht::lm::gpt2_from_scratch()  // at the prepared tokenizer's vocabulary

@@ -1,14 +1,15 @@
 // fairseq's RoBERTa recipe in C++: RoBERTa pretrained from scratch with the masked-LM objective on the fortunes
-// corpus, DDP on 2 Slurm nodes: `./roberta --submit`, or `./roberta --local 2 --max-steps 30`. The job's preparation
-// tokenizes the corpus once (fairseq's preprocess step; 5% held out) with a RoBERTa tokenizer (default: the one
-// scripts/setup trains; HPCTRAIN_ROBERTA_TOKENIZER names another tokenizer.json), whose <s>, </s>, <pad> and <mask>
-// the model and the masking use. Blocks of --max-length tokens, masked anew each epoch (15%: 80% <mask>, 10% random,
-// 10% kept); fairseq's recipe scaled down: Adam (0.9, 0.98), eps 1e-6, weight decay 0.01, warmup then linear decay.
-// Rank 0 ends with val_loss= and an HF export for fill_mask.
+// corpus (or --data: text files, a Parquet dataset's --text-column), DDP on 2 Slurm nodes: `./roberta --submit`, or
+// `./roberta --local 2 --max-steps 30`. The job's preparation tokenizes the corpus once (fairseq's preprocess step;
+// 5% held out) with a RoBERTa tokenizer (default: the one scripts/setup trains; HPCTRAIN_ROBERTA_TOKENIZER names
+// another tokenizer.json), whose <s>, </s>, <pad> and <mask> the model and the masking use. Blocks of --max-length
+// tokens, masked anew each epoch (15%: 80% <mask>, 10% random, 10% kept); fairseq's recipe scaled down: Adam (0.9,
+// 0.98), eps 1e-6, weight decay 0.01, warmup then linear decay. Rank 0 ends with val_loss= and an HF export for
+// fill_mask.
 #include <hpctrain/hpctrain.hpp>
 #include <hpctrain/lm/masked_lm_data.hpp>  // lm::prepared_masked_blocks, MaskedLmTokens
 #include <hpctrain/lm/scratch.hpp>         // lm::roberta_from_scratch
-#include <hpctrain/text/default_data.hpp>  // text::prepare_tokens_step, default_corpus, roberta_tokenizer
+#include <hpctrain/text/default_data.hpp>  // text::prepare_tokens_step, corpus_knobs, roberta_tokenizer
 using namespace std::chrono_literals;
 namespace ht = hpctrain;
 
@@ -16,7 +17,7 @@ int main(int argc, char** argv) {
   const auto max_length = ht::knob("max_length", 128, "tokens per block, <s> and </s> included", ht::positive());
   auto job = ht::Job("roberta").nodes(2).cpus_per_task(1).time(30min).partition("debug")
                  .requeue_on_timeout(1min)
-                 .prepare(ht::text::prepare_tokens_step(ht::text::default_corpus(), ht::text::roberta_tokenizer(),
+                 .prepare(ht::text::prepare_tokens_step(ht::text::corpus_knobs(), ht::text::roberta_tokenizer(),
                                                         ht::text::PrepareOptions().validation_fraction(0.05)));
   auto training = ht::lm::masked_lm_training()
       .model(ht::lm::roberta_from_scratch()  // vocabulary and special tokens from the prepared tokenizer

@@ -28,15 +28,15 @@ HPCTRAIN_RUNTIME_INLINE int run(int argc, char** argv, const Job& job, const Tra
 #if HPCTRAIN_RUNTIME_DEFINITIONS
 namespace detail {
 /// `job` with the Training's data preparation (lm::sft_jsonl's tokenization) in its preparation step, after the
-/// job's own, read with the knobs the step is given (the workers' arguments, `--resume DIR` first when resuming).
-inline Job with_data_preparation(const Job& job, const Training& training, const Knobs& knobs) {
+/// job's own, read with the knob values the step is given (run_job gives them).
+inline Job with_data_preparation(const Job& job, const Training& training) {
   if (!training.prepares_data()) return job;
   Job prepared = job;
-  prepared.prepare([own = job.preparation(), &training, knobs](const PrepareContext& context) {
-    if (own) own(context);
-    RunPlacement resumed;  // the preparation reads the knobs only
-    training.prepare_data(knobs.with_arguments(take_resume(context.args, resumed)), context.output_dir);
-  });
+  prepared.prepare(PrepareStep{[own = job.preparation(), &training](const PrepareContext& context) {
+                                 if (own) own(context);
+                                 training.prepare_data(context.knobs, context.output_dir);
+                               },
+                               job.preparation_check()});
   return prepared;
 }
 }  // namespace detail
@@ -55,7 +55,7 @@ HPCTRAIN_RUNTIME_INLINE int run(int argc, char** argv, const Job& job, const Tra
       return training.memory_planner()(training, values, request, out);
     };
   return run_job(
-      argc, argv, detail::with_data_preparation(job, training, knobs), knobs,
+      argc, argv, detail::with_data_preparation(job, training), knobs,
       [&training](const Knobs& values, const RunPlacement& placement) {
         return run_worker(training, values, placement);
       },

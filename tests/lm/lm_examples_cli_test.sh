@@ -26,7 +26,8 @@ $(cat help.txt)"; done
 expect_help "$gpt" "--seq-len N" "tokens per training window (the model's n_positions) (default: 128; must be positive)" \
   "--n-layer N" "transformer blocks (default: 4; must be positive)" \
   "weight decay of the matrices (biases, norms: none) (default: 0.1; must not be negative)" \
-  "--max-steps N" "(default: 300; must be positive)" "--prompt TEXT"
+  "--max-steps N" "(default: 300; must be positive)" "--prompt TEXT" "--data TEXT" "--text-column TEXT" \
+  "the column of documents when --data is a dataset (default: text)"
 [ "$(grep -c -- '^  --seq-len ' help.txt)" = 1 ] || fail "gpt --help lists --seq-len $(grep -c -- '^  --seq-len ' help.txt) times"
 expect_help "$roberta" "--max-length N" "tokens per block, <s> and </s> included (default: 128; must be positive)" \
   "--hidden N" "--warmup-steps N" "(default: 0.01; must not be negative)"

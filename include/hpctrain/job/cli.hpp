@@ -45,6 +45,21 @@ inline int run_preparation_step(const Job& job, int argc, char** argv) {
   return run_preparation(job.preparation(),
                          prepare_context_from_environment(std::vector<std::string>(argv + 2, argv + argc)));
 }
+
+/// `job` with its preparation given the knob values of the arguments it is run with (the workers' arguments,
+/// `--resume DIR` first when resuming), wherever it runs: the script's step or `--local`.
+inline Job with_prepare_knobs(const Job& job, const Knobs& knobs) {
+  if (!job.preparation()) return job;
+  Job given = job;
+  given.prepare(PrepareStep{[own = job.preparation(), knobs](const PrepareContext& context) {
+                              PrepareContext with_values = context;
+                              RunPlacement resumed;  // the preparation reads the knobs only
+                              with_values.knobs = knobs.with_arguments(take_resume(context.args, resumed));
+                              own(with_values);
+                            },
+                            job.preparation_check()});
+  return given;
+}
 }  // namespace detail
 
 /// The whole program for a job: worker mode under the marker, else the login-node command line. Arguments
@@ -69,8 +84,9 @@ inline int run_job(int argc, char** argv, const Job& job, const Worker& worker) 
 /// `login_check`, when given, sees the knob values of a --dry-run, --submit, --local or --run and the ranks it
 /// starts (login_world) before anything is written or queued (Training::check_at_login: a data file visible here is
 /// validated, the batch checked against it); a SpecError from it exits 2.
-inline int run_job(int argc, char** argv, const Job& job, const Knobs& knobs, const KnobWorker& worker,
+inline int run_job(int argc, char** argv, const Job& described, const Knobs& knobs, const KnobWorker& worker,
                    const KnobLoginCheck& login_check = {}, const Planner& planner = {}) {
+  const Job job = detail::with_prepare_knobs(described, knobs);
   if (is_prepare_invocation(argc, argv)) return detail::run_preparation_step(job, argc, argv);
   if (is_worker_invocation(argc, argv))
     return with_exit_codes([&] {
@@ -82,9 +98,12 @@ inline int run_job(int argc, char** argv, const Job& job, const Knobs& knobs, co
     const auto command = parse_login_command(argc, argv, knobs);
     const auto context = current_render_context(argc, argv, command.forwarded);
     using Mode = LoginCommand::Mode;
-    if (login_check && (command.mode == Mode::dry_run || command.mode == Mode::submit || command.mode == Mode::local ||
-                        command.mode == Mode::run))
-      login_check(knobs.with_arguments(command.forwarded), login_world(job, command));
+    if (command.mode == Mode::dry_run || command.mode == Mode::submit || command.mode == Mode::local ||
+        command.mode == Mode::run) {
+      const auto values = knobs.with_arguments(command.forwarded);
+      if (job.preparation_check()) job.preparation_check()(values);
+      if (login_check) login_check(values, login_world(job, command));
+    }
     if (command.mode == Mode::run && run_place() == RunPlace::step_task)
       return worker(knobs.with_arguments(command.forwarded), detail::step_task_placement(job, command, context));
     return run_login_command(job, command, context, std::cout, std::cerr, &knobs, planner);

@@ -348,6 +348,13 @@ class Job {
   Job& prepare(PrepareFunction function) {
     detail::require(static_cast<bool>(function), "prepare", "<empty function>", "needs a callable");
     prepare_ = std::move(function);
+    prepare_check_ = {};
+    return *this;
+  }
+  /// The same, with the checks the login node runs on this command's knob values before anything is queued.
+  Job& prepare(PrepareStep step) {
+    prepare(std::move(step.run));
+    prepare_check_ = std::move(step.check_at_login);
     return *this;
   }
 
@@ -425,6 +432,8 @@ class Job {
   const std::optional<Sweep>& sweep() const { return sweep_; }
   /// The preparation callable; empty without one.
   const PrepareFunction& preparation() const { return prepare_; }
+  /// The preparation's login-node checks; empty without any.
+  const PrepareLoginCheck& preparation_check() const { return prepare_check_; }
   /// The later stages (then), in order; empty for a single job.
   const std::vector<Job>& stages() const { return stages_; }
   /// This job alone, its stages left out.
@@ -480,6 +489,7 @@ class Job {
   std::vector<Mount> mounts_;
   bool mount_program_ = true;
   PrepareFunction prepare_;
+  PrepareLoginCheck prepare_check_;
   std::optional<ArraySpec> array_, sweep_array_;
   std::optional<Sweep> sweep_;
   std::string requeue_signal_ = "USR2";

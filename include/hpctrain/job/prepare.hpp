@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/job/knobs.hpp>
 #include <hpctrain/names.hpp>
 
 namespace hpctrain {
@@ -37,10 +38,21 @@ struct PrepareContext {
   std::filesystem::path run_dir;     ///< `HPCTRAIN_RUN_DIR`: the run's directory, shared by the workers
   std::filesystem::path output_dir;  ///< `<run_dir>/prepare`, created before the call: put results here
   std::vector<std::string> args;     ///< the arguments forwarded to the workers (training knobs)
+  Knobs knobs;  ///< the knob table with this run's values, in a program with one (hpctrain::run); else empty
 };
 
 /// Runs once per job before the training step; throws to fail the job (its message goes to the log).
 using PrepareFunction = std::function<void(const PrepareContext&)>;
+/// A preparation's checks on the login node, with this command's knob values: a SpecError refuses the command
+/// (exit 2) before anything is written or queued.
+using PrepareLoginCheck = std::function<void(const Knobs&)>;
+
+/// A preparation step whose inputs may come from knobs (`--data`): what runs in the job, and what the login node
+/// checks first.
+struct PrepareStep {
+  PrepareFunction run;
+  PrepareLoginCheck check_at_login;
+};
 
 /// True when argv carries the preparation marker as its first argument.
 inline bool is_prepare_invocation(int argc, char** argv) { return argc >= 2 && argv[1] == prepare_flag; }

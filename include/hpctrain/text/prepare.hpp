@@ -152,6 +152,20 @@ struct EncodedChunk {
   std::uint64_t train_documents = 0, validation_documents = 0;
 };
 
+/// The document in `row`'s `column` (just read from `rows`); nullptr for a null value.
+/// RuntimeError `[hpctrain.runtime.text.prepare]` naming the row when the column is missing or holds no text.
+inline const std::string* row_document(const nlohmann::ordered_json& row, const RowSource& rows,
+                                       const std::string& column) {
+  const auto value = row.find(column);
+  if (value == row.end())
+    throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: no column '{}'", rows.where(), column));
+  if (value->is_null()) return nullptr;
+  if (!value->is_string())
+    throw RuntimeError(errors::runtime_text_prepare,
+                       fmt::format("{}: column '{}' is {}, not text", rows.where(), column, value->type_name()));
+  return &value->get_ref<const std::string&>();
+}
+
 /// Reads input files line by line (or a dataset's text column row by row) and hands out chunks of whole documents.
 class DocumentReader {
  public:
@@ -219,16 +233,10 @@ class DocumentReader {
       rows_.reset();
       return;
     }
-    const auto value = row_.find(text_column_);
-    if (value == row_.end())
-      throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: no column '{}'", rows_->where(), text_column_));
-    if (value->is_null()) return;
-    if (!value->is_string())
-      throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: column '{}' is {}, not text", rows_->where(),
-                                                                   text_column_, value->type_name()));
-    const auto& text = value->get_ref<const std::string&>();
-    chunk.text += text;
-    bytes_ += text.size();
+    const auto* text = row_document(row_, *rows_, text_column_);
+    if (text == nullptr) return;
+    chunk.text += *text;
+    bytes_ += text->size();
     finish_document(chunk);
   }
 

@@ -61,16 +61,18 @@ inline std::vector<std::filesystem::path> corpus_files(const std::filesystem::pa
 }
 
 /// A Job::prepare function that tokenizes `inputs` with the tokenizer in `tokenizer_file` (tokenizer.json or
-/// *.tiktoken). Missing files are a SpecError at once (`[hpctrain.spec.prepare.tokenizer]`,
-/// `[hpctrain.spec.prepare.inputs]`): `--submit` refuses the job before anything is queued.
+/// *.tiktoken): text files, or datasets with PrepareOptions::text_column. Missing files are a SpecError at once
+/// (`[hpctrain.spec.prepare.tokenizer]`, `[hpctrain.spec.prepare.inputs]`): `--submit` refuses the job before
+/// anything is queued.
 inline PrepareFunction prepare_tokens_step(std::vector<std::filesystem::path> inputs,
                                            std::filesystem::path tokenizer_file, PrepareOptions options = {}) {
   hpctrain::detail::require(std::filesystem::is_regular_file(tokenizer_file), "prepare.tokenizer",
                             tokenizer_file.string(), "no such file");
   hpctrain::detail::require(!inputs.empty(), "prepare.inputs", "[]", "needs at least one text file");
   for (auto& input : inputs) {
-    hpctrain::detail::require(std::filesystem::is_regular_file(input), "prepare.inputs", input.string(),
-                              "no such file");
+    hpctrain::detail::require(
+        options.text_column_.empty() ? std::filesystem::is_regular_file(input) : std::filesystem::exists(input),
+        "prepare.inputs", input.string(), "no such file");
     input = std::filesystem::absolute(input);
   }
   tokenizer_file = std::filesystem::absolute(tokenizer_file);
