@@ -152,6 +152,11 @@ struct EncodedChunk {
   std::uint64_t train_documents = 0, validation_documents = 0;
 };
 
+/// Whether `input` is there to be read: a text file, or with a text column a dataset (a file or a directory).
+inline bool input_present(const std::filesystem::path& input, const PrepareOptions& options) {
+  return options.text_column_.empty() ? std::filesystem::is_regular_file(input) : std::filesystem::exists(input);
+}
+
 /// The document in `row`'s `column` (just read from `rows`); nullptr for a null value.
 /// RuntimeError `[hpctrain.runtime.text.prepare]` naming the row when the column is missing or holds no text.
 inline const std::string* row_document(const nlohmann::ordered_json& row, const RowSource& rows,
@@ -462,7 +467,7 @@ inline PrepareResult prepare_tokens(std::span<const std::filesystem::path> input
                                     const std::filesystem::path& out, const PrepareOptions& options = {}) {
   const auto start = std::chrono::steady_clock::now();
   for (const auto& input : inputs)
-    if (options.text_column_.empty() ? !std::filesystem::is_regular_file(input) : !std::filesystem::exists(input))
+    if (!detail::input_present(input, options))
       throw RuntimeError(errors::runtime_text_prepare, fmt::format("{}: not a readable file", input.string()));
   std::error_code error;
   std::filesystem::create_directories(out, error);

@@ -70,9 +70,7 @@ inline PrepareFunction prepare_tokens_step(std::vector<std::filesystem::path> in
                             tokenizer_file.string(), "no such file");
   hpctrain::detail::require(!inputs.empty(), "prepare.inputs", "[]", "needs at least one text file");
   for (auto& input : inputs) {
-    hpctrain::detail::require(
-        options.text_column_.empty() ? std::filesystem::is_regular_file(input) : std::filesystem::exists(input),
-        "prepare.inputs", input.string(), "no such file");
+    hpctrain::detail::require(detail::input_present(input, options), "prepare.inputs", input.string(), "no such file");
     input = std::filesystem::absolute(input);
   }
   tokenizer_file = std::filesystem::absolute(tokenizer_file);
