@@ -71,8 +71,10 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("Sums, any_rank, barrier and bucketed broadcasts agree across ranks, non-contiguous tensors included",
-          "[dist]") {
+TEST_CASE(
+    "Sums, any_rank, a lagged vote, barrier and bucketed broadcasts agree across ranks, non-contiguous tensors "
+    "included",
+    "[dist]") {
   Ranks ranks(2, {"collectives"});
   require_both_succeed(ranks);
   for (int rank = 0; rank < 2; ++rank) REQUIRE(value_of(ranks.output(rank), "collectives") == std::string("ok"));

@@ -479,10 +479,11 @@ TEST_CASE("The checkpoint's bytes a rank, a node and in all, and the grace reque
   CHECK(plan.per_rank == plan.total);
   // The grace: the steps until every rank has seen the signal and the busiest node's write.
   const lm::GraceNeed short_grace{60, 10 * 4.5, 52.9, true};
-  CHECK_THAT(lm::grace_warning(short_grace, 10),
-             Catch::Matchers::StartsWith("hpctrain: warning: requeue_on_timeout's grace of 60 s is shorter than 10 "
-                                         "step(s) until the ranks see the signal (45 s, preemption_check_every) plus "
-                                         "writing the checkpoint (53 s)"));
+  CHECK_THAT(
+      lm::grace_warning(short_grace, 10),
+      Catch::Matchers::StartsWith("hpctrain: warning: requeue_on_timeout's grace of 60 s is shorter than 10 "
+                                  "step(s) until every rank stops after the signal (45 s, preemption_check_every) plus "
+                                  "writing the checkpoint (53 s)"));
   CHECK_THAT(lm::grace_warning(short_grace, 10), Catch::Matchers::Contains("give it at least 118 s"));
   CHECK(lm::grace_warning({120, 10 * 4.5, 52.9, true}, 10).empty());
   CHECK_THAT(lm::grace_warning({30, 0, 52.9, false}, 10),

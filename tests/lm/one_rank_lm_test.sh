@@ -119,7 +119,7 @@ grep -q "^hpctrain: warning: 8 GPUs per node but 1 task(s) per node: .* 7 GPU(s)
   log=idle.log fail "--plan with 8 GPUs a node and 1 task did not warn of 7 idle GPUs"
 # --dry-run of Llama 3.1 70B's shape (a config.json alone: the plan reads no weights) on 8 nodes of 8 H100 under zero3, with
 # the example's requeue_on_timeout(1min): the checkpoint's 847 GB (13.2 GB a rank, 106 GB a node) and a warning that the
-# grace cannot hold the steps until the ranks see the signal and the write.
+# grace cannot hold the steps until every rank stops after the signal and the write.
 mkdir -p llama70b
 python3 - sharded/config.json llama70b/config.json <<'PY'
 import json, sys
@@ -135,7 +135,7 @@ done
   --sharding zero3 --max-length 4096 --batch-size 64 --gpu-memory 80GB > dry-70b.log 2>&1 || log=dry-70b.log fail "--dry-run of 70B: exit $?"
 grep -q "^checkpoint: 13.2 GB a rank, 105.8 GB a node, 846.6 GB in all" dry-70b.log ||
   log=dry-70b.log fail "--dry-run of 70B on 64 GPUs did not print the checkpoint's size"
-grep -q "^hpctrain: warning: requeue_on_timeout's grace of 60 s is shorter than 10 step(s)" dry-70b.log ||
+grep -q "^hpctrain: warning: requeue_on_timeout's grace of 60 s is shorter than 2 step(s) until every rank stops" dry-70b.log ||
   log=dry-70b.log fail "--dry-run of 70B with a grace of 60 s did not warn that the save cannot fit in it"
 # A site whose file says short_grace = refuse: --submit of the same job exits 2, nothing written or queued; --plan
 # exits 2; a value other than warn or refuse is refused naming the file and line.

@@ -72,8 +72,8 @@ SmallNet final_model(const fs::path& run_dir) {
 }  // namespace
 
 TEST_CASE(
-    "A run signalled at step 11 stops at the next preemption check (step 20), and resumed ends bit-identical to an "
-    "uninterrupted run",
+    "A run signalled at step 11 stops at step 12, where the ranks read the vote of step 11, and resumed ends "
+    "bit-identical to an uninterrupted run",
     "[loop]") {
   TRAIN_TEST_REQUIRE_FASHION();
   const hpctrain::slurm::World world;  // rank 0 of 1
@@ -87,15 +87,16 @@ TEST_CASE(
   auto preempted_training = small_training(stopped_dir).on_step([](std::int64_t step) {
     if (step == 11) std::raise(SIGUSR2);  // what `scancel --signal=USR2` delivers
   });
-  REQUIRE(preempted_training.preemption_check_every() == 10);  // the default cadence
+  REQUIRE(preempted_training.preemption_check_every() == 1);  // the default: a vote every step, read one step later
+  REQUIRE(preempted_training.steps_until_stop() == 2);
   const auto first = hpctrain::train(preempted_training, world);
   CHECK(first.exit_code == hpctrain::exit_requeue);
-  CHECK(first.steps_completed == 20);
-  CHECK(hpctrain::CheckpointStore(stopped_dir / "checkpoints").list().back().filename() == "step-0000000020");
+  CHECK(first.steps_completed == 12);
+  CHECK(hpctrain::CheckpointStore(stopped_dir / "checkpoints").list().back().filename() == "step-0000000012");
 
   const auto second = hpctrain::train(small_training(stopped_dir), world);
   CHECK(second.exit_code == hpctrain::exit_ok);
-  CHECK(second.resumed_from == std::optional<std::int64_t>(20));
+  CHECK(second.resumed_from == std::optional<std::int64_t>(12));
   CHECK(second.steps_completed == 24);
   CHECK(second.eval_loss == straight.eval_loss);
   CHECK(second.eval_accuracy == straight.eval_accuracy);

@@ -1,9 +1,9 @@
 #pragma once
 // `--plan`'s checkpoint: the bytes a run's checkpoint puts on disk per rank, per node and in all, from the model's
 // config.json (lm/memory_plan.hpp's PlanInput), the seconds its busiest node takes to write them at the site's write
-// bandwidth, and whether requeue_on_timeout's grace leaves time for the steps until the ranks see the signal and for
-// that write. What a checkpoint holds (train/strategies/): Replicated, rank 0 alone, every parameter in fp32 and
-// AdamW's two moments of what trains; ZeRO-1/2/3, each rank its shard of what trains, every element once (the fp32
+// bandwidth, and whether requeue_on_timeout's grace leaves time for the steps until every rank stops after the signal
+// and for that write. What a checkpoint holds (train/strategies/): Replicated, rank 0 alone, every parameter in fp32
+// and AdamW's two moments of what trains; ZeRO-1/2/3, each rank its shard of what trains, every element once (the fp32
 // master and two moments: 12 bytes a trained parameter); HSDP, the ranks of the first shard group the shards (the
 // other replicas an index), so the nodes of that group write it all. Torch-free.
 #include <algorithm>
@@ -67,7 +67,7 @@ inline std::string format_checkpoint_plan(const PlanInput& in, const CheckpointP
 }
 
 /// What the time between Slurm's signal and its SIGKILL must hold: the steps until every rank has seen the signal
-/// (the ranks agree every `check_every` steps) and the checkpoint's write.
+/// (Training::steps_until_stop) and the checkpoint's write.
 struct GraceNeed {
   double grace = 0, steps = 0, write = 0;
   bool step_known = false;
@@ -75,14 +75,13 @@ struct GraceNeed {
 };
 
 /// The plan's warning when `need.grace` is shorter than what it must hold; empty when it is long enough.
-inline std::string grace_warning(const GraceNeed& need, std::int64_t check_every) {
+inline std::string grace_warning(const GraceNeed& need, std::int64_t steps_until_stop) {
   if (need.grace >= need.needed()) return {};
-  const auto steps = need.step_known
-                         ? fmt::format(
-                               "{} step(s) until the ranks see the signal ({:.0f} s, preemption_check_every) "
-                               "plus ",
-                               check_every, need.steps)
-                         : std::string();
+  const auto steps = need.step_known ? fmt::format(
+                                           "{} step(s) until every rank stops after the signal ({:.0f} s, "
+                                           "preemption_check_every) plus ",
+                                           steps_until_stop, need.steps)
+                                     : std::string();
   return fmt::format(
       "hpctrain: warning: requeue_on_timeout's grace of {:.0f} s is shorter than {}writing the checkpoint ({:.0f} s): "
       "Slurm's SIGKILL would land mid-save and the run would resume from the checkpoint before; give it at least "

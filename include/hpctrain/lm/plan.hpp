@@ -52,14 +52,14 @@ inline std::optional<std::pair<GpuSpeed, FabricSpeed>> step_speeds(const PlanReq
 }
 
 /// The plan's checkpoint lines: the checkpoint's size and write time, and the grace warning when
-/// requeue_on_timeout's is too short for the steps until the ranks see the signal (`step_seconds` each, when
+/// requeue_on_timeout's is too short for the steps until every rank stops after the signal (`step_seconds` each, when
 /// planned) and the write (grace_too_short says so: the site may refuse such a job).
 struct CheckpointLines {
   std::string text;
   bool grace_too_short = false;
 };
 inline CheckpointLines checkpoint_lines(const PlanInput& in, const PlanRequest& request,
-                                        std::optional<double> step_seconds, std::int64_t check_every) {
+                                        std::optional<double> step_seconds, std::int64_t steps_until_stop) {
   const auto gbps = request.checkpoint_write_gbps.value_or(default_checkpoint_write_gbps);
   const auto checkpoint = plan_checkpoint(in, gbps);
   CheckpointLines lines{format_checkpoint_plan(in, checkpoint,
@@ -68,9 +68,9 @@ inline CheckpointLines checkpoint_lines(const PlanInput& in, const PlanRequest& 
                                                    : "the default; the site file's checkpoint_write_gbps states the "
                                                      "site's")};
   if (request.requeue_grace_s) {
-    GraceNeed need{*request.requeue_grace_s, step_seconds.value_or(0.0) * static_cast<double>(check_every),
+    GraceNeed need{*request.requeue_grace_s, step_seconds.value_or(0.0) * static_cast<double>(steps_until_stop),
                    checkpoint.seconds, step_seconds.has_value()};
-    const auto warning = grace_warning(need, check_every);
+    const auto warning = grace_warning(need, steps_until_stop);
     lines.text += warning;
     lines.grace_too_short = !warning.empty();
   }
@@ -144,7 +144,7 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
   } else if (request.gpus_per_node > 0) {
     out << "step time: the GPU type names none hpctrain knows the speed of (h100, h200, a100, l40, a10)\n";
   }
-  const auto checkpoint = detail::checkpoint_lines(in, request, step_seconds, training.preemption_check_every());
+  const auto checkpoint = detail::checkpoint_lines(in, request, step_seconds, training.steps_until_stop());
   out << checkpoint.text;
   const bool refuse_grace = request.refuse_short_grace && checkpoint.grace_too_short;
   if (!in.gpu_bytes) {

@@ -6,9 +6,9 @@
 // - A preempting partition (`PreemptType=preempt/partition_prio`) sends SIGTERM, then SIGKILL after the
 //   partition's GraceTime. So SIGTERM counts too.
 // The handler only sets a flag — nothing else is async-signal-safe; the loop reads the flag at the next step
-// boundary, the ranks agree (any_rank), checkpoint together and exit with exit_requeue. Once they agreed,
-// the loop sets SIGTERM to SIG_IGN (srun --kill-on-bad-exit SIGTERMs the ranks still writing): that
-// replaces this handler and keeps working.
+// boundary, the ranks agree (a vote read a step later: dist::LaggedSum), checkpoint together and exit with
+// exit_requeue. Once they agreed, the loop sets SIGTERM to SIG_IGN (srun --kill-on-bad-exit SIGTERMs the ranks
+// still writing): that replaces this handler and keeps working.
 //
 // SIGTERM also comes from srun tearing a step down after one rank failed (--kill-on-bad-exit), and then the
 // ranks cannot agree: a peer is gone. A collective with a dead peer fails at once on Gloo (the exception ends

@@ -29,6 +29,7 @@
 #include <torch/torch.h>
 
 #include <hpctrain/dist/collectives.hpp>
+#include <hpctrain/dist/lagged_sum.hpp>
 #include <hpctrain/dist/process_group.hpp>
 #include <hpctrain/dist/traffic.hpp>
 #include <hpctrain/error.hpp>
@@ -443,9 +444,7 @@ class Trainer {
       train_step(batches.next());
       after_step();
       note_training_progress();
-      if (preemption_agreed()) return false;
-      if (async_save_.in_flight() && step_ % training_.preemption_check_every() == 0)
-        async_save_.poll(*group_);  // commit when written
+      if (agreed_to_stop()) return false;
     }
     return true;
   }
@@ -554,10 +553,19 @@ class Trainer {
     }
   }
 
-  /// Every preemption_check_every steps the ranks agree whether any got the signal: all stop at the same step.
-  bool preemption_agreed() {
+  /// Every preemption_check_every steps (default: every step) the ranks vote without waiting (dist::LaggedSum)
+  /// whether any got the signal and whether each has written its part of the asynchronous save in flight, and act
+  /// on the vote before, whose sums are the same on every rank: all stop at the same step, at most
+  /// Training::steps_until_stop() steps after the signal, and a save is committed (its own all-reduce of sizes and
+  /// CRCs) once every writer is done, never asked about while one is still writing.
+  bool agreed_to_stop() {
     if (step_ % training_.preemption_check_every() != 0) return false;
-    return dist::any_rank(*group_, preemption_requested());
+    const auto sums =
+        vote_.exchange(*group_, {preemption_requested() ? 1.0 : 0.0, async_save_.finished_here() ? 0.0 : 1.0});
+    if (!sums) return false;
+    const double stop_votes = (*sums)[0], ranks_writing = (*sums)[1];
+    if (ranks_writing == 0 && async_save_.in_flight()) async_save_.poll(*group_);
+    return stop_votes > 0;
   }
 
   // ---- phases at step boundaries -------------------------------------------------------------------
@@ -608,6 +616,7 @@ class Trainer {
   }
 
   TrainResult preempt() {
+    vote_.settle(*group_);
     // From here every rank exits 75. srun --kill-on-bad-exit=1 SIGTERMs the others as soon as the first
     // one has exited, and a rank killed on its way out (rank 0 waits in ~ProcessGroup for the others to
     // check out) turns the step's status into 143 and the batch script would not requeue. So the rest
@@ -626,6 +635,7 @@ class Trainer {
   }
 
   TrainResult finish() {
+    vote_.settle(*group_);
     report_peak_memory("steps done");
     report_traffic();
     if (step_graph_)
@@ -708,6 +718,9 @@ class Trainer {
   std::string train_description_;
   std::optional<CheckpointStore> store_;         ///< where this run saves
   std::optional<CheckpointStore> resume_store_;  ///< where it resumes from: its own, or --resume's run
+  /// At step boundaries: the ranks with the preemption signal, the ranks not done with a save in flight (all when none
+  /// is).
+  dist::LaggedSum vote_{2};
   /// The save in flight under checkpoint_async (after store_: joined first); every rank prints its own warnings.
   detail::AsyncCheckpoint async_save_{[](const std::string& warning) { fmt::print(stderr, "{}\n", warning); }};
   std::vector<std::unique_ptr<Logger>> loggers_;

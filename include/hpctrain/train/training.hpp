@@ -414,8 +414,10 @@ class Training {
     checkpoint_async_ = on;
     return *this;
   }
-  /// Ask the ranks whether a preemption signal arrived every `n` steps (one small all-reduce; all ranks
-  /// stop at the same step). Default: 10.
+  /// Ask the ranks whether a preemption signal arrived every `n` steps: one all-reduce of two numbers that runs
+  /// during the next steps and is read `n` steps later (no wait on the step's path); all ranks stop at the same step,
+  /// at most steps_until_stop() after the signal. It also tells when an asynchronous save's writers are all done.
+  /// Default: 1.
   Training& preemption_check_every(std::int64_t n) {
     preemption_check_every_ = n;
     return *this;
@@ -658,6 +660,9 @@ class Training {
   int keep_checkpoints() const { return keep_checkpoints_; }
   bool checkpoint_async() const { return checkpoint_async_; }
   std::int64_t preemption_check_every() const { return preemption_check_every_; }
+  /// The most steps a rank trains after the signal before every rank stops: the next vote carries it and is read
+  /// at the vote after (dist::LaggedSum), at most two cadences.
+  std::int64_t steps_until_stop() const { return 2 * preemption_check_every_; }
   const std::vector<metrics::Metric>& metrics() const { return metrics_; }
   bool reports(const metrics::Metric& metric) const {
     return std::find(metrics_.begin(), metrics_.end(), metric) != metrics_.end();
@@ -821,7 +826,7 @@ class Training {
   Precision precision_ = Precision::fp32;
   ReduceDtype reduce_dtype_ = ReduceDtype::fp32;
   std::int64_t seed_ = 0;
-  std::int64_t eval_every_ = 0, log_every_ = 50, checkpoint_every_ = 0, preemption_check_every_ = 10;
+  std::int64_t eval_every_ = 0, log_every_ = 50, checkpoint_every_ = 0, preemption_check_every_ = 1;
   std::int64_t max_eval_examples_ = 0;
   int keep_checkpoints_ = 3;
   bool checkpoint_async_ = false;

@@ -24,6 +24,7 @@
 #include <fmt/ranges.h>
 
 #include <hpctrain/dist/dist.hpp>
+#include <hpctrain/dist/lagged_sum.hpp>
 #include <hpctrain/dist/shard_collectives.hpp>
 #include <hpctrain/slurm/world.hpp>
 
@@ -238,6 +239,22 @@ int check_collectives(dist::ProcessGroup& group) {
   expect(dist::all_reduce_sum(group, group.rank() + 1.0) == world * (world + 1) / 2.0, "sum of rank + 1");
   expect(dist::any_rank(group, group.rank() == world - 1), "any_rank true on the last rank only");
   expect(!dist::any_rank(group, false), "any_rank false everywhere");
+  // The lagged vote: each call returns the sums of the call before, the same on every rank, with blocking
+  // collectives issued between the calls (as a step's are) and the last rank voting alone at call 2.
+  dist::LaggedSum vote(2);
+  expect(!vote.exchange(group, {1.0, static_cast<double>(group.rank())}), "the first call returns no sums");
+  for (int call = 1; call <= 3; ++call) {
+    expect(dist::all_reduce_sum(group, 1.0) == world, "a collective between two votes");
+    const auto sums = vote.exchange(group, {call == 2 && group.rank() == world - 1 ? 1.0 : 0.0, 2.0 * call});
+    const double stop_votes = call == 1   ? world
+                              : call == 3 ? 1
+                                          : 0,
+                 second = call == 1 ? world * (world - 1) / 2.0 : 2.0 * (call - 1) * world;
+    expect(sums && sums->size() == 2 && (*sums)[0] == stop_votes && (*sums)[1] == second,
+           fmt::format("the vote read at call {}: {} (expected {}, {})", call, sums ? fmt::format("{}", *sums) : "none",
+                       stop_votes, second));
+  }
+  vote.settle(group);
   // A non-contiguous tensor (a transposed view) is reduced through a copy and written back in place.
   auto matrix = torch::arange(6, torch::kFloat32).view({2, 3}) * (group.rank() + 1);
   auto transposed = matrix.t();

@@ -4,9 +4,9 @@
 // GPU, the device-to-host copy), after which the steps may change the tensors — and a background thread seals
 // it (CRC-32C, header) and writes it (temporary name, fsync, rename) into the staging directory while training
 // goes on. The commit stays collective and on the training thread, where every collective is issued in the same
-// order on every rank: at a step boundary (the Trainer asks at its preemption-check cadence) one all-reduce tells
-// every rank whether every writer is done and with which size and CRC; rank 0 then writes meta.json and renames
-// the directory, exactly as a synchronous save. Until then the checkpoint is only a `.tmp` directory, which
+// order on every rank: at a step boundary (once the Trainer's vote, dist::LaggedSum, says every writer is done) one
+// all-reduce tells every rank whether every writer is done and with which size and CRC; rank 0 then writes meta.json
+// and renames the directory, exactly as a synchronous save. Until then the checkpoint is only a `.tmp` directory, which
 // `latest()` never accepts: a crash mid-save resumes from the previous one.
 //
 // One save at a time: the next start, the end of training and the preemption path wait for the one in flight,
@@ -77,6 +77,9 @@ class AsyncCheckpoint {
 
   /// Whether a save is in flight (the same on every rank).
   bool in_flight() const { return pending_.has_value(); }
+  /// Whether this rank has finished its part of the save in flight (written, failed, or none to write); this rank's
+  /// own answer, which the ranks sum at a step boundary before poll().
+  bool finished_here() const { return pending_.has_value() && done_; }
 
   /// At a step boundary: commits the save in flight if every rank's writer is done; never waits for a writer.
   void poll(dist::ProcessGroup& group) {
