@@ -90,6 +90,11 @@ inline constexpr const char* measure_finish_hooks = "HPCTRAIN_MEASURE_FINISH_HOO
 inline constexpr const char* site_config = "HPCTRAIN_SITE_CONFIG";
 /// How a GPU request is written, `gpus-per-node` or `gres` (job/site.hpp), over the site file's.
 inline constexpr const char* gpu_syntax = "HPCTRAIN_GPU_SYNTAX";
+/// Under pyxis and Apptainer, whose images' own values of a variable win or are replaced, a path variable's entries
+/// (Job::prepend_env, append_env) travel in `HPCTRAIN_PREPEND_<NAME>` / `HPCTRAIN_APPEND_<NAME>` and are added
+/// to the image's value inside the container (job/render.hpp, path_entries_inside).
+inline constexpr std::string_view prepend_prefix = "HPCTRAIN_PREPEND_";
+inline constexpr std::string_view append_prefix = "HPCTRAIN_APPEND_";
 }  // namespace env
 
 /// Whether a variable set to the empty string counts as set (`kept`: pass_env and secret_env, which export what

@@ -177,6 +177,47 @@ TEST_CASE(
       CHECK(values.at(name) == job_test::hex(value));
     }
   }
+  // pyxis and Apptainer: the image's own value of a variable it sets wins (pyxis: a name --container-env does not
+  // list; Apptainer: %environment), so the entries travel in carriers and a /bin/sh before the binary adds them to
+  // the image's value. The stubs do what the runtimes do with the environment; the image sets PROBE_SET and
+  // PROBE_APPENDED.
+  const std::map<std::string, std::string> expected_in_image = {{"PROBE_UNSET", entry},
+                                                                {"PROBE_SET", entry + ":/image/PROBE_SET"},
+                                                                {"PROBE_APPENDED", "/image/PROBE_APPENDED:" + entry},
+                                                                {"PROBE_EMPTY", entry}};
+  const std::string image_env = "for name in PROBE_SET PROBE_APPENDED; do ";
+  const std::map<std::string, std::pair<ht::Job, std::string>> runtimes = {
+      {"pyxis",
+       {ht::Job(job).container(ht::Pyxis("ubuntu:24.04")),
+        "srun() { local keep=,; while [[ $1 == --* ]]; do [[ $1 != --container-env=* ]] || keep=\",${1#*=},\"; shift; "
+        "done; " +
+            image_env + "[[ $keep == *\",$name,\"* ]] || export \"$name=/image/$name\"; done; \"$@\"; }; "}},
+      {"apptainer",
+       {ht::Job(job).container(ht::Apptainer("image.sif")),
+        "srun() { while [[ $1 == --* ]]; do shift; done; \"$@\"; }; apptainer() { shift; while [[ $1 == --* ]]; do "
+        "[[ $1 == --nv ]] && shift || shift 2; done; shift; " +
+            image_env +
+            "export \"$name=/image/$name\"; done; for name in $(compgen -e); do [[ $name != APPTAINERENV_* ]] || "
+            "export \"${name#APPTAINERENV_}=${!name}\"; done; \"$@\"; }; "}}};
+  for (const auto& [runtime, job_and_stubs] : runtimes) {
+    SECTION("the sbatch script under " + runtime + ": the entries added to the image's value inside the container") {
+      auto context = job_test::fixed_context();
+      context.program = job_test::probe();
+      const auto script_path = dir / "job.sbatch";
+      const auto script = ht::render_sbatch(job_and_stubs.first, context);
+      job_test::write_file(script_path, script);
+      const auto result =
+          ht::run_process({"bash", "-c", job_and_stubs.second + "source \"$1\"", "bash", script_path.string()},
+                          node_env, dir.string(), {"PROBE_UNSET"});
+      CAPTURE(script, result.err);
+      REQUIRE(result.exit_code == 0);
+      const auto values = reported(result.out);
+      for (const auto& [name, value] : expected_in_image) {
+        CAPTURE(name, value);
+        CHECK(values.at(name) == job_test::hex(value));
+      }
+    }
+  }
   SECTION("--local: the entries added to this process's environment, as the script adds them") {
     for (const auto& [name, value] : node_env) ::setenv(name.c_str(), value.c_str(), 1);
     ::unsetenv("PROBE_UNSET");

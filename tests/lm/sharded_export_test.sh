@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # sft --from a bf16 Llama made by transformers (2 layers of width 256, in shards with an index), under --sharding
-# zero3 --local 2, exports the trained model unit by unit (every rank gathers one block or edge at a time, rank 0
-# writes it) in shards of at most 1 MB:
+# zero3 --local 2, exports the trained model unit by unit (every rank gathers one block or edge at a time; the ranks
+# write alternate shards in parallel, rank 0 the index and config) in shards of at most 1 MB:
 #  - with --export-dtype left to auto, the export keeps the checkpoint's bf16 (config.json says so); with fp32 the
 #    same run (same seed and world: the same trained weights) exports fp32; each export's index names exactly
 #    its shards' tensors and their total size, every bf16 tensor is the fp32 one rounded to bf16, and
@@ -38,6 +38,10 @@ run bf16 sharded
 run fp32 sharded --export-dtype fp32
 [ -f bf16/export/model.safetensors.index.json ] && [ ! -e bf16/export/model.safetensors ] || fail "the bf16 export is not sharded"
 [ -f bf16/export/tokenizer.json ] || fail "the export has no tokenizer.json"
+# Written in parallel: rank 1 wrote the even-numbered shards (model-00002-of-..., its share of every other one).
+shards="$(ls bf16/export | grep -c '^model-.*\.safetensors$')"
+rank1="$(sed -n "s/^rank 1 wrote \([0-9]*\) of the export's files (model-00002-of-.*/\1/p" bf16.log)"
+[ "$rank1" = "$((shards / 2))" ] || log=bf16.log fail "rank 1 wrote '${rank1:-none}' of the $shards shards, not every other one"
 ls -a bf16 | grep -q '^\.export\.' && fail "a staging directory is left beside the export: $(ls -a bf16)"
 check="$(oracle export-check fp32/export bf16/export 2> export-check.err)" || log=export-check.err fail "the exports do not check: $check"
 

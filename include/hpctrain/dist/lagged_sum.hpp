@@ -31,8 +31,9 @@ class LaggedSum {
   LaggedSum(const LaggedSum&) = delete;
   LaggedSum& operator=(const LaggedSum&) = delete;
 
-  /// Collective: starts summing `values` (size() of them) over `group`'s ranks and returns the sums started by the
-  /// previous call (std::nullopt at the first). At world size 1 the sums are the values, and still one call late.
+  /// Collective: starts summing `values` (as many as the constructor said) over `group`'s ranks and returns the sums
+  /// started by the previous call (std::nullopt at the first). At world size 1 the sums are the values, and still one
+  /// call late.
   std::optional<std::vector<double>> exchange(ProcessGroup& group, const std::vector<double>& values) {
     std::optional<std::vector<double>> previous;
     if (in_flight_) previous = read(group);
@@ -44,8 +45,6 @@ class LaggedSum {
   void settle(ProcessGroup& group) {
     if (in_flight_) read(group);
   }
-
-  std::size_t size() const { return size_; }
 
  private:
   void start(ProcessGroup& group, const std::vector<double>& values) {

@@ -179,15 +179,33 @@ inline std::vector<SiteVariable> site_environment(const Job& job, const SiteSett
   return variables;
 }
 
+/// True where a path variable's entries (prepend_env, append_env) are added inside the container rather than on the
+/// host: pyxis sets the image's value of a variable over the host's unless `--container-env` names it, and then the
+/// host's replaces the image's; Apptainer's `%environment` does the same. Either way the image's own entries (a CUDA
+/// image's LD_LIBRARY_PATH) or the job's would be lost, so the step adds the job's to what the image has
+/// (path_entries_wrapper). Charliecloud passes the host's environment unchanged, as a job without a container runs.
+inline bool path_entries_inside(const Job& job) {
+  return std::holds_alternative<Pyxis>(job.container()) || std::holds_alternative<Apptainer>(job.container());
+}
+
+inline bool is_path_entry(const EnvVar& var) { return var.kind == EnvKind::prepend || var.kind == EnvKind::append; }
+
+/// The variable that carries a path entry into the container (names.hpp: prepend_prefix, append_prefix).
+inline std::string path_entry_carrier(const EnvVar& var) {
+  return std::string(var.kind == EnvKind::prepend ? env::prepend_prefix : env::append_prefix) + var.name;
+}
+
 /// The variables the script exports for the workers: the site's (site_environment), the job's own (env,
-/// pass_env, secret_env), the run directory and, with requeue_on_timeout, the requeue marker.
+/// pass_env, secret_env; a path entry's carrier where it is added inside the container), the run directory and,
+/// with requeue_on_timeout, the requeue marker.
 inline std::vector<std::string> exported_names(const Job& job, const RenderContext& context) {
   std::vector<std::string> names;
   const auto add = [&](const std::string& name) {
     if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
   };
   for (const auto& variable : site_environment(job, context.site)) add(variable.name);
-  for (const auto& var : job.environment()) add(var.name);
+  for (const auto& var : job.environment())
+    add(is_path_entry(var) && path_entries_inside(job) ? path_entry_carrier(var) : var.name);
   add(env::run_dir);
   add(env::requeue_marker);  // every job: a preempted one comes back too (preemption_restarts)
   if (job.requeue_signal() != "USR2") add(env::preempt_signal);
@@ -256,6 +274,28 @@ inline std::vector<std::string> container_words(const Job& job, const RenderCont
   return words;
 }
 
+/// Where path entries are added inside the container: `/bin/sh -c '<the additions>; exec "$@"' hpctrain ` before
+/// the binary, each addition reading its entries from the carrier variable (never a user string in the script),
+/// in the order the job declared them; else nothing.
+inline std::string path_entries_wrapper(const Job& job) {
+  if (!path_entries_inside(job)) return "";
+  std::string script;
+  std::vector<std::string> names;
+  for (const auto& var : job.environment()) {
+    if (!is_path_entry(var)) continue;
+    const auto carrier = path_entry_carrier(var);
+    const auto addition = var.kind == EnvKind::prepend
+                              ? fmt::format("{0}=\"${1}${{{0}:+:${0}}}\"; ", var.name, carrier)
+                              : fmt::format("{0}=\"${{{0}:+${0}:}}${1}\"; ", var.name, carrier);
+    // Each carrier holds all of its kind's entries for the variable: one addition per variable and kind.
+    if (script.find(addition) == std::string::npos) script += addition;
+    if (std::find(names.begin(), names.end(), var.name) == names.end()) names.push_back(var.name);
+  }
+  if (names.empty()) return "";
+  return fmt::format("/bin/sh -c {} hpctrain ",
+                     shell_quote(fmt::format("{}export {}; exec \"$@\"", script, join(names, " "))));
+}
+
 /// `srun <options> [user srun options] [container] <binary> <marker> <forwarded args>`, one word group per line.
 inline std::string srun_step(const Job& job, const RenderContext& context, std::vector<std::string> srun,
                              std::string_view marker) {
@@ -264,7 +304,7 @@ inline std::string srun_step(const Job& job, const RenderContext& context, std::
   std::vector<std::string> container_line;
   for (const auto& word : container_words(job, context)) container_line.push_back(shell_quote(word));
   if (!container_line.empty()) srun.push_back(join(container_line, " "));
-  std::string command = shell_quote(context.program) + " " + std::string(marker);
+  std::string command = path_entries_wrapper(job) + shell_quote(context.program) + " " + std::string(marker);
   for (const auto& a : context.worker_args) command += " " + shell_quote(a);
   if (job.sweep()) command += " \"${sweep_args[@]}\"";  // this task's combination (sweep_block)
   srun.push_back(command);
@@ -365,12 +405,18 @@ inline std::string script_setup(const Job& job, const RenderContext& context) {
         s += fmt::format("export {}={}  # from the submitting shell\n", var.name, shell_quote(*value));
         break;
       }
-      case EnvKind::prepend:  // ${NAME:+...}: nothing where NAME is unset or empty, and no error under set -u
-        s += fmt::format("export {0}={1}\"${{{0}:+:${0}}}\"\n", var.name, shell_quote(var.value));
+      // ${NAME:+...}: nothing where NAME is unset or empty, and no error under set -u. Where the entries are added
+      // inside the container, the same line builds their carrier instead (path_entries_wrapper).
+      case EnvKind::prepend: {
+        const auto name = path_entries_inside(job) ? path_entry_carrier(var) : var.name;
+        s += fmt::format("export {0}={1}\"${{{0}:+:${0}}}\"\n", name, shell_quote(var.value));
         break;
-      case EnvKind::append:
-        s += fmt::format("export {0}=\"${{{0}:+${0}:}}\"{1}\n", var.name, shell_quote(var.value));
+      }
+      case EnvKind::append: {
+        const auto name = path_entries_inside(job) ? path_entry_carrier(var) : var.name;
+        s += fmt::format("export {0}=\"${{{0}:+${0}:}}\"{1}\n", name, shell_quote(var.value));
         break;
+      }
       case EnvKind::secret:
         if (!secret_comment) s += "# Secrets travel in sbatch's environment, never in this file.\n";
         secret_comment = true;

@@ -7,14 +7,16 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>  // std::hash: the staging directory's token
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include <fcntl.h>   // O_DIRECTORY: the export directory's rename made durable
-#include <unistd.h>  // getpid: the staging directory's name
+#include <unistd.h>  // getpid: the name of the export an export replaces, while it is removed
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -61,27 +63,30 @@ inline models::ExportFormat export_format(const Knobs& knobs, std::optional<torc
 }
 
 /// A directory written whole under a temporary name beside `target`, then renamed into place, replacing the one
-/// there: a crash leaves the previous export or none, never a half-written one that loads. Dropped uncommitted
-/// (an exception), the temporary directory is removed.
+/// there: a crash leaves the previous export or none, never a half-written one that loads. Its owner makes the
+/// temporary directory and commits it; the ranks that write into it too name it with the same `token` (the run's:
+/// every rank's is the same, and two runs exporting to one place do not meet). Dropped uncommitted (an exception),
+/// the owner removes it.
 class StagedDirectory {
  public:
-  explicit StagedDirectory(std::filesystem::path target)
-      : target_(std::filesystem::absolute(std::move(target)).lexically_normal()) {
+  StagedDirectory(std::filesystem::path target, std::string_view token, bool owner)
+      : target_(std::filesystem::absolute(std::move(target)).lexically_normal()), owner_(owner) {
     if (!target_.has_filename()) target_ = target_.parent_path();  // "dir/" names dir
-    staging_ = sibling(".tmp");
-    hpctrain::detail::remove_tree(staging_);  // a crashed export's leftovers, of this pid
+    staging_ = sibling(fmt::format(".tmp.{}", token));
+    if (!owner_) return;
+    hpctrain::detail::remove_tree(staging_);  // a crashed export's leftovers, of this run
     std::filesystem::create_directories(staging_);
   }
   StagedDirectory(const StagedDirectory&) = delete;
   StagedDirectory& operator=(const StagedDirectory&) = delete;
   ~StagedDirectory() {
-    if (!committed_) hpctrain::detail::remove_tree(staging_);
+    if (owner_ && !committed_) hpctrain::detail::remove_tree(staging_);
   }
   const std::filesystem::path& path() const { return staging_; }
 
   /// Renames the written directory to the target (the previous one, if any, moved aside first and removed).
   void commit() {
-    const auto previous = sibling(".old");
+    const auto previous = sibling(fmt::format(".old.{}", ::getpid()));
     const bool replaces = std::filesystem::exists(target_);
     if (replaces) std::filesystem::rename(target_, previous);
     std::filesystem::rename(staging_, target_);
@@ -92,21 +97,26 @@ class StagedDirectory {
 
  private:
   std::filesystem::path sibling(std::string_view suffix) const {
-    return target_.parent_path() / fmt::format(".{}{}.{}", target_.filename().string(), suffix, ::getpid());
+    return target_.parent_path() / fmt::format(".{}{}", target_.filename().string(), suffix);
   }
   std::filesystem::path target_, staging_;
+  bool owner_;
   bool committed_ = false;
 };
 
-/// Writes the run's model into `out` as hf_export does (rank 0; every rank takes part in the gathers); the files
-/// written. A causal LM is visited unit by unit (never whole on any rank) and written in the export's format. With
+/// Writes the run's model into `out` as hf_export does; the files written. Every rank takes part in the gathers and
+/// sees every unit whole in turn, so each writes its share of the weights' shards (safetensors::ShardShare: shard i
+/// by rank i % world size) in parallel; rank 0 the index, config.json and the adapter. A causal LM is visited unit
+/// by unit (never whole on any rank) and written in the export's format. With
 /// LoRA, the merged model in `merged/` (what merge_and_unload gives), each unit merged as it passes
 /// (models::merged_unit), then the adapter as PEFT writes it (adapter_config.json, adapter_model.safetensors;
 /// PeftModel.from_pretrained loads it over the base) from the adapters collected on the way (r · (in + out) a layer).
 /// Any other model with a Hugging Face layout (a masked LM: RoBERTa, BERT) is visited unit by unit too, by default
 /// in its own dtype (--export-dtype auto).
 inline std::vector<std::string> export_model(const FinishContext& at_end, const std::filesystem::path& out) {
-  const bool writes = at_end.run.rank == 0;
+  const bool lead = at_end.run.rank == 0;
+  const models::safetensors::ShardShare share{static_cast<std::size_t>(at_end.run.rank),
+                                              static_cast<std::size_t>(at_end.run.world_size)};
   models::hf_layout(at_end.module, out);  // every rank refuses a model without one, before any gather
   auto* causal = dynamic_cast<models::CausalLM*>(&at_end.module);
   // auto: the checkpoint's dtype, else bf16 for a causal LM and the parameters' own dtype for an encoder (small).
@@ -116,32 +126,26 @@ inline std::vector<std::string> export_model(const FinishContext& at_end, const 
   const auto order = at_end.unit_shapes();
   if (causal != nullptr && at_end.run.lora) {
     auto& model = *causal;
-    if (!writes) {
-      at_end.visit_units([](const models::NamedUnit&) {});
-      return {};
-    }
     const auto scalings = models::lora_scalings(model);
-    models::NamedUnit adapters;
+    models::NamedUnit adapters;  // rank 0's, for the adapter it writes
     const auto merging = [&](const models::UnitVisitor& write) {
       at_end.visit_units([&](const models::NamedUnit& unit) {
         for (const auto& [name, tensor] : unit)
-          if (models::is_lora_parameter(name)) adapters.emplace_back(name, tensor.to(torch::kFloat32, false, true));
+          if (lead && models::is_lora_parameter(name))
+            adapters.emplace_back(name, tensor.to(torch::kFloat32, false, true));
         write(models::merged_unit(unit, scalings));
       });
     };
-    models::save_pretrained_by_units(model, order, merging, out / "merged", format);
+    auto merged = models::save_pretrained_by_units(model, order, merging, out / "merged", format, share);
+    if (!lead) return merged;
     const auto base =
         at_end.run.pretrained_dir ? std::filesystem::absolute(*at_end.run.pretrained_dir).string() : std::string();
     models::save_peft_adapter(adapters, out, *at_end.run.lora, base, models::hf_names(model),
                               models::stores_transposed_projections(model));
     return {"adapter_config.json", "adapter_model.safetensors", "merged/"};
   }
-  if (!writes) {
-    at_end.visit_units([](const models::NamedUnit&) {});
-    return {};
-  }
   return models::save_pretrained_by_units(
-      at_end.module, order, [&](const models::UnitVisitor& visit) { at_end.visit_units(visit); }, out, format);
+      at_end.module, order, [&](const models::UnitVisitor& visit) { at_end.visit_units(visit); }, out, format, share);
 }
 }  // namespace detail
 
@@ -149,17 +153,27 @@ inline std::vector<std::string> export_model(const FinishContext& at_end, const 
 HPCTRAIN_RUNTIME_INLINE FinishHook hf_export(std::optional<std::filesystem::path> directory) {
   return FinishHook::unit_by_unit([directory](const FinishContext& at_end) {
     const auto out = directory.value_or(at_end.run.run_dir / "export");
-    std::optional<detail::StagedDirectory> staged;
-    if (at_end.run.rank == 0) staged.emplace(out);
-    auto names = detail::export_model(at_end, staged ? staged->path() : out);
-    if (!staged) return;
+    const bool lead = at_end.run.rank == 0;
+    // Every rank writes its shards into rank 0's staging directory: made before anyone writes, committed after
+    // everyone has (the waits run under the checkpoint timeout: a slow file system is the writers' business).
+    detail::StagedDirectory staged(out, fmt::format("{:x}", std::hash<std::string>{}(at_end.run.run_dir.string())),
+                                   lead);
+    at_end.wait_for_writers();
+    auto names = detail::export_model(at_end, staged.path());
+    at_end.wait_for_writers();
+    if (!lead) {
+      if (!names.empty())
+        fmt::print("rank {} wrote {} of the export's files ({})\n", at_end.run.rank, names.size(),
+                   fmt::join(names, ", "));
+      return;
+    }
     if (const auto source = tokenizer_directory(at_end.run))
       for (const auto& file : tokenizer_files_in(*source)) {
-        detail::copy_file_atomically(file, staged->path() / file.filename());
-        if (at_end.run.lora) detail::copy_file_atomically(file, staged->path() / "merged" / file.filename());
+        detail::copy_file_atomically(file, staged.path() / file.filename());
+        if (at_end.run.lora) detail::copy_file_atomically(file, staged.path() / "merged" / file.filename());
         names.push_back(file.filename().string());
       }
-    staged->commit();
+    staged.commit();
     fmt::print("exported the model to {} ({})\n", out.string(), fmt::join(names, ", "));
   });
 }

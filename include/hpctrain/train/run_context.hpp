@@ -70,6 +70,9 @@ class FinishModel {
   /// Whether a forward of the module is collective (ZeRO-3, HSDP: each block gathered while it runs): every rank
   /// then runs the same forwards, in the same order.
   virtual bool forward_is_collective() const = 0;
+  /// Collective: waits until every rank is here, as long as the checkpoint timeout allows (the ranks of a hook that
+  /// write files of one directory: lm::hf_export).
+  virtual void wait_for_writers() = 0;
 };
 
 /// What a hook at the end of a finished run sees: the model, the run and its result. Hooks run on every rank;
@@ -95,6 +98,10 @@ struct FinishContext {
   /// Whether a forward of `module` is collective (FinishModel::forward_is_collective): a hook that computes
   /// with it unit by unit (lm::sample_at_end) then runs it on every rank alike.
   bool forward_is_collective() const { return model != nullptr && model->forward_is_collective(); }
+  /// Collective: every rank here, under the checkpoint timeout (FinishModel::wait_for_writers).
+  void wait_for_writers() const {
+    if (model != nullptr) model->wait_for_writers();
+  }
   /// Collective: `module`, whole.
   torch::nn::Module& whole_model() const {
     if (model != nullptr) model->gather_whole();

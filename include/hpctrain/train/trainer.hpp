@@ -68,8 +68,8 @@ namespace detail {
 /// The model as the hooks at the end see it through the run's strategy (FinishContext::model).
 class StrategyModel : public FinishModel {
  public:
-  StrategyModel(DataParallelStrategy& strategy, torch::nn::Module& module, bool lead)
-      : strategy_(strategy), module_(module), lead_(lead) {}
+  StrategyModel(DataParallelStrategy& strategy, torch::nn::Module& module, dist::ProcessGroup& group)
+      : strategy_(strategy), module_(module), group_(group), lead_(group.rank() == 0) {}
   std::vector<models::ParameterShape> unit_shapes() override { return strategy_.unit_shapes(module_); }
   void visit_units(const models::UnitVisitor& visit) override { strategy_.visit_units(module_, visit); }
   void gather_whole() override {
@@ -81,10 +81,15 @@ class StrategyModel : public FinishModel {
     whole_ = true;
   }
   bool forward_is_collective() const override { return !whole_ && strategy_.forward_is_collective(); }
+  void wait_for_writers() override {
+    dist::CheckpointWaits waits(group_);
+    dist::barrier(group_);
+  }
 
  private:
   DataParallelStrategy& strategy_;
   torch::nn::Module& module_;
+  dist::ProcessGroup& group_;
   bool lead_;
   bool whole_ = false;
 };
@@ -673,7 +678,7 @@ class Trainer {
     model_.module->eval();
     // In the run's precision, as evaluation computes: a block that trains in bf16 under ZeRO-3 is gathered in bf16.
     AutocastScope autocast(training_.precision(), device_);
-    detail::StrategyModel model(*strategy_, *model_.module, lead());
+    detail::StrategyModel model(*strategy_, *model_.module, *group_);
     const FinishContext context{*model_.module, *run_, result_, &model};
     for (const auto& hook : training_.finish_hooks()) {
       if (hook.needs_whole_model()) model.gather_whole();

@@ -33,12 +33,15 @@ inline std::optional<torch::Dtype> stated_dtype(const torch::nn::Module& model) 
 /// Writes `model` into `directory` as a Hugging Face directory (config.json last, and the weights in `format`): the
 /// shards are planned from `order` (every parameter's name and whole shape, in the order the units give them), then
 /// `visit_units` is called once with a visitor that appends each parameter of each unit to its shard. The adapters
-/// of a LoRA model are not written (save_peft_adapter writes them). Returns the files written.
+/// of a LoRA model are not written (save_peft_adapter writes them). With a share (the ranks of a sharded run, each
+/// seeing every unit), this writer writes only its shards (safetensors::ShardShare), and writer 0 the index and
+/// config.json. Returns the files written: the whole export's on writer 0, the shards it wrote on another.
 inline std::vector<std::string> save_pretrained_by_units(torch::nn::Module& model,
                                                          const std::vector<ParameterShape>& order,
                                                          const std::function<void(const UnitVisitor&)>& visit_units,
                                                          const std::filesystem::path& directory,
-                                                         const ExportFormat& format) {
+                                                         const ExportFormat& format,
+                                                         safetensors::ShardShare share = {}) {
   const auto& layout = hf_layout(model, directory);
   const auto naming = layout.hf_naming();
   auto config = layout.hf_config();
@@ -51,7 +54,7 @@ inline std::vector<std::string> save_pretrained_by_units(torch::nn::Module& mode
     specs.push_back({hf, safetensors::from_torch(format.dtype, hf), shape});
   }
   const auto plan = safetensors::plan_shards(specs, format.max_shard_bytes);
-  safetensors::ShardWriter writer(directory, plan);
+  safetensors::ShardWriter writer(directory, plan, share);
   visit_units([&](const NamedUnit& unit) {
     torch::NoGradGuard no_grad;
     for (const auto& [name, tensor] : unit) {
@@ -61,10 +64,11 @@ inline std::vector<std::string> save_pretrained_by_units(torch::nn::Module& mode
     }
   });
   writer.finish();
+  if (share.writer != 0) return writer.written_files();
   detail::state_dtype(config, config_dtype_name(format.dtype));
   hpctrain::detail::write_file_atomically(directory / "config.json", config.dump(2) + "\n",
                                           errors::runtime_safetensors);
-  std::vector<std::string> files{"config.json"};
+  std::vector<std::string> files{"config.json"};  // writer 0 names the whole export: the index names every shard
   for (const auto& shard : plan.shards) files.push_back(shard.file);
   if (plan.shards.size() > 1) files.emplace_back(safetensors::index_file_name);
   return files;

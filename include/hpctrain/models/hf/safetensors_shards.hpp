@@ -64,41 +64,53 @@ inline ShardPlan plan_shards(const std::vector<TensorSpec>& tensors, std::uint64
   return plan;
 }
 
+/// Which shards of a plan this writer writes: shard i when i % writers == writer (the ranks of a run that all see
+/// every tensor, each writing its share of the files in parallel); writer 0 writes the index. Default: all of them.
+struct ShardShare {
+  std::size_t writer = 0;
+  std::size_t writers = 1;
+  bool writes(std::size_t shard) const { return shard % writers == writer; }
+};
+
 /// Writes a planned checkpoint into `directory`, one tensor at a time in the plan's order: append() writes the
 /// tensor (converted to its planned dtype) into the current shard, finish() the index. Each shard is written under
 /// a temporary name, fsynced and renamed when its last tensor is in; the index last, so a reader never sees an
-/// index of missing shards. A tensor out of order, or of another shape, is a RuntimeError naming both.
+/// index of missing shards. A tensor out of order, or of another shape, is a RuntimeError naming both. With a
+/// share, the tensors of the shards another writer writes are checked and passed over (not converted, not written).
 class ShardWriter {
  public:
-  ShardWriter(std::filesystem::path directory, ShardPlan plan)
-      : directory_(std::move(directory)), plan_(std::move(plan)) {
+  ShardWriter(std::filesystem::path directory, ShardPlan plan, ShardShare share = {})
+      : directory_(std::move(directory)), plan_(std::move(plan)), share_(share) {
     std::filesystem::create_directories(directory_);
   }
 
   /// Appends the next tensor of the plan, named `name`.
   void append(const std::string& name, const torch::Tensor& tensor) {
     if (shard_ >= plan_.shards.size()) throw mismatch(name, "the plan has no more tensors");
-    if (!file_) open_shard();
+    const bool writes = share_.writes(shard_);
+    if (writes && !file_) open_shard();
     const auto& spec = plan_.shards[shard_].tensors[next_];
     if (spec.name != name) throw mismatch(name, fmt::format("the plan's next tensor is {}", spec.name));
     if (tensor.sizes().vec() != spec.shape)
       throw mismatch(name, fmt::format("shape {} but the plan says {}", fmt::join(tensor.sizes(), "x"),
                                        fmt::join(spec.shape, "x")));
-    const auto host = tensor.detach().to(torch::kCPU, to_torch(spec.dtype)).contiguous();
-    file_->write(host.data_ptr(), host.nbytes());
-    written_bytes_ += host.nbytes();
+    if (writes) {
+      const auto host = tensor.detach().to(torch::kCPU, to_torch(spec.dtype)).contiguous();
+      file_->write(host.data_ptr(), host.nbytes());
+      written_bytes_ += host.nbytes();
+    }
     if (++next_ == plan_.shards[shard_].tensors.size()) close_shard();
   }
 
   /// After the last tensor: writes the index (sharded checkpoints). RuntimeError when tensors are missing.
   void finish() {
     if (shard_ == 0 && plan_.shards.front().tensors.empty()) {  // a model without weights: a file without tensors
-      open_shard();
+      if (share_.writes(0)) open_shard();
       close_shard();
     }
     if (shard_ < plan_.shards.size())
       throw mismatch(plan_.shards[shard_].tensors[next_].name, "not written: the export ended before it");
-    if (plan_.shards.size() == 1) return;
+    if (plan_.shards.size() == 1 || share_.writer != 0) return;
     nlohmann::json weight_map = nlohmann::json::object();  // sorted by name, as transformers writes it
     for (const auto& shard : plan_.shards)
       for (const auto& spec : shard.tensors) weight_map[spec.name] = shard.file;
@@ -109,8 +121,10 @@ class ShardWriter {
                                             errors::runtime_safetensors);
   }
 
-  /// Bytes of tensor data written so far.
+  /// Bytes of tensor data written so far (by this writer).
   std::uint64_t written_bytes() const { return written_bytes_; }
+  /// The shards this writer wrote, by file name.
+  const std::vector<std::string>& written_files() const { return written_files_; }
 
  private:
   RuntimeError mismatch(const std::string& name, const std::string& why) const {
@@ -124,14 +138,19 @@ class ShardWriter {
   }
 
   void close_shard() {
-    file_->commit();
-    file_.reset();
+    if (file_) {
+      file_->commit();
+      file_.reset();
+      written_files_.push_back(plan_.shards[shard_].file);
+    }
     ++shard_;
     next_ = 0;
   }
 
   std::filesystem::path directory_;
   ShardPlan plan_;
+  ShardShare share_;
+  std::vector<std::string> written_files_;
   std::size_t shard_ = 0, next_ = 0;
   std::optional<hpctrain::detail::StagedFile> file_;  // the shard being written
   std::uint64_t written_bytes_ = 0;
