@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 54, item 7: every example's hooks at the end (gpt: export, greedy sample, val_loss; roberta: export,
-# val_loss; sft: response losses, export) run to exit 0 at --local 2 under each strategy — replicated, zero2, zero3,
+# val_loss; sft: response losses, export in shards that both ranks write) run to exit 0 at --local 2 under each strategy — replicated, zero2, zero3,
 # hsdp (--sharding none, zero2, zero3, hsdp) — with --precision bf16 stated (never through auto, which is fp32 on a CPU without AMX). Under zero3 and hsdp
 # no hook of these gathers the whole model (the Trainer says so when one does), and the greedy sample is the
 # same text under zero2, zero3 and hsdp (the same bf16 blocks, gathered one at a time on every rank).
@@ -45,9 +45,18 @@ ends roberta "$roberta" --layers 1 --hidden 32 --heads 2
 for strategy in none zero2 zero3 hsdp; do
   grep -q '^val_loss=' "roberta-$strategy.log" || fail "roberta under $strategy printed no val_loss"
 done
-ends sft "$sft" --from "$work/llama" --data "$work/conversations.jsonl" --max-length 64
+# sft's export in shards of 100 KB (4 or 5 of this model's): both ranks write theirs, whatever the strategy (every rank
+# sees every unit whole as the export visits it), rank 0 the index naming them all.
+ends sft "$sft" --from "$work/llama" --data "$work/conversations.jsonl" --max-length 64 --export-shard-size 100KB
 for strategy in none zero2 zero3 hsdp; do
   grep -q '^response_loss_after=' "sft-$strategy.log" || fail "sft under $strategy printed no response_loss_after"
+  index="sft-$strategy/run/export/model.safetensors.index.json"
+  [ -f "$index" ] || fail "sft under $strategy: no index of shards in the export"
+  grep -qE "^rank 1 wrote [1-9][0-9]* of the export's files \(model-00002-of-" "sft-$strategy.log" ||
+    fail "sft under $strategy: rank 1 wrote none of the export's shards"
+  for shard in $(grep -o 'model-[0-9]*-of-[0-9]*\.safetensors' "$index" | sort -u); do
+    [ -s "sft-$strategy/run/export/$shard" ] || fail "sft under $strategy: the index names $shard, which is not there"
+  done
 done
 echo "PASS: gpt, roberta and sft end cleanly under replicated, zero2, zero3 and hsdp in bf16; gpt's sample under all" \
   "three sharded strategies: $(sample zero2)"
