@@ -1,6 +1,7 @@
 #pragma once
 // The names that cross layers: the login side (job/), the launchers (the sbatch script, slurm/'s --local)
 // and the workers (train/) agree on them here, once. Torch-free, standard library only.
+#include <cmath>  // HUGE_VAL
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -106,6 +107,18 @@ inline std::optional<std::string> getenv(const std::string& name, EmptyValue emp
   const char* value = std::getenv(name.c_str());
   if (value == nullptr || (*value == '\0' && empty == EmptyValue::unset)) return std::nullopt;
   return std::string(value);
+}
+
+/// The number above 0 that variable `name` holds, nothing when it is unset; for any other value, what
+/// `refuse(value)` throws (each caller its own error: a test switch is a spec error, a job's setting a runtime one).
+template <class Refuse>
+std::optional<double> positive_number_from_environment(const std::string& name, Refuse refuse) {
+  const auto text = getenv(name);
+  if (!text) return std::nullopt;
+  char* end = nullptr;
+  const double value = std::strtod(text->c_str(), &end);
+  if (end != text->c_str() + text->size() || !(value > 0) || value == HUGE_VAL) refuse(*text);
+  return value;
 }
 
 /// The layout of what a program keeps under its working directory.

@@ -1,4 +1,8 @@
+#include <cstdlib>
+#include <stdexcept>
+
 #include <hpctrain/job/units.hpp>
+#include <hpctrain/names.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -69,4 +73,29 @@ TEST_CASE(
     CAPTURE(bad);
     CHECK_FALSE(hpctrain::parse_gpu_memory(bad));
   }
+}
+
+TEST_CASE("A positive number from the environment: nothing when unset, each other value refused by its caller",
+          "[units]") {
+  const std::string name = "HPCTRAIN_UNITS_TEST_NUMBER";
+  std::string refused;
+  const auto refuse = [&](const std::string& value) {
+    refused = value;
+    throw std::invalid_argument(value);
+  };
+  ::unsetenv(name.c_str());
+  CHECK_FALSE(hpctrain::positive_number_from_environment(name, refuse).has_value());
+  ::setenv(name.c_str(), "", 1);  // empty counts as unset, as for every setting
+  CHECK_FALSE(hpctrain::positive_number_from_environment(name, refuse).has_value());
+  for (const auto& [text, number] : {std::pair<std::string, double>{"2.5", 2.5}, {"45", 45.0}, {"1e-4", 1e-4}}) {
+    ::setenv(name.c_str(), text.c_str(), 1);
+    CHECK(hpctrain::positive_number_from_environment(name, refuse) == number);
+  }
+  for (const std::string text : {"0", "-1", "x", "3GB", "1e999", "nan", "2.5 "}) {
+    CAPTURE(text);
+    ::setenv(name.c_str(), text.c_str(), 1);
+    CHECK_THROWS_AS(hpctrain::positive_number_from_environment(name, refuse), std::invalid_argument);
+    CHECK(refused == text);
+  }
+  ::unsetenv(name.c_str());
 }

@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <exception>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -70,16 +69,10 @@ class SimulatedLink {
 
 /// A test-only variable's number, above 0, or nothing where it is unset.
 inline std::optional<double> positive_number_of(const char* variable, std::string_view unit) {
-  const auto value = hpctrain::getenv(variable);
-  if (!value) return std::nullopt;
-  try {
-    std::size_t used = 0;
-    const double number = std::stod(*value, &used);
-    if (used == value->size() && number > 0) return number;
-  } catch (const std::exception&) {
-  }
-  throw SpecError(errors::spec_simulated_link, std::string(variable) + "=" + *value,
-                  fmt::format("a number of {} above 0 is needed", unit));
+  return positive_number_from_environment(variable, [&](const std::string& value) {
+    throw SpecError(errors::spec_simulated_link, std::string(variable) + "=" + value,
+                    fmt::format("a number of {} above 0 is needed", unit));
+  });
 }
 
 /// The bus bandwidth HPCTRAIN_SIMULATED_LINK_GBPS asks for, in bytes/s, or nothing: read once per process.

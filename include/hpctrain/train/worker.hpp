@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <optional>
 #include <string>
@@ -66,13 +65,9 @@ inline dist::Options dist_options_from_environment() {
 
 /// A positive number from the environment variable `name` (`what` it measures, for the error), or none when unset.
 inline std::optional<double> positive_from_environment(const char* name, std::string_view what) {
-  const auto text = hpctrain::getenv(name);
-  if (!text) return std::nullopt;
-  char* end = nullptr;
-  const double value = std::strtod(text->c_str(), &end);
-  if (end != text->c_str() + text->size() || !(value > 0))
-    throw RuntimeError(errors::runtime_fabric, fmt::format("{}={:?} is not a positive {}", name, *text, what));
-  return value;
+  return positive_number_from_environment(name, [&](const std::string& value) {
+    throw RuntimeError(errors::runtime_fabric, fmt::format("{}={:?} is not a positive {}", name, value, what));
+  });
 }
 
 /// `--check-fabric`'s request, as the login command exported it: HPCTRAIN_CHECK_FABRIC_MAX_BYTES (the largest
