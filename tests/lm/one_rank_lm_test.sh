@@ -18,7 +18,6 @@ sft="$(realpath "$1")"
 here="$(cd "$(dirname "$0")" && pwd)"
 transformers_test_setup one-rank-lm-test
 oracle() { "$python" "$here/sft_oracle.py" "$@"; }
-close() { awk -v x="$1" -v y="$2" -v b="$3" 'BEGIN { d = x - y; if (d < 0) d = -d; exit !(d <= b * (y < 0 ? -y : y)) }'; }
 note="zero3 at one rank trains as replicated"
 
 oracle make "$work" "$fortunes" > make.log 2>&1 || fail "the oracle could not make the tokenizer and data"

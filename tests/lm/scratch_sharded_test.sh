@@ -21,8 +21,6 @@ gpt="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/scratch-sharded-test.XXXXXX")"
 cd "$work"
 loss_at() { sed -n "/\"step\":$2,/s/.*\"loss\":\([^,]*\).*/\1/p" "$1/metrics.jsonl" | head -1; }
-close() { awk -v x="$1" -v y="$2" -v b="$3" 'BEGIN { d = x - y; if (d < 0) d = -d; exit !(d <= b * (y < 0 ? -y : y)) }'; }
-difference() { awk -v x="$1" -v y="$2" 'BEGIN { d = x - y; if (d < 0) d = -d; printf "%.1e", d / (y < 0 ? -y : y) }'; }
 run() {  # run NAME SHARDING [ARG...]
   local name="$1" sharding="$2"
   shift 2

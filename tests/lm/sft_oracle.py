@@ -10,6 +10,12 @@
   sft_oracle.py make-sharded DIR LAYERS HIDDEN INTERMEDIATE
       DIR/sharded: a larger random Llama (after `make`, with DIR/llama's tokenizer and chat template) saved by
       transformers in bf16 as several safetensors shards with an index (model.safetensors.index.json).
+  sft_oracle.py make-family DIR FAMILY
+      DIR/FAMILY: a small random model of another family (after `make`, with DIR/llama's tokenizer and chat
+      template) saved by transformers in fp32, and DIR/FAMILY-bf16 the same weights in bf16 (the base a LoRA run in
+      bf16 holds under zero3, so that PEFT's view of its adapter starts from the same weights): `qwen3` (query and key norms, a head dimension of 16 that is not
+      hidden / heads) or `llama3.2` (Llama 3.2's shape: the head tied to the embedding, llama3 rope scaling of
+      factor 32). The norms' weights are drawn around 1 so that a norm read wrongly shows in the losses.
   sft_oracle.py loss MODEL_DIR JSONL MAX_LENGTH
       the mean cross entropy over the assistant tokens of the held-out conversations (every 16th, from the
       9th), fp32: transformers' apply_chat_template (assistant mask from the template), truncated to
@@ -256,6 +262,41 @@ def make_sharded(work, layers, hidden, intermediate):
     print(f"{total} parameters in bf16, {len(shards)} shards")
 
 
+def make_family(work, family):
+    import shutil
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    source, out = os.path.join(work, "llama"), os.path.join(work, family)
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(source):
+        if name.startswith("tokenizer") or name in ("special_tokens_map.json", "chat_template.jinja"):
+            shutil.copy(os.path.join(source, name), out)
+    vocab = json.load(open(os.path.join(source, "config.json")))["vocab_size"]
+    common = dict(vocab_size=vocab, intermediate_size=88, num_hidden_layers=2, max_position_embeddings=512,
+                  bos_token_id=1, eos_token_id=0, pad_token_id=2)
+    torch.manual_seed(13)
+    if family == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(hidden_size=40, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                             rope_theta=1000000.0, tie_word_embeddings=False, **common))
+    elif family == "llama3.2":
+        scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 64}
+        model = LlamaForCausalLM(LlamaConfig(hidden_size=48, num_attention_heads=6, num_key_value_heads=2,
+                                             rope_theta=500000.0, rope_scaling=scaling, tie_word_embeddings=True,
+                                             **common))
+    else:
+        sys.exit(f"unknown family {family}")
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.copy_(1 + 0.1 * torch.randn_like(parameter))
+    model.save_pretrained(out, safe_serialization=True)
+    shutil.copytree(out, out + "-bf16", ignore=shutil.ignore_patterns("*.safetensors", "config.json"))
+    model.to(torch.bfloat16).save_pretrained(out + "-bf16", safe_serialization=True)
+    print(f"{family}: {sum(p.numel() for p in model.parameters())} parameters")
+
+
 if __name__ == "__main__":
     command = sys.argv[1]
     if command == "make":
@@ -264,6 +305,8 @@ if __name__ == "__main__":
         make_tools(sys.argv[2], sys.argv[3])
     elif command == "make-sharded":
         make_sharded(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    elif command == "make-family":
+        make_family(sys.argv[2], sys.argv[3])
     elif command == "export-check":
         export_check(sys.argv[2], sys.argv[3])
     elif command == "peft-check":

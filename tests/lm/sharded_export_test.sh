@@ -21,8 +21,6 @@ here="$(cd "$(dirname "$0")" && pwd)"
 transformers_test_setup sharded-export-test
 oracle() { "$python" "$here/sft_oracle.py" "$@"; }
 value() { sed -n "s/^$1=\([^ ]*\).*/\1/p" "$2" | tail -1; }
-close() { awk -v x="$1" -v y="$2" -v b="$3" 'BEGIN { d = x - y; if (d < 0) d = -d; exit !(d <= b * (y < 0 ? -y : y)) }'; }
-difference() { awk -v x="$1" -v y="$2" 'BEGIN { d = x - y; if (d < 0) d = -d; printf "%.1e", d / (y < 0 ? -y : y) }'; }
 
 oracle make "$work" "$fortunes" > make.log 2>&1 || fail "the oracle could not make the tokenizer and data"
 oracle make-sharded "$work" 2 256 688 > make-sharded.log 2>&1 || fail "the oracle could not make the sharded model"

@@ -43,9 +43,6 @@ here="$(cd "$(dirname "$0")" && pwd)"
 transformers_test_setup sharded-load-test
 oracle() { "$python" "$here/sft_oracle.py" "$@"; }
 value() { sed -n "s/^$1=\([^ ]*\).*/\1/p" "$2" | tail -1; }
-# close X Y BOUND: |X - Y| <= BOUND |Y|. difference X Y: |X - Y| / |Y|, for the report.
-close() { awk -v x="$1" -v y="$2" -v b="$3" 'BEGIN { d = x - y; if (d < 0) d = -d; exit !(d <= b * (y < 0 ? -y : y)) }'; }
-difference() { awk -v x="$1" -v y="$2" 'BEGIN { d = x - y; if (d < 0) d = -d; printf "%.1e", d / (y < 0 ? -y : y) }'; }
 start_differences=""
 peak() { sed -n 's/^hpctrain: model ready: peak host memory \([0-9.]*\) GiB per rank.*/\1/p' "$1"; }
 first_loss() { sed -n '/"step":1,/s/.*"loss":\([^,]*\).*/\1/p' "$1/metrics.jsonl"; }

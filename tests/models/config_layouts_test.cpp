@@ -131,6 +131,29 @@ TEST_CASE("Settings that are off, and Qwen2's layer types with its sliding windo
       "(accepted)");
 }
 
+TEST_CASE("Qwen3's config: query and key norms, a sliding window only with use_sliding_window, and its own export",
+          "[models][config]") {
+  const auto qwen3 = hm::LlamaConfig::from_json(nlohmann::json::parse(
+      R"({"model_type": "qwen3", "hidden_size": 40, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+          "num_hidden_layers": 2, "intermediate_size": 72, "vocab_size": 100, "attention_bias": false,
+          "use_sliding_window": false, "sliding_window": 4096, "max_window_layers": 28,
+          "layer_types": ["full_attention", "full_attention"]})"));
+  CHECK(qwen3.qk_norm);
+  CHECK_FALSE(qwen3.qkv_bias);
+  CHECK_FALSE(qwen3.sliding_window);  // stated, but not used: use_sliding_window is false
+  CHECK(qwen3.unread_keys.empty());
+  // 2 layers of: q 40x64, k and v 40x32, o 64x40, the MLP 3 x 40x72, two norms of 40, q_norm and k_norm of 16.
+  CHECK(qwen3.parameter_count() == 2 * 100 * 40 + 40 + 2 * (40 * 64 + 2 * 40 * 32 + 64 * 40 + 3 * 40 * 72 + 80 + 32));
+  const auto json = qwen3.to_json();
+  CHECK(json["architectures"][0] == "Qwen3ForCausalLM");
+  CHECK(json["model_type"] == "qwen3");
+  CHECK(hm::LlamaConfig::from_json(nlohmann::json::parse(json.dump())).to_json() == json);
+  const auto windowed = hm::LlamaConfig::from_json(
+      nlohmann::json::parse(R"({"model_type": "qwen3", "use_sliding_window": true, "sliding_window": 64})"));
+  CHECK(windowed.sliding_window == 64);
+  CHECK_FALSE(hm::LlamaConfig::from_json(nlohmann::json::parse(R"({"model_type": "llama"})")).qk_norm);
+}
+
 TEST_CASE("A config's export holds both layouts, reads back the same, and names what it does not know",
           "[models][config]") {
   hm::LlamaConfig config;

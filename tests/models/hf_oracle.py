@@ -1,7 +1,7 @@
 """The oracle of tests/models: transformers makes, saves and runs small random models.
 
   hf_oracle.py make FAMILY CONFIG_JSON DIR IDS [--shard BYTES] [--long LONG_IDS]
-      makes a random FAMILY (gpt2 | llama | qwen2 | mistral) model from CONFIG_JSON (transformers' config fields), saves it
+      makes a random FAMILY (gpt2 | llama | qwen2 | qwen3 | mistral) model from CONFIG_JSON (transformers' config fields), saves it
       with save_pretrained into DIR/model (sharded when --shard is given), then runs `expect` on it.
   hf_oracle.py expect MODEL_DIR IDS OUT_DIR [--long LONG_IDS]
       loads MODEL_DIR with from_pretrained and writes OUT_DIR/logits.safetensors (fp32 logits of IDS,
@@ -39,6 +39,9 @@ def make(family, config_json, directory, ids, shard=None, long_ids=None):
     elif family == "qwen2":
         from transformers import Qwen2Config, Qwen2ForCausalLM
         model = Qwen2ForCausalLM(Qwen2Config(**fields))
+    elif family == "qwen3":
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+        model = Qwen3ForCausalLM(Qwen3Config(**fields))
     elif family == "mistral":
         from transformers import MistralConfig, MistralForCausalLM
         model = MistralForCausalLM(MistralConfig(**fields))

@@ -266,8 +266,9 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "Qwen2 (q/k/v biases, tied head) and Mistral made by transformers give the same logits and 32 greedy tokens here, "
-    "export back to their own model_type, and a sliding window shorter than the sequence is refused",
+    "Qwen2 (q/k/v biases, tied head), Qwen3 (query and key norms, a head dimension of its own) and Mistral made by "
+    "transformers give the same logits and 32 greedy tokens here, export back to their own model_type, and a sliding "
+    "window shorter than the sequence is refused",
     "[models][oracle][families]") {
   const auto dir = scratch("families-oracle");
   const std::vector<std::pair<std::string, std::string>> families{
@@ -275,6 +276,11 @@ TEST_CASE(
        R"({"vocab_size": 512, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2, "num_attention_heads": 6,
         "num_key_value_heads": 2, "rope_theta": 1000000.0, "tie_word_embeddings": true, "use_sliding_window": false,
         "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2})"},
+      // 4 heads of 16 (64 wide) on a 40-wide stream: q_norm and k_norm weigh 16 each, o_proj maps 64 back to 40.
+      {"qwen3",
+       R"({"vocab_size": 512, "hidden_size": 40, "intermediate_size": 72, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "rope_theta": 1000000.0, "tie_word_embeddings": false,
+        "use_sliding_window": false, "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2})"},
       {"mistral",
        R"({"vocab_size": 512, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2, "num_attention_heads": 6,
         "num_key_value_heads": 3, "sliding_window": 400, "max_position_embeddings": 512, "rope_theta": 250000.0,
@@ -288,7 +294,9 @@ TEST_CASE(
         family_dir / "make.log");
     auto model = ht::load_llama(family_dir / "model");
     CHECK(model->config().model_type == family);
-    CHECK(model->config().rope_theta == (family == "qwen2" ? 1000000.0 : 250000.0));
+    CHECK(model->config().rope_theta == (family == "mistral" ? 250000.0 : 1000000.0));
+    CHECK(model->config().qk_norm == (family == "qwen3"));
+    CHECK(hpctrain::parameter_count(*model) == model->config().parameter_count());
     CHECK(logit_difference(*model, family_dir) < 1e-4);
     CHECK(long_logit_difference(*model, family_dir) < 1e-4);
     CHECK(ht::generate(*model, prompt, greedy_32()) == oracle_generation(family_dir));

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 
 #include <hpctrain/models/lora/lora.hpp>
 #include <hpctrain/models/models.hpp>
+#include <hpctrain/train/precision.hpp>
 
 #include "models_test_support.hpp"
 
@@ -119,4 +121,22 @@ TEST_CASE("An adapter made by PEFT loads here with PEFT's logits", "[models][lor
   CHECK(config.alpha == 12);
   const auto theirs = hm::safetensors::File(dir / "peft" / "logits.safetensors").tensor("logits");
   CHECK(max_difference(logits_of(*model), theirs) < 1e-4);
+}
+
+TEST_CASE("A merge at the end of a bf16 run folds B A in fp32: under autocast as without it", "[models][lora]") {
+  // The export runs inside the bf16 run's autocast; the merged weight must still be W + s B A of the fp32 adapter (what
+  // PEFT's merge_and_unload computes), not a bf16 product (2^-8 of the update apart).
+  torch::manual_seed(5);
+  const auto w = torch::randn({24, 16}), a = torch::randn({4, 16}), b = torch::randn({24, 4});
+  const hm::NamedUnit unit{{"q_proj.weight", w}, {"q_proj.lora_A.weight", a}, {"q_proj.lora_B.weight", b}};
+  const std::map<std::string, double> scalings{{"q_proj", 2.0}};
+  const auto expected = w + 2.0 * torch::matmul(b.to(torch::kFloat64), a.to(torch::kFloat64)).to(torch::kFloat32);
+  hm::NamedUnit merged;
+  {
+    hpctrain::AutocastScope autocast(hpctrain::Precision::bf16, torch::kCPU);
+    merged = hm::merged_unit(unit, scalings);
+  }
+  REQUIRE(merged.size() == 1);
+  CHECK(merged[0].second.scalar_type() == torch::kFloat32);
+  CHECK(max_difference(merged[0].second, expected) < 1e-5);  // fp32 sums of 4 products of N(0, 1) values
 }

@@ -208,7 +208,8 @@ TEST_CASE("An invalid config is refused naming the field", "[models][config]") {
        "[hpctrain.spec.llama.rope_scaling.high_freq_factor] llama.rope_scaling.high_freq_factor = 1: must exceed "
        "low_freq_factor = 4"},
       {R"({"model_type": "bert"})",
-       "[hpctrain.spec.llama.model_type] llama.model_type = \"bert\": this is not a llama, qwen2 or mistral config"},
+       "[hpctrain.spec.llama.model_type] llama.model_type = \"bert\": this is not a config of the Llama family "
+       "(\"llama\", \"qwen2\", \"qwen3\", \"mistral\")"},
   }));
   CAPTURE(json);
   const auto parsed = nlohmann::json::parse(json);

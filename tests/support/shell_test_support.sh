@@ -65,3 +65,8 @@ transformers_test_setup() {
   work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/$1.XXXXXX")"
   cd "$work"
 }
+
+# close X Y BOUND: whether |X - Y| <= BOUND |Y| (relative agreement of two numbers). difference X Y: |X - Y| / |Y|,
+# printed for a test's report.
+close() { awk -v x="$1" -v y="$2" -v b="$3" 'BEGIN { d = x - y; if (d < 0) d = -d; exit !(d <= b * (y < 0 ? -y : y)) }'; }
+difference() { awk -v x="$1" -v y="$2" 'BEGIN { d = x - y; if (d < 0) d = -d; printf "%.1e", d / (y < 0 ? -y : y) }'; }

@@ -95,6 +95,11 @@ inline ModelShape model_shape(const models::LlamaConfig& c) {
   // up_proj's outputs (models::swiglu keeps those two only, and computes silu(gate) again in backward).
   shape.other_saved_bf16 = 4 * h + 2 * q + 4 * kv + 2 * q + 4 * h + 4 * i;
   shape.other_saved_fp32 = 4 * h + 4 * q + 8 * kv + 4 * q + 4 * h + 8 * i;
+  if (c.qk_norm) {  // Qwen3's norms of q and k: under autocast (the unfused path) their bf16 input, its fp32 copy and
+    // the bf16 normalised value; in fp32 (at::rms_norm) their input
+    shape.other_saved_bf16 += (2 + 4 + 2) * (q + kv);
+    shape.other_saved_fp32 += 4 * (q + kv);
+  }
   const auto outside = c.vocab_size * h * (c.tie_word_embeddings ? 1 : 2) + h;
   shape.block_parameters = (shape.parameters - outside) / c.num_hidden_layers;
   for (const auto& linear : shape.block_linears) shape.linear_weights += linear.in * linear.out;

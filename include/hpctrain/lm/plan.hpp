@@ -102,8 +102,8 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
     in.model = model_shape(config);
     positions = config.max_position_embeddings;
   } else {
-    out << fmt::format("hpctrain: --plan knows causal language models (gpt2, llama, qwen2, mistral); {} is {:?}\n",
-                       file.string(), type);
+    out << fmt::format("hpctrain: --plan knows causal language models (\"gpt2\", {}); {} is {:?}\n",
+                       models::quoted_llama_family_types(), file.string(), type);
     return PlanVerdict::cannot_plan;
   }
   in.strategy = training.sharding() ? to_string(*training.sharding()) : "none";

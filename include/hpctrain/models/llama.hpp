@@ -91,14 +91,18 @@ class LlamaAttentionImpl : public torch::nn::Module {
     k_proj = register_module("k_proj", linear(d, kv_heads_ * head_dim_, qkv_bias));
     v_proj = register_module("v_proj", linear(d, kv_heads_ * head_dim_, qkv_bias));
     o_proj = register_module("o_proj", linear(heads_ * head_dim_, d, config.attention_bias));
+    if (config.qk_norm) {  // Qwen3: registered after the projections, in transformers' order
+      q_norm = register_module("q_norm", RMSNorm(head_dim_, config.rms_norm_eps));
+      k_norm = register_module("k_norm", RMSNorm(head_dim_, config.rms_norm_eps));
+    }
   }
 
   torch::Tensor forward(const torch::Tensor& x, const RotaryAngles& angles, KVCache* cache, std::size_t layer,
                         const PackedAttention& packed = {}) {
     const auto b = x.size(0), t = x.size(1);
     const auto qkv = linears({&q_proj, &k_proj, &v_proj}, x);  // one product under autocast
-    auto q = qkv[0].reshape({b, t, heads_, head_dim_}).transpose(1, 2);
-    auto k = qkv[1].reshape({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+    auto q = normed(q_norm, qkv[0].reshape({b, t, heads_, head_dim_})).transpose(1, 2);
+    auto k = normed(k_norm, qkv[1].reshape({b, t, kv_heads_, head_dim_})).transpose(1, 2);
     // v copied out of a fused product's output (a no-op for v_proj's own): attention keeps v for backward, and as a
     // view v would keep the whole q/k/v output alive (q and k are new tensors after rotary), q + kv more elements a
     // token and layer for kv's copy.
@@ -115,8 +119,12 @@ class LlamaAttentionImpl : public torch::nn::Module {
   }
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  ///< only with LlamaConfig::qk_norm (Qwen3)
 
  private:
+  /// Each head normalised over its head_dim when the config asks for it (the last dimension of [B, T, heads, D]).
+  static torch::Tensor normed(RMSNorm& norm, const torch::Tensor& heads) { return norm ? norm(heads) : heads; }
+
   std::int64_t heads_, kv_heads_, head_dim_;
   double dropout_;
 };

@@ -28,9 +28,10 @@ struct RopeScaling {
 };
 
 /// The `model_type`s this config reads: Llama itself and the families that differ from it in small, checked
-/// ways — Qwen2 (biases on q, k and v but not o; its own rope theta; an optional sliding window) and Mistral
-/// (Llama-shaped, with a sliding window).
-inline constexpr std::string_view llama_family_types[] = {"llama", "qwen2", "mistral"};
+/// ways — Qwen2 (biases on q, k and v but not o; its own rope theta; an optional sliding window), Qwen3 (no
+/// biases; an RMSNorm over each query and key head; a head dimension of its own) and Mistral (Llama-shaped,
+/// with a sliding window).
+inline constexpr std::string_view llama_family_types[] = {"llama", "qwen2", "qwen3", "mistral"};
 
 /// Whether a config.json's `model_type` is one of the Llama family's (llama_family_types): the one list.
 inline bool is_llama_family(std::string_view model_type) {
@@ -38,10 +39,17 @@ inline bool is_llama_family(std::string_view model_type) {
          std::end(llama_family_types);
 }
 
+/// The family's model_types quoted and listed for an error ("\"llama\", \"qwen2\", ..."), from the one list.
+inline std::string quoted_llama_family_types() {
+  std::string out;
+  for (const auto type : llama_family_types) out += fmt::format("{}\"{}\"", out.empty() ? "" : ", ", type);
+  return out;
+}
+
 /// Llama (Touvron et al. 2023; Llama 3, Dubey et al. 2024): RMSNorm, rotary positions, SwiGLU MLP,
 /// grouped-query attention. Field names and defaults are transformers' LlamaConfig's.
 struct LlamaConfig {
-  std::string model_type = "llama";        ///< llama, qwen2 or mistral. Default: "llama"
+  std::string model_type = "llama";        ///< one of llama_family_types. Default: "llama"
   std::int64_t vocab_size = 32000;         ///< Default: 32000
   std::int64_t hidden_size = 4096;         ///< Default: 4096
   std::int64_t intermediate_size = 11008;  ///< SwiGLU width. Default: 11008
@@ -56,7 +64,10 @@ struct LlamaConfig {
   std::optional<RopeScaling> rope_scaling;      ///< Default: none
   bool attention_bias = false;                  ///< biases on q, k, v, o. Default: false
   bool qkv_bias = false;                        ///< biases on q, k, v only (Qwen2). Default: false
-  /// Attention sees at most this many previous tokens (Mistral; Qwen2 with use_sliding_window). hpctrain does
+  /// An RMSNorm over each query and key head (weights of head_dim), before the rotary turn (Qwen3's
+  /// q_norm and k_norm; model_type "qwen3" has them, the others not). Default: false
+  bool qk_norm = false;
+  /// Attention sees at most this many previous tokens (Mistral; Qwen2, Qwen3 with use_sliding_window). hpctrain does
   /// not implement the window: a sequence longer than it is refused rather than computed differently.
   std::optional<std::int64_t> sliding_window;
   bool mlp_bias = false;                         ///< biases on the MLP. Default: false
@@ -124,11 +135,12 @@ struct LlamaConfig {
       const bool known = type->is_string() && is_llama_family(type->get<std::string>());
       if (!known)
         throw SpecError(detail::field_id(family, "model_type"), type->dump(),
-                        "this is not a llama, qwen2 or mistral config");
+                        fmt::format("this is not a config of the Llama family ({})", quoted_llama_family_types()));
       c.model_type = type->get<std::string>();
     }
     c.qkv_bias = c.model_type == "qwen2";
-    if (c.model_type == "qwen2") {
+    c.qk_norm = c.model_type == "qwen3";
+    if (c.model_type == "qwen2" || c.model_type == "qwen3") {
       bool use_sliding_window = false;
       detail::read_field(json, family, "use_sliding_window", use_sliding_window);
       if (use_sliding_window) detail::read_optional_field(json, family, "sliding_window", c.sliding_window);
@@ -191,10 +203,11 @@ struct LlamaConfig {
     return c;
   }
 
-  /// The `config.json` transformers reads back as a LlamaForCausalLM.
+  /// The `config.json` transformers reads back as its model_type's ...ForCausalLM.
   nlohmann::ordered_json to_json() const {
     nlohmann::ordered_json j;
     j["architectures"] = {model_type == "qwen2"     ? "Qwen2ForCausalLM"
+                          : model_type == "qwen3"   ? "Qwen3ForCausalLM"
                           : model_type == "mistral" ? "MistralForCausalLM"
                                                     : "LlamaForCausalLM"};
     j["model_type"] = model_type;
@@ -217,7 +230,8 @@ struct LlamaConfig {
     if (model_type == "llama") {
       j["attention_bias"] = attention_bias;
       j["mlp_bias"] = mlp_bias;
-    } else if (model_type == "qwen2") {
+    } else if (model_type == "qwen2" || model_type == "qwen3") {
+      if (model_type == "qwen3") j["attention_bias"] = attention_bias;
       j["use_sliding_window"] = sliding_window.has_value();
       j["sliding_window"] = sliding_window ? nlohmann::ordered_json(*sliding_window) : nlohmann::ordered_json(nullptr);
       j["max_window_layers"] = num_hidden_layers;
@@ -254,11 +268,12 @@ struct LlamaConfig {
     }
     return fmt::format(
         "{}: {} layers, hidden {}, MLP {}, {} heads / {} KV heads of dim {}, {}, rms_norm_eps {:g}, {} head, "
-        "vocabulary {}, {} positions{}{}, dtype {}",
+        "vocabulary {}, {} positions{}{}{}, dtype {}",
         model_type, num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, kv_heads(),
         head_dimension(), rope, rms_norm_eps, tie_word_embeddings ? "tied" : "untied", vocab_size,
         max_position_embeddings, sliding_window ? fmt::format(", sliding window {}", *sliding_window) : "",
-        qkv_bias || attention_bias ? ", attention biases" : "", stated_dtype.empty() ? "not stated" : stated_dtype);
+        qkv_bias || attention_bias ? ", attention biases" : "", qk_norm ? ", query and key norms" : "",
+        stated_dtype.empty() ? "not stated" : stated_dtype);
   }
 
   /// Parameters, counted from the config (equals the module's parameter count).
@@ -267,7 +282,7 @@ struct LlamaConfig {
                f = intermediate_size;
     const auto attention = d * q + 2 * d * kv + q * d + (attention_bias ? q + 2 * kv + d : qkv_bias ? q + 2 * kv : 0);
     const auto mlp = 3 * d * f + (mlp_bias ? 2 * f + d : 0);
-    const auto per_block = attention + mlp + 2 * d;
+    const auto per_block = attention + mlp + 2 * d + (qk_norm ? 2 * hd : 0);
     return vocab_size * d + num_hidden_layers * per_block + d + (tie_word_embeddings ? 0 : vocab_size * d);
   }
 

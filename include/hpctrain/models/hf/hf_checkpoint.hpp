@@ -215,9 +215,9 @@ inline Llama load_llama(const std::filesystem::path& directory, torch::Dtype dty
   return model;
 }
 
-/// The model a Hugging Face directory holds, by its config's `model_type` ("gpt2", "llama", "qwen2",
-/// "mistral"), its blocks still empty (DeferredBlocks): the fully sharded strategy reads only its own slices of
-/// them; materialize_blocks reads them whole.
+/// The model a Hugging Face directory holds, by its config's `model_type` ("gpt2" or one of
+/// llama_family_types), its blocks still empty (DeferredBlocks): the fully sharded strategy reads only its own slices
+/// of them; materialize_blocks reads them whole.
 inline std::shared_ptr<CausalLM> load_pretrained_deferred(const std::filesystem::path& directory,
                                                           torch::Dtype dtype = torch::kFloat32) {
   const auto json = detail::read_json_file(directory / "config.json");
@@ -225,8 +225,8 @@ inline std::shared_ptr<CausalLM> load_pretrained_deferred(const std::filesystem:
   if (type == "gpt2") return load_gpt2_deferred(directory, dtype).ptr();
   if (is_llama_family(type)) return load_llama_deferred(directory, dtype).ptr();
   throw SpecError("model_type", json.contains("model_type") ? json["model_type"].dump() : "(absent)",
-                  fmt::format("{}: hpctrain reads \"gpt2\", \"llama\", \"qwen2\" and \"mistral\"",
-                              (directory / "config.json").string()));
+                  fmt::format("{}: hpctrain reads \"gpt2\", {}", (directory / "config.json").string(),
+                              quoted_llama_family_types()));
 }
 
 /// The model a Hugging Face directory holds, whole.

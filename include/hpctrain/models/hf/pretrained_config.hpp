@@ -31,7 +31,7 @@ struct ConfigReading {
   }
 };
 
-/// Reads `directory/config.json` as the family its `model_type` names (gpt2, llama, qwen2, mistral, roberta,
+/// Reads `directory/config.json` as the family its `model_type` names (gpt2, llama_family_types, roberta,
 /// bert). SpecError naming the file and the field for an invalid or unimplemented setting or another model_type.
 inline ConfigReading read_config_reading(const std::filesystem::path& directory) {
   const auto file = directory / "config.json";
@@ -43,10 +43,9 @@ inline ConfigReading read_config_reading(const std::filesystem::path& directory)
   if (type == "gpt2") return reading(detail::read_config_file<GPT2Config>(file));
   if (is_llama_family(type)) return reading(detail::read_config_file<LlamaConfig>(file));
   if (type == "roberta" || type == "bert") return reading(detail::read_config_file<RobertaConfig>(file));
-  throw SpecError(
-      "model_type", json.contains("model_type") ? json["model_type"].dump() : "(absent)",
-      fmt::format("{}: hpctrain reads \"gpt2\", \"llama\", \"qwen2\", \"mistral\", \"roberta\" and \"bert\"",
-                  file.string()));
+  throw SpecError("model_type", json.contains("model_type") ? json["model_type"].dump() : "(absent)",
+                  fmt::format("{}: hpctrain reads \"gpt2\", {}, \"roberta\" and \"bert\"", file.string(),
+                              quoted_llama_family_types()));
 }
 
 }  // namespace hpctrain::models

@@ -66,6 +66,16 @@ inline std::int64_t apply_lora(torch::nn::Module& model, const LoraConfig& confi
   return count;
 }
 
+namespace detail {
+/// B A in fp32, also where the caller runs under autocast (an export at the end of a bf16 run): autocast would compute
+/// the product in bf16, and the merged weights would then differ from PEFT's merge of the same fp32 adapter by up
+/// to 2^-8 of the update.
+inline torch::Tensor fp32_product(const torch::Tensor& b, const torch::Tensor& a) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  return torch::matmul(b.to(torch::kFloat32), a.to(torch::kFloat32));
+}
+}  // namespace detail
+
 /// Folds every adapter into its layer (W += s · B A; a reduced-precision W becomes fp32) and removes it: the model is a
 /// plain one again, which save_pretrained writes as a full Hugging Face model (PEFT's merge_and_unload).
 inline void merge_lora(torch::nn::Module& model) {
@@ -76,7 +86,7 @@ inline void merge_lora(torch::nn::Module& model) {
     auto a = std::dynamic_pointer_cast<torch::nn::LinearImpl>(detail::child(*linear, "lora_A"));
     auto b = std::dynamic_pointer_cast<torch::nn::LinearImpl>(detail::child(*linear, "lora_B"));
     auto scale = std::dynamic_pointer_cast<LoraScaleImpl>(detail::child(*linear, detail::lora_scale_child));
-    const auto update = torch::matmul(b->weight, a->weight) * scale->scaling();
+    const auto update = detail::fp32_product(b->weight, a->weight) * scale->scaling();
     // A base held in bf16 (sharded under zero3/hsdp) is merged in fp32, where its values are exact: the export then
     // rounds once, to the dtype it writes.
     if (linear->weight.scalar_type() == torch::kFloat32) linear->weight.add_(update);
@@ -112,7 +122,7 @@ inline NamedUnit merged_unit(const NamedUnit& unit, const std::map<std::string, 
       merged.emplace_back(name, tensor);
       continue;
     }
-    const auto update = torch::matmul(b->second.to(torch::kFloat32), a->second.to(torch::kFloat32));
+    const auto update = detail::fp32_product(b->second, a->second);
     merged.emplace_back(name, tensor.to(torch::kFloat32) + update * scaling->second);
   }
   return merged;
