@@ -2,7 +2,8 @@
 
   chat_template_oracle.py render TEMPLATES_DIR OUT_JSON
       renders every tests/data/chat_templates/*.jinja for every conversation below, with and without the
-      generation prompt, and the tool-calling ones with and without TOOLS, twice: with jinja2 in transformers'
+      generation prompt, the tool-calling ones with and without TOOLS, and once for each of a template's own
+      contexts (TEMPLATE_CONTEXTS: Seed-OSS under several thinking budgets), twice: with jinja2 in transformers'
       environment (trim_blocks, lstrip_blocks, loopcontrols, raise_exception, tojson) and with transformers'
       apply_chat_template(tokenize=False); exits 1 if they differ. Writes {"conversations", "tools", "context",
       "compile_errors": {template: message}, "renderings": [{template, conversation, generation_prompt, tools,
@@ -83,10 +84,15 @@ TOOLS = [
         "return": {"type": "array", "description": "Matching documents."}}},
 ]
 
-# Variables every rendering gets (a fixed date for Llama 3.x), and those a template needs of its own.
+# Variables every rendering gets (a fixed date for Llama 3.x), and those a template needs of its own: it renders
+# every conversation once with each context of its list (none: once, with none of its own).
 CONTEXT = {"date_string": "26 Jul 2024"}
-TEMPLATE_CONTEXT = {
-    "firefunction-v2.jinja": {"functions": json.dumps([t["function"] for t in TOOLS]), "datetime": "2024-07-26"},
+TEMPLATE_CONTEXTS = {
+    "firefunction-v2.jinja": [{"functions": json.dumps([t["function"] for t in TOOLS]), "datetime": "2024-07-26"}],
+    # Seed-OSS looks the reflection interval up in an int-keyed dict with dictsort: no budget (-1), 0 (its own
+    # branch), a tier's key exactly, one past it, and beyond the last tier (budget_reflections_v05[16384]).
+    "seed-oss.jinja": [{}, {"thinking_budget": 0}, {"thinking_budget": 512}, {"thinking_budget": 513},
+                       {"thinking_budget": 20000}],
 }
 
 
@@ -162,42 +168,44 @@ def render(templates_dir, out_json):
             compile_errors[name] = f"{type(error).__name__}: {error}"
             continue
         tok = tokenizer_for(source)
-        context = {**CONTEXT, **TEMPLATE_CONTEXT.get(name, {})}
-        for c, conversation in enumerate(CONVERSATIONS):
-            for tools in ([None, TOOLS] if c in TOOL_CONVERSATIONS else [None]):
-                for prompt in (False, True):
-                    entry = {"template": name, "conversation": c, "generation_prompt": prompt, "tools": tools is not None,
-                             "context": TEMPLATE_CONTEXT.get(name, {})}
-                    variables = dict(bos_token="<s>", eos_token="</s>", tools=tools, documents=None, **context)
-                    try:
-                        entry["text"] = template.render(messages=conversation, add_generation_prompt=prompt, **variables)
-                    except Exception as error:  # noqa: BLE001 - the oracle records what jinja2 raised
-                        entry["error"] = str(error)
-                        entry["error_type"] = type(error).__name__
-                    try:
-                        theirs = tok.apply_chat_template(conversation, tools=tools, tokenize=False, add_generation_prompt=prompt, **context)
-                        if theirs != entry.get("text"):
-                            print(f"jinja2 and transformers differ: {name} conversation {c} prompt {prompt} tools {tools is not None}")
-                            failures += 1
-                    except Exception as error:  # noqa: BLE001
-                        if "error" not in entry:
-                            print(f"transformers raised where jinja2 did not: {name} {c}: {error}")
-                            failures += 1
-                    if "text" in entry and has_generation_markers(source):
-                        rendered, indices = render_jinja_template([conversation], tools=tools, chat_template=source,
-                                                                  return_assistant_tokens_mask=True, add_generation_prompt=prompt,
-                                                                  bos_token="<s>", eos_token="</s>", **context)
-                        text = rendered[0]
-                        entry["spans"] = [[utf8_offset(text, a), utf8_offset(text, b)] for a, b in indices[0]]
-                    elif "text" in entry and not prompt:
-                        try:
-                            found = prefix_spans(template, conversation, **variables)
-                        except Exception:  # noqa: BLE001 - a prefix the template rejects: hpctrain must raise too
-                            found = None
-                        if found is not None:
-                            text, spans = found
-                            entry["prefix_spans"] = [[utf8_offset(text, a), utf8_offset(text, b)] for a, b in spans]
-                    renderings.append(entry)
+        for own, c, tools, prompt in ((own, c, tools, prompt) for own in TEMPLATE_CONTEXTS.get(name, [{}])
+                                      for c in range(len(CONVERSATIONS))
+                                      for tools in ([None, TOOLS] if c in TOOL_CONVERSATIONS else [None])
+                                      for prompt in (False, True)):
+            conversation = CONVERSATIONS[c]
+            context = {**CONTEXT, **own}
+            entry = {"template": name, "conversation": c, "generation_prompt": prompt, "tools": tools is not None,
+                     "context": own}
+            variables = dict(bos_token="<s>", eos_token="</s>", tools=tools, documents=None, **context)
+            try:
+                entry["text"] = template.render(messages=conversation, add_generation_prompt=prompt, **variables)
+            except Exception as error:  # noqa: BLE001 - the oracle records what jinja2 raised
+                entry["error"] = str(error)
+                entry["error_type"] = type(error).__name__
+            try:
+                theirs = tok.apply_chat_template(conversation, tools=tools, tokenize=False, add_generation_prompt=prompt, **context)
+                if theirs != entry.get("text"):
+                    print(f"jinja2 and transformers differ: {name} conversation {c} prompt {prompt} tools {tools is not None}")
+                    failures += 1
+            except Exception as error:  # noqa: BLE001
+                if "error" not in entry:
+                    print(f"transformers raised where jinja2 did not: {name} {c}: {error}")
+                    failures += 1
+            if "text" in entry and has_generation_markers(source):
+                rendered, indices = render_jinja_template([conversation], tools=tools, chat_template=source,
+                                                          return_assistant_tokens_mask=True, add_generation_prompt=prompt,
+                                                          bos_token="<s>", eos_token="</s>", **context)
+                text = rendered[0]
+                entry["spans"] = [[utf8_offset(text, a), utf8_offset(text, b)] for a, b in indices[0]]
+            elif "text" in entry and not prompt:
+                try:
+                    found = prefix_spans(template, conversation, **variables)
+                except Exception:  # noqa: BLE001 - a prefix the template rejects: hpctrain must raise too
+                    found = None
+                if found is not None:
+                    text, spans = found
+                    entry["prefix_spans"] = [[utf8_offset(text, a), utf8_offset(text, b)] for a, b in spans]
+            renderings.append(entry)
     with open(out_json, "w", encoding="utf-8") as f:
         json.dump({"conversations": CONVERSATIONS, "tools": TOOLS, "context": CONTEXT, "compile_errors": compile_errors,
                    "renderings": renderings}, f, ensure_ascii=False)

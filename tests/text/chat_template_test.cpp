@@ -126,7 +126,8 @@ TEST_CASE(
     const auto& parsed = templates.at(name);
     const auto& conversation = data["conversations"][entry["conversation"].get<std::size_t>()];
     const auto options = options_of(entry, entry["generation_prompt"].get<bool>());
-    CAPTURE(name, entry["conversation"].get<int>(), options.add_generation_prompt, entry["tools"].get<bool>());
+    CAPTURE(name, entry["conversation"].get<int>(), options.add_generation_prompt, entry["tools"].get<bool>(),
+            entry["context"].dump());
     if (entry.contains("error")) {
       // jinja2 raised: raise_exception's message must be the same; a TypeError or an undefined value used
       // must be a rejection too (a RuntimeError: jinja2 rejects the conversation, not the template).
@@ -256,6 +257,44 @@ TEST_CASE("Mappings keep insertion order, and a namespace shows no key of its ow
   }));
   CAPTURE(source);
   CHECK_THROWS_WITH(render(source), Catch::StartsWith("[hpctrain.runtime.chat_template]") && Catch::Contains(message));
+}
+
+TEST_CASE(
+    "A dict literal's key of a kind hpctrain does not keep is refused naming the place, and keys of different "
+    "kinds do not sort, as in Python",
+    "[text][chat_template]") {
+  // What jinja2 renders with these keys (ints, floats, bools, None) is compared in dict-keys.jinja and seed-oss.jinja;
+  // here, the kinds refused (jinja2 takes a tuple, Undefined, a namespace, Markup and an infinity as keys; a list is
+  // refused too, as the parser cannot tell it from a tuple) and Python's TypeErrors, with their exact text.
+  using Row = std::tuple<std::string, std::string>;
+  auto [source, message] = GENERATE(table<std::string, std::string>({
+      Row{"{{ {(1, 2): 3} }}",
+          "[hpctrain.spec.chat_template] t:1:5: a dictionary key that is a tuple or a list is "
+          "not supported by hpctrain's chat templates"},
+      Row{"{{ {[1]: 3} }}", "[hpctrain.spec.chat_template] t:1:5: a dictionary key that is a tuple or a list"},
+      Row{"{{ {x: 3} }}", "[hpctrain.spec.chat_template] t:1:5: a dictionary key that is undefined"},
+      Row{"{{ {'a' | safe: 3} }}", "[hpctrain.spec.chat_template] t:1:11: a dictionary key that is a Markup string"},
+      Row{"{% set ns = namespace() %}{{ {ns: 1} }}",
+          "[hpctrain.spec.chat_template] t:1:31: a dictionary key that is a namespace"},
+      Row{"{{ { {'a': 1}.items: 2} }}", "[hpctrain.spec.chat_template] t:1:15: a dictionary key that is a method"},
+      Row{"{{ {1" + std::string(308, '0') + ".0 * 10: 3} }}",
+          "[hpctrain.spec.chat_template] t:1:317: a dictionary key that is NaN or infinite"},
+      Row{"{{ {'\xFF"
+          "1': 1} }}",
+          "[hpctrain.spec.chat_template] t:1:5: a dictionary key that is not UTF-8 text"},
+      Row{"{% set k = {'a': 1} %}{{ {k: 3} }}", "[hpctrain.runtime.chat_template] t:1:27: unhashable type: 'dict'"},
+      Row{"{{ {1: 'a', 'b': 2} | dictsort }}",
+          "[hpctrain.runtime.chat_template] t:1:23: '<' not supported between instances of 'str' and 'int'"},
+      Row{"{{ {none: 1, 1: 2} | tojson(sort_keys=true) }}",
+          "[hpctrain.runtime.chat_template] t:1:22: '<' not supported between instances of 'int' and 'NoneType'"},
+  }));
+  CAPTURE(source);
+  CHECK_THROWS_WITH(tx::ChatTemplate::parse(source, "t").render(nlohmann::json::array(), {}),
+                    Catch::StartsWith(message));
+  // A conversation's keys are strings (JSON's are, in Python too): '1' is there, 1 is not.
+  const auto messages = nlohmann::ordered_json::parse(R"([{"role": "user", "content": "x", "1": "one"}])");
+  CHECK(tx::ChatTemplate::parse("{{ messages[0][1] is defined }} {{ messages[0]['1'] }} {{ 1 in messages[0] }}", "t")
+            .render(messages, {}) == "False one False");
 }
 
 TEST_CASE("A hostile template cannot exhaust the stack or memory", "[text][chat_template]") {

@@ -106,7 +106,7 @@ inline std::vector<Json> iterate(const Value& value) {
   if (j.is_array()) {
     items.assign(j.begin(), j.end());
   } else if (j.is_object() && !is_namespace(j)) {
-    for_each_entry(j, [&](const std::string& key, const Json&) { items.emplace_back(key); });
+    for_each_entry(j, [&](const Json& key, const Json&) { items.push_back(key); });
   } else if (j.is_string()) {
     for (auto& c : code_points(j.get_ref<const std::string&>())) items.emplace_back(std::move(c));
   } else {
@@ -115,15 +115,16 @@ inline std::vector<Json> iterate(const Value& value) {
   return items;
 }
 
-/// `subject.name` / `subject[key]` as jinja2's environment looks it up: a dict's key (a namespace's
-/// attribute), a list's or string's element (negative from the end); else Undefined naming what was missing.
+/// `subject.name` / `subject[key]` as jinja2's environment looks it up: a dict's key (any key equal to it:
+/// d[1], d[1.0] and d[True] are one, d['1'] another; a namespace's attribute only by name), a list's or string's
+/// element (negative from the end); else Undefined naming what was missing.
 inline Value member(const Value& subject, const Json& key) {
   const auto& j = subject.json;
   require_defined(subject);  // jinja2's Undefined raises on any attribute or item
   if (subject.bound_method)
     return Value::missing(fmt::format("'builtin_function_or_method object' has no attribute {}", python_repr(key)));
-  if (j.is_object() && key.is_string()) {
-    const auto it = j.find(key.get<std::string>());
+  if (j.is_object() && (key.is_string() || !is_namespace(j))) {
+    const auto it = find_key(j, key);
     if (it != j.end() && !it->is_binary()) return Value::of(*it);
   } else if ((j.is_array() || j.is_string()) && key.is_number_integer()) {
     auto i = key.get<std::int64_t>();
@@ -242,7 +243,7 @@ inline bool in_test(const std::string& name, const Value& subject, const Args& a
   if (c.is_array()) return std::any_of(c.begin(), c.end(), [&](const Json& x) { return python_equal(x, j); });
   if (c.is_string() && j.is_string())
     return c.get_ref<const std::string&>().find(j.get<std::string>()) != std::string::npos;
-  if (is_mapping(c)) return j.is_string() && c.contains(j.get<std::string>());
+  if (is_mapping(c)) return !subject.undefined && !subject.bound_method && find_key(c, j) != c.end();
   throw PythonError{fmt::format("argument of type '{}' is not iterable", python_type_name(c))};
 }
 }  // namespace detail

@@ -144,11 +144,12 @@ inline Value items(const std::string& /*name*/, const Value& subject, const Args
   if (subject.undefined) return Value::of(Json::array());
   if (!j.is_object() || is_namespace(j)) throw PythonError{"Can only get item pairs from a mapping."};
   Json out = Json::array();
-  for_each_entry(j, [&](const std::string& key, const Json& value) { out.push_back(Json::array({key, value})); });
+  for_each_entry(j, [&](const Json& key, const Json& value) { out.push_back(Json::array({key, value})); });
   return Value::of(out);
 }
 
-/// dictsort(case_sensitive, by, reverse).
+/// dictsort(case_sensitive, by, reverse): Python's sorted(items, key=..., reverse=...), so keys of different kinds
+/// (1 and 'a') raise its TypeError, and equal ones keep their order under reverse too.
 inline Value dictsort(const std::string& /*name*/, const Value& subject, const Args& args) {
   const auto& j = subject.json;
   require_defined(subject);
@@ -157,13 +158,15 @@ inline Value dictsort(const std::string& /*name*/, const Value& subject, const A
   const bool case_sensitive = bool_argument(args, 0, "case_sensitive", false);
   const auto by = string_argument(args, 1, "by", "key");
   if (by != "key" && by != "value") throw PythonError{"You can only sort by either \"key\" or \"value\""};
-  std::vector<std::pair<std::string, Json>> entries;
-  for_each_entry(j, [&](const std::string& key, const Json& value) { entries.emplace_back(key, value); });
+  const bool descending = bool_argument(args, 2, "reverse", false);
+  std::vector<std::pair<Json, Json>> entries;
+  for_each_entry(j, [&](const Json& key, const Json& value) { entries.emplace_back(key, value); });
   std::stable_sort(entries.begin(), entries.end(), [&](const auto& a, const auto& b) {
-    const Json x = by == "key" ? Json(a.first) : a.second, y = by == "key" ? Json(b.first) : b.second;
-    return python_compare(sort_key(x, case_sensitive), sort_key(y, case_sensitive), "<") < 0;
+    const auto& x = by == "key" ? a.first : a.second;
+    const auto& y = by == "key" ? b.first : b.second;
+    const int c = python_compare(sort_key(x, case_sensitive), sort_key(y, case_sensitive), "<");
+    return descending ? c > 0 : c < 0;
   });
-  if (bool_argument(args, 2, "reverse", false)) std::reverse(entries.begin(), entries.end());
   Json out = Json::array();
   for (auto& [key, value] : entries) out.push_back(Json::array({key, value}));
   return Value::of(out);

@@ -263,9 +263,8 @@ class Interpreter {
         Json dict = Json::object();
         for (std::size_t i = 0; i + 1 < e.args.size(); i += 2) {
           const auto key = eval(*e.args[i]);
-          if (!key.json.is_string() || key.undefined)
-            unsupported(e.args[i]->at, "a dictionary key that is not a string");
-          dict[key.json.get<std::string>()] = defined(eval(*e.args[i + 1]), e.args[i + 1]->at).json;
+          guarded(e.args[i]->at, [&] { detail::require_storable_key(key); });
+          detail::set_key(dict, key.json, defined(eval(*e.args[i + 1]), e.args[i + 1]->at).json);
         }
         return Value::of(dict);
       }
@@ -388,7 +387,7 @@ class Interpreter {
                 std::any_of(b.begin(), b.end(), [&](const Json& x) { return detail::python_equal(x, a); });
       } else if (b.is_object() && !detail::is_namespace(b)) {
         if (a.is_array() || a.is_object()) throw PythonError{fmt::format("unhashable type: '{}'", python_type_name(a))};
-        found = !left.undefined && a.is_string() && b.contains(a.get<std::string>());
+        found = !left.undefined && detail::find_key(b, a) != b.end();
       } else {
         throw PythonError{fmt::format("argument of type '{}' is not iterable", python_type_name(b))};
       }
@@ -495,7 +494,7 @@ class Interpreter {
         const auto& initial = args.positional[0].json;
         if (!initial.is_object() || detail::is_namespace(initial))
           unsupported(e.at, fmt::format("{}() of anything but a dict", name));
-        detail::for_each_entry(initial, [&](const std::string& key, const Json& value) { out[key] = value; });
+        detail::for_each_entry(initial, [&](const Json& key, const Json& value) { detail::set_key(out, key, value); });
       }
       for (const auto& [key, value] : args.keyword) out[key] = defined(value, e.at).json;
       return Value::of(out);

@@ -218,7 +218,7 @@ inline Value get(const std::string& /*name*/, const Json& subject, const Args& a
   const auto& j = subject;
   const auto* key = args.get(0, "key");
   if (!key) throw PythonError{"get expected at least 1 argument, got 0"};
-  const auto it = key->json.is_string() ? j.find(key->json.get<std::string>()) : j.end();
+  const auto it = key->undefined || key->bound_method ? j.end() : find_key(j, key->json);
   if (it != j.end()) return Value::of(*it);
   const auto* fallback = args.get(1, "default");
   return fallback ? *fallback : Value::none();
@@ -228,7 +228,7 @@ inline Value get(const std::string& /*name*/, const Json& subject, const Args& a
 inline Value entries(const std::string& name, const Json& subject, const Args& /*args*/) {
   const auto& j = subject;
   Json out = Json::array();
-  for_each_entry(j, [&](const std::string& key, const Json& value) {
+  for_each_entry(j, [&](const Json& key, const Json& value) {
     out.push_back(name == "items" ? Json::array({key, value}) : name == "keys" ? Json(key) : value);
   });
   return Value::of(out);

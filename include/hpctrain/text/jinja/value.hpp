@@ -1,7 +1,8 @@
 #pragma once
 // The values of the Jinja subset (text/chat_template.hpp): JSON values whose mappings keep insertion order, as
 // Python's dicts do (nlohmann::ordered_json: `tool | tojson`, `items()` and iteration print a tool's keys in the
-// order its schema gives them, as jinja2 does), plus jinja2's Undefined and namespace(). They print, compare and
+// order its schema gives them, as jinja2 does; a dict literal's keys may be numbers, bools or None, stored as
+// "dictionary keys that are not strings" below say), plus jinja2's Undefined and namespace(). They print, compare and
 // convert with Python's rules: str() and repr() (True, None, 1.0, {'a': 1}), json.dumps as transformers' tojson
 // calls it, truthiness, equality (1 == 1.0 == True), and strings measured and indexed in code points. Helpers
 // here throw PythonError (what Python or jinja2 would raise) or Unsupported (what hpctrain does not implement);
@@ -85,13 +86,118 @@ inline bool is_namespace(const Json& json) {
   const auto it = json.find(namespace_key);
   return it != json.end() && it->is_binary();
 }
-/// Calls `visit(key, value)` for each entry of an object in insertion order, the namespace marker left out.
+inline std::size_t entry_count(const Json& object) { return object.size() - (is_namespace(object) ? 1 : 0); }
+
+// ---- dictionary keys that are not strings --------------------------------------------------------------
+// Python's dicts take any hashable key; nlohmann's objects take strings. A template's dict literal may have
+// numbers, True, False or None as keys (Seed-OSS looks its thinking budget up in `{0: 0, 512: 128, ...}` with
+// dictsort): such a key is stored as the byte 0xFF followed by its JSON text ("\xFF512", "\xFFtrue", "\xFFnull",
+// "\xFF1.5"). No UTF-8 text holds the byte 0xFF, so no string of JSON data (nlohmann's parser refuses text that
+// is not UTF-8) or of a template jinja2 can read passes for one, and 512 and '512' stay two keys, as in Python;
+// a dict literal's string key starting with that byte is refused (require_storable_key). Every walk over a
+// dict's entries (for_each_entry) gives the key decoded, every lookup goes through find_key and every store
+// through set_key: nothing else sees the stored form. One side table or a wrapper per dict would have to be
+// carried through every copy of a value; a key that spells its own kind travels with the object.
+inline constexpr char non_string_key_marker = '\xFF';
+
+inline bool is_stored_non_string_key(const std::string& stored) {
+  return !stored.empty() && stored[0] == non_string_key_marker;
+}
+
+/// The key a stored key stands for: itself, or the number, bool or None behind the marker (what does not parse
+/// as one of those is the string it is).
+inline Json decode_key(const std::string& stored) {
+  if (!is_stored_non_string_key(stored)) return Json(stored);
+  auto key = Json::parse(stored.begin() + 1, stored.end(), nullptr, false);
+  if (key.is_discarded() || key.is_string() || key.is_structured()) return Json(stored);
+  if (key.is_number_unsigned() && key.get<std::uint64_t>() <= std::uint64_t{INT64_MAX})
+    return Json(key.get<std::int64_t>());  // an int as the template's literals make them
+  return key;
+}
+
+/// The stored forms of every number, bool or None key Python's dict takes as `key` (equal and hashing alike):
+/// 1, 1.0 and True are one key; so are 0, 0.0, -0.0 and False.
+inline std::vector<std::string> stored_forms_of(const Json& key) {
+  std::vector<std::string> forms;
+  const auto add = [&](const Json& form) { forms.push_back(non_string_key_marker + form.dump()); };
+  if (key.is_string() || key.is_structured() || key.is_binary()) return forms;
+  if (key.is_number_float() && !std::isfinite(key.get<double>())) return forms;  // never stored (set_key)
+  if (key.is_null() || (key.is_number_unsigned() && key.get<std::uint64_t>() > std::uint64_t{INT64_MAX})) {
+    add(key);
+    return forms;
+  }
+  // A double converts to int64 exactly in [-2**63, 2**63): the range of the casts below.
+  const auto fits_int64 = [](double x) { return x >= -9223372036854775808.0 && x < 9223372036854775808.0; };
+  std::optional<std::int64_t> integer;  // the int equal to the key, if any
+  std::optional<double> real;           // the float equal to the key, if any
+  if (key.is_boolean()) integer = key.get<bool>() ? 1 : 0;
+  if (key.is_number_integer()) integer = key.get<std::int64_t>();
+  if (key.is_number_float()) {
+    real = key.get<double>();
+    if (*real == std::floor(*real) && fits_int64(*real)) integer = static_cast<std::int64_t>(*real);
+  } else if (const auto x = static_cast<double>(*integer); fits_int64(x) && static_cast<std::int64_t>(x) == *integer) {
+    real = x;  // an int a double holds exactly (2**53 + 1 has no float equal to it)
+  }
+  if (integer) add(Json(*integer));
+  if (integer == 0 || integer == 1) add(Json(integer == 1));
+  if (real) add(Json(*real));
+  if (real == 0.0) add(Json(-*real));  // 0.0 and -0.0: equal, two texts
+  return forms;
+}
+
+/// Where `object` holds `key` as Python's dict finds it (a key equal to it, whatever its type), or end(). A
+/// list or dict is never a key.
+inline Json::const_iterator find_key(const Json& object, const Json& key) {
+  if (key.is_string()) {
+    const auto& text = key.get_ref<const std::string&>();
+    return is_stored_non_string_key(text) ? object.end() : object.find(text);
+  }
+  if (!key.is_primitive() || key.is_binary()) return object.end();
+  for (const auto& stored : stored_forms_of(key))
+    if (const auto it = object.find(stored); it != object.end()) return it;
+  return object.end();
+}
+
+/// `object[key] = value` as Python's dict stores it: a key equal to it that is already there keeps its form
+/// and takes the value ({1: 'a', True: 'b'} is {1: 'b'}). `key` is a string, a finite number, a bool or None
+/// (require_storable_key).
+inline void set_key(Json& object, const Json& key, Json value) {
+  if (key.is_string()) {
+    object[key.get<std::string>()] = std::move(value);
+    return;
+  }
+  for (const auto& stored : stored_forms_of(key))
+    if (const auto it = object.find(stored); it != object.end()) {
+      *it = std::move(value);
+      return;
+    }
+  object[non_string_key_marker + key.dump()] = std::move(value);
+}
+
+/// Refuses a dict literal's key that cannot be stored: a dict (Python's TypeError), and the hashable kinds jinja2
+/// takes and hpctrain does not keep (a tuple, which the parser makes a list, so a list is refused the same way;
+/// Undefined, a method, a namespace, a Markup string, NaN or an infinity; text that is not UTF-8).
+inline void require_storable_key(const Value& key) {
+  const auto& j = key.json;
+  if (key.undefined) throw Unsupported{"a dictionary key that is undefined"};
+  if (key.bound_method) throw Unsupported{"a dictionary key that is a method"};
+  if (key.markup) throw Unsupported{"a dictionary key that is a Markup string (from |safe or |escape)"};
+  if (j.is_array()) throw Unsupported{"a dictionary key that is a tuple or a list"};
+  if (is_namespace(j)) throw Unsupported{"a dictionary key that is a namespace"};
+  if (j.is_object()) throw PythonError{"unhashable type: 'dict'"};
+  if (j.is_number_float() && !std::isfinite(j.get<double>()))
+    throw Unsupported{"a dictionary key that is NaN or infinite"};
+  if (j.is_string() && is_stored_non_string_key(j.get_ref<const std::string&>()))
+    throw Unsupported{"a dictionary key that is not UTF-8 text"};
+}
+
+/// Calls `visit(key, value)` for each entry of an object in insertion order, the key decoded (a string, or a
+/// number, bool or None: decode_key), the namespace marker left out.
 template <typename Visit>
 void for_each_entry(const Json& object, Visit&& visit) {
   for (auto it = object.begin(); it != object.end(); ++it)
-    if (!it.value().is_binary() || it.key() != namespace_key) visit(it.key(), it.value());
+    if (!it.value().is_binary() || it.key() != namespace_key) visit(decode_key(it.key()), it.value());
 }
-inline std::size_t entry_count(const Json& object) { return object.size() - (is_namespace(object) ? 1 : 0); }
 
 // ---- strings as Python sees them: code points ----------------------------------------------------------
 /// The byte offset where each code point of `s` starts, and s.size() at the end. A byte that does not start
@@ -211,8 +317,8 @@ inline std::string python_repr(const Json& json) {
     case Json::value_t::object: {
       std::string out = "{";
       bool first = true;
-      for_each_entry(json, [&](const std::string& key, const Json& value) {
-        out += (first ? "" : ", ") + python_repr_string(key) + ": " + python_repr(value);
+      for_each_entry(json, [&](const Json& key, const Json& value) {
+        out += (first ? "" : ", ") + python_repr(key) + ": " + python_repr(value);
         first = false;
       });
       out += "}";
@@ -233,6 +339,22 @@ struct JsonDumpOptions {
   bool sort_keys = false;
 };
 
+/// A float as json.dumps writes it (float.__repr__, and JavaScript's names for NaN and the infinities).
+inline std::string json_float(double x) {
+  if (std::isnan(x)) return "NaN";
+  if (std::isinf(x)) return x > 0 ? "Infinity" : "-Infinity";
+  return python_float(x);
+}
+/// A dict's key as json.dumps writes it: a string as it is, a number, bool or None as its JSON text (1 → "1",
+/// True → "true", None → "null", 1.5 → "1.5").
+inline std::string json_key_text(const Json& key) {
+  if (key.is_string()) return key.get<std::string>();
+  if (key.is_number_float()) return json_float(key.get<double>());
+  return key.dump();
+}
+
+inline int python_compare(const Json& a, const Json& b, const char* op);
+
 inline std::string json_dumps(const Json& json, const JsonDumpOptions& options, int level = 0) {
   const std::string item_separator = options.separators ? options.separators->first : options.indent ? "," : ", ";
   const std::string key_separator = options.separators ? options.separators->second : ": ";
@@ -243,14 +365,12 @@ inline std::string json_dumps(const Json& json, const JsonDumpOptions& options, 
     for (int k = 0; k < at; ++k) out += *options.indent;
     return out;
   };
+  const auto quoted = [&](const std::string& text) {
+    return Json(text).dump(-1, ' ', options.ensure_ascii, Json::error_handler_t::replace);
+  };
   switch (json.type()) {
-    case Json::value_t::number_float: {
-      const double x = json.get<double>();
-      if (std::isnan(x)) return "NaN";
-      if (std::isinf(x)) return x > 0 ? "Infinity" : "-Infinity";
-      return python_float(x);
-    }
-    case Json::value_t::string: return json.dump(-1, ' ', options.ensure_ascii, Json::error_handler_t::replace);
+    case Json::value_t::number_float: return json_float(json.get<double>());
+    case Json::value_t::string: return quoted(json.get_ref<const std::string&>());
     case Json::value_t::array: {
       if (json.empty()) return "[]";
       std::string out = "[";
@@ -261,15 +381,15 @@ inline std::string json_dumps(const Json& json, const JsonDumpOptions& options, 
     case Json::value_t::object: {
       if (is_namespace(json)) throw PythonError{"Object of type Namespace is not JSON serializable"};
       if (json.empty()) return "{}";
-      std::vector<std::pair<std::string, const Json*>> entries;
-      for_each_entry(json, [&](const std::string& key, const Json& value) { entries.emplace_back(key, &value); });
-      if (options.sort_keys)
+      std::vector<std::pair<Json, const Json*>> entries;
+      for_each_entry(json, [&](const Json& key, const Json& value) { entries.emplace_back(key, &value); });
+      if (options
+              .sort_keys)  // Python's sorted(): keys of different kinds raise its TypeError ('<' ... 'str' and 'int')
         std::stable_sort(entries.begin(), entries.end(),
-                         [](const auto& a, const auto& b) { return a.first < b.first; });
+                         [](const auto& a, const auto& b) { return python_compare(a.first, b.first, "<") < 0; });
       std::string out = "{";
       for (std::size_t i = 0; i < entries.size(); ++i)
-        out += (i ? item_separator : "") + newline(level + 1) +
-               Json(entries[i].first).dump(-1, ' ', options.ensure_ascii, Json::error_handler_t::replace) +
+        out += (i ? item_separator : "") + newline(level + 1) + quoted(json_key_text(entries[i].first)) +
                key_separator + json_dumps(*entries[i].second, options, level + 1);
       return out + newline(level) + "}";
     }
@@ -320,8 +440,8 @@ inline bool python_equal(const Json& a, const Json& b) {
   if (a.is_object()) {
     if (is_namespace(a) != is_namespace(b) || entry_count(a) != entry_count(b)) return false;
     bool same = true;
-    for_each_entry(a, [&](const std::string& key, const Json& value) {
-      const auto it = b.find(key);
+    for_each_entry(a, [&](const Json& key, const Json& value) {
+      const auto it = find_key(b, key);
       same = same && it != b.end() && python_equal(value, *it);
     });
     return same;
