@@ -6,7 +6,9 @@
 // On CUDA the paths take different kernels: padded rows SDPA's flash (causal, no mask), packed rows in bf16
 // the variable-length flash kernel (cu_seqlens, models::packed_attention) and, with it switched off, SDPA with
 // the boolean mask (which rules flash out): what this row checks beyond tests/lm/lm_test.cpp's CPU
-// comparison. Each path's backend and its time are in the row.
+// comparison. Each path's backend and its time are in the row. "llama-window" is the Llama with a sliding window
+// shorter than most examples (Mistral's, Phi-3's): flash's window_size_left on the variable-length path, the band
+// as a mask on the others, padded rows included.
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -36,8 +38,9 @@ inline std::vector<std::int64_t> example_lengths(bool cuda) {
   return {9, 5, 13};
 }
 
-inline hpctrain::models::Llama llama(bool cuda) {
+inline hpctrain::models::Llama llama(bool cuda, bool windowed = false) {
   hpctrain::models::LlamaConfig config;
+  if (windowed) config.sliding_window = cuda ? 128 : 4;
   config.vocab_size = cuda ? 8192 : 97;
   config.hidden_size = cuda ? 1024 : 32;
   config.intermediate_size = cuda ? 2816 : 64;
@@ -215,13 +218,13 @@ inline int run_packed_rows(const torch::Device& device) {
   const bool cuda = device.is_cuda();
   int failures = 0;
   for (const auto precision : {hpctrain::Precision::fp32, hpctrain::Precision::bf16}) {
-    for (const std::string family : {"llama", "gpt2"}) {
+    for (const std::string family : {"llama", "llama-window", "gpt2"}) {
       const std::string id = fmt::format("packed.{}.{}", family, hpctrain::to_string(precision));
       Row row;
       try {
         torch::manual_seed(0);
-        if (family == "llama") {
-          auto model = packed_rows::llama(cuda);
+        if (family != "gpt2") {
+          auto model = packed_rows::llama(cuda, family == "llama-window");
           model->to(device);
           const auto& config = model->config();
           row = packed_rows::compare(family, *model, config.vocab_size, config.num_attention_heads,

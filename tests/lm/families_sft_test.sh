@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # sft on two families beyond the plain Llama, each a small random model saved by transformers (sft_oracle.py
 # make-family) with the SFT test's tokenizer, chat template and conversations:
-#  - Qwen3 (an RMSNorm over each query and key head, heads of 16 on a 40-wide stream) under zero3 at --local 2, and a
+#  - Qwen3 (an RMSNorm over each query and key head, heads of 16 on a 40-wide stream) under zero3 at --local 2, a
 #    Llama 3.2-shaped model (the head tied to the embedding, llama3 rope scaling) under hsdp at --local 4 (2 shard
-#    groups of 2), in fp32: the start model's held-out loss equals transformers' on the same directory within 1e-5
+#    groups of 2), and Phi-3 (q/k/v in one qkv_proj, gate/up in one gate_up_proj) under zero2 at --local 2, in fp32: the start model's held-out loss equals transformers' on the same directory within 1e-5
 #    relative (two fp32 forwards of the same model, summed in another order: measured ~1e-8 on the Llama of
 #    sharded_load_test.sh), and after 3 steps the export (fp32) loaded by transformers gives the held-out loss the
 #    run printed at its end, within the same bound: the trained weights, the q/k norms and the tied head included,
 #    went out under their own names;
+#  - LoRA on Phi-3's four Linears by their own names (qkv_proj, o_proj, gate_up_proj, down_proj) under zero3 at
+#    --local 2 in fp32: the adapter loads in PEFT with our merged export's logits;
 #  - LoRA on every projection of Qwen3 (q, k, v, o, gate, up, down) under zero3 at --local 2 in bf16 (stated:
 #    --precision auto differs between the CPUs; the norms of q and k then see bf16 heads), from the same weights
 #    saved in bf16 (under zero3 a bf16 run holds its frozen base in bf16: from the fp32 directory our merged model
 #    would be the rounded base plus the adapter, 2e-3 from PEFT's on the fp32 base): the adapter the run exports
 #    loads in PEFT onto that base with the logits of our merged export (sft_oracle.py peft-check);
-#  - --plan reads both configs and counts transformers' parameters (to its 3 digits).
+#  - --plan reads the three configs and counts transformers' parameters (to its 3 digits).
 # Usage: families_sft_test.sh <sft binary>
 set -euo pipefail
 source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
@@ -25,7 +27,7 @@ oracle() { "$python" "$here/sft_oracle.py" "$@"; }
 last_eval_loss() { sed -n 's/.*"eval_loss":\([^,}]*\).*/\1/p' "$1/metrics.jsonl" | tail -1; }
 
 oracle make "$work" "$fortunes" > make.log 2>&1 || fail "the oracle could not make the tokenizer and data"
-for family in qwen3 llama3.2; do
+for family in qwen3 llama3.2 phi3; do
   oracle make-family "$work" "$family" > "make-$family.log" 2>&1 || log="make-$family.log" fail "the oracle could not make $family"
 done
 
@@ -54,6 +56,8 @@ train qwen3 2 zero3
 grep -q "query and key norms" run-qwen3.log || fail "sft did not say that the Qwen3 model normalises queries and keys"
 train llama3.2 4 hsdp --hsdp-group-size 2
 grep -q "tied head" run-llama3.2.log || fail "sft did not say that the Llama 3.2 model's head is tied"
+train phi3 2 zero2
+grep -q "stacked (qkv_proj, gate_up_proj)" run-phi3.log || fail "sft did not say that the Phi-3 model stacks its projections"
 
 HPCTRAIN_RUN_DIR="$work/lora" "$sft" --from qwen3-bf16 --data conversations.jsonl --local 2 --sharding zero3 --precision bf16 \
   --max-steps 3 --max-length 64 --batch-size 8 --lr 1e-2 --eval-every 0 --max-eval-examples 4 --checkpoint-every 0 \
@@ -62,7 +66,14 @@ HPCTRAIN_RUN_DIR="$work/lora" "$sft" --from qwen3-bf16 --data conversations.json
 oracle peft-check qwen3-bf16 lora/export > lora-peft.log 2>&1 ||
   log=lora-peft.log fail "PEFT's view of the Qwen3 adapter differs from our merged model"
 
-for family in qwen3 llama3.2; do
+HPCTRAIN_RUN_DIR="$work/lora-phi3" "$sft" --from phi3 --data conversations.jsonl --local 2 --sharding zero3 \
+  --precision fp32 --max-steps 3 --max-length 64 --batch-size 8 --lr 1e-2 --eval-every 0 --max-eval-examples 4 \
+  --checkpoint-every 0 --export-dtype fp32 --lora-r 8 --lora-targets qkv_proj,o_proj,gate_up_proj,down_proj \
+  > lora-phi3.log 2>&1 || log=lora-phi3.log fail "LoRA on phi3: sft exited $?"
+oracle peft-check phi3 lora-phi3/export > lora-phi3-peft.log 2>&1 ||
+  log=lora-phi3-peft.log fail "PEFT's view of the Phi-3 adapter differs from our merged model"
+
+for family in qwen3 llama3.2 phi3; do
   "$sft" --from "$family" --plan --nodes 1 --tasks-per-node 2 --sharding zero3 --max-length 64 > "plan-$family.log" 2>&1 || true
   parameters="$(sed -n "s/^$family: \([0-9]*\) parameters$/\1/p" "make-$family.log")"
   grep -qE "^  peak " "plan-$family.log" || log="plan-$family.log" fail "--plan printed no peak for $family"
@@ -72,6 +83,7 @@ for family in qwen3 llama3.2; do
     log="plan-$family.log" fail "--plan counts $planned parameters of $family, transformers $parameters"
   report="$report --plan of $family: $planned parameters (transformers $parameters);"
 done
-report="$report LoRA on every projection of qwen3 in bf16: $(tail -1 lora-peft.log)"
+report="$report LoRA on every projection of qwen3 in bf16: $(tail -1 lora-peft.log);"
+report="$report LoRA on Phi-3's qkv_proj, o_proj, gate_up_proj and down_proj in fp32: $(tail -1 lora-phi3-peft.log)"
 cd / && rm -rf "${work:?}"
 echo "PASS:$report"

@@ -14,8 +14,10 @@
       DIR/FAMILY: a small random model of another family (after `make`, with DIR/llama's tokenizer and chat
       template) saved by transformers in fp32, and DIR/FAMILY-bf16 the same weights in bf16 (the base a LoRA run in
       bf16 holds under zero3, so that PEFT's view of its adapter starts from the same weights): `qwen3` (query and key norms, a head dimension of 16 that is not
-      hidden / heads) or `llama3.2` (Llama 3.2's shape: the head tied to the embedding, llama3 rope scaling of
-      factor 32). The norms' weights are drawn around 1 so that a norm read wrongly shows in the losses.
+      hidden / heads), `llama3.2` (Llama 3.2's shape: the head tied to the embedding, llama3 rope scaling of
+      factor 32) or `phi3` (Phi-3's modules: q/k/v in one qkv_proj, gate/up in one gate_up_proj; grouped-query
+      attention and Phi-3-mini's sliding window of 2047). The norms' weights are drawn around 1 so that a norm read
+      wrongly shows in the losses.
   sft_oracle.py loss MODEL_DIR JSONL MAX_LENGTH
       the mean cross entropy over the assistant tokens of the held-out conversations (every 16th, from the
       9th), fp32: transformers' apply_chat_template (assistant mask from the template), truncated to
@@ -285,6 +287,11 @@ def make_family(work, family):
         model = LlamaForCausalLM(LlamaConfig(hidden_size=48, num_attention_heads=6, num_key_value_heads=2,
                                              rope_theta=500000.0, rope_scaling=scaling, tie_word_embeddings=True,
                                              **common))
+    elif family == "phi3":
+        from transformers import Phi3Config, Phi3ForCausalLM
+        model = Phi3ForCausalLM(Phi3Config(hidden_size=48, num_attention_heads=6, num_key_value_heads=2,
+                                           rope_theta=10000.0, sliding_window=2047, tie_word_embeddings=False,
+                                           original_max_position_embeddings=512, **common))
     else:
         sys.exit(f"unknown family {family}")
     with torch.no_grad():

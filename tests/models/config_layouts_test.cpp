@@ -151,7 +151,56 @@ TEST_CASE("Qwen3's config: query and key norms, a sliding window only with use_s
   const auto windowed = hm::LlamaConfig::from_json(
       nlohmann::json::parse(R"({"model_type": "qwen3", "use_sliding_window": true, "sliding_window": 64})"));
   CHECK(windowed.sliding_window == 64);
+  // Qwen3Config's defaults: 32 layers, max_window_layers 28: the last 4 slide, as transformers lists them.
+  CHECK(windowed.sliding_layers() == 4);
+  CHECK_FALSE(windowed.window_of(27));
+  CHECK(windowed.window_of(28) == 64);
+  const auto windowed_json = windowed.to_json();
+  CHECK(windowed_json["max_window_layers"] == 28);
+  CHECK(windowed_json["layer_types"][28] == "sliding_attention");
+  CHECK(hm::LlamaConfig::from_json(nlohmann::json::parse(windowed_json.dump())).to_json() == windowed_json);
+  // layer_types, where given, says which layers slide; Mistral's and Phi-3's classes slide on every layer.
+  const auto listed = hm::LlamaConfig::from_json(nlohmann::json::parse(
+      R"({"model_type": "qwen2", "num_hidden_layers": 3, "use_sliding_window": true, "sliding_window": 16,
+          "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]})"));
+  CHECK(listed.window_of(0) == 16);
+  CHECK_FALSE(listed.window_of(1));
+  CHECK(listed.window_of(2) == 16);
+  const auto mistral = hm::LlamaConfig::from_json(
+      nlohmann::json::parse(R"({"model_type": "mistral", "num_hidden_layers": 2, "sliding_window": 16})"));
+  CHECK(mistral.sliding_layers() == 2);
   CHECK_FALSE(hm::LlamaConfig::from_json(nlohmann::json::parse(R"({"model_type": "llama"})")).qk_norm);
+}
+
+TEST_CASE("Phi-3's config: q/k/v and gate/up stacked, its window, residual dropout and longrope refused by name",
+          "[models][config]") {
+  // Phi-3-mini-4k-instruct's config.json, its fields as published (widths and the padding id shrunk).
+  const auto phi3 = hm::LlamaConfig::from_json(nlohmann::json::parse(
+      R"({"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "attention_dropout": 0.0, "bos_token_id": 1,
+          "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 48, "initializer_range": 0.02,
+          "intermediate_size": 80, "max_position_embeddings": 4096, "num_attention_heads": 6, "num_hidden_layers": 2,
+          "num_key_value_heads": 6, "original_max_position_embeddings": 4096, "pad_token_id": 99,
+          "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 10000.0,
+          "sliding_window": 2047, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+          "vocab_size": 100})"));
+  CHECK(phi3.stacked_projections);
+  CHECK(phi3.sliding_window == 2047);
+  CHECK(phi3.linear_layers() == std::vector<std::string>{"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"});
+  // The same products as Llama's: q, k, v 48x48 each, o 48x48, gate and up 48x80, down 80x48, two norms of 48.
+  CHECK(phi3.parameter_count() == 2 * 100 * 48 + 48 + 2 * (4 * 48 * 48 + 3 * 48 * 80 + 2 * 48));
+  const auto json = phi3.to_json();
+  CHECK(json["architectures"][0] == "Phi3ForCausalLM");
+  CHECK(json["resid_pdrop"] == 0.0);
+  CHECK(hm::LlamaConfig::from_json(nlohmann::json::parse(json.dump())).to_json() == json);
+  CHECK_FALSE(hm::LlamaConfig::from_json(nlohmann::json::parse(R"({"model_type": "mistral"})")).stacked_projections);
+  CHECK(error_of(R"({"model_type": "phi3", "resid_pdrop": 0.1})") ==
+        "[hpctrain.spec.llama.resid_pdrop] llama.resid_pdrop = 0.1: dropout on the residual branches is not "
+        "implemented by hpctrain "
+        "(fine-tune with 0)");
+  // Phi-3.5-mini's rotary scaling.
+  CHECK_THAT(error_of(R"({"model_type": "phi3", "rope_scaling": {"type": "longrope", "short_factor": [1.0],
+                          "long_factor": [1.0]}})"),
+             Catch::Contains("longrope") && Catch::Contains("is not implemented by hpctrain"));
 }
 
 TEST_CASE("A config's export holds both layouts, reads back the same, and names what it does not know",

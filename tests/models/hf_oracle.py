@@ -1,7 +1,7 @@
 """The oracle of tests/models: transformers makes, saves and runs small random models.
 
   hf_oracle.py make FAMILY CONFIG_JSON DIR IDS [--shard BYTES] [--long LONG_IDS]
-      makes a random FAMILY (gpt2 | llama | qwen2 | qwen3 | mistral) model from CONFIG_JSON (transformers' config fields), saves it
+      makes a random FAMILY (gpt2 | llama | qwen2 | qwen3 | mistral | phi3) model from CONFIG_JSON (transformers' config fields), saves it
       with save_pretrained into DIR/model (sharded when --shard is given), then runs `expect` on it.
   hf_oracle.py expect MODEL_DIR IDS OUT_DIR [--long LONG_IDS]
       loads MODEL_DIR with from_pretrained and writes OUT_DIR/logits.safetensors (fp32 logits of IDS,
@@ -45,6 +45,9 @@ def make(family, config_json, directory, ids, shard=None, long_ids=None):
     elif family == "mistral":
         from transformers import MistralConfig, MistralForCausalLM
         model = MistralForCausalLM(MistralConfig(**fields))
+    elif family == "phi3":
+        from transformers import Phi3Config, Phi3ForCausalLM
+        model = Phi3ForCausalLM(Phi3Config(**fields))
     else:
         raise SystemExit(f"unknown family {family}")
     # transformers' init (std 0.02) leaves logits near zero, where greedy decoding hangs on near-ties;

@@ -266,16 +266,21 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "Qwen2 (q/k/v biases, tied head), Qwen3 (query and key norms, a head dimension of its own) and Mistral made by "
-    "transformers give the same logits and 32 greedy tokens here, export back to their own model_type, and a sliding "
-    "window shorter than the sequence is refused",
+    "Qwen2 (q/k/v biases, tied head, a window on its second layer), Qwen3 (query and key norms, a head dimension of "
+    "its "
+    "own), Mistral and Phi-3 (q/k/v and gate/up stacked; both windowed) made by transformers give the same logits at "
+    "300 positions and 32 greedy tokens here, export back to their own model_type, and a window holds through the KV "
+    "cache and in packed rows",
     "[models][oracle][families]") {
   const auto dir = scratch("families-oracle");
   const std::vector<std::pair<std::string, std::string>> families{
+      // Windows several times shorter than the 300 positions (and than the 12 + 32 of generation, for Qwen2 and
+      // Phi-3): Qwen2's on layer 1 only (max_window_layers 1), Mistral's and Phi-3's on both layers.
       {"qwen2",
        R"({"vocab_size": 512, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2, "num_attention_heads": 6,
-        "num_key_value_heads": 2, "rope_theta": 1000000.0, "tie_word_embeddings": true, "use_sliding_window": false,
-        "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2})"},
+        "num_key_value_heads": 2, "rope_theta": 1000000.0, "tie_word_embeddings": true, "use_sliding_window": true,
+        "sliding_window": 24, "max_window_layers": 1, "max_position_embeddings": 512, "bos_token_id": 1,
+        "eos_token_id": 2})"},
       // 4 heads of 16 (64 wide) on a 40-wide stream: q_norm and k_norm weigh 16 each, o_proj maps 64 back to 40.
       {"qwen3",
        R"({"vocab_size": 512, "hidden_size": 40, "intermediate_size": 72, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -283,8 +288,14 @@ TEST_CASE(
         "use_sliding_window": false, "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2})"},
       {"mistral",
        R"({"vocab_size": 512, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2, "num_attention_heads": 6,
-        "num_key_value_heads": 3, "sliding_window": 400, "max_position_embeddings": 512, "rope_theta": 250000.0,
-        "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "bos_token_id": 1, "eos_token_id": 2})"}};
+        "num_key_value_heads": 3, "sliding_window": 64, "max_position_embeddings": 512, "rope_theta": 250000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "bos_token_id": 1, "eos_token_id": 2})"},
+      // Grouped-query attention in one qkv_proj (6 heads, 2 KV heads: outputs 48 + 2 x 16), gate_up_proj [gate | up].
+      {"phi3",
+       R"({"vocab_size": 512, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2, "num_attention_heads": 6,
+        "num_key_value_heads": 2, "sliding_window": 40, "max_position_embeddings": 512,
+        "original_max_position_embeddings": 512, "rope_theta": 1000000.0, "bos_token_id": 1, "eos_token_id": 2,
+        "pad_token_id": 0})"}};
   for (const auto& [family, config] : families) {
     CAPTURE(family);
     const auto family_dir = dir / family;
@@ -296,6 +307,8 @@ TEST_CASE(
     CHECK(model->config().model_type == family);
     CHECK(model->config().rope_theta == (family == "mistral" ? 250000.0 : 1000000.0));
     CHECK(model->config().qk_norm == (family == "qwen3"));
+    CHECK(model->config().stacked_projections == (family == "phi3"));
+    CHECK(model->config().sliding_layers() == (family == "qwen3" ? 0 : family == "qwen2" ? 1 : 2));
     CHECK(hpctrain::parameter_count(*model) == model->config().parameter_count());
     CHECK(logit_difference(*model, family_dir) < 1e-4);
     CHECK(long_logit_difference(*model, family_dir) < 1e-4);
@@ -308,9 +321,30 @@ TEST_CASE(
     CHECK(logit_difference(*model, family_dir / "export-oracle") < 1e-4);
     CHECK(long_logit_difference(*model, family_dir / "export-oracle") < 1e-4);
   }
+  // Mistral's window of 64 (its logits at 300 positions are transformers'): the same logits when the 300 tokens go
+  // through the KV cache in pieces, and a packed row of two examples longer than the window gives each its own.
+  auto mistral = ht::load_llama(dir / "mistral" / "model");
+  torch::NoGradGuard no_grad;
+  mistral->eval();
+  const auto ids = torch::tensor(long_sequence, torch::kLong).unsqueeze(0);
+  const auto whole = mistral->forward(ids);
+  auto cache = mistral->make_cache(1, 300);
+  std::vector<torch::Tensor> pieces;
+  for (auto [begin, length] : {std::pair{0, 100}, std::pair{100, 1}, std::pair{101, 70}, std::pair{171, 129}})
+    pieces.push_back(mistral->forward(ids.narrow(1, begin, length), &cache));
+  CHECK((torch::cat(pieces, 1) - whole).abs().max().item<double>() < 1e-4);
+  const auto first = ids.narrow(1, 0, 130), second = ids.narrow(1, 130, 170);
+  const auto positions = torch::cat({torch::arange(130), torch::arange(170)}).unsqueeze(0);
+  const auto documents = torch::cat({torch::zeros({130}), torch::ones({170})}).to(torch::kInt32).unsqueeze(0);
+  const auto packed = mistral->forward(ids, ht::TokenLayout{positions, documents});
+  CHECK((packed.narrow(1, 0, 130) - mistral->forward(first)).abs().max().item<double>() < 1e-4);
+  CHECK((packed.narrow(1, 130, 170) - mistral->forward(second)).abs().max().item<double>() < 1e-4);
+  // The same weights without the window give other logits beyond it: the checks above could fail.
   auto config = ht::read_llama_config(dir / "mistral" / "model");
-  config.sliding_window = 8;
-  ht::Llama windowed(config);
-  CHECK_THROWS_WITH(windowed->forward(prompt_tensor()),
-                    Catch::Contains("sliding_window = 8: a sequence of 12 tokens would need the window"));
+  config.sliding_window.reset();
+  ht::Llama unwindowed(config);
+  const auto weights = mistral->named_parameters();
+  for (auto& parameter : unwindowed->named_parameters()) parameter.value().copy_(weights[parameter.key()]);
+  unwindowed->eval();
+  CHECK((unwindowed->forward(first) - mistral->forward(first)).abs().max().item<double>() > 1e-3);
 }

@@ -209,7 +209,7 @@ TEST_CASE("An invalid config is refused naming the field", "[models][config]") {
        "low_freq_factor = 4"},
       {R"({"model_type": "bert"})",
        "[hpctrain.spec.llama.model_type] llama.model_type = \"bert\": this is not a config of the Llama family "
-       "(\"llama\", \"qwen2\", \"qwen3\", \"mistral\")"},
+       "(\"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\")"},
   }));
   CAPTURE(json);
   const auto parsed = nlohmann::json::parse(json);
@@ -263,6 +263,26 @@ TEST_CASE("Tokens fed through the KV cache in pieces give the logits of the whol
         error_of([&] { model->forward(ids.narrow(1, 0, 1), &cache); }),
         Catch::Contains("[hpctrain.runtime.generation] the KV cache holds 9 positions; 9 cached + 1 new do not fit"));
   }
+}
+
+TEST_CASE(
+    "Llama's pad_token_id is its embedding's padding_idx, as transformers builds it: that row gets no gradient "
+    "from the lookup",
+    "[models][config]") {
+  torch::manual_seed(12);
+  auto config = tiny_llama();
+  config.pad_token_id = 5;
+  ht::Llama llama(config);
+  const auto ids = torch::tensor({{1, 5, 7, 5, 2}}, torch::kLong);
+  llama->forward(ids).sum().backward();
+  const auto& grad = llama->embed_tokens->weight.grad();
+  CHECK(grad[5].abs().max().item<double>() == 0.0);
+  CHECK(grad[7].abs().max().item<double>() > 0.0);
+  CHECK(ht::LlamaConfig::from_json(nlohmann::json::parse(config.to_json().dump())).pad_token_id == 5);
+  config.pad_token_id = 97;
+  CHECK_THAT(error_of([&] { config.validate(); }),
+             Catch::Contains("[hpctrain.spec.llama.pad_token_id] llama.pad_token_id = 97: must be a token id below "
+                             "vocab_size = 97 (or a negative one from its end)"));
 }
 
 TEST_CASE("Activation checkpointing gives the gradients of the plain backward", "[models][checkpointing]") {

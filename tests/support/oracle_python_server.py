@@ -27,7 +27,8 @@ IDLE_SECONDS = 180
 PRELOAD = ["numpy", "torch", "safetensors.torch", "tokenizers", "tiktoken", "jinja2", "transformers", "peft"]
 # transformers imports a model's module on first use of its name: these are the oracles' models.
 PRELOAD_TRANSFORMERS = ["AutoModelForCausalLM", "AutoTokenizer", "PreTrainedTokenizerFast", "GPT2LMHeadModel",
-                        "LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "RobertaForMaskedLM",
+                        "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
+                        "Phi3ForCausalLM", "RobertaForMaskedLM",
                         "RobertaTokenizerFast", "pipeline"]
 
 

@@ -89,8 +89,12 @@ inline ModelShape model_shape(const models::LlamaConfig& c) {
   const auto i = c.intermediate_size;
   ModelShape shape{"llama", c.parameter_count(), c.num_hidden_layers,   h,  i, kv, c.vocab_size, 0,
                    0,       c.vocab_size * h,    c.tie_word_embeddings, {}, 0, 0};
-  shape.block_linears = {{"q_proj", h, q, 0},    {"k_proj", h, kv, 0}, {"v_proj", h, kv, 0},  {"o_proj", q, h, 1},
-                         {"gate_proj", h, i, 2}, {"up_proj", h, i, 2}, {"down_proj", i, h, 3}};
+  if (c.stacked_projections)  // Phi-3: the same products, q/k/v and gate/up each one Linear
+    shape.block_linears = {
+        {"qkv_proj", h, q + 2 * kv, 0}, {"o_proj", q, h, 1}, {"gate_up_proj", h, 2 * i, 2}, {"down_proj", i, h, 3}};
+  else
+    shape.block_linears = {{"q_proj", h, q, 0},    {"k_proj", h, kv, 0}, {"v_proj", h, kv, 0},  {"o_proj", q, h, 1},
+                           {"gate_proj", h, i, 2}, {"up_proj", h, i, 2}, {"down_proj", i, h, 3}};
   // The input of each RMSNorm (fp32: the residual stream), SDPA's q, k, v and output, and gate_proj's and
   // up_proj's outputs (models::swiglu keeps those two only, and computes silu(gate) again in backward).
   shape.other_saved_bf16 = 4 * h + 2 * q + 4 * kv + 2 * q + 4 * h + 4 * i;

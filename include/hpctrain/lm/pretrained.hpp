@@ -72,7 +72,7 @@ HPCTRAIN_RUNTIME_INLINE std::shared_ptr<models::CausalLM> Pretrained::operator()
 }
 
 HPCTRAIN_RUNTIME_INLINE ModelInstance Pretrained::model_instance(const RunContext& run) const {
-  return detail::make_model_instance((*this)(run));
+  return hpctrain::detail::make_model_instance((*this)(run));
 }
 
 HPCTRAIN_RUNTIME_INLINE void Pretrained::check_at_login(const Knobs& knobs) const {

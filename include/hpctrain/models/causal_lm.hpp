@@ -97,10 +97,15 @@ inline bool varlen_attention() { return detail::varlen_attention_switch(); }
 /// everything; several new tokens need the causal mask aligned to the bottom right, which is_causal
 /// (aligned top left) does not give. KV < H is grouped-query attention (enable_gqa). Packed rows (no cache)
 /// attend within each example: through the variable-length flash kernel when `packed` holds cu_seqlens,
-/// else through its mask.
+/// else through its mask. With a `window` (0: none), query i (at position past + i) attends only to the keys after
+/// past + i - window, as transformers' sliding_window_overlay has it: flash's window_size_left is window - 1; the
+/// masked kernels get the band as a mask, only when the keys reach beyond the window (else it changes nothing).
 inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                      std::int64_t past, double dropout, const PackedAttention& packed = {}) {
+                                      std::int64_t past, double dropout, const PackedAttention& packed = {},
+                                      std::int64_t window = 0) {
   const bool grouped = k.size(1) != q.size(1);
+  const auto t = q.size(2);
+  if (past + t <= window) window = 0;  // every key is within the window of every query
   if (packed.cu_seqlens.defined()) {
     // [B, H, T, D] -> [B·T, H, D] in the kernel's dtype (autocast's: this ATen op is not on its lists).
     const auto dtype = at::autocast::is_autocast_enabled(q.device().type())
@@ -112,14 +117,22 @@ inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tenso
     const auto out =
         std::get<0>(at::_flash_attention_forward(flat(q), flat(k), flat(v), packed.cu_seqlens, packed.cu_seqlens,
                                                  packed.max_length, packed.max_length, dropout, /*is_causal=*/true,
-                                                 /*return_debug_mask=*/false));
+                                                 /*return_debug_mask=*/false, /*scale=*/std::nullopt,
+                                                 window > 0 ? std::optional<std::int64_t>(window - 1) : std::nullopt,
+                                                 window > 0 ? std::optional<std::int64_t>(0) : std::nullopt));
     return out.view({q.size(0), q.size(2), q.size(1), q.size(3)}).transpose(1, 2);
+  }
+  if (window > 0) {  // causal and within the window: key j of query i when past + i - window < j <= past + i
+    auto band = torch::ones({t, past + t}, torch::TensorOptions().dtype(torch::kBool).device(q.device()))
+                    .tril(past)
+                    .triu(past - window + 1);
+    if (packed.mask.defined()) band = packed.mask.logical_and(band);  // a packed example's tokens are consecutive
+    return torch::scaled_dot_product_attention(q, k, v, band, dropout, false, std::nullopt, grouped);
   }
   if (packed.mask.defined())
     return torch::scaled_dot_product_attention(q, k, v, packed.mask, dropout, false, std::nullopt, grouped);
   if (past == 0)
     return torch::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true, std::nullopt, grouped);
-  const auto t = q.size(2);
   if (t == 1) return torch::scaled_dot_product_attention(q, k, v, {}, dropout, false, std::nullopt, grouped);
   auto causal = torch::ones({t, past + t}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).tril(past);
   return torch::scaled_dot_product_attention(q, k, v, causal, dropout, false, std::nullopt, grouped);

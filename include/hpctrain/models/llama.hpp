@@ -74,22 +74,29 @@ inline torch::Tensor rotary_inverse_frequencies(const LlamaConfig& config) {
   return torch::where(medium, smoothed, scaled);
 }
 
-/// Grouped-query attention: num_attention_heads query heads share num_key_value_heads key/value heads.
+/// Grouped-query attention: num_attention_heads query heads share num_key_value_heads key/value heads. q, k and v
+/// are three Linears, or one `qkv_proj` whose outputs are [q | k | v] (Phi-3: LlamaConfig::stacked_projections).
+/// Layer `layer` attends within its sliding window when the config gives it one (LlamaConfig::window_of).
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
-  explicit LlamaAttentionImpl(const LlamaConfig& config)
+  LlamaAttentionImpl(const LlamaConfig& config, std::size_t layer)
       : heads_(config.num_attention_heads),
         kv_heads_(config.kv_heads()),
         head_dim_(config.head_dimension()),
-        dropout_(config.attention_dropout) {
+        dropout_(config.attention_dropout),
+        window_(config.window_of(static_cast<std::int64_t>(layer)).value_or(0)) {
     const auto d = config.hidden_size;
     auto linear = [&](std::int64_t in, std::int64_t out, bool bias) {
       return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
     };
     const bool qkv_bias = config.attention_bias || config.qkv_bias;  // Qwen2: q, k, v only
-    q_proj = register_module("q_proj", linear(d, heads_ * head_dim_, qkv_bias));
-    k_proj = register_module("k_proj", linear(d, kv_heads_ * head_dim_, qkv_bias));
-    v_proj = register_module("v_proj", linear(d, kv_heads_ * head_dim_, qkv_bias));
+    if (config.stacked_projections) {
+      qkv_proj = register_module("qkv_proj", linear(d, (heads_ + 2 * kv_heads_) * head_dim_, qkv_bias));
+    } else {
+      q_proj = register_module("q_proj", linear(d, heads_ * head_dim_, qkv_bias));
+      k_proj = register_module("k_proj", linear(d, kv_heads_ * head_dim_, qkv_bias));
+      v_proj = register_module("v_proj", linear(d, kv_heads_ * head_dim_, qkv_bias));
+    }
     o_proj = register_module("o_proj", linear(heads_ * head_dim_, d, config.attention_bias));
     if (config.qk_norm) {  // Qwen3: registered after the projections, in transformers' order
       q_norm = register_module("q_norm", RMSNorm(head_dim_, config.rms_norm_eps));
@@ -100,7 +107,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const RotaryAngles& angles, KVCache* cache, std::size_t layer,
                         const PackedAttention& packed = {}) {
     const auto b = x.size(0), t = x.size(1);
-    const auto qkv = linears({&q_proj, &k_proj, &v_proj}, x);  // one product under autocast
+    const auto qkv = projections(x);
     auto q = normed(q_norm, qkv[0].reshape({b, t, heads_, head_dim_})).transpose(1, 2);
     auto k = normed(k_norm, qkv[1].reshape({b, t, kv_heads_, head_dim_})).transpose(1, 2);
     // v copied out of a fused product's output (a no-op for v_proj's own): attention keeps v for backward, and as a
@@ -114,40 +121,56 @@ class LlamaAttentionImpl : public torch::nn::Module {
       past = cache->length();
       std::tie(k, v) = cache->update(layer, k, v);
     }
-    auto y = causal_attention(q, k, v, past, is_training() ? dropout_ : 0.0, packed);
+    auto y = causal_attention(q, k, v, past, is_training() ? dropout_ : 0.0, packed, window_);
     return linear(o_proj, y.transpose(1, 2).reshape({b, t, heads_ * head_dim_}));
   }
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  torch::nn::Linear qkv_proj{nullptr};       ///< instead of q, k and v with LlamaConfig::stacked_projections (Phi-3)
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  ///< only with LlamaConfig::qk_norm (Qwen3)
 
  private:
+  /// q, k and v of `x`: one product either way under autocast (models/kernels/fused_projections.hpp), split where the
+  /// three are one Linear.
+  std::vector<torch::Tensor> projections(const torch::Tensor& x) {
+    if (!qkv_proj) return linears({&q_proj, &k_proj, &v_proj}, x);
+    return linear(qkv_proj, x).split_with_sizes({heads_ * head_dim_, kv_heads_ * head_dim_, kv_heads_ * head_dim_}, -1);
+  }
+
   /// Each head normalised over its head_dim when the config asks for it (the last dimension of [B, T, heads, D]).
   static torch::Tensor normed(RMSNorm& norm, const torch::Tensor& heads) { return norm ? norm(heads) : heads; }
 
   std::int64_t heads_, kv_heads_, head_dim_;
   double dropout_;
+  std::int64_t window_;  ///< the sliding window, 0 for full attention
 };
 TORCH_MODULE(LlamaAttention);
 
 /// SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x)), the elementwise part one node (models/kernels/swiglu.hpp).
+/// gate and up are two Linears, or one `gate_up_proj` whose outputs are [gate | up] (Phi-3).
 class LlamaMLPImpl : public torch::nn::Module {
  public:
   explicit LlamaMLPImpl(const LlamaConfig& config) {
     auto linear = [&](std::int64_t in, std::int64_t out) {
       return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(config.mlp_bias));
     };
-    gate_proj = register_module("gate_proj", linear(config.hidden_size, config.intermediate_size));
-    up_proj = register_module("up_proj", linear(config.hidden_size, config.intermediate_size));
+    if (config.stacked_projections) {
+      gate_up_proj = register_module("gate_up_proj", linear(config.hidden_size, 2 * config.intermediate_size));
+    } else {
+      gate_proj = register_module("gate_proj", linear(config.hidden_size, config.intermediate_size));
+      up_proj = register_module("up_proj", linear(config.hidden_size, config.intermediate_size));
+    }
     down_proj = register_module("down_proj", linear(config.intermediate_size, config.hidden_size));
   }
   torch::Tensor forward(const torch::Tensor& x) {
+    if (gate_up_proj) return linear(down_proj, swiglu(linear(gate_up_proj, x)));
     const auto gate_up = joined_linears({&gate_proj, &up_proj}, x);  // one product under autocast
     return linear(down_proj,
                   gate_up.joined.defined() ? swiglu(gate_up.joined) : swiglu(gate_up.parts[0], gate_up.parts[1]));
   }
 
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  torch::nn::Linear gate_up_proj{nullptr};  ///< instead of gate and up with LlamaConfig::stacked_projections (Phi-3)
 };
 TORCH_MODULE(LlamaMLP);
 
@@ -156,7 +179,7 @@ class LlamaBlockImpl : public torch::nn::Module {
  public:
   LlamaBlockImpl(const LlamaConfig& config, std::size_t layer) : layer_(layer) {
     input_layernorm = register_module("input_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
-    self_attn = register_module("self_attn", LlamaAttention(config));
+    self_attn = register_module("self_attn", LlamaAttention(config, layer));
     post_attention_layernorm =
         register_module("post_attention_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
     mlp = register_module("mlp", LlamaMLP(config));
@@ -178,7 +201,7 @@ class LlamaBlockImpl : public torch::nn::Module {
 TORCH_MODULE(LlamaBlock);
 
 namespace detail {
-/// Llama's (and Qwen2's, Mistral's) names in a checkpoint: ours under `model.`, the head as it is.
+/// Llama's (and Qwen2's, Qwen3's, Mistral's, Phi-3's) names in a checkpoint: ours under `model.`, the head as it is.
 inline CheckpointNaming llama_naming(const LlamaConfig& config) {
   return {[](const std::string& ours) -> std::pair<std::string, bool> {
             if (ours == "lm_head.weight") return {ours, false};
@@ -195,7 +218,9 @@ class LlamaImpl : public CausalLM, public HuggingFaceLayout {
  public:
   explicit LlamaImpl(LlamaConfig config) : config_(std::move(config)) {
     config_.validate();
-    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config_.vocab_size, config_.hidden_size));
+    auto embedding = torch::nn::EmbeddingOptions(config_.vocab_size, config_.hidden_size);
+    if (config_.pad_token_id) embedding.padding_idx(*config_.pad_token_id);  // no gradient to that row, as transformers
+    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(embedding));
     layers = register_module("layers", torch::nn::ModuleList());
     for (std::int64_t i = 0; i < config_.num_hidden_layers; ++i) {
       block_list_.push_back(LlamaBlock(config_, static_cast<std::size_t>(i)));
@@ -247,16 +272,8 @@ class LlamaImpl : public CausalLM, public HuggingFaceLayout {
   torch::nn::Linear lm_head{nullptr};  ///< only when tie_word_embeddings is false
 
  private:
-  /// A sliding window (Mistral, Qwen2) is not implemented: a sequence that would need it is refused, never
-  /// computed as if the window were not there.
-  void check_sequence(std::int64_t length) const override {
-    if (config_.sliding_window && length > *config_.sliding_window)
-      throw RuntimeError(
-          errors::runtime_sequence_length,
-          fmt::format("{} with sliding_window = {}: a sequence of {} tokens would need the window, which hpctrain does "
-                      "not implement (train or generate at most {} tokens)",
-                      config_.model_type, *config_.sliding_window, length, *config_.sliding_window));
-  }
+  /// Rotary positions have no limit, and a sliding window is applied, not refused: any length is computed.
+  void check_sequence(std::int64_t /*length*/) const override {}
 
   torch::Tensor body(const torch::Tensor& input_ids, const torch::Tensor& positions, KVCache* cache,
                      const torch::Tensor& document_ids) override {

@@ -29,9 +29,9 @@ struct RopeScaling {
 
 /// The `model_type`s this config reads: Llama itself and the families that differ from it in small, checked
 /// ways — Qwen2 (biases on q, k and v but not o; its own rope theta; an optional sliding window), Qwen3 (no
-/// biases; an RMSNorm over each query and key head; a head dimension of its own) and Mistral (Llama-shaped,
-/// with a sliding window).
-inline constexpr std::string_view llama_family_types[] = {"llama", "qwen2", "qwen3", "mistral"};
+/// biases; an RMSNorm over each query and key head; a head dimension of its own), Mistral (Llama-shaped,
+/// with a sliding window) and Phi-3 (q, k and v in one `qkv_proj`, gate and up in one `gate_up_proj`).
+inline constexpr std::string_view llama_family_types[] = {"llama", "qwen2", "qwen3", "mistral", "phi3"};
 
 /// Whether a config.json's `model_type` is one of the Llama family's (llama_family_types): the one list.
 inline bool is_llama_family(std::string_view model_type) {
@@ -67,9 +67,17 @@ struct LlamaConfig {
   /// An RMSNorm over each query and key head (weights of head_dim), before the rotary turn (Qwen3's
   /// q_norm and k_norm; model_type "qwen3" has them, the others not). Default: false
   bool qk_norm = false;
-  /// Attention sees at most this many previous tokens (Mistral; Qwen2, Qwen3 with use_sliding_window). hpctrain does
-  /// not implement the window: a sequence longer than it is refused rather than computed differently.
+  /// q, k and v as one Linear `qkv_proj` (outputs [q | k | v]) and gate and up as one `gate_up_proj` ([gate | up]):
+  /// Phi-3's modules, so its checkpoints, LoRA targets and PEFT adapters keep their names (model_type "phi3" has
+  /// them, the others not). The same products as separate Linears, in other tensors. Default: false
+  bool stacked_projections = false;
+  /// A query attends to itself and the sliding_window - 1 tokens before it, on the layers that slide (Mistral, Phi-3:
+  /// every layer; Qwen2, Qwen3 with use_sliding_window: those layer_types says). Default: none (full attention)
   std::optional<std::int64_t> sliding_window;
+  /// Each layer's attention, "full_attention" or "sliding_attention", as transformers lists them (Qwen2, Qwen3: from
+  /// `layer_types`, else the layers from `max_window_layers` on slide). Empty: every layer slides when there is a
+  /// sliding_window. Default: empty
+  std::vector<std::string> layer_types;
   bool mlp_bias = false;                         ///< biases on the MLP. Default: false
   double attention_dropout = 0.0;                ///< Default: 0
   double initializer_range = 0.02;               ///< Default: 0.02
@@ -77,6 +85,9 @@ struct LlamaConfig {
   std::string hidden_act = "silu";               ///< only "silu". Default: "silu"
   std::optional<std::int64_t> bos_token_id = 1;  ///< Default: 1
   std::optional<std::int64_t> eos_token_id = 2;  ///< Default: 2
+  /// The embedding's padding_idx, as transformers' models build it: that row gets no gradient from the lookup.
+  /// Default: none
+  std::optional<std::int64_t> pad_token_id;
   /// The weights' dtype the config.json stated (`dtype` or `torch_dtype`); informative, the safetensors' own
   /// dtypes are what is read. Default: "" (not stated)
   std::string stated_dtype;
@@ -85,6 +96,11 @@ struct LlamaConfig {
 
   std::int64_t kv_heads() const { return num_key_value_heads.value_or(num_attention_heads); }
   std::int64_t head_dimension() const { return head_dim.value_or(hidden_size / num_attention_heads); }
+  /// The window layer `layer` attends within, or none for full attention.
+  std::optional<std::int64_t> window_of(std::int64_t layer) const {
+    if (!sliding_window || (!layer_types.empty() && layer_types.at(layer) != "sliding_attention")) return std::nullopt;
+    return sliding_window;
+  }
 
   /// Throws SpecError `[hpctrain.spec.llama.<field>]` naming the first invalid field.
   void validate() const {
@@ -104,10 +120,20 @@ struct LlamaConfig {
             fmt::format("must divide num_attention_heads = {}", num_attention_heads));
     require(max_position_embeddings >= 1, "llama.max_position_embeddings", max_position_embeddings,
             "must be at least 1");
+    if (sliding_window) require(*sliding_window >= 1, "llama.sliding_window", *sliding_window, "must be at least 1");
+    require(layer_types.empty() || static_cast<std::int64_t>(layer_types.size()) == num_hidden_layers,
+            "llama.layer_types", fmt::format("{} entries", layer_types.size()),
+            fmt::format("must list num_hidden_layers = {} layers", num_hidden_layers));
+    for (const auto& type : layer_types)
+      require(type == "full_attention" || type == "sliding_attention", "llama.layer_types", type,
+              "must be full_attention or sliding_attention");
     require(rms_norm_eps > 0.0, "llama.rms_norm_eps", rms_norm_eps, "must be positive");
     require(rope_theta > 0.0, "llama.rope_theta", rope_theta, "must be positive");
     require(attention_dropout >= 0.0 && attention_dropout < 1.0, "llama.attention_dropout", attention_dropout,
             "must be in [0, 1)");
+    if (pad_token_id)  // negative counts from the end, as nn.Embedding's padding_idx does
+      require(*pad_token_id >= -vocab_size && *pad_token_id < vocab_size, "llama.pad_token_id", *pad_token_id,
+              fmt::format("must be a token id below vocab_size = {} (or a negative one from its end)", vocab_size));
     require(initializer_range > 0.0, "llama.initializer_range", initializer_range, "must be positive");
     require(hidden_act == "silu", "llama.hidden_act", hidden_act, "must be \"silu\" (SwiGLU)");
     if (rope_scaling) {
@@ -140,11 +166,14 @@ struct LlamaConfig {
     }
     c.qkv_bias = c.model_type == "qwen2";
     c.qk_norm = c.model_type == "qwen3";
+    c.stacked_projections = c.model_type == "phi3";
+    std::int64_t max_window_layers = 28;  // Qwen2Config's and Qwen3Config's default
     if (c.model_type == "qwen2" || c.model_type == "qwen3") {
       bool use_sliding_window = false;
       detail::read_field(json, family, "use_sliding_window", use_sliding_window);
       if (use_sliding_window) detail::read_optional_field(json, family, "sliding_window", c.sliding_window);
-    } else if (c.model_type == "mistral") {
+      detail::read_field(json, family, "max_window_layers", max_window_layers);
+    } else if (c.model_type == "mistral" || c.model_type == "phi3") {
       detail::read_optional_field(json, family, "sliding_window", c.sliding_window);
     }
     detail::read_field(json, family, "vocab_size", c.vocab_size);
@@ -164,41 +193,26 @@ struct LlamaConfig {
     detail::read_field(json, family, "hidden_act", c.hidden_act);
     detail::read_token_id(json, family, "bos_token_id", c.bos_token_id);
     detail::read_token_id(json, family, "eos_token_id", c.eos_token_id);
+    detail::read_optional_field(json, family, "pad_token_id", c.pad_token_id);
     c.stated_dtype = detail::read_dtype(json, family);
     std::int64_t pretraining_tp = 1;
     detail::read_field(json, family, "pretraining_tp", pretraining_tp);
     if (pretraining_tp != 1)
       throw SpecError("llama.pretraining_tp", std::to_string(pretraining_tp), "only 1 is supported");
     read_rope(json, c);
-    refuse_unimplemented(json, c);
-    c.unread_keys = detail::unread_keys(json, {"vocab_size",
-                                               "hidden_size",
-                                               "intermediate_size",
-                                               "num_hidden_layers",
-                                               "num_attention_heads",
-                                               "num_key_value_heads",
-                                               "head_dim",
-                                               "max_position_embeddings",
-                                               "rms_norm_eps",
-                                               "rope_theta",
-                                               "rope_scaling",
-                                               "rope_parameters",
-                                               "partial_rotary_factor",
-                                               "attention_bias",
-                                               "mlp_bias",
-                                               "attention_dropout",
-                                               "tie_word_embeddings",
-                                               "hidden_act",
-                                               "pretraining_tp",
-                                               "use_sliding_window",
-                                               "sliding_window",
-                                               "max_window_layers",
-                                               "layer_types",
-                                               "attn_logit_softcapping",
-                                               "final_logit_softcapping",
-                                               "quantization_config",
-                                               "use_qk_norm",
-                                               "attention_chunk_size"});
+    refuse_unimplemented(json);
+    read_layer_types(json, c, max_window_layers);
+    c.unread_keys = detail::unread_keys(
+        json, {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "rope_theta",
+               "rope_scaling", "rope_parameters", "partial_rotary_factor", "attention_bias", "mlp_bias",
+               "attention_dropout", "tie_word_embeddings", "hidden_act", "pretraining_tp", "use_sliding_window",
+               "sliding_window", "max_window_layers", "layer_types", "attn_logit_softcapping",
+               "final_logit_softcapping", "quantization_config", "use_qk_norm", "attention_chunk_size", "resid_pdrop",
+               // Phi-3's: transformers' Phi3Model never applies it; nor does hpctrain
+               "embd_pdrop",
+               // Phi-3's: read by longrope only, which is refused
+               "original_max_position_embeddings"});
     c.validate();
     return c;
   }
@@ -209,6 +223,7 @@ struct LlamaConfig {
     j["architectures"] = {model_type == "qwen2"     ? "Qwen2ForCausalLM"
                           : model_type == "qwen3"   ? "Qwen3ForCausalLM"
                           : model_type == "mistral" ? "MistralForCausalLM"
+                          : model_type == "phi3"    ? "Phi3ForCausalLM"
                                                     : "LlamaForCausalLM"};
     j["model_type"] = model_type;
     j["vocab_size"] = vocab_size;
@@ -234,9 +249,23 @@ struct LlamaConfig {
       if (model_type == "qwen3") j["attention_bias"] = attention_bias;
       j["use_sliding_window"] = sliding_window.has_value();
       j["sliding_window"] = sliding_window ? nlohmann::ordered_json(*sliding_window) : nlohmann::ordered_json(nullptr);
-      j["max_window_layers"] = num_hidden_layers;
-    } else {
+      // Both releases read layer_types when given; max_window_layers (the full layers before the first that slides)
+      // is what an older reader goes by.
+      auto types = nlohmann::ordered_json::array();
+      std::int64_t full_before = num_hidden_layers;
+      for (std::int64_t i = num_hidden_layers - 1; i >= 0; --i)
+        if (window_of(i)) full_before = i;
+      for (std::int64_t i = 0; i < num_hidden_layers; ++i)
+        types.push_back(window_of(i) ? "sliding_attention" : "full_attention");
+      j["max_window_layers"] = full_before;
+      j["layer_types"] = types;
+    } else {  // mistral, phi3
       j["sliding_window"] = sliding_window ? nlohmann::ordered_json(*sliding_window) : nlohmann::ordered_json(nullptr);
+    }
+    if (model_type == "phi3") {  // no dropout on the residual branches or the embedding; no longrope
+      j["resid_pdrop"] = 0.0;
+      j["embd_pdrop"] = 0.0;
+      j["original_max_position_embeddings"] = max_position_embeddings;
     }
     j["attention_dropout"] = attention_dropout;
     j["initializer_range"] = initializer_range;
@@ -245,13 +274,17 @@ struct LlamaConfig {
     j["pretraining_tp"] = 1;
     detail::set_optional(j, "bos_token_id", bos_token_id);
     detail::set_optional(j, "eos_token_id", eos_token_id);
+    detail::set_optional(j, "pad_token_id", pad_token_id);  // null when none (Phi3Config's default is 32000)
     detail::state_dtype(j, "float32");
     return j;
   }
 
   /// The Linear layers of the module by name (what LoRA targets name); lm_head only when untied.
   std::vector<std::string> linear_layers() const {
-    std::vector<std::string> names{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    std::vector<std::string> names =
+        stacked_projections
+            ? std::vector<std::string>{"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}
+            : std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
     if (!tie_word_embeddings) names.emplace_back("lm_head");
     return names;
   }
@@ -268,12 +301,23 @@ struct LlamaConfig {
     }
     return fmt::format(
         "{}: {} layers, hidden {}, MLP {}, {} heads / {} KV heads of dim {}, {}, rms_norm_eps {:g}, {} head, "
-        "vocabulary {}, {} positions{}{}{}, dtype {}",
+        "vocabulary {}, {} positions{}{}{}{}, dtype {}",
         model_type, num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, kv_heads(),
         head_dimension(), rope, rms_norm_eps, tie_word_embeddings ? "tied" : "untied", vocab_size,
-        max_position_embeddings, sliding_window ? fmt::format(", sliding window {}", *sliding_window) : "",
+        max_position_embeddings,
+        sliding_window ? fmt::format(", sliding window {} on {} of {} layers", *sliding_window, sliding_layers(),
+                                     num_hidden_layers)
+                       : "",
         qkv_bias || attention_bias ? ", attention biases" : "", qk_norm ? ", query and key norms" : "",
+        stacked_projections ? ", q/k/v and gate/up stacked (qkv_proj, gate_up_proj)" : "",
         stated_dtype.empty() ? "not stated" : stated_dtype);
+  }
+
+  /// How many layers attend within the sliding window.
+  std::int64_t sliding_layers() const {
+    std::int64_t n = 0;
+    for (std::int64_t i = 0; i < num_hidden_layers; ++i) n += window_of(i).has_value();
+    return n;
   }
 
   /// Parameters, counted from the config (equals the module's parameter count).
@@ -377,30 +421,47 @@ struct LlamaConfig {
 
   /// Settings other families of transformers' Llama lineage carry that change the math and that hpctrain does
   /// not implement: refused by name rather than read as the plain model.
-  static void refuse_unimplemented(const nlohmann::json& json, const LlamaConfig& c) {
+  static void refuse_unimplemented(const nlohmann::json& json) {
     constexpr std::string_view family = "llama";
     detail::refuse_unless_off(json, family, "attn_logit_softcapping", "attention logit soft-capping");
     detail::refuse_unless_off(json, family, "final_logit_softcapping", "final logit soft-capping");
     detail::refuse_unless_off(json, family, "quantization_config", "loading quantized weights");
     detail::refuse_unless_off(json, family, "use_qk_norm", "normalising queries and keys");
     detail::refuse_unless_off(json, family, "attention_chunk_size", "chunked attention");
-    // transformers 5 lists each layer's attention (Qwen2 writes it always). hpctrain computes full attention and
-    // refuses sequences longer than a sliding window (LlamaConfig::sliding_window), which equals sliding
-    // attention on every sequence it accepts.
+    double residual_dropout = 0.0;  // Phi-3's, on the output of each attention and MLP before it joins the stream
+    detail::read_field(json, family, "resid_pdrop", residual_dropout);
+    if (residual_dropout != 0.0)
+      throw SpecError(detail::field_id(family, "resid_pdrop"), fmt::format("{:g}", residual_dropout),
+                      "dropout on the residual branches is not implemented by hpctrain (fine-tune with 0)");
+  }
+
+  /// Each layer's attention. transformers 5 lists it in `layer_types` (Qwen2 writes it always); Qwen2's and Qwen3's
+  /// classes attend as it says (without it, the layers from max_window_layers on slide), Mistral's and Phi-3's slide
+  /// on every layer whatever it says (Mistral's warns that it ignores it).
+  static void read_layer_types(const nlohmann::json& json, LlamaConfig& c, std::int64_t max_window_layers) {
     const auto types = json.find("layer_types");
-    if (types == json.end() || types->is_null()) return;
-    if (!types->is_array()) throw SpecError("llama.layer_types", types->dump(), "must be a list");
-    for (const auto& type : *types) {
-      const bool full = type == "full_attention", sliding = type == "sliding_attention";
-      if (!full && !(sliding && c.sliding_window))
-        throw SpecError("llama.layer_types", type.dump(),
-                        sliding
-                            ? "sliding attention without a sliding_window is not implemented by hpctrain"
-                            : "is not implemented by hpctrain (it implements full_attention and sliding_attention)");
+    const bool stated = types != json.end() && !types->is_null();
+    if (stated) {
+      if (!types->is_array()) throw SpecError("llama.layer_types", types->dump(), "must be a list");
+      for (const auto& type : *types) {
+        const bool full = type == "full_attention", sliding = type == "sliding_attention";
+        if (!full && !(sliding && c.sliding_window))
+          throw SpecError("llama.layer_types", type.dump(),
+                          sliding ? "sliding attention without a sliding_window is not implemented by hpctrain"
+                                  : "is not implemented by hpctrain (it implements full_attention and "
+                                    "sliding_attention)");
+      }
+      if (static_cast<std::int64_t>(types->size()) != c.num_hidden_layers)
+        throw SpecError("llama.layer_types", fmt::format("{} entries", types->size()),
+                        fmt::format("must list num_hidden_layers = {} layers", c.num_hidden_layers));
     }
-    if (static_cast<std::int64_t>(types->size()) != c.num_hidden_layers)
-      throw SpecError("llama.layer_types", fmt::format("{} entries", types->size()),
-                      fmt::format("must list num_hidden_layers = {} layers", c.num_hidden_layers));
+    if (c.model_type != "qwen2" && c.model_type != "qwen3") return;
+    if (stated) {
+      for (const auto& type : *types) c.layer_types.push_back(type.get<std::string>());
+    } else {
+      for (std::int64_t i = 0; i < c.num_hidden_layers; ++i)
+        c.layer_types.push_back(c.sliding_window && i >= max_window_layers ? "sliding_attention" : "full_attention");
+    }
   }
 };
 
