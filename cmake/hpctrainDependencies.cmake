@@ -62,6 +62,16 @@ if(NOT DEFINED HPCTRAIN_WITH_TORCH OR HPCTRAIN_WITH_TORCH)
   if(NOT HPCTRAIN_GLOO_INCLUDE_DIR)
     message(FATAL_ERROR "hpctrain: gloo headers not found (install libgloo-dev; see docs/libtorch.md)")
   endif()
+  # libcurl: the W&B logger's live stream (train/loggers/http_client.hpp). Debian ships no CMake config for it:
+  # CMake's own FindCURL (pkg-config's libcurl, else curl/curl.h and libcurl under CMAKE_PREFIX_PATH) makes
+  # CURL::libcurl. Only hpctrain::hpctrain links it: job/, slurm/ and text/ make no HTTP request.
+  if(NOT TARGET CURL::libcurl)
+    find_package(CURL QUIET)
+    if(NOT CURL_FOUND)
+      message(FATAL_ERROR "hpctrain: libcurl not found (neither pkg-config's libcurl nor curl/curl.h / libcurl under "
+                          "CMAKE_PREFIX_PATH): install libcurl4-openssl-dev")
+    endif()
+  endif()
 endif()
 
 # Apache Arrow and Parquet, for hpctrain::datasets (Hugging Face datasets on disk, datasets/): a system Arrow's

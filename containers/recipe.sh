@@ -28,10 +28,11 @@ die() {
 
 # The Debian/Ubuntu packages (Ubuntu 22.04 and 24.04, Debian 12 have them all; gloo's headers are in universe on
 # Ubuntu): the torch wheel carries fmt but not gloo's headers, which ProcessGroupGloo.hpp includes.
+# libcurl4-openssl-dev: the W&B logger's live stream (HTTPS through OpenSSL; ca-certificates verifies api.wandb.ai).
 system_packages="g++ cmake ninja-build python3-venv pkg-config libfmt-dev libcli11-dev nlohmann-json3-dev zlib1g-dev
-  libpcre2-dev libgloo-dev ca-certificates"
+  libpcre2-dev libgloo-dev libcurl4-openssl-dev ca-certificates"
 # What those packages give hpctrain's build: the commands and one header of each library.
-system_headers="fmt/core.h CLI/CLI.hpp nlohmann/json.hpp zlib.h pcre2.h gloo/algorithm.h"
+system_headers="fmt/core.h CLI/CLI.hpp nlohmann/json.hpp zlib.h pcre2.h gloo/algorithm.h curl/curl.h"
 
 step_system() {
   if [ "${1:-}" != --check ]; then

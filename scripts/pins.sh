@@ -6,10 +6,12 @@ HPCTRAIN_TORCH_VERSION=2.11.0
 # 0.29.0 is the last release that ships its Python reader of .wandb files (wandb/sdk/internal/datastore.py); later ones
 # read them only inside wandb-core, during an upload. datasets: the peer of the SFT preparation's benchmark
 # (bench/sft_prepare_bench, `datasets.map`); 4.8.5 keeps huggingface_hub below 1.0, as transformers 4.57 needs.
+# trl 0.24.0 (with accelerate, which it needs): DPOTrainer is the oracle of examples/dpo.cpp (tests/lm/dpo_oracle.py);
+# 0.24 requires transformers>=4.56.1, as pinned here.
 # pyarrow is not only an oracle: its wheel carries Apache Arrow's C++ libraries and headers (libarrow, libparquet),
 # which hpctrain::datasets links as LibTorch comes from the torch wheel (docs/datasets.md); datasets writes with it.
 HPCTRAIN_PYARROW_VERSION=26.0.1
-HPCTRAIN_PIP_PACKAGES="torch==${HPCTRAIN_TORCH_VERSION} pyarrow==${HPCTRAIN_PYARROW_VERSION} numpy tensorboard transformers==4.57.1 safetensors==0.6.2 tokenizers==0.22.1 tiktoken==0.12.0 jinja2==3.1.6 peft==0.17.1 wandb==0.29.0 datasets==4.8.5"
+HPCTRAIN_PIP_PACKAGES="torch==${HPCTRAIN_TORCH_VERSION} pyarrow==${HPCTRAIN_PYARROW_VERSION} numpy tensorboard transformers==4.57.1 safetensors==0.6.2 tokenizers==0.22.1 tiktoken==0.12.0 jinja2==3.1.6 peft==0.17.1 wandb==0.29.0 datasets==4.8.5 trl==0.24.0 accelerate==1.16.0"
 # The second oracle leg: transformers 5 writes config.json in another layout (rope_parameters, dtype), so the model,
 # PEFT and tokenizer oracles run again under it. Its venv sees the first one's packages (torch, numpy, ...) through a
 # .pth file and holds only what differs; huggingface_hub and tokenizers are the versions transformers 5.24 requires.
@@ -20,9 +22,10 @@ HPCTRAIN_WHISPER_SDIST="openai-whisper==20250625"
 # libgloo-dev: the torch wheel omits the gloo headers that ProcessGroupGloo.hpp includes (docs/libtorch.md).
 # libpcre2-dev: Unicode regex for the tokenizer's pre-split; libsentencepiece-dev: Llama 2 / T5 models;
 # clang + libfuzzer-14-dev: fuzzing and sanitizer builds; clang-format-14: the format check (its version formats).
+# libcurl4-openssl-dev: the W&B logger's live stream over HTTPS (train/loggers/http_client.hpp).
 HPCTRAIN_APT_PACKAGES="cmake g++ ninja-build python3-venv slurm-wlm munge libfmt-dev catch2 libcli11-dev
   nlohmann-json3-dev zlib1g-dev libgloo-dev dataset-fashion-mnist fortunes charliecloud-runtime procps
-  libpcre2-dev libsentencepiece-dev clang libfuzzer-14-dev clang-format-14"
+  libpcre2-dev libsentencepiece-dev clang libfuzzer-14-dev clang-format-14 libcurl4-openssl-dev"
 HPCTRAIN_CACHE="${HPCTRAIN_CACHE:-$HOME/.cache/hpctrain}"
 HPCTRAIN_VENV="${HPCTRAIN_VENV:-$HPCTRAIN_CACHE/venv}"
 HPCTRAIN_VENV_TRANSFORMERS5="${HPCTRAIN_VENV_TRANSFORMERS5:-$HPCTRAIN_CACHE/venv-transformers5}"

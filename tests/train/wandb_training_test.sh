@@ -15,6 +15,9 @@ set +e; probe="$("$python" "$oracle" probe 2>&1)"; status=$?; set -e
 [ "$status" = 77 ] && { echo "$probe"; exit 77; }  # SKIP: no wandb with its reader in this python
 [ "$status" = 0 ] || fail "the oracle cannot start: $probe"
 binary="$(realpath "$1")"
+# Offline whatever the developer's environment holds: a WANDB_API_KEY or ~/.netrc would otherwise stream these runs to
+# W&B (the online path has its own test, wandb_live_training_test.sh, against a local stand-in).
+export WANDB_MODE=offline
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/wandb-training-test.XXXXXX")"
 cd "$work"
 knobs=(--max-steps 80 --log-every 5 --eval-every 20 --max-eval-examples 200 --wandb)  # a bare --wandb: the job's name

@@ -53,6 +53,19 @@ inline std::optional<models::LoraConfig> lora_from_knobs(const Knobs& knobs) {
   return config;
 }
 
+/// `training` with the LoRA knobs (`--lora-r 16 --lora-alpha 32 --lora-targets q_proj,v_proj --lora-dropout
+/// --lora-rslora`; r 0, the default, trains every parameter) and the adapters they ask for (lora_from_knobs).
+inline Training with_lora_knobs(Training training) {
+  return training
+      .knob<std::int64_t>("lora_r", 0, "LoRA rank: train adapters of this rank instead of every parameter (0: off)",
+                          non_negative())
+      .knob<double>("lora_alpha", 16.0, "LoRA alpha (the adapters are scaled by alpha / r)", positive())
+      .knob<double>("lora_dropout", 0.0, "dropout on the LoRA adapters' input", between(0.0, 0.99))
+      .knob<std::string>("lora_targets", "q_proj,v_proj", "layers that get adapters, comma-separated (or all-linear)")
+      .knob<bool>("lora_rslora", false, "scale the adapters by alpha / sqrt(r) (rsLoRA)")
+      .lora(lora_from_knobs);
+}
+
 /// What --activation-checkpointing accepts, in words (its check's requirement).
 inline constexpr const char* recompute_requirement = "must be none, selective or full (true: full, false: none)";
 
@@ -100,8 +113,8 @@ inline Training with_token_weighted_loss(Training training) {
 }  // namespace detail
 
 HPCTRAIN_RUNTIME_INLINE Training causal_lm_training() {
-  return detail::with_token_weighted_loss(Training())
-      .loss(token_loss)
+  Training training = detail::with_token_weighted_loss(Training());
+  training.loss(token_loss)
       .step(chunked_causal_lm_step)
       .eval_step(token_eval_step)
       .metric(metrics::perplexity)
@@ -118,14 +131,8 @@ HPCTRAIN_RUNTIME_INLINE Training causal_lm_training() {
           loss_chunk_knob, 0,
           "apply the head and the loss this many tokens at a time: the tokens x vocabulary logits are never whole "
           "(0: whole logits)",
-          non_negative())
-      .knob<std::int64_t>("lora_r", 0, "LoRA rank: train adapters of this rank instead of every parameter (0: off)",
-                          non_negative())
-      .knob<double>("lora_alpha", 16.0, "LoRA alpha (the adapters are scaled by alpha / r)", positive())
-      .knob<double>("lora_dropout", 0.0, "dropout on the LoRA adapters' input", between(0.0, 0.99))
-      .knob<std::string>("lora_targets", "q_proj,v_proj", "layers that get adapters, comma-separated (or all-linear)")
-      .knob<bool>("lora_rslora", false, "scale the adapters by alpha / sqrt(r) (rsLoRA)")
-      .lora(lora_from_knobs);
+          non_negative());
+  return with_lora_knobs(std::move(training));
 }
 
 HPCTRAIN_RUNTIME_INLINE Training masked_lm_training() {

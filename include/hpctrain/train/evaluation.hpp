@@ -60,8 +60,8 @@ inline Evaluation evaluate(const Training& training, const ModelInstance& model,
   const auto batch_size = static_cast<std::size_t>(training.eval_batch_size());
   const auto run = [&](const data::Batch& batch) {
     StepContext context{
-        *model.module,   model.forward,   device, training.precision(), group.rank(), group.world_size(), step, 0, 1,
-        training.loss(), training.knobs()};
+        *model.module,   model.forward,    device, training.precision(), group.rank(), group.world_size(), step, 0, 1,
+        training.loss(), training.knobs(), nullptr};
     AutocastScope autocast(training.precision(), device);
     return training.eval_step()(context, batch);
   };

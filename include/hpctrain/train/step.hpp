@@ -6,7 +6,10 @@
 #include <concepts>
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include <torch/nn/module.h>
 #include <torch/types.h>
@@ -23,6 +26,34 @@ using LossFunction = std::function<torch::Tensor(const torch::Tensor&, const tor
 /// The model's own forward `(inputs) -> output`.
 using ForwardFunction = std::function<torch::Tensor(torch::Tensor)>;
 
+/// Named values a step reports besides its loss (DPO's rewards, ...): 0-dim tensors on the device, summed here
+/// without a host synchronisation; the Trainer all-reduces them once per log interval and logs each as its mean over
+/// the interval's micro-batches and the ranks, in the train record, under the name given.
+class StepValues {
+ public:
+  /// Adds `value` (0-dim, detached) to the running sum of `name`.
+  void add(std::string_view name, const torch::Tensor& value) {
+    const auto v = value.detach().to(torch::kFloat64).reshape({});
+    for (auto& entry : entries_)
+      if (entry.name == name) {
+        entry.sum = entry.sum + v;
+        ++entry.count;
+        return;
+      }
+    entries_.push_back({std::string(name), v.clone(), 1});
+  }
+  struct Entry {
+    std::string name;
+    torch::Tensor sum;  ///< 0-dim float64, on the device
+    std::int64_t count = 0;
+  };
+  /// The values reported since the last take(), in the order first reported (the same on every rank); cleared.
+  std::vector<Entry> take() { return std::exchange(entries_, {}); }
+
+ private:
+  std::vector<Entry> entries_;
+};
+
 /// What a step sees: the model, where it runs, where the run stands, and the Training's loss.
 struct StepContext {
   torch::nn::Module& module;      ///< the user's module (parameters, submodules, train/eval mode)
@@ -36,9 +67,14 @@ struct StepContext {
   std::int64_t accumulation = 1;  ///< micro-batches per optimizer step
   const LossFunction& loss;       ///< the Training's loss
   const Knobs& knobs;             ///< this run's knob values: `ctx.knobs.get<double>("warmup_steps")`
+  StepValues* values = nullptr;   ///< where report() goes: the Trainer's in training, none in evaluation
 
   /// The model's forward on `inputs`.
   torch::Tensor forward(const torch::Tensor& inputs) const { return model(inputs); }
+  /// Reports `value` (0-dim) under `name` for the train record (StepValues); nothing in evaluation.
+  void report(std::string_view name, const torch::Tensor& value) const {
+    if (values != nullptr) values->add(name, value);
+  }
 };
 
 /// One micro-step: returns the micro-batch's mean loss (a 0-dim tensor; the Trainer does not read it on the

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -14,6 +15,7 @@
 #include <hpctrain/dist/process_group.hpp>
 #include <hpctrain/train/data/source.hpp>
 #include <hpctrain/train/loggers/loggers.hpp>
+#include <hpctrain/train/step.hpp>
 
 namespace hpctrain::detail {
 
@@ -42,6 +44,8 @@ class TrainMeter {
     tokens_ += tokens;
     ++steps_;
   }
+  /// Where the step function's reports go (StepContext::report).
+  StepValues& step_values() { return step_values_; }
   /// Time spent outside training steps (evaluation, checkpoints) does not count towards throughput.
   void restart_clock() { start_ = clock::now(); }
 
@@ -63,6 +67,7 @@ class TrainMeter {
     if (grad_norm.defined()) record.values.emplace_back("grad_norm", grad_norm.item<double>());
     if (flops_per_example_ && peak_flops_)
       record.values.emplace_back("mfu", *flops_per_example_ * samples_per_s / (*peak_flops_ * world_size_));
+    add_step_values(group, record);
     running_loss_ = torch::Tensor();
     tokens_ = 0;
     steps_ = 0;
@@ -71,11 +76,29 @@ class TrainMeter {
   }
 
  private:
+  /// The step functions' reports of the interval, each its mean over the micro-batches of every rank: one all-reduce.
+  void add_step_values(dist::ProcessGroup& group, LogRecord& record) {
+    auto entries = step_values_.take();
+    if (entries.empty()) return;
+    std::vector<torch::Tensor> all;
+    for (const auto& entry : entries) all.push_back(entry.sum.to(group.device()));
+    for (const auto& entry : entries)
+      all.push_back(torch::scalar_tensor(static_cast<double>(entry.count),
+                                         torch::TensorOptions(torch::kFloat64).device(group.device())));
+    auto totals = torch::stack(all);
+    dist::all_reduce_sum(group, totals);
+    totals = totals.cpu();
+    const auto* t = totals.data_ptr<double>();
+    for (std::size_t i = 0; i < entries.size(); ++i)
+      record.values.emplace_back(entries[i].name, t[i] / std::max(1.0, t[entries.size() + i]));
+  }
+
   using clock = std::chrono::steady_clock;
   int world_size_;
   std::int64_t examples_per_step_;
   std::optional<double> flops_per_example_, peak_flops_;
   torch::Tensor running_loss_;
+  StepValues step_values_;
   std::int64_t tokens_ = 0, steps_ = 0;
   clock::time_point start_ = clock::now();
 };

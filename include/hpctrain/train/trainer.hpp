@@ -341,8 +341,9 @@ class Trainer {
     loggers_.push_back(std::make_unique<ProgressLogger>(!world_.under_slurm));
     loggers_.push_back(std::make_unique<JsonlLogger>());
     loggers_.push_back(std::make_unique<TensorBoardLogger>());
-    if (training_.wandb())
-      loggers_.push_back(std::make_unique<WandbLogger>(*training_.wandb(), wandb_config(training_.knobs())));
+    if (training_.wandb())  // W&B's connection (WANDB_MODE, WANDB_BASE_URL, the key) read here, at the edge
+      loggers_.push_back(std::make_unique<WandbLogger>(*training_.wandb(), wandb_config(training_.knobs()),
+                                                       WandbConnection::from_environment()));
     for (const auto& make : training_.loggers()) loggers_.push_back(make());
   }
 
@@ -512,7 +513,8 @@ class Trainer {
                        micro,
                        training_.gradient_accumulation(),
                        training_.loss(),
-                       training_.knobs()};
+                       training_.knobs(),
+                       &meter_->step_values()};
   }
 
   /// Each micro-batch's weight in the step's loss when the Training counts what a loss is a mean over

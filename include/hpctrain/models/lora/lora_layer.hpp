@@ -37,7 +37,26 @@ inline std::shared_ptr<torch::nn::Module> child(const torch::nn::Module& module,
 }
 }  // namespace detail
 
-/// `layer(x)`, plus its LoRA adapter's contribution when it has one: how the families call their projections.
+namespace detail {
+/// How many AdaptersOff scopes are open on this thread.
+inline int& adapters_off_depth() {
+  thread_local int depth = 0;
+  return depth;
+}
+}  // namespace detail
+
+/// While it lives, `linear` leaves the adapters out on this thread: the model computes as its base weights alone
+/// (PEFT's `with model.disable_adapter():`, which TRL's DPOTrainer uses for the reference log-probabilities).
+class AdaptersOff {
+ public:
+  AdaptersOff() { ++detail::adapters_off_depth(); }
+  ~AdaptersOff() { --detail::adapters_off_depth(); }
+  AdaptersOff(const AdaptersOff&) = delete;
+  AdaptersOff& operator=(const AdaptersOff&) = delete;
+};
+
+/// `layer(x)`, plus its LoRA adapter's contribution when it has one (and no AdaptersOff is open): how the families
+/// call their projections.
 /// Through at::linear (what Python's F.linear is), not torch::nn::Linear's forward: LibTorch's C++ F::linear
 /// computes matmul, then `+= bias`, which autocast leaves in fp32, so a bf16 output plus an fp32 bias went
 /// through ATen's mixed-dtype elementwise kernel (6 ms of a 60 ms GPT-2 124M step on an H100, docs/gpu.md);
@@ -54,7 +73,7 @@ inline torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) {
     b = std::dynamic_pointer_cast<torch::nn::LinearImpl>(detail::child(*layer, "lora_B"));
     scale = std::dynamic_pointer_cast<LoraScaleImpl>(detail::child(*layer, detail::lora_scale_child));
   }
-  const bool adapted = a && b && scale;
+  const bool adapted = a && b && scale && detail::adapters_off_depth() == 0;
   const auto biases = layer->bias.defined() ? at::TensorList(layer->bias) : at::TensorList();
   if (auto* replaying = MatrixProducts::active(MatrixProducts::Phase::replay)) {
     auto recorded = replaying->replay_next();

@@ -1,8 +1,11 @@
 #pragma once
-// Weights & Biases without a network: the W&B logger writes the offline run that `wandb.init(mode="offline")`
-// would, under the run directory (`<run_dir>/wandb/offline-run-<time>-<id>/`), and the login node uploads it
-// with `wandb sync` (`./train --wandb-sync`). Compute nodes usually have no internet; the file format is
-// train/loggers/wandb_records.hpp. Enabled with `Training::wandb("project")` or `--wandb [PROJECT]`. Torch-free.
+// Weights & Biases: the W&B logger always writes the offline run that `wandb.init(mode="offline")` would, under the
+// run directory (`<run_dir>/wandb/offline-run-<time>-<id>/`), which the login node uploads with `wandb sync`
+// (`./train --wandb-sync`): compute nodes often have no internet. Where they reach W&B and an API key is found (or
+// WANDB_MODE=online), it also streams the run live (train/loggers/wandb_live.hpp), as wandb keeps its local files
+// beside an online run; a stream that delivered the whole attempt marks the offline run synced (wandb's
+// `run-<id>.wandb.synced`, which `wandb sync` skips). The file format is train/loggers/wandb_records.hpp. Enabled with
+// `Training::wandb("project")` or `--wandb [PROJECT]`. Torch-free; links libcurl for the live stream.
 //
 // What a run holds: the run record (project, id, name, start time, config: the knobs' values and the run's
 // facts under `hpctrain`), the host's facts (environment record: host, OS, program, arguments, CPUs, SLURM_*),
@@ -17,6 +20,7 @@
 // order. Rows at steps an earlier attempt already wrote (after a crash, the resume repeats them) are skipped.
 // An attempt that stops for a requeue ends with a preempting record and an exit record that leaves the run
 // running; one that fails (an exception) with exit code 1.
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstdint>
@@ -24,7 +28,9 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -43,6 +49,7 @@
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/names.hpp>
 #include <hpctrain/train/loggers/logger.hpp>
+#include <hpctrain/train/loggers/wandb_live.hpp>
 #include <hpctrain/train/loggers/wandb_records.hpp>
 #include <hpctrain/version.hpp>
 
@@ -105,6 +112,13 @@ class Wandb {
     notes_ = std::move(text);
     return *this;
   }
+  /// Online (streamed live, and written offline too), offline (written for `--wandb-sync`) or disabled, as wandb's
+  /// `init(mode=...)`, which wins over WANDB_MODE. Default: automatic: WANDB_MODE, else online where an API key is
+  /// found (WANDB_API_KEY, ~/.netrc), else offline.
+  Wandb& mode(WandbMode mode) {
+    mode_ = mode;
+    return *this;
+  }
 
   const std::string& project() const { return project_; }
   const std::string& entity() const { return entity_; }
@@ -113,6 +127,7 @@ class Wandb {
   const std::string& job_type() const { return job_type_; }
   const std::vector<std::string>& tags() const { return tags_; }
   const std::string& notes() const { return notes_; }
+  WandbMode mode() const { return mode_; }
 
  private:
   static std::string checked(std::string_view field, std::string value) {
@@ -129,6 +144,7 @@ class Wandb {
 
   std::string project_, entity_, name_, group_, job_type_, notes_;
   std::vector<std::string> tags_;
+  WandbMode mode_ = WandbMode::automatic;
 };
 
 /// The knob `--wandb [PROJECT]`'s check: a W&B project name, or `off` (or empty): no W&B run.
@@ -212,13 +228,21 @@ inline double wandb_time_now() {
 }
 }  // namespace detail
 
-/// Writes the run as a W&B offline run under `<run_dir>/wandb/` (see the top of this file). Rank 0 only, as every
-/// logger. Throws RuntimeError `[hpctrain.runtime.wandb]` when the run cannot be written.
+/// Writes the run as a W&B offline run under `<run_dir>/wandb/`, and streams it live where W&B is reached (see the
+/// top of this file). Rank 0 only, as every logger. Throws RuntimeError `[hpctrain.runtime.wandb]` when the offline
+/// run cannot be written; the live stream never throws.
 class WandbLogger : public Logger {
  public:
-  /// `settings`: where the run goes; `config`: its config (wandb_config(knobs)).
-  explicit WandbLogger(Wandb settings, std::vector<WandbItem> config = {})
-      : settings_(std::move(settings)), config_(std::move(config)), exceptions_at_start_(std::uncaught_exceptions()) {}
+  /// `settings`: where the run goes; `config`: its config (wandb_config(knobs)); `connection`: how to reach W&B (the
+  /// Trainer passes WandbConnection::from_environment(); the default, without a key, stays offline); `messages`: where
+  /// the live stream's one line goes.
+  explicit WandbLogger(Wandb settings, std::vector<WandbItem> config = {}, WandbConnection connection = {},
+                       std::ostream& messages = std::cerr)
+      : settings_(std::move(settings)),
+        config_(std::move(config)),
+        connection_(std::move(connection)),
+        messages_(&messages),
+        exceptions_at_start_(std::uncaught_exceptions()) {}
   WandbLogger(const WandbLogger&) = delete;
   WandbLogger& operator=(const WandbLogger&) = delete;
 
@@ -230,15 +254,20 @@ class WandbLogger : public Logger {
       write_row();
       if (std::uncaught_exceptions() > exceptions_at_start_) {
         run_->exit(exit_failure, runtime_seconds());
+        end_live(exit_failure);
       } else {
         run_->preempting();
         run_->exit(exit_requeue, runtime_seconds(), /*not_complete=*/true);
+        if (live_) live_->preempting();
+        end_live(std::nullopt);  // the run stays running on W&B for the requeued attempt
       }
     } catch (...) {  // a destructor must not throw: the file keeps every record written before
     }
   }
 
   void start(const RunInfo& info) override {
+    const auto mode = settings_.mode() != WandbMode::automatic ? settings_.mode() : connection_.mode;
+    if (mode == WandbMode::disabled) return;  // as wandb's: no run, not even offline
     const auto wandb_dir = info.run_dir / layout::wandb;
     state_file_ = wandb_dir / "hpctrain-run.json";
     read_state();
@@ -271,6 +300,26 @@ class WandbLogger : public Logger {
     run_.emplace(wandb_dir, start, "hpctrain " HPCTRAIN_VERSION_STRING);
     write_state();
     run_->environment(environment);
+    if (mode == WandbMode::offline || (mode == WandbMode::automatic && connection_.api_key.empty())) return;
+    if (connection_.api_key.empty()) {
+      *messages_ << fmt::format(
+                        "hpctrain: W&B mode is online, but no API key was found (WANDB_API_KEY, or machine {} in "
+                        "~/.netrc): the run is logged offline only, to {}; upload it with --wandb-sync\n",
+                        detail::url_netloc(connection_.base_url), run_->directory().string())
+                 << std::flush;
+      return;
+    }
+    try {
+      live_.emplace(connection_,
+                    WandbLiveStart{start, environment.program, history_lines_, output_lines_, run_->directory()},
+                    *messages_);
+    } catch (const std::exception& error) {  // no libcurl handle or thread: the offline run is enough
+      *messages_ << fmt::format(
+                        "hpctrain: W&B live logging cannot start ({}): the run is logged offline only, to "
+                        "{}; upload it with --wandb-sync\n",
+                        error.what(), run_->directory().string())
+                 << std::flush;
+    }
   }
 
   void log(const LogRecord& record) override {
@@ -288,13 +337,19 @@ class WandbLogger : public Logger {
 
   void note(std::string_view text) override {
     if (!run_) return;
-    run_->output_line(detail::wandb_time_now(), fmt::format("{}\n", text));
+    const auto now = detail::wandb_time_now();
+    run_->output_line(now, fmt::format("{}\n", text));
+    if (live_) live_->output(now, text);
+    // output.log's offset counts lines: those the live stream sends, whether or not it runs.
+    output_lines_ += static_cast<std::int64_t>(detail::console_lines(text).size());
+    write_state();
   }
 
   void finish() override {
     if (!run_) return;
     write_row();
     run_->exit(0, runtime_seconds());
+    end_live(0);
     finished_ = true;
   }
 
@@ -322,8 +377,30 @@ class WandbLogger : public Logger {
     row_.reset();
     run_->history(step, items);
     run_->summary(items);
+    if (live_) {
+      live_->history(detail::json_object_text(items));
+      for (const auto& item : items) {  // W&B's summary: every key's last value
+        const auto known = std::find_if(summary_.begin(), summary_.end(),
+                                        [&item](const WandbItem& kept) { return kept.key == item.key; });
+        if (known == summary_.end()) summary_.push_back(item);
+        else known->value_json = item.value_json;
+      }
+      auto summary = summary_;  // and, as wandb-core adds it, the run's runtime in seconds
+      summary.push_back({"_wandb", fmt::format("{{\"runtime\":{}}}", runtime_seconds())});
+      live_->summary(detail::json_object_text(summary));
+    }
     last_step_ = step;
+    ++history_lines_;
     write_state();
+  }
+
+  /// Ends the live stream (complete with `exit_code`, or left running for a requeue) and marks the offline run synced
+  /// when W&B took all of it, as `wandb sync` marks what it uploaded: `--wandb-sync` then skips it.
+  void end_live(std::optional<int> exit_code) {
+    if (!live_) return;
+    const bool delivered = live_->finish(exit_code);
+    live_.reset();
+    if (delivered) std::ofstream(run_->file().string() + ".synced");
   }
 
   std::int64_t runtime_seconds() const { return static_cast<std::int64_t>(detail::wandb_time_now() - started_); }
@@ -350,6 +427,11 @@ class WandbLogger : public Logger {
     run_id_ = id;
     if (state.contains("last_step") && state["last_step"].is_number_integer())
       last_step_ = state["last_step"].get<std::int64_t>();
+    // Lines the earlier attempts wrote: where this attempt's live stream continues W&B's files.
+    if (state.contains("history_lines") && state["history_lines"].is_number_integer())
+      history_lines_ = state["history_lines"].get<std::int64_t>();
+    if (state.contains("output_lines") && state["output_lines"].is_number_integer())
+      output_lines_ = state["output_lines"].get<std::int64_t>();
   }
 
   /// A hint for the next attempt, replaced by a rename (a crash leaves the old or the new one).
@@ -357,7 +439,12 @@ class WandbLogger : public Logger {
     const auto temporary = state_file_.string() + ".tmp";
     {
       std::ofstream file(temporary, std::ios::trunc);
-      file << nlohmann::json{{"run_id", run_id_}, {"last_step", last_step_}}.dump() << "\n";
+      file << nlohmann::json{{"run_id", run_id_},
+                             {"last_step", last_step_},
+                             {"history_lines", history_lines_},
+                             {"output_lines", output_lines_}}
+                  .dump()
+           << "\n";
       if (!file.flush()) throw RuntimeError(errors::runtime_wandb, fmt::format("cannot write {}", temporary));
     }
     std::error_code error;
@@ -368,6 +455,8 @@ class WandbLogger : public Logger {
 
   Wandb settings_;
   std::vector<WandbItem> config_;
+  WandbConnection connection_;
+  std::ostream* messages_;
   int exceptions_at_start_ = 0;
   std::filesystem::path state_file_;
   std::string run_id_;
@@ -375,6 +464,9 @@ class WandbLogger : public Logger {
   double started_ = 0;
   std::optional<Row> row_;
   std::optional<WandbOfflineRun> run_;
+  std::int64_t history_lines_ = 0, output_lines_ = 0;  // across attempts: the live stream's offsets
+  std::vector<WandbItem> summary_;                     // the live stream's summary: every key's last value
+  std::optional<WandbLiveRun> live_;                   // last: ended before the offline run it names
   bool finished_ = false;
 };
 

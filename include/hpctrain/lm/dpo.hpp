@@ -1,0 +1,271 @@
+#pragma once
+// Direct preference optimisation (DPO), as TRL's DPOTrainer trains it (trl 0.24): preference pairs from JSONL
+// (lm/preference_data.hpp), each batch's chosen and rejected completions through one forward of the policy, the loss
+// of lm/dpo_loss.hpp against a reference — the start weights. With LoRA (`--lora-r N`) the reference is the same
+// model with its adapters switched off (models::AdaptersOff; TRL's behaviour with PEFT); without, every rank computes
+// the reference log-probabilities of every pair once, when it loads the data, with a copy of the start weights that
+// it drops before training (fp32, on the CPU): training holds one model. The train records carry TRL's metrics
+// (StepContext::report), the evaluation records them as `eval_<name>`.
+//
+// Defined inline in this header, not in the compiled runtime (compiled_runtime.hpp): a program that includes it
+// compiles the DPO pieces itself.
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <hpctrain/error.hpp>
+#include <hpctrain/error_ids.hpp>
+#include <hpctrain/lm/dpo_loss.hpp>
+#include <hpctrain/lm/lm.hpp>
+#include <hpctrain/lm/preference_data.hpp>
+#include <hpctrain/lm/setting.hpp>
+#include <hpctrain/lm/sft.hpp>
+#include <hpctrain/models/hf/hf_checkpoint.hpp>
+#include <hpctrain/models/lora/lora_layer.hpp>
+#include <hpctrain/text/chat_template.hpp>
+#include <hpctrain/text/pretrained_tokenizer.hpp>
+#include <hpctrain/train/metrics.hpp>
+#include <hpctrain/train/run_context.hpp>
+#include <hpctrain/train/step.hpp>
+#include <hpctrain/train/training.hpp>
+
+namespace hpctrain::lm {
+
+/// The data factory of `preference_jsonl`: options as chained setters (each a value or `lm::knob(...)`).
+class PreferenceJsonl {
+ public:
+  explicit PreferenceJsonl(Setting<std::filesystem::path> file) : file_(std::move(file)) {}
+  /// Tokens of prompt + completion, the end kept (TRL's max_length, truncation_mode "keep_end"). Default: 1024.
+  PreferenceJsonl& max_length(Setting<std::int64_t> tokens) {
+    max_length_ = std::move(tokens);
+    return *this;
+  }
+  /// The prompt's last tokens kept (TRL's max_prompt_length). Default: 512.
+  PreferenceJsonl& max_prompt_length(Setting<std::int64_t> tokens) {
+    max_prompt_length_ = std::move(tokens);
+    return *this;
+  }
+  /// Each completion's first tokens kept, its EOS counted (TRL's max_completion_length); 0: all. Default: 0.
+  PreferenceJsonl& max_completion_length(Setting<std::int64_t> tokens) {
+    max_completion_length_ = std::move(tokens);
+    return *this;
+  }
+  /// Keep a deterministic part of the file, as lm::SftJsonl::split does. Default: all.
+  PreferenceJsonl& split(Split part, std::int64_t every = 16) {
+    hpctrain::detail::require(every >= 2, "preference.split", every, "holds out every n-th pair: n must be at least 2");
+    split_ = part;
+    every_ = every;
+    return *this;
+  }
+
+  /// On the login node: every row of the file is a pair that renders (SpecError naming the file and the line).
+  std::optional<DataSizeAtLogin> check_at_login(const Knobs& knobs,
+                                                const std::optional<std::filesystem::path>& pretrained) const {
+    const auto file = file_.get(knobs);
+    if (!std::filesystem::is_regular_file(file))
+      throw SpecError(errors::spec_data_jsonl, file.string(), "no such file");
+    if (!pretrained) return std::nullopt;  // the worker says that a tokenizer is needed
+    const auto rows = read(file, *pretrained);
+    std::int64_t kept = 0;
+    for (std::size_t i = 0; i < rows.size(); ++i) kept += keeps(static_cast<std::int64_t>(i)) ? 1 : 0;
+    return DataSizeAtLogin{kept,
+                           fmt::format("{} ({} of its {} pairs, read at login)", file.string(), kept, rows.size())};
+  }
+
+  /// In the worker: the file read, rendered and tokenized here (each rank), and without LoRA the reference
+  /// log-probabilities of every pair under the start weights.
+  data::Source operator()(const RunContext& run) const {
+    const auto file = file_.get(run.knobs);
+    if (!run.pretrained_dir)
+      throw SpecError(errors::spec_data_jsonl, file.string(), "needs the model's directory: lm::from_pretrained(...)");
+    const auto tokenizer = text::load_pretrained_tokenizer(*run.pretrained_dir);
+    const PreferenceLengths lengths{max_length_.get(run.knobs), max_prompt_length_.get(run.knobs),
+                                    max_completion_length_.get(run.knobs)};
+    const auto rows = read(file, *run.pretrained_dir);
+    std::vector<PreferenceExample> examples;
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      if (keeps(static_cast<std::int64_t>(i)))
+        examples.push_back(tokenize_preference(rows[i].second, tokenizer, lengths));
+    const std::int64_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
+    auto dataset = std::make_shared<PreferenceDataset>(std::move(examples), pad);
+    std::string reference = "the reference: the model with its adapters off";
+    if (!run.lora) {
+      const auto start = std::chrono::steady_clock::now();
+      dataset->set_reference(reference_logps(*dataset, *run.pretrained_dir));
+      reference = fmt::format("the reference log-probabilities of the start weights computed here in {:.1f} s",
+                              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    if (run.rank == 0) {
+      fmt::print("hpctrain: {}: {} pairs (tokenized in each rank); {}\n", file.string(), dataset->size(), reference);
+      std::fflush(stdout);
+    }
+    return data::Source([dataset] { return dataset; }, fmt::format("{} ({} pairs)", file.string(), dataset->size()));
+  }
+
+  /// The completions' summed log-probabilities [size, 2] (chosen, rejected) under the model of `directory`, in fp32
+  /// on the CPU, 8 pairs a forward.
+  static torch::Tensor reference_logps(const PreferenceDataset& dataset, const std::filesystem::path& directory) {
+    auto model = models::load_pretrained(directory, torch::kFloat32);
+    model->eval();
+    torch::NoGradGuard no_grad;
+    auto out = torch::zeros({dataset.size(), 2}, torch::kFloat32);
+    for (std::int64_t begin = 0; begin < dataset.size(); begin += 8) {
+      std::vector<std::int64_t> indices;
+      for (auto i = begin; i < std::min(dataset.size(), begin + 8); ++i) indices.push_back(i);
+      const auto batch = dataset.batch(indices);
+      const auto n = batch.inputs.size(0), length = batch.inputs.size(2);
+      const auto logits = model->forward(batch.inputs.reshape({2 * n, length}));
+      out.narrow(0, begin, n)
+          .copy_(completion_logps(logits, batch.targets.reshape({2 * n, length})).logps.view({n, 2}));
+    }
+    return out;
+  }
+
+ private:
+  std::vector<std::pair<std::size_t, PreferenceText>> read(const std::filesystem::path& file,
+                                                           const std::filesystem::path& model_dir) const {
+    const auto tokenizer = text::load_pretrained_tokenizer(model_dir);
+    std::optional<text::ChatTemplate> chat;
+    if (tokenizer.chat_template_source())
+      chat = text::ChatTemplate::parse(*tokenizer.chat_template_source(), "chat_template");
+    text::ChatRenderOptions options;
+    options.bos_token = tokenizer.bos_token();
+    options.eos_token = tokenizer.eos_token();
+    return read_preference_jsonl(file, chat ? &*chat : nullptr, options);
+  }
+  bool keeps(std::int64_t index) const {
+    const bool held_out = index % every_ == every_ / 2;
+    return split_ == Split::all || (split_ == Split::validation) == held_out;
+  }
+
+  Setting<std::filesystem::path> file_;
+  Setting<std::int64_t> max_length_ = std::int64_t{1024}, max_prompt_length_ = std::int64_t{512},
+                        max_completion_length_ = std::int64_t{0};
+  Split split_ = Split::all;
+  std::int64_t every_ = 16;
+};
+
+/// Preference pairs from the JSONL file `file` (a path, or `lm::knob("data")`) in TRL's shapes.
+inline PreferenceJsonl preference_jsonl(Setting<std::filesystem::path> file) {
+  return PreferenceJsonl(std::move(file));
+}
+
+/// The loss's knobs of dpo_training as this run sets them.
+inline DpoOptions dpo_options(const Knobs& knobs) {
+  DpoOptions options;
+  options.beta = knobs.get<double>("beta");
+  options.label_smoothing = knobs.get<double>("label_smoothing");
+  options.loss_type = parse_dpo_loss_type(knobs.get<std::string>("loss_type")).value_or(DpoLossType::sigmoid);
+  return options;
+}
+
+/// One batch of pairs through the policy (one forward of chosen and rejected rows) and the reference.
+struct DpoBatch {
+  DpoLosses out;
+  std::vector<torch::Tensor> metrics;          ///< dpo_batch_metrics, in dpo_metric_names' order
+  CompletionLogps chosen, rejected;            ///< the policy's, per side [n]
+  torch::Tensor chosen_logps, rejected_logps;  ///< [n], what the loss compares (IPO: per token)
+  std::int64_t vocabulary = 0;
+};
+
+inline DpoBatch dpo_batch(StepContext& context, const data::Batch& batch, const DpoOptions& options) {
+  const auto n = batch.inputs.size(0), length = batch.inputs.size(2);
+  const auto inputs = batch.inputs.reshape({2 * n, length});  // chosen and rejected of each pair, one after the other
+  const auto targets = batch.targets.reshape({2 * n, length});
+  const auto logits = context.forward(inputs);
+  const auto policy = completion_logps(logits, targets);
+  torch::Tensor reference;
+  if (batch.has("reference_logps")) {
+    reference = batch.field("reference_logps").to(torch::kFloat32).reshape({2 * n});
+  } else {  // TRL with PEFT: the same model, its adapters off
+    torch::NoGradGuard no_grad;
+    models::AdaptersOff off;
+    reference = completion_logps(context.forward(inputs), targets).logps;
+  }
+  auto logps = policy.logps;
+  if (options.loss_type == DpoLossType::ipo) {  // TRL's concatenated_forward: IPO averages per token
+    logps = logps / policy.tokens.clamp_min(1);
+    reference = reference / policy.tokens.clamp_min(1);
+  }
+  const auto pairs = logps.view({n, 2}), references = reference.view({n, 2});
+  const auto side = [&](const CompletionLogps& all, std::int64_t s) {
+    return CompletionLogps{all.logps.view({n, 2}).select(1, s), all.tokens.view({n, 2}).select(1, s),
+                           all.logit_sums.view({n, 2}).select(1, s)};
+  };
+  DpoBatch result;
+  result.out =
+      dpo_loss(pairs.select(1, 0), pairs.select(1, 1), references.select(1, 0), references.select(1, 1), options);
+  result.chosen = side(policy, 0);
+  result.rejected = side(policy, 1);
+  result.vocabulary = logits.size(-1);
+  result.chosen_logps = pairs.select(1, 0).detach();
+  result.rejected_logps = pairs.select(1, 1).detach();
+  result.metrics = dpo_batch_metrics(result.out, result.chosen, result.rejected, result.chosen_logps,
+                                     result.rejected_logps, result.vocabulary);
+  return result;
+}
+
+/// The step of dpo_training: the mean loss over the micro-batch's pairs; TRL's metrics reported for the train record.
+inline torch::Tensor dpo_step(StepContext& context, const data::Batch& batch) {
+  const auto result = dpo_batch(context, batch, dpo_options(context.knobs));
+  for (std::size_t i = 0; i < result.metrics.size(); ++i) context.report(dpo_metric_names[i], result.metrics[i]);
+  return result.out.losses.mean();
+}
+
+/// The evaluation of dpo_training: the mean loss over pairs; per pair the columns the metrics of dpo_metrics read.
+inline EvalOutput dpo_eval_step(StepContext& context, const data::Batch& batch) {
+  const auto result = dpo_batch(context, batch, dpo_options(context.knobs));
+  const auto& out = result.out;
+  const auto v = static_cast<double>(result.vocabulary);
+  auto columns =
+      torch::stack(
+          {out.chosen_rewards, out.rejected_rewards, out.chosen_rewards.gt(out.rejected_rewards).to(torch::kFloat32),
+           out.chosen_rewards - out.rejected_rewards, result.chosen_logps, result.rejected_logps,
+           result.chosen.logit_sums / v, result.rejected.logit_sums / v, result.chosen.tokens, result.rejected.tokens},
+          1)
+          .to(torch::kFloat64);
+  const auto rows = torch::scalar_tensor(static_cast<double>(batch.size()),
+                                         torch::TensorOptions(torch::kFloat64).device(context.device));
+  return {out.losses.mean(), std::move(columns), rows};
+}
+
+/// The evaluation's metrics under TRL's names: the means over pairs, the logits' over completion positions.
+inline std::vector<metrics::Metric> dpo_metrics() {
+  std::vector<metrics::Metric> list;
+  for (std::int64_t c = 0; c < 8; ++c) {
+    list.emplace_back(dpo_metric_names[c], [c](const metrics::Input& in) -> metrics::Sums {
+      const auto sum = in.output.select(1, c).sum();
+      if (c < 6) return {sum, torch::scalar_tensor(static_cast<double>(in.output.size(0)), sum.options())};
+      return {sum, in.output.select(1, c + 2).sum()};  // tokens of that side
+    });
+  }
+  return list;
+}
+
+/// A Training for DPO: dpo_step, dpo_eval_step and dpo_metrics, the knobs `--beta` (0.1), `--label-smoothing` (0),
+/// `--loss-type sigmoid|ipo|hinge` and the LoRA knobs (lm::with_lora_knobs). Add the model (lm::from_pretrained),
+/// the data (lm::preference_jsonl) and the rest.
+inline Training dpo_training() {
+  Training training;
+  training.step(dpo_step)
+      .eval_step(dpo_eval_step)
+      .knob<double>("beta", 0.1, "DPO's beta: how far from the reference the policy may go (TRL's default 0.1)",
+                    positive())
+      .knob<double>("label_smoothing", 0.0, "the sigmoid loss's label smoothing (cDPO; TRL's default 0)",
+                    between(0.0, 0.5))
+      .knob<std::string>("loss_type", "sigmoid", "DPO's loss, as TRL names it: sigmoid, ipo or hinge",
+                         KnobCheck<std::string>([](const std::string& v) { return parse_dpo_loss_type(v).has_value(); },
+                                                "must be sigmoid, ipo or hinge"));
+  for (auto& metric : dpo_metrics()) training.metric(std::move(metric));
+  return with_lora_knobs(std::move(training));
+}
+
+}  // namespace hpctrain::lm
