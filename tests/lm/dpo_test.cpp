@@ -62,7 +62,7 @@ TEST_CASE("dpo: the completions' log-probabilities sum the counted tokens' and t
 }
 
 TEST_CASE(
-    "dpo: rows in TRL's shapes render as maybe_extract_prompt and maybe_apply_chat_template do; bad rows name "
+    "dpo: rows in TRL's shapes render as maybe_extract_prompt and maybe_apply_chat_template do, and bad rows name "
     "their line",
     "[dpo]") {
   const auto chat = hpctrain::text::ChatTemplate::parse(

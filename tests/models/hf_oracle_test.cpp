@@ -268,7 +268,7 @@ TEST_CASE(
 TEST_CASE(
     "Qwen2 (q/k/v biases, tied head, a window on its second layer), Qwen3 (query and key norms, a head dimension of "
     "its "
-    "own), Mistral and Phi-3 (q/k/v and gate/up stacked; both windowed) made by transformers give the same logits at "
+    "own), Mistral and Phi-3 (q/k/v and gate/up stacked, both windowed) made by transformers give the same logits at "
     "300 positions and 32 greedy tokens here, export back to their own model_type, and a window holds through the KV "
     "cache and in packed rows",
     "[models][oracle][families]") {
