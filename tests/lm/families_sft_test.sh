@@ -15,7 +15,12 @@
 #    saved in bf16 (under zero3 a bf16 run holds its frozen base in bf16: from the fp32 directory our merged model
 #    would be the rounded base plus the adapter, 2e-3 from PEFT's on the fp32 base): the adapter the run exports
 #    loads in PEFT onto that base with the logits of our merged export (sft_oracle.py peft-check);
-#  - --plan reads the three configs and counts transformers' parameters (to its 3 digits).
+#  - Gemma 2 (its own soft caps of attention and logits, a window of 16 on every other layer, norms by 1 + weight, the
+#    tied head) under zero3 at --local 2 in fp32, checked as the first three against transformers' eager attention
+#    (its SDPA path skips the attention cap);
+#  - LoRA on every projection of Gemma 3 text (query and key norms, a sliding layer on its own rope base) under zero3
+#    at --local 2 in fp32: the adapter loads in PEFT with our merged export's logits;
+#  - --plan reads the five configs and counts transformers' parameters (to its 3 digits).
 # Usage: families_sft_test.sh <sft binary>
 set -euo pipefail
 source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
@@ -27,7 +32,7 @@ oracle() { "$python" "$here/sft_oracle.py" "$@"; }
 last_eval_loss() { sed -n 's/.*"eval_loss":\([^,}]*\).*/\1/p' "$1/metrics.jsonl" | tail -1; }
 
 oracle make "$work" "$fortunes" > make.log 2>&1 || fail "the oracle could not make the tokenizer and data"
-for family in qwen3 llama3.2 phi3; do
+for family in qwen3 llama3.2 phi3 gemma2 gemma3_text; do
   oracle make-family "$work" "$family" > "make-$family.log" 2>&1 || log="make-$family.log" fail "the oracle could not make $family"
 done
 
@@ -58,6 +63,8 @@ train llama3.2 4 hsdp --hsdp-group-size 2
 grep -q "tied head" run-llama3.2.log || fail "sft did not say that the Llama 3.2 model's head is tied"
 train phi3 2 zero2
 grep -q "stacked (qkv_proj, gate_up_proj)" run-phi3.log || fail "sft did not say that the Phi-3 model stacks its projections"
+train gemma2 2 zero3
+grep -q "attention soft-capped at 50" run-gemma2.log || fail "sft did not say that the Gemma 2 model caps its attention"
 
 HPCTRAIN_RUN_DIR="$work/lora" "$sft" --from qwen3-bf16 --data conversations.jsonl --local 2 --sharding zero3 --precision bf16 \
   --max-steps 3 --max-length 64 --batch-size 8 --lr 1e-2 --eval-every 0 --max-eval-examples 4 --checkpoint-every 0 \
@@ -73,7 +80,14 @@ HPCTRAIN_RUN_DIR="$work/lora-phi3" "$sft" --from phi3 --data conversations.jsonl
 oracle peft-check phi3 lora-phi3/export > lora-phi3-peft.log 2>&1 ||
   log=lora-phi3-peft.log fail "PEFT's view of the Phi-3 adapter differs from our merged model"
 
-for family in qwen3 llama3.2 phi3; do
+HPCTRAIN_RUN_DIR="$work/lora-gemma3" "$sft" --from gemma3_text --data conversations.jsonl --local 2 --sharding zero3 \
+  --precision fp32 --max-steps 3 --max-length 64 --batch-size 8 --lr 1e-2 --eval-every 0 --max-eval-examples 4 \
+  --checkpoint-every 0 --export-dtype fp32 --lora-r 8 --lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj \
+  > lora-gemma3.log 2>&1 || log=lora-gemma3.log fail "LoRA on gemma3_text: sft exited $?"
+oracle peft-check gemma3_text lora-gemma3/export > lora-gemma3-peft.log 2>&1 ||
+  log=lora-gemma3-peft.log fail "PEFT's view of the Gemma 3 adapter differs from our merged model"
+
+for family in qwen3 llama3.2 phi3 gemma2 gemma3_text; do
   "$sft" --from "$family" --plan --nodes 1 --tasks-per-node 2 --sharding zero3 --max-length 64 > "plan-$family.log" 2>&1 || true
   parameters="$(sed -n "s/^$family: \([0-9]*\) parameters$/\1/p" "make-$family.log")"
   grep -qE "^  peak " "plan-$family.log" || log="plan-$family.log" fail "--plan printed no peak for $family"
@@ -84,6 +98,7 @@ for family in qwen3 llama3.2 phi3; do
   report="$report --plan of $family: $planned parameters (transformers $parameters);"
 done
 report="$report LoRA on every projection of qwen3 in bf16: $(tail -1 lora-peft.log);"
-report="$report LoRA on Phi-3's qkv_proj, o_proj, gate_up_proj and down_proj in fp32: $(tail -1 lora-phi3-peft.log)"
+report="$report LoRA on Phi-3's qkv_proj, o_proj, gate_up_proj and down_proj in fp32: $(tail -1 lora-phi3-peft.log);"
+report="$report LoRA on every projection of Gemma 3 text in fp32: $(tail -1 lora-gemma3-peft.log)"
 cd / && rm -rf "${work:?}"
 echo "PASS:$report"

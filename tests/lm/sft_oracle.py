@@ -109,12 +109,23 @@ def make(work, directory):
     print(f"{len(lines_out)} conversations, vocabulary {len(fast)}")
 
 
+def load_model(model_dir):
+    """MODEL_DIR in fp32; Gemma 2 through eager attention, which applies its attention soft-capping (SDPA skips it)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with open(os.path.join(model_dir, "config.json")) as config:
+        eager = json.load(config).get("model_type") == "gemma2"
+    options = {"attn_implementation": "eager"} if eager else {}
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **options)
+
+
 def loss(model_dir, jsonl, max_length):
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = load_model(model_dir).eval()
     records = [json.loads(line) for line in open(jsonl) if line.strip()]
     held_out = [r for i, r in enumerate(records) if i % 16 == 8]
     total, count = 0.0, 0
@@ -170,13 +181,13 @@ def peft_check(base_dir, export_dir):
     from transformers import AutoModelForCausalLM
 
     ids = torch.tensor([[1, 5, 17, 300, 42, 9, 250, 77, 128, 3]])
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    base = load_model(base_dir)
     adapted = PeftModel.from_pretrained(base, export_dir).eval()
-    merged = AutoModelForCausalLM.from_pretrained(os.path.join(export_dir, "merged"), dtype=torch.float32).eval()
+    merged = load_model(os.path.join(export_dir, "merged")).eval()
     with torch.no_grad():
         theirs, ours = adapted(ids).logits, merged(ids).logits
         unloaded = adapted.merge_and_unload()(ids).logits
-        plain = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()(ids).logits
+        plain = load_model(base_dir).eval()(ids).logits
     print(f"adapter vs merged export {(theirs - ours).abs().max().item():.3g}, merge_and_unload vs merged export "
           f"{(unloaded - ours).abs().max().item():.3g}, the adapter moved the logits by {(theirs - plain).abs().max().item():.3g}")
     ok = (theirs - ours).abs().max() < 1e-4 and (unloaded - ours).abs().max() < 1e-4 and (theirs - plain).abs().max() > 1e-3
@@ -292,6 +303,16 @@ def make_family(work, family):
         model = Phi3ForCausalLM(Phi3Config(hidden_size=48, num_attention_heads=6, num_key_value_heads=2,
                                            rope_theta=10000.0, sliding_window=2047, tie_word_embeddings=False,
                                            original_max_position_embeddings=512, **common))
+    elif family == "gemma2":  # Gemma 2's own caps (50, 30), windows of 16 on layer 0 within rows of 64
+        from transformers import Gemma2Config, Gemma2ForCausalLM
+        model = Gemma2ForCausalLM(Gemma2Config(hidden_size=40, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                               query_pre_attn_scalar=16, sliding_window=16, **common))
+    elif family == "gemma3_text":  # layer 0 slides (a window of 16, rope base 10000), layer 1 is global (1e6)
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+        model = Gemma3ForCausalLM(Gemma3TextConfig(hidden_size=40, num_attention_heads=4, num_key_value_heads=2,
+                                                   head_dim=16, query_pre_attn_scalar=16, sliding_window=16,
+                                                   sliding_window_pattern=2, rope_theta=1000000.0,
+                                                   rope_local_base_freq=10000.0, **common))
     else:
         sys.exit(f"unknown family {family}")
     with torch.no_grad():

@@ -203,6 +203,68 @@ TEST_CASE("Phi-3's config: q/k/v and gate/up stacked, its window, residual dropo
              Catch::Contains("longrope") && Catch::Contains("is not implemented by hpctrain"));
 }
 
+TEST_CASE(
+    "Gemma's configs: each family's own defaults, null meaning none, Gemma 3's rope per layer type in both layouts",
+    "[models][config]") {
+  const auto read = [](const std::string& json) { return hm::LlamaConfig::from_json(nlohmann::json::parse(json)); };
+  // What a config.json may leave out is Gemma2Config's default, not Llama's.
+  const auto gemma2 = read(R"({"model_type": "gemma2", "num_hidden_layers": 4})");
+  CHECK(gemma2.attn_logit_softcapping == 50.0);
+  CHECK(gemma2.final_logit_softcapping == 30.0);
+  CHECK(gemma2.query_pre_attn_scalar == 256.0);
+  CHECK(gemma2.sliding_window == 4096);
+  CHECK(gemma2.layer_types ==
+        std::vector<std::string>{"sliding_attention", "full_attention", "sliding_attention", "full_attention"});
+  CHECK(gemma2.head_dimension() == 256);
+  CHECK(gemma2.tie_word_embeddings);
+  CHECK(gemma2.hidden_act == "gelu_pytorch_tanh");
+  CHECK(gemma2.sandwich_norms);
+  CHECK_FALSE(gemma2.local_rope_theta);
+  // Four norms a block, each of the width (2304 wide, 26 layers, 8/4 heads of 256 at Gemma2Config's defaults).
+  CHECK(gemma2.parameter_count() - read(R"({"model_type": "gemma", "hidden_size": 2304, "intermediate_size": 9216,
+                                             "num_hidden_layers": 4, "num_attention_heads": 8,
+                                             "num_key_value_heads": 4})")
+                                       .parameter_count() ==
+        4 * 2 * 2304);
+  const auto uncapped =
+      read(R"({"model_type": "gemma2", "attn_logit_softcapping": null, "final_logit_softcapping": null,
+                                 "query_pre_attn_scalar": 144})");
+  CHECK_FALSE(uncapped.attn_logit_softcapping);
+  CHECK_FALSE(uncapped.final_logit_softcapping);
+  CHECK(*uncapped.attention_scale() == Approx(1.0 / 12.0));
+  const auto gemma3 = read(R"({"model_type": "gemma3_text", "num_hidden_layers": 7})");
+  CHECK(gemma3.sliding_layers() == 6);
+  CHECK_FALSE(gemma3.local_rotary(5));
+  CHECK(gemma3.local_rotary(6));
+  CHECK(gemma3.rope_theta == 1000000.0);
+  CHECK(gemma3.local_rope_theta == 10000.0);
+  CHECK(gemma3.qk_norm);
+  CHECK_FALSE(gemma3.attn_logit_softcapping);
+  // transformers 5's layout: rotary parameters per layer type; scaling on the global layers only.
+  const auto per_type = read(R"({"model_type": "gemma3_text", "rope_parameters": {
+      "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+      "sliding_attention": {"rope_type": "default", "rope_theta": 20000.0}}})");
+  CHECK(per_type.rope_scaling->rope_type == "linear");
+  CHECK(per_type.local_rope_theta == 20000.0);
+  const auto exported = per_type.to_json();
+  CHECK(exported["rope_local_base_freq"] == 20000.0);
+  CHECK(exported["rope_parameters"]["sliding_attention"]["rope_theta"] == 20000.0);
+  CHECK(exported["query_pre_attn_scalar"].is_number_integer());
+  CHECK(hm::LlamaConfig::from_json(nlohmann::json::parse(exported.dump())).to_json() == exported);
+  CHECK_THAT(error_of(R"({"model_type": "gemma3_text", "rope_local_base_freq": 10000.0, "rope_parameters": {
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 20000.0}}})"),
+             Catch::Contains("the transformers 5 and 4 layouts of the config disagree"));
+  CHECK_THAT(error_of(R"({"model_type": "gemma3_text", "rope_parameters": {
+                          "sliding_attention": {"rope_type": "linear", "factor": 2.0}}})"),
+             Catch::Contains("rope scaling on the sliding layers is not implemented by hpctrain"));
+  CHECK(error_of(R"({"model_type": "gemma3_text", "use_bidirectional_attention": true})") ==
+        "[hpctrain.spec.llama.use_bidirectional_attention] llama.use_bidirectional_attention = true: bidirectional "
+        "attention is not implemented by hpctrain");
+  CHECK_THAT(error_of(R"({"model_type": "gemma2", "attn_logit_softcapping": -1.0})"),
+             Catch::Contains("llama.attn_logit_softcapping"));
+  CHECK_THAT(error_of(R"({"model_type": "gemma3", "text_config": {}})"), Catch::Contains("gemma3_text"));
+}
+
 TEST_CASE("A config's export holds both layouts, reads back the same, and names what it does not know",
           "[models][config]") {
   hm::LlamaConfig config;

@@ -1,7 +1,7 @@
 """The oracle of tests/models: transformers makes, saves and runs small random models.
 
   hf_oracle.py make FAMILY CONFIG_JSON DIR IDS [--shard BYTES] [--long LONG_IDS]
-      makes a random FAMILY (gpt2 | llama | qwen2 | qwen3 | mistral | phi3) model from CONFIG_JSON (transformers' config fields), saves it
+      makes a random FAMILY (gpt2 | llama | qwen2 | qwen3 | mistral | phi3 | gemma | gemma2 | gemma3_text) model from CONFIG_JSON (transformers' config fields), saves it
       with save_pretrained into DIR/model (sharded when --shard is given), then runs `expect` on it.
   hf_oracle.py expect MODEL_DIR IDS OUT_DIR [--long LONG_IDS]
       loads MODEL_DIR with from_pretrained and writes OUT_DIR/logits.safetensors (fp32 logits of IDS,
@@ -11,7 +11,12 @@
 
   hf_oracle.py expect-packed MODEL_DIR IDS POSITIONS DOCUMENTS OUT_DIR
       OUT_DIR/logits.safetensors of one packed row: IDS with position_ids POSITIONS and a 4-D attention mask
-      that is causal within each DOCUMENTS id (transformers' custom 4-D masks), comma-separated lists each.
+      that is causal within each DOCUMENTS id (transformers' custom 4-D masks; one per layer type where layers slide),
+      comma-separated lists each.
+
+  hf_oracle.py gradients MODEL_DIR IDS OUT_DIR
+      OUT_DIR/gradients.safetensors: the gradient of every parameter (transformers' names, a tied head once, as its
+      embedding) of one training step's loss on IDS: the mean cross entropy of each next token, in fp32.
 
 IDS is a comma-separated list of token ids, or `text:PROMPT`: then `make` also trains a byte-level BPE
 with HF `tokenizers` (vocabulary = the model's), saves it as DIR/model/tokenizer.json, encodes PROMPT with
@@ -48,6 +53,15 @@ def make(family, config_json, directory, ids, shard=None, long_ids=None):
     elif family == "phi3":
         from transformers import Phi3Config, Phi3ForCausalLM
         model = Phi3ForCausalLM(Phi3Config(**fields))
+    elif family == "gemma":
+        from transformers import GemmaConfig, GemmaForCausalLM
+        model = GemmaForCausalLM(GemmaConfig(**fields))
+    elif family == "gemma2":
+        from transformers import Gemma2Config, Gemma2ForCausalLM
+        model = Gemma2ForCausalLM(Gemma2Config(**fields))
+    elif family == "gemma3_text":
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+        model = Gemma3ForCausalLM(Gemma3TextConfig(**fields))
     else:
         raise SystemExit(f"unknown family {family}")
     # transformers' init (std 0.02) leaves logits near zero, where greedy decoding hangs on near-ties;
@@ -92,8 +106,17 @@ def train_tokenizer(vocab_size, path):
     return tokenizer
 
 
+def load(model_dir):
+    """The model of MODEL_DIR in fp32. Gemma 2 through transformers' eager attention: its SDPA path skips the
+    attention soft-capping its config asks for (eager, flash and flex apply it)."""
+    with open(os.path.join(model_dir, "config.json")) as config:
+        model_type = json.load(config).get("model_type")
+    options = {"attn_implementation": "eager"} if model_type == "gemma2" else {}
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **options)
+
+
 def expect(model_dir, ids, out_dir, long_ids=None):
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = load(model_dir)
     model.eval()
     row = lambda text: torch.tensor([[int(i) for i in text.split(",")]], dtype=torch.long)
     input_ids = row(ids)
@@ -111,16 +134,34 @@ def expect(model_dir, ids, out_dir, long_ids=None):
 
 
 def expect_packed(model_dir, ids, positions, documents, out_dir):
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = load(model_dir).eval()
     row = lambda text: torch.tensor([[int(i) for i in text.split(",")]], dtype=torch.long)
     input_ids, position_ids, document_ids = row(ids), row(positions), row(documents)
     t = input_ids.shape[1]
     allowed = (document_ids[:, :, None] == document_ids[:, None, :]) & torch.ones(t, t, dtype=torch.bool).tril()
-    mask = torch.zeros(1, 1, t, t).masked_fill(~allowed[:, None], torch.finfo(torch.float32).min)
+    additive = lambda keep: torch.zeros(1, 1, t, t).masked_fill(~keep[:, None], torch.finfo(torch.float32).min)
+    mask = additive(allowed)
+    window = getattr(model.config, "sliding_window", None)
+    if window and "sliding_attention" in (getattr(model.config, "layer_types", None) or []):
+        # A 4-D mask is taken as it is by every layer; a mapping per layer type keeps the sliding layers' band.
+        i = torch.arange(t)
+        mask = {"full_attention": mask, "sliding_attention": additive(allowed & (i[:, None] - i[None, :] < window))}
     with torch.no_grad():
         logits = model(input_ids, position_ids=position_ids, attention_mask=mask).logits.float().contiguous()
     os.makedirs(out_dir, exist_ok=True)
     save_file({"logits": logits}, os.path.join(out_dir, "logits.safetensors"))
+
+
+def gradients(model_dir, ids, out_dir):
+    model = load(model_dir).eval()  # no dropout: the step's math without its randomness
+    tokens = torch.tensor([[int(i) for i in ids.split(",")]], dtype=torch.long)
+    logits = model(tokens).logits
+    loss = torch.nn.functional.cross_entropy(logits[0, :-1].float(), tokens[0, 1:])
+    loss.backward()
+    os.makedirs(out_dir, exist_ok=True)
+    grads = {name: p.grad.contiguous() for name, p in model.named_parameters() if p.grad is not None}
+    save_file(grads, os.path.join(out_dir, "gradients.safetensors"))
+    print(f"loss {loss.item():.8g}, {len(grads)} gradients")
 
 
 def split_options(args, names):
@@ -142,6 +183,8 @@ if __name__ == "__main__":
         make(*args[1:], shard=options.get("shard"), long_ids=options.get("long"))
     elif args[:1] == ["expect-packed"] and len(args) == 6:
         expect_packed(*args[1:])
+    elif args[:1] == ["gradients"] and len(args) == 4:
+        gradients(*args[1:])
     elif args[:1] == ["expect"] and len(args) == 4:
         expect(*args[1:], long_ids=options.get("long"))
     else:

@@ -76,6 +76,38 @@ std::vector<std::int64_t> oracle_generation(const std::filesystem::path& dir) {
   return nlohmann::json::parse(models_test::read_text(dir / "generated.json")).get<std::vector<std::int64_t>>();
 }
 
+/// One training step's gradients here against transformers' (hf_oracle.py gradients) on the first 64 of
+/// long_sequence (beyond the windows of the families' tests): the largest difference over every parameter transformers
+/// has (its `model.` prefix dropped: our names), relative to the largest gradient. In fp32 both sum the same products
+/// in other orders: ~1e-6 relative; a missing cap, norm or scale moves gradients by far more.
+double gradient_difference(ht::CausalLM& model, const std::filesystem::path& model_dir,
+                           const std::filesystem::path& dir) {
+  const std::vector<std::int64_t> ids(long_sequence.begin(), long_sequence.begin() + 64);
+  run_oracle(fmt::format("gradients '{}' {} '{}'", model_dir.string(), ids_text(ids), dir.string()),
+             dir.string() + ".log");
+  model.eval();
+  model.zero_grad();
+  const auto tokens = torch::tensor(ids, torch::kLong);
+  const auto logits = model.forward(tokens.unsqueeze(0))[0];
+  torch::nn::functional::cross_entropy(logits.narrow(0, 0, 63), tokens.narrow(0, 1, 63)).backward();
+  const auto ours = model.named_parameters();
+  const ht::safetensors::File theirs(dir / "gradients.safetensors");
+  double largest = 0, difference = 0;
+  for (const auto& info : theirs.tensors()) {
+    const auto name = info.name.starts_with("model.") ? info.name.substr(6) : info.name;
+    CAPTURE(name);
+    REQUIRE(ours.contains(name));
+    REQUIRE(ours[name].grad().defined());
+    const auto expected = theirs.tensor(info.name);
+    largest = std::max(largest, expected.abs().max().item<double>());
+    difference = std::max(difference, (ours[name].grad() - expected).abs().max().item<double>());
+  }
+  model.zero_grad();
+  WARN(fmt::format("one step's gradients differ from transformers' by {:.3g} of the largest ({:.3g}) in {}",
+                   difference / largest, largest, dir.string()));
+  return difference / largest;
+}
+
 /// A few AdamW steps of next-token prediction on random tokens; returns the first and last loss.
 std::pair<double, double> train_briefly(ht::CausalLM& model, std::int64_t vocab) {
   torch::manual_seed(7);
@@ -320,6 +352,7 @@ TEST_CASE(
                family_dir / "expect.log");
     CHECK(logit_difference(*model, family_dir / "export-oracle") < 1e-4);
     CHECK(long_logit_difference(*model, family_dir / "export-oracle") < 1e-4);
+    CHECK(gradient_difference(*model, family_dir / "model", family_dir / "gradients") < 1e-4);
   }
   // Mistral's window of 64 (its logits at 300 positions are transformers'): the same logits when the 300 tokens go
   // through the KV cache in pieces, and a packed row of two examples longer than the window gives each its own.
@@ -347,4 +380,94 @@ TEST_CASE(
   for (auto& parameter : unwindowed->named_parameters()) parameter.value().copy_(weights[parameter.key()]);
   unwindowed->eval();
   CHECK((unwindowed->forward(first) - mistral->forward(first)).abs().max().item<double>() > 1e-3);
+}
+
+TEST_CASE(
+    "Gemma (norms by 1 + weight, scaled embeddings, GeGLU), Gemma 2 (norms after attention and MLP, soft-capped "
+    "attention and logits, a query scale of its own, alternating windows) and Gemma 3 text (query and key norms, "
+    "the sliding layers on a rope base of their own, the global ones scaled) made by transformers give the same "
+    "logits at 300 positions and 32 greedy tokens here, export back to their own model_type, and Gemma 2's caps and "
+    "window hold in packed rows",
+    "[models][oracle][families]") {
+  const auto dir = scratch("gemma-oracle");
+  const std::vector<std::pair<std::string, std::string>> families{
+      {"gemma",
+       R"({"vocab_size": 512, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "rope_theta": 20000.0})"},
+      // Caps low enough that the scores and logits of these random weights reach them (Gemma 2's own: 50 and 30);
+      // layers 0 and 2 slide (every other from the first), within a window shorter than generation's 44 tokens.
+      {"gemma2",
+       R"({"vocab_size": 512, "hidden_size": 40, "intermediate_size": 72, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 24,
+        "attn_logit_softcapping": 4.0, "final_logit_softcapping": 6.0, "max_position_embeddings": 512})"},
+      // Layers 0 and 1 slide on base 10000, layer 2 (every third) is global on 1e6 with linear scaling.
+      {"gemma3_text",
+       R"({"vocab_size": 512, "hidden_size": 40, "intermediate_size": 72, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 1, "head_dim": 16, "query_pre_attn_scalar": 20, "sliding_window": 32,
+        "sliding_window_pattern": 3, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "max_position_embeddings": 512})"}};
+  for (const auto& [family, config] : families) {
+    CAPTURE(family);
+    const auto family_dir = dir / family;
+    std::filesystem::create_directories(family_dir);
+    run_oracle(
+        fmt::format("make {} '{}' '{}' {} {}", family, config, family_dir.string(), ids_text(prompt), long_option()),
+        family_dir / "make.log");
+    auto model = ht::load_llama(family_dir / "model");
+    const auto& read = model->config();
+    CHECK(read.model_type == family);
+    CHECK(read.unit_offset_norms);
+    CHECK(read.scaled_embeddings);
+    CHECK(read.hidden_act == "gelu_pytorch_tanh");
+    CHECK(read.sandwich_norms == (family != "gemma"));
+    CHECK(read.qk_norm == (family == "gemma3_text"));
+    CHECK(read.sliding_layers() == (family == "gemma" ? 0 : 2));
+    CHECK(read.final_logit_softcapping == (family == "gemma2" ? std::optional<double>(6.0) : std::nullopt));
+    CHECK(read.local_rope_theta == (family == "gemma3_text" ? std::optional<double>(10000.0) : std::nullopt));
+    CHECK(hpctrain::parameter_count(*model) == read.parameter_count());
+    CHECK(logit_difference(*model, family_dir) < 1e-4);
+    CHECK(long_logit_difference(*model, family_dir) < 1e-4);
+    CHECK(ht::generate(*model, prompt, greedy_32()) == oracle_generation(family_dir));
+    ht::save_pretrained(*model, family_dir / "export");
+    CHECK(ht::read_llama_config(family_dir / "export").model_type == family);
+    run_oracle(fmt::format("expect '{}' {} '{}' {}", (family_dir / "export").string(), ids_text(prompt),
+                           (family_dir / "export-oracle").string(), long_option()),
+               family_dir / "expect.log");
+    CHECK(logit_difference(*model, family_dir / "export-oracle") < 1e-4);
+    CHECK(long_logit_difference(*model, family_dir / "export-oracle") < 1e-4);
+    CHECK(gradient_difference(*model, family_dir / "model", family_dir / "gradients") < 1e-4);
+  }
+  // Gemma 2 in a packed row of two examples longer than its window (12 + 32 and 20 tokens) against transformers'
+  // eager attention with a 4-D mask, and through the KV cache in pieces.
+  auto gemma2 = ht::load_llama(dir / "gemma2" / "model");
+  torch::NoGradGuard no_grad;
+  gemma2->eval();
+  std::vector<std::int64_t> ids, positions, documents;
+  for (std::int64_t i = 0; i < 64; ++i) {
+    ids.push_back(long_sequence[static_cast<std::size_t>(i)]);
+    positions.push_back(i < 44 ? i : i - 44);
+    documents.push_back(i < 44 ? 0 : 1);
+  }
+  run_oracle(fmt::format("expect-packed '{}' {} {} {} '{}'", (dir / "gemma2" / "model").string(), ids_text(ids),
+                         ids_text(positions), ids_text(documents), (dir / "gemma2" / "packed").string()),
+             dir / "gemma2" / "packed.log");
+  const auto row = torch::tensor(ids, torch::kLong).unsqueeze(0);
+  const auto packed = gemma2->forward(row, ht::TokenLayout{torch::tensor(positions, torch::kLong).unsqueeze(0),
+                                                           torch::tensor(documents, torch::kInt32).unsqueeze(0)});
+  const auto theirs = ht::safetensors::File(dir / "gemma2" / "packed" / "logits.safetensors").tensor("logits");
+  CHECK((packed - theirs).abs().max().item<double>() < 1e-4);
+  const auto whole = gemma2->forward(row);
+  auto cache = gemma2->make_cache(1, 64);
+  std::vector<torch::Tensor> pieces;
+  for (auto [begin, length] : {std::pair{0, 30}, std::pair{30, 1}, std::pair{31, 33}})
+    pieces.push_back(gemma2->forward(row.narrow(1, begin, length), &cache));
+  CHECK((torch::cat(pieces, 1) - whole).abs().max().item<double>() < 1e-4);
+  // Without its caps the same weights give other logits: the checks above could fail.
+  auto config = ht::read_llama_config(dir / "gemma2" / "model");
+  config.attn_logit_softcapping.reset();
+  ht::Llama uncapped(config);
+  const auto weights = gemma2->named_parameters();
+  for (auto& parameter : uncapped->named_parameters()) parameter.value().copy_(weights[parameter.key()]);
+  uncapped->eval();
+  CHECK((uncapped->forward(row) - whole).abs().max().item<double>() > 1e-3);
 }

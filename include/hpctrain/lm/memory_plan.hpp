@@ -82,6 +82,9 @@ struct ModelShape {
   /// Bytes per token and layer that autograd keeps besides the Linears' inputs (norm inputs, attention's
   /// q, k, v and output, the MLP's activation), under bf16 autocast and in fp32.
   std::int64_t other_saved_bf16 = 0, other_saved_fp32 = 0;
+  /// Bytes per token, layer and key that attention computed in plain products keeps (soft-capped scores: the capped
+  /// scores and the softmax, a head at a time), 0 where SDPA's kernels run; times the sequence.
+  std::int64_t score_bytes_per_key = 0;
 };
 
 inline ModelShape model_shape(const models::LlamaConfig& c) {
@@ -103,6 +106,21 @@ inline ModelShape model_shape(const models::LlamaConfig& c) {
     // the bf16 normalised value; in fp32 (at::rms_norm) their input
     shape.other_saved_bf16 += (2 + 4 + 2) * (q + kv);
     shape.other_saved_fp32 += 4 * (q + kv);
+  }
+  if (c.sandwich_norms) {  // Gemma 2, 3: two more norms, of attention's and the MLP's bf16 outputs under autocast
+                           // (their
+    // fp32 copy and fp32 normalised value), of the fp32 stream in fp32
+    shape.other_saved_bf16 += 2 * (4 + 4) * h;
+    shape.other_saved_fp32 += 2 * 4 * h;
+  }
+  if (c.hidden_act != "silu") {  // GeGLU keeps gelu(gate) besides gate and up (the SwiGLU node recomputes silu)
+    shape.other_saved_bf16 += 2 * i;
+    shape.other_saved_fp32 += 4 * i;
+  }
+  if (c.attn_logit_softcapping) {  // Gemma 2: the capped scores (bf16 or fp32) and the fp32 softmax, per head and key
+    shape.score_bytes_per_key = (2 + 4 + 2) * c.num_attention_heads;
+    shape.other_saved_bf16 += 2 * (q - kv);  // the keys repeated to every query head
+    shape.other_saved_fp32 += 4 * (q - kv);
   }
   const auto outside = c.vocab_size * h * (c.tie_word_embeddings ? 1 : 2) + h;
   shape.block_parameters = (shape.parameters - outside) / c.num_hidden_layers;
@@ -195,6 +213,7 @@ inline std::int64_t activation_bytes_per_token(const PlanInput& in) {
   const auto& m = in.model;
   const std::int64_t element = in.bf16 ? 2 : 4;
   std::int64_t bytes = in.bf16 ? m.other_saved_bf16 : m.other_saved_fp32;
+  bytes += m.score_bytes_per_key * in.sequence;
   std::vector<int> groups_saved;
   for (const auto& linear : m.block_linears) {
     if (in.lora_rank > 0 && !lora_targets(in, linear)) continue;

@@ -2,7 +2,9 @@
 // What every language-model family shares: the key/value cache for generation, causal attention through
 // `torch::scaled_dot_product_attention`, and `CausalLM`, the interface generation, export and the
 // fully-sharded strategy use without knowing the family.
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -92,6 +94,35 @@ inline bool& varlen_attention_switch() {
 inline void set_varlen_attention(bool on) { detail::varlen_attention_switch() = on; }
 inline bool varlen_attention() { return detail::varlen_attention_switch(); }
 
+/// How attention scores its queries against its keys: SDPA's scale (none: head_dim^-1/2) and an optional soft cap
+/// (cap·tanh(s / cap) on the scaled scores before the mask, Gemma 2's; 0: none).
+struct AttentionScoring {
+  std::optional<double> scale;
+  double softcap = 0.0;
+};
+
+namespace detail {
+/// Soft-capped attention in plain products, as transformers' eager_attention_forward computes it (SDPA's kernels
+/// have no soft cap): scores q·kᵀ·scale capped, masked by `allowed` ([.., T, past + T], true = may attend), softmax
+/// in fp32 cast back, dropout, then the values. Keys and values repeated for grouped-query attention.
+inline torch::Tensor softcapped_attention(const torch::Tensor& q, torch::Tensor k, torch::Tensor v,
+                                          const torch::Tensor& allowed, double dropout, const AttentionScoring& scoring,
+                                          bool training) {
+  if (k.size(1) != q.size(1)) {
+    const auto groups = q.size(1) / k.size(1);
+    k = k.repeat_interleave(groups, 1);
+    v = v.repeat_interleave(groups, 1);
+  }
+  const double scale = scoring.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) * scale;
+  scores = torch::tanh(scores / scoring.softcap) * scoring.softcap;
+  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  auto weights = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
+  if (dropout > 0.0) weights = torch::dropout(weights, dropout, training);
+  return torch::matmul(weights, v.to(weights.scalar_type()));
+}
+}  // namespace detail
+
 /// Causal self-attention of `q` [B, H, T, D] over `k`, `v` [B, KV, past + T, D]. Without cached tokens
 /// this is `is_causal` (the flash / memory-efficient kernels on CUDA). With them, a single new token sees
 /// everything; several new tokens need the causal mask aligned to the bottom right, which is_causal
@@ -100,12 +131,21 @@ inline bool varlen_attention() { return detail::varlen_attention_switch(); }
 /// else through its mask. With a `window` (0: none), query i (at position past + i) attends only to the keys after
 /// past + i - window, as transformers' sliding_window_overlay has it: flash's window_size_left is window - 1; the
 /// masked kernels get the band as a mask, only when the keys reach beyond the window (else it changes nothing).
+/// `scoring` scales the scores (SDPA's and flash's scale) and soft-caps them, which only plain products compute.
 inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                       std::int64_t past, double dropout, const PackedAttention& packed = {},
-                                      std::int64_t window = 0) {
+                                      std::int64_t window = 0, const AttentionScoring& scoring = {}) {
   const bool grouped = k.size(1) != q.size(1);
   const auto t = q.size(2);
+  const auto scale = scoring.scale;
   if (past + t <= window) window = 0;  // every key is within the window of every query
+  if (scoring.softcap > 0.0) {
+    TORCH_CHECK(!packed.cu_seqlens.defined(), "soft-capped attention takes packed rows as a mask, not cu_seqlens");
+    auto allowed = torch::ones({t, past + t}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).tril(past);
+    if (window > 0) allowed = allowed.triu(past - window + 1);
+    if (packed.mask.defined()) allowed = packed.mask.logical_and(allowed);
+    return detail::softcapped_attention(q, k, v, allowed, dropout, scoring, dropout > 0.0);
+  }
   if (packed.cu_seqlens.defined()) {
     // [B, H, T, D] -> [B·T, H, D] in the kernel's dtype (autocast's: this ATen op is not on its lists).
     const auto dtype = at::autocast::is_autocast_enabled(q.device().type())
@@ -114,12 +154,11 @@ inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tenso
     const auto flat = [&](const torch::Tensor& x) {
       return x.transpose(1, 2).reshape({-1, x.size(1), x.size(3)}).to(dtype);
     };
-    const auto out =
-        std::get<0>(at::_flash_attention_forward(flat(q), flat(k), flat(v), packed.cu_seqlens, packed.cu_seqlens,
-                                                 packed.max_length, packed.max_length, dropout, /*is_causal=*/true,
-                                                 /*return_debug_mask=*/false, /*scale=*/std::nullopt,
-                                                 window > 0 ? std::optional<std::int64_t>(window - 1) : std::nullopt,
-                                                 window > 0 ? std::optional<std::int64_t>(0) : std::nullopt));
+    const auto out = std::get<0>(at::_flash_attention_forward(
+        flat(q), flat(k), flat(v), packed.cu_seqlens, packed.cu_seqlens, packed.max_length, packed.max_length, dropout,
+        /*is_causal=*/true,
+        /*return_debug_mask=*/false, scale, window > 0 ? std::optional<std::int64_t>(window - 1) : std::nullopt,
+        window > 0 ? std::optional<std::int64_t>(0) : std::nullopt));
     return out.view({q.size(0), q.size(2), q.size(1), q.size(3)}).transpose(1, 2);
   }
   if (window > 0) {  // causal and within the window: key j of query i when past + i - window < j <= past + i
@@ -127,15 +166,14 @@ inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tenso
                     .tril(past)
                     .triu(past - window + 1);
     if (packed.mask.defined()) band = packed.mask.logical_and(band);  // a packed example's tokens are consecutive
-    return torch::scaled_dot_product_attention(q, k, v, band, dropout, false, std::nullopt, grouped);
+    return torch::scaled_dot_product_attention(q, k, v, band, dropout, false, scale, grouped);
   }
   if (packed.mask.defined())
-    return torch::scaled_dot_product_attention(q, k, v, packed.mask, dropout, false, std::nullopt, grouped);
-  if (past == 0)
-    return torch::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true, std::nullopt, grouped);
-  if (t == 1) return torch::scaled_dot_product_attention(q, k, v, {}, dropout, false, std::nullopt, grouped);
+    return torch::scaled_dot_product_attention(q, k, v, packed.mask, dropout, false, scale, grouped);
+  if (past == 0) return torch::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true, scale, grouped);
+  if (t == 1) return torch::scaled_dot_product_attention(q, k, v, {}, dropout, false, scale, grouped);
   auto causal = torch::ones({t, past + t}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).tril(past);
-  return torch::scaled_dot_product_attention(q, k, v, causal, dropout, false, std::nullopt, grouped);
+  return torch::scaled_dot_product_attention(q, k, v, causal, dropout, false, scale, grouped);
 }
 
 /// Where each token of a packed row sits: `position_ids` [B, T] (int64, restarting at 0 for every packed
@@ -177,10 +215,11 @@ inline PackedAttention varlen_sequences(const torch::Tensor& document_ids) {
 /// How packed rows of `document_ids` attend in a forward whose activations are `activations`: the
 /// variable-length flash kernel on CUDA in bf16/fp16 (autocast's or the model's dtype; flash has no fp32),
 /// else the mask.
-inline PackedAttention packed_attention(const torch::Tensor& document_ids, const torch::Tensor& activations) {
+inline PackedAttention packed_attention(const torch::Tensor& document_ids, const torch::Tensor& activations,
+                                        bool varlen_allowed = true) {
   const bool half = at::autocast::is_autocast_enabled(torch::kCUDA) || activations.scalar_type() == torch::kBFloat16 ||
                     activations.scalar_type() == torch::kFloat16;
-  if (document_ids.is_cuda() && varlen_attention() && half) return varlen_sequences(document_ids);
+  if (document_ids.is_cuda() && varlen_attention() && varlen_allowed && half) return varlen_sequences(document_ids);
   PackedAttention packed;
   packed.mask = packed_attention_mask(document_ids);
   return packed;
@@ -205,11 +244,17 @@ class CausalLM : public torch::nn::Module, public ListsBlocks {
   torch::Tensor forward(const torch::Tensor& input_ids, const TokenLayout& layout) {
     return head(hidden_states(input_ids, &layout));
   }
-  /// The logits of `hidden` [..., hidden]: hidden · head_weight()ᵀ, run as the head (ListsBlocks::run_edge).
+  /// The logits of `hidden` [..., hidden]: hidden · head_weight()ᵀ, run as the head (ListsBlocks::run_edge),
+  /// soft-capped where the family caps them (final_logit_softcap).
   torch::Tensor head(const torch::Tensor& hidden) {
-    return run_edge(
+    auto logits = run_edge(
         Edge::head, [this](const torch::Tensor& h) { return head_projection(h, head_weight()); }, hidden);
+    if (const auto cap = final_logit_softcap(); cap > 0.0) logits = torch::tanh(logits / cap) * cap;
+    return logits;
   }
+  /// The cap of the logits (cap·tanh(logits / cap), Gemma 2's), 0 for none: a loss that applies head_weight() itself
+  /// must apply it too, or refuse a model that has one.
+  virtual double final_logit_softcap() const { return 0.0; }
   /// `call(hidden)` run as the head: for a loss that applies head_weight() itself (in chunks), so that under the
   /// fully sharded strategy the head's weight is whole during the call and its gradient is reduced after it.
   torch::Tensor with_head(const torch::Tensor& hidden, const BlockCall& call) {

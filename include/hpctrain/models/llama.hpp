@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -33,34 +34,44 @@ namespace hpctrain::models {
 /// each way (`_fused_rms_norm`) instead of six elementwise and reduction kernels; on the CPU it computes the
 /// same in fp32 (equal within reassociation, tests/lm/lm_test.cpp). Other dtypes keep transformers'
 /// order (normalise in fp32, cast to the input's dtype, then scale), which the fused kernel does not.
+/// With `unit_offset` (Gemma's norms) the scale is 1 + weight, its weights start at 0, and other dtypes scale in
+/// fp32 before the cast back (Gemma's order).
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(std::int64_t dim, double eps) : eps_(eps) { weight = register_parameter("weight", torch::ones({dim})); }
+  RMSNormImpl(std::int64_t dim, double eps, bool unit_offset = false) : eps_(eps), unit_offset_(unit_offset) {
+    weight = register_parameter("weight", unit_offset ? torch::zeros({dim}) : torch::ones({dim}));
+  }
   torch::Tensor forward(const torch::Tensor& x) {
     if (x.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32)
-      return at::rms_norm(x, {weight.size(0)}, weight, eps_);
+      return at::rms_norm(x, {weight.size(0)}, unit_offset_ ? weight + 1.0 : weight, eps_);
     return unfused(x);
   }
-  /// transformers' LlamaRMSNorm step by step (the reference the fused path is checked against).
+  /// transformers' LlamaRMSNorm (or Gemma's) step by step (the reference the fused path is checked against).
   torch::Tensor unfused(const torch::Tensor& x) {
     auto y = x.to(torch::kFloat32);
     y = y * torch::rsqrt(y.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+    if (unit_offset_) return (y * (weight.to(torch::kFloat32) + 1.0)).to(x.scalar_type());
     return weight * y.to(x.scalar_type());
   }
+  /// The value that makes the scale 1 (a fresh norm's weight).
+  double identity_weight() const { return unit_offset_ ? 0.0 : 1.0; }
   torch::Tensor weight;
 
  private:
   double eps_;
+  bool unit_offset_;
 };
 TORCH_MODULE(RMSNorm);
 
 /// The rotary frequencies θ_i = rope_theta^(-2i/d), rescaled as `rope_scaling` asks (Llama 3.1: long
-/// wavelengths divided by `factor`, short ones kept, a smooth blend between), in fp32.
-inline torch::Tensor rotary_inverse_frequencies(const LlamaConfig& config) {
+/// wavelengths divided by `factor`, short ones kept, a smooth blend between), in fp32. `local`: those of the sliding
+/// layers where the config gives them a base of their own (Gemma 3: local_rope_theta, unscaled).
+inline torch::Tensor rotary_inverse_frequencies(const LlamaConfig& config, bool local = false) {
   const auto dim = config.head_dimension();
   auto exponents = torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat32) / static_cast<double>(dim);
-  auto inv_freq = 1.0 / torch::pow(config.rope_theta, exponents);
-  if (!config.rope_scaling) return inv_freq;
+  const double theta = local ? config.local_rope_theta.value() : config.rope_theta;
+  auto inv_freq = 1.0 / torch::pow(theta, exponents);
+  if (!config.rope_scaling || local) return inv_freq;
   const auto& s = *config.rope_scaling;
   if (s.rope_type == "linear") return inv_freq / s.factor;
   const double old_context = static_cast<double>(s.original_max_position_embeddings);
@@ -84,7 +95,8 @@ class LlamaAttentionImpl : public torch::nn::Module {
         kv_heads_(config.kv_heads()),
         head_dim_(config.head_dimension()),
         dropout_(config.attention_dropout),
-        window_(config.window_of(static_cast<std::int64_t>(layer)).value_or(0)) {
+        window_(config.window_of(static_cast<std::int64_t>(layer)).value_or(0)),
+        scoring_{config.attention_scale(), config.attn_logit_softcapping.value_or(0.0)} {
     const auto d = config.hidden_size;
     auto linear = [&](std::int64_t in, std::int64_t out, bool bias) {
       return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
@@ -98,9 +110,9 @@ class LlamaAttentionImpl : public torch::nn::Module {
       v_proj = register_module("v_proj", linear(d, kv_heads_ * head_dim_, qkv_bias));
     }
     o_proj = register_module("o_proj", linear(heads_ * head_dim_, d, config.attention_bias));
-    if (config.qk_norm) {  // Qwen3: registered after the projections, in transformers' order
-      q_norm = register_module("q_norm", RMSNorm(head_dim_, config.rms_norm_eps));
-      k_norm = register_module("k_norm", RMSNorm(head_dim_, config.rms_norm_eps));
+    if (config.qk_norm) {  // Qwen3, Gemma 3: registered after the projections, in transformers' order
+      q_norm = register_module("q_norm", RMSNorm(head_dim_, config.rms_norm_eps, config.unit_offset_norms));
+      k_norm = register_module("k_norm", RMSNorm(head_dim_, config.rms_norm_eps, config.unit_offset_norms));
     }
   }
 
@@ -121,13 +133,13 @@ class LlamaAttentionImpl : public torch::nn::Module {
       past = cache->length();
       std::tie(k, v) = cache->update(layer, k, v);
     }
-    auto y = causal_attention(q, k, v, past, is_training() ? dropout_ : 0.0, packed, window_);
+    auto y = causal_attention(q, k, v, past, is_training() ? dropout_ : 0.0, packed, window_, scoring_);
     return linear(o_proj, y.transpose(1, 2).reshape({b, t, heads_ * head_dim_}));
   }
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   torch::nn::Linear qkv_proj{nullptr};       ///< instead of q, k and v with LlamaConfig::stacked_projections (Phi-3)
-  RMSNorm q_norm{nullptr}, k_norm{nullptr};  ///< only with LlamaConfig::qk_norm (Qwen3)
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  ///< only with LlamaConfig::qk_norm (Qwen3, Gemma 3)
 
  private:
   /// q, k and v of `x`: one product either way under autocast (models/kernels/fused_projections.hpp), split where the
@@ -143,14 +155,19 @@ class LlamaAttentionImpl : public torch::nn::Module {
   std::int64_t heads_, kv_heads_, head_dim_;
   double dropout_;
   std::int64_t window_;  ///< the sliding window, 0 for full attention
+  AttentionScoring scoring_;
 };
 TORCH_MODULE(LlamaAttention);
 
-/// SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x)), the elementwise part one node (models/kernels/swiglu.hpp).
+/// SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x)), the elementwise part one node (models/kernels/swiglu.hpp), or
+/// GeGLU with GELU for silu (Gemma's: tanh-approximated, "gelu_pytorch_tanh", or exact, "gelu").
 /// gate and up are two Linears, or one `gate_up_proj` whose outputs are [gate | up] (Phi-3).
 class LlamaMLPImpl : public torch::nn::Module {
  public:
-  explicit LlamaMLPImpl(const LlamaConfig& config) {
+  explicit LlamaMLPImpl(const LlamaConfig& config)
+      : gelu_(config.hidden_act == "silu"   ? ""
+              : config.hidden_act == "gelu" ? "none"
+                                            : "tanh") {
     auto linear = [&](std::int64_t in, std::int64_t out) {
       return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(config.mlp_bias));
     };
@@ -163,14 +180,27 @@ class LlamaMLPImpl : public torch::nn::Module {
     down_proj = register_module("down_proj", linear(config.intermediate_size, config.hidden_size));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    if (gate_up_proj) return linear(down_proj, swiglu(linear(gate_up_proj, x)));
+    if (gate_up_proj) return linear(down_proj, glu(linear(gate_up_proj, x)));
     const auto gate_up = joined_linears({&gate_proj, &up_proj}, x);  // one product under autocast
-    return linear(down_proj,
-                  gate_up.joined.defined() ? swiglu(gate_up.joined) : swiglu(gate_up.parts[0], gate_up.parts[1]));
+    return linear(down_proj, gate_up.joined.defined() ? glu(gate_up.joined) : glu(gate_up.parts[0], gate_up.parts[1]));
   }
 
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   torch::nn::Linear gate_up_proj{nullptr};  ///< instead of gate and up with LlamaConfig::stacked_projections (Phi-3)
+
+ private:
+  /// act(gate) * up of [gate | up] along the last dimension.
+  torch::Tensor glu(const torch::Tensor& joined) {
+    if (gelu_.empty()) return swiglu(joined);
+    const auto halves = joined.chunk(2, -1);
+    return glu(halves[0], halves[1]);
+  }
+  torch::Tensor glu(const torch::Tensor& gate, const torch::Tensor& up) {
+    if (gelu_.empty()) return swiglu(gate, up);
+    return torch::gelu(gate, gelu_) * up;
+  }
+
+  std::string gelu_;  ///< GELU's approximation ("tanh", "none"), empty for SwiGLU
 };
 TORCH_MODULE(LlamaMLP);
 
@@ -178,20 +208,33 @@ TORCH_MODULE(LlamaMLP);
 class LlamaBlockImpl : public torch::nn::Module {
  public:
   LlamaBlockImpl(const LlamaConfig& config, std::size_t layer) : layer_(layer) {
-    input_layernorm = register_module("input_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
+    const auto norm = [&] { return RMSNorm(config.hidden_size, config.rms_norm_eps, config.unit_offset_norms); };
+    input_layernorm = register_module("input_layernorm", norm());
     self_attn = register_module("self_attn", LlamaAttention(config, layer));
-    post_attention_layernorm =
-        register_module("post_attention_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
+    post_attention_layernorm = register_module("post_attention_layernorm", norm());
     mlp = register_module("mlp", LlamaMLP(config));
+    if (config.sandwich_norms) {
+      pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", norm());
+      post_feedforward_layernorm = register_module("post_feedforward_layernorm", norm());
+    }
   }
 
+  /// Pre-norm: h = x + attention(norm(x)), out = h + mlp(norm(h)). With sandwich norms (Gemma 2, 3) each branch's
+  /// output is normalised too before it joins: h = x + norm(attention(norm(x))), out = h + norm(mlp(norm(h))).
   torch::Tensor forward(const torch::Tensor& x, const RotaryAngles& angles, KVCache* cache = nullptr,
                         const PackedAttention& packed = {}) {
-    auto h = x + self_attn->forward(input_layernorm(x), angles, cache, layer_, packed);
-    return h + mlp(post_attention_layernorm(h));
+    const auto attention = self_attn->forward(input_layernorm(x), angles, cache, layer_, packed);
+    if (!pre_feedforward_layernorm) {
+      auto h = x + attention;
+      return h + mlp(post_attention_layernorm(h));
+    }
+    auto h = x + post_attention_layernorm(attention);
+    return h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)));
   }
 
+  /// post_attention_layernorm: before the MLP, or with sandwich norms after attention.
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  RMSNorm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};  ///< with sandwich norms only
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
 
@@ -227,11 +270,12 @@ class LlamaImpl : public CausalLM, public HuggingFaceLayout {
       BlockConstruction::built(*block_list_.back());  // a loader may empty it before the next is built
       layers->push_back(block_list_.back());
     }
-    norm = register_module("norm", RMSNorm(config_.hidden_size, config_.rms_norm_eps));
+    norm = register_module("norm", RMSNorm(config_.hidden_size, config_.rms_norm_eps, config_.unit_offset_norms));
     if (!config_.tie_word_embeddings)
       lm_head = register_module(
           "lm_head", torch::nn::Linear(torch::nn::LinearOptions(config_.hidden_size, config_.vocab_size).bias(false)));
     inv_freq_ = rotary_inverse_frequencies(config_);
+    if (config_.local_rope_theta) local_inv_freq_ = rotary_inverse_frequencies(config_, /*local=*/true);
     initialize_weights();
   }
 
@@ -243,11 +287,12 @@ class LlamaImpl : public CausalLM, public HuggingFaceLayout {
     return lm_head.ptr();
   }
 
-  /// transformers' Llama initialisation: every weight N(0, initializer_range), biases 0, norms 1.
+  /// transformers' Llama initialisation: every weight N(0, initializer_range), biases 0, norms the identity (weights
+  /// 1, or 0 where they scale by 1 + weight).
   void initialize_weights() {
     initialize_normal(*this, config_.initializer_range);
     for (auto& module : modules(/*include_self=*/false))
-      if (auto* rms = module->as<RMSNorm>()) init_fill(rms->weight, 1.0);
+      if (auto* rms = module->as<RMSNorm>()) init_fill(rms->weight, rms->identity_weight());
   }
 
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() override {
@@ -265,6 +310,7 @@ class LlamaImpl : public CausalLM, public HuggingFaceLayout {
   nlohmann::ordered_json hf_config() const override { return config_.to_json(); }
   CheckpointNaming hf_naming() const override { return detail::llama_naming(config_); }
   std::string hf_stated_dtype() const override { return config_.stated_dtype; }
+  double final_logit_softcap() const override { return config_.final_logit_softcapping.value_or(0.0); }
 
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
@@ -279,9 +325,18 @@ class LlamaImpl : public CausalLM, public HuggingFaceLayout {
                      const torch::Tensor& document_ids) override {
     auto x = run_edge(
         Edge::embedding, [this](const torch::Tensor& ids) { return embed_tokens(ids); }, input_ids);
-    const auto packed = document_ids.defined() ? packed_attention(document_ids, x) : PackedAttention{};
-    const auto angles = rotary_angles_of(positions, x);
+    // √hidden_size rounded to the embeddings' dtype first (a 0-dim tensor of it), as transformers' Gemma does.
+    if (config_.scaled_embeddings)
+      x = x * torch::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)), x.options());
+    // Soft-capped scores have no flash kernel: packed rows take the mask.
+    const auto packed = document_ids.defined()
+                            ? packed_attention(document_ids, x, /*varlen_allowed=*/!config_.attn_logit_softcapping)
+                            : PackedAttention{};
+    const auto global_angles = rotary_angles_of(positions, x, inv_freq_);
+    const auto local_angles =
+        local_inv_freq_.defined() ? rotary_angles_of(positions, x, local_inv_freq_) : global_angles;
     for (std::size_t i = 0; i < block_list_.size(); ++i) {
+      const auto& angles = config_.local_rotary(static_cast<std::int64_t>(i)) ? local_angles : global_angles;
       x = call_block(
           i,
           [block = block_list_[i], angles, cache, packed](const torch::Tensor& input) mutable {
@@ -295,9 +350,9 @@ class LlamaImpl : public CausalLM, public HuggingFaceLayout {
   /// The rotary angles of `positions` (models::RotaryAngles): cos and sin [T, head_dim] for positions [T],
   /// [B, 1, T, head_dim] for per-row positions [B, T] (packed rows), in x's dtype. The frequencies stay fp32 (a
   /// plain member, not a buffer, so that casting the module leaves them alone).
-  RotaryAngles rotary_angles_of(const torch::Tensor& positions, const torch::Tensor& x) {
-    if (inv_freq_.device() != x.device()) inv_freq_ = inv_freq_.to(x.device());
-    auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq_;  // [..., T, head_dim / 2]
+  RotaryAngles rotary_angles_of(const torch::Tensor& positions, const torch::Tensor& x, torch::Tensor& inv_freq) {
+    if (inv_freq.device() != x.device()) inv_freq = inv_freq.to(x.device());
+    auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq;  // [..., T, head_dim / 2]
     auto angles = torch::cat({freqs, freqs}, -1);
     if (angles.dim() == 3) angles = angles.unsqueeze(1);  // [B, 1, T, D]: broadcast over heads
     return {angles.cos().to(x.scalar_type()), angles.sin().to(x.scalar_type())};
@@ -306,6 +361,7 @@ class LlamaImpl : public CausalLM, public HuggingFaceLayout {
   LlamaConfig config_;
   std::vector<LlamaBlock> block_list_;
   torch::Tensor inv_freq_;
+  torch::Tensor local_inv_freq_;  ///< the sliding layers' (LlamaConfig::local_rope_theta), when they have their own
 };
 TORCH_MODULE(Llama);
 

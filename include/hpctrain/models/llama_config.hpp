@@ -4,6 +4,7 @@
 // (top-level `rope_theta`, `rope_scaling`) and 5's (`rope_parameters`), validated, and the training FLOPs per
 // token used for MFU. A field that changes the math and is not implemented here is refused, never defaulted.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -30,8 +31,16 @@ struct RopeScaling {
 /// The `model_type`s this config reads: Llama itself and the families that differ from it in small, checked
 /// ways — Qwen2 (biases on q, k and v but not o; its own rope theta; an optional sliding window), Qwen3 (no
 /// biases; an RMSNorm over each query and key head; a head dimension of its own), Mistral (Llama-shaped,
-/// with a sliding window) and Phi-3 (q, k and v in one `qkv_proj`, gate and up in one `gate_up_proj`).
-inline constexpr std::string_view llama_family_types[] = {"llama", "qwen2", "qwen3", "mistral", "phi3"};
+/// with a sliding window), Phi-3 (q, k and v in one `qkv_proj`, gate and up in one `gate_up_proj`) and Gemma
+/// (RMSNorms that scale by 1 + weight, embeddings scaled by √hidden_size, a tanh-GELU GLU; Gemma 2 adds norms after
+/// attention and the MLP, soft-capped attention and final logits, sliding layers alternating with global ones and a
+/// query scale of its own; Gemma 3 text adds Qwen3's query and key norms and a rope base of their own for the
+/// sliding layers).
+inline constexpr std::string_view llama_family_types[] = {"llama", "qwen2", "qwen3",  "mistral",
+                                                          "phi3",  "gemma", "gemma2", "gemma3_text"};
+
+/// Whether `model_type` is one of Gemma's (gemma, gemma2, gemma3_text).
+inline bool is_gemma(std::string_view model_type) { return model_type.starts_with("gemma"); }
 
 /// Whether a config.json's `model_type` is one of the Llama family's (llama_family_types): the one list.
 inline bool is_llama_family(std::string_view model_type) {
@@ -78,11 +87,33 @@ struct LlamaConfig {
   /// `layer_types`, else the layers from `max_window_layers` on slide). Empty: every layer slides when there is a
   /// sliding_window. Default: empty
   std::vector<std::string> layer_types;
-  bool mlp_bias = false;                         ///< biases on the MLP. Default: false
-  double attention_dropout = 0.0;                ///< Default: 0
-  double initializer_range = 0.02;               ///< Default: 0.02
-  bool tie_word_embeddings = false;              ///< Default: false
-  std::string hidden_act = "silu";               ///< only "silu". Default: "silu"
+  bool mlp_bias = false;  ///< biases on the MLP. Default: false
+  /// Every RMSNorm scales by 1 + weight (its weights start at 0), in fp32 before the cast back (Gemma's). Default:
+  /// false
+  bool unit_offset_norms = false;
+  /// The token embeddings multiplied by √hidden_size (rounded to their dtype first, as transformers does: Gemma's).
+  /// Default: false
+  bool scaled_embeddings = false;
+  /// A norm after attention and after the MLP, before each joins the stream, and the MLP's own norm before it
+  /// (`pre_feedforward_layernorm`; `post_attention_layernorm` then normalises attention's output): Gemma 2's and
+  /// 3's. Default: false
+  bool sandwich_norms = false;
+  /// Attention scores scaled by query_pre_attn_scalar^-1/2 instead of head_dim^-1/2 (Gemma 2, 3). Default: none
+  std::optional<double> query_pre_attn_scalar;
+  /// Attention scores soft-capped to ±cap (cap·tanh(s / cap)) before the mask and softmax, computed in plain
+  /// products (Gemma 2; transformers' SDPA path skips it, its eager, flash and flex paths apply it). Default: none
+  std::optional<double> attn_logit_softcapping;
+  /// The logits soft-capped to ±cap (Gemma 2, and Gemma 3 when set). Default: none
+  std::optional<double> final_logit_softcapping;
+  /// The rotary base of the sliding layers, which take no rope scaling (Gemma 3's rope_local_base_freq; the
+  /// global layers keep rope_theta and rope_scaling). Default: none (every layer the same)
+  std::optional<double> local_rope_theta;
+  double attention_dropout = 0.0;    ///< Default: 0
+  double initializer_range = 0.02;   ///< Default: 0.02
+  bool tie_word_embeddings = false;  ///< Default: false
+  /// The MLP's gate activation: "silu" (SwiGLU), "gelu_pytorch_tanh" (GeGLU with tanh-approximated GELU, Gemma's;
+  /// Gemma 2's and 3's `hidden_activation`) or "gelu" (GeGLU with the exact GELU). Default: "silu"
+  std::string hidden_act = "silu";
   std::optional<std::int64_t> bos_token_id = 1;  ///< Default: 1
   std::optional<std::int64_t> eos_token_id = 2;  ///< Default: 2
   /// The embedding's padding_idx, as transformers' models build it: that row gets no gradient from the lookup.
@@ -96,6 +127,15 @@ struct LlamaConfig {
 
   std::int64_t kv_heads() const { return num_key_value_heads.value_or(num_attention_heads); }
   std::int64_t head_dimension() const { return head_dim.value_or(hidden_size / num_attention_heads); }
+  /// The attention scores' scale: query_pre_attn_scalar^-1/2 when given, else head_dim^-1/2 (SDPA's default).
+  std::optional<double> attention_scale() const {
+    if (!query_pre_attn_scalar) return std::nullopt;
+    return 1.0 / std::sqrt(*query_pre_attn_scalar);
+  }
+  /// Whether layer `layer` turns its queries and keys with local_rope_theta (a sliding layer of Gemma 3's).
+  bool local_rotary(std::int64_t layer) const {
+    return local_rope_theta && !layer_types.empty() && layer_types.at(layer) == "sliding_attention";
+  }
   /// The window layer `layer` attends within, or none for full attention.
   std::optional<std::int64_t> window_of(std::int64_t layer) const {
     if (!sliding_window || (!layer_types.empty() && layer_types.at(layer) != "sliding_attention")) return std::nullopt;
@@ -135,7 +175,18 @@ struct LlamaConfig {
       require(*pad_token_id >= -vocab_size && *pad_token_id < vocab_size, "llama.pad_token_id", *pad_token_id,
               fmt::format("must be a token id below vocab_size = {} (or a negative one from its end)", vocab_size));
     require(initializer_range > 0.0, "llama.initializer_range", initializer_range, "must be positive");
-    require(hidden_act == "silu", "llama.hidden_act", hidden_act, "must be \"silu\" (SwiGLU)");
+    require(hidden_act == "silu" || hidden_act == "gelu_pytorch_tanh" || hidden_act == "gelu", "llama.hidden_act",
+            hidden_act, "must be \"silu\" (SwiGLU), \"gelu_pytorch_tanh\" or \"gelu\" (GeGLU)");
+    if (query_pre_attn_scalar)
+      require(*query_pre_attn_scalar > 0.0, "llama.query_pre_attn_scalar", *query_pre_attn_scalar, "must be positive");
+    if (attn_logit_softcapping)
+      require(*attn_logit_softcapping > 0.0, "llama.attn_logit_softcapping", *attn_logit_softcapping,
+              "must be positive (or null for none)");
+    if (final_logit_softcapping)
+      require(*final_logit_softcapping > 0.0, "llama.final_logit_softcapping", *final_logit_softcapping,
+              "must be positive (or null for none)");
+    if (local_rope_theta)
+      require(*local_rope_theta > 0.0, "llama.rope_local_base_freq", *local_rope_theta, "must be positive");
     if (rope_scaling) {
       const auto& s = *rope_scaling;
       require(s.rope_type == "llama3" || s.rope_type == "linear", "llama.rope_scaling.rope_type", s.rope_type,
@@ -165,8 +216,9 @@ struct LlamaConfig {
       c.model_type = type->get<std::string>();
     }
     c.qkv_bias = c.model_type == "qwen2";
-    c.qk_norm = c.model_type == "qwen3";
+    c.qk_norm = c.model_type == "qwen3" || c.model_type == "gemma3_text";
     c.stacked_projections = c.model_type == "phi3";
+    if (is_gemma(c.model_type)) read_gemma(json, c);
     std::int64_t max_window_layers = 28;  // Qwen2Config's and Qwen3Config's default
     if (c.model_type == "qwen2" || c.model_type == "qwen3") {
       bool use_sliding_window = false;
@@ -190,7 +242,9 @@ struct LlamaConfig {
     detail::read_field(json, family, "attention_dropout", c.attention_dropout);
     detail::read_field(json, family, "initializer_range", c.initializer_range);
     detail::read_field(json, family, "tie_word_embeddings", c.tie_word_embeddings);
-    detail::read_field(json, family, "hidden_act", c.hidden_act);
+    if (c.model_type == "gemma2" || c.model_type == "gemma3_text")  // their MLPs read hidden_activation
+      detail::read_field(json, family, "hidden_activation", c.hidden_act);
+    else detail::read_field(json, family, "hidden_act", c.hidden_act);
     detail::read_token_id(json, family, "bos_token_id", c.bos_token_id);
     detail::read_token_id(json, family, "eos_token_id", c.eos_token_id);
     detail::read_optional_field(json, family, "pad_token_id", c.pad_token_id);
@@ -200,7 +254,7 @@ struct LlamaConfig {
     if (pretraining_tp != 1)
       throw SpecError("llama.pretraining_tp", std::to_string(pretraining_tp), "only 1 is supported");
     read_rope(json, c);
-    refuse_unimplemented(json);
+    refuse_unimplemented(json, c);
     read_layer_types(json, c, max_window_layers);
     c.unread_keys = detail::unread_keys(
         json, {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -212,7 +266,11 @@ struct LlamaConfig {
                // Phi-3's: transformers' Phi3Model never applies it; nor does hpctrain
                "embd_pdrop",
                // Phi-3's: read by longrope only, which is refused
-               "original_max_position_embeddings"});
+               "original_max_position_embeddings",
+               // Gemma's (gemma reads hidden_act, the later ones hidden_activation; Gemma 3 never applies
+               // attn_logit_softcapping, in transformers 4.57 or 5.x)
+               "hidden_activation", "query_pre_attn_scalar", "rope_local_base_freq", "sliding_window_pattern",
+               "use_bidirectional_attention"});
     c.validate();
     return c;
   }
@@ -220,11 +278,14 @@ struct LlamaConfig {
   /// The `config.json` transformers reads back as its model_type's ...ForCausalLM.
   nlohmann::ordered_json to_json() const {
     nlohmann::ordered_json j;
-    j["architectures"] = {model_type == "qwen2"     ? "Qwen2ForCausalLM"
-                          : model_type == "qwen3"   ? "Qwen3ForCausalLM"
-                          : model_type == "mistral" ? "MistralForCausalLM"
-                          : model_type == "phi3"    ? "Phi3ForCausalLM"
-                                                    : "LlamaForCausalLM"};
+    j["architectures"] = {model_type == "qwen2"         ? "Qwen2ForCausalLM"
+                          : model_type == "qwen3"       ? "Qwen3ForCausalLM"
+                          : model_type == "mistral"     ? "MistralForCausalLM"
+                          : model_type == "phi3"        ? "Phi3ForCausalLM"
+                          : model_type == "gemma"       ? "GemmaForCausalLM"
+                          : model_type == "gemma2"      ? "Gemma2ForCausalLM"
+                          : model_type == "gemma3_text" ? "Gemma3ForCausalLM"
+                                                        : "LlamaForCausalLM"};
     j["model_type"] = model_type;
     j["vocab_size"] = vocab_size;
     j["hidden_size"] = hidden_size;
@@ -242,7 +303,9 @@ struct LlamaConfig {
     auto parameters = rope_scaling ? scaling_json(*rope_scaling) : nlohmann::ordered_json({{"rope_type", "default"}});
     parameters["rope_theta"] = rope_theta;
     j["rope_parameters"] = parameters;
-    if (model_type == "llama") {
+    if (is_gemma(model_type)) {
+      gemma_json(j);
+    } else if (model_type == "llama") {
       j["attention_bias"] = attention_bias;
       j["mlp_bias"] = mlp_bias;
     } else if (model_type == "qwen2" || model_type == "qwen3") {
@@ -270,7 +333,7 @@ struct LlamaConfig {
     j["attention_dropout"] = attention_dropout;
     j["initializer_range"] = initializer_range;
     j["tie_word_embeddings"] = tie_word_embeddings;
-    j["hidden_act"] = hidden_act;
+    if (model_type != "gemma2" && model_type != "gemma3_text") j["hidden_act"] = hidden_act;
     j["pretraining_tp"] = 1;
     detail::set_optional(j, "bos_token_id", bos_token_id);
     detail::set_optional(j, "eos_token_id", eos_token_id);
@@ -301,7 +364,7 @@ struct LlamaConfig {
     }
     return fmt::format(
         "{}: {} layers, hidden {}, MLP {}, {} heads / {} KV heads of dim {}, {}, rms_norm_eps {:g}, {} head, "
-        "vocabulary {}, {} positions{}{}{}{}, dtype {}",
+        "vocabulary {}, {} positions{}{}{}{}{}, dtype {}",
         model_type, num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, kv_heads(),
         head_dimension(), rope, rms_norm_eps, tie_word_embeddings ? "tied" : "untied", vocab_size,
         max_position_embeddings,
@@ -309,8 +372,22 @@ struct LlamaConfig {
                                      num_hidden_layers)
                        : "",
         qkv_bias || attention_bias ? ", attention biases" : "", qk_norm ? ", query and key norms" : "",
-        stacked_projections ? ", q/k/v and gate/up stacked (qkv_proj, gate_up_proj)" : "",
+        stacked_projections ? ", q/k/v and gate/up stacked (qkv_proj, gate_up_proj)" : "", gemma_summary(),
         stated_dtype.empty() ? "not stated" : stated_dtype);
+  }
+
+  /// Gemma's part of summary(): what differs from Llama, with its values.
+  std::string gemma_summary() const {
+    std::string out;
+    if (hidden_act != "silu") out += fmt::format(", {} GLU", hidden_act);
+    if (unit_offset_norms) out += ", norms scaling by 1 + weight";
+    if (scaled_embeddings) out += ", embeddings scaled by sqrt(hidden)";
+    if (sandwich_norms) out += ", norms after attention and MLP";
+    if (query_pre_attn_scalar) out += fmt::format(", query scale 1/sqrt({:g})", *query_pre_attn_scalar);
+    if (attn_logit_softcapping) out += fmt::format(", attention soft-capped at {:g}", *attn_logit_softcapping);
+    if (final_logit_softcapping) out += fmt::format(", logits soft-capped at {:g}", *final_logit_softcapping);
+    if (local_rope_theta) out += fmt::format(", rope theta {:g} on the sliding layers", *local_rope_theta);
+    return out;
   }
 
   /// How many layers attend within the sliding window.
@@ -326,11 +403,43 @@ struct LlamaConfig {
                f = intermediate_size;
     const auto attention = d * q + 2 * d * kv + q * d + (attention_bias ? q + 2 * kv + d : qkv_bias ? q + 2 * kv : 0);
     const auto mlp = 3 * d * f + (mlp_bias ? 2 * f + d : 0);
-    const auto per_block = attention + mlp + 2 * d + (qk_norm ? 2 * hd : 0);
+    const auto per_block = attention + mlp + (sandwich_norms ? 4 : 2) * d + (qk_norm ? 2 * hd : 0);
     return vocab_size * d + num_hidden_layers * per_block + d + (tie_word_embeddings ? 0 : vocab_size * d);
   }
 
  private:
+  /// Gemma's own fields, in the names its config classes take; Gemma 3's rotary settings per layer type as well
+  /// (transformers 5's layout; 4.57 reads rope_theta, rope_scaling and rope_local_base_freq).
+  void gemma_json(nlohmann::ordered_json& j) const {
+    j["attention_bias"] = attention_bias;
+    if (model_type == "gemma") return;
+    j["hidden_activation"] = hidden_act;
+    // An integer where it is one: transformers 5's strict config takes no float here.
+    const double scalar = query_pre_attn_scalar.value_or(static_cast<double>(head_dimension()));
+    j["query_pre_attn_scalar"] = scalar == std::floor(scalar)
+                                     ? nlohmann::ordered_json(static_cast<std::int64_t>(scalar))
+                                     : nlohmann::ordered_json(scalar);
+    j["sliding_window"] = sliding_window ? nlohmann::ordered_json(*sliding_window) : nlohmann::ordered_json(nullptr);
+    auto types = nlohmann::ordered_json::array();
+    for (std::int64_t i = 0; i < num_hidden_layers; ++i)
+      types.push_back(!layer_types.empty() ? layer_types[i] : window_of(i) ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+    const auto optional = [](const std::optional<double>& v) {
+      return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
+    };
+    j["final_logit_softcapping"] = optional(final_logit_softcapping);
+    if (model_type == "gemma2") {
+      j["attn_logit_softcapping"] = optional(attn_logit_softcapping);
+      return;
+    }
+    const double local = local_rope_theta.value_or(rope_theta);
+    j["rope_local_base_freq"] = local;
+    nlohmann::ordered_json per_type;
+    per_type["full_attention"] = j["rope_parameters"];
+    per_type["sliding_attention"] = {{"rope_type", "default"}, {"rope_theta", local}};
+    j["rope_parameters"] = per_type;
+  }
+
   static nlohmann::ordered_json scaling_json(const RopeScaling& s) {
     nlohmann::ordered_json r;
     r["rope_type"] = s.rope_type;
@@ -400,6 +509,11 @@ struct LlamaConfig {
       throw SpecError("llama.partial_rotary_factor", fmt::format("{:g}", partial),
                       "partial rotary embeddings are not implemented by hpctrain");
     const auto it = json.find("rope_parameters");
+    if (c.model_type == "gemma3_text" && it != json.end() && it->is_object() &&
+        (it->contains("full_attention") || it->contains("sliding_attention"))) {
+      read_rope_per_layer_type(*it, legacy, json, c);
+      return;
+    }
     if (it == json.end() || it->is_null()) {
       c.rope_theta = legacy.theta.value_or(c.rope_theta);
       c.rope_scaling = legacy.scaling;
@@ -419,12 +533,83 @@ struct LlamaConfig {
     c.rope_scaling = current.scaling;
   }
 
+  /// Gemma's defaults (transformers' GemmaConfig, Gemma2Config, Gemma3TextConfig: a config.json may leave them out)
+  /// and the fields only Gemma has. A field given as null means none, whatever its default.
+  static void read_gemma(const nlohmann::json& json, LlamaConfig& c) {
+    constexpr std::string_view family = "llama";
+    const bool gemma2 = c.model_type == "gemma2", gemma3 = c.model_type == "gemma3_text";
+    c.unit_offset_norms = c.scaled_embeddings = c.tie_word_embeddings = true;
+    c.sandwich_norms = gemma2 || gemma3;
+    c.hidden_act = "gelu_pytorch_tanh";
+    c.vocab_size = gemma3 ? 262208 : 256000;
+    c.hidden_size = gemma2 || gemma3 ? 2304 : 3072;
+    c.intermediate_size = gemma2 || gemma3 ? 9216 : 24576;
+    c.num_hidden_layers = gemma2 || gemma3 ? 26 : 28;
+    c.num_attention_heads = gemma2 || gemma3 ? 8 : 16;
+    c.num_key_value_heads = gemma2 || gemma3 ? 4 : 16;
+    c.head_dim = 256;
+    c.max_position_embeddings = gemma3 ? 131072 : 8192;
+    c.rope_theta = gemma3 ? 1000000.0 : 10000.0;
+    c.bos_token_id = 2;
+    c.eos_token_id = 1;
+    c.pad_token_id = 0;
+    if (!gemma2 && !gemma3) return;
+    c.query_pre_attn_scalar = 256.0;
+    c.sliding_window = 4096;
+    if (gemma2) {
+      c.attn_logit_softcapping = 50.0;
+      c.final_logit_softcapping = 30.0;
+    } else {
+      c.local_rope_theta = 10000.0;
+    }
+    const auto nullable = [&](const char* key, auto& out) {
+      if (const auto it = json.find(key); it != json.end() && it->is_null()) out.reset();
+      detail::read_optional_field(json, family, key, out);
+    };
+    nullable("query_pre_attn_scalar", c.query_pre_attn_scalar);
+    nullable("sliding_window", c.sliding_window);
+    nullable("final_logit_softcapping", c.final_logit_softcapping);
+    if (gemma2) nullable("attn_logit_softcapping", c.attn_logit_softcapping);
+    if (gemma3) nullable("rope_local_base_freq", c.local_rope_theta);
+    detail::refuse_unless_off(json, family, "use_bidirectional_attention", "bidirectional attention");
+  }
+
+  /// Gemma 3's `rope_parameters` in transformers 5's layout, one object per layer type: the global layers' theta and
+  /// scaling, the sliding layers' theta (their scaling stays none, as transformers 4.57 has it). Where the 4.x fields
+  /// (`rope_theta`, `rope_local_base_freq`) are there too, they must agree.
+  static void read_rope_per_layer_type(const nlohmann::json& parameters, const Rotary& legacy,
+                                       const nlohmann::json& json, LlamaConfig& c) {
+    const auto part = [&](const char* type, const std::string& field) {
+      const auto it = parameters.find(type);
+      if (it == parameters.end() || it->is_null()) return Rotary{};
+      return read_rotary_object(*it, field, c.max_position_embeddings);
+    };
+    const auto global = part("full_attention", "llama.rope_parameters.full_attention");
+    const auto local = part("sliding_attention", "llama.rope_parameters.sliding_attention");
+    if (local.scaling)
+      throw SpecError("llama.rope_parameters.sliding_attention.rope_type", local.scaling->rope_type,
+                      "rope scaling on the sliding layers is not implemented by hpctrain (only on the global ones)");
+    std::optional<double> legacy_local;
+    detail::read_optional_field(json, "llama", "rope_local_base_freq", legacy_local);
+    const auto disagree = [](const std::optional<double>& a, const std::optional<double>& b) {
+      return a && b && *a != *b;
+    };
+    if (disagree(global.theta, legacy.theta) || disagree(local.theta, legacy_local))
+      throw SpecError("llama.rope_parameters", parameters.dump(),
+                      "the transformers 5 and 4 layouts of the config disagree (rope_theta, rope_local_base_freq)");
+    c.rope_theta = global.theta.value_or(legacy.theta.value_or(c.rope_theta));
+    c.rope_scaling = global.scaling;
+    if (local.theta || legacy_local) c.local_rope_theta = local.theta ? local.theta : legacy_local;
+  }
+
   /// Settings other families of transformers' Llama lineage carry that change the math and that hpctrain does
   /// not implement: refused by name rather than read as the plain model.
-  static void refuse_unimplemented(const nlohmann::json& json) {
+  static void refuse_unimplemented(const nlohmann::json& json, const LlamaConfig& c) {
     constexpr std::string_view family = "llama";
-    detail::refuse_unless_off(json, family, "attn_logit_softcapping", "attention logit soft-capping");
-    detail::refuse_unless_off(json, family, "final_logit_softcapping", "final logit soft-capping");
+    if (c.model_type != "gemma2" && c.model_type != "gemma3_text") {  // theirs read_gemma reads
+      detail::refuse_unless_off(json, family, "attn_logit_softcapping", "attention logit soft-capping");
+      detail::refuse_unless_off(json, family, "final_logit_softcapping", "final logit soft-capping");
+    }
     detail::refuse_unless_off(json, family, "quantization_config", "loading quantized weights");
     detail::refuse_unless_off(json, family, "use_qk_norm", "normalising queries and keys");
     detail::refuse_unless_off(json, family, "attention_chunk_size", "chunked attention");
@@ -455,12 +640,23 @@ struct LlamaConfig {
         throw SpecError("llama.layer_types", fmt::format("{} entries", types->size()),
                         fmt::format("must list num_hidden_layers = {} layers", c.num_hidden_layers));
     }
-    if (c.model_type != "qwen2" && c.model_type != "qwen3") return;
+    const bool gemma = c.model_type == "gemma2" || c.model_type == "gemma3_text";
+    if (c.model_type != "qwen2" && c.model_type != "qwen3" && !gemma) return;
     if (stated) {
       for (const auto& type : *types) c.layer_types.push_back(type.get<std::string>());
-    } else {
-      for (std::int64_t i = 0; i < c.num_hidden_layers; ++i)
-        c.layer_types.push_back(c.sliding_window && i >= max_window_layers ? "sliding_attention" : "full_attention");
+      return;
+    }
+    // Gemma 2 slides on every other layer from the first, Gemma 3 on five of every six (sliding_window_pattern).
+    std::int64_t pattern = c.model_type == "gemma2" ? 2 : 6;
+    if (c.model_type == "gemma3_text") detail::read_field(json, "llama", "sliding_window_pattern", pattern);
+    if (pattern < 1) throw SpecError("llama.sliding_window_pattern", std::to_string(pattern), "must be at least 1");
+    for (std::int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      const bool slides = gemma ? (i + 1) % pattern != 0 : c.sliding_window && i >= max_window_layers;
+      if (slides && !c.sliding_window)
+        throw SpecError("llama.sliding_window", "null",
+                        "sliding layers (by the family's pattern) without a sliding_window are not implemented by "
+                        "hpctrain (give layer_types)");
+      c.layer_types.push_back(slides ? "sliding_attention" : "full_attention");
     }
   }
 };
