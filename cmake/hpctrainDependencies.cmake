@@ -65,7 +65,8 @@ if(NOT DEFINED HPCTRAIN_WITH_TORCH OR HPCTRAIN_WITH_TORCH)
   # libcurl: the W&B logger's live stream (train/loggers/http_client.hpp). Debian ships no CMake config for it:
   # CMake's own FindCURL (pkg-config's libcurl, else curl/curl.h and libcurl under CMAKE_PREFIX_PATH) makes
   # CURL::libcurl. Only hpctrain::hpctrain links it: job/, slurm/ and text/ make no HTTP request.
-  if(NOT TARGET CURL::libcurl)
+  # HPCTRAIN_LIVE_WANDB OFF (a build without libcurl, docs/gpu.md) looks for none.
+  if((NOT DEFINED HPCTRAIN_LIVE_WANDB OR HPCTRAIN_LIVE_WANDB) AND NOT TARGET CURL::libcurl)
     find_package(CURL QUIET)
     if(NOT CURL_FOUND)
       message(FATAL_ERROR "hpctrain: libcurl not found (neither pkg-config's libcurl nor curl/curl.h / libcurl under "

@@ -103,8 +103,9 @@ TEST_CASE("A config.json that transformers 5 cannot read as hpctrain does is ref
        "[hpctrain.spec.llama.attn_logit_softcapping] llama.attn_logit_softcapping = 50.0: attention logit soft-capping "
        "is not "
        "implemented by hpctrain"},
-      {R"({"hidden_act": "gelu_pytorch_tanh"})",
-       "[hpctrain.spec.llama.hidden_act] llama.hidden_act = gelu_pytorch_tanh: must be \"silu\" (SwiGLU)"},
+      {R"({"hidden_act": "relu2"})",
+       "[hpctrain.spec.llama.hidden_act] llama.hidden_act = relu2: must be \"silu\" (SwiGLU), \"gelu_pytorch_tanh\" or "
+       "\"gelu\" (GeGLU)"},
       {R"({"quantization_config": {"quant_method": "bitsandbytes"}})",
        "[hpctrain.spec.llama.quantization_config] llama.quantization_config = {\"quant_method\":\"bitsandbytes\"}: "
        "loading quantized "

@@ -209,7 +209,8 @@ TEST_CASE("An invalid config is refused naming the field", "[models][config]") {
        "low_freq_factor = 4"},
       {R"({"model_type": "bert"})",
        "[hpctrain.spec.llama.model_type] llama.model_type = \"bert\": this is not a config of the Llama family "
-       "(\"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\")"},
+       "(\"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"phi3\", \"gemma\", \"gemma2\", "
+       "\"gemma3_text\")"},
   }));
   CAPTURE(json);
   const auto parsed = nlohmann::json::parse(json);

@@ -4,13 +4,17 @@
 // thread, and the answer's status and body. A transport failure (no route, refused, timed out, TLS) is a response
 // with status 0 and libcurl's message: the caller decides what a failure means, nothing here throws after
 // construction. libcurl honours the site's https_proxy/no_proxy variables and verifies TLS with the system's CA
-// certificates. Torch-free; links libcurl (CURL::libcurl, part of hpctrain::hpctrain).
+// certificates. Torch-free; links libcurl (CURL::libcurl, part of hpctrain::hpctrain). A build configured with
+// HPCTRAIN_LIVE_WANDB=OFF (no libcurl: a bare GPU image, docs/gpu.md) defines HPCTRAIN_NO_LIBCURL: then a client
+// cannot be made, and the W&B logger says so once and keeps to its offline run.
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <string>
 
+#ifndef HPCTRAIN_NO_LIBCURL
 #include <curl/curl.h>
+#endif
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
@@ -33,6 +37,22 @@ struct HttpTimeouts {
   std::chrono::milliseconds total{std::chrono::seconds(60)};
 };
 
+#ifdef HPCTRAIN_NO_LIBCURL
+/// The client of a build without libcurl: making one throws, naming the switch.
+class HttpClient {
+ public:
+  /// Throws RuntimeError `[hpctrain.runtime.wandb]`: this build has no HTTP client.
+  HttpClient() {
+    throw RuntimeError(errors::runtime_wandb,
+                       "this build of hpctrain has no libcurl (configured with -DHPCTRAIN_LIVE_WANDB=OFF), so W&B's "
+                       "live stream is compiled out");
+  }
+  HttpResponse post_json(const std::string&, const std::string&, const std::string&, const std::string&,
+                         const std::string&, HttpTimeouts = {}, const std::atomic<bool>* = nullptr) {
+    return {};
+  }
+};
+#else
 /// One libcurl easy handle (its connection kept alive between requests), used by one thread at a time.
 class HttpClient {
  public:
@@ -111,5 +131,6 @@ class HttpClient {
 
   CURL* handle_ = nullptr;
 };
+#endif
 
 }  // namespace hpctrain
