@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include <hpctrain/lm/lm.hpp>
 #include <hpctrain/models/models.hpp>
 #include <hpctrain/train/worker.hpp>
@@ -153,10 +155,8 @@ std::pair<double, std::vector<torch::Tensor>> model_loss(hm::CausalLM& model, co
   torch::Tensor loss;
   if (chunk == 0) {
     loss = lm::token_loss(layout ? model.forward(inputs, *layout) : model.forward(inputs), targets);
-  } else {
-    const auto [sum, count] =
-        lm::chunked_token_loss_sum(model.hidden_states(inputs, layout), model.head_weight(), targets, chunk);
-    loss = sum / count.clamp_min(1);
+  } else {  // what the Trainer's step computes: the head's chunks as the model applies it (a soft cap included)
+    loss = lm::causal_lm_loss(model, inputs, targets, layout, chunk);
   }
   loss.backward();
   std::vector<torch::Tensor> gradients;
@@ -223,6 +223,18 @@ TEST_CASE("chunked loss through GPT-2 and Llama gives every parameter the whole 
     torch::manual_seed(0);
     hm::Llama model(tiny_llama_config(true));
     CHECK(model->head_weight().is_same(model->embed_tokens->weight));
+    check_model(*model, 211);
+  }
+  SECTION("Gemma 2, its logits soft-capped") {
+    // Weights of std 0.5 put the logits well past a cap of 2 (the chunks cap them, and take the gradient through it).
+    const auto config = hm::LlamaConfig::from_json(nlohmann::json::parse(
+        R"({"model_type": "gemma2", "vocab_size": 211, "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+            "sliding_window": 6, "query_pre_attn_scalar": 8, "attn_logit_softcapping": 5.0,
+            "final_logit_softcapping": 2.0, "initializer_range": 0.5})"));
+    torch::manual_seed(0);
+    hm::Llama model(config);
+    CHECK(model->final_logit_softcap() == 2.0);
     check_model(*model, 211);
   }
 }

@@ -14,7 +14,8 @@
 // chunk's logits fewer. On CUDA with bf16 or fp16 products, one row kernel computes a chunk's loss and its logits'
 // gradient (models/kernels/cross_entropy_rows.hpp: two reads of the logits and one write of the gradient, where the
 // operations make five passes), and zeroes the ignored rows itself. Equal in fp32 within reassociation
-// (tests/lm/lm_step_test.cpp).
+// (tests/lm/lm_step_test.cpp). Logits soft-capped by the model (Gemma 2: cap·tanh(z / cap)) are capped in fp32 per
+// chunk, and the gradient taken through the cap: dz = d(capped) · (1 − (capped / cap)²).
 #include <cstdint>
 #include <utility>
 
@@ -36,10 +37,10 @@ inline c10::ScalarType head_product_dtype(const torch::Device& device, c10::Scal
 struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossEntropy> {
   /// hidden [N, H], weight [V, H], targets [N] (`ignore` where no loss counts): the summed loss (fp32, 0-dim).
   /// `hidden_gradient`, `weight_gradient`: whether autograd will want each (decided before the call: inside,
-  /// grad mode is off); a frozen head (LoRA) costs no product for its gradient.
+  /// grad mode is off); a frozen head (LoRA) costs no product for its gradient. `softcap` > 0: the logits capped.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor hidden, torch::Tensor weight,
                                torch::Tensor targets, std::int64_t chunk, std::int64_t ignore, bool hidden_gradient,
-                               bool weight_gradient) {
+                               bool weight_gradient, double softcap) {
     const auto compute = head_product_dtype(hidden.device(), weight.scalar_type());
     // The casts below are the ones autocast would make; it must not make them again.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -53,11 +54,14 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
       const auto rows = std::min(chunk, n - start);
       const auto h = hidden.narrow(0, start, rows).to(compute);
       // [rows, V]: the logits in fp32 from the product, their loss, and dloss/dz = softmax(z) - onehot(target).
-      const auto part =
-          models::detail::cross_entropy_fastest(models::detail::product_into(h, w.t(), torch::kFloat32),
-                                                targets.narrow(0, start, rows), ignore, compute, with_gradients);
+      auto logits = models::detail::product_into(h, w.t(), torch::kFloat32);
+      if (softcap > 0.0) logits = logits.div_(softcap).tanh_().mul_(softcap);
+      auto part = models::detail::cross_entropy_fastest(logits, targets.narrow(0, start, rows), ignore, compute,
+                                                        with_gradients);
       loss.add_(part.loss);
       if (!with_gradients) continue;
+      if (softcap > 0.0)  // through the cap: 1 - tanh² = 1 - (capped / cap)² (the capped logits' last use)
+        part.gradient.mul_(logits.div_(softcap).square_().neg_().add_(1.0));
       // Where the gradient's ignored rows are not zeroed, the rows' weights (0 or 1: exact) scale the [rows, H]
       // factors and results instead.
       const auto& g = part.gradient;
@@ -93,7 +97,7 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
       return gradient.mul_(grads[0]);
     };
     return {scaled("grad_hidden"), scaled("grad_weight"), torch::Tensor(), torch::Tensor(),
-            torch::Tensor(),       torch::Tensor(),       torch::Tensor()};
+            torch::Tensor(),       torch::Tensor(),       torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -102,18 +106,20 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
 /// {the summed cross entropy of logits = hidden · weightᵀ against `targets`, the number of counted targets},
 /// in fp32, computed `chunk` tokens at a time (hidden [..., H], weight [V, H], targets [...]; `ignore` marks
 /// targets without loss). What lm::token_loss_sum(linear(hidden, weight), targets) gives, without the whole
-/// logits in memory: the most at once is one chunk's [chunk, V] in fp32.
+/// logits in memory: the most at once is one chunk's [chunk, V] in fp32. `softcap` > 0: the logits soft-capped
+/// (cap·tanh(logits / cap), models::CausalLM::final_logit_softcap) before the loss.
 inline std::pair<torch::Tensor, torch::Tensor> chunked_token_loss_sum(const torch::Tensor& hidden,
                                                                       const torch::Tensor& weight,
                                                                       const torch::Tensor& targets, std::int64_t chunk,
-                                                                      std::int64_t ignore = -100) {
+                                                                      std::int64_t ignore = -100,
+                                                                      double softcap = 0.0) {
   TORCH_CHECK(chunk > 0, "chunked_token_loss_sum: the chunk must hold at least one token; got ", chunk);
   const auto flat_hidden = hidden.reshape({-1, hidden.size(-1)});
   const auto flat_targets = targets.reshape({-1});
   const bool grad_mode = torch::GradMode::is_enabled();
   auto sum = detail::ChunkedLinearCrossEntropy::apply(flat_hidden, weight, flat_targets, chunk, ignore,
                                                       grad_mode && hidden.requires_grad(),
-                                                      grad_mode && weight.requires_grad());
+                                                      grad_mode && weight.requires_grad(), softcap);
   return {sum, flat_targets.ne(ignore).sum().to(torch::kFloat32)};
 }
 

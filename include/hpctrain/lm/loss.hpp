@@ -73,7 +73,6 @@ inline torch::Tensor token_loss_step(StepContext& context, const data::Batch& ba
 /// cross-entropy row kernel runs for the head's products (models/kernels/cross_entropy_rows.hpp: on CUDA, in bf16 or
 /// fp16), which computes the loss and the logits' gradient in one pass where the whole logits' operations make five.
 inline bool whole_head_as_one_chunk(models::CausalLM& model, const torch::Device& device) {
-  if (model.final_logit_softcap() > 0.0) return false;  // the chunks apply the head without the cap
   return models::detail::cross_entropy_rows_usable(
       device, detail::head_product_dtype(device, model.head_weight().scalar_type()));
 }
@@ -87,13 +86,11 @@ inline torch::Tensor causal_lm_loss(models::CausalLM& model, const torch::Tensor
     return token_loss(layout ? model.forward(inputs, *layout) : model.forward(inputs), targets);
   }
   if (chunk == 0) chunk = std::max<std::int64_t>(targets.numel(), 1);
-  TORCH_CHECK(model.final_logit_softcap() == 0.0,
-              "--loss-chunk-tokens applies the head without a soft cap; this model caps its logits at ",
-              model.final_logit_softcap(), " (Gemma 2): leave --loss-chunk-tokens at 0");
   const auto hidden = model.hidden_states(inputs, layout);
   torch::Tensor count;
   const auto sum = model.with_head(hidden, [&](const torch::Tensor& h) {
-    auto [chunk_sum, chunk_count] = chunked_token_loss_sum(h, model.head_weight(), targets, chunk, ignore_index);
+    auto [chunk_sum, chunk_count] =
+        chunked_token_loss_sum(h, model.head_weight(), targets, chunk, ignore_index, model.final_logit_softcap());
     count = chunk_count;
     return chunk_sum;
   });
