@@ -2,8 +2,10 @@
 // rejected) pairs from a JSONL file in TRL's shapes: {"prompt", "chosen", "rejected"} as text, or conversational
 // {"chosen", "rejected"} message lists (with a "prompt" list, or the messages both share as the prompt) rendered
 // with the model's chat template. The reference is the start weights: with --lora-r N the model with its adapters
-// off, else the pairs' log-probabilities computed once before training. Then exported in Hugging Face format.
-//   ./dpo --from DIR --data pairs.jsonl --local 2 [--beta 0.1] [--loss-type sigmoid|ipo|hinge] [--lora-r 16]
+// off, else the pairs' log-probabilities computed once before training (--ref-model DIR holds a reference model
+// instead). Then exported in Hugging Face format.
+//   ./dpo --from DIR --data pairs.jsonl --local 2 [--beta 0.1] [--loss-type sigmoid|ipo|...|sigmoid:0.8,sft:0.2]
+//          [--rpo-alpha 1] [--lora-r 16]
 // Every 16th pair is held out: metrics.jsonl has TRL's rewards/chosen, rewards/accuracies, ... per log interval and
 // eval_rewards/... at each evaluation; the export lands in <run dir>/export.
 #include <hpctrain/hpctrain.hpp>

@@ -9,7 +9,13 @@
                           keeps in SPLIT (train: all but every 16th, validation: every 16th, as lm::Split), in fp32 on
                           the CPU, all pairs in one batch, TRL's defaults (beta 0.1, sigmoid, max_length 1024,
                           max_prompt_length 512): prints its metrics as JSON, a line each (eval_loss,
-                          eval_rewards/chosen, ...)
+                          eval_rewards/chosen, ...); an argument --config=JSON sets DPOConfig fields (loss_type,
+                          loss_weights, rpo_alpha, reference_free, label_smoothing, ...)
+  losses IN OUT           TRL's DPOTrainer.dpo_loss itself (called on a stand-in for the trainer's attributes it reads)
+                          summed over each case's loss_type list with its loss_weights, plus rpo_alpha times the nll,
+                          as get_batch_loss_metrics does: IN holds chosen, rejected, ref_chosen, ref_rejected (lists),
+                          nll and cases (beta, label_smoothing, loss_type, loss_weights, reference_free, rpo_alpha,
+                          discopop_tau); OUT gets, per case, losses, chosen_rewards and rejected_rewards
 """
 import json
 import os
@@ -41,7 +47,7 @@ def pairs(work, n):
     print(f"{n} pairs")
 
 
-def evaluate(ref_dir, jsonl, runs):
+def evaluate(ref_dir, jsonl, runs, config=None):
     import logging
     import warnings
 
@@ -61,11 +67,45 @@ def evaluate(ref_dir, jsonl, runs):
         ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32)
         args = DPOConfig(output_dir=os.path.join(os.getcwd(), "trl-out"), per_device_eval_batch_size=len(kept),
                          report_to=[], use_cpu=True, bf16=False, fp16=False, dataloader_num_workers=0,
-                         disable_tqdm=True)
+                         disable_tqdm=True, **(config or {}))
         data = Dataset.from_list(kept)
         trainer = DPOTrainer(model=policy, ref_model=ref, args=args, train_dataset=data, eval_dataset=data,
                              processing_class=tokenizer)
         print(json.dumps(trainer.evaluate()), flush=True)
+
+
+def losses(in_path, out_path):
+    from types import SimpleNamespace
+
+    import torch
+    from trl import DPOTrainer
+    from trl.trainer.dpo_config import FDivergenceType
+
+    given = json.load(open(in_path))
+    tensor = lambda key: torch.tensor(given[key], dtype=torch.float64)
+    chosen, rejected, ref_chosen, ref_rejected = (tensor(k) for k in ("chosen", "rejected", "ref_chosen",
+                                                                         "ref_rejected"))
+    nll = torch.tensor(given["nll"], dtype=torch.float64)
+    out = []
+    for case in given["cases"]:
+        trainer = SimpleNamespace(
+            accelerator=SimpleNamespace(device=torch.device("cpu")), reference_free=case["reference_free"],
+            f_divergence_type=FDivergenceType.REVERSE_KL, f_divergence_params=None, beta=case["beta"],
+            label_smoothing=case["label_smoothing"], args=SimpleNamespace(discopop_tau=case["discopop_tau"]),
+            loss_type=case["loss_type"])
+        total, chosen_rewards, rejected_rewards = 0, 0, 0
+        for i, loss_type in enumerate(case["loss_type"]):
+            weight = case["loss_weights"][i] if case["loss_weights"] else 1.0
+            part, c, r = DPOTrainer.dpo_loss(trainer, chosen, rejected, ref_chosen, ref_rejected, loss_type,
+                                             {"nll_loss": nll})
+            total, chosen_rewards, rejected_rewards = total + part * weight, chosen_rewards + c * weight, \
+                rejected_rewards + r * weight
+        if case["rpo_alpha"] is not None:
+            total = total + case["rpo_alpha"] * nll
+        out.append({"losses": total.tolist(), "chosen_rewards": chosen_rewards.tolist(),
+                    "rejected_rewards": rejected_rewards.tolist()})
+    json.dump(out, open(out_path, "w"))
+    print(f"{len(out)} cases")
 
 
 if __name__ == "__main__":
@@ -73,6 +113,10 @@ if __name__ == "__main__":
     if command == "pairs":
         pairs(sys.argv[2], int(sys.argv[3]))
     elif command == "evaluate":
-        evaluate(sys.argv[2], sys.argv[3], sys.argv[4:])
+        rest = [a for a in sys.argv[4:] if not a.startswith("--config=")]
+        configs = [json.loads(a[len("--config="):]) for a in sys.argv[4:] if a.startswith("--config=")]
+        evaluate(sys.argv[2], sys.argv[3], rest, configs[0] if configs else None)
+    elif command == "losses":
+        losses(sys.argv[2], sys.argv[3])
     else:
         sys.exit(f"unknown command {command}")

@@ -1,13 +1,21 @@
 // DPO's loss variants and metrics (lm/dpo_loss.hpp) on fixed log-probabilities against values derived by hand from
-// TRL's DPOTrainer.dpo_loss (trl 0.24), the completions' log-probabilities from hand-made logits, and the
-// preference rows (lm/preference_data.hpp): the implicit prompt of two conversations, and the rows that exit 2.
+// TRL's DPOTrainer.dpo_loss (trl 0.24) and against that function itself (tests/lm/dpo_oracle.py losses), the
+// completions' log-probabilities from hand-made logits, and the preference rows (lm/preference_data.hpp): the
+// implicit prompt of two conversations, and the rows that exit 2.
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <fstream>
 #include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <hpctrain/lm/dpo_loss.hpp>
 #include <hpctrain/lm/preference_data.hpp>
+
+#include "../models/models_test_support.hpp"
 
 namespace hl = hpctrain::lm;
 
@@ -28,13 +36,95 @@ TEST_CASE("dpo: each loss type gives TRL's per-pair losses for log-ratio differe
       {T::hinge, 0.0, 0.8, 1.1},
   }));
   CAPTURE(static_cast<int>(type), smoothing);
-  const auto out = hl::dpo_loss(chosen, rejected, ref_chosen, ref_rejected, {0.1, smoothing, type});
+  hl::DpoOptions options;
+  options.label_smoothing = smoothing;
+  options.terms = {{type, 1.0}};
+  const auto out = hl::dpo_loss(chosen, rejected, ref_chosen, ref_rejected, options);
   CHECK(out.losses[0].item<double>() == Approx(first).epsilon(1e-6));
   CHECK(out.losses[1].item<double>() == Approx(second).epsilon(1e-6));
   CHECK(out.chosen_rewards[0].item<double>() == Approx(0.1));
   CHECK(out.chosen_rewards[1].item<double>() == Approx(0.0).margin(1e-7));
   CHECK(out.rejected_rewards[0].item<double>() == Approx(-0.1));
   CHECK(out.rejected_rewards[1].item<double>() == Approx(0.1));
+}
+
+TEST_CASE("dpo: every loss type, weighted sums of them, reference-free and rpo_alpha give TRL's dpo_loss itself",
+          "[dpo][oracle]") {
+  // 16 pairs of log-probabilities in float64 (both sides compute in float64, so the bound is rounding: 1e-9 relative);
+  // spread so that the sigmoid's and the hinge's both sides and aot's sorting are reached.
+  torch::manual_seed(7);
+  const auto options64 = torch::TensorOptions(torch::kFloat64);
+  const auto logps = [&] { return -torch::rand({16}, options64) * 30; };
+  const auto chosen = logps(), rejected = logps(), ref_chosen = chosen + torch::randn({16}, options64) * 4,
+             ref_rejected = rejected + torch::randn({16}, options64) * 4;
+  const auto nll = torch::scalar_tensor(1.7, options64);
+  struct Case {
+    std::string loss_type;
+    double beta, smoothing;
+    bool reference_free;
+    double rpo_alpha;
+  };
+  std::vector<Case> cases;
+  for (const auto& [name, type] : hl::dpo_loss_type_names) {
+    cases.push_back({std::string(name), 0.1, 0.0, false, 0.0});
+    cases.push_back({std::string(name), 0.5, 0.2, true, 0.0});
+  }
+  cases.push_back({"sigmoid:0.8,sft:0.2", 0.1, 0.0, false, 0.0});            // MPO's shape
+  cases.push_back({"exo_pair:0.5,sigmoid:2,robust", 0.1, 0.0, false, 0.3});  // exo_pair's ε of 1e-3 for all
+  cases.push_back({"ipo,hinge:3", 0.25, 0.1, true, 1.0});
+  const auto list = [](const torch::Tensor& t) {
+    return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  };
+  nlohmann::json given{{"chosen", list(chosen)},         {"rejected", list(rejected)},
+                       {"ref_chosen", list(ref_chosen)}, {"ref_rejected", list(ref_rejected)},
+                       {"nll", nll.item<double>()},      {"cases", nlohmann::json::array()}};
+  std::vector<hl::DpoOptions> ours;
+  for (const auto& c : cases) {
+    hl::DpoOptions options;
+    options.beta = c.beta;
+    options.label_smoothing = c.smoothing;
+    options.reference_free = c.reference_free;
+    options.rpo_alpha = c.rpo_alpha;
+    const auto terms = hl::parse_dpo_loss_terms(c.loss_type);
+    REQUIRE(terms.has_value());
+    options.terms = *terms;
+    nlohmann::json types = nlohmann::json::array(), weights = nlohmann::json::array();
+    for (const auto& term : *terms) {
+      for (const auto& [name, type] : hl::dpo_loss_type_names)
+        if (type == term.type) types.push_back(std::string(name));
+      weights.push_back(term.weight);
+    }
+    given["cases"].push_back({{"beta", c.beta},
+                              {"label_smoothing", c.smoothing},
+                              {"loss_type", types},
+                              {"loss_weights", weights},
+                              {"reference_free", c.reference_free},
+                              {"rpo_alpha", c.rpo_alpha > 0 ? nlohmann::json(c.rpo_alpha) : nlohmann::json()},
+                              {"discopop_tau", options.discopop_tau}});
+    ours.push_back(options);
+  }
+  const auto dir = models_test::scratch("dpo-loss-oracle");
+  std::ofstream(dir / "in.json") << given.dump();
+  models_test::run_python("../lm/dpo_oracle.py",
+                          fmt::format("losses '{}' '{}'", (dir / "in.json").string(), (dir / "out.json").string()),
+                          dir / "oracle.log");
+  const auto theirs = nlohmann::json::parse(std::ifstream(dir / "out.json"));
+  REQUIRE(theirs.size() == cases.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    CAPTURE(cases[i].loss_type, cases[i].beta, cases[i].smoothing, cases[i].reference_free, cases[i].rpo_alpha);
+    const auto out = hl::dpo_loss(chosen, rejected, ref_chosen, ref_rejected, ours[i], nll);
+    for (const auto& [key, tensor] : {std::pair{"losses", out.losses}, std::pair{"chosen_rewards", out.chosen_rewards},
+                                      std::pair{"rejected_rewards", out.rejected_rewards}}) {
+      const auto expected = torch::tensor(theirs[i][key].get<std::vector<double>>(), options64);
+      const double difference = (tensor - expected).abs().max().item<double>();
+      const double scale = std::max(1.0, expected.abs().max().item<double>());
+      CAPTURE(key, difference, scale);
+      CHECK(difference <= 1e-9 * scale);
+      worst = std::max(worst, difference / scale);
+    }
+  }
+  WARN(fmt::format("{} cases: TRL's dpo_loss and ours {:.1e} apart at most, relative", cases.size(), worst));
 }
 
 TEST_CASE("dpo: the completions' log-probabilities sum the counted tokens' and the metrics take TRL's means", "[dpo]") {
@@ -51,7 +141,7 @@ TEST_CASE("dpo: the completions' log-probabilities sum the counted tokens' and t
   CHECK(out.logit_sums[0].item<double>() == Approx(std::log(3.0) + 2));
 
   const auto losses = hl::dpo_loss(chosen, rejected, ref_chosen, ref_rejected, {});
-  const hl::CompletionLogps side{chosen, torch::tensor({2.0f, 2.0f}), torch::tensor({4.0f, 8.0f})};
+  const hl::CompletionLogps side{chosen, torch::tensor({2.0f, 2.0f}), torch::tensor({4.0f, 8.0f}), {}};
   const auto metrics = hl::dpo_batch_metrics(losses, side, side, chosen, rejected, 2);
   REQUIRE(metrics.size() == 8);
   const double expected[] = {0.05, 0.0, 0.5, 0.05, -1.5, -2.0, 12.0 / 8, 12.0 / 8};

@@ -39,6 +39,14 @@
 
 namespace hpctrain::lm {
 
+/// `--ref-model`'s directory where the run declares that knob and gives one (dpo_training), else nothing.
+inline std::optional<std::filesystem::path> held_reference_directory(const Knobs& knobs) {
+  if (!knobs.find("ref_model")) return std::nullopt;
+  const auto directory = knobs.get<std::string>("ref_model");
+  if (directory.empty()) return std::nullopt;
+  return std::filesystem::path(directory);
+}
+
 /// The data factory of `preference_jsonl`: options as chained setters (each a value or `lm::knob(...)`).
 class PreferenceJsonl {
  public:
@@ -97,7 +105,9 @@ class PreferenceJsonl {
     const std::int64_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
     auto dataset = std::make_shared<PreferenceDataset>(std::move(examples), pad);
     std::string reference = "the reference: the model with its adapters off";
-    if (!run.lora) {
+    if (const auto held = held_reference_directory(run.knobs)) {
+      reference = fmt::format("the reference: the model of {}, held in memory", held->string());
+    } else if (!run.lora) {
       const auto start = std::chrono::steady_clock::now();
       dataset->set_reference(reference_logps(*dataset, *run.pretrained_dir));
       reference = fmt::format("the reference log-probabilities of the start weights computed here in {:.1f} s",
@@ -163,9 +173,33 @@ inline DpoOptions dpo_options(const Knobs& knobs) {
   DpoOptions options;
   options.beta = knobs.get<double>("beta");
   options.label_smoothing = knobs.get<double>("label_smoothing");
-  options.loss_type = parse_dpo_loss_type(knobs.get<std::string>("loss_type")).value_or(DpoLossType::sigmoid);
+  options.terms = parse_dpo_loss_terms(knobs.get<std::string>("loss_type")).value_or(options.terms);
+  options.reference_free = knobs.get<bool>("reference_free");
+  options.discopop_tau = knobs.get<double>("discopop_tau");
+  options.rpo_alpha = knobs.get<double>("rpo_alpha");
   return options;
 }
+
+/// The reference model of `--ref-model` (TRL's ref_model): loaded on first use, on the step's device, in bf16 when the
+/// run trains in bf16 (autocast computes in bf16 either way), else fp32; kept whole on every rank.
+class HeldReference {
+ public:
+  models::CausalLM& model(const StepContext& context) {
+    if (!model_) {
+      const auto directory = held_reference_directory(context.knobs);
+      hpctrain::detail::require(directory.has_value(), "preference.ref_model", "(none)",
+                                "the held reference needs --ref-model DIR");
+      model_ = models::load_pretrained(*directory,
+                                       context.precision == Precision::bf16 ? torch::kBFloat16 : torch::kFloat32);
+      model_->to(context.device);
+      model_->eval();
+    }
+    return *model_;
+  }
+
+ private:
+  std::shared_ptr<models::CausalLM> model_;
+};
 
 /// One batch of pairs through the policy (one forward of chosen and rejected rows) and the reference.
 struct DpoBatch {
@@ -173,36 +207,45 @@ struct DpoBatch {
   std::vector<torch::Tensor> metrics;          ///< dpo_batch_metrics, in dpo_metric_names' order
   CompletionLogps chosen, rejected;            ///< the policy's, per side [n]
   torch::Tensor chosen_logps, rejected_logps;  ///< [n], what the loss compares (IPO: per token)
+  torch::Tensor nll;                           ///< the chosen completions' mean token NLL where the loss reads it
   std::int64_t vocabulary = 0;
 };
 
-inline DpoBatch dpo_batch(StepContext& context, const data::Batch& batch, const DpoOptions& options) {
+/// The reference log-probabilities of a batch's rows [2n]: stored with the pairs (computed once), from the model of
+/// `--ref-model` (`held`), or the same model with its adapters off (TRL with PEFT).
+inline torch::Tensor reference_logps(StepContext& context, const data::Batch& batch, const torch::Tensor& inputs,
+                                     const torch::Tensor& targets, HeldReference* held) {
+  if (batch.has("reference_logps")) return batch.field("reference_logps").to(torch::kFloat32).reshape({inputs.size(0)});
+  torch::NoGradGuard no_grad;
+  if (held && held_reference_directory(context.knobs))
+    return completion_logps(held->model(context).forward(inputs), targets).logps;
+  models::AdaptersOff off;
+  return completion_logps(context.forward(inputs), targets).logps;
+}
+
+inline DpoBatch dpo_batch(StepContext& context, const data::Batch& batch, const DpoOptions& options,
+                          HeldReference* held = nullptr) {
   const auto n = batch.inputs.size(0), length = batch.inputs.size(2);
   const auto inputs = batch.inputs.reshape({2 * n, length});  // chosen and rejected of each pair, one after the other
   const auto targets = batch.targets.reshape({2 * n, length});
   const auto logits = context.forward(inputs);
   const auto policy = completion_logps(logits, targets);
-  torch::Tensor reference;
-  if (batch.has("reference_logps")) {
-    reference = batch.field("reference_logps").to(torch::kFloat32).reshape({2 * n});
-  } else {  // TRL with PEFT: the same model, its adapters off
-    torch::NoGradGuard no_grad;
-    models::AdaptersOff off;
-    reference = completion_logps(context.forward(inputs), targets).logps;
-  }
+  auto reference = reference_logps(context, batch, inputs, targets, held);
+  DpoBatch result;
+  if (options.needs_nll())  // TRL's nll_loss: over the chosen completions' tokens of the micro-batch
+    result.nll = chosen_nll(policy.token_logps.view({n, 2, length}).select(1, 0), batch.targets.select(1, 0));
   auto logps = policy.logps;
-  if (options.loss_type == DpoLossType::ipo) {  // TRL's concatenated_forward: IPO averages per token
+  if (options.has(DpoLossType::ipo)) {  // TRL's concatenated_forward: IPO averages per token
     logps = logps / policy.tokens.clamp_min(1);
     reference = reference / policy.tokens.clamp_min(1);
   }
   const auto pairs = logps.view({n, 2}), references = reference.view({n, 2});
   const auto side = [&](const CompletionLogps& all, std::int64_t s) {
     return CompletionLogps{all.logps.view({n, 2}).select(1, s), all.tokens.view({n, 2}).select(1, s),
-                           all.logit_sums.view({n, 2}).select(1, s)};
+                           all.logit_sums.view({n, 2}).select(1, s), all.token_logps.view({n, 2, length}).select(1, s)};
   };
-  DpoBatch result;
-  result.out =
-      dpo_loss(pairs.select(1, 0), pairs.select(1, 1), references.select(1, 0), references.select(1, 1), options);
+  result.out = dpo_loss(pairs.select(1, 0), pairs.select(1, 1), references.select(1, 0), references.select(1, 1),
+                        options, result.nll);
   result.chosen = side(policy, 0);
   result.rejected = side(policy, 1);
   result.vocabulary = logits.size(-1);
@@ -214,15 +257,16 @@ inline DpoBatch dpo_batch(StepContext& context, const data::Batch& batch, const 
 }
 
 /// The step of dpo_training: the mean loss over the micro-batch's pairs; TRL's metrics reported for the train record.
-inline torch::Tensor dpo_step(StepContext& context, const data::Batch& batch) {
-  const auto result = dpo_batch(context, batch, dpo_options(context.knobs));
+inline torch::Tensor dpo_step(StepContext& context, const data::Batch& batch, HeldReference* held = nullptr) {
+  const auto result = dpo_batch(context, batch, dpo_options(context.knobs), held);
   for (std::size_t i = 0; i < result.metrics.size(); ++i) context.report(dpo_metric_names[i], result.metrics[i]);
+  if (result.nll.defined()) context.report("nll_loss", result.nll.detach());
   return result.out.losses.mean();
 }
 
 /// The evaluation of dpo_training: the mean loss over pairs; per pair the columns the metrics of dpo_metrics read.
-inline EvalOutput dpo_eval_step(StepContext& context, const data::Batch& batch) {
-  const auto result = dpo_batch(context, batch, dpo_options(context.knobs));
+inline EvalOutput dpo_eval_step(StepContext& context, const data::Batch& batch, HeldReference* held = nullptr) {
+  const auto result = dpo_batch(context, batch, dpo_options(context.knobs), held);
   const auto& out = result.out;
   const auto v = static_cast<double>(result.vocabulary);
   auto columns =
@@ -250,20 +294,41 @@ inline std::vector<metrics::Metric> dpo_metrics() {
   return list;
 }
 
-/// A Training for DPO: dpo_step, dpo_eval_step and dpo_metrics, the knobs `--beta` (0.1), `--label-smoothing` (0),
-/// `--loss-type sigmoid|ipo|hinge` and the LoRA knobs (lm::with_lora_knobs). Add the model (lm::from_pretrained),
-/// the data (lm::preference_jsonl) and the rest.
+/// A Training for DPO: dpo_step, dpo_eval_step and dpo_metrics, TRL's DPOConfig knobs `--beta` (0.1),
+/// `--label-smoothing` (0), `--loss-type` (sigmoid; `name[:weight],...` for TRL's loss_type list and loss_weights),
+/// `--reference-free`, `--rpo-alpha` (0: none), `--discopop-tau` (0.05), `--ref-model DIR` (a reference held in
+/// memory) and the LoRA knobs (lm::with_lora_knobs). Add the model (lm::from_pretrained), the data
+/// (lm::preference_jsonl) and the rest.
 inline Training dpo_training() {
   Training training;
-  training.step(dpo_step)
-      .eval_step(dpo_eval_step)
+  auto held = std::make_shared<HeldReference>();
+  training.step([held](StepContext& context, const data::Batch& batch) { return dpo_step(context, batch, held.get()); })
+      .eval_step(
+          [held](StepContext& context, const data::Batch& batch) { return dpo_eval_step(context, batch, held.get()); })
       .knob<double>("beta", 0.1, "DPO's beta: how far from the reference the policy may go (TRL's default 0.1)",
                     positive())
-      .knob<double>("label_smoothing", 0.0, "the sigmoid loss's label smoothing (cDPO; TRL's default 0)",
-                    between(0.0, 0.5))
-      .knob<std::string>("loss_type", "sigmoid", "DPO's loss, as TRL names it: sigmoid, ipo or hinge",
-                         KnobCheck<std::string>([](const std::string& v) { return parse_dpo_loss_type(v).has_value(); },
-                                                "must be sigmoid, ipo or hinge"));
+      .knob<double>("label_smoothing", 0.0, "label smoothing of the sigmoid, robust, exo_pair and aot losses (TRL's 0)",
+                    KnobCheck<double>([](double v) { return v >= 0 && v < 0.5; }, "must be at least 0 and below 0.5"))
+      .knob<std::string>(
+          "loss_type", "sigmoid",
+          "DPO's loss as TRL names it (sigmoid, robust, exo_pair, hinge, ipo, sppo_hard, nca_pair, aot, "
+          "aot_pair, apo_zero, apo_down, discopop, sft), or a weighted sum: sigmoid:0.8,sft:0.2",
+          KnobCheck<std::string>([](const std::string& v) { return parse_dpo_loss_terms(v).has_value(); },
+                                 "must be TRL loss types with optional positive weights (sigmoid, ipo:0.5,sft:1; "
+                                 "bco_pair is not implemented)"))
+      .knob<bool>("reference_free", false, "compare the policy's log-ratios with 0, not the reference's (TRL's)")
+      .knob<double>("rpo_alpha", 0.0, "add this times the chosen completions' NLL to the loss (RPO; 0: none)",
+                    non_negative())
+      .knob<double>("discopop_tau", 0.05, "the discopop loss's temperature (TRL's 0.05)", positive())
+      .knob<std::string>("ref_model", "",
+                         "a Hugging Face directory held in memory as the reference (TRL's ref_model); default: the "
+                         "model with its LoRA adapters off, else the start weights' log-probabilities computed once",
+                         KnobCheck<std::string>(
+                             [](const std::string& v) {
+                               return v.empty() ||
+                                      std::filesystem::is_regular_file(std::filesystem::path(v) / "config.json");
+                             },
+                             "must be a Hugging Face model directory (its config.json)"));
   for (auto& metric : dpo_metrics()) training.metric(std::move(metric));
   return with_lora_knobs(std::move(training));
 }
