@@ -59,7 +59,9 @@ HPCTRAIN_RUNTIME_INLINE int run(int argc, char** argv, const Job& job, const Tra
       [&training](const Knobs& values, const RunPlacement& placement) {
         return run_worker(training, values, placement);
       },
-      [&training](const Knobs& values, std::optional<int> world) { check_training_at_login(training, values, world); },
+      [&training](const Knobs& values, const LoginCheckFacts& facts) {
+        check_training_at_login(training, values, facts);
+      },
       planner);
 }
 #endif

@@ -297,6 +297,37 @@ TEST_CASE(
   }
 }
 
+namespace {
+
+/// Makes `family` with `config` in transformers (hf_oracle.py make) in `family_dir`, loads it here and checks what
+/// every Llama-family model must give as transformers does: its parameter count, logits at 12 and 300 positions, 32
+/// greedy tokens, an export of its own model_type whose logits transformers reads back, one step's gradients.
+/// Returns the model for the family's own checks.
+ht::Llama llama_family_against_transformers(const std::string& family, const std::string& config,
+                                            const std::filesystem::path& family_dir) {
+  std::filesystem::create_directories(family_dir);
+  run_oracle(
+      fmt::format("make {} '{}' '{}' {} {}", family, config, family_dir.string(), ids_text(prompt), long_option()),
+      family_dir / "make.log");
+  auto model = ht::load_llama(family_dir / "model");
+  CHECK(model->config().model_type == family);
+  CHECK(hpctrain::parameter_count(*model) == model->config().parameter_count());
+  CHECK(logit_difference(*model, family_dir) < 1e-4);
+  CHECK(long_logit_difference(*model, family_dir) < 1e-4);
+  CHECK(ht::generate(*model, prompt, greedy_32()) == oracle_generation(family_dir));
+  ht::save_pretrained(*model, family_dir / "export");
+  CHECK(ht::read_llama_config(family_dir / "export").model_type == family);
+  run_oracle(fmt::format("expect '{}' {} '{}' {}", (family_dir / "export").string(), ids_text(prompt),
+                         (family_dir / "export-oracle").string(), long_option()),
+             family_dir / "expect.log");
+  CHECK(logit_difference(*model, family_dir / "export-oracle") < 1e-4);
+  CHECK(long_logit_difference(*model, family_dir / "export-oracle") < 1e-4);
+  CHECK(gradient_difference(*model, family_dir / "model", family_dir / "gradients") < 1e-4);
+  return model;
+}
+
+}  // namespace
+
 TEST_CASE(
     "Qwen2 (q/k/v biases, tied head, a window on its second layer), Qwen3 (query and key norms, a head dimension of "
     "its "
@@ -330,29 +361,11 @@ TEST_CASE(
         "pad_token_id": 0})"}};
   for (const auto& [family, config] : families) {
     CAPTURE(family);
-    const auto family_dir = dir / family;
-    std::filesystem::create_directories(family_dir);
-    run_oracle(
-        fmt::format("make {} '{}' '{}' {} {}", family, config, family_dir.string(), ids_text(prompt), long_option()),
-        family_dir / "make.log");
-    auto model = ht::load_llama(family_dir / "model");
-    CHECK(model->config().model_type == family);
+    auto model = llama_family_against_transformers(family, config, dir / family);
     CHECK(model->config().rope_theta == (family == "mistral" ? 250000.0 : 1000000.0));
     CHECK(model->config().qk_norm == (family == "qwen3"));
     CHECK(model->config().stacked_projections == (family == "phi3"));
     CHECK(model->config().sliding_layers() == (family == "qwen3" ? 0 : family == "qwen2" ? 1 : 2));
-    CHECK(hpctrain::parameter_count(*model) == model->config().parameter_count());
-    CHECK(logit_difference(*model, family_dir) < 1e-4);
-    CHECK(long_logit_difference(*model, family_dir) < 1e-4);
-    CHECK(ht::generate(*model, prompt, greedy_32()) == oracle_generation(family_dir));
-    ht::save_pretrained(*model, family_dir / "export");
-    CHECK(ht::read_llama_config(family_dir / "export").model_type == family);
-    run_oracle(fmt::format("expect '{}' {} '{}' {}", (family_dir / "export").string(), ids_text(prompt),
-                           (family_dir / "export-oracle").string(), long_option()),
-               family_dir / "expect.log");
-    CHECK(logit_difference(*model, family_dir / "export-oracle") < 1e-4);
-    CHECK(long_logit_difference(*model, family_dir / "export-oracle") < 1e-4);
-    CHECK(gradient_difference(*model, family_dir / "model", family_dir / "gradients") < 1e-4);
   }
   // Mistral's window of 64 (its logits at 300 positions are transformers'): the same logits when the 300 tokens go
   // through the KV cache in pieces, and a packed row of two examples longer than the window gives each its own.
@@ -408,14 +421,8 @@ TEST_CASE(
         "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "max_position_embeddings": 512})"}};
   for (const auto& [family, config] : families) {
     CAPTURE(family);
-    const auto family_dir = dir / family;
-    std::filesystem::create_directories(family_dir);
-    run_oracle(
-        fmt::format("make {} '{}' '{}' {} {}", family, config, family_dir.string(), ids_text(prompt), long_option()),
-        family_dir / "make.log");
-    auto model = ht::load_llama(family_dir / "model");
+    auto model = llama_family_against_transformers(family, config, dir / family);
     const auto& read = model->config();
-    CHECK(read.model_type == family);
     CHECK(read.unit_offset_norms);
     CHECK(read.scaled_embeddings);
     CHECK(read.hidden_act == "gelu_pytorch_tanh");
@@ -424,18 +431,6 @@ TEST_CASE(
     CHECK(read.sliding_layers() == (family == "gemma" ? 0 : 2));
     CHECK(read.final_logit_softcapping == (family == "gemma2" ? std::optional<double>(6.0) : std::nullopt));
     CHECK(read.local_rope_theta == (family == "gemma3_text" ? std::optional<double>(10000.0) : std::nullopt));
-    CHECK(hpctrain::parameter_count(*model) == read.parameter_count());
-    CHECK(logit_difference(*model, family_dir) < 1e-4);
-    CHECK(long_logit_difference(*model, family_dir) < 1e-4);
-    CHECK(ht::generate(*model, prompt, greedy_32()) == oracle_generation(family_dir));
-    ht::save_pretrained(*model, family_dir / "export");
-    CHECK(ht::read_llama_config(family_dir / "export").model_type == family);
-    run_oracle(fmt::format("expect '{}' {} '{}' {}", (family_dir / "export").string(), ids_text(prompt),
-                           (family_dir / "export-oracle").string(), long_option()),
-               family_dir / "expect.log");
-    CHECK(logit_difference(*model, family_dir / "export-oracle") < 1e-4);
-    CHECK(long_logit_difference(*model, family_dir / "export-oracle") < 1e-4);
-    CHECK(gradient_difference(*model, family_dir / "model", family_dir / "gradients") < 1e-4);
   }
   // Gemma 2 in a packed row of two examples longer than its window (12 + 32 and 20 tokens) against transformers'
   // eager attention with a 4-D mask, and through the KV cache in pieces.

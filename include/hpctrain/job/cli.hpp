@@ -33,7 +33,7 @@ using KnobWorker = std::function<int(const Knobs& knobs, const RunPlacement& pla
 /// A program's checks on the login node: the knob table holding the command's values, and the ranks the command
 /// starts when it says (none under --run, whose allocation says, for a chain of stages, or for --check-fabric,
 /// whose ranks do not train).
-using KnobLoginCheck = std::function<void(const Knobs& knobs, std::optional<int> world)>;
+using KnobLoginCheck = std::function<void(const Knobs& knobs, const LoginCheckFacts& facts)>;
 
 namespace detail {
 /// Set during static initialisation, before the user's main builds its description: in a program that can call
@@ -81,9 +81,10 @@ inline int run_job(int argc, char** argv, const Job& job, const Worker& worker) 
 /// The same for a program with a knob table: the login command refuses an unknown or invalid knob (exit 2,
 /// nothing written or queued), `--help` lists the knobs, and `worker` gets the table with this run's values
 /// (the worker's arguments are read with the same table; a bad one exits 2 on every rank).
-/// `login_check`, when given, sees the knob values of a --dry-run, --submit, --local or --run and the ranks it
-/// starts (login_world) before anything is written or queued (Training::check_at_login: a data file visible here is
-/// validated, the batch checked against it); a SpecError from it exits 2.
+/// `login_check`, when given, sees the knob values of a --dry-run, --submit, --local or --run, the ranks it
+/// starts (login_world) and whether the job waits for others (LoginCheckFacts) before anything is written or queued
+/// (Training::check_at_login: a data file visible here is validated, the batch checked against it); a SpecError from it
+/// exits 2.
 inline int run_job(int argc, char** argv, const Job& described, const Knobs& knobs, const KnobWorker& worker,
                    const KnobLoginCheck& login_check = {}, const Planner& planner = {}) {
   const Job job = detail::with_prepare_knobs(described, knobs);
@@ -102,7 +103,8 @@ inline int run_job(int argc, char** argv, const Job& described, const Knobs& kno
         command.mode == Mode::run) {
       const auto values = knobs.with_arguments(command.forwarded);
       if (job.preparation_check()) job.preparation_check()(values);
-      if (login_check) login_check(values, login_world(job, command));
+      if (login_check)
+        login_check(values, {login_world(job, command), !command.after.empty() || !job.dependencies().empty()});
     }
     if (command.mode == Mode::run && run_place() == RunPlace::step_task)
       return worker(knobs.with_arguments(command.forwarded), detail::step_task_placement(job, command, context));

@@ -453,4 +453,10 @@ class Knobs {
   std::map<std::string, KnobValue, std::less<>> values_;
 };
 
+/// What a login check (run_job's `login_check`) knows of the command besides the knob values.
+struct LoginCheckFacts {
+  std::optional<int> world;     ///< the ranks the command starts, where it says (login_world)
+  bool waits_for_jobs = false;  ///< the job starts after others (--after, Job::after): what they write may be missing
+};
+
 }  // namespace hpctrain

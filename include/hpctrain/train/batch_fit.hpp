@@ -34,11 +34,13 @@ inline void require_batch_within_epoch(const BatchSize& typed, std::int64_t exam
   throw SpecError("training.batch_size", value, reason);
 }
 
-/// The program's login checks (Training::check_at_login) and, when the command says how many ranks it starts, the
-/// batch of this run's knobs: a global batch that does not divide by the ranks × accumulation, and one larger than
-/// an epoch of the training data where its factory read the data's size. Both would fail every rank after the queue.
-inline void check_training_at_login(const Training& training, const Knobs& knobs, std::optional<int> world) {
-  const auto data = training.check_at_login(knobs);
+/// The program's login checks (Training::check_at_login; a pretrained directory that a job this one waits for will
+/// write may be missing) and, when the command says how many ranks it starts, the batch of this run's knobs: a global
+/// batch that does not divide by the ranks × accumulation, and one larger than an epoch of the training data where
+/// its factory read the data's size. Both would fail every rank after the queue.
+inline void check_training_at_login(const Training& training, const Knobs& knobs, const LoginCheckFacts& facts) {
+  const auto data = training.check_at_login(knobs, facts.waits_for_jobs);
+  const auto world = facts.world;
   if (!world) return;
   const auto configured = with_knobs(training, knobs);
   const std::int64_t examples_per_step =

@@ -698,12 +698,25 @@ class Training {
   }
   /// Runs every login check (those of the model and data factories, then login_check's) with `knobs`; returns the
   /// training data's size when its factory read it there (check_training_at_login checks the batch against it).
-  std::optional<DataSizeAtLogin> check_at_login(const Knobs& knobs) const {
-    if (model_check_) model_check_(knobs);
-    check_lora_targets_at_login(knobs);
+  /// `waits_for_jobs`: the job starts after others (--after), so a pretrained directory that does not exist yet is
+  /// theirs to write (sft's export feeding dpo): what reads it (the model's config, the LoRA targets, the data's
+  /// tokenizer) is checked when the job starts, as stderr says; the rest is checked now.
+  std::optional<DataSizeAtLogin> check_at_login(const Knobs& knobs, bool waits_for_jobs = false) const {
+    auto pretrained = pretrained_dir(knobs);
+    const bool pending = waits_for_jobs && pretrained && !std::filesystem::exists(*pretrained);
+    if (pending) {
+      fmt::print(stderr,
+                 "hpctrain: the pretrained directory {} does not exist yet: the job waits for another, so its model, "
+                 "LoRA targets and tokenizer are checked when it starts\n",
+                 pretrained->string());
+      pretrained.reset();
+    } else {
+      if (model_check_) model_check_(knobs);
+      check_lora_targets_at_login(knobs);
+    }
     std::optional<DataSizeAtLogin> train_size;
-    if (train_check_) train_size = train_check_(knobs, pretrained_dir(knobs));
-    if (eval_check_) eval_check_(knobs, pretrained_dir(knobs));
+    if (train_check_) train_size = train_check_(knobs, pretrained);
+    if (eval_check_) eval_check_(knobs, pretrained);
     for (const auto& check : login_checks_) check(knobs);
     check_reduce_dtype_at_login(knobs);
     return train_size;
