@@ -190,3 +190,27 @@ TEST_CASE(
     CHECK_THAT(error.what(), Catch::Contains("pairs.jsonl:7") && Catch::Contains(why));
   }
 }
+
+TEST_CASE("dpo: prepared pairs read back as written, and a damaged file is refused naming it", "[dpo]") {
+  std::vector<hl::PreferenceExample> examples{{{1, 2, 3, 4}, {1, 2, 5}, 2, 2}, {{7, 8, 9}, {7, 8, 10, 11, 12}, 1, 2}};
+  hl::PreferenceDataset dataset(examples, 0);
+  dataset.set_reference(torch::tensor({-1.5f, -2.5f, -3.0f, -4.0f}).view({2, 2}));
+  const auto bytes = dataset.serialized();
+  const auto back = hl::PreferenceDataset::deserialized(bytes, "pairs.pt");
+  REQUIRE(back->size() == 2);
+  CHECK(back->has_reference());
+  const auto ours = dataset.batch({0, 1}), theirs = back->batch({0, 1});
+  CHECK(torch::equal(ours.inputs, theirs.inputs));
+  CHECK(torch::equal(ours.targets, theirs.targets));
+  CHECK(torch::equal(ours.field("reference_logps"), theirs.field("reference_logps")));
+  for (const auto& damaged : {bytes.substr(0, bytes.size() / 2), std::string("not an archive")}) {
+    std::string message;
+    try {
+      hl::PreferenceDataset::deserialized(damaged, "pairs.pt");
+    } catch (const hpctrain::SpecError& error) {
+      message = error.what();
+    }
+    CHECK(message.find("pairs.pt") != std::string::npos);
+    CHECK(message.find("not prepared preference pairs") != std::string::npos);
+  }
+}

@@ -19,6 +19,8 @@
 #  - resume: zero3 (the stored reference log-probabilities) and zero2 with LoRA (adapters off) at --local 2, preempted
 #    (SIGTERM) mid-run and resumed, end with the uninterrupted run's parameters (CRC-32C) and log the same losses and
 #    rewards/margins after the resume, bit for bit;
+#  - the job's preparation step tokenizes the pairs and computes the reference once (--local runs it first), the ranks
+#    read its file; the worker run by hand (no job) tokenizes and computes them itself, with the same first step;
 #  - a row whose chosen equals its rejected exits 2 before training, naming the file and its line.
 # Usage: dpo_test.sh <dpo binary>
 set -euo pipefail
@@ -50,6 +52,15 @@ grep -q "bad.jsonl:3" bad.log || log=bad.log fail "dpo did not name bad.jsonl:3"
 HPCTRAIN_RUN_DIR="$work/run" "$dpo" --from llama --data pairs.jsonl --local 2 --sharding zero3 --precision fp32 \
   --batch-size 32 --epochs 8 --lr 2e-3 --eval-every 0 --checkpoint-every 0 --export-dtype fp32 > run.log 2>&1 ||
   log=run.log fail "dpo exited $?"
+grep -q "^hpctrain: prepared pairs.jsonl: 32 pairs and their reference log-probabilities (on cpu) in .*/prepare/dpo/" \
+  run.log || log=run.log fail "the job's preparation did not prepare the pairs and their reference"
+grep -q "^hpctrain: pairs.jsonl: 32 pairs (prepared by the job: .*); the reference log-probabilities of the start weights from the job's preparation" \
+  run.log || log=run.log fail "the ranks did not read the prepared pairs and reference"
+# No job: the worker itself, one rank, no preparation step: it tokenizes and computes the reference itself.
+HPCTRAIN_RUN_DIR="$work/plain" "$dpo" --hpctrain-worker --from llama --data pairs.jsonl --precision fp32 \
+  --batch-size 32 --max-steps 1 --eval-every 0 --checkpoint-every 0 > plain.log 2>&1 || log=plain.log fail "plain worker exited $?"
+grep -q "^hpctrain: pairs.jsonl: 32 pairs (tokenized in each rank); the reference log-probabilities of the start weights computed here" \
+  plain.log || log=plain.log fail "without a job, the worker did not tokenize and compute the reference itself"
 "$python" "$here/dpo_oracle.py" evaluate llama pairs.jsonl llama:train run/export:validation > trl.json 2> trl.log ||
   log=trl.log fail "TRL could not evaluate"
 # transformers' PrinterCallback prints each evaluation too (a Python dict): the JSON lines are the oracle's
@@ -58,9 +69,10 @@ trl() { sed -n "s|.*\"eval_$2\": \([^,}]*\).*|\1|p" <<< "$1"; }
 metrics=run/metrics.jsonl
 report=""
 for key in loss logps/chosen logps/rejected; do
-  ours="$(value $metrics "$key" first)" theirs="$(trl "$start_trl" "$key")"
+  ours="$(value $metrics "$key" first)" theirs="$(trl "$start_trl" "$key")" plain="$(value plain/metrics.jsonl "$key" first)"
   close "$ours" "$theirs" 1e-4 || fail "first step's $key: $ours, TRL's DPOTrainer $theirs"
-  report="$report first $key $ours (TRL $theirs);"
+  close "$plain" "$theirs" 1e-4 || fail "first step's $key without a job: $plain, TRL's DPOTrainer $theirs"
+  report="$report first $key $ours, without a job $plain (TRL $theirs);"
 done
 for key in loss rewards/chosen rewards/rejected rewards/margins logps/chosen logps/rejected logits/chosen \
   logits/rejected rewards/accuracies; do
@@ -75,6 +87,8 @@ report="$report last rewards/accuracies $accuracy;"
 HPCTRAIN_RUN_DIR="$work/lora" "$dpo" --from llama --data pairs.jsonl --local 2 --sharding zero2 --precision fp32 \
   --batch-size 8 --max-steps 2 --lr 1e-2 --lora-r 8 --eval-every 0 --checkpoint-every 0 --export-dtype fp32 \
   > lora.log 2>&1 || log=lora.log fail "dpo with LoRA exited $?"
+grep -q "^hpctrain: pairs.jsonl: 32 pairs (prepared by the job: .*); the reference: the model with its adapters off" \
+  lora.log || log=lora.log fail "LoRA: the ranks did not read the prepared pairs, or the reference is not the adapters off"
 first="$(value lora/metrics.jsonl loss first)"
 close "$first" 0.69314718 1e-4 || fail "LoRA's first loss is $first, not log 2 (the adapters off are the policy)"
 "$python" "$here/sft_oracle.py" peft-check llama lora/export > peft.log 2>&1 ||

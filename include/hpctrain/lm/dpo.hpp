@@ -9,6 +9,7 @@
 //
 // Defined inline in this header, not in the compiled runtime (compiled_runtime.hpp): a program that includes it
 // compiles the DPO pieces itself.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -21,8 +22,10 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <hpctrain/checksums.hpp>
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
+#include <hpctrain/files.hpp>
 #include <hpctrain/lm/dpo_loss.hpp>
 #include <hpctrain/lm/lm.hpp>
 #include <hpctrain/lm/preference_data.hpp>
@@ -88,42 +91,79 @@ class PreferenceJsonl {
                            fmt::format("{} ({} of its {} pairs, read at login)", file.string(), kept, rows.size())};
   }
 
-  /// In the worker: the file read, rendered and tokenized here (each rank), and without LoRA the reference
-  /// log-probabilities of every pair under the start weights.
+  /// In the job's preparation step (once, before the ranks, as lm::sft_jsonl's): the pairs read, rendered and
+  /// tokenized, and where the reference is the start weights (no LoRA, no --ref-model) their log-probabilities under
+  /// them, on the step's GPU where it has one; saved to `<prepared_dir>/dpo/<digest>.pt` (written whole or not at
+  /// all), which the ranks read instead of doing both themselves.
+  void prepare_in_job(const Knobs& knobs, const std::optional<std::filesystem::path>& pretrained,
+                      const std::filesystem::path& prepared_dir) const {
+    if (!pretrained) return;  // the ranks say that the model's directory is needed
+    const auto prepared = prepared_file(knobs, *pretrained, prepared_dir);
+    if (std::filesystem::is_regular_file(prepared)) {
+      fmt::print("hpctrain: {}: already prepared in {} (the same inputs); not preparing again\n",
+                 file_.get(knobs).string(), prepared.string());
+      std::fflush(stdout);
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const auto dataset = tokenized(knobs, *pretrained);
+    const bool lora = knobs.find("lora_r") && knobs.get<std::int64_t>("lora_r") > 0;
+    const auto device = torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+    if (!lora && !held_reference_directory(knobs))
+      dataset->set_reference(reference_logps(*dataset, *pretrained, device));
+    std::filesystem::create_directories(prepared.parent_path());
+    hpctrain::detail::write_file_atomically(prepared, dataset->serialized());
+    fmt::print(
+        "hpctrain: prepared {}: {} pairs{} in {} ({:.1f} s)\n", file_.get(knobs).string(), dataset->size(),
+        dataset->has_reference() ? fmt::format(" and their reference log-probabilities (on {})", device.str()) : "",
+        prepared.string(), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    std::fflush(stdout);
+  }
+
+  /// In the worker: the job's prepared pairs when it has them for these inputs, else the file read, rendered and
+  /// tokenized here (each rank); without LoRA (and --ref-model) the reference log-probabilities of every pair under
+  /// the start weights, prepared or computed here.
   data::Source operator()(const RunContext& run) const {
     const auto file = file_.get(run.knobs);
     if (!run.pretrained_dir)
       throw SpecError(errors::spec_data_jsonl, file.string(), "needs the model's directory: lm::from_pretrained(...)");
-    const auto tokenizer = text::load_pretrained_tokenizer(*run.pretrained_dir);
-    const PreferenceLengths lengths{max_length_.get(run.knobs), max_prompt_length_.get(run.knobs),
-                                    max_completion_length_.get(run.knobs)};
-    const auto rows = read(file, *run.pretrained_dir);
-    std::vector<PreferenceExample> examples;
-    for (std::size_t i = 0; i < rows.size(); ++i)
-      if (keeps(static_cast<std::int64_t>(i)))
-        examples.push_back(tokenize_preference(rows[i].second, tokenizer, lengths));
-    const std::int64_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
-    auto dataset = std::make_shared<PreferenceDataset>(std::move(examples), pad);
+    std::shared_ptr<PreferenceDataset> dataset;
+    std::string origin = "tokenized in each rank";
+    if (run.prepared_dir) {
+      const auto prepared = prepared_file(run.knobs, *run.pretrained_dir, *run.prepared_dir);
+      if (std::filesystem::is_regular_file(prepared)) {
+        dataset = PreferenceDataset::deserialized(hpctrain::detail::read_file(prepared), prepared);
+        origin = "prepared by the job: " + prepared.string();
+      }
+    }
+    if (!dataset) dataset = tokenized(run.knobs, *run.pretrained_dir);
     std::string reference = "the reference: the model with its adapters off";
     if (const auto held = held_reference_directory(run.knobs)) {
+      dataset->set_reference({});
       reference = fmt::format("the reference: the model of {}, held in memory", held->string());
-    } else if (!run.lora) {
+    } else if (run.lora) {
+      dataset->set_reference({});
+    } else if (dataset->has_reference()) {
+      reference = "the reference log-probabilities of the start weights from the job's preparation";
+    } else {
       const auto start = std::chrono::steady_clock::now();
-      dataset->set_reference(reference_logps(*dataset, *run.pretrained_dir));
+      dataset->set_reference(reference_logps(*dataset, *run.pretrained_dir, torch::kCPU));
       reference = fmt::format("the reference log-probabilities of the start weights computed here in {:.1f} s",
                               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     if (run.rank == 0) {
-      fmt::print("hpctrain: {}: {} pairs (tokenized in each rank); {}\n", file.string(), dataset->size(), reference);
+      fmt::print("hpctrain: {}: {} pairs ({}); {}\n", file.string(), dataset->size(), origin, reference);
       std::fflush(stdout);
     }
     return data::Source([dataset] { return dataset; }, fmt::format("{} ({} pairs)", file.string(), dataset->size()));
   }
 
   /// The completions' summed log-probabilities [size, 2] (chosen, rejected) under the model of `directory`, in fp32
-  /// on the CPU, 8 pairs a forward.
-  static torch::Tensor reference_logps(const PreferenceDataset& dataset, const std::filesystem::path& directory) {
+  /// on `device` (returned on the CPU), 8 pairs a forward.
+  static torch::Tensor reference_logps(const PreferenceDataset& dataset, const std::filesystem::path& directory,
+                                       torch::Device device) {
     auto model = models::load_pretrained(directory, torch::kFloat32);
+    model->to(device);
     model->eval();
     torch::NoGradGuard no_grad;
     auto out = torch::zeros({dataset.size(), 2}, torch::kFloat32);
@@ -132,14 +172,52 @@ class PreferenceJsonl {
       for (auto i = begin; i < std::min(dataset.size(), begin + 8); ++i) indices.push_back(i);
       const auto batch = dataset.batch(indices);
       const auto n = batch.inputs.size(0), length = batch.inputs.size(2);
-      const auto logits = model->forward(batch.inputs.reshape({2 * n, length}));
-      out.narrow(0, begin, n)
-          .copy_(completion_logps(logits, batch.targets.reshape({2 * n, length})).logps.view({n, 2}));
+      const auto logits = model->forward(batch.inputs.reshape({2 * n, length}).to(device));
+      const auto targets = batch.targets.reshape({2 * n, length}).to(device);
+      out.narrow(0, begin, n).copy_(completion_logps(logits, targets).logps.view({n, 2}).cpu());
     }
     return out;
   }
 
  private:
+  /// The kept pairs of the file, read, rendered and tokenized with the model's tokenizer and template.
+  std::shared_ptr<PreferenceDataset> tokenized(const Knobs& knobs, const std::filesystem::path& model_dir) const {
+    const auto tokenizer = text::load_pretrained_tokenizer(model_dir);
+    const PreferenceLengths lengths{max_length_.get(knobs), max_prompt_length_.get(knobs),
+                                    max_completion_length_.get(knobs)};
+    const auto rows = read(file_.get(knobs), model_dir);
+    std::vector<PreferenceExample> examples;
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      if (keeps(static_cast<std::int64_t>(i)))
+        examples.push_back(tokenize_preference(rows[i].second, tokenizer, lengths));
+    const std::int64_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
+    return std::make_shared<PreferenceDataset>(std::move(examples), pad);
+  }
+
+  /// Where the preparation step keeps these inputs' pairs: named by a CRC-32C of what they depend on (the file, the
+  /// model directory's files, the lengths, the part kept, whether the reference is stored), so that other inputs
+  /// never read them.
+  std::filesystem::path prepared_file(const Knobs& knobs, const std::filesystem::path& model_dir,
+                                      const std::filesystem::path& prepared_dir) const {
+    const auto stamp = [](const std::filesystem::path& path) {
+      std::error_code error;
+      const auto size = std::filesystem::file_size(path, error);
+      const auto time = std::filesystem::last_write_time(path, error).time_since_epoch().count();
+      return fmt::format("{}:{}:{};", std::filesystem::absolute(path).string(), size, time);
+    };
+    const auto file = file_.get(knobs);
+    std::string inputs = stamp(file);
+    std::vector<std::filesystem::path> model_files;
+    for (const auto& entry : std::filesystem::directory_iterator(model_dir)) model_files.push_back(entry.path());
+    std::sort(model_files.begin(), model_files.end());
+    for (const auto& path : model_files) inputs += stamp(path);
+    const bool lora = knobs.find("lora_r") && knobs.get<std::int64_t>("lora_r") > 0;
+    inputs += fmt::format("{}:{}:{}:{}:{}:{}", max_length_.get(knobs), max_prompt_length_.get(knobs),
+                          max_completion_length_.get(knobs), static_cast<int>(split_), every_,
+                          !lora && !held_reference_directory(knobs));
+    return prepared_dir / "dpo" / fmt::format("{}-{:08x}.pt", file.stem().string(), hpctrain::detail::crc32c(inputs));
+  }
+
   std::vector<std::pair<std::size_t, PreferenceText>> read(const std::filesystem::path& file,
                                                            const std::filesystem::path& model_dir) const {
     const auto tokenizer = text::load_pretrained_tokenizer(model_dir);

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -209,8 +210,78 @@ class PreferenceDataset : public data::Dataset {
       : examples_(std::move(examples)), pad_id_(pad_id) {}
   std::int64_t size() const override { return static_cast<std::int64_t>(examples_.size()); }
   const std::vector<PreferenceExample>& examples() const { return examples_; }
-  /// The completions' summed log-probabilities under the reference, [size(), 2] fp32 (lm/dpo.hpp computes them).
+  /// The completions' summed log-probabilities under the reference, [size(), 2] fp32 (lm/dpo.hpp computes them);
+  /// an undefined tensor drops them.
   void set_reference(torch::Tensor logps) { reference_ = std::move(logps); }
+  bool has_reference() const { return reference_.defined(); }
+
+  /// The pairs (and their reference log-probabilities, if set) as bytes: LibTorch's archive of the ids of each side
+  /// end to end with their offsets, the completions' starts, the padding id and the reference.
+  std::string serialized() const {
+    std::vector<std::int64_t> ids[2], offsets[2] = {{0}, {0}}, starts;
+    for (const auto& e : examples_) {
+      for (int s = 0; s < 2; ++s) {
+        const auto& side = s == 0 ? e.chosen : e.rejected;
+        ids[s].insert(ids[s].end(), side.begin(), side.end());
+        offsets[s].push_back(static_cast<std::int64_t>(ids[s].size()));
+      }
+      starts.insert(starts.end(), {e.chosen_start, e.rejected_start});
+    }
+    const auto tensor = [](const std::vector<std::int64_t>& v) { return torch::tensor(v, torch::kInt64); };
+    std::vector<torch::Tensor> parts{tensor(ids[0]),
+                                     tensor(offsets[0]),
+                                     tensor(ids[1]),
+                                     tensor(offsets[1]),
+                                     tensor(starts),
+                                     torch::tensor({pad_id_}, torch::kInt64),
+                                     reference_.defined() ? reference_ : torch::empty({0}, torch::kFloat32)};
+    std::ostringstream out;
+    torch::save(parts, out);
+    return out.str();
+  }
+
+  /// What serialized() wrote; `from` names the file in the error (SpecError `[hpctrain.spec.data.jsonl]`) of bytes
+  /// that are not such an archive.
+  static std::shared_ptr<PreferenceDataset> deserialized(const std::string& bytes, const std::filesystem::path& from) {
+    std::vector<torch::Tensor> parts;
+    try {
+      std::istringstream in(bytes);
+      torch::load(parts, in);
+    } catch (const c10::Error& error) {
+      throw SpecError(errors::spec_data_jsonl, from.string(),
+                      fmt::format("not prepared preference pairs: {}", error.what_without_backtrace()));
+    }
+    const bool shaped = parts.size() == 7 && parts[1].numel() >= 1 && parts[3].numel() == parts[1].numel() &&
+                        parts[4].numel() == 2 * (parts[1].numel() - 1) && parts[5].numel() == 1;
+    if (!shaped) throw SpecError(errors::spec_data_jsonl, from.string(), "not prepared preference pairs: bad shapes");
+    const auto n = parts[1].numel() - 1;
+    std::vector<PreferenceExample> examples(static_cast<std::size_t>(n));
+    for (int s = 0; s < 2; ++s) {
+      const auto ids = parts[2 * s].contiguous(), offsets = parts[2 * s + 1].contiguous();
+      const auto* id = ids.data_ptr<std::int64_t>();
+      const auto* offset = offsets.data_ptr<std::int64_t>();
+      if (offset[0] != 0 || offset[n] != ids.numel())
+        throw SpecError(errors::spec_data_jsonl, from.string(), "not prepared preference pairs: bad offsets");
+      for (std::int64_t i = 0; i < n; ++i) {
+        if (offset[i + 1] < offset[i])
+          throw SpecError(errors::spec_data_jsonl, from.string(), "not prepared preference pairs: bad offsets");
+        (s == 0 ? examples[static_cast<std::size_t>(i)].chosen : examples[static_cast<std::size_t>(i)].rejected)
+            .assign(id + offset[i], id + offset[i + 1]);
+      }
+    }
+    const auto starts = parts[4].contiguous();
+    for (std::int64_t i = 0; i < n; ++i) {
+      examples[static_cast<std::size_t>(i)].chosen_start = starts[2 * i].item<std::int64_t>();
+      examples[static_cast<std::size_t>(i)].rejected_start = starts[2 * i + 1].item<std::int64_t>();
+    }
+    auto dataset = std::make_shared<PreferenceDataset>(std::move(examples), parts[5].item<std::int64_t>());
+    if (parts[6].numel() > 0) {
+      if (parts[6].sizes() != torch::IntArrayRef{n, 2})
+        throw SpecError(errors::spec_data_jsonl, from.string(), "not prepared preference pairs: bad reference");
+      dataset->set_reference(parts[6]);
+    }
+    return dataset;
+  }
 
   data::Batch batch(const std::vector<std::int64_t>& indices) const override {
     std::int64_t length = 1;
