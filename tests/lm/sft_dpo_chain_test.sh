@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # SFT, then DPO on its export, as two jobs on the local Slurm cluster (docs/lm.md, "SFT then DPO"):
-#  - `dpo --dry-run --from DIR` with a DIR that does not exist exits 2 naming --from (nothing waits to write it);
+#  - `dpo --dry-run --from DIR` with a DIR that does not exist exits 2 naming --from (nothing waits to write it), and
+#    with --after it is accepted, saying that DIR is checked when the job starts;
 #  - `sft --submit` queues the SFT job; `dpo --submit --after <its id> --from hpctrain-jobs/sft/<id>/export` is
-#    accepted at login although that export does not exist yet (it says the model is checked when the job starts;
-#    the data file is still checked: a missing one exits 2), and queues afterok the SFT job;
+#    accepted at login whether or not that export exists yet (the SFT job may already have ended; the data file is
+#    still checked: a missing one exits 2), and queues afterok the SFT job;
 #  - both jobs complete, in order: the DPO job starts from the SFT export (its log names it) and exports its own.
 # Usage: sft_dpo_chain_test.sh <sft binary> <dpo binary>
 set -euo pipefail
@@ -21,6 +22,12 @@ status=0
 [ "$status" = 2 ] && grep -q -- "--from = not-yet" no-after.log ||
   log=no-after.log fail "a missing --from without --after: exit $status, not 2 naming --from"
 
+# The login check alone, deterministic: a job that waits (--after) from a directory that does not exist yet.
+"$dpo" --from hpctrain-jobs/sft/pending/export --data pairs.jsonl --after 999999 --dry-run > pending.log 2>&1 ||
+  log=pending.log fail "dpo --dry-run --after from a pending export exited $?"
+grep -q "the pretrained directory hpctrain-jobs/sft/pending/export does not exist yet" pending.log ||
+  log=pending.log fail "dpo --dry-run --after did not say the export is pending"
+
 out="$("$sft" --from llama --data conversations.jsonl --max-steps 2 --eval-every 0 --checkpoint-every 0 \
   --precision fp32 --export-dtype fp32 --submit 2>&1)" || fail "sft --submit exited $?: $out"
 sft_job="$(sed -n 's/^submitted job \([0-9]*\).*/\1/p' <<< "$out" | head -1)"
@@ -36,7 +43,7 @@ status=0
 dpo_args=(--from "$export_dir" --data pairs.jsonl --max-steps 2 --batch-size 8 --lora-r 8 --eval-every 0
   --checkpoint-every 0 --precision fp32 --after "$sft_job")
 out="$("$dpo" "${dpo_args[@]}" --submit 2>&1)" || fail "dpo --submit --after $sft_job exited $?: $out"
-grep -q "the pretrained directory $export_dir does not exist yet" <<< "$out" || fail "dpo did not say the export is pending: $out"
+# (The SFT job may have ended by now: then its export exists and nothing is pending.)
 dpo_job="$(sed -n 's/^submitted job \([0-9]*\).*/\1/p' <<< "$out" | head -1)"
 [ -n "$dpo_job" ] || fail "no job id in: $out"
 grep -q "dependency=afterok:$sft_job" "hpctrain-jobs/dpo/$dpo_job/job.sbatch" || fail "the dpo script does not wait for $sft_job"
