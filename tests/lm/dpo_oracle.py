@@ -11,6 +11,12 @@
                           max_prompt_length 512): prints its metrics as JSON, a line each (eval_loss,
                           eval_rewards/chosen, ...); an argument --config=JSON sets DPOConfig fields (loss_type,
                           loss_weights, rpo_alpha, reference_free, label_smoothing, ...)
+  train REF PAIRS STEPS LR WARMUP FINAL
+                          a PyTorch loop from REF's weights: TRL's DPOTrainer (REF as the policy and the reference, its
+                          data pipeline and get_batch_loss_metrics) on all the pairs lm::Split::train keeps as one batch,
+                          STEPS steps of torch.optim.AdamW (betas 0.9/0.999, eps 1e-8, no decay) at LR times
+                          LrSchedule::warmup_cosine(WARMUP, FINAL)'s factor (train/optim/schedule.hpp), the gradient's
+                          norm clipped to 1: prints each step's loss and metrics as JSON, a line each
   losses IN OUT           TRL's DPOTrainer.dpo_loss itself (called on a stand-in for the trainer's attributes it reads)
                           summed over each case's loss_type list with its loss_weights, plus rpo_alpha times the nll,
                           as get_batch_loss_metrics does: IN holds chosen, rejected, ref_chosen, ref_rejected (lists),
@@ -18,6 +24,7 @@
                           discopop_tau); OUT gets, per case, losses, chosen_rewards and rejected_rewards
 """
 import json
+import math
 import os
 import sys
 
@@ -47,7 +54,9 @@ def pairs(work, n):
     print(f"{n} pairs")
 
 
-def evaluate(ref_dir, jsonl, runs, config=None):
+def trainer_for(policy_dir, ref_dir, rows, split, config=None):
+    """DPOTrainer(POLICY, ref_model=REF) in fp32 on the CPU over the pairs examples/dpo.cpp keeps in SPLIT (train: all
+    but every 16th, validation: every 16th), evaluated in one batch of them all."""
     import logging
     import warnings
 
@@ -58,20 +67,56 @@ def evaluate(ref_dir, jsonl, runs, config=None):
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    rows = [json.loads(line) for line in open(jsonl) if line.strip()]
     tokenizer = AutoTokenizer.from_pretrained(ref_dir)
+    kept = [r for i, r in enumerate(rows) if (i % 16 == 8) == (split == "validation")]
+    policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32)
+    args = DPOConfig(output_dir=os.path.join(os.getcwd(), "trl-out"), per_device_eval_batch_size=len(kept),
+                     report_to=[], use_cpu=True, bf16=False, fp16=False, dataloader_num_workers=0,
+                     disable_tqdm=True, **(config or {}))
+    data = Dataset.from_list(kept)
+    return DPOTrainer(model=policy, ref_model=ref, args=args, train_dataset=data, eval_dataset=data,
+                      processing_class=tokenizer)
+
+
+def read_rows(jsonl):
+    return [json.loads(line) for line in open(jsonl) if line.strip()]
+
+
+def evaluate(ref_dir, jsonl, runs, config=None):
+    rows = read_rows(jsonl)
     for run in runs:
         policy_dir, split = run.rsplit(":", 1)
-        kept = [r for i, r in enumerate(rows) if (i % 16 == 8) == (split == "validation")]
-        policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
-        ref = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32)
-        args = DPOConfig(output_dir=os.path.join(os.getcwd(), "trl-out"), per_device_eval_batch_size=len(kept),
-                         report_to=[], use_cpu=True, bf16=False, fp16=False, dataloader_num_workers=0,
-                         disable_tqdm=True, **(config or {}))
-        data = Dataset.from_list(kept)
-        trainer = DPOTrainer(model=policy, ref_model=ref, args=args, train_dataset=data, eval_dataset=data,
-                             processing_class=tokenizer)
-        print(json.dumps(trainer.evaluate()), flush=True)
+        print(json.dumps(trainer_for(policy_dir, ref_dir, rows, split, config).evaluate()), flush=True)
+
+
+def warmup_cosine(step, total, warmup, final):
+    """LrSchedule::warmup_cosine's factor for the 0-based step `step` of `total` (its comment): (step + 1) /
+    warmup during the warmup, then a cosine from 1 down to `final` over the remaining steps."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / (total - warmup))
+    return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def train(ref_dir, jsonl, steps, lr, warmup, final):
+    import torch
+
+    trainer = trainer_for(ref_dir, ref_dir, read_rows(jsonl), "train")
+    batch = next(iter(trainer.get_eval_dataloader()))  # every pair of the split, TRL's tokenization and collation
+    policy = trainer.model
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    policy.train()
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr * warmup_cosine(step, steps, warmup, final)
+        loss, metrics = trainer.get_batch_loss_metrics(policy, batch, train_eval="train")
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        print(json.dumps({"step": step + 1, "loss": loss.item(), **{k: float(v) for k, v in metrics.items()}}),
+              flush=True)
 
 
 def losses(in_path, out_path):
@@ -116,6 +161,8 @@ if __name__ == "__main__":
         rest = [a for a in sys.argv[4:] if not a.startswith("--config=")]
         configs = [json.loads(a[len("--config="):]) for a in sys.argv[4:] if a.startswith("--config=")]
         evaluate(sys.argv[2], sys.argv[3], rest, configs[0] if configs else None)
+    elif command == "train":
+        train(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]), float(sys.argv[7]))
     elif command == "losses":
         losses(sys.argv[2], sys.argv[3])
     else:
