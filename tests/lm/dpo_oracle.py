@@ -17,6 +17,10 @@
                           STEPS steps of torch.optim.AdamW (betas 0.9/0.999, eps 1e-8, no decay) at LR times
                           LrSchedule::warmup_cosine(WARMUP, FINAL)'s factor (train/optim/schedule.hpp), the gradient's
                           norm clipped to 1: prints each step's loss and metrics as JSON, a line each
+  wide WORK               WORK/wide: the Llama of WORK/llama (sft_oracle.py make) with Llama 3's vocabulary of 128,256
+                          (random weights, its tokenizer files: the ids stay below the small vocabulary's); prints the
+                          fewest tokens of any row of WORK/pairs.jsonl (prompt and completion as the chat template
+                          renders them)
   losses IN OUT           TRL's DPOTrainer.dpo_loss itself (called on a stand-in for the trainer's attributes it reads)
                           summed over each case's loss_type list with its loss_weights, plus rpo_alpha times the nll,
                           as get_batch_loss_metrics does: IN holds chosen, rejected, ref_chosen, ref_rejected (lists),
@@ -119,6 +123,26 @@ def train(ref_dir, jsonl, steps, lr, warmup, final):
               flush=True)
 
 
+def wide(work):
+    import shutil
+
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    source, target = os.path.join(work, "llama"), os.path.join(work, "wide")
+    os.makedirs(target, exist_ok=True)
+    for name in os.listdir(source):
+        if not name.endswith(".safetensors") and name != "config.json":
+            shutil.copy(os.path.join(source, name), target)
+    config = LlamaConfig.from_pretrained(source)
+    config.vocab_size = 128256
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(target, safe_serialization=True)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    rows = read_rows(os.path.join(work, "pairs.jsonl"))
+    print(min(len(tokenizer.apply_chat_template(r[side], tokenize=True)) for r in rows for side in ("chosen", "rejected")))
+
+
 def losses(in_path, out_path):
     from types import SimpleNamespace
 
@@ -163,6 +187,8 @@ if __name__ == "__main__":
         evaluate(sys.argv[2], sys.argv[3], rest, configs[0] if configs else None)
     elif command == "train":
         train(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]), float(sys.argv[7]))
+    elif command == "wide":
+        wide(sys.argv[2])
     elif command == "losses":
         losses(sys.argv[2], sys.argv[3])
     else:

@@ -4,6 +4,7 @@
 // implicit prompt of two conversations, and the rows that exit 2.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -12,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <hpctrain/lm/chunked_logps.hpp>
 #include <hpctrain/lm/dpo_loss.hpp>
 #include <hpctrain/lm/preference_data.hpp>
 
@@ -149,6 +151,46 @@ TEST_CASE("dpo: the completions' log-probabilities sum the counted tokens' and t
     CAPTURE(hl::dpo_metric_names[i]);
     CHECK(metrics[static_cast<std::size_t>(i)].item<double>() == Approx(expected[i]).margin(1e-7));
   }
+}
+
+TEST_CASE("dpo: the head a chunk of tokens at a time gives the whole logits' log-probabilities, sums and gradients",
+          "[dpo]") {
+  // fp32 both ways: the chunked path computes each logit as the same dot product, and its logsumexp, softmax and the
+  // gradients' products over the same terms, so only the blocking of the products and the order of the sums differ:
+  // a few float ulps of values of order 10 (log-probabilities, logit sums) and 1 (gradients). Bound 1e-5 relative to
+  // each tensor's largest entry; a wrong row, a missing mask or a gradient not scaled per token is off by far more.
+  torch::manual_seed(3);
+  const std::int64_t rows = 3, length = 7, width = 16, vocabulary = 40;
+  auto targets = torch::randint(vocabulary, {rows, length}, torch::kLong);
+  targets.index_put_({0, torch::indexing::Slice(0, 3)}, hl::ignore_index);  // a prompt: no log-probability
+  targets.index_put_({2, torch::indexing::Slice(5, 7)}, hl::ignore_index);  // padding
+  const auto upstream = torch::randn({rows, length});                       // a gradient per token, as DPO's
+  const auto relative = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return ((a - b).abs().max() / b.abs().max()).item<double>();
+  };
+  double worst = 0;
+  for (const double softcap : {0.0, 3.0}) {
+    const auto hidden0 = torch::randn({rows, length, width}), weight0 = torch::randn({vocabulary, width}) * 0.5;
+    auto hidden = hidden0.clone().requires_grad_(), weight = weight0.clone().requires_grad_();
+    auto logits = torch::matmul(hidden, weight.t());
+    if (softcap > 0) logits = torch::tanh(logits / softcap) * softcap;
+    const auto whole = hl::completion_logps(logits, targets);
+    (whole.token_logps * upstream).sum().backward();
+    for (const std::int64_t chunk : {1L, 5L, rows * length}) {
+      CAPTURE(softcap, chunk);
+      auto h = hidden0.clone().requires_grad_(), w = weight0.clone().requires_grad_();
+      const auto [token_logps, logit_sums] = hl::chunked_token_logps(h, w, targets, chunk, hl::ignore_index, softcap);
+      (token_logps * upstream).sum().backward();
+      for (const double difference :
+           {relative(token_logps, whole.token_logps), relative(logit_sums.sum(-1), whole.logit_sums),
+            relative(h.grad(), hidden.grad()), relative(w.grad(), weight.grad())}) {
+        CHECK(difference < 1e-5);
+        worst = std::max(worst, difference);
+      }
+      CHECK(logit_sums.requires_grad() == false);
+    }
+  }
+  WARN(fmt::format("chunked head against the whole logits: {:.1e} apart at most, relative", worst));
 }
 
 TEST_CASE(

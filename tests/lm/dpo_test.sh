@@ -98,6 +98,31 @@ for step in 1 2 3 4 5 6 7 8; do
   worst="$(awk -v w="$worst" -v d="$(difference "$ours" "$theirs")" 'BEGIN { print (d > w) ? d : w }')"
 done
 report="$report 8 steps against a PyTorch loop: at most $worst apart (bound $loop_bound);"
+# --loss-chunk-tokens: the same 8 steps with the head 16 tokens at a time (the logits never whole), the same losses but
+# for the order of fp32 sums (measured 6.6e-7 apart; bound 1e-5, ten times the loop's measured figure).
+HPCTRAIN_RUN_DIR="$work/chunked" "$dpo" --from llama --data pairs.jsonl --local 2 --sharding zero3 --precision fp32 \
+  --batch-size 32 --epochs 8 --lr 2e-3 --eval-every 0 --checkpoint-every 0 --export-dtype fp32 --loss-chunk-tokens 16 \
+  > chunked.log 2>&1 || log=chunked.log fail "dpo --loss-chunk-tokens 16 exited $?"
+for step in 1 2 3 4 5 6 7 8; do
+  ours="$(grep -v '"eval_loss"' chunked/metrics.jsonl | grep "\"step\":$step," | sed -n 's|.*"loss":\([^,}]*\).*|\1|p')"
+  whole="$(grep -v '"eval_loss"' $metrics | grep "\"step\":$step," | sed -n 's|.*"loss":\([^,}]*\).*|\1|p')"
+  close "$ours" "$whole" 1e-5 || fail "step $step's loss with the head 16 tokens at a time: $ours, with the whole logits $whole"
+done
+# Its memory, where logits dominate: the same Llama with Llama 3's vocabulary (128,256), 8 pairs a step at --local 1.
+# The whole logits of a step are at least 16 rows of the shortest row's tokens x 128,256 x 4 bytes, held at once
+# (with their log-softmax and, in backward, their gradient: more); chunks of 64 tokens hold 33 MB. The chunked run's
+# peak must be below the whole one's by at least that one copy (measured 3.81 GiB against 0.77 on the AMD EPYC).
+shortest="$("$python" "$here/dpo_oracle.py" wide "$work" 2> wide.log | tail -1)" || log=wide.log fail "no wide model"
+for chunk in 0 64; do
+  HPCTRAIN_RUN_DIR="$work/wide-$chunk" "$dpo" --from wide --data pairs.jsonl --local 1 --precision fp32 --batch-size 8 \
+    --max-steps 1 --eval-every 0 --checkpoint-every 0 --loss-chunk-tokens "$chunk" > "wide-$chunk.log" 2>&1 ||
+    log="wide-$chunk.log" fail "dpo --from wide --loss-chunk-tokens $chunk exited $?"
+done
+steps_peak() { sed -n 's/.*steps done: peak host memory \([0-9.]*\) GiB.*/\1/p' "$1"; }
+whole_peak="$(steps_peak wide-0.log)" chunked_peak="$(steps_peak wide-64.log)"
+awk -v w="$whole_peak" -v c="$chunked_peak" -v t="$shortest" 'BEGIN { exit !((w - c) * 2^30 >= 16 * t * 128256 * 4) }' ||
+  fail "128,256 words: the whole logits peak at $whole_peak GiB, chunks of 64 tokens at $chunked_peak (rows of $shortest tokens at least)"
+report="$report --loss-chunk-tokens 16: the 8 losses within 1e-5; vocabulary 128,256: peak $whole_peak GiB whole, $chunked_peak in chunks of 64;"
 
 HPCTRAIN_RUN_DIR="$work/lora" "$dpo" --from llama --data pairs.jsonl --local 2 --sharding zero2 --precision fp32 \
   --batch-size 8 --max-steps 2 --lr 1e-2 --lora-r 8 --eval-every 0 --checkpoint-every 0 --export-dtype fp32 \
@@ -126,7 +151,6 @@ done
 "$python" "$here/sft_oracle.py" make-sharded "$work" 2 1024 2816 > make-sharded.log 2>&1 ||
   log=make-sharded.log fail "the oracle could not make the 24M model"
 parameters="$(sed -n 's/^\([0-9]*\) parameters.*/\1/p' make-sharded.log)"
-steps_peak() { sed -n 's/.*steps done: peak host memory \([0-9.]*\) GiB.*/\1/p' "$1"; }
 for mode in mem-lora mem-held; do
   extra=()
   [ "$mode" = mem-held ] && extra=(--ref-model sharded)

@@ -2,10 +2,10 @@
 // Direct preference optimisation (DPO), as TRL's DPOTrainer trains it (trl 0.24): preference pairs from JSONL
 // (lm/preference_data.hpp), each batch's chosen and rejected completions through one forward of the policy, the loss
 // of lm/dpo_loss.hpp against a reference — the start weights. With LoRA (`--lora-r N`) the reference is the same
-// model with its adapters switched off (models::AdaptersOff; TRL's behaviour with PEFT); without, every rank computes
-// the reference log-probabilities of every pair once, when it loads the data, with a copy of the start weights that
-// it drops before training (fp32, on the CPU): training holds one model. The train records carry TRL's metrics
-// (StepContext::report), the evaluation records them as `eval_<name>`.
+// model with its adapters switched off (models::AdaptersOff; TRL's behaviour with PEFT); without, the job's preparation
+// step computes the reference log-probabilities of every pair once from the start weights and stores them with the
+// tokens: training holds one model. `--loss-chunk-tokens N` applies the head N tokens at a time (lm/chunked_logps.hpp).
+// The train records carry TRL's metrics (StepContext::report), the evaluation records them as `eval_<name>`.
 //
 // Defined inline in this header, not in the compiled runtime (compiled_runtime.hpp): a program that includes it
 // compiles the DPO pieces itself.
@@ -26,8 +26,10 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
 #include <hpctrain/files.hpp>
+#include <hpctrain/lm/chunked_logps.hpp>
 #include <hpctrain/lm/dpo_loss.hpp>
 #include <hpctrain/lm/lm.hpp>
+#include <hpctrain/lm/loss.hpp>
 #include <hpctrain/lm/preference_data.hpp>
 #include <hpctrain/lm/setting.hpp>
 #include <hpctrain/lm/sft.hpp>
@@ -48,6 +50,35 @@ inline std::optional<std::filesystem::path> held_reference_directory(const Knobs
   const auto directory = knobs.get<std::string>("ref_model");
   if (directory.empty()) return std::nullopt;
   return std::filesystem::path(directory);
+}
+
+/// Whether the reference is the start weights' log-probabilities, computed once and stored with the pairs: not with
+/// LoRA (the model with its adapters off is the reference) nor with `--ref-model` (a model held in memory).
+inline bool stores_reference(const Knobs& knobs) {
+  const bool lora = knobs.find("lora_r") && knobs.get<std::int64_t>("lora_r") > 0;
+  return !lora && !held_reference_directory(knobs);
+}
+
+/// `--loss-chunk-tokens` where the run declares it (dpo_training does), else 0: the whole logits.
+inline std::int64_t loss_chunk_tokens(const Knobs& knobs) {
+  return knobs.find(loss_chunk_knob) ? knobs.get<std::int64_t>(loss_chunk_knob) : 0;
+}
+
+/// completion_logps of `model` on `inputs` [N, T] against `targets` [N, T], the head applied `chunk` tokens at a time
+/// (lm/chunked_logps.hpp): the same sums, the N × T × vocabulary logits never whole. `vocabulary`: the head's rows.
+inline CompletionLogps chunked_completion_logps(models::CausalLM& model, const torch::Tensor& inputs,
+                                                const torch::Tensor& targets, std::int64_t chunk,
+                                                std::int64_t* vocabulary = nullptr) {
+  torch::Tensor logit_sums;
+  const auto token_logps = model.with_head(model.hidden_states(inputs), [&](const torch::Tensor& h) {
+    auto [logps, sums] =
+        chunked_token_logps(h, model.head_weight(), targets, chunk, ignore_index, model.final_logit_softcap());
+    logit_sums = std::move(sums);
+    if (vocabulary) *vocabulary = model.head_weight().size(0);
+    return logps;
+  });
+  const auto mask = targets.ne(ignore_index).to(torch::kFloat32);
+  return {token_logps.sum(-1), mask.sum(-1), logit_sums.sum(-1), token_logps};
 }
 
 /// The data factory of `preference_jsonl`: options as chained setters (each a value or `lm::knob(...)`).
@@ -107,10 +138,9 @@ class PreferenceJsonl {
     }
     const auto start = std::chrono::steady_clock::now();
     const auto dataset = tokenized(knobs, *pretrained);
-    const bool lora = knobs.find("lora_r") && knobs.get<std::int64_t>("lora_r") > 0;
     const auto device = torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
-    if (!lora && !held_reference_directory(knobs))
-      dataset->set_reference(reference_logps(*dataset, *pretrained, device));
+    if (stores_reference(knobs))
+      dataset->set_reference(reference_logps(*dataset, *pretrained, device, loss_chunk_tokens(knobs)));
     std::filesystem::create_directories(prepared.parent_path());
     hpctrain::detail::write_file_atomically(prepared, dataset->serialized());
     fmt::print(
@@ -147,7 +177,7 @@ class PreferenceJsonl {
       reference = "the reference log-probabilities of the start weights from the job's preparation";
     } else {
       const auto start = std::chrono::steady_clock::now();
-      dataset->set_reference(reference_logps(*dataset, *run.pretrained_dir, torch::kCPU));
+      dataset->set_reference(reference_logps(*dataset, *run.pretrained_dir, torch::kCPU, loss_chunk_tokens(run.knobs)));
       reference = fmt::format("the reference log-probabilities of the start weights computed here in {:.1f} s",
                               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
@@ -159,9 +189,9 @@ class PreferenceJsonl {
   }
 
   /// The completions' summed log-probabilities [size, 2] (chosen, rejected) under the model of `directory`, in fp32
-  /// on `device` (returned on the CPU), 8 pairs a forward.
+  /// on `device` (returned on the CPU), 8 pairs a forward, the head `chunk` tokens at a time where it is positive.
   static torch::Tensor reference_logps(const PreferenceDataset& dataset, const std::filesystem::path& directory,
-                                       torch::Device device) {
+                                       torch::Device device, std::int64_t chunk) {
     auto model = models::load_pretrained(directory, torch::kFloat32);
     model->to(device);
     model->eval();
@@ -172,9 +202,11 @@ class PreferenceJsonl {
       for (auto i = begin; i < std::min(dataset.size(), begin + 8); ++i) indices.push_back(i);
       const auto batch = dataset.batch(indices);
       const auto n = batch.inputs.size(0), length = batch.inputs.size(2);
-      const auto logits = model->forward(batch.inputs.reshape({2 * n, length}).to(device));
+      const auto inputs = batch.inputs.reshape({2 * n, length}).to(device);
       const auto targets = batch.targets.reshape({2 * n, length}).to(device);
-      out.narrow(0, begin, n).copy_(completion_logps(logits, targets).logps.view({n, 2}).cpu());
+      const auto logps = chunk > 0 ? chunked_completion_logps(*model, inputs, targets, chunk).logps
+                                   : completion_logps(model->forward(inputs), targets).logps;
+      out.narrow(0, begin, n).copy_(logps.view({n, 2}).cpu());
     }
     return out;
   }
@@ -211,10 +243,8 @@ class PreferenceJsonl {
     for (const auto& entry : std::filesystem::directory_iterator(model_dir)) model_files.push_back(entry.path());
     std::sort(model_files.begin(), model_files.end());
     for (const auto& path : model_files) inputs += stamp(path);
-    const bool lora = knobs.find("lora_r") && knobs.get<std::int64_t>("lora_r") > 0;
     inputs += fmt::format("{}:{}:{}:{}:{}:{}", max_length_.get(knobs), max_prompt_length_.get(knobs),
-                          max_completion_length_.get(knobs), static_cast<int>(split_), every_,
-                          !lora && !held_reference_directory(knobs));
+                          max_completion_length_.get(knobs), static_cast<int>(split_), every_, stores_reference(knobs));
     return prepared_dir / "dpo" / fmt::format("{}-{:08x}.pt", file.stem().string(), hpctrain::detail::crc32c(inputs));
   }
 
@@ -289,15 +319,28 @@ struct DpoBatch {
   std::int64_t vocabulary = 0;
 };
 
+/// The model a step trains, as the chunked head needs it (--loss-chunk-tokens).
+inline models::CausalLM& chunked_model(StepContext& context) {
+  auto* model = dynamic_cast<models::CausalLM*>(&context.module);
+  TORCH_CHECK(model != nullptr, "--loss-chunk-tokens needs a models::CausalLM (GPT-2, Llama, ...); the model is ",
+              context.module.name());
+  return *model;
+}
+
 /// The reference log-probabilities of a batch's rows [2n]: stored with the pairs (computed once), from the model of
-/// `--ref-model` (`held`), or the same model with its adapters off (TRL with PEFT).
+/// `--ref-model` (`held`), or the same model with its adapters off (TRL with PEFT); the head `chunk` tokens at a time
+/// where it is positive.
 inline torch::Tensor reference_logps(StepContext& context, const data::Batch& batch, const torch::Tensor& inputs,
-                                     const torch::Tensor& targets, HeldReference* held) {
+                                     const torch::Tensor& targets, HeldReference* held, std::int64_t chunk) {
   if (batch.has("reference_logps")) return batch.field("reference_logps").to(torch::kFloat32).reshape({inputs.size(0)});
   torch::NoGradGuard no_grad;
-  if (held && held_reference_directory(context.knobs))
-    return completion_logps(held->model(context).forward(inputs), targets).logps;
+  if (held && held_reference_directory(context.knobs)) {
+    auto& model = held->model(context);
+    if (chunk > 0) return chunked_completion_logps(model, inputs, targets, chunk).logps;
+    return completion_logps(model.forward(inputs), targets).logps;
+  }
   models::AdaptersOff off;
+  if (chunk > 0) return chunked_completion_logps(chunked_model(context), inputs, targets, chunk).logps;
   return completion_logps(context.forward(inputs), targets).logps;
 }
 
@@ -306,10 +349,17 @@ inline DpoBatch dpo_batch(StepContext& context, const data::Batch& batch, const 
   const auto n = batch.inputs.size(0), length = batch.inputs.size(2);
   const auto inputs = batch.inputs.reshape({2 * n, length});  // chosen and rejected of each pair, one after the other
   const auto targets = batch.targets.reshape({2 * n, length});
-  const auto logits = context.forward(inputs);
-  const auto policy = completion_logps(logits, targets);
-  auto reference = reference_logps(context, batch, inputs, targets, held);
+  const auto chunk = loss_chunk_tokens(context.knobs);
   DpoBatch result;
+  CompletionLogps policy;
+  if (chunk > 0) {
+    policy = chunked_completion_logps(chunked_model(context), inputs, targets, chunk, &result.vocabulary);
+  } else {
+    const auto logits = context.forward(inputs);
+    policy = completion_logps(logits, targets);
+    result.vocabulary = logits.size(-1);
+  }
+  auto reference = reference_logps(context, batch, inputs, targets, held, chunk);
   if (options.needs_nll())  // TRL's nll_loss: over the chosen completions' tokens of the micro-batch
     result.nll = chosen_nll(policy.token_logps.view({n, 2, length}).select(1, 0), batch.targets.select(1, 0));
   auto logps = policy.logps;
@@ -326,7 +376,6 @@ inline DpoBatch dpo_batch(StepContext& context, const data::Batch& batch, const 
                         options, result.nll);
   result.chosen = side(policy, 0);
   result.rejected = side(policy, 1);
-  result.vocabulary = logits.size(-1);
   result.chosen_logps = pairs.select(1, 0).detach();
   result.rejected_logps = pairs.select(1, 1).detach();
   result.metrics = dpo_batch_metrics(result.out, result.chosen, result.rejected, result.chosen_logps,
@@ -398,6 +447,10 @@ inline Training dpo_training() {
       .knob<double>("rpo_alpha", 0.0, "add this times the chosen completions' NLL to the loss (RPO; 0: none)",
                     non_negative())
       .knob<double>("discopop_tau", 0.05, "the discopop loss's temperature (TRL's 0.05)", positive())
+      .knob<std::int64_t>(loss_chunk_knob, 0,
+                          "apply the head this many tokens at a time: the tokens x vocabulary logits are never whole "
+                          "(0: whole logits)",
+                          non_negative())
       .knob<std::string>("ref_model", "",
                          "a Hugging Face directory held in memory as the reference (TRL's ref_model); default: the "
                          "model with its LoRA adapters off, else the start weights' log-probabilities computed once",
