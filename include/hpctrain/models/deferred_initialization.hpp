@@ -20,6 +20,7 @@
 #include <torch/torch.h>
 
 #include <hpctrain/models/blocks.hpp>
+#include <hpctrain/models/weights_from_checkpoint.hpp>
 
 namespace hpctrain::models {
 
@@ -137,6 +138,7 @@ class DeferredInitialization {
 
 /// `parameter ~ N(mean, std)`; recorded instead when a DeferredInitialization built its block empty.
 inline void init_normal(const torch::Tensor& parameter, double mean, double std) {
+  if (WeightsFromCheckpoint::active()) return;  // a checkpoint writes it
   torch::NoGradGuard no_grad;
   if (auto* scope = DeferredInitialization::current(); scope != nullptr && scope->records(parameter))
     return scope->record_normal(parameter, mean, std);
@@ -146,6 +148,7 @@ inline void init_normal(const torch::Tensor& parameter, double mean, double std)
 
 /// `parameter = value`; recorded instead when a DeferredInitialization built its block empty.
 inline void init_fill(const torch::Tensor& parameter, double value) {
+  if (WeightsFromCheckpoint::active()) return;  // a checkpoint writes it
   torch::NoGradGuard no_grad;
   if (auto* scope = DeferredInitialization::current(); scope != nullptr && scope->records(parameter))
     return scope->record_fill(parameter, value);

@@ -16,6 +16,7 @@
 #include <hpctrain/models/gpt2_config.hpp>
 #include <hpctrain/models/hf/hf_layout.hpp>
 #include <hpctrain/models/initialization.hpp>
+#include <hpctrain/models/weights_from_checkpoint.hpp>
 #include <hpctrain/models/lora/lora_layer.hpp>
 #include <hpctrain/models/recompute/activation_checkpoint.hpp>
 
@@ -26,8 +27,8 @@ class GPT2AttentionImpl : public torch::nn::Module {
  public:
   explicit GPT2AttentionImpl(const GPT2Config& config)
       : n_head_(config.n_head), head_dim_(config.head_dim()), attn_pdrop_(config.attn_pdrop) {
-    c_attn = register_module("c_attn", torch::nn::Linear(config.n_embd, 3 * config.n_embd));
-    c_proj = register_module("c_proj", torch::nn::Linear(config.n_embd, config.n_embd));
+    c_attn = register_module("c_attn", make_linear(torch::nn::LinearOptions(config.n_embd, 3 * config.n_embd)));
+    c_proj = register_module("c_proj", make_linear(torch::nn::LinearOptions(config.n_embd, config.n_embd)));
     resid_dropout = register_module("resid_dropout", torch::nn::Dropout(config.resid_pdrop));
   }
 
@@ -59,8 +60,8 @@ TORCH_MODULE(GPT2Attention);
 class GPT2MLPImpl : public torch::nn::Module {
  public:
   explicit GPT2MLPImpl(const GPT2Config& config) : approximate_(config.gelu_tanh() ? "tanh" : "none") {
-    c_fc = register_module("c_fc", torch::nn::Linear(config.n_embd, config.inner()));
-    c_proj = register_module("c_proj", torch::nn::Linear(config.inner(), config.n_embd));
+    c_fc = register_module("c_fc", make_linear(torch::nn::LinearOptions(config.n_embd, config.inner())));
+    c_proj = register_module("c_proj", make_linear(torch::nn::LinearOptions(config.inner(), config.n_embd)));
     dropout = register_module("dropout", torch::nn::Dropout(config.resid_pdrop));
   }
   torch::Tensor forward(const torch::Tensor& x) {
@@ -126,8 +127,8 @@ class GPT2Impl : public CausalLM, public HuggingFaceLayout {
  public:
   explicit GPT2Impl(GPT2Config config) : config_(std::move(config)) {
     config_.validate();
-    wte = register_module("wte", torch::nn::Embedding(config_.vocab_size, config_.n_embd));
-    wpe = register_module("wpe", torch::nn::Embedding(config_.n_positions, config_.n_embd));
+    wte = register_module("wte", make_embedding(torch::nn::EmbeddingOptions(config_.vocab_size, config_.n_embd)));
+    wpe = register_module("wpe", make_embedding(torch::nn::EmbeddingOptions(config_.n_positions, config_.n_embd)));
     drop = register_module("drop", torch::nn::Dropout(config_.embd_pdrop));
     h = register_module("h", torch::nn::ModuleList());
     for (std::int64_t i = 0; i < config_.n_layer; ++i) {
@@ -138,8 +139,8 @@ class GPT2Impl : public CausalLM, public HuggingFaceLayout {
     ln_f = register_module(
         "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config_.n_embd}).eps(config_.layer_norm_epsilon)));
     if (!config_.tie_word_embeddings)
-      lm_head = register_module(
-          "lm_head", torch::nn::Linear(torch::nn::LinearOptions(config_.n_embd, config_.vocab_size).bias(false)));
+      lm_head = register_module("lm_head",
+                                make_linear(torch::nn::LinearOptions(config_.n_embd, config_.vocab_size).bias(false)));
     initialize_weights();
   }
 

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <hpctrain/models/deferred_initialization.hpp>
+#include <hpctrain/models/weights_from_checkpoint.hpp>
 
 namespace hpctrain::models {
 
@@ -12,6 +13,7 @@ namespace hpctrain::models {
 /// order `modules()` lists them (the random draws, and so the weights, depend on that order). Through
 /// init_normal/init_fill, so a block built empty (DeferredInitialization) records its values instead.
 inline void initialize_normal(torch::nn::Module& module, double std) {
+  if (WeightsFromCheckpoint::active()) return;  // a checkpoint writes every parameter
   for (auto& child : module.modules(/*include_self=*/false)) {
     if (auto* linear = child->as<torch::nn::Linear>()) {
       init_normal(linear->weight, 0.0, std);

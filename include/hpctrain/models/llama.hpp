@@ -25,6 +25,7 @@
 #include <hpctrain/models/llama_config.hpp>
 #include <hpctrain/models/lora/lora_layer.hpp>
 #include <hpctrain/models/recompute/activation_checkpoint.hpp>
+#include <hpctrain/models/weights_from_checkpoint.hpp>
 
 namespace hpctrain::models {
 
@@ -99,7 +100,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
         scoring_{config.attention_scale(), config.attn_logit_softcapping.value_or(0.0)} {
     const auto d = config.hidden_size;
     auto linear = [&](std::int64_t in, std::int64_t out, bool bias) {
-      return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+      return make_linear(torch::nn::LinearOptions(in, out).bias(bias));
     };
     const bool qkv_bias = config.attention_bias || config.qkv_bias;  // Qwen2: q, k, v only
     if (config.stacked_projections) {
@@ -169,7 +170,7 @@ class LlamaMLPImpl : public torch::nn::Module {
               : config.hidden_act == "gelu" ? "none"
                                             : "tanh") {
     auto linear = [&](std::int64_t in, std::int64_t out) {
-      return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(config.mlp_bias));
+      return make_linear(torch::nn::LinearOptions(in, out).bias(config.mlp_bias));
     };
     if (config.stacked_projections) {
       gate_up_proj = register_module("gate_up_proj", linear(config.hidden_size, 2 * config.intermediate_size));
@@ -263,7 +264,7 @@ class LlamaImpl : public CausalLM, public HuggingFaceLayout {
     config_.validate();
     auto embedding = torch::nn::EmbeddingOptions(config_.vocab_size, config_.hidden_size);
     if (config_.pad_token_id) embedding.padding_idx(*config_.pad_token_id);  // no gradient to that row, as transformers
-    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(embedding));
+    embed_tokens = register_module("embed_tokens", make_embedding(embedding));
     layers = register_module("layers", torch::nn::ModuleList());
     for (std::int64_t i = 0; i < config_.num_hidden_layers; ++i) {
       block_list_.push_back(LlamaBlock(config_, static_cast<std::size_t>(i)));
@@ -273,7 +274,7 @@ class LlamaImpl : public CausalLM, public HuggingFaceLayout {
     norm = register_module("norm", RMSNorm(config_.hidden_size, config_.rms_norm_eps, config_.unit_offset_norms));
     if (!config_.tie_word_embeddings)
       lm_head = register_module(
-          "lm_head", torch::nn::Linear(torch::nn::LinearOptions(config_.hidden_size, config_.vocab_size).bias(false)));
+          "lm_head", make_linear(torch::nn::LinearOptions(config_.hidden_size, config_.vocab_size).bias(false)));
     inv_freq_ = rotary_inverse_frequencies(config_);
     if (config_.local_rope_theta) local_inv_freq_ = rotary_inverse_frequencies(config_, /*local=*/true);
     initialize_weights();

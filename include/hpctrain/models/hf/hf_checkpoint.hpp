@@ -26,6 +26,7 @@
 #include <hpctrain/models/hf/safetensors.hpp>
 #include <hpctrain/models/hf/safetensors_shards.hpp>
 #include <hpctrain/models/llama.hpp>
+#include <hpctrain/models/weights_from_checkpoint.hpp>
 
 namespace hpctrain::models {
 
@@ -103,8 +104,8 @@ inline void read_slice(const safetensors::Checkpoint& checkpoint, const std::str
 }
 
 /// Builds a model of Holder's family with each block emptied as soon as it is built (BlockConstruction), its
-/// DeferredBlocks holding the shapes; the rest converted to `dtype`. The random initialisation touches one
-/// block at a time.
+/// DeferredBlocks holding the shapes; the rest converted to `dtype`. Nothing is initialised (WeightsFromCheckpoint):
+/// the caller's load writes every parameter, and refuses a checkpoint that lacks one.
 template <class Holder, class Config>
 Holder build_with_empty_blocks(const Config& config, torch::Dtype dtype) {
   auto deferred = std::make_shared<DeferredBlocks>();
@@ -112,6 +113,7 @@ Holder build_with_empty_blocks(const Config& config, torch::Dtype dtype) {
   {
     BlockConstruction scope(
         [&](torch::nn::Module& block) { deferred->shapes.push_back(empty_block_parameters(block)); });
+    WeightsFromCheckpoint uninitialised;
     model = Holder(config);
   }
   model->to(dtype);
