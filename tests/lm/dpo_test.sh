@@ -16,9 +16,10 @@
 #    NLL term (--loss-type sigmoid:0.8,sft:0.2 --label-smoothing 0.1 --rpo-alpha 0.5) at --local 1: the first step's
 #    loss and nll_loss are DPOTrainer.evaluate()'s with loss_type [sigmoid, sft], loss_weights [0.8, 0.2], rpo_alpha 0.5
 #    and label_smoothing 0.1, within 1e-4 relative;
-#  - memory: on a 24M-parameter Llama, a LoRA run's peak during its steps is below the same run's with that model held
-#    as the reference by at least half the model's fp32 bytes (the held model is all of them: measured 0.8-1.2x of
-#    them apart on the AMD EPYC; the allocator's reuse moves either peak by some tens of MB, the model is 96 MB);
+#  - memory: on a 70M-parameter Llama (6 layers of 1024), a LoRA run's peak is below the same run's with that model
+#    held as the reference by at least half the model's fp32 bytes (the held model is all of them; the allocator and
+#    the file's pages move either peak by up to ~90 MB under a loaded machine: with a 24M model, 96 MB, a fresh clone's
+#    run once measured 25 MB apart, so the model is 282 MB);
 #  - resume: zero3 (the stored reference log-probabilities) and zero2 with LoRA (adapters off) at --local 2, preempted
 #    (SIGTERM) mid-run and resumed, end with the uninterrupted run's parameters (CRC-32C) and log the same losses and
 #    rewards/margins after the resume, bit for bit;
@@ -148,8 +149,8 @@ for key in loss nll_loss; do
   report="$report held reference + loss list + RPO: first $key $ours (TRL $theirs);"
 done
 
-"$python" "$here/sft_oracle.py" make-sharded "$work" 2 1024 2816 > make-sharded.log 2>&1 ||
-  log=make-sharded.log fail "the oracle could not make the 24M model"
+"$python" "$here/sft_oracle.py" make-sharded "$work" 6 1024 2816 > make-sharded.log 2>&1 ||
+  log=make-sharded.log fail "the oracle could not make the 70M model"
 parameters="$(sed -n 's/^\([0-9]*\) parameters.*/\1/p' make-sharded.log)"
 for mode in mem-lora mem-held; do
   extra=()
