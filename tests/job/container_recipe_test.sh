@@ -8,6 +8,10 @@
 # `program` configures and builds containers/example (find_package, hpctrain_add_program) against it, and the
 # program trains there (--local 1, fp32 stated), loading the image's LibTorch; on the host, where nothing is at the
 # RUNPATH's /opt/venv, it does not start (what docs/containers.md tells users about a binary built in the image).
+# The package's hpctrain_add_program consumer (tests/package/consumer/main_program.cpp: a language-model Training,
+# the lm entry points of hpctrain::runtime) is built in the same tree, so the runtime and every installed header it
+# includes compile once for both (a consumer build of its own outside the image cost 141 s of CPU at -O0): it runs its
+# login path (--dry-run), and its unit parsed the description only (tests/package/program_unit_is_slim.sh).
 # Usage: container_recipe_test.sh <a binary linking the venv's LibTorch>
 set -euo pipefail
 here="$(dirname "$(realpath "${BASH_SOURCE[0]}")")"
@@ -31,6 +35,8 @@ mounts=(/opt/venv /opt/hpctrain-src /opt/hpctrain /src)
 charliecloud_image "$work/image" "${mounts[@]}"
 mkdir prefix
 cp -r "$root/containers/example" src
+cp "$root/tests/package/consumer/main_program.cpp" src/consumer.cpp
+echo 'hpctrain_add_program(consumer consumer.cpp)  # the package test'"'"'s program (the comment at the top)' >> src/CMakeLists.txt
 binds=(-b /usr:/usr -b "$venv:/opt/venv" -b "$root:/opt/hpctrain-src" -b "$work/prefix:/opt/hpctrain" -b "$work/src:/src")
 [[ "$python_home" == /usr/* ]] || binds+=(-b "$python_home:$python_home")
 in_image() { ch-run "${binds[@]}" --cd /src "$work/image" -- "$@"; }
@@ -67,6 +73,13 @@ tail -1 program.log
 runpath="$(readelf -d src/build/train | sed -n 's/.*(RUNPATH).*\[\(.*\)\]$/\1/p')"
 [[ ":$runpath:" == *:/opt/venv/*/torch/lib:* ]] || fail "the program's RUNPATH '$runpath' does not name the image's LibTorch"
 echo "ok: built inside the image by the recipe's steps; RUNPATH $runpath"
+"$root/tests/package/program_unit_is_slim.sh" src/build CMakeFiles/consumer.dir/consumer.cpp.o > slim.log 2>&1 ||
+  log=slim.log fail "hpctrain_add_program's unit parsed the runtime's machinery"
+cat slim.log
+in_image ./build/consumer --dry-run > consumer.log 2>&1 || log=consumer.log fail "the hpctrain_add_program consumer's --dry-run failed"
+version="$(sed -n 's/^#define HPCTRAIN_VERSION_STRING "\(.*\)"$/\1/p' "$root/include/hpctrain/version.hpp")"
+grep -q "^hpctrain $version " consumer.log || log=consumer.log fail "the consumer did not print 'hpctrain $version'"
+echo "ok: the hpctrain_add_program consumer runs its login path (--dry-run) in the image"
 
 # --- and it trains there -----------------------------------------------------------------------------------
 in_image ./build/train --local 1 --precision fp32 > train.log 2>&1 || log=train.log fail "the program did not train in the image"

@@ -1,7 +1,8 @@
 // The find_package and add_subdirectory consumers: hpctrain's headers through the hpctrain::hpctrain target,
 // LibTorch with its distributed part (c10d and Gloo, linked through the process group's address) and the
-// version. The umbrella header, and with it every installed header, is compiled by the find_package_program
-// consumer: its runtime unit (src/hpctrain_runtime.cpp) includes it. Compiling it here too cost ~40 s of CPU more.
+// version. The umbrella header, and with it every installed header, is compiled by the hpctrain_add_program
+// consumer (main_program.cpp, built in the container recipe's test): its runtime unit (src/hpctrain_runtime.cpp)
+// includes it. Compiling it here too cost ~40 s of CPU more.
 #include <hpctrain/dist/process_group.hpp>
 #include <hpctrain/version.hpp>
 
