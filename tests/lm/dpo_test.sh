@@ -10,8 +10,9 @@
 #    PyTorch loop's (dpo_oracle.py train: TRL's batch and loss on transformers' model, torch's AdamW, the warmup and
 #    cosine, clipping) from the same weights within 1e-4 relative, the loss-curve bound of the GPT example's oracle
 #    (measured 4.9e-7 on the AMD EPYC: fp32 sums in another order, carried through 8 Adam steps);
-#  - LoRA under zero2 at --local 2 (the reference: the model with its adapters off): the first step's loss is log 2,
-#    and the adapter it exports loads in PEFT with the logits of its merged export (sft_oracle.py peft-check);
+#  - LoRA under zero2 at --local 2 (the reference: the model with its adapters off; the resume leg's uninterrupted
+#    run below): the first step's loss is log 2, and the adapter it exports loads in PEFT with the logits of its
+#    merged export (sft_oracle.py peft-check);
 #  - a reference held in memory (--ref-model, TRL's ref_model) with TRL's weighted loss list, cDPO's smoothing and RPO's
 #    NLL term (--loss-type sigmoid:0.8,sft:0.2 --label-smoothing 0.1 --rpo-alpha 0.5) at --local 1: the first step's
 #    loss and nll_loss are DPOTrainer.evaluate()'s with loss_type [sigmoid, sft], loss_weights [0.8, 0.2], rpo_alpha 0.5
@@ -125,16 +126,6 @@ awk -v w="$whole_peak" -v c="$chunked_peak" -v t="$shortest" 'BEGIN { exit !((w 
   fail "128,256 words: the whole logits peak at $whole_peak GiB, chunks of 64 tokens at $chunked_peak (rows of $shortest tokens at least)"
 report="$report --loss-chunk-tokens 16: the 8 losses within 1e-5; vocabulary 128,256: peak $whole_peak GiB whole, $chunked_peak in chunks of 64;"
 
-HPCTRAIN_RUN_DIR="$work/lora" "$dpo" --from llama --data pairs.jsonl --local 2 --sharding zero2 --precision fp32 \
-  --batch-size 8 --max-steps 2 --lr 1e-2 --lora-r 8 --eval-every 0 --checkpoint-every 0 --export-dtype fp32 \
-  > lora.log 2>&1 || log=lora.log fail "dpo with LoRA exited $?"
-grep -q "^hpctrain: pairs.jsonl: 32 pairs (prepared by the job: .*); the reference: the model with its adapters off" \
-  lora.log || log=lora.log fail "LoRA: the ranks did not read the prepared pairs, or the reference is not the adapters off"
-first="$(value lora/metrics.jsonl loss first)"
-close "$first" 0.69314718 1e-4 || fail "LoRA's first loss is $first, not log 2 (the adapters off are the policy)"
-"$python" "$here/sft_oracle.py" peft-check llama lora/export > peft.log 2>&1 ||
-  log=peft.log fail "PEFT's view of the DPO adapter differs from our merged export"
-report="$report LoRA first loss $first, $(tail -1 peft.log)"
 HPCTRAIN_RUN_DIR="$work/held" "$dpo" --from llama --data pairs.jsonl --local 1 --precision fp32 --batch-size 32 \
   --max-steps 1 --eval-every 0 --checkpoint-every 0 --ref-model llama --loss-type sigmoid:0.8,sft:0.2 \
   --label-smoothing 0.1 --rpo-alpha 0.5 > held.log 2>&1 || log=held.log fail "dpo with --ref-model exited $?"
@@ -170,15 +161,23 @@ for line in open(sys.argv[1]):
     r = json.loads(line)
     if "loss" in r and "eval_loss" not in r and r["step"] > int(sys.argv[2]):
         print(r["step"], repr(r["loss"]), repr(r["rewards/margins"]))' "$1" "$2" | sort -un; }
-export HPCTRAIN_REPORT_DIGEST=1
 for leg in "zero3" "zero2 --lora-r 8"; do
   name="resume-${leg%% *}"
   # shellcheck disable=SC2086  # the leg's words are options
-  resume_args=(--from llama --data pairs.jsonl --local 2 --precision fp32 --batch-size 4 --epochs 4 --lr 1e-3
-    --eval-every 0 --checkpoint-every 0 --sharding $leg)
+  resume_args=(--report-digest --from llama --data pairs.jsonl --local 2 --precision fp32 --batch-size 4 --epochs 4 --lr 1e-3
+    --eval-every 0 --checkpoint-every 0 --export-dtype fp32 --sharding $leg)
   HPCTRAIN_RUN_DIR="$work/$name-whole" "$dpo" "${resume_args[@]}" > "$name-whole.log" 2>&1 ||
     log="$name-whole.log" fail "dpo $leg exited $?"
   whole="$(sed -n 's/^parameters_crc32c=//p' "$name-whole.log")"
+  if [ "$name" = resume-zero2 ]; then  # LoRA: the reference is the adapters off, which the first step's policy is
+    grep -q "^hpctrain: pairs.jsonl: 32 pairs (prepared by the job: .*); the reference: the model with its adapters off" \
+      "$name-whole.log" || log="$name-whole.log" fail "LoRA: the ranks did not read the prepared pairs, or the reference is not the adapters off"
+    first="$(value "$name-whole/metrics.jsonl" loss first)"
+    close "$first" 0.69314718 1e-4 || fail "LoRA's first loss is $first, not log 2 (the adapters off are the policy)"
+    "$python" "$here/sft_oracle.py" peft-check llama "$name-whole/export" > peft.log 2>&1 ||
+      log=peft.log fail "PEFT's view of the DPO adapter differs from our merged export"
+    report="$report LoRA first loss $first, $(tail -1 peft.log);"
+  fi
   preempt_at_step 10 "$name" "$name-preempted.log" env HPCTRAIN_RUN_DIR="$work/$name" "$dpo" "${resume_args[@]}"
   [ -n "$stopped_at" ] && [ "$stopped_at" -lt 32 ] || log="$name-preempted.log" fail "dpo $leg was not preempted"
   HPCTRAIN_RUN_DIR="$work/$name" "$dpo" "${resume_args[@]}" > "$name-resumed.log" 2>&1 ||
@@ -194,6 +193,5 @@ for leg in "zero3" "zero2 --lora-r 8"; do
     fail "dpo $leg: the losses after the resume differ: $(diff "$name-whole.losses" "$name-resumed.losses" | head -4)"
   report="$report $leg preempted at step $stopped_at resumes bit-identical ($whole);"
 done
-unset HPCTRAIN_REPORT_DIGEST
 cd / && rm -rf "${work:?}"
 echo "PASS:$report"

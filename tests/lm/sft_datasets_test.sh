@@ -70,8 +70,7 @@ grep -qF "[hpctrain.spec.data.dataset] $shard: not a readable Parquet file" brok
 
 # Two sources mixed by weight, exact resume.
 qa="$here/../../examples/data/fortunes_qa.jsonl"
-mix=(--data "fx/hub:0.7,$qa:0.3" --precision fp32 --max-steps 30 --checkpoint-every 5 --log-every 1)
-export HPCTRAIN_REPORT_DIGEST=1
+mix=(--data "fx/hub:0.7,$qa:0.3" --precision fp32 --max-steps 30 --checkpoint-every 5 --log-every 1 --report-digest)
 log=mix-whole.log
 HPCTRAIN_RUN_DIR="$work/mix-whole" "$sft" "${args[@]}" "${mix[@]}" --local 1 > mix-whole.log 2>&1 ||
   fail "the mixed run exited $?"
@@ -120,7 +119,6 @@ for line in open(sys.argv[1]):
 train_losses mix-whole/metrics.jsonl "$stopped_at" > whole.losses
 train_losses mix-resumed/metrics.jsonl "$stopped_at" | sort -un > resumed.losses
 [ -s whole.losses ] && cmp -s whole.losses resumed.losses || fail "the resumed losses differ: $(diff whole.losses resumed.losses | head -4)"
-unset HPCTRAIN_REPORT_DIGEST
 
 # A bad mix: exit 2 at --dry-run naming the entry.
 set +e

@@ -15,9 +15,8 @@ fail_tail=30
 binary="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/async-checkpoint-test.XXXXXX")"
 cd "$work"
-export HPCTRAIN_REPORT_DIGEST=1
 steps=100
-knobs=(--local 2 --sharding zero2 --max-steps "$steps" --checkpoint-every 10 --log-every 1 --max-eval-examples 500)
+knobs=(--report-digest --local 2 --sharding zero2 --max-steps "$steps" --checkpoint-every 10 --log-every 1 --max-eval-examples 500)
 digest() { sed -n 's/^parameters_crc32c=\([0-9a-f]*\)$/\1/p' "$1" | tail -1; }
 # metrics.jsonl's train losses from step $2 on, one "step loss" line each (17 significant digits: the doubles exactly)
 losses_from() { python3 -c 'import json,sys

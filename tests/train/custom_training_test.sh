@@ -23,7 +23,7 @@ sys.exit(0 if snippet in docs else 1)
 PY
 done
 
-HPCTRAIN_REPORT_DIGEST=1 HPCTRAIN_RUN_DIR="$work/run" "$binary" --local 2 > run.log 2>&1 || fail "exit status $?"
+HPCTRAIN_RUN_DIR="$work/run" "$binary" --local 2 --report-digest > run.log 2>&1 || fail "exit status $?"
 grep -q '^hpctrain: 2 rank(s) on cpu (gloo)' run.log || fail "not 2 Gloo ranks"
 grep -q '^step 120/120 ' run.log || fail "no final progress line"
 digest="$(sed -n 's/^parameters_crc32c=//p' run.log)"

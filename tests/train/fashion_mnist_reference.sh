@@ -15,7 +15,7 @@ rm -rf "$dir"
 mkdir -p "$dir"
 cd "$dir"
 echo "== reference: uninterrupted, 2 local ranks, $steps steps"
-HPCTRAIN_REPORT_DIGEST=1 HPCTRAIN_RUN_DIR="$dir/run" "$binary" --local 2 --max-steps "$steps" --max-eval-examples 1000 > reference.log 2>&1 ||
+HPCTRAIN_RUN_DIR="$dir/run" "$binary" --local 2 --report-digest --max-steps "$steps" --max-eval-examples 1000 > reference.log 2>&1 ||
   fail "reference run failed: $(tail -5 reference.log)"
 digest="$(sed -n 's/^parameters_crc32c=//p' reference.log)"
 [ -n "$digest" ] || fail "no parameters_crc32c in the reference run: $(tail -5 reference.log)"

@@ -10,7 +10,7 @@ source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_suppo
 binary="$(realpath "$1")"
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/local-training-test.XXXXXX")"
 cd "$work"
-HPCTRAIN_REPORT_DIGEST=1 HPCTRAIN_RUN_DIR="$work/run" "$binary" --local 2 --max-steps 40 --max-eval-examples 1000 > run.log 2>&1 || fail "exit status $?"
+HPCTRAIN_RUN_DIR="$work/run" "$binary" --local 2 --report-digest --max-steps 40 --max-eval-examples 1000 > run.log 2>&1 || fail "exit status $?"
 grep -q '^hpctrain: 2 rank(s) on cpu (gloo)' run.log || fail "not 2 Gloo ranks"
 grep -q '^step 40/40 ' run.log || fail "no final progress line"
 digest="$(sed -n 's/^parameters_crc32c=//p' run.log)"

@@ -20,13 +20,12 @@ reference_file="$2"  # from the fixture tests/train/fashion_mnist_reference.sh
 steps=150  # the same in tests/train/fashion_mnist_reference.sh
 work="$(mktemp -d "${HPCTRAIN_BUILD_DIR:-/tmp}/requeue-test.XXXXXX")"
 cd "$work"
-export HPCTRAIN_REPORT_DIGEST=1  # the ranks print their parameter digest (sbatch passes the environment on)
 
 reference="$(reference_digest "$reference_file" "$steps")"
 
 echo "== submit to the preemptable partition"
 # A line every 10 steps (the default is 50): the test reads the steps from the log.
-out="$("$binary" --submit --partition preemptable --max-steps "$steps" --max-eval-examples 1000 --log-every 10)"
+out="$("$binary" --submit --report-digest --partition preemptable --max-steps "$steps" --max-eval-examples 1000 --log-every 10)"
 echo "$out"
 job="$(sed -n 's/^submitted job \([0-9]*\).*/\1/p' <<<"$out" | head -1)"
 [ -n "$job" ] || fail "no job id: $out"

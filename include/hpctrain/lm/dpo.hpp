@@ -319,14 +319,6 @@ struct DpoBatch {
   std::int64_t vocabulary = 0;
 };
 
-/// The model a step trains, as the chunked head needs it (--loss-chunk-tokens).
-inline models::CausalLM& chunked_model(StepContext& context) {
-  auto* model = dynamic_cast<models::CausalLM*>(&context.module);
-  TORCH_CHECK(model != nullptr, "--loss-chunk-tokens needs a models::CausalLM (GPT-2, Llama, ...); the model is ",
-              context.module.name());
-  return *model;
-}
-
 /// The reference log-probabilities of a batch's rows [2n]: stored with the pairs (computed once), from the model of
 /// `--ref-model` (`held`), or the same model with its adapters off (TRL with PEFT); the head `chunk` tokens at a time
 /// where it is positive.
@@ -340,7 +332,7 @@ inline torch::Tensor reference_logps(StepContext& context, const data::Batch& ba
     return completion_logps(model.forward(inputs), targets).logps;
   }
   models::AdaptersOff off;
-  if (chunk > 0) return chunked_completion_logps(chunked_model(context), inputs, targets, chunk).logps;
+  if (chunk > 0) return chunked_completion_logps(chunked_head_model(context), inputs, targets, chunk).logps;
   return completion_logps(context.forward(inputs), targets).logps;
 }
 
@@ -353,7 +345,7 @@ inline DpoBatch dpo_batch(StepContext& context, const data::Batch& batch, const 
   DpoBatch result;
   CompletionLogps policy;
   if (chunk > 0) {
-    policy = chunked_completion_logps(chunked_model(context), inputs, targets, chunk, &result.vocabulary);
+    policy = chunked_completion_logps(chunked_head_model(context), inputs, targets, chunk, &result.vocabulary);
   } else {
     const auto logits = context.forward(inputs);
     policy = completion_logps(logits, targets);

@@ -100,22 +100,29 @@ inline torch::Tensor causal_lm_loss(models::CausalLM& model, const torch::Tensor
 /// The knob of causal_lm_training that applies the head and the loss a chunk of tokens at a time.
 inline constexpr const char* loss_chunk_knob = "loss_chunk_tokens";
 
+/// The model a step trains, as a head computed a chunk of tokens at a time needs it (--loss-chunk-tokens: SFT's
+/// chunked loss, DPO's chunked log-probabilities).
+inline models::CausalLM& chunked_head_model(StepContext& context) {
+  auto* model = dynamic_cast<models::CausalLM*>(&context.module);
+  TORCH_CHECK(model != nullptr, "--loss-chunk-tokens needs a models::CausalLM (GPT-2, Llama, ...); the model is ",
+              context.module.name());
+  return *model;
+}
+
 /// The step of causal_lm_training: causal_lm_loss with `--loss-chunk-tokens N` (0, the default: the whole tokens at
 /// once; N > 0: the head and the loss N tokens at a time, the same loss and gradients without the whole tokens ×
 /// vocabulary logits in memory). With N 0, token_loss_step where the whole head is not one chunk.
 inline torch::Tensor chunked_causal_lm_step(StepContext& context, const data::Batch& batch) {
   auto chunk = context.knobs.get<std::int64_t>(loss_chunk_knob);
-  auto* model = dynamic_cast<models::CausalLM*>(&context.module);
   if (chunk == 0) {  // decided here once, so that causal_lm_loss gets a chunk and does not ask again
+    auto* model = dynamic_cast<models::CausalLM*>(&context.module);
     if (model == nullptr || !whole_head_as_one_chunk(*model, batch.inputs.device()))
       return token_loss_step(context, batch);
     chunk = std::max<std::int64_t>(batch.targets.numel(), 1);
   }
-  TORCH_CHECK(model != nullptr, "--loss-chunk-tokens needs a models::CausalLM (GPT-2, Llama, ...); the model is ",
-              context.module.name());
   std::optional<models::TokenLayout> layout;
   if (batch.has("document_ids")) layout = models::TokenLayout{batch.field("position_ids"), batch.field("document_ids")};
-  return causal_lm_loss(*model, batch.inputs, batch.targets, layout ? &*layout : nullptr, chunk);
+  return causal_lm_loss(chunked_head_model(context), batch.inputs, batch.targets, layout ? &*layout : nullptr, chunk);
 }
 
 /// The evaluation: the batch's mean loss weighted by its counted targets, so the run's val_loss is the mean

@@ -205,6 +205,16 @@ inline const std::vector<BuiltinKnob>& builtin_knobs() {
          if (auto v = k.get_if_given<bool>(n)) t.checkpoint_async(*v);
        },
        nullptr, "true", [](T t, const char*) { return detail::spelled(t.checkpoint_async()); }},
+      {"report_digest",
+       [](Knobs& k, const char* n, T d, std::string_view) {
+         k.declare<bool>(n, d.report_digest(),
+                         "every rank prints its parameters' CRC-32C at the end (rank <r> parameters_crc32c=<hex>): "
+                         "two runs that should train the same compare bit for bit");
+       },
+       [](Training& t, const Knobs& k, const char* n) {
+         if (auto v = k.get_if_given<bool>(n)) t.report_digest(*v);
+       },
+       nullptr, "true", [](T t, const char*) { return detail::spelled(t.report_digest()); }},
       {"cuda_graphs",
        [](Knobs& k, const char* n, T d, std::string_view) {
          k.declare<bool>(n, d.cuda_graphs(),

@@ -1,6 +1,6 @@
 #pragma once
 // What the Trainer decides before the first step from the description and the environment: the intra-op
-// threads, the per-step RNG seed, whether ranks report their parameter digest.
+// threads and the per-step RNG seed.
 //
 // The run directory is train/run_directory.hpp's (a directory per run, --resume).
 #include <algorithm>
@@ -10,7 +10,6 @@
 #include <string_view>
 #include <thread>
 
-#include <hpctrain/names.hpp>
 #include <hpctrain/slurm/cpus.hpp>
 #include <hpctrain/slurm/world.hpp>
 #include <hpctrain/train/training.hpp>
@@ -22,12 +21,6 @@ namespace hpctrain::detail {
 inline int resolve_threads(const Training& training, const slurm::World& world) {
   if (training.threads() > 0) return training.threads();
   return slurm::intra_op_threads(slurm::this_process_cpus(world.local_world_size));
-}
-
-/// Whether ranks print their parameter digest at the end: Training::report_digest, or HPCTRAIN_REPORT_DIGEST=1
-/// (for a binary one did not write, also through sbatch, which passes the environment on).
-inline bool digest_requested(const Training& training) {
-  return training.report_digest() || hpctrain::getenv(env::report_digest) == "1";
 }
 
 /// A distinct, reproducible RNG seed per (seed, rank, step) (splitmix64 finaliser).

@@ -650,7 +650,7 @@ class Trainer {
                       step_graph_->replays(), step_graph_->other_layouts()));
     complete_checkpoint();
     result_.steps_completed = step_;
-    if (detail::digest_requested(training_)) report_digest();
+    if (training_.report_digest()) report_digest();
     if (eval_set_) {
       const auto evaluation = evaluate_and_log();
       result_.eval_loss = evaluation.loss;

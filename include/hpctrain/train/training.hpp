@@ -458,7 +458,7 @@ class Training {
     return *this;
   }
   /// Every rank prints `rank <r> parameters_crc32c=<digest>` at the end (reads the whole model; tests and
-  /// reproducibility checks). Also on with HPCTRAIN_REPORT_DIGEST=1. Default: off.
+  /// reproducibility checks). The knob --report-digest sets it. Default: off.
   Training& report_digest(bool on) {
     report_digest_ = on;
     return *this;
