@@ -76,9 +76,6 @@ inline constexpr const char* simulated_link = "HPCTRAIN_SIMULATED_LINK_GBPS";
 /// Test-only, with simulated_link: the TFLOP/s this CPU reaches on the planned model (measured at one rank), which
 /// --plan of a CPU job computes at.
 inline constexpr const char* plan_cpu_tflops = "HPCTRAIN_PLAN_CPU_TFLOPS";
-/// 1: a sharded stage at one rank runs its own strategy instead of training as Replicated (ShardedAtOneRank,
-/// train/strategies/one_rank.hpp): what measures ZeRO-3's path on one GPU.
-inline constexpr const char* shard_at_one_rank = "HPCTRAIN_SHARD_AT_ONE_RANK";
 /// Seconds after a SIGTERM without a completed step before the termination watchdog ends a rank (default 30).
 inline constexpr const char* term_stall_seconds = "HPCTRAIN_TERM_STALL_SECONDS";
 /// Set: the Trainer restarts each rank's peak-memory count before the hooks at the end, so that `time` reports

@@ -11,7 +11,7 @@
 #    curve within reshard_training_test.sh's bound (1e-5 relative: the same fp32 sums split over another number of
 #    ranks and micro-batches);
 #  - `--sharding none` resumes those checkpoints at one and two ranks, and zero3 at one rank resumes a replicated one;
-#  - HPCTRAIN_SHARD_AT_ONE_RANK=1 runs zero3's own strategy at one rank (no note): within the same bound of
+#  - --shard-at-one-rank runs zero3's own strategy at one rank (no note): within the same bound of
 #    Replicated's losses, and its checkpoint (FSDP's flat pieces) resumes at one rank as replicated.
 # Usage: one_rank_training_test.sh <reshard_training binary>
 set -euo pipefail
@@ -93,8 +93,8 @@ resume replicated-to-zero3 replicated 1 zero3
 compare replicated replicated-to-zero3 "$same" || fail "a replicated checkpoint resumed by zero3 at --local 1 leaves its loss curve"
 
 # Forced: zero3's own strategy at one rank, whose checkpoint (FSDP's flat pieces) resumes as replicated.
-HPCTRAIN_SHARD_AT_ONE_RANK=1 train forced 1 zero3
-! grep -qF "$note" forced.log || fail "HPCTRAIN_SHARD_AT_ONE_RANK=1 still trained as replicated"
+train forced 1 zero3 --shard-at-one-rank
+! grep -qF "$note" forced.log || fail "--shard-at-one-rank still trained as replicated"
 compare replicated forced 1e-5 || fail "zero3's own strategy at --local 1 leaves Replicated's loss curve"
 resume forced-to-one forced 1 zero3
 compare forced forced-to-one 1e-5 || fail "zero3's own checkpoint at --local 1 resumed as replicated leaves its loss curve"

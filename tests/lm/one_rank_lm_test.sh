@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # sft --local 1 --sharding zero3 (a Llama of 2 layers of width 256 made by transformers, fp32), which trains as
-# Replicated at one rank, against zero3's own strategy at one rank (HPCTRAIN_SHARD_AT_ONE_RANK=1):
+# Replicated at one rank, against zero3's own strategy at one rank (--shard-at-one-rank):
 #  - the export: of the same weights (one step at a learning rate of 1e-30, which moves no fp32 weight), Replicated's
 #    export (the model as one unit) and ZeRO-3's (unit by unit) hold the same tensors bit for bit, and the same
 #    config and tokenizer files; only which file of the shards holds which tensor differs;
@@ -32,9 +32,9 @@ noted() { grep -qF "hpctrain: $note" "$1.log"; }
 
 # The export of the same weights, as one unit and unit by unit.
 run one-unit --max-steps 1 --lr 1e-30 --export-dtype fp32 --export-shard-size 1MB
-HPCTRAIN_SHARD_AT_ONE_RANK=1 run unit-by-unit --max-steps 1 --lr 1e-30 --export-dtype fp32 --export-shard-size 1MB
+run unit-by-unit --shard-at-one-rank --max-steps 1 --lr 1e-30 --export-dtype fp32 --export-shard-size 1MB
 noted one-unit || fail "zero3 at --local 1 did not say that it trains as replicated"
-! noted unit-by-unit || fail "HPCTRAIN_SHARD_AT_ONE_RANK=1 still trained as replicated"
+! noted unit-by-unit || fail "--shard-at-one-rank still trained as replicated"
 for file in config.json generation_config.json tokenizer.json tokenizer_config.json; do
   cmp -s "one-unit/export/$file" "unit-by-unit/export/$file" || fail "the exports' $file differ"
 done
@@ -59,20 +59,21 @@ PY
 # LoRA: checkpoints of the adapters, resumed across the two strategies.
 lora=(--lora-r 8 --lora-alpha 16 --lora-targets q_proj,v_proj --lr 1e-2 --max-steps 4 --checkpoint-every 2 --export-dtype fp32)
 run lora "${lora[@]}"
-HPCTRAIN_SHARD_AT_ONE_RANK=1 run lora-own "${lora[@]}"
+run lora-own "${lora[@]}" --shard-at-one-rank
 noted lora || fail "LoRA under zero3 at --local 1 did not train as replicated"
 [ -f lora/export/adapter_model.safetensors ] && [ -f lora/export/merged/config.json ] || fail "no PEFT adapter and merged model"
 oracle peft-check sharded lora/export > peft-check.log 2>&1 || log=peft-check.log fail "PEFT's view of the adapter differs from our merged model"
 # Each run's last checkpoint (step 4, the run's end: the example keeps one) loaded by the other strategy: no step is
 # left, so the resumed run evaluates and reports what it loaded. The same adapters give the same held-out loss.
-resume() {  # resume NAME FROM [ENV=VALUE]: FROM's checkpoint at step 4, loaded and evaluated
+resume() {  # resume NAME FROM [ARG...]: FROM's checkpoint at step 4, loaded and evaluated
   local name="$1" from="$2"
-  env ${3:+"$3"} HPCTRAIN_RUN_DIR="$work/$name" "$sft" --from sharded --data conversations.jsonl --local 1 --sharding zero3 \
-    --precision fp32 --max-length 64 --log-every 1 "${lora[@]}" --resume "$work/$from" > "$name.log" 2>&1 ||
+  shift 2
+  HPCTRAIN_RUN_DIR="$work/$name" "$sft" --from sharded --data conversations.jsonl --local 1 --sharding zero3 \
+    --precision fp32 --max-length 64 --log-every 1 "${lora[@]}" "$@" --resume "$work/$from" > "$name.log" 2>&1 ||
     log="$name.log" fail "$name: sft exited $?"
   grep -q "^resumed from $work/$from/checkpoints at step 4 " "$name.log" || log="$name.log" fail "$name did not resume at step 4"
 }
-resume lora-to-own lora HPCTRAIN_SHARD_AT_ONE_RANK=1
+resume lora-to-own lora --shard-at-one-rank
 resume own-to-lora lora-own
 after() { sed -n 's/^response_loss_after=\([^ ]*\).*/\1/p' "$1.log" | tail -1; }
 lora_report=""

@@ -107,7 +107,8 @@ inline PlanVerdict plan_memory_of_run(const Training& described, const Knobs& kn
     return PlanVerdict::cannot_plan;
   }
   in.strategy = training.sharding() ? to_string(*training.sharding()) : "none";
-  if (training.sharding() && sharded_stage_runs_replicated(*training.sharding(), request.world)) {
+  if (training.sharding() &&
+      sharded_stage_runs_replicated(*training.sharding(), request.world, training.shard_at_one_rank())) {
     out << fmt::format("hpctrain: {} at one rank trains as replicated: planned as such\n", in.strategy);
     in.strategy = "none";
   }

@@ -128,6 +128,16 @@ inline const std::vector<BuiltinKnob>& builtin_knobs() {
          if (auto v = k.get_if_given<std::int64_t>(n)) t.hsdp_group_size(static_cast<int>(*v));
        },
        nullptr, "4", [](T t, const char*) { return detail::spelled(t.hsdp_group_size()); }},
+      {"shard_at_one_rank",
+       [](Knobs& k, const char* n, T d, std::string_view) {
+         k.declare<bool>(n, d.shard_at_one_rank(),
+                         "at one rank, a sharded --sharding runs its own strategy instead of training as replicated "
+                         "(to measure or reproduce it in one process)");
+       },
+       [](Training& t, const Knobs& k, const char* n) {
+         if (auto v = k.get_if_given<bool>(n)) t.shard_at_one_rank(*v);
+       },
+       nullptr, "true", [](T t, const char*) { return detail::spelled(t.shard_at_one_rank()); }},
       {"precision",
        [](Knobs& k, const char* n, T d, std::string_view) {
          k.declare<std::string>(

@@ -164,11 +164,13 @@ class Trainer {
   void build_model_and_strategy() {
     torch::manual_seed(static_cast<std::uint64_t>(training_.seed()));
     strategy_ = make_strategy_for_world(training_, group_->world_size());
-    if (lead() && training_.sharding() && sharded_stage_runs_replicated(*training_.sharding(), group_->world_size()))
+    if (lead() && training_.sharding() &&
+        sharded_stage_runs_replicated(*training_.sharding(), group_->world_size(), training_.shard_at_one_rank()))
       fmt::print(
           "hpctrain: {0} at one rank trains as replicated (sharding over one rank only adds copies and "
-          "gathers); its checkpoints keep {0}'s format and resume at any world size ({1}=1 shards anyway)\n",
-          strategy_->name(), env::shard_at_one_rank);
+          "gathers); its checkpoints keep {0}'s format and resume at any world size (--shard-at-one-rank shards "
+          "anyway)\n",
+          strategy_->name());
     run_->defer_blocks = strategy_->reads_deferred_blocks();
     make_model();
     if (auto* lists = dynamic_cast<ListsBlocks*>(model_.module.get()); lists != nullptr && !run_->defer_blocks)

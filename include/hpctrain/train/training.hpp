@@ -457,6 +457,13 @@ class Training {
     peak_flops_ = flops;
     return *this;
   }
+  /// At one rank, a sharded stage (sharding(), --sharding) runs its own strategy instead of training as Replicated
+  /// (ShardedAtOneRank, train/strategies/one_rank.hpp): to reproduce a sharded run's behaviour in one process, or to
+  /// measure ZeRO-3's own cost on one GPU. The knob --shard-at-one-rank sets it. Default: off.
+  Training& shard_at_one_rank(bool on) {
+    shard_at_one_rank_ = on;
+    return *this;
+  }
   /// Every rank prints `rank <r> parameters_crc32c=<digest>` at the end (reads the whole model; tests and
   /// reproducibility checks). The knob --report-digest sets it. Default: off.
   Training& report_digest(bool on) {
@@ -673,6 +680,7 @@ class Training {
   std::optional<double> flops_per_example() const { return flops_per_example_; }
   std::optional<double> peak_flops() const { return peak_flops_; }
   bool report_digest() const { return report_digest_; }
+  bool shard_at_one_rank() const { return shard_at_one_rank_; }
   int threads() const { return threads_; }
   bool keep_freed_memory() const { return keep_freed_memory_; }
   bool pin_memory() const { return pin_memory_; }
@@ -848,6 +856,7 @@ class Training {
   std::optional<Wandb> wandb_;
   std::optional<double> flops_per_example_, peak_flops_;
   bool report_digest_ = false;
+  bool shard_at_one_rank_ = false;
   bool evaluate_at_start_ = false;
   int threads_ = 0;
   bool keep_freed_memory_ = true;

@@ -104,7 +104,8 @@ inline int run_worker(const Training& training, const Knobs& knobs, const RunPla
     if (const auto request = detail::check_fabric_request())  // --check-fabric: measure, do not train
       return dist::check_fabric(world, options, *request);
     // Refused alike on every rank, before any rank connects; at one rank hsdp trains as Replicated (no groups).
-    if (configured.sharding() == hsdp && !sharded_stage_runs_replicated(ZeroStage::hsdp, world.world_size))
+    if (configured.sharding() == hsdp &&
+        !sharded_stage_runs_replicated(ZeroStage::hsdp, world.world_size, configured.shard_at_one_rank()))
       hsdp_shard_group_size(configured.hsdp_group_size(), world.world_size, world.local_world_size);
     return train(configured, world, options, placement).exit_code;
   } catch (const std::exception& error) {  // hpctrain's errors, and c10::Error from LibTorch

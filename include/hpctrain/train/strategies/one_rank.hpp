@@ -11,7 +11,7 @@
 // the logs.
 //
 // Memory per rank, in bytes per trainable parameter with Adam: Replicated's, 4 (parameter) + 4 (gradient) + 8
-// (moments); collectives: none at one rank. HPCTRAIN_SHARD_AT_ONE_RANK=1 makes the stage's own strategy instead
+// (moments); collectives: none at one rank. --shard-at-one-rank makes the stage's own strategy instead
 // (the GPU suite measures ZeRO-3's path on one GPU that way).
 #include <memory>
 #include <string>
@@ -75,7 +75,8 @@ class ShardedAtOneRank : public Replicated {
 /// Training::sharding (or --sharding) runs replicated (sharded_stage_runs_replicated), else the Training's own. A
 /// strategy given with Training::strategy is made as given.
 inline std::unique_ptr<DataParallelStrategy> make_strategy_for_world(const Training& training, int world_size) {
-  if (const auto stage = training.sharding(); stage && sharded_stage_runs_replicated(*stage, world_size))
+  if (const auto stage = training.sharding();
+      stage && sharded_stage_runs_replicated(*stage, world_size, training.shard_at_one_rank()))
     return std::make_unique<ShardedAtOneRank>(*stage);
   return training.make_strategy();
 }

@@ -18,7 +18,6 @@
 #include <fmt/ranges.h>
 
 #include <hpctrain/error.hpp>
-#include <hpctrain/names.hpp>
 
 namespace hpctrain {
 
@@ -53,9 +52,10 @@ inline std::optional<ZeroStage> zero_stage_from_name(std::string_view name) {
 
 /// Whether a run of `stage` on `world_size` ranks trains as Replicated: a sharded stage at one rank shards nothing
 /// and only adds work (ShardedAtOneRank, train/strategies/one_rank.hpp, keeps its checkpoint format), unless
-/// HPCTRAIN_SHARD_AT_ONE_RANK=1 asks for the stage's own strategy. What the Trainer makes and `--plan` plans.
-inline bool sharded_stage_runs_replicated(ZeroStage stage, int world_size) {
-  return stage != ZeroStage::none && world_size == 1 && hpctrain::getenv(env::shard_at_one_rank).value_or("") != "1";
+/// `shard_at_one_rank` (Training::shard_at_one_rank, --shard-at-one-rank) asks for the stage's own strategy. What
+/// the Trainer makes and `--plan` plans.
+inline bool sharded_stage_runs_replicated(ZeroStage stage, int world_size, bool shard_at_one_rank) {
+  return stage != ZeroStage::none && world_size == 1 && !shard_at_one_rank;
 }
 
 /// The size of an hsdp shard group: `requested`, or the ranks of a node when it is 0. Throws SpecError(sharding)
