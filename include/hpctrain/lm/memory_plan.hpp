@@ -10,8 +10,8 @@
 //                   ZeRO-2, ZeRO-3's blocks and edges a shard and the rest whole
 //   optimizer state AdamW's two fp32 moments of what trains: whole for Replicated, a shard for ZeRO-1/2/3
 //   bf16 weights    autocast's bf16 copy of every Linear weight, cached for the forward (Replicated, ZeRO-1/2);
-//                   ZeRO-3's bf16 copy of its shard of the blocks and the head, from which it gathers one unit at
-//                   a time (the embedding gathers in fp32), and autocast's copy of a tied head
+//                   under ZeRO-3 only autocast's copy of a tied head (each unit's shard is converted to bf16 as it
+//                   is gathered: no copy kept, FSDP2's 16 bytes a parameter over N)
 //   gathered unit   ZeRO-3: the largest unit gathered for compute, a block or the untied head
 //   in flight       ZeRO-3's backward, besides the activations not yet consumed (train/strategies/fully_sharded.hpp):
 //                   the unit computing and the one prefetched (gathered: 2 bytes a parameter in bf16, 4 in fp32),
@@ -26,7 +26,8 @@
 //                   28·h + 8·kv + 16·i in fp32 (fused under FusedProjections::always, the same and the concatenated
 //                   fp32 weights of the fused groups, 4·(q + 2·kv + 2·i)·h bytes a layer whatever the tokens); GPT-2
 //                   38·h and 68·h; a frozen Linear keeps no input), or with
-//                   recomputation (--activation-checkpointing full, under ZeRO-3 too) each block's input plus one
+//                   recomputation (--activation-checkpointing full, under ZeRO-3 too) each block's input (ZeRO-3's
+//                   bf16 residual stream: 2 bytes a hidden unit after the first block, else 4) plus one
 //                   block's worth, or with selective recomputation each block's input and its matrix products'
 //                   outputs (Llama q + 2·kv + h + 2·i + h elements a token, GPT-2 3·h + h + 4·h + h; LoRA's rank-r
 //                   middles besides; 2 bytes each under bf16 autocast, 4 in fp32) plus one block's worth
@@ -261,10 +262,10 @@ struct BackwardPeak {
 };
 
 /// ZeRO-3's units as its backward holds them: bytes a block (the head) holds gathered, and the elements whose gradients
-/// it computes and reduce-scatters (all of them in full fine-tuning; LoRA's adapters only); the embedding's bytes
-/// gathered again at backward's end (none when frozen: nothing reads it there).
+/// it computes and reduce-scatters (all of them in full fine-tuning; LoRA's adapters only). The embedding is not
+/// gathered in backward: its gradient needs only the ids (fully_sharded.hpp's look_up_embedding).
 struct Zero3Units {
-  double block_gathered = 0, block_trained = 0, head_gathered = 0, head_trained = 0, embedding_in_backward = 0;
+  double block_gathered = 0, block_trained = 0, head_gathered = 0, head_trained = 0;
 };
 
 /// ZeRO-3's backward, unit by unit from the head (the header's "in flight"): before the backward of the k-th unit
@@ -291,9 +292,9 @@ inline BackwardPeak zero3_backward_peak(const PlanInput& in, double kept, double
     reducing.push_back(trained);
   };
   if (units.head_gathered > 0) consider(kept + logits, units.head_gathered, units.head_trained, units.block_gathered);
-  for (double k = 0; k < layers; ++k)  // the bottom block prefetches the embedding, when backward gathers it
+  for (double k = 0; k < layers; ++k)  // the bottom block prefetches nothing
     consider(per_layer + others * (layers - 1.0 - k), units.block_gathered, units.block_trained,
-             k + 1 < layers ? units.block_gathered : units.embedding_in_backward);
+             k + 1 < layers ? units.block_gathered : 0.0);
   return peak;
 }
 
@@ -340,24 +341,24 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   else if (in.strategy == "zero2") plan.gradients = 4.0 * trainable / world;
   else plan.gradients = 4.0 * ((trainable_blocks + trained_edges) / world + trainable_outside);
   plan.optimizer_state = 8.0 * (in.strategy == "none" ? trainable : trainable / world);
-  // ZeRO-3 in bf16 keeps a bf16 copy of its shard of what trains in the blocks and the head (cast once per step) and
-  // gathers one unit at a time from it; autocast casts a tied head (outside the units) for each forward, and LoRA's
-  // frozen fp32 head (a unit) once gathered.
+  // ZeRO-3 in bf16 converts each unit's shard as it gathers it (no copy kept); autocast casts a tied head (outside the
+  // units) for each forward, and LoRA's frozen fp32 head (a unit) once gathered.
   Zero3Units units;
   units.block_gathered = compute_bytes * (lora ? block + trainable / static_cast<double>(m.layers) : block);
   units.block_trained = lora ? trainable / static_cast<double>(m.layers) : block;
   units.head_gathered = lora ? 6.0 * edge_head : compute_bytes * edge_head;
   units.head_trained = lora ? 0.0 : edge_head;
-  units.embedding_in_backward = lora ? 0.0 : 4.0 * edge_head;
   if (zero3) plan.gathered_unit = std::max(units.block_gathered, units.head_gathered);
-  if (zero3 && in.bf16)
-    plan.bf16_weights = 2.0 * (lora ? trainable : blocks + edge_head) / world + (m.tied ? 2.0 * head : 0.0);
+  if (zero3 && in.bf16) plan.bf16_weights = m.tied ? 2.0 * head : 0.0;
   else if (in.bf16) plan.bf16_weights = 2.0 * static_cast<double>(m.linear_weights);
   const double tokens = static_cast<double>(in.micro_batch * in.sequence);
   const double per_layer = tokens * static_cast<double>(activation_bytes_per_token(in)) +
                            static_cast<double>(fused_weight_bytes_per_layer(in));
   plan.activations = per_layer * static_cast<double>(m.layers);
-  const double block_inputs = tokens * 4.0 * static_cast<double>(m.hidden * m.layers);
+  // Each block's input: fp32 (autocast's residual stream), or under ZeRO-3 in bf16 the first fp32 and the rest bf16.
+  const double stream_bytes = zero3 && in.bf16 ? 2.0 : 4.0;
+  const double block_inputs =
+      tokens * static_cast<double>(m.hidden) * (4.0 + stream_bytes * static_cast<double>(m.layers - 1));
   plan.activations_recomputed = block_inputs + per_layer;
   // The block being recomputed holds its own products in its graph: counted once, in its worth (per_layer).
   plan.activations_selective =
@@ -430,7 +431,7 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
           : "");
   row("gradients (fp32)", plan.gradients);
   row("optimizer state (AdamW)", plan.optimizer_state);
-  if (plan.bf16_weights > 0) row(zero3 ? "bf16 copy of the shard" : "bf16 weights (autocast)", plan.bf16_weights);
+  if (plan.bf16_weights > 0) row("bf16 weights (autocast)", plan.bf16_weights);
   if (plan.gathered_unit > 0)
     row("gathered unit", plan.gathered_unit,
         plan.gathered_unit > (in.bf16 ? 2.0 : 4.0) * static_cast<double>(in.model.block_parameters) * 1.01 ? "the head"

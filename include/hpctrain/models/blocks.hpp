@@ -144,7 +144,9 @@ class ListsBlocks {
   torch::Tensor run_block(std::size_t index, const BlockCall& call, const torch::Tensor& input) {
     return block_runner_ ? block_runner_(index, call, input) : call(input);
   }
-  /// `call(input)` for the module edge(edge) names, through the installed runner if any.
+  /// `call(input)` for the module edge(edge) names, through the installed runner if any. `call` must be that module's
+  /// forward and nothing else: where the embedding is a torch::nn::Embedding, the fully sharded strategy looks its rows
+  /// up itself.
   torch::Tensor run_edge(Edge edge, const BlockCall& call, const torch::Tensor& input) {
     return edge_runner_ ? edge_runner_(edge, call, input) : call(input);
   }

@@ -146,7 +146,39 @@ struct OnBackwardFunction : torch::autograd::Function<OnBackwardFunction> {
   }
 };
 
+struct GradientHook : torch::CustomClassHolder {
+  std::function<void(const torch::Tensor&)> hook;
+};
+
+/// The identity on a tensor that needs no gradient, whose backward hands the gradient of its output to a hook and
+/// nothing further: the hook does with it what autograd would not (a lookup whose weight is not in the graph).
+struct GradientSinkFunction : torch::autograd::Function<GradientSinkFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
+                               c10::intrusive_ptr<GradientHook> hook, torch::Tensor anchor) {
+    (void)anchor;
+    ctx->saved_data["hook"] =
+        c10::IValue::make_capsule(c10::static_intrusive_pointer_cast<torch::CustomClassHolder>(hook));
+    return x;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    if (grads[0].defined())
+      c10::static_intrusive_pointer_cast<GradientHook>(ctx->saved_data["hook"].toCapsule())->hook(grads[0]);
+    return {torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace detail
+
+/// `x` (which needs no gradient) unchanged, in the graph: in backward `hook` receives the gradient of the result, and
+/// nothing flows further. ZeRO-3's embedding (train/strategies/fully_sharded.hpp) computes its weight's gradient there
+/// from the ids alone, without gathering the weight again for backward.
+inline torch::Tensor on_gradient(const torch::Tensor& x, std::function<void(const torch::Tensor&)> hook) {
+  auto holder = c10::make_intrusive<detail::GradientHook>();
+  holder->hook = std::move(hook);
+  auto anchor = torch::zeros({}, torch::TensorOptions().device(x.device()).requires_grad(true));
+  return detail::GradientSinkFunction::apply(x, holder, anchor);
+}
 
 /// `x` unchanged, with `hook` called in backward once the gradient of the result has been computed: on a block's
 /// output, before the block's own backward; on its input, after it (autograd runs the parameters' gradient

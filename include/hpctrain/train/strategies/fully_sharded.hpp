@@ -88,6 +88,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/types.h>
 
 #include <hpctrain/dist/collectives.hpp>
@@ -154,6 +155,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     dist::broadcast_module(*world_, *model_);  // deferred blocks are empty here: every rank reads the same bytes
     collect_parameters();
     build_layout();
+    choose_embedding_lookup();
     build_units();
     build_master_shards();
     build_frozen_parts();
@@ -172,6 +174,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
 
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
 
+  /// Also starts gathering the embedding the strategy looks up (the step's first unit), so that its all-gather overlaps
+  /// what comes before the forward.
   void zero_grad() override {
     release_all_blocks();
     for (auto& unit : units_) unit.gradient_accumulated = unit.sent = false;
@@ -179,6 +183,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
       if (parameter.grad().defined()) parameter.mutable_grad().reset();
     for (auto& piece : pieces_)
       if (piece.master.grad().defined()) piece.master.mutable_grad().reset();
+    if (looks_up_embedding_) prefetch(edge_unit(Edge::embedding));
   }
 
   void set_sync(bool sync) override { sync_ = sync; }
@@ -216,7 +221,6 @@ class FullyShardedStrategy : public DataParallelStrategy {
     for (auto& piece : pieces_)  // reduced-precision shards take their master's new values; an fp32 shard is its master
       if (!piece.master.is_alias_of(units_[piece.bucket].shard))
         units_[piece.bucket].shard.narrow(0, piece.place.shard_offset, piece.place.length).copy_(piece.master);
-    for (auto& unit : units_) unit.compute_shard = torch::Tensor();  // the shards changed: cast again when gathered
     std::vector<dist::PendingAllGather> gathers;
     for (std::size_t b = sharded_units_; b < units_.size(); ++b)
       gathers.push_back(dist::start_all_gather_in_place(*group_, units_[b].flat));
@@ -247,7 +251,6 @@ class FullyShardedStrategy : public DataParallelStrategy {
     for (auto& piece : pieces_)
       if (!piece.master.is_alias_of(units_[piece.bucket].shard))
         piece.master.copy_(units_[piece.bucket].shard.narrow(0, piece.place.shard_offset, piece.place.length));
-    for (auto& unit : units_) unit.compute_shard = torch::Tensor();
     // The parameters kept whole: the other ranks' parts, as after a step.
     std::vector<dist::PendingAllGather> gathers;
     for (std::size_t b = sharded_units_; b < units_.size(); ++b)
@@ -397,7 +400,6 @@ class FullyShardedStrategy : public DataParallelStrategy {
     torch::Tensor shard;           // this rank's shard (for non-block units a view into `flat`)
     torch::Tensor flat;            // the whole padded bucket: blocks only while gathered; others always
     torch::Tensor gradient_shard;  // this rank's averaged gradient shard
-    torch::Tensor compute_shard;   // bf16 blocks: the shard cast to bf16, once per step (undefined until needed)
     c10::Storage held;             // kept activations: the freed gathered buffer autograd still refers to (empty)
     dist::PendingAllGather gather;
     dist::PendingReduceScatter reduce_scatter;
@@ -699,28 +701,32 @@ class FullyShardedStrategy : public DataParallelStrategy {
   }
 
   // ---- gathering blocks ----------------------------------------------------------------------------------
-  /// Whether block b computes in bf16 (Precision::bf16 over fp32 parameters): gathered in bf16, its gradients
-  /// reduce-scattered every micro-batch (their bf16 sums must not accumulate in the parameters' .grad).
-  /// The embedding edge stays fp32: its lookup copies rows, exact in fp32, and it is gathered only at the step's
-  /// two ends, where few activations are held.
-  bool computes_in_bf16(std::size_t b) const {
-    return bf16_blocks_ && b < sharded_units_ && b != edge_unit(Edge::embedding) &&
+  /// Whether unit b is gathered in bf16 for compute (Precision::bf16 over fp32 parameters): the blocks, the head, and
+  /// an embedding the strategy looks up itself (look_up_embedding: its rows are what block 0 would round to bf16
+  /// anyway). An embedding run by its module stays fp32: its backward reads the weight, gathered again.
+  bool gathers_in_bf16(std::size_t b) const {
+    return bf16_blocks_ && b < sharded_units_ && (b != edge_unit(Edge::embedding) || looks_up_embedding_) &&
            units_[b].shard.scalar_type() == torch::kFloat32;
   }
 
+  /// Whether unit b computes in bf16: gathered so, and its gradients are bf16, reduce-scattered every micro-batch
+  /// (their bf16 sums must not accumulate in the parameters' .grad). The embedding's gradient is formed in fp32
+  /// (accumulate_embedding_gradient), whatever it was gathered in.
+  bool computes_in_bf16(std::size_t b) const { return gathers_in_bf16(b) && b != edge_unit(Edge::embedding); }
+
+  /// Starts gathering unit b: in bf16 for compute where it computes so, converted as this rank's slice is copied in
+  /// (FSDP2's cast of the all-gather input: no bf16 copy of the shard is kept between gathers).
   void start_gather(std::size_t b, bool for_compute = true) {
     torch::NoGradGuard no_grad;
     auto& unit = units_[b];
-    const bool bf16 = for_compute && computes_in_bf16(b);
-    if (bf16 && !unit.compute_shard.defined()) unit.compute_shard = unit.shard.to(torch::kBFloat16);
-    const auto& source = bf16 ? unit.compute_shard : unit.shard;
+    const auto options =
+        unit.shard.options().dtype(for_compute && gathers_in_bf16(b) ? torch::kBFloat16 : unit.shard.scalar_type());
     const auto numel = layout_.buckets()[b].padded_numel;
     // Gathered again for backward, a block whose activations were kept refills the buffer they refer to.
     const bool refill = for_compute && unit.held && unit.held.unsafeGetStorageImpl()->nbytes() == 0 &&
-                        torch::elementSize(source.scalar_type()) * numel > 0;
-    unit.flat =
-        refill ? refill_storage(unit.held, numel, source.options()) : dist::empty_flat_buffer(numel, source.options());
-    own_slice(b).copy_(source);
+                        torch::elementSize(torch::typeMetaToScalarType(options.dtype())) * numel > 0;
+    unit.flat = refill ? refill_storage(unit.held, numel, options) : dist::empty_flat_buffer(numel, options);
+    own_slice(b).copy_(unit.shard);
     if (unit.flat.numel() > 0)
       unit.gather = dist::start_all_gather_in_place(*group_, unit.flat);  // nothing trains in it: nothing
     if (for_compute) block_traffic_.gathered += unit.flat.nbytes();
@@ -864,20 +870,83 @@ class FullyShardedStrategy : public DataParallelStrategy {
   /// its weight and the logits' gradient at once anyway); an edge that is none (tied, frozen) runs as it is.
   torch::Tensor run_edge(Edge edge, const BlockCall& call, const torch::Tensor& input) {
     const auto unit = edge_unit(edge);
-    return unit == no_unit ? call(input) : run_keeping_activations(unit, call, input);
+    if (unit == no_unit) return call(input);
+    if (edge == Edge::embedding && looks_up_embedding_ && !input.is_floating_point()) return look_up_embedding(input);
+    return run_keeping_activations(unit, call, input);
+  }
+
+  // ---- the embedding --------------------------------------------------------------------------------------
+  /// Whether the strategy looks the embedding's rows up itself: its edge is a torch::nn::Embedding (no max_norm, no
+  /// scale_grad_by_freq, dense) whose weight trains and is its unit's one parameter. The weight's gradient needs only
+  /// the ids (embedding_dense_backward), so backward never gathers it again, and its rows are gathered in bf16 under
+  /// Precision::bf16 (those block 0 rounds its input to).
+  void choose_embedding_lookup() {
+    looks_up_embedding_ = false;
+    const auto unit = edge_unit(Edge::embedding);
+    if (unit == no_unit) return;
+    auto* embedding =
+        dynamic_cast<torch::nn::EmbeddingImpl*>(edge_modules_[static_cast<std::size_t>(Edge::embedding)].get());
+    if (embedding == nullptr) return;
+    const auto& options = embedding->options;
+    const auto& bucket = layout_.buckets()[unit];
+    if (options.max_norm() || options.scale_grad_by_freq() || options.sparse() || bucket.parameters.size() != 1 ||
+        !frozen_layout_.buckets()[unit].parameters.empty() ||
+        parameters_[bucket.parameters.front()].unsafeGetTensorImpl() != embedding->weight.unsafeGetTensorImpl())
+      return;
+    embedding_padding_ = options.padding_idx().value_or(-1);
+    looks_up_embedding_ = true;
+  }
+
+  /// The embedding's rows for `ids`, in its shard's dtype: gathered (or its prefetch waited for), looked up, freed at
+  /// once. In backward the rows' gradient becomes the weight's (accumulate_embedding_gradient): no gather there.
+  torch::Tensor look_up_embedding(const torch::Tensor& ids) {
+    const auto unit = edge_unit(Edge::embedding);
+    acquire(unit);
+    prefetch(next_unit(unit));
+    torch::Tensor rows;
+    {
+      torch::NoGradGuard no_grad;
+      const auto& weight = parameters_[layout_.buckets()[unit].parameters.front()];
+      rows = at::embedding(weight, ids, embedding_padding_).to(units_[unit].shard.scalar_type());
+    }
+    release(unit);
+    if (!torch::GradMode::is_enabled()) return rows;
+    return models::on_gradient(rows,
+                               [this, ids](const torch::Tensor& grad) { accumulate_embedding_gradient(ids, grad); });
+  }
+
+  /// The embedding weight's gradient from its rows' (`grad`) and the ids, in fp32 (the shard's dtype: repeated ids sum
+  /// exactly enough), added to the weight's .grad as autograd would; on the step's last micro-batch its reduce-scatter
+  /// starts at once (the last unit backward reaches).
+  void accumulate_embedding_gradient(const torch::Tensor& ids, const torch::Tensor& grad) {
+    torch::NoGradGuard no_grad;
+    const auto unit = edge_unit(Edge::embedding);
+    const auto p = layout_.buckets()[unit].parameters.front();
+    const auto rows = full_shapes_[p].size(0);
+    auto weight_grad = at::embedding_dense_backward(grad.to(units_[unit].gradient_shard.scalar_type()), ids, rows,
+                                                    embedding_padding_, /*scale_grad_by_freq=*/false);
+    auto& parameter = parameters_[p];
+    if (parameter.grad().defined()) parameter.mutable_grad().add_(weight_grad);
+    else parameter.mutable_grad() = std::move(weight_grad);
+    if (sync_) start_gradient_reduce_scatter(unit);
   }
 
   /// A block computing in bf16 takes a bf16 input (FSDP2's cast_forward_inputs: the CPU's layer_norm refuses an
-  /// fp32 input with bf16 weights) and gives back the input's dtype, so the stream between blocks keeps it. An
-  /// edge's call is left to autocast: the head's logits stay in the dtype it computes them in.
+  /// fp32 input with bf16 weights) and hands the next block its bf16 output: the residual stream between blocks is
+  /// bf16 (2 bytes a token and hidden unit where recomputation keeps block inputs, no casts between blocks; the
+  /// values are those an fp32 stream would carry, each block's bf16 output widened and narrowed again). The last block
+  /// gives back the dtype the first one took, so what follows the blocks (the final norm) sees the stream it would
+  /// without sharding. An edge's call is left to autocast: the head's logits stay in the dtype it computes them in.
   /// A block gathered in its shard's precision (the whole model pinned by gather_full_model) runs as it is: what
   /// was gathered is read when the call runs (a checkpointed block is gathered inside it).
-  BlockCall computing(std::size_t unit, const BlockCall& call) const {
+  BlockCall computing(std::size_t unit, const BlockCall& call) {
     if (unit >= model_blocks_ || !computes_in_bf16(unit)) return call;
     return [this, unit, call](const torch::Tensor& x) {
       const auto& flat = units_[unit].flat;
       if (flat.defined() && flat.scalar_type() != torch::kBFloat16) return call(x);
-      return call(x.to(torch::kBFloat16)).to(x.scalar_type());
+      if (unit == 0) stream_dtype_ = x.scalar_type();
+      auto y = call(x.to(torch::kBFloat16));
+      return unit + 1 == model_blocks_ ? y.to(stream_dtype_) : y;
     };
   }
 
@@ -935,9 +1004,11 @@ class FullyShardedStrategy : public DataParallelStrategy {
     const auto k = place_in_order_[unit] + 1;
     return k < forward_order_.size() ? forward_order_[k] : no_unit;
   }
+  /// Backward's prefetch: an embedding the strategy looks up is not gathered in backward.
   std::size_t previous_unit(std::size_t unit) const {
     const auto k = place_in_order_[unit];
-    return k > 0 ? forward_order_[k - 1] : no_unit;
+    if (k == 0 || (looks_up_embedding_ && forward_order_[k - 1] == edge_unit(Edge::embedding))) return no_unit;
+    return forward_order_[k - 1];
   }
 
   /// Starts reduce-scattering unit b's gradients (in the gradient shard's fp32; the parameters' gradients are
@@ -1051,6 +1122,9 @@ class FullyShardedStrategy : public DataParallelStrategy {
   bool sync_ = true;
   bool pinned_ = false;
   bool bf16_blocks_ = false;  // Precision::bf16: blocks gathered and computed in bf16 (computes_in_bf16)
+  torch::ScalarType stream_dtype_ = torch::kFloat32;  // what the first bf16 block took, the last one gives back
+  bool looks_up_embedding_ = false;                   // choose_embedding_lookup
+  std::int64_t embedding_padding_ = -1;               // its padding_idx (-1: none): that row gets no gradient
   torch::ScalarType reduce_dtype_ = torch::kFloat32;  // what the reduce-scatters and the replicas' all-reduces sum in
   std::size_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
   std::deque<std::size_t> reducing_;                          // units whose reduce-scatter is in flight, oldest first
