@@ -386,9 +386,11 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   // and 1.34-1.82 times the transient bytes at --local 1, 2 and 4; counted as once them.
   if (in.cpu) plan.host_heap_slack = transient;
   plan.peak += plan.host_heap_slack;
-  plan.host_at_load =
-      4.0 * (reads_slices(in) ? outside + static_cast<double>(m.block_parameters) : static_cast<double>(m.parameters)) *
-      in.ranks_per_node;
+  // At load a rank builds one block at a time and what is outside the units whole (ZeRO-3: the edges read as slices).
+  plan.host_at_load = 4.0 *
+                      (reads_slices(in) ? outside - edges + static_cast<double>(m.block_parameters)
+                                        : static_cast<double>(m.parameters)) *
+                      in.ranks_per_node;
   plan.gpu = in.gpu_bytes;
   return plan;
 }
@@ -464,8 +466,8 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
   out += fmt::format(
       "per node at load: at least {} of host memory ({})\n", plan_bytes(plan.host_at_load),
       reads_slices(in)
-          ? "each rank builds the parameters outside the blocks and one block at a time, and reads only its "
-            "slices of the rest"
+          ? "each rank builds the parameters outside the blocks and edges and one block at a time, and reads "
+            "only its slices of the rest"
           : "each rank builds the whole model in fp32");
   return out;
 }

@@ -22,8 +22,9 @@
 // Deferred blocks: a model can be built with its blocks' parameters left empty (DeepSpeed's zero.Init, FSDP's
 // meta-device model). A loader builds each block under a BlockConstruction scope, which empties it as soon as
 // it is built, so that the whole model never exists at once, and attaches DeferredBlocks: the full shapes and
-// where the values come from. The fully sharded strategy then reads only its own slices of each block;
-// anything else calls materialize_blocks first.
+// where the values come from. A loader defers the model's edges too (their values are in the checkpoint): at Llama
+// 3's vocabulary they are 1 of 8 billion parameters, 4 GiB a rank in fp32. The fully sharded strategy then reads only
+// its own slices of each block and edge; anything else calls materialize_blocks first.
 #if defined(__GLIBC__)
 #include <malloc.h>  // malloc_trim
 #endif
@@ -63,9 +64,13 @@ struct DeferredPlace {
 
 /// The blocks of a model whose parameters are still empty, and where their values come from.
 struct DeferredBlocks {
-  /// For each block, in blocks() order: its parameters in registration order (parameters()), each as a meta
+  /// For each block, in blocks() order, then (where the loader deferred them too: edges_deferred) each edge the model
+  /// names, the embedding before the head: its parameters in registration order (parameters()), each as a meta
   /// tensor with the full shape and dtype.
   std::vector<std::vector<torch::Tensor>> shapes;
+  /// Whether shapes lists the model's edges after its blocks (a model loaded from a checkpoint; one initialised from
+  /// scratch, models/deferred_initialization.hpp, builds its edges whole).
+  bool edges_deferred = false;
   /// Writes elements [offset, offset + out.numel()) of block `block`'s parameter `parameter`, flattened in
   /// row-major order, into `out` (converted to out's dtype and device).
   std::function<void(std::size_t block, std::size_t parameter, std::int64_t offset, torch::Tensor out)> read;
@@ -127,16 +132,24 @@ class ListsBlocks {
   models::Recompute activation_checkpointing() const { return activation_checkpointing_; }
   /// The blocks' deferred values, when the blocks were built empty (null once they are materialized or sharded).
   const std::shared_ptr<DeferredBlocks>& deferred_blocks() const { return deferred_blocks_; }
-  /// Records where each of the blocks' parameters sits (DeferredBlocks::places) when not recorded yet.
+  /// Records where each of the deferred parameters sits (DeferredBlocks::places) when not recorded yet.
   void set_deferred_blocks(std::shared_ptr<DeferredBlocks> deferred) {
     deferred_blocks_ = std::move(deferred);
     if (!deferred_blocks_ || !deferred_blocks_->places.empty()) return;
-    const auto listed = blocks();
+    const auto listed = deferred_modules(deferred_blocks_->edges_deferred);
     for (std::size_t b = 0; b < listed.size(); ++b) {
       const auto parameters = listed[b]->parameters();
       for (std::size_t k = 0; k < parameters.size(); ++k)
         deferred_blocks_->places[parameters[k].unsafeGetTensorImpl()] = {b, k};
     }
+  }
+  /// The modules DeferredBlocks::shapes lists, in its order: the blocks, then with `edges` each edge the model names.
+  std::vector<std::shared_ptr<torch::nn::Module>> deferred_modules(bool edges) {
+    auto modules = blocks();
+    if (!edges) return modules;
+    for (const auto which : {Edge::embedding, Edge::head})
+      if (auto module = edge(which)) modules.push_back(std::move(module));
+    return modules;
   }
 
  protected:
@@ -197,13 +210,13 @@ inline std::vector<torch::Tensor> empty_block_parameters(torch::nn::Module& bloc
   return shapes;
 }
 
-/// Gives every deferred block its whole values (each parameter read in full, in its own dtype and device).
+/// Gives every deferred block (and edge) its whole values (each parameter read in full, in its own dtype and device).
 inline void materialize_blocks(ListsBlocks& lists) {
   const auto deferred = lists.deferred_blocks();
   if (!deferred) return;
-  const auto blocks = lists.blocks();
+  const auto modules = lists.deferred_modules(deferred->edges_deferred);
   torch::NoGradGuard no_grad;
-  for (const auto& block : blocks)
+  for (const auto& block : modules)
     for (auto& parameter : block->parameters()) {
       const auto found = deferred->places.find(parameter.unsafeGetTensorImpl());
       if (found == deferred->places.end()) continue;  // added after loading (an adapter): whole already

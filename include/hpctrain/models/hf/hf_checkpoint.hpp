@@ -116,6 +116,11 @@ Holder build_with_empty_blocks(const Config& config, torch::Dtype dtype) {
     WeightsFromCheckpoint uninitialised;
     model = Holder(config);
   }
+  // The edges (an untied embedding and head) are emptied before the conversion touches them: built uninitialised,
+  // their pages were never written.
+  deferred->edges_deferred = true;
+  for (const auto which : {Edge::embedding, Edge::head})
+    if (auto module = model->edge(which)) deferred->shapes.push_back(empty_block_parameters(*module));
   model->to(dtype);
   model->set_deferred_blocks(std::move(deferred));
   return model;

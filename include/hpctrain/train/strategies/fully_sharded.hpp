@@ -37,8 +37,9 @@
 //
 // Loading: a model whose blocks were built empty (models/blocks.hpp's DeferredBlocks: lm::from_pretrained under
 // ZeRO-3, DeepSpeed's zero.Init and FSDP's meta-device model do the same) is never whole on any rank: setup
-// reads each block's shard slice by slice from its source (each rank only its own part of the checkpoint), and
-// broadcasts nothing of the blocks, since every rank reads the same bytes.
+// reads each block's shard slice by slice from its source (each rank only its own part of the checkpoint), and the
+// edges' too where the loader deferred them (a checkpoint's), and broadcasts nothing of them, since every rank reads
+// the same bytes.
 //
 // Mixed precision as FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32 or bf16) does it: under
 // Precision::bf16 a block's fp32 shard is cast to bf16 once per step, the blocks are all-gathered and computed in
@@ -561,8 +562,8 @@ class FullyShardedStrategy : public DataParallelStrategy {
   }
 
   /// Copies every parameter into its unit's flat bucket; keeps this rank's shard; block parameters are
-  /// then freed (empty), the others become views of their (persistent) bucket. A deferred block is never
-  /// whole: its shard is read slice by slice (read_own_slices).
+  /// then freed (empty), the others become views of their (persistent) bucket. Under a deferred model the units
+  /// (blocks and edges) are never whole: each shard is read slice by slice (read_own_slices).
   void build_units() {
     torch::NoGradGuard no_grad;
     units_.resize(layout_.buckets().size());
@@ -572,7 +573,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
       const auto options = bucket.parameters.empty()
                                ? torch::TensorOptions(torch::kFloat32).device(group_->device())
                                : parameters_[bucket.parameters.front()].options().requires_grad(false);
-      if (b < model_blocks_ && deferred_) {
+      if (b < sharded_units_ && deferred_) {
         unit.gradient_shard = torch::zeros({bucket.shard_numel}, options);
         unit.shard = torch::zeros({bucket.shard_numel}, options);
         read_own_slices(layout_, parameters_, b, unit.shard);
