@@ -22,6 +22,7 @@
 #include <hpctrain/models/initialization.hpp>
 #include <hpctrain/models/recompute/activation_checkpoint.hpp>
 #include <hpctrain/models/roberta_config.hpp>
+#include <hpctrain/models/weights_from_checkpoint.hpp>
 
 namespace hpctrain::models {
 
@@ -37,11 +38,14 @@ inline torch::Tensor roberta_position_ids(const torch::Tensor& input_ids, const 
 class RobertaEmbeddingsImpl : public torch::nn::Module {
  public:
   explicit RobertaEmbeddingsImpl(const RobertaConfig& config) {
-    word_embeddings = register_module("word_embeddings", torch::nn::Embedding(config.vocab_size, config.hidden_size));
-    position_embeddings = register_module("position_embeddings",
-                                          torch::nn::Embedding(config.max_position_embeddings, config.hidden_size));
+    word_embeddings = register_module(
+        "word_embeddings", make_embedding(torch::nn::EmbeddingOptions(config.vocab_size, config.hidden_size)));
+    position_embeddings = register_module(
+        "position_embeddings",
+        make_embedding(torch::nn::EmbeddingOptions(config.max_position_embeddings, config.hidden_size)));
     token_type_embeddings =
-        register_module("token_type_embeddings", torch::nn::Embedding(config.type_vocab_size, config.hidden_size));
+        register_module("token_type_embeddings",
+                        make_embedding(torch::nn::EmbeddingOptions(config.type_vocab_size, config.hidden_size)));
     LayerNorm = register_module(
         "LayerNorm",
         torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.hidden_size}).eps(config.layer_norm_eps)));
@@ -65,9 +69,9 @@ class RobertaSelfAttentionImpl : public torch::nn::Module {
       : heads_(config.num_attention_heads),
         head_dim_(config.head_dim()),
         dropout_(config.attention_probs_dropout_prob) {
-    query = register_module("query", torch::nn::Linear(config.hidden_size, config.hidden_size));
-    key = register_module("key", torch::nn::Linear(config.hidden_size, config.hidden_size));
-    value = register_module("value", torch::nn::Linear(config.hidden_size, config.hidden_size));
+    query = register_module("query", make_linear(torch::nn::LinearOptions(config.hidden_size, config.hidden_size)));
+    key = register_module("key", make_linear(torch::nn::LinearOptions(config.hidden_size, config.hidden_size)));
+    value = register_module("value", make_linear(torch::nn::LinearOptions(config.hidden_size, config.hidden_size)));
   }
   /// `keep` [B, 1, 1, T]: true where the key is a real token (or undefined: every key).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep) {
@@ -93,7 +97,7 @@ TORCH_MODULE(RobertaSelfAttention);
 class RobertaResidualOutputImpl : public torch::nn::Module {
  public:
   RobertaResidualOutputImpl(std::int64_t in, const RobertaConfig& config) {
-    dense = register_module("dense", torch::nn::Linear(in, config.hidden_size));
+    dense = register_module("dense", make_linear(torch::nn::LinearOptions(in, config.hidden_size)));
     LayerNorm = register_module(
         "LayerNorm",
         torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.hidden_size}).eps(config.layer_norm_eps)));
@@ -125,7 +129,8 @@ TORCH_MODULE(RobertaAttention);
 class RobertaIntermediateImpl : public torch::nn::Module {
  public:
   explicit RobertaIntermediateImpl(const RobertaConfig& config) {
-    dense = register_module("dense", torch::nn::Linear(config.hidden_size, config.intermediate_size));
+    dense =
+        register_module("dense", make_linear(torch::nn::LinearOptions(config.hidden_size, config.intermediate_size)));
   }
   torch::Tensor forward(const torch::Tensor& x) { return torch::gelu(linear(dense, x)); }  // exact GELU
   torch::nn::Linear dense{nullptr};
@@ -221,7 +226,8 @@ class RobertaForMaskedLMImpl : public torch::nn::Module, public HuggingFaceLayou
     config_.validate();
     roberta = register_module("roberta", RobertaModel(config_));
     auto head = register_module("lm_head", std::make_shared<torch::nn::Module>());
-    head_dense = head->register_module("dense", torch::nn::Linear(config_.hidden_size, config_.hidden_size));
+    head_dense =
+        head->register_module("dense", make_linear(torch::nn::LinearOptions(config_.hidden_size, config_.hidden_size)));
     head_norm = head->register_module(
         "layer_norm",
         torch::nn::LayerNorm(torch::nn::LayerNormOptions({config_.hidden_size}).eps(config_.layer_norm_eps)));
@@ -299,7 +305,11 @@ inline RobertaConfig read_roberta_config(const std::filesystem::path& directory)
 inline RobertaForMaskedLM load_roberta(const std::filesystem::path& directory, torch::Dtype dtype = torch::kFloat32) {
   const auto config = read_roberta_config(directory);
   const safetensors::Checkpoint checkpoint(directory);
-  RobertaForMaskedLM model(config);
+  RobertaForMaskedLM model(nullptr);
+  {
+    WeightsFromCheckpoint uninitialised;  // the load writes every parameter (and refuses a checkpoint lacking one)
+    model = RobertaForMaskedLM(config);
+  }
   model->to(dtype);
   load_weights(*model, checkpoint, detail::roberta_naming(config), directory);
   return model;

@@ -2,8 +2,9 @@
 // A model whose every parameter a checkpoint is about to write is built without initialising any (issue 54's
 // start-up at 70B): while a WeightsFromCheckpoint scope is alive on this thread, the families' linear layers and
 // embeddings get torch::empty weights instead of LibTorch's random ones, and the transformers initialisation
-// (initialize_normal, init_normal, init_fill) does nothing. The loads of models/hf/hf_checkpoint.hpp open it: they
-// refuse a checkpoint that lacks any parameter, so none keeps the uninitialised memory. Before, every rank drew
+// (initialize_normal, init_normal, init_fill) does nothing. The loads of models/hf/hf_checkpoint.hpp and
+// models::load_roberta open it: they refuse a checkpoint that lacks any parameter, so none keeps the uninitialised
+// memory. Before, every rank drew
 // LibTorch's Kaiming-uniform values for each block it then emptied and read, and a normal for the embedding and the
 // head: 4.8 ns a parameter on one thread (an 8B model's 8 billion: 38 s a rank; 70B: over five minutes).
 #include <torch/torch.h>
