@@ -42,9 +42,10 @@
 // the same bytes.
 //
 // Mixed precision as FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32 or bf16) does it: under
-// Precision::bf16 a block's fp32 shard is cast to bf16 once per step, the blocks are all-gathered and computed in
-// bf16 (half the bytes gathered and held; autocast keeps no cast copy of them) on bf16 inputs (the block's
-// output goes back to its input's dtype), their bf16 gradients are
+// Precision::bf16 a block's fp32 shard is converted to bf16 as it is copied into the all-gather's buffer (no bf16
+// copy kept), the blocks are all-gathered and computed in bf16 (half the bytes gathered and held; autocast keeps no
+// cast copy of them) on a bf16 residual stream (the last block gives back the dtype the first took), their bf16
+// gradients are
 // reduce-scattered in the reduce dtype (StrategyContext::reduce_dtype, --reduce-dtype: fp32 by default, bf16 for
 // half the bytes) into the fp32 gradient shard, once per micro-batch (summed there: gradients never accumulate in
 // bf16), and the fp32 shard stays what the optimizer steps. The export's and the finish hooks'
@@ -54,11 +55,10 @@
 //   4/N  the parameter shard, which is itself the optimizer's parameter (FSDP2's sharded parameter: no copy)
 //   4/N  the gradient shard, kept between steps
 //   8/N  Adam's two moments
-// plus, while blocks run, 4 bytes (bf16: 2, and its 2/N cast shard) per parameter of the block computing and
-// of the one prefetched (their gathered flat buckets), and in fp32 under accumulation the full gradients of
-// the blocks between micro-batches.
-// The edges count as blocks (the head gathered in bf16 under Precision::bf16; the embedding in fp32, its lookup
-// exact: it is gathered only at the step's two ends, where few activations are held). The other parameters
+// plus, while blocks run, 4 bytes (bf16: 2) per parameter of the block computing and of the one prefetched (their
+// gathered flat buckets), and in fp32 under accumulation the full gradients of the blocks between micro-batches.
+// The edges count as blocks (gathered in bf16 under Precision::bf16; an nn::Embedding once a micro-batch, in forward
+// only: look_up_embedding, its gradient whole in fp32 at the end of backward). The other parameters
 // outside the blocks stay whole on every rank (4, and their whole gradient while backward runs), their
 // gradient and optimizer state sharded as ZeRO-2 keeps them (4/N + 8/N).
 // bf16 or fp16 parameters keep an fp32 master (4/N) beside their 2/N shard.
