@@ -105,6 +105,10 @@ report="$report 8 steps against a PyTorch loop: at most $worst apart (bound $loo
 HPCTRAIN_RUN_DIR="$work/chunked" "$dpo" --from llama --data pairs.jsonl --local 2 --sharding zero3 --precision fp32 \
   --batch-size 32 --epochs 8 --lr 2e-3 --eval-every 0 --checkpoint-every 0 --export-dtype fp32 --loss-chunk-tokens 16 \
   > chunked.log 2>&1 || log=chunked.log fail "dpo --loss-chunk-tokens 16 exited $?"
+# The reference pass's chunking is an input of the prepared pairs: this run prepares its own rather than reading those
+# the whole logits gave.
+grep -q "^hpctrain: prepared pairs.jsonl: " chunked.log ||
+  log=chunked.log fail "dpo --loss-chunk-tokens 16 read the reference log-probabilities prepared with the whole logits"
 for step in 1 2 3 4 5 6 7 8; do
   ours="$(grep -v '"eval_loss"' chunked/metrics.jsonl | grep "\"step\":$step," | sed -n 's|.*"loss":\([^,}]*\).*|\1|p')"
   whole="$(grep -v '"eval_loss"' $metrics | grep "\"step\":$step," | sed -n 's|.*"loss":\([^,}]*\).*|\1|p')"

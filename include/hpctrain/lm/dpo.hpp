@@ -227,8 +227,8 @@ class PreferenceJsonl {
   }
 
   /// Where the preparation step keeps these inputs' pairs: named by a CRC-32C of what they depend on (the file, the
-  /// model directory's files, the lengths, the part kept, whether the reference is stored), so that other inputs
-  /// never read them.
+  /// model directory's files, the lengths, the part kept, whether the reference is stored and the reference pass's
+  /// --loss-chunk-tokens), so that other inputs never read them.
   std::filesystem::path prepared_file(const Knobs& knobs, const std::filesystem::path& model_dir,
                                       const std::filesystem::path& prepared_dir) const {
     const auto stamp = [](const std::filesystem::path& path) {
@@ -243,8 +243,10 @@ class PreferenceJsonl {
     for (const auto& entry : std::filesystem::directory_iterator(model_dir)) model_files.push_back(entry.path());
     std::sort(model_files.begin(), model_files.end());
     for (const auto& path : model_files) inputs += stamp(path);
-    inputs += fmt::format("{}:{}:{}:{}:{}:{}", max_length_.get(knobs), max_prompt_length_.get(knobs),
-                          max_completion_length_.get(knobs), static_cast<int>(split_), every_, stores_reference(knobs));
+    // The reference pass's chunking too: its log-probabilities differ by the sums' order (rounding) with it.
+    inputs += fmt::format("{}:{}:{}:{}:{}:{}:{}", max_length_.get(knobs), max_prompt_length_.get(knobs),
+                          max_completion_length_.get(knobs), static_cast<int>(split_), every_, stores_reference(knobs),
+                          loss_chunk_tokens(knobs));
     return prepared_dir / "dpo" / fmt::format("{}-{:08x}.pt", file.stem().string(), hpctrain::detail::crc32c(inputs));
   }
 

@@ -97,7 +97,6 @@ class ShardWriter {
     if (writes) {
       const auto host = tensor.detach().to(torch::kCPU, to_torch(spec.dtype)).contiguous();
       file_->write(host.data_ptr(), host.nbytes());
-      written_bytes_ += host.nbytes();
     }
     if (++next_ == plan_.shards[shard_].tensors.size()) close_shard();
   }
@@ -121,8 +120,6 @@ class ShardWriter {
                                             errors::runtime_safetensors);
   }
 
-  /// Bytes of tensor data written so far (by this writer).
-  std::uint64_t written_bytes() const { return written_bytes_; }
   /// The shards this writer wrote, by file name.
   const std::vector<std::string>& written_files() const { return written_files_; }
 
@@ -153,7 +150,6 @@ class ShardWriter {
   std::vector<std::string> written_files_;
   std::size_t shard_ = 0, next_ = 0;
   std::optional<hpctrain::detail::StagedFile> file_;  // the shard being written
-  std::uint64_t written_bytes_ = 0;
 };
 
 /// Writes `tensors` into `directory` as `model.safetensors`, or, when they exceed `max_shard_bytes`, as
