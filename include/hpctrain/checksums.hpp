@@ -88,6 +88,32 @@ inline std::uint32_t crc32c(const void* data, std::size_t size, std::uint32_t cr
 
 inline std::uint32_t crc32c(std::string_view bytes) { return crc32c(bytes.data(), bytes.size()); }
 
+/// a times b modulo CRC-32C's polynomial, both reflected (bit 31 is x^0): zlib's multmodp.
+constexpr std::uint32_t crc32c_multiply_mod(std::uint32_t a, std::uint32_t b) {
+  std::uint32_t product = 0;
+  for (std::uint32_t m = 1u << 31; m != 0; m >>= 1) {
+    if (a & m) {
+      product ^= b;
+      if ((a & (m - 1)) == 0) break;
+    }
+    b = (b & 1u) ? (b >> 1) ^ 0x82F63B78u : b >> 1;
+  }
+  return product;
+}
+
+/// CRC-32C of the bytes a then b from crc32c(a), crc32c(b) and b's length, without reading them: zlib's
+/// crc32_combine (crc(a) shifted by x^(8 * b_size) modulo the polynomial, plus crc(b)). A save checksums each piece
+/// in chunks as it snapshots it; the file's CRC is combined from those, not read again.
+constexpr std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t b_size) {
+  std::uint32_t x_power = 1u << 30;  // x^1, squared at each bit of 8 * b_size: x^(2^k)
+  std::uint32_t shift = 1u << 31;    // x^0
+  for (std::uint64_t bits = b_size * 8; bits != 0; bits >>= 1) {
+    if (bits & 1u) shift = crc32c_multiply_mod(x_power, shift);
+    x_power = crc32c_multiply_mod(x_power, x_power);
+  }
+  return crc32c_multiply_mod(shift, crc_a) ^ crc_b;
+}
+
 /// TFRecord's masked CRC: a CRC of data that itself contains CRCs is weak, so TensorFlow rotates and offsets it.
 inline std::uint32_t masked_crc32c(const void* data, std::size_t size) {
   const std::uint32_t crc = crc32c(data, size);

@@ -84,7 +84,9 @@ log=corrupt-resumed.log
 "$binary" --local 2 --sharding zero2 --max-steps 30 --checkpoint-every 10 --max-eval-examples 1000 > "$log" 2>&1 ||
   fail "the run after the corrupt archive failed"
 grep -q '^resumed from .* at step 10 ' "$log" || fail "did not resume from step 10, the checkpoint before the corrupt one"
-grep -q "warning: skipping checkpoint: rank 1: .*$newest/rank-00001.hpct: corrupt: CRC-32C does not match meta.json" "$log" ||
+# The byte lies in the pieces region: the rank that reads it names the file, the piece and its bytes (no rank reads
+# its file whole to check it against meta.json; each chunk is checked as the load reads it).
+grep -q "warning: skipping checkpoint: rank 1: .*$newest/rank-00001.hpct: corrupt: piece [0-9]*, bytes \[[0-9]*, [0-9]*) of its [0-9]*: CRC-32C does not match" "$log" ||
   fail "rank 1 did not name its corrupt archive"
 grep -q "warning: skipping checkpoint: $newest: 1 of 2 ranks found their archives invalid" "$log" ||
   fail "rank 0 did not say that a rank refused the checkpoint of step 20"

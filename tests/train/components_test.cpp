@@ -194,6 +194,19 @@ TEST_CASE("CRC-32C by the CPU's instruction equals the byte table at every lengt
         hpctrain::detail::crc32c(data, 4099));
 }
 
+TEST_CASE("CRC-32C combined from two parts' CRCs equals the CRC of the whole, at every split", "[checkpoint]") {
+  std::string bytes(4099, '\0');
+  std::uint32_t state = 777;
+  for (auto& c : bytes) c = static_cast<char>((state = state * 1103515245u + 12345u) >> 16);
+  for (std::size_t split : {0u, 1u, 7u, 8u, 1000u, 4098u, 4099u}) {
+    CAPTURE(split);
+    const auto a = hpctrain::detail::crc32c(bytes.data(), split);
+    const auto b = hpctrain::detail::crc32c(bytes.data() + split, bytes.size() - split);
+    CHECK(hpctrain::detail::crc32c_combine(a, b, bytes.size() - split) == hpctrain::detail::crc32c(bytes));
+  }
+  static_assert(hpctrain::detail::crc32c_combine(0, 0, 0) == 0);
+}
+
 namespace {
 struct Checkpointed {
   torch::nn::Sequential model{torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3), torch::nn::Linear(3, 2)};
@@ -349,7 +362,24 @@ TEST_CASE(
   const auto values = torch::arange(3 * chunk / 4 + 5, torch::kFloat32);  // three whole chunks and 20 bytes
   CHECK(writer.add(step) == 0);
   CHECK(writer.add(values) == 1);
-  std::string region = writer.bytes();
+  // The region as the file holds it: the pieces' bytes one after the other, their CRC combined from the chunks'.
+  const auto region_bytes = [&] {
+    std::string bytes;
+    for (std::size_t k = 0; k < writer.region().pieces.size(); ++k) bytes += writer.region().bytes(k);
+    return bytes;
+  };
+  std::string region = region_bytes();
+  CHECK(writer.region().size == region.size());
+  CHECK(writer.region().crc == hpctrain::detail::crc32c(region));
+  // A writer for an asynchronous save holds copies (the steps go on changing the tensors); a synchronous save's holds
+  // the tensors themselves, written before anything changes them.
+  auto changing = torch::arange(10, torch::kFloat32);
+  hpctrain::PieceWriter copies, references(hpctrain::PieceWriter::Hold::reference);
+  copies.add(changing);
+  references.add(changing);
+  changing.add_(1);
+  CHECK(torch::equal(copies.region().pieces[0], torch::arange(10, torch::kFloat32)));
+  CHECK(references.region().pieces[0].data_ptr() == changing.data_ptr());
   const auto index =
       hpctrain::detail::PieceIndex::parse(writer.index().dump(), static_cast<std::int64_t>(region.size()), "f.hpct");
   REQUIRE(index.pieces.size() == 2);
@@ -397,7 +427,7 @@ TEST_CASE(
   // At the cap, with CRCs of chunks that long, the index is read, and a read of one element reads its whole piece
   // (3 MiB + 20 bytes, one chunk); a multiple of 8 past the cap is refused like any field out of range.
   constexpr auto cap = hpctrain::detail::max_chunk_bytes;
-  region = writer.bytes();  // without the flipped byte
+  region = region_bytes();  // without the flipped byte
   edited = writer.index();
   edited["chunk_bytes"] = cap;
   for (std::size_t i = 0; i < 2; ++i) {

@@ -61,10 +61,10 @@ inline std::optional<std::int64_t> checkpoint_step(const std::filesystem::path& 
 }
 
 /// One rank's checkpoint file in memory, as a save snapshots it: the header's room and the archive, then the pieces
-/// region (PieceWriter's bytes, not copied again: the file is written from both).
+/// region (PieceWriter's host tensors, not copied again: the file is written from them).
 struct SerializedCheckpoint {
   std::string framed;  ///< 32 bytes for the header (seal_archive fills them), then the LibTorch archive
-  std::string pieces;  ///< the pieces region; empty: a format-1 file
+  PieceRegion pieces;  ///< the pieces region; empty: a format-1 file
 };
 
 /// The archive's bytes behind room for the 32-byte header, which seal_archive fills once its size and CRC are
@@ -79,7 +79,7 @@ inline SerializedCheckpoint serialize_archive(torch::serialize::OutputArchive& a
     serialized.framed.append(static_cast<const char*>(data), size);
     return size;
   });
-  serialized.pieces = pieces.release_bytes();
+  serialized.pieces = pieces.release_region();
   return serialized;
 }
 
@@ -97,13 +97,16 @@ inline CheckpointFile seal_archive(SerializedCheckpoint& serialized, std::int64_
   std::memcpy(bytes.data() + 12, &crc, 4);
   std::memcpy(bytes.data() + 16, &size, 8);
   std::memcpy(bytes.data() + 24, &step_u, 8);
-  const auto whole = crc32c(serialized.pieces.data(), serialized.pieces.size(), crc32c(bytes));
-  return {checkpoint_rank_file(rank), bytes.size() + serialized.pieces.size(), whole};
+  const auto& region = serialized.pieces;
+  const auto whole = crc32c_combine(crc32c(bytes), region.crc, region.size);
+  return {checkpoint_rank_file(rank), bytes.size() + region.size, whole};
 }
 
 /// Writes a sealed checkpoint file to `path` atomically (temporary name, fsync, rename).
 inline void write_sealed(const std::filesystem::path& path, const SerializedCheckpoint& serialized) {
-  write_file_atomically(path, {serialized.framed, serialized.pieces}, errors::runtime_checkpoint);
+  std::vector<std::string_view> parts{serialized.framed};
+  for (std::size_t k = 0; k < serialized.pieces.pieces.size(); ++k) parts.push_back(serialized.pieces.bytes(k));
+  write_file_atomically(path, parts, errors::runtime_checkpoint);
 }
 
 inline void fsync_directory(const std::filesystem::path& directory) {
@@ -133,7 +136,7 @@ inline SavedStrategyState saved_strategy_state(std::shared_ptr<CheckpointFiles> 
 struct SavedCheckpoint {
   std::filesystem::path directory;
   CheckpointMeta meta;
-  /// Its rank files as a load reads them; those verify_share read whole are kept there, not read again.
+  /// Its rank files as a load reads them; what verify_share or verify read of them is kept there, not read again.
   std::shared_ptr<detail::CheckpointFiles> files;
 
   /// What a strategy's `load` reads: `open(r)` verifies rank r's file (size and CRC against meta.json when read
@@ -222,20 +225,19 @@ class CheckpointStore {
   }
 
   /// Rank `rank`'s share of verifying `saved` in a world of `world` ranks: the archives listed i-th with
-  /// i mod world == rank; every archive is someone's, once. At the same world size its share is its own file: read
-  /// whole, size and CRC-32C against meta.json, and kept for the load that follows (which reads all of it). Any
-  /// other file (a reshard: the load reads only parts of its pieces) is checked without its pieces region: its size
-  /// against meta.json, its header and its archive's CRC-32C (a format-1 file, which has no such region, whole
-  /// against meta.json); each piece's chunks are checked by the rank that reads them.
+  /// i mod world == rank; every archive is someone's, once. Each is checked without its pieces region: its size
+  /// against meta.json, its header and its archive's CRC-32C (a format-1 file, which has no such region, whole against
+  /// meta.json); each piece's chunks are checked by the rank that reads them, as it reads them into the load's
+  /// staging (no copy of the file in memory beside it). At the same world size a rank's share is its own file, whose
+  /// archive is kept for the load that follows.
   /// Throws RuntimeError(errors::runtime_checkpoint) naming the file and the defect.
   SavedCheckpoint verify_share(SavedCheckpoint saved, int rank, int world) const {
     const auto own = detail::checkpoint_rank_file(rank);
     for (std::size_t i = static_cast<std::size_t>(rank); i < saved.meta.files.size();
          i += static_cast<std::size_t>(world)) {
       const auto& file = saved.meta.files[i];
-      if (file.name == own && world == saved.meta.world_size)
-        saved.files->keep(file.name, detail::read_verified_file(saved.directory / file.name, file));
-      else detail::read_checked_archive(saved.directory / file.name, &file);
+      auto [bytes, size] = detail::read_checked_archive(saved.directory / file.name, &file);
+      if (file.name == own && world == saved.meta.world_size) saved.files->keep(file.name, std::move(bytes), size);
     }
     return saved;
   }

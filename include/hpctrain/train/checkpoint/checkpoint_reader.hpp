@@ -134,14 +134,21 @@ inline torch::serialize::InputArchive load_archive(std::string_view payload) {
 
 /// The rank files of one checkpoint directory as a strategy's load reads them: `open(r)` for rank r's archive,
 /// `read_piece` for element ranges of its pieces. `listed`: meta.json's entries (null: no meta.json, the header's
-/// checks alone). Files verify_share read whole are kept (`keep`) and not read again.
+/// checks alone). What verify_share or verify read of a file is kept (`keep`) and not read again.
 class CheckpointFiles {
  public:
   CheckpointFiles(std::filesystem::path directory, std::optional<std::vector<CheckpointFile>> listed)
       : directory_(std::move(directory)), listed_(std::move(listed)) {}
 
-  /// Bytes of file `name`, already checked whole against meta.json.
-  void keep(const std::string& name, std::string bytes) { kept_[name] = std::move(bytes); }
+  /// The first bytes of file `name` (of `file_size` in all), already checked: the whole file against meta.json, or
+  /// its header and archive (read_checked_archive), whose pieces are then read from the file and checked by chunk.
+  void keep(const std::string& name, std::string bytes, std::uint64_t file_size) {
+    kept_[name] = Kept{std::move(bytes), file_size};
+  }
+  void keep(const std::string& name, std::string bytes) {
+    const auto size = bytes.size();
+    keep(name, std::move(bytes), size);
+  }
 
   /// Rank `rank`'s file.
   std::filesystem::path path(int rank) const { return directory_ / checkpoint_rank_file(rank); }
@@ -163,8 +170,8 @@ class CheckpointFiles {
     std::uint64_t file_size = 0;
     const auto kept = kept_.find(name);
     if (kept == kept_.end()) std::tie(read, file_size) = read_checked_archive(path, expected);
-    else file_size = kept->second.size();
-    const std::string_view bytes = kept == kept_.end() ? std::string_view(read) : std::string_view(kept->second);
+    else file_size = kept->second.file_size;
+    const std::string_view bytes = kept == kept_.end() ? std::string_view(read) : std::string_view(kept->second.bytes);
     const auto checked = verify_checkpoint(bytes, path);
     auto archive = load_archive(checked.payload);
     Opened opened;
@@ -188,12 +195,13 @@ class CheckpointFiles {
     const auto name = checkpoint_rank_file(rank);
     const auto path = directory_ / name;
     const auto kept = kept_.find(name);
+    const bool whole = kept != kept_.end() && kept->second.bytes.size() == kept->second.file_size;
     std::optional<CheckpointFileHandle> file;
-    if (kept == kept_.end()) file.emplace(path);
+    if (!whole) file.emplace(path);
     const RegionReader read = [&](std::int64_t offset, std::int64_t size, void* into) {
       const auto at = opened.region_offset + static_cast<std::uint64_t>(offset);
       if (file) file->read(at, static_cast<std::uint64_t>(size), into);
-      else std::memcpy(into, kept->second.data() + at, static_cast<std::size_t>(size));  // PieceIndex::parse bounded it
+      else std::memcpy(into, kept->second.bytes.data() + at, static_cast<std::size_t>(size));  // parse bounded it
     };
     return read_piece_range(opened.index, read, id, begin, length, path.string());
   }
@@ -205,7 +213,11 @@ class CheckpointFiles {
   };
   std::filesystem::path directory_;
   std::optional<std::vector<CheckpointFile>> listed_;
-  std::map<std::string, std::string> kept_;
+  struct Kept {
+    std::string bytes;  ///< the file's first bytes: all of them, or its header and archive
+    std::uint64_t file_size = 0;
+  };
+  std::map<std::string, Kept> kept_;
   std::map<int, Opened> opened_;
 };
 

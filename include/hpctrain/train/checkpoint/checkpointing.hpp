@@ -33,7 +33,7 @@ inline void save_checkpoint(dist::ProcessGroup& group, const CheckpointStore& st
   auto records = torch::zeros({world, 2}, torch::kInt64);
   if (rank == 0 || per_rank) {
     torch::serialize::OutputArchive archive;
-    PieceWriter pieces;
+    PieceWriter pieces(PieceWriter::Hold::reference);  // written below, before training changes a tensor
     strategy.save(archive, pieces);
     const auto file = store.write_rank(state.step, rank, archive, std::move(pieces));
     records[rank][0] = static_cast<std::int64_t>(file.size);

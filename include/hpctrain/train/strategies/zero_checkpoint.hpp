@@ -6,8 +6,8 @@
 //                    shape, in registration order), this rank's pieces (parameter name, first element, length,
 //                    and the ids of its values and of its elementwise optimizer state in the pieces region) and,
 //                    on rank 0, the module's buffer names
-//   zero_state_<i>   piece i's optimizer state that is per parameter, not elementwise (Adam's step), as the
-//                    optimizer's own OptimizerParamState::serialize writes it
+//   zero_state_<i>   piece i's optimizer state that is per parameter, not elementwise (Adam's step), under the
+//                    names the optimizer's own OptimizerParamState::serialize writes (read and set field by field)
 //   zero_buffer_<k>  rank 0 only: the module's k-th buffer (BatchNorm statistics; rank 0's, as Replicated)
 //
 // and after it the pieces region (train/checkpoint/checkpoint_pieces.hpp): each piece's values (the fp32 master shard,
@@ -33,10 +33,11 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
+#include <type_traits>
 #include <typeinfo>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -112,20 +113,46 @@ inline std::unique_ptr<torch::optim::OptimizerParamState> make_param_state(const
                   "this optimizer type is not one of them");
 }
 
-/// A state's entries by name (what its serialize() writes), through an in-memory archive.
-inline std::map<std::string, c10::IValue> state_entries(const torch::optim::OptimizerParamState& state) {
-  torch::serialize::OutputArchive out;
-  state.serialize(out);
-  std::stringstream bytes;
-  out.save_to(bytes);
-  torch::serialize::InputArchive in;
-  in.load_from(bytes);
-  std::map<std::string, c10::IValue> entries;
-  for (const auto& key : in.keys()) {
-    c10::IValue value;
-    in.read(key, value);
-    entries[key] = value;
+/// Calls `visit(name, field)` for each field of `state` (a torch::int64_t& or a torch::Tensor&), by the names its
+/// serialize() writes: the tensors are read and set in place, never through an archive (which would copy each
+/// moment twice in host memory at a save and three times at a resume). The types make_param_state makes.
+template <class Visit>
+void for_each_state_field(torch::optim::OptimizerParamState& state, Visit&& visit) {
+  using namespace torch::optim;
+  const auto adam = [&](auto& s) {
+    visit("step", s.step());
+    visit("exp_avg", s.exp_avg());
+    visit("exp_avg_sq", s.exp_avg_sq());
+    visit("max_exp_avg_sq", s.max_exp_avg_sq());
+  };
+  if (auto* s = dynamic_cast<AdamWParamState*>(&state)) return adam(*s);
+  if (auto* s = dynamic_cast<AdamParamState*>(&state)) return adam(*s);
+  if (auto* s = dynamic_cast<SGDParamState*>(&state)) return visit("momentum_buffer", s->momentum_buffer());
+  if (auto* s = dynamic_cast<AdagradParamState*>(&state)) {
+    visit("sum", s->sum());
+    return visit("step", s->step());
   }
+  if (auto* s = dynamic_cast<RMSpropParamState*>(&state)) {
+    visit("step", s->step());
+    visit("square_avg", s->square_avg());
+    visit("momentum_buffer", s->momentum_buffer());
+    return visit("grad_avg", s->grad_avg());
+  }
+  throw SpecError("optimizer", typeid(state).name(),
+                  "a sharded checkpoint saves the state of torch::optim's SGD, Adam, AdamW, Adagrad and RMSprop; "
+                  "this state type is not one of theirs");
+}
+
+/// A state's entries by name, as its serialize() writes them (no undefined tensor); the tensors are the state's own.
+inline std::map<std::string, c10::IValue> state_entries(torch::optim::OptimizerParamState& state) {
+  std::map<std::string, c10::IValue> entries;
+  for_each_state_field(state, [&](const char* name, const auto& field) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(field)>, torch::Tensor>) {
+      if (field.defined()) entries[name] = field;
+    } else {
+      entries[name] = field;
+    }
+  });
   return entries;
 }
 
@@ -137,7 +164,7 @@ inline bool elementwise_entry(const c10::IValue& value, std::int64_t length) {
 }
 
 /// Bytes of the tensors in one optimizer state (exp_avg, exp_avg_sq, momentum_buffer, ...).
-inline std::size_t state_tensor_bytes(const torch::optim::OptimizerParamState& state) {
+inline std::size_t state_tensor_bytes(torch::optim::OptimizerParamState& state) {
   std::size_t bytes = 0;
   for (const auto& [key, value] : state_entries(state))
     if (value.isTensor()) bytes += value.toTensor().nbytes();
@@ -254,7 +281,24 @@ class ShardReader {
             fmt::format("sharded checkpoint of {} ranks: optimizer state covers {} of the {} "
                         "elements of this rank's piece of parameter '{}'",
                         saved_.world_size, staged.state_covered, place.length, view_.names[place.parameter]));
+      if (staged.state_covered != 0) check_state_integers(i);
     }
+  }
+
+  /// The integer fields of the optimizer's state (Adam's step) were read for piece `i`: without them the state would
+  /// restart its bias correction, silently.
+  void check_state_integers(std::size_t i) const {
+    auto probe = make_param_state(view_.optimizer);
+    for_each_state_field(*probe, [&](const char* name, const auto& field) {
+      if constexpr (!std::is_same_v<std::decay_t<decltype(field)>, torch::Tensor>) {
+        const auto found = staged_[i].per_parameter.find(name);
+        if (found == staged_[i].per_parameter.end() || !found->second.isInt())
+          throw RuntimeError(errors::runtime_checkpoint,
+                             fmt::format("sharded checkpoint of {} ranks: the optimizer state of this rank's piece "
+                                         "of parameter '{}' has no integer '{}'",
+                                         saved_.world_size, view_.names[view_.pieces[i].place.parameter], name));
+      }
+    });
   }
 
   /// Restores what was read: the pieces' values and optimizer state, the buffers (rank 0's, where read).
@@ -269,6 +313,8 @@ class ShardReader {
             .reshape({-1})
             .narrow(0, place.begin, place.length)
             .copy_(staged_[i].values);
+      // Each piece's staging freed once installed: a load holds one copy of what it read at most.
+      staged_[i].values = torch::Tensor();
       install_state(i);
     }
     std::size_t k = 0;
@@ -458,22 +504,27 @@ class ShardReader {
     }
   }
 
+  /// Sets piece `i`'s optimizer state from what was read, field by field (the staged tensors become the state's on
+  /// the CPU, are copied to the device elsewhere), and frees the staging.
   void install_state(std::size_t i) {
     auto& staged = staged_[i];
     const auto& master = view_.pieces[i].master;
     auto& states = view_.optimizer.state();
     states.erase(master.unsafeGetTensorImpl());
     if (staged.state_covered == 0) return;  // saved before the first step: no state yet
-    torch::serialize::OutputArchive out;
-    for (const auto& [key, tensor] : staged.elementwise)  // in the master's shape (a whole parameter's, at one rank)
-      out.write(key, c10::IValue(tensor.to(master.device()).view(master.sizes())));
-    for (const auto& [key, value] : staged.per_parameter) out.write(key, value);
-    std::stringstream bytes;
-    out.save_to(bytes);
-    torch::serialize::InputArchive in;
-    in.load_from(bytes);
     auto state = make_param_state(view_.optimizer);
-    state->serialize(in);
+    for_each_state_field(*state, [&](const char* name, auto& field) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(field)>, torch::Tensor>) {
+        const auto found = staged.elementwise.find(name);
+        if (found != staged.elementwise.end())  // in the master's shape (a whole parameter's, at one rank)
+          field = std::exchange(found->second, torch::Tensor()).to(master.device()).view(master.sizes());
+        else if (const auto whole = staged.per_parameter.find(name);
+                 whole != staged.per_parameter.end() && whole->second.isTensor())
+          field = whole->second.toTensor().to(master.device());
+      } else {
+        field = staged.per_parameter.at(name).toInt();  // check_covered: present, an integer
+      }
+    });
     states[master.unsafeGetTensorImpl()] = std::move(state);
   }
 
