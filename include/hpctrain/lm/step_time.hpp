@@ -12,9 +12,10 @@
 //                takes B (n-1)/n / busbw, an all-reduce 2 B (n-1)/n / busbw; a group within a node runs at the
 //                node's NVLink figure, a group across nodes at the fabric's (LinkSpeeds: the site's
 //                expected_busbw_gbps where it states one, else the preset's)
-//   overlap      ZeRO-3 and HSDP as FSDP2 runs them: each block's all-gather (forward, and again in backward) overlaps
-//                the previous block's compute, its reduce-scatter (and HSDP's all-reduce across replicas, on the
-//                link between nodes) the next block's backward; the first gather and the last reduction are exposed.
+//   overlap      ZeRO-3 and HSDP as FSDP2 runs them: each block's all-gather (forward, and again in backward but for
+//                an untied embedding, which backward does not need) overlaps the previous block's compute, its
+//                reduce-scatter (and HSDP's all-reduce across replicas, on the link between nodes) the next block's
+//                backward; the first gather and the last reduction are exposed.
 //                Replicated and ZeRO-1/2 reduce in buckets during backward: all of it overlaps but the last bucket's
 //                share (1/layers), and ZeRO-1/2's all-gather of the parameters after the step is exposed
 //
@@ -120,15 +121,19 @@ inline StepTime plan_step_time(const PlanInput& in, const GpuSpeed& gpu, const F
     // What a block's gather moves: its parameters (LoRA: its frozen base and adapters) in the compute dtype.
     const double gathered =
         (in.bf16 ? 2.0 : 4.0) * static_cast<double>(m.parameters) + 4.0 * (in.lora_rank > 0 ? trained : 0.0);
-    const double gather = ring(gathered, group, group_spans, 1.0);  // once in forward, once again in backward
+    const double gather = ring(gathered, group, group_spans, 1.0);  // forward's
+    // Backward gathers them again but an untied embedding, whose gradient needs the ids alone (fully_sharded.hpp's
+    // look_up_embedding); a tied one is the head's weight, which backward needs.
+    const double embedding = m.tied ? 0.0 : (in.bf16 ? 2.0 : 4.0) * static_cast<double>(m.head_parameters);
+    const double regather = ring(gathered - embedding, group, group_spans, 1.0);
     const double scatter = ring(reduce_bytes * trained, group, group_spans, 1.0);
     const double across = ring(reduce_bytes * trained / group, replicas, true, 2.0);
-    time.communication = 2.0 * gather + scatter + across;
+    time.communication = gather + regather + scatter + across;
     // Per block: forward hides the next gather behind this block's compute; backward hides the previous block's
     // gather and this one's reduce-scatter (one link when the group is the fabric's), and HSDP's all-reduce on the
     // link between nodes when the shard group stays within a node.
     const double forward_blocks = layers * std::max(forward / layers, gather / layers) + gather / layers;
-    const double on_group_link = (gather + scatter + (group_spans ? across : 0.0)) / layers;
+    const double on_group_link = (regather + scatter + (group_spans ? across : 0.0)) / layers;
     const double on_fabric = group_spans ? 0.0 : across / layers;
     const double backward_blocks =
         layers * std::max({backward / layers, on_group_link, on_fabric}) + (scatter + across) / layers;
