@@ -113,7 +113,7 @@ inline std::unique_ptr<torch::optim::OptimizerParamState> make_param_state(const
                   "this optimizer type is not one of them");
 }
 
-/// Calls `visit(name, field)` for each field of `state` (a torch::int64_t& or a torch::Tensor&), by the names its
+/// Calls `visit(name, field)` for each field of `state` (an int64_t& or a torch::Tensor&), by the names its
 /// serialize() writes: the tensors are read and set in place, never through an archive (which would copy each
 /// moment twice in host memory at a save and three times at a resume). The types make_param_state makes.
 template <class Visit>
