@@ -7,6 +7,8 @@
 #                                          hpctrain's CMake package asks for (apt-get, Debian or Ubuntu)
 #   recipe.sh libtorch FLAVOUR [--check]   torch (the version scripts/pins.sh pins) built for FLAVOUR (cu126, cu128,
 #                                          cu130 or cpu) and pyarrow, in the venv $HPCTRAIN_VENV (/opt/venv)
+#   recipe.sh slurm [--check]              Slurm's client commands (apt-get): a program built in the image starts
+#                                          only there, its login modes (--submit, --status) too
 #   recipe.sh efa VERSION                  AWS's EFA installer (libfabric and the aws-ofi-nccl plugin), user space only
 #   recipe.sh hpctrain SOURCE PREFIX       hpctrain's package (headers, CMake files, the runtime's source) into PREFIX
 #   recipe.sh program SOURCE BUILD [CMAKE_ARG...]
@@ -95,6 +97,27 @@ step_libtorch() {
   say "libtorch: torch $version (CUDA ${found_cuda:-none}) in $venv"
 }
 
+# The login modes of a program built in the image run in the image (its RUNPATH names the image's LibTorch), and
+# call sbatch, squeue, scontrol, sacct and scancel there. They reach the cluster through the host's slurm.conf
+# directory and munge socket, bound in at run time (docs/quickstart-gpu.md); the client's release must be one the
+# cluster's slurmctld accepts: the same, or up to two releases older (Ubuntu 24.04's is 23.11, Debian 12's 22.05).
+slurm_commands="sbatch squeue scontrol sacct scancel"
+step_slurm() {
+  if [ "${1:-}" != --check ]; then
+    say "apt-get install slurm-client"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-client
+    rm -rf /var/lib/apt/lists/*
+  fi
+  local command missing=()
+  for command in $slurm_commands; do command -v "$command" > /dev/null || missing+=("$command"); done
+  ((${#missing[@]} == 0)) || die "slurm: missing the command(s) ${missing[*]} (the slurm step installs slurm-client)"
+  # sbatch --version reads slurm.conf first, which an image does not have until the run binds it in.
+  local release
+  release="$(dpkg-query -W -f '${Version}' slurm-client 2> /dev/null)" || release="of the image's /usr"
+  say "slurm: client $release (a cluster's slurmctld accepts its own release and the two before it)"
+}
+
 # AWS's EFA installer, user space only (the kernel module and the limits are the host's), as AWS's own container
 # recipes run it: libfabric with its EFA provider under /opt/amazon/efa and, since installer 1.29, the aws-ofi-nccl
 # plugin under /opt/amazon/ofi-nccl. The job puts their lib directories on LD_LIBRARY_PATH (Job::prepend_env).
@@ -131,6 +154,6 @@ step_program() {
 step="${1:-}"
 shift || true
 case "$step" in
-  system | libtorch | efa | hpctrain | program) "step_$step" "$@" ;;
-  *) die "usage: recipe.sh system|libtorch|efa|hpctrain|program ... (the comment at the top of $0)" ;;
+  system | libtorch | slurm | efa | hpctrain | program) "step_$step" "$@" ;;
+  *) die "usage: recipe.sh system|libtorch|slurm|efa|hpctrain|program ... (the comment at the top of $0)" ;;
 esac
