@@ -5,6 +5,8 @@
 # compiler's peak memory (maximum resident set size) for each unit, for both ways of linking:
 #   header-only   add_executable + hpctrain::hpctrain
 #   program       hpctrain_add_program (the runtime's unit compiled once per build tree)
+# and beside them the peer a user compares with: a plain LibTorch program (a Linear, AdamW, one step;
+# <torch/torch.h>, find_package(Torch): the C++17 Torch's targets ask for), the same build type and jobs.
 #   bench/program_compile.sh [SOURCE] [WORK_DIR]
 # Timings compete with whatever else runs on the machine (say so beside them); the memory figures do not.
 set -euo pipefail
@@ -28,20 +30,43 @@ exec /usr/bin/time -a -o "$COMPILE_LOG" -f "$(basename "$unit") %e s %M KB" "$@"
 LAUNCHER
 chmod +x "$work/timed-compiler"
 
-for way in header-only program; do
+# The peer: what LibTorch's own C++ frontend example looks like, one step of it.
+libtorch_program='#include <torch/torch.h>
+
+int main() {
+  torch::nn::Linear model(16, 4);
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  auto loss = torch::nn::functional::cross_entropy(model(torch::randn({8, 16})), torch::randint(4, {8}));
+  optimizer.zero_grad();
+  loss.backward();
+  optimizer.step();
+  return 0;
+}'
+torch_prefix=$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+
+for way in ${WAYS:-header-only program libtorch}; do  # WAYS: some of them
   project=$work/$way
   mkdir -p "$project"
-  cp "$source/examples/sft.cpp" "$project/train.cpp"
-  if [ "$way" = program ]; then link='hpctrain_add_program(train train.cpp)'
-  else link=$'add_executable(train train.cpp)\ntarget_link_libraries(train PRIVATE hpctrain::hpctrain)'; fi
+  case "$way" in
+    program) link='hpctrain_add_program(train train.cpp)' ;;
+    header-only) link=$'add_executable(train train.cpp)\ntarget_link_libraries(train PRIVATE hpctrain::hpctrain)' ;;
+    libtorch) link=$'add_executable(train train.cpp)\ntarget_link_libraries(train PRIVATE ${TORCH_LIBRARIES})' ;;
+  esac
+  if [ "$way" = libtorch ]; then
+    echo "$libtorch_program" >"$project/train.cpp"
+    package="find_package(Torch REQUIRED)"
+  else
+    cp "$source/examples/sft.cpp" "$project/train.cpp"
+    package="find_package(hpctrain CONFIG REQUIRED)"
+  fi
   cat >"$project/CMakeLists.txt" <<CMAKE
 cmake_minimum_required(VERSION 3.22)
 project(train CXX)
-find_package(hpctrain CONFIG REQUIRED)
+$package
 $link
 CMAKE
   rm -rf "$project/build"
-  cmake -S "$project" -B "$project/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix" \
+  cmake -S "$project" -B "$project/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix;$torch_prefix" \
     -DHPCTRAIN_PYTHON="$python" -DCMAKE_CXX_COMPILER_LAUNCHER="$work/timed-compiler" --log-level=ERROR >/dev/null
   for build in first rebuild; do
     export COMPILE_LOG=$project/$build.log

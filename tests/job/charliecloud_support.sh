@@ -5,6 +5,11 @@
 # /usr as in Debian's merged /usr, and an empty /usr that the tests fill by binding the host's (its compiler, CMake,
 # glibc and libstdc++: the image's own, as far as the binaries inside can tell). No LibTorch: that is the point.
 
+# charliecloud_or_skip: ch-run is there, or the test is skipped (exit 77, ctest's SKIP_RETURN_CODE) saying why.
+charliecloud_or_skip() {
+  command -v ch-run > /dev/null || { echo "SKIP: no ch-run (Debian charliecloud-runtime)"; exit 77; }
+}
+
 # charliecloud_image DIR [MOUNT_POINT...]: builds the image directory DIR with the given extra mount points
 # (absolute paths, created empty inside).
 charliecloud_image() {

@@ -15,7 +15,7 @@ set -euo pipefail
 here="$(dirname "$(realpath "${BASH_SOURCE[0]}")")"
 source "$here/../support/shell_test_support.sh"
 source "$here/charliecloud_support.sh"
-command -v ch-run >/dev/null || { echo "SKIP: no ch-run (Debian charliecloud-runtime)"; exit 77; }
+charliecloud_or_skip
 binary="$(realpath "$1")"
 venv="$(libtorch_venv "$binary")" || fail "no LibTorch in the RUNPATH of $binary"
 export USER="${USER:-$(id -un)}"  # ch-run requires it; sbatch passes it on to the job

@@ -21,7 +21,7 @@ set -euo pipefail
 here="$(dirname "$(realpath "${BASH_SOURCE[0]}")")"
 source "$here/../support/shell_test_support.sh"
 source "$here/charliecloud_support.sh"
-command -v ch-run > /dev/null || { echo "SKIP: no ch-run (Debian charliecloud-runtime)"; exit 77; }
+charliecloud_or_skip
 root="$(realpath "$here/../..")"
 venv="$(libtorch_venv "$1")" || fail "no LibTorch in the RUNPATH of $1"
 [ -e "$venv/pyvenv.cfg" ] || fail "$venv is not a venv: the recipe's libtorch step makes one"

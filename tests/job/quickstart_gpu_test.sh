@@ -19,7 +19,7 @@ set -euo pipefail
 here="$(dirname "$(realpath "${BASH_SOURCE[0]}")")"
 source "$here/../support/slurm_test_support.sh"
 source "$here/charliecloud_support.sh"
-command -v ch-run > /dev/null || { echo "SKIP: no ch-run (Debian charliecloud-runtime)"; exit 77; }
+charliecloud_or_skip
 root="$(realpath "$here/../..")"
 doc="$root/docs/quickstart-gpu.md"
 python="${HPCTRAIN_PYTHON:-$HOME/.cache/hpctrain/venv/bin/python}"
@@ -125,7 +125,7 @@ wait_for "release_requeue_hold $JOB; grep -q '^resumed from .* at step $stopped 
 wait_for '[ -z "$(squeue --noheader --jobs "$JOB" 2>/dev/null)" ]' 600 || log="$job_log" fail "job $JOB did not end"
 in_image ./build/train --status > status.log 2>&1 || log=status.log fail "--status exited $?"
 cat status.log
-grep -q "^job $JOB (sft): COMPLETED" status.log || log=status.log fail "--status does not say COMPLETED"
+grep -q "^job $JOB (sft): COMPLETED .*1 restart(s)" status.log || log=status.log fail "--status does not say COMPLETED, 1 restart"
 scontrol show job "$JOB" | grep -q "Restarts=1" || fail "job $JOB was not restarted once"
 grep -q "^step 300/300 " "$job_log" || log="$job_log" fail "the resumed run did not reach step 300"
 ls hpctrain-jobs/sft/$JOB/export > export-lora.log
