@@ -78,13 +78,13 @@ class PieceWriter {
                          fmt::format("a checkpoint piece of dtype {} cannot be saved (float32, float64, "
                                      "bfloat16, float16, int64 and int32 can)",
                                      c10::toString(flat.scalar_type())));
-    const auto [host, crcs] = take(flat);
+    auto [host, crcs] = take(flat);
     const auto offset = static_cast<std::int64_t>(region_.size);
     pieces_.push_back(
         {{"dtype", std::string(detail::piece_dtypes[static_cast<std::size_t>(found - types.begin())].name)},
          {"numel", host.numel()},
          {"offset", offset},
-         {"crc32c", crcs}});
+         {"crc32c", std::move(crcs)}});
     region_.pieces.push_back(host);
     region_.size += host.nbytes();
     return static_cast<std::int64_t>(pieces_.size()) - 1;

@@ -479,7 +479,8 @@ class ShardReader {
     for (const auto& [key, read] : saved.elementwise) {
       auto part = read(from - saved.begin, to - from);
       auto& target = staged.elementwise[key];
-      if (!target.defined()) target = torch::zeros({mine.length}, part.options());
+      // Not zero-filled: check_covered() proves every element written (a state covers the piece whole or not at all).
+      if (!target.defined()) target = torch::empty({mine.length}, part.options());
       target.narrow(0, from - mine.begin, to - from).copy_(part);
     }
     for (const auto& [key, value] : saved.per_parameter) staged.per_parameter[key] = value;
