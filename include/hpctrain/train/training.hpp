@@ -21,11 +21,10 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/plan_request.hpp>
-#include <hpctrain/models/hf/pretrained_config.hpp>
 #include <hpctrain/models/lora/lora_config.hpp>
 #include <hpctrain/train/data/source.hpp>
 #include <hpctrain/train/loggers/logger.hpp>
-#include <hpctrain/train/loggers/wandb.hpp>
+#include <hpctrain/train/loggers/wandb_settings.hpp>
 #include <hpctrain/train/metrics.hpp>
 #include <hpctrain/train/optim/optimizer_factory.hpp>
 #include <hpctrain/train/optim/schedule.hpp>
@@ -38,6 +37,7 @@
 // compiled apart, a program's description names the strategy seam only (compiled_runtime.hpp).
 #include <torch/nn/functional/loss.h>
 
+#include <hpctrain/models/hf/pretrained_config.hpp>  // the LoRA targets' check at login
 #include <hpctrain/train/loggers/loggers.hpp>
 #include <hpctrain/train/strategies/replicated.hpp>
 #include <hpctrain/train/strategies/sharded.hpp>
@@ -745,25 +745,7 @@ class Training {
   }
   /// LoRA targets against the layers of the pretrained model's family (from its config.json, no weights): a
   /// name that matches no layer would fail every rank after the queue.
-  void check_lora_targets_at_login(const Knobs& knobs) const {
-    const auto config = lora(knobs);
-    const auto directory = pretrained_dir(knobs);
-    if (!config || !directory) return;
-    const auto layers = models::read_config_reading(*directory).linear_layers;
-    if (layers.empty()) return;  // a family without a list: the worker checks
-    for (const auto& target : config->targets) {
-      // a dotted name is one layer's path (layers.0.self_attn.q_proj): the worker checks it on the module
-      if (target == "all-linear" || target.find('.') != std::string::npos ||
-          std::find(layers.begin(), layers.end(), target) != layers.end())
-        continue;
-      const auto targets = fmt::format("{}", fmt::join(config->targets, ","));
-      const auto reason = fmt::format("'{}' names no layer of {}: its layers are {}, or all-linear", target,
-                                      directory->string(), fmt::join(layers, ", "));
-      if (knobs.find("lora_targets") != nullptr)
-        throw SpecError(errors::spec_knob, "--lora-targets = " + targets, reason);
-      throw SpecError("lora.targets", targets, reason);
-    }
-  }
+  HPCTRAIN_RUNTIME_INLINE void check_lora_targets_at_login(const Knobs& knobs) const;
 
   template <class Factory>
   static void add_login_check_of(const Factory& factory, LoginCheck& slot) {
@@ -878,6 +860,26 @@ HPCTRAIN_RUNTIME_INLINE Training& Training::sharding(ZeroStage stage) {
   strategy(sharded(stage, {}, hsdp_group_size_));
   sharding_ = stage;
   return *this;
+}
+
+HPCTRAIN_RUNTIME_INLINE void Training::check_lora_targets_at_login(const Knobs& knobs) const {
+  const auto config = lora(knobs);
+  const auto directory = pretrained_dir(knobs);
+  if (!config || !directory) return;
+  const auto layers = models::read_config_reading(*directory).linear_layers;
+  if (layers.empty()) return;  // a family without a list: the worker checks
+  for (const auto& target : config->targets) {
+    // a dotted name is one layer's path (layers.0.self_attn.q_proj): the worker checks it on the module
+    if (target == "all-linear" || target.find('.') != std::string::npos ||
+        std::find(layers.begin(), layers.end(), target) != layers.end())
+      continue;
+    const auto targets = fmt::format("{}", fmt::join(config->targets, ","));
+    const auto reason = fmt::format("'{}' names no layer of {}: its layers are {}, or all-linear", target,
+                                    directory->string(), fmt::join(layers, ", "));
+    if (knobs.find("lora_targets") != nullptr)
+      throw SpecError(errors::spec_knob, "--lora-targets = " + targets, reason);
+    throw SpecError("lora.targets", targets, reason);
+  }
 }
 
 HPCTRAIN_RUNTIME_INLINE Training& Training::hsdp_group_size(int ranks) {

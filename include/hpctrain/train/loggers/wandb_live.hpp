@@ -51,17 +51,10 @@
 #include <hpctrain/names.hpp>
 #include <hpctrain/train/loggers/http_client.hpp>
 #include <hpctrain/train/loggers/wandb_records.hpp>
+#include <hpctrain/train/loggers/wandb_settings.hpp>
 #include <hpctrain/version.hpp>
 
 namespace hpctrain {
-
-/// Whether a W&B run goes online, as wandb's `mode`: `ht::Wandb(...).mode(ht::WandbMode::offline)`.
-enum class WandbMode {
-  automatic,  ///< WANDB_MODE when set, else online where an API key is found, else offline
-  online,     ///< stream live (the offline run is written too)
-  offline,    ///< only the offline run, for `--wandb-sync`
-  disabled,   ///< no W&B run at all (WANDB_MODE=disabled, as wandb's)
-};
 
 /// Where the live stream goes and how patiently: read from the environment as wandb reads it
 /// (WandbConnection::from_environment), or given whole (the tests' recording server).
