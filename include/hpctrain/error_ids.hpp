@@ -89,6 +89,7 @@ inline constexpr ErrorId spec_setup{"hpctrain.spec.setup"};
 inline constexpr ErrorId spec_srun_option{"hpctrain.spec.srun_option"};
 inline constexpr ErrorId spec_tasks_per_node{"hpctrain.spec.tasks_per_node"};
 inline constexpr ErrorId spec_then{"hpctrain.spec.then"};
+inline constexpr ErrorId spec_stage{"hpctrain.spec.stage"};
 inline constexpr ErrorId spec_time{"hpctrain.spec.time"};
 
 // --- job layer at run time (job/submit.hpp, job/process.hpp, files.hpp, job/container.hpp) ---

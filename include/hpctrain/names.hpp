@@ -55,6 +55,9 @@ inline constexpr const char* roberta_tokenizer = "HPCTRAIN_ROBERTA_TOKENIZER";
 inline constexpr const char* prepare_dir = "HPCTRAIN_PREPARE_DIR";
 /// The name of the chain stage (Job::then) a job's workers run: set by each stage's script.
 inline constexpr const char* stage = "HPCTRAIN_STAGE";
+/// The run directories of the stages before this one, a line `<stage>=<directory>` each: set by a later stage's
+/// script (and by `--local` for a chain), read through stage_dir("sft") (job/setting.hpp).
+inline constexpr const char* stage_dirs = "HPCTRAIN_STAGE_DIRS";
 /// The site's network (site file `fabric`: efa, infiniband or ethernet), exported by the script: rank 0 checks
 /// that NCCL uses it (job/nccl_network.hpp).
 inline constexpr const char* fabric = "HPCTRAIN_FABRIC";

@@ -32,7 +32,10 @@ grep -q "^probe stage=chain-ok job=$first nodes=2\$" "hpctrain-jobs/chain-ok/$fi
   fail "the first stage did not run as chain-ok on 2 nodes"
 grep -q "^probe stage=chain-ok-second job=$second nodes=1\$" "hpctrain-jobs/chain-ok-second/$second/slurm-$second.out" ||
   fail "the second stage did not run as chain-ok-second on 1 node"
-echo "ok: a 2-stage chain ran stage chain-ok (2 nodes) then chain-ok-second (1 node), both COMPLETED"
+grep -qx "probe stage_dirs=chain-ok=$(pwd -P)/hpctrain-jobs/chain-ok/$first" "hpctrain-jobs/chain-ok-second/$second/slurm-$second.out" ||
+  fail "the second stage was not told the first stage's directory (HPCTRAIN_STAGE_DIRS)"
+grep -q "stage_dirs" "hpctrain-jobs/chain-ok/$first/slurm-$first.out" && fail "the first stage was told earlier stages"
+echo "ok: a 2-stage chain ran stage chain-ok (2 nodes) then chain-ok-second (1 node, told the first's directory), both COMPLETED"
 
 PROBE_CHAIN=fail PROBE_NAME=chain-fail "$probe" --submit > fail-submit.log 2>&1 || fail "--submit of a chain failed"
 first="$(sed -n 's/^  stage 1 chain-fail: job \([0-9]*\)$/\1/p' fail-submit.log)"
@@ -48,6 +51,20 @@ grep -qF "never starts: stage 1 (chain-fail, job $first) did not complete succes
 PROBE_CHAIN=fail PROBE_NAME=chain-fail "$probe" --cancel > fail-cancel.log 2>&1 || fail "--cancel failed"
 [ "$(final_state "$second")" = CANCELLED ] || fail "--cancel did not cancel the waiting stage"
 echo "ok: a chain whose first stage FAILED left the second PENDING (DependencyNeverSatisfied), --status said so, --cancel ended it"
+
+# --local runs the stages in order, each told the earlier ones' run directories; a failing stage stops the chain.
+PROBE_CHAIN=ok PROBE_NAME=chain-local "$probe" --local 1 > local.log 2>&1 || log=local.log fail "--local of a chain failed"
+first_dir="$(sed -n 's/^run directory: //p' local.log | head -1)"
+grep -q "^stage 2 of 2: chain-local-second$" local.log && grep -q "^probe stage=chain-local-second " local.log ||
+  log=local.log fail "--local did not run the second stage"
+grep -qx "probe stage_dirs=chain-local=$first_dir" local.log ||
+  log=local.log fail "--local did not tell the second stage the first stage's run directory ($first_dir)"
+status=0
+PROBE_CHAIN=fail PROBE_NAME=chain-local-fail "$probe" --local 1 > local-fail.log 2>&1 || status=$?
+[ "$status" = 3 ] && grep -q "stage 1 (chain-local-fail) exited 3: the later stages do not run" local-fail.log &&
+  ! grep -q "^probe stage=chain-local-fail-second" local-fail.log ||
+  log=local-fail.log fail "a failing first stage under --local: exit $status, or the second stage ran"
+echo "ok: --local ran the chain's stages in order (the second told the first's directory) and stopped at a failing one"
 
 PROBE_NAME=after "$probe" --submit --after "$first" > after-submit.log 2>&1 || fail "--submit --after failed"
 after="$(sed -n 's/^submitted job \([0-9]*\)$/\1/p' after-submit.log)"

@@ -8,6 +8,7 @@
 
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/setting.hpp>
+#include <hpctrain/job/stage_knobs.hpp>
 #include <hpctrain/job/sweep.hpp>
 
 #include <catch2/catch.hpp>
@@ -222,4 +223,75 @@ TEST_CASE(
                     Catch::StartsWith("[hpctrain.spec.knob] Inline-Bad: a knob name is snake_case"));
   CHECK_THROWS_WITH(ht::knob("inline_test_bad_default", -1, "help", ht::positive()),
                     "[hpctrain.spec.knob] --inline-test-bad-default = -1: its default must be positive");
+}
+
+// A chain of stages that train different descriptions (hpctrain::run over stages, job/stage_knobs.hpp): one command
+// line, `--lr` for every stage that has it, `--dpo.lr` for one; each stage keeps its own default otherwise.
+namespace {
+std::vector<ht::StageKnobs> sft_then_dpo() {
+  ht::Knobs sft, dpo;
+  sft.declare<double>("lr", 3e-4, "base learning rate", ht::positive())
+      .declare<std::int64_t>("epochs", 3, "passes", ht::positive())
+      .declare<std::string>("data", "", "SFT data");
+  dpo.declare<double>("lr", 5e-6, "base learning rate", ht::positive())
+      .declare<std::int64_t>("epochs", 3, "passes", ht::positive())
+      .declare<double>("beta", 0.1, "DPO's beta", ht::positive());
+  return {{"sft", sft}, {"dpo", dpo}};
+}
+}  // namespace
+
+TEST_CASE("A chain's knobs: a knob for every stage that has it, --<stage>.<knob> for one, else each stage's default",
+          "[knobs][stages]") {
+  const auto stages = sft_then_dpo();
+  const auto chain = ht::chain_knob_table(stages);
+  // Not given: each stage's own default, the shared one alike.
+  auto sft = ht::stage_knob_values(chain.with_arguments({}), stages[0], "");
+  auto dpo = ht::stage_knob_values(chain.with_arguments({}), stages[1], "sft=/jobs/sft/7");
+  CHECK(sft.get<double>("lr") == 3e-4);
+  CHECK(dpo.get<double>("lr") == 5e-6);
+  CHECK(dpo.get<std::int64_t>("epochs") == 3);
+  CHECK(sft.find("beta") == nullptr);  // a stage's values hold its own knobs only
+  // --epochs for both, --dpo.lr and --dpo.epochs for one, and the stage's own wins over the shared one.
+  const auto given = chain.with_arguments({"--epochs", "2", "--dpo.lr=1e-6", "--dpo.epochs", "1", "--beta", "0.2"});
+  sft = ht::stage_knob_values(given, stages[0], "");
+  dpo = ht::stage_knob_values(given, stages[1], "");
+  CHECK(sft.get<std::int64_t>("epochs") == 2);
+  CHECK(sft.get<double>("lr") == 3e-4);
+  CHECK(dpo.get<std::int64_t>("epochs") == 1);
+  CHECK(dpo.get<double>("lr") == 1e-6);
+  CHECK(dpo.get<double>("beta") == 0.2);
+  // What the workers get is what the login read: the arguments round-trip.
+  const auto forwarded = chain.with_arguments(given.arguments());
+  CHECK(ht::stage_knob_values(forwarded, stages[1], "").get<double>("lr") == 1e-6);
+  // Every value checked with the stage's own check, and an unknown stage's knob refused with the closest name.
+  CHECK_THROWS_WITH(chain.with_arguments({"--dpo.lr", "-1"}), Catch::Contains("--dpo.lr = -1"));
+  CHECK_THROWS_WITH(chain.with_arguments({"--dpo.data", "x"}), Catch::Contains("unknown option --dpo.data"));
+  // --help: one line per knob (the defaults that differ named by stage), one paragraph for the stages' own.
+  const auto help = chain.help();
+  CHECK_THAT(help, Catch::Contains("base learning rate (default: sft 0.0003, dpo 5e-06) (must be positive)"));
+  CHECK_THAT(help, Catch::Contains("passes (default: 3; must be positive)"));
+  CHECK_THAT(help, Catch::Contains("--<stage>.<knob> sets it for one stage of the chain (sft, dpo)"));
+  CHECK_THAT(help, !Catch::Contains("--dpo.beta"));
+  CHECK(chain.with_arguments({}).arguments().empty());  // nothing given, nothing forwarded
+}
+
+TEST_CASE("A chain's knob of two types is refused, naming both stages", "[knobs][stages]") {
+  auto stages = sft_then_dpo();
+  stages[1].table.declare<std::int64_t>("data", 0, "a number here");
+  CHECK_THROWS_WITH(ht::chain_knob_table(stages),
+                    Catch::Contains("--data") && Catch::Contains("is a text in stage sft and an integer in stage dpo"));
+}
+
+TEST_CASE("stage_dir reads an earlier stage's directory from a later stage's values, and refuses anywhere else",
+          "[knobs][stages]") {
+  const auto stages = sft_then_dpo();
+  const auto chain = ht::chain_knob_table(stages).with_arguments({});
+  const ht::Setting<std::filesystem::path> from = ht::stage_dir("sft") / "export";
+  CHECK(from.get(ht::stage_knob_values(chain, stages[1], "pre=/a\nsft=/jobs/sft/7")) ==
+        std::filesystem::path("/jobs/sft/7/export"));
+  CHECK_THROWS_WITH(from.get(ht::stage_knob_values(chain, stages[1], "pre=/a")),
+                    Catch::Contains("stage_dir(\"sft\")") && Catch::Contains("(earlier: pre)"));
+  CHECK_THROWS_WITH(from.get(ht::stage_knob_values(chain, stages[0], "")),
+                    Catch::Contains("no stage runs before this one"));
+  CHECK_THROWS_WITH(from.get(stages[0].table), Catch::Contains("only a later stage of hpctrain::run's stages"));
 }

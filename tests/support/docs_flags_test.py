@@ -47,7 +47,7 @@ SCRIPT_OPTIONS = {
 # and tests/job/quickstart_gpu_test.sh runs each of the page's commands with the real one.
 PAGE_TRAIN = {"docs/quickstart-gpu.md": "sft"}
 COMMON, ANY, SKIP = "any training example", "any example", None
-FLAG = re.compile(r"^--[a-z][a-z0-9-]*")
+FLAG = re.compile(r"^--[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)?")  # --dpo.lr: a chain's knob for one stage
 
 
 def help_flags(path):
@@ -58,7 +58,12 @@ def help_flags(path):
     text = run(["--help"])
     subs = re.findall(r"^  (\w+) ", text.split("Subcommands:")[1], re.M) if "Subcommands:" in text else []
     text += "".join(run([sub, "--help"]) for sub in subs)
-    return set(re.findall(r"^\s+(?:-\w,)?(--[a-z][a-z0-9-]*)", text, re.M))
+    flags = set(re.findall(r"^\s+(?:-\w,)?(--[a-z][a-z0-9-]*)", text, re.M))
+    # A chain of stages (hpctrain::run over stages) takes each knob once more per stage: --<stage>.<knob>.
+    stages = re.search(r"one stage of the chain \(([^)]*)\)", text)
+    for stage in stages.group(1).split(", ") if stages else []:
+        flags |= {f"--{stage}.{flag[2:]}" for flag in flags if "." not in flag}
+    return flags
 
 
 def program_of(word, examples):

@@ -2,11 +2,13 @@
 // Chains of stages (Job::then): one `--submit` queues the program's job and each later stage as a job of its
 // own, each `--dependency=afterok:<previous>`; the first stage's job directory keeps the chain (chain.json),
 // which --status and --cancel read. A stage whose predecessor failed never starts: Slurm keeps it PENDING
-// with Reason=DependencyNeverSatisfied (unless the site sets kill_invalid_depend), and --status says so.
+// with Reason=DependencyNeverSatisfied (unless the site sets kill_invalid_depend), and --status says so. A later
+// stage's script exports the directories of the stages before it (HPCTRAIN_STAGE_DIRS): what stage_dir reads.
 #include <fstream>
 #include <iterator>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -16,6 +18,7 @@
 #include <hpctrain/files.hpp>
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/render.hpp>
+#include <hpctrain/job/stage_knobs.hpp>  // format_stage_dirs
 #include <hpctrain/job/submit.hpp>
 #include <hpctrain/names.hpp>
 
@@ -42,11 +45,21 @@ inline std::vector<Job> chain_jobs(const Job& job) {
   return jobs;
 }
 
+/// `stage` told the directories of the stages before it (HPCTRAIN_STAGE_DIRS, what stage_dir reads): `earlier`
+/// holds their names and directories.
+inline void tell_earlier_stages(Job& stage, const std::vector<std::pair<std::string, std::string>>& earlier) {
+  if (!earlier.empty()) stage.env(env::stage_dirs, format_stage_dirs(earlier));
+}
+
 /// `--dry-run` of a chain: every stage's script, each under a line saying what it waits for.
 inline std::string render_chain(const Job& job, const RenderContext& context) {
-  const auto jobs = chain_jobs(job);
+  auto jobs = chain_jobs(job);
   std::string text;
+  std::vector<std::pair<std::string, std::string>> earlier;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
+    tell_earlier_stages(jobs[i], earlier);
+    earlier.emplace_back(jobs[i].name(),
+                         (job_root(jobs[i], context) / fmt::format("<job id of {}>", jobs[i].name())).string());
     text += fmt::format(
         "# ---- stage {} of {}: {}{} ----\n", i + 1, jobs.size(), jobs[i].name(),
         i == 0 ? "" : fmt::format(", submitted with --dependency=afterok:<job id of {}>", jobs[i - 1].name()));
@@ -60,10 +73,13 @@ inline std::string render_chain(const Job& job, const RenderContext& context) {
 inline std::vector<SubmittedJob> submit_chain(const Job& job, const RenderContext& context) {
   auto jobs = chain_jobs(job);
   std::vector<SubmittedJob> submitted;
+  std::vector<std::pair<std::string, std::string>> earlier;
   try {
     for (auto& each : jobs) {
       if (!submitted.empty()) each.after(submitted.back().id, After::ok);
+      tell_earlier_stages(each, earlier);
       submitted.push_back(submit(each, context));
+      earlier.emplace_back(each.name(), std::filesystem::absolute(submitted.back().directory).string());
     }
   } catch (...) {
     for (const auto& queued : submitted) run_process({"scancel", queued.id});

@@ -143,6 +143,8 @@ struct KnobSpec {
   /// switch's bare flag is `true` without it.
   std::optional<std::string> bare_value;
   std::string placeholder;  ///< `--help`'s name for the value (`[PROJECT]`); empty: by type
+  /// The chain stage this row sets alone (`--dpo.lr`, job/stage_knobs.hpp); empty: a row of the whole program.
+  std::string stage;
 
   /// `--warmup-steps` for `warmup_steps`.
   std::string flag() const { return knob_flag(name); }
@@ -174,6 +176,14 @@ class Knobs {
       specs_.push_back(spec);
     }
     for (const auto& [name, value] : other.values_) values_[name] = value;
+    return *this;
+  }
+
+  /// Appends `spec` as it is (a chain's table, job/stage_knobs.hpp, copies its stages' rows). Throws SpecError
+  /// `[hpctrain.spec.knob]` for a name the table has.
+  Knobs& add_row(KnobSpec spec) {
+    if (find(spec.name) != nullptr) throw SpecError(errors::spec_knob, spec.name, "is declared twice");
+    specs_.push_back(std::move(spec));
     return *this;
   }
 
@@ -316,7 +326,12 @@ class Knobs {
   std::string help() const {
     if (specs_.empty()) return "";
     std::string text = "Training knobs (checked here before anything is written or queued; read by the workers):\n";
+    std::vector<std::string> stages;
     for (const auto& spec : specs_) {
+      if (!spec.stage.empty()) {  // a chain's per-stage rows: one paragraph below, not a line each
+        if (std::find(stages.begin(), stages.end(), spec.stage) == stages.end()) stages.push_back(spec.stage);
+        continue;
+      }
       const std::string left = fmt::format(
           "  {} {}", spec.flag(), spec.placeholder.empty() ? placeholder(spec.default_value) : spec.placeholder);
       std::string right = spec.help;
@@ -328,6 +343,11 @@ class Knobs {
       text +=
           left.size() < 30 ? fmt::format("{:<30}{}\n", left, right) : fmt::format("{}\n{:<30}{}\n", left, "", right);
     }
+    if (!stages.empty())
+      text += fmt::format(
+          "A knob above applies to every stage that has it; --<stage>.<knob> sets it for one stage of the chain "
+          "({}) and wins there: --{}.{}\n",
+          fmt::join(stages, ", "), stages.back(), knob_flag(specs_.front().name).substr(2));
     return text;
   }
 
@@ -444,7 +464,8 @@ class Knobs {
     if (!arg.starts_with("--"))
       return UsageError(fmt::format("unexpected argument '{}'; training knobs are given as --name value", arg));
     std::vector<std::string> flags;
-    for (const auto& spec : specs_) flags.push_back(spec.flag());
+    for (const auto& spec : specs_)
+      if (spec.stage.empty()) flags.push_back(spec.flag());  // not every stage's copy of each
     return UsageError(fmt::format("unknown option {}{}; the knobs are: {}", arg, closest_hint(arg.substr(2)),
                                   flags.empty() ? "none" : fmt::format("{}", fmt::join(flags, " "))));
   }

@@ -4,14 +4,17 @@
 #include <cstdlib>  // setenv: the job's environment, for the processes --local starts
 #include <ctime>
 #include <filesystem>
+#include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/files.hpp>
+#include <hpctrain/job/chain.hpp>
 #include <hpctrain/job/cli_options.hpp>
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/prepare.hpp>
@@ -66,7 +69,7 @@ inline std::filesystem::path new_local_run_directory(const std::filesystem::path
 
 /// `--local N` with Job::prepare: the preparation runs first, in this process, with the run directory
 /// `hpctrain-jobs/<name>/local` (job id `local`); it is skipped when that directory says it completed with the same
-/// arguments (its marker holds them: another `--data` prepares again).
+/// arguments and earlier stages (its marker holds them: another `--data` prepares again).
 inline int prepare_locally(const Job& job, const RenderContext& context, const std::vector<std::string>& args,
                            std::ostream& err) {
   if (!job.preparation()) return exit_ok;
@@ -78,6 +81,8 @@ inline int prepare_locally(const Job& job, const RenderContext& context, const s
   const auto done = prepare.run_dir / prepare_done_file;
   std::string arguments;
   for (const auto& arg : args) arguments += arg + "\n";
+  // A chain's later stage prepares from what the earlier ones wrote (sft's export): a new run of them, again.
+  if (const auto earlier = hpctrain::getenv(env::stage_dirs)) arguments += "earlier stages:\n" + *earlier + "\n";
   if (const auto marker = detail::read_file_if_present(done, errors::runtime_io); marker && *marker == arguments) {
     err << fmt::format("hpctrain: preparation already done ({}); skipping it\n", done.string());
     return exit_ok;
@@ -88,9 +93,11 @@ inline int prepare_locally(const Job& job, const RenderContext& context, const s
 }
 
 namespace detail {
-/// --local N: the preparation here, then N ranks on this machine, each run in a directory of its own.
+/// --local N: the preparation here, then N ranks on this machine, each run in a directory of its own
+/// (`run_directory` when given: a chain's stage).
 inline int local_command(const Job& job, const LoginCommand& command, const RenderContext& context,
-                         const RenderContext& worker_context, std::ostream& out, std::ostream& err) {
+                         const RenderContext& worker_context, std::ostream& out, std::ostream& err,
+                         std::optional<std::filesystem::path> run_directory = std::nullopt) {
   export_job_environment(job, context);  // the preparation and the ranks see the job's environment
   if (const int prepared = prepare_locally(job, context, command.forwarded, err); prepared != exit_ok) return prepared;
   std::vector<std::string> args = {std::string(worker_flag)};
@@ -100,14 +107,40 @@ inline int local_command(const Job& job, const LoginCommand& command, const Rend
   if (job.preparation()) options.prepare_directory = job_root(job, context) / "local" / layout::prepare_output;
   // Each run its own directory, so a second run trains again instead of finding the first one's checkpoints; a
   // directory named in HPCTRAIN_RUN_DIR is the user's choice and is kept.
-  if (!hpctrain::getenv(env::run_dir)) {
-    require(*command.local_ranks >= 1, errors::spec_local, *command.local_ranks, "needs at least 1 rank");
-    options.run_directory = new_local_run_directory(job_root(job, context));
-  }
+  require(*command.local_ranks >= 1, errors::spec_local, *command.local_ranks, "needs at least 1 rank");
+  if (run_directory) options.run_directory = std::move(run_directory);
+  else if (!hpctrain::getenv(env::run_dir)) options.run_directory = new_local_run_directory(job_root(job, context));
   out << fmt::format("run directory: {}\n",
                      options.run_directory ? options.run_directory->string() : *hpctrain::getenv(env::run_dir))
       << std::flush;
   return launch_local(*command.local_ranks, context.program, args, options);
+}
+
+/// --local N of a chain (Job::then): each stage in order, as its job would run, in a run directory of its own
+/// (`$HPCTRAIN_RUN_DIR/<stage>` when that is set) and told the earlier stages' (stage_dir); a stage that fails
+/// stops the chain, as afterok does.
+inline int local_chain_command(const Job& job, const LoginCommand& command, const RenderContext& context,
+                               const RenderContext& worker_context, std::ostream& out, std::ostream& err) {
+  auto stages = chain_jobs(job);
+  std::vector<std::pair<std::string, std::string>> earlier;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    auto& stage = stages[i];
+    tell_earlier_stages(stage, earlier);
+    const auto chosen = hpctrain::getenv(env::run_dir);
+    const auto run_directory = chosen ? std::filesystem::path(*chosen) / detail::directory_name(stage.name())
+                                      : new_local_run_directory(job_root(stage, context));
+    std::filesystem::create_directories(run_directory);
+    out << fmt::format("stage {} of {}: {}\n", i + 1, stages.size(), stage.name()) << std::flush;
+    if (const int status = local_command(stage, command, context, worker_context, out, err, run_directory);
+        status != exit_ok) {
+      if (i + 1 < stages.size())
+        err << fmt::format("hpctrain: stage {} ({}) exited {}: the later stages do not run\n", i + 1, stage.name(),
+                           status);
+      return status;
+    }
+    earlier.emplace_back(stage.name(), std::filesystem::absolute(run_directory).string());
+  }
+  return exit_ok;
 }
 }  // namespace detail
 

@@ -300,7 +300,9 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
       case Mode::submit: return detail::submit_command(job, command, worker_context, out, err, knobs, planner);
       case Mode::status: return detail::status_command(job, context, out);
       case Mode::logs: print_logs(last_submitted(job, context), out, command.follow); return exit_ok;
-      case Mode::local: return detail::local_command(job, command, context, worker_context, out, err);
+      case Mode::local:
+        if (!job.stages().empty()) return detail::local_chain_command(job, command, context, worker_context, out, err);
+        return detail::local_command(job, command, context, worker_context, out, err);
       case Mode::plan: return detail::plan_command(job, command, context.site, out, err, knobs, planner);
       case Mode::run: {
         auto allocation_context = worker_context;

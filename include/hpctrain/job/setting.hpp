@@ -3,16 +3,20 @@
 // `hpctrain::knob("seq_len", 128, "tokens per window")` declares `--seq-len` and returns the handle that reads it;
 // `Setting<T>` holds a value, or the name of the knob that gives it (`lm::from_pretrained("/shared/Llama")` or
 // `lm::from_pretrained(ht::knob("from", "", "model directory"))`), read in the worker. Torch-free.
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
@@ -83,10 +87,56 @@ struct KnobName {
 /// `knob("max_steps")`: take the value from the knob `--max-steps`, declared elsewhere (a built-in knob).
 inline KnobName knob(std::string name) { return {std::move(name)}; }
 
+/// A directory an earlier stage of the chain writes (hpctrain::run over stages), known when a later stage runs:
+/// `lm::from_pretrained(stage_dir("sft") / "export")`. Before that (at login), it reads
+/// `<the sft job's directory>/export`, which exists nowhere: a login check takes it as the earlier job's to write.
+class StageDirectory {
+ public:
+  explicit StageDirectory(std::string stage) : stage_(std::move(stage)) {}
+  StageDirectory operator/(const std::filesystem::path& below) const {
+    StageDirectory path = *this;
+    path.below_ /= below;
+    return path;
+  }
+  /// The directory for this stage's values (the knob stage_knob_values sets, job/stage_knobs.hpp). Throws SpecError
+  /// `[hpctrain.spec.stage]` outside a later stage of a chain, or for a stage that is not an earlier one.
+  std::filesystem::path resolve(const Knobs& knobs) const {
+    const auto where = fmt::format("stage_dir(\"{}\")", stage_);
+    if (knobs.find(stage_dirs_knob) == nullptr)
+      throw SpecError(errors::spec_stage, where,
+                      "names an earlier stage's directory: only a later stage of hpctrain::run's stages has one");
+    const auto dirs = knobs.get<std::string>(stage_dirs_knob);
+    std::vector<std::string> earlier;
+    for (std::size_t start = 0; start <= dirs.size() && !dirs.empty();) {
+      const auto end = std::min(dirs.find('\n', start), dirs.size());
+      const std::string_view line(dirs.data() + start, end - start);
+      if (line.starts_with(stage_ + "=")) return std::filesystem::path(line.substr(stage_.size() + 1)) / below_;
+      earlier.emplace_back(line.substr(0, line.find('=')));
+      start = end + 1;
+    }
+    throw SpecError(errors::spec_stage, where,
+                    earlier.empty()
+                        ? std::string("no stage runs before this one")
+                        : fmt::format("no earlier stage has this name (earlier: {})", fmt::join(earlier, ", ")));
+  }
+
+  /// The knob a chain's stage values carry the earlier stages' directories in (job/stage_knobs.hpp).
+  static constexpr std::string_view stage_dirs_knob = "hpctrain_stage_dirs";
+
+ private:
+  std::string stage_;
+  std::filesystem::path below_;
+};
+/// The directory stage `stage` of this program's chain runs in, for a later stage: `stage_dir("sft") / "export"`.
+inline StageDirectory stage_dir(std::string stage) { return StageDirectory(std::move(stage)); }
+
 /// A value given in the program, or the name of the knob that gives it.
 template <class T>
 class Setting {
  public:
+  /// An earlier stage's directory, read when the stage runs.
+  Setting(StageDirectory directory) requires std::is_same_v<T, std::filesystem::path>  // NOLINT: implicit
+      : computed_([directory = std::move(directory)](const Knobs& knobs) { return directory.resolve(knobs); }) {}
   Setting(T value) : value_(std::move(value)) {}           // NOLINT: implicit, so that a plain value reads naturally
   Setting(KnobName knob) : knob_(std::move(knob.name)) {}  // NOLINT
   template <KnobType K>
@@ -100,6 +150,7 @@ class Setting {
 
   /// The value for this run: the program's, or the knob's (a SpecError names an empty required string knob).
   T get(const Knobs& knobs) const {
+    if (computed_) return computed_(knobs);
     if (!knob_) return *value_;
     if constexpr (std::is_same_v<T, std::filesystem::path>) {
       auto text = knobs.get<std::string>(*knob_);
@@ -111,6 +162,7 @@ class Setting {
   }
   /// An optional path: the program's, or the knob's unless the knob is empty (`--tools ""`, its default: none).
   std::optional<T> get_optional(const Knobs& knobs) const requires std::is_same_v<T, std::filesystem::path> {
+    if (computed_) return computed_(knobs);
     if (!knob_) return *value_;
     auto text = knobs.get<std::string>(*knob_);
     if (text.empty()) return std::nullopt;
@@ -122,6 +174,7 @@ class Setting {
  private:
   std::optional<T> value_;
   std::optional<std::string> knob_;
+  std::function<T(const Knobs&)> computed_;  ///< a value known when the stage runs (StageDirectory)
 };
 
 }  // namespace hpctrain

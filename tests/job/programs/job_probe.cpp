@@ -51,6 +51,7 @@ int report(const std::vector<std::string>& args) {
     std::cout << fmt::format("probe stage={} job={} nodes={}\n", stage, env_or("SLURM_JOB_ID", "?"),
                              env_or("SLURM_JOB_NUM_NODES", "?"))
               << std::flush;
+    if (const char* earlier = std::getenv("HPCTRAIN_STAGE_DIRS")) std::cout << "probe stage_dirs=" << earlier << "\n";
     return std::string(chain) == "fail" && stage == env_or("PROBE_NAME", "probe") ? 3 : 0;
   }
   // Like hpctrain's workers once the ranks agreed to requeue: every rank will exit 75, so srun's SIGTERM
