@@ -18,6 +18,11 @@ function(hpctrain_add_runtime_library source)
   set_target_properties(hpctrain_runtime PROPERTIES EXCLUDE_FROM_ALL ON)
   target_link_libraries(hpctrain_runtime PUBLIC hpctrain::hpctrain)
   target_compile_definitions(hpctrain_runtime PUBLIC HPCTRAIN_SEPARATE_RUNTIME)
+  # fmt's compiled part (the torch wheel's fmt 12) is in this library's unit, once: it and every target that links
+  # it see fmt without FMT_HEADER_ONLY (hpctrain::hpctrain's definition reads this property), so a program's unit
+  # does not compile fmt's formatting code (about 2.4 s of examples/sft.cpp's 15.5 s at -O3, docs/libtorch.md).
+  set_target_properties(hpctrain_runtime PROPERTIES HPCTRAIN_COMPILED_FMT ON INTERFACE_HPCTRAIN_COMPILED_FMT ON)
+  set_property(TARGET hpctrain_runtime APPEND PROPERTY COMPATIBLE_INTERFACE_BOOL HPCTRAIN_COMPILED_FMT)
   add_library(hpctrain::runtime ALIAS hpctrain_runtime)
 endfunction()
 

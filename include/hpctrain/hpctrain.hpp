@@ -29,7 +29,6 @@
 #include <hpctrain/train/losses.hpp>
 #include <hpctrain/train/metrics.hpp>
 #include <hpctrain/train/optim/adamw.hpp>
-#include <hpctrain/train/optim/fused_adamw.hpp>
 #include <hpctrain/train/optim/schedule.hpp>
 #include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/step.hpp>

@@ -165,6 +165,13 @@ class Training {
   /// The defaults: Replicated, cross entropy, the plain step. Out of line where the runtime is compiled apart
   /// (compiled_runtime.hpp): the defaults reach the whole data-parallel machinery.
   HPCTRAIN_RUNTIME_INLINE Training();
+  /// Copies, moves and the destructor: out of line too, so that a program's unit does not generate the code that
+  /// copies and destroys every member (about forty std::function slots).
+  HPCTRAIN_RUNTIME_INLINE Training(const Training&);
+  HPCTRAIN_RUNTIME_INLINE Training(Training&&) noexcept;
+  HPCTRAIN_RUNTIME_INLINE Training& operator=(const Training&);
+  HPCTRAIN_RUNTIME_INLINE Training& operator=(Training&&) noexcept;
+  HPCTRAIN_RUNTIME_INLINE ~Training();
 
   /// A factory returning the model: a module, a TORCH_MODULE holder or a shared_ptr to a module. It takes
   /// nothing, the run's knobs (`const hpctrain::Knobs&`) or the whole `const hpctrain::RunContext&`. Called
@@ -853,6 +860,11 @@ class Training {
 HPCTRAIN_RUNTIME_INLINE Training::Training()
     : strategy_([] { return std::unique_ptr<DataParallelStrategy>(std::make_unique<Replicated>()); }),
       loss_(detail::wrap_loss(torch::nn::functional::cross_entropy)) {}
+HPCTRAIN_RUNTIME_INLINE Training::Training(const Training&) = default;
+HPCTRAIN_RUNTIME_INLINE Training::Training(Training&&) noexcept = default;
+HPCTRAIN_RUNTIME_INLINE Training& Training::operator=(const Training&) = default;
+HPCTRAIN_RUNTIME_INLINE Training& Training::operator=(Training&&) noexcept = default;
+HPCTRAIN_RUNTIME_INLINE Training::~Training() = default;
 
 HPCTRAIN_RUNTIME_INLINE std::unique_ptr<DataParallelStrategy> Training::make_strategy() const { return strategy_(); }
 

@@ -3,7 +3,8 @@
 // with --dry-run: the login path through the library's ht::run. Its unit parses the description only: the
 // package test "its unit parses no Trainer" reads the compiler's list of the headers it opened.
 #include <hpctrain/hpctrain.hpp>
-#include <torch/nn/modules/linear.h>  // the model's layer: a narrow LibTorch header, not torch/torch.h
+#include <hpctrain/train/optim/fused_adamw.hpp>  // the optimizer it builds itself
+#include <torch/nn/modules/linear.h>             // the model's layer: a narrow LibTorch header, not torch/torch.h
 
 #include <iostream>
 

@@ -11,9 +11,12 @@
 #include <torch/optim/adamw.h>
 #include <torch/types.h>
 
+#include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/job/setting.hpp>
-#include <hpctrain/train/optim/fused_adamw.hpp>
 #include <hpctrain/train/training.hpp>
+#if HPCTRAIN_RUNTIME_DEFINITIONS  // the update's code: not parsed by a program that links the runtime
+#include <hpctrain/train/optim/fused_adamw.hpp>
+#endif
 
 namespace hpctrain {
 
@@ -55,20 +58,10 @@ class AdamWFactory {
     return torch::optim::AdamWOptions(lr_).betas(betas_).eps(eps_).weight_decay(weight_decay_.get(knobs));
   }
 
-  /// The optimizer over `parameters` (Training::optimizer calls it once per rank, on the device).
-  std::unique_ptr<torch::optim::Optimizer> operator()(const NamedParameters& parameters, const Knobs& knobs) const {
-    const auto opts = options(knobs);
-    std::vector<torch::optim::OptimizerParamGroup> groups;
-    if (decay_groups_) {
-      groups = weight_decay_groups(parameters, opts);
-    } else {
-      std::vector<torch::Tensor> all;
-      for (const auto& [name, tensor] : parameters) all.push_back(tensor);
-      groups.emplace_back(std::move(all), std::make_unique<torch::optim::AdamWOptions>(opts));
-    }
-    if (fused_ && has_fused_kernel(parameters)) return std::make_unique<FusedAdamW>(std::move(groups), opts);
-    return std::make_unique<torch::optim::AdamW>(std::move(groups), opts);
-  }
+  /// The optimizer over `parameters` (Training::optimizer calls it once per rank, on the device). Out of line where
+  /// the runtime is compiled apart: a program's unit does not generate the fused update's code.
+  HPCTRAIN_RUNTIME_INLINE std::unique_ptr<torch::optim::Optimizer> operator()(const NamedParameters& parameters,
+                                                                              const Knobs& knobs) const;
 
   /// ATen's fused AdamW runs on CPU and CUDA tensors; elsewhere torch::optim::AdamW's per-tensor ops do.
   static bool has_fused_kernel(const NamedParameters& parameters) {
@@ -88,5 +81,22 @@ class AdamWFactory {
 
 /// `Training().optimizer(ht::adamw(3e-4).betas({0.9, 0.95}).weight_decay(0.1))`: AdamW at base learning rate `lr`.
 inline AdamWFactory adamw(double lr) { return AdamWFactory(lr); }
+
+#if HPCTRAIN_RUNTIME_DEFINITIONS
+HPCTRAIN_RUNTIME_INLINE std::unique_ptr<torch::optim::Optimizer> AdamWFactory::operator()(
+    const NamedParameters& parameters, const Knobs& knobs) const {
+  const auto opts = options(knobs);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (decay_groups_) {
+    groups = weight_decay_groups(parameters, opts);
+  } else {
+    std::vector<torch::Tensor> all;
+    for (const auto& [name, tensor] : parameters) all.push_back(tensor);
+    groups.emplace_back(std::move(all), std::make_unique<torch::optim::AdamWOptions>(opts));
+  }
+  if (fused_ && has_fused_kernel(parameters)) return std::make_unique<FusedAdamW>(std::move(groups), opts);
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), opts);
+}
+#endif
 
 }  // namespace hpctrain
