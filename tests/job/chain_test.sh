@@ -64,6 +64,8 @@ PROBE_CHAIN=fail PROBE_NAME=chain-local-fail "$probe" --local 1 > local-fail.log
 [ "$status" = 3 ] && grep -q "stage 1 (chain-local-fail) exited 3: the later stages do not run" local-fail.log &&
   ! grep -q "^probe stage=chain-local-fail-second" local-fail.log ||
   log=local-fail.log fail "a failing first stage under --local: exit $status, or the second stage ran"
+[ "$(grep -c '^probe first_stage_only=1$' local.log)" = 1 ] && grep -q '^probe first_stage_only=unset$' local.log ||
+  log=local.log fail "--local let the first stage's own variable (Job::env) reach the second stage"
 echo "ok: --local ran the chain's stages in order (the second told the first's directory) and stopped at a failing one"
 
 PROBE_NAME=after "$probe" --submit --after "$first" > after-submit.log 2>&1 || fail "--submit --after failed"

@@ -346,8 +346,9 @@ class Knobs {
     if (!stages.empty())
       text += fmt::format(
           "A knob above applies to every stage that has it; --<stage>.<knob> sets it for one stage of the chain "
-          "({}) and wins there: --{}.{}\n",
-          fmt::join(stages, ", "), stages.back(), knob_flag(specs_.front().name).substr(2));
+          "({}) and wins there: --{}.{} {}\n",
+          fmt::join(stages, ", "), stages.back(), knob_flag(specs_.front().name).substr(2),
+          specs_.front().placeholder.empty() ? placeholder(specs_.front().default_value) : specs_.front().placeholder);
     return text;
   }
 

@@ -49,6 +49,31 @@ inline void export_job_environment(const Job& job, const RenderContext& context)
   }
 }
 
+/// Restores, when it ends, the variables `job`'s environment sets in this process (export_job_environment): a
+/// chain's `--local` stage then leaves the next one this shell's values, as each job of the chain starts from them.
+class JobEnvironmentRestore {
+ public:
+  JobEnvironmentRestore(const Job& job, const RenderContext& context) {
+    for (const auto& variable : site_environment(job, context.site)) keep(variable.name);
+    for (const auto& variable : job.environment()) keep(variable.name);
+  }
+  ~JobEnvironmentRestore() {
+    for (const auto& [name, value] : saved_)
+      if (value) ::setenv(name.c_str(), value->c_str(), 1);
+      else ::unsetenv(name.c_str());
+  }
+  JobEnvironmentRestore(const JobEnvironmentRestore&) = delete;
+  JobEnvironmentRestore& operator=(const JobEnvironmentRestore&) = delete;
+
+ private:
+  void keep(const std::string& name) {
+    for (const auto& [kept, value] : saved_)
+      if (kept == name) return;
+    saved_.emplace_back(name, hpctrain::getenv(name));
+  }
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
 /// A new directory `<root>/local-<UTC time>[-<n>]` for one `--local` run (created here, so two runs started
 /// in the same second do not share one).
 inline std::filesystem::path new_local_run_directory(const std::filesystem::path& root) {
@@ -131,6 +156,7 @@ inline int local_chain_command(const Job& job, const LoginCommand& command, cons
                                       : new_local_run_directory(job_root(stage, context));
     std::filesystem::create_directories(run_directory);
     out << fmt::format("stage {} of {}: {}\n", i + 1, stages.size(), stage.name()) << std::flush;
+    const JobEnvironmentRestore shell_environment(stage, context);
     if (const int status = local_command(stage, command, context, worker_context, out, err, run_directory);
         status != exit_ok) {
       if (i + 1 < stages.size())

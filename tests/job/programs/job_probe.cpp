@@ -52,6 +52,7 @@ int report(const std::vector<std::string>& args) {
                              env_or("SLURM_JOB_NUM_NODES", "?"))
               << std::flush;
     if (const char* earlier = std::getenv("HPCTRAIN_STAGE_DIRS")) std::cout << "probe stage_dirs=" << earlier << "\n";
+    std::cout << "probe first_stage_only=" << env_or("PROBE_FIRST_STAGE_ONLY", "unset") << "\n";
     return std::string(chain) == "fail" && stage == env_or("PROBE_NAME", "probe") ? 3 : 0;
   }
   // Like hpctrain's workers once the ranks agreed to requeue: every rank will exit 75, so srun's SIGTERM
@@ -163,7 +164,10 @@ int main(int argc, char** argv) {
     job.setup(
         "echo \"probe batch SLURM_STEP_NUM_TASKS=${SLURM_STEP_NUM_TASKS:-unset} SLURM_STEP_ID=${SLURM_STEP_ID:-unset} "
         "SLURM_PTY_PORT=${SLURM_PTY_PORT:-unset}\"");
-  if (std::getenv("PROBE_CHAIN")) job.then(ht::Job(env_or("PROBE_NAME", "probe") + "-second").nodes(1).time(5min));
+  if (std::getenv("PROBE_CHAIN")) {  // the first stage's own variable, which the second must not see
+    job.env("PROBE_FIRST_STAGE_ONLY", "1");
+    job.then(ht::Job(env_or("PROBE_NAME", "probe") + "-second").nodes(1).time(5min));
+  }
   if (const char* restarts = std::getenv("PROBE_MAX_RESTARTS")) job.max_restarts(std::stoi(restarts));
   if (const char* image = std::getenv("PROBE_CHARLIECLOUD")) {
     job.container(ht::Charliecloud(image)).mount("/usr", "/usr");
