@@ -8,6 +8,10 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>  // environ (_GNU_SOURCE): read by Environment::of_this_process alone
 
 namespace hpctrain {
 
@@ -72,18 +76,8 @@ inline constexpr const char* check_fabric = "HPCTRAIN_CHECK_FABRIC_MAX_BYTES";
 /// Set by `--check-fabric-min-fraction F`: the check exits 1 when the slowest group across nodes reaches less than F
 /// of the fabric's bus bandwidth (the site's expected_busbw_gbps, else the preset's: job/fabric.hpp).
 inline constexpr const char* check_fabric_min_fraction = "HPCTRAIN_CHECK_FABRIC_MIN_FRACTION";
-/// Test-only: every rank's collectives cross a simulated link of this many GB/s of bus bandwidth, one after another
-/// (dist/simulated_link.hpp), and --plan of a CPU job states its step time at that link: what checks the plan's step
-/// time on a machine without a cluster's links.
-inline constexpr const char* simulated_link = "HPCTRAIN_SIMULATED_LINK_GBPS";
-/// Test-only, with simulated_link: the TFLOP/s this CPU reaches on the planned model (measured at one rank), which
-/// --plan of a CPU job computes at.
-inline constexpr const char* plan_cpu_tflops = "HPCTRAIN_PLAN_CPU_TFLOPS";
 /// Seconds after a SIGTERM without a completed step before the termination watchdog ends a rank (default 30).
 inline constexpr const char* term_stall_seconds = "HPCTRAIN_TERM_STALL_SECONDS";
-/// Set: the Trainer restarts each rank's peak-memory count before the hooks at the end, so that `time` reports
-/// theirs (bench/export_memory.sh).
-inline constexpr const char* measure_finish_hooks = "HPCTRAIN_MEASURE_FINISH_HOOKS";
 /// The site file's path (job/site.hpp), else `~/.config/hpctrain/site.toml`.
 inline constexpr const char* site_config = "HPCTRAIN_SITE_CONFIG";
 /// How a GPU request is written, `gpus-per-node` or `gres` (job/site.hpp), over the site file's.
@@ -93,6 +87,20 @@ inline constexpr const char* gpu_syntax = "HPCTRAIN_GPU_SYNTAX";
 /// to the image's value inside the container (job/render.hpp, path_entries_inside).
 inline constexpr std::string_view prepend_prefix = "HPCTRAIN_PREPEND_";
 inline constexpr std::string_view append_prefix = "HPCTRAIN_APPEND_";
+/// The test seams: variables the tests and benches set to simulate or measure what this machine cannot run or a
+/// user's run does not report (docs/seams.md, "Test seams"). A job never needs them; each is read in one place.
+namespace test_seam {
+/// Every rank's collectives cross a simulated link of this many GB/s of bus bandwidth, one after another
+/// (dist/simulated_link.hpp), and --plan of a CPU job states its step time at that link: what checks the plan's step
+/// time on a machine without a cluster's links.
+inline constexpr const char* simulated_link = "HPCTRAIN_SIMULATED_LINK_GBPS";
+/// With simulated_link: the TFLOP/s this CPU reaches on the planned model (measured at one rank), which --plan of a
+/// CPU job computes at.
+inline constexpr const char* plan_cpu_tflops = "HPCTRAIN_PLAN_CPU_TFLOPS";
+/// Set: the Trainer restarts each rank's peak-memory count before the hooks at the end, so that `time` reports
+/// theirs (bench/export_memory.sh).
+inline constexpr const char* measure_finish_hooks = "HPCTRAIN_MEASURE_FINISH_HOOKS";
+}  // namespace test_seam
 }  // namespace env
 
 /// Whether a variable set to the empty string counts as set (`kept`: pass_env and secret_env, which export what
@@ -105,6 +113,56 @@ inline std::optional<std::string> getenv(const std::string& name, EmptyValue emp
   if (value == nullptr || (*value == '\0' && empty == EmptyValue::unset)) return std::nullopt;
   return std::string(value);
 }
+
+/// An environment as a value: this process's, read whole here (the one walk of `environ`), and what a child is
+/// started with (the job's environment under `--local`, a Slurm command's without this job's SLURM_*), built before
+/// fork and given to exec. The library never sets a variable in its own process: a child gets its own list.
+class Environment {
+ public:
+  /// This process's environment now, in its order.
+  static Environment of_this_process() {
+    Environment environment;
+    for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+      const std::string_view text(*entry);
+      const auto equals = text.find('=');
+      if (equals != std::string_view::npos)
+        environment.variables_.emplace_back(std::string(text.substr(0, equals)), std::string(text.substr(equals + 1)));
+    }
+    return environment;
+  }
+
+  /// The value of `name`, or nothing when it is not set (or empty, unless `empty` keeps it), as getenv reads it.
+  std::optional<std::string> get(std::string_view name, EmptyValue empty = EmptyValue::unset) const {
+    for (const auto& [variable, value] : variables_)
+      if (variable == name) return value.empty() && empty == EmptyValue::unset ? std::nullopt : std::optional(value);
+    return std::nullopt;
+  }
+  /// Sets `name` (in its place when it is set, else last).
+  Environment& set(std::string_view name, std::string value) {
+    for (auto& [variable, old] : variables_)
+      if (variable == name) {
+        old = std::move(value);
+        return *this;
+      }
+    variables_.emplace_back(std::string(name), std::move(value));
+    return *this;
+  }
+  Environment& remove(std::string_view name) {
+    std::erase_if(variables_, [&](const auto& variable) { return variable.first == name; });
+    return *this;
+  }
+  /// The variables, name and value, in order.
+  const std::vector<std::pair<std::string, std::string>>& variables() const { return variables_; }
+  /// `NAME=value` for each variable, as exec takes them.
+  std::vector<std::string> entries() const {
+    std::vector<std::string> entries;
+    for (const auto& [name, value] : variables_) entries.push_back(name + "=" + value);
+    return entries;
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> variables_;
+};
 
 /// The number above 0 that variable `name` holds, nothing when it is unset; for any other value, what
 /// `refuse(value)` throws (each caller its own error: a test switch is a spec error, a job's setting a runtime one).

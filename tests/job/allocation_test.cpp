@@ -114,7 +114,7 @@ TEST_CASE("The --run mode parses as a mode of its own and --after goes with --su
 
 TEST_CASE("The --run mode outside an allocation exits 2 and says how to get one", "[allocation][cli]") {
   auto context = job_test::fixed_context();
-  context.lookup_env = [](const std::string&) -> std::optional<std::string> { return std::nullopt; };
+  context.environment = {};  // no SLURM_* variables: not inside an allocation
   ht::LoginCommand command;
   command.mode = ht::LoginCommand::Mode::run;
   std::ostringstream out, err;

@@ -24,10 +24,7 @@ inline hpctrain::RenderContext fixed_context() {
   context.worker_args = {};
   context.workdir = "/home/user/project";
   context.generated_at = "2026-01-01T00:00:00Z";
-  context.lookup_env = [](const std::string& name) -> std::optional<std::string> {
-    if (name == "WANDB_PROJECT") return "fashion runs";
-    return std::nullopt;
-  };
+  context.environment.set("WANDB_PROJECT", "fashion runs");
   return context;
 }
 

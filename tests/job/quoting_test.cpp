@@ -218,15 +218,16 @@ TEST_CASE(
       }
     }
   }
-  SECTION("--local: the entries added to this process's environment, as the script adds them") {
-    for (const auto& [name, value] : node_env) ::setenv(name.c_str(), value.c_str(), 1);
-    ::unsetenv("PROBE_UNSET");
-    ht::detail::export_job_environment(job, job_test::fixed_context());
+  SECTION("--local: the entries added to the shell's environment, as the script adds them") {
+    ht::Environment shell;
+    for (const auto& [name, value] : node_env) shell.set(name, value);
+    const auto environment = ht::detail::job_environment(job, job_test::fixed_context(), shell);
     for (const auto& [name, value] : expected) {
       CAPTURE(name, value);
-      CHECK(ht::getenv(name, ht::EmptyValue::kept).value_or("<unset>") == value);
-      ::unsetenv(name.c_str());
+      CHECK(environment.get(name).value_or("<unset>") == value);
     }
+    CHECK(environment.get("SLURM_JOB_ID") == "4242");  // the shell's own kept
+    CHECK_FALSE(ht::getenv("PROBE_SET"));              // nothing set in this process
   }
   CHECK_FALSE(std::filesystem::exists(canary));
   // An empty entry would add the current directory to the list: refused, naming the call and the variable.

@@ -56,19 +56,17 @@ TEST_CASE("The --gpus-per-task option gets a task count from 23.11 on, and not o
 
 TEST_CASE("A submission from inside a job leaves the parent's SLURM variables out of sbatch's environment",
           "[submit]") {
-  std::vector<std::string> entries = {"SLURM_JOB_ID=7",
-                                      "SLURM_NTASKS=8",
-                                      "SLURM_CPUS_PER_TASK=4",
-                                      "SLURM_STEP_NUM_TASKS=2",
-                                      "SLURM_CONF=/etc/slurm/slurm.conf",
-                                      "SLURM_CLUSTERS=a",
-                                      "SBATCH_ACCOUNT=proj",
-                                      "HOME=/root",
-                                      "MY_SLURM_X=1"};
-  std::vector<char*> environment;
-  for (auto& entry : entries) environment.push_back(entry.data());
-  environment.push_back(nullptr);
-  CHECK(ht::detail::inherited_slurm_variables(environment.data()) ==
+  ht::Environment environment;
+  environment.set("SLURM_JOB_ID", "7")
+      .set("SLURM_NTASKS", "8")
+      .set("SLURM_CPUS_PER_TASK", "4")
+      .set("SLURM_STEP_NUM_TASKS", "2")
+      .set("SLURM_CONF", "/etc/slurm/slurm.conf")
+      .set("SLURM_CLUSTERS", "a")
+      .set("SBATCH_ACCOUNT", "proj")
+      .set("HOME", "/root")
+      .set("MY_SLURM_X", "1");
+  CHECK(ht::detail::inherited_slurm_variables(environment) ==
         std::vector<std::string>{"SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_CPUS_PER_TASK", "SLURM_STEP_NUM_TASKS"});
 }
 

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -97,5 +98,27 @@ TEST_CASE("A positive number from the environment: nothing when unset, each othe
     CHECK_THROWS_AS(hpctrain::positive_number_from_environment(name, refuse), std::invalid_argument);
     CHECK(refused == text);
   }
+  ::unsetenv(name.c_str());
+}
+
+TEST_CASE("An environment as a value: this process's read whole, a child's changed without touching this process's",
+          "[units]") {
+  const std::string name = "HPCTRAIN_UNITS_TEST_ENVIRONMENT";
+  ::setenv(name.c_str(), "", 1);
+  auto environment = hpctrain::Environment::of_this_process();
+  CHECK(environment.get(name, hpctrain::EmptyValue::kept) == "");  // an empty value is one where it is kept
+  CHECK_FALSE(environment.get(name));                              // and unset for a setting, as getenv reads it
+  CHECK(environment.get("PATH") == hpctrain::getenv("PATH"));
+  const auto count = environment.variables().size();
+  environment.set(name, "child").set("HPCTRAIN_UNITS_TEST_NEW", "a=b");
+  CHECK(environment.variables().size() == count + 1);  // set in place, or last
+  CHECK(environment.variables().back() == std::pair<std::string, std::string>{"HPCTRAIN_UNITS_TEST_NEW", "a=b"});
+  CHECK(environment.get(name) == "child");
+  CHECK(hpctrain::getenv(name, hpctrain::EmptyValue::kept) == "");  // this process's is unchanged
+  environment.remove(name);
+  CHECK_FALSE(environment.get(name));
+  const auto entries = environment.entries();
+  CHECK(entries.back() == "HPCTRAIN_UNITS_TEST_NEW=a=b");
+  CHECK(std::none_of(entries.begin(), entries.end(), [&](const auto& entry) { return entry.starts_with(name + "="); }));
   ::unsetenv(name.c_str());
 }

@@ -22,6 +22,9 @@
       the mean cross entropy over the assistant tokens of the held-out conversations (every 16th, from the
       9th), fp32: transformers' apply_chat_template (assistant mask from the template), truncated to
       MAX_LENGTH, and transformers' model.
+  sft_oracle.py from-config-losses MODEL_DIR JSONL MAX_LENGTH SEEDS
+      the same loss for MODEL_DIR's config built by AutoModelForCausalLM.from_config with random weights, once per
+      seed 0..SEEDS-1: their mean and standard deviation.
   sft_oracle.py export-check FP32_DIR BF16_DIR
       two exports of the same trained model by hpctrain (--export-dtype fp32 and bf16): each index names exactly
       the tensors of its shards and their total size; every bf16 tensor is the fp32 one rounded to bf16
@@ -121,11 +124,33 @@ def load_model(model_dir):
 
 
 def loss(model_dir, jsonl, max_length):
-    import torch
     from transformers import AutoTokenizer
 
+    print(f"{masked_loss(load_model(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir), jsonl, max_length):.8g}")
+
+
+def from_config_losses(model_dir, jsonl, max_length, seeds):
+    """The start loss of MODEL_DIR's config built by AutoModelForCausalLM.from_config (random weights, fp32), once per
+    seed 0..SEEDS-1: prints their mean and standard deviation, what a model built from the config alone should fall in."""
+    import statistics
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = load_model(model_dir).eval()
+    config = AutoConfig.from_pretrained(model_dir)
+    losses = []
+    for seed in range(seeds):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        losses.append(masked_loss(model, tokenizer, jsonl, max_length))
+    print(f"{statistics.mean(losses):.8g} {statistics.stdev(losses):.8g}")
+
+
+def masked_loss(model, tokenizer, jsonl, max_length):
+    """MODEL's loss on the assistant tokens of JSONL's held-out conversations (every 16th from the 9th), rendered by
+    TOKENIZER's chat template and cut at MAX_LENGTH: what sft logs as response_loss_before."""
+    import torch
+
     records = [json.loads(line) for line in open(jsonl) if line.strip()]
     held_out = [r for i, r in enumerate(records) if i % 16 == 8]
     total, count = 0.0, 0
@@ -140,7 +165,7 @@ def loss(model_dir, jsonl, max_length):
         per_token = torch.nn.functional.cross_entropy(logits[:-1], labels[1:], ignore_index=-100, reduction="sum")
         total += per_token.item()
         count += int((labels[1:] != -100).sum())
-    print(f"{total / count:.8g}")
+    return total / count
 
 
 def make_tools(work, template_file):
@@ -341,5 +366,7 @@ if __name__ == "__main__":
         peft_check(sys.argv[2], sys.argv[3])
     elif command == "loss":
         loss(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif command == "from-config-losses":
+        from_config_losses(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     else:
         sys.exit(f"unknown command {command}")

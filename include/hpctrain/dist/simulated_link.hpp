@@ -78,7 +78,7 @@ inline std::optional<double> positive_number_of(const char* variable, std::strin
 /// The bus bandwidth HPCTRAIN_SIMULATED_LINK_GBPS asks for, in bytes/s, or nothing: read once per process.
 inline std::optional<double> simulated_link_busbw() {
   static const std::optional<double> busbw = [] {
-    const auto gbps = positive_number_of(env::simulated_link, "GB/s");
+    const auto gbps = positive_number_of(env::test_seam::simulated_link, "GB/s");
     return gbps ? std::optional<double>(*gbps * 1e9) : std::nullopt;
   }();
   return busbw;

@@ -27,12 +27,7 @@ namespace hpctrain {
 
 namespace detail {
 inline slurm::EnvironmentLookup context_lookup(const RenderContext& context) {
-  if (!context.lookup_env) return slurm::process_environment;
-  return [lookup = context.lookup_env](const std::string& name) -> std::optional<std::string> {
-    auto value = lookup(name);
-    if (value && value->empty()) return std::nullopt;
-    return value;
-  };
+  return [shell = context.environment](const std::string& name) { return shell.get(name); };
 }
 
 /// The run directory of `--run` in allocation `job_id`: `hpctrain-jobs/<name>/<job id>`, as a batch job's, so

@@ -26,8 +26,6 @@
 #include <hpctrain/job/units.hpp>
 #include <hpctrain/names.hpp>
 
-extern char** environ;
-
 namespace hpctrain {
 
 namespace detail {
@@ -36,13 +34,10 @@ namespace detail {
 /// --export=ALL, and the child's srun and hpctrain read some of them as input where the child's own are not
 /// set (SLURM_CPUS_PER_TASK, SLURM_NTASKS, SLURM_STEP_*, SLURM_PTY_PORT...: submitit #1782). Kept:
 /// SLURM_CONF (which cluster), SLURM_CLUSTERS. The job's own variables are in its script.
-inline std::vector<std::string> inherited_slurm_variables(char** environment) {
+inline std::vector<std::string> inherited_slurm_variables(const Environment& environment) {
   std::vector<std::string> names;
-  for (char** entry = environment; entry != nullptr && *entry != nullptr; ++entry) {
-    const std::string_view variable(*entry);
-    const auto name = variable.substr(0, variable.find('='));
-    if (name.starts_with("SLURM_") && name != "SLURM_CONF" && name != "SLURM_CLUSTERS") names.emplace_back(name);
-  }
+  for (const auto& [name, value] : environment.variables())
+    if (name.starts_with("SLURM_") && name != "SLURM_CONF" && name != "SLURM_CLUSTERS") names.push_back(name);
   return names;
 }
 
@@ -143,7 +138,7 @@ inline std::optional<SpecError> cluster_refusal(const Job& job, const std::strin
   ProcessResult tested;
   try {
     tested = run_process({"sbatch", "--test-only", file.path().string()}, {}, "",
-                         detail::inherited_slurm_variables(environ));
+                         detail::inherited_slurm_variables(Environment::of_this_process()));
   } catch (const RuntimeError&) {  // no sbatch here
     return std::nullopt;
   }

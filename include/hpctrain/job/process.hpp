@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/names.hpp>
 
 namespace hpctrain {
 
@@ -28,8 +29,8 @@ inline void close_fd(int& fd) {
   if (fd >= 0) ::close(fd);
   fd = -1;
 }
-/// `argv` as execvp takes it: pointers into argv's strings, null-terminated. Built before fork: only
-/// async-signal-safe calls may follow it in the child.
+/// `argv` (or an environment's entries) as exec takes it: pointers into the strings, null-terminated. Built before
+/// fork: only async-signal-safe calls may follow it in the child.
 inline std::vector<char*> exec_arguments(const std::vector<std::string>& argv) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -67,20 +68,23 @@ inline ProcessResult run_process(const std::vector<std::string>& argv,
                                  const std::string& working_directory = "",
                                  const std::vector<std::string>& removed_env = {}) {
   if (argv.empty()) throw RuntimeError(errors::runtime_exec, "empty command");
+  auto environment = Environment::of_this_process();
+  for (const auto& name : removed_env) environment.remove(name);
+  for (const auto& [name, value] : extra_env) environment.set(name, value);
   int out_pipe[2], err_pipe[2], exec_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0 || ::pipe2(exec_pipe, O_CLOEXEC) != 0)
     throw RuntimeError(errors::runtime_exec, fmt::format("pipe: {}", std::strerror(errno)));
   const auto args = detail::exec_arguments(argv);
+  const auto entries = environment.entries();
+  const auto envp = detail::exec_arguments(entries);
   const pid_t pid = ::fork();
   if (pid < 0) throw RuntimeError(errors::runtime_exec, fmt::format("fork: {}", std::strerror(errno)));
   if (pid == 0) {
     ::dup2(out_pipe[1], STDOUT_FILENO);
     ::dup2(err_pipe[1], STDERR_FILENO);
-    for (const auto& name : removed_env) ::unsetenv(name.c_str());
-    for (const auto& [name, value] : extra_env) ::setenv(name.c_str(), value.c_str(), 1);
     if (!working_directory.empty() && ::chdir(working_directory.c_str()) != 0)
       detail::report_exec_failure(exec_pipe[1], errno);
-    ::execvp(args[0], args.data());
+    ::execvpe(args[0], args.data(), envp.data());
     detail::report_exec_failure(exec_pipe[1], errno);
   }
   ::close(out_pipe[1]);
@@ -108,18 +112,22 @@ inline ProcessResult run_process(const std::vector<std::string>& argv,
 }
 
 /// Runs `argv` (looked up in PATH) on this process's own stdin, stdout and stderr — a command whose progress the
-/// user watches (`wandb sync`) — and returns its exit code (128 + signal when killed). Throws
-/// RuntimeError(errors::runtime_exec, ...) when the program cannot be started.
-inline int run_attached(const std::vector<std::string>& argv) {
+/// user watches (`wandb sync`), `--local`'s preparation step — with `environment` (default: this process's), and
+/// returns its exit code (128 + signal when killed). Throws RuntimeError(errors::runtime_exec, ...) when the
+/// program cannot be started.
+inline int run_attached(const std::vector<std::string>& argv,
+                        const Environment& environment = Environment::of_this_process()) {
   if (argv.empty()) throw RuntimeError(errors::runtime_exec, "empty command");
   int exec_pipe[2];
   if (::pipe2(exec_pipe, O_CLOEXEC) != 0)
     throw RuntimeError(errors::runtime_exec, fmt::format("pipe: {}", std::strerror(errno)));
   const auto args = detail::exec_arguments(argv);
+  const auto entries = environment.entries();
+  const auto envp = detail::exec_arguments(entries);
   const pid_t pid = ::fork();
   if (pid < 0) throw RuntimeError(errors::runtime_exec, fmt::format("fork: {}", std::strerror(errno)));
   if (pid == 0) {
-    ::execvp(args[0], args.data());
+    ::execvpe(args[0], args.data(), envp.data());
     detail::report_exec_failure(exec_pipe[1], errno);
   }
   ::close(exec_pipe[1]);

@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
-#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -38,8 +37,10 @@ struct RenderContext {
   std::vector<std::string> worker_args;  ///< forwarded to the workers after the marker
   std::string workdir;                   ///< absolute; the job's working directory unless Job::chdir
   std::string generated_at;              ///< header timestamp
-  /// Looks up the submitting shell's variables (pass_env). Default: std::getenv.
-  std::function<std::optional<std::string>(const std::string&)> lookup_env;
+  /// The submitting shell's variables (pass_env, secret_env, the site file's path, the environment `--local` and
+  /// `--run` start from): this process's, taken once at the edge (current_render_context). Default: none (tests
+  /// give their own).
+  Environment environment;
   /// The cluster's defaults (job/site.hpp). Default: none (tests); the process's own in current_render_context.
   SiteSettings site;
   /// The job's sweep checked against the program's knob table (resolve_sweep); without it a sweep is rendered
@@ -54,11 +55,6 @@ struct RenderContext {
 };
 
 namespace detail {
-/// This process's environment as pass_env reads it: a variable set to the empty string is passed on empty.
-inline std::optional<std::string> process_env(const std::string& name) {
-  return hpctrain::getenv(name, EmptyValue::kept);
-}
-
 inline std::string utc_now() {
   const std::time_t now = std::time(nullptr);
   std::tm utc{};
@@ -102,7 +98,7 @@ inline std::string join(const std::vector<std::string>& items, std::string_view 
 }
 }  // namespace detail
 
-/// The context of this process: /proc/self/exe, the current directory, now, std::getenv.
+/// The context of this process: /proc/self/exe, the current directory, now, its environment.
 inline RenderContext current_render_context(int argc, char** argv, std::vector<std::string> worker_args) {
   RenderContext context;
   std::error_code ec;
@@ -113,8 +109,9 @@ inline RenderContext current_render_context(int argc, char** argv, std::vector<s
   context.worker_args = std::move(worker_args);
   context.workdir = std::filesystem::current_path().string();
   context.generated_at = detail::utc_now();
-  context.lookup_env = detail::process_env;
-  context.site = load_site_settings(detail::process_env);
+  context.environment = Environment::of_this_process();
+  context.site = load_site_settings(
+      [&shell = context.environment](const std::string& name) { return shell.get(name, EmptyValue::kept); });
   return context;
 }
 
@@ -399,8 +396,7 @@ inline std::string script_setup(const Job& job, const RenderContext& context) {
     switch (var.kind) {
       case EnvKind::literal: s += fmt::format("export {}={}\n", var.name, shell_quote(var.value)); break;
       case EnvKind::pass_through: {
-        const auto lookup = context.lookup_env ? context.lookup_env : process_env;
-        const auto value = lookup(var.name);
+        const auto value = context.environment.get(var.name, EmptyValue::kept);  // set empty: passed on empty
         require(value.has_value(), "env", var.name, "is not set in the submitting environment (pass_env)");
         s += fmt::format("export {}={}  # from the submitting shell\n", var.name, shell_quote(*value));
         break;

@@ -30,8 +30,6 @@
 #include <hpctrain/job/trim.hpp>
 #include <hpctrain/names.hpp>
 
-extern char** environ;  // the SLURM_* variables sbatch must not inherit
-
 namespace hpctrain {
 
 /// A job this program submitted, as recorded in `hpctrain-jobs/<name>/<id>/job.json`.
@@ -138,7 +136,7 @@ inline SubmittedJob submit(const Job& job, const RenderContext& given_context) {
   const std::string script = render_sbatch(job, context);
   for (const auto& var : job.environment())
     if (var.kind == EnvKind::secret)
-      detail::require(hpctrain::getenv(var.name, EmptyValue::kept).has_value(), "env", var.name,
+      detail::require(context.environment.get(var.name, EmptyValue::kept).has_value(), "env", var.name,
                       "secret_env needs the variable set in the submitting environment");
   if (auto refusal = cluster_refusal(job, script)) throw *refusal;
 
@@ -157,7 +155,7 @@ inline SubmittedJob submit(const Job& job, const RenderContext& given_context) {
     detail::write_file_atomically(pending / layout::job_script, script);
     // Held until its directory carries its id: the default log path is <root>/<id>/.
     const auto sbatch = run_process({"sbatch", "--parsable", "--hold", (pending / layout::job_script).string()}, {}, "",
-                                    detail::inherited_slurm_variables(environ));
+                                    detail::inherited_slurm_variables(Environment::of_this_process()));
     if (sbatch.exit_code != 0)
       throw RuntimeError(errors::runtime_sbatch, fmt::format("sbatch refused the job (exit {}):\n{}", sbatch.exit_code,
                                                              detail::explain_sbatch_failure(sbatch.err)));

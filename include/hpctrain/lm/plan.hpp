@@ -45,7 +45,7 @@ inline std::optional<std::pair<GpuSpeed, FabricSpeed>> step_speeds(const PlanReq
     return std::pair{*gpu, fabric_speed(request.fabric, request.expected_busbw_gbps)};
   }
   const auto link = dist::simulated_link_busbw();
-  const auto tflops = dist::positive_number_of(env::plan_cpu_tflops, "TFLOP/s");
+  const auto tflops = dist::positive_number_of(env::test_seam::plan_cpu_tflops, "TFLOP/s");
   if (!link || !tflops) return std::nullopt;
   return std::pair{GpuSpeed{*tflops * 1e12, 1.0, *link, "this CPU"},
                    FabricSpeed{*link, "the simulated link of HPCTRAIN_SIMULATED_LINK_GBPS"}};

@@ -29,7 +29,7 @@ using EnvironmentLookup = std::function<std::optional<std::string>(const std::st
 inline std::optional<std::string> process_environment(const std::string& name) { return hpctrain::getenv(name); }
 
 /// One task's view of its Slurm step (srun sets these for every task).
-struct Environment {
+struct StepEnvironment {
   /// SLURM_PROCID: this task's rank in the step.
   int proc_id = 0;
   /// SLURM_STEP_NUM_TASKS (else SLURM_NTASKS): tasks in the step.
@@ -129,7 +129,7 @@ inline bool in_slurm_step(const EnvironmentLookup& lookup = process_environment)
 
 /// Reads the step's SLURM_* variables. Throws RuntimeError `[hpctrain.runtime.slurm_env]` naming every
 /// missing variable, or the variables that contradict each other.
-inline Environment read_slurm_environment(const EnvironmentLookup& lookup = process_environment) {
+inline StepEnvironment read_slurm_environment(const EnvironmentLookup& lookup = process_environment) {
   using detail::first_set;
   const auto proc_id = first_set(lookup, {"SLURM_PROCID"});
   const auto num_tasks = first_set(lookup, {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"});
@@ -162,7 +162,7 @@ inline Environment read_slurm_environment(const EnvironmentLookup& lookup = proc
                        fmt::format("missing {} (srun sets them for every task of a step)", fmt::join(missing, ", ")));
   }
 
-  Environment env;
+  StepEnvironment env;
   env.proc_id = detail::parse_int(proc_id->name, proc_id->value);
   env.num_tasks = detail::parse_int(num_tasks->name, num_tasks->value, 1);
   env.local_id = detail::parse_int(local_id->name, local_id->value);

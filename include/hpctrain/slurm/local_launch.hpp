@@ -27,8 +27,6 @@
 #include <hpctrain/error.hpp>
 #include <hpctrain/names.hpp>
 
-extern char** environ;
-
 namespace hpctrain {
 
 /// How launch_local stops ranks.
@@ -41,6 +39,9 @@ struct LocalLaunchOptions {
   /// The ranks' HPCTRAIN_PREPARE_DIR: where the job's preparation left its results (job/prepare.hpp). Default:
   /// the launcher's own, if any.
   std::optional<std::filesystem::path> prepare_directory;
+  /// The environment the ranks start from, before their rank variables (`--local`: the job's, as its script
+  /// exports it). Default: this process's.
+  std::optional<Environment> environment;
 };
 
 namespace detail {
@@ -63,31 +64,21 @@ inline int free_local_port() {
   return ntohs(address.sin_port);
 }
 
-// The parent's environment without the variables we set, plus ours.
-inline std::vector<std::string> rank_environment(int rank, int world_size, int master_port, const std::string& run_dir,
+// `base` (the job's environment) with the rank's own variables, which replace any of the same name.
+inline std::vector<std::string> rank_environment(Environment base, int rank, int world_size, int master_port,
+                                                 const std::string& run_dir,
                                                  const std::optional<std::filesystem::path>& prepare_dir) {
-  static constexpr const char* ours[] = {"RANK",        "LOCAL_RANK",  "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                                         "MASTER_ADDR", "MASTER_PORT", env::local,   env::run_dir};
-  const auto replaced_too = [&](std::string_view name) { return prepare_dir && name == env::prepare_dir; };
-  std::vector<std::string> variables;
-  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
-    const std::string_view variable(*entry);
-    const auto name = variable.substr(0, variable.find('='));
-    bool replaced = false;
-    for (const char* own : ours) replaced = replaced || name == own;
-    if (!replaced && !replaced_too(name)) variables.emplace_back(variable);
-  }
-  variables.push_back(fmt::format("RANK={}", rank));
-  variables.push_back(fmt::format("LOCAL_RANK={}", rank));
-  variables.push_back(fmt::format("WORLD_SIZE={}", world_size));
-  variables.push_back(fmt::format("LOCAL_WORLD_SIZE={}", world_size));
-  variables.push_back("GROUP_RANK=0");
-  variables.push_back("MASTER_ADDR=127.0.0.1");
-  variables.push_back(fmt::format("MASTER_PORT={}", master_port));
-  variables.push_back(fmt::format("{}=1", env::local));
-  variables.push_back(fmt::format("{}={}", env::run_dir, run_dir));
-  if (prepare_dir) variables.push_back(fmt::format("{}={}", env::prepare_dir, prepare_dir->string()));
-  return variables;
+  base.set("RANK", std::to_string(rank));
+  base.set("LOCAL_RANK", std::to_string(rank));
+  base.set("WORLD_SIZE", std::to_string(world_size));
+  base.set("LOCAL_WORLD_SIZE", std::to_string(world_size));
+  base.set("GROUP_RANK", "0");
+  base.set("MASTER_ADDR", "127.0.0.1");
+  base.set("MASTER_PORT", std::to_string(master_port));
+  base.set(env::local, "1");
+  base.set(env::run_dir, run_dir);
+  if (prepare_dir) base.set(env::prepare_dir, prepare_dir->string());
+  return base.entries();
 }
 
 inline std::vector<char*> c_strings(std::vector<std::string>& strings) {
@@ -158,8 +149,10 @@ inline int launch_local(int world_size, const std::string& binary, const std::ve
   std::vector<char*> argv = detail::c_strings(argv_strings);
   std::vector<std::vector<std::string>> env_strings;
   std::vector<std::vector<char*>> envs;
+  const auto base = options.environment ? *options.environment : Environment::of_this_process();
   for (int rank = 0; rank < world_size; ++rank)
-    env_strings.push_back(detail::rank_environment(rank, world_size, master_port, run_dir, options.prepare_directory));
+    env_strings.push_back(
+        detail::rank_environment(base, rank, world_size, master_port, run_dir, options.prepare_directory));
   for (auto& env : env_strings) envs.push_back(detail::c_strings(env));
 
   const detail::BlockedSignals blocked;

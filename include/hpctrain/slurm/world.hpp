@@ -114,7 +114,7 @@ inline World world_from_torchrun_variables(const EnvironmentLookup& lookup) {
 }
 
 inline World world_from_slurm_variables(const EnvironmentLookup& lookup) {
-  const Environment env = read_slurm_environment(lookup);
+  const StepEnvironment env = read_slurm_environment(lookup);
   World world;
   world.rank = env.proc_id;
   world.world_size = env.num_tasks;

@@ -667,7 +667,7 @@ class Trainer {
     // VmHWM from here on: the finish hooks' own peak. On request only: it also resets the ru_maxrss that `time`
     // and getrusage report for the process (bench/export_memory.sh asks).
     const bool hooks_measured =
-        hpctrain::getenv(env::measure_finish_hooks).has_value() && detail::reset_peak_resident();
+        hpctrain::getenv(env::test_seam::measure_finish_hooks).has_value() && detail::reset_peak_resident();
     run_finish_hooks();
     report_run_memory(before_hooks, resident_at_hooks, hooks_measured);
     for (auto& logger : loggers_) logger->finish();

@@ -42,7 +42,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <sys/utsname.h>  // uname: the OS line of the environment record
-#include <unistd.h>       // gethostname, environ
+#include <unistd.h>       // gethostname
 
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
@@ -53,8 +53,6 @@
 #include <hpctrain/train/loggers/wandb_records.hpp>
 #include <hpctrain/train/loggers/wandb_settings.hpp>
 #include <hpctrain/version.hpp>
-
-extern char** environ;  // POSIX: the SLURM_* variables of the environment record
 
 namespace hpctrain {
 
@@ -122,13 +120,12 @@ inline WandbEnvironment wandb_environment(double now) {
   if (!facts.args.empty()) facts.args.erase(facts.args.begin());  // argv[0]: the program, which `program` names
   facts.started_at = now;
   facts.cpu_count = std::thread::hardware_concurrency();
-  for (char** variable = environ; variable != nullptr && *variable != nullptr; ++variable) {
-    const std::string_view text(*variable);
-    const auto equals = text.find('=');
-    if (!text.starts_with("SLURM_") || equals == std::string_view::npos) continue;
-    std::string key(text.substr(6, equals - 6));
+  const auto environment = Environment::of_this_process();
+  for (const auto& [name, value] : environment.variables()) {
+    if (!name.starts_with("SLURM_")) continue;
+    std::string key = name.substr(6);
     for (auto& c : key) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    facts.slurm.emplace_back(std::move(key), std::string(text.substr(equals + 1)));
+    facts.slurm.emplace_back(std::move(key), value);
   }
   return facts;
 }
