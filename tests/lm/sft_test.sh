@@ -12,6 +12,8 @@
 #  - --packing gives the same loss before training as padding; build/examples/generate continues a prompt;
 #  - tool-calling conversations (a tools column, tool_calls, tool results) with a template that renders them: the
 #    masked loss before training equals transformers' (apply_chat_template with tools, its assistant mask).
+#  - a --from directory with config.json and the tokenizer alone: the model of that config with random weights from
+#    --seed, the same at --local 1 and under zero3 at --local 2, and among transformers' from_config models.
 # Usage: sft_test.sh <sft binary> <generate binary>
 set -euo pipefail
 source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
@@ -173,5 +175,35 @@ grep -q '^hpctrain: LoRA r=8 alpha=16 on \[q_proj, v_proj, down_proj\]: [0-9]* o
   || fail "no PEFT adapter and merged model in lora/export"
 oracle peft-check llama lora/export || fail "PEFT's view of our adapter differs from our merged export"
 
+# A model from its config alone: a --from directory with config.json and the tokenizer but no weights is built with
+# random weights from --seed (the log says so), as transformers' from_config builds it; fp32 stated. The same seed
+# gives the same weights at --local 1 and under zero3 at --local 2, where each rank initialises only its slices
+# (response_loss_before equal within 1e-5 relative: the same fp32 forward, the held-out sums split over two ranks),
+# another seed other weights; and the start loss falls among transformers' from_config models of the same config
+# (8 seeds: within 5 standard deviations of their mean; a wrong initialisation scale moves it by far more).
+cp -r llama shape && rm shape/*.safetensors
+shape_run() {  # shape_run NAME WORLD ARG...: one step from the config alone
+  local name="$1" world="$2"
+  shift 2
+  HPCTRAIN_RUN_DIR="$work/$name" "$sft" --from shape --data conversations.jsonl --local "$world" --max-steps 1 \
+    --max-length 256 --precision fp32 --checkpoint-every 0 "$@" > "$name.log" 2>&1 || log="$name.log" fail "$name: sft exited $?"
+}
+shape_run shape-1 1 --seed 11
+shape_run shape-zero3 2 --seed 11 --sharding zero3
+shape_run shape-other 1 --seed 12
+grep -q "^hpctrain: shape holds no weights (no model.safetensors, no model.safetensors.index.json): the model is built from its config.json with random weights, seed 11$" shape-1.log ||
+  log=shape-1.log fail "the log does not say the model is random from the config, seed 11"
+shape_before="$(value response_loss_before shape-1.log)"
+close "$(value response_loss_before shape-zero3.log)" "$shape_before" 1e-5 ||
+  fail "seed 11: response_loss_before=$(value response_loss_before shape-zero3.log) under zero3 at --local 2, $shape_before at --local 1"
+! close "$(value response_loss_before shape-other.log)" "$shape_before" 1e-6 || fail "seeds 11 and 12 give the same start loss"
+read -r peer_mean peer_std < <(oracle from-config-losses shape conversations.jsonl 256 8 2>/dev/null) ||
+  fail "transformers could not build the config's model"
+for seed_log in shape-1.log shape-other.log; do
+  awk -v x="$(value response_loss_before "$seed_log")" -v m="$peer_mean" -v s="$peer_std" \
+    'BEGIN { d = x - m; if (d < 0) d = -d; exit !(d <= 5 * s) }' ||
+    fail "$seed_log: response_loss_before=$(value response_loss_before "$seed_log"), transformers' from_config models $peer_mean ± $peer_std"
+done
+
 "$generate" --model run/export --prompt $'[USER] What is the difference?\n[BOT] ' --max-new-tokens 8 > generated.txt 2>&1 || fail "generate exited $?"
-echo "PASS: response loss $before -> $after (transformers: $expected_before -> $expected_after); packed $packed_before; tool calling $tools_before (transformers: $expected_tools)"
+echo "PASS: response loss $before -> $after (transformers: $expected_before -> $expected_after); packed $packed_before; tool calling $tools_before (transformers: $expected_tools); from the config alone $shape_before (transformers' from_config: $peer_mean ± $peer_std)"

@@ -273,7 +273,7 @@ TEST_CASE("An invalid or unknown worker argument names the knob", "[worker]") {
       {{"--lr", "-1"}, "[hpctrain.spec.knob] --lr = -1: must be positive"},
       {{"--epoch", "3"},
        "[hpctrain.usage] unknown option --epoch (did you mean --epochs?); the knobs are: --epochs --max-steps "
-       "--batch-size --gradient-accumulation --lr --sharding --hsdp-group-size --shard-at-one-rank --precision "
+       "--batch-size --gradient-accumulation --lr --seed --sharding --hsdp-group-size --shard-at-one-rank --precision "
        "--reduce-dtype "
        "--log-every "
        "--eval-every "

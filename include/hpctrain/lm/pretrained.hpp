@@ -1,7 +1,10 @@
 #pragma once
 // A model that starts from a Hugging Face directory (config.json, model.safetensors or shards, and the
 // tokenizer files): `.model(lm::from_pretrained(dir))`. The Training learns the directory from it
-// (`pretrained_directory`), so the data, the export and the sample find the same tokenizer.
+// (`pretrained_directory`), so the data, the export and the sample find the same tokenizer. A directory with no
+// weights (config.json and the tokenizer alone) gives the model of that config with random weights from the run's
+// seed, as transformers' `from_config`: a run at a model's real shape without downloading its weights.
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -39,14 +42,15 @@ class Pretrained {
   }
 
   /// Loads the model in the worker; rank 0 prints what the config says (and any keys it did not read), so a
-  /// user can compare it with the model card.
+  /// user can compare it with the model card. A directory without weights: the config's model with random weights
+  /// drawn from the run's seed (the same on every rank), which rank 0 says.
   HPCTRAIN_RUNTIME_INLINE std::shared_ptr<models::CausalLM> operator()(const RunContext& run) const;
   /// The same, as the Training holds a model (Training::model takes it): a program's description then needs
   /// no complete models::CausalLM, whose families are compiled with the runtime.
   HPCTRAIN_RUNTIME_INLINE ModelInstance model_instance(const RunContext& run) const;
   /// The directory for this run's knobs.
   std::filesystem::path pretrained_directory(const Knobs& knobs) const { return directory_.get(knobs); }
-  /// On the login node: the directory exists and has a config.json (the weights are read in the worker).
+  /// On the login node: the directory exists and has a config.json (the weights, if any, are read in the worker).
   HPCTRAIN_RUNTIME_INLINE void check_at_login(const Knobs& knobs) const;
 
  private:
@@ -65,6 +69,17 @@ HPCTRAIN_RUNTIME_INLINE std::shared_ptr<models::CausalLM> Pretrained::operator()
     fmt::print("hpctrain: {}: {}\n", directory.string(), reading.summary);
     if (const auto warning = reading.warning(directory / "config.json"); !warning.empty())
       fmt::print(stderr, "{}\n", warning);
+  }
+  if (!models::holds_weights(directory)) {
+    if (run.rank == 0)
+      fmt::print(
+          "hpctrain: {} holds no weights (no model.safetensors, no model.safetensors.index.json): the model is "
+          "built from its config.json with random weights, seed {}\n",
+          directory.string(), run.seed);
+    // Seeded here, so the weights depend on the seed alone. Under ZeRO-3 the Trainer records the blocks'
+    // initialisation and each rank rebuilds only its slices (models/deferred_initialization.hpp).
+    torch::manual_seed(static_cast<std::uint64_t>(run.seed));
+    return models::build_from_config(directory, dtype_);
   }
   // Under ZeRO-3 the blocks stay empty until each rank reads its own slices of them (models/blocks.hpp).
   return run.defer_blocks ? models::load_pretrained_deferred(directory, dtype_)

@@ -104,6 +104,17 @@ inline const std::vector<BuiltinKnob>& builtin_knobs() {
          if (auto v = k.get_if_given<double>(n)) t.lr(*v);
        },
        nullptr, "0.25", [](T t, const char*) { return detail::spelled(t.lr()); }},
+      {"seed",
+       [](Knobs& k, const char* n, T d, std::string_view) {
+         k.declare<std::int64_t>(n, d.seed(),
+                                 "the run's seed: the model's initialisation (a model from scratch or from a config "
+                                 "alone), the data's order, masks and dropout",
+                                 non_negative());
+       },
+       [](Training& t, const Knobs& k, const char* n) {
+         if (auto v = k.get_if_given<std::int64_t>(n)) t.seed(*v);
+       },
+       nullptr, "17", [](T t, const char*) { return detail::spelled(t.seed()); }},
       {"sharding",
        [](Knobs& k, const char* n, T d, std::string_view) {
          const KnobCheck<std::string> stage_name(

@@ -222,18 +222,44 @@ inline Llama load_llama(const std::filesystem::path& directory, torch::Dtype dty
   return model;
 }
 
+namespace detail {
+/// Whether `directory/config.json` describes a GPT-2 (else one of llama_family_types); SpecError naming its
+/// `model_type` for any other.
+inline bool is_gpt2_directory(const std::filesystem::path& directory) {
+  const auto json = read_json_file(directory / "config.json");
+  const auto type = json.value("model_type", std::string());
+  if (type == "gpt2" || is_llama_family(type)) return type == "gpt2";
+  throw SpecError("model_type", json.contains("model_type") ? json["model_type"].dump() : "(absent)",
+                  fmt::format("{}: hpctrain reads \"gpt2\", {}", (directory / "config.json").string(),
+                              quoted_llama_family_types()));
+}
+}  // namespace detail
+
 /// The model a Hugging Face directory holds, by its config's `model_type` ("gpt2" or one of
 /// llama_family_types), its blocks still empty (DeferredBlocks): the fully sharded strategy reads only its own slices
 /// of them; materialize_blocks reads them whole.
 inline std::shared_ptr<CausalLM> load_pretrained_deferred(const std::filesystem::path& directory,
                                                           torch::Dtype dtype = torch::kFloat32) {
-  const auto json = detail::read_json_file(directory / "config.json");
-  const auto type = json.value("model_type", std::string());
-  if (type == "gpt2") return load_gpt2_deferred(directory, dtype).ptr();
-  if (is_llama_family(type)) return load_llama_deferred(directory, dtype).ptr();
-  throw SpecError("model_type", json.contains("model_type") ? json["model_type"].dump() : "(absent)",
-                  fmt::format("{}: hpctrain reads \"gpt2\", {}", (directory / "config.json").string(),
-                              quoted_llama_family_types()));
+  if (detail::is_gpt2_directory(directory)) return load_gpt2_deferred(directory, dtype).ptr();
+  return load_llama_deferred(directory, dtype).ptr();
+}
+
+/// Whether `directory` holds weights (`model.safetensors`, or a sharded checkpoint's index), not a config alone.
+inline bool holds_weights(const std::filesystem::path& directory) {
+  return std::filesystem::exists(directory / safetensors::single_file_name) ||
+         std::filesystem::exists(directory / safetensors::index_file_name);
+}
+
+/// The model `directory/config.json` describes, with random weights drawn from the generator as it stands (each
+/// family's initialisation, transformers' `_init_weights`: N(0, initializer_range), norms the identity), converted to
+/// `dtype`: transformers' `AutoModelForCausalLM.from_config`, for a run at a model's shape without its weights.
+inline std::shared_ptr<CausalLM> build_from_config(const std::filesystem::path& directory,
+                                                   torch::Dtype dtype = torch::kFloat32) {
+  std::shared_ptr<CausalLM> model;
+  if (detail::is_gpt2_directory(directory)) model = GPT2(read_gpt2_config(directory)).ptr();
+  else model = Llama(read_llama_config(directory)).ptr();
+  model->to(dtype);
+  return model;
 }
 
 /// The model a Hugging Face directory holds, whole.
