@@ -254,7 +254,8 @@ inline int run_llama_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>& g
         hpctrain::ZeroStage::none, true, [](hm::Llama&) {});
   }
   {  // the same with autograd's casts of the gradients (bf16 products, then a cast kernel each), as transformers
-    const hm::ScopedSwitch rounded(hm::set_fp32_product_gradients, hm::fp32_product_gradients, false);
+    const hm::ScopedSwitch rounded(hm::set_fp32_product_gradients, hm::fp32_product_gradients,
+                                   hm::WideProducts::nowhere);
     row("llama.full.rounded", "full fine-tuning, Replicated, no recomputation, gradients cast from bf16",
         hpctrain::ZeroStage::none, true, [](hm::Llama&) {});
   }

@@ -24,9 +24,11 @@ namespace mixed_precision_products_test {
 
 using namespace block_step;
 
-/// The fp32 product gradients switched while alive (autograd's casts with `on` false).
-struct ProductGradients : hm::ScopedSwitch<bool> {
-  explicit ProductGradients(bool on) : ScopedSwitch(hm::set_fp32_product_gradients, hm::fp32_product_gradients, on) {}
+/// The fp32 product gradients switched while alive: on the CPU too (`everywhere`, the arithmetic of the CUDA path,
+/// checked here), or autograd's casts (`nowhere`).
+struct ProductGradients : hm::ScopedSwitch<hm::WideProducts> {
+  explicit ProductGradients(hm::WideProducts where)
+      : ScopedSwitch(hm::set_fp32_product_gradients, hm::fp32_product_gradients, where) {}
 };
 
 /// Autograd's cast nodes (ToCopyBackward0) run by backward while alive.
@@ -62,6 +64,7 @@ TEST_CASE(
     "A projection under bf16 autocast computes autocast's output and its gradients as fp32 sums of the bf16 "
     "operands' exact products, which autograd's casts round to bf16",
     "[models][bf16][products]") {
+  const ProductGradients cuda_path(hm::WideProducts::everywhere);  // checked on the CPU
   torch::manual_seed(3);
   const std::int64_t in = 48, tokens = 2 * 7;
   const auto options = torch::TensorOptions().dtype(torch::kFloat32).requires_grad(true);
@@ -71,7 +74,7 @@ TEST_CASE(
 
   Gradients rounded;
   {
-    ProductGradients off(false);
+    ProductGradients off(hm::WideProducts::nowhere);
     rounded = projection_gradients(x, w0, w1, b0, b1, g);
   }
   const auto ours = projection_gradients(x, w0, w1, b0, b1, g);
@@ -109,16 +112,30 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "By default a projection on the CPU under bf16 autocast is autocast's own bf16 product (the CPU's bf16 kernels), "
+    "its logits bf16 as transformers' eager model computes them",
+    "[models][bf16][products]") {
+  torch::manual_seed(5);
+  const auto x = torch::randn({5, 12}, torch::requires_grad()), w = torch::randn({6, 12}, torch::requires_grad());
+  REQUIRE(hm::fp32_product_gradients() == hm::WideProducts::where_fused);
+  hpctrain::AutocastScope autocast(hpctrain::Precision::bf16, torch::Device(torch::kCPU));
+  CHECK_FALSE(hm::detail::mixed_precision_product(x, w, {}));
+  CHECK(hm::head_projection(x, w).scalar_type() == torch::kBFloat16);
+  CHECK(torch::equal(hm::projection(x, w, {}), torch::linear(x, w)));
+}
+
+TEST_CASE(
     "Without autocast, with the switch off, and for parameters already in autocast's dtype, a projection is "
     "at::linear as before",
     "[models][bf16][products]") {
+  const ProductGradients cuda_path(hm::WideProducts::everywhere);  // checked on the CPU
   torch::manual_seed(4);
   const auto x = torch::randn({5, 12}, torch::requires_grad()), w = torch::randn({6, 12}, torch::requires_grad());
   {
     hpctrain::AutocastScope autocast(hpctrain::Precision::bf16, torch::Device(torch::kCPU));
     CHECK(hm::detail::mixed_precision_product(x, w, {}));
     {
-      ProductGradients off(false);
+      ProductGradients off(hm::WideProducts::nowhere);
       CHECK_FALSE(hm::detail::mixed_precision_product(x, w, {}));
     }
     const auto narrow_w = w.detach().to(torch::kBFloat16).requires_grad_();
@@ -135,6 +152,7 @@ TEST_CASE(
     "bf16's rounding of the casts' gradients, with Qwen2's biases, fused or separate, and under selective "
     "recomputation",
     "[models][bf16][products]") {
+  const ProductGradients cuda_path(hm::WideProducts::everywhere);  // checked on the CPU
   for (const bool bias : {false, true}) {
     for (const auto fusion : {hm::FusedProjections::under_autocast, hm::FusedProjections::never}) {
       const std::string what = fmt::format("{}, {}", bias ? "Qwen2 layout" : "Llama",
@@ -148,7 +166,7 @@ TEST_CASE(
       Step rounded, ours, selective;
       long rounded_casts = 0, our_casts = 0;
       {
-        ProductGradients off(false);
+        ProductGradients off(hm::WideProducts::nowhere);
         CastNodeCount casts;
         rounded = step(*model, ids, hpctrain::Precision::bf16);
         rounded_casts = casts.value();
@@ -201,12 +219,13 @@ TEST_CASE(
 
 TEST_CASE("Under LoRA the frozen base products give the input's gradient in fp32 and the adapters train as before",
           "[models][bf16][products][lora]") {
+  const ProductGradients cuda_path(hm::WideProducts::everywhere);  // checked on the CPU
   auto model = tiny_llama_with_lora(31);
   torch::manual_seed(32);
   const auto ids = torch::randint(vocabulary, {batch, sequence + 1}, torch::kLong);
   Step rounded;
   {
-    ProductGradients off(false);
+    ProductGradients off(hm::WideProducts::nowhere);
     rounded = step(*model, ids, hpctrain::Precision::bf16);
   }
   const auto ours = step(*model, ids, hpctrain::Precision::bf16);
@@ -232,6 +251,7 @@ TEST_CASE(
     "A projection under bf16 autocast keeps the input's cast only for a weight that trains, and the weights' cast "
     "only for an input that wants its gradient",
     "[models][bf16][products][lora]") {
+  const ProductGradients cuda_path(hm::WideProducts::everywhere);  // checked on the CPU
   // 4096 tokens of width 256 (x's cast: 2 MiB) through a 128 x 256 weight (its cast: 64 KiB): far apart, and each
   // far above the allocator's bookkeeping.
   const std::int64_t tokens = 4096, in = 256, out = 128;

@@ -22,8 +22,13 @@
 // fp32 by the product: the loss widens them anyway, so autocast's bf16 logits and the loss's cast, a pass over
 // tokens × vocabulary, are gone (and the logits are not rounded to bf16 first).
 //
-// On by default wherever autocast casts fp32 parameters; set_fp32_product_gradients(false) brings back
-// autograd's casts (bf16-rounded gradients, as transformers' eager model computes them).
+// Chosen per device: by default (WideProducts::where_fused) wherever autocast casts fp32 parameters on a device whose
+// product writes a narrow product's wide result itself (CUDA). Not on the CPU: there the wide result needs the operands
+// widened first, an fp32 product that forgoes the CPU's bf16 kernels (AVX512-BF16, AMX): GPT-2's bf16 step ran at 0.46×
+// the tokens/s of PyTorch under torchrun on a 2-core AMD EPYC with AVX512-BF16, slower than its own fp32 step, with 54%
+// of its time in fp32 matrix products (the head's 3.2× slower than the bf16 product). set_fp32_product_gradients(
+// WideProducts::everywhere) runs it on the CPU too (how the CPU tests check its arithmetic), ::nowhere brings back
+// autograd's casts everywhere (bf16-rounded gradients, as transformers' eager model computes them).
 #include <cstdint>
 #include <vector>
 
@@ -35,17 +40,25 @@
 
 namespace hpctrain::models {
 
+/// Where projections under autocast compute their gradients (and a head its logits) in the parameters' dtype in the
+/// products themselves.
+enum class WideProducts {
+  where_fused,  ///< on a device whose product writes a narrow product's wide result (CUDA): the default
+  everywhere,   ///< the CPU too, whose products then widen their bf16 operands first (exact, an fp32 product)
+  nowhere,      ///< autograd's casts: bf16-rounded gradients and logits, as transformers' eager model
+};
+
 namespace detail {
-inline bool& fp32_product_gradients_switch() {
-  static bool on = true;
-  return on;
+inline WideProducts& fp32_product_gradients_switch() {
+  static WideProducts where = WideProducts::where_fused;
+  return where;
 }
 }  // namespace detail
 
-/// Whether projections under autocast compute their gradients in the parameters' dtype in the products (process-wide;
-/// default on). Off: autograd casts bf16 gradients, as transformers' eager model.
-inline void set_fp32_product_gradients(bool on) { detail::fp32_product_gradients_switch() = on; }
-inline bool fp32_product_gradients() { return detail::fp32_product_gradients_switch(); }
+/// Where projections under autocast compute their gradients in the parameters' dtype in the products (process-wide;
+/// default WideProducts::where_fused).
+inline void set_fp32_product_gradients(WideProducts where) { detail::fp32_product_gradients_switch() = where; }
+inline WideProducts fp32_product_gradients() { return detail::fp32_product_gradients_switch(); }
 
 namespace detail {
 
@@ -61,6 +74,17 @@ inline bool cuda_has_wide_product(const torch::Device& device) {
     }
   }();
   return has;
+}
+
+/// Whether projections on `device` compute their gradients in the parameters' dtype in the products, as the switch
+/// says (set_fp32_product_gradients).
+inline bool fp32_product_gradients_on(const torch::Device& device) {
+  switch (fp32_product_gradients()) {
+    case WideProducts::everywhere: return true;
+    case WideProducts::nowhere: return false;
+    case WideProducts::where_fused: return device.is_cuda() && cuda_has_wide_product(device);
+  }
+  return false;
 }
 
 /// a · b (both in one narrow dtype) with its result in `dtype`, summed in fp32 and never rounded to the narrow
@@ -164,13 +188,14 @@ struct MixedPrecisionLinear : torch::autograd::Function<MixedPrecisionLinear> {
   }
 };
 
-/// Whether `x` · `weights` (+ `biases`) runs as a MixedPrecisionLinear: the switch is on, autocast is on for x's
-/// device, the parameters are of one floating dtype, and a gradient is wanted; parameters that autocast casts (fp32
+/// Whether `x` · `weights` (+ `biases`) runs as a MixedPrecisionLinear: the switch is on for x's device, autocast is
+/// on for it, the parameters are of one floating dtype, and a gradient is wanted; parameters that autocast casts (fp32
 /// ones), or frozen ones held in autocast's dtype already (LoRA's base sharded in bf16), for which the node keeps
 /// no input (autograd's product would keep it for a weight gradient nobody wants).
 inline bool mixed_precision_product(const torch::Tensor& x, at::TensorList weights, at::TensorList biases) {
   const auto device = x.device().type();
-  if (!fp32_product_gradients() || !at::autocast::is_autocast_enabled(device) || !torch::GradMode::is_enabled())
+  if (!fp32_product_gradients_on(x.device()) || !at::autocast::is_autocast_enabled(device) ||
+      !torch::GradMode::is_enabled())
     return false;
   const auto narrow = at::autocast::get_autocast_dtype(device);
   const auto dtype = weights[0].scalar_type();
