@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
   return ht::run_job(argc, argv, job, [](const std::vector<std::string>& args) {
     // The same identity under srun (SLURM_*) and under --local (RANK, WORLD_SIZE, ...).
     const auto world = ht::slurm::world_from_environment();
-    const auto variable = ht::slurm::process_environment;  // the job's environment reaches every rank
+    const auto environment = ht::Environment::of_this_process();  // the job's environment reaches every rank
+    const auto variable = [&](const char* name) { return environment.get(name); };
     std::cout << fmt::format("{} from rank {} of {} (local rank {}, node {}) on {}, job {}, master {}:{}, args: {}\n",
                              variable("GREETING").value_or("?"), world.rank, world.world_size, world.local_rank,
                              world.node_rank, variable("SLURMD_NODENAME").value_or("local"),

@@ -107,16 +107,11 @@ inline constexpr const char* measure_finish_hooks = "HPCTRAIN_MEASURE_FINISH_HOO
 /// the shell has, empty or not) or as unset (`unset`: every setting).
 enum class EmptyValue { unset, kept };
 
-/// The one reader of the process's environment: the value of `name`, or nothing when it is unset (or empty).
-inline std::optional<std::string> getenv(const std::string& name, EmptyValue empty = EmptyValue::unset) {
-  const char* value = std::getenv(name.c_str());
-  if (value == nullptr || (*value == '\0' && empty == EmptyValue::unset)) return std::nullopt;
-  return std::string(value);
-}
-
-/// An environment as a value: this process's, read whole here (the one walk of `environ`), and what a child is
-/// started with (the job's environment under `--local`, a Slurm command's without this job's SLURM_*), built before
-/// fork and given to exec. The library never sets a variable in its own process: a child gets its own list.
+/// An environment as a value: this process's, read whole here (the one reader of the process's environment: the
+/// library has no getenv), and what a child is started with (the job's environment under `--local`, a Slurm
+/// command's without this job's SLURM_*), built before fork and given to exec. It is read where a process begins
+/// (worker mode in run_job, the login command's RenderContext, the preparation step) and passed down as a value; the
+/// library never sets a variable in its own process (NCCL's debug variables aside: job/nccl_network.hpp).
 class Environment {
  public:
   /// This process's environment now, in its order.
@@ -167,8 +162,9 @@ class Environment {
 /// The number above 0 that variable `name` holds, nothing when it is unset; for any other value, what
 /// `refuse(value)` throws (each caller its own error: a test switch is a spec error, a job's setting a runtime one).
 template <class Refuse>
-std::optional<double> positive_number_from_environment(const std::string& name, Refuse refuse) {
-  const auto text = getenv(name);
+std::optional<double> positive_number_from_environment(const Environment& environment, const std::string& name,
+                                                       Refuse refuse) {
+  const auto text = environment.get(name);
   if (!text) return std::nullopt;
   char* end = nullptr;
   const double value = std::strtod(text->c_str(), &end);

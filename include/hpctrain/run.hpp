@@ -22,6 +22,7 @@
 
 #include <hpctrain/job/chain.hpp>  // current_stage
 #include <hpctrain/job/cli.hpp>
+#include <hpctrain/job/cli_options.hpp>  // with_job_geometry
 #include <hpctrain/job/spec_error_exit.hpp>
 #include <hpctrain/job/stage_knobs.hpp>
 #include <hpctrain/train/batch_fit.hpp>
@@ -89,10 +90,10 @@ HPCTRAIN_RUNTIME_INLINE int run(int argc, char** argv, const Job& job, const Tra
 }
 
 namespace detail {
-/// The index of the stage this process runs: HPCTRAIN_STAGE's (each stage's script exports it), else the first
-/// (`--run` in an allocation).
-inline std::size_t current_stage_index(const std::vector<Stage>& stages) {
-  const auto name = current_stage();
+/// The index of the stage this process runs: HPCTRAIN_STAGE's of its `environment` (each stage's script exports it),
+/// else the first (`--run` in an allocation).
+inline std::size_t current_stage_index(const std::vector<Stage>& stages, const Environment& environment) {
+  const auto name = current_stage(environment);
   if (!name) return 0;
   std::vector<std::string> names;
   for (std::size_t i = 0; i < stages.size(); ++i) {
@@ -103,12 +104,17 @@ inline std::size_t current_stage_index(const std::vector<Stage>& stages) {
                   fmt::format("names no stage of this program (its stages: {})", fmt::join(names, ", ")));
 }
 
-/// The stage's knob values for this command line's, told the earlier stages' directories: from the script's
-/// environment in a job, or, at login, `<the sft job's directory>`, which no login check finds (it is the earlier
-/// job's to write, as with --after).
-inline Knobs values_of_stage(const std::vector<Stage>& stages, const std::vector<StageKnobs>& tables,
-                             const Knobs& values, std::size_t index, bool at_login) {
-  if (!at_login) return stage_knob_values(values, tables[index], hpctrain::getenv(env::stage_dirs).value_or(""));
+/// The stage's knob values for this command line's in a job, told the earlier stages' directories by the script
+/// (HPCTRAIN_STAGE_DIRS of the process's `environment`).
+inline Knobs values_of_stage_in_job(const std::vector<StageKnobs>& tables, const Knobs& values, std::size_t index,
+                                    const Environment& environment) {
+  return stage_knob_values(values, tables[index], environment.get(env::stage_dirs).value_or(""));
+}
+
+/// The same at login, where an earlier stage's directory is `<the sft job's directory>`, which no login check finds
+/// (it is the earlier job's to write, as with --after).
+inline Knobs values_of_stage_at_login(const std::vector<Stage>& stages, const std::vector<StageKnobs>& tables,
+                                      const Knobs& values, std::size_t index) {
   std::vector<std::pair<std::string, std::string>> earlier;
   for (std::size_t i = 0; i < index; ++i)
     earlier.emplace_back(stages[i].job.name(), fmt::format("<the {} job's directory>", stages[i].job.name()));
@@ -124,11 +130,11 @@ inline Job chain_of_stages(const std::vector<Stage>& stages, const std::vector<S
     return static_cast<bool>(stage.job.preparation()) || stage.training.prepares_data();
   };
   const PrepareFunction prepare_current = [&stages, &tables, &chain](const PrepareContext& context) {
-    const auto index = current_stage_index(stages);
+    const auto index = current_stage_index(stages, context.environment);
     RunPlacement resumed;  // the preparation reads the knobs only
     PrepareContext with_values = context;
-    with_values.knobs =
-        values_of_stage(stages, tables, chain.with_arguments(take_resume(context.args, resumed)), index, false);
+    with_values.knobs = values_of_stage_in_job(tables, chain.with_arguments(take_resume(context.args, resumed)), index,
+                                               context.environment);
     if (const auto& own = stages[index].job.preparation()) own(with_values);
     if (stages[index].training.prepares_data())
       stages[index].training.prepare_data(with_values.knobs, context.output_dir);
@@ -141,19 +147,6 @@ inline Job chain_of_stages(const std::vector<Stage>& stages, const std::vector<S
     first.then(std::move(later));
   }
   return first;
-}
-
-/// `request` for a later stage's own geometry (the command line's overrides are the first stage's).
-inline PlanRequest stage_plan_request(PlanRequest request, const Job& stage) {
-  request.ranks_per_node = stage.tasks_per_node();
-  request.world = stage.nodes() * request.ranks_per_node;
-  request.gpus_per_node = stage.gpus_per_node_count();
-  const std::string type = stage.gpus() ? stage.gpus()->type : "";
-  if (type != request.gpu_type) request.gpu_bytes = gpu_memory_of_type(type);
-  request.gpu_type = type;
-  request.requeue_grace_s.reset();
-  if (stage.requeue()) request.requeue_grace_s = static_cast<double>(stage.requeue()->grace.count());
-  return request;
 }
 
 /// What a chain's plans say together: the first that refuses submission, else unknown if one is, else fits (or
@@ -193,21 +186,21 @@ HPCTRAIN_RUNTIME_INLINE int run(int argc, char** argv, const std::vector<Stage>&
         if (!training.memory_planner()) continue;
         out << fmt::format("stage {} of {}: {}\n", i + 1, stages.size(), stages[i].job.name());
         verdicts.push_back(
-            training.memory_planner()(training, detail::values_of_stage(stages, tables, values, i, true),
-                                      i == 0 ? request : detail::stage_plan_request(request, stages[i].job), out));
+            training.memory_planner()(training, detail::values_of_stage_at_login(stages, tables, values, i),
+                                      i == 0 ? request : with_job_geometry(request, stages[i].job), out));
       }
       return detail::chain_verdict(verdicts);
     };
   return run_job(
       argc, argv, detail::chain_of_stages(stages, tables, chain), chain,
       [&](const Knobs& values, const RunPlacement& placement) {
-        const auto index = detail::current_stage_index(stages);
-        return run_worker(stages[index].training, detail::values_of_stage(stages, tables, values, index, false),
-                          placement);
+        const auto index = detail::current_stage_index(stages, placement.environment);
+        return run_worker(stages[index].training,
+                          detail::values_of_stage_in_job(tables, values, index, placement.environment), placement);
       },
       [&](const Knobs& values, const LoginCheckFacts& facts) {
         for (std::size_t i = 0; i < stages.size(); ++i) {
-          const auto own = detail::values_of_stage(stages, tables, values, i, true);
+          const auto own = detail::values_of_stage_at_login(stages, tables, values, i);
           if (const auto& check = stages[i].job.preparation_check()) check(own);
           check_training_at_login(stages[i].training, own,
                                   {i == 0 ? facts.world : std::nullopt, facts.waits_for_jobs || i > 0});

@@ -22,7 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const unsigned char* data, std::size_t siz
   }
   const hpctrain::slurm::EnvironmentLookup lookup = [&](const std::string& name) -> std::optional<std::string> {
     const auto found = variables.find(name);
-    if (found == variables.end() || found->second.empty()) return std::nullopt;  // like process_environment
+    if (found == variables.end() || found->second.empty()) return std::nullopt;  // like Environment::get
     return found->second;
   };
   hpctrain::fuzz::expect_clean_rejection([&] {

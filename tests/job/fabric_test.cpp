@@ -294,11 +294,20 @@ TEST_CASE("A fallback to sockets on an efa or infiniband site is an error naming
 
 TEST_CASE("Rank 0 of a multi-node job captures NCCL's lines and fails on a fallback unless allowed", "[fabric][nccl]") {
   const auto dir = job_test::scratch_dir("fabric-capture");
+  // The worker's environment, as its launcher gave it: read into settings, never from this process.
+  const auto settings_of = [&](std::map<std::string, std::string> variables) {
+    ht::Environment environment;
+    environment.set(ht::env::run_dir, dir.string());
+    for (const auto& [name, value] : variables) environment.set(name, value);
+    return ht::nccl_network_settings(environment);
+  };
   {
-    ScopedEnvironment environment({{"HPCTRAIN_FABRIC", "efa"}, {"NCCL_DEBUG", "WARN"}});
-    CHECK_FALSE(ht::capture_nccl_network_log(1, true, dir));   // not rank 0
-    CHECK_FALSE(ht::capture_nccl_network_log(0, false, dir));  // one node: NCCL's network carries nothing
-    const auto check = ht::capture_nccl_network_log(0, true, dir);
+    // NCCL reads its configuration from the process's environment only: the one place the library sets variables.
+    ScopedEnvironment unset_nccl(std::map<std::string, std::string>{});  // restores the process's NCCL_* after
+    const auto settings = settings_of({{"HPCTRAIN_FABRIC", "efa"}, {"NCCL_DEBUG", "WARN"}});
+    CHECK_FALSE(ht::capture_nccl_network_log(1, true, settings));   // not rank 0
+    CHECK_FALSE(ht::capture_nccl_network_log(0, false, settings));  // one node: NCCL's network carries nothing
+    const auto check = ht::capture_nccl_network_log(0, true, settings);
     REQUIRE(check);
     CHECK(check->fabric == ht::Fabric::efa);
     CHECK(check->log.parent_path() == dir);
@@ -313,8 +322,12 @@ TEST_CASE("Rank 0 of a multi-node job captures NCCL's lines and fails on a fallb
       CHECK(std::string(error.what())
                 .starts_with("[hpctrain.runtime.fabric] the site's fabric is efa but NCCL chose TCP"));
     }
-    ::setenv("HPCTRAIN_ALLOW_SOCKET_FALLBACK", "1", 1);
-    CHECK(ht::check_nccl_network(*check).starts_with("hpctrain: warning: the site's fabric is efa but NCCL chose TCP"));
+    const auto allowed = ht::capture_nccl_network_log(
+        0, true, settings_of({{"HPCTRAIN_FABRIC", "efa"}, {"HPCTRAIN_ALLOW_SOCKET_FALLBACK", "1"}}));
+    REQUIRE(allowed);
+    job_test::write_file(allowed->log, efa_plugin_failed);
+    CHECK(
+        ht::check_nccl_network(*allowed).starts_with("hpctrain: warning: the site's fabric is efa but NCCL chose TCP"));
     job_test::write_file(check->log, efa_ok);
     CHECK(ht::check_nccl_network(*check) ==
           "hpctrain: NCCL uses network AWS Libfabric, provider efa (the site's fabric is efa)");
@@ -324,27 +337,22 @@ TEST_CASE("Rank 0 of a multi-node job captures NCCL's lines and fails on a fallb
   {
     // The user's own NCCL_DEBUG_FILE (with NCCL's %h and %p) is read where NCCL writes it; their level and
     // subsystems are kept when they already include INFO.
-    ScopedEnvironment environment({{"HPCTRAIN_FABRIC", "infiniband"},
-                                   {"NCCL_DEBUG", "TRACE"},
-                                   {"NCCL_DEBUG_SUBSYS", "ALL"},
-                                   {"NCCL_DEBUG_FILE", (dir / "nccl.%h.%p").string()}});
-    const auto check = ht::capture_nccl_network_log(0, true, dir);
+    ScopedEnvironment users({{"NCCL_DEBUG", "TRACE"}, {"NCCL_DEBUG_SUBSYS", "ALL"}});
+    const auto check = ht::capture_nccl_network_log(0, true,
+                                                    settings_of({{"HPCTRAIN_FABRIC", "infiniband"},
+                                                                 {"NCCL_DEBUG", "TRACE"},
+                                                                 {"NCCL_DEBUG_SUBSYS", "ALL"},
+                                                                 {"NCCL_DEBUG_FILE", (dir / "nccl.%h.%p").string()}}));
     REQUIRE(check);
     CHECK(check->log.filename().string().ends_with(fmt::format(".{}", ::getpid())));
     CHECK(check->log.filename().string().find("%") == std::string::npos);
     CHECK(std::string(std::getenv("NCCL_DEBUG")) == "TRACE");
     CHECK(std::string(std::getenv("NCCL_DEBUG_SUBSYS")) == "ALL");
   }
-  {
-    ScopedEnvironment environment(std::map<std::string, std::string>{{"HPCTRAIN_FABRIC", "ethernet"}});
-    CHECK_FALSE(ht::capture_nccl_network_log(0, true, dir));
-  }
-  {
-    ScopedEnvironment environment(std::map<std::string, std::string>{{"HPCTRAIN_FABRIC", "efa2"}});
-    CHECK_THROWS_WITH(ht::capture_nccl_network_log(0, true, dir),
-                      "[hpctrain.runtime.fabric] [hpctrain.spec.fabric] fabric = efa2: expected efa, infiniband or "
-                      "ethernet (did you mean efa?) (HPCTRAIN_FABRIC)");
-  }
+  CHECK_FALSE(ht::capture_nccl_network_log(0, true, settings_of({{"HPCTRAIN_FABRIC", "ethernet"}})));
+  CHECK_THROWS_WITH(settings_of({{"HPCTRAIN_FABRIC", "efa2"}}),
+                    "[hpctrain.runtime.fabric] [hpctrain.spec.fabric] fabric = efa2: expected efa, infiniband or "
+                    "ethernet (did you mean efa?) (HPCTRAIN_FABRIC)");
 }
 
 TEST_CASE("A job on whole nodes or GPUs gets the node's CPUs divided among its tasks, bound to cores", "[site][cpus]") {

@@ -353,16 +353,12 @@ TEST_CASE("sbatch without a configuration source gets a hint about SLURM_CONF", 
       "sbatch: error: fetch_config: DNS SRV lookup failed\n"
       "sbatch: error: _establish_config_source: failed to fetch config\n"
       "sbatch: fatal: Could not establish a configuration source";
-  const char* saved = std::getenv("SLURM_CONF");
-  const std::string kept = saved ? saved : "";
-  ::unsetenv("SLURM_CONF");
-  CHECK_THAT(ht::detail::explain_sbatch_failure(said),
+  ht::Environment shell;  // the one sbatch ran in
+  CHECK_THAT(ht::detail::explain_sbatch_failure(said, shell),
              Catch::EndsWith("(the local test cluster: `eval \"$(scripts/slurm-local env)\"`)."));
-  ::setenv("SLURM_CONF", "/nowhere/slurm.conf", 1);
-  CHECK_THAT(ht::detail::explain_sbatch_failure(said),
+  shell.set("SLURM_CONF", "/nowhere/slurm.conf");
+  CHECK_THAT(ht::detail::explain_sbatch_failure(said, shell),
              Catch::EndsWith("hint: SLURM_CONF = /nowhere/slurm.conf: is that your cluster's slurm.conf?"));
-  if (saved) ::setenv("SLURM_CONF", kept.c_str(), 1);
-  else ::unsetenv("SLURM_CONF");
 }
 
 TEST_CASE("sbatch --test-only's refusals name the job's field and value", "[cli]") {

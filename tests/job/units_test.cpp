@@ -84,21 +84,20 @@ TEST_CASE("A positive number from the environment: nothing when unset, each othe
     refused = value;
     throw std::invalid_argument(value);
   };
-  ::unsetenv(name.c_str());
-  CHECK_FALSE(hpctrain::positive_number_from_environment(name, refuse).has_value());
-  ::setenv(name.c_str(), "", 1);  // empty counts as unset, as for every setting
-  CHECK_FALSE(hpctrain::positive_number_from_environment(name, refuse).has_value());
+  hpctrain::Environment environment;
+  CHECK_FALSE(hpctrain::positive_number_from_environment(environment, name, refuse).has_value());
+  environment.set(name, "");  // empty counts as unset, as for every setting
+  CHECK_FALSE(hpctrain::positive_number_from_environment(environment, name, refuse).has_value());
   for (const auto& [text, number] : {std::pair<std::string, double>{"2.5", 2.5}, {"45", 45.0}, {"1e-4", 1e-4}}) {
-    ::setenv(name.c_str(), text.c_str(), 1);
-    CHECK(hpctrain::positive_number_from_environment(name, refuse) == number);
+    environment.set(name, text);
+    CHECK(hpctrain::positive_number_from_environment(environment, name, refuse) == number);
   }
   for (const std::string text : {"0", "-1", "x", "3GB", "1e999", "nan", "2.5 "}) {
     CAPTURE(text);
-    ::setenv(name.c_str(), text.c_str(), 1);
-    CHECK_THROWS_AS(hpctrain::positive_number_from_environment(name, refuse), std::invalid_argument);
+    environment.set(name, text);
+    CHECK_THROWS_AS(hpctrain::positive_number_from_environment(environment, name, refuse), std::invalid_argument);
     CHECK(refused == text);
   }
-  ::unsetenv(name.c_str());
 }
 
 TEST_CASE("An environment as a value: this process's read whole, a child's changed without touching this process's",
@@ -108,13 +107,13 @@ TEST_CASE("An environment as a value: this process's read whole, a child's chang
   auto environment = hpctrain::Environment::of_this_process();
   CHECK(environment.get(name, hpctrain::EmptyValue::kept) == "");  // an empty value is one where it is kept
   CHECK_FALSE(environment.get(name));                              // and unset for a setting, as getenv reads it
-  CHECK(environment.get("PATH") == hpctrain::getenv("PATH"));
+  CHECK(environment.get("PATH") == std::string(std::getenv("PATH")));
   const auto count = environment.variables().size();
   environment.set(name, "child").set("HPCTRAIN_UNITS_TEST_NEW", "a=b");
   CHECK(environment.variables().size() == count + 1);  // set in place, or last
   CHECK(environment.variables().back() == std::pair<std::string, std::string>{"HPCTRAIN_UNITS_TEST_NEW", "a=b"});
   CHECK(environment.get(name) == "child");
-  CHECK(hpctrain::getenv(name, hpctrain::EmptyValue::kept) == "");  // this process's is unchanged
+  CHECK(std::string(std::getenv(name.c_str())) == "");  // this process's is unchanged
   environment.remove(name);
   CHECK_FALSE(environment.get(name));
   const auto entries = environment.entries();

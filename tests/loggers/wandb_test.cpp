@@ -418,12 +418,11 @@ TEST_CASE(
   std::ofstream(bin / "wandb") << "#!/bin/sh\nprintf '%s\\n' \"$@\" > '" << recorded.string() << "'\nexit 3\n";
   fs::permissions(bin / "wandb", fs::perms::owner_all);
   std::ostringstream out, err;
-  ::setenv("PATH", (bin.string() + ":" + saved_path).c_str(), 1);
-  const int synced = hpctrain::wandb_sync(job_dir, out, err);
-  ::setenv("PATH", "/nonexistent", 1);
+  // The login shell's environment, as the command is given it: wandb on its PATH, then nowhere.
+  auto shell = hpctrain::Environment::of_this_process();
+  const int synced = hpctrain::wandb_sync(job_dir, out, err, shell.set("PATH", bin.string() + ":" + saved_path));
   std::ostringstream printed, why;
-  const int printed_code = hpctrain::wandb_sync(job_dir, printed, why);
-  ::setenv("PATH", saved_path.c_str(), 1);
+  const int printed_code = hpctrain::wandb_sync(job_dir, printed, why, shell.set("PATH", "/nonexistent"));
   CHECK(synced == 3);  // wandb's own exit code
   std::ifstream args(recorded);
   CHECK(std::string(std::istreambuf_iterator<char>(args), {}) ==
@@ -448,15 +447,14 @@ TEST_CASE(
   command.wandb_sync = "";
   hpctrain::RenderContext context;
   context.workdir = workdir.string();
+  context.environment.set("PATH", "/nonexistent");
   std::ostringstream last_out, last_err;
-  ::setenv("PATH", "/nonexistent", 1);
   const int last_code =
       hpctrain::run_login_command(hpctrain::Job("fashion"), command, context, last_out, last_err, &knobs);
-  ::setenv("PATH", saved_path.c_str(), 1);
   CHECK(last_code == hpctrain::exit_failure);
   CHECK(last_out.str() == printed.str());
   const auto empty = scratch("sync-empty");
-  CHECK(hpctrain::test::message_of([&] { hpctrain::wandb_sync(empty, out, err); }) ==
+  CHECK(hpctrain::test::message_of([&] { hpctrain::wandb_sync(empty, out, err, shell); }) ==
         fmt::format("[hpctrain.runtime.wandb] no W&B offline run under {} (train with --wandb [PROJECT] to write one)",
                     empty.string()));
 }

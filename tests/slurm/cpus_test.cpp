@@ -27,7 +27,7 @@ TEST_CASE("The affinity mask counts what nproc counts, and one CPU once bound to
     }
   REQUIRE(::sched_setaffinity(0, sizeof one, &one) == 0);
   const auto bound = ht::slurm::affinity_cpu_count();
-  const auto view = ht::slurm::this_process_cpus(2);
+  const auto view = ht::slurm::this_process_cpus(2, ht::Environment::of_this_process());
   ::sched_setaffinity(0, sizeof saved, &saved);
   CHECK(bound == 1);
   CHECK(ht::slurm::intra_op_threads(view) == 1);  // bound: its one CPU, whatever the machine has

@@ -32,7 +32,7 @@ inline void wait_for(ProcessGroup& group, const c10::intrusive_ptr<c10d::Work>& 
     // (backend_timeout). Gloo's collectives run on the host: its wait blocks (no spinning) up to ours.
     if (group.device().is_cuda()) work->wait();
     else work->wait(group.timeout());
-    if (auto* link = simulated_link()) link->wait(work.get());
+    if (auto* link = group.simulated_link()) link->wait(work.get());
   } catch (const std::exception& e) {
     group.mark_failed();
     throw RuntimeError(errors::runtime_collective,
@@ -59,7 +59,7 @@ inline void note_started(ProcessGroup& group, const c10::intrusive_ptr<c10d::Wor
                          std::size_t payload) {
   const auto bytes = static_cast<std::int64_t>(payload);
   count_collective(kind, bytes);
-  if (auto* link = simulated_link()) link->started(work.get(), kind, bytes, group.world_size());
+  if (auto* link = group.simulated_link()) link->started(work.get(), kind, bytes, group.world_size());
 }
 
 /// Rank 0's values of `tensors` (one dtype) broadcast through one flat buffer, copied back into each.

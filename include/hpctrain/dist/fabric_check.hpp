@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -33,7 +34,7 @@
 #include <hpctrain/dist/process_group.hpp>
 #include <hpctrain/dist/shard_collectives.hpp>
 #include <hpctrain/job/fabric.hpp>
-#include <hpctrain/slurm/environment.hpp>
+#include <hpctrain/slurm/world.hpp>
 
 namespace hpctrain::dist {
 
@@ -47,9 +48,10 @@ struct SweepOptions {
 
 /// What the login command asked for (train/worker.hpp reads it from the job's environment).
 struct FabricCheckRequest {
-  std::int64_t max_bytes = 0;          ///< --check-fabric-max; 0: the backend's default
-  FabricBandwidth between_nodes;       ///< the fabric's figure between nodes (the site's, else its preset's)
-  std::optional<double> min_fraction;  ///< --check-fabric-min-fraction
+  std::int64_t max_bytes = 0;           ///< --check-fabric-max; 0: the backend's default
+  FabricBandwidth between_nodes;        ///< the fabric's figure between nodes (the site's, else its preset's)
+  std::optional<double> min_fraction;   ///< --check-fabric-min-fraction
+  std::vector<std::string> node_names;  ///< Slurm's node list in node order (under srun), else empty
 };
 
 /// The default largest message: 1 GiB over NCCL (nccl-tests' usual -e 1G), 64 MiB over Gloo, whose CPU
@@ -155,10 +157,9 @@ inline std::vector<int> node_of_every_rank(ProcessGroup& world, int node_rank) {
   return nodes;
 }
 
-/// The nodes' names in node order: Slurm's node list, else this host's name (--local: one node).
-inline std::vector<std::string> node_names(const slurm::World& world, std::size_t nodes) {
-  std::vector<std::string> names;
-  if (world.under_slurm) names = slurm::read_slurm_environment().nodes;
+/// The nodes' names in node order: Slurm's node list (`slurm_nodes`), else this host's name (--local: one node).
+inline std::vector<std::string> node_names(std::vector<std::string> slurm_nodes, std::size_t nodes) {
+  std::vector<std::string> names = std::move(slurm_nodes);
   if (names.empty()) {
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
@@ -239,7 +240,8 @@ inline int check_fabric(const slurm::World& world, const Options& options, const
     const auto rail = static_cast<std::size_t>(groups.rail_of(world.rank));
     const auto nodes = detail::time_groups(*group, groups.nodes, node, "node", sweep.max_bytes, sweep, wrong);
     const auto rails = detail::time_groups(*group, groups.rails, rail, "rail", sweep.max_bytes, sweep, wrong);
-    print(groups_table(groups, detail::node_names(world, groups.nodes.size()), nodes, rails, sweep.max_bytes));
+    print(groups_table(groups, detail::node_names(request.node_names, groups.nodes.size()), nodes, rails,
+                       sweep.max_bytes));
     const auto verdict = between_nodes_verdict(rails, request.between_nodes, request.min_fraction);
     print(verdict.text);
     slow = verdict.failed;

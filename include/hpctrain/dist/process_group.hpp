@@ -35,19 +35,20 @@
 #if defined(USE_C10D_NCCL)
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-
-#include <hpctrain/job/nccl_network.hpp>  // rank 0 checks NCCL's network against the site's fabric
 #endif
 
+#include <hpctrain/dist/simulated_link.hpp>
 #include <hpctrain/error.hpp>
 #include <hpctrain/error_ids.hpp>
+#include <hpctrain/job/nccl_network.hpp>  // rank 0 checks NCCL's network against the site's fabric
 #include <hpctrain/names.hpp>
 #include <hpctrain/slurm/devices.hpp>
 #include <hpctrain/slurm/world.hpp>
 
 namespace hpctrain::dist {
 
-/// Settings of the distributed runtime: how long each kind of wait may last before it fails naming itself.
+/// Settings of the distributed runtime: how long each kind of wait may last before it fails naming itself, and what
+/// the rank's launcher gave its network (a worker's: train/worker.hpp reads them from its environment).
 struct Options {
   /// The rendezvous: rank 0's store, every rank's connection to it, the backend's connections (and the store's
   /// later waits). Default: 5 minutes (HPCTRAIN_RENDEZVOUS_TIMEOUT_S, site file `rendezvous_timeout_s`).
@@ -58,7 +59,15 @@ struct Options {
   /// A collective around a checkpoint's writing, where ranks wait for others' files (CheckpointWaits). Default:
   /// 5 minutes (HPCTRAIN_CHECKPOINT_TIMEOUT_S, site file `checkpoint_timeout_s`).
   std::chrono::milliseconds checkpoint_timeout{std::chrono::minutes(5)};
-  /// All three at once.
+  /// The network interfaces Gloo uses (GLOO_SOCKET_IFNAME's, comma-separated); none: the address this node's name
+  /// resolves to (loopback when every rank is on this node).
+  std::vector<std::string> gloo_interfaces;
+  /// What rank 0 of a job over several nodes checks of NCCL's network (job/nccl_network.hpp).
+  NcclNetworkSettings nccl_network;
+  /// A test seam (docs/seams.md): every collective of the group and its subgroups crosses this simulated link
+  /// (dist/simulated_link.hpp); none in a real run.
+  std::shared_ptr<SimulatedLink> simulated_link;
+  /// All three timeouts at once.
   Options& timeouts(std::chrono::milliseconds all) {
     rendezvous_timeout = collective_timeout = checkpoint_timeout = all;
     return *this;
@@ -119,6 +128,8 @@ class ProcessGroup {
   std::string describe_timeout() const;
   /// The timeouts this group was made with.
   const Options& options() const { return options_; }
+  /// The simulated link its collectives cross (a test seam: Options::simulated_link), or nullptr.
+  SimulatedLink* simulated_link() const { return options_.simulated_link.get(); }
   /// Records that a collective failed: the peers may be gone, so the destructor must not wait for them.
   void mark_failed() noexcept { *failed_ = true; }
   /// Whether a collective of this group (or of its root group or a sibling subgroup) has failed.
@@ -191,12 +202,12 @@ inline std::vector<std::string> split_commas(const std::string& text) {
   return parts;
 }
 
-/// Gloo's transport devices: the interfaces named by GLOO_SOCKET_IFNAME, else the address this node's
-/// hostname resolves to. When every rank is on this node, loopback: nothing leaves the machine then, and
-/// hosts whose name resolves to an unbindable address (common on laptops and in containers) still work.
-inline std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices(const slurm::World& world) {
+/// Gloo's transport devices: `interfaces` (GLOO_SOCKET_IFNAME's), else the address this node's hostname resolves
+/// to. When every rank is on this node, loopback: nothing leaves the machine then, and hosts whose name resolves
+/// to an unbindable address (common on laptops and in containers) still work.
+inline std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices(
+    const slurm::World& world, const std::vector<std::string>& interfaces) {
   std::vector<std::shared_ptr<::gloo::transport::Device>> devices;
-  const auto interfaces = split_commas(hpctrain::getenv("GLOO_SOCKET_IFNAME").value_or(""));
   for (const auto& interface : interfaces) {
     try {
       devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(interface));
@@ -336,9 +347,9 @@ inline ProcessGroup::ProcessGroup(const slurm::World& world, const Options& opti
   // Backends get their own key space, so that ours (checkout) cannot collide with theirs.
   try {
 #if defined(USE_C10D_NCCL)
-    if (!use_cuda) gloo_devices_ = detail::gloo_devices(world);
+    if (!use_cuda) gloo_devices_ = detail::gloo_devices(world, options_.gloo_interfaces);
 #else
-    gloo_devices_ = detail::gloo_devices(world);
+    gloo_devices_ = detail::gloo_devices(world, options_.gloo_interfaces);
 #endif
     connect(c10::make_intrusive<c10d::PrefixStore>("hpctrain/backend", store_));
   } catch (const RuntimeError&) {
@@ -356,9 +367,9 @@ inline void ProcessGroup::connect(const c10::intrusive_ptr<c10d::Store>& store) 
     c10::cuda::set_device(device_.index());
     // On an efa or infiniband site, rank 0 of a job over several nodes has NCCL log the network it chooses, and
     // fails once the communicator exists if that is TCP sockets (job/nccl_network.hpp).
-    const auto network_check = subgroup_ ? std::nullopt
-                                         : capture_nccl_network_log(rank_, world_size_ > local_world_size_,
-                                                                    hpctrain::getenv(env::run_dir).value_or("."));
+    const auto network_check =
+        subgroup_ ? std::nullopt
+                  : capture_nccl_network_log(rank_, world_size_ > local_world_size_, options_.nccl_network);
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
     nccl_options->timeout = detail::backend_timeout(options_);
     auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank_, world_size_, nccl_options);

@@ -1,7 +1,8 @@
 #pragma once
 // A slow link between the ranks, simulated: what lets a CPU test check --plan's step time (lm/step_time.hpp) against
-// a measured one, the links of a real cluster being out of reach. Test-only: it runs only where
-// HPCTRAIN_SIMULATED_LINK_GBPS is set (docs/distributed.md, "The step time").
+// a measured one, the links of a real cluster being out of reach. Test-only: it runs only where the worker's
+// environment sets HPCTRAIN_SIMULATED_LINK_GBPS (a test seam, docs/seams.md; docs/distributed.md, "The step time"):
+// its process group holds it (dist::Options::simulated_link) and its collectives cross it (dist/collectives.hpp).
 //
 // Each rank has one link of that many GB/s of bus bandwidth, which carries its collectives one after another in the
 // order they start, as a ring over the collective's group of n ranks moves them (nccl-tests' bus bandwidth, the
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -20,10 +22,8 @@
 #include <thread>
 #include <unordered_map>
 
-#include <fmt/format.h>
-
 #include <hpctrain/dist/traffic.hpp>
-#include <hpctrain/error.hpp>
+#include <hpctrain/job/plan_request.hpp>  // test_seam_number
 #include <hpctrain/names.hpp>
 
 namespace hpctrain::dist {
@@ -67,28 +67,17 @@ class SimulatedLink {
   std::unordered_map<const void*, Clock::time_point> done_at_;
 };
 
-/// A test-only variable's number, above 0, or nothing where it is unset.
-inline std::optional<double> positive_number_of(const char* variable, std::string_view unit) {
-  return positive_number_from_environment(variable, [&](const std::string& value) {
-    throw SpecError(errors::spec_simulated_link, std::string(variable) + "=" + value,
-                    fmt::format("a number of {} above 0 is needed", unit));
-  });
+/// The bus bandwidth `environment`'s HPCTRAIN_SIMULATED_LINK_GBPS asks for, in bytes/s, or nothing.
+inline std::optional<double> simulated_link_busbw(const Environment& environment) {
+  const auto gbps = test_seam_number(environment, env::test_seam::simulated_link, "GB/s");
+  return gbps ? std::optional<double>(*gbps * 1e9) : std::nullopt;
 }
 
-/// The bus bandwidth HPCTRAIN_SIMULATED_LINK_GBPS asks for, in bytes/s, or nothing: read once per process.
-inline std::optional<double> simulated_link_busbw() {
-  static const std::optional<double> busbw = [] {
-    const auto gbps = positive_number_of(env::test_seam::simulated_link, "GB/s");
-    return gbps ? std::optional<double>(*gbps * 1e9) : std::nullopt;
-  }();
-  return busbw;
-}
-
-/// This process's simulated link, or nullptr where none is asked for (every real run). Never destroyed: a gradient
-/// hook's thread may still start a collective while the process exits.
-inline SimulatedLink* simulated_link() {
-  static SimulatedLink* link = simulated_link_busbw() ? new SimulatedLink(*simulated_link_busbw()) : nullptr;
-  return link;
+/// The simulated link `environment` asks for, or none (every real run). Shared by the process group and its
+/// subgroups, which hold it as long as a collective can start.
+inline std::shared_ptr<SimulatedLink> simulated_link_of(const Environment& environment) {
+  const auto busbw = simulated_link_busbw(environment);
+  return busbw ? std::make_shared<SimulatedLink>(*busbw) : nullptr;
 }
 
 }  // namespace hpctrain::dist

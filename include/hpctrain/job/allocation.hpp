@@ -29,7 +29,7 @@ struct Allocation {
 };
 
 /// Where this process runs (see the file's comment).
-inline RunPlace run_place(const slurm::EnvironmentLookup& lookup = slurm::process_environment) {
+inline RunPlace run_place(const slurm::EnvironmentLookup& lookup) {
   if (!lookup("SLURM_JOB_ID") && !lookup("SLURM_JOBID")) return RunPlace::no_allocation;
   const bool in_step = (lookup("SLURM_STEP_ID") || lookup("SLURM_STEPID")) && lookup("SLURM_PROCID");
   if (in_step && !lookup("SLURM_PTY_PORT")) return RunPlace::step_task;
@@ -37,7 +37,7 @@ inline RunPlace run_place(const slurm::EnvironmentLookup& lookup = slurm::proces
 }
 
 /// The allocation of this shell. Throws RuntimeError `[hpctrain.runtime.slurm_env]` for a malformed variable.
-inline Allocation read_allocation(const slurm::EnvironmentLookup& lookup = slurm::process_environment) {
+inline Allocation read_allocation(const slurm::EnvironmentLookup& lookup) {
   Allocation allocation;
   const auto id = lookup("SLURM_JOB_ID") ? lookup("SLURM_JOB_ID") : lookup("SLURM_JOBID");
   allocation.job_id = id.value_or("");

@@ -27,7 +27,7 @@ namespace hpctrain {
 
 namespace detail {
 inline slurm::EnvironmentLookup context_lookup(const RenderContext& context) {
-  return [shell = context.environment](const std::string& name) { return shell.get(name); };
+  return slurm::lookup_in(context.environment);
 }
 
 /// The run directory of `--run` in allocation `job_id`: `hpctrain-jobs/<name>/<job id>`, as a batch job's, so
@@ -79,12 +79,13 @@ inline int run_in_allocation(const Job& job, const RenderContext& context, std::
 
 namespace detail {
 /// `srun [options] ./train --run`: this task is a rank of the user's step. Its placement: the run directory `--run`
-/// from the allocation's shell would give (unless its launcher set HPCTRAIN_RUN_DIR) and `--resume`'s directory;
-/// the preparation step is not run here (rank 0 says so).
+/// from the allocation's shell would give (unless its launcher set HPCTRAIN_RUN_DIR), `--resume`'s directory and the
+/// task's environment (the context's: this process's); the preparation step is not run here (rank 0 says so).
 inline RunPlacement step_task_placement(const Job& job, const LoginCommand& command, const RenderContext& context) {
-  const auto place_lookup = slurm::process_environment;
+  const auto place_lookup = context_lookup(context);
   const auto job_id = place_lookup("SLURM_JOB_ID").value_or(place_lookup("SLURM_JOBID").value_or("0"));
   RunPlacement placement;
+  placement.environment = context.environment;
   if (!place_lookup(env::run_dir)) placement.run_dir = allocation_run_directory(job, context, job_id);
   if (command.resume) placement.resume_from = resume_directory(*command.resume, job_root(job, context));
   if (job.preparation() && place_lookup("SLURM_PROCID").value_or("0") == "0")

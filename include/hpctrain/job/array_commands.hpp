@@ -130,7 +130,9 @@ inline std::string format_array_status(const SubmittedJob& job, const ArrayRecor
 }
 
 /// The log of one task: the record's output pattern with %a = task and %A = the array id.
-inline std::string array_task_log(const SubmittedJob& job, const ArrayRecord& record, int task) {
+/// `environment`: the login shell's (%u is its USER).
+inline std::string array_task_log(const SubmittedJob& job, const ArrayRecord& record, int task,
+                                  const Environment& environment) {
   std::string pattern;
   for (std::size_t i = 0; i < record.output_pattern.size(); ++i) {
     if (record.output_pattern[i] == '%' && i + 1 < record.output_pattern.size()) {
@@ -148,7 +150,7 @@ inline std::string array_task_log(const SubmittedJob& job, const ArrayRecord& re
     pattern += record.output_pattern[i];
   }
   return detail::resolve_log_pattern(pattern, job.id, job.name,
-                                     job.directory.parent_path().parent_path().parent_path().string());
+                                     job.directory.parent_path().parent_path().parent_path().string(), environment);
 }
 
 /// Throws UsageError unless `task` is one of the array's ids.

@@ -32,8 +32,9 @@ struct ChainStage {
   std::string id, name;
 };
 
-/// The stage this worker runs (HPCTRAIN_STAGE, set by each stage's script); empty outside a chain.
-inline std::optional<std::string> current_stage() { return hpctrain::getenv(env::stage); }
+/// The stage a worker or a preparation step runs (HPCTRAIN_STAGE of its `environment`, set by each stage's script);
+/// empty outside a chain.
+inline std::optional<std::string> current_stage(const Environment& environment) { return environment.get(env::stage); }
 
 /// The jobs of `job`'s chain in order: the job itself (without its stages), then each stage; each exports
 /// HPCTRAIN_STAGE=<its name> to its workers. Dependencies between them are added at submission.

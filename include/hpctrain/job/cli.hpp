@@ -40,10 +40,18 @@ namespace detail {
 /// run_job (or hpctrain::run), a wrong setter exits 2 naming the field, whatever main does before the call.
 inline const bool spec_errors_exit_2 = (install_spec_error_exit(), true);
 
-/// The job's preparation step (the script's `--hpctrain-prepare` step), given the arguments after its marker.
+/// The job's preparation step (the script's `--hpctrain-prepare` step), given the arguments after its marker; its
+/// environment is read here, once.
 inline int run_preparation_step(const Job& job, int argc, char** argv) {
   return run_preparation(job.preparation(),
-                         prepare_context_from_environment(std::vector<std::string>(argv + 2, argv + argc)));
+                         prepare_context_from_environment(Environment::of_this_process(),
+                                                          std::vector<std::string>(argv + 2, argv + argc)));
+}
+
+/// Whether the login command is `--run` in a task of the user's own srun step (the login shell's environment says).
+inline bool runs_as_step_task(const LoginCommand& command, const RenderContext& context) {
+  return command.mode == LoginCommand::Mode::run &&
+         run_place(slurm::lookup_in(context.environment)) == RunPlace::step_task;
 }
 
 /// `job` with its preparation given the knob values of the arguments it is run with (the workers' arguments,
@@ -70,7 +78,7 @@ inline int run_job(int argc, char** argv, const Job& job, const Worker& worker) 
   return with_exit_codes([&] {
     const auto command = parse_login_command(argc, argv);
     const auto context = current_render_context(argc, argv, command.forwarded);
-    if (command.mode == LoginCommand::Mode::run && run_place() == RunPlace::step_task) {
+    if (detail::runs_as_step_task(command, context)) {
       detail::step_task_placement(job, command, context);  // says what --run under srun does not run
       return worker(command.forwarded);
     }
@@ -92,6 +100,7 @@ inline int run_job(int argc, char** argv, const Job& described, const Knobs& kno
   if (is_worker_invocation(argc, argv))
     return with_exit_codes([&] {
       RunPlacement placement;
+      placement.environment = Environment::of_this_process();  // read here, once, and passed down
       const auto args = take_resume(std::vector<std::string>(argv + 2, argv + argc), placement);
       return worker(knobs.with_arguments(args), placement);
     });
@@ -106,7 +115,7 @@ inline int run_job(int argc, char** argv, const Job& described, const Knobs& kno
       if (login_check)
         login_check(values, {login_world(job, command), !command.after.empty() || !job.dependencies().empty()});
     }
-    if (command.mode == Mode::run && run_place() == RunPlace::step_task)
+    if (detail::runs_as_step_task(command, context))
       return worker(knobs.with_arguments(command.forwarded), detail::step_task_placement(job, command, context));
     return run_login_command(job, command, context, std::cout, std::cerr, &knobs, planner);
   });

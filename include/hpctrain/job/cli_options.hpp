@@ -67,21 +67,32 @@ inline std::string gpu_memory_note(const LoginCommand& command) {
                      *command.gpu_memory, memory->bytes / 1e9);
 }
 
-/// The geometry `job` asks for, with `command`'s overrides applied, one GPU's memory (--gpu-memory, else the GPU
-/// type's), its type, and the site's fabric between nodes.
-inline PlanRequest plan_request(const Job& job, const LoginCommand& command, const SiteSettings& site) {
-  PlanRequest request;
+/// `request` with `job`'s geometry: its ranks, its GPUs a node and their type (with the type's memory where the type
+/// changes), its requeue grace. A chain's later stage is planned at its own job's (run.hpp).
+inline PlanRequest with_job_geometry(PlanRequest request, const Job& job) {
   request.ranks_per_node = job.tasks_per_node();
   request.world = job.nodes() * request.ranks_per_node;
   request.gpus_per_node = job.gpus_per_node_count();
-  if (job.gpus()) request.gpu_type = job.gpus()->type;
+  const std::string type = job.gpus() ? job.gpus()->type : "";
+  if (type != request.gpu_type) request.gpu_bytes = gpu_memory_of_type(type);
+  request.gpu_type = type;
+  request.requeue_grace_s.reset();
+  if (job.requeue()) request.requeue_grace_s = static_cast<double>(job.requeue()->grace.count());
+  return request;
+}
+
+/// The geometry `job` asks for, with `command`'s overrides applied, one GPU's memory (--gpu-memory, else the GPU
+/// type's), its type, the site's fabric between nodes, and the test seams of the login shell's `environment`.
+inline PlanRequest plan_request(const Job& job, const LoginCommand& command, const SiteSettings& site,
+                                const Environment& environment) {
+  PlanRequest request = with_job_geometry({}, job);
   if (command.gpu_memory) request.gpu_bytes = parse_gpu_memory(*command.gpu_memory).value().bytes;
-  else if (!request.gpu_type.empty()) request.gpu_bytes = gpu_memory_of_type(request.gpu_type);
   if (site.fabric.fabric) request.fabric = std::string(fabric_names[static_cast<std::size_t>(*site.fabric.fabric)]);
   request.expected_busbw_gbps = site.fabric.expected_busbw_gbps;
   request.checkpoint_write_gbps = site.checkpoint_write_gbps;
-  if (job.requeue()) request.requeue_grace_s = static_cast<double>(job.requeue()->grace.count());
   request.refuse_short_grace = site.refuse_short_grace;
+  request.simulated_link_gbps = test_seam_number(environment, env::test_seam::simulated_link, "GB/s");
+  request.cpu_tflops = test_seam_number(environment, env::test_seam::plan_cpu_tflops, "TFLOP/s");
   return request;
 }
 

@@ -85,7 +85,7 @@ inline std::optional<int> run_array_command(const Job& job, const LoginCommand& 
             fmt::format("job {} is an array ({}): say which task's log, --logs --task N", last.id, record->spec.text));
       auto task_job = last;
       task_job.id = fmt::format("{}_{}", last.id, *command.task);
-      task_job.output_log = array_task_log(last, *record, *command.task);
+      task_job.output_log = array_task_log(last, *record, *command.task, context.environment);
       print_logs(task_job, out, command.follow);
       return exit_ok;
     }
@@ -158,12 +158,12 @@ inline std::optional<std::string> submission_refusal(PlanVerdict verdict, const 
 /// The memory plan of a --dry-run (printed to `err` as a section, when the program can plan) or a --submit
 /// (printed only when it refuses the submission: nothing written or queued; else its warnings). Whether --submit
 /// stops here (submission_refusal; a --dry-run says so as a warning).
-inline bool plan_stops_submission(const Job& job, const LoginCommand& command, const SiteSettings& site,
+inline bool plan_stops_submission(const Job& job, const LoginCommand& command, const RenderContext& context,
                                   const Knobs* knobs, const Planner& planner, std::ostream& err, bool print) {
   if (!planner || knobs == nullptr) return false;
   std::ostringstream text;
   text << gpu_memory_note(command);
-  const auto request = plan_request(job, command, site);
+  const auto request = plan_request(job, command, context.site, context.environment);
   const auto verdict = planner(knobs->with_arguments(command.forwarded), request, text);
   if (verdict == PlanVerdict::cannot_plan) return false;
   const auto refusal = submission_refusal(verdict, request);
@@ -199,13 +199,13 @@ inline int dry_run_command(const Job& job, const LoginCommand& command, RenderCo
   worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
   check_array_on_cluster(job);
   print_job_warnings(job, err);
-  plan_stops_submission(job, command, worker_context.site, knobs, planner, err, /*print=*/true);
+  plan_stops_submission(job, command, worker_context, knobs, planner, err, /*print=*/true);
   if (!job.stages().empty()) {
     out << render_chain(job, worker_context);
     return exit_ok;
   }
   const auto script = render_sbatch(job, worker_context);
-  if (const auto refusal = cluster_refusal(job, script))
+  if (const auto refusal = cluster_refusal(job, script, worker_context.environment))
     err << "hpctrain: warning: --submit would stop here: " << refusal->what() << "\n";
   out << script;
   return exit_ok;
@@ -218,7 +218,7 @@ inline int submit_command(const Job& job, const LoginCommand& command, RenderCon
   worker_context.sinfo_node_cpus = cluster_node_cpus(job, worker_context);
   check_array_on_cluster(job);
   print_job_warnings(job, err);
-  if (plan_stops_submission(job, command, worker_context.site, knobs, planner, err, /*print=*/false)) return exit_usage;
+  if (plan_stops_submission(job, command, worker_context, knobs, planner, err, /*print=*/false)) return exit_usage;
   if (!job.stages().empty()) {
     const auto chain = submit_chain(job, worker_context);
     out << fmt::format("submitted a chain of {} stages, each after the one before completed successfully:\n",
@@ -255,7 +255,7 @@ inline int status_command(const Job& job, const RenderContext& context, std::ost
 }
 
 /// --plan: the memory plan of the program's Training at the job's geometry; exit 2 when it does not fit.
-inline int plan_command(const Job& job, const LoginCommand& command, const SiteSettings& site, std::ostream& out,
+inline int plan_command(const Job& job, const LoginCommand& command, const RenderContext& context, std::ostream& out,
                         std::ostream& err, const Knobs* knobs, const Planner& planner) {
   if (!planner || knobs == nullptr) {
     err << "hpctrain: --plan: this program declares no memory plan (a Training from lm::causal_lm_training has one)\n";
@@ -263,7 +263,8 @@ inline int plan_command(const Job& job, const LoginCommand& command, const SiteS
   }
   print_job_warnings(job, err);  // as --dry-run does: GPUs a node would leave idle, above all
   out << gpu_memory_note(command);
-  const auto verdict = planner(knobs->with_arguments(command.forwarded), plan_request(job, command, site), out);
+  const auto verdict = planner(knobs->with_arguments(command.forwarded),
+                               plan_request(job, command, context.site, context.environment), out);
   return verdict == PlanVerdict::fits || verdict == PlanVerdict::unknown ? exit_ok : exit_usage;
 }
 
@@ -303,7 +304,7 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
       case Mode::local:
         if (!job.stages().empty()) return detail::local_chain_command(job, command, context, worker_context, out, err);
         return detail::local_command(job, command, context, worker_context, out, err);
-      case Mode::plan: return detail::plan_command(job, command, context.site, out, err, knobs, planner);
+      case Mode::plan: return detail::plan_command(job, command, context, out, err, knobs, planner);
       case Mode::run: {
         auto allocation_context = worker_context;
         allocation_context.sinfo_node_cpus = cluster_node_cpus(job, allocation_context);
@@ -314,7 +315,7 @@ inline int run_login_command(Job job, const LoginCommand& command, const RenderC
       case Mode::wandb_sync:
         return wandb_sync(command.wandb_sync->empty() ? last_submitted(job, context).directory
                                                       : std::filesystem::path(*command.wandb_sync),
-                          out, err);
+                          out, err, context.environment);
       case Mode::cancel: return detail::cancel_command(job, context, out);
     }
     return exit_failure;

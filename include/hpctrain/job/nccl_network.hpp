@@ -159,49 +159,69 @@ inline std::string expand_nccl_debug_file(std::string_view pattern) {
   return path;
 }
 
-inline std::optional<Fabric> fabric_from_environment() {
-  const auto text = hpctrain::getenv(env::fabric);
-  if (!text) return std::nullopt;
-  try {
-    return parse_fabric(*text, env::fabric);
-  } catch (const SpecError& error) {
-    throw RuntimeError(errors::runtime_fabric, error.what());
-  }
-}
 }  // namespace detail
+
+/// What a rank's check of NCCL's network is given, read from its environment by nccl_network_settings: the site's
+/// fabric (HPCTRAIN_FABRIC, exported by the script), whether a fallback to sockets is allowed
+/// (HPCTRAIN_ALLOW_SOCKET_FALLBACK=1), where the run writes, and the user's own NCCL debug variables.
+struct NcclNetworkSettings {
+  std::optional<Fabric> fabric;
+  bool allow_socket_fallback = false;
+  std::filesystem::path run_dir{"."};
+  std::optional<std::string> debug_file;        ///< NCCL_DEBUG_FILE
+  std::optional<std::string> debug_level;       ///< NCCL_DEBUG
+  std::optional<std::string> debug_subsystems;  ///< NCCL_DEBUG_SUBSYS
+};
+
+/// The settings `environment` (a worker's) gives. Throws RuntimeError `[hpctrain.runtime.fabric]` for a fabric
+/// that is not one.
+inline NcclNetworkSettings nccl_network_settings(const Environment& environment) {
+  NcclNetworkSettings settings;
+  if (const auto text = environment.get(env::fabric)) try {
+      settings.fabric = parse_fabric(*text, env::fabric);
+    } catch (const SpecError& error) {
+      throw RuntimeError(errors::runtime_fabric, error.what());
+    }
+  settings.allow_socket_fallback = environment.get(env::allow_socket_fallback) == "1";
+  settings.run_dir = environment.get(env::run_dir).value_or(".");
+  settings.debug_file = environment.get("NCCL_DEBUG_FILE");
+  settings.debug_level = environment.get("NCCL_DEBUG");
+  settings.debug_subsystems = environment.get("NCCL_DEBUG_SUBSYS");
+  return settings;
+}
 
 /// What rank 0 checks after its communicator exists: the site's fabric and where NCCL's lines go.
 struct NcclNetworkCheck {
   Fabric fabric;
   std::filesystem::path log;
+  bool allow_socket_fallback = false;
 };
 
-/// Before the NCCL communicator is created: on rank 0 of a job over several nodes whose site fabric
-/// (HPCTRAIN_FABRIC, exported by the script) is efa or infiniband, has NCCL write its INFO lines of the INIT and
-/// NET subsystems to `<run dir>/nccl-rank0-<pid>.log` (or to the user's own NCCL_DEBUG_FILE), and returns what to
-/// check. NCCL reads these variables when it initialises, in this process only: the other ranks and this
-/// rank's standard output keep the user's NCCL_DEBUG.
+/// Before the NCCL communicator is created: on rank 0 of a job over several nodes whose site fabric is efa or
+/// infiniband, has NCCL write its INFO lines of the INIT and NET subsystems to `<run dir>/nccl-rank0-<pid>.log` (or
+/// to the user's own NCCL_DEBUG_FILE), and returns what to check. NCCL takes its configuration from the process's
+/// environment only, when it initialises: so these three variables are the one place the library sets any, for
+/// NCCL, in this process only (the other ranks and this rank's standard output keep the user's NCCL_DEBUG).
 inline std::optional<NcclNetworkCheck> capture_nccl_network_log(int rank, bool several_nodes,
-                                                                const std::filesystem::path& run_dir) {
+                                                                const NcclNetworkSettings& settings) {
   if (rank != 0 || !several_nodes) return std::nullopt;
-  const auto fabric = detail::fabric_from_environment();
-  if (!fabric || !fabric_needs_check(*fabric)) return std::nullopt;
+  if (!settings.fabric || !fabric_needs_check(*settings.fabric)) return std::nullopt;
   std::filesystem::path log;
-  if (const auto user_file = hpctrain::getenv("NCCL_DEBUG_FILE")) {
-    log = detail::expand_nccl_debug_file(*user_file);
+  if (settings.debug_file) {
+    log = detail::expand_nccl_debug_file(*settings.debug_file);
   } else {
-    log = run_dir / fmt::format("nccl-rank0-{}.log", ::getpid());
+    log = settings.run_dir / fmt::format("nccl-rank0-{}.log", ::getpid());
     ::setenv("NCCL_DEBUG_FILE", log.c_str(), 1);
   }
-  const auto level = hpctrain::getenv("NCCL_DEBUG").value_or("");
+  const auto level = settings.debug_level.value_or("");
   if (level != "INFO" && level != "TRACE") ::setenv("NCCL_DEBUG", "INFO", 1);
-  if (!hpctrain::getenv("NCCL_DEBUG_SUBSYS")) ::setenv("NCCL_DEBUG_SUBSYS", "INIT,NET", 1);
-  return NcclNetworkCheck{*fabric, log};
+  if (!settings.debug_subsystems) ::setenv("NCCL_DEBUG_SUBSYS", "INIT,NET", 1);
+  return NcclNetworkCheck{*settings.fabric, log, settings.allow_socket_fallback};
 }
 
 /// After the communicator exists: the network NCCL chose, read from the captured log. Throws
-/// RuntimeError `[hpctrain.runtime.fabric]` when it fell back to sockets and HPCTRAIN_ALLOW_SOCKET_FALLBACK is not
-/// 1; returns the line to print otherwise (a warning when the log says nothing).
+/// RuntimeError `[hpctrain.runtime.fabric]` when it fell back to sockets and that is not allowed
+/// (HPCTRAIN_ALLOW_SOCKET_FALLBACK); returns the line to print otherwise (a warning when the log says nothing).
 inline std::string check_nccl_network(const NcclNetworkCheck& check) {
   const auto network = nccl_network_from_log(hpctrain::detail::read_file_if_present(check.log).value_or(""));
   if (!network)
@@ -210,7 +230,7 @@ inline std::string check_nccl_network(const NcclNetworkCheck& check) {
         "(the site's fabric is {}; --check-fabric measures it)",
         check.log.string(), to_string(check.fabric));
   if (const auto error = socket_fallback_error(check.fabric, *network)) {
-    if (hpctrain::getenv(env::allow_socket_fallback) != "1") throw RuntimeError(errors::runtime_fabric, *error);
+    if (!check.allow_socket_fallback) throw RuntimeError(errors::runtime_fabric, *error);
     return fmt::format("hpctrain: warning: {} (allowed by --allow-socket-fallback)", *error);
   }
   return fmt::format("hpctrain: NCCL uses network {}{} (the site's fabric is {})", network->name,

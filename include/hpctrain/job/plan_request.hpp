@@ -6,10 +6,25 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <string_view>
 
+#include <fmt/format.h>
+
+#include <hpctrain/error.hpp>
 #include <hpctrain/job/knobs.hpp>
+#include <hpctrain/names.hpp>
 
 namespace hpctrain {
+
+/// A test seam's number above 0 in `environment` (docs/seams.md), or nothing where it is unset; SpecError
+/// `[hpctrain.spec.simulated_link]` naming the variable for any other value.
+inline std::optional<double> test_seam_number(const Environment& environment, const char* variable,
+                                              std::string_view unit) {
+  return positive_number_from_environment(environment, variable, [&](const std::string& value) {
+    throw SpecError(errors::spec_simulated_link, fmt::format("{}={}", variable, value),
+                    fmt::format("a number of {} above 0 is needed", unit));
+  });
+}
 
 /// What `--plan` is asked about: the job's geometry and one GPU's memory, when known.
 struct PlanRequest {
@@ -23,6 +38,9 @@ struct PlanRequest {
   std::optional<double> checkpoint_write_gbps;  ///< the site's write bandwidth of one node to the checkpoints' disk
   std::optional<double> requeue_grace_s;        ///< requeue_on_timeout's grace, when the job has one
   bool refuse_short_grace = false;              ///< the site file's `short_grace = refuse`
+  /// Test seams (docs/seams.md), from the login shell's environment: a CPU job's step time is planned at a simulated
+  /// link of HPCTRAIN_SIMULATED_LINK_GBPS and HPCTRAIN_PLAN_CPU_TFLOPS; unset in a user's plan.
+  std::optional<double> simulated_link_gbps, cpu_tflops;
 };
 /// What a plan concluded.
 enum class PlanVerdict {

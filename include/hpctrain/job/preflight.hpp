@@ -100,11 +100,12 @@ inline SpecError refusal_from_sbatch(const Job& job, std::string_view sbatch_err
                   words));
 }
 
-/// A file under the temporary directory holding `text`, removed when this goes away.
+/// A file under the temporary directory (TMPDIR of `environment`, else /tmp) holding `text`, removed when this goes
+/// away.
 class TemporaryScript {
  public:
-  explicit TemporaryScript(const std::string& text) {
-    path_ = std::filesystem::path(hpctrain::getenv("TMPDIR").value_or("/tmp")) / "hpctrain-test-only-XXXXXX";
+  TemporaryScript(const std::string& text, const Environment& environment) {
+    path_ = std::filesystem::path(environment.get("TMPDIR").value_or("/tmp")) / "hpctrain-test-only-XXXXXX";
     std::string name = path_.string();
     const int fd = ::mkstemp(name.data());
     if (fd < 0) throw RuntimeError(errors::runtime_io, fmt::format("cannot create {}: {}", name, std::strerror(errno)));
@@ -132,13 +133,15 @@ class TemporaryScript {
 }  // namespace detail
 
 /// What the cluster says about `job` (rendered as `script`): the refusal of `sbatch --test-only`, or nothing when
-/// the cluster would run it or no cluster answers (no sbatch, no Slurm configuration).
-inline std::optional<SpecError> cluster_refusal(const Job& job, const std::string& script) {
-  const detail::TemporaryScript file(script);
+/// the cluster would run it or no cluster answers (no sbatch, no Slurm configuration). `environment`: the login
+/// shell's, in which sbatch runs (without this job's SLURM_*).
+inline std::optional<SpecError> cluster_refusal(const Job& job, const std::string& script,
+                                                const Environment& environment) {
+  const detail::TemporaryScript file(script, environment);
   ProcessResult tested;
   try {
     tested = run_process({"sbatch", "--test-only", file.path().string()}, {}, "",
-                         detail::inherited_slurm_variables(Environment::of_this_process()));
+                         detail::inherited_slurm_variables(environment));
   } catch (const RuntimeError&) {  // no sbatch here
     return std::nullopt;
   }

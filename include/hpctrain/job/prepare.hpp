@@ -39,6 +39,7 @@ struct PrepareContext {
   std::filesystem::path output_dir;  ///< `<run_dir>/prepare`, created before the call: put results here
   std::vector<std::string> args;     ///< the arguments forwarded to the workers (training knobs)
   Knobs knobs;  ///< the knob table with this run's values, in a program with one (hpctrain::run); else empty
+  Environment environment;  ///< the step's environment, as the script gave it (HPCTRAIN_STAGE: the stage it prepares)
 };
 
 /// Runs once per job before the training step; throws to fail the job (its message goes to the log).
@@ -57,36 +58,33 @@ struct PrepareStep {
 /// True when argv carries the preparation marker as its first argument.
 inline bool is_prepare_invocation(int argc, char** argv) { return argc >= 2 && argv[1] == prepare_flag; }
 
-namespace detail {
-inline std::string env_or(const char* name, std::string fallback) { return hpctrain::getenv(name).value_or(fallback); }
-}  // namespace detail
-
-/// The context of a preparation step from the environment the script gives it.
-inline PrepareContext prepare_context_from_environment(std::vector<std::string> args) {
+/// The context of a preparation step from the environment the script gives it (`environment`, the step's).
+inline PrepareContext prepare_context_from_environment(Environment environment, std::vector<std::string> args) {
   PrepareContext context;
-  context.job_id = detail::env_or("SLURM_JOB_ID", "local");
-  context.task_id = detail::env_or("SLURM_ARRAY_TASK_ID", "");
+  context.job_id = environment.get("SLURM_JOB_ID").value_or("local");
+  context.task_id = environment.get("SLURM_ARRAY_TASK_ID").value_or("");
   try {
-    context.restart_count = std::stoi(detail::env_or("SLURM_RESTART_COUNT", "0"));
+    context.restart_count = std::stoi(environment.get("SLURM_RESTART_COUNT").value_or("0"));
   } catch (const std::exception&) {
     context.restart_count = 0;
   }
-  const auto run_dir = detail::env_or(env::run_dir, "");
+  const auto run_dir = environment.get(env::run_dir).value_or("");
   if (run_dir.empty())
     throw RuntimeError(errors::runtime_prepare,
                        "HPCTRAIN_RUN_DIR is not set: the preparation step runs from the generated script");
   context.run_dir = run_dir;
   context.output_dir = context.run_dir / layout::prepare_output;
   context.args = std::move(args);
+  context.environment = std::move(environment);
   return context;
 }
 
 /// In a training rank: where the job's preparation step left its results. `$HPCTRAIN_PREPARE_DIR` where
 /// `--local` set it (the preparation ran once in `hpctrain-jobs/<name>/local`, and each local run has a run
-/// directory of its own), else `$HPCTRAIN_RUN_DIR/prepare`; nothing outside a job.
-inline std::optional<std::filesystem::path> prepared_output_dir() {
-  if (auto dir = getenv(env::prepare_dir)) return std::filesystem::path(*dir);
-  if (auto run_dir = getenv(env::run_dir)) return std::filesystem::path(*run_dir) / layout::prepare_output;
+/// directory of its own), else `$HPCTRAIN_RUN_DIR/prepare`, as `environment` (the rank's) says; nothing outside a job.
+inline std::optional<std::filesystem::path> prepared_output_dir(const Environment& environment) {
+  if (auto dir = environment.get(env::prepare_dir)) return std::filesystem::path(*dir);
+  if (auto run_dir = environment.get(env::run_dir)) return std::filesystem::path(*run_dir) / layout::prepare_output;
   return std::nullopt;
 }
 

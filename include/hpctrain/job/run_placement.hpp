@@ -49,13 +49,19 @@ inline std::vector<std::string> with_resume_first(std::vector<std::string> args,
 }
 }  // namespace detail
 
-/// What a rank was told about its run, besides its knobs. Empty fields: the rank decides as
+/// What a rank was told about its run, besides its knobs: by the login side (where the run lives, what it starts
+/// from) and by its launcher (the environment it began with). Empty fields: the rank decides as
 /// train/run_directory.hpp says (HPCTRAIN_RUN_DIR from its launcher, else `./hpctrain-run`; a fresh start).
 struct RunPlacement {
   /// The run directory, when the login command chose it in this very process (`--run` under the user's srun).
   std::optional<std::filesystem::path> run_dir;
   /// `--resume`'s run directory: the run starts from its newest checkpoint.
   std::optional<std::filesystem::path> resume_from;
+  /// The environment the rank began with (its launcher's: the script's, `--local`'s, the user's srun), read once
+  /// where worker mode begins (run_job) and passed down: the world, the timeouts, the process group's network, the
+  /// preemption signal, the run and stage directories are read from it (train/worker.hpp). Empty for a Trainer a
+  /// test builds itself.
+  Environment environment;
 };
 
 /// Takes `--resume DIR` off the front of a worker's arguments (where the login command put it) into `placement`.

@@ -54,7 +54,7 @@ struct JobState {
 namespace detail {
 /// Resolves the filename patterns of an --output value that do not depend on the node (%j, %x, %u, %%).
 inline std::string resolve_log_pattern(std::string_view pattern, const std::string& id, const std::string& name,
-                                       const std::string& workdir) {
+                                       const std::string& workdir, const Environment& environment) {
   std::string path;
   for (std::size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] != '%' || i + 1 == pattern.size()) {
@@ -64,7 +64,7 @@ inline std::string resolve_log_pattern(std::string_view pattern, const std::stri
     const char key = pattern[++i];
     if (key == 'j' || key == 'J' || key == 'A') path += id;
     else if (key == 'x') path += name;
-    else if (key == 'u') path += hpctrain::getenv("USER", EmptyValue::kept).value_or("");
+    else if (key == 'u') path += environment.get("USER", EmptyValue::kept).value_or("");
     else if (key == '%') path += '%';
     else {
       path += '%';
@@ -75,8 +75,8 @@ inline std::string resolve_log_pattern(std::string_view pattern, const std::stri
   return path;
 }
 
-/// sbatch's message, verbatim, and what to try where we know the failure.
-inline std::string explain_sbatch_failure(const std::string& stderr_text) {
+/// sbatch's message, verbatim, and what to try where we know the failure (`environment`: the one sbatch ran in).
+inline std::string explain_sbatch_failure(const std::string& stderr_text, const Environment& environment) {
   std::string message = trim(stderr_text);
   const auto has = [&](std::string_view text) { return stderr_text.find(text) != std::string::npos; };
   if (has("invalid partition") || has("Invalid partition"))
@@ -89,11 +89,11 @@ inline std::string explain_sbatch_failure(const std::string& stderr_text) {
     message += "\nhint: `sinfo -o '%P %D %c %G %m'` shows each partition's nodes, CPUs, GPUs and memory.";
   else if (has("SRV") || has("Could not establish a configuration source"))  // no slurm.conf found at all
     message +=
-        !hpctrain::getenv("SLURM_CONF", EmptyValue::kept)
+        !environment.get("SLURM_CONF", EmptyValue::kept)
             ? "\nhint: SLURM_CONF is not set and this host has no /etc/slurm/slurm.conf: set it to your cluster's "
               "slurm.conf (the local test cluster: `eval \"$(scripts/slurm-local env)\"`)."
             : fmt::format("\nhint: SLURM_CONF = {}: is that your cluster's slurm.conf?",
-                          *hpctrain::getenv("SLURM_CONF", EmptyValue::kept));
+                          *environment.get("SLURM_CONF", EmptyValue::kept));
   return message;
 }
 
@@ -138,7 +138,7 @@ inline SubmittedJob submit(const Job& job, const RenderContext& given_context) {
     if (var.kind == EnvKind::secret)
       detail::require(context.environment.get(var.name, EmptyValue::kept).has_value(), "env", var.name,
                       "secret_env needs the variable set in the submitting environment");
-  if (auto refusal = cluster_refusal(job, script)) throw *refusal;
+  if (auto refusal = cluster_refusal(job, script, context.environment)) throw *refusal;
 
   const fs::path root = job_root(job, context);
   std::error_code created;
@@ -155,10 +155,11 @@ inline SubmittedJob submit(const Job& job, const RenderContext& given_context) {
     detail::write_file_atomically(pending / layout::job_script, script);
     // Held until its directory carries its id: the default log path is <root>/<id>/.
     const auto sbatch = run_process({"sbatch", "--parsable", "--hold", (pending / layout::job_script).string()}, {}, "",
-                                    detail::inherited_slurm_variables(Environment::of_this_process()));
+                                    detail::inherited_slurm_variables(context.environment));
     if (sbatch.exit_code != 0)
-      throw RuntimeError(errors::runtime_sbatch, fmt::format("sbatch refused the job (exit {}):\n{}", sbatch.exit_code,
-                                                             detail::explain_sbatch_failure(sbatch.err)));
+      throw RuntimeError(errors::runtime_sbatch,
+                         fmt::format("sbatch refused the job (exit {}):\n{}", sbatch.exit_code,
+                                     detail::explain_sbatch_failure(sbatch.err, context.environment)));
     std::string id = detail::trim(sbatch.out);
     id = id.substr(0, id.find(';'));  // --parsable prints "<id>[;<cluster>]"
     queued_id = id;
@@ -175,9 +176,10 @@ inline SubmittedJob submit(const Job& job, const RenderContext& given_context) {
     submitted.directory = final_directory;
     const auto workdir = job_workdir(job, context);
     const std::string output_pattern = job.output() ? *job.output() : default_output_pattern(job, context);
-    submitted.output_log = detail::resolve_log_pattern(output_pattern, id, job.name(), workdir);
-    submitted.error_log =
-        job.error() ? detail::resolve_log_pattern(*job.error(), id, job.name(), workdir) : submitted.output_log;
+    submitted.output_log = detail::resolve_log_pattern(output_pattern, id, job.name(), workdir, context.environment);
+    submitted.error_log = job.error()
+                              ? detail::resolve_log_pattern(*job.error(), id, job.name(), workdir, context.environment)
+                              : submitted.output_log;
     auto record = detail::to_json(submitted);
     record["argv"] = context.argv;
     record["program"] = context.program;

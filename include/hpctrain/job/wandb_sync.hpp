@@ -47,9 +47,9 @@ inline std::vector<std::filesystem::path> find_offline_wandb_runs(const std::fil
   return runs;
 }
 
-/// The file `name` is found as on PATH (executable), if it is.
-inline std::optional<std::filesystem::path> find_on_path(std::string_view name) {
-  const auto path = hpctrain::getenv("PATH");
+/// The file `name` is found as on the PATH of `environment` (executable), if it is.
+inline std::optional<std::filesystem::path> find_on_path(std::string_view name, const Environment& environment) {
+  const auto path = environment.get("PATH");
   if (!path) return std::nullopt;
   std::string_view rest = *path;
   while (true) {
@@ -71,9 +71,11 @@ inline std::vector<std::string> wandb_sync_command(const std::vector<std::filesy
 }
 
 /// `--wandb-sync`: uploads the offline runs under `run_directory` with `wandb sync` and returns its exit code, or
-/// prints the command on `out` (and why on `err`) and returns exit_failure where `wandb` is not on PATH. Throws
-/// RuntimeError `[hpctrain.runtime.wandb]` when there is no offline run to upload.
-inline int wandb_sync(const std::filesystem::path& run_directory, std::ostream& out, std::ostream& err) {
+/// prints the command on `out` (and why on `err`) and returns exit_failure where `wandb` is not on the PATH of
+/// `environment` (the login shell's, in which it runs). Throws RuntimeError `[hpctrain.runtime.wandb]` when there is
+/// no offline run to upload.
+inline int wandb_sync(const std::filesystem::path& run_directory, std::ostream& out, std::ostream& err,
+                      const Environment& environment) {
   const auto runs = find_offline_wandb_runs(run_directory);
   if (runs.empty())
     throw RuntimeError(
@@ -83,14 +85,17 @@ inline int wandb_sync(const std::filesystem::path& run_directory, std::ostream& 
   std::vector<std::string> quoted;
   for (const auto& arg : argv) quoted.push_back(shell_quote(arg));
   const auto command = fmt::format("{}", fmt::join(quoted, " "));
-  if (!find_on_path("wandb")) {
+  const auto wandb = find_on_path("wandb", environment);
+  if (!wandb) {
     err << "hpctrain: wandb is not on PATH here; where it is (pip install wandb, and `wandb login` once), run:\n";
     out << command << "\n";
     return exit_failure;
   }
   err << fmt::format("hpctrain: uploading {} offline run(s): {}\n", runs.size(), command) << std::flush;
   out << std::flush;
-  return run_attached(argv);
+  auto found = argv;
+  found.front() = wandb->string();  // found on the shell's PATH, which exec does not search
+  return run_attached(found, environment);
 }
 
 }  // namespace hpctrain

@@ -16,7 +16,6 @@
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/lm/memory_plan.hpp>
 #include <hpctrain/lm/plan_advice.hpp>
-#include <hpctrain/dist/simulated_link.hpp>
 #include <hpctrain/lm/step_time.hpp>
 #include <hpctrain/models/hf/config_json.hpp>
 #include <hpctrain/models/llama_config.hpp>
@@ -44,11 +43,10 @@ inline std::optional<std::pair<GpuSpeed, FabricSpeed>> step_speeds(const PlanReq
     if (!gpu) return std::nullopt;
     return std::pair{*gpu, fabric_speed(request.fabric, request.expected_busbw_gbps)};
   }
-  const auto link = dist::simulated_link_busbw();
-  const auto tflops = dist::positive_number_of(env::test_seam::plan_cpu_tflops, "TFLOP/s");
-  if (!link || !tflops) return std::nullopt;
-  return std::pair{GpuSpeed{*tflops * 1e12, 1.0, *link, "this CPU"},
-                   FabricSpeed{*link, "the simulated link of HPCTRAIN_SIMULATED_LINK_GBPS"}};
+  if (!request.simulated_link_gbps || !request.cpu_tflops) return std::nullopt;
+  const double link = *request.simulated_link_gbps * 1e9;
+  return std::pair{GpuSpeed{*request.cpu_tflops * 1e12, 1.0, link, "this CPU"},
+                   FabricSpeed{link, "the simulated link of HPCTRAIN_SIMULATED_LINK_GBPS"}};
 }
 
 /// The plan's checkpoint lines: the checkpoint's size and write time, and the grace warning when

@@ -44,12 +44,13 @@ inline int intra_op_threads(const CpuView& cpus) {
   return std::max(1, std::max(1, cpus.machine) / std::max(1, cpus.local_ranks));
 }
 
-/// This process's view: the mask, the machine, SLURM_CPUS_PER_TASK, and `local_ranks`.
-inline CpuView this_process_cpus(int local_ranks) {
+/// This process's view: the mask, the machine, SLURM_CPUS_PER_TASK of the environment it began with, and
+/// `local_ranks`.
+inline CpuView this_process_cpus(int local_ranks, const Environment& environment) {
   CpuView cpus;
   cpus.affinity = affinity_cpu_count();
   cpus.machine = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (const auto allotted = hpctrain::getenv("SLURM_CPUS_PER_TASK"); allotted && std::atoi(allotted->c_str()) > 0)
+  if (const auto allotted = environment.get("SLURM_CPUS_PER_TASK"); allotted && std::atoi(allotted->c_str()) > 0)
     cpus.slurm_allotted = std::atoi(allotted->c_str());
   cpus.local_ranks = local_ranks;
   return cpus;

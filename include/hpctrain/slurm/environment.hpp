@@ -1,6 +1,6 @@
 #pragma once
-// What srun tells each task about its step, read from SLURM_* into a typed struct. The lookup is
-// injectable so tests feed tables of environments without touching the process's own.
+// What srun tells each task about its step, read from SLURM_* into a typed struct. The lookup is a function, so
+// tests feed tables of environments; the library gives the environment its process began with (lookup_in).
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -25,8 +26,10 @@ namespace hpctrain::slurm {
 /// Looks up one environment variable; std::nullopt when it is unset (an empty value counts as unset).
 using EnvironmentLookup = std::function<std::optional<std::string>(const std::string&)>;
 
-/// The process's own environment (hpctrain::getenv).
-inline std::optional<std::string> process_environment(const std::string& name) { return hpctrain::getenv(name); }
+/// The lookup of `environment`'s variables (a copy: the lookup may outlive the value it was made from).
+inline EnvironmentLookup lookup_in(Environment environment) {
+  return [environment = std::move(environment)](const std::string& name) { return environment.get(name); };
+}
 
 /// One task's view of its Slurm step (srun sets these for every task).
 struct StepEnvironment {
@@ -123,13 +126,11 @@ inline std::vector<int> parse_tasks_per_node(std::string_view text,
 }
 
 /// True when this process is a task of an srun step (SLURM_PROCID is set).
-inline bool in_slurm_step(const EnvironmentLookup& lookup = process_environment) {
-  return lookup("SLURM_PROCID").has_value();
-}
+inline bool in_slurm_step(const EnvironmentLookup& lookup) { return lookup("SLURM_PROCID").has_value(); }
 
 /// Reads the step's SLURM_* variables. Throws RuntimeError `[hpctrain.runtime.slurm_env]` naming every
 /// missing variable, or the variables that contradict each other.
-inline StepEnvironment read_slurm_environment(const EnvironmentLookup& lookup = process_environment) {
+inline StepEnvironment read_slurm_environment(const EnvironmentLookup& lookup) {
   using detail::first_set;
   const auto proc_id = first_set(lookup, {"SLURM_PROCID"});
   const auto num_tasks = first_set(lookup, {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"});

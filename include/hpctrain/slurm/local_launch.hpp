@@ -138,10 +138,11 @@ inline int launch_local(int world_size, const std::string& binary, const std::ve
                         const LocalLaunchOptions& options = {}) {
   detail::require(world_size >= 1, errors::spec_local, world_size, "needs at least 1 rank");
   const int master_port = detail::free_local_port();
+  const auto base = options.environment ? *options.environment : Environment::of_this_process();
   const std::string run_dir =
-      options.run_directory ? options.run_directory->string()
-                            : hpctrain::getenv(env::run_dir)
-                                  .value_or((std::filesystem::current_path() / layout::jobs_root / "local").string());
+      options.run_directory
+          ? options.run_directory->string()
+          : base.get(env::run_dir).value_or((std::filesystem::current_path() / layout::jobs_root / "local").string());
 
   // Everything the children need is built before fork: after fork only async-signal-safe calls are allowed.
   std::vector<std::string> argv_strings{binary};
@@ -149,7 +150,6 @@ inline int launch_local(int world_size, const std::string& binary, const std::ve
   std::vector<char*> argv = detail::c_strings(argv_strings);
   std::vector<std::vector<std::string>> env_strings;
   std::vector<std::vector<char*>> envs;
-  const auto base = options.environment ? *options.environment : Environment::of_this_process();
   for (int rank = 0; rank < world_size; ++rank)
     env_strings.push_back(
         detail::rank_environment(base, rank, world_size, master_port, run_dir, options.prepare_directory));

@@ -136,7 +136,7 @@ inline World world_from_slurm_variables(const EnvironmentLookup& lookup) {
 /// This process's World: torchrun-style RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/MASTER_ADDR/MASTER_PORT
 /// when HPCTRAIN_LOCAL or RANK is set; else srun's SLURM_* when SLURM_PROCID is set; else a world of one.
 /// MASTER_ADDR / MASTER_PORT override the derived address and port. Throws RuntimeError `[hpctrain.runtime.slurm_env]`.
-inline World world_from_environment(const EnvironmentLookup& lookup = process_environment) {
+inline World world_from_environment(const EnvironmentLookup& lookup) {
   if (lookup(env::local) || lookup("RANK")) return detail::world_from_torchrun_variables(lookup);
   if (in_slurm_step(lookup)) return detail::world_from_slurm_variables(lookup);
   World world;
@@ -146,6 +146,9 @@ inline World world_from_environment(const EnvironmentLookup& lookup = process_en
   detail::apply_master_overrides(world, lookup);
   return world;
 }
+
+/// The same from the environment this process began with: what a program's own worker (run_job's Worker) calls.
+inline World world_from_environment() { return world_from_environment(lookup_in(Environment::of_this_process())); }
 
 /// Resolves a host name to a numeric address (IPv4 preferred), e.g. World::master_addr before binding.
 /// Throws RuntimeError `[hpctrain.runtime.resolve]` naming the host.

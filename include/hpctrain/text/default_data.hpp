@@ -28,8 +28,10 @@ inline constexpr std::string_view fortunes_directory = "/usr/share/games/fortune
 
 /// The text files of the directory $HPCTRAIN_CORPUS names, else of Debian's fortunes; `.dat` files (fortune's
 /// indexes) and symbolic links left out. SpecError `[hpctrain.spec.prepare.inputs]` naming the directory.
+/// The examples' defaults in this file read the environment of the process that asks (the program's main, its
+/// preparation step), as a user's own code would: they are the program's, not the library's, inputs.
 inline std::vector<std::filesystem::path> default_corpus() {
-  const auto named = hpctrain::getenv(env::corpus);
+  const auto named = Environment::of_this_process().get(env::corpus);
   const std::filesystem::path directory =
       named ? std::filesystem::path(*named) : std::filesystem::path(fortunes_directory);
   if (!std::filesystem::is_directory(directory))
@@ -136,12 +138,13 @@ inline PrepareStep prepare_tokens_step(Corpus corpus, std::filesystem::path toke
 /// The tokenizer file `variable` names, else `name` in hpctrain's cache, `$HOME/.cache/hpctrain/<name>`.
 /// SpecError `[hpctrain.spec.prepare.tokenizer]` naming the file (or the unset HOME), the variable and scripts/setup.
 inline std::filesystem::path cached_tokenizer(std::string_view name, const char* variable) {
-  if (const auto named = hpctrain::getenv(variable)) {
+  const auto environment = Environment::of_this_process();
+  if (const auto named = environment.get(variable)) {
     if (!std::filesystem::is_regular_file(*named))
       throw SpecError(errors::spec_prepare_tokenizer, *named, fmt::format("no such file (from {})", variable));
     return *named;
   }
-  const auto home = hpctrain::getenv("HOME");
+  const auto home = environment.get("HOME");
   if (!home)
     throw SpecError(errors::spec_prepare_tokenizer, fmt::format("~/.cache/hpctrain/{}", name),
                     fmt::format("HOME is not set; set {} to the tokenizer file", variable));

@@ -95,9 +95,10 @@ inline PrepareFunction prepare_tokens_step(std::vector<std::filesystem::path> in
 
 /// In a worker of a job whose preparation was prepare_tokens_step: the directory holding train.tokens and
 /// val.tokens (`$HPCTRAIN_RUN_DIR/prepare/tokens`; under `--local`, `$HPCTRAIN_PREPARE_DIR/tokens`, since each
-/// local run has its own run directory while the preparation ran once in `hpctrain-jobs/<name>/local`).
-inline std::filesystem::path prepared_tokens_dir() {
-  const auto output = prepared_output_dir();
+/// local run has its own run directory while the preparation ran once in `hpctrain-jobs/<name>/local`), as
+/// `environment` (the worker's) says.
+inline std::filesystem::path prepared_tokens_dir(const Environment& environment) {
+  const auto output = prepared_output_dir(environment);
   if (!output)
     throw RuntimeError(errors::runtime_text_prepare,
                        "HPCTRAIN_RUN_DIR is not set: prepared tokens exist only inside a job");

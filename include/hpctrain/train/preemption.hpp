@@ -14,7 +14,7 @@
 // ranks cannot agree: a peer is gone. A collective with a dead peer fails at once on Gloo (the exception ends
 // the rank), but may wait for the process group's timeout (minutes) on NCCL or when a peer hangs. So after a
 // SIGTERM a watchdog thread watches the loop's progress: while steps complete, the ranks are on their way to
-// the agreement (a preemption); when none completes for `termination_stall_timeout` and they have not agreed,
+// the agreement (a preemption); when none completes for PreemptionSettings::termination_stall and they have not agreed,
 // the rank is stuck behind a failed peer, and it exits 143 (128 + SIGTERM) with a message saying so.
 #include <atomic>
 #include <chrono>
@@ -38,13 +38,15 @@ inline std::atomic<bool>& preemption_flag() {
 }
 inline void on_preemption_signal(int) { preemption_flag().store(true, std::memory_order_relaxed); }
 
-/// What the termination watchdog reads: whether SIGTERM came, whether the ranks agreed since, and the loop's
-/// progress (steps completed).
+/// What the termination watchdog reads: whether SIGTERM came, whether the ranks agreed since, the loop's
+/// progress (steps completed), and its settings (the stall bound, the rank it names; -1: unknown).
 struct TerminationWatch {
   std::atomic<bool> terminated{false};
   std::atomic<bool> agreed{false};
   std::atomic<std::int64_t> progress{0};
   std::atomic<bool> started{false};
+  std::atomic<std::int64_t> stall_ms{30000};
+  std::atomic<int> rank{-1};
 };
 inline TerminationWatch& termination_watch() {
   static TerminationWatch watch;
@@ -53,17 +55,6 @@ inline TerminationWatch& termination_watch() {
 inline void on_termination_signal(int) {
   preemption_flag().store(true, std::memory_order_relaxed);
   termination_watch().terminated.store(true, std::memory_order_relaxed);
-}
-
-/// The stall bound: `HPCTRAIN_TERM_STALL_SECONDS`, else 30 s.
-inline std::chrono::milliseconds termination_stall_timeout() {
-  if (const auto text = hpctrain::getenv(env::term_stall_seconds)) {
-    char* end = nullptr;
-    const double seconds = std::strtod(text->c_str(), &end);
-    if (end != text->c_str() && *end == '\0' && seconds > 0)
-      return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
-  }
-  return std::chrono::seconds(30);
 }
 
 /// The watchdog (one per process, detached): idle until SIGTERM, then exits the process when the loop makes no
@@ -75,7 +66,7 @@ inline void start_termination_watchdog() {
     using clock = std::chrono::steady_clock;
     while (!watch.terminated.load(std::memory_order_relaxed))
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    const auto stall = termination_stall_timeout();
+    const auto stall = std::chrono::milliseconds(watch.stall_ms.load());
     auto progress = watch.progress.load();
     auto since = clock::now();
     for (;;) {
@@ -85,7 +76,8 @@ inline void start_termination_watchdog() {
         progress = now_progress;
         since = clock::now();
       } else if (clock::now() - since >= stall) {
-        const auto rank = hpctrain::getenv("SLURM_PROCID").value_or(hpctrain::getenv("RANK").value_or("?"));
+        const int known = watch.rank.load();
+        const std::string rank = known >= 0 ? std::to_string(known) : "?";
         std::fprintf(stderr,
                      "rank %s: SIGTERM, then no step completed for %lld ms and the ranks did not agree to checkpoint: "
                      "a peer is gone (srun tears the step down after a failed rank); exiting 143 without a "
@@ -120,10 +112,24 @@ inline int signal_from_name(std::string_view name) {
   return SIGUSR2;
 }
 
-/// The requeue signal the script names (HPCTRAIN_PREEMPT_SIGNAL), else SIGUSR2.
-inline int preemption_signal_from_environment() {
-  const auto name = hpctrain::getenv(env::preempt_signal);
-  return name ? signal_from_name(*name) : SIGUSR2;
+/// What a rank's preemption handling is given by its launcher: the job's requeue signal and how long the
+/// watchdog waits for a step after a SIGTERM.
+struct PreemptionSettings {
+  int signal = SIGUSR2;  ///< HPCTRAIN_PREEMPT_SIGNAL (the script names Job::requeue_signal), else SIGUSR2
+  std::chrono::milliseconds termination_stall{std::chrono::seconds(30)};  ///< HPCTRAIN_TERM_STALL_SECONDS, else 30 s
+};
+
+/// The settings `environment` (the rank's) gives; a stall bound that is not a number of seconds above 0 is ignored.
+inline PreemptionSettings preemption_settings(const Environment& environment) {
+  PreemptionSettings settings;
+  if (const auto name = environment.get(env::preempt_signal)) settings.signal = signal_from_name(*name);
+  if (const auto text = environment.get(env::term_stall_seconds)) {
+    char* end = nullptr;
+    const double seconds = std::strtod(text->c_str(), &end);
+    if (end != text->c_str() && *end == '\0' && seconds > 0)
+      settings.termination_stall = std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+  }
+  return settings;
 }
 
 /// Installs the handler for `signal_number` (idempotent) and clears the flag.
@@ -132,10 +138,12 @@ inline void install_preemption_handler(int signal_number) {
   detail::set_preemption_handler(signal_number);
 }
 
-/// Installs the handler for the job's requeue signal (HPCTRAIN_PREEMPT_SIGNAL, default USR2) and for SIGTERM
-/// (preemption by a higher-priority partition), and clears the flag.
-inline void install_preemption_handler() {
-  install_preemption_handler(preemption_signal_from_environment());
+/// Installs the handler for the job's requeue signal (`settings.signal`) and for SIGTERM (preemption by a
+/// higher-priority partition), and clears the flag; the watchdog names `rank`.
+inline void install_preemption_handler(const PreemptionSettings& settings, int rank) {
+  install_preemption_handler(settings.signal);
+  detail::termination_watch().stall_ms.store(settings.termination_stall.count());
+  detail::termination_watch().rank.store(rank);
   detail::termination_watch().terminated.store(false);
   detail::termination_watch().agreed.store(false);
   detail::set_preemption_handler(SIGTERM);

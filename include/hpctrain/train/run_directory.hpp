@@ -40,7 +40,8 @@ struct RunDirectory {
 };
 
 /// The run directory for a description's `configured` one (Training::run_dir, when set), else the one the login
-/// side placed the rank in, else $HPCTRAIN_RUN_DIR (its launcher's), else `<cwd>/hpctrain-run`; resuming as the
+/// side placed the rank in, else HPCTRAIN_RUN_DIR of the environment it began with (its launcher's, in the
+/// placement), else `<cwd>/hpctrain-run`; resuming as the
 /// header comment says. Throws RuntimeError `[hpctrain.runtime.run_directory]` when `--resume` names a directory
 /// without checkpoints.
 inline RunDirectory resolve_run_directory(const std::optional<std::filesystem::path>& configured,
@@ -48,7 +49,7 @@ inline RunDirectory resolve_run_directory(const std::optional<std::filesystem::p
   RunDirectory run;
   if (configured) run.path = *configured;
   else if (placement.run_dir) run.path = *placement.run_dir;
-  else if (auto from_launcher = hpctrain::getenv(env::run_dir)) run.path = *from_launcher;
+  else if (auto from_launcher = placement.environment.get(env::run_dir)) run.path = *from_launcher;
   else run.path = std::filesystem::current_path() / layout::default_run;
   if (layout::has_checkpoints(run.path)) {
     run.resume_from = run.path;

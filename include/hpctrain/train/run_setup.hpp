@@ -10,6 +10,7 @@
 #include <string_view>
 #include <thread>
 
+#include <hpctrain/names.hpp>
 #include <hpctrain/slurm/cpus.hpp>
 #include <hpctrain/slurm/world.hpp>
 #include <hpctrain/train/training.hpp>
@@ -17,10 +18,11 @@
 namespace hpctrain::detail {
 
 /// Intra-op threads: explicit, else this task's affinity mask when it is bound to its own cores, else the CPUs
-/// Slurm gave the task, else the machine's shared among the local ranks (slurm/cpus.hpp).
-inline int resolve_threads(const Training& training, const slurm::World& world) {
+/// Slurm gave the task (SLURM_CPUS_PER_TASK of `environment`, the rank's), else the machine's shared among the local
+/// ranks (slurm/cpus.hpp).
+inline int resolve_threads(const Training& training, const slurm::World& world, const Environment& environment) {
   if (training.threads() > 0) return training.threads();
-  return slurm::intra_op_threads(slurm::this_process_cpus(world.local_world_size));
+  return slurm::intra_op_threads(slurm::this_process_cpus(world.local_world_size, environment));
 }
 
 /// A distinct, reproducible RNG seed per (seed, rank, step) (splitmix64 finaliser).

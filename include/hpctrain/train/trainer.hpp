@@ -120,8 +120,8 @@ class Trainer {
   // ---- setup ---------------------------------------------------------------------------------------
   void rendezvous() {
     training_.validate();
-    install_preemption_handler();
-    torch::set_num_threads(detail::resolve_threads(training_, world_));
+    install_preemption_handler(preemption_settings(placement_.environment), world_.rank);
+    torch::set_num_threads(detail::resolve_threads(training_, world_, placement_.environment));
     group_ = dist::init_process_group(world_, options_);
     device_ = group_->device();
     if (training_.cuda_graphs()) refuse_uncapturable_runs();
@@ -153,8 +153,9 @@ class Trainer {
         resolve_run_directory(training_.run_dir(), placement_);  // which directory; resume from where (--resume)
     run_dir_ = run.path;
     resume_from_ = run.checkpoints_to_resume();
-    run_.emplace(RunContext{training_.knobs(), group_->rank(), group_->world_size(), run_dir_, prepared_output_dir(),
-                            training_.pretrained_dir(training_.knobs()), training_.lora(training_.knobs())});
+    run_.emplace(RunContext{training_.knobs(), group_->rank(), group_->world_size(), run_dir_,
+                            prepared_output_dir(placement_.environment), training_.pretrained_dir(training_.knobs()),
+                            training_.lora(training_.knobs())});
     run_->seed = training_.seed();
   }
 
@@ -343,9 +344,12 @@ class Trainer {
     loggers_.push_back(std::make_unique<ProgressLogger>(!world_.under_slurm));
     loggers_.push_back(std::make_unique<JsonlLogger>());
     loggers_.push_back(std::make_unique<TensorBoardLogger>());
-    if (training_.wandb())  // W&B's connection (WANDB_MODE, WANDB_BASE_URL, the key) read here, at the edge
-      loggers_.push_back(std::make_unique<WandbLogger>(*training_.wandb(), wandb_config(training_.knobs()),
-                                                       WandbConnection::from_environment()));
+    if (training_.wandb())  // W&B's connection (WANDB_MODE, WANDB_BASE_URL, the key) from the rank's environment
+      loggers_.push_back(
+          std::make_unique<WandbLogger>(*training_.wandb(), wandb_config(training_.knobs()),
+                                        WandbConnection::from_environment([this](const std::string& name) {
+                                          return placement_.environment.get(name);
+                                        })));
     for (const auto& make : training_.loggers()) loggers_.push_back(make());
   }
 
@@ -634,7 +638,7 @@ class Trainer {
     note_preemption_agreed();
     complete_checkpoint();
     // The batch script also requeues when this marker exists, whatever status srun reports.
-    if (const auto marker = hpctrain::getenv(env::requeue_marker); marker && world_.rank == 0)
+    if (const auto marker = placement_.environment.get(env::requeue_marker); marker && world_.rank == 0)
       std::ofstream(*marker) << step_ << "\n";
     say(fmt::format("preempted: checkpointed step {} of {}, exiting with {} for requeue", step_, total_steps_,
                     exit_requeue));
@@ -667,7 +671,7 @@ class Trainer {
     // VmHWM from here on: the finish hooks' own peak. On request only: it also resets the ru_maxrss that `time`
     // and getrusage report for the process (bench/export_memory.sh asks).
     const bool hooks_measured =
-        hpctrain::getenv(env::test_seam::measure_finish_hooks).has_value() && detail::reset_peak_resident();
+        placement_.environment.get(env::test_seam::measure_finish_hooks).has_value() && detail::reset_peak_resident();
     run_finish_hooks();
     report_run_memory(before_hooks, resident_at_hooks, hooks_measured);
     for (auto& logger : loggers_) logger->finish();

@@ -115,7 +115,8 @@ int report(const std::vector<std::string>& args) {
   // rank waits for it, then behaves like a worker that checkpointed: marker, ignore SIGTERM, exit 75.
   if (args.size() == 1 && args[0] == "--wait-for-preemption") {
     if (first_run) {
-      hpctrain::install_preemption_handler();
+      hpctrain::install_preemption_handler(hpctrain::preemption_settings(hpctrain::Environment::of_this_process()),
+                                           rank == "?" ? -1 : std::stoi(rank));
       std::cout << fmt::format("probe rank={} waiting for preemption\n", rank) << std::flush;
       for (int i = 0; i < 3000 && !hpctrain::preemption_requested(); ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -20,7 +20,7 @@ std::string env_or(const char* name, const char* fallback) {
 
 int report(const std::vector<std::string>&) {
   const auto rank = env_or("SLURM_PROCID", env_or("RANK", "?").c_str());
-  const auto dir = hpctrain::text::prepared_tokens_dir();
+  const auto dir = hpctrain::text::prepared_tokens_dir(hpctrain::Environment::of_this_process());
   for (const char* name : {"train.tokens", "val.tokens"}) {
     const auto header = hpctrain::text::read_token_file_header(dir / name);
     std::cout << fmt::format("tokens rank={} node={} {} tokens={} fingerprint={:016x}\n", rank,

@@ -76,12 +76,10 @@ struct WandbConnection {
   std::chrono::milliseconds finish_timeout{std::chrono::seconds(60)};
 
   /// A lookup of environment variables.
-  using Environment = std::function<std::optional<std::string>(const std::string&)>;
-  /// The connection wandb would make from this environment. Throws RuntimeError `[hpctrain.runtime.wandb]` for a
-  /// WANDB_MODE wandb does not know or a number that is not one.
-  static WandbConnection from_environment(const Environment& environment = [](const std::string& name) {
-    return hpctrain::getenv(name);
-  });
+  using Lookup = std::function<std::optional<std::string>(const std::string&)>;
+  /// The connection wandb would make from this environment (the rank's: the Trainer gives it). Throws RuntimeError
+  /// `[hpctrain.runtime.wandb]` for a WANDB_MODE wandb does not know or a number that is not one.
+  static WandbConnection from_environment(const Lookup& environment);
 };
 
 namespace detail {
@@ -201,7 +199,7 @@ inline std::string wandb_console_line(double seconds_since_epoch, std::string_vi
 }
 }  // namespace detail
 
-inline WandbConnection WandbConnection::from_environment(const Environment& environment) {
+inline WandbConnection WandbConnection::from_environment(const Lookup& environment) {
   WandbConnection connection;
   connection.mode = detail::wandb_mode_named(environment("WANDB_MODE").value_or(""));
   if (auto base = environment("WANDB_BASE_URL")) {
