@@ -1,7 +1,7 @@
 // The C++ half of scripts/gpu-check (docs/gpu.md): the checks that only hpctrain's own code can make, one group
 // per run, each row a JSON line on stdout (gpu_suite/report.hpp). gpu-check runs the groups, adds the GPT-2
 // throughput rows (bench/model_bench.cpp, bench/model_peer.py) and prints the table.
-//   hpctrain_gpu_suite dist|llama|packed|switches [--device cuda|cpu]
+//   hpctrain_gpu_suite dist|llama|llama8b|packed|switches [--device cuda|cpu] [--rows ID,...] [--seq N]
 // Exit status: 0 when every row passed, 1 when one failed or a check threw, 2 for bad usage. --device cpu
 // hides the GPUs (CUDA_VISIBLE_DEVICES=""), so that the process group picks Gloo as it does on a CPU node.
 #include <algorithm>
@@ -20,6 +20,7 @@
 #include <hpctrain/slurm/world.hpp>
 
 #include "gpu_suite/dist_rows.hpp"
+#include "gpu_suite/llama8b_rows.hpp"
 #include "gpu_suite/llama_rows.hpp"
 #include "gpu_suite/packed_rows.hpp"
 #include "gpu_suite/switch_rows.hpp"
@@ -62,12 +63,16 @@ int main(int argc, char** argv) try {
   CLI::App app{"hpctrain's GPU suite: one group of rows per run, JSON lines on stdout (scripts/gpu-check runs it)"};
   std::string group, device_name = "cuda";
   std::vector<std::string> rows;
-  app.add_option("group", group, "dist, llama, packed or switches")
+  std::int64_t sequence = 0;
+  app.add_option("group", group, "dist, llama, llama8b, packed or switches")
       ->required()
-      ->check(CLI::IsMember({"dist", "llama", "packed", "switches"}));
+      ->check(CLI::IsMember({"dist", "llama", "llama8b", "packed", "switches"}));
   app.add_option("--device", device_name, "cuda (default) or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
-  app.add_option("--rows", rows, "llama: only these rows (ids, comma-separated), for a short call on a lent GPU")
+  app.add_option("--rows", rows,
+                 "llama, llama8b: only these rows (ids, comma-separated), for a short call on a lent GPU")
       ->delimiter(',');
+  app.add_option("--seq", sequence, "llama8b: packed rows of this many tokens (as many rows as keep a step's tokens)")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   // Before anything initialises CUDA: with the GPUs hidden, the process group and the models see a CPU node.
@@ -83,6 +88,9 @@ int main(int argc, char** argv) try {
   } else if (group == "llama") {
     failures =
         suite::run_llama_rows(hpctrain::dist::init_process_group(hpctrain::slurm::World{}), device.is_cuda(), rows);
+  } else if (group == "llama8b") {
+    failures = suite::run_llama8b_rows(hpctrain::dist::init_process_group(hpctrain::slurm::World{}), device.is_cuda(),
+                                       rows, sequence);
   } else if (group == "packed") {
     failures = suite::run_packed_rows(device);
   } else {

@@ -16,6 +16,13 @@ HPCTRAIN_PIP_PACKAGES="torch==${HPCTRAIN_TORCH_VERSION} pyarrow==${HPCTRAIN_PYAR
 # PEFT and tokenizer oracles run again under it. Its venv sees the first one's packages (torch, numpy, ...) through a
 # .pth file and holds only what differs; huggingface_hub and tokenizers are the versions transformers 5.24 requires.
 HPCTRAIN_PIP_PACKAGES_TRANSFORMERS5="transformers==5.24.0 peft==0.21.2 huggingface_hub==2.4.0 tokenizers==0.23.3 safetensors==0.8.0"
+# The GPU suite's llama8b peers (bench/llama8b_peer.py), carried as wheels to the lent GPU machine (scripts/gpu-pack puts
+# them in .carry/wheels, scripts/gpu-check installs them into a temporary folder for the peers only): that machine runs
+# transformers 5.17 under torch 2.11 and has no registry. peft 0.21.2 is the transformers-5 oracle leg's (above; it
+# runs under transformers 4.57.1 too); liger-kernel 0.8.5 needs transformers >= 5 and Triton (torch's CUDA wheel
+# brings it: 3.6.0 beside torch 2.11). Both are pure Python (py3-none-any); what they need besides (accelerate,
+# psutil, pyyaml, safetensors, huggingface_hub, tqdm) the machine's image holds (docs/gpu.md).
+HPCTRAIN_GPU_WHEELS="peft==0.21.2 liger-kernel==0.8.5"
 # GPT-2's BPE ranks (gpt2.tiktoken) come from this sdist, which ships them under whisper/assets/.
 HPCTRAIN_WHISPER_SDIST="openai-whisper==20250625"
 # Debian packages: build, tests, local Slurm cluster, data, container runtime.
