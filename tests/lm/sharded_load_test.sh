@@ -27,13 +27,15 @@
 # (a CPU without AVX-512 BF16 emulates bf16: 2 steps of 8 with 4 held out took 230 s of this test's 340 on an AMD
 # CPU, which one step and the memory it needs do not; with 4 and 8 a step the peak at --local 4 was 0.622 GiB both
 # times, the plan's figure 0.86 and 0.90 of it):
-#  - at --local 1 the run trains as replicated, the whole base on its rank in fp32; under zero3 at --local 4 the frozen
-#    base is sharded like the blocks and held in bf16 (2 bytes a parameter over 4, against 4 whole): a rank's peak once
-#    the steps are done, above the same run's on the tiny model (the baseline), is at most half of --local 1's (before
-#    the base was sharded, every rank held it whole in fp32: as much as at --local 1);
-#  - --plan's figure for --local 4 (its stated runtime replaced by the baseline's, as bench/plan_vs_measured does) is
-#    within 0.75 to 1.33 of that peak: the plan counts the tensors and the C allocator's freed memory as once the step's
-#    transient bytes, which the heap measured at 0.6 to 1.8 times (docs/distributed.md);
+#  - at --local 1 the run trains as replicated, the whole base on its rank, its blocks read straight into bf16 (what
+#    they compute in; fp32 before 2026-12-05, with autocast's bf16 copy beside: 1.009 GiB then, 0.708 since); under
+#    zero3 at --local 4 the frozen base is sharded like the blocks, in bf16 too: a rank no longer holds 3/4 of it (what
+#    the plans of zero2 and zero3 at --local 4 differ by in their parameters rows), and peaks at least half of that
+#    below zero2 at --local 4, whose ranks hold it whole in the same dtype with the same batch (measured: all of it);
+#  - --plan's figures for --local 1 and --local 4 (its stated runtime replaced by the baseline's, as
+#    bench/plan_vs_measured does) are within 0.75 to 1.33 of those peaks: the plan counts the tensors and the C
+#    allocator's freed memory as once the step's transient bytes, which the heap measured at 0.6 to 1.8 times
+#    (docs/distributed.md);
 #  - the adapter and merged model exported from the sharded run (in fp32) are what PEFT makes of them (peft-check).
 # Usage: sharded_load_test.sh <sft binary>
 set -euo pipefail
@@ -100,9 +102,12 @@ done
 lora=(--data conversations.jsonl --sharding zero3 --lora-r 16 --lora-targets q_proj,v_proj --precision bf16 --max-steps 1
   --batch-size 4 --max-length 64 --eval-every 0 --max-eval-examples 2 --checkpoint-every 0 --export-dtype fp32)
 done_peak() { sed -n 's/^hpctrain: steps done: peak host memory \([0-9.]*\) GiB.*/\1/p' "$1"; }
-lora_run() {  # lora_run NAME WORLD MODEL
-  HPCTRAIN_RUN_DIR="$work/$1" "$sft" --from "$3" --local "$2" "${lora[@]}" > "$1.log" 2>&1 || fail "$1: sft exited $?"
-  [ -n "$(done_peak "$1.log")" ] || fail "$1: no 'steps done: peak host memory' line"
+lora_run() {  # lora_run NAME WORLD MODEL [ARG...]
+  local name="$1" world="$2" model="$3"
+  shift 3
+  HPCTRAIN_RUN_DIR="$work/$name" "$sft" --from "$model" --local "$world" "${lora[@]}" "$@" > "$name.log" 2>&1 ||
+    fail "$name: sft exited $?"
+  [ -n "$(done_peak "$name.log")" ] || fail "$name: no 'steps done: peak host memory' line"
 }
 # The baseline, both of the model ready and of the steps done: the tiny model of `make`, LoRA under zero3 at --local 4
 # (its weights are a few MB: what a rank holds is LibTorch, Gloo and the data).
@@ -122,18 +127,36 @@ report="$report; held-out loss after the step, sharded against zero2's: $(differ
 report="$report; first loss against zero2's: $(difference "$(first_loss zero3-4)" "$(first_loss zero2-4)") (bound 1e-6)"
 lora_run lora-1 1 sharded
 lora_run lora-4 4 sharded
+lora_run lora-zero2-4 4 sharded --sharding zero2  # the base whole on every rank, in bf16 as well
 "$python" "$here/sft_oracle.py" peft-check sharded lora-4/export > lora-peft.log 2>&1 ||
   log=lora-peft.log fail "PEFT's view of the adapter exported under zero3 differs from our merged model"
 base="$(done_peak lora-base-4.log)" one="$(done_peak lora-1.log)" four="$(done_peak lora-4.log)"
-awk -v b="$base" -v one="$one" -v four="$four" 'BEGIN { exit !(four - b <= (one - b) / 2) }' ||
-  fail "LoRA under zero3 at --local 4 peaks at $four GiB a rank, at --local 1 $one (baseline $base): the base is not sharded"
-(cd "$work" && "$sft" --from sharded --plan --nodes 1 --tasks-per-node 4 "${lora[@]}" --gpu-memory 1000) > lora-plan.log 2>&1 || true
-plan_gib() { sed -n "s/^  $1  *\([0-9.]*\) \([KMG]iB\).*/\1 \2/p" lora-plan.log | awk '{ print ($2 == "GiB") ? $1 : $1 / 1024 }'; }
-planned="$(awk -v p="$(plan_gib peak)" -v r="$(plan_gib 'runtime (stated)')" -v b="$base" 'BEGIN { printf "%.3f", p - r + b }')"
-[ -n "$(plan_gib peak)" ] || log=lora-plan.log fail "--plan printed no peak for LoRA under zero3"
-awk -v p="$planned" -v m="$four" 'BEGIN { exit !(p >= 0.75 * m && p <= 1.33 * m) }' ||
-  log=lora-plan.log fail "--plan says $planned GiB a rank for LoRA under zero3 at --local 4, the run peaked at $four"
-report="$report; LoRA r 16 bf16 steps-done peak (baseline $base): --local 1 $one, zero3 --local 4 $four, planned $planned;"
+zero2_four="$(done_peak lora-zero2-4.log)"
+plan_gib() {  # plan_gib LOG ROW: the row's figure in GiB
+  sed -n "s/^  $2  *\([0-9.]*\) \([KMG]iB\).*/\1 \2/p" "$1" | awk '{ print ($2 == "GiB") ? $1 : $1 / 1024 }'
+}
+(cd "$work" && "$sft" --from sharded --plan --nodes 1 --tasks-per-node 4 "${lora[@]}" --sharding zero2 --gpu-memory 1000) \
+  > lora-plan-zero2-4.log 2>&1 || true
+planned=()
+for ranks in 1 4; do
+  (cd "$work" && "$sft" --from sharded --plan --nodes 1 --tasks-per-node "$ranks" "${lora[@]}" --gpu-memory 1000) \
+    > "lora-plan-$ranks.log" 2>&1 || true
+  [ -n "$(plan_gib "lora-plan-$ranks.log" peak)" ] || log="lora-plan-$ranks.log" fail "--plan printed no peak for LoRA at $ranks"
+  planned+=("$(awk -v p="$(plan_gib "lora-plan-$ranks.log" peak)" -v r="$(plan_gib "lora-plan-$ranks.log" 'runtime (stated)')" \
+    -v b="$base" 'BEGIN { printf "%.3f", p - r + b }')")
+done
+# Sharded, a rank no longer holds 3/4 of the base (the plans' parameters rows differ by it): zero3 at --local 4 peaks
+# at least half of that below zero2 at --local 4, whose ranks hold it whole, in the same dtype, with the same batch.
+sharded_away="$(awk -v a="$(plan_gib lora-plan-zero2-4.log parameters)" -v b="$(plan_gib lora-plan-4.log parameters)" \
+  'BEGIN { printf "%.3f", a - b }')"
+awk -v z2="$zero2_four" -v z3="$four" -v away="$sharded_away" 'BEGIN { exit !(away > 0 && z2 - z3 >= away / 2) }' ||
+  fail "LoRA under zero3 at --local 4 peaks at $four GiB a rank, zero2 at $zero2_four: not half of the $sharded_away GiB of the base sharding leaves out"
+for pair in "1:$one:${planned[0]}" "4:$four:${planned[1]}"; do
+  IFS=: read -r ranks measured plan <<< "$pair"
+  awk -v p="$plan" -v m="$measured" 'BEGIN { exit !(p >= 0.75 * m && p <= 1.33 * m) }' ||
+    log="lora-plan-$ranks.log" fail "--plan says $plan GiB a rank for LoRA at --local $ranks, the run peaked at $measured"
+done
+report="$report; LoRA r 16 bf16 steps-done peak (baseline $base): --local 1 $one (planned ${planned[0]}), zero3 --local 4 $four (planned ${planned[1]}), zero2 --local 4 $zero2_four (the base sharded leaves out $sharded_away);"
 report="$report PEFT: $(tail -1 lora-peft.log)"
 cd / && rm -rf "${work:?}"
 echo "PASS: held-out loss $expected as transformers'; $report"

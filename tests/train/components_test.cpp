@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,8 @@
 #include <hpctrain/train/optim/schedule.hpp>
 #include <hpctrain/train/progress.hpp>
 #include <hpctrain/train/step_graph.hpp>
+#include <hpctrain/models/blocks.hpp>
+#include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/strategies/replicated.hpp>
 #include <hpctrain/train/training.hpp>
 
@@ -465,6 +468,57 @@ TEST_CASE("Replicated refuses a checkpoint written by a strategy it does not rea
         "[hpctrain.spec.checkpoint.strategy] checkpoint.strategy = pipeline: the checkpoint was written by strategy "
         "'pipeline'; this run uses 'replicated', which resumes replicated checkpoints and the sharded stages' (zero1, "
         "zero2, zero3, hsdp)");
+}
+
+namespace {
+/// Two Linear blocks and a head, the first block frozen (LoRA's base), as a model that lists its blocks.
+struct FrozenBlockModel : torch::nn::Module, hpctrain::ListsBlocks {
+  FrozenBlockModel() {
+    for (int b = 0; b < 2; ++b)
+      blocks_.push_back(register_module("block" + std::to_string(b), torch::nn::Linear(4, 4)));
+    head = register_module("head", torch::nn::Linear(4, 2));
+    for (auto& parameter : blocks_[0]->parameters()) parameter.set_requires_grad(false);
+    for (auto& parameter : head->parameters()) parameter.set_requires_grad(false);
+  }
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() override { return blocks_; }
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks_;
+  torch::nn::Linear head{nullptr};
+};
+
+torch::serialize::InputArchive saved_archive(torch::nn::Module& model) {
+  torch::serialize::OutputArchive out;
+  model.save(out);
+  std::stringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  in.load_from(bytes);
+  return in;
+}
+}  // namespace
+
+TEST_CASE("Under bf16 the frozen blocks are held in bf16, and a checkpoint in either dtype loads into them",
+          "[checkpoint]") {
+  auto model = std::make_shared<FrozenBlockModel>();
+  const auto frozen = model->blocks_[0]->named_parameters()["weight"];
+  const auto values = frozen.detach().clone();
+  auto fp32_checkpoint = saved_archive(*model);  // as a run in fp32, or one written before, saved them
+  hpctrain::detail::hold_frozen_blocks_in_compute_dtype(*model, hpctrain::Precision::fp32);
+  CHECK(frozen.scalar_type() == torch::kFloat32);  // fp32 computes in fp32: nothing to change
+  hpctrain::detail::hold_frozen_blocks_in_compute_dtype(*model, hpctrain::Precision::bf16);
+  for (const auto& parameter : model->blocks_[0]->parameters()) CHECK(parameter.scalar_type() == torch::kBFloat16);
+  for (const auto& parameter : model->blocks_[1]->parameters()) CHECK(parameter.scalar_type() == torch::kFloat32);
+  for (const auto& parameter : model->head->parameters())
+    CHECK(parameter.scalar_type() == torch::kFloat32);  // no block
+  hpctrain::detail::load_module(*model, fp32_checkpoint);
+  const auto held = model->blocks_[0]->named_parameters()["weight"];
+  CHECK(held.scalar_type() == torch::kBFloat16);
+  CHECK(torch::equal(held, values.to(torch::kBFloat16)));
+  auto bf16_checkpoint = saved_archive(*model);
+  FrozenBlockModel fp32_run;
+  hpctrain::detail::load_module(fp32_run, bf16_checkpoint);
+  const auto widened = fp32_run.blocks_[0]->named_parameters()["weight"];
+  CHECK(widened.scalar_type() == torch::kFloat32);
+  CHECK(torch::equal(widened, values.to(torch::kBFloat16).to(torch::kFloat32)));
 }
 
 TEST_CASE("TensorBoard's own reader reads back our event file", "[tensorboard]") {

@@ -35,8 +35,11 @@ inline CheckpointPlan plan_checkpoint(const PlanInput& in, double node_write_gbp
   const double trained = static_cast<double>(trainable_parameters(in));
   CheckpointPlan plan;
   plan.write_gbps = node_write_gbps;
-  if (in.strategy == "none") {
-    plan.total = plan.per_rank = plan.per_node = 4.0 * static_cast<double>(in.model.parameters) + 8.0 * trained;
+  if (in.strategy == "none") {  // the model as held: LoRA's frozen blocks in bf16 under bf16 (memory_plan.hpp)
+    const double blocks = static_cast<double>(in.model.layers * in.model.block_parameters);
+    const double block_bytes = in.lora_rank > 0 && in.bf16 ? 2.0 : 4.0;
+    plan.total = plan.per_rank = plan.per_node =
+        4.0 * (static_cast<double>(in.model.parameters) - blocks) + block_bytes * blocks + 8.0 * trained;
   } else {
     const int writers = in.strategy == "hsdp" && in.shard_group > 0 ? std::min(in.shard_group, in.world) : in.world;
     plan.total = 12.0 * trained;
@@ -57,7 +60,8 @@ inline std::string decimal_bytes(double bytes) {
 /// The checkpoint's line of the plan.
 inline std::string format_checkpoint_plan(const PlanInput& in, const CheckpointPlan& plan, const std::string& source) {
   const std::string holds = in.strategy == "none"
-                                ? "rank 0 writes the fp32 model and AdamW's two moments of what trains"
+                                ? fmt::format("rank 0 writes the model ({}) and AdamW's two moments of what trains",
+                                              in.lora_rank > 0 && in.bf16 ? "its frozen blocks in bf16" : "fp32")
                                 : "each element of what trains once: fp32 master and AdamW's two "
                                   "moments, 12 bytes a parameter";
   return fmt::format(

@@ -334,6 +334,8 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
                trained_edges = lora ? 0.0 : edges;
   if (zero3 && lora)  // the frozen base sharded (the blocks' in the compute dtype), the adapters' fp32 shards
     plan.parameters = (compute_bytes * blocks + 4.0 * edges + 4.0 * trainable) / world + 4.0 * (outside - edges);
+  else if (lora)  // the frozen base whole, its blocks in the compute dtype (hold_frozen_blocks_in_compute_dtype)
+    plan.parameters = compute_bytes * blocks + 4.0 * outside + 4.0 * trainable;
   else
     plan.parameters = 4.0 * (zero3 ? (blocks + edges) / world + outside - edges : static_cast<double>(m.parameters)) +
                       (lora ? 4.0 * trainable : 0.0);
@@ -350,6 +352,8 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   units.head_trained = lora ? 0.0 : edge_head;
   if (zero3) plan.gathered_unit = std::max(units.block_gathered, units.head_gathered);
   if (zero3 && in.bf16) plan.bf16_weights = m.tied ? 2.0 * head : 0.0;
+  else if (in.bf16 && lora)  // autocast casts the head and the adapters; the frozen blocks are bf16 already
+    plan.bf16_weights = 2.0 * (head + trainable);
   else if (in.bf16) plan.bf16_weights = 2.0 * static_cast<double>(m.linear_weights);
   const double tokens = static_cast<double>(in.micro_batch * in.sequence);
   const double per_layer = tokens * static_cast<double>(activation_bytes_per_token(in)) +
@@ -386,10 +390,10 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   // and 1.34-1.82 times the transient bytes at --local 1, 2 and 4; counted as once them.
   if (in.cpu) plan.host_heap_slack = transient;
   plan.peak += plan.host_heap_slack;
-  // At load a rank builds one block at a time and what is outside the units whole (ZeRO-3: the edges read as slices).
-  plan.host_at_load = 4.0 *
-                      (reads_slices(in) ? outside - edges + static_cast<double>(m.block_parameters)
-                                        : static_cast<double>(m.parameters)) *
+  // At load a rank builds one block at a time and what is outside the units whole (ZeRO-3: the edges read as slices);
+  // else the whole model, LoRA's blocks read straight into the compute dtype (the Trainer's trainer_reads_blocks).
+  plan.host_at_load = (reads_slices(in) ? 4.0 * (outside - edges + static_cast<double>(m.block_parameters))
+                                        : 4.0 * outside + (lora ? compute_bytes : 4.0) * blocks) *
                       in.ranks_per_node;
   plan.gpu = in.gpu_bytes;
   return plan;
@@ -427,10 +431,11 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
   };
   out += in.cpu ? "per rank (host memory):\n" : "per GPU:\n";
   const bool zero3 = in.strategy == "zero3" || in.strategy == "hsdp";
-  row(zero3 && in.lora_rank > 0 ? "parameters" : "parameters (fp32)", plan.parameters,
-      zero3 && in.lora_rank > 0
-          ? fmt::format("the frozen base sharded, its blocks in {}; the adapters in fp32", in.bf16 ? "bf16" : "fp32")
-          : "");
+  const auto base = [&](const char* held) {
+    return fmt::format("the frozen base {}, its blocks in {}; the adapters in fp32", held, in.bf16 ? "bf16" : "fp32");
+  };
+  row(in.lora_rank > 0 ? "parameters" : "parameters (fp32)", plan.parameters,
+      in.lora_rank > 0 ? base(zero3 ? "sharded" : "whole") : "");
   row("gradients (fp32)", plan.gradients);
   row("optimizer state (AdamW)", plan.optimizer_state);
   if (plan.bf16_weights > 0) row("bf16 weights (autocast)", plan.bf16_weights);
@@ -468,7 +473,8 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
       reads_slices(in)
           ? "each rank builds the parameters outside the blocks and edges and one block at a time, and reads "
             "only its slices of the rest"
-          : "each rank builds the whole model in fp32");
+      : in.lora_rank > 0 && in.bf16 ? "each rank builds the whole model, the frozen blocks in bf16"
+                                    : "each rank builds the whole model in fp32");
   return out;
 }
 

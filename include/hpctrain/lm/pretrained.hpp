@@ -81,9 +81,10 @@ HPCTRAIN_RUNTIME_INLINE std::shared_ptr<models::CausalLM> Pretrained::operator()
     torch::manual_seed(static_cast<std::uint64_t>(run.seed));
     return models::build_from_config(directory, dtype_);
   }
-  // Under ZeRO-3 the blocks stay empty until each rank reads its own slices of them (models/blocks.hpp).
-  return run.defer_blocks ? models::load_pretrained_deferred(directory, dtype_)
-                          : models::load_pretrained(directory, dtype_);
+  // Under ZeRO-3 the blocks stay empty until each rank reads its own slices of them (models/blocks.hpp); where the
+  // Trainer reads them itself (trainer_reads_blocks), until it has chosen their dtype.
+  return run.defer_blocks || run.trainer_reads_blocks ? models::load_pretrained_deferred(directory, dtype_)
+                                                      : models::load_pretrained(directory, dtype_);
 }
 
 HPCTRAIN_RUNTIME_INLINE ModelInstance Pretrained::model_instance(const RunContext& run) const {

@@ -31,6 +31,10 @@ struct RunContext {
   /// The strategy reads its own slices of each block (ZeRO-3 without LoRA): a model factory may return blocks
   /// built empty, with ListsBlocks::deferred_blocks (lm::from_pretrained does); the model hooks then see them empty.
   bool defer_blocks = false;
+  /// The Trainer reads the blocks itself once it has chosen their dtype (LoRA in bf16 on a strategy that holds the
+  /// model whole reads the frozen base straight into bf16): a loader may leave them empty (DeferredBlocks), as under
+  /// defer_blocks.
+  bool trainer_reads_blocks = false;
   std::int64_t seed = 0;  ///< the run's seed (Training::seed): data that draws at random (a mix) draws with it
 
   /// The preparation's output directory; RuntimeError naming `what` needs it when the job has none.

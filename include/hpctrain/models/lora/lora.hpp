@@ -53,8 +53,11 @@ inline std::int64_t apply_lora(torch::nn::Module& model, const LoraConfig& confi
       torch::NoGradGuard no_grad;
       b->weight.zero_();
     }
-    a->to(options.device(), options.dtype().toScalarType());
-    b->to(options.device(), options.dtype().toScalarType());
+    // What trains stays fp32 beside a base held in bf16 or fp16, as PEFT's autocast_adapter_dtype keeps it.
+    const auto base = options.dtype().toScalarType();
+    const auto adapter = base == torch::kBFloat16 || base == torch::kHalf ? torch::kFloat32 : base;
+    a->to(options.device(), adapter);
+    b->to(options.device(), adapter);
     linear->register_module("lora_A", a);
     linear->register_module("lora_B", b);
     linear->register_module(detail::lora_scale_child, LoraScale(config.dropout, config.scaling()));

@@ -14,6 +14,8 @@
 
 #include <hpctrain/dist/gradient_sync.hpp>
 #include <hpctrain/error.hpp>
+#include <hpctrain/models/blocks.hpp>
+#include <hpctrain/train/precision.hpp>
 #include <hpctrain/train/strategies/strategy.hpp>
 #include <hpctrain/train/strategies/zero_checkpoint.hpp>
 
@@ -27,6 +29,42 @@ inline NamedParameters named_parameters_of(const torch::nn::Module& module) {
   for (const auto& item : module.named_parameters())
     if (item.value().requires_grad()) named.emplace_back(item.key(), item.value());
   return named;
+}
+
+/// Under Precision::bf16, the frozen fp32 parameters of the model's blocks (LoRA's base) are held in bf16, the dtype
+/// they compute in, as ZeRO-3 and HSDP hold them (FullyShardedStrategy::frozen_dtype): half their memory, and no
+/// copy of them cast by autocast at each forward (what PEFT on a bf16 model holds). What trains stays fp32; so do the
+/// embedding and the head, which are not blocks. A model that lists no blocks keeps its dtypes.
+inline void hold_frozen_blocks_in_compute_dtype(torch::nn::Module& model, Precision precision) {
+  auto* lists = dynamic_cast<ListsBlocks*>(&model);
+  if (precision != Precision::bf16 || lists == nullptr) return;
+  torch::NoGradGuard no_grad;
+  for (const auto& block : lists->blocks())
+    for (auto& parameter : block->parameters())
+      if (!parameter.requires_grad() && parameter.scalar_type() == torch::kFloat32)
+        parameter.set_data(parameter.to(torch::kBFloat16));
+}
+
+/// Module::load, but a tensor saved in another dtype than the module's is converted into it: a checkpoint whose
+/// frozen blocks were saved in fp32 (written before they were held in bf16, or by a run in fp32) loads into a bf16
+/// run's, and the other way round. Tensors of the same dtype are taken as Module::load takes them.
+inline void load_module(torch::nn::Module& module, torch::serialize::InputArchive& archive) {
+  torch::NoGradGuard no_grad;
+  const auto read_into = [&archive](const std::string& key, torch::Tensor& tensor, bool is_buffer) {
+    torch::Tensor saved;
+    archive.read(key, saved, is_buffer);
+    if (saved.scalar_type() == tensor.scalar_type() && saved.device() == tensor.device()) tensor.set_(saved);
+    else tensor.copy_(saved);
+  };
+  for (auto& parameter : module.named_parameters(/*recurse=*/false))
+    read_into(parameter.key(), parameter.value(), false);
+  for (auto& buffer : module.named_buffers(/*recurse=*/false)) read_into(buffer.key(), buffer.value(), true);
+  for (const auto& child : module.named_children()) {
+    if (!child.value()->is_serializable()) continue;
+    torch::serialize::InputArchive child_archive;
+    archive.read(child.key(), child_archive);
+    load_module(*child.value(), child_archive);
+  }
 }
 
 /// The factor gradient clipping scales by: min(1, max_norm / (norm + 1e-6)), as torch::nn::utils::clip_grad_norm_
@@ -65,6 +103,7 @@ class Replicated : public DataParallelStrategy {
     require_fp32_reduce(context.reduce_dtype, name());
     model_ = context.model;
     group_ = context.group;
+    detail::hold_frozen_blocks_in_compute_dtype(*model_, context.precision);
     sync_ = std::make_unique<dist::GradientSync>(context.group, *model_, options_);
     parameters_ = model_->parameters();
     optimizer_ = context.make_optimizer(detail::named_parameters_of(*model_));
@@ -109,7 +148,7 @@ class Replicated : public DataParallelStrategy {
     torch::serialize::InputArchive model_archive, optimizer_archive;
     archive.read("model", model_archive);
     archive.read("optimizer", optimizer_archive);
-    model_->load(model_archive);
+    detail::load_module(*model_, model_archive);
     optimizer_->load(optimizer_archive);
   }
 
