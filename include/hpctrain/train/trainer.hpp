@@ -58,6 +58,7 @@
 #include <hpctrain/train/step.hpp>
 #include <hpctrain/train/step_graph.hpp>
 #include <hpctrain/train/strategies/one_rank.hpp>
+#include <hpctrain/train/strategies/replicated.hpp>  // blocks_to_bf16
 #include <hpctrain/train/strategies/strategy.hpp>
 #include <hpctrain/train/throughput.hpp>
 #include <hpctrain/train/training.hpp>
@@ -176,7 +177,10 @@ class Trainer {
     run_->trainer_reads_blocks = !run_->defer_blocks && run_->lora && training_.precision() == Precision::bf16;
     make_model();
     if (auto* lists = dynamic_cast<ListsBlocks*>(model_.module.get()); lists != nullptr && !run_->defer_blocks) {
-      if (run_->trainer_reads_blocks) read_lora_base_in_bf16(*lists);
+      // LoRA in bf16 on a strategy that holds the model whole: the blocks, all frozen once the adapters are added,
+      // take the dtype they compute in before they are read, so the base is never whole in fp32 on the rank (the
+      // strategy then holds them so: hold_frozen_blocks_in_compute_dtype; the adapters stay fp32: models/lora).
+      if (run_->trainer_reads_blocks) detail::blocks_to_bf16(*lists, [](const torch::Tensor&) { return true; });
       materialize_blocks(*lists);
     }
     for (const auto& hook : training_.model_hooks()) hook(*model_.module, run_->knobs);
@@ -293,17 +297,6 @@ class Trainer {
   torch::Tensor peak_host_memory_of_ranks() { return bytes_of_ranks(detail::peak_resident_bytes()); }
 
   /// LoRA: adapters on the targeted layers, everything else frozen (before the strategy sees the parameters).
-  /// LoRA in bf16 on a strategy that holds the model whole: the blocks, frozen once the adapters are added, take the
-  /// dtype they compute in before they are read (a checkpoint's blocks are read straight into bf16; a model built
-  /// whole is converted a parameter at a time), so the base is never whole in fp32 on the rank. The strategy holds
-  /// them so (hold_frozen_blocks_in_compute_dtype); the adapters stay fp32 (models/lora/lora.hpp).
-  static void read_lora_base_in_bf16(ListsBlocks& lists) {
-    torch::NoGradGuard no_grad;
-    for (const auto& block : lists.blocks())
-      for (auto& parameter : block->parameters())
-        if (parameter.scalar_type() == torch::kFloat32) parameter.set_data(parameter.to(torch::kBFloat16));
-  }
-
   void add_lora_adapters() {
     const auto adapters = models::apply_lora(*model_.module, *run_->lora);
     const auto total = parameter_count(*model_.module);

@@ -31,6 +31,17 @@ inline NamedParameters named_parameters_of(const torch::nn::Module& module) {
   return named;
 }
 
+/// The fp32 parameters of `lists`' blocks that `take` accepts, converted to bf16 in place (the same tensors: what
+/// refers to them, a deferred place included, still does). An empty one (a block not read yet) stays empty.
+template <class Take>
+void blocks_to_bf16(ListsBlocks& lists, Take take) {
+  torch::NoGradGuard no_grad;
+  for (const auto& block : lists.blocks())
+    for (auto& parameter : block->parameters())
+      if (parameter.scalar_type() == torch::kFloat32 && take(parameter))
+        parameter.set_data(parameter.to(torch::kBFloat16));
+}
+
 /// Under Precision::bf16, the frozen fp32 parameters of the model's blocks (LoRA's base) are held in bf16, the dtype
 /// they compute in, as ZeRO-3 and HSDP hold them (FullyShardedStrategy::frozen_dtype): half their memory, and no
 /// copy of them cast by autocast at each forward (what PEFT on a bf16 model holds). What trains stays fp32; so do the
@@ -38,11 +49,7 @@ inline NamedParameters named_parameters_of(const torch::nn::Module& module) {
 inline void hold_frozen_blocks_in_compute_dtype(torch::nn::Module& model, Precision precision) {
   auto* lists = dynamic_cast<ListsBlocks*>(&model);
   if (precision != Precision::bf16 || lists == nullptr) return;
-  torch::NoGradGuard no_grad;
-  for (const auto& block : lists->blocks())
-    for (auto& parameter : block->parameters())
-      if (!parameter.requires_grad() && parameter.scalar_type() == torch::kFloat32)
-        parameter.set_data(parameter.to(torch::kBFloat16));
+  blocks_to_bf16(*lists, [](const torch::Tensor& parameter) { return !parameter.requires_grad(); });
 }
 
 /// Module::load, but a tensor saved in another dtype than the module's is converted into it: a checkpoint whose
