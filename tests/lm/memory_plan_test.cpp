@@ -91,14 +91,16 @@ TEST_CASE("The memory plan (--plan) peaks within 10% of the H200's measured peak
   lora_input.lora_targets = {"q_proj", "v_proj"};
   const auto lora = lm::plan_memory(lora_input);
   CHECK(lora.trainable == 2252800);  // what the row's model counted (2.3M)
-  // Both LoRA rows were measured before 2026-12-05, when Replicated in bf16 began holding the frozen blocks in bf16
-  // (4 -> 2 bytes a parameter of the blocks) and so stopped keeping autocast's bf16 copy of their Linear weights (2
-  // bytes each, the head's aside). Until a lent GPU measures them again, the plan is held to the measured peaks less
-  // those bytes, computed exactly from the row's shape, as the ZeRO-3 rows below.
+  // Both LoRA rows were measured before 2026-12-05, when Replicated in bf16 began holding the frozen blocks and the
+  // untied embedding and head in bf16 (4 -> 2 bytes a parameter of each) and so stopped keeping autocast's bf16 copy
+  // of their Linear weights (2 bytes each, the head's included). Until a lent GPU measures them again, the plan is
+  // held to the measured peaks less those bytes, computed exactly from the row's shape, as the ZeRO-3 rows below.
   const auto& lora_shape = lora_input.model;
+  REQUIRE_FALSE(lora_shape.tied);
   const double frozen_blocks = static_cast<double>(lora_shape.layers * lora_shape.block_parameters);
-  const double block_linears = static_cast<double>(lora_shape.linear_weights - lora_shape.head_parameters);
-  const double bf16_base = (2.0 * frozen_blocks + 2.0 * block_linears) / gib;
+  const double edges = 2.0 * static_cast<double>(lora_shape.head_parameters);
+  const double frozen_linears = static_cast<double>(lora_shape.linear_weights);  // the blocks' and the head's
+  const double bf16_base = (2.0 * (frozen_blocks + edges) + 2.0 * frozen_linears) / gib;
   check("llama.lora", lora_input, 18.52 - bf16_base);
   check("llama.lora.graphs, the loss through the row kernel", lora_input, 17.34 - bf16_base, true);
   // A frozen Linear keeps no input: LoRA's activations are below full fine-tuning's (a fraction of them: o, gate, up
@@ -488,8 +490,8 @@ TEST_CASE("The checkpoint's bytes a rank, a node and in all, and the grace reque
   plan = lm::plan_checkpoint(in, 2.0);
   CHECK_THAT(plan.per_node, Catch::Matchers::WithinRel(plan.total, 1e-12));
   CHECK_THAT(plan.per_rank, Catch::Matchers::WithinRel(plan.total / 8, 1e-12));
-  // Replicated: rank 0 writes the model as it holds it and the moments of what trains (LoRA: the adapters only): in
-  // fp32, or under bf16 with LoRA's frozen blocks in bf16 (2 bytes a parameter of the 80 blocks).
+  // Replicated: rank 0 writes what trains and its two moments, 12 bytes a parameter (LoRA: the adapters alone, the
+  // frozen base read again from its source as the sharded stages do), whatever the precision.
   in.strategy = "none";
   in.lora_rank = 16;
   in.lora_targets = {"q_proj", "v_proj"};
@@ -497,13 +499,15 @@ TEST_CASE("The checkpoint's bytes a rank, a node and in all, and the grace reque
   plan = lm::plan_checkpoint(in, 2.0);
   const double adapters = static_cast<double>(lm::trainable_parameters(in));
   CHECK(adapters == 80.0 * 16 * ((8192 + 8192) + (8192 + 1024)));
-  CHECK(plan.total == 4.0 * static_cast<double>(in.model.parameters) + 8.0 * adapters);
+  CHECK(plan.total == 12.0 * adapters);
   CHECK(plan.per_rank == plan.total);
+  CHECK(plan.per_node == plan.total);
   in.bf16 = true;
-  const double blocks = 80.0 * static_cast<double>(in.model.block_parameters);
-  CHECK(lm::plan_checkpoint(in, 2.0).total == plan.total - 2.0 * blocks);
+  CHECK(lm::plan_checkpoint(in, 2.0).total == plan.total);
   CHECK_THAT(lm::format_checkpoint_plan(in, lm::plan_checkpoint(in, 2.0), "stated"),
-             Catch::Matchers::Contains("rank 0 writes the model (its frozen blocks in bf16)"));
+             Catch::Matchers::Contains("rank 0 writes what trains in fp32 and AdamW's two moments"));
+  in.lora_rank = 0;  // full fine-tuning: every parameter trains
+  CHECK(lm::plan_checkpoint(in, 2.0).total == 12.0 * static_cast<double>(in.model.parameters));
   // The grace: the steps until every rank has seen the signal and the busiest node's write.
   const lm::GraceNeed short_grace{60, 10 * 4.5, 52.9, true};
   CHECK_THAT(

@@ -13,6 +13,7 @@
 #include <hpctrain/models/lora/lora.hpp>
 #include <hpctrain/models/models.hpp>
 #include <hpctrain/train/precision.hpp>
+#include <hpctrain/train/strategies/replicated.hpp>  // hold_frozen_in_compute_dtype
 
 #include "models_test_support.hpp"
 
@@ -139,4 +140,67 @@ TEST_CASE("A merge at the end of a bf16 run folds B A in fp32: under autocast as
   REQUIRE(merged.size() == 1);
   CHECK(merged[0].second.scalar_type() == torch::kFloat32);
   CHECK(max_difference(merged[0].second, expected) < 1e-5);  // fp32 sums of 4 products of N(0, 1) values
+}
+
+TEST_CASE("Under bf16 LoRA's frozen embedding and head are held in bf16 with the loss and gradients of fp32 ones",
+          "[models][lora]") {
+  // A bf16 checkpoint's values (the weights rounded to bf16 first) are held exactly by an fp32 table and a bf16 one:
+  // the embedding's rows widened to fp32 as they are looked up give the residual stream the fp32 table gave, and
+  // autocast's product over the bf16 head is the one it computed over its bf16 cast of the fp32 head. So the loss
+  // and the adapters' gradients are equal bit for bit, the edges held in half the bytes.
+  const auto make = [] {
+    torch::manual_seed(11);
+    hm::LlamaConfig config;
+    config.vocab_size = 384, config.hidden_size = 32, config.intermediate_size = 48, config.num_hidden_layers = 2;
+    config.num_attention_heads = 4, config.num_key_value_heads = 2, config.tie_word_embeddings = false;
+    hm::Llama model(config);
+    hm::LoraConfig lora;
+    lora.r = 4;
+    lora.targets = {"q_proj", "v_proj", "down_proj"};
+    hm::apply_lora(*model, lora);
+    torch::NoGradGuard no_grad;
+    for (auto& item : model->named_parameters()) {
+      auto& parameter = item.value();
+      // B = 0 would leave A's gradient zero: B drawn too, from the same generator in both models.
+      if (item.key().find("lora_B") != std::string::npos) parameter.normal_(0.0, 0.02);
+      parameter.copy_(parameter.to(torch::kBFloat16).to(torch::kFloat32));
+    }
+    return model;
+  };
+  const auto frozen = [](const torch::Tensor& parameter) { return !parameter.requires_grad(); };
+  auto held = make(), fp32_edges = make();
+  hpctrain::detail::hold_frozen_in_compute_dtype(*held, hpctrain::Precision::bf16);
+  hpctrain::detail::modules_to_bf16(fp32_edges->blocks(), frozen);  // the blocks as held, the edges not
+  CHECK(held->embedding_widened());
+  CHECK_FALSE(fp32_edges->embedding_widened());
+  for (const auto& item : held->named_parameters()) {
+    CAPTURE(item.key());
+    // The frozen blocks and edges in bf16; the adapters and the final norm (neither a block nor an edge) in fp32.
+    const bool narrow = !item.value().requires_grad() && item.key() != "norm.weight";
+    CHECK(item.value().scalar_type() == (narrow ? torch::kBFloat16 : torch::kFloat32));
+  }
+  CHECK(fp32_edges->lm_head->weight.scalar_type() == torch::kFloat32);
+
+  const auto input = torch::randint(0, 384, {2, 12}, torch::kLong);
+  const auto targets = torch::randint(0, 384, {2, 12}, torch::kLong);
+  const auto loss_of = [&](hm::Llama& model) {
+    hpctrain::AutocastScope autocast(hpctrain::Precision::bf16, torch::kCPU);
+    const auto logits = model->forward(input);
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, 384}).to(torch::kFloat32), targets.reshape(-1));
+  };
+  const auto held_loss = loss_of(held), reference_loss = loss_of(fp32_edges);
+  held_loss.backward();
+  reference_loss.backward();
+  CHECK(held_loss.item<float>() == reference_loss.item<float>());
+  auto reference = fp32_edges->named_parameters();
+  int adapters = 0;
+  for (const auto& item : held->named_parameters()) {
+    if (!item.value().requires_grad()) continue;
+    CAPTURE(item.key());
+    REQUIRE(item.value().grad().defined());
+    CHECK(torch::equal(item.value().grad(), reference[item.key()].grad()));
+    CHECK(item.value().grad().abs().sum().item<double>() > 0.0);
+    ++adapters;
+  }
+  CHECK(adapters == 2 * 3 * 2);  // 2 layers × (q, v, down) × (A, B)
 }

@@ -502,9 +502,9 @@ TEST_CASE("Under bf16 the frozen blocks are held in bf16, and a checkpoint in ei
   const auto frozen = model->blocks_[0]->named_parameters()["weight"];
   const auto values = frozen.detach().clone();
   auto fp32_checkpoint = saved_archive(*model);  // as a run in fp32, or one written before, saved them
-  hpctrain::detail::hold_frozen_blocks_in_compute_dtype(*model, hpctrain::Precision::fp32);
+  hpctrain::detail::hold_frozen_in_compute_dtype(*model, hpctrain::Precision::fp32);
   CHECK(frozen.scalar_type() == torch::kFloat32);  // fp32 computes in fp32: nothing to change
-  hpctrain::detail::hold_frozen_blocks_in_compute_dtype(*model, hpctrain::Precision::bf16);
+  hpctrain::detail::hold_frozen_in_compute_dtype(*model, hpctrain::Precision::bf16);
   for (const auto& parameter : model->blocks_[0]->parameters()) CHECK(parameter.scalar_type() == torch::kBFloat16);
   for (const auto& parameter : model->blocks_[1]->parameters()) CHECK(parameter.scalar_type() == torch::kFloat32);
   for (const auto& parameter : model->head->parameters())
@@ -519,6 +519,45 @@ TEST_CASE("Under bf16 the frozen blocks are held in bf16, and a checkpoint in ei
   const auto widened = fp32_run.blocks_[0]->named_parameters()["weight"];
   CHECK(widened.scalar_type() == torch::kFloat32);
   CHECK(torch::equal(widened, values.to(torch::kBFloat16).to(torch::kFloat32)));
+}
+
+TEST_CASE("Replicated's checkpoint holds what trains: a frozen parameter is left out and keeps its value on load",
+          "[checkpoint]") {
+  auto model = std::make_shared<FrozenBlockModel>();
+  torch::serialize::OutputArchive out;
+  hpctrain::detail::save_trained(*model, out);
+  std::stringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  in.load_from(bytes);
+  const auto holds = [&in](const std::string& child, const std::string& key) {
+    torch::serialize::InputArchive child_archive;
+    torch::Tensor tensor;
+    return in.try_read(child, child_archive) && child_archive.try_read(key, tensor);
+  };
+  CHECK(holds("block1", "weight"));
+  CHECK(holds("block1", "bias"));
+  CHECK_FALSE(holds("block0", "weight"));  // frozen: read again from the model's source when a run resumes
+  CHECK_FALSE(holds("head", "weight"));
+
+  FrozenBlockModel resumed;  // built anew: its frozen values are its own, what trains comes from the archive
+  const auto built = resumed.blocks_[0]->named_parameters()["weight"].detach().clone();
+  hpctrain::detail::load_module(resumed, in);
+  CHECK(torch::equal(resumed.blocks_[0]->named_parameters()["weight"], built));
+  CHECK(
+      torch::equal(resumed.blocks_[1]->named_parameters()["weight"], model->blocks_[1]->named_parameters()["weight"]));
+
+  // What trains must be there: an archive without it is refused, not silently left at the built values.
+  auto trainable_frozen = std::make_shared<FrozenBlockModel>();
+  torch::serialize::OutputArchive frozen_only;
+  for (auto& parameter : trainable_frozen->blocks_[1]->parameters()) parameter.set_requires_grad(false);
+  hpctrain::detail::save_trained(*trainable_frozen, frozen_only);
+  std::stringstream frozen_bytes;
+  frozen_only.save_to(frozen_bytes);
+  torch::serialize::InputArchive without_trained;
+  without_trained.load_from(frozen_bytes);
+  FrozenBlockModel needs_block1;
+  CHECK_THROWS(hpctrain::detail::load_module(needs_block1, without_trained));
 }
 
 TEST_CASE("TensorBoard's own reader reads back our event file", "[tensorboard]") {

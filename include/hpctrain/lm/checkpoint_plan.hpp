@@ -2,10 +2,11 @@
 // `--plan`'s checkpoint: the bytes a run's checkpoint puts on disk per rank, per node and in all, from the model's
 // config.json (lm/memory_plan.hpp's PlanInput), the seconds its busiest node takes to write them at the site's write
 // bandwidth, and whether requeue_on_timeout's grace leaves time for the steps until every rank stops after the signal
-// and for that write. What a checkpoint holds (train/strategies/): Replicated, rank 0 alone, every parameter in fp32
-// and AdamW's two moments of what trains; ZeRO-1/2/3, each rank its shard of what trains, every element once (the fp32
-// master and two moments: 12 bytes a trained parameter); HSDP, the ranks of the first shard group the shards (the
-// other replicas an index), so the nodes of that group write it all. Torch-free.
+// and for that write. What a checkpoint holds (train/strategies/): Replicated, rank 0 alone, what trains in fp32 and
+// AdamW's two moments (LoRA's frozen base left out, read again from its source: detail::save_trained); ZeRO-1/2/3,
+// each rank its shard of what trains, every element once (the fp32 master and two moments: 12 bytes a trained
+// parameter); HSDP, the ranks of the first shard group the shards (the other replicas an index), so the nodes of
+// that group write it all. Torch-free.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -35,17 +36,13 @@ inline CheckpointPlan plan_checkpoint(const PlanInput& in, double node_write_gbp
   const double trained = static_cast<double>(trainable_parameters(in));
   CheckpointPlan plan;
   plan.write_gbps = node_write_gbps;
-  if (in.strategy == "none") {  // the model as held: LoRA's frozen blocks in bf16 under bf16 (memory_plan.hpp)
-    const double blocks = static_cast<double>(in.model.layers * in.model.block_parameters);
-    const double block_bytes = in.lora_rank > 0 && in.bf16 ? 2.0 : 4.0;
-    plan.total = plan.per_rank = plan.per_node =
-        4.0 * (static_cast<double>(in.model.parameters) - blocks) + block_bytes * blocks + 8.0 * trained;
-  } else {
-    const int writers = in.strategy == "hsdp" && in.shard_group > 0 ? std::min(in.shard_group, in.world) : in.world;
-    plan.total = 12.0 * trained;
-    plan.per_rank = plan.total / writers;
-    plan.per_node = plan.per_rank * std::min(std::max(in.ranks_per_node, 1), writers);
-  }
+  // What trains, once: in fp32 (Replicated's parameters, the sharded stages' masters) and AdamW's two moments.
+  plan.total = 12.0 * trained;
+  const int writers = in.strategy == "none"                         ? 1  // rank 0
+                      : in.strategy == "hsdp" && in.shard_group > 0 ? std::min(in.shard_group, in.world)
+                                                                    : in.world;
+  plan.per_rank = plan.total / writers;
+  plan.per_node = plan.per_rank * std::min(std::max(in.ranks_per_node, 1), writers);
   plan.seconds = plan.per_node / (node_write_gbps * 1e9);
   return plan;
 }
@@ -59,11 +56,10 @@ inline std::string decimal_bytes(double bytes) {
 
 /// The checkpoint's line of the plan.
 inline std::string format_checkpoint_plan(const PlanInput& in, const CheckpointPlan& plan, const std::string& source) {
-  const std::string holds = in.strategy == "none"
-                                ? fmt::format("rank 0 writes the model ({}) and AdamW's two moments of what trains",
-                                              in.lora_rank > 0 && in.bf16 ? "its frozen blocks in bf16" : "fp32")
-                                : "each element of what trains once: fp32 master and AdamW's two "
-                                  "moments, 12 bytes a parameter";
+  const std::string holds =
+      in.strategy == "none"
+          ? "rank 0 writes what trains in fp32 and AdamW's two moments, 12 bytes a parameter"
+          : "each element of what trains once: fp32 master and AdamW's two moments, 12 bytes a parameter";
   return fmt::format(
       "checkpoint: {} a rank, {} a node, {} in all ({}); the busiest node writes it in {:.0f} s at {:g} GB/s ({})\n",
       decimal_bytes(plan.per_rank), decimal_bytes(plan.per_node), decimal_bytes(plan.total), holds, plan.seconds,

@@ -5,11 +5,12 @@
 //
 //   parameters      fp32. Replicated, ZeRO-1 and ZeRO-2 hold the whole model; ZeRO-3 a 1/world shard of the
 //                   blocks and of the edges (an untied embedding and head that train), the rest whole (final
-//                   norm, a tied head, GPT-2's positions; train/strategies/fully_sharded.hpp)
+//                   norm, a tied head, GPT-2's positions; train/strategies/fully_sharded.hpp). LoRA in bf16 holds
+//                   its frozen blocks and edges in bf16 (hold_frozen_in_compute_dtype), under ZeRO-3 sharded
 //   gradients       fp32, of what trains (LoRA: the adapters). Whole for Replicated and ZeRO-1, a shard for
 //                   ZeRO-2, ZeRO-3's blocks and edges a shard and the rest whole
 //   optimizer state AdamW's two fp32 moments of what trains: whole for Replicated, a shard for ZeRO-1/2/3
-//   bf16 weights    autocast's bf16 copy of every Linear weight, cached for the forward (Replicated, ZeRO-1/2);
+//   bf16 weights    autocast's bf16 copy of every fp32 Linear weight, cached for the forward (Replicated, ZeRO-1/2);
 //                   under ZeRO-3 only autocast's copy of a tied head (each unit's shard is converted to bf16 as it
 //                   is gathered: no copy kept, FSDP2's 16 bytes a parameter over N)
 //   gathered unit   ZeRO-3: the largest unit gathered for compute, a block or the untied head
@@ -46,7 +47,8 @@
 // largest of those sums over the blocks, the head's backward (with the logits) first. Host memory at load is what each
 // rank builds on the host before the strategy takes over, times the ranks of a node: under ZeRO-3 without LoRA
 // the parameters outside the blocks and one block at a time (lm::from_pretrained leaves the blocks empty and
-// each rank reads only its slices of them, models/blocks.hpp); otherwise the whole model in fp32.
+// each rank reads only its slices of them, models/blocks.hpp); otherwise the whole model in fp32 (LoRA in bf16: its
+// blocks and edges read straight into bf16).
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -327,15 +329,18 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   const double trainable = static_cast<double>(plan.trainable);
   const bool lora = in.lora_rank > 0;
   const double compute_bytes = in.bf16 ? 2.0 : 4.0, block = static_cast<double>(m.block_parameters);
-  // ZeRO-3's edges: an untied embedding and head, units whether they train or not (LoRA's, frozen, in fp32).
+  // ZeRO-3's edges: an untied embedding and head, units whether they train or not (LoRA's, frozen, held as its blocks).
   const double head = static_cast<double>(m.head_parameters), edge_head = !m.tied ? head : 0.0, edges = 2.0 * edge_head;
   // What trains of the blocks, the edges and the rest (LoRA's adapters are all in the blocks).
   const double trainable_blocks = lora ? trainable : blocks, trainable_outside = lora ? 0.0 : outside - edges,
                trained_edges = lora ? 0.0 : edges;
-  if (zero3 && lora)  // the frozen base sharded (the blocks' in the compute dtype), the adapters' fp32 shards
-    plan.parameters = (compute_bytes * blocks + 4.0 * edges + 4.0 * trainable) / world + 4.0 * (outside - edges);
-  else if (lora)  // the frozen base whole, its blocks in the compute dtype (hold_frozen_blocks_in_compute_dtype)
-    plan.parameters = compute_bytes * blocks + 4.0 * outside + 4.0 * trainable;
+  // LoRA's frozen base: its blocks and edges in the compute dtype (hold_frozen_in_compute_dtype, ZeRO-3's
+  // frozen_dtype), the rest (norms, a tied embedding) in fp32.
+  const double frozen_base = compute_bytes * (blocks + edges) + 4.0 * (outside - edges);
+  if (zero3 && lora)  // the blocks' and edges' frozen parameters sharded, the adapters' fp32 shards
+    plan.parameters = (compute_bytes * (blocks + edges) + 4.0 * trainable) / world + 4.0 * (outside - edges);
+  else if (lora)  // the frozen base whole
+    plan.parameters = frozen_base + 4.0 * trainable;
   else
     plan.parameters = 4.0 * (zero3 ? (blocks + edges) / world + outside - edges : static_cast<double>(m.parameters)) +
                       (lora ? 4.0 * trainable : 0.0);
@@ -344,16 +349,16 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   else plan.gradients = 4.0 * ((trainable_blocks + trained_edges) / world + trainable_outside);
   plan.optimizer_state = 8.0 * (in.strategy == "none" ? trainable : trainable / world);
   // ZeRO-3 in bf16 converts each unit's shard as it gathers it (no copy kept); autocast casts a tied head (outside the
-  // units) for each forward, and LoRA's frozen fp32 head (a unit) once gathered.
+  // units) for each forward. LoRA's frozen head is gathered in the dtype it is held in, the compute dtype.
   Zero3Units units;
   units.block_gathered = compute_bytes * (lora ? block + trainable / static_cast<double>(m.layers) : block);
   units.block_trained = lora ? trainable / static_cast<double>(m.layers) : block;
-  units.head_gathered = lora ? 6.0 * edge_head : compute_bytes * edge_head;
+  units.head_gathered = compute_bytes * edge_head;
   units.head_trained = lora ? 0.0 : edge_head;
   if (zero3) plan.gathered_unit = std::max(units.block_gathered, units.head_gathered);
   if (zero3 && in.bf16) plan.bf16_weights = m.tied ? 2.0 * head : 0.0;
-  else if (in.bf16 && lora)  // autocast casts the head and the adapters; the frozen blocks are bf16 already
-    plan.bf16_weights = 2.0 * (head + trainable);
+  else if (in.bf16 && lora)  // autocast casts a tied head and the adapters; the frozen blocks and edges are bf16
+    plan.bf16_weights = 2.0 * ((m.tied ? head : 0.0) + trainable);
   else if (in.bf16) plan.bf16_weights = 2.0 * static_cast<double>(m.linear_weights);
   const double tokens = static_cast<double>(in.micro_batch * in.sequence);
   const double per_layer = tokens * static_cast<double>(activation_bytes_per_token(in)) +
@@ -391,9 +396,9 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   if (in.cpu) plan.host_heap_slack = transient;
   plan.peak += plan.host_heap_slack;
   // At load a rank builds one block at a time and what is outside the units whole (ZeRO-3: the edges read as slices);
-  // else the whole model, LoRA's blocks read straight into the compute dtype (the Trainer's trainer_reads_blocks).
+  // else the whole model, LoRA's blocks and edges read straight into the compute dtype (trainer_reads_blocks).
   plan.host_at_load = (reads_slices(in) ? 4.0 * (outside - edges + static_cast<double>(m.block_parameters))
-                                        : 4.0 * outside + (lora ? compute_bytes : 4.0) * blocks) *
+                                        : (lora ? frozen_base : 4.0 * static_cast<double>(m.parameters))) *
                       in.ranks_per_node;
   plan.gpu = in.gpu_bytes;
   return plan;
@@ -432,7 +437,8 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
   out += in.cpu ? "per rank (host memory):\n" : "per GPU:\n";
   const bool zero3 = in.strategy == "zero3" || in.strategy == "hsdp";
   const auto base = [&](const char* held) {
-    return fmt::format("the frozen base {}, its blocks in {}; the adapters in fp32", held, in.bf16 ? "bf16" : "fp32");
+    return fmt::format("the frozen base {}, its blocks and untied edges in {}; the adapters in fp32", held,
+                       in.bf16 ? "bf16" : "fp32");
   };
   row(in.lora_rank > 0 ? "parameters" : "parameters (fp32)", plan.parameters,
       in.lora_rank > 0 ? base(zero3 ? "sharded" : "whole") : "");
@@ -473,7 +479,7 @@ inline std::string format_plan(const PlanInput& in, const MemoryPlan& plan) {
       reads_slices(in)
           ? "each rank builds the parameters outside the blocks and edges and one block at a time, and reads "
             "only its slices of the rest"
-      : in.lora_rank > 0 && in.bf16 ? "each rank builds the whole model, the frozen blocks in bf16"
+      : in.lora_rank > 0 && in.bf16 ? "each rank builds the whole model, the frozen blocks and edges in bf16"
                                     : "each rank builds the whole model in fp32");
   return out;
 }

@@ -120,6 +120,11 @@ class ListsBlocks {
   virtual std::shared_ptr<torch::nn::Module> edge(Edge) { return nullptr; }
   /// Installs (or, with an empty runner, removes) the wrapper every edge call goes through.
   void set_edge_runner(EdgeRunner runner) { edge_runner_ = std::move(runner); }
+  /// Whether the token embedding's rows enter the blocks in fp32 though its table is held in a narrower dtype: LoRA's
+  /// frozen table held in bf16 under bf16 autocast (the strategies' hold_frozen_in_compute_dtype). Widening a bf16
+  /// value is exact, so the residual stream starts as it did from the fp32 table, and the blocks compute as they did.
+  void set_embedding_widened(bool widened) { embedding_widened_ = widened; }
+  bool embedding_widened() const { return embedding_widened_; }
   /// Recompute each block in backward instead of keeping its activations (training only): the model's own
   /// forward checkpoints its blocks, and the fully sharded strategy gathers a block again for its recomputation.
   /// Selective keeps the outputs of the blocks' matrix products and recomputes only the rest
@@ -160,13 +165,19 @@ class ListsBlocks {
   /// `call(input)` for the module edge(edge) names, through the installed runner if any. `call` must be that module's
   /// forward and nothing else: where the embedding is a torch::nn::Embedding, the fully sharded strategy looks its rows
   /// up itself.
+  /// An embedding held narrower than fp32 while its rows are widened (set_embedding_widened) gives them in fp32.
   torch::Tensor run_edge(Edge edge, const BlockCall& call, const torch::Tensor& input) {
-    return edge_runner_ ? edge_runner_(edge, call, input) : call(input);
+    auto output = edge_runner_ ? edge_runner_(edge, call, input) : call(input);
+    if (edge == Edge::embedding && embedding_widened_ && output.is_floating_point() &&
+        output.scalar_type() != torch::kFloat32)
+      return output.to(torch::kFloat32);
+    return output;
   }
 
  private:
   BlockRunner block_runner_;
   EdgeRunner edge_runner_;
+  bool embedding_widened_ = false;
   models::Recompute activation_checkpointing_ = models::Recompute::none;
   std::shared_ptr<DeferredBlocks> deferred_blocks_;
 };

@@ -32,7 +32,7 @@ struct RunContext {
   /// built empty, with ListsBlocks::deferred_blocks (lm::from_pretrained does); the model hooks then see them empty.
   bool defer_blocks = false;
   /// The Trainer reads the blocks itself once it has chosen their dtype (LoRA in bf16 on a strategy that holds the
-  /// model whole reads the frozen base straight into bf16): a loader may leave them empty (DeferredBlocks), as under
+  /// model whole reads the frozen base, blocks and edges, straight into bf16): a loader may leave them empty, as under
   /// defer_blocks.
   bool trainer_reads_blocks = false;
   std::int64_t seed = 0;  ///< the run's seed (Training::seed): data that draws at random (a mix) draws with it

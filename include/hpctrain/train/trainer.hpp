@@ -58,7 +58,7 @@
 #include <hpctrain/train/step.hpp>
 #include <hpctrain/train/step_graph.hpp>
 #include <hpctrain/train/strategies/one_rank.hpp>
-#include <hpctrain/train/strategies/replicated.hpp>  // blocks_to_bf16
+#include <hpctrain/train/strategies/replicated.hpp>  // modules_to_bf16
 #include <hpctrain/train/strategies/strategy.hpp>
 #include <hpctrain/train/throughput.hpp>
 #include <hpctrain/train/training.hpp>
@@ -177,10 +177,11 @@ class Trainer {
     run_->trainer_reads_blocks = !run_->defer_blocks && run_->lora && training_.precision() == Precision::bf16;
     make_model();
     if (auto* lists = dynamic_cast<ListsBlocks*>(model_.module.get()); lists != nullptr && !run_->defer_blocks) {
-      // LoRA in bf16 on a strategy that holds the model whole: the blocks, all frozen once the adapters are added,
-      // take the dtype they compute in before they are read, so the base is never whole in fp32 on the rank (the
-      // strategy then holds them so: hold_frozen_blocks_in_compute_dtype; the adapters stay fp32: models/lora).
-      if (run_->trainer_reads_blocks) detail::blocks_to_bf16(*lists, [](const torch::Tensor&) { return true; });
+      // LoRA in bf16 on a strategy that holds the model whole: the blocks and edges, all frozen once the adapters
+      // are added, take the dtype they compute in before they are read, so the base is never whole in fp32 on the
+      // rank (the strategy then holds them so: hold_frozen_in_compute_dtype; the adapters stay fp32: models/lora).
+      if (run_->trainer_reads_blocks)
+        detail::modules_to_bf16(lists->deferred_modules(/*edges=*/true), [](const torch::Tensor&) { return true; });
       materialize_blocks(*lists);
     }
     for (const auto& hook : training_.model_hooks()) hook(*model_.module, run_->knobs);

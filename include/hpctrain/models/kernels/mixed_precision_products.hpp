@@ -118,7 +118,8 @@ inline torch::Tensor cast_stacked(at::TensorList tensors, c10::ScalarType dtype)
 /// (product_into). Slots of the node's inputs: x, then the weights, then the biases (none, or one per weight).
 /// In a selective block's recomputation the product's output recorded by the forward is `recorded`: returned as
 /// it is, the product not computed again (models/recompute/selective_recompute.hpp). `wide_output` (no biases): y
-/// itself in the parameters' dtype, straight from the product (a head's logits, which the loss widens anyway).
+/// itself in fp32 (or the parameters' dtype, if wider), straight from the product (a head's logits, which the loss
+/// widens anyway).
 struct MixedPrecisionLinear : torch::autograd::Function<MixedPrecisionLinear> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, at::TensorList weights,
                                at::TensorList biases, c10::ScalarType dtype, RecordedOutput recorded,
@@ -147,7 +148,9 @@ struct MixedPrecisionLinear : torch::autograd::Function<MixedPrecisionLinear> {
     TORCH_CHECK(biases.empty(), "MixedPrecisionLinear: a wide output takes no bias");
     auto shape = x.sizes().vec();
     shape.back() = weight.size(0);
-    return product_into(narrow_x.reshape({-1, x.size(-1)}), weight.t(), weights[0].scalar_type()).view(shape);
+    // In fp32 from a frozen head held in bf16 too (LoRA's, hold_frozen_in_compute_dtype), as from an fp32 one.
+    const auto wide = c10::promoteTypes(weights[0].scalar_type(), torch::kFloat32);
+    return product_into(narrow_x.reshape({-1, x.size(-1)}), weight.t(), wide).view(shape);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

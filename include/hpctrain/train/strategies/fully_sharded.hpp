@@ -30,10 +30,11 @@
 // Frozen parameters (LoRA's base weights, FSDP2 shards them like any other): a unit's frozen parameters are a second
 // flat bucket of it, sharded, gathered and freed with its trainable one (their own all-gather, same group), never
 // reduced, stepped or checkpointed (the checkpoint holds what trains; the base is read again from its source). A
-// block's are held in bf16 under Precision::bf16, the dtype it computes in (a bf16 checkpoint's own: no fp32 copy,
-// no master); the edges' (embedding, head) keep their dtype, as the embedding's lookup and the head's fp32 logits
-// want. An edge with nothing that trains is a unit for its frozen weights alone; a frozen embedding (its input the
-// ids) is gathered, run and freed in forward only, as nothing in backward reads it.
+// unit's are held in bf16 under Precision::bf16, the dtype it computes in (a bf16 checkpoint's own: no fp32 copy,
+// no master), the edges' (embedding, head) too: a frozen embedding's rows are widened to fp32 as they are looked up
+// (ListsBlocks::set_embedding_widened), so the residual stream starts as from an fp32 table. An edge with nothing that
+// trains is a unit for its frozen weights alone; a frozen embedding (its input the ids) is gathered, run and freed in
+// forward only, as nothing in backward reads it.
 //
 // Loading: a model whose blocks were built empty (models/blocks.hpp's DeferredBlocks: lm::from_pretrained under
 // ZeRO-3, DeepSpeed's zero.Init and FSDP's meta-device model do the same) is never whole on any rank: setup
@@ -160,6 +161,9 @@ class FullyShardedStrategy : public DataParallelStrategy {
     build_units();
     build_master_shards();
     build_frozen_parts();
+    if (const auto embedding = edge_unit(Edge::embedding);
+        embedding != no_unit && units_[embedding].frozen.shard.defined())
+      lists_->set_embedding_widened(units_[embedding].frozen.shard.scalar_type() != torch::kFloat32);
     deferred_.reset();  // the checkpoint's mapping goes with it
     deferred_places_.clear();
     optimizer_ = detail::make_optimizer_over_pieces(context.make_optimizer, pieces_, names_,
@@ -510,7 +514,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
       for (const auto& parameter : modules[b]->parameters()) {
         const auto found = index_of.find(parameter.unsafeGetTensorImpl());
         if (found == index_of.end()) {
-          if (const auto index = take_frozen(parameter, groups.size())) frozen.push_back(*index);
+          if (const auto index = take_frozen(parameter)) frozen.push_back(*index);
           continue;
         }
         if (unit_of[found->second] != -1)
@@ -637,23 +641,24 @@ class FullyShardedStrategy : public DataParallelStrategy {
     }
   }
 
-  /// Frozen parameter `parameter` of the unit to come (`unit`) taken into frozen_ (its index), or nullopt when another
-  /// unit took it already (a weight shared between modules is gathered once).
-  std::optional<std::size_t> take_frozen(const torch::Tensor& parameter, std::size_t unit) {
+  /// Frozen parameter `parameter` of the unit to come taken into frozen_ (its index), or nullopt when another unit
+  /// took it already (a weight shared between modules is gathered once).
+  std::optional<std::size_t> take_frozen(const torch::Tensor& parameter) {
     const auto* impl = parameter.unsafeGetTensorImpl();
     const auto name = frozen_name_of_.find(impl);
     if (name == frozen_name_of_.end() || !frozen_taken_.insert(impl).second) return std::nullopt;
-    const auto dtype = frozen_dtype(unit, parameter.scalar_type());
+    const auto dtype = frozen_dtype(parameter.scalar_type());
     frozen_names_.push_back(name->second);
     frozen_.push_back(parameter);
     frozen_shapes_.push_back(torch::empty(full_shape(parameter), torch::TensorOptions(torch::kMeta).dtype(dtype)));
     return frozen_.size() - 1;
   }
 
-  /// The dtype unit `unit` holds its frozen parameters in: a block's in bf16 under Precision::bf16 (what it computes
-  /// in), the rest in their own.
-  torch::ScalarType frozen_dtype(std::size_t unit, torch::ScalarType own) const {
-    return bf16_blocks_ && unit < block_modules_.size() && own == torch::kFloat32 ? torch::kBFloat16 : own;
+  /// The dtype a unit (a block or an edge) holds its fp32 frozen parameters in: bf16 under Precision::bf16, what it
+  /// computes in (a frozen embedding's rows widened back to fp32 as they are looked up:
+  /// ListsBlocks::set_embedding_widened), else their own.
+  torch::ScalarType frozen_dtype(torch::ScalarType own) const {
+    return bf16_blocks_ && own == torch::kFloat32 ? torch::kBFloat16 : own;
   }
 
   /// Each sharded unit's frozen parameters: this rank's shard read (from the checkpoint, or the whole parameter,

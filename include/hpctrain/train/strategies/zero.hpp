@@ -118,7 +118,7 @@ class ZeroStrategy : public DataParallelStrategy {
   void setup(StrategyContext context) override {
     group_ = std::move(context.group);
     model_ = std::move(context.model);
-    detail::hold_frozen_blocks_in_compute_dtype(*model_, context.precision);
+    detail::hold_frozen_in_compute_dtype(*model_, context.precision);
     collect_trainable_parameters();
     if (options_.stage == ZeroStage::zero1) require_fp32_reduce(context.reduce_dtype, name());
     reduce_dtype_ = scalar_type_of(context.reduce_dtype);
