@@ -26,7 +26,8 @@
 #    rewards/margins after the resume, bit for bit;
 #  - the job's preparation step tokenizes the pairs and computes the reference once (--local runs it first), the ranks
 #    read its file; the worker run by hand (no job) tokenizes and computes them itself, with the same first step;
-#  - a row whose chosen equals its rejected exits 2 before training, naming the file and its line.
+#  - a row whose chosen equals its rejected exits 2 before training, naming the file and its line; so does a
+#    --ref-model of a config alone (a random reference), naming the knob.
 # Usage: dpo_test.sh <dpo binary>
 set -euo pipefail
 source "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/../support/shell_test_support.sh"
@@ -53,6 +54,12 @@ status=0
 "$dpo" --from llama --data bad.jsonl --local 2 --precision fp32 > bad.log 2>&1 || status=$?
 [ "$status" = 2 ] || log=bad.log fail "a row preferring nothing: dpo exited $status, not 2"
 grep -q "bad.jsonl:3" bad.log || log=bad.log fail "dpo did not name bad.jsonl:3"
+# A reference of a config alone would be random weights: refused at login, naming the knob, nothing queued or run.
+mkdir -p config-only && cp llama/config.json config-only/
+status=0
+"$dpo" --from llama --data pairs.jsonl --local 2 --ref-model config-only > config-only.log 2>&1 || status=$?
+[ "$status" = 2 ] && grep -q "ref-model.*config-only.*must be a Hugging Face model directory with its weights" \
+  config-only.log || log=config-only.log fail "--ref-model of a config alone: dpo exited $status without naming it"
 
 HPCTRAIN_RUN_DIR="$work/run" "$dpo" --from llama --data pairs.jsonl --local 2 --sharding zero3 --precision fp32 \
   --batch-size 32 --epochs 8 --lr 2e-3 --eval-every 0 --checkpoint-every 0 --export-dtype fp32 > run.log 2>&1 ||

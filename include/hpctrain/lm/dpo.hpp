@@ -448,12 +448,16 @@ inline Training dpo_training() {
       .knob<std::string>("ref_model", "",
                          "a Hugging Face directory held in memory as the reference (TRL's ref_model); default: the "
                          "model with its LoRA adapters off, else the start weights' log-probabilities computed once",
+                         // A directory of a config alone (which --from builds with random weights) would make the
+                         // reference random: refused at login, not by the loader on every rank.
                          KnobCheck<std::string>(
                              [](const std::string& v) {
                                return v.empty() ||
-                                      std::filesystem::is_regular_file(std::filesystem::path(v) / "config.json");
+                                      (std::filesystem::is_regular_file(std::filesystem::path(v) / "config.json") &&
+                                       models::holds_weights(v));
                              },
-                             "must be a Hugging Face model directory (its config.json)"));
+                             "must be a Hugging Face model directory with its weights (config.json and "
+                             "model.safetensors or model.safetensors.index.json)"));
   for (auto& metric : dpo_metrics()) training.metric(std::move(metric));
   return with_lora_knobs(std::move(training));
 }
