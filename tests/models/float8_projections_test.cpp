@@ -44,7 +44,7 @@ struct Float8Mode : hm::ScopedSwitch<hm::Float8Projections> {
 };
 
 TEST_CASE(
-    "float8 rowwise scales are 448 over each row's amax rounded down to a power of two, finite for an all-zero row; "
+    "float8 rowwise scales are 448 over each row's amax rounded down to a power of two, finite for an all-zero row, "
     "what e4m3 holds round-trips exactly and the saturating cast clamps to 448",
     "[models][float8]") {
   // Rows: amax 3 (448/3 = 149.3 -> 128), amax 448 (1), amax 1000 (0.448 -> 0.25), all zero (448/1e-12 -> 2^48).
@@ -133,7 +133,7 @@ bool within(const torch::Tensor& t, const torch::Tensor& exact, const torch::Ten
 
 TEST_CASE(
     "A float8 projection's output and gradients (emulated) are the exact products of its bf16 operands within "
-    "e4m3's rounding of each operand, summed over the reduction; the head stays bf16",
+    "e4m3's rounding of each operand, summed over the reduction, and the head stays bf16",
     "[models][float8]") {
   const Float8Mode float8(hm::Float8Projections::emulated);
   torch::manual_seed(11);

@@ -226,7 +226,7 @@ TEST_CASE("CUDA graphs (--cuda-graphs) on the CPU are refused before the run sta
 
 TEST_CASE(
     "float8 (--float8) is refused before the run starts: on the CPU naming the device, in fp32 naming the "
-    "precision; under the emulation seam it trains on the CPU",
+    "precision, and under the emulation seam it trains on the CPU",
     "[loop]") {
   TRAIN_TEST_REQUIRE_FASHION();
   const auto run_dir = train_test::scratch("float8-on-cpu");

@@ -20,6 +20,7 @@
 // What backward keeps is torchao's too: the bf16 casts of x and W (each quantised again along the reduction
 // dimension of the gradient that reads it), not their float8 forms: the scales run along the other dimension there.
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include <ATen/autocast_mode.h>
@@ -65,7 +66,10 @@ struct Float8Rowwise {
 /// torchao's rowwise scales of `t` along `dim`: 448 / max(amax, 1e-12) computed in fp64 (amax_to_scale), then in fp32
 /// rounded down to a power of two (_round_scale_down_to_power_of_2).
 inline torch::Tensor float8_scales(const torch::Tensor& t, std::int64_t dim) {
-  const auto amax = t.abs().amax(dim, /*keepdim=*/true).to(torch::kFloat64);
+  // The infinity norm is the largest magnitude in one pass over t (abs then amax would write |t| first); exact.
+  const auto amax = at::linalg_vector_norm(t, std::numeric_limits<double>::infinity(), at::IntArrayRef{dim},
+                                           /*keepdim=*/true)
+                        .to(torch::kFloat64);
   const auto scale = (float8_e4m3_max / amax.clamp_min(float8_amax_floor)).to(torch::kFloat32);
   return torch::exp2(torch::floor(torch::log2(scale)));
 }
@@ -80,7 +84,7 @@ inline torch::Tensor to_float8_saturated(const torch::Tensor& t) {
 /// to_float8_saturated. The CUDA product and the emulated one both quantise here.
 inline Float8Rowwise float8_rowwise(const torch::Tensor& t, std::int64_t dim) {
   auto scale = float8_scales(t, dim);
-  auto data = to_float8_saturated(t.to(torch::kFloat32) * scale);
+  auto data = to_float8_saturated(t * scale);  // bf16 times the fp32 scale is fp32: exact, one pass
   return {std::move(data), std::move(scale)};
 }
 
