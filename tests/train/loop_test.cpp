@@ -226,7 +226,7 @@ TEST_CASE("CUDA graphs (--cuda-graphs) on the CPU are refused before the run sta
 
 TEST_CASE(
     "float8 (--float8) is refused before the run starts: on the CPU naming the device, in fp32 naming the "
-    "precision, and under the emulation seam it trains on the CPU",
+    "precision, with LoRA, and under the emulation seam it trains on the CPU",
     "[loop]") {
   TRAIN_TEST_REQUIRE_FASHION();
   const auto run_dir = train_test::scratch("float8-on-cpu");
@@ -238,6 +238,12 @@ TEST_CASE(
       hpctrain::train(small_training(run_dir).precision(hpctrain::fp32).float8(true), hpctrain::slurm::World{}),
       "[hpctrain.spec.training.float8] training.float8 = on, with --precision fp32: float8 projections replace bf16 "
       "autocast's products; they run under --precision bf16");
+  CHECK_THROWS_WITH(
+      hpctrain::train(
+          small_training(run_dir).precision(hpctrain::bf16).float8(true).lora(hpctrain::models::LoraConfig{}),
+          hpctrain::slurm::World{}),
+      "[hpctrain.spec.training.float8] training.float8 = on, with LoRA: LoRA's base is frozen and keeps "
+      "its bf16 products; float8 is for a full fine-tuning's projections");
   CHECK(fs::is_empty(run_dir));  // refused before anything was written there (no checkpoint, no metrics)
   // The seam (env::test_seam::float8_emulated) lets the CPU run it, the products emulated; off again after.
   hpctrain::RunPlacement placement;
