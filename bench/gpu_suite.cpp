@@ -1,7 +1,7 @@
 // The C++ half of scripts/gpu-check (docs/gpu.md): the checks that only hpctrain's own code can make, one group
 // per run, each row a JSON line on stdout (gpu_suite/report.hpp). gpu-check runs the groups, adds the GPT-2
 // throughput rows (bench/model_bench.cpp, bench/model_peer.py) and prints the table.
-//   hpctrain_gpu_suite dist|llama|llama8b|packed|switches [--device cuda|cpu] [--rows ID,...] [--seq N]
+//   hpctrain_gpu_suite dist|llama|llama8b|float8|packed|switches [--device cuda|cpu] [--rows ID,...] [--seq N]
 // Exit status: 0 when every row passed, 1 when one failed or a check threw, 2 for bad usage. --device cpu
 // hides the GPUs (CUDA_VISIBLE_DEVICES=""), so that the process group picks Gloo as it does on a CPU node.
 #include <algorithm>
@@ -20,6 +20,7 @@
 #include <hpctrain/slurm/world.hpp>
 
 #include "gpu_suite/dist_rows.hpp"
+#include "gpu_suite/float8_rows.hpp"
 #include "gpu_suite/llama8b_rows.hpp"
 #include "gpu_suite/llama_rows.hpp"
 #include "gpu_suite/packed_rows.hpp"
@@ -64,9 +65,9 @@ int main(int argc, char** argv) try {
   std::string group, device_name = "cuda";
   std::vector<std::string> rows;
   std::int64_t sequence = 0;
-  app.add_option("group", group, "dist, llama, llama8b, packed or switches")
+  app.add_option("group", group, "dist, llama, llama8b, float8, packed or switches")
       ->required()
-      ->check(CLI::IsMember({"dist", "llama", "llama8b", "packed", "switches"}));
+      ->check(CLI::IsMember({"dist", "llama", "llama8b", "float8", "packed", "switches"}));
   app.add_option("--device", device_name, "cuda (default) or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
   app.add_option("--rows", rows,
                  "llama, llama8b: only these rows (ids, comma-separated), for a short call on a lent GPU")
@@ -91,6 +92,8 @@ int main(int argc, char** argv) try {
   } else if (group == "llama8b") {
     failures = suite::run_llama8b_rows(hpctrain::dist::init_process_group(hpctrain::slurm::World{}), device.is_cuda(),
                                        rows, sequence);
+  } else if (group == "float8") {
+    failures = suite::run_float8_rows(hpctrain::dist::init_process_group(hpctrain::slurm::World{}), device.is_cuda());
   } else if (group == "packed") {
     failures = suite::run_packed_rows(device);
   } else {

@@ -143,6 +143,7 @@ inline constexpr ErrorId spec_training_batch_size{"hpctrain.spec.training.batch_
 inline constexpr ErrorId spec_training_checkpoint_every{"hpctrain.spec.training.checkpoint_every"};
 inline constexpr ErrorId spec_training_clip_grad_norm{"hpctrain.spec.training.clip_grad_norm"};
 inline constexpr ErrorId spec_training_cuda_graphs{"hpctrain.spec.training.cuda_graphs"};
+inline constexpr ErrorId spec_training_float8{"hpctrain.spec.training.float8"};
 inline constexpr ErrorId spec_training_epochs{"hpctrain.spec.training.epochs"};
 inline constexpr ErrorId spec_training_eval_batch_size{"hpctrain.spec.training.eval_batch_size"};
 inline constexpr ErrorId spec_training_eval_every{"hpctrain.spec.training.eval_every"};

@@ -100,6 +100,10 @@ inline constexpr const char* plan_cpu_tflops = "HPCTRAIN_PLAN_CPU_TFLOPS";
 /// Set: the Trainer restarts each rank's peak-memory count before the hooks at the end, so that `time` reports
 /// theirs (bench/export_memory.sh).
 inline constexpr const char* measure_finish_hooks = "HPCTRAIN_MEASURE_FINISH_HOOKS";
+/// Set: `--float8` runs on any device with its products emulated (the same float8 quantisation, the products in
+/// fp32: models/kernels/float8_projections.hpp) instead of being refused off a CUDA GPU of compute capability 8.9: how
+/// the CPU tests run a Trainer in float8.
+inline constexpr const char* float8_emulated = "HPCTRAIN_FLOAT8_EMULATED";
 }  // namespace test_seam
 }  // namespace env
 

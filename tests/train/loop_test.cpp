@@ -224,6 +224,37 @@ TEST_CASE("CUDA graphs (--cuda-graphs) on the CPU are refused before the run sta
   CHECK_FALSE(fs::exists(run_dir / "metrics.jsonl"));
 }
 
+TEST_CASE(
+    "float8 (--float8) is refused before the run starts: on the CPU naming the device, in fp32 naming the "
+    "precision, with LoRA, and under the emulation seam it trains on the CPU",
+    "[loop]") {
+  TRAIN_TEST_REQUIRE_FASHION();
+  const auto run_dir = train_test::scratch("float8-on-cpu");
+  CHECK_THROWS_WITH(
+      hpctrain::train(small_training(run_dir).precision(hpctrain::bf16).float8(true), hpctrain::slurm::World{}),
+      "[hpctrain.spec.training.float8] training.float8 = on, with the device cpu: float8 products (at::_scaled_mm "
+      "with rowwise scales) need a CUDA GPU of compute capability 8.9 or above (sm_89 Ada, sm_90 Hopper)");
+  CHECK_THROWS_WITH(
+      hpctrain::train(small_training(run_dir).precision(hpctrain::fp32).float8(true), hpctrain::slurm::World{}),
+      "[hpctrain.spec.training.float8] training.float8 = on, with --precision fp32: float8 projections replace bf16 "
+      "autocast's products; they run under --precision bf16");
+  CHECK_THROWS_WITH(
+      hpctrain::train(
+          small_training(run_dir).precision(hpctrain::bf16).float8(true).lora(hpctrain::models::LoraConfig{}),
+          hpctrain::slurm::World{}),
+      "[hpctrain.spec.training.float8] training.float8 = on, with LoRA: LoRA's base is frozen and keeps "
+      "its bf16 products; float8 is for a full fine-tuning's projections");
+  CHECK(fs::is_empty(run_dir));  // refused before anything was written there (no checkpoint, no metrics)
+  // The seam (env::test_seam::float8_emulated) lets the CPU run it, the products emulated; off again after.
+  hpctrain::RunPlacement placement;
+  placement.environment.set(hpctrain::env::test_seam::float8_emulated, "1");
+  const auto emulated_dir = train_test::scratch("float8-emulated");
+  const auto result = hpctrain::train(small_training(emulated_dir).precision(hpctrain::bf16).float8(true).max_steps(2),
+                                      hpctrain::slurm::World{}, {}, placement);
+  CHECK(result.exit_code == hpctrain::exit_ok);
+  CHECK(hpctrain::models::float8_projections() == hpctrain::models::Float8Projections::off);
+}
+
 TEST_CASE("Training knobs forwarded on the command line replace the description's values", "[worker]") {
   const auto described = small_training("unused").batch_size(hpctrain::global(64));
   const auto knobs = hpctrain::parse_training_knobs(
@@ -278,7 +309,7 @@ TEST_CASE("An invalid or unknown worker argument names the knob", "[worker]") {
        "--log-every "
        "--eval-every "
        "--max-eval-examples "
-       "--eval-batch-size --checkpoint-every --checkpoint-async --report-digest --cuda-graphs --export-dtype "
+       "--eval-batch-size --checkpoint-every --checkpoint-async --report-digest --cuda-graphs --float8 --export-dtype "
        "--export-shard-size "
        "--wandb"},
       {{"--max-steps", "many"}, "[hpctrain.spec.knob] --max-steps = many: expected an integer"},

@@ -39,6 +39,12 @@
 //   host heap       on a CPU only: the C allocator's freed chunks the peak still holds, about the step's transient
 //                   bytes (plan_memory says what was measured)
 //
+// --float8 (models/kernels/float8_projections.hpp) changes none of these figures, and the plan does not read it: the
+// float8 node keeps what the bf16 node keeps for backward (the bf16 casts of each projection's input and weight, as
+// torchao's recipe does: each gradient quantises them again along its own reduction dimension), and its e4m3 copies
+// (1 byte a parameter or activation, with a 4-byte scale a row) live for one product each, inside the transient
+// bytes of a step, not held between products.
+//
 // The peak is the weights, the optimizer state and the bf16 copies, plus the larger of the forward's end
 // (activations and logits) and the backward's end (gradients and one block's activations), plus the runtime's
 // own (the CUDA context and LibTorch's kernels: stated, not measured here). ZeRO-3 keeps its gradient shards

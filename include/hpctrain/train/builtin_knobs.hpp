@@ -245,6 +245,17 @@ inline const std::vector<BuiltinKnob>& builtin_knobs() {
          if (auto v = k.get_if_given<bool>(n)) t.cuda_graphs(*v);
        },
        nullptr, "true", [](T t, const char*) { return detail::spelled(t.cuda_graphs()); }},
+      {"float8",
+       [](Knobs& k, const char* n, T d, std::string_view) {
+         k.declare<bool>(n, d.float8(),
+                         "the blocks' projections of a full fine-tuning in float8 with rowwise scales (torchao's "
+                         "recipe), the head and norms in bf16: CUDA with compute capability 8.9 or above, --precision "
+                         "bf16, no LoRA");
+       },
+       [](Training& t, const Knobs& k, const char* n) {
+         if (auto v = k.get_if_given<bool>(n)) t.float8(*v);
+       },
+       nullptr, "true", [](T t, const char*) { return detail::spelled(t.float8()); }},
       {"export_dtype",
        [](Knobs& k, const char* n, T, std::string_view) {
          k.declare<std::string>(

@@ -36,6 +36,7 @@
 #include <hpctrain/job/prepare.hpp>
 #include <hpctrain/models/blocks.hpp>
 #include <hpctrain/models/deferred_initialization.hpp>
+#include <hpctrain/models/kernels/scoped_switch.hpp>
 #include <hpctrain/models/lora/lora.hpp>
 #include <hpctrain/slurm/world.hpp>
 #include <hpctrain/train/batch_fit.hpp>
@@ -47,6 +48,7 @@
 #include <hpctrain/train/data/prefetch.hpp>
 #include <hpctrain/train/data/sampler.hpp>
 #include <hpctrain/train/evaluation.hpp>
+#include <hpctrain/train/float8_setup.hpp>
 #include <hpctrain/train/host_memory.hpp>
 #include <hpctrain/train/loggers/loggers.hpp>
 #include <hpctrain/train/loggers/wandb.hpp>
@@ -126,6 +128,10 @@ class Trainer {
     group_ = dist::init_process_group(world_, options_);
     device_ = group_->device();
     if (training_.cuda_graphs()) refuse_uncapturable_runs();
+    const bool float8_emulated = float8_emulated_by_seam(placement_.environment);
+    refuse_unsupported_float8(training_, resolve_precision(training_.precision(), device_), device_, float8_emulated);
+    float8_projections_.emplace(models::set_float8_projections, models::float8_projections,
+                                float8_mode(training_, float8_emulated));
     if (training_.keep_freed_memory() && device_.is_cpu()) detail::keep_freed_host_memory();
   }
 
@@ -725,6 +731,8 @@ class Trainer {
   std::int64_t step_at_start_ = 0;       ///< --resume's directory; the run directory when the login side chose it
   std::shared_ptr<dist::ProcessGroup> group_;
   torch::Device device_{torch::kCPU};
+  /// The blocks' projections in float8 or not for the run's life (Training::float8), put back as they were after.
+  std::optional<models::ScopedSwitch<models::Float8Projections>> float8_projections_;
   ModelInstance model_;
   std::unique_ptr<DataParallelStrategy> strategy_;
   std::vector<double> base_lrs_;

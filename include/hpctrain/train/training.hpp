@@ -506,6 +506,15 @@ class Training {
     cuda_graphs_ = on;
     return *this;
   }
+  /// The blocks' projections (q, k, v, o, gate, up, down: models::projection) of a full fine-tuning in float8 with
+  /// rowwise scales, the head, the embedding and the norms in bf16: torchao's rowwise recipe, at::_scaled_mm
+  /// (models/kernels/float8_projections.hpp). Refused before the run unless the device is CUDA with compute
+  /// capability 8.9 or above, the precision bf16, and no LoRA (its base is frozen, its products stay bf16).
+  /// `--float8`. Default: off.
+  Training& float8(bool on) {
+    float8_ = on;
+    return *this;
+  }
   /// Called on every rank after each optimizer step with the number of steps completed (fault injection in
   /// tests). Default: none.
   Training& on_step(std::function<void(std::int64_t)> callback) {
@@ -692,6 +701,7 @@ class Training {
   bool keep_freed_memory() const { return keep_freed_memory_; }
   bool pin_memory() const { return pin_memory_; }
   bool cuda_graphs() const { return cuda_graphs_; }
+  bool float8() const { return float8_; }
   const std::optional<std::filesystem::path>& run_dir() const { return run_dir_; }
   /// The program's knobs: declared with `knob`; in the worker, with this run's values (built-ins included).
   const Knobs& knobs() const { return knobs_; }
@@ -851,6 +861,7 @@ class Training {
   bool keep_freed_memory_ = true;
   bool pin_memory_ = false;
   bool cuda_graphs_ = false;
+  bool float8_ = false;
   std::optional<std::filesystem::path> run_dir_;
   Knobs knobs_;
   std::function<void(std::int64_t)> on_step_;

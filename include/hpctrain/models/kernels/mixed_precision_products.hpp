@@ -36,6 +36,8 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
+#include <hpctrain/models/kernels/float8_projections.hpp>
+#include <hpctrain/models/kernels/stacked_casts.hpp>
 #include <hpctrain/models/recompute/selective_recompute.hpp>
 
 namespace hpctrain::models {
@@ -95,22 +97,6 @@ inline torch::Tensor product_into(const torch::Tensor& a, const torch::Tensor& b
   if (a.scalar_type() == dtype) return at::mm(a, b);
   if (a.is_cuda() && cuda_has_wide_product(a.device())) return at::mm(a, b, dtype);
   return at::mm(a.to(dtype), b.to(dtype));
-}
-
-/// `tensors` (equal but for their first dimension) cast to `dtype` into one tensor, stacked along the first
-/// dimension: one cast kernel each, no concatenation.
-inline torch::Tensor cast_stacked(at::TensorList tensors, c10::ScalarType dtype) {
-  if (tensors.size() == 1) return tensors[0].to(dtype);
-  auto shape = tensors[0].sizes().vec();
-  shape[0] = 0;
-  for (const auto& t : tensors) shape[0] += t.size(0);
-  auto out = torch::empty(shape, tensors[0].options().dtype(dtype));
-  std::int64_t row = 0;
-  for (const auto& t : tensors) {
-    out.narrow(0, row, t.size(0)).copy_(t);
-    row += t.size(0);
-  }
-  return out;
 }
 
 /// y = x·[W₁; W₂; …]ᵀ + [b₁; b₂; …] with x and the weights cast to `dtype` (autocast's), as one product; backward
@@ -215,8 +201,9 @@ inline bool mixed_precision_product(const torch::Tensor& x, at::TensorList weigh
 
 }  // namespace detail
 
-/// x · [W₁; W₂; …]ᵀ + [b₁; b₂; …] (`biases` empty, or one per weight) as one matrix product: a MixedPrecisionLinear
-/// where detail::mixed_precision_product allows, else autocast's casts of each and at::linear. `recorded`, in a
+/// x · [W₁; W₂; …]ᵀ + [b₁; b₂; …] (`biases` empty, or one per weight) as one matrix product: a Float8Linear under
+/// set_float8_projections (detail::float8_projection), else a MixedPrecisionLinear where
+/// detail::mixed_precision_product allows, else autocast's casts of each and at::linear. `recorded`, in a
 /// selective block's recomputation, is the output its forward recorded for this product (replayed, not computed).
 inline torch::Tensor projection(const torch::Tensor& x, at::TensorList weights, at::TensorList biases,
                                 torch::Tensor recorded = {}) {
@@ -226,6 +213,9 @@ inline torch::Tensor projection(const torch::Tensor& x, at::TensorList weights, 
     for (const auto& w : weights) rows += w.size(0);
     detail::check_replayed_shape(x, rows, recorded);
   }
+  if (detail::float8_projection(x, weights, biases))  // --float8: models/kernels/float8_projections.hpp
+    return detail::Float8Linear::apply(x, weights, biases, at::autocast::get_autocast_dtype(device),
+                                       detail::RecordedOutput{std::move(recorded)});
   if (detail::mixed_precision_product(x, weights, biases))
     return detail::MixedPrecisionLinear::apply(x, weights, biases, at::autocast::get_autocast_dtype(device),
                                                detail::RecordedOutput{std::move(recorded)}, false);
