@@ -201,6 +201,23 @@ TEST_CASE("The memory plan counts parameters as the models do and shards what ea
   tied.model.parameters -= 32000 * 2048;
   const double tied_n = static_cast<double>(tied.model.parameters);
   CHECK(lm::plan_memory(tied).parameters == 4.0 * ((tied_n - 32000 * 2048 - 2048) / 8 + 32000 * 2048 + 2048));
+  // LoRA in bf16 holds the frozen blocks, edges or tied table in bf16 (2 bytes), the final norm and the adapters in
+  // fp32; ZeRO-3 shards what its units hold, a tied table stays whole. Autocast then casts only the adapters.
+  for (const bool is_tied : {false, true}) {
+    CAPTURE(is_tied);
+    auto lora = is_tied ? tied : suite_row("zero3");
+    lora.world = 8;
+    lora.lora_rank = 16;
+    lora.lora_targets = {"q_proj", "v_proj"};
+    const double a = static_cast<double>(lm::trainable_parameters(lora)),
+                 all = static_cast<double>(lora.model.parameters);
+    const double table = 32000.0 * 2048, units = all - 2048 - (is_tied ? table : 0.0);
+    CHECK(lm::plan_memory(lora).parameters == (2.0 * units + 4.0 * a) / 8 + (is_tied ? 2.0 * table : 0.0) + 4.0 * 2048);
+    CHECK(lm::plan_memory(lora).bf16_weights == 0.0);
+    lora.strategy = "none";
+    CHECK(lm::plan_memory(lora).parameters == 2.0 * (all - 2048) + 4.0 * 2048 + 4.0 * a);
+    CHECK(lm::plan_memory(lora).bf16_weights == 2.0 * a);
+  }
   // hsdp is ZeRO-3 within its shard group: 16 ranks in groups of 8 hold what zero3 over 8 holds.
   auto hybrid = suite_row("hsdp");
   hybrid.world = 16;

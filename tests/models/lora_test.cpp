@@ -147,12 +147,14 @@ TEST_CASE("Under bf16 LoRA's frozen embedding and head are held in bf16 with the
   // A bf16 checkpoint's values (the weights rounded to bf16 first) are held exactly by an fp32 table and a bf16 one:
   // the embedding's rows widened to fp32 as they are looked up give the residual stream the fp32 table gave, and
   // autocast's product over the bf16 head is the one it computed over its bf16 cast of the fp32 head. So the loss
-  // and the adapters' gradients are equal bit for bit, the edges held in half the bytes.
-  const auto make = [] {
+  // and the adapters' gradients are equal bit for bit, the edges (or the tied table) held in half the bytes.
+  const bool tied = GENERATE(false, true);
+  CAPTURE(tied);
+  const auto make = [tied] {
     torch::manual_seed(11);
     hm::LlamaConfig config;
     config.vocab_size = 384, config.hidden_size = 32, config.intermediate_size = 48, config.num_hidden_layers = 2;
-    config.num_attention_heads = 4, config.num_key_value_heads = 2, config.tie_word_embeddings = false;
+    config.num_attention_heads = 4, config.num_key_value_heads = 2, config.tie_word_embeddings = tied;
     hm::Llama model(config);
     hm::LoraConfig lora;
     lora.r = 4;
@@ -179,7 +181,8 @@ TEST_CASE("Under bf16 LoRA's frozen embedding and head are held in bf16 with the
     const bool narrow = !item.value().requires_grad() && item.key() != "norm.weight";
     CHECK(item.value().scalar_type() == (narrow ? torch::kBFloat16 : torch::kFloat32));
   }
-  CHECK(fp32_edges->lm_head->weight.scalar_type() == torch::kFloat32);
+  CHECK(fp32_edges->head_weight().scalar_type() == torch::kFloat32);
+  CHECK(held->head_weight().scalar_type() == torch::kBFloat16);
 
   const auto input = torch::randint(0, 384, {2, 12}, torch::kLong);
   const auto targets = torch::randint(0, 384, {2, 12}, torch::kLong);

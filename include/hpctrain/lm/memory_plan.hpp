@@ -340,11 +340,13 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   // What trains of the blocks, the edges and the rest (LoRA's adapters are all in the blocks).
   const double trainable_blocks = lora ? trainable : blocks, trainable_outside = lora ? 0.0 : outside - edges,
                trained_edges = lora ? 0.0 : edges;
-  // LoRA's frozen base: its blocks and edges in the compute dtype (hold_frozen_in_compute_dtype, ZeRO-3's
-  // frozen_dtype), the rest (norms, a tied embedding) in fp32.
-  const double frozen_base = compute_bytes * (blocks + edges) + 4.0 * (outside - edges);
+  // LoRA's frozen base: its blocks, edges and a tied table in the compute dtype (hold_frozen_in_compute_dtype, ZeRO-3's
+  // frozen_dtype), the rest (norms, GPT-2's positions) in fp32. A tied table is read in fp32, then held narrow.
+  const double tied_table = m.tied ? head : 0.0, rest = outside - edges - tied_table;
+  const double frozen_base = compute_bytes * (blocks + edges + tied_table) + 4.0 * rest;
   if (zero3 && lora)  // the blocks' and edges' frozen parameters sharded, the adapters' fp32 shards
-    plan.parameters = (compute_bytes * (blocks + edges) + 4.0 * trainable) / world + 4.0 * (outside - edges);
+    plan.parameters =
+        (compute_bytes * (blocks + edges) + 4.0 * trainable) / world + compute_bytes * tied_table + 4.0 * rest;
   else if (lora)  // the frozen base whole
     plan.parameters = frozen_base + 4.0 * trainable;
   else
@@ -355,16 +357,17 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   else plan.gradients = 4.0 * ((trainable_blocks + trained_edges) / world + trainable_outside);
   plan.optimizer_state = 8.0 * (in.strategy == "none" ? trainable : trainable / world);
   // ZeRO-3 in bf16 converts each unit's shard as it gathers it (no copy kept); autocast casts a tied head (outside the
-  // units) for each forward. LoRA's frozen head is gathered in the dtype it is held in, the compute dtype.
+  // units) for each forward, unless LoRA's (frozen, held in bf16). LoRA's frozen head is gathered in the dtype it is
+  // held in, the compute dtype.
   Zero3Units units;
   units.block_gathered = compute_bytes * (lora ? block + trainable / static_cast<double>(m.layers) : block);
   units.block_trained = lora ? trainable / static_cast<double>(m.layers) : block;
   units.head_gathered = compute_bytes * edge_head;
   units.head_trained = lora ? 0.0 : edge_head;
   if (zero3) plan.gathered_unit = std::max(units.block_gathered, units.head_gathered);
-  if (zero3 && in.bf16) plan.bf16_weights = m.tied ? 2.0 * head : 0.0;
-  else if (in.bf16 && lora)  // autocast casts a tied head and the adapters; the frozen blocks and edges are bf16
-    plan.bf16_weights = 2.0 * ((m.tied ? head : 0.0) + trainable);
+  if (zero3 && in.bf16) plan.bf16_weights = m.tied && !lora ? 2.0 * head : 0.0;
+  else if (in.bf16 && lora)  // autocast casts the adapters; the frozen blocks, edges and tied table are bf16
+    plan.bf16_weights = 2.0 * trainable;
   else if (in.bf16) plan.bf16_weights = 2.0 * static_cast<double>(m.linear_weights);
   const double tokens = static_cast<double>(in.micro_batch * in.sequence);
   const double per_layer = tokens * static_cast<double>(activation_bytes_per_token(in)) +
@@ -404,7 +407,8 @@ inline MemoryPlan plan_memory(const PlanInput& in) {
   // At load a rank builds one block at a time and what is outside the units whole (ZeRO-3: the edges read as slices);
   // else the whole model, LoRA's blocks and edges read straight into the compute dtype (trainer_reads_blocks).
   plan.host_at_load = (reads_slices(in) ? 4.0 * (outside - edges + static_cast<double>(m.block_parameters))
-                                        : (lora ? frozen_base : 4.0 * static_cast<double>(m.parameters))) *
+                                        : (lora ? frozen_base + (4.0 - compute_bytes) * tied_table
+                                                : 4.0 * static_cast<double>(m.parameters))) *
                       in.ranks_per_node;
   plan.gpu = in.gpu_bytes;
   return plan;

@@ -118,6 +118,8 @@ class ListsBlocks {
   /// of the model (a head tied to the embedding is used at both ends: neither is an edge then). The fully
   /// sharded strategy shards it like a block. Default: none (the parameters outside the blocks stay whole).
   virtual std::shared_ptr<torch::nn::Module> edge(Edge) { return nullptr; }
+  /// The token embedding's table when a tied head shares it (so neither is an edge), else an undefined tensor.
+  virtual torch::Tensor tied_embedding() { return {}; }
   /// Installs (or, with an empty runner, removes) the wrapper every edge call goes through.
   void set_edge_runner(EdgeRunner runner) { edge_runner_ = std::move(runner); }
   /// Whether the token embedding's rows enter the blocks in fp32 though its table is held in a narrower dtype: LoRA's

@@ -145,6 +145,7 @@ class GPT2Impl : public CausalLM, public HuggingFaceLayout {
   }
 
   torch::Tensor head_weight() override { return config_.tie_word_embeddings ? wte->weight : lm_head->weight; }
+  torch::Tensor tied_embedding() override { return config_.tie_word_embeddings ? wte->weight : torch::Tensor(); }
   /// The token embedding and the head, when untied (ListsBlocks::edge); the position embedding stays whole.
   std::shared_ptr<torch::nn::Module> edge(Edge edge) override {
     if (config_.tie_word_embeddings) return nullptr;

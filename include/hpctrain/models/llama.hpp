@@ -281,6 +281,9 @@ class LlamaImpl : public CausalLM, public HuggingFaceLayout {
   }
 
   torch::Tensor head_weight() override { return config_.tie_word_embeddings ? embed_tokens->weight : lm_head->weight; }
+  torch::Tensor tied_embedding() override {
+    return config_.tie_word_embeddings ? embed_tokens->weight : torch::Tensor();
+  }
   /// The embedding and the head, when untied (ListsBlocks::edge).
   std::shared_ptr<torch::nn::Module> edge(Edge edge) override {
     if (config_.tie_word_embeddings) return nullptr;

@@ -105,6 +105,7 @@
 #include <hpctrain/models/recompute/activation_checkpoint.hpp>
 #include <hpctrain/train/host_memory.hpp>
 #include <hpctrain/train/precision.hpp>
+#include <hpctrain/train/strategies/replicated.hpp>  // hold_frozen_tied_embedding_in_compute_dtype
 #include <hpctrain/train/strategies/sharding.hpp>
 #include <hpctrain/train/strategies/strategy.hpp>
 #include <hpctrain/train/strategies/zero.hpp>
@@ -153,6 +154,7 @@ class FullyShardedStrategy : public DataParallelStrategy {
     bf16_blocks_ = context.precision == Precision::bf16;
     reduce_dtype_ = scalar_type_of(context.reduce_dtype);
     find_blocks();
+    detail::hold_frozen_tied_embedding_in_compute_dtype(*lists_, context.precision);  // outside the units, whole
     take_deferred_blocks();
     dist::broadcast_module(*world_, *model_);  // deferred blocks are empty here: every rank reads the same bytes
     collect_parameters();

@@ -42,13 +42,27 @@ void modules_to_bf16(const std::vector<std::shared_ptr<torch::nn::Module>>& modu
         parameter.set_data(parameter.to(torch::kBFloat16));
 }
 
+/// Under Precision::bf16, a frozen fp32 token table that a tied head shares (ListsBlocks::tied_embedding: LoRA's base
+/// of Llama 3.2 1B, Qwen2.5 0.5B, GPT-2) held in bf16, as the edges are when untied: its rows widened to fp32 as they
+/// are looked up, the head's product over it the one autocast computed over its bf16 cast. Every strategy, ZeRO-3's
+/// too (the table is outside its units, whole on every rank).
+inline void hold_frozen_tied_embedding_in_compute_dtype(ListsBlocks& lists, Precision precision) {
+  auto table = lists.tied_embedding();
+  if (precision != Precision::bf16 || !table.defined() || table.requires_grad() ||
+      table.scalar_type() != torch::kFloat32)
+    return;
+  torch::NoGradGuard no_grad;
+  table.set_data(table.to(torch::kBFloat16));
+  lists.set_embedding_widened(true);
+}
+
 /// Under Precision::bf16, the frozen fp32 parameters of the model's blocks and edges (LoRA's base: its blocks, and
-/// an untied token embedding and head) are held in bf16, the dtype they compute in, as ZeRO-3 and HSDP hold them
-/// (FullyShardedStrategy::frozen_dtype): half their memory, and no copy of them cast by autocast at each forward
-/// (what PEFT on a bf16 model holds). The embedding's rows are widened back to fp32 as they are looked up
-/// (ListsBlocks::set_embedding_widened), so the residual stream is the one the fp32 table gave. What trains stays
-/// fp32, and so does whatever is neither a block nor an edge (norms, a tied embedding). A model that lists no blocks
-/// keeps its dtypes.
+/// an untied token embedding and head, or a tied table) are held in bf16, the dtype they compute in, as ZeRO-3 and
+/// HSDP hold them (FullyShardedStrategy::frozen_dtype): half their memory, and no copy of them cast by autocast at
+/// each forward (what PEFT on a bf16 model holds). The embedding's rows are widened back to fp32 as they are looked
+/// up (ListsBlocks::set_embedding_widened), so the residual stream is the one the fp32 table gave. What trains stays
+/// fp32, and so does whatever is neither a block nor an edge (norms, GPT-2's positions). A model that lists no
+/// blocks keeps its dtypes.
 inline void hold_frozen_in_compute_dtype(torch::nn::Module& model, Precision precision) {
   auto* lists = dynamic_cast<ListsBlocks*>(&model);
   if (precision != Precision::bf16 || lists == nullptr) return;
@@ -57,6 +71,7 @@ inline void hold_frozen_in_compute_dtype(torch::nn::Module& model, Precision pre
   if (const auto embedding = lists->edge(Edge::embedding))
     for (const auto& parameter : embedding->parameters())
       if (frozen(parameter) && parameter.scalar_type() == torch::kBFloat16) lists->set_embedding_widened(true);
+  hold_frozen_tied_embedding_in_compute_dtype(*lists, precision);
 }
 
 /// Module::save, but without the frozen parameters (LoRA's base): a checkpoint holds what trains and the buffers, as
