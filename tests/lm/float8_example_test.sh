@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # --float8 end to end through examples/gpt on this CPU machine (issue 58, item 5):
-#  - refused before the run: exit 2, the message naming the device ("cpu"), and with --precision fp32 naming the
-#    precision; nothing of a run written (the run directory the launcher named stays empty: no metrics.jsonl, no
-#    checkpoint);
+#  - refused before the run: exit 2, the message naming the device ("cpu"): nothing of a run written (the run
+#    directory the launcher named stays empty: no metrics.jsonl, no checkpoint); with --precision fp32 naming the
+#    precision, and with LoRA, by the login command: nothing prepared, no run directory named;
 #  - under the test seam HPCTRAIN_FLOAT8_EMULATED (docs/seams.md) the same command trains, GPT-2's projections in
 #    float8 with the products emulated, and each of its 3 steps' losses is within 2^-4 of bf16's from the same weights
 #    and batches (the bound of tests/models/float8_projections_test.cpp's tiny Llama: one e4m3 rounding's worst
@@ -27,12 +27,15 @@ refused() {
   [ "$status" = 2 ] || log="$name.log" fail "$name: exited $status, not 2"
   grep -qF -- "$message" "$name.log" || log="$name.log" fail "$name: no '$message'"
   # The launcher names the run's directory before a worker starts (hpctrain-jobs/gpt/local-<time>): it stays empty.
-  [ -z "$(find hpctrain-jobs/gpt -mindepth 2 -path '*/local-*')" ] || fail "$name: a run wrote $(find hpctrain-jobs/gpt -mindepth 2 -path '*/local-*')"
+  [ -z "$(find hpctrain-jobs/gpt -mindepth 2 -path '*/local-*' 2> /dev/null)" ] || fail "$name: a run wrote $(find hpctrain-jobs/gpt -mindepth 2 -path '*/local-*')"
   rm -rf hpctrain-jobs/gpt/local-*
 }
+# A stated precision other than bf16, and LoRA, are refused by the login command: nothing prepared, no run named.
+refused in-fp32 "[hpctrain.spec.training.float8] training.float8 = on, with --precision fp32:" --float8 --precision fp32
+refused with-lora "[hpctrain.spec.training.float8] training.float8 = on, with LoRA:" --float8 --precision bf16 --lora-r 4
+[ ! -e hpctrain-jobs ] || fail "refused at login, yet $(find hpctrain-jobs | head -3) was written"
 refused on-cpu "[hpctrain.spec.training.float8] training.float8 = on, with the device cpu: float8 products" \
   --float8 --precision bf16
-refused in-fp32 "[hpctrain.spec.training.float8] training.float8 = on, with --precision fp32:" --float8 --precision fp32
 echo "refused before the run: $(grep -hF '[hpctrain.spec.training.float8]' on-cpu.log | head -1)"
 
 # losses RUN: the train records' losses of RUN's metrics.jsonl, one a line.

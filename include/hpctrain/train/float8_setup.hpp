@@ -46,11 +46,7 @@ inline std::string device_description(const torch::Device& device) {
 inline void refuse_unsupported_float8(const Training& training, Precision precision, const torch::Device& device,
                                       bool emulated) {
   if (!training.float8()) return;
-  detail::require(precision == Precision::bf16, errors::spec_training_float8,
-                  fmt::format("on, with --precision {}", to_string(precision)),
-                  "float8 projections replace bf16 autocast's products; they run under --precision bf16");
-  detail::require(!training.lora(training.knobs()).has_value(), errors::spec_training_float8, "on, with LoRA",
-                  "LoRA's base is frozen and keeps its bf16 products; float8 is for a full fine-tuning's projections");
+  detail::refuse_float8_setting(true, precision, training.lora(training.knobs()).has_value());
   detail::require(emulated || models::float8_products_on(device), errors::spec_training_float8,
                   fmt::format("on, with the device {}", device_description(device)),
                   "float8 products (at::_scaled_mm with rowwise scales) need a CUDA GPU of compute capability 8.9 or "

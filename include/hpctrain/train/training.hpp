@@ -14,11 +14,13 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <hpctrain/compiled_runtime.hpp>
 #include <hpctrain/error.hpp>
+#include <hpctrain/error_ids.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/plan_request.hpp>
 #include <hpctrain/models/lora/lora_config.hpp>
@@ -157,6 +159,21 @@ class Training;
 /// `--plan` for a Training: prints what each rank will hold for `knobs` at the request's geometry and says
 /// whether it fits (lm::plan_memory_of_run, which lm::causal_lm_training installs).
 using TrainingPlanner = std::function<PlanVerdict(const Training&, const Knobs&, const PlanRequest&, std::ostream&)>;
+
+namespace detail {
+/// SpecError `[hpctrain.spec.training.float8]` where float8 projections (Training::float8) are asked for with a
+/// precision other than bf16 (they replace bf16 autocast's products) or with LoRA (its frozen base keeps bf16
+/// products: float8 trains what changes). The login command asks it of the stated precision, the worker of the
+/// resolved one (train/float8_setup.hpp, which refuses the device too).
+inline void refuse_float8_setting(bool float8, Precision precision, bool lora) {
+  if (!float8) return;
+  require(precision == Precision::bf16, errors::spec_training_float8,
+          fmt::format("on, with --precision {}", to_string(precision)),
+          "float8 projections replace bf16 autocast's products; they run under --precision bf16");
+  require(!lora, errors::spec_training_float8, "on, with LoRA",
+          "LoRA's base is frozen and keeps its bf16 products; float8 is for a full fine-tuning's projections");
+}
+}  // namespace detail
 
 class Training {
  public:
@@ -744,10 +761,21 @@ class Training {
     if (eval_check_) eval_check_(knobs, pretrained);
     for (const auto& check : login_checks_) check(knobs);
     check_reduce_dtype_at_login(knobs);
+    check_float8_at_login(knobs);
     return train_size;
   }
 
  private:
+  /// --float8 with a stated precision other than bf16, or with LoRA, fails here, not on the workers after the queue
+  /// (whether the GPU has float8 products the workers tell: train/float8_setup.hpp). Under --precision auto the
+  /// precision is the workers' device's too.
+  void check_float8_at_login(const Knobs& knobs) const {
+    const bool on = knobs.get_if_given<bool>("float8").value_or(float8_);
+    auto precision = precision_;
+    if (const auto given = knobs.get_if_given<std::string>("precision")) precision = *precision_from_name(*given);
+    if (precision == Precision::automatic) precision = Precision::bf16;
+    detail::refuse_float8_setting(on, precision, lora(knobs).has_value());
+  }
   /// A bf16 reduction asked of a stage that all-reduces in fp32 (none, zero1) fails here, not on the workers after
   /// the queue; an own strategy() refuses it itself (require_fp32_reduce) when it cannot.
   void check_reduce_dtype_at_login(const Knobs& knobs) const {
