@@ -181,22 +181,9 @@ struct Float8Linear : torch::autograd::Function<Float8Linear> {
     const auto g = grads[0].reshape({-1, grads[0].size(-1)}).to(narrow);
     if (ctx->needs_input_grad(0))
       out[0] = float8_product(g, weight, x_dtype, false).view(ctx->saved_data["x_shape"].toIntVector());
-    bool any_weight = false, any_bias = false;
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      any_weight = any_weight || ctx->needs_input_grad(1 + i);
-      if (i < biases) any_bias = any_bias || ctx->needs_input_grad(1 + rows.size() + i);
-    }
-    if (any_weight) {
-      const auto parts = float8_product(g.t(), narrow_x.reshape({-1, narrow_x.size(-1)}), parameter_dtype, false)
-                             .split_with_sizes(rows, 0);
-      for (std::size_t i = 0; i < rows.size(); ++i)
-        if (ctx->needs_input_grad(1 + i)) out[1 + i] = parts[i];
-    }
-    if (any_bias) {
-      const auto parts = g.sum(0, /*keepdim=*/false, parameter_dtype).split_with_sizes(rows, 0);
-      for (std::size_t i = 0; i < biases; ++i)
-        if (ctx->needs_input_grad(1 + rows.size() + i)) out[1 + rows.size() + i] = parts[i];
-    }
+    stacked_parameter_gradients(ctx, out, rows, biases, g, parameter_dtype, [&] {
+      return float8_product(g.t(), narrow_x.reshape({-1, narrow_x.size(-1)}), parameter_dtype, false);
+    });
     return out;
   }
 };
