@@ -144,19 +144,7 @@ struct Float8Linear : torch::autograd::Function<Float8Linear> {
                                at::TensorList biases, c10::ScalarType dtype, RecordedOutput recorded) {
     const auto narrow_x = x.to(dtype);
     const auto weight = cast_stacked(weights, dtype);
-    std::vector<std::int64_t> rows;
-    for (const auto& w : weights) rows.push_back(w.size(0));
-    bool parameter_gradient = false;
-    for (const auto& list : {weights, biases})
-      for (const auto& t : list) parameter_gradient = parameter_gradient || t.requires_grad();
-    ctx->save_for_backward(
-        {parameter_gradient ? narrow_x : torch::Tensor(), x.requires_grad() ? weight : torch::Tensor()});
-    ctx->saved_data["x_shape"] = x.sizes().vec();
-    ctx->saved_data["x_dtype"] = static_cast<std::int64_t>(x.scalar_type());
-    ctx->saved_data["dtype"] = static_cast<std::int64_t>(dtype);
-    ctx->saved_data["parameter_dtype"] = static_cast<std::int64_t>(weights[0].scalar_type());
-    ctx->saved_data["rows"] = rows;
-    ctx->saved_data["biases"] = static_cast<std::int64_t>(biases.size());
+    SavedProjection::keep(ctx, x, narrow_x, weight, weights, biases, dtype);
     if (recorded.tensor.defined()) return std::move(recorded.tensor);
     auto shape = x.sizes().vec();
     shape.back() = weight.size(0);
@@ -167,22 +155,13 @@ struct Float8Linear : torch::autograd::Function<Float8Linear> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto& narrow_x = saved[0];
-    const auto& weight = saved[1];
-    const auto rows = ctx->saved_data["rows"].toIntVector();
-    const auto biases = static_cast<std::size_t>(ctx->saved_data["biases"].toInt());
-    const auto x_dtype = static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt());
-    const auto narrow = static_cast<c10::ScalarType>(ctx->saved_data["dtype"].toInt());
-    const auto parameter_dtype = static_cast<c10::ScalarType>(ctx->saved_data["parameter_dtype"].toInt());
-
-    torch::autograd::variable_list out(1 + rows.size() + biases + 2);  // + the dtype and the recorded output
+    const auto saved = SavedProjection::of(ctx);
+    torch::autograd::variable_list out(1 + saved.rows.size() + saved.biases + 2);  // + the dtype, the recorded output
     if (!grads[0].defined()) return out;
-    const auto g = grads[0].reshape({-1, grads[0].size(-1)}).to(narrow);
-    if (ctx->needs_input_grad(0))
-      out[0] = float8_product(g, weight, x_dtype, false).view(ctx->saved_data["x_shape"].toIntVector());
-    stacked_parameter_gradients(ctx, out, rows, biases, g, parameter_dtype, [&] {
-      return float8_product(g.t(), narrow_x.reshape({-1, narrow_x.size(-1)}), parameter_dtype, false);
+    const auto g = grads[0].reshape({-1, grads[0].size(-1)}).to(saved.narrow);
+    if (ctx->needs_input_grad(0)) out[0] = float8_product(g, saved.weight, saved.x_dtype, false).view(saved.x_shape);
+    stacked_parameter_gradients(ctx, out, saved.rows, saved.biases, g, saved.parameter_dtype, [&] {
+      return float8_product(g.t(), saved.narrow_x.reshape({-1, saved.narrow_x.size(-1)}), saved.parameter_dtype, false);
     });
     return out;
   }

@@ -113,22 +113,7 @@ struct MixedPrecisionLinear : torch::autograd::Function<MixedPrecisionLinear> {
     const auto narrow_x = x.to(dtype);
     const auto weight = cast_stacked(weights, dtype);
     const auto bias = biases.empty() ? torch::Tensor() : cast_stacked(biases, dtype);
-    std::vector<std::int64_t> rows;
-    for (const auto& w : weights) rows.push_back(w.size(0));
-    // Each operand is kept only for the gradient that needs it: x's cast for the weights', the weights' cast for
-    // x's. Under LoRA the frozen base products keep no input: when they kept it, TinyLlama's LoRA row at 8 x 1024
-    // peaked 5.2 GiB above the plan on an H200 (31,744 bytes a token and layer, docs/gpu.md).
-    bool parameter_gradient = false;
-    for (const auto& list : {weights, biases})
-      for (const auto& t : list) parameter_gradient = parameter_gradient || t.requires_grad();
-    ctx->save_for_backward(
-        {parameter_gradient ? narrow_x : torch::Tensor(), x.requires_grad() ? weight : torch::Tensor()});
-    ctx->saved_data["x_shape"] = x.sizes().vec();
-    ctx->saved_data["x_dtype"] = static_cast<std::int64_t>(x.scalar_type());
-    ctx->saved_data["dtype"] = static_cast<std::int64_t>(dtype);
-    ctx->saved_data["parameter_dtype"] = static_cast<std::int64_t>(weights[0].scalar_type());
-    ctx->saved_data["rows"] = rows;
-    ctx->saved_data["biases"] = static_cast<std::int64_t>(biases.size());
+    SavedProjection::keep(ctx, x, narrow_x, weight, weights, biases, dtype);
     if (recorded.tensor.defined()) return std::move(recorded.tensor);
     if (!wide_output) return at::linear(narrow_x, weight, bias);
     TORCH_CHECK(biases.empty(), "MixedPrecisionLinear: a wide output takes no bias");
@@ -141,24 +126,15 @@ struct MixedPrecisionLinear : torch::autograd::Function<MixedPrecisionLinear> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto& narrow_x = saved[0];
-    const auto& weight = saved[1];
-    const auto rows = ctx->saved_data["rows"].toIntVector();
-    const auto biases = static_cast<std::size_t>(ctx->saved_data["biases"].toInt());
-    const auto x_dtype = static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt());
-    const auto narrow = static_cast<c10::ScalarType>(ctx->saved_data["dtype"].toInt());
-    const auto parameter_dtype = static_cast<c10::ScalarType>(ctx->saved_data["parameter_dtype"].toInt());
-
+    const auto saved = SavedProjection::of(ctx);
     // + the dtype, the recorded output and wide_output: no gradient
-    torch::autograd::variable_list out(1 + rows.size() + biases + 3);
+    torch::autograd::variable_list out(1 + saved.rows.size() + saved.biases + 3);
     if (!grads[0].defined()) return out;
     // A wide output's gradient is narrowed for the products, as autograd's cast of the output would have.
-    const auto g = grads[0].reshape({-1, grads[0].size(-1)}).to(narrow);
-    if (ctx->needs_input_grad(0))
-      out[0] = product_into(g, weight, x_dtype).view(ctx->saved_data["x_shape"].toIntVector());
-    stacked_parameter_gradients(ctx, out, rows, biases, g, parameter_dtype, [&] {
-      return product_into(g.t(), narrow_x.reshape({-1, narrow_x.size(-1)}), parameter_dtype);
+    const auto g = grads[0].reshape({-1, grads[0].size(-1)}).to(saved.narrow);
+    if (ctx->needs_input_grad(0)) out[0] = product_into(g, saved.weight, saved.x_dtype).view(saved.x_shape);
+    stacked_parameter_gradients(ctx, out, saved.rows, saved.biases, g, saved.parameter_dtype, [&] {
+      return product_into(g.t(), saved.narrow_x.reshape({-1, saved.narrow_x.size(-1)}), saved.parameter_dtype);
     });
     return out;
   }
