@@ -115,7 +115,8 @@ enum class EmptyValue { unset, kept };
 /// library has no getenv), and what a child is started with (the job's environment under `--local`, a Slurm
 /// command's without this job's SLURM_*), built before fork and given to exec. It is read where a process begins
 /// (worker mode in run_job, the login command's RenderContext, the preparation step) and passed down as a value; the
-/// library never sets a variable in its own process (NCCL's debug variables aside: job/nccl_network.hpp).
+/// library never sets a variable in its own process (a rank that must give NCCL a setting starts again with it:
+/// job/nccl_network.hpp).
 class Environment {
  public:
   /// This process's environment now, in its order.

@@ -8,6 +8,7 @@
 #include <hpctrain/job/cli.hpp>  // cluster_node_cpus
 #include <hpctrain/job/fabric.hpp>
 #include <hpctrain/job/nccl_network.hpp>
+#include <hpctrain/job/process.hpp>
 #include <hpctrain/job/render.hpp>
 #include <hpctrain/job/site.hpp>
 
@@ -33,28 +34,6 @@ ht::SiteSettings site_from(const fs::path& dir, const std::string& text) {
 bool has_line(const std::string& script, const std::string& line) {
   return script.find("\n" + line + "\n") != std::string::npos;
 }
-
-/// Sets environment variables for one test case and restores them after.
-class ScopedEnvironment {
- public:
-  explicit ScopedEnvironment(std::map<std::string, std::string> values) {
-    for (const auto* name :
-         {"HPCTRAIN_FABRIC", "HPCTRAIN_ALLOW_SOCKET_FALLBACK", "NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS"}) {
-      if (const char* old = std::getenv(name)) saved_[name] = old;
-      else saved_[name] = std::nullopt;
-      ::unsetenv(name);
-    }
-    for (const auto& [name, value] : values) ::setenv(name.c_str(), value.c_str(), 1);
-  }
-  ~ScopedEnvironment() {
-    for (const auto& [name, value] : saved_)
-      if (value) ::setenv(name.c_str(), value->c_str(), 1);
-      else ::unsetenv(name.c_str());
-  }
-
- private:
-  std::map<std::string, std::optional<std::string>> saved_;
-};
 
 // Captured NCCL logs (NCCL_DEBUG=INFO), one per situation. The lines keep NCCL's formats; hosts and addresses
 // are made up.
@@ -295,25 +274,37 @@ TEST_CASE("A fallback to sockets on an efa or infiniband site is an error naming
 TEST_CASE("Rank 0 of a multi-node job captures NCCL's lines and fails on a fallback unless allowed", "[fabric][nccl]") {
   const auto dir = job_test::scratch_dir("fabric-capture");
   // The worker's environment, as its launcher gave it: read into settings, never from this process.
-  const auto settings_of = [&](std::map<std::string, std::string> variables) {
+  const auto environment_of = [&](std::map<std::string, std::string> variables) {
     ht::Environment environment;
     environment.set(ht::env::run_dir, dir.string());
     for (const auto& [name, value] : variables) environment.set(name, value);
-    return ht::nccl_network_settings(environment);
+    return environment;
+  };
+  const auto settings_of = [&](std::map<std::string, std::string> variables) {
+    return ht::nccl_network_settings(environment_of(std::move(variables)));
   };
   {
-    // NCCL reads its configuration from the process's environment only: the one place the library sets variables.
-    ScopedEnvironment unset_nccl(std::map<std::string, std::string>{});  // restores the process's NCCL_* after
-    const auto settings = settings_of({{"HPCTRAIN_FABRIC", "efa"}, {"NCCL_DEBUG", "WARN"}});
-    CHECK_FALSE(ht::capture_nccl_network_log(1, true, settings));   // not rank 0
-    CHECK_FALSE(ht::capture_nccl_network_log(0, false, settings));  // one node: NCCL's network carries nothing
-    const auto check = ht::capture_nccl_network_log(0, true, settings);
+    // NCCL reads its configuration from the environment its process began with: rank 0 starts again with this one.
+    const auto given = environment_of({{"HPCTRAIN_FABRIC", "efa"}, {"NCCL_DEBUG", "WARN"}});
+    const auto settings = ht::nccl_network_settings(given);
+    CHECK_FALSE(ht::nccl_network_check(1, true, settings));   // not rank 0
+    CHECK_FALSE(ht::nccl_network_check(0, false, settings));  // one node: NCCL's network carries nothing
+    const auto check = ht::nccl_network_check(0, true, settings);
     REQUIRE(check);
     CHECK(check->fabric == ht::Fabric::efa);
-    CHECK(check->log.parent_path() == dir);
-    CHECK(std::string(std::getenv("NCCL_DEBUG_FILE")) == check->log.string());
-    CHECK(std::string(std::getenv("NCCL_DEBUG")) == "INFO");
-    CHECK(std::string(std::getenv("NCCL_DEBUG_SUBSYS")) == "INIT,NET");
+    CHECK(check->log == dir / fmt::format("nccl-rank0-{}.log", ::getpid()));
+    const auto restart = ht::nccl_capture_environment(*check, settings, given);
+    REQUIRE(restart);
+    CHECK(restart->get("NCCL_DEBUG_FILE") == check->log.string());
+    CHECK(restart->get("NCCL_DEBUG") == "INFO");
+    CHECK(restart->get("NCCL_DEBUG_SUBSYS") == "INIT,NET");
+    CHECK(restart->get("HPCTRAIN_FABRIC") == "efa");  // the rest as given
+    // Started again with it (the same pid), the rank finds the same log and needs no further start.
+    const auto again = ht::nccl_network_settings(*restart);
+    const auto same = ht::nccl_network_check(0, true, again);
+    REQUIRE(same);
+    CHECK(same->log == check->log);
+    CHECK_FALSE(ht::nccl_capture_environment(*same, again, *restart));
     job_test::write_file(check->log, efa_plugin_failed);
     try {
       ht::check_nccl_network(*check);
@@ -322,7 +313,7 @@ TEST_CASE("Rank 0 of a multi-node job captures NCCL's lines and fails on a fallb
       CHECK(std::string(error.what())
                 .starts_with("[hpctrain.runtime.fabric] the site's fabric is efa but NCCL chose TCP"));
     }
-    const auto allowed = ht::capture_nccl_network_log(
+    const auto allowed = ht::nccl_network_check(
         0, true, settings_of({{"HPCTRAIN_FABRIC", "efa"}, {"HPCTRAIN_ALLOW_SOCKET_FALLBACK", "1"}}));
     REQUIRE(allowed);
     job_test::write_file(allowed->log, efa_plugin_failed);
@@ -336,23 +327,48 @@ TEST_CASE("Rank 0 of a multi-node job captures NCCL's lines and fails on a fallb
   }
   {
     // The user's own NCCL_DEBUG_FILE (with NCCL's %h and %p) is read where NCCL writes it; their level and
-    // subsystems are kept when they already include INFO.
-    ScopedEnvironment users({{"NCCL_DEBUG", "TRACE"}, {"NCCL_DEBUG_SUBSYS", "ALL"}});
-    const auto check = ht::capture_nccl_network_log(0, true,
-                                                    settings_of({{"HPCTRAIN_FABRIC", "infiniband"},
-                                                                 {"NCCL_DEBUG", "TRACE"},
-                                                                 {"NCCL_DEBUG_SUBSYS", "ALL"},
-                                                                 {"NCCL_DEBUG_FILE", (dir / "nccl.%h.%p").string()}}));
+    // subsystems are kept when they already include INFO: nothing to start again for.
+    const auto users = environment_of({{"HPCTRAIN_FABRIC", "infiniband"},
+                                       {"NCCL_DEBUG", "TRACE"},
+                                       {"NCCL_DEBUG_SUBSYS", "ALL"},
+                                       {"NCCL_DEBUG_FILE", (dir / "nccl.%h.%p").string()}});
+    const auto settings = ht::nccl_network_settings(users);
+    const auto check = ht::nccl_network_check(0, true, settings);
     REQUIRE(check);
     CHECK(check->log.filename().string().ends_with(fmt::format(".{}", ::getpid())));
     CHECK(check->log.filename().string().find("%") == std::string::npos);
-    CHECK(std::string(std::getenv("NCCL_DEBUG")) == "TRACE");
-    CHECK(std::string(std::getenv("NCCL_DEBUG_SUBSYS")) == "ALL");
+    CHECK_FALSE(ht::nccl_capture_environment(*check, settings, users));
+    // Their file at level WARN: only the level is raised.
+    auto warn = users;
+    warn.set("NCCL_DEBUG", "WARN");
+    const auto raised = ht::nccl_capture_environment(*check, ht::nccl_network_settings(warn), warn);
+    REQUIRE(raised);
+    CHECK(raised->get("NCCL_DEBUG") == "INFO");
+    CHECK(raised->get("NCCL_DEBUG_FILE") == (dir / "nccl.%h.%p").string());
+    CHECK(raised->get("NCCL_DEBUG_SUBSYS") == "ALL");
   }
-  CHECK_FALSE(ht::capture_nccl_network_log(0, true, settings_of({{"HPCTRAIN_FABRIC", "ethernet"}})));
+  CHECK_FALSE(ht::nccl_network_check(0, true, settings_of({{"HPCTRAIN_FABRIC", "ethernet"}})));
   CHECK_THROWS_WITH(settings_of({{"HPCTRAIN_FABRIC", "efa2"}}),
                     "[hpctrain.runtime.fabric] [hpctrain.spec.fabric] fabric = efa2: expected efa, infiniband or "
                     "ethernet (did you mean efa?) (HPCTRAIN_FABRIC)");
+}
+
+TEST_CASE("A rank starts itself again with another environment: the same pid and arguments, the variable added",
+          "[fabric][nccl][process]") {
+  // Any byte in the arguments survives (an empty one, a newline, a space); the output flushed before the exec is kept.
+  const auto result =
+      ht::run_process({job_test::probe(), std::string(ht::worker_flag), "--restart-self", "a b", "", "line\nbreak"}, {},
+                      "", {"PROBE_RESTARTED"});
+  CAPTURE(result.out, result.err);
+  REQUIRE(result.exit_code == 0);
+  const auto first = result.out.find("probe pid=");
+  REQUIRE(first != std::string::npos);
+  const auto pid = result.out.substr(first + 10, result.out.find(' ', first + 10) - first - 10);
+  CHECK(result.out.starts_with(fmt::format("probe pid={} restarted=no\nprobe pid={} restarted=1\n", pid, pid)));
+  CHECK(result.out.find("env PROBE_RESTARTED=31\n") != std::string::npos);     // "1", hex
+  CHECK(result.out.find("arg1=612062\n") != std::string::npos);                // "a b"
+  CHECK(result.out.find("arg2=\n") != std::string::npos);                      // ""
+  CHECK(result.out.find("arg3=6c696e650a627265616b\n") != std::string::npos);  // "line\nbreak"
 }
 
 TEST_CASE("A job on whole nodes or GPUs gets the node's CPUs divided among its tasks, bound to cores", "[site][cpus]") {

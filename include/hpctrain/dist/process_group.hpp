@@ -175,6 +175,20 @@ class CheckpointWaits {
   WaitKind previous_;
 };
 
+/// The environment this rank must start again with before it builds its process group, so that NCCL logs the network
+/// it chooses where rank 0's check reads it (job/nccl_network.hpp), or none: a rank that checks nothing, one that
+/// began with NCCL's logging set, one whose backend is Gloo (NCCL is the backend only with CUDA, as connect decides).
+inline std::optional<Environment> environment_for_nccl_check(const slurm::World& world, const Options& options,
+                                                             const Environment& environment) {
+  const auto check = nccl_network_check(world.rank, world.world_size > world.local_world_size, options.nccl_network);
+#if defined(USE_C10D_NCCL)
+  if (check && torch::cuda::is_available()) return nccl_capture_environment(*check, options.nccl_network, environment);
+#else
+  (void)check, (void)environment;
+#endif
+  return std::nullopt;
+}
+
 /// Rendezvouses and returns this rank's process group (world size 1: no store, no backend, no sockets).
 inline std::shared_ptr<ProcessGroup> init_process_group(const slurm::World& world, const Options& options = {}) {
   return std::make_shared<ProcessGroup>(world, options);
@@ -365,11 +379,10 @@ inline void ProcessGroup::connect(const c10::intrusive_ptr<c10d::Store>& store) 
 #if defined(USE_C10D_NCCL)
   if (device_.is_cuda()) {
     c10::cuda::set_device(device_.index());
-    // On an efa or infiniband site, rank 0 of a job over several nodes has NCCL log the network it chooses, and
-    // fails once the communicator exists if that is TCP sockets (job/nccl_network.hpp).
+    // On an efa or infiniband site, rank 0 of a job over several nodes reads the network NCCL logged choosing (it
+    // began with NCCL's logging set: environment_for_nccl_check), and fails if that is TCP sockets.
     const auto network_check =
-        subgroup_ ? std::nullopt
-                  : capture_nccl_network_log(rank_, world_size_ > local_world_size_, options_.nccl_network);
+        subgroup_ ? std::nullopt : nccl_network_check(rank_, world_size_ > local_world_size_, options_.nccl_network);
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
     nccl_options->timeout = detail::backend_timeout(options_);
     auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank_, world_size_, nccl_options);

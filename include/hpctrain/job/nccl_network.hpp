@@ -2,7 +2,7 @@
 // Which network NCCL chose, read from its own log, and the check that it is the site's fabric. NCCL picks
 // its network when a communicator is created: the net plugin (aws-ofi-nccl for EFA), else InfiniBand, else
 // TCP sockets, and says so only at NCCL_DEBUG=INFO. Rank 0 of a multi-node job on an efa or infiniband site
-// has NCCL write those lines to a file (capture_nccl_network_log), reads the choice back once the
+// has NCCL write those lines to a file (nccl_network_check, nccl_capture_environment), reads the choice back once the
 // communicator exists, and fails naming the fix when NCCL fell back to sockets (check_nccl_network).
 //
 // The lines, as NCCL 2.18-2.27 and aws-ofi-nccl 1.x print them (after `host:pid:tid [dev] NCCL INFO `):
@@ -14,7 +14,6 @@
 // Torch-free, so that the job layer's tests read captured logs; dist/process_group.hpp calls it.
 #include <unistd.h>  // getpid, gethostname
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -197,26 +196,39 @@ struct NcclNetworkCheck {
   bool allow_socket_fallback = false;
 };
 
-/// Before the NCCL communicator is created: on rank 0 of a job over several nodes whose site fabric is efa or
-/// infiniband, has NCCL write its INFO lines of the INIT and NET subsystems to `<run dir>/nccl-rank0-<pid>.log` (or
-/// to the user's own NCCL_DEBUG_FILE), and returns what to check. NCCL takes its configuration from the process's
-/// environment only, when it initialises: so these three variables are the one place the library sets any, for
-/// NCCL, in this process only (the other ranks and this rank's standard output keep the user's NCCL_DEBUG).
-inline std::optional<NcclNetworkCheck> capture_nccl_network_log(int rank, bool several_nodes,
-                                                                const NcclNetworkSettings& settings) {
+/// On rank 0 of a job over several nodes whose site fabric is efa or infiniband: what to check once the NCCL
+/// communicator exists, with NCCL's INFO lines of the INIT and NET subsystems in `<run dir>/nccl-rank0-<pid>.log`
+/// (or in the user's own NCCL_DEBUG_FILE). Nothing on any other rank (they, and this rank's standard output, keep
+/// the user's NCCL_DEBUG) or job.
+inline std::optional<NcclNetworkCheck> nccl_network_check(int rank, bool several_nodes,
+                                                          const NcclNetworkSettings& settings) {
   if (rank != 0 || !several_nodes) return std::nullopt;
   if (!settings.fabric || !fabric_needs_check(*settings.fabric)) return std::nullopt;
-  std::filesystem::path log;
-  if (settings.debug_file) {
-    log = detail::expand_nccl_debug_file(*settings.debug_file);
-  } else {
-    log = settings.run_dir / fmt::format("nccl-rank0-{}.log", ::getpid());
-    ::setenv("NCCL_DEBUG_FILE", log.c_str(), 1);
-  }
-  const auto level = settings.debug_level.value_or("");
-  if (level != "INFO" && level != "TRACE") ::setenv("NCCL_DEBUG", "INFO", 1);
-  if (!settings.debug_subsystems) ::setenv("NCCL_DEBUG_SUBSYS", "INIT,NET", 1);
+  const auto log = settings.debug_file ? std::filesystem::path(detail::expand_nccl_debug_file(*settings.debug_file))
+                                       : settings.run_dir / fmt::format("nccl-rank0-{}.log", ::getpid());
   return NcclNetworkCheck{*settings.fabric, log, settings.allow_socket_fallback};
+}
+
+/// The environment NCCL must begin with for `check` — `environment` with NCCL_DEBUG_FILE at the check's log,
+/// NCCL_DEBUG raised to INFO (TRACE kept) and NCCL_DEBUG_SUBSYS INIT,NET unless the user chose subsystems — or
+/// nothing when `environment` already says all that. NCCL reads its configuration from the process's environment
+/// only, when it initialises, and the library sets no variable in a running process: a rank given this starts
+/// again with it (restart_this_program, train/worker.hpp) before it does anything else, with the same pid, so the
+/// log's name holds.
+inline std::optional<Environment> nccl_capture_environment(const NcclNetworkCheck& check,
+                                                           const NcclNetworkSettings& settings,
+                                                           Environment environment) {
+  bool changed = false;
+  const auto require = [&](const char* name, const std::string& value) {
+    environment.set(name, value);
+    changed = true;
+  };
+  if (!settings.debug_file) require("NCCL_DEBUG_FILE", check.log.string());
+  const auto level = settings.debug_level.value_or("");
+  if (level != "INFO" && level != "TRACE") require("NCCL_DEBUG", "INFO");
+  if (!settings.debug_subsystems) require("NCCL_DEBUG_SUBSYS", "INIT,NET");
+  if (!changed) return std::nullopt;
+  return environment;
 }
 
 /// After the communicator exists: the network NCCL chose, read from the captured log. Throws

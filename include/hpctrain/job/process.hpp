@@ -1,7 +1,9 @@
 #pragma once
 // Runs Slurm's commands (sbatch, squeue, sacct, scontrol, scancel) by fork/exec with an argv vector:
-// no shell ever sees a user string, so nothing in a job name or value can be executed.
+// no shell ever sees a user string, so nothing in a job name or value can be executed. And starts this program
+// again in its own process with another environment (restart_this_program).
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -13,6 +15,7 @@
 #include <unistd.h>
 
 #include <hpctrain/error.hpp>
+#include <hpctrain/files.hpp>
 #include <hpctrain/names.hpp>
 
 namespace hpctrain {
@@ -132,6 +135,38 @@ inline int run_attached(const std::vector<std::string>& argv,
   }
   ::close(exec_pipe[1]);
   return detail::wait_for_exec(pid, exec_pipe[0], argv[0]);
+}
+
+/// This program's own command line, as the kernel keeps it (/proc/self/cmdline): what it was started with, argv[0]
+/// included, whatever main did to its argv since.
+inline std::vector<std::string> this_program_arguments() {
+  const auto text = detail::read_file("/proc/self/cmdline", errors::runtime_exec);
+  std::vector<std::string> args;
+  for (std::size_t begin = 0; begin < text.size();) {
+    const auto end = text.find('\0', begin);
+    args.push_back(text.substr(begin, end == std::string::npos ? std::string::npos : end - begin));
+    if (end == std::string::npos) break;
+    begin = end + 1;
+  }
+  return args;
+}
+
+/// Replaces this process by this very program (/proc/self/exe, so a binary rebuilt or moved since still runs as
+/// itself), started again with its own arguments and `environment`: the same pid, so Slurm's step and its signals
+/// keep it. How a rank hands a library that reads its configuration from the process's environment only when it
+/// initialises (NCCL) a setting it was not started with, without setting a variable in a running process. Returns
+/// only by throwing RuntimeError(errors::runtime_exec, ...) when the exec fails.
+[[noreturn]] inline void restart_this_program(const Environment& environment) {
+  const auto arguments = this_program_arguments();
+  const auto args = detail::exec_arguments(arguments);
+  const auto entries = environment.entries();
+  const auto envp = detail::exec_arguments(entries);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::execve("/proc/self/exe", args.data(), envp.data());
+  throw RuntimeError(errors::runtime_exec,
+                     fmt::format("cannot start {} again: {}", arguments.empty() ? "this program" : arguments[0],
+                                 std::strerror(errno)));
 }
 
 }  // namespace hpctrain

@@ -24,6 +24,7 @@
 #include <hpctrain/job/fabric.hpp>
 #include <hpctrain/job/knobs.hpp>
 #include <hpctrain/job/nccl_network.hpp>
+#include <hpctrain/job/process.hpp>  // restart_this_program
 #include <hpctrain/job/run_placement.hpp>
 #include <hpctrain/names.hpp>
 #include <hpctrain/slurm/environment.hpp>
@@ -111,10 +112,13 @@ inline int run_worker(const Training& training, const Knobs& knobs, const RunPla
   try {
     const auto world = slurm::world_from_environment(slurm::lookup_in(placement.environment));
     rank = world.rank;
+    const auto options = detail::dist_options_from_environment(placement.environment);
+    // Before anything else: NCCL reads its logging from the environment the process began with.
+    if (const auto restart = dist::environment_for_nccl_check(world, options, placement.environment))
+      restart_this_program(*restart);
     const auto configured = with_knobs(training, knobs);
     if (rank == 0) fmt::print("hpctrain: {}\n", resolve_run_directory(configured.run_dir(), placement).describe());
     std::fflush(stdout);
-    const auto options = detail::dist_options_from_environment(placement.environment);
     if (const auto request =
             detail::check_fabric_request(placement.environment, world))  // --check-fabric: measure, do not train
       return dist::check_fabric(world, options, *request);

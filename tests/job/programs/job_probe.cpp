@@ -10,9 +10,12 @@
 #include <string>
 #include <thread>
 
+#include <unistd.h>  // getpid
+
 #include <fmt/format.h>
 
 #include <hpctrain/job/cli.hpp>
+#include <hpctrain/job/process.hpp>       // restart_this_program
 #include <hpctrain/train/preemption.hpp>  // torch-free: the flag the training loop polls
 
 extern char** environ;
@@ -45,6 +48,13 @@ void wait_until_every_rank_ignores_sigterm(const std::string& rank) {
 }
 
 int report(const std::vector<std::string>& args) {
+  // `--restart-self`: the worker starts itself again with PROBE_RESTARTED=1 added (job/process.hpp), as rank 0 does to
+  // give NCCL its logging; each start says its pid.
+  if (!args.empty() && args[0] == "--restart-self") {
+    std::cout << fmt::format("probe pid={} restarted={}\n", ::getpid(), env_or("PROBE_RESTARTED", "no"));
+    if (!std::getenv("PROBE_RESTARTED"))
+      hpctrain::restart_this_program(hpctrain::Environment::of_this_process().set("PROBE_RESTARTED", "1"));
+  }
   // A chain (PROBE_CHAIN=ok|fail): each stage says which it is; with fail the first stage exits 3.
   if (const char* chain = std::getenv("PROBE_CHAIN")) {
     const auto stage = env_or("HPCTRAIN_STAGE", "-");
