@@ -8,15 +8,15 @@
 // flash kernel on CUDA). scripts/gpu-check puts them beside PEFT's rows at the same shape, tokens and step
 // (bench/llama8b_peer.py: eager, Liger's kernels, torch.compile).
 //
-//   llama8b.lora             ZeRO-3 at world 1 (`--sharding zero3 --shard-at-one-rank`): the frozen base of each block
-//                            held in bf16 (FullyShardedStrategy's frozen_dtype under Precision::bf16), the embedding
-//                            and the head frozen in fp32, each block gathered (at world 1 a bf16 copy) while it runs:
-//                            the dtype the peers hold their base in, so the memory compares
+//   llama8b.lora             ZeRO-3 at world 1 (`--sharding zero3 --shard-at-one-rank`): the whole frozen base (blocks,
+//                            embedding, head) held in bf16 (FullyShardedStrategy's frozen_dtype under
+//                            Precision::bf16), each unit gathered (at world 1 a bf16 copy) while it runs: the dtype the
+//                            peers hold their base in, so the memory compares
 //   llama8b.lora.chunked     llama8b.lora with the head and the loss 2048 tokens at a time (`--loss-chunk-tokens
 //                            2048`, lm/chunked_loss.hpp): hpctrain's answer to Liger's fused linear cross entropy,
 //                            whose peer row never holds the 16,384 x 128,256 logits either
 //   llama8b.lora.replicated  Replicated (what `--local 1` runs for every --sharding unless --shard-at-one-rank): the
-//                            frozen base kept in fp32 and cast per product by autocast, 16 GB more than a bf16 base
+//                            frozen base in bf16 too (hold_frozen_in_compute_dtype), whole, no gathers
 //
 // Each row: tokens/s over the timed steps, the peak memory of the steps (the CUDA allocator's peak allocated bytes,
 // counted from after the strategy's setup: the model in place, then the optimizer state, the activations, the head),
@@ -274,8 +274,8 @@ inline Row row_of(const std::string& id, const std::string& label, const Measure
   const auto gib = [](std::int64_t bytes) { return static_cast<double>(bytes) / double(1 << 30); };
   const double mfu =
       m.tokens_per_s * hpctrain::models::flops_per_token(config, size.sequence) / (llama_rows::peak_tflops * 1e12);
-  // The base's bytes a parameter (2: bf16, 4: fp32; ZeRO-3's bf16 blocks beside its fp32 edges fall between): what the
-  // frozen base is held in, measured from the tensors the strategy keeps.
+  // The base's bytes a parameter (2: bf16, 4: fp32): what the frozen base is held in, measured from the tensors the
+  // strategy keeps.
   const auto base_bytes = measured.parameter_bytes - measured.adapter_bytes;
   const double bytes_a_parameter = static_cast<double>(base_bytes) / static_cast<double>(config.parameter_count());
   row.result = fmt::format(
@@ -341,14 +341,13 @@ inline int run_llama8b_rows(const std::shared_ptr<hpctrain::dist::ProcessGroup>&
   };
   // The head's chunk on the CPU: a quarter of the step's tokens, so that the chunked path runs there too.
   const std::int64_t chunk = cuda ? 2048 : size.batch * size.sequence / 4;
-  row("llama8b.lora", "ZeRO-3 at world 1 (base blocks bf16, embedding and head fp32), full recomputation",
-      hpctrain::ZeroStage::zero3, 0);
+  row("llama8b.lora", "ZeRO-3 at world 1 (frozen base bf16), full recomputation", hpctrain::ZeroStage::zero3, 0);
   row("llama8b.lora.chunked",
-      fmt::format("ZeRO-3 at world 1 (base blocks bf16, embedding and head fp32), full recomputation, "
+      fmt::format("ZeRO-3 at world 1 (frozen base bf16), full recomputation, "
                   "--loss-chunk-tokens {}",
                   chunk),
       hpctrain::ZeroStage::zero3, chunk);
-  row("llama8b.lora.replicated", "Replicated (base fp32), full recomputation", hpctrain::ZeroStage::none, 0);
+  row("llama8b.lora.replicated", "Replicated (frozen base bf16), full recomputation", hpctrain::ZeroStage::none, 0);
   return failures;
 }
 
