@@ -24,6 +24,10 @@
 //   switches.fused_rotary    rotary embeddings of TinyLlama's queries (8 x 1024 tokens, 32 heads of 64, bf16 under
 //                            autocast), forward and backward: the composite operations against the runtime-compiled
 //                            kernels (models/kernels/rotary.hpp): ms per call, which path ran, the distance.
+//   switches.fused_rmsnorm   RMSNorm of a bf16 row with a bf16 weight at Llama 3.1 8B's width (8 x 1024 tokens of
+//                            4096: a norm on ZeRO-3's bf16 residual stream), forward and backward: transformers'
+//                            operations under autograd against models::rms_norm (on CUDA one runtime-compiled kernel
+//                            each way, models/kernels/rms_norm.hpp): ms per call, which path ran, the distances.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -39,6 +43,7 @@
 #include <hpctrain/lm/loss.hpp>
 #include <hpctrain/models/kernels/cross_entropy_rows.hpp>
 #include <hpctrain/models/kernels/mixed_precision_products.hpp>
+#include <hpctrain/models/kernels/rms_norm.hpp>
 #include <hpctrain/models/kernels/rotary.hpp>
 #include <hpctrain/models/kernels/scoped_switch.hpp>
 #include <hpctrain/models/kernels/swiglu.hpp>
@@ -621,6 +626,83 @@ inline Row fused_rotary_row(const torch::Device& device) {
   return row;
 }
 
+/// One forward and backward of RMSNorm over bf16 x with a bf16 weight: transformers' operations (`fused` false) or
+/// models::rms_norm.
+struct RmsNormRun {
+  torch::Tensor output, x_gradient, weight_gradient;
+};
+inline RmsNormRun rms_norm_run(const torch::Tensor& x_values, const torch::Tensor& weight_values,
+                               const torch::Tensor& upstream, bool fused) {
+  auto x = x_values.detach().requires_grad_(true);
+  auto weight = weight_values.detach().requires_grad_(true);
+  const auto output = fused ? hpctrain::models::rms_norm(x, weight, 1e-5)
+                            : hpctrain::models::detail::rms_norm_composite(x, weight, 1e-5);
+  output.backward(upstream);
+  return {output.detach(), x.grad(), weight.grad()};
+}
+
+inline Row fused_rmsnorm_row(const torch::Device& device) {
+  const bool cuda = device.is_cuda();
+  const std::int64_t tokens = cuda ? 8192 : 256, width = cuda ? 4096 : 256;
+  torch::manual_seed(17);
+  const auto bf16 = torch::TensorOptions().device(device).dtype(torch::kBFloat16);
+  const auto x = torch::randn({tokens, width}, bf16), upstream = torch::randn({tokens, width}, bf16);
+  const auto weight = (1 + 0.1 * torch::randn({width}, bf16.dtype(torch::kFloat32))).to(torch::kBFloat16);
+  const int iterations = cuda ? 50 : 3;
+  const double composite_ms =
+      ms_per_call([&] { return rms_norm_run(x, weight, upstream, false).x_gradient; }, device, iterations);
+  const double fused_ms =
+      ms_per_call([&] { return rms_norm_run(x, weight, upstream, true).x_gradient; }, device, iterations);
+  const auto composite = rms_norm_run(x, weight, upstream, false), fused = rms_norm_run(x, weight, upstream, true);
+  const bool kernels = hpctrain::models::detail::rms_norm_rows_usable(x, weight);
+  // The kernels sum the squares and the weight's products in another order and round the products once, where
+  // autograd rounds each to bf16: within a few of bf16's 2^-8 relative steps, 2^-6 in norm with room. The composite
+  // path is the same operations: equal.
+  const double bound = kernels ? std::ldexp(1.0, -6) : 0.0;
+  const double output_error = relative_error({fused.output}, {composite.output}),
+               x_error = relative_error({fused.x_gradient}, {composite.x_gradient}),
+               weight_error = relative_error({fused.weight_gradient}, {composite.weight_gradient});
+  Row row{"switches.fused_rmsnorm", "", Status::pass, "", nlohmann::json::object()};
+  row.label = fmt::format(
+      "RMSNorm forward + backward, {} tokens x {}, bf16 x and weight: transformers' operations vs models::rms_norm",
+      tokens, width);
+  row.status = output_error <= bound && x_error <= bound && weight_error <= bound ? Status::pass : Status::fail;
+  row.result = fmt::format(
+      "{:.3f} ms -> {:.3f} ms ({:.2f}x), {}; output {:.1e}, x's gradient {:.1e}, the weight's {:.1e} (bound {:.1e})",
+      composite_ms, fused_ms, composite_ms / fused_ms, kernel_path(kernels, device), output_error, x_error,
+      weight_error, bound);
+  row.figures = {{"composite_ms", composite_ms},
+                 {"fused_ms", fused_ms},
+                 {"speedup", composite_ms / fused_ms},
+                 {"kernels", kernels},
+                 {"output_error", output_error},
+                 {"x_gradient_error", x_error},
+                 {"weight_gradient_error", weight_error},
+                 {"bound", bound},
+                 {"tokens", tokens},
+                 {"width", width}};
+  if (kernels) {
+    // The kernels alone beside a copy of x: forward reads x and writes the output, backward reads x and the
+    // output's gradient and writes x's (the weight and the rows' rsqrt are small).
+    const double bytes = static_cast<double>(x.numel() * x.element_size());
+    namespace models = hpctrain::models::detail;
+    nlohmann::json bandwidth = nlohmann::json::object();
+    const auto rstd = models::rms_norm_forward_rows(x, weight, 1e-5).second;
+    figure(bandwidth, "copy_gbps", [&] { return gb_per_s([&] { return x.clone(); }, 2 * bytes, device, iterations); });
+    figure(bandwidth, "rows_forward_gbps", [&] {
+      return gb_per_s([&] { return models::rms_norm_forward_rows(x, weight, 1e-5).first; }, 2 * bytes, device,
+                      iterations);
+    });
+    figure(bandwidth, "rows_backward_gbps", [&] {
+      return gb_per_s([&] { return models::rms_norm_backward_rows(x, weight, rstd, upstream, true, true).first; },
+                      3 * bytes, device, iterations);
+    });
+    row.figures["bandwidth"] = bandwidth;
+    row.result += "; kernels alone: " + bandwidth_text(bandwidth);
+  }
+  return row;
+}
+
 /// switches.cross_entropy_rows: GPT-2 124M's head and loss at its step (16 x 1024 tokens of width 768, vocabulary
 /// 50,304, bf16 autocast; on the CPU 512 tokens of width 64), every seventh target ignored: the whole logits through
 /// ATen's operations (the Trainer's step before the row kernel) against all the tokens as one chunk of
@@ -711,6 +793,8 @@ inline int run_switch_rows(const torch::Device& device) {
           [&] { return switch_rows::fused_swiglu_row(device); });
   guarded("switches.fused_rotary", "rotary forward + backward: composite vs runtime-compiled kernels",
           [&] { return switch_rows::fused_rotary_row(device); });
+  guarded("switches.fused_rmsnorm", "RMSNorm forward + backward, bf16: transformers' operations vs models::rms_norm",
+          [&] { return switch_rows::fused_rmsnorm_row(device); });
   return failures;
 }
 

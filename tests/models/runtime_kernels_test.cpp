@@ -1,11 +1,14 @@
 // The runtime-compiled kernels, checked on the CPU where they cannot run (they are CUDA's; the GPU suite's
-// switches.fused_rotary and switches.fused_swiglu run them against the composite paths): their sources compile with
+// switches.fused_rotary, switches.fused_swiglu, switches.fused_rmsnorm and switches.cross_entropy_rows run them against
+// the composite paths): their sources compile with
 // NVRTC, a source that does not names NVRTC's log, operands reach them as rows only where they lie as rows, and
 // without CUDA nothing but the composite paths runs.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <cstdint>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -13,6 +16,7 @@
 
 #include <hpctrain/models/kernels/cross_entropy_rows.hpp>
 #include <hpctrain/models/kernels/nvrtc_kernels.hpp>
+#include <hpctrain/models/kernels/rms_norm.hpp>
 #include <hpctrain/models/kernels/rotary.hpp>
 #include <hpctrain/models/kernels/scoped_switch.hpp>
 #include <hpctrain/models/kernels/swiglu.hpp>
@@ -23,6 +27,13 @@ TEST_CASE("Without CUDA no runtime-compiled kernel runs, and the switch is proce
   const torch::Device cpu(torch::kCPU);
   CHECK_FALSE(hm::detail::row_kernels_possible(cpu, torch::kBFloat16));
   CHECK_FALSE(hm::detail::cross_entropy_rows_usable(cpu, torch::kBFloat16));
+  // RMSNorm of a bf16 row with a bf16 weight: the composite operations, bit for bit, gradients included.
+  const auto x = torch::randn({6, 64}).to(torch::kBFloat16).requires_grad_(true);
+  const auto weight = (1 + 0.1 * torch::randn({64})).to(torch::kBFloat16).requires_grad_(true);
+  CHECK_FALSE(hm::detail::rms_norm_rows_usable(x, weight));
+  const auto fused = hm::rms_norm(x, weight, 1e-5), composite = hm::detail::rms_norm_composite(x, weight, 1e-5);
+  CHECK(torch::equal(fused, composite));
+  CHECK(fused.grad_fn()->name() == composite.grad_fn()->name());
   CHECK(hm::runtime_kernels());
   {
     const hm::ScopedSwitch off(hm::set_runtime_kernels, hm::runtime_kernels, false);
@@ -34,7 +45,7 @@ TEST_CASE("Without CUDA no runtime-compiled kernel runs, and the switch is proce
 TEST_CASE(
     "The row kernels' sources compile with NVRTC for sm_80 and sm_90, bf16 and fp16, and one that does not names "
     "NVRTC's log",
-    "[models][rotary][swiglu][cross_entropy]") {
+    "[models][rotary][swiglu][cross_entropy][rms_norm]") {
 #if HPCTRAIN_NVRTC_KERNELS
   // No driver here: LibTorch's libcaffe2_nvrtc.so (which needs libcuda) cannot load, so the test loads NVRTC itself,
   // from the CUDA wheel beside torch/lib (scripts/setup's) or the CUDA toolkit.
@@ -54,7 +65,8 @@ TEST_CASE(
   REQUIRE(api.compiler());
   const std::vector<std::pair<std::string, std::string>> sources{{"swiglu", hm::detail::swiglu_row_code},
                                                                  {"rotary", hm::detail::rotary_row_code},
-                                                                 {"cross_entropy", hm::detail::cross_entropy_row_code}};
+                                                                 {"cross_entropy", hm::detail::cross_entropy_row_code},
+                                                                 {"rms_norm", hm::detail::rms_norm_row_code}};
   for (const auto& [name, source] : sources) {
     for (const int fp16 : {0, 1}) {
       for (const int architecture : {80, 90}) {
@@ -91,4 +103,20 @@ TEST_CASE(
   CHECK(hm::detail::row_stride(torch::zeros({4, 3, 1, 8})) == -1);  // a middle size of 1: not asked to collapse
   CHECK_FALSE(hm::detail::swiglu_rows_usable({joined, joined}));
   CHECK_FALSE(hm::detail::rotary_rows_usable(torch::zeros({1, 2, 4, 8}), torch::ones({4, 8}), torch::ones({4, 8})));
+}
+
+TEST_CASE("The RMSNorm row kernels cover a row of up to 32,768 columns in 1, 2 or 4 chunks of 8 a thread",
+          "[models][rms_norm]") {
+  const std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>> expected{
+      {8, 256, 1},     {2048, 256, 1},  {2056, 256, 2},   {4096, 256, 2},  {8192, 256, 4},
+      {11008, 512, 4}, {16384, 512, 4}, {28672, 1024, 4}, {32768, 1024, 4}};
+  for (const auto& [width, threads, chunks] : expected) {
+    INFO("width " << width);
+    const auto launch = hm::detail::rms_norm_launch(width);
+    REQUIRE(launch);
+    CHECK(launch->threads == threads);
+    CHECK(launch->chunks == chunks);
+    CHECK(launch->threads * 8 * launch->chunks >= width);  // every column has a thread
+  }
+  CHECK_FALSE(hm::detail::rms_norm_launch(32776));
 }

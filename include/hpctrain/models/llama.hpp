@@ -20,6 +20,7 @@
 #include <hpctrain/models/hf/hf_layout.hpp>
 #include <hpctrain/models/initialization.hpp>
 #include <hpctrain/models/kernels/fused_projections.hpp>
+#include <hpctrain/models/kernels/rms_norm.hpp>
 #include <hpctrain/models/kernels/rotary.hpp>
 #include <hpctrain/models/kernels/swiglu.hpp>
 #include <hpctrain/models/llama_config.hpp>
@@ -34,7 +35,9 @@ namespace hpctrain::models {
 /// embedding plus bf16 projections promotes), goes through at::rms_norm, which on CUDA is one fused kernel
 /// each way (`_fused_rms_norm`) instead of six elementwise and reduction kernels; on the CPU it computes the
 /// same in fp32 (equal within reassociation, tests/lm/lm_test.cpp). Other dtypes keep transformers'
-/// order (normalise in fp32, cast to the input's dtype, then scale), which the fused kernel does not.
+/// order (normalise in fp32, cast to the input's dtype, then scale), which the fused kernel does not: on CUDA a 16-bit
+/// input with a weight of its dtype (the bf16 residual stream of ZeRO-3 and HSDP) in the row kernels of
+/// models/kernels/rms_norm.hpp, one each way, elsewhere in ATen's operations.
 /// With `unit_offset` (Gemma's norms) the scale is 1 + weight, its weights start at 0, and other dtypes scale in
 /// fp32 before the cast back (Gemma's order).
 class RMSNormImpl : public torch::nn::Module {
@@ -45,14 +48,15 @@ class RMSNormImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {
     if (x.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32)
       return at::rms_norm(x, {weight.size(0)}, unit_offset_ ? weight + 1.0 : weight, eps_);
+    if (!unit_offset_) return rms_norm(x, weight, eps_);  // the row kernels for a bf16 x and weight on CUDA
     return unfused(x);
   }
   /// transformers' LlamaRMSNorm (or Gemma's) step by step (the reference the fused path is checked against).
   torch::Tensor unfused(const torch::Tensor& x) {
+    if (!unit_offset_) return detail::rms_norm_composite(x, weight, eps_);
     auto y = x.to(torch::kFloat32);
     y = y * torch::rsqrt(y.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-    if (unit_offset_) return (y * (weight.to(torch::kFloat32) + 1.0)).to(x.scalar_type());
-    return weight * y.to(x.scalar_type());
+    return (y * (weight.to(torch::kFloat32) + 1.0)).to(x.scalar_type());
   }
   /// The value that makes the scale 1 (a fresh norm's weight).
   double identity_weight() const { return unit_offset_ ? 0.0 : 1.0; }
