@@ -266,7 +266,9 @@ TEST_CASE("causal_lm_training's step with --loss-chunk-tokens gives the whole lo
   CHECK_THROWS(defaults.with_arguments({"--loss-chunk-tokens", "-1"}));
 }
 
-TEST_CASE("RMSNorm on fp32 takes at::rms_norm and equals transformers' step-by-step norm", "[models][chunked_loss]") {
+TEST_CASE(
+    "RMSNorm on fp32 takes at::rms_norm, with an fp32 or a bf16 weight, and equals transformers' step-by-step norm",
+    "[models][chunked_loss]") {
   torch::manual_seed(0);
   hm::RMSNorm norm(48, 1e-6);
   {
@@ -292,6 +294,23 @@ TEST_CASE("RMSNorm on fp32 takes at::rms_norm and equals transformers' step-by-s
   CHECK(relative_difference(fused_weight_grad, grads[1]) <= fp32_reorder_bound);
   // bf16 input keeps transformers' order (cast, then scale by the fp32 weight: an fp32 result).
   CHECK(norm(x.detach().to(torch::kBFloat16)).scalar_type() == torch::kFloat32);
+  // A bf16 weight on the fp32 stream (LoRA's frozen blocks held in bf16): widened for at::rms_norm, what
+  // transformers' fp32 product with it gives, within reassociation, its gradient rounded to the weight's dtype.
+  hm::RMSNorm held(48, 1e-6);
+  {
+    torch::NoGradGuard no_grad;
+    held->weight.set_data(norm->weight.detach().to(torch::kBFloat16));
+  }
+  const auto held_output = held(x);
+  const auto held_reference = held->unfused(x);
+  CHECK(held_output.scalar_type() == torch::kFloat32);
+  CHECK(relative_difference(held_output, held_reference) <= fp32_reorder_bound);
+  auto held_grads = torch::autograd::grad({held_output}, {x, held->weight}, {gradient});
+  auto reference_grads = torch::autograd::grad({held_reference}, {x, held->weight}, {gradient});
+  CHECK(held_grads[1].scalar_type() == torch::kBFloat16);
+  CHECK(relative_difference(held_grads[0], reference_grads[0]) <= fp32_reorder_bound);
+  CHECK(relative_difference(held_grads[1].to(torch::kFloat32), reference_grads[1].to(torch::kFloat32)) <=
+        std::ldexp(1.0, -7));  // each rounded to bf16 once (at most an ulp apart), from fp32 sums in other orders
 }
 
 TEST_CASE("The --activation-checkpointing knob turns on the model's recomputation through causal_lm_training's hook",

@@ -31,10 +31,12 @@
 namespace hpctrain::models {
 
 /// Root-mean-square normalisation (Zhang & Sennrich 2019), computed in fp32 whatever the input dtype.
-/// An fp32 input with fp32 weights, what training under autocast gives (the residual stream stays fp32:
-/// embedding plus bf16 projections promotes), goes through at::rms_norm, which on CUDA is one fused kernel
-/// each way (`_fused_rms_norm`) instead of six elementwise and reduction kernels; on the CPU it computes the
-/// same in fp32 (equal within reassociation, tests/lm/lm_test.cpp). Other dtypes keep transformers'
+/// An fp32 input, what training under autocast gives (the residual stream stays fp32: embedding plus bf16
+/// projections promotes), goes through at::rms_norm, which on CUDA is one fused kernel each way
+/// (`_fused_rms_norm`) instead of six elementwise and reduction kernels; on the CPU it computes the same in fp32
+/// (equal within reassociation, tests/lm/lm_step_test.cpp). A 16-bit weight there (LoRA's frozen blocks held in bf16,
+/// train/strategies/replicated.hpp) is widened for it: transformers' product of it with the fp32 normalised input
+/// promotes to fp32 alike. A 16-bit input keeps transformers'
 /// order (normalise in fp32, cast to the input's dtype, then scale), which the fused kernel does not: on CUDA a 16-bit
 /// input with a weight of its dtype (the bf16 residual stream of ZeRO-3 and HSDP) in the row kernels of
 /// models/kernels/rms_norm.hpp, one each way, elsewhere in ATen's operations.
@@ -46,8 +48,10 @@ class RMSNormImpl : public torch::nn::Module {
     weight = register_parameter("weight", unit_offset ? torch::zeros({dim}) : torch::ones({dim}));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    if (x.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32)
-      return at::rms_norm(x, {weight.size(0)}, unit_offset_ ? weight + 1.0 : weight, eps_);
+    if (x.scalar_type() == torch::kFloat32) {
+      const auto scale = weight.to(torch::kFloat32);
+      return at::rms_norm(x, {scale.size(0)}, unit_offset_ ? scale + 1.0 : scale, eps_);
+    }
     if (!unit_offset_) return rms_norm(x, weight, eps_);  // the row kernels for a bf16 x and weight on CUDA
     return unfused(x);
   }
