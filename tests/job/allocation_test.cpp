@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <sstream>
 #include <string>
@@ -155,6 +156,38 @@ TEST_CASE("A chain's dry run shows every stage with its own resources and its HP
   CHECK(text.find("#SBATCH --nodes=1\n", second) != std::string::npos);
   CHECK(text.find("export HPCTRAIN_STAGE=pretrain\n") < second);
   CHECK(text.find("export HPCTRAIN_STAGE=sft\n", second) != std::string::npos);
+}
+
+TEST_CASE("A chain's --resume is its first stage's: the later stages run again, and a run of a later stage is refused",
+          "[chain][runs]") {
+  const auto job = ht::Job("sft").time(1h).then(ht::Job("dpo").time(1h));
+  const auto dir = job_test::scratch_dir("chain-resume");
+  auto context = job_test::fixed_context();
+  context.workdir = dir.string();
+  const auto sft_run = dir / "hpctrain-jobs" / "sft" / "41", dpo_run = dir / "hpctrain-jobs" / "dpo" / "42";
+  for (const auto& run : {sft_run, dpo_run})
+    std::filesystem::create_directories(run / "checkpoints" / "step-0000000010");
+  ht::LoginCommand command;
+  command.mode = ht::LoginCommand::Mode::dry_run;
+  command.resume = sft_run.string();
+  context.worker_args = {"--lr", "0.5"};
+  const auto text = ht::render_chain(job, ht::detail::worker_context_for(job, command, context, nullptr));
+  CAPTURE(text);
+  const auto second = text.find("# ---- stage 2 of 2: dpo");
+  REQUIRE(second != std::string::npos);
+  CHECK(text.find(fmt::format("--hpctrain-worker --resume {} --lr 0.5", sft_run.string())) < second);
+  CHECK(text.find("--resume", second) == std::string::npos);
+  CHECK(text.find("--hpctrain-worker --lr 0.5", second) != std::string::npos);
+  // The newest run with checkpoints is looked for among the first stage's.
+  command.resume = "";
+  CHECK(ht::detail::worker_context_for(job, command, context, nullptr).worker_args[1] == sft_run.string());
+  command.resume = dpo_run.string();
+  CHECK_THROWS_WITH(ht::detail::worker_context_for(job, command, context, nullptr),
+                    Catch::StartsWith("[hpctrain.spec.resume]") &&
+                        Catch::Contains(fmt::format("{} is a run of stage dpo; a chain resumes its first stage (sft) "
+                                                    "from one of its runs, and runs the later stages again on its "
+                                                    "results",
+                                                    dpo_run.string())));
 }
 
 TEST_CASE("A --status of a chain says why a stage never starts", "[chain]") {

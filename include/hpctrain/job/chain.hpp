@@ -18,7 +18,8 @@
 #include <hpctrain/files.hpp>
 #include <hpctrain/job/job.hpp>
 #include <hpctrain/job/render.hpp>
-#include <hpctrain/job/stage_knobs.hpp>  // format_stage_dirs
+#include <hpctrain/job/run_placement.hpp>  // without_resume
+#include <hpctrain/job/stage_knobs.hpp>    // format_stage_dirs
 #include <hpctrain/job/submit.hpp>
 #include <hpctrain/names.hpp>
 
@@ -52,6 +53,16 @@ inline void tell_earlier_stages(Job& stage, const std::vector<std::pair<std::str
   if (!earlier.empty()) stage.env(env::stage_dirs, format_stage_dirs(earlier));
 }
 
+/// The context stage `index` of a chain is rendered or launched with: `--resume DIR` is the first stage's alone; the
+/// later stages run again on its results, as they would after it finished (a later stage given the first one's
+/// checkpoint would load another model's, or write into its directory).
+inline RenderContext stage_context(const RenderContext& context, std::size_t index) {
+  if (index == 0) return context;
+  RenderContext stage = context;
+  stage.worker_args = detail::without_resume(std::move(stage.worker_args));
+  return stage;
+}
+
 /// `--dry-run` of a chain: every stage's script, each under a line saying what it waits for.
 inline std::string render_chain(const Job& job, const RenderContext& context) {
   auto jobs = chain_jobs(job);
@@ -64,7 +75,7 @@ inline std::string render_chain(const Job& job, const RenderContext& context) {
     text += fmt::format(
         "# ---- stage {} of {}: {}{} ----\n", i + 1, jobs.size(), jobs[i].name(),
         i == 0 ? "" : fmt::format(", submitted with --dependency=afterok:<job id of {}>", jobs[i - 1].name()));
-    text += render_sbatch(jobs[i], context);
+    text += render_sbatch(jobs[i], stage_context(context, i));
   }
   return text;
 }
@@ -76,10 +87,11 @@ inline std::vector<SubmittedJob> submit_chain(const Job& job, const RenderContex
   std::vector<SubmittedJob> submitted;
   std::vector<std::pair<std::string, std::string>> earlier;
   try {
-    for (auto& each : jobs) {
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+      auto& each = jobs[i];
       if (!submitted.empty()) each.after(submitted.back().id, After::ok);
       tell_earlier_stages(each, earlier);
-      submitted.push_back(submit(each, context));
+      submitted.push_back(submit(each, stage_context(context, i)));
       earlier.emplace_back(each.name(), std::filesystem::absolute(submitted.back().directory).string());
     }
   } catch (...) {

@@ -134,7 +134,8 @@ inline int local_chain_command(const Job& job, const LoginCommand& command, cons
                                       : new_local_run_directory(job_root(stage, context));
     std::filesystem::create_directories(run_directory);
     out << fmt::format("stage {} of {}: {}\n", i + 1, stages.size(), stage.name()) << std::flush;
-    if (const int status = local_command(stage, command, context, worker_context, out, err, run_directory);
+    if (const int status =
+            local_command(stage, command, context, stage_context(worker_context, i), out, err, run_directory);
         status != exit_ok) {
       if (i + 1 < stages.size())
         err << fmt::format("hpctrain: stage {} ({}) exited {}: the later stages do not run\n", i + 1, stage.name(),

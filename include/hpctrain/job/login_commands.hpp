@@ -2,6 +2,7 @@
 // The login-node commands of an hpctrain binary, one function each, and run_login_command that picks one for a
 // parsed LoginCommand (job/cli_options.hpp): --dry-run, --submit, --status, --logs, --cancel (of a job, an array
 // or a chain), --local (job/local_run.hpp), --run (job/allocation_run.hpp), --plan, --results, --wandb-sync.
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -176,6 +177,13 @@ inline bool plan_stops_submission(const Job& job, const LoginCommand& command, c
 }  // namespace detail
 
 namespace detail {
+/// Whether `path` lies inside `directory` (or is it), both taken absolute and normal.
+inline bool is_within(const std::filesystem::path& path, const std::filesystem::path& directory) {
+  const auto relative = std::filesystem::absolute(path).lexically_normal().lexically_relative(
+      std::filesystem::absolute(directory).lexically_normal());
+  return !relative.empty() && *relative.begin() != "..";
+}
+
 /// The context the workers are rendered or launched with: the sweep's points checked, and `--resume`'s directory
 /// passed on (the script or --local then resumes from exactly that run).
 inline RenderContext worker_context_for(const Job& job, const LoginCommand& command, const RenderContext& context,
@@ -186,7 +194,14 @@ inline RenderContext worker_context_for(const Job& job, const LoginCommand& comm
     worker_context.sweep = checked_sweep(job, command, knobs);
   if (command.resume) {
     const auto from = resume_directory(*command.resume, job_root(job, context));
-    worker_context.worker_args.insert(worker_context.worker_args.begin(), {"--resume", from.string()});
+    // A chain resumes its first stage (chain.hpp's stage_context): a run of a later one would load the wrong model.
+    for (const auto& stage : job.stages())
+      if (is_within(from, job_root(stage, context)))
+        throw SpecError(errors::spec_resume, fmt::format("--resume {}", *command.resume),
+                        fmt::format("{} is a run of stage {}; a chain resumes its first stage ({}) from one of its "
+                                    "runs, and runs the later stages again on its results",
+                                    from.string(), stage.name(), job.name()));
+    worker_context.worker_args = with_resume_first(std::move(worker_context.worker_args), from);
   }
   return worker_context;
 }

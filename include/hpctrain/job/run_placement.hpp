@@ -47,6 +47,13 @@ inline std::vector<std::string> with_resume_first(std::vector<std::string> args,
   args.insert(args.begin(), {std::string(resume_flag), from.string()});
   return args;
 }
+
+/// The workers' arguments without the `--resume DIR` with_resume_first put first: a chain's later stage's, which
+/// starts from the earlier stages' results, never from the first stage's checkpoints.
+inline std::vector<std::string> without_resume(std::vector<std::string> args) {
+  if (args.size() >= 2 && args[0] == resume_flag) args.erase(args.begin(), args.begin() + 2);
+  return args;
+}
 }  // namespace detail
 
 /// What a rank was told about its run, besides its knobs: by the login side (where the run lives, what it starts
