@@ -240,14 +240,16 @@ inline std::pair<torch::Tensor, torch::Tensor> rms_norm_backward_rows(const torc
 
 /// Whether the kernels agree with the composite path under autograd for elements of `dtype` on `device`: output, x's
 /// gradient and the weight's, at widths taking 1, 2 and 4 chunks a thread, over more rows than the backward's blocks
-/// (asked once per process and dtype).
+/// (asked once per process and dtype). x and the output's gradient are positive, so the weight's gradient, a sum over
+/// the rows, has no cancellation: autograd rounds each of its products to the weight's dtype and the kernel does not,
+/// which over random signs would leave a column's small sum far from the other in relative terms.
 inline bool rms_norm_row_kernels_agree(const torch::Device& device, c10::ScalarType dtype) {
   return kernels_agree(dtype, [&] {
     const torch::AutoGradMode with_grad(true);
     const auto options = torch::TensorOptions().dtype(dtype).device(device);
     for (const std::int64_t width : {256, 4096, 6144}) {
       const std::int64_t rows = width == 256 ? 600 : 16;
-      const auto x = torch::randn({rows, width}, options), grad = torch::randn({rows, width}, options);
+      const auto x = torch::rand({rows, width}, options) + 0.5, grad = torch::rand({rows, width}, options) + 0.5;
       const auto weight = (1 + 0.1 * torch::randn({width}, options)).requires_grad_(true);
       const auto input = x.detach().requires_grad_(true);
       const auto expected = rms_norm_composite(input, weight, 1e-5);
